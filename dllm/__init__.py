@@ -1,0 +1,28 @@
+"""dllm: fast decoding for masked diffusion language models.
+
+Public API (imported lazily so ``import dllm`` stays cheap):
+``load``, ``generate``, ``list_samplers``, ``GenerationOutput``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load": ("dllm.models", "load"),
+    "generate": ("dllm.engine", "generate"),
+    "list_samplers": ("dllm.samplers", "list_samplers"),
+    "GenerationOutput": ("dllm.state", "GenerationOutput"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'dllm' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

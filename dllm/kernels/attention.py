@@ -1,0 +1,116 @@
+"""Attention backends: one function signature, several implementations, chosen once per model.
+
+Every backend computes bidirectional (non-causal) grouped-query attention:
+
+    out = softmax(q k^T / sqrt(hd) + mask_bias) v
+
+with ``q`` [B, H, Tq, hd], ``k``/``v`` [B, Hkv, Tk, hd] (H a multiple of Hkv: KV head j serves query
+heads j*g .. j*g+g-1, g = H / Hkv, as ``repeat_interleave`` does in LLaDA and Qwen2), and an
+optional boolean ``mask`` broadcastable to [B, H, Tq, Tk] (True = may attend).
+
+Backends:
+- ``reference``: plain matmul / softmax in float32; the only one that can return the attention
+  probabilities (samplers such as DAWN read the last layers' attention).
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``.
+
+``resolve_backend("auto", need_probs=...)`` picks the best backend that supports the request and
+records why the others were refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from dllm.registry import Registry
+
+AttentionFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    fn: AttentionFn
+    can_return_probs: bool
+    priority: int  # higher wins under "auto"
+
+    def refusal(self, *, need_probs: bool) -> str | None:
+        """Why this backend cannot serve the request, or None when it can."""
+        if need_probs and not self.can_return_probs:
+            return f"{self.name}: cannot return attention probabilities"
+        return None
+
+
+backends: Registry[Backend] = Registry("attention backend")
+
+
+def _expand_kv(k: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B, Hkv, T, hd] -> [B, H, T, hd] by repeating each KV head for its group of query heads."""
+    groups = n_heads // k.shape[1]
+    return k if groups == 1 else k.repeat_interleave(groups, dim=1)
+
+
+def reference_attention(
+    q: torch.Tensor,  # [B, H, Tq, hd]
+    k: torch.Tensor,  # [B, Hkv, Tk, hd]
+    v: torch.Tensor,  # [B, Hkv, Tk, hd]
+    mask: Optional[torch.Tensor] = None,  # bool, broadcastable to [B, H, Tq, Tk]
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    k = _expand_kv(k, q.shape[1])
+    v = _expand_kv(v, q.shape[1])
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, H, Tq, Tk]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = (probs @ v.float()).to(q.dtype)
+    return out, (probs if return_probs else None)
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    if return_probs:
+        raise ValueError("the sdpa attention backend cannot return attention probabilities; "
+                         "use attn_backend='reference'")
+    k = _expand_kv(k, q.shape[1])
+    v = _expand_kv(v, q.shape[1])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+    return out, None
+
+
+backends.add("reference", Backend("reference", reference_attention, True, 0),
+             description="plain PyTorch matmul/softmax in float32; can return attention probabilities")
+backends.add("sdpa", Backend("sdpa", sdpa_attention, False, 10),
+             description="torch scaled_dot_product_attention (flash / memory-efficient / math kernels)")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    backend: Backend
+    refused: tuple[str, ...]  # human-readable reasons, one per refused backend
+
+
+def resolve_backend(name: str = "auto", *, need_probs: bool = False) -> Resolution:
+    """Pick a backend by name, or the highest-priority one that can serve the request."""
+    if name != "auto":
+        backend = backends.get(name)
+        reason = backend.refusal(need_probs=need_probs)
+        if reason is not None:
+            raise ValueError(f"attention backend {name!r} cannot serve this request: {reason}")
+        return Resolution(backend, ())
+    refused: list[str] = []
+    for entry in sorted(backends, key=lambda e: -e.obj.priority):
+        reason = entry.obj.refusal(need_probs=need_probs)
+        if reason is None:
+            return Resolution(entry.obj, tuple(refused))
+        refused.append(reason)
+    raise ValueError("no attention backend can serve this request: " + "; ".join(refused))
