@@ -1,0 +1,176 @@
+"""The ``dllm`` command: ``generate``, ``samplers``, ``info``, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    """``name=value`` -> (name, python value); values are read as literals when possible."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"sampler option {text!r} must look like name=value")
+    name, raw = text.split("=", 1)
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = {"true": True, "false": False, "none": None}.get(raw.lower(), raw)
+    return name.strip(), value
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampler", default="low_confidence", help="registered sampler (see `dllm samplers`)")
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=None, help="default: gen-length (one block)")
+    p.add_argument("--steps", type=int, default=None, help="default: gen-length (one token per step)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--cfg-scale", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--option", "-o", action="append", type=_parse_option, default=[],
+                   metavar="NAME=VALUE", help="sampler option, repeatable (e.g. -o top_p=0.95)")
+
+
+def _load(args) -> Any:
+    from dllm.models import load
+
+    return load(args.model, dtype=getattr(args, "dtype", None), device=getattr(args, "device", None))
+
+
+class CanvasView:
+    """Redraws the generated canvas in the terminal as positions get committed."""
+
+    MASK = "\u2591"
+
+    def __init__(self, model, stream=None) -> None:
+        self.model = model
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.lines = 0
+
+    def render(self, state) -> str:
+        tok = self.model.tokenizer
+        ids = state.generated[0].tolist()
+        pieces = []
+        for t in ids:
+            if t == state.mask_id:
+                pieces.append(self.MASK)
+            elif tok is not None:
+                pieces.append(tok.convert_ids_to_tokens(t))
+            else:
+                pieces.append(str(t))
+        return f"[step {state.step:3d} | nfe {state.nfe:3d}] " + " ".join(pieces)
+
+    def __call__(self, state) -> None:
+        text = self.render(state)
+        if self.tty and self.lines:
+            self.stream.write(f"\x1b[{self.lines}A\x1b[J")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self.lines = text.count("\n") + 1 + len(text) // 120 if self.tty else 0
+
+
+def cmd_generate(args) -> int:
+    import dllm
+
+    model = _load(args)
+    view = CanvasView(model) if args.show else None
+    out = dllm.generate(
+        model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
+        block_length=args.block_length, steps=args.steps, temperature=args.temperature,
+        cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
+        callback=view, **dict(args.option),
+    )
+    text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
+    print(text)
+    print(json.dumps(out.summary()), file=sys.stderr)
+    return 0
+
+
+def cmd_samplers(args) -> int:
+    from dllm.samplers import list_samplers
+
+    rows = list_samplers()
+    width = max(len(n) for n, _ in rows)
+    for name, desc in rows:
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    model = _load(args)
+    c = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {
+        "family": model.family, "parameters": n_params, "dtype": str(model.dtype).replace("torch.", ""),
+        "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads, "mlp_hidden": c.mlp_hidden, "max_positions": model.max_positions,
+        "rope_theta": c.rope_theta, "mask_id": model.mask_id, "eos_id": model.eos_id,
+        "eot_id": model.eot_id, "pad_id": model.pad_id, "bos_id": model.bos_id,
+        "tokenizer": type(model.tokenizer).__name__ if model.tokenizer is not None else None,
+        "attn_backend": model.attn_backend,
+    }
+    width = max(map(len, info))
+    for k, v in info.items():
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from dllm.eval.throughput import run_throughput
+
+    run_throughput(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dllm", description="Fast decoding for diffusion language models")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode a prompt with a sampler")
+    g.add_argument("--model", required=True, help="local dir, hub id, or embedded model name")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--show", action="store_true", help="redraw the canvas as tokens get committed")
+    g.add_argument("--stop-at-eos", action="store_true")
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--device", default=None)
+    _add_decode_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("samplers", help="list the registered samplers")
+    s.set_defaults(func=cmd_samplers)
+
+    i = sub.add_parser("info", help="family, sizes and special ids of a model")
+    i.add_argument("model")
+    i.set_defaults(func=cmd_info)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    t = bsub.add_parser("throughput", help="forward and generate throughput of a model")
+    t.add_argument("--model", default="tiny-random-llada")
+    t.add_argument("--prompt-length", type=int, default=64)
+    t.add_argument("--batch-size", type=int, default=1)
+    t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--dtype", default=None)
+    t.add_argument("--device", default=None)
+    t.add_argument("--json", default=None, help="also write the results to this JSON file")
+    _add_decode_args(t)
+    t.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError) as err:
+        print(f"dllm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The decode loop: blocks -> steps -> forward -> sampler -> commit.
+
+``generate`` is the one engine behind every sampler (and, later, every cache policy):
+
+    x = [left-padded prompt | MASK * G]
+    for each block [s, e):
+        sampler.begin_block(state)
+        while the block has masks (adaptive) / for each budgeted step (fixed):
+            logits = forward(x)                # through the cache policy (``none`` for now)
+            decision = sampler.step(StepInput, state)
+            commit (progress guaranteed), trace, callback
+        stop rows whose answer ended (once per block, ``stop_at_eos``)
+
+Batches are left-padded with explicit positions and a key-padding mask, so a prompt decodes to the
+same tokens alone or in a batch (float32).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from dllm.inputs import encode_prompts, left_pad
+from dllm.samplers import Sampler, make_sampler
+from dllm.schedule import BlockPlan, plan_blocks
+from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
+
+Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
+
+_CACHES = ("none",)
+
+
+def generate(
+    model,
+    prompts: Prompts,
+    sampler: Union[str, Sampler] = "low_confidence",
+    *,
+    gen_length: int = 128,
+    block_length: Optional[int] = None,
+    steps: Optional[int] = None,
+    temperature: float = 0.0,
+    cfg_scale: float = 0.0,
+    seed: Optional[int] = None,
+    chat: bool = False,
+    stop_at_eos: bool = False,
+    cache: str = "none",
+    return_trace: bool = False,
+    callback: Optional[StepCallback] = None,
+    **sampler_options: Any,
+) -> GenerationOutput:
+    """Decode ``gen_length`` tokens after each prompt with a registered sampler.
+
+    Args:
+        model: a ``dllm.models.DiffusionLM`` (``logits[:, i]`` predicts position i).
+        prompts: a string, a list of strings, a list of token-id lists, or a LongTensor [B, Lp]
+            (rows taken as unpadded) / [Lp]. Strings need the model's tokenizer.
+        sampler: a registered name (``dllm.list_samplers()``) or a ``Sampler`` instance.
+        gen_length: generated positions per row (G).
+        block_length: semi-autoregressive block length (default G: one block). The last block may
+            be shorter.
+        steps: total sampler steps for fixed-step samplers, split evenly over blocks (a multiple of
+            the number of blocks, at most ``block_length`` per block; default G: one token per
+            step). A last partial block gets ``min(steps per block, its length)`` steps.
+        temperature: 0 = greedy proposals; > 0 samples (how: the sampler's docstring).
+        cfg_scale: classifier-free guidance as in LLaDA (``un + (s + 1)(cond - un)``, the
+            unconditional branch has the prompt masked); one forward on the doubled batch.
+        seed: seeds a private ``torch.Generator`` used for every random draw (None: the global one).
+        chat: apply the model family's chat template to string prompts.
+        stop_at_eos: after each block, rows that produced EOS/EoT are finished (their remaining
+            positions become EOS); generation stops when every row is finished.
+        cache: KV-cache policy; ``"none"`` recomputes the whole canvas every step.
+        return_trace: also return, per generated position, the step at which it was committed.
+        callback: called with the ``DecodeState`` after every step (live views).
+        **sampler_options: the sampler's Config fields (unknown names list the valid ones).
+    """
+    t_start = time.perf_counter()
+    sampler_obj = make_sampler(sampler, **sampler_options)
+    if cache not in _CACHES:
+        raise ValueError(f"Unknown cache policy {cache!r}. Valid cache policies: {', '.join(_CACHES)}")
+    _check_scalar("temperature", temperature, low=0.0)
+    _check_scalar("cfg_scale", cfg_scale, low=0.0)
+    if not isinstance(gen_length, int) or gen_length <= 0:
+        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
+
+    rows = encode_prompts(model, prompts, chat=chat)
+    plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
+    longest = max(len(r) for r in rows)
+    max_positions = getattr(model, "max_positions", None)
+    if max_positions is not None and longest + gen_length > max_positions:
+        raise ValueError(
+            f"prompt ({longest} tokens) + gen_length ({gen_length}) = {longest + gen_length} exceeds the "
+            f"model's {max_positions} positions; shorten the prompt or gen_length"
+        )
+
+    device = _model_device(model)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    state = _init_state(model, rows, gen_length, temperature, generator, device)
+    state.extras["eos_ids"] = tuple(getattr(model, "eos_ids", ()) or ())
+    need_attn = tuple(sampler_obj.attention_layers)
+    need_hidden = tuple(sampler_obj.hidden_layers)
+
+    with torch.inference_mode():
+        lp = state.prompt_length
+        for b, (s, e, block_steps) in enumerate(plan.blocks):
+            s, e = s + lp, e + lp  # canvas columns
+            _run_block(model, sampler_obj, state, b, s, e, block_steps, cfg_scale,
+                       need_attn, need_hidden, callback)
+            if stop_at_eos and _stop_finished_rows(state, e):
+                break
+
+    wall = time.perf_counter() - t_start
+    return _finish(model, state, wall, return_trace)
+
+
+def _check_scalar(name: str, value: float, *, low: float) -> None:
+    if not isinstance(value, (int, float)) or value != value or value < low:
+        raise ValueError(f"{name} must be a number >= {low}, got {value!r}")
+
+
+def _model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device(getattr(model, "device", "cpu"))
+
+
+def _init_state(model, rows: list[list[int]], gen_length: int, temperature: float,
+                generator: Optional[torch.Generator], device: torch.device) -> DecodeState:
+    mask_id = int(model.mask_id)
+    pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
+    prompt_ids, valid = left_pad(rows, pad_id, device)  # [B, Lp], [B, Lp]
+    bsz, lp = prompt_ids.shape
+    gen = torch.full((bsz, gen_length), mask_id, dtype=torch.long, device=device)
+    x = torch.cat([prompt_ids, gen], dim=1)  # [B, L]
+    kpm = torch.cat([valid, torch.ones_like(gen, dtype=torch.bool)], dim=1)  # [B, L]
+    positions = (kpm.long().cumsum(dim=1) - 1).clamp_min(0)  # [B, L]
+    prompt_mask = torch.zeros_like(kpm)
+    prompt_mask[:, :lp] = True
+    return DecodeState(
+        x=x, key_padding_mask=kpm, positions=positions, prompt_mask=prompt_mask,
+        prompt_length=lp, gen_length=gen_length, mask_id=mask_id, temperature=float(temperature),
+        generator=generator, trace=torch.full((bsz, gen_length), -1, dtype=torch.long, device=device),
+        padded=bool((~valid).any()), finished=torch.zeros(bsz, dtype=torch.bool, device=device),
+    )
+
+
+def _forward(model, state: DecodeState, cfg_scale: float, need_attn, need_hidden):
+    """Logits for the query positions (the whole canvas: cache policy ``none``). [B, L, V]."""
+    x = state.x
+    kpm = state.key_padding_mask if state.padded else None
+    positions = state.positions
+    if cfg_scale > 0:
+        uncond = x.masked_fill(state.prompt_mask, state.mask_id)  # prompt (pads too) -> mask
+        x2 = torch.cat([x, uncond], dim=0)
+        out = model(x2, positions=positions.repeat(2, 1),
+                    key_padding_mask=None if kpm is None else kpm.repeat(2, 1),
+                    want_attn_layers=need_attn, want_hidden_layers=need_hidden)
+        cond, un = out.logits.chunk(2, dim=0)
+        logits = un + (cfg_scale + 1) * (cond - un)
+        hidden = {k: v[: x.shape[0]] for k, v in out.hidden.items()}
+        attn = {k: v[: x.shape[0]] for k, v in out.attn.items()}
+        rows = x2.shape[0]
+    else:
+        out = model(x, positions=positions, key_padding_mask=kpm,
+                    want_attn_layers=need_attn, want_hidden_layers=need_hidden)
+        logits, hidden, attn = out.logits, out.hidden, out.attn
+        rows = x.shape[0]
+    state.nfe += 1
+    state.forwarded_tokens += rows * x.shape[1]
+    return logits, hidden, attn, 0  # query_start = 0
+
+
+def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
+    # one host sync per adaptive step: the loop condition itself
+    return bool((state.x[:, s:e] == state.mask_id).any())
+
+
+def _run_block(model, sampler: Sampler, state: DecodeState, b: int, s: int, e: int,
+               block_steps: Optional[int], cfg_scale: float, need_attn, need_hidden,
+               callback: Optional[StepCallback]) -> None:
+    state.block_index, state.block_start, state.block_end = b, s, e
+    state.block_steps = block_steps
+    state.block_step = 0
+    state.block_masks_at_start = (state.x[:, s:e] == state.mask_id).sum(dim=1)  # [B]
+    sampler.begin_block(state)
+    max_steps = block_steps if block_steps is not None else (e - s)
+    for i in range(max_steps):
+        if block_steps is None and not _block_has_masks(state, s, e):
+            return
+        state.block_step = i
+        logits, hidden, attn, q0 = _forward(model, state, cfg_scale, need_attn, need_hidden)
+        q_len = logits.shape[1]
+        tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
+        active = torch.zeros_like(tokens, dtype=torch.bool)
+        active[:, s - q0:e - q0] = tokens[:, s - q0:e - q0] == state.mask_id
+        inp = StepInput(
+            logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
+            step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
+            generator=state.generator, hidden=hidden, attn=attn,
+        )
+        decision = sampler.step(inp, state)
+        commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
+                                     adaptive=block_steps is None)
+        _commit(state, decision, commit, q0)
+        state.step += 1
+        if callback is not None:
+            callback(state)
+    if block_steps is None and _block_has_masks(state, s, e):
+        raise RuntimeError(  # unreachable: every adaptive step commits >= 1 per unfinished row
+            f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
+        )
+
+
+def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: bool, adaptive: bool) -> torch.Tensor:
+    """The positions to commit: the sampler's choice among active masks, plus the progress rule.
+
+    Fixed-step samplers: the block's last step commits every remaining mask.
+    Adaptive samplers: a row with active masks that chose none commits its best-scoring one.
+    """
+    commit = decision.commit & active
+    if last:
+        return active.clone()
+    if adaptive:
+        need = active.any(dim=1) & ~commit.any(dim=1)  # [B]
+        score = decision.score if decision.score is not None else active.float()
+        best = score.masked_fill(~active, float("-inf")).argmax(dim=1)  # [B]
+        fallback = torch.zeros_like(commit)
+        fallback.scatter_(1, best[:, None], need[:, None])
+        commit = commit | (fallback & active)
+    return commit
+
+
+def _commit(state: DecodeState, decision: StepOutput, commit: torch.Tensor, q0: int) -> None:
+    q_len = commit.shape[1]
+    view = state.x[:, q0:q0 + q_len]
+    view.copy_(torch.where(commit, decision.tokens, view))
+    lp = state.prompt_length
+    g0 = max(q0, lp)
+    if g0 < q0 + q_len:
+        tr = state.trace[:, g0 - lp:q0 + q_len - lp]
+        tr.copy_(torch.where(commit[:, g0 - q0:], torch.full_like(tr, state.step), tr))
+
+
+def _stop_finished_rows(state: DecodeState, e: int) -> bool:
+    """Once per block: rows with EOS/EoT in the decoded region are finished; True when all are."""
+    eos_ids = state.extras.get("eos_ids", ())
+    if not eos_ids:
+        return False
+    decoded = state.x[:, state.prompt_length:e]  # [B, e - Lp]
+    ended = torch.isin(decoded, torch.tensor(eos_ids, device=decoded.device)).any(dim=1)  # [B]
+    state.finished |= ended
+    rest = state.x[:, e:]
+    fill = state.finished[:, None] & (rest == state.mask_id)
+    rest.copy_(torch.where(fill, torch.full_like(rest, eos_ids[0]), rest))
+    return bool(state.finished.all())
+
+
+def _finish(model, state: DecodeState, wall: float, return_trace: bool) -> GenerationOutput:
+    gen = state.generated  # [B, G]
+    eos_ids = state.extras.get("eos_ids", ())
+    committed = state.trace >= 0
+    generated_tokens = int(committed.sum())
+    if eos_ids:
+        is_eos = torch.isin(gen, torch.tensor(eos_ids, device=gen.device))
+        before_eos = (is_eos.long().cumsum(dim=1) == 0)  # [B, G] True before the first EOS
+        content_tokens = int((before_eos & committed).sum())
+    else:
+        content_tokens = generated_tokens
+    texts = None
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        texts = [decode_answer(tokenizer, row.tolist(), eos_ids, state.mask_id) for row in gen]
+    return GenerationOutput(
+        sequences=state.x, prompt_length=state.prompt_length, texts=texts, nfe=state.nfe,
+        steps=state.step, forwarded_tokens=state.forwarded_tokens,
+        generated_tokens=generated_tokens, content_tokens=content_tokens, wall_time=wall,
+        trace=state.trace if return_trace else None,
+    )
+
+
+def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: int) -> str:
+    """Text of generated ids, cut at the first EOS/EoT, special tokens skipped."""
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            ids = ids[:i]
+            break
+    return tokenizer.decode([t for t in ids if t != mask_id], skip_special_tokens=True)
+
+
+__all__ = ["generate", "BlockPlan", "decode_answer"]

@@ -1,0 +1,63 @@
+"""Prompt encoding and left padding, with the checks every generate call needs."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
+    """Turn the accepted prompt forms into a list of token-id lists (one per row), validated.
+
+    Accepted: a string, a list of strings, a list of token-id lists, a LongTensor [B, Lp] (rows
+    taken as unpadded) or [Lp].
+    """
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+        if prompts.dim() != 2 or prompts.dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16):
+            raise ValueError(f"a prompt tensor must be integer token ids of shape [B, Lp] or [Lp], "
+                             f"got dtype {prompts.dtype} shape {tuple(prompts.shape)}")
+        rows = [list(map(int, r)) for r in prompts.tolist()]
+    elif isinstance(prompts, str):
+        rows = [_encode_text(model, prompts, chat)]
+    elif isinstance(prompts, Sequence) and len(prompts) > 0:
+        if all(isinstance(p, str) for p in prompts):
+            rows = [_encode_text(model, p, chat) for p in prompts]
+        elif all(isinstance(p, (list, tuple)) for p in prompts):
+            rows = [[int(t) for t in p] for p in prompts]
+        else:
+            raise TypeError("prompts must be a string, a list of strings, a list of token-id lists "
+                            "or a tensor; got a list mixing "
+                            f"{sorted({type(p).__name__ for p in prompts})}")
+    else:
+        raise ValueError(f"prompts must be a non-empty string, list or tensor, got {prompts!r}")
+    vocab = model.config.vocab_size
+    for j, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"prompt {j} is empty; every prompt needs at least one token")
+        if model.mask_id in row:
+            raise ValueError(f"prompt {j} contains the mask token (id {model.mask_id}) at position "
+                             f"{row.index(model.mask_id)}; prompts must not contain masks")
+        bad = [t for t in row if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt {j} has token ids outside [0, {vocab}): {bad[:5]}")
+    return rows
+
+
+def _encode_text(model, text: str, chat: bool) -> list[int]:
+    if not text.strip() and not chat:
+        raise ValueError("prompt is empty; every prompt needs at least one token")
+    return list(model.generation_prompt(text, chat=chat))
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad rows to the longest. Returns (ids [B, Lp] long, valid [B, Lp] bool)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for j, r in enumerate(rows):
+        ids[j, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        valid[j, width - len(r):] = True
+    return ids.to(device), valid.to(device)

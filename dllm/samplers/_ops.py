@@ -1,0 +1,109 @@
+"""Shared tensor math for samplers: schedules, proposals, confidences, per-row top-k by ranks.
+
+Every function is pure and batched; none reads a tensor back to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """LLaDA's per-step commit counts: ``n[j, i] = m_j // S + (i < m_j % S)``.
+
+    mask_count: [B] long, masks of each row in the block at its start. Returns [B, S] long whose
+    rows sum to ``mask_count``. (32 masks / 5 steps -> 7, 7, 6, 6, 6.)
+    """
+    base = mask_count // steps  # [B]
+    rem = mask_count % steps  # [B]
+    i = torch.arange(steps, device=mask_count.device)  # [S]
+    return base[:, None] + (i[None, :] < rem[:, None]).long()  # [B, S]
+
+
+def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Per row, the ``k[j]`` eligible positions with the largest score, as a bool map.
+
+    score: [B, Q] float (ineligible entries may hold anything); k: [B] or [] long;
+    eligible: [B, Q] bool. Ranks come from one stable descending sort, so no per-row loop.
+    """
+    score = score.masked_fill(~eligible, float("-inf"))
+    order = score.argsort(dim=-1, descending=True, stable=True)  # [B, Q]
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+    k = k.reshape(-1, 1) if k.dim() else k
+    return (ranks < k) & eligible
+
+
+def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
+    """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
+
+    Where the arg-max is ``banned`` the runner-up is taken. Elsewhere the result is exactly
+    ``z.argmax(-1)`` (same tie-breaking as the references). z: [..., V] -> [...] long.
+    """
+    top = z.argmax(dim=-1)
+    runner_up = z.topk(2, dim=-1).indices  # [..., 2]
+    alt = torch.where(runner_up[..., 0] == banned, runner_up[..., 1], runner_up[..., 0])
+    return torch.where(top == banned, alt, top)
+
+
+def gumbel_perturb(
+    logits: torch.Tensor, temperature: float, noise: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """LLaDA's Gumbel-max perturbation ``exp(l) / (-log u)^T`` in float64 (identity at T = 0).
+
+    ``argmax`` of the result is an exact sample from ``softmax(l / T)``. ``noise`` holds the
+    uniforms ``u`` (same shape as logits, float64); it is drawn by the caller so that the random
+    stream can match the reference (which draws over the whole canvas).
+    """
+    if temperature == 0:
+        return logits
+    assert noise is not None, "temperature > 0 needs uniform noise"
+    l64 = logits.to(torch.float64)
+    return torch.exp(l64) / (-torch.log(noise)) ** temperature
+
+
+def gather_prob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """probs: [..., V], tokens: [...] -> [...] probability of each token."""
+    return torch.gather(probs, -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def top_two_margin(probs: torch.Tensor) -> torch.Tensor:
+    """p(1) - p(2), the gap between the two largest probabilities. [..., V] -> [...]."""
+    top2 = probs.topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+def negative_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Dream's ``sum_v p_v log(p_v + 1e-10)`` (larger = more certain). [..., V] -> [...]."""
+    return (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Dream's nucleus filter: drop tokens past cumulative probability ``top_p`` (the first kept).
+
+    Dropped logits become ``finfo(dtype).min``. [..., V] -> [..., V] (a new tensor).
+    """
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+    cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    drop_sorted = cum > top_p
+    drop_sorted[..., 1:] = drop_sorted[..., :-1].clone()  # shift right: keep the first over
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, sorted_idx, drop_sorted)
+    return logits.masked_fill(drop, torch.finfo(logits.dtype).min)
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` largest logits per position; the rest become ``finfo(dtype).min``."""
+    top_k = min(top_k, logits.shape[-1])
+    kth = torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fill) -> torch.Tensor:
+    """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill``."""
+    ws, we = window
+    out = values.new_full((values.shape[0], width), fill)
+    out[:, ws:we] = values
+    return out

@@ -1,0 +1,92 @@
+"""The sampler protocol and the sampler registry.
+
+A sampler is a small class with a frozen ``Config`` dataclass, registered by name. Its
+``step(inp, state)`` is tensor math on one step's logits and returns which positions to commit
+(``StepOutput``). It never runs its own decode loop and never reads tensors back to the host,
+except where a reference algorithm's random stream forces it (each such place says so).
+
+Two kinds of samplers:
+- ``fixed_steps = True``: the engine runs exactly the block's step budget (``steps`` split over
+  blocks, LLaDA style) and commits every remaining mask on the block's last step.
+- ``fixed_steps = False`` (adaptive): the engine loops until the block has no masks and commits the
+  best-scoring position of any unfinished row that chose nothing, so every step makes progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dllm.registry import Registry
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A sampler without options."""
+
+
+class Sampler:
+    """Base class: holds the frozen config; subclasses implement ``step``."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+    fixed_steps: ClassVar[bool] = True
+    attention_layers: ClassVar[tuple[int, ...]] = ()  # layers whose attention probs the sampler reads
+    hidden_layers: ClassVar[tuple[int, ...]] = ()  # layers whose hidden states the sampler reads
+
+    def __init__(self, config: Any | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise TypeError("pass either a Config or keyword options, not both")
+        self.config = config if config is not None else build_config(self.Config, options, self.name)
+
+    def begin_block(self, state: DecodeState) -> None:
+        """Called once when a block starts (after ``state.block_*`` are set)."""
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
+
+def build_config(config_cls: type, options: dict[str, Any], sampler: str) -> Any:
+    """Build a frozen config from keyword options; unknown keys list the valid ones."""
+    valid = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"Unknown option(s) {', '.join(repr(u) for u in unknown)} for sampler {sampler!r}. "
+            f"Valid options: {', '.join(valid) if valid else '(none)'}"
+        )
+    return config_cls(**options)
+
+
+samplers: Registry[type[Sampler]] = Registry("sampler")
+
+
+def register_sampler(name: str, *, aliases: tuple[str, ...] = (), description: str | None = None):
+    """Class decorator: register a ``Sampler`` subclass under ``name``."""
+
+    def deco(cls: type[Sampler]) -> type[Sampler]:
+        cls.name = name
+        samplers.add(name, cls, aliases=aliases, description=description)
+        return cls
+
+    return deco
+
+
+def make_sampler(sampler: "str | Sampler", **options: Any) -> Sampler:
+    """A sampler instance from a registered name (plus options) or an instance (no options)."""
+    if isinstance(sampler, Sampler):
+        if options:
+            raise TypeError(
+                f"options {sorted(options)} were given together with a sampler instance "
+                f"{sampler!r}; set them on its Config instead"
+            )
+        return sampler
+    if not isinstance(sampler, str):
+        raise TypeError(f"sampler must be a registered name or a Sampler, got {type(sampler).__name__}")
+    cls = samplers.get(sampler)
+    return cls(**options)

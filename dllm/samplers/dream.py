@@ -1,0 +1,185 @@
+"""Dream's reference algorithms (``diffusion_generate``): ``origin``, ``maskgit_plus``,
+``topk_margin`` and ``entropy``.
+
+Schedule per block of ``S`` steps: ``t = linspace(1, eps, S + 1)`` (float32); at step i,
+``t = t_i``, ``s = t_{i+1}``.
+- ``origin``: each masked position is revealed independently with probability ``1 - s/t``
+  (all at the last step), its token drawn by ``sample_tokens``.
+- confidence algorithms: ``k = int(mean_rows(#masks) * (1 - s/t))`` (all remaining masks at the
+  last step); commit the top-k masked positions by confidence (``maskgit_plus``: p(x0);
+  ``topk_margin``: p(1) - p(2); ``entropy``: sum p log(p + 1e-10)); with ``alg_temp > 0`` the k
+  positions are sampled without replacement from ``softmax(confidence / alg_temp)``.
+``sample_tokens``: logits / T (T > 0), top-p, top-k, softmax; x0 = a categorical sample (T > 0)
+or the arg-max, confidence = p(x0).
+
+Exactness: one block of the whole generation (the default) reproduces ``diffusion_generate`` token
+for token at T = 0 and, under the same seed, at T > 0: the draws are made in the reference's order
+and shapes (``origin``: ``rand(#masked)`` then one multinomial over the revealed rows; others: one
+multinomial over all masked rows when T > 0, then one multinomial without replacement for
+``alg_temp > 0``). Those shapes depend on how many positions are masked, so these samplers read
+that count on the host (a sync) when they draw; at T = 0 with ``alg_temp`` unset the confidence
+algorithms run without any sync. With ``steps == gen_length`` the first step commits nothing
+(``k = int(G * (1 - s/t)) = 0``), as in Dream. Deliberate difference: the mask token is never
+proposed (where Dream would sample or pick it, the arg-max over the other tokens is used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from dllm.samplers._ops import (
+    argmax_excluding,
+    gather_prob,
+    negative_entropy,
+    take_top_k,
+    top_k_filter,
+    top_p_filter,
+    top_two_margin,
+)
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class DreamConfig:
+    top_p: Optional[float] = None  # nucleus filter, in (0, 1]
+    top_k: Optional[int] = None  # keep the k largest logits, k >= 1
+    alg_temp: Optional[float] = None  # > 0: sample which positions to commit (confidence algs)
+    eps: float = 1e-3  # final time of the schedule, in (0, 1)
+
+    def __post_init__(self) -> None:
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
+        if self.alg_temp is not None and self.alg_temp < 0:
+            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp!r}")
+        if not (0.0 < self.eps < 1.0):
+            raise ValueError(f"eps must be in (0, 1), got {self.eps!r}")
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [N, V]
+    temperature: float,
+    top_p: Optional[float],
+    top_k: Optional[int],
+    mask_id: int,
+    generator: Optional[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's proposal: returns (probs [N, V], x0 [N]). Confidence kinds are computed from probs."""
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = top_p_filter(logits, top_p)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)  # [N, V] in the logits dtype
+    greedy = argmax_excluding(probs, mask_id)
+    if temperature > 0 and probs.shape[0] > 0:
+        # Dream draws Categorical(probs).sample(): multinomial over renormalised probs
+        normed = probs / probs.sum(-1, keepdim=True)
+        x0 = torch.multinomial(normed, 1, replacement=True, generator=generator).squeeze(-1)
+        x0 = torch.where(x0 == mask_id, greedy, x0)
+    else:
+        x0 = greedy
+    return probs, x0
+
+
+class _DreamBase(Sampler):
+    Config = DreamConfig
+    fixed_steps = True
+
+    def begin_block(self, state: DecodeState) -> None:
+        assert state.block_steps is not None
+        state.extras["dream_timesteps"] = torch.linspace(
+            1, self.config.eps, state.block_steps + 1, device=state.x.device
+        )  # [S + 1] float32
+
+    def _times(self, inp: StepInput, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        ts = state.extras["dream_timesteps"]
+        return ts[inp.step], ts[inp.step + 1]
+
+
+@register_sampler("origin")
+class Origin(_DreamBase):
+    """Dream reference: reveal each mask with probability 1 - s/t (random count per step)."""
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        t, s = self._times(inp, state)
+        p_transfer = 1 - s / t if not inp.is_last_step else torch.ones_like(t)
+        active = inp.active  # [B, Q]
+        n_masked = int(active.sum())  # host sync: Dream draws rand(#masked)
+        reveal = torch.rand(n_masked, generator=inp.generator, device=active.device) < p_transfer
+        rows = inp.logits[active][reveal]  # [N_reveal, V]
+        cfg = self.config
+        _, x0 = sample_tokens(rows, inp.temperature, cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
+        flat = torch.full((n_masked,), inp.mask_id, dtype=torch.long, device=active.device)
+        flat[reveal] = x0
+        tokens = torch.full_like(inp.tokens, inp.mask_id)
+        tokens[active] = flat
+        commit = active & (tokens != inp.mask_id)
+        return StepOutput(commit=commit, tokens=tokens, score=None)
+
+
+class _DreamConfidence(_DreamBase):
+    def _confidence(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        cfg = self.config
+        active = inp.active  # [B, Q]
+        logits = inp.logits  # [B, Q, V]
+        if inp.temperature > 0:
+            # Dream samples only the masked rows (flattened row-major): index them (host sync)
+            probs, x0_rows = sample_tokens(logits[active], inp.temperature, cfg.top_p, cfg.top_k,
+                                           inp.mask_id, inp.generator)
+            conf_rows = self._confidence(probs, x0_rows)
+            x0 = torch.full_like(inp.tokens, inp.mask_id)
+            x0[active] = x0_rows
+            conf = torch.full(active.shape, float("-inf"), dtype=logits.dtype, device=logits.device)
+            conf[active] = conf_rows.to(logits.dtype)
+        else:
+            probs, x0 = sample_tokens(logits, 0.0, cfg.top_p, cfg.top_k, inp.mask_id, None)
+            conf = self._confidence(probs, x0).masked_fill(~active, float("-inf"))  # [B, Q]
+        t, s = self._times(inp, state)
+        mean_masked = active.sum() / active.shape[0]  # float32 tensor, as Dream's num_mask_token
+        k = mean_masked if inp.is_last_step else mean_masked * (1 - s / t)
+        k = k.floor().long()  # int() truncation; k >= 0
+        if cfg.alg_temp:
+            k_host = int(k)  # host sync: multinomial needs a Python count
+            commit = torch.zeros_like(active)
+            if k_host > 0:
+                weights = torch.softmax(conf / cfg.alg_temp, dim=-1)  # [B, Q]
+                idx = torch.multinomial(weights, num_samples=k_host, generator=inp.generator)
+                commit.scatter_(1, idx, True)
+                commit &= active
+        else:
+            commit = take_top_k(conf, k, active)
+        return StepOutput(commit=commit, tokens=x0, score=conf)
+
+
+@register_sampler("maskgit_plus")
+class MaskGitPlus(_DreamConfidence):
+    """Dream: commit the top-k masks by max probability on Dream's timestep schedule."""
+
+    def _confidence(self, probs, x0):
+        return gather_prob(probs, x0)
+
+
+@register_sampler("topk_margin")
+class TopKMargin(_DreamConfidence):
+    """Dream: commit the top-k masks by the top-2 probability margin on Dream's schedule."""
+
+    def _confidence(self, probs, x0):
+        return top_two_margin(probs)
+
+
+@register_sampler("entropy")
+class Entropy(_DreamConfidence):
+    """Dream: commit the top-k masks by negative entropy on Dream's schedule."""
+
+    def _confidence(self, probs, x0):
+        return negative_entropy(probs)

@@ -1,0 +1,108 @@
+"""LLaDA's reference remasking: ``low_confidence`` and ``random`` (ML-GSAI/LLaDA ``generate()``).
+
+Rule (per block with ``m_j`` masks and ``S`` steps): step ``i`` commits
+``n[j, i] = m_j // S + (i < m_j % S)`` positions of row j: the top ``n[j, i]`` masked positions of
+the block by confidence (``low_confidence``: ``softmax(logits)[x0]`` in the logits dtype;
+``random``: uniform scores). Proposals ``x0 = argmax(logits)`` at T = 0, else the Gumbel-max
+sample ``argmax exp(l) / (-log u)^T`` with float64 uniforms.
+
+Exactness: with the same weights, prompt and settings this gives the same tokens as
+``generate()`` at HEAD (65cbed2) at T = 0, and at T > 0 under the same seed: the uniforms are drawn
+as one float64 tensor of the full query shape [B, Q, V] (Q = the whole canvas without a KV cache,
+as the reference draws them), then ``random`` draws float32 ``rand(B, Q)``, in that order.
+Deliberate differences, documented:
+- the mask token is never proposed (the reference can "commit" the mask id, leaving the position
+  masked and the block unfinished); where the arg-max is the mask id we take the runner-up;
+- ``confidence_eos_eot_inf`` removes both EOS and EoT at every temperature (the reference removes
+  only EoT when T > 0, ML-GSAI/LLaDA#137);
+- EOS ids come from the model (the reference hard-codes the 8B vocabulary's 126081 / 126348).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm.samplers._ops import (
+    argmax_excluding,
+    expand_window,
+    gather_prob,
+    gumbel_perturb,
+    take_top_k,
+    transfer_schedule,
+)
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class LLaDAConfig:
+    logits_eos_inf: bool = False  # EOS logit = -inf: EOS is never proposed
+    confidence_eos_eot_inf: bool = False  # EOS/EoT proposals get confidence 0: committed last
+
+    def __post_init__(self) -> None:
+        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+class _LLaDARemasking(Sampler):
+    Config = LLaDAConfig
+    fixed_steps = True
+
+    def begin_block(self, state: DecodeState) -> None:
+        assert state.block_steps is not None and state.block_masks_at_start is not None
+        # [B, S] commit counts for this block, from the masks it holds now
+        state.extras["llada_schedule"] = transfer_schedule(state.block_masks_at_start, state.block_steps)
+
+    def _scores(self, probs_window: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        ws, we = inp.window
+        logits = inp.logits  # [B, Q, V]; this step's logits belong to the sampler
+        eos_ids = state.extras.get("eos_ids", ())
+        if self.config.logits_eos_inf and eos_ids:
+            logits[:, ws:we, eos_ids[0]] = float("-inf")
+        noise = None
+        if inp.temperature > 0:
+            # same shape and dtype as the reference's rand_like(float64 logits): full query width
+            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator,
+                               device=logits.device)[:, ws:we]
+        window_logits = logits[:, ws:we]  # [B, W, V]
+        z = gumbel_perturb(window_logits, inp.temperature, noise)
+        x0 = argmax_excluding(z, inp.mask_id)  # [B, W]
+        if self.config.confidence_eos_eot_inf and eos_ids:
+            window_logits = window_logits.clone()
+            window_logits[..., list(eos_ids)] = float("-inf")
+        score = self._window_scores(window_logits, x0, inp)  # [B, W]
+        width = logits.shape[1]
+        score = expand_window(score, inp.window, width, float("-inf"))
+        tokens = expand_window(x0, inp.window, width, inp.mask_id)
+        k = state.extras["llada_schedule"][:, inp.step]  # [B]
+        commit = take_top_k(score, k, inp.active)
+        return StepOutput(commit=commit, tokens=tokens, score=score)
+
+    def _window_scores(self, window_logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register_sampler("low_confidence", aliases=("llada",))
+class LowConfidence(_LLaDARemasking):
+    """LLaDA reference: commit the scheduled number of most confident masks per step."""
+
+    def _window_scores(self, window_logits, x0, inp):
+        probs = torch.softmax(window_logits, dim=-1)  # [B, W, V] in the logits dtype, as LLaDA HEAD
+        return gather_prob(probs, x0)
+
+
+@register_sampler("random")
+class RandomRemasking(_LLaDARemasking):
+    """LLaDA reference: commit the scheduled number of masks per step in random order."""
+
+    def _window_scores(self, window_logits, x0, inp):
+        b, q = inp.logits.shape[:2]
+        ws, we = inp.window
+        # float32 rand(B, L) over the full query width, drawn after the Gumbel noise (as LLaDA)
+        return torch.rand((b, q), generator=inp.generator, device=x0.device)[:, ws:we]

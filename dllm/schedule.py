@@ -1,0 +1,63 @@
+"""Block layout and per-block step budgets (validated once per ``generate`` call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    gen_length: int
+    block_length: int
+    blocks: tuple[tuple[int, int, Optional[int]], ...]  # (start, end, steps) in generated coords
+
+
+def plan_blocks(gen_length: int, block_length: Optional[int], steps: Optional[int], *,
+                fixed_steps: bool) -> BlockPlan:
+    """Split ``gen_length`` into blocks and give each its step budget.
+
+    Blocks are ``[k * BL, min((k + 1) * BL, G))``; the last may be shorter. Fixed-step samplers
+    get ``steps / NB`` steps per block (``steps`` a multiple of the number of blocks NB and at most
+    ``block_length`` per block; default: one token per step), the last partial block
+    ``min(steps / NB, its length)``. Adaptive samplers get ``None`` (they stop when the block is
+    full). Offsets are relative to the start of the generated region.
+    """
+    if not isinstance(gen_length, int) or gen_length <= 0:
+        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
+    if block_length is None:
+        block_length = gen_length
+    if not isinstance(block_length, int) or block_length <= 0:
+        raise ValueError(f"block_length must be a positive integer (<= gen_length={gen_length}), "
+                         f"got {block_length!r}")
+    block_length = min(block_length, gen_length)
+    n_blocks = -(-gen_length // block_length)
+    bounds = [(k * block_length, min((k + 1) * block_length, gen_length)) for k in range(n_blocks)]
+    if steps is not None and (not isinstance(steps, int) or steps <= 0):
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not fixed_steps:
+        return BlockPlan(gen_length, block_length, tuple((s, e, None) for s, e in bounds))
+    if steps is None:
+        per_block = [e - s for s, e in bounds]
+    else:
+        if steps % n_blocks != 0:
+            valid = [n_blocks * k for k in range(1, block_length + 1)]
+            raise ValueError(
+                f"steps={steps} cannot be split evenly over {n_blocks} blocks "
+                f"(gen_length={gen_length}, block_length={block_length}); valid steps are multiples "
+                f"of {n_blocks} up to {n_blocks * block_length}, e.g. {_preview(valid)}"
+            )
+        s_per = steps // n_blocks
+        if s_per > block_length:
+            raise ValueError(
+                f"steps={steps} gives {s_per} steps per block but a block holds only {block_length} "
+                f"tokens (a step must commit at least one); use steps <= {n_blocks * block_length}"
+            )
+        per_block = [min(s_per, e - s) for s, e in bounds]
+    return BlockPlan(gen_length, block_length,
+                     tuple((s, e, n) for (s, e), n in zip(bounds, per_block)))
+
+
+def _preview(values: list[int], n: int = 6) -> str:
+    shown = ", ".join(str(v) for v in values[:n])
+    return shown + (", ..." if len(values) > n else "")

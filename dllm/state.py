@@ -1,0 +1,142 @@
+"""The data that flows through the decode loop.
+
+- ``DecodeState``: the canvas and everything the engine tracks while decoding (counters are Python
+  ints, per-row state is device tensors).
+- ``StepInput``: what a sampler sees at one step (logits of the query positions, which of them are
+  active masks of the current block, the schedule clock).
+- ``StepOutput``: what a sampler decides (which positions to commit, with which tokens).
+- ``GenerationOutput``: what ``dllm.generate`` returns.
+
+Coordinates: the canvas ``x`` is [B, L] with L = Lp + G (left-padded prompts of width Lp, then G
+generated positions). A forward computes logits for Q query positions starting at canvas column
+``query_start`` (Q = L and query_start = 0 without a KV cache). Samplers work in query coordinates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@dataclass
+class DecodeState:
+    """Mutable state of one ``generate`` call."""
+
+    x: torch.Tensor  # [B, L] canvas (prompt | generated), long, written in place
+    key_padding_mask: torch.Tensor  # [B, L] bool, True on real tokens (False on left pads)
+    positions: torch.Tensor  # [B, L] long, RoPE positions (pads get 0)
+    prompt_mask: torch.Tensor  # [B, L] bool, True on prompt columns (pads included)
+    prompt_length: int  # Lp, the padded prompt width
+    gen_length: int  # G
+    mask_id: int
+    temperature: float
+    generator: Optional[torch.Generator]
+    trace: torch.Tensor  # [B, G] long: global step at which each position was committed (-1: never)
+    padded: bool  # True when some row is left-padded (the model then needs the key-padding mask)
+    block_start: int = 0  # canvas column where the current block starts
+    block_end: int = 0  # canvas column where the current block ends (exclusive)
+    block_index: int = 0
+    block_step: int = 0  # step index inside the current block
+    block_steps: Optional[int] = None  # steps budgeted for this block (None: sampler decides)
+    block_masks_at_start: Optional[torch.Tensor] = None  # [B] long, masks in the block at its start
+    step: int = 0  # global step counter (sampler decisions)
+    nfe: int = 0  # model forwards (a CFG forward on the doubled batch counts once)
+    forwarded_tokens: int = 0  # sum over forwards of rows x query length
+    finished: Optional[torch.Tensor] = None  # [B] bool, rows whose answer ended (stop_at_eos)
+    extras: dict[str, Any] = field(default_factory=dict)  # per-call scratch for samplers
+
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def generated(self) -> torch.Tensor:
+        """[B, G] view of the generated region of the canvas."""
+        return self.x[:, self.prompt_length:]
+
+
+@dataclass
+class StepInput:
+    """One step's inputs for a sampler, in query coordinates."""
+
+    logits: torch.Tensor  # [B, Q, V] logits[:, q] predicts the token at canvas column query_start+q
+    tokens: torch.Tensor  # [B, Q] current canvas tokens at the query positions
+    active: torch.Tensor  # [B, Q] bool: masked positions of the current block (may be committed)
+    query_start: int  # canvas column of query position 0
+    window: tuple[int, int]  # [ws, we): the current block in query coordinates
+    step: int  # step index inside the block (0-based)
+    steps: Optional[int]  # steps budgeted for this block, None for adaptive samplers
+    mask_id: int
+    temperature: float
+    generator: Optional[torch.Generator]
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, Q, D]
+    attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
+
+    @property
+    def is_last_step(self) -> bool:
+        return self.steps is not None and self.step == self.steps - 1
+
+
+@dataclass
+class StepOutput:
+    """A sampler's decision for one step, in query coordinates."""
+
+    commit: torch.Tensor  # [B, Q] bool: positions to write this step
+    tokens: torch.Tensor  # [B, Q] long: proposed token per position (read where commit is True)
+    score: Optional[torch.Tensor] = None  # [B, Q] float: the sampler's confidence, used for the
+    #   engine's progress fallback (commit the best active position of a row that chose none)
+
+
+@dataclass
+class GenerationOutput:
+    """Result of ``dllm.generate``."""
+
+    sequences: torch.Tensor  # [B, Lp + G] canvas incl. the left-padded prompt
+    prompt_length: int  # Lp
+    texts: Optional[list[str]]  # decoded generated text per row (cut at the first EOS/EoT)
+    nfe: int  # model forwards
+    steps: int  # sampler steps
+    forwarded_tokens: int  # sum over forwards of rows x query positions
+    generated_tokens: int  # committed generated positions, all rows (EOS padding included)
+    content_tokens: int  # generated tokens up to (excluding) each row's first EOS/EoT
+    wall_time: float  # seconds
+    trace: Optional[torch.Tensor] = None  # [B, G] step at which each position was committed
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> torch.Tensor:
+        """[B, G] the generated tokens."""
+        return self.sequences[:, self.prompt_length:]
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Generated tokens per row per forward (EOS padding included)."""
+        rows = self.sequences.shape[0]
+        return self.generated_tokens / rows / max(self.nfe, 1)
+
+    @property
+    def content_tokens_per_forward(self) -> float:
+        rows = self.sequences.shape[0]
+        return self.content_tokens / rows / max(self.nfe, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_time if self.wall_time > 0 else float("inf")
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "nfe": self.nfe,
+            "steps": self.steps,
+            "forwarded_tokens": self.forwarded_tokens,
+            "generated_tokens": self.generated_tokens,
+            "content_tokens": self.content_tokens,
+            "tokens_per_forward": round(self.tokens_per_forward, 4),
+            "content_tokens_per_forward": round(self.content_tokens_per_forward, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "wall_time_s": round(self.wall_time, 4),
+        }
+
+
+StepCallback = Callable[[DecodeState], None]
