@@ -1,0 +1,81 @@
+"""Registry, vocabulary, sizes and the sequence-length budget of the PB-mini tasks."""
+
+import hashlib
+import random
+
+import pytest
+
+from dllm.eval import tasks as T
+from dllm.registry import UnknownNameError
+
+REQUIRED = [
+    "copy", "reverse", "sort", "replace_index", "replace_random", "insert_index", "insert_random",
+    "remove_index", "remove_random", "shuffle", "pick_pair", "sudoku4", "latin4", "latin4_r1",
+    "add_lsb", "add_msb", "chain",
+]  # fmt: skip
+ALL = T.tasks.names()
+
+# sha256 of "\n".join(vocabulary()): token ids are part of every checkpoint. Append-only!
+VOCAB_SHA256 = "49b2a5dfa9313e46c242ca11733e73d5947b4dde13e8e23a6dd976214ff2c8af"
+
+
+def test_required_tasks_and_2tok_variants_are_registered():
+    for name in REQUIRED:
+        assert name in T.tasks
+    for op in ["copy", "reverse", "sort", "replace_random", "insert_random", "remove_random", "shuffle"]:
+        assert f"{op}_2tok" in T.tasks
+    assert T.get_task("latin4-r1") is T.get_task("latin4_r1")
+    assert dict(T.list_tasks())["copy"]
+
+
+def test_unknown_task_lists_valid_names():
+    with pytest.raises(UnknownNameError, match=r"Unknown task 'shufle'\. Valid tasks: .*shuffle"):
+        T.get_task("shufle")
+    with pytest.raises(KeyError):
+        T.test_split("nope")
+
+
+@pytest.mark.parametrize("name", ["copy", "sudoku4", "chain", "latin4", "add_msb", "shuffle_2tok"])
+def test_bad_size_names_size_and_range(name):
+    task = T.get_task(name)
+    for bad in (task.min_size - 1, task.max_size + 1):
+        with pytest.raises(ValueError, match=rf"size {bad} .*{name}.*valid sizes: {task.min_size}\.\.{task.max_size}"):
+            task.generate(random.Random(0), bad)
+        with pytest.raises(ValueError, match=rf"size {bad}"):
+            T.answer_length(name, bad)
+        with pytest.raises(ValueError, match=rf"size {bad}"):
+            T.test_split(name, bad, 1)
+
+
+def test_vocabulary_is_small_unique_and_pinned():
+    vocab = T.vocabulary()
+    assert vocab[:5] == ["[PAD]", "[MASK]", "[BOS]", "[SEP]", "[EOS]"]
+    assert len(vocab) == len(set(vocab)) <= 100
+    assert hashlib.sha256("\n".join(vocab).encode()).hexdigest() == VOCAB_SHA256
+    assert T.word_id("[EOS]") == 4
+    with pytest.raises(ValueError, match="'zz' is not in the PB-mini vocabulary"):
+        T.word_id("zz")
+
+
+def test_every_task_has_its_own_token():
+    vocab = T.vocabulary()
+    for name in ALL:
+        assert name in vocab, f"task {name} has no task token"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_lengths_fit_the_budget_at_every_size(name):
+    task = T.get_task(name)
+    assert task.description and task.default_sizes
+    assert T.max_sequence_length(name) <= 64
+    vocab = set(T.vocabulary())
+    rng = random.Random(7)
+    for size in task.sizes:
+        for _ in range(3):
+            ex = task.generate(rng, size)
+            seq = T.sequence_words(ex)
+            assert len(T.prompt_words(ex)) == T.prompt_length(name, size)
+            assert len(T.target_words(ex)) == T.answer_length(name, size) == task.content_length(size) + 1
+            assert len(seq) == T.sequence_length(name, size) <= 64
+            assert set(seq) <= vocab
+            assert "[MASK]" not in seq and "[PAD]" not in seq

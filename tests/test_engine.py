@@ -1,0 +1,193 @@
+"""The decode engine on tiny random models of both families."""
+
+import pytest
+import torch
+
+import dllm
+from dllm.models import tiny
+from dllm.samplers.base import NoOptions, Sampler
+from dllm.state import StepOutput
+
+FAMILIES = ("llada", "dream")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return tiny(request.param, seed=0)
+
+
+def _ids(model, n, offset=0):
+    """n ordinary token ids (no special ids)."""
+    special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
+    pool = [t for t in range(model.config.vocab_size) if t not in special]
+    return [pool[(offset + 7 * i) % len(pool)] for i in range(n)]
+
+
+def test_output_shapes_counts_and_trace(model):
+    out = dllm.generate(model, [_ids(model, 5)], gen_length=12, block_length=4, steps=6, return_trace=True)
+    assert out.sequences.shape == (1, 17) and out.prompt_length == 5
+    assert (out.generated != model.mask_id).all()
+    assert out.nfe == 6 and out.steps == 6
+    assert out.forwarded_tokens == 6 * 17
+    assert out.generated_tokens == 12
+    # two commits per step, block by block: steps 0-1 fill block 0, 2-3 block 1, 4-5 block 2
+    assert sorted(out.trace[0].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert out.trace[0, :4].max() <= 1 and out.trace[0, 8:].min() >= 4
+    assert out.sequences[0, :5].tolist() == _ids(model, 5)
+
+
+# deterministic samplers only: `random` and `origin` draw noise whose shape depends on the batch,
+# exactly as the references do, so their draws differ between a row alone and in a batch
+@pytest.mark.parametrize("sampler", ["low_confidence", "maskgit_plus", "topk_margin", "entropy"])
+def test_batch_with_padding_equals_each_prompt_alone(model, sampler):
+    prompts = [_ids(model, 3, 1), _ids(model, 8, 2), _ids(model, 5, 3)]
+    kw = dict(sampler=sampler, gen_length=8, block_length=4, steps=8)
+    batch = dllm.generate(model, prompts, **kw)
+    for j, p in enumerate(prompts):
+        alone = dllm.generate(model, [p], **kw)
+        assert torch.equal(batch.generated[j], alone.generated[0]), (sampler, j)
+
+
+def test_batch_invariance_at_temperature_with_seed_for_single_rows(model):
+    # the same seed gives the same tokens run twice; a different seed changes them
+    p = [_ids(model, 6)]
+    a = dllm.generate(model, p, gen_length=16, temperature=1.0, seed=3)
+    b = dllm.generate(model, p, gen_length=16, temperature=1.0, seed=3)
+    c = dllm.generate(model, p, gen_length=16, temperature=1.0, seed=4)
+    assert torch.equal(a.sequences, b.sequences)
+    assert not torch.equal(a.sequences, c.sequences)
+
+
+def test_every_step_commits_at_least_one_position_per_row(model):
+    out = dllm.generate(model, [_ids(model, 4), _ids(model, 6, 1)], gen_length=12, block_length=6,
+                        return_trace=True)
+    for row in out.trace:
+        assert sorted(row.tolist()) == list(range(12))  # one token per step, each step used once
+
+
+class _Lazy(Sampler):
+    """Adaptive sampler that never chooses anything (to test the engine's progress rule)."""
+
+    Config = NoOptions
+    fixed_steps = False
+
+    def step(self, inp, state):
+        score = torch.arange(inp.tokens.shape[1], dtype=torch.float32).expand_as(inp.tokens)
+        return StepOutput(commit=torch.zeros_like(inp.active), tokens=inp.tokens.clone().fill_(5),
+                          score=-score)
+
+
+def test_adaptive_sampler_that_commits_nothing_still_finishes(model):
+    out = dllm.generate(model, [_ids(model, 3)], sampler=_Lazy(), gen_length=6, block_length=3,
+                        return_trace=True)
+    assert out.nfe == 6  # one forced commit per step, leftmost (best score) first
+    assert out.trace[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert (out.generated == 5).all()
+
+
+def test_callback_sees_every_step(model):
+    seen = []
+    dllm.generate(model, [_ids(model, 3)], gen_length=8, steps=4,
+                  callback=lambda st: seen.append((st.step, int((st.generated == st.mask_id).sum()))))
+    assert seen == [(1, 6), (2, 4), (3, 2), (4, 0)]  # (steps done, masks left)
+
+
+def test_cfg_runs_doubled_batch_and_changes_logits(model):
+    p = [_ids(model, 6)]
+    plain = dllm.generate(model, p, gen_length=8)
+    guided = dllm.generate(model, p, gen_length=8, cfg_scale=2.0)
+    assert guided.nfe == plain.nfe == 8
+    assert guided.forwarded_tokens == 2 * plain.forwarded_tokens
+    assert (guided.generated != model.mask_id).all()
+
+
+def test_cfg_matches_manual_guidance_on_first_step(model):
+    p = torch.tensor([_ids(model, 5)])
+    grabbed = {}
+
+    class Spy(Sampler):
+        Config = NoOptions
+        fixed_steps = True
+
+        def step(self, inp, state):
+            grabbed.setdefault("logits", inp.logits.clone())
+            return StepOutput(commit=inp.active, tokens=inp.tokens.clone().fill_(5))
+
+    dllm.generate(model, p, sampler=Spy(), gen_length=4, steps=1, cfg_scale=0.5)
+    x = torch.cat([p, torch.full((1, 4), model.mask_id)], 1)
+    u = x.clone()
+    u[:, :5] = model.mask_id
+    cond, un = model(x).logits, model(u).logits
+    assert torch.allclose(grabbed["logits"], un + 1.5 * (cond - un), atol=1e-5)
+
+
+def test_stop_at_eos_finishes_rows_early(model):
+    # force EOS everywhere through a sampler that proposes EOS: one block suffices
+    class Eos(Sampler):
+        Config = NoOptions
+        fixed_steps = True
+
+        def step(self, inp, state):
+            return StepOutput(commit=inp.active, tokens=inp.tokens.clone().fill_(model.eos_id))
+
+    out = dllm.generate(model, [_ids(model, 3)], sampler=Eos(), gen_length=12, block_length=4,
+                        stop_at_eos=True)
+    assert out.nfe == 4  # 4 steps of the first block, then stopped
+    assert (out.generated == model.eos_id).all()
+    assert out.content_tokens == 0
+
+
+def test_texts_are_decoded_when_the_model_has_a_tokenizer(model):
+    out = dllm.generate(model, "hello world", gen_length=4)
+    assert isinstance(out.texts, list) and len(out.texts) == 1 and isinstance(out.texts[0], str)
+
+
+def test_prompt_forms_agree(model):
+    ids = _ids(model, 4)
+    a = dllm.generate(model, torch.tensor(ids), gen_length=4)
+    b = dllm.generate(model, [ids], gen_length=4)
+    c = dllm.generate(model, torch.tensor([ids]), gen_length=4)
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(b.sequences, c.sequences)
+
+
+# ---- bad input: each a clear error naming the value and what is valid ----
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(sampler="nope"), KeyError, r"Unknown sampler 'nope'\. Valid samplers: .*low_confidence"),
+    (dict(sampler="low_confidence", threshold=0.9), TypeError, r"Unknown option\(s\) 'threshold'.*Valid options"),
+    (dict(gen_length=0), ValueError, r"gen_length must be a positive integer, got 0"),
+    (dict(gen_length=8, block_length=0), ValueError, r"block_length must be a positive integer .*got 0"),
+    (dict(gen_length=8, block_length=-1), ValueError, r"block_length .* got -1"),
+    (dict(gen_length=8, block_length=4, steps=3), ValueError, r"steps=3 cannot be split evenly over 2 blocks"),
+    (dict(gen_length=8, steps=9), ValueError, r"9 steps per block but a block holds only 8"),
+    (dict(gen_length=8, temperature=-1.0), ValueError, r"temperature must be a number >= 0.0, got -1.0"),
+    (dict(gen_length=8, cache="dual"), ValueError, r"Unknown cache policy 'dual'\. Valid cache policies: none"),
+    (dict(gen_length=100000), ValueError, r"exceeds the model's \d+ positions"),
+])
+def test_bad_settings(model, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        dllm.generate(model, [_ids(model, 4)], **kwargs)
+
+
+def test_prompt_with_mask_token_is_rejected(model):
+    with pytest.raises(ValueError, match=rf"prompt 0 contains the mask token \(id {model.mask_id}\) at position 2"):
+        dllm.generate(model, [[5, 6, model.mask_id]], gen_length=4)
+
+
+@pytest.mark.parametrize("prompt", ["", [[]], "   "])
+def test_empty_prompt_is_rejected(model, prompt):
+    with pytest.raises(ValueError, match="empty"):
+        dllm.generate(model, prompt, gen_length=4)
+
+
+def test_out_of_vocabulary_ids_are_rejected(model):
+    with pytest.raises(ValueError, match=r"token ids outside \[0, \d+\)"):
+        dllm.generate(model, [[5, 10**7]], gen_length=4)
+
+
+def test_sampler_instance_with_options_is_rejected(model):
+    from dllm.samplers import make_sampler
+
+    with pytest.raises(TypeError, match="together with a sampler instance"):
+        dllm.generate(model, [_ids(model, 3)], sampler=make_sampler("random"), gen_length=4,
+                      logits_eos_inf=True)
