@@ -1,0 +1,31 @@
+"""Models: the DiffusionLM interface, one shared transformer, LLaDA and Dream checkpoint formats,
+loading (embedded name, local directory or Hub id) and tiny random models.
+
+>>> from dllm.models import load, tiny
+>>> model = load("tiny-random-llada")          # shipped with the package, works offline
+>>> out = model(ids, key_padding_mask=real)     # out.logits[:, i] predicts position i
+"""
+
+from dllm.models.base import DiffusionLM, ModelOutput, SpecialIds
+from dllm.models.checkpoint import CheckpointError
+from dllm.models.config import TransformerConfig
+from dllm.models.dream import Dream
+from dllm.models.llada import LLaDA
+from dllm.models.loading import ModelNotFoundError, embedded_names, load
+from dllm.models.pretrained import TransformerLM
+from dllm.models.tiny import tiny
+
+__all__ = [
+    "CheckpointError",
+    "DiffusionLM",
+    "Dream",
+    "LLaDA",
+    "ModelNotFoundError",
+    "ModelOutput",
+    "SpecialIds",
+    "TransformerConfig",
+    "TransformerLM",
+    "embedded_names",
+    "load",
+    "tiny",
+]

@@ -1,0 +1,266 @@
+"""The interface every model in dllm implements: ``DiffusionLM`` and its ``ModelOutput``.
+
+Contract of ``forward``: ``logits[:, i]`` predicts the token AT position i, for every family (Dream's
+one-position shift happens inside its wrapper). Batches are left-padded; ``positions`` and
+``key_padding_mask`` make a padded row compute exactly what the prompt alone computes.
+
+Subclasses provide ``_raw_forward`` (the unshifted logits as the official model returns them) and,
+when they have a checkpoint format, ``save_pretrained``. ``TransformerLM`` (``pretrained.py``) is
+the weight-backed implementation shared by LLaDA and Dream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from dllm.models.config import TransformerConfig
+
+Messages = Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Token ids the decoder needs. eot = end of turn (LLaDA ``<|eot_id|>``, Dream ``<|im_end|>``)."""
+
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    eot_id: Optional[int] = None
+    bos_id: Optional[int] = None
+
+    def check(self, vocab_rows: int) -> None:
+        """ValueError when an id is outside [0, vocab_rows) or the mask id collides with pad/eos."""
+        for name in ("mask_id", "eos_id", "pad_id", "eot_id", "bos_id"):
+            value = getattr(self, name)
+            if value is None and name in ("eot_id", "bos_id"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_rows:
+                raise ValueError(f"{name} = {value!r} is not a token id of a vocabulary with "
+                                 f"{vocab_rows} rows (valid: 0 .. {vocab_rows - 1})")
+        if self.mask_id in (self.pad_id, self.eos_id):
+            raise ValueError(f"mask_id ({self.mask_id}) must differ from pad_id ({self.pad_id}) and "
+                             f"eos_id ({self.eos_id}): prompts are told apart from masks by id")
+
+
+@dataclass
+class ModelOutput:
+    """logits [B, T, V] (model dtype; logits[:, i] predicts position i), hidden {layer: [B, T, D]},
+    attn {layer: [B, H, T, T] float32 probabilities}."""
+
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    attn: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def default_positions(input_ids: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """[B, T] int64 positions: arange, or ``cumsum(mask) - 1`` clamped at 0 for left-padded rows
+    (the first real token gets position 0, pads get 0)."""
+    b, t = input_ids.shape
+    if key_padding_mask is None:
+        return torch.arange(t, device=input_ids.device).expand(b, t)
+    return (key_padding_mask.long().cumsum(dim=-1) - 1).clamp_min(0)
+
+
+def padding_attn_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, T] (True = real) -> bool [B, 1, T, T] (True = attend).
+
+    Real queries attend only to real keys; pad queries attend to every key, so their (unread)
+    output stays finite instead of coming from an all-masked softmax row.
+    """
+    keys = key_padding_mask[:, None, None, :]  # [B, 1, 1, T]
+    pad_queries = ~key_padding_mask[:, None, :, None]  # [B, 1, T, 1]
+    return keys | pad_queries
+
+
+class DiffusionLM(nn.Module):
+    """A masked diffusion language model: ids [B, T] -> logits [B, T, V] predicting every position."""
+
+    family: ClassVar[str] = ""
+    default_chat_template: ClassVar[Optional[str]] = None  # Jinja, used when the tokenizer has none
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        special: SpecialIds,
+        *,
+        hf_config: Optional[dict[str, Any]] = None,
+        tokenizer: Any = None,
+    ) -> None:
+        super().__init__()
+        special.check(config.vocab_size)
+        self.config = config
+        self.special = special
+        self.hf_config: dict[str, Any] = dict(hf_config or {})
+        self.tokenizer = tokenizer
+
+    # ---- special ids -------------------------------------------------------------------------
+    @property
+    def mask_id(self) -> int:
+        return self.special.mask_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.special.eos_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.special.pad_id
+
+    @property
+    def eot_id(self) -> Optional[int]:
+        return self.special.eot_id
+
+    @property
+    def bos_id(self) -> Optional[int]:
+        return self.special.bos_id
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Ids that end an answer: eos, then eot when it exists and differs."""
+        ids = [self.special.eos_id]
+        if self.special.eot_id is not None and self.special.eot_id != self.special.eos_id:
+            ids.append(self.special.eot_id)
+        return tuple(ids)
+
+    # ---- sizes, placement ----------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_positions
+
+    @property
+    def dtype(self) -> torch.dtype:
+        p = next(self.parameters(), None)
+        return torch.float32 if p is None else p.dtype
+
+    @property
+    def device(self) -> torch.device:
+        p = next(self.parameters(), None)
+        return torch.device("cpu") if p is None else p.device
+
+    @property
+    def attn_backend(self) -> str:
+        return "none"
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        positions: Optional[torch.Tensor] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+        cache: Any = None,
+        want_attn_layers: tuple[int, ...] = (),
+        want_hidden_layers: tuple[int, ...] = (),
+    ) -> ModelOutput:
+        """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
+        key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
+        where logits[:, i] predicts the token at position i."""
+        if cache is not None:
+            raise NotImplementedError(
+                f"cache={type(cache).__name__} is not supported yet: DiffusionLM.forward recomputes "
+                "every position; pass cache=None (cache policies arrive with dllm.cache)"
+            )
+        positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
+        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask,
+                                              tuple(want_attn_layers), tuple(want_hidden_layers))
+        return ModelOutput(self.shift_logits(raw), hidden, attn)
+
+    def raw_logits(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Unshifted logits [B, T, V] exactly as the official model returns them."""
+        positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
+        return self._raw_forward(input_ids, positions, attn_mask, (), ())[0]
+
+    def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """Official logits [B, T, V] -> logits where [:, i] predicts position i (identity here)."""
+        return raw
+
+    def _raw_forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T]
+        attn_mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None
+        want_attn_layers: tuple[int, ...],
+        want_hidden_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _raw_forward")
+
+    def _prepare(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        key_padding_mask: Optional[torch.Tensor],
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Validate shapes; return (positions [B, T], attention mask [B, 1, T, T] or None)."""
+        if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+            raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                             f"{list(input_ids.shape)}")
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != input_ids.shape or key_padding_mask.dtype != torch.bool:
+                raise ValueError(f"key_padding_mask must be bool {list(input_ids.shape)} like "
+                                 f"input_ids, got {key_padding_mask.dtype} {list(key_padding_mask.shape)}")
+        if positions is None:
+            positions = default_positions(input_ids, key_padding_mask)
+        elif positions.shape != input_ids.shape or positions.dtype.is_floating_point:
+            raise ValueError(f"positions must be an integer tensor {list(input_ids.shape)} like "
+                             f"input_ids, got {positions.dtype} {list(positions.shape)}")
+        # One host sync: an all-real mask takes the unmasked fast path. Callers that know there is
+        # no padding should pass key_padding_mask=None and skip it.
+        if key_padding_mask is None or bool(key_padding_mask.all()):
+            return positions, None
+        return positions, padding_attn_mask(key_padding_mask)
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def save_pretrained(self, path: Union[str, Path], max_shard_size: Optional[int] = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no checkpoint format to save")
+
+    # ---- prompts -------------------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The tokenizer's own chat template, else the family default (None if neither exists)."""
+        own = getattr(self.tokenizer, "chat_template", None)
+        return own if isinstance(own, str) and own else self.default_chat_template
+
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(f"this {self.family or type(self).__name__} model has no tokenizer; pass "
+                             "token ids, or load a checkpoint that ships tokenizer files")
+        return self.tokenizer
+
+    def render_chat(self, messages: Messages) -> str:
+        """Chat messages -> the templated prompt string, ending with the assistant header."""
+        tok = self._require_tokenizer()
+        template = self.chat_template
+        if template is None:
+            raise ValueError(f"no chat template: the tokenizer has none and family "
+                             f"{self.family!r} defines no default")
+        return tok.apply_chat_template(list(messages), chat_template=template, tokenize=False,
+                                       add_generation_prompt=True)
+
+    def generation_prompt(self, text_or_messages: Union[str, Messages], chat: bool = False) -> list[int]:
+        """Token ids of a prompt. chat=True wraps a string as one user turn (or takes a list of
+        {"role", "content"} messages) and applies the chat template; tokenised without adding
+        special tokens (the template already has them)."""
+        tok = self._require_tokenizer()
+        if chat:
+            messages = ([{"role": "user", "content": text_or_messages}]
+                        if isinstance(text_or_messages, str) else list(text_or_messages))
+            text = self.render_chat(messages)
+        elif isinstance(text_or_messages, str):
+            text = text_or_messages
+        else:
+            raise ValueError("a list of chat messages needs chat=True; pass a string for a raw prompt")
+        return list(tok(text, add_special_tokens=False)["input_ids"])

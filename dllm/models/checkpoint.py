@@ -1,0 +1,182 @@
+"""Reading and writing safetensors checkpoints in the Hugging Face layout.
+
+One file ``model.safetensors``, or shards ``model-0000K-of-0000N.safetensors`` plus
+``model.safetensors.index.json`` (``metadata.total_size`` and ``weight_map``: key -> shard file).
+Every problem with the files is a ``CheckpointError`` whose message names the file or the keys.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# safetensors dtype strings -> torch dtypes (those a checkpoint of ours can hold)
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+}
+
+Shape = tuple[int, ...]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's files are missing, unreadable, or do not match the model's parameters."""
+
+
+def shard_name(k: int, n: int) -> str:
+    return f"model-{k:05d}-of-{n:05d}.safetensors"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_shards(tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[list[str]]:
+    """Group keys (in order) into shards of at most max_shard_size bytes (a bigger tensor gets its own)."""
+    if max_shard_size <= 0:
+        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key, t in tensors.items():
+        n = _nbytes(t)
+        if shards[-1] and size + n > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += n
+    return shards
+
+
+def _remove_old_weights(directory: Path) -> None:
+    """Delete weight files of an earlier save so the directory holds exactly one layout."""
+    for p in list(directory.glob("model*.safetensors")) + [directory / INDEX_FILE]:
+        if p.is_file():
+            p.unlink()
+
+
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], directory: str | Path, max_shard_size: Optional[int] = None
+) -> list[Path]:
+    """Write ``tensors`` (official names) as one file, or as shards + index when max_shard_size is set
+    and more than one shard is needed. Returns the written weight files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_old_weights(directory)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    meta = {"format": "pt"}
+    shards = [list(tensors)] if max_shard_size is None else plan_shards(tensors, max_shard_size)
+    if len(shards) == 1:
+        path = directory / SINGLE_FILE
+        save_file(tensors, str(path), metadata=meta)
+        return [path]
+    written: list[Path] = []
+    weight_map: dict[str, str] = {}
+    for k, keys in enumerate(shards, start=1):
+        name = shard_name(k, len(shards))
+        save_file({key: tensors[key] for key in keys}, str(directory / name), metadata=meta)
+        weight_map.update({key: name for key in keys})
+        written.append(directory / name)
+    index = {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
+             "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return written
+
+
+def _open(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # SafetensorError (truncated / corrupted header), OSError
+        raise CheckpointError(
+            f"cannot read safetensors file {str(path)!r} (truncated or corrupted?): {e}"
+        ) from None
+
+
+@dataclass
+class CheckpointReader:
+    """Lazy view of a checkpoint's tensors: shapes up front, data read per key."""
+
+    directory: Path
+    files: list[Path]
+    shapes: dict[str, Shape] = field(default_factory=dict)  # official key -> shape
+    dtypes: dict[str, str] = field(default_factory=dict)  # official key -> safetensors dtype ("BF16")
+    _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
+    _file_of: dict[str, Path] = field(default_factory=dict, repr=False)
+
+    def get(self, key: str) -> torch.Tensor:
+        path = self._file_of[key]
+        try:
+            return self._handles[path].get_tensor(key)
+        except Exception as e:
+            raise CheckpointError(f"cannot read tensor {key!r} from {str(path)!r}: {e}") from None
+
+    def stored_dtype(self) -> Optional[torch.dtype]:
+        """The floating dtype most tensors are stored in (None for an empty checkpoint)."""
+        if not self.dtypes:
+            return None
+        names = list(self.dtypes.values())
+        common = max(set(names), key=names.count)
+        return _ST_DTYPES.get(common)
+
+
+def open_checkpoint(directory: str | Path) -> CheckpointReader:
+    """Open the single-file or sharded safetensors checkpoint in ``directory``."""
+    directory = Path(directory)
+    single, index = directory / SINGLE_FILE, directory / INDEX_FILE
+    if single.is_file():
+        files = [single]
+        expected_file: dict[str, Path] = {}
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"cannot parse {str(index)!r} (need a 'weight_map'): {e}") from None
+        expected_file = {k: directory / v for k, v in weight_map.items()}
+        files = sorted(set(expected_file.values()))
+    else:
+        raise CheckpointError(
+            f"no weights in {str(directory)!r}: expected {SINGLE_FILE} or {INDEX_FILE} with shards"
+        )
+    reader = CheckpointReader(directory, files)
+    for path in files:
+        handle = _open(path)
+        reader._handles[path] = handle
+        for key in handle.keys():
+            if key in reader._file_of:
+                raise CheckpointError(f"tensor {key!r} is stored twice: in {reader._file_of[key].name} "
+                                      f"and {path.name}")
+            sl = handle.get_slice(key)
+            reader.shapes[key] = tuple(sl.get_shape())
+            reader.dtypes[key] = sl.get_dtype()
+            reader._file_of[key] = path
+    for key, path in expected_file.items():
+        if reader._file_of.get(key) != path:
+            raise CheckpointError(f"{INDEX_FILE} maps {key!r} to {path.name}, but that file does not "
+                                  f"contain it")
+    return reader
+
+
+def check_keys(expected: dict[str, Shape], found: dict[str, Shape], source: str) -> None:
+    """Raise one CheckpointError listing missing, unexpected and mis-shaped keys (official names)."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    misshaped = sorted(k for k in set(expected) & set(found) if tuple(expected[k]) != tuple(found[k]))
+    if not (missing or unexpected or misshaped):
+        return
+    lines = [f"checkpoint {source} does not match the model built from its config.json:"]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}): " + ", ".join(missing))
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): " + ", ".join(unexpected))
+    for k in misshaped:
+        lines.append(f"  mis-shaped key {k}: expected {list(expected[k])}, found {list(found[k])}")
+    raise CheckpointError("\n".join(lines))

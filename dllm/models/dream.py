@@ -1,0 +1,162 @@
+"""Dream (Dream-org/Dream-v0-*-7B): config.json translation, Qwen2 key names, ChatML, logit shift.
+
+Dream is Qwen2.5 without the causal mask, so its hidden state at position i-1 predicts the token
+at position i. ``Dream.forward`` shifts the logits right by one so that, as for every family,
+``logits[:, i]`` predicts position i (``raw_logits`` keeps the official, unshifted logits).
+See reference/formats.md section 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from dllm.models.base import SpecialIds
+from dllm.models.config import TransformerConfig
+from dllm.models.keymap import KeyMap
+from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+
+DREAM_KEYMAP = KeyMap(
+    global_names=(
+        ("model.embed_tokens.weight", "embed.weight"),
+        ("model.norm.weight", "norm.weight"),
+        ("lm_head.weight", "lm_head.weight"),  # absent when tie_word_embeddings
+    ),
+    layer_prefix="model.layers.{i}.",
+    layer_names=(
+        ("input_layernorm.weight", "attn_norm.weight"),
+        ("self_attn.q_proj.weight", "attn.q_proj.weight"),
+        ("self_attn.q_proj.bias", "attn.q_proj.bias"),
+        ("self_attn.k_proj.weight", "attn.k_proj.weight"),
+        ("self_attn.k_proj.bias", "attn.k_proj.bias"),
+        ("self_attn.v_proj.weight", "attn.v_proj.weight"),
+        ("self_attn.v_proj.bias", "attn.v_proj.bias"),
+        ("self_attn.o_proj.weight", "attn.o_proj.weight"),
+        ("post_attention_layernorm.weight", "mlp_norm.weight"),
+        ("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
+        ("mlp.up_proj.weight", "mlp.up_proj.weight"),
+        ("mlp.down_proj.weight", "mlp.down_proj.weight"),
+    ),
+    ignored=(r"\.rotary_emb\.inv_freq$",),  # RoPE buffers some older Qwen2 exports stored
+)
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Qwen2.5 ChatML with its default system prompt (formats.md 2.7), written for dllm; tools omitted.
+DREAM_CHAT_TEMPLATE = (
+    "{%- if not messages or messages[0]['role'] != 'system' -%}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+DREAM_SPECIAL_TOKENS = {
+    "eos": "<|endoftext|>", "im_start": "<|im_start|>", "im_end": "<|im_end|>", "mask": "<|mask|>",
+}
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "vocab_size", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+             "tie_word_embeddings")
+
+
+def _check_supported(hf: Mapping[str, Any]) -> None:
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise NotImplementedError(f"Dream config.json field hidden_act = {act!r} is not supported "
+                                  "(supported: \"silu\")")
+    if hf.get("rope_scaling") is not None:
+        raise NotImplementedError(f"Dream config.json field rope_scaling = {hf['rope_scaling']!r} is "
+                                  "not supported (supported: null)")
+    if hf.get("use_sliding_window"):
+        raise NotImplementedError("Dream config.json field use_sliding_window = true is not supported "
+                                  "(supported: false)")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        raise NotImplementedError(f"Dream config.json field head_dim = {head_dim!r} is not supported "
+                                  f"(supported: hidden_size / num_attention_heads)")
+
+
+class Dream(TransformerLM):
+    """Dream: the shared transformer with q/k/v biases, Qwen2 key names, shifted logits."""
+
+    family = "dream"
+    model_types = ("Dream", "dream")
+    keymap = DREAM_KEYMAP
+    default_chat_template = DREAM_CHAT_TEMPLATE
+    default_special = SpecialIds(mask_id=151666, eos_id=151643, pad_id=151643, eot_id=151645, bos_id=151643)
+
+    @classmethod
+    def check_config(cls, config: TransformerConfig) -> None:
+        if not config.qkv_bias:
+            raise ValueError("Dream (Qwen2) checkpoints always have q/k/v biases; got qkv_bias=False")
+        if config.rope_fp32:
+            raise ValueError("Dream applies RoPE in the activation dtype; got rope_fp32=True, which "
+                             "its config.json cannot express")
+
+    def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """raw [B, T, V] -> shifted: [:, 0] = raw[:, 0] (never used), [:, i] = raw[:, i-1]."""
+        return torch.cat((raw[:, :1], raw[:, :-1]), dim=1)
+
+    @classmethod
+    def from_hf_config(
+        cls, hf: Mapping[str, Any], tokenizer: Any = None
+    ) -> tuple[TransformerConfig, SpecialIds]:
+        """Official config.json dict -> (TransformerConfig, SpecialIds)."""
+        require_fields(hf, _REQUIRED, "Dream")
+        _check_supported(hf)
+        config = TransformerConfig(
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=hf["num_attention_heads"],
+            n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            mlp_hidden=hf["intermediate_size"],
+            rope_theta=float(hf["rope_theta"]),
+            rms_eps=float(hf["rms_norm_eps"]),
+            max_positions=hf["max_position_embeddings"],
+            qkv_bias=True,
+            tie_embeddings=bool(hf["tie_word_embeddings"]),
+            rope_fp32=False,
+        )
+        special = resolve_special(
+            hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="Dream",
+            tokens={"mask_id": DREAM_SPECIAL_TOKENS["mask"], "eot_id": DREAM_SPECIAL_TOKENS["im_end"]},
+        )
+        return config, special
+
+    @classmethod
+    def to_hf_config(
+        cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        """TransformerConfig + ids -> the fields of the official Dream config.json (formats.md 2.1)."""
+        return {
+            "model_type": "Dream",
+            "architectures": ["DreamModel"],
+            "hidden_size": config.d_model,
+            "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layers,
+            "num_attention_heads": config.n_heads,
+            "num_key_value_heads": config.n_kv_heads,
+            "max_position_embeddings": config.max_positions,
+            "rms_norm_eps": config.rms_eps,
+            "rope_theta": config.rope_theta,
+            "rope_scaling": None,
+            "hidden_act": "silu",
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": config.n_layers,
+            "tie_word_embeddings": config.tie_embeddings,
+            "vocab_size": config.vocab_size,
+            "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
+            "eos_token_id": special.eos_id,
+            "pad_token_id": special.pad_id,
+            "mask_token_id": special.mask_id,
+            "use_cache": False,
+            "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+        }

@@ -1,0 +1,28 @@
+"""The checkpoint families dllm can load, by family name and by config.json ``model_type``."""
+
+from __future__ import annotations
+
+from dllm.models.dream import Dream
+from dllm.models.llada import LLaDA
+from dllm.models.pretrained import TransformerLM
+
+FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream}
+
+MODEL_TYPES: dict[str, type[TransformerLM]] = {
+    model_type: cls for cls in FAMILIES.values() for model_type in cls.model_types
+}
+
+
+def family_class(family: str) -> type[TransformerLM]:
+    """Family name ("llada" | "dream") -> its model class."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; valid families: {', '.join(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def class_for_model_type(model_type: object) -> type[TransformerLM]:
+    """config.json ``model_type`` -> model class; ValueError naming the type and the valid ones."""
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported model "
+                         f"types: {', '.join(sorted(MODEL_TYPES))}")
+    return MODEL_TYPES[model_type]

@@ -1,0 +1,179 @@
+"""``load``: an embedded tiny model, a local checkpoint directory, or a Hugging Face Hub id -> DiffusionLM.
+
+Steps: locate the directory -> read config.json -> pick the family from ``model_type`` -> load the
+tokenizer (if shipped) -> translate the config -> open the safetensors files -> build the model on
+the meta device -> check every key and shape (one error listing all problems) -> assign the
+tensors -> optionally spread the model over devices with accelerate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from dllm.models.checkpoint import open_checkpoint
+from dllm.models.families import class_for_model_type
+from dllm.models.pretrained import TransformerLM
+from dllm.models.tokenizer import load_tokenizer, tokenizer_size
+from dllm.models.transformer import TransformerBlock
+
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "merges.txt", "*.jinja"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The name is neither an embedded model, nor a local checkpoint directory, nor reachable on the Hub."""
+
+
+def embedded_names() -> list[str]:
+    """Names of the tiny checkpoints shipped inside the package (``dllm/models/embedded/<name>/``)."""
+    if not EMBEDDED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def _offline() -> bool:
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    return flag in ("1", "ON", "YES", "TRUE")
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    if name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1:
+        return False
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except Exception:
+        return False
+    return True
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(e).__name__}: {line[:200]}"
+
+
+def locate(name_or_path: Union[str, Path]) -> Path:
+    """The checkpoint directory for a local path, an embedded name, or a Hub id (downloaded)."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        raise ModelNotFoundError(f"directory {name!r} exists but has no config.json")
+    if path.exists():
+        raise ModelNotFoundError(f"{name!r} is a file; pass the checkpoint directory that holds config.json")
+    if name in embedded_names():
+        return EMBEDDED_DIR / name
+    embedded = ", ".join(embedded_names()) or "(none)"
+    if not _looks_like_hub_id(name):
+        reason = "not a valid Hub repo id"
+    else:
+        try:
+            from huggingface_hub import snapshot_download
+
+            # Offline: only the local Hub cache is consulted (no network, no wait).
+            found = Path(snapshot_download(name, allow_patterns=HUB_PATTERNS, local_files_only=_offline()))
+            if (found / "config.json").is_file():
+                return found
+            reason = "the Hub repo has no config.json"
+        except Exception as e:  # network errors, unknown repo, gated repo, offline cache miss
+            reason = ("HF_HUB_OFFLINE is set and it is not in the local Hub cache" if _offline()
+                      else _first_line(e))
+    raise ModelNotFoundError(
+        f"cannot load {name!r}: no such local path, not an embedded model, and the Hugging Face Hub "
+        f"could not provide it ({reason}). Embedded models: {embedded}"
+    )
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot parse {str(path)!r}: {e}") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object, got {type(hf).__name__}")
+    return hf
+
+
+def resolve_dtype(dtype: Union[torch.dtype, str, None], hf: dict[str, Any],
+                  stored: Optional[torch.dtype]) -> torch.dtype:
+    """Requested dtype; None / "auto" -> config's torch_dtype (or "dtype"), else the stored tensors'."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        name = hf.get("torch_dtype") or hf.get("dtype")
+        if name is None:
+            return stored or torch.float32
+        dtype, where = name, "config.json torch_dtype"
+    else:
+        where = "dtype"
+    key = str(dtype).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"{where} {dtype!r} is not supported; valid: a torch.dtype, 'auto', or one of "
+                         f"{', '.join(sorted(_DTYPES))}")
+    return _DTYPES[key]
+
+
+def _dispatch(
+    model: TransformerLM, device_map: Union[str, dict[str, Any]], dtype: torch.dtype
+) -> TransformerLM:
+    """Spread the model over devices with accelerate ("auto": fill GPUs, then CPU)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    if device_map == "auto":
+        device_map = infer_auto_device_map(model, no_split_module_classes=[TransformerBlock.__name__],
+                                           dtype=dtype)
+    elif not isinstance(device_map, dict):
+        raise ValueError(f"device_map must be 'auto' or a dict of module name -> device, got "
+                         f"{device_map!r} (use device= for a single device)")
+    return dispatch_model(model, device_map=device_map)
+
+
+def load(
+    name_or_path: Union[str, Path],
+    dtype: Union[torch.dtype, str, None] = None,
+    device: Union[str, torch.device, None] = None,
+    device_map: Union[str, dict[str, Any], None] = None,
+    attn_backend: str = "auto",
+) -> TransformerLM:
+    """Load a LLaDA or Dream checkpoint in the official layout.
+
+    name_or_path: an embedded name (see ``embedded_names()``), a local directory with config.json,
+    or a Hub id. dtype: torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
+    checkpoint's torch_dtype). device: one device; device_map: "auto" or a dict, through accelerate.
+    """
+    if device is not None and device_map is not None:
+        raise ValueError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    directory = locate(name_or_path)
+    hf = read_config(directory)
+    cls = class_for_model_type(hf.get("model_type"))
+    tokenizer = load_tokenizer(directory, cls.family)
+    config, special = cls.from_hf_config(hf, tokenizer)
+    if tokenizer is not None and tokenizer_size(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"tokenizer/model vocabulary mismatch in {str(directory)!r}: the tokenizer has "
+            f"{tokenizer_size(tokenizer)} tokens but the model's embedding has {config.vocab_size} rows"
+        )
+    reader = open_checkpoint(directory)
+    target = resolve_dtype(dtype, hf, reader.stored_dtype())
+    with torch.device("meta"):
+        model = cls(config, special, hf_config=hf, tokenizer=tokenizer, attn_backend=attn_backend)
+    model.load_official(reader, dtype=target, device=device)
+    model.eval()
+    if device_map is not None:
+        model = _dispatch(model, device_map, target)
+    return model

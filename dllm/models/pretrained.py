@@ -1,0 +1,185 @@
+"""``TransformerLM``: a DiffusionLM backed by the shared transformer and an official checkpoint format.
+
+A family (``llada.py``, ``dream.py``) subclasses it and supplies: its ``model_types``, a ``KeyMap``,
+the config translation ``from_hf_config`` / ``to_hf_config``, the default special ids and chat
+template, and (Dream) the logit shift.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Optional, Union
+
+import torch
+
+from dllm.models.base import DiffusionLM, SpecialIds
+from dllm.models.checkpoint import CheckpointReader, Shape, check_keys, write_safetensors
+from dllm.models.config import TransformerConfig
+from dllm.models.keymap import KeyMap
+from dllm.models.tokenizer import save_tokenizer, token_id
+from dllm.models.transformer import Transformer
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+}
+
+
+def require_fields(hf: Mapping[str, Any], names: tuple[str, ...], family: str) -> None:
+    """ValueError naming every required config.json field that is absent (or null)."""
+    missing = [n for n in names if hf.get(n) is None]
+    if missing:
+        raise ValueError(f"{family} config.json is missing required field(s): {', '.join(missing)} "
+                         "(dllm never falls back to code defaults for these)")
+
+
+def resolve_special(
+    hf: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    defaults: SpecialIds,
+    tokens: Mapping[str, str],
+    vocab_rows: int,
+    family: str,
+) -> SpecialIds:
+    """Special ids: the config.json field first, then the tokenizer, then the family default.
+
+    tokens: id name -> token string to look up in the tokenizer's vocabulary (e.g. eot_id ->
+    "<|eot_id|>"). Optional ids (eot, bos) fall back to the default only when it fits the vocabulary.
+    """
+    config_field = {"mask_id": "mask_token_id", "eos_id": "eos_token_id", "pad_id": "pad_token_id",
+                    "bos_id": "bos_token_id", "eot_id": "eot_token_id"}
+    tok_attr = {"mask_id": "mask_token_id", "eos_id": "eos_token_id", "pad_id": "pad_token_id",
+                "bos_id": "bos_token_id"}
+    out: dict[str, Optional[int]] = {}
+    for name, field_name in config_field.items():
+        value = hf.get(field_name)
+        if isinstance(value, list):  # some configs list several eos ids; the first is the EOS
+            value = value[0] if value else None
+        if value is None and tokenizer is not None:
+            value = token_id(tokenizer, tokens[name]) if name in tokens else None
+            if value is None and name in tok_attr:
+                value = getattr(tokenizer, tok_attr[name], None)
+        if value is None and name == "pad_id":
+            value = out.get("eos_id")
+        if value is None:
+            value = getattr(defaults, name)
+            optional = name in ("eot_id", "bos_id")
+            if value is not None and not 0 <= value < vocab_rows:
+                if optional:
+                    value = None
+                else:
+                    raise ValueError(
+                        f"{family}: {name} comes from the family default {value}, which is outside the "
+                        f"vocabulary ({vocab_rows} rows); set {field_name!r} in config.json or ship "
+                        "a tokenizer that defines it"
+                    )
+        out[name] = value
+    return SpecialIds(**out)  # type: ignore[arg-type]
+
+
+class TransformerLM(DiffusionLM):
+    """The shared transformer plus the checkpoint plumbing every weight-backed family shares."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values of the family
+    keymap: ClassVar[KeyMap]
+    default_special: ClassVar[SpecialIds]
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        special: SpecialIds,
+        *,
+        hf_config: Optional[dict[str, Any]] = None,
+        tokenizer: Any = None,
+        attn_backend: str = "auto",
+    ) -> None:
+        self.check_config(config)
+        super().__init__(config, special, hf_config=hf_config, tokenizer=tokenizer)
+        self.transformer = Transformer(config, attn_backend)
+        if not self.hf_config:
+            self.hf_config = self.to_hf_config(config, special, torch.get_default_dtype())
+
+    # ---- family hooks ----------------------------------------------------------------------------
+    @classmethod
+    def check_config(cls, config: TransformerConfig) -> None:
+        """ValueError when the family's checkpoint format cannot express ``config``."""
+
+    @classmethod
+    def from_hf_config(
+        cls, hf: Mapping[str, Any], tokenizer: Any = None
+    ) -> tuple[TransformerConfig, SpecialIds]:
+        raise NotImplementedError
+
+    @classmethod
+    def to_hf_config(
+        cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # ---- attention backend -----------------------------------------------------------------------
+    @property
+    def attn_backend(self) -> str:
+        """Name of the resolved attention backend ("sdpa", "reference", ...)."""
+        return self.transformer.attn_backend
+
+    def set_attn_backend(self, name: str) -> str:
+        """Switch the attention backend ("auto" resolves again); returns the resolved name."""
+        return self.transformer.set_attn_backend(name)
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def _raw_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        want_attn_layers: tuple[int, ...],
+        want_hidden_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers)
+
+    # ---- official state dict ---------------------------------------------------------------------
+    def official_shapes(self) -> dict[str, Shape]:
+        """Official key -> shape of every tensor the checkpoint must hold (works on the meta device)."""
+        return {self.keymap.to_official(k): tuple(v.shape) for k, v in self.transformer.state_dict().items()}
+
+    def official_state_dict(self) -> dict[str, torch.Tensor]:
+        """Official key -> tensor (the model's own tensors, not copies)."""
+        return {self.keymap.to_official(k): v for k, v in self.transformer.state_dict().items()}
+
+    def load_official(
+        self,
+        reader: CheckpointReader,
+        *,
+        dtype: torch.dtype,
+        device: Union[str, torch.device, None] = None,
+    ) -> None:
+        """Check every key and shape first (one error listing all problems), then assign the
+        checkpoint's tensors (converted to ``dtype`` on ``device``) as this model's parameters."""
+        found = {k: s for k, s in reader.shapes.items() if not self.keymap.is_ignored(k)}
+        check_keys(self.official_shapes(), found, repr(str(reader.directory)))
+        state: dict[str, torch.Tensor] = {}
+        for key in found:
+            internal = self.keymap.to_internal(key)
+            assert internal is not None  # check_keys reported every unknown key
+            state[internal] = reader.get(key).to(device=device or "cpu", dtype=dtype)
+        self.transformer.load_state_dict(state, strict=True, assign=True)
+
+    # ---- saving ----------------------------------------------------------------------------------
+    def official_config(self) -> dict[str, Any]:
+        """config.json content: the loaded official config overlaid with this model's values."""
+        # "dtype" is the name transformers 4.57+ writes; the official files say "torch_dtype"
+        out = {k: v for k, v in self.hf_config.items() if k != "dtype"}
+        out.update(self.to_hf_config(self.config, self.special, self.dtype))
+        return out
+
+    def save_pretrained(self, path: Union[str, Path], max_shard_size: Optional[int] = None) -> None:
+        """Write the official layout: config.json, model.safetensors (or shards + index when
+        ``max_shard_size`` bytes is given and exceeded), and the tokenizer files when present."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        config = self.official_config()
+        (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_safetensors(self.official_state_dict(), path, max_shard_size)
+        if self.tokenizer is not None:
+            save_tokenizer(self.tokenizer, path)

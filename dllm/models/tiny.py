@@ -1,0 +1,131 @@
+"""Tiny random models of either family, for tests and offline demos.
+
+``tiny("llada")`` / ``tiny("dream")`` build a few-hundred-KB model with a word-level tokenizer
+holding the family's special tokens, so prompts, chat templates, saving and loading all work
+exactly as for the real checkpoints. Weights are random but deterministic under ``seed``, and the
+LM head is drawn with a large std so greedy decoding rarely meets ties.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dllm.models.base import SpecialIds
+from dllm.models.config import TransformerConfig
+from dllm.models.dream import DREAM_SPECIAL_TOKENS
+from dllm.models.families import family_class
+from dllm.models.llada import LLADA_SPECIAL_TOKENS
+from dllm.models.pretrained import TransformerLM
+from dllm.models.tokenizer import build_word_tokenizer, token_id, tokenizer_size
+
+DIGITS = tuple("0123456789")
+LETTERS = tuple("abcdefghijklmnopqrstuvwxyz")
+COMMON_WORDS = (
+    "the", "an", "and", "or", "not", "is", "are", "was", "be", "to", "of", "in", "on", "at", "for",
+    "with", "from", "it", "this", "that", "what", "which", "who", "how", "why", "when", "where",
+    "yes", "no", "you", "we", "they", "he", "she", "my", "your", "hello", "hi", "please", "thanks",
+    "answer", "question", "number", "sum", "plus", "minus", "times", "equals", "user", "assistant",
+    "system", "helpful", "good", "day",
+)
+PUNCTUATION = tuple(".,?!:;+-=()")
+TINY_WORDS = DIGITS + LETTERS + COMMON_WORDS + PUNCTUATION
+
+# family -> (special tokens in id order, named roles)
+_SPECIALS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "llada": (
+        tuple(LLADA_SPECIAL_TOKENS[k] for k in ("bos", "eos", "mask", "header_start", "header_end", "eot")),
+        {"bos_token": LLADA_SPECIAL_TOKENS["bos"], "eos_token": LLADA_SPECIAL_TOKENS["eos"],
+         "pad_token": LLADA_SPECIAL_TOKENS["eos"], "mask_token": LLADA_SPECIAL_TOKENS["mask"]},
+    ),
+    "dream": (
+        tuple(DREAM_SPECIAL_TOKENS[k] for k in ("eos", "im_start", "im_end", "mask")),
+        {"bos_token": DREAM_SPECIAL_TOKENS["eos"], "eos_token": DREAM_SPECIAL_TOKENS["eos"],
+         "pad_token": DREAM_SPECIAL_TOKENS["eos"], "mask_token": DREAM_SPECIAL_TOKENS["mask"]},
+    ),
+}
+_EOT_TOKEN = {"llada": LLADA_SPECIAL_TOKENS["eot"], "dream": DREAM_SPECIAL_TOKENS["im_end"]}
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llada": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128, rope_theta=500000.0,
+                  rms_eps=1e-5, max_positions=512, qkv_bias=False, tie_embeddings=False, rope_fp32=True),
+    "dream": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
+                  rms_eps=1e-6, max_positions=512, qkv_bias=True, tie_embeddings=False, rope_fp32=False),
+}
+_SPECIAL_NAMES = ("mask_id", "eos_id", "pad_id", "eot_id", "bos_id")
+HEAD_STD = 0.5  # LM head std: normalised hidden (RMS 1) x 64 dims -> logit std ~4, peaked softmax
+
+
+def tiny_tokenizer(family: str) -> Any:
+    """The word-level tokenizer of tiny models: unk, the family specials, digits, letters, ~50 words."""
+    specials, roles = _SPECIALS[family]
+    template = family_class(family).default_chat_template
+    return build_word_tokenizer(TINY_WORDS, specials, chat_template=template, **roles)
+
+
+def init_weights(model: TransformerLM, seed: int) -> None:
+    """Deterministic random init (independent of the global RNG).
+
+    Linear weights ~ N(0, 1/fan_in) so attention is far from uniform; embeddings ~ N(0, 1); biases
+    ~ N(0, 0.1); norm weights ~ 1 + N(0, 0.1) (not exactly one, so a swapped norm shows); LM head
+    (or tied embedding) ~ N(0, HEAD_STD^2).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    tied = model.config.tie_embeddings
+    with torch.no_grad():
+        for name, p in model.transformer.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name == "lm_head.weight" or (tied and name == "embed.weight"):
+                value = noise * HEAD_STD
+            elif name == "embed.weight":
+                value = noise
+            elif name.endswith("norm.weight"):
+                value = 1.0 + 0.1 * noise
+            elif name.endswith(".bias"):
+                value = 0.1 * noise
+            else:
+                value = noise / math.sqrt(p.shape[1])
+            p.copy_(value)
+
+
+def tiny(
+    family: str = "llada",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: bool = True,
+    attn_backend: str = "auto",
+    **overrides: Any,
+) -> TransformerLM:
+    """A small random model of ``family`` ("llada" | "dream").
+
+    overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
+    (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny
+    tokenizer's and vocab_size is its size rounded up to a multiple of 8.
+    """
+    cls = family_class(family)
+    valid = set(TransformerConfig.field_names()) | set(_SPECIAL_NAMES)
+    unknown = sorted(set(overrides) - valid)
+    if unknown:
+        raise ValueError(f"tiny(): unknown override(s) {unknown}; valid: {', '.join(sorted(valid))}")
+    tok = tiny_tokenizer(family)
+    n_tokens = tokenizer_size(tok)
+    ids = {
+        "mask_id": tok.mask_token_id, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
+        "eot_id": token_id(tok, _EOT_TOKEN[family]), "bos_id": tok.bos_token_id,
+    }
+    ids.update({k: v for k, v in overrides.items() if k in _SPECIAL_NAMES})
+    fields = dict(_DEFAULTS[family], vocab_size=-(-n_tokens // 8) * 8)
+    fields.update({k: v for k, v in overrides.items() if k not in _SPECIAL_NAMES})
+    config = TransformerConfig(**fields)
+    if tokenizer and config.vocab_size < n_tokens:
+        raise ValueError(f"tiny(): vocab_size {config.vocab_size} is smaller than the tiny tokenizer "
+                         f"({n_tokens} tokens); pass tokenizer=False or a larger vocab_size")
+    special = SpecialIds(**ids)
+    model = cls(config, special, tokenizer=tok if tokenizer else None, attn_backend=attn_backend)
+    init_weights(model, seed)
+    model.to(dtype)
+    model.hf_config = model.to_hf_config(config, special, dtype)
+    return model.eval()

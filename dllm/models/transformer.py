@@ -1,0 +1,257 @@
+"""The one bidirectional transformer behind every checkpoint family (LLaDA, Dream).
+
+Pre-norm blocks: ``h += attn(rms(h))``, ``h += mlp(rms(h))``; rotate-half RoPE from explicit integer
+positions (so left-padded rows get the same positions as the prompt alone); grouped-query attention
+through a pluggable backend from ``dllm.kernels.attention``; SwiGLU MLP; final RMSNorm; LM head
+(or the tied embedding). No causal mask anywhere.
+
+Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``keymap.py`` and the family
+files translate them to the official checkpoint names.
+
+The layers are small modules with the projection (``Attention.qkv``) split from the attention
+itself (``Attention.attend``), so a KV cache can later keep the k/v of some positions and run
+queries for a window of positions against them without rewriting the layer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dllm.kernels.attention import AttentionFn, backends, resolve_backend
+from dllm.models.config import TransformerConfig
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm and RoPE as free functions (the math), wrapped by modules only where weights live
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in the official order: normalise in float32, cast back, THEN multiply by the weight.
+
+    x: [..., D] any float dtype; weight: [D]. Returns x's dtype (times weight's promotion).
+    """
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """inv_freq[j] = 1 / theta^(2j/hd), j = 0 .. hd/2-1, in float32. Returns [hd/2]."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta ** exponents)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for integer positions [B, T] -> two float32 tensors [B, 1, T, hd].
+
+    Angles are ``p * inv_freq[j]`` in float32 (an exact product, as in both official codes), and
+    the last dim is ``cat(angles, angles)`` for the rotate-half layout.
+    """
+    inv_freq = rope_inv_freq(head_dim, theta, positions.device)  # [hd/2]
+    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, hd]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[..., hd] -> cat(-x[hd/2:], x[:hd/2])."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
+    """Rotate x [B, H, T, hd] by float32 cos/sin [B, 1, T, hd].
+
+    fp32=True (LLaDA ``rope_full_precision``): rotate in float32 and cast back.
+    fp32=False (Dream / HF Qwen2): cast cos/sin to x's dtype and rotate in that dtype.
+    """
+    if fp32:
+        x32 = x.float()
+        return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention: q/k/v projections (bias iff qkv_bias), RoPE, backend, o_proj."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.rope_fp32 = cfg.rope_fp32
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, D] -> rotated q [B, H, T, hd], rotated k [B, Hkv, T, hd], v [B, Hkv, T, hd]."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin, fp32=self.rope_fp32)
+        k = apply_rope(k, cos, sin, fp32=self.rope_fp32)
+        return q, k, v
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [B, H, Tq, hd]
+        k: torch.Tensor,  # [B, Hkv, Tk, hd]
+        v: torch.Tensor,  # [B, Hkv, Tk, hd]
+        mask: Optional[torch.Tensor],  # bool, broadcastable to [B, H, Tq, Tk], True = attend
+        attn_fn: AttentionFn,
+        return_probs: bool = False,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Attention plus output projection -> ([B, Tq, D], probs [B, H, Tq, Tk] float32 or None)."""
+        out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, Tq, hd]
+        b, _, tq, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim)  # [B, Tq, D]
+        return self.o_proj(out), probs
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, D]
+        cos: torch.Tensor,  # [B, 1, T, hd] float32
+        sin: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        attn_fn: AttentionFn,
+        return_probs: bool = False,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        q, k, v = self.qkv(x, cos, sin)
+        return self.attend(q, k, v, mask, attn_fn, return_probs)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); no biases."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    """One pre-norm layer. Its class name is the unit accelerate must not split across devices."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [B, T, D]
+        cos: torch.Tensor,  # [B, 1, T, hd] float32
+        sin: torch.Tensor,
+        mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None
+        attn_fn: AttentionFn,
+        return_probs: bool = False,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        a, probs = self.attn(self.attn_norm(h), cos, sin, mask, attn_fn, return_probs)
+        h = h + a
+        h = h + self.mlp(self.mlp_norm(h))
+        return h, probs
+
+
+def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[int, ...]:
+    """Map possibly negative layer indices to 0..n_layers-1 (sorted, unique); error when out of range."""
+    out: set[int] = set()
+    for i in indices:
+        if not isinstance(i, int) or isinstance(i, bool) or not -n_layers <= i < n_layers:
+            raise ValueError(
+                f"{what}: layer index {i!r} is out of range for a model with {n_layers} layers "
+                f"(valid: {-n_layers} .. {n_layers - 1})"
+            )
+        out.add(i % n_layers)
+    return tuple(sorted(out))
+
+
+class Transformer(nn.Module):
+    """Embedding -> n_layers TransformerBlocks -> RMSNorm -> LM head (or tied embedding)."""
+
+    def __init__(self, cfg: TransformerConfig, attn_backend: str = "auto") -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.attn_backend = ""
+        self._attn_fn: AttentionFn
+        self.set_attn_backend(attn_backend)
+
+    def set_attn_backend(self, name: str) -> str:
+        """Resolve ``name`` ("auto", "sdpa", "reference", ...) once; returns the resolved name."""
+        resolution = resolve_backend(name)
+        self.attn_backend = resolution.backend.name
+        self._attn_fn = resolution.backend.fn
+        return self.attn_backend
+
+    def head_weight(self) -> torch.Tensor:
+        """[V, D] matrix of the LM head (the embedding when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T] int
+        positions: torch.Tensor,  # [B, T] int, explicit RoPE positions
+        attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
+        want_attn_layers: tuple[int, ...] = (),
+        want_hidden_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, T] f32}).
+
+        hidden[i] is the output of layer i (0-based; negative indices are normalised, -1 = last).
+        Layers in ``want_attn_layers`` run on the ``reference`` backend, which returns probabilities.
+        """
+        n = self.config.n_layers
+        attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")
+        hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers")
+        probs_fn = backends.get("reference").fn
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)  # [B, 1, T, hd]
+        h = self.embed(input_ids)  # [B, T, D]
+        hidden: dict[int, torch.Tensor] = {}
+        attn: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            want_probs = i in attn_layers
+            h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs)
+            if want_probs:
+                assert probs is not None
+                attn[i] = probs
+            if i in hidden_layers:
+                hidden[i] = h
+        h = self.norm(h)
+        if self.lm_head is not None:
+            logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)
+        else:
+            logits = F.linear(h, self.embed.weight.to(h.device))
+        return logits, hidden, attn

@@ -1,0 +1,205 @@
+"""load(): embedded names, local directories, Hub ids offline, dtype/device_map, and clear errors."""
+
+import json
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dllm.models import CheckpointError, Dream, LLaDA, ModelNotFoundError, embedded_names, load, tiny
+
+from .helpers import random_ids
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    for k, v in changes.items():
+        if v is ...:
+            cfg.pop(k)
+        else:
+            cfg[k] = v
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_weights(path, fn):
+    f = path / "model.safetensors"
+    tensors = load_file(str(f))
+    fn(tensors)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+
+
+# ---- embedded models ---------------------------------------------------------------------------
+
+def test_embedded_models_load_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert {"tiny-random-llada", "tiny-random-dream"} <= set(embedded_names())
+    llada, dream = load("tiny-random-llada"), load("tiny-random-dream")
+    assert isinstance(llada, LLaDA) and isinstance(dream, Dream)
+    assert llada.family == "llada" and dream.family == "dream"
+    assert llada.dtype == torch.float32 and llada.tokenizer is not None
+    assert llada.hf_config["model_type"] == "llada" and dream.hf_config["model_type"] == "Dream"
+    ids = torch.tensor([llada.generation_prompt("what is 1 plus 2 ?", chat=True)])
+    assert llada(ids).logits.shape == (1, ids.shape[1], llada.vocab_size)
+
+
+def test_embedded_files_are_small_and_match_the_generator(tmp_path):
+    from dllm.models.loading import EMBEDDED_DIR
+    from dllm.models.make_embedded import EMBEDDED, write_embedded
+
+    write_embedded(tmp_path)
+    for name in EMBEDDED:
+        shipped, fresh = EMBEDDED_DIR / name, tmp_path / name
+        assert sum(f.stat().st_size for f in shipped.iterdir()) < 1_000_000
+        assert sorted(f.name for f in shipped.iterdir()) == sorted(f.name for f in fresh.iterdir())
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            assert (shipped / f).read_text() == (fresh / f).read_text(), f
+        a, b = load_file(str(shipped / "model.safetensors")), load_file(str(fresh / "model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_device_map_auto_on_cpu():
+    model = load("tiny-random-dream", device_map="auto")
+    reference = load("tiny-random-dream")
+    ids = random_ids(model, 2, 7)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert load("tiny-random-llada", device_map={"": "cpu"}).device.type == "cpu"
+    with pytest.raises(ValueError, match="device_map must be 'auto' or a dict"):
+        load("tiny-random-llada", device_map="cpu")
+    with pytest.raises(ValueError, match="either device"):
+        load("tiny-random-llada", device="cpu", device_map="auto")
+
+
+def test_dtype_options():
+    assert load("tiny-random-llada", dtype="bfloat16").dtype == torch.bfloat16
+    assert load("tiny-random-llada", dtype="auto").dtype == torch.float32
+    assert load("tiny-random-dream", dtype=torch.float16).dtype == torch.float16
+    with pytest.raises(ValueError, match="dtype 'float8' is not supported; valid: .*bfloat16"):
+        load("tiny-random-llada", dtype="float8")
+
+
+def test_attn_backend_choice():
+    assert load("tiny-random-llada", attn_backend="reference").attn_backend == "reference"
+    assert load("tiny-random-llada").attn_backend == "sdpa"
+
+
+# ---- not found -----------------------------------------------------------------------------------
+
+def test_nonexistent_path_is_fast_and_clear(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match=r"(?s)'/no/such/dir'.*tiny-random-dream, tiny-random-llada"):
+        load("/no/such/dir")
+    pattern = r"(?s)'nobody/no-such-model'.*HF_HUB_OFFLINE.*tiny-random-llada"
+    with pytest.raises(ModelNotFoundError, match=pattern) as info:
+        load("nobody/no-such-model")
+    assert time.perf_counter() - start < 5
+    assert isinstance(info.value, FileNotFoundError)
+    err = info.value  # no chained HTTP errors in the traceback
+    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)
+
+
+def test_unknown_hub_id_without_offline_flag_fails_cleanly(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match="Embedded models"):
+        load("nobody/no-such-model-xyz")
+    assert time.perf_counter() - start < 30
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        load(tmp_path)
+
+
+# ---- bad checkpoints ------------------------------------------------------------------------------
+
+def test_unknown_model_type(saved):
+    _edit_config(saved, model_type="gpt2")
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*Dream, dream, llada"):
+        load(saved)
+
+
+def test_missing_required_config_field(saved, family):
+    field = "d_model" if family == "llada" else "hidden_size"
+    _edit_config(saved, **{field: ..., "rope_theta": ...})
+    with pytest.raises(ValueError, match=rf"missing required field\(s\): {field}, rope_theta"):
+        load(saved)
+
+
+def test_missing_weight(saved, family):
+    key = "model.transformer.blocks.1.up_proj.weight" if family == "llada" else "model.layers.1.mlp.up_proj.weight"
+    _edit_weights(saved, lambda t: t.pop(key))
+    with pytest.raises(CheckpointError, match=rf"missing keys \(1\): {key}"):
+        load(saved)
+
+
+def test_unexpected_and_misshaped_weights_in_one_error(saved, family):
+    key = "model.transformer.blocks.0.q_proj.weight" if family == "llada" else "model.layers.0.self_attn.q_proj.weight"
+
+    def damage(t):
+        t[key] = torch.zeros(64, 60)
+        t["extra.weight"] = torch.zeros(2)
+
+    _edit_weights(saved, damage)
+    with pytest.raises(CheckpointError) as info:
+        load(saved)
+    msg = str(info.value)
+    assert "unexpected keys (1): extra.weight" in msg
+    assert f"mis-shaped key {key}: expected [64, 64], found [64, 60]" in msg
+
+
+def test_truncated_safetensors_names_the_file(saved):
+    f = saved / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match=r"cannot read safetensors file .*model\.safetensors.*truncated"):
+        load(saved)
+
+
+def test_missing_shard_names_the_file(tmp_path):
+    tiny("llada").save_pretrained(tmp_path, max_shard_size=60_000)
+    second = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    second.unlink()
+    with pytest.raises(CheckpointError, match=f"{second.name}' does not exist"):
+        load(tmp_path)
+
+
+def test_tokenizer_larger_than_embedding(saved, family):
+    rows = {"vocab_size": 64} if family == "dream" else {"vocab_size": 64, "embedding_size": 64}
+    _edit_config(saved, **rows)
+    pattern = r"vocabulary mismatch .* tokenizer has \d+ tokens but the model's embedding has 64 rows"
+    with pytest.raises(ValueError, match=pattern):
+        load(saved)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("block_type", "sequential"), ("alibi", True), ("input_emb_norm", True), ("scale_logits", True),
+    ("attention_layer_norm", True), ("multi_query_attention", True), ("include_bias", True),
+])
+def test_unsupported_llada_variants(tmp_path, field, value):
+    tiny("llada").save_pretrained(tmp_path)
+    _edit_config(tmp_path, **{field: value})
+    with pytest.raises(NotImplementedError, match=rf"field {field} = {value!r} is not supported"):
+        load(tmp_path)
+
+
+def test_unsupported_dream_variant(tmp_path):
+    tiny("dream").save_pretrained(tmp_path)
+    _edit_config(tmp_path, rope_scaling={"type": "yarn", "factor": 4.0})
+    with pytest.raises(NotImplementedError, match="rope_scaling"):
+        load(tmp_path)
+
+
+def test_special_ids_prefer_config_then_tokenizer_then_defaults():
+    cfg, special = LLaDA.from_hf_config(dict(load("tiny-random-llada").hf_config, mask_token_id=7))
+    assert special.mask_id == 7
+    # no ids in config, no tokenizer: the family defaults, which must fit the vocabulary
+    big = dict(load("tiny-random-dream").hf_config, vocab_size=152064)
+    for k in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+        big.pop(k)
+    _, ids = Dream.from_hf_config(big)
+    assert (ids.mask_id, ids.eos_id, ids.pad_id, ids.bos_id, ids.eot_id) == (151666, 151643, 151643, 151643, 151645)
+    small = dict(big, vocab_size=112)
+    with pytest.raises(ValueError, match=r"mask_id comes from the family default 151666, which is outside"):
+        Dream.from_hf_config(small)

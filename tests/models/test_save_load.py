@@ -1,0 +1,178 @@
+"""save_pretrained writes the official layout; load reads it back to identical logits."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from dllm.models import load, tiny
+from dllm.models.checkpoint import INDEX_FILE, SINGLE_FILE
+
+from .helpers import random_ids
+
+LLADA_LAYER = ["attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"]
+DREAM_LAYER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+               "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+               "self_attn.v_proj.bias", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+               "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+
+
+def official_keys(family: str, n_layers: int, tied: bool = False) -> set[str]:
+    if family == "llada":
+        keys = {"model.transformer.wte.weight", "model.transformer.ln_f.weight"}
+        keys |= {f"model.transformer.blocks.{i}.{n}.weight" for i in range(n_layers) for n in LLADA_LAYER}
+        if not tied:
+            keys.add("model.transformer.ff_out.weight")
+    else:
+        keys = {"model.embed_tokens.weight", "model.norm.weight"}
+        keys |= {f"model.layers.{i}.{n}" for i in range(n_layers) for n in DREAM_LAYER}
+        if not tied:
+            keys.add("lm_head.weight")
+    return keys
+
+
+def stored(path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out
+
+
+LLADA_FIELDS = {
+    "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": 64, "n_heads": 4, "n_kv_heads": 4,
+    "n_layers": 2, "mlp_hidden_size": 128, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "embedding_size": 112,
+    "vocab_size": 112, "max_sequence_length": 512, "weight_tying": False, "include_qkv_bias": False,
+    "include_bias": False, "block_type": "llama", "layer_norm_type": "rms", "rope": True, "alibi": False,
+    "rope_full_precision": True, "activation_type": "silu", "mask_token_id": 3, "eos_token_id": 2,
+    "pad_token_id": 2, "torch_dtype": "float32",
+}
+DREAM_FIELDS = {
+    "model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "hidden_act": "silu",
+    "tie_word_embeddings": False, "vocab_size": 112, "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 1,
+    "mask_token_id": 4, "torch_dtype": "float32",
+}
+
+
+@pytest.mark.parametrize("shard", [None, 60_000])
+def test_round_trip_official_layout(tmp_path, family, shard):
+    model = tiny(family, seed=7)
+    model.save_pretrained(tmp_path, max_shard_size=shard)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "config.json" in files and "tokenizer.json" in files and "tokenizer_config.json" in files
+    if shard is None:
+        assert SINGLE_FILE in files and INDEX_FILE not in files
+    else:
+        shards = [f for f in files if f.startswith("model-")]
+        assert len(shards) > 1 and SINGLE_FILE not in files
+        assert shards == [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+        index = json.loads((tmp_path / INDEX_FILE).read_text())
+        assert set(index["weight_map"]) == official_keys(family, 2)
+        assert set(index["weight_map"].values()) == set(shards)
+        assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in stored(tmp_path).values())
+
+    tensors = stored(tmp_path)
+    assert set(tensors) == official_keys(family, 2)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    expected = LLADA_FIELDS if family == "llada" else DREAM_FIELDS
+    assert {k: cfg.get(k) for k in expected} == expected
+    assert "dtype" not in cfg
+    tok_cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and tok_cfg["chat_template"]
+
+    loaded = load(tmp_path)
+    assert type(loaded) is type(model) and loaded.config == model.config and loaded.special == model.special
+    ids = random_ids(model, 2, 9)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert loaded.generation_prompt("hi", chat=True) == model.generation_prompt("hi", chat=True)
+
+
+def test_weight_semantics_llada_ff_proj_is_gate(tmp_path):
+    model = tiny("llada")
+    model.save_pretrained(tmp_path)
+    t = stored(tmp_path)
+    layer = model.transformer.layers[0]
+    assert torch.equal(t["model.transformer.blocks.0.ff_proj.weight"], layer.mlp.gate_proj.weight)
+    assert torch.equal(t["model.transformer.blocks.0.up_proj.weight"], layer.mlp.up_proj.weight)
+    assert torch.equal(t["model.transformer.blocks.0.ff_out.weight"], layer.mlp.down_proj.weight)
+    assert torch.equal(t["model.transformer.ff_out.weight"], model.transformer.lm_head.weight)
+
+
+def test_tied_embeddings_round_trip(tmp_path, family):
+    model = tiny(family, tie_embeddings=True)
+    model.save_pretrained(tmp_path)
+    assert set(stored(tmp_path)) == official_keys(family, 2, tied=True)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["weight_tying" if family == "llada" else "tie_word_embeddings"] is True
+    loaded = load(tmp_path)
+    ids = random_ids(model, 1, 6)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_bf16_save_and_load(tmp_path, family):
+    model = tiny(family, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+    loaded = load(tmp_path)
+    assert loaded.dtype == torch.bfloat16
+    assert load(tmp_path, dtype="float32").dtype == torch.float32
+    assert load(tmp_path, dtype=torch.float16).dtype == torch.float16
+    ids = random_ids(model, 1, 6)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_resave_replaces_previous_layout(tmp_path):
+    model = tiny("dream")
+    model.save_pretrained(tmp_path, max_shard_size=50_000)
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("model*")) == [SINGLE_FILE]
+
+
+def test_save_without_tokenizer_and_load(tmp_path, family):
+    model = tiny(family, tokenizer=False)
+    model.save_pretrained(tmp_path)
+    assert not (tmp_path / "tokenizer.json").exists()
+    loaded = load(tmp_path)
+    assert loaded.tokenizer is None
+    assert (loaded.mask_id, loaded.eos_id, loaded.pad_id) == (model.mask_id, model.eos_id, model.pad_id)
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        loaded.generation_prompt("hi", chat=True)
+
+
+def test_llada_qkv_bias_round_trip(tmp_path):
+    model = tiny("llada", qkv_bias=True, n_kv_heads=2)
+    model.save_pretrained(tmp_path)
+    keys = set(stored(tmp_path))
+    assert {"model.transformer.blocks.0.q_proj.bias", "model.transformer.blocks.1.v_proj.bias"} <= keys
+    assert json.loads((tmp_path / "config.json").read_text())["include_qkv_bias"] is True
+    loaded = load(tmp_path)
+    assert loaded.config.qkv_bias and loaded.config.n_kv_heads == 2
+    ids = random_ids(model, 1, 6)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_dtype_defaults_to_stored_tensors_without_torch_dtype(tmp_path):
+    tiny("dream", dtype=torch.bfloat16).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["torch_dtype"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load(tmp_path).dtype == torch.bfloat16
+
+
+def test_loaded_official_fields_are_kept_on_save(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tiny("llada").save_pretrained(src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(transformers_version="4.46.3", dtype="float32")  # an extra field, and the 4.57+ name
+    (src / "config.json").write_text(json.dumps(cfg))
+    load(src).save_pretrained(dst)
+    out = json.loads((dst / "config.json").read_text())
+    assert out["transformers_version"] == "4.46.3" and "dtype" not in out and out["torch_dtype"] == "float32"
