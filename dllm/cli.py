@@ -58,7 +58,7 @@ class CanvasView:
             if t == state.mask_id:
                 pieces.append(self.MASK)
             elif tok is not None:
-                pieces.append(tok.convert_ids_to_tokens(t))
+                pieces.append(tok.convert_ids_to_tokens(t) or f"<{t}>")  # rows past the tokenizer
             else:
                 pieces.append(str(t))
         return f"[step {state.step:3d} | nfe {state.nfe:3d}] " + " ".join(pieces)

@@ -283,12 +283,17 @@ def _finish(model, state: DecodeState, wall: float, return_trace: bool) -> Gener
 
 
 def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: int) -> str:
-    """Text of generated ids, cut at the first EOS/EoT, special tokens skipped."""
+    """Text of generated ids, cut at the first EOS/EoT, special tokens skipped.
+
+    Ids past the tokenizer's vocabulary (embedding rows kept for alignment, e.g. LLaDA's 126464
+    rows for 126349 tokens) have no text and are dropped.
+    """
     for i, t in enumerate(ids):
         if t in eos_ids:
             ids = ids[:i]
             break
-    return tokenizer.decode([t for t in ids if t != mask_id], skip_special_tokens=True)
+    n_tokens = len(tokenizer)
+    return tokenizer.decode([t for t in ids if t != mask_id and t < n_tokens], skip_special_tokens=True)
 
 
 __all__ = ["generate", "BlockPlan", "decode_answer"]
