@@ -6,6 +6,7 @@ Importing this package registers the built-in samplers.
 from dllm.samplers.base import Sampler, make_sampler, register_sampler, samplers
 from dllm.samplers import llada as _llada  # noqa: F401  (registration side effect)
 from dllm.samplers import dream as _dream  # noqa: F401
+from dllm.samplers import fast_dllm as _fast_dllm  # noqa: F401
 
 
 def list_samplers() -> list[tuple[str, str]]:
