@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--repeats", type=int, default=3)
     t.add_argument("--dtype", default=None)
     t.add_argument("--device", default=None)
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--json", default=None, help="also write the results to this JSON file")
     _add_decode_args(t)
     t.set_defaults(func=cmd_bench)

@@ -30,6 +30,8 @@ def run_throughput(args) -> dict:
     import dllm
     from dllm.models import load
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     model = load(args.model, dtype=args.dtype, device=args.device)
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
@@ -60,7 +62,7 @@ def run_throughput(args) -> dict:
     out = sorted(outs, key=lambda o: o.wall_time)[len(outs) // 2]
     result = {
         "model": args.model, "family": model.family, "device": str(device),
-        "dtype": str(model.dtype).replace("torch.", ""),
+        "dtype": str(model.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "batch_size": args.batch_size, "prompt_length": args.prompt_length,
         "gen_length": args.gen_length, "sampler": args.sampler,
