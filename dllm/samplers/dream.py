@@ -32,6 +32,7 @@ import torch
 
 from dllm.samplers._ops import (
     argmax_excluding,
+    expand_window,
     gather_prob,
     negative_entropy,
     take_top_k,
@@ -142,8 +143,13 @@ class _DreamConfidence(_DreamBase):
             conf = torch.full(active.shape, float("-inf"), dtype=logits.dtype, device=logits.device)
             conf[active] = conf_rows.to(logits.dtype)
         else:
-            probs, x0 = sample_tokens(logits, 0.0, cfg.top_p, cfg.top_k, inp.mask_id, None)
-            conf = self._confidence(probs, x0).masked_fill(~active, float("-inf"))  # [B, Q]
+            # deterministic: only the block window matters (confidence is -inf elsewhere)
+            ws, we = inp.window
+            probs, x0_w = sample_tokens(logits[:, ws:we], 0.0, cfg.top_p, cfg.top_k, inp.mask_id, None)
+            width = logits.shape[1]
+            x0 = expand_window(x0_w, inp.window, width, inp.mask_id)  # [B, Q]
+            conf = expand_window(self._confidence(probs, x0_w), inp.window, width, float("-inf"))
+            conf = conf.masked_fill(~active, float("-inf"))  # [B, Q]
         t, s = self._times(inp, state)
         mean_masked = active.sum() / active.shape[0]  # float32 tensor, as Dream's num_mask_token
         k = mean_masked if inp.is_last_step else mean_masked * (1 - s / t)
