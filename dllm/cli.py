@@ -125,6 +125,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tasks(args) -> int:
+    from dllm.eval.task_eval import list_task_rows
+
+    rows = list_task_rows()
+    width = max(len(r[0]) for r in rows)
+    for name, sizes, desc in rows:
+        print(f"{name:<{width}}  {sizes:>6}  {desc}")
+    return 0
+
+
+def cmd_eval_tasks(args) -> int:
+    from dllm.eval.task_eval import run_eval_tasks
+
+    run_eval_tasks(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm", description="Fast decoding for diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="family, sizes and special ids of a model")
     i.add_argument("model")
     i.set_defaults(func=cmd_info)
+
+    tk = sub.add_parser("tasks", help="list the stress tasks")
+    tk.set_defaults(func=cmd_tasks)
+
+    ev = sub.add_parser("eval-tasks", help="exact match on the stress-task test split at k tokens per step")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--tasks", nargs="*", default=None, help="default: every task")
+    ev.add_argument("--k", type=int, nargs="*", default=None, help="tokens per step (default: 1)")
+    ev.add_argument("--per-size", type=int, default=4, help="test examples per task size")
+    ev.add_argument("--sampler", default="low_confidence", help="a fixed-step sampler")
+    ev.add_argument("--dtype", default="float32")
+    ev.add_argument("--device", default=None)
+    ev.add_argument("--json", default=None)
+    ev.set_defaults(func=cmd_eval_tasks)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)

@@ -143,6 +143,9 @@ def _dispatch(
     return dispatch_model(model, device_map=device_map)
 
 
+ORACLE_NAME = "oracle"  # load("oracle"): the stress tasks' exact-posterior model (dllm.models.oracle)
+
+
 def load(
     name_or_path: Union[str, Path],
     dtype: Union[torch.dtype, str, None] = None,
@@ -153,11 +156,15 @@ def load(
     """Load a LLaDA or Dream checkpoint in the official layout.
 
     name_or_path: an embedded name (see ``embedded_names()``), a local directory with config.json,
-    or a Hub id. dtype: torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
+    a Hub id, or ``"oracle"`` (the stress tasks' exact-posterior ``OracleLM``, weightless). dtype: torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
     checkpoint's torch_dtype). device: one device; device_map: "auto" or a dict, through accelerate.
     """
     if device is not None and device_map is not None:
         raise ValueError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    if str(name_or_path) == ORACLE_NAME:
+        from dllm.models.oracle import OracleLM
+
+        return OracleLM()  # exact posterior marginals of the stress tasks; no weights
     directory = locate(name_or_path)
     hf = read_config(directory)
     cls = class_for_model_type(hf.get("model_type"))

@@ -77,8 +77,16 @@ def evaluate(
     *,
     max_batch: int = 256,
     autocast_bf16: bool = False,
+    tokens_per_step: int = 1,
+    sampler: str = "low_confidence",
 ) -> EvalResult:
-    """Decode every example one token per step and score it with ``T.score``."""
+    """Decode every example (one block of the answer length) and score it with ``T.score``.
+
+    ``tokens_per_step`` = k: ``steps = ceil(L_ans / k)``, so the fixed-step sampler commits k per
+    step (LLaDA's schedule spreads a remainder over the first steps).
+    """
+    if not isinstance(tokens_per_step, int) or tokens_per_step < 1:
+        raise ValueError(f"tokens_per_step must be an integer >= 1, got {tokens_per_step!r}")
     from dllm.engine import generate
 
     t0 = time.perf_counter()
@@ -90,7 +98,7 @@ def evaluate(
     correct: dict[str, int] = defaultdict(int)
     counts: dict[str, int] = defaultdict(int)
     forwards = 0
-    device_type = next(model.parameters()).device.type
+    device_type = torch.device(model.device).type
     was_training = model.training
     model.eval()
     try:
@@ -99,8 +107,8 @@ def evaluate(
                 chunk = group[i:i + max_batch]
                 prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in chunk]
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
-                    out = generate(model, prompts, "low_confidence", gen_length=la, block_length=la,
-                                   steps=la)
+                    out = generate(model, prompts, sampler, gen_length=la, block_length=la,
+                                   steps=-(-la // tokens_per_step))
                 forwards += out.nfe
                 for ex, row in zip(chunk, out.generated.tolist()):
                     region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]

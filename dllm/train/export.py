@@ -1,0 +1,68 @@
+"""Copy a trained checkpoint into the package as an embedded model.
+
+    python -m dllm.train.export --run runs/tiny-llada --name tiny-llada [--checkpoint best] [--dtype bfloat16]
+
+Writes ``dllm/models/embedded/<name>/`` (official config.json, model.safetensors, tokenizer files)
+plus ``training.json`` (the step, the recipe and the checkpoint's last evaluation), so that
+``dllm.load(<name>)`` works offline after a plain install. bfloat16 halves the file (the official
+LLaDA and Dream checkpoints are bf16 too); ``dllm.load`` then defaults to the stored dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+EMBEDDED = Path(__file__).resolve().parent.parent / "models" / "embedded"
+
+
+def _last_eval(run: Path) -> dict:
+    best = run / "best.json"
+    if best.exists():
+        return json.loads(best.read_text())
+    evals = [json.loads(l) for l in (run / "log.jsonl").read_text().splitlines() if '"eval' in l]
+    return evals[-1] if evals else {}
+
+
+def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat16",
+           root: Path = EMBEDDED) -> Path:
+    from dllm.models import load
+
+    src = run / checkpoint if (run / checkpoint).exists() else None
+    if src is None:
+        ckpts = sorted(run.glob("checkpoint-*"))
+        if not ckpts:
+            raise FileNotFoundError(f"no checkpoint {checkpoint!r} and no checkpoint-* under {run}")
+        src = ckpts[-1]
+    model = load(str(src), dtype=getattr(torch, dtype))
+    out = Path(root) / name
+    if out.exists():
+        shutil.rmtree(out)
+    model.save_pretrained(out)
+    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run)}
+    recipe = run / "recipe.json"
+    if recipe.exists():
+        info["recipe"] = json.loads(recipe.read_text())
+    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dllm.train.export", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path)
+    p.add_argument("--name", required=True)
+    p.add_argument("--checkpoint", default="best")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = p.parse_args(argv)
+    out = export(args.run, args.name, args.checkpoint, args.dtype)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"wrote {out} ({size:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
