@@ -1,0 +1,190 @@
+"""DAWN, dependency-aware decoding (``dawn``; lizhuo-luo/DAWN ``llada/generate.py``
+``get_transfer_index_dawn`` and ``gdllm_utils.py``; arXiv 2602.06953).
+
+The sampler reads the attention probabilities of the model's last 4 layers from the same forward
+(``attention_layers = (-4, -3, -2, -1)``; the engine asks the model for them) and builds a
+dependency graph over positions:
+
+- ``A`` [B, Q, K] = mean over heads and over those layers of the attention probabilities
+  (query i x key j). Sink removal: key j is a sink if its column mean ``mean_i A[i, j] > tau_sink``;
+  its column is zeroed. The diagonal is zeroed. Edge ``i <- j`` ("i depends on j") iff
+  ``A[i, j] >= tau_edge``.
+
+Per step (M = active masks of the block; ``c_i = p_i(x0_i)`` from a float64 softmax, for every
+position up to the block end, decoded ones included; x0 = arg-max at T = 0, LLaDA's float64
+Gumbel-max at T > 0, never the mask id):
+
+1. ``S_high = {i in M : c_i >= tau_high}`` (0.9, hard-coded in the official code).
+2. Anchors = decoded positions before the block end with ``c_j >= tau_high``;
+   ``S_ind = {i in M : c_i >= tau_induce, i <- j for some anchor j}``.
+3. ``Blocked = {i : i <- j for some j in S_ind & S_high}`` (the official code intersects the
+   two sets); candidates ``C = {i in M : c_i >= tau_low} - S_high - S_ind - Blocked``.
+4. Conflict graph on C: i and k conflict if ``i <- k`` or ``k <- i``. Greedy maximal independent
+   set: repeatedly take the most confident remaining candidate (leftmost on ties) and drop its
+   neighbours -> ``S_mis``.
+5. Commit ``S_high | S_ind | S_mis``; a row that chose nothing commits its most confident mask
+   (the engine's progress rule does this from ``score``).
+
+Defaults (LLaDA, GSM8K/MATH): tau_sink 0.01, tau_edge 0.07, tau_induce 0.7, tau_low 0.75 (0.8 for
+HumanEval, 0.7 for MBPP); tau_high 0.9. Dream's published values: tau_sink 0.03, tau_edge 0.10,
+tau_induce 0.75, tau_low 0.8 (pass them as options).
+
+Decisions:
+- Batched: every set is a bool tensor [B, Q]; the greedy MIS is sequential over candidates, so it
+  runs ``block length`` rounds, each one batched over rows (no host reads): a round takes each
+  row's best remaining candidate, or nothing once the row has none. The official loop is per row
+  and, past the last candidate, keeps appending position 0; we stop instead. The official
+  fallback (top-1 when ANY row chose nothing, added to EVERY row) is per row here.
+- Left padding: the column mean runs over the row's real query positions only, pads are never
+  anchors, so a prompt gives the same graph alone or in a batch. The first real position is never
+  an anchor either: under Dream's one-position shift its logits are a placeholder (and read a
+  pad's output in a padded batch); under LLaDA it is BOS, which the sink rule usually removes.
+- Coordinates: queries are canvas columns ``[query_start, query_start + Q)``, keys are canvas
+  columns ``[0, K)`` (K = L without a KV cache). The graph is the square query x query part of A;
+  anchors and candidates must be query positions (they need logits). Attention stays in token
+  coordinates for Dream (its logits are shifted, its attention is not), as the official Dream code.
+- The sink column mean is over the query rows of this forward (all rows without a cache).
+- A model without attention maps cannot run ``dawn``; the step says so if the maps are missing.
+  The engine asks for layers -4..-1, which needs a model with at least 4 layers; ``layers=k``
+  reads the last k instead (``dllm.generate(model, ..., sampler="dawn", layers=2)`` for a 2-layer
+  model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm.samplers._ops import argmax_excluding, gather_prob, gumbel_perturb
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+def _unit(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class DawnConfig:
+    tau_sink: float = 0.01  # key j is an attention sink if its column mean > this, in [0, 1]
+    tau_edge: float = 0.07  # edge i <- j iff A[i, j] >= this, in (0, 1]
+    tau_induce: float = 0.7  # a mask attending to a confident anchor is committed if c >= this
+    tau_low: float = 0.75  # candidates of the independent set need c >= this, in [0, 1]
+    tau_high: float = 0.9  # S_high and anchor confidence (hard-coded 0.9 upstream), in [0, 1]
+    layers: int = 4  # read the attention of the last `layers` layers (DAWN: 4), >= 1
+
+    def __post_init__(self) -> None:
+        for name in ("tau_sink", "tau_induce", "tau_low", "tau_high"):
+            _unit(name, getattr(self, name))
+        if not isinstance(self.tau_edge, (int, float)) or isinstance(self.tau_edge, bool) \
+                or not 0.0 < self.tau_edge <= 1.0:  # 0 would make every pair (and self) an edge
+            raise ValueError(f"tau_edge must be in (0, 1], got {self.tau_edge!r}")
+        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
+            raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
+
+
+def dependency_graph(
+    attn: torch.Tensor, real_q: torch.Tensor, q0: int, tau_sink: float, tau_edge: float
+) -> torch.Tensor:
+    """The edge map ``E[b, i, k]`` = "query i depends on query k" over the query positions.
+
+    attn: [B, Q, K] head- and layer-averaged attention (keys = canvas columns [0, K));
+    real_q: [B, Q] bool, real (non-pad) query rows; q0: canvas column of query 0. -> [B, Q, Q] bool.
+    """
+    bsz, q, k = attn.shape
+    if k < q0 + q:
+        raise ValueError(f"dawn: the attention keys ({k} canvas columns) do not cover the query "
+                         f"positions [{q0}, {q0 + q})")
+    sq = attn[:, :, q0:q0 + q].float()  # [B, Q, Q] query i x key column q0 + k
+    rows = real_q.to(sq.dtype)  # [B, Q]
+    col_mean = (sq * rows[:, :, None]).sum(dim=1) / rows.sum(dim=1, keepdim=True).clamp_min(1)  # [B, Q]
+    sq = sq.masked_fill((col_mean > tau_sink)[:, None, :], 0.0)  # remove sink columns
+    eye = torch.eye(q, dtype=torch.bool, device=sq.device)
+    sq = sq.masked_fill(eye, 0.0)  # no self edges
+    return (sq >= tau_edge) & real_q[:, :, None] & real_q[:, None, :]
+
+
+def greedy_mis(cand: torch.Tensor, conflict: torch.Tensor, score: torch.Tensor, rounds: int) -> torch.Tensor:
+    """Greedy maximal independent set per row, batched over rows.
+
+    cand: [B, N] bool candidates; conflict: [B, N, N] bool symmetric; score: [B, N] float. Each round
+    takes every row's best remaining candidate (leftmost on ties) and removes it and its neighbours;
+    ``rounds`` >= the most candidates of a row guarantees maximality. -> [B, N] bool.
+    """
+    bsz, n = cand.shape
+    remaining = cand.clone()
+    chosen = torch.zeros_like(cand)
+    rows = torch.arange(bsz, device=cand.device)
+    for _ in range(rounds):  # bounded by the block length; rows with no candidate left pick nothing
+        best = score.masked_fill(~remaining, float("-inf")).argmax(dim=1)  # [B]
+        take = remaining[rows, best]  # [B] False once a row has no candidate left
+        pick = torch.zeros_like(cand)
+        pick[rows, best] = take
+        chosen |= pick
+        remaining &= ~pick & ~(conflict[rows, best] & take[:, None])
+    return chosen
+
+
+@register_sampler("dawn")
+class Dawn(Sampler):
+    """DAWN: attention-graph dependency-aware parallel decoding (needs attention probabilities)."""
+
+    Config = DawnConfig
+    fixed_steps = False
+    attention_layers = (-4, -3, -2, -1)
+
+    def __init__(self, config=None, **options) -> None:
+        super().__init__(config, **options)
+        self.attention_layers = tuple(range(-self.config.layers, 0))
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        cfg = self.config
+        if not inp.attn:
+            raise RuntimeError(
+                "sampler 'dawn' needs the attention probabilities of the model's last "
+                f"{cfg.layers} layers, but the model returned none; use a model that can return "
+                "attention maps (dllm TransformerLM), or a sampler that reads only logits"
+            )
+        logits = inp.logits  # [B, Q, V]
+        bsz, q, _ = logits.shape
+        q0, (ws, we) = inp.query_start, inp.window
+        mask_id = inp.mask_id
+
+        # attention: mean over heads, then over the layers -> [B, Q, K]
+        attn = torch.stack([a.float().mean(dim=1) for a in inp.attn.values()]).mean(dim=0)
+        kpm = state.key_padding_mask[:, q0:q0 + q]  # [B, Q] real query rows
+        edge = dependency_graph(attn, kpm, q0, cfg.tau_sink, cfg.tau_edge)  # [B, Q, Q] i <- k
+
+        # proposals and confidence for every position before the block end
+        head = logits[:, :we]  # [B, we, V]
+        noise = None
+        if inp.temperature > 0:
+            noise = torch.rand(head.shape, dtype=torch.float64, generator=inp.generator, device=head.device)
+        x0 = argmax_excluding(gumbel_perturb(head, inp.temperature, noise), mask_id)  # [B, we]
+        c = gather_prob(torch.softmax(head.to(torch.float64), dim=-1), x0)  # [B, we] float64
+        tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
+        tokens[:, :we] = x0
+        conf = torch.full((bsz, q), float("-inf"), dtype=torch.float64, device=logits.device)
+        conf[:, :we] = c
+
+        active = inp.active  # [B, Q] M
+        s_high = active & (conf >= cfg.tau_high)
+        real = state.key_padding_mask  # [B, L]
+        first_real = (real & (real.long().cumsum(dim=1) == 1))[:, q0:q0 + q]  # [B, Q]
+        before_end = torch.arange(q, device=logits.device) < we
+        anchor = kpm & ~first_real & (inp.tokens != mask_id) & before_end & (conf >= cfg.tau_high)
+        s_ind = active & (conf >= cfg.tau_induce) & (edge & anchor[:, None, :]).any(dim=2)
+        source = s_ind & s_high
+        blocked = (edge & source[:, None, :]).any(dim=2)
+        cand = active & (conf >= cfg.tau_low) & ~s_high & ~s_ind & ~blocked  # [B, Q]
+
+        # greedy maximal independent set on the block window (candidates live there)
+        conflict = edge[:, ws:we, ws:we] | edge[:, ws:we, ws:we].transpose(1, 2)  # [B, W, W]
+        mis_w = greedy_mis(cand[:, ws:we], conflict, conf[:, ws:we], rounds=we - ws)
+        s_mis = torch.zeros_like(cand)
+        s_mis[:, ws:we] = mis_w
+
+        commit = s_high | s_ind | s_mis
+        return StepOutput(commit=commit, tokens=tokens, score=conf.masked_fill(~active, float("-inf")))

@@ -1,0 +1,95 @@
+"""DUS, the Dilated Unmasking Scheduler (``dus``; omerlux/DUS, arXiv 2506.19037).
+
+A model-free order inside each block of B positions. With base b (2) and ``R = ceil(log_b B)``
+rounds (at least 1), round t = 1..R uses the stride ``s_t = b^(R - t)`` and reveals the
+not-yet-revealed 1-indexed positions k with ``(k - 1) mod s_t == 0``. For a power-of-two block
+this is the paper's ``s_t = B / 2^t``: round 1 reveals 2 positions (the block's first and middle
+ones), round t reveals 2^(t-1), the last B/2 (every other position), B = 8: {1, 5}, {3, 7},
+{2, 4, 6, 8}. Tokens are the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0), never
+the mask id. Cost: R forwards per block (B / log2 B tokens per forward).
+
+Decisions:
+- Step count. DUS needs R steps per block whatever ``steps`` says, so it is an *adaptive* sampler
+  (``fixed_steps = False``: the engine ignores ``steps`` and loops until the block has no masks)
+  whose rule commits, per row, exactly the active positions of the *earliest round that still has
+  masked positions*. On a fresh block that is round 1, 2, ..., R at steps 0, 1, ..., R-1, so the
+  block takes exactly R forwards. The round is read off the positions themselves, so there is no
+  round counter to keep in ``state.extras``: a block that starts partly filled just skips the
+  rounds that are already complete, and every step commits at least one position per row.
+- Blocks that are not a power of b (including a short last block) use the schedule of the next
+  power ``B' = b^R >= B`` restricted to the block: strides stay powers of b, every round is
+  non-empty and the block still takes ``R = ceil(log_b B)`` forwards (B = 6: {1, 5}, {3},
+  {2, 4, 6}). The authors' code instead halves an integer stride (``B // 2, B // 4, ...``) and
+  merges a small last level into the one before, which for such blocks gives ``floor(log2 B)``
+  or fewer uneven rounds (B = 5 becomes a single round of all five positions).
+- No remasking. The authors' ``generate_scheduled`` by default remasks revealed tokens with
+  confidence < 0.3 (except in the last round) and never revisits them; the method as described
+  (and reference/samplers.md section 12) has no remasking, and neither do we.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm.samplers._ops import argmax_excluding, expand_window, gumbel_perturb
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+def num_rounds(block: int, base: int = 2) -> int:
+    """``R = ceil(log_base block)``, at least 1 (exact integer arithmetic)."""
+    r = 1
+    while base**r < block:
+        r += 1
+    return r
+
+
+def dilated_rounds(block: int, base: int = 2, device=None) -> torch.Tensor:
+    """[block] long: the round (1..R) in which each 0-indexed block position is revealed.
+
+    Position k is revealed in round ``R - v(k)`` with ``v(k)`` the largest j < R such that b^j
+    divides k (k = 0: round 1).
+    """
+    r = num_rounds(block, base)
+    k = torch.arange(block, device=device)
+    v = torch.zeros_like(k)
+    for j in range(1, r):  # R = O(log B) host-side integers, no tensor read back
+        v += (k % base**j == 0).long()
+    return r - v
+
+
+@dataclass(frozen=True)
+class DUSConfig:
+    base: int = 2  # dilation base b: round 1 reveals b positions, rounds = ceil(log_b B), >= 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base, bool) or not isinstance(self.base, int) or self.base < 2:
+            raise ValueError(f"base must be an integer >= 2, got {self.base!r}")
+
+
+@register_sampler("dus", aliases=("dilated",))
+class DUS(Sampler):
+    """DUS: reveal each block in ceil(log2 B) dilated rounds (coarse to fine), tokens by arg-max."""
+
+    Config = DUSConfig
+    fixed_steps = False  # it sets its own step count: ceil(log_b B) per block (see the docstring)
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        ws, we = inp.window
+        logits = inp.logits[:, ws:we]  # [B, W, V]
+        noise = None
+        if inp.temperature > 0:  # the same draws as fast_dllm.propose_with_confidence
+            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
+        x0 = argmax_excluding(gumbel_perturb(logits, inp.temperature, noise), inp.mask_id)  # [B, W]
+        active = inp.active[:, ws:we]  # [B, W]
+        rounds = dilated_rounds(we - ws, self.config.base, device=x0.device).expand_as(active)  # [B, W]
+        pending = rounds.masked_fill(~active, we - ws + 1)  # past every round where not active
+        current = pending.min(dim=1, keepdim=True).values  # [B, 1] earliest unfinished round
+        commit = active & (rounds == current)
+        width = inp.logits.shape[1]
+        score = (-rounds).to(torch.float32).masked_fill(~active, float("-inf"))
+        return StepOutput(commit=expand_window(commit, inp.window, width, False),
+                          tokens=expand_window(x0, inp.window, width, inp.mask_id),
+                          score=expand_window(score, inp.window, width, float("-inf")))

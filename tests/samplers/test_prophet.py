@@ -1,0 +1,151 @@
+"""Prophet's early-commit rule: the gap, the progress thresholds, the all-in fill across blocks."""
+
+import pytest
+import torch
+
+import dllm
+import dllm.samplers.prophet  # noqa: F401  (registers prophet)
+from dllm.eval import tasks as T
+from dllm.models import tiny
+from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
+from dllm.samplers import make_sampler
+from dllm.state import DecodeState, StepInput
+
+MASK, V = 9, 10
+LP, G = 2, 10  # prompt width, generated positions: canvas of 12
+
+
+def _state(committed=0):
+    """One row: prompt [1, 2] then G positions, the first ``committed`` of them decided (token 7)."""
+    x = torch.full((1, LP + G), MASK)
+    x[0, :LP] = torch.tensor([1, 2])
+    x[0, LP:LP + committed] = 7
+    return DecodeState(
+        x=x, key_padding_mask=torch.ones_like(x, dtype=torch.bool), positions=torch.arange(LP + G)[None],
+        prompt_mask=torch.arange(LP + G)[None] < LP, prompt_length=LP, gen_length=G, mask_id=MASK,
+        temperature=0.0, generator=None, trace=torch.full((1, G), -1), padded=False,
+    )
+
+
+def _input(state, gaps, window, best=None):
+    """Logits whose masked position i has top-1 token (i % 8) with a raw gap ``gaps[i]`` over the
+    runner-up (the rest at 0), and the block ``window`` (canvas columns). ``best`` gets the largest
+    probability of the block without changing its gap."""
+    width = state.x.shape[1]
+    logits = torch.zeros(1, width, V)
+    for i in range(width):
+        logits[0, i, i % 8] = gaps[i]
+        logits[0, i, (i + 1) % 8] = 0.0
+    if best is not None:  # a more peaked distribution, same top-2 gap
+        others = [v for v in range(V) if v not in (best % 8, (best + 1) % 8)]
+        logits[0, best, others] = -5.0
+    tokens = state.x.clone()
+    active = torch.zeros(1, width, dtype=torch.bool)
+    active[0, window[0]:window[1]] = tokens[0, window[0]:window[1]] == MASK
+    return StepInput(logits=logits, tokens=tokens, active=active, query_start=0, window=window, step=0,
+                     steps=None, mask_id=MASK, temperature=0.0, generator=None)
+
+
+@pytest.mark.parametrize("committed,tau", [(0, 7.5), (4, 5.0), (7, 2.5)])
+def test_fires_by_progress_phase(committed, tau):
+    # progress = (committed + 1) / G: 0.1, 0.5, 0.8
+    for gap, fires in [(tau - 0.01, False), (tau, True)]:
+        state = _state(committed)
+        gaps = [50.0] * LP + [0.0] * committed + [gap] * (G - committed)  # committed ones are not monitored
+        window = (LP + committed, LP + committed + 2)
+        out = make_sampler("prophet").step(_input(state, gaps, window, best=window[0] + 1), state)
+        if fires:
+            assert out.commit[0, window[0]:window[1]].all() and out.commit.sum() == 2
+            fill = state.extras["prophet_fill"][0]
+            assert fill[LP + committed:].tolist() == [i % 8 for i in range(LP + committed, LP + G)]
+            assert fill[:LP + committed].eq(MASK).all()
+        else:  # a normal one-token step: the most confident active mask
+            assert out.commit[0].nonzero().flatten().tolist() == [window[0] + 1]
+            assert not state.extras["prophet_fired"].any()
+
+
+def test_mean_gap_over_all_remaining_masks():
+    state = _state(0)
+    gaps = [50.0] * LP + [20.0, 20.0] + [4.0] * 8  # mean over the 10 masks: 7.2 < 7.5
+    out = make_sampler("prophet").step(_input(state, gaps, (LP, LP + 2)), state)
+    assert out.commit.sum() == 1
+    gaps = [50.0] * LP + [20.0, 20.0, 20.0] + [4.0] * 7  # mean 8.8 >= 7.5
+    state = _state(0)
+    out = make_sampler("prophet").step(_input(state, gaps, (LP, LP + 2)), state)
+    assert out.commit.sum() == 2
+
+
+def test_span_monitors_only_its_positions_committed_or_not():
+    state = _state(2)  # generated 0, 1 committed
+    gaps = [0.0] * LP + [9.0, 9.0] + [0.0] * 8
+    out = make_sampler("prophet", span=(0, 2)).step(_input(state, gaps, (LP + 2, LP + 4)), state)
+    assert out.commit.sum() == 2  # the span's mean gap 9 >= 7.5 (p = 0.3)
+    state = _state(2)
+    out = make_sampler("prophet", span=(2, 4)).step(_input(state, gaps, (LP + 2, LP + 4)), state)
+    assert out.commit.sum() == 1
+
+
+def test_all_in_fill_is_used_in_later_blocks():
+    sampler = make_sampler("prophet")
+    state = _state(0)
+    out = sampler.step(_input(state, [50.0] * (LP + G), (LP, LP + 5)), state)  # fires
+    state.x[0, LP:LP + 5] = out.tokens[0, LP:LP + 5]
+    # next block: new logits propose other tokens (and a gap that would not fire)
+    inp = _input(state, [0.5] * (LP + G), (LP + 5, LP + G))
+    inp.logits[0, :, 5] = 3.0
+    out2 = sampler.step(inp, state)
+    assert out2.commit[0, LP + 5:].all() and out2.commit.sum() == 5
+    assert out2.tokens[0, LP + 5:].tolist() == [i % 8 for i in range(LP + 5, LP + G)]
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(early_threshold=-1.0), r"early_threshold must be a number >= 0 \(inf disables it\), got -1.0"),
+    (dict(late_threshold=float("nan")), r"late_threshold must be a number >= 0 \(inf disables it\), got nan"),
+    (dict(span=(3, 3)), r"span must be None or \(start, end\) with integers 0 <= start < end"),
+    (dict(span=(-1, 2)), r"span must be None or \(start, end\) with integers 0 <= start < end"),
+])
+def test_out_of_range(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_sampler("prophet", **options)
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+NEVER = dict(early_threshold=float("inf"), mid_threshold=float("inf"), late_threshold=float("inf"))
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_decoding_finishes_and_batch_equals_alone(family):
+    model = tiny(family, seed=1)
+    out = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4)
+    assert (out.generated != model.mask_id).all()
+    for j, p in enumerate(PROMPTS):
+        alone = dllm.generate(model, [p], sampler="prophet", gen_length=8, block_length=4)
+        assert torch.equal(out.generated[j], alone.generated[0]), j
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_never_firing_is_one_token_low_confidence(family, temperature):
+    model = tiny(family, seed=1)
+    kw = dict(gen_length=8, block_length=4, temperature=temperature, seed=5)
+    out = dllm.generate(model, PROMPTS, sampler="prophet", **kw, **NEVER)
+    ref = dllm.generate(model, PROMPTS, sampler="low_confidence", steps=8, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.nfe == ref.nfe == 8
+
+
+def test_firing_at_once_fills_every_block():
+    model = tiny("llada", seed=1)
+    out = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, early_threshold=0.0,
+                        return_trace=True)
+    # fires at the first step; the engine still spends one forward per remaining block
+    assert out.nfe == 2 and (out.trace[:, :4] == 0).all() and (out.trace[:, 4:] == 1).all()
+
+
+def test_oracle_copy_goes_all_in_at_the_first_step():
+    exs = T.test_split("copy", 8, 4)
+    out = dllm.generate(OracleLM(), oracle_prompts(exs), sampler="prophet", gen_length=8, block_length=4)
+    assert all(score_generation(exs, out))
+    assert out.nfe == 2 < 8  # one forward decides everything; the second only writes block 2
+    out = dllm.generate(OracleLM(), oracle_prompts(exs), sampler="prophet", gen_length=8)
+    assert all(score_generation(exs, out)) and out.nfe == 1
