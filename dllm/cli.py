@@ -142,6 +142,13 @@ def cmd_eval_tasks(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from dllm.eval.compare import run_compare
+
+    run_compare(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm", description="Fast decoding for diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=None)
     ev.add_argument("--json", default=None)
     ev.set_defaults(func=cmd_eval_tasks)
+
+    c = sub.add_parser("compare", help="samplers side by side on the stress tasks")
+    c.add_argument("--model", default="oracle", help="model path/name, or 'oracle' (exact posteriors)")
+    c.add_argument("--samplers", nargs="*", default=None,
+                   help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
+    c.add_argument("--tasks", nargs="*", default=None, help="default: every task")
+    c.add_argument("--n", type=int, default=4, help="test examples per task")
+    c.add_argument("--block-length", type=int, default=None, help="default: the answer length")
+    c.add_argument("--out", default="runs/compare")
+    c.add_argument("--dtype", default="float32")
+    c.add_argument("--device", default=None)
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)

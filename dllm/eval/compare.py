@@ -1,0 +1,230 @@
+"""``dllm compare``: samplers side by side on the stress tasks, one model, one run.
+
+For every sampler spec and every task, the first ``n`` test examples (spread over the task's
+sizes) are decoded as one block of the task's answer length, grouped by answer length into
+batched ``dllm.generate`` calls, and scored exactly. Per sampler the table reports accuracy,
+mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and total), tokens
+per second and wall time. Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
+with the Pareto front marked.
+
+A sampler spec is ``name`` or ``name:key=value,key=value``; the key ``k`` (fixed-step samplers
+only) sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step. Examples:
+``low_confidence`` (one token per step), ``low_confidence:k=2``, ``threshold:threshold=0.8``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dllm.eval import tasks as T
+
+DEFAULT_SAMPLERS = (
+    "low_confidence", "low_confidence:k=2", "threshold", "factor", "eb:gamma=0.1", "localleap",
+    "hierarchy", "klass", "dus", "prophet",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    label: str
+    name: str
+    options: dict[str, Any]
+    k: Optional[int]  # tokens per step for fixed-step samplers
+
+    @classmethod
+    def parse(cls, text: str) -> "SamplerSpec":
+        name, _, rest = text.partition(":")
+        options: dict[str, Any] = {}
+        for item in filter(None, rest.split(",")):
+            if "=" not in item:
+                raise ValueError(f"sampler spec {text!r}: option {item!r} must look like key=value")
+            key, raw = item.split("=", 1)
+            try:
+                options[key.strip()] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                options[key.strip()] = raw
+        k = options.pop("k", None)
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise ValueError(f"sampler spec {text!r}: k must be an integer >= 1, got {k!r}")
+        return cls(text, name, options, k)
+
+
+@dataclass
+class SamplerResult:
+    label: str
+    accuracy: float
+    per_task: dict[str, float]
+    examples: int
+    nfe_per_example: float
+    forwarded_tokens: int
+    tokens_per_forward: float
+    content_tokens_per_forward: float
+    tokens_per_second: float
+    wall_time: float
+    pareto: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
+    out = []
+    for name in task_names:
+        task = T.get_task(name)
+        sizes = list(task.default_sizes)
+        per = max(1, -(-n // len(sizes)))
+        pool = [ex for size in sizes for ex in T.test_split(task.name, size, n=per)]
+        # round-robin over sizes so that n examples cover the range
+        by_size = defaultdict(list)
+        for ex in pool:
+            by_size[ex.size].append(ex)
+        picked = []
+        while len(picked) < n and any(by_size.values()):
+            for size in sizes:
+                if by_size[size] and len(picked) < n:
+                    picked.append(by_size[size].pop(0))
+        out.extend(picked)
+    return out
+
+
+def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
+                max_batch: int = 64, progress=None) -> SamplerResult:
+    import dllm
+    from dllm.samplers import samplers
+
+    cls = samplers.get(spec.name)
+    words = T.vocabulary()
+    vocab = {w: i for i, w in enumerate(words)}
+    # one batch per (task, answer length): an adaptive sampler's forwards are shared by the rows
+    # of a batch, so mixing easy and hard tasks would charge the easy ones for the hard ones
+    groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
+    for ex in examples:
+        groups[(ex.task, T.answer_length(ex.task, ex.size))].append(ex)
+    correct, counts = defaultdict(int), defaultdict(int)
+    nfe_rows = forwarded = generated = content = 0
+    t0 = time.perf_counter()
+    for (_, la), group in sorted(groups.items()):
+        for i in range(0, len(group), max_batch):
+            chunk = group[i:i + max_batch]
+            prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in chunk]
+            bl = min(block_length or la, la)
+            steps = None
+            if spec.k is not None:
+                if not cls.fixed_steps:
+                    raise ValueError(f"sampler spec {spec.label!r}: k applies to fixed-step samplers only")
+                n_blocks = -(-la // bl)
+                steps = n_blocks * min(-(-bl // spec.k), bl)
+            out = dllm.generate(model, prompts, sampler=spec.name, gen_length=la, block_length=bl,
+                                steps=steps, **spec.options)
+            nfe_rows += out.nfe * len(chunk)
+            forwarded += out.forwarded_tokens
+            generated += out.generated_tokens
+            content += out.content_tokens
+            for ex, row in zip(chunk, out.generated.tolist()):
+                region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]
+                correct[ex.task] += bool(T.score(ex, region))
+                counts[ex.task] += 1
+            if progress is not None:
+                progress.update(len(chunk))
+    wall = time.perf_counter() - t0
+    total = sum(counts.values())
+    return SamplerResult(
+        label=spec.label, accuracy=sum(correct.values()) / total,
+        per_task={t: correct[t] / counts[t] for t in sorted(counts)}, examples=total,
+        nfe_per_example=nfe_rows / total, forwarded_tokens=forwarded,
+        tokens_per_forward=generated / nfe_rows, content_tokens_per_forward=content / nfe_rows,
+        tokens_per_second=generated / wall if wall > 0 else float("inf"), wall_time=wall,
+    )
+
+
+def mark_pareto(results: list[SamplerResult]) -> None:
+    """A result is on the front if no other has accuracy >= and TPF >= with one strictly greater."""
+    for r in results:
+        r.pareto = not any(
+            (o.accuracy >= r.accuracy and o.tokens_per_forward >= r.tokens_per_forward)
+            and (o.accuracy > r.accuracy or o.tokens_per_forward > r.tokens_per_forward)
+            for o in results if o is not r
+        )
+
+
+def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n: int, *,
+            block_length: Optional[int] = None, show_progress: bool = True) -> list[SamplerResult]:
+    from tqdm.auto import tqdm
+
+    parsed = [SamplerSpec.parse(s) for s in specs]
+    names = list(task_names) if task_names else [e.name for e in T.tasks]
+    examples = _examples(names, n)
+    # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
+    # otherwise be charged to whichever sampler runs first
+    run_sampler(model, parsed[0], examples, block_length=block_length)
+    results = []
+    with tqdm(total=len(parsed) * len(examples), disable=not show_progress, desc="compare",
+              unit="ex") as bar:
+        for spec in parsed:
+            bar.set_postfix_str(spec.label)
+            results.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar))
+    mark_pareto(results)
+    return results
+
+
+def format_results(results: Sequence[SamplerResult]) -> str:
+    width = max(len(r.label) for r in results) + 2
+    head = (f"{'sampler':<{width}}{'acc %':>7}{'NFE/ex':>8}{'fwd tokens':>12}{'TPF':>7}"
+            f"{'TPF(content)':>14}{'tok/s':>9}{'wall s':>8}  front")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.label:<{width}}{100 * r.accuracy:7.1f}{r.nfe_per_example:8.2f}{r.forwarded_tokens:12d}"
+            f"{r.tokens_per_forward:7.2f}{r.content_tokens_per_forward:14.2f}{r.tokens_per_second:9.1f}"
+            f"{r.wall_time:8.2f}  {'*' if r.pareto else ''}"
+        )
+    return "\n".join(lines)
+
+
+def plot_results(results: Sequence[SamplerResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in results:
+        ax.scatter(r.tokens_per_forward, 100 * r.accuracy, s=50,
+                   marker="*" if r.pareto else "o", color="tab:red" if r.pareto else "tab:blue")
+        ax.annotate(r.label, (r.tokens_per_forward, 100 * r.accuracy), fontsize=8,
+                    xytext=(4, 4), textcoords="offset points")
+    front = sorted((r for r in results if r.pareto), key=lambda r: r.tokens_per_forward)
+    ax.plot([r.tokens_per_forward for r in front], [100 * r.accuracy for r in front], "--", color="tab:red",
+            label="Pareto front")
+    ax.set_xlabel("tokens per forward (per row)")
+    ax.set_ylabel("exact-match accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_compare(args) -> list[SamplerResult]:
+    from dllm.models import load
+
+    model = load(args.model, dtype=None if args.model == "oracle" else args.dtype, device=args.device)
+    results = compare(model, args.samplers or DEFAULT_SAMPLERS, args.tasks, args.n,
+                      block_length=args.block_length, show_progress=not args.no_progress)
+    print(format_results(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
+               "block_length": args.block_length, "results": [asdict(r) for r in results]}
+    (out / "compare.json").write_text(json.dumps(payload, indent=2))
+    try:
+        plot_results(results, out / "compare.png", f"{args.model}: accuracy vs tokens per forward")
+        print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
+    except ImportError:
+        print(f"wrote {out / 'compare.json'} (install matplotlib for the plot: pip install dllm[eval])")
+    return results
