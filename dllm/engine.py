@@ -1,12 +1,14 @@
 """The decode loop: blocks -> steps -> forward -> sampler -> commit.
 
-``generate`` is the one engine behind every sampler (and, later, every cache policy):
+``generate`` is the one engine behind every sampler and every cache policy:
 
     x = [left-padded prompt | MASK * G]
+    kv = cache.allocate(...)                   # K/V buffers, once per call (None for "none")
     for each block [s, e):
         sampler.begin_block(state)
         while the block has masks (adaptive) / for each budgeted step (fixed):
-            logits = forward(x)                # through the cache policy (``none`` for now)
+            q = cache.query(state, step)         # full forward, or a query slice against the cache
+            logits = forward(x[:, q.start:q.end], kv view)
             decision = sampler.step(StepInput, state)
             commit (progress guaranteed), trace, callback
         stop rows whose answer ended (once per block, ``stop_at_eos``)
@@ -22,14 +24,14 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from dllm.cache import make_cache
+from dllm.cache.base import CachePolicy, CacheSpec, Query
 from dllm.inputs import encode_prompts, left_pad
 from dllm.samplers import Sampler, make_sampler
 from dllm.schedule import BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
-
-_CACHES = ("none",)
 
 
 def generate(
@@ -45,7 +47,7 @@ def generate(
     seed: Optional[int] = None,
     chat: bool = False,
     stop_at_eos: bool = False,
-    cache: str = "none",
+    cache: CacheSpec = "none",
     return_trace: bool = False,
     callback: Optional[StepCallback] = None,
     **sampler_options: Any,
@@ -70,15 +72,17 @@ def generate(
         chat: apply the model family's chat template to string prompts.
         stop_at_eos: after each block, rows that produced EOS/EoT are finished (their remaining
             positions become EOS); generation stops when every row is finished.
-        cache: KV-cache policy; ``"none"`` recomputes the whole canvas every step.
+        cache: KV-cache policy (``dllm.cache``): ``"none"`` recomputes the whole canvas every step;
+            ``"prefix"``, ``"dual"``, ``"window"`` reuse keys/values between full forwards. Options
+            go with the name as a spec string (``"dual:refresh=4"``), a mapping
+            (``{"name": "dual", "refresh": 4}``) or a policy instance (``DualCache(refresh=4)``).
         return_trace: also return, per generated position, the step at which it was committed.
         callback: called with the ``DecodeState`` after every step (live views).
         **sampler_options: the sampler's Config fields (unknown names list the valid ones).
     """
     t_start = time.perf_counter()
     sampler_obj = make_sampler(sampler, **sampler_options)
-    if cache not in _CACHES:
-        raise ValueError(f"Unknown cache policy {cache!r}. Valid cache policies: {', '.join(_CACHES)}")
+    policy = make_cache(cache)
     _check_scalar("temperature", temperature, low=0.0)
     _check_scalar("cfg_scale", cfg_scale, low=0.0)
     if not isinstance(gen_length, int) or gen_length <= 0:
@@ -86,6 +90,7 @@ def generate(
 
     rows = encode_prompts(model, prompts, chat=chat)
     plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
+    policy.check(model, block_length=plan.block_length, gen_length=gen_length)
     longest = max(len(r) for r in rows)
     max_positions = getattr(model, "max_positions", None)
     if max_positions is not None and longest + gen_length > max_positions:
@@ -100,20 +105,45 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(seed)
     state = _init_state(model, rows, gen_length, temperature, generator, device)
     state.extras["eos_ids"] = tuple(getattr(model, "eos_ids", ()) or ())
-    need_attn = tuple(sampler_obj.attention_layers)
-    need_hidden = tuple(sampler_obj.hidden_layers)
+    state.block_length = plan.block_length
+    forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
+    state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
+    shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
+    need_attn = _fit_layers(sampler_obj.attention_layers, model)
+    need_hidden = _fit_layers(sampler_obj.hidden_layers, model)
+    if (need_attn or need_hidden) and not getattr(model, "supports_kv_cache", True):
+        raise ValueError(
+            f"sampler {sampler_obj.name!r} reads the model's attention probabilities / hidden states "
+            f"(layers {list(need_attn) or list(need_hidden)}), but {type(model).__name__} has no "
+            f"transformer layers to return them; use a sampler that reads only logits"
+        )
 
     with torch.inference_mode():
         lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
             s, e = s + lp, e + lp  # canvas columns
-            _run_block(model, sampler_obj, state, b, s, e, block_steps, cfg_scale,
+            _run_block(model, sampler_obj, policy, shift, state, b, s, e, block_steps, cfg_scale,
                        need_attn, need_hidden, callback)
             if stop_at_eos and _stop_finished_rows(state, e):
                 break
 
     wall = time.perf_counter() - t_start
     return _finish(model, state, wall, return_trace)
+
+
+def _fit_layers(layers: Sequence[int], model) -> tuple[int, ...]:
+    """A sampler's layer request fitted to the model's depth: negative indices count from the last
+    layer and are clamped to the first ("the last 4 layers" of a 2-layer model are its 2 layers)."""
+    n = getattr(getattr(model, "config", None), "n_layers", None)
+    if not layers or n is None:
+        return tuple(layers)
+    fitted: list[int] = []
+    for i in layers:
+        j = max(i, -n) if i < 0 else i
+        j = j % n if -n <= j < n else j  # out-of-range positive indices are left for the model's error
+        if j not in fitted:
+            fitted.append(j)
+    return tuple(fitted)
 
 
 def _check_scalar(name: str, value: float, *, low: float) -> None:
@@ -148,17 +178,23 @@ def _init_state(model, rows: list[list[int]], gen_length: int, temperature: floa
     )
 
 
-def _forward(model, state: DecodeState, cfg_scale: float, need_attn, need_hidden):
-    """Logits for the query positions (the whole canvas: cache policy ``none``). [B, L, V]."""
-    x = state.x
-    kpm = state.key_padding_mask if state.padded else None
-    positions = state.positions
+def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_attn, need_hidden):
+    """Logits [B, Q, V] for the query columns ``[query.start, query.end)`` (hidden, attn likewise).
+
+    Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
+    writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.cache.kv``).
+    """
+    q0, q1 = query.start, query.end
+    x = state.x[:, q0:q1]  # [B, Q]
+    kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
+    positions = state.positions[:, q0:q1]
+    extra = {} if state.kv is None else {"cache": state.kv.view(q0, query.key_end)}
     if cfg_scale > 0:
-        uncond = x.masked_fill(state.prompt_mask, state.mask_id)  # prompt (pads too) -> mask
+        uncond = x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)  # prompt (pads too) -> mask
         x2 = torch.cat([x, uncond], dim=0)
         out = model(x2, positions=positions.repeat(2, 1),
                     key_padding_mask=None if kpm is None else kpm.repeat(2, 1),
-                    want_attn_layers=need_attn, want_hidden_layers=need_hidden)
+                    want_attn_layers=need_attn, want_hidden_layers=need_hidden, **extra)
         cond, un = out.logits.chunk(2, dim=0)
         logits = un + (cfg_scale + 1) * (cond - un)
         hidden = {k: v[: x.shape[0]] for k, v in out.hidden.items()}
@@ -166,12 +202,12 @@ def _forward(model, state: DecodeState, cfg_scale: float, need_attn, need_hidden
         rows = x2.shape[0]
     else:
         out = model(x, positions=positions, key_padding_mask=kpm,
-                    want_attn_layers=need_attn, want_hidden_layers=need_hidden)
+                    want_attn_layers=need_attn, want_hidden_layers=need_hidden, **extra)
         logits, hidden, attn = out.logits, out.hidden, out.attn
         rows = x.shape[0]
     state.nfe += 1
-    state.forwarded_tokens += rows * x.shape[1]
-    return logits, hidden, attn, 0  # query_start = 0
+    state.forwarded_tokens += rows * (q1 - q0)  # honest compute count: rows x query length
+    return logits, hidden, attn
 
 
 def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
@@ -179,8 +215,8 @@ def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
     return bool((state.x[:, s:e] == state.mask_id).any())
 
 
-def _run_block(model, sampler: Sampler, state: DecodeState, b: int, s: int, e: int,
-               block_steps: Optional[int], cfg_scale: float, need_attn, need_hidden,
+def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: DecodeState, b: int,
+               s: int, e: int, block_steps: Optional[int], cfg_scale: float, need_attn, need_hidden,
                callback: Optional[StepCallback]) -> None:
     state.block_index, state.block_start, state.block_end = b, s, e
     state.block_steps = block_steps
@@ -192,8 +228,9 @@ def _run_block(model, sampler: Sampler, state: DecodeState, b: int, s: int, e: i
         if block_steps is None and not _block_has_masks(state, s, e):
             return
         state.block_step = i
-        logits, hidden, attn, q0 = _forward(model, state, cfg_scale, need_attn, need_hidden)
-        q_len = logits.shape[1]
+        query = policy.query(state, i, shift)
+        logits, hidden, attn = _forward(model, state, query, cfg_scale, need_attn, need_hidden)
+        q0, q_len = query.start, logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
         active[:, s - q0:e - q0] = tokens[:, s - q0:e - q0] == state.mask_id

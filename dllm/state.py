@@ -9,7 +9,8 @@
 
 Coordinates: the canvas ``x`` is [B, L] with L = Lp + G (left-padded prompts of width Lp, then G
 generated positions). A forward computes logits for Q query positions starting at canvas column
-``query_start`` (Q = L and query_start = 0 without a KV cache). Samplers work in query coordinates.
+``query_start`` (Q = L and query_start = 0 for a full forward; a cached step of a cache policy
+queries fewer columns, see ``dllm.cache``). Samplers work in query coordinates.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class DecodeState:
     block_start: int = 0  # canvas column where the current block starts
     block_end: int = 0  # canvas column where the current block ends (exclusive)
     block_index: int = 0
+    block_length: int = 0  # nominal block length BL (the last block may be shorter)
     block_step: int = 0  # step index inside the current block
     block_steps: Optional[int] = None  # steps budgeted for this block (None: sampler decides)
     block_masks_at_start: Optional[torch.Tensor] = None  # [B] long, masks in the block at its start
@@ -45,6 +47,7 @@ class DecodeState:
     nfe: int = 0  # model forwards (a CFG forward on the doubled batch counts once)
     forwarded_tokens: int = 0  # sum over forwards of rows x query length
     finished: Optional[torch.Tensor] = None  # [B] bool, rows whose answer ended (stop_at_eos)
+    kv: Any = None  # dllm.cache.KVCache of the call's cache policy (None: no cache)
     extras: dict[str, Any] = field(default_factory=dict)  # per-call scratch for samplers
 
     @property

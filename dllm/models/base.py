@@ -163,15 +163,71 @@ class DiffusionLM(nn.Module):
     ) -> ModelOutput:
         """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
-        where logits[:, i] predicts the token at position i."""
+        where logits[:, i] predicts the token at position i.
+
+        With ``cache`` (a ``dllm.cache.CacheView`` over buffers from ``new_kv_cache``), the T rows
+        are canvas columns ``[cache.start, cache.start + T)`` and attend to the cached keys
+        ``[0, cache.key_end)`` (their own fresh K/V written in first); ``key_padding_mask`` is then
+        canvas-wide, [B, L], and ``positions`` defaults to the rows' canvas positions. Logits still
+        predict the query rows themselves, so for a shifted family (``logit_shift = 1``, Dream) the
+        first row predicts nothing useful: start the query one column before the first position
+        whose logits you need.
+        """
         if cache is not None:
-            raise NotImplementedError(
-                f"cache={type(cache).__name__} is not supported yet: DiffusionLM.forward recomputes "
-                "every position; pass cache=None (cache policies arrive with dllm.cache)"
-            )
+            return self._cached_forward(input_ids, positions, key_padding_mask, cache,
+                                        tuple(want_attn_layers), tuple(want_hidden_layers))
         positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
         raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask,
                                               tuple(want_attn_layers), tuple(want_hidden_layers))
+        return ModelOutput(self.shift_logits(raw), hidden, attn)
+
+    # ---- KV cache ------------------------------------------------------------------------------------
+    supports_kv_cache: ClassVar[bool] = False  # True when _raw_forward accepts cache=CacheView
+
+    def new_kv_cache(self, rows: int, length: int) -> Any:
+        """Preallocated K/V buffers for ``rows`` x ``length`` canvas columns (``dllm.cache.KVCache``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no KV cache (no attention layers to cache); use cache='none'"
+        )
+
+    def _cached_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        key_padding_mask: Optional[torch.Tensor],
+        cache: Any,
+        want_attn_layers: tuple[int, ...],
+        want_hidden_layers: tuple[int, ...],
+    ) -> ModelOutput:
+        from dllm.cache.kv import CacheView
+
+        if not isinstance(cache, CacheView) or not self.supports_kv_cache:
+            raise NotImplementedError(
+                f"cache={type(cache).__name__} is not supported by {type(self).__name__}: forward takes "
+                "a dllm.cache.CacheView, and only models with attention layers (supports_kv_cache) "
+                "can use one; pass cache=None"
+            )
+        if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+            raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                             f"{list(input_ids.shape)}")
+        rows, t = input_ids.shape
+        length = cache.kv.length
+        cache.check_queries(t)
+        if rows != cache.kv.rows:
+            raise ValueError(f"input_ids has {rows} rows but the KV cache was allocated for {cache.kv.rows}")
+        if key_padding_mask is not None and (key_padding_mask.shape != (rows, length)
+                                             or key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"with a cache, key_padding_mask must be bool [{rows}, {length}] (the whole "
+                             f"canvas), got {key_padding_mask.dtype} {list(key_padding_mask.shape)}")
+        if positions is None:
+            full = torch.empty((rows, length), dtype=torch.long, device=input_ids.device)
+            positions = default_positions(full, key_padding_mask)[:, cache.start:cache.start + t]
+        elif positions.shape != input_ids.shape or positions.dtype.is_floating_point:
+            raise ValueError(f"positions must be an integer tensor {list(input_ids.shape)} like "
+                             f"input_ids, got {positions.dtype} {list(positions.shape)}")
+        attn_mask = cache.attn_mask(key_padding_mask, t)  # [B, 1, T, K] or None
+        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
+                                              want_hidden_layers, cache=cache)
         return ModelOutput(self.shift_logits(raw), hidden, attn)
 
     def raw_logits(
@@ -184,6 +240,8 @@ class DiffusionLM(nn.Module):
         positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
         return self._raw_forward(input_ids, positions, attn_mask, (), ())[0]
 
+    logit_shift: ClassVar[int] = 0  # official logits at row i predict position i + logit_shift
+
     def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """Official logits [B, T, V] -> logits where [:, i] predicts position i (identity here)."""
         return raw
@@ -192,9 +250,10 @@ class DiffusionLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T]
-        attn_mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None
+        attn_mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None ([B, 1, T, K] with a cache)
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
+        cache: Any = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         raise NotImplementedError(f"{type(self).__name__} must implement _raw_forward")
 

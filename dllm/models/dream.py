@@ -3,6 +3,9 @@
 Dream is Qwen2.5 without the causal mask, so its hidden state at position i-1 predicts the token
 at position i. ``Dream.forward`` shifts the logits right by one so that, as for every family,
 ``logits[:, i]`` predicts position i (``raw_logits`` keeps the official, unshifted logits).
+The shift is applied to whatever rows a forward computes, so a cached forward over canvas columns
+``[q0, q1)`` (``dllm.cache``) predicts ``[q0 + 1, q1)``: cache policies start Dream queries one
+column before the first position they decide (``logit_shift = 1``).
 See reference/formats.md section 2.
 """
 
@@ -96,6 +99,8 @@ class Dream(TransformerLM):
         if config.rope_fp32:
             raise ValueError("Dream applies RoPE in the activation dtype; got rope_fp32=True, which "
                              "its config.json cannot express")
+
+    logit_shift = 1  # hidden state i predicts position i + 1
 
     def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """raw [B, T, V] -> shifted: [:, 0] = raw[:, 0] (never used), [:, i] = raw[:, i-1]."""

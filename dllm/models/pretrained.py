@@ -135,8 +135,17 @@ class TransformerLM(DiffusionLM):
         attn_mask: Optional[torch.Tensor],
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
+        cache: Any = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers)
+        return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
+                                cache=cache)
+
+    # ---- KV cache ----------------------------------------------------------------------------------
+    supports_kv_cache: ClassVar[bool] = True
+
+    def new_kv_cache(self, rows: int, length: int) -> Any:
+        """K/V buffers [rows, Hkv, length, hd] per layer, on the layer's device (``dllm.cache``)."""
+        return self.transformer.new_kv_cache(rows, length)
 
     # ---- official state dict ---------------------------------------------------------------------
     def official_shapes(self) -> dict[str, Shape]:

@@ -9,13 +9,15 @@ Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``keymap
 files translate them to the official checkpoint names.
 
 The layers are small modules with the projection (``Attention.qkv``) split from the attention
-itself (``Attention.attend``), so a KV cache can later keep the k/v of some positions and run
-queries for a window of positions against them without rewriting the layer.
+itself (``Attention.attend``). A cached forward (``dllm.cache``) runs the layers on a slice of
+query positions: between the two, the layer hands its fresh (rotated) k/v to the cache view, which
+writes them into the preallocated buffers in place and returns the keys/values to attend.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import functools
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -23,6 +25,9 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
+
+# (k, v) of the query rows, [B, Hkv, T, hd] -> (k, v) to attend, [B, Hkv, K, hd]
+KVUpdate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,8 +144,11 @@ class Attention(nn.Module):
         mask: Optional[torch.Tensor],
         attn_fn: AttentionFn,
         return_probs: bool = False,
+        kv_update: Optional[KVUpdate] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         q, k, v = self.qkv(x, cos, sin)
+        if kv_update is not None:  # cached forward: store the fresh rows, attend to the buffer
+            k, v = kv_update(k, v)
         return self.attend(q, k, v, mask, attn_fn, return_probs)
 
 
@@ -172,11 +180,12 @@ class TransformerBlock(nn.Module):
         h: torch.Tensor,  # [B, T, D]
         cos: torch.Tensor,  # [B, 1, T, hd] float32
         sin: torch.Tensor,
-        mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None
+        mask: Optional[torch.Tensor],  # bool [B, 1, T, K] or None (K = T without a cache)
         attn_fn: AttentionFn,
         return_probs: bool = False,
+        kv_update: Optional[KVUpdate] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        a, probs = self.attn(self.attn_norm(h), cos, sin, mask, attn_fn, return_probs)
+        a, probs = self.attn(self.attn_norm(h), cos, sin, mask, attn_fn, return_probs, kv_update)
         h = h + a
         h = h + self.mlp(self.mlp_norm(h))
         return h, probs
@@ -220,6 +229,17 @@ class Transformer(nn.Module):
         """[V, D] matrix of the LM head (the embedding when tied)."""
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    def new_kv_cache(self, rows: int, length: int):
+        """Preallocated K/V buffers (``dllm.cache.kv.KVCache``) for ``rows`` x ``length`` canvas
+        columns, one pair per layer, each on its layer's device, in the model dtype."""
+        from dllm.cache.kv import KVCache
+
+        cfg = self.config
+        first = self.layers[0].attn.k_proj.weight
+        devices = [layer.attn.k_proj.weight.device for layer in self.layers]
+        return KVCache.allocate(cfg.n_layers, rows, cfg.n_kv_heads, length, cfg.head_dim,
+                                dtype=first.dtype, devices=devices)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T] int
@@ -227,11 +247,15 @@ class Transformer(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
+        cache=None,  # dllm.cache.kv.CacheView or None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, T] f32}).
+        """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, K] f32}).
 
         hidden[i] is the output of layer i (0-based; negative indices are normalised, -1 = last).
         Layers in ``want_attn_layers`` run on the ``reference`` backend, which returns probabilities.
+        With ``cache`` (a ``CacheView``) the T rows are canvas columns ``[cache.start, cache.start + T)``
+        and attend to K = ``cache.key_end`` cached keys (their own fresh ones written in first);
+        ``attn_mask`` is then [B, 1, T, K].
         """
         n = self.config.n_layers
         attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")
@@ -243,7 +267,9 @@ class Transformer(nn.Module):
         attn: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             want_probs = i in attn_layers
-            h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs)
+            kv_update = None if cache is None else functools.partial(cache.update, i)
+            h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
+                             kv_update)
             if want_probs:
                 assert probs is not None
                 attn[i] = probs

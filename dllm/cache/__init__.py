@@ -1,0 +1,29 @@
+"""Cache policies: what each step recomputes and which keys/values it reuses.
+
+``none`` (exact), ``prefix`` and ``dual`` (Fast-dLLM; ``dual`` with dInfer's vicinity options),
+``window`` (Window-Diffusion style far-field pruning). Choose one with
+``dllm.generate(..., cache=...)``, which takes a name (``"dual"``), a spec string
+(``"dual:refresh=4"``), a mapping (``{"name": "dual", "refresh": 4}``) or an instance
+(``DualCache(refresh=4)``). Importing this package registers the built-in policies.
+"""
+
+from dllm.cache.base import CachePolicy, Query, caches, make_cache, parse_cache_spec, register_cache
+from dllm.cache.kv import CacheView, KVCache
+from dllm.cache.none import NoCache
+from dllm.cache.fast_dllm import DualCache, PrefixCache
+from dllm.cache.window import WindowCache
+
+
+def list_caches() -> list[tuple[str, str]]:
+    """(name, one-line description) of every registered cache policy, aliases noted."""
+    rows = []
+    for entry in caches:
+        desc = entry.description
+        if entry.aliases:
+            desc += f" (aliases: {', '.join(entry.aliases)})"
+        rows.append((entry.name, desc))
+    return rows
+
+
+__all__ = ["CachePolicy", "CacheView", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
+           "WindowCache", "caches", "list_caches", "make_cache", "parse_cache_spec", "register_cache"]

@@ -1,0 +1,126 @@
+"""K/V buffers of one ``generate`` call, and the view a cached forward uses.
+
+``KVCache`` holds, for every layer, a key and a value buffer of shape [R, Hkv, L, hd] (R = rows of
+the forward batch: B, or 2B under classifier-free guidance; L = the whole canvas). Buffers are
+allocated once per call, on the device of their layer (so a model spread over GPUs by
+``device_map`` keeps each layer's K/V beside it), and only ever written in place.
+
+Keys are stored AFTER RoPE. Every canvas column has a fixed position for the whole call
+(``positions = cumsum(valid) - 1`` for left-padded rows), so a key rotated once stays valid; this
+saves re-rotating the full key set at every step, which Fast-dLLM does because it stores keys
+before RoPE. The two give bit-identical keys: a rotation reads only the key and its position.
+
+``CacheView`` tells one forward what to do with the buffers: the forward's T query rows are canvas
+columns ``[start, start + T)``; in every layer their fresh K/V overwrite buffer rows
+``[start, start + T)``, and the queries attend to buffer rows ``[0, key_end)``. Columns at or past
+``key_end`` are not attended at all (pruned). A view with ``start = 0`` and ``T = key_end``
+is a full forward: it fills the buffers and attends to the fresh K/V directly, so its output is
+exactly that of a forward without a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+class KVCache:
+    """Per-layer K/V buffers ``k[i]``, ``v[i]``: [R, Hkv, L, hd] in the model dtype, post-RoPE."""
+
+    def __init__(self, k: Sequence[torch.Tensor], v: Sequence[torch.Tensor]) -> None:
+        if len(k) != len(v) or not k:
+            raise ValueError(f"KVCache needs one key and one value buffer per layer, got {len(k)} and {len(v)}")
+        self.k = list(k)
+        self.v = list(v)
+
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        rows: int,
+        n_kv_heads: int,
+        length: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        devices: Sequence[torch.device],
+    ) -> "KVCache":
+        """Empty buffers (contents are undefined until a full forward writes them)."""
+        if len(devices) != n_layers:
+            raise ValueError(f"need one device per layer ({n_layers}), got {len(devices)}")
+        shape = (rows, n_kv_heads, length, head_dim)
+        k = [torch.empty(shape, dtype=dtype, device=d) for d in devices]
+        v = [torch.empty(shape, dtype=dtype, device=d) for d in devices]
+        return cls(k, v)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def rows(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def view(self, start: int, key_end: Optional[int] = None) -> "CacheView":
+        """A forward whose queries start at canvas column ``start`` and attend to ``[0, key_end)``."""
+        return CacheView(self, start, self.length if key_end is None else key_end)
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """How one forward uses a ``KVCache`` (see the module docstring)."""
+
+    kv: KVCache
+    start: int  # canvas column of query row 0; fresh K/V are written to [start, start + T)
+    key_end: int  # keys/values attended: buffer rows [0, key_end)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.key_end <= self.kv.length:
+            raise ValueError(f"CacheView needs 0 <= start < key_end <= {self.kv.length}, got "
+                             f"start={self.start}, key_end={self.key_end}")
+
+    def check_queries(self, n_queries: int) -> None:
+        """ValueError unless the T query rows fit inside the attended keys."""
+        if self.start + n_queries > self.key_end:
+            raise ValueError(f"{n_queries} query rows from column {self.start} pass key_end="
+                             f"{self.key_end}: the queries' own keys must be attended")
+
+    def is_full(self, n_queries: int) -> bool:
+        return self.start == 0 and n_queries == self.key_end
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the fresh k/v [R, Hkv, T, hd] of layer ``layer`` in place; return the keys and
+        values to attend ([R, Hkv, key_end, hd])."""
+        t = k.shape[2]
+        kb, vb = self.kv.k[layer], self.kv.v[layer]
+        kb[:, :, self.start:self.start + t].copy_(k)
+        vb[:, :, self.start:self.start + t].copy_(v)
+        if self.is_full(t):
+            return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
+        return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
+
+    def attn_mask(self, key_padding_mask: Optional[torch.Tensor], n_queries: int) -> Optional[torch.Tensor]:
+        """bool [R, 1, T, key_end] (True = attend) from the canvas-wide padding mask [R, L].
+
+        Real queries attend to real keys only; pad queries (only in a full forward: cached queries
+        lie right of the prompt) attend to every key so their unread output stays finite, as
+        ``dllm.models.base.padding_attn_mask`` does. None when there is no padding.
+        """
+        if key_padding_mask is None:
+            return None
+        keys = key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
+        pad_queries = ~key_padding_mask[:, None, self.start:self.start + n_queries, None]  # [R, 1, T, 1]
+        return keys | pad_queries
+
+
+__all__ = ["KVCache", "CacheView"]
