@@ -149,6 +149,31 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_bench_caches(args) -> int:
+    import torch
+
+    from dllm.cache.bench import format_table, run_cache_bench
+    from dllm.models import load, tiny
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.model.startswith("tiny-random-") and args.layers:
+        family = args.model.removeprefix("tiny-random-")
+        model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length)
+        label = f"tiny random {family}, {args.layers} layers"
+    else:
+        model = load(args.model, dtype=args.dtype, device=args.device)
+        label = args.model
+    rows = run_cache_bench(model, args.prompt_length, args.gen_length, args.block_length,
+                           samplers=args.samplers, policies=args.caches, repeats=args.repeats)
+    print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm", description="Fast decoding for diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", default=None, help="also write the results to this JSON file")
     _add_decode_args(t)
     t.set_defaults(func=cmd_bench)
+    kc = bsub.add_parser("caches", help="cache policies x samplers on a long prompt, side by side")
+    kc.add_argument("--model", default="tiny-random-llada",
+                    help="a model; tiny-random-{llada,dream} with --layers builds a fresh random one")
+    kc.add_argument("--layers", type=int, default=8)
+    kc.add_argument("--prompt-length", type=int, default=1024)
+    kc.add_argument("--gen-length", type=int, default=256)
+    kc.add_argument("--block-length", type=int, default=32)
+    kc.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"])
+    kc.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"])
+    kc.add_argument("--repeats", type=int, default=1)
+    kc.add_argument("--threads", type=int, default=None)
+    kc.add_argument("--dtype", default=None)
+    kc.add_argument("--device", default=None)
+    kc.add_argument("--json", default=None)
+    kc.set_defaults(func=cmd_bench_caches)
     return parser
 
 

@@ -66,3 +66,12 @@ def test_canvas_view_rewrites_in_place_on_a_tty():
 def test_bad_input_exits_2_with_a_message(capsys, argv, match):
     assert main(argv) == 2
     assert match in capsys.readouterr().err
+
+
+def test_bench_caches_prints_a_table(capsys):
+    assert main(["bench", "caches", "--layers", "2", "--prompt-length", "24", "--gen-length", "8",
+                 "--block-length", "4", "--samplers", "low_confidence", "--caches", "none", "dual",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [l for l in out.splitlines() if l.startswith("| none") or l.startswith("| dual")]
+    assert len(rows) == 2 and "forwarded_tokens" in out
