@@ -109,6 +109,15 @@ def generate(
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
     shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
+    if sampler_obj.greedy_only and temperature > 0:
+        raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
+                         f"(use temperature=0)")
+    if sampler_obj.needs_variants and policy.name != "none":
+        raise ValueError(
+            f"sampler {sampler_obj.name!r} verifies modified copies of the canvas in extra forwards, "
+            f"which cache policy {policy.name!r} cannot serve yet (its buffers hold one state per "
+            f"row); use cache='none'"
+        )
     need_attn = _fit_layers(sampler_obj.attention_layers, model)
     need_hidden = _fit_layers(sampler_obj.hidden_layers, model)
     if (need_attn or need_hidden) and not getattr(model, "supports_kv_cache", True):
@@ -210,6 +219,33 @@ def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_att
     return logits, hidden, attn
 
 
+def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float):
+    """A callable for samplers that verify modified canvases: full forwards (cache ``none``) of
+    copies of the rows in ``rows`` whose query columns hold ``tokens``; one NFE per call."""
+
+    def forward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        q0, q1 = query.start, query.end
+        x = state.x[rows].clone()  # [N, L]
+        x[:, q0:q1] = tokens
+        kpm = state.key_padding_mask[rows] if state.padded else None
+        positions = state.positions[rows]
+        if cfg_scale > 0:
+            uncond = x.masked_fill(state.prompt_mask[rows], state.mask_id)
+            out = model(torch.cat([x, uncond]), positions=positions.repeat(2, 1),
+                        key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
+            cond, un = out.logits.chunk(2, dim=0)
+            logits = un + (cfg_scale + 1) * (cond - un)
+            n_rows = 2 * x.shape[0]
+        else:
+            logits = model(x, positions=positions, key_padding_mask=kpm).logits
+            n_rows = x.shape[0]
+        state.nfe += 1
+        state.forwarded_tokens += n_rows * x.shape[1]
+        return logits[:, q0:q1]
+
+    return forward
+
+
 def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
     # one host sync per adaptive step: the loop condition itself
     return bool((state.x[:, s:e] == state.mask_id).any())
@@ -238,6 +274,8 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
             generator=state.generator, hidden=hidden, attn=attn,
+            forward_variants=(_variant_forward(model, state, query, cfg_scale)
+                              if sampler.needs_variants else None),
         )
         decision = sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),

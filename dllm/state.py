@@ -76,6 +76,10 @@ class StepInput:
     generator: Optional[torch.Generator]
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, Q, D]
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
+    # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
+    # lookahead branches): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
+    # row each copy belongs to) -> logits [N, Q, V]. The engine counts it (NFE, forwarded tokens).
+    forward_variants: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
 
     @property
     def is_last_step(self) -> bool:

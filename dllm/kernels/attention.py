@@ -93,6 +93,33 @@ backends.add("sdpa", Backend("sdpa", sdpa_attention, False, 10),
              description="torch scaled_dot_product_attention (flash / memory-efficient / math kernels)")
 
 
+# Triton, registered lazily: nothing is imported until the backend is resolved or called. It can
+# run with triton installed on a CUDA device, or on CPU under TRITON_INTERPRET=1 (tests only: slow);
+# otherwise its refusal says why, so "auto" records it and attn_backend="triton" raises it. Below
+# sdpa under "auto" until it is validated on GPUs; it takes padding masks only.
+@dataclass(frozen=True)
+class _LazyTritonBackend(Backend):
+    def refusal(self, *, need_probs: bool) -> str | None:
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is None:
+            return f"{self.name}: triton is not installed (pip install triton)"
+        from dllm.kernels.triton_attention import unavailable_reason
+
+        reason = unavailable_reason()
+        return f"{self.name}: {reason}" if reason else super().refusal(need_probs=need_probs)
+
+
+def _triton_attention(q, k, v, mask=None, return_probs=False):
+    from dllm.kernels.triton_attention import triton_attention
+
+    return triton_attention(q, k, v, mask, return_probs)
+
+
+backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5),
+             description="Triton flash-attention forward (GQA in-kernel, key-padding masks; dllm.kernels.triton_attention)")
+
+
 @dataclass(frozen=True)
 class Resolution:
     backend: Backend

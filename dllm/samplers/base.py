@@ -35,6 +35,8 @@ class Sampler:
     fixed_steps: ClassVar[bool] = True
     attention_layers: ClassVar[tuple[int, ...]] = ()  # layers whose attention probs the sampler reads
     hidden_layers: ClassVar[tuple[int, ...]] = ()  # layers whose hidden states the sampler reads
+    needs_variants: ClassVar[bool] = False  # asks the engine for extra forwards (StepInput.forward_variants)
+    greedy_only: ClassVar[bool] = False  # defined at temperature 0 only
 
     def __init__(self, config: Any | None = None, **options: Any) -> None:
         if config is not None and options:

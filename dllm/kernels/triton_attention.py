@@ -1,0 +1,315 @@
+"""Flash-attention forward in Triton for the cached steps of full-attention dLLMs.
+
+The cached step (``dllm.cache``) runs a short query block against a long key set: queries
+q [B, H, Tq, D] (the block, or the window) and keys/values k, v [B, Hkv, Tk, D] read straight from
+the preallocated K/V buffers. This kernel computes
+
+    out[b, h, t] = softmax_j(q[b, h, t] . k[b, h // g, j] * scale  | allowed(b, t, j)) @ v[b, h // g]
+
+with online softmax (running max and denominator per query row, float32 accumulators), so neither
+the [Tq, Tk] scores nor a [Tq, Tk] mask are ever materialised, and without copying K/V per query
+head (g = H / Hkv; query head h reads KV head h // g, as ``repeat_interleave`` does in LLaDA and
+Qwen2). Allowed keys are described per key and per row, never per (query, key) pair:
+
+    allowed(b, t, j) = j < key_end[b]  and  (key_padding[b, j]  or  query_attends_all[b, t])
+
+``key_padding`` is the canvas padding mask; ``query_attends_all`` marks pad queries (they attend to
+everything so their unread output stays finite, as ``dllm.models.base.padding_attn_mask`` does);
+``key_end`` lets a caller pass a whole buffer and have the keys past a window ignored.
+
+Public API:
+- ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=)`` -> out
+  [, lse [B, H, Tq] float32] — the kernel contract.
+- ``triton_attention(q, k, v, mask=None, return_probs=False)`` — the ``attn_backend="triton"``
+  function: turns the models' boolean masks ([B, 1, 1, Tk] or [B, 1, Tq, Tk] of the form
+  ``keys | pad_queries``) into the contract's vectors; refuses other masks and ``return_probs``.
+- ``unavailable_reason()`` — None when the kernel can run here, else why not.
+
+Dtypes: float32 (dot products in IEEE fp32, not TF32), float16 and, on a GPU only, bfloat16; the
+output has q's dtype. The plain-PyTorch neighbour is ``dllm.kernels.reference.attention_reference``.
+
+Notes:
+- 2026-11-29, triton 3.9: the CPU interpreter (TRITON_INTERPRET=1) treats bfloat16 as raw uint16
+  bits (triton-lang/triton#11584), so bf16 is refused there; fp32/fp16 are exact enough to test.
+- A query row with no allowed key returns 0 (and lse -inf) instead of NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from dllm.kernels.reference import key_end_tensor
+
+
+def _interpreted(fn) -> bool:
+    """True when ``fn`` was decorated under TRITON_INTERPRET=1 (runs on CPU tensors)."""
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, Out, Lse,  # q/out [B, H, Tq, D]; k/v [B, Hkv, Tk, D]; lse [B, H, Tq] float32
+    KeyPad, QAll, KeyEnd,  # uint8 [B, Tk] (1 = real key); uint8 [B, Tq]; int32 [B]
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    stride_pb, stride_pt,  # KeyPad
+    stride_ab, stride_at,  # QAll
+    H, Tq, Tk, qk_scale,  # qk_scale = sm_scale * log2(e): softmax in base 2 (exp2 is the cheap one)
+    GROUPS: tl.constexpr,  # H // Hkv
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # BLOCK_D = next power of two >= max(HEAD_DIM, 16)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_KEY_PAD: tl.constexpr, HAS_Q_ALL: tl.constexpr, HAS_KEY_END: tl.constexpr,
+    WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16)
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUPS  # GQA: the KV head of this query head, no K/V copy
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    m_ok = offs_m < Tq
+
+    # q stays in registers for the whole key loop
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+
+    if HAS_KEY_END:
+        kend = tl.minimum(tl.load(KeyEnd + b), Tk)
+    else:
+        kend = Tk
+    if HAS_Q_ALL:
+        q_all = tl.load(QAll + b * stride_ab + offs_m * stride_at, mask=m_ok, other=0) != 0  # [BLOCK_M]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running denominator
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    for start_n in range(0, kend, BLOCK_N):
+        cols = start_n + offs_n
+        n_ok = cols < kend
+        # -- compute qk
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        # -- mask as broadcast comparisons: per key, per query row; never a [Tq, Tk] tensor
+        if HAS_KEY_PAD:
+            kp = tl.load(KeyPad + b * stride_pb + cols * stride_pt, mask=n_ok, other=0) != 0
+            if HAS_Q_ALL:
+                ok = (kp[None, :] | q_all[:, None]) & n_ok[None, :]
+            else:
+                ok = kp[None, :] & n_ok[None, :]
+        else:
+            ok = n_ok[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        # -- update m_i and l_i (a row with nothing allowed yet keeps m = -inf: shift by 0 instead)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- update the output accumulator
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0  # no allowed key: output 0, lse -inf
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    if WRITE_LSE:
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(Lse + pid_bh * Tq + offs_m, lse, mask=m_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wrapper
+
+
+def unavailable_reason() -> Optional[str]:
+    """None when the kernel can run here; otherwise a sentence saying why not."""
+    if _interpreted(_attn_fwd_kernel):
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return ("TRITON_INTERPRET=1 was set after dllm.kernels.triton_attention was imported; set it "
+                "before (in the shell or a conftest) to run the kernels on CPU")
+    if not torch.cuda.is_available():
+        return ("no CUDA device, and TRITON_INTERPRET=1 is not set (triton has no CPU backend; the "
+                "interpreter runs the kernels slowly on CPU, for tests)")
+    return None
+
+
+def _check_device(t: torch.Tensor, kernel) -> None:
+    if _interpreted(kernel):
+        if t.dtype == torch.bfloat16:
+            raise TypeError("bfloat16 is not supported by the Triton interpreter (it treats bf16 as raw "
+                            "uint16 bits); use float32/float16 on CPU, or run on a GPU")
+    elif t.device.type != "cuda":
+        raise ValueError(f"the Triton kernels need CUDA tensors (got {t.device}); on CPU set "
+                         "TRITON_INTERPRET=1 before importing triton")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def flash_attention(
+    q: torch.Tensor,  # [B, H, Tq, D]
+    k: torch.Tensor,  # [B, Hkv, Tk, D]
+    v: torch.Tensor,  # [B, Hkv, Tk, D]
+    key_padding: Optional[torch.Tensor] = None,  # bool [B, Tk], True = real key
+    query_attends_all: Optional[torch.Tensor] = None,  # bool [B, Tq], True = ignore key_padding
+    key_end: Union[int, torch.Tensor, None] = None,  # int or [B]: keys at or past it are ignored
+    *,
+    sm_scale: Optional[float] = None,  # default 1 / sqrt(D)
+    return_lse: bool = False,
+    block_m: Optional[int] = None,
+    block_n: Optional[int] = None,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Bidirectional GQA attention of a query block against a key set, see the module docstring.
+
+    Returns out [B, H, Tq, D] in q's dtype, plus lse [B, H, Tq] float32 (natural log of the softmax
+    denominator of the scaled scores) when ``return_lse``. Any strides are accepted (e.g. a slice
+    ``buf[:, :, :key_end]`` of a cache buffer); nothing is copied except the masks (to uint8).
+
+    >>> out = flash_attention(q, k, v, key_padding=valid, key_end=64)  # doctest: +SKIP
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, T, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    bsz, h, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != bsz or k.shape[3] != d:
+        raise ValueError(f"k and v must be [B={bsz}, Hkv, Tk, D={d}] and equal, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"q, k, v must share one dtype among float32/float16/bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if d > 256:
+        raise ValueError(f"head dim {d} > 256 is not supported")
+    _check_device(q, _attn_fwd_kernel)
+    if key_padding is not None and tuple(key_padding.shape) != (bsz, tk):
+        raise ValueError(f"key_padding must be bool [B={bsz}, Tk={tk}], got {tuple(key_padding.shape)}")
+    if query_attends_all is not None:
+        if key_padding is None:
+            query_attends_all = None  # every key is allowed anyway
+        elif tuple(query_attends_all.shape) != (bsz, tq):
+            raise ValueError(f"query_attends_all must be bool [B={bsz}, Tq={tq}], got {tuple(query_attends_all.shape)}")
+
+    out = torch.empty_like(q)
+    lse = torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device) if return_lse else out
+    if tq == 0:
+        return (out, lse) if return_lse else out
+    # masks as uint8 (bool pointers are not portable across triton versions); usually [B, Tk]: tiny
+    kp = key_padding.to(torch.uint8) if key_padding is not None else out
+    qa = query_attends_all.to(torch.uint8) if query_attends_all is not None else out
+    ends = key_end_tensor(key_end, bsz, tk, q.device)
+    ke = ends.to(torch.int32) if ends is not None else out
+
+    interp = _interpreted(_attn_fwd_kernel)
+    block_d = max(16, _next_pow2(d))
+    block_m = block_m or max(16, min(64, _next_pow2(tq)))
+    block_n = block_n or (64 if block_d <= 64 or interp else 32)
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    grid = (triton.cdiv(tq, block_m), bsz * h)
+    launch = {} if interp else {"num_warps": 4 if block_d <= 64 else 8, "num_stages": 2}
+    _attn_fwd_kernel[grid](
+        q, k, v, out, lse, kp, qa, ke,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        kp.stride(0) if key_padding is not None else 0, kp.stride(1) if key_padding is not None else 0,
+        qa.stride(0) if query_attends_all is not None else 0, qa.stride(1) if query_attends_all is not None else 0,
+        h, tq, tk, scale * 1.4426950408889634,
+        GROUPS=h // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_KEY_PAD=key_padding is not None, HAS_Q_ALL=query_attends_all is not None,
+        HAS_KEY_END=ends is not None, WRITE_LSE=return_lse,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # ignored for 16-bit inputs
+        **launch,
+    )
+    return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------------------------
+# Backend adapter: the models' boolean masks -> key padding + pad-query rows
+
+
+class UnsupportedMaskError(ValueError):
+    """The mask is not of a form the kernel can express (key padding, optionally with pad queries)."""
+
+
+# The models pass ONE mask object to every layer of a forward: remember the last conversion so the
+# check below (a host sync) runs once per forward, not once per layer. Holding the tensor keeps its
+# id from being reused; ``_version`` catches in-place edits.
+_last_conversion: list = []  # [(mask, mask._version, (key_padding, query_attends_all))]
+
+
+def mask_to_key_padding(
+    mask: torch.Tensor, batch: int, n_queries: int, n_keys: int
+) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """bool mask broadcastable to [B, 1, Tq, Tk] -> (key_padding [B, Tk], query_attends_all [B, Tq] | None).
+
+    Accepted: [B|1, 1, 1, Tk] (pure key padding) and [B|1, 1, Tq, Tk] equal to
+    ``keys[:, None, :] | pad_queries[:, :, None]`` (what ``padding_attn_mask`` and
+    ``CacheView.attn_mask`` build). Anything else (per-head masks, float masks, masks that are
+    not of that form) raises ``UnsupportedMaskError``.
+    """
+    if mask.dtype != torch.bool:
+        raise UnsupportedMaskError(f"the triton attention backend takes boolean masks only, got {mask.dtype}")
+    if (mask.dim() != 4 or mask.shape[0] not in (1, batch) or mask.shape[1] != 1
+            or mask.shape[2] not in (1, n_queries) or mask.shape[3] != n_keys):
+        raise UnsupportedMaskError(
+            f"the triton attention backend takes key-padding masks [B, 1, 1, Tk] or [B, 1, Tq, Tk] "
+            f"(B={batch}, Tq={n_queries}, Tk={n_keys}), got {tuple(mask.shape)}; use attn_backend='sdpa'")
+    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == mask._version:
+        return _last_conversion[0][2]
+    m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
+    if mask.shape[2] == 1:
+        result = (m[:, 0], None)
+    else:
+        keys = m.all(dim=1)  # [B, Tk]: a key is real iff every real query may see it
+        pad_q = m.all(dim=2)  # [B, Tq]: pad queries see everything
+        if not bool(((keys[:, None, :] | pad_q[:, :, None]) == m).all()):  # host sync, once per mask
+            raise UnsupportedMaskError(
+                "the triton attention backend supports masks of the form key_padding | pad_queries "
+                "only (padding masks); this mask is not one; use attn_backend='sdpa' or 'reference'")
+        result = (keys, pad_q if bool(pad_q.any()) else None)
+    _last_conversion[:] = [(mask, mask._version, result)]
+    return result
+
+
+def triton_attention(
+    q: torch.Tensor,  # [B, H, Tq, hd]
+    k: torch.Tensor,  # [B, Hkv, Tk, hd]
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,  # bool, [B, 1, 1, Tk] or [B, 1, Tq, Tk] padding mask
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, None]:
+    """The ``attn_backend="triton"`` function (signature of ``dllm.kernels.attention`` backends)."""
+    if return_probs:
+        raise ValueError("the triton attention backend cannot return attention probabilities; "
+                         "use attn_backend='reference'")
+    key_padding = query_attends_all = None
+    if mask is not None:
+        key_padding, query_attends_all = mask_to_key_padding(mask, q.shape[0], q.shape[2], k.shape[2])
+    return flash_attention(q, k, v, key_padding, query_attends_all), None
+
+
+__all__ = ["flash_attention", "triton_attention", "mask_to_key_padding", "unavailable_reason",
+           "UnsupportedMaskError"]

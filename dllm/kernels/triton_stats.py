@@ -1,0 +1,212 @@
+"""Fused per-row vocabulary statistics in Triton: one pass over the logits, a few numbers per row.
+
+Every sampler step needs, per active position, some of: the arg-max without the mask token, its
+probability, the top-2 probability margin, the entropy, the raw top-2 logit gap, and at T > 0 a
+Gumbel-max draw. The references get them from a float64 softmax over [B, L, V] (518 MB per step for
+LLaDA at L = 512). This kernel reads each row of logits once, in tiles of BLOCK_V, and keeps only
+running scalars in float32 (m = running max, Z = sum exp(l - m), S = sum exp(l - m)(l - m)):
+
+    when the max grows m -> m':   Z <- Z e^(m-m') + sum_tile e^(l-m')
+                                  S <- e^(m-m') (S + (m - m') Z) + sum_tile e^(l-m') (l - m')
+    at the end:                   lse = m + log Z,  entropy = log Z - S / Z
+
+plus the two largest logits (for margin and gap), the best allowed logit (banned id excluded) with
+its first index, and the best Gumbel-perturbed score with its index and raw logit.
+
+Outputs (``dllm.kernels.reference.VocabStats``): argmax, top1_prob, margin, entropy, gap, lse, and at
+T > 0 sample, sample_prob. Shapes follow the leading dims of the logits.
+
+Random numbers at T > 0, two ways:
+- ``uniforms=`` a tensor like the logits (float32 or float64): the draw is then the same arg-max as
+  LLaDA's ``exp(l) / (-log u)^T`` on those uniforms (up to float32 rounding of near-ties), so a
+  sampler can keep its torch random stream.
+- ``seed=`` an int: uniforms from Philox (``tl.rand``) keyed by (seed, row * V + v), generated in
+  registers. Reproducible and independent of tiling, but NOT torch's random stream: the same seed
+  gives different tokens from ``torch.rand`` + the reference formula.
+
+Float32 accumulation (the references use float64 in Fast-dLLM, bf16 in LLaDA HEAD and Dream); the
+plain-PyTorch neighbour is ``dllm.kernels.reference.vocab_stats_reference``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from dllm.kernels.reference import VocabStats
+from dllm.kernels.triton_attention import _check_device, _next_pow2, _interpreted
+
+_NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
+
+
+@triton.jit
+def _vocab_stats_kernel(
+    X,  # logits [B, W, V] (any row strides, unit stride over V)
+    U,  # uniforms [B, W, V] when NOISE == 1
+    OutIdx,  # int64 [N, 2]: argmax, sample
+    OutVal,  # float32 [N, 6]: top1_prob, margin, entropy, gap, lse, sample_prob
+    stride_xb, stride_xw, stride_ub, stride_uw,
+    W, V, banned, inv_temp, seed,
+    BLOCK_V: tl.constexpr, NOISE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = row // W
+    w = row % W
+    x_row = X + b.to(tl.int64) * stride_xb + w.to(tl.int64) * stride_xw
+    u_row = U + b.to(tl.int64) * stride_ub + w.to(tl.int64) * stride_uw
+    cols0 = tl.arange(0, BLOCK_V)
+    NEG_INF: tl.constexpr = float("-inf")
+
+    zero = tl.sum(tl.zeros([BLOCK_V], tl.float32), 0)  # a float32 scalar to seed the loop carries
+    m = zero + NEG_INF  # running max
+    z = zero  # sum exp(l - m)
+    s = zero  # sum exp(l - m) (l - m)
+    v1 = zero + NEG_INF  # largest logit (all ids)
+    v2 = zero + NEG_INF  # second largest (all ids; equal to v1 on a tie)
+    a_val = zero + NEG_INF  # best allowed logit
+    a_idx = tl.sum(tl.zeros([BLOCK_V], tl.int32), 0) - 1
+    g_val = zero + NEG_INF  # best perturbed score
+    g_idx = a_idx
+    g_logit = zero + NEG_INF  # raw logit of the best perturbed id
+
+    for start in range(0, V, BLOCK_V):
+        cols = start + cols0
+        in_row = cols < V
+        x = tl.load(x_row + cols, mask=in_row, other=NEG_INF).to(tl.float32)
+        # -- top-2 over all ids (ties: the second equals the first)
+        t1 = tl.max(x, 0)
+        t1_at = tl.argmax(x, 0, tie_break_left=True)
+        t2 = tl.max(tl.where(cols0 == t1_at, NEG_INF, x), 0)
+        better = t1 > v1  # strict: an earlier tile keeps its (lower) index on a tie
+        v2 = tl.where(better, tl.maximum(v1, t2), tl.maximum(v2, t1))
+        v1 = tl.where(better, t1, v1)
+        # -- best allowed id (the banned one never wins)
+        allowed = in_row & (cols != banned)
+        xa = tl.where(allowed, x, NEG_INF)
+        ta = tl.max(xa, 0)
+        ta_at = tl.argmax(xa, 0, tie_break_left=True)
+        take = ta > a_val
+        a_idx = tl.where(take, start + ta_at, a_idx)
+        a_val = tl.where(take, ta, a_val)
+        # -- rescale the running sums to the new max, add the tile
+        m_new = tl.maximum(m, t1)
+        m_shift = tl.where(m_new == NEG_INF, 0.0, m_new)  # nothing finite yet: no rescale
+        alpha = tl.exp(m - m_shift)
+        e = tl.exp(x - m_shift)
+        d = tl.where(e > 0, x - m_shift, 0.0)  # -inf logits add nothing (and no 0 * inf)
+        shift = tl.where(m == NEG_INF, 0.0, m - m_shift)  # z = 0 while m = -inf
+        s = alpha * (s + shift * z) + tl.sum(e * d, 0)
+        z = z * alpha + tl.sum(e, 0)
+        m = m_new
+        # -- Gumbel-max: argmax l / T - log(-log u) over allowed ids
+        if NOISE != 0:
+            if NOISE == 1:
+                u = tl.load(u_row + cols, mask=in_row, other=0.5)
+                expo = (-tl.log(u)).to(tl.float32)  # -log u in the uniforms' precision (u near 1)
+            else:
+                u = tl.rand(seed, row.to(tl.int64) * V + cols)
+                expo = -tl.log(u)
+            score = tl.where(allowed, x * inv_temp - tl.log(expo), NEG_INF)
+            tg = tl.max(score, 0)
+            tg_at = tl.argmax(score, 0, tie_break_left=True)
+            tg_logit = tl.sum(tl.where(cols0 == tg_at, x, 0.0), 0)
+            take_g = tg > g_val
+            g_idx = tl.where(take_g, start + tg_at, g_idx)
+            g_logit = tl.where(take_g, tg_logit, g_logit)
+            g_val = tl.where(take_g, tg, g_val)
+
+    inv_z = 1.0 / z
+    tl.store(OutIdx + row * 2, a_idx.to(tl.int64))
+    tl.store(OutVal + row * 6 + 0, tl.exp(a_val - m) * inv_z)
+    tl.store(OutVal + row * 6 + 1, (tl.exp(v1 - m) - tl.exp(v2 - m)) * inv_z)
+    tl.store(OutVal + row * 6 + 2, tl.log(z) - s * inv_z)
+    tl.store(OutVal + row * 6 + 3, v1 - v2)
+    tl.store(OutVal + row * 6 + 4, m + tl.log(z))
+    if NOISE != 0:
+        tl.store(OutIdx + row * 2 + 1, g_idx.to(tl.int64))
+        tl.store(OutVal + row * 6 + 5, tl.exp(g_logit - m) * inv_z)
+
+
+def vocab_stats(
+    logits: torch.Tensor,  # [..., V] float32 / float16 (bfloat16 on GPU)
+    *,
+    banned: Optional[int] = None,  # never returned as arg-max or sample (the mask token)
+    temperature: float = 0.0,
+    uniforms: Optional[torch.Tensor] = None,  # [..., V] in (0, 1); or
+    seed: Optional[int] = None,  # Philox seed (not torch's stream)
+    block_v: Optional[int] = None,
+) -> VocabStats:
+    """Per-row statistics of ``logits`` in one fused pass (see the module docstring and
+    ``VocabStats`` for the fields). At ``temperature > 0`` pass exactly one of ``uniforms`` /
+    ``seed``. Float fields are float32, ``argmax`` / ``sample`` int64; shapes are ``logits.shape[:-1]``.
+
+    >>> st = vocab_stats(logits[:, ws:we], banned=mask_id)  # doctest: +SKIP
+    >>> x0, conf = st.argmax, st.top1_prob
+    """
+    if logits.dim() == 0 or logits.shape[-1] < 2:
+        raise ValueError(f"logits must be [..., V] with V >= 2, got {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"logits must be float32/float16/bfloat16, got {logits.dtype}")
+    _check_device(logits, _vocab_stats_kernel)
+    lead, vocab = logits.shape[:-1], logits.shape[-1]
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    noise = _NOISE_NONE
+    if temperature > 0:
+        if (uniforms is None) == (seed is None):
+            raise ValueError("temperature > 0 needs exactly one of uniforms= (a tensor like the logits) "
+                             "or seed= (Philox)")
+        noise = _NOISE_EXTERNAL if uniforms is not None else _NOISE_PHILOX
+    if banned is not None and not 0 <= banned < vocab:
+        raise ValueError(f"banned id {banned} is outside the vocabulary [0, {vocab})")
+
+    x3 = _rows3(logits)  # [B, W, V] view when possible
+    u3 = x3
+    if noise == _NOISE_EXTERNAL:
+        assert uniforms is not None
+        if uniforms.shape != logits.shape:
+            raise ValueError(f"uniforms must have the logits' shape {tuple(logits.shape)}, got {tuple(uniforms.shape)}")
+        if uniforms.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"uniforms must be float32/float64, got {uniforms.dtype}")
+        u3 = _rows3(uniforms)
+    n = x3.shape[0] * x3.shape[1]
+    out_idx = torch.full((n, 2), -1, dtype=torch.int64, device=logits.device)
+    out_val = torch.full((n, 6), float("nan"), dtype=torch.float32, device=logits.device)
+    if n:
+        interp = _interpreted(_vocab_stats_kernel)
+        block = block_v or min(_next_pow2(vocab), 1024 if interp else 2048)
+        launch = {} if interp else {"num_warps": 8 if block >= 2048 else 4}
+        _vocab_stats_kernel[(n,)](
+            x3, u3, out_idx, out_val,
+            x3.stride(0), x3.stride(1), u3.stride(0), u3.stride(1),
+            x3.shape[1], vocab, -1 if banned is None else banned,
+            1.0 / temperature if temperature > 0 else 0.0, 0 if seed is None else int(seed),
+            BLOCK_V=block, NOISE=noise, **launch,
+        )
+    idx = out_idx.reshape(*lead, 2)
+    val = out_val.reshape(*lead, 6)
+    return VocabStats(
+        argmax=idx[..., 0], top1_prob=val[..., 0], margin=val[..., 1], entropy=val[..., 2],
+        gap=val[..., 3], lse=val[..., 4],
+        sample=idx[..., 1] if noise else None, sample_prob=val[..., 5] if noise else None,
+    )
+
+
+def _rows3(t: torch.Tensor) -> torch.Tensor:
+    """[..., V] -> [B, W, V] with unit stride over V, as a view when the strides allow (a slice
+    ``logits[:, ws:we]`` stays a view); otherwise a copy."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if t.dim() == 1:
+        return t[None, None]
+    if t.dim() == 2:
+        return t[:, None]
+    if t.dim() == 3:
+        return t
+    return t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+__all__ = ["vocab_stats", "VocabStats"]

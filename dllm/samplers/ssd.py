@@ -1,0 +1,109 @@
+"""Self-speculative decoding (``ssd``; arXiv 2510.04147): lossless against one-token-per-step
+``low_confidence`` with the same blocks.
+
+The reference commits, at every step, the most confident masked position of the block with its
+arg-max token. SSD drafts the reference's next ``N`` choices from one forward and checks them in
+one batched forward:
+
+1. Draft: from the step's logits, the active masks ranked by the reference's confidence give
+   ``(p_1, t_1), ..., (p_N, t_N)``; ``(p_1, t_1)`` IS the reference's choice.
+2. Verify: node k (k = 1..N) is the canvas with drafts 1..k filled. The N nodes of every row go
+   through ONE forward (``StepInput.forward_variants``: a batch of B*N canvases).
+3. Accept: draft k+1 is accepted iff node k's own reference choice (position AND token) equals
+   it; stop at the first mismatch. With ``a`` drafts accepted, node ``a``'s own choice is the
+   reference's next commit as well, and is committed as a bonus.
+
+Each accepted node reproduces the reference's state after that many steps, so the output equals
+``low_confidence`` at one token per step token for token (float32; a tie in confidence is broken
+by the same stable rank as the reference). Cost per step: the step's forward plus one batched
+verification of B*N canvases (2 NFE, B*(N+1) canvases) for ``a + 1`` tokens, ``1 <= a <= N``.
+Greedy only (temperature 0) and cache ``none`` (nodes need their own K/V). Options: ``draft``
+(N, default 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm.samplers._ops import argmax_excluding, gather_prob
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    draft: int = 4  # drafted positions verified per step (N >= 1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draft, int) or isinstance(self.draft, bool) or self.draft < 1:
+            raise ValueError(f"draft must be an integer >= 1, got {self.draft!r}")
+
+
+def reference_choice(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
+    """The reference's ranking: ``low_confidence`` scores (softmax in the logits dtype at the
+    arg-max token), masked to active positions. logits [R, Q, V], active [R, Q] ->
+    (tokens [R, Q], order [R, Q] positions by descending score, stable)."""
+    tokens = argmax_excluding(logits, mask_id)  # [R, Q]
+    score = gather_prob(torch.softmax(logits, dim=-1), tokens).masked_fill(~active, float("-inf"))
+    order = score.argsort(dim=-1, descending=True, stable=True)  # [R, Q]
+    return tokens, order
+
+
+@register_sampler("ssd")
+class SelfSpeculative(Sampler):
+    """Self-speculative: drafts verified in one batched forward; identical to low_confidence 1/step."""
+
+    Config = SSDConfig
+    fixed_steps = False
+    needs_variants = True
+    greedy_only = True
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        assert inp.forward_variants is not None, "the engine must provide forward_variants for ssd"
+        active = inp.active  # [B, Q]
+        bsz, width = active.shape
+        n = min(self.config.draft, inp.window[1] - inp.window[0])
+        tokens, order = reference_choice(inp.logits, active, inp.mask_id)
+        d_pos = order[:, :n]  # [B, N] drafted positions, reference order
+        d_tok = torch.gather(tokens, 1, d_pos)  # [B, N]
+        n_active = active.sum(dim=1)  # [B]
+        k_idx = torch.arange(n, device=active.device)  # [N]
+        d_valid = k_idx[None, :] < n_active[:, None]  # [B, N] drafts that are real masks
+
+        # node k (0-based) = canvas with drafts 0..k filled: [B, N, Q]
+        fill = torch.zeros(bsz, n, width, dtype=torch.bool, device=active.device)
+        onehot = torch.zeros(bsz, n, width, dtype=torch.bool, device=active.device)
+        onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
+        fill = onehot.cumsum(dim=1) > 0  # [B, N, Q] positions filled in node k
+        draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)
+        draft_tokens.scatter_(1, d_pos, d_tok)
+        node_tokens = torch.where(fill, draft_tokens[:, None, :], inp.tokens[:, None, :])  # [B, N, Q]
+        rows = torch.arange(bsz, device=active.device).repeat_interleave(n)  # [B*N]
+        node_logits = inp.forward_variants(node_tokens.reshape(bsz * n, width), rows)  # [B*N, Q, V]
+        node_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)
+        c_tok_all, c_order = reference_choice(node_logits, node_active, inp.mask_id)
+        c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each node's own next choice
+        c_tok = torch.gather(c_tok_all, 1, c_order[:, :1]).reshape(bsz, n)
+        c_valid = node_active.any(dim=1).reshape(bsz, n)  # the node still has masks
+
+        # accept draft k+1 iff node k chose exactly it
+        match = (c_pos[:, :-1] == d_pos[:, 1:]) & (c_tok[:, :-1] == d_tok[:, 1:]) & d_valid[:, 1:]
+        accepted = 1 + match.long().cumprod(dim=1).sum(dim=1)  # [B] a in 1..N
+        accepted = torch.minimum(accepted, n_active.clamp_min(1))
+        take = (k_idx[None, :] < accepted[:, None]) & d_valid  # [B, N]
+        commit = torch.zeros_like(active)
+        commit.scatter_(1, d_pos, take)
+        # bonus: node a's own choice (the reference's next commit after the a accepted drafts)
+        last = (accepted - 1).clamp_min(0)[:, None]  # [B, 1]
+        b_pos = torch.gather(c_pos, 1, last)  # [B, 1]
+        b_tok = torch.gather(c_tok, 1, last)
+        b_ok = torch.gather(c_valid, 1, last) & (n_active[:, None] > 0)
+        out_tokens = torch.where(commit, draft_tokens, inp.tokens)
+        bonus = torch.zeros_like(active)
+        bonus.scatter_(1, b_pos, b_ok)
+        out_tokens = torch.where(bonus, b_tok.expand_as(out_tokens), out_tokens)
+        commit = (commit | bonus) & active
+        score = commit.float()  # progress fallback never needed: a >= 1 whenever masks remain
+        return StepOutput(commit=commit, tokens=out_tokens, score=score)
