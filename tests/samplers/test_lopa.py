@@ -1,0 +1,279 @@
+"""lopa: threshold anchor + lookahead branches, one batched branch forward per step."""
+
+import pytest
+import torch
+
+import dllm
+import dllm.samplers.lopa  # noqa: F401  (registers "lopa")
+from dllm.eval import tasks as T
+from dllm.models import tiny
+from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
+from dllm.samplers import make_sampler
+from dllm.state import StepInput
+
+MASK, V = 9, 10
+M = MASK
+
+
+def _row(p_top, tok):
+    """A probability row with ``p_top`` on ``tok`` and the rest spread evenly."""
+    row = [(1 - p_top) / (V - 1)] * V
+    row[tok] = p_top
+    return row
+
+
+def _logits(rows):
+    """[W] rows of (p_top, tok) -> logits [W, V] (log-probabilities, float32)."""
+    return torch.log(torch.tensor([_row(p, t) for p, t in rows], dtype=torch.float64)).float()
+
+
+class StubVariants:
+    """``forward_variants`` that records every call and answers from a canvas -> logits table."""
+
+    def __init__(self, table, default=None):
+        self.table = {tuple(k): _logits(v) for k, v in table.items()}
+        self.default = default  # logits rows of canvases missing from the table (None: KeyError)
+        self.calls = []
+
+    def __call__(self, tokens, rows):
+        self.calls.append((tokens.tolist(), rows.tolist()))
+        missing = [] if self.default is None else _logits(self.default)
+        return torch.stack([self.table.get(tuple(t), missing) if self.default is not None
+                            else self.table[tuple(t)] for t in tokens.tolist()])
+
+
+def _input(step_rows, tokens, variants):
+    """StepInput for hand-built logits: step_rows [B][W] of (p, tok), tokens [B][W] (M = masked)."""
+    logits = torch.stack([_logits(r) for r in step_rows])  # [B, W, V]
+    tokens = torch.tensor(tokens)
+    width = tokens.shape[1]
+    return StepInput(logits=logits, tokens=tokens, active=tokens == MASK, query_start=0, window=(0, width),
+                     step=0, steps=None, mask_id=MASK, temperature=0.0, generator=None,
+                     forward_variants=variants)
+
+
+ANY = [(0.99, 0)] * 5  # logits of positions a test does not read (committed or non-mask)
+
+# row 0: five masks; p = 0.95 at 0 (the anchor), then 2 (0.8) and 1 (0.6) are the best candidates
+# row 1: two masks left (3: 0.5, 4: 0.4): anchor 3, one candidate (4), the third branch is a duplicate
+# row 2: no masks: left out of the branch forward
+STEP = [
+    [(0.95, 1), (0.6, 2), (0.8, 3), (0.5, 4), (0.3, 5)],
+    [(0.99, 1), (0.99, 2), (0.99, 3), (0.5, 4), (0.4, 5)],
+    ANY,
+]
+TOKENS = [[M, M, M, M, M], [1, 2, 3, M, M], [1, 2, 3, 4, 5]]
+R0_B0, R0_B1, R0_B2 = (1, M, M, M, M), (1, M, 3, M, M), (1, 2, M, M, M)
+R1_B0, R1_B1 = (1, 2, 3, 4, M), (1, 2, 3, 4, 5)
+
+
+def _table(b0_pos2_token=3):
+    return {
+        # B0': every remaining mask at 0.5, its arg-max agreeing with the branch tokens (2 at 1, 3 at 2)
+        R0_B0: [(0.99, 1), (0.5, 2), (0.5, b0_pos2_token), (0.5, 4), (0.5, 5)],
+        # branch 1 (2 <- 3): confident lookahead, 1 and 3 pass tau = 0.9 (the bonus), 4 does not
+        R0_B1: [(0.99, 1), (0.97, 2), (0.99, 3), (0.92, 6), (0.5, 5)],
+        # branch 2 (1 <- 2): medium
+        R0_B2: [(0.99, 1), (0.99, 2), (0.7, 8), (0.6, 4), (0.5, 5)],
+        R1_B0: [(0.99, 1), (0.99, 2), (0.99, 3), (0.99, 4), (0.5, 5)],
+        R1_B1: ANY,
+    }
+
+
+def test_branches_winner_and_bonus_on_hand_built_logits():
+    stub = StubVariants(_table())
+    out = make_sampler("lopa", branches=3).step(_input(STEP, TOKENS, stub), None)
+    # one batched forward: 3 canvases for each row with masks left, none for row 2
+    assert len(stub.calls) == 1
+    canvases, rows = stub.calls[0]
+    assert rows == [0, 0, 0, 1, 1, 1]
+    assert canvases == [list(R0_B0), list(R0_B1), list(R0_B2), list(R1_B0), list(R1_B1), list(R1_B0)]
+    # row 0: branch 1 wins; its fills (0, 2) + the bonus from its own logits (1 -> 2, 3 -> 6)
+    assert out.commit[0].tolist() == [True, True, True, True, False]
+    assert out.tokens[0, :4].tolist() == [1, 2, 3, 6]
+    # row 1: branch 1 fills the block's last mask: score +inf, wins
+    assert out.commit[1].tolist() == [False, False, False, True, True]
+    assert out.tokens[1, 3:].tolist() == [4, 5]
+    assert not out.commit[2].any()
+
+
+def test_a_branch_whose_token_b0_no_longer_proposes_cannot_win():
+    # B0's logits now put 7 at position 2, where branch 1 wrote 3: branch 1 is out, branch 2 wins
+    # (its 0.7/0.6/0.5 beat B0's 0.5s) and its bonus is its own top-1 (2 -> 8)
+    stub = StubVariants(_table(b0_pos2_token=7))
+    out = make_sampler("lopa", branches=3).step(_input(STEP, TOKENS, stub), None)
+    assert out.commit[0].tolist() == [True, True, True, False, False]
+    assert out.tokens[0, :3].tolist() == [1, 2, 8]
+    # the paper's selection (no guard) takes branch 1 anyway
+    paper = make_sampler("lopa", branches=3, verify_branches=False)
+    out = paper.step(_input(STEP, TOKENS, StubVariants(_table(b0_pos2_token=7))), None)
+    assert out.commit[0].tolist() == [True, True, True, True, False]
+    assert out.tokens[0, :4].tolist() == [1, 2, 3, 6]
+
+
+def test_bonus_off_commits_the_winner_only():
+    sampler = make_sampler("lopa", branches=3, bonus=False)
+    out = sampler.step(_input(STEP, TOKENS, StubVariants(_table())), None)
+    assert out.commit[0].tolist() == [True, False, True, False, False]
+    assert out.tokens[0, [0, 2]].tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("kind", ["negative_entropy", "max_prob"])
+def test_ties_go_to_the_anchor_branch(kind):
+    # both branches see 0.6 at every remaining mask: equal means -> branch 0 (B0') wins
+    step = [[(0.5, 1), (0.4, 2), (0.3, 3)]]
+    same = [(0.99, 1), (0.6, 2), (0.6, 3)]
+    table = {(1, M, M): same, (1, 2, M): same}
+    out = make_sampler("lopa", branches=2, confidence=kind, bonus=False).step(
+        _input(step, [[M, M, M]], StubVariants(table)), None)
+    assert out.commit[0].tolist() == [True, False, False]
+    # with the bonus, B0's own top-1 (the first of the tied 0.6s) follows; branch 1 would add 2 too
+    sampler = make_sampler("lopa", branches=2, confidence=kind)
+    out = sampler.step(_input(step, [[M, M, M]], StubVariants(table)), None)
+    assert out.commit[0].tolist() == [True, True, False] and out.tokens[0, :2].tolist() == [1, 2]
+
+
+def test_branch_count_is_clamped_by_the_candidates_and_skipped_when_the_anchor_finishes():
+    stub = StubVariants(_table(), default=[(0.5, 0)] * 5)
+    make_sampler("lopa", branches=8).step(_input(STEP[:1], TOKENS[:1], stub), None)
+    assert len(stub.calls[0][0]) == 5  # B0' + the 4 masks it left, not 8
+    confident = [[(0.95, 1), (0.92, 2), (0.99, 3)]]
+
+    def never(tokens, rows):
+        raise AssertionError("no branch forward when the anchor fills the whole block")
+
+    out = make_sampler("lopa").step(_input(confident, [[M, M, M]], never), None)
+    assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3]
+
+
+# ---- end to end on tiny models -----------------------------------------------------------------------
+PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
+
+
+def _counted(model):
+    """Wrap the model's forward to record every forward's [rows, width]."""
+    shapes = []
+    inner = model.forward
+
+    def forward(input_ids, *args, **kwargs):
+        shapes.append(tuple(input_ids.shape))
+        return inner(input_ids, *args, **kwargs)
+
+    model.forward = forward
+    return shapes
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_ragged_batch_decodes_as_alone_and_counts_every_forward(family):
+    model = tiny(family, seed=3)
+    shapes = _counted(model)
+    per_step = []
+    out = dllm.generate(model, PROMPTS, sampler="lopa", gen_length=12, block_length=4,
+                        callback=lambda s: per_step.append(len(shapes)))
+    assert (out.generated != model.mask_id).all()
+    width = 5 + 12
+    # accounting: every forward counted once, forwarded tokens = rows x canvas length
+    assert out.nfe == len(shapes) and out.forwarded_tokens == sum(r * t for r, t in shapes)
+    assert all(t == width for _, t in shapes)
+    assert out.steps < out.nfe <= 2 * out.steps
+    starts = [0] + per_step[:-1]
+    for a, b in zip(starts, per_step):  # each step: its forward of the batch, then <= 1 branch forward
+        assert shapes[a][0] == 3 and b - a in (1, 2)
+        if b - a == 2:
+            assert shapes[a + 1][0] <= 3 * 4  # live rows x branches <= (1 + k - 1) canvases per row
+    for j, p in enumerate(PROMPTS):
+        alone = dllm.generate(model, [p], sampler="lopa", gen_length=12, block_length=4)
+        assert torch.equal(out.generated[j], alone.generated[0]), j
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_one_branch_with_the_bonus_is_threshold_decoding(family):
+    # branch 0 alone: each step is two threshold steps (the step's forward, then B0's forward)
+    model = tiny(family, seed=3)
+    ref = dllm.generate(model, PROMPTS, sampler="threshold", gen_length=12, block_length=4)
+    out = dllm.generate(model, PROMPTS, sampler="lopa", gen_length=12, block_length=4, branches=1)
+    assert torch.equal(out.sequences, ref.sequences) and out.nfe == ref.nfe
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_counts_the_branch_forward_exactly(family):
+    # one row, one block of 6, k = 2, nothing reaches tau = 1: a step commits the anchor's top-1,
+    # maybe the branch token, and the bonus top-1. A step that leaves masks after the anchor pays
+    # a second forward of 1 + 1 canvases; the others pay only their own forward. L = 3 + 6.
+    model = tiny(family, seed=3)
+    out = dllm.generate(model, [[7, 8, 9]], sampler="lopa", gen_length=6, branches=2, tau_conf=1.0,
+                        return_trace=True)
+    branch_forwards = out.nfe - out.steps
+    assert 1 <= branch_forwards <= out.steps
+    assert out.forwarded_tokens == 9 * (out.steps + 2 * branch_forwards)
+    per_step = torch.bincount(out.trace[0], minlength=out.steps)
+    assert (per_step >= 1).all() and out.steps <= 3  # >= 2 tokens per step while 2 masks remain
+
+
+# ---- the exact-posterior oracle ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def oracle():
+    return OracleLM()
+
+
+def test_copy_is_solved_in_fewer_forwards_than_tokens(oracle):
+    exs = T.test_split("copy", 8, 6)
+    g = T.answer_length("copy", 8)  # 9: eight words and the EOS
+    out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, block_length=4)
+    assert all(score_generation(exs, out))
+    assert out.nfe == 3 < g  # p = 1 everywhere: the anchor fills each block, no branch forward
+
+
+def test_shuffle_stays_valid_and_the_guard_is_what_keeps_it(oracle):
+    # shuffle of 4 (four item slots tied at 1/4, the EOS slot at 1), T = 0, exact marginals
+    exs = T.test_split("shuffle", 4, 8)
+    g = T.answer_length("shuffle", 4)  # 5
+    out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g)
+    assert all(score_generation(exs, out))  # 100%
+    assert out.steps == 2 and out.nfe == 4 < g
+    # without the guard the last tied pair is one branch that finishes the block (+inf): both
+    # slots take the same item (the paper's selection), so no row is a permutation
+    paper = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, verify_branches=False)
+    assert not any(score_generation(exs, paper))
+
+
+def test_shuffle_with_a_noisy_oracle(oracle):
+    # ParallelBench's unbiased model (i.i.d. logit noise breaks the ties per position)
+    exs = T.test_split("shuffle", 4, 40)
+    g = T.answer_length("shuffle", 4)
+    prompts = oracle_prompts(exs)
+    guarded = dllm.generate(OracleLM(noise_std=0.5, seed=0), prompts, sampler="lopa", gen_length=g)
+    paper = dllm.generate(OracleLM(noise_std=0.5, seed=0), prompts, sampler="lopa", gen_length=g,
+                          verify_branches=False)
+    assert all(score_generation(exs, guarded))
+    assert sum(score_generation(exs, paper)) < len(exs)  # 17 / 40 when written
+
+
+# ---- options and refusals ----------------------------------------------------------------------------
+@pytest.mark.parametrize("options,match", [
+    (dict(branches=0), r"branches must be an integer >= 1 \(branch 0 is the anchor itself\), got 0"),
+    (dict(branches=-2), r"branches must be an integer >= 1 .*got -2"),
+    (dict(branches=2.5), r"branches must be an integer >= 1 .*got 2.5"),
+    (dict(branches=True), r"branches must be an integer >= 1 .*got True"),
+    (dict(tau_conf=0.0), r"tau_conf must be in \(0, 1\], got 0.0"),
+    (dict(tau_conf=1.5), r"tau_conf must be in \(0, 1\], got 1.5"),
+    (dict(confidence="entropy"), r"confidence must be one of 'negative_entropy', 'max_prob', got 'entropy'"),
+    (dict(bonus="yes"), r"bonus must be True or False, got 'yes'"),
+])
+def test_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_sampler("lopa", **options)
+
+
+def test_unknown_option_lists_the_valid_ones():
+    valid = "Valid options: branches, tau_conf, confidence, bonus, verify_branches"
+    with pytest.raises(TypeError, match=valid):
+        make_sampler("lopa", draft=3)
+
+
+def test_engine_refusals():
+    model = tiny("llada", seed=3)
+    with pytest.raises(ValueError, match="cache policy 'dual' cannot serve yet .*use cache='none'"):
+        dllm.generate(model, [[7, 8]], sampler="lopa", gen_length=4, cache="dual")
+    with pytest.raises(ValueError, match="greedy only"):
+        dllm.generate(model, [[7, 8]], sampler="lopa", gen_length=4, temperature=1.0)
