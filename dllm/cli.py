@@ -174,6 +174,17 @@ def cmd_bench_caches(args) -> int:
     return 0
 
 
+def cmd_bench_kernels(args) -> int:
+    from dllm.kernels.bench import format_table, run_kernel_bench
+
+    rows = run_kernel_bench(device=args.device, repeats=args.repeats)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm", description="Fast decoding for diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -251,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     kc.add_argument("--device", default=None)
     kc.add_argument("--json", default=None)
     kc.set_defaults(func=cmd_bench_caches)
+    kk = bsub.add_parser("kernels", help="attention backends and the fused vocabulary-statistics kernel "
+                                         "vs sdpa / the reference (GPU shapes on a GPU, small ones on CPU)")
+    kk.add_argument("--device", default=None)
+    kk.add_argument("--repeats", type=int, default=5)
+    kk.add_argument("--json", default=None)
+    kk.set_defaults(func=cmd_bench_kernels)
     return parser
 
 

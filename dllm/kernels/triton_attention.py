@@ -17,9 +17,13 @@ Qwen2). Allowed keys are described per key and per row, never per (query, key) p
 everything so their unread output stays finite, as ``dllm.models.base.padding_attn_mask`` does);
 ``key_end`` lets a caller pass a whole buffer and have the keys past a window ignored.
 
+A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split
+into ranges run by separate programs (flash-decoding); each writes a float32 partial output and
+its log-sum-exp, and the wrapper merges them (``num_splits``; 1 in the interpreter).
+
 Public API:
-- ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=)`` -> out
-  [, lse [B, H, Tq] float32] — the kernel contract.
+- ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=, num_splits=)``
+  -> out [, lse [B, H, Tq] float32] — the kernel contract.
 - ``triton_attention(q, k, v, mask=None, return_probs=False)`` — the ``attn_backend="triton"``
   function: turns the models' boolean masks ([B, 1, 1, Tk] or [B, 1, Tq, Tk] of the form
   ``keys | pad_queries``) into the contract's vectors; refuses other masks and ``return_probs``.
@@ -32,6 +36,8 @@ Notes:
 - 2026-11-29, triton 3.9: the CPU interpreter (TRITON_INTERPRET=1) treats bfloat16 as raw uint16
   bits (triton-lang/triton#11584), so bf16 is refused there; fp32/fp16 are exact enough to test.
 - A query row with no allowed key returns 0 (and lse -inf) instead of NaN.
+- Tested on CPU under the interpreter only so far: GPU compilation, bf16, tile sizes / num_warps and
+  the split heuristic still need a GPU run (``pytest tests/kernels`` and ``python -m dllm.kernels.bench``).
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def _interpreted(fn) -> bool:
 @triton.jit
 def _attn_fwd_kernel(
     Q, K, V, Out, Lse,  # q/out [B, H, Tq, D]; k/v [B, Hkv, Tk, D]; lse [B, H, Tq] float32
+    # (split: out [S, B, H, Tq, D] float32 partials, lse [S, B, H, Tq]; split s owns key tiles
+    #  [s * split_len, (s + 1) * split_len), and the wrapper merges the partials by their lse)
     KeyPad, QAll, KeyEnd,  # uint8 [B, Tk] (1 = real key); uint8 [B, Tq]; int32 [B]
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
@@ -67,6 +75,7 @@ def _attn_fwd_kernel(
     stride_pb, stride_pt,  # KeyPad
     stride_ab, stride_at,  # QAll
     H, Tq, Tk, qk_scale,  # qk_scale = sm_scale * log2(e): softmax in base 2 (exp2 is the cheap one)
+    split_len, stride_os, stride_ls,  # keys per split (a multiple of BLOCK_N); split strides of Out, Lse
     GROUPS: tl.constexpr,  # H // Hkv
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # BLOCK_D = next power of two >= max(HEAD_DIM, 16)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -76,8 +85,9 @@ def _attn_fwd_kernel(
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    split = tl.program_id(2)
+    b = (pid_bh // H).to(tl.int64)  # 64-bit batch/head offsets: a [R, Hkv, L, D] buffer can pass 2^31
+    h = (pid_bh % H).to(tl.int64)
     hk = h // GROUPS  # GQA: the KV head of this query head, no K/V copy
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows
@@ -103,9 +113,11 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running denominator
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    for start_n in range(0, kend, BLOCK_N):
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, kend)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        n_ok = cols < kend
+        n_ok = cols < hi
         # -- compute qk
         k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :] * stride_kd,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -134,11 +146,11 @@ def _attn_fwd_kernel(
 
     empty = l_i == 0.0  # no allowed key: output 0, lse -inf
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od
+    o_ptrs = Out + split * stride_os + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     if WRITE_LSE:
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        tl.store(Lse + pid_bh * Tq + offs_m, lse, mask=m_ok)
+        tl.store(Lse + split * stride_ls + pid_bh.to(tl.int64) * Tq + offs_m, lse, mask=m_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,12 +196,19 @@ def flash_attention(
     return_lse: bool = False,
     block_m: Optional[int] = None,
     block_n: Optional[int] = None,
+    num_splits: Optional[int] = None,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Bidirectional GQA attention of a query block against a key set, see the module docstring.
 
     Returns out [B, H, Tq, D] in q's dtype, plus lse [B, H, Tq] float32 (natural log of the softmax
     denominator of the scaled scores) when ``return_lse``. Any strides are accepted (e.g. a slice
     ``buf[:, :, :key_end]`` of a cache buffer); nothing is copied except the masks (to uint8).
+
+    num_splits: split the keys into this many ranges run by separate programs (flash-decoding), then
+    merge the float32 partial outputs by their lse. A cached step has few query tiles (B x H x
+    Tq / BLOCK_M programs, e.g. 32 for LLaDA-8B with a 32-token block) against thousands of keys,
+    too few programs to fill a GPU; default: enough splits to give every SM a program (1 in the
+    interpreter).
 
     >>> out = flash_attention(q, k, v, key_padding=valid, key_end=64)  # doctest: +SKIP
     """
@@ -214,36 +233,69 @@ def flash_attention(
         elif tuple(query_attends_all.shape) != (bsz, tq):
             raise ValueError(f"query_attends_all must be bool [B={bsz}, Tq={tq}], got {tuple(query_attends_all.shape)}")
 
-    out = torch.empty_like(q)
-    lse = torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device) if return_lse else out
     if tq == 0:
-        return (out, lse) if return_lse else out
+        out = torch.empty_like(q)
+        return (out, torch.empty((bsz, h, 0), dtype=torch.float32, device=q.device)) if return_lse else out
     # masks as uint8 (bool pointers are not portable across triton versions); usually [B, Tk]: tiny
-    kp = key_padding.to(torch.uint8) if key_padding is not None else out
-    qa = query_attends_all.to(torch.uint8) if query_attends_all is not None else out
+    dummy = q  # stands in for absent optional pointers (never read)
+    kp = key_padding.to(torch.uint8) if key_padding is not None else dummy
+    qa = query_attends_all.to(torch.uint8) if query_attends_all is not None else dummy
     ends = key_end_tensor(key_end, bsz, tk, q.device)
-    ke = ends.to(torch.int32) if ends is not None else out
+    ke = ends.to(torch.int32) if ends is not None else dummy
 
     interp = _interpreted(_attn_fwd_kernel)
     block_d = max(16, _next_pow2(d))
     block_m = block_m or max(16, min(64, _next_pow2(tq)))
-    block_n = block_n or (64 if block_d <= 64 or interp else 32)
+    block_n = block_n or (64 if block_d <= 128 else 32)
+    m_tiles, n_tiles = triton.cdiv(tq, block_m), max(1, triton.cdiv(tk, block_n))
+    if num_splits is None:
+        num_splits = 1 if interp else _default_splits(m_tiles * bsz * h, n_tiles, q.device)
+    num_splits = max(1, min(int(num_splits), n_tiles))
+    split_len = triton.cdiv(n_tiles, num_splits) * block_n
+    num_splits = triton.cdiv(max(tk, 1), split_len)  # no empty trailing split
+    if num_splits == 1:
+        out = torch.empty_like(q)
+        lse = torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device) if return_lse else dummy
+    else:  # float32 partials, merged below
+        out = torch.empty((num_splits, bsz, h, tq, d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((num_splits, bsz, h, tq), dtype=torch.float32, device=q.device)
+    o_strides = out.stride()[-4:]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid = (triton.cdiv(tq, block_m), bsz * h)
-    launch = {} if interp else {"num_warps": 4 if block_d <= 64 else 8, "num_stages": 2}
-    _attn_fwd_kernel[grid](
+    # GPU launch settings are first guesses (untuned): tune with ``python -m dllm.kernels.bench``
+    launch = {} if interp else {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 3 if block_d <= 128 else 2}
+    _attn_fwd_kernel[(m_tiles, bsz * h, num_splits)](
         q, k, v, out, lse, kp, qa, ke,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *o_strides,
         kp.stride(0) if key_padding is not None else 0, kp.stride(1) if key_padding is not None else 0,
         qa.stride(0) if query_attends_all is not None else 0, qa.stride(1) if query_attends_all is not None else 0,
         h, tq, tk, scale * 1.4426950408889634,
+        split_len, out.stride(0) if num_splits > 1 else 0, lse.stride(0) if num_splits > 1 else 0,
         GROUPS=h // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_KEY_PAD=key_padding is not None, HAS_Q_ALL=query_attends_all is not None,
-        HAS_KEY_END=ends is not None, WRITE_LSE=return_lse,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # ignored for 16-bit inputs
+        HAS_KEY_END=ends is not None, WRITE_LSE=return_lse or num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
         **launch,
     )
+    if num_splits > 1:
+        out, lse = _merge_splits(out, lse)
+        out = out.to(q.dtype)
     return (out, lse) if return_lse else out
+
+
+def _default_splits(programs: int, n_tiles: int, device: torch.device) -> int:
+    """Key splits so that about every SM gets a program, keeping >= 4 key tiles per split."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(sms, programs), n_tiles // 4, 32))
+
+
+def _merge_splits(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials out [S, B, H, Tq, D] (each normalised over its keys) and lse [S, B, H, Tq] -> the
+    softmax over all keys: out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s lse_s."""
+    total = torch.logsumexp(lse, dim=0)  # [B, H, Tq]; -inf where no split had a key
+    weight = torch.exp(lse - total).nan_to_num(0.0)  # [S, B, H, Tq]
+    return (weight[..., None] * out).sum(dim=0), total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,8 +308,14 @@ class UnsupportedMaskError(ValueError):
 
 # The models pass ONE mask object to every layer of a forward: remember the last conversion so the
 # check below (a host sync) runs once per forward, not once per layer. Holding the tensor keeps its
-# id from being reused; ``_version`` catches in-place edits.
-_last_conversion: list = []  # [(mask, mask._version, (key_padding, query_attends_all))]
+# id from being reused; ``_version`` catches in-place edits, except on inference-mode tensors, which
+# have no version counter: those are assumed not to be edited in place between calls (the models
+# build a fresh mask per forward).
+_last_conversion: list = []  # [(mask, version or None, (key_padding, query_attends_all))]
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    return None if t.is_inference() else t._version
 
 
 def mask_to_key_padding(
@@ -277,20 +335,21 @@ def mask_to_key_padding(
         raise UnsupportedMaskError(
             f"the triton attention backend takes key-padding masks [B, 1, 1, Tk] or [B, 1, Tq, Tk] "
             f"(B={batch}, Tq={n_queries}, Tk={n_keys}), got {tuple(mask.shape)}; use attn_backend='sdpa'")
-    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == mask._version:
+    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == _version(mask):
         return _last_conversion[0][2]
     m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
     if mask.shape[2] == 1:
         result = (m[:, 0], None)
     else:
         keys = m.all(dim=1)  # [B, Tk]: a key is real iff every real query may see it
-        pad_q = m.all(dim=2)  # [B, Tq]: pad queries see everything
+        pad_q = m.all(dim=2) & ~keys.all(dim=1, keepdim=True)  # [B, Tq]: pad queries see everything
+        # (a row without padded keys needs no pad-query flags: every query sees every key anyway)
         if not bool(((keys[:, None, :] | pad_q[:, :, None]) == m).all()):  # host sync, once per mask
             raise UnsupportedMaskError(
                 "the triton attention backend supports masks of the form key_padding | pad_queries "
                 "only (padding masks); this mask is not one; use attn_backend='sdpa' or 'reference'")
         result = (keys, pad_q if bool(pad_q.any()) else None)
-    _last_conversion[:] = [(mask, mask._version, result)]
+    _last_conversion[:] = [(mask, _version(mask), result)]
     return result
 
 
