@@ -7,10 +7,11 @@ command line or in ``generate(sampler=...)`` tells the user what they could have
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -101,3 +102,18 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def build_config(config_cls: type, options: dict[str, Any], kind: str, name: str) -> Any:
+    """A registered entry's frozen config from keyword options; unknown keys list the valid ones.
+
+    ``kind``/``name`` say whose options they are in the message (e.g. "sampler", "threshold").
+    """
+    valid = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"Unknown option(s) {', '.join(repr(u) for u in unknown)} for {kind} {name!r}. "
+            f"Valid options: {', '.join(valid) if valid else '(none)'}"
+        )
+    return config_cls(**options)

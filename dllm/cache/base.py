@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional, Union
 
-from dllm.registry import Registry, UnknownNameError
+from dllm.registry import Registry, UnknownNameError, build_config as _build_config
 from dllm.state import DecodeState
 
 
@@ -104,15 +104,8 @@ class CachePolicy:
 
 
 def build_config(config_cls: type, options: dict[str, Any], policy: str) -> Any:
-    """Build a frozen config from keyword options; unknown keys list the valid ones."""
-    valid = [f.name for f in dataclasses.fields(config_cls)]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise TypeError(
-            f"Unknown option(s) {', '.join(repr(u) for u in unknown)} for cache policy {policy!r}. "
-            f"Valid options: {', '.join(valid) if valid else '(none)'}"
-        )
-    return config_cls(**options)
+    """A cache policy's frozen config from keyword options; unknown keys list the valid ones."""
+    return _build_config(config_cls, options, "cache policy", policy)
 
 
 caches: Registry[type[CachePolicy]] = Registry("cache policy")

@@ -14,11 +14,10 @@ Two kinds of samplers:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dllm.registry import Registry
+from dllm.registry import Registry, build_config as _build_config
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -54,15 +53,8 @@ class Sampler:
 
 
 def build_config(config_cls: type, options: dict[str, Any], sampler: str) -> Any:
-    """Build a frozen config from keyword options; unknown keys list the valid ones."""
-    valid = [f.name for f in dataclasses.fields(config_cls)]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise TypeError(
-            f"Unknown option(s) {', '.join(repr(u) for u in unknown)} for sampler {sampler!r}. "
-            f"Valid options: {', '.join(valid) if valid else '(none)'}"
-        )
-    return config_cls(**options)
+    """A sampler's frozen config from keyword options; unknown keys list the valid ones."""
+    return _build_config(config_cls, options, "sampler", sampler)
 
 
 samplers: Registry[type[Sampler]] = Registry("sampler")
