@@ -19,7 +19,6 @@ predict column s starts at ``s - shift``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional, Union
