@@ -280,6 +280,10 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
         decision = sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None)
+        if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
+            later = torch.zeros_like(active)
+            later[:, e - q0:] = True
+            commit = commit | (decision.beyond & later & (tokens == state.mask_id))
         _commit(state, decision, commit, q0)
         state.step += 1
         if callback is not None:

@@ -94,6 +94,8 @@ class StepOutput:
     tokens: torch.Tensor  # [B, Q] long: proposed token per position (read where commit is True)
     score: Optional[torch.Tensor] = None  # [B, Q] float: the sampler's confidence, used for the
     #   engine's progress fallback (commit the best active position of a row that chose none)
+    beyond: Optional[torch.Tensor] = None  # [B, Q] bool: masked positions AFTER the current block to
+    #   commit now as well (all-in samplers such as Prophet); later blocks then need no forward
 
 
 @dataclass

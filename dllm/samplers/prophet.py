@@ -137,4 +137,6 @@ class Prophet(Sampler):
         use_fill = fired[:, None] & (fill_q != inp.mask_id)
         tokens = torch.where(use_fill, fill_q, x0)
         commit = torch.where(fired[:, None], inp.active, take_top_k(score, torch.ones_like(count), inp.active))
-        return StepOutput(commit=commit, tokens=tokens, score=score)
+        # every mask of the query right of the block is committed now too (engine: ``beyond``);
+        # masks outside the query (a KV cache's short query) come from the stored fill later
+        return StepOutput(commit=commit, tokens=tokens, score=score, beyond=fired[:, None] & masked)

@@ -138,14 +138,24 @@ def test_firing_at_once_fills_every_block():
     model = tiny("llada", seed=1)
     out = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, early_threshold=0.0,
                         return_trace=True)
-    # fires at the first step; the engine still spends one forward per remaining block
-    assert out.nfe == 2 and (out.trace[:, :4] == 0).all() and (out.trace[:, 4:] == 1).all()
+    # fires at the first step and commits every block at once (StepOutput.beyond): one forward
+    assert out.nfe == 1 and (out.trace == 0).all()
+    assert (out.generated != model.mask_id).all()
+
+
+def test_firing_with_a_short_cached_query_fills_later_blocks_from_the_stored_proposals():
+    model = tiny("llada", seed=1)
+    full = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, early_threshold=0.0)
+    dual = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, early_threshold=0.0,
+                         cache="dual", return_trace=True)
+    # the block-start forward of block 0 is a full forward: same proposals, committed at step 0
+    assert torch.equal(dual.sequences, full.sequences) and dual.nfe == 1
 
 
 def test_oracle_copy_goes_all_in_at_the_first_step():
     exs = T.test_split("copy", 8, 4)
     out = dllm.generate(OracleLM(), oracle_prompts(exs), sampler="prophet", gen_length=8, block_length=4)
     assert all(score_generation(exs, out))
-    assert out.nfe == 2 < 8  # one forward decides everything; the second only writes block 2
+    assert out.nfe == 1 < 8  # one forward decides everything, all blocks at once
     out = dllm.generate(OracleLM(), oracle_prompts(exs), sampler="prophet", gen_length=8)
     assert all(score_generation(exs, out)) and out.nfe == 1
