@@ -31,15 +31,14 @@ Decisions:
 - Progress: ``p = (committed + 1) / gen_length`` with ``committed`` the row's decided generated
   positions before this step. For one token per step this is exactly Prophet's
   ``global_step / steps`` (its step counter is 1-based), and it needs no step budget.
-- All-in across blocks: the engine commits only the current block's masks (``StepInput.active``).
-  So when a row fires, its proposals for every remaining mask of the canvas are stored
-  (``state.extras["prophet_fill"]``, canvas coordinates) and the current block is committed at
-  once; each later block then commits all its masks with the stored tokens at its first step.
-  The tokens are identical to a true all-in commit; the cost is one extra (wasted) forward per
-  remaining block, until the engine can apply a canvas-wide commit and skip the rest of a row.
+- All-in across blocks: when a row fires, its proposals for every remaining mask of the query are
+  committed at once: the current block through ``commit`` and every later block through
+  ``StepOutput.beyond``, so later blocks need no forward (one NFE for the whole rest). The
+  proposals are also stored (``state.extras["prophet_fill"]``, canvas coordinates) for masks
+  outside the query.
 - KV caches: a cached step queries only part of the canvas (e.g. the block), so only the queried
-  masks are monitored and stored; a mask with no stored token is committed, when its block comes,
-  with the proposal of that step.
+  masks are monitored and stored; a block-start step is a full forward and covers everything; a
+  mask with no stored token is committed, when its block comes, with the proposal of that step.
 """
 
 from __future__ import annotations
