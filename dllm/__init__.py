@@ -1,7 +1,7 @@
 """dllm: fast decoding for masked diffusion language models.
 
 Public API (imported lazily so ``import dllm`` stays cheap):
-``load``, ``generate``, ``list_samplers``, ``GenerationOutput``.
+``load``, ``generate``, ``list_samplers``, ``list_caches``, ``GenerationOutput``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ _LAZY = {
     "load": ("dllm.models", "load"),
     "generate": ("dllm.engine", "generate"),
     "list_samplers": ("dllm.samplers", "list_samplers"),
+    "list_caches": ("dllm.cache", "list_caches"),
     "GenerationOutput": ("dllm.state", "GenerationOutput"),
 }
 

@@ -32,3 +32,15 @@ def test_set_alias_and_overwrite_warns():
     with pytest.warns(UserWarning, match="registered again"):
         reg.add("alpha", 2)
     assert reg.get("alpha") == 2
+
+
+def test_public_api_is_lazy_and_complete():
+    import dllm
+
+    names = [n for n, _ in dllm.list_samplers()]
+    assert {"low_confidence", "threshold", "ssd", "lopa"} <= set(names)
+    caches = dllm.list_caches()
+    assert {"none", "prefix", "dual", "window"} <= {c if isinstance(c, str) else c[0] for c in caches}
+    assert callable(dllm.load) and callable(dllm.generate)
+    with pytest.raises(AttributeError):
+        dllm.not_a_thing
