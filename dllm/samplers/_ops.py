@@ -64,6 +64,19 @@ def gumbel_perturb(
     return torch.exp(l64) / (-torch.log(noise)) ** temperature
 
 
+def propose(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
+            mask_id: int) -> torch.Tensor:
+    """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample with uniforms drawn in
+    the shape of ``logits`` (one ``torch.rand`` call, so a seed reproduces it); never the mask id.
+
+    logits: [..., V] -> [...] long.
+    """
+    noise = None
+    if temperature > 0:
+        noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
+    return argmax_excluding(gumbel_perturb(logits, temperature, noise), mask_id)
+
+
 def gather_prob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """probs: [..., V], tokens: [...] -> [...] probability of each token."""
     return torch.gather(probs, -1, tokens.unsqueeze(-1)).squeeze(-1)

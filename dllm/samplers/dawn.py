@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob, gumbel_perturb
+from dllm.samplers._ops import gather_prob, propose
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -159,10 +159,7 @@ class Dawn(Sampler):
 
         # proposals and confidence for every position before the block end
         head = logits[:, :we]  # [B, we, V]
-        noise = None
-        if inp.temperature > 0:
-            noise = torch.rand(head.shape, dtype=torch.float64, generator=inp.generator, device=head.device)
-        x0 = argmax_excluding(gumbel_perturb(head, inp.temperature, noise), mask_id)  # [B, we]
+        x0 = propose(head, inp.temperature, inp.generator, mask_id)  # [B, we]
         c = gather_prob(torch.softmax(head.to(torch.float64), dim=-1), x0)  # [B, we] float64
         tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
         tokens[:, :we] = x0

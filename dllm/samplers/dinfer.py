@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, gumbel_perturb
+from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.fast_dllm import propose_with_confidence
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -149,10 +149,7 @@ class Credit(Sampler):
         credit.scatter_add_(2, top1[..., None], boost[..., None])
         fused = logits.float() + cfg.alpha * torch.log1p(credit)  # [B, W, V]
 
-        noise = None
-        if inp.temperature > 0:
-            noise = torch.rand(fused.shape, dtype=torch.float64, generator=inp.generator, device=fused.device)
-        x0 = argmax_excluding(gumbel_perturb(fused, inp.temperature, noise), inp.mask_id)  # [B, W]
+        x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf_w = gather_prob(torch.softmax(fused.to(torch.float64), dim=-1), x0)  # [B, W]
         width = inp.logits.shape[1]
         tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gumbel_perturb
+from dllm.samplers._ops import expand_window, propose
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -79,10 +79,7 @@ class DUS(Sampler):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
         logits = inp.logits[:, ws:we]  # [B, W, V]
-        noise = None
-        if inp.temperature > 0:  # the same draws as fast_dllm.propose_with_confidence
-            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
-        x0 = argmax_excluding(gumbel_perturb(logits, inp.temperature, noise), inp.mask_id)  # [B, W]
+        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         active = inp.active[:, ws:we]  # [B, W]
         rounds = dilated_rounds(we - ws, self.config.base, device=x0.device).expand_as(active)  # [B, W]
         pending = rounds.masked_fill(~active, we - ws + 1)  # past every round where not active

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, gumbel_perturb
+from dllm.samplers._ops import expand_window, gather_prob, propose
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -30,10 +30,7 @@ def propose_with_confidence(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]
     coordinates. Returns (tokens [B, Q] long, confidence [B, Q] float64, -inf off the window)."""
     ws, we = inp.window
     logits = inp.logits[:, ws:we]  # [B, W, V]
-    noise = None
-    if inp.temperature > 0:
-        noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
-    x0 = argmax_excluding(gumbel_perturb(logits, inp.temperature, noise), inp.mask_id)  # [B, W]
+    x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
     conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),

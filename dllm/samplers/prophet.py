@@ -48,7 +48,7 @@ from typing import Optional
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, gumbel_perturb, take_top_k
+from dllm.samplers._ops import expand_window, gather_prob, propose, take_top_k
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -100,10 +100,7 @@ class Prophet(Sampler):
         fired = state.extras["prophet_fired"]  # [B]
 
         # proposals over the whole query (the all-in fill needs every position), as LLaDA draws them
-        noise = None
-        if inp.temperature > 0:
-            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
-        x0 = argmax_excluding(gumbel_perturb(logits, inp.temperature, noise), inp.mask_id)  # [B, Q]
+        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, Q]
         conf_w = gather_prob(torch.softmax(logits[:, ws:we], dim=-1), x0[:, ws:we])  # [B, W]
         score = expand_window(conf_w, inp.window, q, float("-inf"))  # [B, Q]
 
