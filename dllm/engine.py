@@ -112,6 +112,11 @@ def generate(
     if sampler_obj.greedy_only and temperature > 0:
         raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
                          f"(use temperature=0)")
+    if sampler_obj.shadow_block and policy.name != "none":
+        raise ValueError(
+            f"sampler {sampler_obj.name!r} appends a shadow block with its own attention mask to each "
+            f"forward, which cache policy {policy.name!r} cannot serve yet; use cache='none'"
+        )
     if sampler_obj.needs_variants and policy.name != "none":
         raise ValueError(
             f"sampler {sampler_obj.name!r} verifies modified copies of the canvas in extra forwards, "
@@ -187,6 +192,28 @@ def _init_state(model, rows: list[list[int]], gen_length: int, temperature: floa
     )
 
 
+def _shadow_forward(model, state: DecodeState, cfg_scale: float, s: int, e: int):
+    """(logits [B, L, V], leave-one-out logits [B, e - s, V]) from one full forward with a
+    shadow block (``DiffusionLM.shadow_forward``); counted as one NFE of L + W rows per row."""
+    x = state.x
+    kpm = state.key_padding_mask if state.padded else None
+    positions = state.positions
+    if cfg_scale > 0:
+        uncond = x.masked_fill(state.prompt_mask, state.mask_id)
+        logits, shadow = model.shadow_forward(
+            torch.cat([x, uncond]), start=s, end=e, positions=positions.repeat(2, 1),
+            key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
+        (cond, un), (scond, sun) = logits.chunk(2, dim=0), shadow.chunk(2, dim=0)
+        logits, shadow = un + (cfg_scale + 1) * (cond - un), sun + (cfg_scale + 1) * (scond - sun)
+        rows = 2 * x.shape[0]
+    else:
+        logits, shadow = model.shadow_forward(x, start=s, end=e, positions=positions, key_padding_mask=kpm)
+        rows = x.shape[0]
+    state.nfe += 1
+    state.forwarded_tokens += rows * (x.shape[1] + e - s)
+    return logits, shadow
+
+
 def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_attn, need_hidden):
     """Logits [B, Q, V] for the query columns ``[query.start, query.end)`` (hidden, attn likewise).
 
@@ -259,13 +286,18 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
     state.block_step = 0
     state.block_masks_at_start = (state.x[:, s:e] == state.mask_id).sum(dim=1)  # [B]
     sampler.begin_block(state)
-    max_steps = block_steps if block_steps is not None else (e - s)
+    max_steps = block_steps if block_steps is not None else sampler.max_block_steps(e - s)
     for i in range(max_steps):
         if block_steps is None and not _block_has_masks(state, s, e):
             return
         state.block_step = i
         query = policy.query(state, i, shift)
-        logits, hidden, attn = _forward(model, state, query, cfg_scale, need_attn, need_hidden)
+        shadow = None
+        if sampler.shadow_block:  # cache "none": the query is the whole canvas
+            logits, shadow = _shadow_forward(model, state, cfg_scale, s, e)
+            hidden, attn = {}, {}
+        else:
+            logits, hidden, attn = _forward(model, state, query, cfg_scale, need_attn, need_hidden)
         q0, q_len = query.start, logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
@@ -276,6 +308,7 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             generator=state.generator, hidden=hidden, attn=attn,
             forward_variants=(_variant_forward(model, state, query, cfg_scale)
                               if sampler.needs_variants else None),
+            shadow_logits=shadow,
         )
         decision = sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
@@ -285,6 +318,10 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
         _commit(state, decision, commit, q0)
+        if decision.remask is not None:  # revising samplers: committed block tokens back to masks
+            in_block = torch.zeros_like(active)
+            in_block[:, s - q0:e - q0] = True
+            _remask(state, decision.remask & in_block & ~commit & (tokens != state.mask_id), q0)
         state.step += 1
         if callback is not None:
             callback(state)
@@ -322,6 +359,18 @@ def _commit(state: DecodeState, decision: StepOutput, commit: torch.Tensor, q0: 
     if g0 < q0 + q_len:
         tr = state.trace[:, g0 - lp:q0 + q_len - lp]
         tr.copy_(torch.where(commit[:, g0 - q0:], torch.full_like(tr, state.step), tr))
+
+
+def _remask(state: DecodeState, remask: torch.Tensor, q0: int) -> None:
+    """Turn the committed positions ``remask`` [B, Q] (generated columns only) back into masks."""
+    q_len = remask.shape[1]
+    view = state.x[:, q0:q0 + q_len]
+    view.masked_fill_(remask, state.mask_id)
+    lp = state.prompt_length
+    g0 = max(q0, lp)
+    if g0 < q0 + q_len:
+        tr = state.trace[:, g0 - lp:q0 + q_len - lp]
+        tr.masked_fill_(remask[:, g0 - q0:], -1)
 
 
 def _stop_finished_rows(state: DecodeState, e: int) -> bool:

@@ -80,6 +80,9 @@ class StepInput:
     # lookahead branches): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
     # row each copy belongs to) -> logits [N, Q, V]. The engine counts it (NFE, forwarded tokens).
     forward_variants: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    # samplers that declare ``shadow_block``: [B, W, V] leave-one-out logits of the block window,
+    # [:, k] predicts query position ws + k without seeing its token (``DiffusionLM.shadow_forward``)
+    shadow_logits: Optional[torch.Tensor] = None
 
     @property
     def is_last_step(self) -> bool:
@@ -96,6 +99,8 @@ class StepOutput:
     #   engine's progress fallback (commit the best active position of a row that chose none)
     beyond: Optional[torch.Tensor] = None  # [B, Q] bool: masked positions AFTER the current block to
     #   commit now as well (all-in samplers such as Prophet); later blocks then need no forward
+    remask: Optional[torch.Tensor] = None  # [B, Q] bool: committed tokens of the current block to turn
+    #   back into masks (revising samplers such as WINO); never the prompt, never this step's commits
 
 
 @dataclass

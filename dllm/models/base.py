@@ -240,6 +240,31 @@ class DiffusionLM(nn.Module):
         positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
         return self._raw_forward(input_ids, positions, attn_mask, (), ())[0]
 
+    def shadow_forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        *,
+        start: int,
+        end: int,
+        positions: Optional[torch.Tensor] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T, V] as ``forward``, leave-one-out logits [B, W, V]) for W = end - start:
+        ``[:, k]`` predicts column ``start + k`` from a view in which that column's token is hidden.
+
+        Reference path (``dllm.models.shadow``): one extra forward over W masked copies of each row.
+        Transformers override it with WINO's shadow block (one forward of T + W rows).
+        """
+        from dllm.models import shadow
+
+        shadow.check_span(input_ids.shape[1], start, end, self.logit_shift)
+        logits = self(input_ids, positions=positions, key_padding_mask=key_padding_mask).logits
+        w = end - start
+        copies = shadow.masked_copies(input_ids, start, end, self.mask_id)  # [B * W, T]
+        rep = (lambda t: None if t is None else t.repeat_interleave(w, dim=0))
+        loo = self(copies, positions=rep(positions), key_padding_mask=rep(key_padding_mask)).logits
+        return logits, shadow.diagonal(loo, input_ids.shape[0], start, end)
+
     logit_shift: ClassVar[int] = 0  # official logits at row i predict position i + logit_shift
 
     def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:

@@ -140,6 +140,29 @@ class TransformerLM(DiffusionLM):
         return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
                                 cache=cache)
 
+    def shadow_forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        *,
+        start: int,
+        end: int,
+        positions: Optional[torch.Tensor] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """WINO's shadow block: one forward of [B, T + W] rows (``dllm.models.shadow``); the first
+        T rows equal ``forward``'s logits, the last W are the leave-one-out predictions."""
+        from dllm.models import shadow
+
+        b, t = input_ids.shape
+        shift = self.logit_shift
+        shadow.check_span(t, start, end, shift)
+        positions, _ = self._prepare(input_ids, positions, key_padding_mask)
+        ids = torch.cat([input_ids, input_ids.new_full((b, end - start), self.mask_id)], dim=1)  # [B, T+W]
+        pos = shadow.shadow_positions(positions, start, end, shift)  # [B, T + W]
+        mask = shadow.shadow_attn_mask(key_padding_mask, b, t, start, end, input_ids.device)
+        raw, _, _ = self._raw_forward(ids, pos, mask, (), ())  # [B, T + W, V]
+        return self.shift_logits(raw[:, :t]), raw[:, t:]  # shadow rows predict their targets unshifted
+
     # ---- KV cache ----------------------------------------------------------------------------------
     supports_kv_cache: ClassVar[bool] = True
 

@@ -16,6 +16,7 @@ from dllm.samplers import prophet as _prophet  # noqa: F401
 from dllm.samplers import dawn as _dawn  # noqa: F401
 from dllm.samplers import ssd as _ssd  # noqa: F401
 from dllm.samplers import lopa as _lopa  # noqa: F401
+from dllm.samplers import wino as _wino  # noqa: F401
 
 
 def list_samplers() -> list[tuple[str, str]]:

@@ -36,6 +36,8 @@ class Sampler:
     hidden_layers: ClassVar[tuple[int, ...]] = ()  # layers whose hidden states the sampler reads
     needs_variants: ClassVar[bool] = False  # asks the engine for extra forwards (StepInput.forward_variants)
     greedy_only: ClassVar[bool] = False  # defined at temperature 0 only
+    shadow_block: ClassVar[bool] = False  # reads leave-one-out logits of the block (StepInput.shadow_logits)
+    revises: ClassVar[bool] = False  # may re-mask committed tokens of the block (StepOutput.remask)
 
     def __init__(self, config: Any | None = None, **options: Any) -> None:
         if config is not None and options:
@@ -47,6 +49,12 @@ class Sampler:
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         raise NotImplementedError
+
+    def max_block_steps(self, block_len: int) -> int:
+        """Adaptive samplers: the most steps a block of ``block_len`` may take (the engine raises
+        past it). One commit per step needs ``block_len``; a revising sampler must bound its
+        re-masking so that it finishes within what it returns here."""
+        return block_len
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"

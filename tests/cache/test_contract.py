@@ -22,7 +22,8 @@ def model(request):
 @pytest.mark.parametrize("cache", POLICIES)
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_runs_with_every_cache(model, sampler, cache):
-    if samplers.get(sampler).needs_variants and not cache.startswith("none"):
+    cls = samplers.get(sampler)
+    if (cls.needs_variants or cls.shadow_block) and not cache.startswith("none"):
         # samplers that verify modified canvases say which policies cannot serve them
         with pytest.raises(ValueError, match=f"cache policy '{cache.partition(':')[0]}' cannot serve"):
             dllm.generate(model, PROMPTS, sampler=sampler, cache=cache, gen_length=8, block_length=4)

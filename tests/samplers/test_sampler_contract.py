@@ -76,6 +76,22 @@ def test_deterministic_under_seed(model, name, temperature):
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_commits_are_final_unless_the_sampler_revises(model, name):
+    """A committed token is never overwritten by another token; only revising samplers
+    (``revises``) may turn one back into a mask (and they still end with none, checked above)."""
+    canvases = []
+    _run(model, name, callback=lambda s: canvases.append(s.generated.clone()))
+    overwritten = remasked = 0
+    for before, after in zip(canvases, canvases[1:]):
+        was_set = before != model.mask_id
+        overwritten += int((was_set & (after != model.mask_id) & (after != before)).sum())
+        remasked += int((was_set & (after == model.mask_id)).sum())
+    assert overwritten == 0, name
+    if not samplers.get(name).revises:
+        assert remasked == 0, name
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if n not in RANDOM_DRAWS])
 def test_ragged_batch_equals_each_prompt_alone(model, name):
     batch = _run(model, name)
