@@ -17,7 +17,9 @@ from dllm.eval.tasks import vocabulary
 from dllm.models import load
 from dllm.train import build_model, diffusion_loss
 from dllm.train.__main__ import main
+from dllm.eval import tasks as T
 from dllm.train.evaluate import zero_tc_tasks
+from dllm.train.recipes import ZERO_TC_TASKS, get_recipe
 from dllm.train.trainer import Trainer, checkpoints, lr_factor
 from .helpers import small_batch, small_recipe
 
@@ -93,6 +95,16 @@ def test_zero_tc_tasks_from_total_correlation():
         "copy_2tok", "reverse_2tok", "sort_2tok", "replace_index_2tok", "insert_index_2tok",
         "remove_index_2tok", "sudoku4", "add_lsb", "add_msb", "cumsum",
     }
+    assert tuple(zero_tc_tasks()) == ZERO_TC_TASKS  # the recipes' up-weighted tasks
+
+
+def test_recipes_upweight_the_zero_tc_tasks():
+    for name in ("tiny-llada", "tiny-dream"):
+        mix = get_recipe(name).train.mixture
+        weights = dict(zip(mix.task_names(), mix.task_weights()))
+        assert set(weights) == {e.name for e in T.tasks}
+        for task, w in weights.items():
+            assert w == pytest.approx(weights["copy"] if task in ZERO_TC_TASKS else weights["copy"] / 2)
 
 
 def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
