@@ -1,0 +1,43 @@
+"""The rule that picks the ``fast`` alias (``dllm.eval.choose_fast``), on hand-built results."""
+
+import pytest
+
+from dllm.eval.choose_fast import choose, judge
+from dllm.eval.compare import SamplerResult
+
+
+def _r(label, acc, tpf):
+    return SamplerResult(label=label, accuracy=acc, per_task={}, examples=100, nfe_per_example=1.0,
+                         forwarded_tokens=0, tokens_per_forward=tpf, content_tokens_per_forward=tpf,
+                         tokens_per_second=1.0, wall_time=1.0)
+
+
+def _model(**cands):
+    rows = [_r("low_confidence", 0.90, 1.0), _r("threshold", 0.88, 2.0)]
+    return rows + [_r(k, a, t) for k, (a, t) in cands.items()]
+
+
+def test_rule_each_condition():
+    res = {"m": _model(a=(0.895, 3.0), b=(0.885, 3.0), c=(0.95, 1.9), d=(0.87, 5.0), e=(0.90, 2.0))}
+    assert judge(res, "a").passes  # within 1 pt of the reference, above threshold, more TPF
+    assert "- 1 pt" in judge(res, "b").reasons[0]  # 0.885 < 0.90 - 0.01
+    assert "TPF 1.90 <= threshold" in judge(res, "c").reasons[0]
+    assert any("< threshold" in r for r in judge(res, "d").reasons)
+    assert "TPF 2.00 <= threshold 2.00" in judge(res, "e").reasons[0]  # must be strictly more
+
+
+def test_choose_needs_every_model_and_takes_max_tpf():
+    res = {"m1": _model(a=(0.90, 3.0), b=(0.90, 4.0), c=(0.90, 2.5)),
+           "m2": _model(a=(0.90, 3.0), b=(0.80, 9.0), c=(0.90, 2.8))}
+    winner, verdicts = choose(res, ["a", "b", "c"])
+    assert winner == "a"  # b fails on m2 despite the highest TPF
+    assert [v.label for v in verdicts] == ["a", "c", "b"]
+    assert verdicts[0].mean_tpf == pytest.approx(3.0)
+
+
+def test_no_winner_and_missing_results():
+    res = {"m": _model(a=(0.5, 3.0))}
+    winner, verdicts = choose(res, ["a"])
+    assert winner is None and not verdicts[0].passes
+    with pytest.raises(KeyError, match="lack"):
+        judge(res, "zzz")
