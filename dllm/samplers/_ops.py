@@ -114,6 +114,13 @@ def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
+def ranks_of(order: torch.Tensor) -> torch.Tensor:
+    """Inverse of a per-row permutation: [B, N] sort indices -> [B, N] rank of each entry."""
+    out = torch.empty_like(order)
+    out.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return out
+
+
 def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fill) -> torch.Tensor:
     """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill``."""
     ws, we = window

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose
+from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -103,9 +103,7 @@ class EntropyBounded(Sampler):
         key = key.masked_fill(~active, math.inf)  # inactive last
         order = key.argsort(dim=1, stable=True)  # [B, W] ascending
         n = entropy_prefix(entropy.gather(1, order), active.gather(1, order), self.config.gamma)  # [B]
-        ranks = torch.empty_like(order)
-        ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-        commit = active & (ranks < n[:, None])  # [B, W]
+        commit = active & (ranks_of(order) < n[:, None])  # [B, W]
         width = inp.logits.shape[1]
         return StepOutput(commit=expand_window(commit, inp.window, width, False),
                           tokens=expand_window(x0, inp.window, width, inp.mask_id),

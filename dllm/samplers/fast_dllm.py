@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose
+from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -92,7 +92,5 @@ class Factor(Sampler):
         conf = conf.masked_fill(~inp.active, float("-inf"))
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
         n = factor_prefix(sorted_conf, self.config.factor)  # [B]
-        ranks = torch.empty_like(order)
-        ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-        commit = inp.active & (ranks < n[:, None])
+        commit = inp.active & (ranks_of(order) < n[:, None])
         return StepOutput(commit=commit, tokens=tokens, score=conf)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose
+from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -58,10 +58,7 @@ class WinoConfig:
 
 def ranks(score: torch.Tensor, descending: bool) -> torch.Tensor:
     """[B, W] -> [B, W] long: 0 for the best entry of each row (ties by position, stable)."""
-    order = score.sort(dim=1, descending=descending, stable=True).indices
-    out = torch.empty_like(order)
-    out.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-    return out
+    return ranks_of(score.sort(dim=1, descending=descending, stable=True).indices)
 
 
 def wide_in(conf: torch.Tensor, active: torch.Tensor, tau1: float, cap: torch.Tensor) -> torch.Tensor:
