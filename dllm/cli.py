@@ -135,9 +135,17 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def _set_threads(args) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def cmd_eval_tasks(args) -> int:
     from dllm.eval.task_eval import run_eval_tasks
 
+    _set_threads(args)
     run_eval_tasks(args)
     return 0
 
@@ -145,6 +153,7 @@ def cmd_eval_tasks(args) -> int:
 def cmd_compare(args) -> int:
     from dllm.eval.compare import run_compare
 
+    _set_threads(args)
     run_compare(args)
     return 0
 
@@ -219,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--dtype", default="float32")
     ev.add_argument("--device", default=None)
     ev.add_argument("--json", default=None)
+    ev.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     ev.set_defaults(func=cmd_eval_tasks)
 
     c = sub.add_parser("compare", help="samplers side by side on the stress tasks")
@@ -232,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="float32")
     c.add_argument("--device", default=None)
     c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("bench", help="benchmarks")

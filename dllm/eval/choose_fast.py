@@ -78,7 +78,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
     ap.add_argument("--out", default="runs/fast-choice.json")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     specs = [REFERENCE, BASELINE, *args.candidates]
     results: dict[str, list[SamplerResult]] = {}
     for name in args.models:
