@@ -1,6 +1,7 @@
 """Choose the ``fast`` sampler alias by measurement.
 
     python -m dllm.eval.choose_fast --models tiny-llada tiny-dream --n 8 --out benchmarks/fast-choice.json
+    python -m dllm.eval.choose_fast --results A/compare.json B/compare.json   # judge finished runs
 
 Runs ``dllm compare`` (``dllm.eval.compare``) on each model over the full stress suite with the
 reference ``low_confidence`` at one token per step, the baseline ``threshold`` (0.9) and the
@@ -79,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="runs/fast-choice.json")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
+    ap.add_argument("--results", nargs="+", default=None,
+                    help="compare.json files of `dllm compare` runs to judge instead of running them")
     args = ap.parse_args(argv)
     if args.threads:
         import torch
@@ -86,9 +89,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     specs = [REFERENCE, BASELINE, *args.candidates]
     results: dict[str, list[SamplerResult]] = {}
-    for name in args.models:
-        results[name] = compare(load(name), specs, None, args.n, show_progress=not args.no_progress)
-        print(f"\n== {name} (n = {args.n} per task, full suite)\n{format_results(results[name])}")
+    if args.results:
+        for path in args.results:
+            payload = json.loads(Path(path).read_text())
+            results[payload["model"]] = [SamplerResult(**r) for r in payload["results"]]
+            args.n = payload.get("n_per_task", args.n)
+    else:
+        for name in args.models:
+            results[name] = compare(load(name), specs, None, args.n, show_progress=not args.no_progress)
+    for name, rows in results.items():
+        print(f"\n== {name} (n = {args.n} per task, full suite)\n{format_results(rows)}")
     winner, verdicts = choose(results, args.candidates)
     print("\ncandidates (rule: acc >= low_confidence - 1 pt, acc >= threshold, TPF > threshold, on every model)")
     for v in verdicts:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Numbers for the embedded models (README "Measured"): per-task exact match at k = 1, 2, 4 tokens
+# per step, the sampler comparison, and the stress-suite accuracy of each cache policy.
+# One model per core (one torch thread each); writes JSON under benchmarks/.
+set -euo pipefail
+D=$(date +%F)
+run_model() {
+  m=$1
+  dllm eval-tasks --model "$m" --k 1 2 4 --per-size 8 --threads 1 --json "benchmarks/eval-tasks-$m-$D.json"
+  dllm compare --model "$m" --threads 1 --n 8 --no-progress --out "benchmarks/compare-$m-$D" --samplers \
+    low_confidence low_confidence:k=2 threshold factor eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy \
+    credit klass dawn wino ssd lopa prophet dus
+  dllm compare --model "$m" --threads 1 --n 8 --block-length 4 --no-progress --out "benchmarks/caches-$m-$D" \
+    --samplers low_confidence low_confidence:cache=prefix low_confidence:cache=dual low_confidence:cache=window \
+    threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window
+}
+run_model tiny-llada > "benchmarks/embedded-tiny-llada-$D.txt" 2>&1 &
+run_model tiny-dream > "benchmarks/embedded-tiny-dream-$D.txt" 2>&1 &
+wait
+python -m dllm.eval.choose_fast --results "benchmarks/compare-tiny-llada-$D/compare.json" \
+  "benchmarks/compare-tiny-dream-$D/compare.json" --out "benchmarks/fast-choice-$D.json"
