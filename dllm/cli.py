@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval_tasks)
 
     c = sub.add_parser("compare", help="samplers side by side on the stress tasks")
-    c.add_argument("--model", default="oracle", help="model path/name, or 'oracle' (exact posteriors)")
+    c.add_argument("--model", default="tiny-llada", help="model path/name (default: the embedded tiny-llada), or 'oracle' (exact posteriors)")
     c.add_argument("--samplers", nargs="*", default=None,
                    help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
     c.add_argument("--tasks", nargs="*", default=None, help="default: every task")

@@ -75,7 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_fast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-llada", "tiny-dream"])
-    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
+    ap.add_argument("--candidates", nargs="+", default=None,
+                    help="default: CANDIDATES, or with --results every other sampler in them")
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
     ap.add_argument("--out", default="runs/fast-choice.json")
     ap.add_argument("--no-progress", action="store_true")
@@ -87,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    specs = [REFERENCE, BASELINE, *args.candidates]
+    specs = [REFERENCE, BASELINE, *(args.candidates or CANDIDATES)]
     results: dict[str, list[SamplerResult]] = {}
     if args.results:
         for path in args.results:
@@ -99,7 +100,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results[name] = compare(load(name), specs, None, args.n, show_progress=not args.no_progress)
     for name, rows in results.items():
         print(f"\n== {name} (n = {args.n} per task, full suite)\n{format_results(rows)}")
-    winner, verdicts = choose(results, args.candidates)
+    candidates = args.candidates
+    if candidates is None:
+        shared = set.intersection(*({r.label for r in rows} for rows in results.values()))
+        candidates = [c for c in (list(CANDIDATES) if not args.results else
+                                  [r.label for r in next(iter(results.values()))])
+                      if c in shared and c not in (REFERENCE, BASELINE)]
+    winner, verdicts = choose(results, candidates)
     print("\ncandidates (rule: acc >= low_confidence - 1 pt, acc >= threshold, TPF > threshold, on every model)")
     for v in verdicts:
         print(f"  {'PASS' if v.passes else 'fail'}  {v.label:<26} mean TPF {v.mean_tpf:5.2f}  {'; '.join(v.reasons)}")
