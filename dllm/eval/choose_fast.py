@@ -29,7 +29,7 @@ REFERENCE = "low_confidence"
 BASELINE = "threshold"
 CANDIDATES = (
     "threshold:threshold=0.8", "threshold:threshold=0.7", "factor", "eb:gamma=0.01", "eb:gamma=0.1",
-    "localleap", "hierarchy", "credit", "klass", "dawn", "wino", "ssd",
+    "localleap", "hierarchy", "credit", "klass", "dawn", "wino", "ssd", "spec_threshold",
 )  # fmt: skip
 
 

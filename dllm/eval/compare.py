@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 from dllm.eval import tasks as T
 
 DEFAULT_SAMPLERS = (
-    "low_confidence", "low_confidence:k=2", "threshold", "factor", "eb:gamma=0.1", "localleap",
+    "low_confidence", "low_confidence:k=2", "threshold", "fast", "factor", "eb:gamma=0.1", "localleap",
     "hierarchy", "klass", "dus", "prophet",
 )  # fmt: skip
 

@@ -1,0 +1,52 @@
+"""``fast``: the recommended parallel sampler, a registered sampler chosen by measurement.
+
+``fast`` is a preset: an existing sampler with chosen option defaults (``CHOICE``), registered under
+its own name so that ``dllm.generate(model, prompt, sampler="fast")`` needs no options. Options
+given by the caller still override the preset. How it was chosen (the rule, the candidates and
+the numbers) is in ``dllm.eval.choose_fast`` and in ``MEASUREMENT`` below; re-run
+
+    python -m dllm.eval.choose_fast --models tiny-llada tiny-dream --n 8 --threads 1
+
+when the embedded models change. The first measurement (2026-11-30) found no published sampler
+that passes (``benchmarks/fast-choice-2026-11-30.json``: on these models ``threshold`` 0.9 is as
+accurate as one token per step, and every faster rule lost accuracy on at least one model), so we
+designed ``spec_threshold``: ``threshold``'s exact tokens with drafts verified in one batched
+forward (``benchmarks/fast-choice-spec-2026-11-30.json``). It forwards ~1.9x more tokens than
+``threshold`` (B x N verification canvases): fewer forwards, not less arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field, fields, make_dataclass
+from typing import Any
+
+from dllm.samplers.base import Sampler, register_sampler, samplers
+
+CHOICE: tuple[str, dict[str, Any]] = ("spec_threshold", {})
+MEASUREMENT = ("2026-11-30, full stress suite x 8: tiny-llada 44.0% at 1.58 TPF vs threshold 44.0% at 1.25 "
+               "and low_confidence 44.0%; tiny-dream 39.9% at 1.63 vs threshold 39.9% at 1.35 and "
+               "low_confidence 39.1%; the only candidate passing on both models")
+
+
+def preset(name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type[Sampler]:
+    """A subclass of sampler ``base_name`` whose Config has ``defaults`` (validated as usual)."""
+    base = samplers.get(base_name)
+    known = {f.name for f in fields(base.Config)}
+    unknown = sorted(set(defaults) - known)
+    if unknown:
+        raise ValueError(f"preset {name!r}: {base_name!r} has no options {unknown} (valid: {sorted(known)})")
+    config = make_dataclass(f"{name.title()}Config", [(k, type(v), field(default=v)) for k, v in defaults.items()],
+                            bases=(base.Config,), frozen=True)
+    config()  # the preset's own defaults must pass the base's checks
+    return type(name.title(), (base,), {"Config": config, "__doc__": doc})
+
+
+def _register_fast() -> type[Sampler]:
+    base_name, defaults = CHOICE
+    opts = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+    spec = f"{base_name}({opts})" if opts else base_name
+    cls = preset("fast", base_name, defaults, f"Recommended parallel sampler: {spec}, chosen by measurement.")
+    return register_sampler("fast", description=f"the recommended parallel sampler = {spec} ({MEASUREMENT})")(cls)
+
+
+Fast = _register_fast()

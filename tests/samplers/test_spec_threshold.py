@@ -1,0 +1,45 @@
+"""``spec_threshold``: token-for-token equal to ``threshold`` (its reference), with fewer forwards."""
+
+import pytest
+import torch
+
+import dllm
+from dllm.models import load, tiny
+from dllm.samplers import make_sampler
+
+PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tau,draft,gen,block", [(0.9, 4, 16, 8), (0.3, 3, 12, 12), (0.05, 2, 16, 4), (0.9, 1, 8, 8)])
+def test_equals_threshold_on_random_models(family, seed, tau, draft, gen, block):
+    m = tiny(family, seed=seed)
+    ref = dllm.generate(m, PROMPTS, sampler="threshold", threshold=tau, gen_length=gen, block_length=block)
+    out = dllm.generate(m, PROMPTS, sampler="spec_threshold", threshold=tau, draft=draft, gen_length=gen,
+                        block_length=block)
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+@pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
+def test_equals_threshold_on_the_embedded_models_with_fewer_forwards(name):
+    from dllm.eval import tasks as T
+
+    m = load(name)
+    vocab = {w: i for i, w in enumerate(T.vocabulary())}
+    exs = T.test_split("shuffle", 8, n=4) + T.test_split("sort", 8, n=4)
+    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+    la = T.answer_length("sort", 8)
+    ref = dllm.generate(m, prompts, sampler="threshold", gen_length=la, block_length=la)
+    out = dllm.generate(m, prompts, sampler="spec_threshold", gen_length=la, block_length=la)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.nfe <= ref.nfe
+
+
+def test_options_and_greedy_only():
+    with pytest.raises(ValueError, match="threshold must be in"):
+        make_sampler("spec_threshold", threshold=0)
+    with pytest.raises(ValueError, match="draft must be"):
+        make_sampler("spec_threshold", draft=0)
+    with pytest.raises(ValueError, match="greedy only"):
+        dllm.generate(tiny("llada"), [[7, 8]], sampler="spec_threshold", gen_length=4, temperature=1.0)
