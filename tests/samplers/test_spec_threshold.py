@@ -43,3 +43,18 @@ def test_options_and_greedy_only():
         make_sampler("spec_threshold", draft=0)
     with pytest.raises(ValueError, match="greedy only"):
         dllm.generate(tiny("llada"), [[7, 8]], sampler="spec_threshold", gen_length=4, temperature=1.0)
+
+
+def test_equals_threshold_on_the_oracle():
+    """On exact posteriors (``OracleLM``) too, including tasks with dependent tokens."""
+    from dllm.eval import tasks as T
+
+    oracle = load("oracle")
+    vocab = {w: i for i, w in enumerate(T.vocabulary())}
+    for task in ("shuffle", "replace_random", "sort"):
+        exs = T.test_split(task, 5, n=3)
+        prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+        la = T.answer_length(task, 5)
+        ref = dllm.generate(oracle, prompts, sampler="threshold", gen_length=la, block_length=la)
+        out = dllm.generate(oracle, prompts, sampler="spec_threshold", gen_length=la, block_length=la)
+        assert torch.equal(out.sequences, ref.sequences), task

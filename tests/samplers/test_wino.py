@@ -165,3 +165,24 @@ def test_cache_policy_refused():
     m = tiny("llada", seed=0)
     with pytest.raises(ValueError, match="shadow block.*cache='none'"):
         dllm.generate(m, [[7, 8]], sampler="wino", gen_length=8, block_length=4, cache="dual")
+
+
+def test_on_the_oracle_reference_shadow_path():
+    """A model without attention layers gets exact leave-one-out views from masked copies; on the
+    oracle every re-check is certain, so WINO keeps 100% on C = 0 tasks and never re-masks them."""
+    from dllm.eval import tasks as T
+    from dllm.models import load
+
+    oracle = load("oracle")
+    words = T.vocabulary()
+    vocab = {w: i for i, w in enumerate(words)}
+    for task in ("copy", "sort"):
+        exs = T.test_split(task, 6, n=3)
+        prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+        la = T.answer_length(task, 6)
+        left = []
+        out = dllm.generate(oracle, prompts, sampler="wino", gen_length=la, block_length=la,
+                            callback=lambda s: left.append(int((s.generated == oracle.mask_id).sum())))
+        assert all(b <= a for a, b in zip(left, left[1:]))  # never more masks than before
+        for ex, row in zip(exs, out.generated.tolist()):
+            assert T.score(ex, [words[t] for t in row]), task
