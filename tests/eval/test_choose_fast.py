@@ -41,3 +41,22 @@ def test_no_winner_and_missing_results():
     assert winner is None and not verdicts[0].passes
     with pytest.raises(KeyError, match="lack"):
         judge(res, "zzz")
+
+
+def test_cli_judges_saved_compare_results(tmp_path, capsys):
+    import json
+    from dataclasses import asdict
+
+    from dllm.eval.choose_fast import main
+
+    paths = []
+    for model, cands in (("m1", dict(a=(0.90, 3.0), b=(0.5, 4.0))), ("m2", dict(a=(0.89, 2.5), b=(0.9, 9.0)))):
+        p = tmp_path / f"{model}.json"
+        p.write_text(json.dumps({"model": model, "n_per_task": 8, "results": [asdict(r) for r in _model(**cands)]}))
+        paths.append(str(p))
+    out = tmp_path / "choice.json"
+    assert main(["--results", *paths, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fast = a" in printed and "PASS  a" in printed and "fail  b" in printed
+    saved = json.loads(out.read_text())
+    assert saved["winner"] == "a" and {v["label"] for v in saved["verdicts"]} == {"a", "b"}
