@@ -192,6 +192,12 @@ def _init_state(model, rows: list[list[int]], gen_length: int, temperature: floa
     )
 
 
+def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """LLaDA's classifier-free guidance: [2B, ...] (conditional rows, then unconditional) -> [B, ...]."""
+    cond, un = logits.chunk(2, dim=0)
+    return un + (cfg_scale + 1) * (cond - un)
+
+
 def _shadow_forward(model, state: DecodeState, cfg_scale: float, s: int, e: int):
     """(logits [B, L, V], leave-one-out logits [B, e - s, V]) from one full forward with a
     shadow block (``DiffusionLM.shadow_forward``); counted as one NFE of L + W rows per row."""
@@ -203,8 +209,7 @@ def _shadow_forward(model, state: DecodeState, cfg_scale: float, s: int, e: int)
         logits, shadow = model.shadow_forward(
             torch.cat([x, uncond]), start=s, end=e, positions=positions.repeat(2, 1),
             key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
-        (cond, un), (scond, sun) = logits.chunk(2, dim=0), shadow.chunk(2, dim=0)
-        logits, shadow = un + (cfg_scale + 1) * (cond - un), sun + (cfg_scale + 1) * (scond - sun)
+        logits, shadow = _guided(logits, cfg_scale), _guided(shadow, cfg_scale)
         rows = 2 * x.shape[0]
     else:
         logits, shadow = model.shadow_forward(x, start=s, end=e, positions=positions, key_padding_mask=kpm)
@@ -231,8 +236,7 @@ def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_att
         out = model(x2, positions=positions.repeat(2, 1),
                     key_padding_mask=None if kpm is None else kpm.repeat(2, 1),
                     want_attn_layers=need_attn, want_hidden_layers=need_hidden, **extra)
-        cond, un = out.logits.chunk(2, dim=0)
-        logits = un + (cfg_scale + 1) * (cond - un)
+        logits = _guided(out.logits, cfg_scale)
         hidden = {k: v[: x.shape[0]] for k, v in out.hidden.items()}
         attn = {k: v[: x.shape[0]] for k, v in out.attn.items()}
         rows = x2.shape[0]
@@ -260,8 +264,7 @@ def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float):
             uncond = x.masked_fill(state.prompt_mask[rows], state.mask_id)
             out = model(torch.cat([x, uncond]), positions=positions.repeat(2, 1),
                         key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
-            cond, un = out.logits.chunk(2, dim=0)
-            logits = un + (cfg_scale + 1) * (cond - un)
+            logits = _guided(out.logits, cfg_scale)
             n_rows = 2 * x.shape[0]
         else:
             logits = model(x, positions=positions, key_padding_mask=kpm).logits
@@ -317,11 +320,12 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             later = torch.zeros_like(active)
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
-        _commit(state, decision, commit, q0)
+        _write(state, commit, decision.tokens, state.step, q0)
         if decision.remask is not None:  # revising samplers: committed block tokens back to masks
             in_block = torch.zeros_like(active)
             in_block[:, s - q0:e - q0] = True
-            _remask(state, decision.remask & in_block & ~commit & (tokens != state.mask_id), q0)
+            remask = decision.remask & in_block & ~commit & (tokens != state.mask_id)
+            _write(state, remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
         state.step += 1
         if callback is not None:
             callback(state)
@@ -350,27 +354,17 @@ def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: boo
     return commit
 
 
-def _commit(state: DecodeState, decision: StepOutput, commit: torch.Tensor, q0: int) -> None:
-    q_len = commit.shape[1]
+def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_value: int, q0: int) -> None:
+    """Write ``tokens`` [B, Q] into the canvas where ``where`` [B, Q] (query coordinates from
+    column q0) and set the trace of the generated columns written to ``trace_value``."""
+    q_len = where.shape[1]
     view = state.x[:, q0:q0 + q_len]
-    view.copy_(torch.where(commit, decision.tokens, view))
+    view.copy_(torch.where(where, tokens, view))
     lp = state.prompt_length
     g0 = max(q0, lp)
     if g0 < q0 + q_len:
         tr = state.trace[:, g0 - lp:q0 + q_len - lp]
-        tr.copy_(torch.where(commit[:, g0 - q0:], torch.full_like(tr, state.step), tr))
-
-
-def _remask(state: DecodeState, remask: torch.Tensor, q0: int) -> None:
-    """Turn the committed positions ``remask`` [B, Q] (generated columns only) back into masks."""
-    q_len = remask.shape[1]
-    view = state.x[:, q0:q0 + q_len]
-    view.masked_fill_(remask, state.mask_id)
-    lp = state.prompt_length
-    g0 = max(q0, lp)
-    if g0 < q0 + q_len:
-        tr = state.trace[:, g0 - lp:q0 + q_len - lp]
-        tr.masked_fill_(remask[:, g0 - q0:], -1)
+        tr.masked_fill_(where[:, g0 - q0:], trace_value)
 
 
 def _stop_finished_rows(state: DecodeState, e: int) -> bool:
