@@ -29,9 +29,7 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     eligible: [B, Q] bool. Ranks come from one stable descending sort, so no per-row loop.
     """
     score = score.masked_fill(~eligible, float("-inf"))
-    order = score.argsort(dim=-1, descending=True, stable=True)  # [B, Q]
-    ranks = torch.empty_like(order)
-    ranks.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+    ranks = ranks_of(score.argsort(dim=-1, descending=True, stable=True))  # [B, Q]
     k = k.reshape(-1, 1) if k.dim() else k
     return (ranks < k) & eligible
 

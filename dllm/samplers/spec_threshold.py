@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob
+from dllm.samplers._ops import argmax_excluding, gather_prob, take_top_k
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.ssd import forward_nodes, prefix_fills
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -48,8 +49,7 @@ def threshold_rule(logits: torch.Tensor, active: torch.Tensor, tau: float, mask_
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
     conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), tokens)  # [R, Q]
     conf = conf.masked_fill(~active, float("-inf"))
-    top = torch.zeros_like(active)
-    top.scatter_(1, conf.argmax(dim=1, keepdim=True), active.any(dim=1, keepdim=True))
+    top = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), active)  # the fallback
     return tokens, conf, active & ((conf >= tau) | top)
 
 
@@ -63,7 +63,6 @@ class SpecThreshold(Sampler):
     greedy_only = True
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        assert inp.forward_variants is not None, "the engine must provide forward_variants"
         tau = self.config.threshold
         active = inp.active  # [B, Q] (the block window's masks)
         bsz, width = active.shape
@@ -78,13 +77,10 @@ class SpecThreshold(Sampler):
         n_rem = remaining.sum(dim=1)  # [B]
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, : n - 1] < n_rem[:, None]  # [B, N-1]
-        onehot = torch.zeros(bsz, n, width, dtype=torch.bool, device=active.device)  # node k fills d_1..d_k
-        if n > 1:
-            onehot[:, 1:].scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
-        fill = onehot.cumsum(dim=1) > 0  # [B, N, Q]
+        none = torch.zeros(bsz, 1, width, dtype=torch.bool, device=active.device)
+        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, Q]: node k = d_1..d_k
         node_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, Q]
-        rows = torch.arange(bsz, device=active.device).repeat_interleave(n)  # [B*N]
-        node_logits = inp.forward_variants(node_tokens.reshape(bsz * n, width), rows)  # [B*N, Q, V]
+        node_logits = forward_nodes(inp, node_tokens)  # [B*N, Q, V]
         node_active = (remaining[:, None, :] & ~fill).reshape(bsz * n, width)
         c_tok, _, c_set = threshold_rule(node_logits, node_active, tau, inp.mask_id)
         c_tok, c_set = c_tok.reshape(bsz, n, width), c_set.reshape(bsz, n, width)  # [B, N, Q]

@@ -51,6 +51,21 @@ def reference_choice(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
     return tokens, order
 
 
+def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torch.Tensor:
+    """Verification nodes: node k fills drafts 0..k. d_pos / d_valid [B, N] -> fill [B, N, Q] bool."""
+    onehot = torch.zeros(*d_pos.shape, width, dtype=torch.bool, device=d_pos.device)
+    onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
+    return onehot.cumsum(dim=1) > 0
+
+
+def forward_nodes(inp: StepInput, node_tokens: torch.Tensor) -> torch.Tensor:
+    """ONE batched forward of every row's nodes: node_tokens [B, N, Q] -> logits [B * N, Q, V]."""
+    assert inp.forward_variants is not None, "the engine must provide forward_variants"
+    bsz, n, width = node_tokens.shape
+    rows = torch.arange(bsz, device=node_tokens.device).repeat_interleave(n)  # [B*N]
+    return inp.forward_variants(node_tokens.reshape(bsz * n, width), rows)
+
+
 @register_sampler("ssd")
 class SelfSpeculative(Sampler):
     """Self-speculative: drafts verified in one batched forward; identical to low_confidence 1/step."""
@@ -61,7 +76,6 @@ class SelfSpeculative(Sampler):
     greedy_only = True
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        assert inp.forward_variants is not None, "the engine must provide forward_variants for ssd"
         active = inp.active  # [B, Q]
         bsz, width = active.shape
         n = min(self.config.draft, inp.window[1] - inp.window[0])
@@ -72,16 +86,11 @@ class SelfSpeculative(Sampler):
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, :] < n_active[:, None]  # [B, N] drafts that are real masks
 
-        # node k (0-based) = canvas with drafts 0..k filled: [B, N, Q]
-        fill = torch.zeros(bsz, n, width, dtype=torch.bool, device=active.device)
-        onehot = torch.zeros(bsz, n, width, dtype=torch.bool, device=active.device)
-        onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
-        fill = onehot.cumsum(dim=1) > 0  # [B, N, Q] positions filled in node k
+        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, Q]: node k = drafts 0..k filled
         draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)
         draft_tokens.scatter_(1, d_pos, d_tok)
         node_tokens = torch.where(fill, draft_tokens[:, None, :], inp.tokens[:, None, :])  # [B, N, Q]
-        rows = torch.arange(bsz, device=active.device).repeat_interleave(n)  # [B*N]
-        node_logits = inp.forward_variants(node_tokens.reshape(bsz * n, width), rows)  # [B*N, Q, V]
+        node_logits = forward_nodes(inp, node_tokens)  # [B*N, Q, V]
         node_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)
         c_tok_all, c_order = reference_choice(node_logits, node_active, inp.mask_id)
         c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each node's own next choice

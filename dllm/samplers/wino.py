@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
+from dllm.samplers._ops import expand_window, gather_prob, propose, take_top_k
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -56,21 +56,14 @@ class WinoConfig:
             raise ValueError(f"min_accept ({self.min_accept}) must be <= max_accept ({self.max_accept})")
 
 
-def ranks(score: torch.Tensor, descending: bool) -> torch.Tensor:
-    """[B, W] -> [B, W] long: 0 for the best entry of each row (ties by position, stable)."""
-    return ranks_of(score.sort(dim=1, descending=descending, stable=True).indices)
-
-
 def wide_in(conf: torch.Tensor, active: torch.Tensor, tau1: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau1``, or the ``cap`` most confident when more qualify.
 
     conf [B, W] float64 (any value off ``active``), active [B, W] bool, cap [B] long -> [B, W] bool.
     """
-    conf = conf.masked_fill(~active, float("-inf"))
     want = active & (conf > tau1)
     over = want.sum(dim=1) > cap  # [B]
-    top = active & (ranks(conf, descending=True) < cap[:, None])
-    return torch.where(over[:, None], top, want)
+    return torch.where(over[:, None], take_top_k(conf, cap, active), want)
 
 
 def narrow_out(conf_back: torch.Tensor, committed: torch.Tensor, tau2: float, accepted: torch.Tensor,
@@ -80,10 +73,9 @@ def narrow_out(conf_back: torch.Tensor, committed: torch.Tensor, tau2: float, ac
 
     conf_back [B, W] float64, committed [B, W] bool, accepted / last_accept [B] long -> [B, W] bool.
     """
-    conf_back = conf_back.masked_fill(~committed, float("inf"))
     low = committed & (conf_back < tau2) & (accepted > 1)[:, None]
     too_many = low.sum(dim=1) >= last_accept  # [B]
-    lowest = low & (ranks(conf_back, descending=False) < (last_accept - 1)[:, None])
+    lowest = low & take_top_k(-conf_back, last_accept - 1, committed)  # least confident first
     return torch.where(too_many[:, None], lowest, low)
 
 
