@@ -136,10 +136,15 @@ def cmd_tasks(args) -> int:
 
 
 def _set_threads(args) -> None:
-    if getattr(args, "threads", None):
-        import torch
+    """``--threads N``: torch CPU threads (None: torch's choice)."""
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return
+    if threads < 1:
+        raise SystemExit(f"dllm: --threads must be >= 1, got {threads}")
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
 
 
 def cmd_eval_tasks(args) -> int:
@@ -159,13 +164,10 @@ def cmd_compare(args) -> int:
 
 
 def cmd_bench_caches(args) -> int:
-    import torch
-
     from dllm.cache.bench import format_table, run_cache_bench
     from dllm.models import load, tiny
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     if args.model.startswith("tiny-random-") and args.layers:
         family = args.model.removeprefix("tiny-random-")
         model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length)
