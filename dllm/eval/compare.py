@@ -98,7 +98,6 @@ def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, bloc
 
     cls = samplers.get(spec.name)
     words = T.vocabulary()
-    vocab = {w: i for i, w in enumerate(words)}
     # one batch per (task, answer length): an adaptive sampler's forwards are shared by the rows
     # of a batch, so mixing easy and hard tasks would charge the easy ones for the hard ones
     groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
@@ -110,7 +109,7 @@ def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, bloc
     for (_, la), group in sorted(groups.items()):
         for i in range(0, len(group), max_batch):
             chunk = group[i:i + max_batch]
-            prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in chunk]
+            prompts = [T.prompt_ids(ex) for ex in chunk]
             bl = min(block_length or la, la)
             steps = None
             if spec.k is not None:

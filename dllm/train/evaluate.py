@@ -91,7 +91,6 @@ def evaluate(
 
     t0 = time.perf_counter()
     words = T.vocabulary()
-    vocab = {w: i for i, w in enumerate(words)}
     groups: dict[int, list[T.Example]] = defaultdict(list)
     for ex in examples:
         groups[T.answer_length(ex.task, ex.size)].append(ex)
@@ -105,7 +104,7 @@ def evaluate(
         for la, group in sorted(groups.items()):
             for i in range(0, len(group), max_batch):
                 chunk = group[i:i + max_batch]
-                prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in chunk]
+                prompts = [T.prompt_ids(ex) for ex in chunk]
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
                     out = generate(model, prompts, sampler, gen_length=la, block_length=la,
                                    steps=-(-la // tokens_per_step))

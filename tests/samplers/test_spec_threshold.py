@@ -26,9 +26,8 @@ def test_equals_threshold_on_the_embedded_models_with_fewer_forwards(name):
     from dllm.eval import tasks as T
 
     m = load(name)
-    vocab = {w: i for i, w in enumerate(T.vocabulary())}
     exs = T.test_split("shuffle", 8, n=4) + T.test_split("sort", 8, n=4)
-    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+    prompts = [T.prompt_ids(ex) for ex in exs]
     la = T.answer_length("sort", 8)
     ref = dllm.generate(m, prompts, sampler="threshold", gen_length=la, block_length=la)
     out = dllm.generate(m, prompts, sampler="spec_threshold", gen_length=la, block_length=la)
@@ -50,10 +49,9 @@ def test_equals_threshold_on_the_oracle():
     from dllm.eval import tasks as T
 
     oracle = load("oracle")
-    vocab = {w: i for i, w in enumerate(T.vocabulary())}
     for task in ("shuffle", "replace_random", "sort"):
         exs = T.test_split(task, 5, n=3)
-        prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+        prompts = [T.prompt_ids(ex) for ex in exs]
         la = T.answer_length(task, 5)
         ref = dllm.generate(oracle, prompts, sampler="threshold", gen_length=la, block_length=la)
         out = dllm.generate(oracle, prompts, sampler="spec_threshold", gen_length=la, block_length=la)

@@ -37,7 +37,7 @@ from dllm.eval.tasks.api import (
 )  # fmt: skip
 from dllm.eval.tasks.base import ENUMERATION_LIMIT, Example, Task, TooManyAnswersError, get_task, tasks
 from dllm.eval.tasks.format import (
-    answer_length, cut_answer, max_sequence_length, prompt_length, prompt_words, sequence_length,
+    answer_length, cut_answer, max_sequence_length, prompt_ids, prompt_length, prompt_words, sequence_length,
     sequence_words, split_sequence, target_words,
 )  # fmt: skip
 from dllm.eval.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_test_prompt, test_split
@@ -54,7 +54,7 @@ __all__ = [
     "SPLIT_VERSION", "TEST_SPLIT_SIZE", "Task", "TooManyAnswersError", "answer_length",
     "count_answers", "cut_answer", "entropy_bits", "generate", "get_task", "instance_seed",
     "is_test_prompt", "is_valid_answer", "item_integrity", "list_tasks", "marginals",
-    "max_sequence_length", "parse_prompt", "prompt_length", "prompt_words", "score",
+    "max_sequence_length", "parse_prompt", "prompt_ids", "prompt_length", "prompt_words", "score",
     "sequence_length", "sequence_words", "split_sequence", "target_words", "tasks", "test_split",
     "total_correlation", "valid_answers", "vocabulary", "word_id",
 ]  # fmt: skip

@@ -12,12 +12,17 @@ from typing import Sequence
 
 from dllm.eval.tasks.answers import pad
 from dllm.eval.tasks.base import Example, Task, get_task
-from dllm.eval.tasks.vocab import BAR, BOS, EOS, SEP
+from dllm.eval.tasks.vocab import BAR, BOS, EOS, SEP, word_id
 
 
 def prompt_words(ex: Example) -> tuple[str, ...]:
     """``[BOS] <task> <args...> [SEP]`` (both ends inclusive)."""
     return (BOS, get_task(ex.task).name, *ex.prompt, SEP)
+
+
+def prompt_ids(ex: Example) -> list[int]:
+    """:func:`prompt_words` as token ids of the task tokenizer (ids = vocabulary indices)."""
+    return [word_id(w) for w in prompt_words(ex)]
 
 
 def prompt_length(task: str | Task, size: int) -> int:
