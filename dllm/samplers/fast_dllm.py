@@ -3,7 +3,8 @@
 
 Both are adaptive: the engine loops until the block has no masks, so ``steps`` is ignored.
 Proposals are the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0); confidence is
-``p(x0)`` from a float64 softmax, as Fast-dLLM computes it.
+``p(x0)`` from a float64 softmax, as Fast-dLLM computes it (``stats=torch``), or from the fused
+Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
 
 - ``threshold`` (tau, default 0.9): commit every active mask with ``c >= tau``, and always the
   most confident one. Theorem 1 of the paper: when n tokens each have ``p > 1 - eps`` and
@@ -22,16 +23,24 @@ import torch
 
 from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
-def propose_with_confidence(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast-dLLM proposals and float64 confidences over the block window, placed in query
-    coordinates. Returns (tokens [B, Q] long, confidence [B, Q] float64, -inf off the window)."""
+def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
+    Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
+    reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``)."""
     ws, we = inp.window
     logits = inp.logits[:, ws:we]  # [B, W, V]
-    x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-    conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
+    if use_fused(stats, logits):
+        noise = None
+        if inp.temperature > 0:  # the uniforms ``propose`` draws: same stream, same shape
+            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
+        x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
+    else:
+        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+        conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),
             expand_window(conf, inp.window, width, float("-inf")))
@@ -40,10 +49,12 @@ def propose_with_confidence(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]
 @dataclass(frozen=True)
 class ThresholdConfig:
     threshold: float = 0.9  # commit masks whose confidence is >= this, in (0, 1]
+    stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
 
     def __post_init__(self) -> None:
         if not isinstance(self.threshold, (int, float)) or not (0.0 < self.threshold <= 1.0):
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        check_stats(self.stats)
 
 
 @register_sampler("threshold", aliases=("fast_dllm",))
@@ -54,7 +65,7 @@ class Threshold(Sampler):
     fixed_steps = False
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        tokens, conf = propose_with_confidence(inp)
+        tokens, conf = propose_with_confidence(inp, self.config.stats)
         commit = inp.active & (conf >= self.config.threshold)
         # the engine adds the arg-max-confidence mask of any row that chose none
         return StepOutput(commit=commit, tokens=tokens, score=conf)
@@ -63,10 +74,12 @@ class Threshold(Sampler):
 @dataclass(frozen=True)
 class FactorConfig:
     factor: float = 1.0  # slack f of (k + 1)(1 - c_(k)) <= f, > 0
+    stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
 
     def __post_init__(self) -> None:
         if not isinstance(self.factor, (int, float)) or not (self.factor > 0):
             raise ValueError(f"factor must be > 0, got {self.factor!r}")
+        check_stats(self.stats)
 
 
 def factor_prefix(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor:
@@ -88,7 +101,7 @@ class Factor(Sampler):
     fixed_steps = False
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        tokens, conf = propose_with_confidence(inp)
+        tokens, conf = propose_with_confidence(inp, self.config.stats)
         conf = conf.masked_fill(~inp.active, float("-inf"))
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
         n = factor_prefix(sorted_conf, self.config.factor)  # [B]

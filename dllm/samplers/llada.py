@@ -33,6 +33,7 @@ from dllm.samplers._ops import (
     transfer_schedule,
 )
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -40,16 +41,28 @@ from dllm.state import DecodeState, StepInput, StepOutput
 class LLaDAConfig:
     logits_eos_inf: bool = False  # EOS logit = -inf: EOS is never proposed
     confidence_eos_eot_inf: bool = False  # EOS/EoT proposals get confidence 0: committed last
+    stats: str = "torch"  # torch | fused | auto (low_confidence only; dllm.samplers.stats)
 
     def __post_init__(self) -> None:
         for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_stats(self.stats)
+        if self.stats == "fused" and self.confidence_eos_eot_inf:
+            raise ValueError("stats='fused' does not serve confidence_eos_eot_inf=True (the confidence "
+                             "would need a second pass over EOS-masked logits); use stats='torch' or 'auto'")
 
 
 class _LLaDARemasking(Sampler):
     Config = LLaDAConfig
     fixed_steps = True
+    fused_scores = False  # whether the scores are p(x0), which the fused stats kernel can give
+
+    def __init__(self, config: LLaDAConfig | None = None, **options) -> None:
+        super().__init__(config, **options)
+        if self.config.stats != "torch" and not self.fused_scores:
+            raise ValueError(f"sampler {self.name!r} computes no probabilities: stats="
+                             f"{self.config.stats!r} has nothing to fuse; leave stats='torch'")
 
     def begin_block(self, state: DecodeState) -> None:
         assert state.block_steps is not None and state.block_masks_at_start is not None
@@ -71,12 +84,15 @@ class _LLaDARemasking(Sampler):
             noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator,
                                device=logits.device)[:, ws:we]
         window_logits = logits[:, ws:we]  # [B, W, V]
-        z = gumbel_perturb(window_logits, inp.temperature, noise)
-        x0 = argmax_excluding(z, inp.mask_id)  # [B, W]
-        if self.config.confidence_eos_eot_inf and eos_ids:
-            window_logits = window_logits.clone()
-            window_logits[..., list(eos_ids)] = float("-inf")
-        score = self._window_scores(window_logits, x0, inp)  # [B, W]
+        if self._fused(window_logits):
+            x0, score = fused_propose(window_logits, inp.temperature, noise, inp.mask_id)  # [B, W] x2
+        else:
+            z = gumbel_perturb(window_logits, inp.temperature, noise)
+            x0 = argmax_excluding(z, inp.mask_id)  # [B, W]
+            if self.config.confidence_eos_eot_inf and eos_ids:
+                window_logits = window_logits.clone()
+                window_logits[..., list(eos_ids)] = float("-inf")
+            score = self._window_scores(window_logits, x0, inp)  # [B, W]
         width = logits.shape[1]
         score = expand_window(score, inp.window, width, float("-inf"))
         tokens = expand_window(x0, inp.window, width, inp.mask_id)
@@ -87,10 +103,17 @@ class _LLaDARemasking(Sampler):
     def _window_scores(self, window_logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
         raise NotImplementedError
 
+    def _fused(self, window_logits: torch.Tensor) -> bool:
+        """The fused kernel gives ``p(x0)``: only for ``low_confidence`` without EOS-masked confidence."""
+        return (self.fused_scores and not self.config.confidence_eos_eot_inf
+                and use_fused(self.config.stats, window_logits))
+
 
 @register_sampler("low_confidence", aliases=("llada",))
 class LowConfidence(_LLaDARemasking):
     """LLaDA reference: commit the scheduled number of most confident masks per step."""
+
+    fused_scores = True
 
     def _window_scores(self, window_logits, x0, inp):
         probs = torch.softmax(window_logits, dim=-1)  # [B, W, V] in the logits dtype, as LLaDA HEAD
