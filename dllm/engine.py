@@ -117,11 +117,11 @@ def generate(
             f"sampler {sampler_obj.name!r} appends a shadow block with its own attention mask to each "
             f"forward, which cache policy {policy.name!r} cannot serve yet; use cache='none'"
         )
-    if sampler_obj.needs_variants and policy.name != "none":
+    refusal = policy.variant_refusal() if sampler_obj.needs_variants else None
+    if refusal is not None:
         raise ValueError(
             f"sampler {sampler_obj.name!r} verifies modified copies of the canvas in extra forwards, "
-            f"which cache policy {policy.name!r} cannot serve yet (its buffers hold one state per "
-            f"row); use cache='none'"
+            f"which cache policy {policy.name!r} cannot serve with these options: {refusal}"
         )
     need_attn = _fit_layers(sampler_obj.attention_layers, model)
     need_hidden = _fit_layers(sampler_obj.hidden_layers, model)
@@ -250,28 +250,44 @@ def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_att
     return logits, hidden, attn
 
 
-def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float):
-    """A callable for samplers that verify modified canvases: full forwards (cache ``none``) of
-    copies of the rows in ``rows`` whose query columns hold ``tokens``; one NFE per call."""
+def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float, policy: CachePolicy,
+                     shift: int):
+    """A callable for samplers that verify modified canvases (one NFE per call): forwards of copies
+    of the rows in ``rows`` whose query columns hold ``tokens``.
+
+    Cache ``none``: full forwards. With buffers: the policy's cached query of this block against a
+    copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later step each
+    copy stands for (``CachePolicy.variant_refusal``). Logits come back in this step's query
+    coordinates [N, Q, V]; when this step was a full forward, only the cached query's columns (which
+    hold the block) are defined and the others are NaN.
+    """
 
     def forward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         q0, q1 = query.start, query.end
+        length = state.x.shape[1]
         x = state.x[rows].clone()  # [N, L]
         x[:, q0:q1] = tokens
         kpm = state.key_padding_mask[rows] if state.padded else None
         positions = state.positions[rows]
+        kv_rows = rows
         if cfg_scale > 0:
-            uncond = x.masked_fill(state.prompt_mask[rows], state.mask_id)
-            out = model(torch.cat([x, uncond]), positions=positions.repeat(2, 1),
-                        key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
-            logits = _guided(out.logits, cfg_scale)
-            n_rows = 2 * x.shape[0]
-        else:
-            logits = model(x, positions=positions, key_padding_mask=kpm).logits
-            n_rows = x.shape[0]
+            x = torch.cat([x, x.masked_fill(state.prompt_mask[rows], state.mask_id)])
+            positions = positions.repeat(2, 1)
+            kpm = None if kpm is None else kpm.repeat(2, 1)
+            kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
+        vq = Query(0, length, length) if state.kv is None else policy.cached_query(state, shift)
+        extra = {} if state.kv is None else {"cache": state.kv.gather(kv_rows).view(vq.start, vq.key_end)}
+        out = model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
+                    **extra)
+        logits = _guided(out.logits, cfg_scale) if cfg_scale > 0 else out.logits  # [N, Qv, V]
         state.nfe += 1
-        state.forwarded_tokens += n_rows * x.shape[1]
-        return logits[:, q0:q1]
+        state.forwarded_tokens += x.shape[0] * vq.length
+        if (vq.start, vq.end) == (q0, q1):
+            return logits
+        assert q0 <= vq.start and vq.end <= q1, "a cached query lies inside the step's query"
+        full = logits.new_full((logits.shape[0], q1 - q0, logits.shape[2]), float("nan"))
+        full[:, vq.start - q0:vq.end - q0] = logits
+        return full
 
     return forward
 
@@ -309,7 +325,7 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
             generator=state.generator, hidden=hidden, attn=attn,
-            forward_variants=(_variant_forward(model, state, query, cfg_scale)
+            forward_variants=(_variant_forward(model, state, query, cfg_scale, policy, shift)
                               if sampler.needs_variants else None),
             shadow_logits=shadow,
         )

@@ -95,8 +95,30 @@ class CachePolicy:
         return self.cached_query(state, shift)
 
     def cached_query(self, state: DecodeState, shift: int) -> Query:
-        """Query of a step that reuses the buffers (block ``[state.block_start, state.block_end)``)."""
+        """Query of a step that reuses the buffers (block ``[state.block_start, state.block_end)``).
+        It depends on the block only, never on the step inside it (verification forwards rely on it)."""
         raise NotImplementedError
+
+    def variant_refusal(self) -> Optional[str]:
+        """Why this policy cannot serve verification forwards (``Sampler.needs_variants``), or None.
+
+        A verification node stands for a later step of the same block. Its forward reproduces that
+        step exactly when the step would be a cached one: a copy of the buffers (as the block-start
+        forward left them outside the query) and the same cached query with the node's tokens. A
+        full forward in the middle of a block (``refresh``, ``warmup`` > 1) would change the buffers
+        between the node and the step it stands for, so those settings are refused.
+        """
+        if not self.uses_kv:
+            return None
+        refresh = getattr(self.config, "refresh", None)
+        warmup = getattr(self.config, "warmup", 0) or 0
+        if refresh is not None:
+            return (f"refresh={refresh} re-runs full forwards inside a block, so a verification node "
+                    f"could not reproduce the step it stands for; drop refresh")
+        if warmup > 1:
+            return (f"warmup={warmup} runs full forwards at the first {warmup} steps of a block, so a "
+                    f"verification node could not reproduce the step it stands for; use warmup <= 1")
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"

@@ -71,6 +71,12 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    def gather(self, rows: torch.Tensor) -> "KVCache":
+        """A copy holding buffer rows ``rows`` [N] (verification forwards write into a copy, so the
+        call's own buffers keep the state the next real step needs)."""
+        return KVCache([t.index_select(0, rows.to(t.device)) for t in self.k],
+                       [t.index_select(0, rows.to(t.device)) for t in self.v])
+
     def view(self, start: int, key_end: Optional[int] = None) -> "CacheView":
         """A forward whose queries start at canvas column ``start`` and attend to ``[0, key_end)``."""
         return CacheView(self, start, self.length if key_end is None else key_end)

@@ -3,7 +3,7 @@
 The paper runs on D2F models (block-causal attention between blocks, several semi-active blocks
 with their own thresholds). Our adaptation is for plain full-attention masked diffusion LMs and
 the engine's one-block-at-a-time loop: the active window is the current block, every forward sees
-the whole canvas (cache ``none``), and the D2F fill rule becomes the Fast-dLLM threshold rule of a
+the whole canvas (or, under a cache, the block's cached query), and the D2F fill rule becomes the Fast-dLLM threshold rule of a
 fully active block. Per engine step, from the step's logits:
 
 1. Anchor ``B0'``: the threshold rule on the block's active masks: every mask whose max-prob
@@ -37,8 +37,8 @@ those counts is one intentional host sync per step (the branch batch size depend
 With ``branches=1`` and the bonus, every step is two threshold steps, so the output equals
 ``threshold`` at the same ``tau_conf`` (float32).
 
-Greedy only (temperature 0) and cache ``none`` (each branch needs its own keys/values); both are
-enforced by the engine. Options: ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence``
+Greedy only (temperature 0), enforced by the engine; under a cache each branch runs the block's
+cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options: ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence``
 (``"negative_entropy"``, Dream's ``sum p log p``, as the released scripts; or ``"max_prob"``),
 ``bonus`` (True), ``verify_branches`` (True). The paper's defaults for D2F-Dream are 7-14 branches;
 its branch score variant ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is

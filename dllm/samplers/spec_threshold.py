@@ -13,8 +13,10 @@ with float64 confidence >= tau, plus the most confident one, with arg-max tokens
 4. Commit C0, the ``a`` accepted drafts and C(node a) (the reference's next set after them).
 
 Every accepted node is the reference's state after that many steps, so the output equals
-``threshold`` token for token (float32, cache ``none``, temperature 0; ties in confidence broken by
-the same stable rank). Per step: 2 NFE (the verification is skipped when no row has masks left
+``threshold`` token for token (float32, temperature 0; ties in confidence broken by the same stable
+rank), also under the caches ``prefix``, ``dual`` and ``window`` against ``threshold`` with the same
+cache: a node's forward is the block's cached query on a copy of the buffers, which is exactly the
+later step it stands for (``CachePolicy.variant_refusal``; mid-block ``refresh`` is refused). Per step: 2 NFE (the verification is skipped when no row has masks left
 after C0) for at least two reference steps, plus one per accepted draft. Options: ``threshold``
 (0.9), ``draft`` (N, 4). Not a published method.
 """

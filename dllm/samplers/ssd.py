@@ -17,8 +17,9 @@ Each accepted node reproduces the reference's state after that many steps, so th
 ``low_confidence`` at one token per step token for token (float32; a tie in confidence is broken
 by the same stable rank as the reference). Cost per step: the step's forward plus one batched
 verification of B*N canvases (2 NFE, B*(N+1) canvases) for ``a + 1`` tokens, ``1 <= a <= N``.
-Greedy only (temperature 0) and cache ``none`` (nodes need their own K/V). Options: ``draft``
-(N, default 4).
+Greedy only (temperature 0). Under ``prefix``, ``dual`` and ``window`` it stays lossless against
+``low_confidence`` with the same cache (nodes run the block's cached query on a copy of the
+buffers; a mid-block ``refresh`` is refused by the engine). Options: ``draft`` (N, default 4).
 """
 
 from __future__ import annotations

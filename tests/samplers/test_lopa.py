@@ -273,7 +273,7 @@ def test_unknown_option_lists_the_valid_ones():
 
 def test_engine_refusals():
     model = tiny("llada", seed=3)
-    with pytest.raises(ValueError, match="cache policy 'dual' cannot serve yet .*use cache='none'"):
-        dllm.generate(model, [[7, 8]], sampler="lopa", gen_length=4, cache="dual")
+    with pytest.raises(ValueError, match="cache policy 'dual' cannot serve with these options: refresh=1 .*drop refresh"):
+        dllm.generate(model, [[7, 8]], sampler="lopa", gen_length=4, cache="dual:refresh=1")
     with pytest.raises(ValueError, match="greedy only"):
         dllm.generate(model, [[7, 8]], sampler="lopa", gen_length=4, temperature=1.0)

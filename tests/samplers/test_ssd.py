@@ -54,5 +54,5 @@ def test_bad_input():
     model = tiny("llada", seed=3)
     with pytest.raises(ValueError, match="greedy only"):
         dllm.generate(model, [[7, 8]], sampler="ssd", gen_length=4, temperature=1.0)
-    with pytest.raises(ValueError, match="cache policy 'dual' cannot serve"):
-        dllm.generate(model, [[7, 8]], sampler="ssd", gen_length=4, cache="dual")
+    with pytest.raises(ValueError, match="cache policy 'dual' cannot serve with these options: refresh=2"):
+        dllm.generate(model, [[7, 8]], sampler="ssd", gen_length=4, cache="dual:refresh=2")
