@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Numbers for the embedded models (README "Measured"): per-task exact match at k = 1, 2, 4 tokens
-# per step, the sampler comparison, and the stress-suite accuracy of each cache policy.
+# per step, the sampler comparison (with every candidate of dllm.eval.choose_fast, which then picks
+# `fast`), the stress-suite accuracy of each cache policy, and the long-prompt cache benchmark.
 # One model per core (one torch thread each); writes JSON under benchmarks/.
 set -euo pipefail
 D=$(date +%F)
@@ -8,11 +9,13 @@ run_model() {
   m=$1
   dllm eval-tasks --model "$m" --k 1 2 4 --per-size 8 --threads 1 --json "benchmarks/eval-tasks-$m-$D.json"
   dllm compare --model "$m" --threads 1 --n 8 --no-progress --out "benchmarks/compare-$m-$D" --samplers \
-    low_confidence low_confidence:k=2 threshold factor eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy \
-    credit klass dawn wino ssd lopa prophet dus
+    low_confidence low_confidence:k=2 threshold threshold:threshold=0.8 threshold:threshold=0.7 factor \
+    eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy credit klass dawn wino ssd spec_threshold lopa prophet dus
   dllm compare --model "$m" --threads 1 --n 8 --block-length 4 --no-progress --out "benchmarks/caches-$m-$D" \
     --samplers low_confidence low_confidence:cache=prefix low_confidence:cache=dual low_confidence:cache=window \
-    threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window
+    threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window fast fast:cache=dual
+  dllm bench caches --model "$m" --samplers low_confidence threshold fast --threads 1 \
+    --json "benchmarks/long-prompt-caches-$m-$D.json"
 }
 run_model tiny-llada > "benchmarks/embedded-tiny-llada-$D.txt" 2>&1 &
 run_model tiny-dream > "benchmarks/embedded-tiny-dream-$D.txt" 2>&1 &

@@ -171,6 +171,8 @@ def cmd_bench_caches(args) -> int:
     if args.model.startswith("tiny-random-") and args.layers:
         family = args.model.removeprefix("tiny-random-")
         model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length)
+        if args.device:
+            model = model.to(args.device)
         label = f"tiny random {family}, {args.layers} layers"
     else:
         model = load(args.model, dtype=args.dtype, device=args.device)
