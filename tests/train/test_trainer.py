@@ -107,6 +107,22 @@ def test_recipes_upweight_the_zero_tc_tasks():
             assert w == pytest.approx(weights["copy"] if task in ZERO_TC_TASKS else weights["copy"] / 2)
 
 
+@pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
+def test_recipe_init_embedding_at_unit_scale_linears_at_002(name):
+    """The recipes' init (see ``init_for_training``): embedding N(0, 1), linears N(0, 0.02^2),
+    residual projections scaled down, norms 1; a tied embedding (also the output head) keeps 0.02."""
+    model = build_model(get_recipe(name), seed=0)
+    params = dict(model.transformer.named_parameters())
+    assert params["embed.weight"].std().item() == pytest.approx(1.0, rel=0.05)
+    assert params["layers.0.attn.q_proj.weight"].std().item() == pytest.approx(0.02, rel=0.05)
+    assert params["layers.0.attn.o_proj.weight"].std().item() == pytest.approx(0.02 / 12 ** 0.5, rel=0.05)
+    assert params["lm_head.weight"].std().item() == pytest.approx(0.02, rel=0.05)
+    assert bool((params["norm.weight"] == 1).all())
+    tied = build_model(get_recipe(name).with_overrides(dict(tie_embeddings=True)), seed=0)
+    assert tied.transformer.lm_head is None
+    assert tied.transformer.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
 def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "tmp"
     rc = main(["--recipe", "tiny-llada", "--steps", "3", "--eval-every", "2", "--out", str(out),
