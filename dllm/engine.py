@@ -257,9 +257,9 @@ def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float, 
 
     Cache ``none``: full forwards. With buffers: the policy's cached query of this block against a
     copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later step each
-    copy stands for (``CachePolicy.variant_refusal``). Logits come back in this step's query
-    coordinates [N, Q, V]; when this step was a full forward, only the cached query's columns (which
-    hold the block) are defined and the others are NaN.
+    copy stands for (``CachePolicy.variant_refusal``). Returns the logits of the block window only,
+    [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``): verification reads nothing
+    else, and a [N, L, V] copy per node would not fit a long canvas with a 126k vocabulary.
     """
 
     def forward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -282,12 +282,9 @@ def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float, 
         logits = _guided(out.logits, cfg_scale) if cfg_scale > 0 else out.logits  # [N, Qv, V]
         state.nfe += 1
         state.forwarded_tokens += x.shape[0] * vq.length
-        if (vq.start, vq.end) == (q0, q1):
-            return logits
-        assert q0 <= vq.start and vq.end <= q1, "a cached query lies inside the step's query"
-        full = logits.new_full((logits.shape[0], q1 - q0, logits.shape[2]), float("nan"))
-        full[:, vq.start - q0:vq.end - q0] = logits
-        return full
+        s, e = state.block_start, state.block_end
+        assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
+        return logits[:, s - vq.start:e - vq.start]  # [N, W, V]
 
     return forward
 

@@ -171,7 +171,7 @@ class LoPA(Sampler):
         tokens = inp.tokens[live][:, None, :].repeat(1, k, 1)  # [N, k, Q]
         tokens[:, :, ws:we] = canvas
         rows = live.repeat_interleave(k)  # [N * k] batch row of each canvas
-        b_logits = inp.forward_variants(tokens.reshape(n_rows * k, -1), rows)[:, ws:we]  # [N*k, W, V]
+        b_logits = inp.forward_variants(tokens.reshape(n_rows * k, -1), rows)  # [N*k, W, V]
         b_logits = b_logits.reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
         # 4. score each branch on its own remaining masks (float32 is plenty for a ranking)

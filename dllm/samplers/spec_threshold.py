@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob, take_top_k
+from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, take_top_k
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.ssd import forward_nodes, prefix_fills
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -66,26 +66,28 @@ class SpecThreshold(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tau = self.config.threshold
-        active = inp.active  # [B, Q] (the block window's masks)
+        ws, we = inp.window
+        q = inp.tokens.shape[1]
+        active = inp.active[:, ws:we]  # [B, W] everything below is in block-window coordinates
         bsz, width = active.shape
-        tokens0, conf0, c0 = threshold_rule(inp.logits, active, tau, inp.mask_id)
-        out_tokens = torch.where(c0, tokens0, inp.tokens)  # S1 on the committed positions
-        remaining = active & ~c0  # [B, Q]
-        n = min(self.config.draft, int(inp.window[1] - inp.window[0]))
+        tokens0, conf0, c0 = threshold_rule(inp.logits[:, ws:we], active, tau, inp.mask_id)
+        out_tokens = torch.where(c0, tokens0, inp.tokens[:, ws:we])  # S1 on the committed positions
+        remaining = active & ~c0  # [B, W]
+        n = min(self.config.draft, width)
         if not bool(remaining.any()):  # one host sync: nothing left to verify in any row
-            return StepOutput(commit=c0, tokens=out_tokens, score=conf0)
+            return self._output(c0, out_tokens, conf0, inp.window, q, inp.mask_id)
         order = conf0.masked_fill(~remaining, float("-inf")).argsort(dim=1, descending=True, stable=True)
         d_pos = order[:, : max(n - 1, 0)]  # [B, N-1] drafted positions, in confidence order
         n_rem = remaining.sum(dim=1)  # [B]
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, : n - 1] < n_rem[:, None]  # [B, N-1]
         none = torch.zeros(bsz, 1, width, dtype=torch.bool, device=active.device)
-        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, Q]: node k = d_1..d_k
-        node_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, Q]
-        node_logits = forward_nodes(inp, node_tokens)  # [B*N, Q, V]
+        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, W]: node k = d_1..d_k
+        node_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, W]
+        node_logits = forward_nodes(inp, node_tokens)  # [B*N, W, V]
         node_active = (remaining[:, None, :] & ~fill).reshape(bsz * n, width)
         c_tok, _, c_set = threshold_rule(node_logits, node_active, tau, inp.mask_id)
-        c_tok, c_set = c_tok.reshape(bsz, n, width), c_set.reshape(bsz, n, width)  # [B, N, Q]
+        c_tok, c_set = c_tok.reshape(bsz, n, width), c_set.reshape(bsz, n, width)  # [B, N, W]
         if n > 1:  # draft k+1 accepted iff node k's own set is exactly {d_{k+1}} with the same token
             single = c_set[:, :-1].sum(dim=2) == 1  # [B, N-1]
             at_d = torch.gather(c_set[:, :-1], 2, d_pos[:, :, None]).squeeze(2)
@@ -95,10 +97,17 @@ class SpecThreshold(Sampler):
             accepted = match.long().cumprod(dim=1).sum(dim=1)  # [B] a in 0..N-1
         else:
             accepted = torch.zeros(bsz, dtype=torch.long, device=active.device)
-        drafts = torch.gather(fill, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)  # [B, Q]
+        drafts = torch.gather(fill, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)  # [B, W]
         final = torch.gather(c_set, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)
         final_tok = torch.gather(c_tok, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)
         out_tokens = torch.where(drafts, tokens0, out_tokens)
         out_tokens = torch.where(final, final_tok, out_tokens)
         commit = (c0 | drafts | final) & active
-        return StepOutput(commit=commit, tokens=out_tokens, score=conf0)
+        return self._output(commit, out_tokens, conf0, inp.window, q, inp.mask_id)
+
+    @staticmethod
+    def _output(commit, tokens, score, window, width: int, mask_id: int) -> StepOutput:
+        """Window-coordinate results [B, W] -> the step's query coordinates [B, Q]."""
+        return StepOutput(commit=expand_window(commit, window, width, False),
+                          tokens=expand_window(tokens, window, width, mask_id),
+                          score=expand_window(score, window, width, float("-inf")))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob
+from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -60,11 +60,15 @@ def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torc
 
 
 def forward_nodes(inp: StepInput, node_tokens: torch.Tensor) -> torch.Tensor:
-    """ONE batched forward of every row's nodes: node_tokens [B, N, Q] -> logits [B * N, Q, V]."""
+    """ONE batched forward of every row's nodes: node_tokens [B, N, W] (block window) ->
+    logits [B * N, W, V] of the window."""
     assert inp.forward_variants is not None, "the engine must provide forward_variants"
-    bsz, n, width = node_tokens.shape
+    bsz, n, _ = node_tokens.shape
+    ws, we = inp.window
+    full = inp.tokens[:, None, :].repeat(1, n, 1)  # [B, N, Q]
+    full[:, :, ws:we] = node_tokens
     rows = torch.arange(bsz, device=node_tokens.device).repeat_interleave(n)  # [B*N]
-    return inp.forward_variants(node_tokens.reshape(bsz * n, width), rows)
+    return inp.forward_variants(full.reshape(bsz * n, -1), rows)
 
 
 @register_sampler("ssd")
@@ -77,21 +81,23 @@ class SelfSpeculative(Sampler):
     greedy_only = True
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        active = inp.active  # [B, Q]
+        ws, we = inp.window
+        active = inp.active[:, ws:we]  # [B, W] everything below is in block-window coordinates
+        cur = inp.tokens[:, ws:we]  # [B, W]
         bsz, width = active.shape
-        n = min(self.config.draft, inp.window[1] - inp.window[0])
-        tokens, order = reference_choice(inp.logits, active, inp.mask_id)
+        n = min(self.config.draft, width)
+        tokens, order = reference_choice(inp.logits[:, ws:we], active, inp.mask_id)
         d_pos = order[:, :n]  # [B, N] drafted positions, reference order
         d_tok = torch.gather(tokens, 1, d_pos)  # [B, N]
         n_active = active.sum(dim=1)  # [B]
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, :] < n_active[:, None]  # [B, N] drafts that are real masks
 
-        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, Q]: node k = drafts 0..k filled
+        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, W]: node k = drafts 0..k filled
         draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)
         draft_tokens.scatter_(1, d_pos, d_tok)
-        node_tokens = torch.where(fill, draft_tokens[:, None, :], inp.tokens[:, None, :])  # [B, N, Q]
-        node_logits = forward_nodes(inp, node_tokens)  # [B*N, Q, V]
+        node_tokens = torch.where(fill, draft_tokens[:, None, :], cur[:, None, :])  # [B, N, W]
+        node_logits = forward_nodes(inp, node_tokens)  # [B*N, W, V]
         node_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)
         c_tok_all, c_order = reference_choice(node_logits, node_active, inp.mask_id)
         c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each node's own next choice
@@ -110,10 +116,12 @@ class SelfSpeculative(Sampler):
         b_pos = torch.gather(c_pos, 1, last)  # [B, 1]
         b_tok = torch.gather(c_tok, 1, last)
         b_ok = torch.gather(c_valid, 1, last) & (n_active[:, None] > 0)
-        out_tokens = torch.where(commit, draft_tokens, inp.tokens)
+        out_tokens = torch.where(commit, draft_tokens, cur)
         bonus = torch.zeros_like(active)
         bonus.scatter_(1, b_pos, b_ok)
         out_tokens = torch.where(bonus, b_tok.expand_as(out_tokens), out_tokens)
         commit = (commit | bonus) & active
-        score = commit.float()  # progress fallback never needed: a >= 1 whenever masks remain
-        return StepOutput(commit=commit, tokens=out_tokens, score=score)
+        q = inp.tokens.shape[1]  # progress fallback never needed: a >= 1 whenever masks remain
+        return StepOutput(commit=expand_window(commit, inp.window, q, False),
+                          tokens=expand_window(out_tokens, inp.window, q, inp.mask_id),
+                          score=expand_window(commit.float(), inp.window, q, 0.0))
