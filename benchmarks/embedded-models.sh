@@ -13,8 +13,11 @@ run_model() {
     eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy credit klass dawn wino ssd spec_threshold lopa prophet dus
   dllm compare --model "$m" --threads 1 --n 8 --block-length 4 --no-progress --out "benchmarks/caches-$m-$D" \
     --samplers low_confidence low_confidence:cache=prefix low_confidence:cache=dual low_confidence:cache=window \
-    threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window fast fast:cache=dual
+    threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window fast fast:cache=dual \
+    low_confidence:cache=dual:look_back=16 low_confidence:cache=dual:look_back=64 \
+    threshold:cache=dual:look_back=16 threshold:cache=dual:look_back=64
   dllm bench caches --model "$m" --samplers low_confidence threshold fast --threads 1 \
+    --caches none prefix dual window dual:look_back=16 dual:look_back=64 \
     --json "benchmarks/long-prompt-caches-$m-$D.json"
 }
 run_model tiny-llada > "benchmarks/embedded-tiny-llada-$D.txt" 2>&1 &
