@@ -10,7 +10,8 @@ run_model() {
   dllm eval-tasks --model "$m" --k 1 2 4 --per-size 8 --threads 1 --json "benchmarks/eval-tasks-$m-$D.json"
   dllm compare --model "$m" --threads 1 --n 8 --no-progress --out "benchmarks/compare-$m-$D" --samplers \
     low_confidence low_confidence:k=2 threshold threshold:threshold=0.8 threshold:threshold=0.7 factor \
-    eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy credit klass dawn wino ssd spec_threshold lopa prophet dus
+    eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy credit klass dawn wino ssd spec_threshold \
+    spec_threshold:threshold=0.95 spec_threshold:threshold=0.99 lopa prophet dus
   dllm compare --model "$m" --threads 1 --n 8 --block-length 4 --no-progress --out "benchmarks/caches-$m-$D" \
     --samplers low_confidence low_confidence:cache=prefix low_confidence:cache=dual low_confidence:cache=window \
     threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window fast fast:cache=dual \

@@ -30,6 +30,7 @@ BASELINE = "threshold"
 CANDIDATES = (
     "threshold:threshold=0.8", "threshold:threshold=0.7", "factor", "eb:gamma=0.01", "eb:gamma=0.1",
     "localleap", "hierarchy", "credit", "klass", "dawn", "wino", "ssd", "spec_threshold",
+    "spec_threshold:threshold=0.95", "spec_threshold:threshold=0.99",
 )  # fmt: skip
 
 

@@ -39,13 +39,17 @@ def test_lossless_with_classifier_free_guidance(cache):
 
 def test_fast_with_dual_on_the_embedded_model_saves_forwards():
     from dllm.eval import tasks as T
+    from dllm.samplers.fast import CHOICE
 
+    base, options = CHOICE
+    assert base == "spec_threshold"  # fast is lossless against threshold at its own tau
+    tau = options.get("threshold", 0.9)
     m = load("tiny-llada")
     la = T.answer_length("shuffle", 8)
     nfe = {"threshold": 0, "fast": 0}
     for ex in T.test_split("shuffle", 8, n=3) + T.test_split("insert_random", 8, n=2):
         kw = dict(gen_length=T.answer_length(ex.task, 8), block_length=8, cache="dual")
-        ref = dllm.generate(m, [T.prompt_ids(ex)], sampler="threshold", **kw)
+        ref = dllm.generate(m, [T.prompt_ids(ex)], sampler="threshold", threshold=tau, **kw)
         out = dllm.generate(m, [T.prompt_ids(ex)], sampler="fast", **kw)
         assert torch.equal(out.sequences, ref.sequences)
         nfe["threshold"] += ref.nfe

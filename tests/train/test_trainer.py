@@ -39,7 +39,7 @@ def test_loss_decreases_on_a_fixed_batch():
     batch = small_batch(batch_size=16)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(30):
+    for _ in range(50):
         out = diffusion_loss(model, batch.input_ids, batch.answer_mask, batch.key_padding_mask,
                              batch.positions, torch.Generator().manual_seed(0))  # same masks each step
         out.loss.backward()
