@@ -9,6 +9,8 @@ from typing import Optional
 
 import torch
 
+from dllm.state import StepInput, StepOutput
+
 
 def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     """LLaDA's per-step commit counts: ``n[j, i] = m_j // S + (i < m_j % S)``.
@@ -62,16 +64,21 @@ def gumbel_perturb(
     return torch.exp(l64) / (-torch.log(noise)) ** temperature
 
 
+def gumbel_uniforms(logits: torch.Tensor, temperature: float,
+                    generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
+    """The float64 uniforms of LLaDA's Gumbel-max draw, in the shape of ``logits`` (one
+    ``torch.rand`` call, so a seed reproduces it); None at T = 0, where nothing is drawn."""
+    if temperature == 0:
+        return None
+    return torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
+
+
 def propose(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
             mask_id: int) -> torch.Tensor:
-    """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample with uniforms drawn in
-    the shape of ``logits`` (one ``torch.rand`` call, so a seed reproduces it); never the mask id.
-
-    logits: [..., V] -> [...] long.
+    """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample on
+    ``gumbel_uniforms``; never the mask id. logits: [..., V] -> [...] long.
     """
-    noise = None
-    if temperature > 0:
-        noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
+    noise = gumbel_uniforms(logits, temperature, generator)
     return argmax_excluding(gumbel_perturb(logits, temperature, noise), mask_id)
 
 
@@ -125,3 +132,17 @@ def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fil
     out = values.new_full((values.shape[0], width), fill)
     out[:, ws:we] = values
     return out
+
+
+def window_output(inp: StepInput, commit: torch.Tensor, tokens: torch.Tensor, score: torch.Tensor,
+                  remask: Optional[torch.Tensor] = None) -> StepOutput:
+    """A step's decision computed in block-window coordinates [B, W] -> its ``StepOutput`` in query
+    coordinates [B, Q]: off the window nothing is committed or re-masked, tokens are the mask id
+    and scores are -inf."""
+    width = inp.tokens.shape[1]
+    return StepOutput(
+        commit=expand_window(commit, inp.window, width, False),
+        tokens=expand_window(tokens, inp.window, width, inp.mask_id),
+        score=expand_window(score, inp.window, width, float("-inf")),
+        remask=None if remask is None else expand_window(remask, inp.window, width, False),
+    )

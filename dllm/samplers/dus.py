@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, propose
+from dllm.samplers._ops import propose, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -85,8 +85,5 @@ class DUS(Sampler):
         pending = rounds.masked_fill(~active, we - ws + 1)  # past every round where not active
         current = pending.min(dim=1, keepdim=True).values  # [B, 1] earliest unfinished round
         commit = active & (rounds == current)
-        width = inp.logits.shape[1]
         score = (-rounds).to(torch.float32).masked_fill(~active, float("-inf"))
-        return StepOutput(commit=expand_window(commit, inp.window, width, False),
-                          tokens=expand_window(x0, inp.window, width, inp.mask_id),
-                          score=expand_window(score, inp.window, width, float("-inf")))
+        return window_output(inp, commit, x0, score)

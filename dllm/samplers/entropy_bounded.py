@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
+from dllm.samplers._ops import gather_prob, propose, ranks_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -104,7 +104,4 @@ class EntropyBounded(Sampler):
         order = key.argsort(dim=1, stable=True)  # [B, W] ascending
         n = entropy_prefix(entropy.gather(1, order), active.gather(1, order), self.config.gamma)  # [B]
         commit = active & (ranks_of(order) < n[:, None])  # [B, W]
-        width = inp.logits.shape[1]
-        return StepOutput(commit=expand_window(commit, inp.window, width, False),
-                          tokens=expand_window(x0, inp.window, width, inp.mask_id),
-                          score=expand_window(-key, inp.window, width, float("-inf")))
+        return window_output(inp, commit, x0, -key)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose, ranks_of
+from dllm.samplers._ops import expand_window, gather_prob, gumbel_uniforms, propose, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -34,9 +34,7 @@ def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch
     ws, we = inp.window
     logits = inp.logits[:, ws:we]  # [B, W, V]
     if use_fused(stats, logits):
-        noise = None
-        if inp.temperature > 0:  # the uniforms ``propose`` draws: same stream, same shape
-            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator, device=logits.device)
+        noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
         x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
     else:
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]

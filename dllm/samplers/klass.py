@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, take_top_k
+from dllm.samplers._ops import gather_prob, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.entropy_bounded import propose_with_log_probs
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -110,8 +110,4 @@ class KLASS(Sampler):
         # no ready position: the most confident active mask (the schedule's count at steps = G)
         top1 = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), active)
         commit = ready | (top1 & ~ready.any(dim=1, keepdim=True))
-        width = inp.logits.shape[1]
-        return StepOutput(commit=expand_window(commit, inp.window, width, False),
-                          tokens=expand_window(x0, inp.window, width, inp.mask_id),
-                          score=expand_window(conf.masked_fill(~active, float("-inf")), inp.window, width,
-                                              float("-inf")))
+        return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")))

@@ -29,6 +29,7 @@ from dllm.samplers._ops import (
     expand_window,
     gather_prob,
     gumbel_perturb,
+    gumbel_uniforms,
     take_top_k,
     transfer_schedule,
 )
@@ -78,11 +79,9 @@ class _LLaDARemasking(Sampler):
         eos_ids = state.extras.get("eos_ids", ())
         if self.config.logits_eos_inf and eos_ids:
             logits[:, ws:we, eos_ids[0]] = float("-inf")
-        noise = None
-        if inp.temperature > 0:
-            # same shape and dtype as the reference's rand_like(float64 logits): full query width
-            noise = torch.rand(logits.shape, dtype=torch.float64, generator=inp.generator,
-                               device=logits.device)[:, ws:we]
+        # same shape and dtype as the reference's rand_like(float64 logits): the full query width
+        noise = gumbel_uniforms(logits, inp.temperature, inp.generator)
+        noise = None if noise is None else noise[:, ws:we]
         window_logits = logits[:, ws:we]  # [B, W, V]
         if self._fused(window_logits):
             x0, score = fused_propose(window_logits, inp.temperature, noise, inp.mask_id)  # [B, W] x2

@@ -3,8 +3,8 @@
 The paper runs on D2F models (block-causal attention between blocks, several semi-active blocks
 with their own thresholds). Our adaptation is for plain full-attention masked diffusion LMs and
 the engine's one-block-at-a-time loop: the active window is the current block, every forward sees
-the whole canvas (or, under a cache, the block's cached query), and the D2F fill rule becomes the Fast-dLLM threshold rule of a
-fully active block. Per engine step, from the step's logits:
+the whole canvas (or, under a cache, the block's cached query), and the D2F fill rule becomes the
+Fast-dLLM threshold rule of a fully active block. Per engine step, from the step's logits:
 
 1. Anchor ``B0'``: the threshold rule on the block's active masks: every mask whose max-prob
    confidence (float64 softmax, as Fast-dLLM) is ``>= tau_conf``, and always the most confident
@@ -38,11 +38,12 @@ With ``branches=1`` and the bonus, every step is two threshold steps, so the out
 ``threshold`` at the same ``tau_conf`` (float32).
 
 Greedy only (temperature 0), enforced by the engine; under a cache each branch runs the block's
-cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options: ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence``
-(``"negative_entropy"``, Dream's ``sum p log p``, as the released scripts; or ``"max_prob"``),
-``bonus`` (True), ``verify_branches`` (True). The paper's defaults for D2F-Dream are 7-14 branches;
-its branch score variant ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is
-not implemented (the scripts' plain mean over the remaining masks is).
+cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
+``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
+``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True), ``verify_branches``
+(True). The paper's defaults for D2F-Dream are 7-14 branches; its branch score variant
+``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
+scripts' plain mean over the remaining masks is).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, negative_entropy
+from dllm.samplers._ops import argmax_excluding, gather_prob, negative_entropy, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -118,7 +119,6 @@ class LoPA(Sampler):
         assert inp.forward_variants is not None, "the engine must provide forward_variants for lopa"
         cfg = self.config
         ws, we = inp.window
-        width = inp.tokens.shape[1]
         active = inp.active[:, ws:we]  # [B, W] masks of the block
         cur = inp.tokens[:, ws:we]  # [B, W]
 
@@ -141,11 +141,7 @@ class LoPA(Sampler):
             commit_l, out_l = self._lookahead(inp, live, x0, probs, active, cand, anchor, base, n_extra)
             commit = commit.index_copy(0, live, commit_l)
             out = out.index_copy(0, live, out_l)
-        return StepOutput(
-            commit=expand_window(commit, inp.window, width, False),
-            tokens=expand_window(out, inp.window, width, inp.mask_id),
-            score=expand_window(conf.masked_fill(~active, float("-inf")), inp.window, width, float("-inf")),
-        )
+        return window_output(inp, commit, out, conf.masked_fill(~active, float("-inf")))
 
     def _lookahead(self, inp: StepInput, live: torch.Tensor, x0, probs, active, cand, anchor, base,
                    n_extra: int) -> tuple[torch.Tensor, torch.Tensor]:

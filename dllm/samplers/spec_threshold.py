@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, take_top_k
+from dllm.samplers._ops import argmax_excluding, gather_prob, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.ssd import forward_nodes, prefix_fills
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -67,7 +67,6 @@ class SpecThreshold(Sampler):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tau = self.config.threshold
         ws, we = inp.window
-        q = inp.tokens.shape[1]
         active = inp.active[:, ws:we]  # [B, W] everything below is in block-window coordinates
         bsz, width = active.shape
         tokens0, conf0, c0 = threshold_rule(inp.logits[:, ws:we], active, tau, inp.mask_id)
@@ -75,7 +74,7 @@ class SpecThreshold(Sampler):
         remaining = active & ~c0  # [B, W]
         n = min(self.config.draft, width)
         if not bool(remaining.any()):  # one host sync: nothing left to verify in any row
-            return self._output(c0, out_tokens, conf0, inp.window, q, inp.mask_id)
+            return window_output(inp, c0, out_tokens, conf0)
         order = conf0.masked_fill(~remaining, float("-inf")).argsort(dim=1, descending=True, stable=True)
         d_pos = order[:, : max(n - 1, 0)]  # [B, N-1] drafted positions, in confidence order
         n_rem = remaining.sum(dim=1)  # [B]
@@ -103,11 +102,4 @@ class SpecThreshold(Sampler):
         out_tokens = torch.where(drafts, tokens0, out_tokens)
         out_tokens = torch.where(final, final_tok, out_tokens)
         commit = (c0 | drafts | final) & active
-        return self._output(commit, out_tokens, conf0, inp.window, q, inp.mask_id)
-
-    @staticmethod
-    def _output(commit, tokens, score, window, width: int, mask_id: int) -> StepOutput:
-        """Window-coordinate results [B, W] -> the step's query coordinates [B, Q]."""
-        return StepOutput(commit=expand_window(commit, window, width, False),
-                          tokens=expand_window(tokens, window, width, mask_id),
-                          score=expand_window(score, window, width, float("-inf")))
+        return window_output(inp, commit, out_tokens, conf0)

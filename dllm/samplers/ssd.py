@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob
+from dllm.samplers._ops import argmax_excluding, gather_prob, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -121,7 +121,5 @@ class SelfSpeculative(Sampler):
         bonus.scatter_(1, b_pos, b_ok)
         out_tokens = torch.where(bonus, b_tok.expand_as(out_tokens), out_tokens)
         commit = (commit | bonus) & active
-        q = inp.tokens.shape[1]  # progress fallback never needed: a >= 1 whenever masks remain
-        return StepOutput(commit=expand_window(commit, inp.window, q, False),
-                          tokens=expand_window(out_tokens, inp.window, q, inp.mask_id),
-                          score=expand_window(commit.float(), inp.window, q, 0.0))
+        # progress fallback never needed: a >= 1 whenever masks remain
+        return window_output(inp, commit, out_tokens, commit.float())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose, take_top_k
+from dllm.samplers._ops import gather_prob, propose, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -100,7 +100,6 @@ class Wino(Sampler):
         assert inp.shadow_logits is not None, "the engine must provide shadow_logits for wino"
         cfg = self.config
         ws, we = inp.window
-        width = inp.logits.shape[1]
         logits = inp.logits[:, ws:we]  # [B, W, V]
         active = inp.active[:, ws:we]  # [B, W]
         current = inp.tokens[:, ws:we]  # [B, W]
@@ -118,9 +117,4 @@ class Wino(Sampler):
         if state.block_step >= state.block_end - state.block_start:  # progress guarantee (docstring)
             remask = torch.zeros_like(remask)
         state.extras["wino_last_accept"] = torch.where(n_masks > 0, accepted, last_accept)
-        return StepOutput(
-            commit=expand_window(commit, inp.window, width, False),
-            tokens=expand_window(x0, inp.window, width, inp.mask_id),
-            score=expand_window(conf.masked_fill(~active, float("-inf")), inp.window, width, float("-inf")),
-            remask=expand_window(remask, inp.window, width, False),
-        )
+        return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")), remask)
