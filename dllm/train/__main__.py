@@ -11,6 +11,8 @@ Every flag defaults to the recipe's value, so the plain command reproduces the r
 continues from the newest ``OUT/checkpoint-*`` (a fresh start when there is none) and is safe to
 use on every (re)start. ``--stop-at N`` stops after step N without changing the schedule (whose
 horizon is ``--steps``); changing ``--steps`` on resume changes the cosine horizon from then on.
+A ``--steps`` at or below a phase's start (``dllm/train/schedule.py``) drops that phase, and
+``--tasks`` drops every later phase (their mixtures would bring the other tasks back).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  **{k: v for k, v in train.items() if v is not None}}
     if args.tasks:
         train["mixture"] = MixtureConfig(tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()))
+    # a shorter --steps drops the phases it never reaches; --tasks replaces every phase's mixture
+    horizon = args.steps if args.steps is not None else recipe.train.steps
+    train["phases"] = () if args.tasks else tuple(p for p in recipe.train.phases if p.start < horizon)
     recipe = recipe.with_overrides(model, **train)
     out = args.out or f"runs/{recipe.name}"
     trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)

@@ -42,19 +42,10 @@ from dllm.train.data import Batch, TaskMixture
 from dllm.train.evaluate import EvalResult, eval_examples, evaluate
 from dllm.train.objective import diffusion_loss
 from dllm.train.recipes import Recipe, build_model, count_parameters
+from dllm.train.schedule import check_phases, lr_factor, phase_index, scheduled_lr_factor
 
 STATE_FILE = "trainer_state.pt"
 CHECKPOINT_PREFIX = "checkpoint-"
-
-
-def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
-    """Multiplier of the peak lr for optimiser step ``step`` (0-based): linear warm-up
-    ``(step + 1) / warmup``, then cosine from 1 down to ``min_ratio`` at ``total``."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    span = max(total - warmup, 1)
-    progress = min(max((step - warmup) / span, 0.0), 1.0)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def mask_generator(seed: int, step: int) -> torch.Generator:
@@ -113,9 +104,13 @@ class Trainer:
                                            betas=cfg.betas, fused=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lambda s: lr_factor(s, warmup=cfg.warmup, total=cfg.steps, min_ratio=cfg.min_lr_ratio),
+            lambda s: scheduled_lr_factor(s, base_lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps,
+                                          min_ratio=cfg.min_lr_ratio, phases=cfg.phases),
         )
-        self.mixture = TaskMixture(cfg.mixture, seed=cfg.seed, tokenizer=self.model.tokenizer)
+        check_phases(cfg.phases, cfg.steps)
+        # one mixture per phase (phase 0 = the recipe's own); batch = f(seed, step) in each
+        self.mixtures = [TaskMixture(m, seed=cfg.seed, tokenizer=self.model.tokenizer)
+                         for m in (cfg.mixture, *(p.mixture for p in cfg.phases))]
         self.step = 0  # completed optimiser steps
         self.best: Optional[float] = None  # best mean exact match over the C(Y|X) = 0 tasks
         self._eval_set = None
@@ -166,7 +161,7 @@ class Trainer:
         while self.step < end:
             step = self.step
             t0 = time.perf_counter()  # training time only: evaluation and saving are not counted
-            batch = self.mixture.batch(step, cfg.batch_size)
+            batch = self.mixtures[phase_index(step, cfg.phases)].batch(step, cfg.batch_size)
             stats = self.train_step(batch, step)
             acc["time"] += time.perf_counter() - t0
             self.step += 1
@@ -255,6 +250,11 @@ class Trainer:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the optimizer saved the lr of the *saved* schedule; re-read it from this recipe's schedule
+        # (equal when the recipe is unchanged; a longer horizon or a new phase applies at once)
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                   self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)
         self.step = int(state["step"])
         self.best = state.get("best")
         _set_rng_states(state["rng"])

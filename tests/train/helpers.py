@@ -14,7 +14,7 @@ def small_recipe(family: str = "llada", **train) -> Recipe:
     name = f"tiny-{family}"
     model = dict(SMALL_MODEL, n_kv_heads=2 if family == "llada" else 1)
     defaults = dict(batch_size=8, warmup=2, log_every=1, eval_every=0, save_every=0, eval_per_size=1,
-                    mixture=FEW_TASKS)
+                    mixture=FEW_TASKS, phases=())
     return get_recipe(name).with_overrides(model, **{**defaults, **train})
 
 

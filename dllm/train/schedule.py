@@ -1,0 +1,82 @@
+"""Training phases: from step ``start`` on, a new data mixture and a new warm-up + cosine schedule.
+
+A recipe is a list of phases. Phase 0 is the recipe's own mixture and schedule (peak ``lr``,
+``warmup``) with its cosine horizon at the first later phase's ``start`` (or at ``steps`` when
+there is none), so adding a phase leaves every step before its ``start`` bit-identical: a run
+resumed from the checkpoint at ``start`` of the shorter recipe is the same run as the longer recipe
+from scratch. Each later phase restarts the schedule: linear warm-up to its own peak ``lr``, then
+cosine down to ``lr * min_lr_ratio`` at the next phase's ``start`` (or ``steps``).
+
+Batches stay a pure function of ``(seed, step)``: each phase has its own
+:class:`~dllm.train.data.TaskMixture` with the recipe's seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from dllm.train.data import MixtureConfig
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From optimiser step ``start`` (0-based) on: ``mixture``, warm-up ``warmup`` steps to peak
+    ``lr``, cosine to ``lr * min_lr_ratio`` at the end of the phase."""
+
+    start: int
+    mixture: MixtureConfig
+    lr: float
+    warmup: int = 200
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.start, int) or self.start < 1:
+            raise ValueError(f"Phase.start must be an int >= 1, got {self.start!r}")
+        if not self.lr > 0:
+            raise ValueError(f"Phase.lr must be > 0, got {self.lr!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"Phase.warmup must be an int >= 0, got {self.warmup!r}")
+
+
+def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    """Multiplier of the peak lr for optimiser step ``step`` (0-based): linear warm-up
+    ``(step + 1) / warmup``, then cosine from 1 down to ``min_ratio`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min(max((step - warmup) / span, 0.0), 1.0)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def check_phases(phases: Sequence[Phase], steps: int) -> None:
+    """Starts strictly increasing and below ``steps`` (a phase must train at least one step)."""
+    starts = [p.start for p in phases]
+    if starts != sorted(set(starts)):
+        raise ValueError(f"phase starts must be strictly increasing, got {starts}")
+    if starts and starts[-1] >= steps:
+        raise ValueError(f"phase start {starts[-1]} is not below steps={steps}; valid: 1 .. {steps - 1}")
+
+
+def phase_index(step: int, phases: Sequence[Phase]) -> int:
+    """0 for the recipe's own phase, i + 1 for ``phases[i]`` (the last one started by ``step``)."""
+    index = 0
+    for i, p in enumerate(phases):
+        if step >= p.start:
+            index = i + 1
+    return index
+
+
+def scheduled_lr_factor(step: int, *, base_lr: float, warmup: int, steps: int, min_ratio: float,
+                        phases: Sequence[Phase] = ()) -> float:
+    """Multiplier of ``base_lr`` at ``step`` under the phase schedule (for ``LambdaLR``)."""
+    i = phase_index(step, phases)
+    end = phases[i].start if i < len(phases) else steps  # the current phase ends where the next starts
+    if i == 0:
+        return lr_factor(step, warmup=warmup, total=end, min_ratio=min_ratio)
+    p = phases[i - 1]
+    local = lr_factor(step - p.start, warmup=p.warmup, total=end - p.start, min_ratio=min_ratio)
+    return p.lr / base_lr * local
+
+
+__all__ = ["Phase", "check_phases", "lr_factor", "phase_index", "scheduled_lr_factor"]
