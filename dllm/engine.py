@@ -112,11 +112,6 @@ def generate(
     if sampler_obj.greedy_only and temperature > 0:
         raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
                          f"(use temperature=0)")
-    if sampler_obj.shadow_block and policy.name != "none":
-        raise ValueError(
-            f"sampler {sampler_obj.name!r} appends a shadow block with its own attention mask to each "
-            f"forward, which cache policy {policy.name!r} cannot serve yet; use cache='none'"
-        )
     refusal = policy.variant_refusal() if sampler_obj.needs_variants else None
     if refusal is not None:
         raise ValueError(
@@ -198,24 +193,28 @@ def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     return un + (cfg_scale + 1) * (cond - un)
 
 
-def _shadow_forward(model, state: DecodeState, cfg_scale: float, s: int, e: int):
-    """(logits [B, L, V], leave-one-out logits [B, e - s, V]) from one full forward with a
-    shadow block (``DiffusionLM.shadow_forward``); counted as one NFE of L + W rows per row."""
-    x = state.x
-    kpm = state.key_padding_mask if state.padded else None
-    positions = state.positions
+def _shadow_forward(model, state: DecodeState, query: Query, cfg_scale: float, s: int, e: int):
+    """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one forward
+    with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the call has them;
+    counted as one NFE of Q + W rows per row."""
+    q0, q1 = query.start, query.end
+    x = state.x[:, q0:q1]  # [B, Q]
+    kpm = state.key_padding_mask if state.padded else None  # [B, L]: canvas-wide, = [B, Q] when full
+    positions = state.positions[:, q0:q1]
+    extra = {} if state.kv is None else {"cache": state.kv.view(q0, query.key_end)}
     if cfg_scale > 0:
-        uncond = x.masked_fill(state.prompt_mask, state.mask_id)
+        uncond = x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)
         logits, shadow = model.shadow_forward(
             torch.cat([x, uncond]), start=s, end=e, positions=positions.repeat(2, 1),
-            key_padding_mask=None if kpm is None else kpm.repeat(2, 1))
+            key_padding_mask=None if kpm is None else kpm.repeat(2, 1), **extra)
         logits, shadow = _guided(logits, cfg_scale), _guided(shadow, cfg_scale)
         rows = 2 * x.shape[0]
     else:
-        logits, shadow = model.shadow_forward(x, start=s, end=e, positions=positions, key_padding_mask=kpm)
+        logits, shadow = model.shadow_forward(x, start=s, end=e, positions=positions, key_padding_mask=kpm,
+                                              **extra)
         rows = x.shape[0]
     state.nfe += 1
-    state.forwarded_tokens += rows * (x.shape[1] + e - s)
+    state.forwarded_tokens += rows * (q1 - q0 + e - s)
     return logits, shadow
 
 
@@ -309,8 +308,8 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
         state.block_step = i
         query = policy.query(state, i, shift)
         shadow = None
-        if sampler.shadow_block:  # cache "none": the query is the whole canvas
-            logits, shadow = _shadow_forward(model, state, cfg_scale, s, e)
+        if sampler.shadow_block:
+            logits, shadow = _shadow_forward(model, state, query, cfg_scale, s, e)
             hidden, attn = {}, {}
         else:
             logits, hidden, attn = _forward(model, state, query, cfg_scale, need_attn, need_hidden)

@@ -8,7 +8,9 @@ computed in the same forward as the ordinary logits (+W query rows, no extra NFE
 
 Two paths, one contract (``DiffusionLM.shadow_forward``):
 - reference (any model, e.g. oracles): W masked copies of the canvas, ``[B*W, T]`` rows;
-- shadow block (transformers): one forward of ``[B, T + W]`` rows with :func:`shadow_attn_mask`.
+- shadow block (transformers): one forward of ``[B, T + W]`` rows with :func:`shadow_attn_mask`;
+  under a KV cache the T rows are the policy's query columns and the real keys come from the
+  buffers (:class:`ShadowCacheView`): the shadow rows read the same cached K/V as the real rows.
 Both hide x_j from its own prediction's input; in a transformer with several layers the shadow
 block hides it exactly at the first layer only: real rows attend to x_j, and shadow rows read
 those real rows in later layers (as in WINO's release). The two paths are not equal for a transformer (a shadow row also
@@ -23,9 +25,12 @@ our generalisation: WINO's release covers LLaDA-layout models only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from dllm.cache.kv import CacheView
 
 
 def check_span(length: int, start: int, end: int, shift: int) -> None:
@@ -43,28 +48,57 @@ def shadow_positions(positions: torch.Tensor, start: int, end: int, shift: int) 
 
 
 def shadow_attn_mask(
-    key_padding_mask: Optional[torch.Tensor],  # [B, T] bool (True = real) or None (all real)
+    key_padding_mask: Optional[torch.Tensor],  # [B, L] bool (True = real) or None (all real)
     batch: int,
     length: int,
     start: int,
     end: int,
     device: torch.device,
+    *,
+    query_start: int = 0,
+    n_queries: Optional[int] = None,
+    key_end: Optional[int] = None,
 ) -> torch.Tensor:
-    """bool [B, 1, T + W, T + W], True = attend.
+    """bool [B, 1, T + W, K + W], True = attend, for T real query rows (canvas columns
+    ``[query_start, query_start + T)``, default the whole canvas), then the W shadow rows; keys are
+    canvas columns ``[0, K)`` (default L; a cached forward reads them from its buffers), then the W
+    shadow keys.
 
-    Real queries: the padding rule of ``padding_attn_mask`` over real keys, never a shadow key.
-    Shadow query k: every real key except column ``start + k`` (and pads), every shadow key.
+    Real queries: the padding rule of ``padding_attn_mask`` / ``CacheView.attn_mask`` over real
+    keys, never a shadow key. Shadow query k: every real key except column ``start + k`` (and pads),
+    every shadow key.
     """
     w = end - start
+    t = length if n_queries is None else n_queries
+    k_end = length if key_end is None else key_end
     real = (torch.ones(batch, length, dtype=torch.bool, device=device)
-            if key_padding_mask is None else key_padding_mask)  # [B, T]
-    mask = torch.zeros(batch, 1, length + w, length + w, dtype=torch.bool, device=device)
-    mask[:, 0, :length, :length] = real[:, None, :] | ~real[:, :, None]  # pad queries see all
-    mask[:, 0, length:, :length] = real[:, None, :]
-    mask[:, 0, length:, length:] = True
+            if key_padding_mask is None else key_padding_mask)  # [B, L]
+    mask = torch.zeros(batch, 1, t + w, k_end + w, dtype=torch.bool, device=device)
+    queries = real[:, query_start:query_start + t]  # [B, T]
+    mask[:, 0, :t, :k_end] = real[:, None, :k_end] | ~queries[:, :, None]  # pad queries see all
+    mask[:, 0, t:, :k_end] = real[:, None, :k_end]
+    mask[:, 0, t:, k_end:] = True
     k = torch.arange(w, device=device)
-    mask[:, 0, length + k, start + k] = False  # leave the predicted token out
+    mask[:, 0, t + k, start + k] = False  # leave the predicted token out
     return mask
+
+
+@dataclass(frozen=True)
+class ShadowCacheView(CacheView):
+    """A cached forward whose first ``n_real`` query rows are canvas columns (their K/V go to the
+    buffers as in ``CacheView``) and whose remaining rows are the shadow block: its K/V are appended
+    to the attended keys for this forward only and never stored."""
+
+    n_real: int = 0
+
+    def check_queries(self, n_queries: int) -> None:
+        super().check_queries(self.n_real)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v [R, Hkv, T + W, hd] -> attended keys/values [R, Hkv, K + W, hd]."""
+        n = self.n_real
+        keys, values = super().update(layer, k[:, :, :n], v[:, :, :n])  # [R, Hkv, K, hd]
+        return torch.cat([keys, k[:, :, n:]], dim=2), torch.cat([values, v[:, :, n:]], dim=2)
 
 
 def masked_copies(input_ids: torch.Tensor, start: int, end: int, mask_id: int) -> torch.Tensor:

@@ -162,12 +162,6 @@ def test_forward_accounting_and_cfg(family):
     assert (cfg.generated != m.mask_id).all() and cfg.forwarded_tokens == cfg.nfe * 2 * 16
 
 
-def test_cache_policy_refused():
-    m = tiny("llada", seed=0)
-    with pytest.raises(ValueError, match="shadow block.*cache='none'"):
-        dllm.generate(m, [[7, 8]], sampler="wino", gen_length=8, block_length=4, cache="dual")
-
-
 def test_on_the_oracle_reference_shadow_path():
     """A model without attention layers gets exact leave-one-out views from masked copies; on the
     oracle every re-check is certain, so WINO keeps 100% on C = 0 tasks and never re-masks them."""
