@@ -16,8 +16,9 @@ run_model() {
     --samplers low_confidence low_confidence:cache=prefix low_confidence:cache=dual low_confidence:cache=window \
     threshold threshold:cache=prefix threshold:cache=dual threshold:cache=window fast fast:cache=dual \
     low_confidence:cache=dual:look_back=16 low_confidence:cache=dual:look_back=64 \
-    threshold:cache=dual:look_back=16 threshold:cache=dual:look_back=64
-  dllm bench caches --model "$m" --samplers low_confidence threshold fast --threads 1 \
+    threshold:cache=dual:look_back=16 threshold:cache=dual:look_back=64 \
+    wino wino:cache=dual wino:cache=dual:look_back=64
+  dllm bench caches --model "$m" --samplers low_confidence threshold fast wino --threads 1 \
     --caches none prefix dual window dual:look_back=16 dual:look_back=64 \
     --json "benchmarks/long-prompt-caches-$m-$D.json"
 }

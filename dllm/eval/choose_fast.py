@@ -85,7 +85,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--results", nargs="+", default=None,
                     help="compare.json files of `dllm compare` runs to judge instead of running them")
     args = ap.parse_args(argv)
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)

@@ -60,3 +60,12 @@ def test_cli_judges_saved_compare_results(tmp_path, capsys):
     assert "fast = a" in printed and "PASS  a" in printed and "fail  b" in printed
     saved = json.loads(out.read_text())
     assert saved["winner"] == "a" and {v["label"] for v in saved["verdicts"]} == {"a", "b"}
+
+
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_cli_rejects_threads_below_one(threads, capsys):
+    from dllm.eval.choose_fast import main
+
+    with pytest.raises(SystemExit):
+        main(["--threads", threads, "--results", "unused.json"])
+    assert f"--threads must be >= 1, got {threads}" in capsys.readouterr().err
