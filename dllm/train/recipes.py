@@ -42,7 +42,12 @@ Schedule, two phases (``dllm/train/schedule.py``):
    as the other C = 0 tasks (57% of the examples), schedule restarted: warm-up 200 to 6e-4, cosine
    to 6e-5 at step 23,000. Measured: after its first 1,000 steps tiny-llada went 73.9% -> 82.2%
    (add_lsb 31 -> 62%, add_msb 19 -> 50%, cumsum 0 -> 62%).
-Phase 1 is bit-identical with or without the phase, so the runs that shipped the phase-1 models
+3. tiny-dream only, steps 17,000-24,000: at step 17,000 tiny-dream had learned every focus task
+   but sort_num (0%; it sorted by the tens digit and bound the wrong units digits to them), while
+   tiny-llada was at 67% there; so ``sort_num`` is drawn at 34% of the examples, warm-up 100 to
+   5e-4, cosine to 5e-5 at step 24,000. Phase 2 keeps its horizon (23,000), so its steps before
+   17,000 are tiny-llada's schedule and the resumed run is the recipe's run.
+Phase 1 is bit-identical with or without the later phases, so the runs that shipped the phase-1 models
 were continued from their step-10,000 checkpoints (``--resume`` in a directory holding that
 checkpoint). Run it in the background with ``--resume`` (see ``dllm/train/__main__.py``); the
 float32 checkpoint of the best evaluation is exported as the shipped artifact
@@ -153,6 +158,24 @@ def _two_phase() -> TrainConfig:
                        phases=(Phase(start=PHASE1_STEPS, mixture=focus_mixture(), lr=6e-4, warmup=200),))
 
 
+def sort_num_mixture(weight: float = 40.0) -> MixtureConfig:
+    """:func:`focus_mixture` with ``sort_num`` drawn at ``weight`` (34% of the examples)."""
+    base = focus_mixture()
+    return replace(base, weights=tuple(weight if n == "sort_num" else w
+                                       for n, w in zip(base.task_names(), base.weights)))
+
+
+# tiny-dream only: at step 17,000 it had learned every focus task but sort_num (0%, tiny-llada 67%
+# at step 16,000: dream sorted by the tens digit and bound the wrong units to them), so a third
+# phase from there draws sort_num at 34%; phase 2 keeps its own cosine horizon (23,000), so its
+# steps before 17,000 are unchanged.
+def _three_phase() -> TrainConfig:
+    return TrainConfig(steps=24_000, mixture=weighted_mixture(), phases=(
+        Phase(start=PHASE1_STEPS, mixture=focus_mixture(), lr=6e-4, warmup=200, horizon=23_000),
+        Phase(start=17_000, mixture=sort_num_mixture(), lr=5e-4, warmup=100),
+    ))
+
+
 recipes.add("tiny-llada", Recipe(
     "tiny-llada", "llada",
     dict(_COMMON, n_kv_heads=4, rms_eps=1e-5, qkv_bias=False, rope_fp32=True),
@@ -162,8 +185,8 @@ recipes.add("tiny-llada", Recipe(
 recipes.add("tiny-dream", Recipe(
     "tiny-dream", "dream",
     dict(_COMMON, n_kv_heads=2, rms_eps=1e-6, qkv_bias=True, rope_fp32=False),
-    _two_phase(),
-    "Dream-format 1.1M model (GQA 4/2, shifted logits) on all PB-mini tasks (10k + 13k focus steps)",
+    _three_phase(),
+    "Dream-format 1.1M model (GQA 4/2, shifted logits) on all PB-mini tasks (10k + 7k focus + 7k sort_num)",
 ), description="Dream-format 1.1M model (GQA 4/2, shifted logits) on all PB-mini tasks")
 
 

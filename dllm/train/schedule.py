@@ -5,7 +5,9 @@ A recipe is a list of phases. Phase 0 is the recipe's own mixture and schedule (
 there is none), so adding a phase leaves every step before its ``start`` bit-identical: a run
 resumed from the checkpoint at ``start`` of the shorter recipe is the same run as the longer recipe
 from scratch. Each later phase restarts the schedule: linear warm-up to its own peak ``lr``, then
-cosine down to ``lr * min_lr_ratio`` at the next phase's ``start`` (or ``steps``).
+cosine down to ``lr * min_lr_ratio`` at the next phase's ``start`` (or ``steps``), or at its own
+``horizon`` when set: a phase added later inside a running one keeps the earlier one's schedule
+(and so its steps) unchanged.
 
 Batches stay a pure function of ``(seed, step)``: each phase has its own
 :class:`~dllm.train.data.TaskMixture` with the recipe's seed.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from dllm.train.data import MixtureConfig
 
@@ -29,6 +31,7 @@ class Phase:
     mixture: MixtureConfig
     lr: float
     warmup: int = 200
+    horizon: Optional[int] = None  # step where the cosine reaches its floor (default: the phase's end)
 
     def __post_init__(self) -> None:
         if not isinstance(self.start, int) or self.start < 1:
@@ -37,6 +40,8 @@ class Phase:
             raise ValueError(f"Phase.lr must be > 0, got {self.lr!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"Phase.warmup must be an int >= 0, got {self.warmup!r}")
+        if self.horizon is not None and (not isinstance(self.horizon, int) or self.horizon <= self.start):
+            raise ValueError(f"Phase.horizon must be an int > start={self.start} (or None), got {self.horizon!r}")
 
 
 def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
@@ -75,6 +80,7 @@ def scheduled_lr_factor(step: int, *, base_lr: float, warmup: int, steps: int, m
     if i == 0:
         return lr_factor(step, warmup=warmup, total=end, min_ratio=min_ratio)
     p = phases[i - 1]
+    end = end if p.horizon is None else p.horizon  # a later phase may cut this one's cosine short
     local = lr_factor(step - p.start, warmup=p.warmup, total=end - p.start, min_ratio=min_ratio)
     return p.lr / base_lr * local
 

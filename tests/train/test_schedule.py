@@ -79,13 +79,43 @@ def test_resume_at_a_phase_start_equals_the_phased_run(tmp_path: Path, family: s
 def test_shipped_recipes_focus_phase():
     for name in ("tiny-llada", "tiny-dream"):
         cfg = get_recipe(name).train
-        (phase,) = cfg.phases
+        phase = cfg.phases[0]
         assert phase.start == PHASE1_STEPS < cfg.steps
         base = dict(zip(cfg.mixture.task_names(), cfg.mixture.weights))
         focus = dict(zip(phase.mixture.task_names(), phase.mixture.weights))
         assert set(focus) == set(base)
         for task, w in focus.items():  # only the focus tasks change weight
             assert w == (10.0 if task in FOCUS_TASKS else base[task])
+
+
+def test_dream_sort_num_phase_keeps_the_focus_schedule_before_it():
+    """tiny-dream's third phase was added while phase 2 ran: phase 2's lr up to the new start is
+    the two-phase recipe's (tiny-llada's), so the resumed run is the recipe's run."""
+    llada, dream = get_recipe("tiny-llada").train, get_recipe("tiny-dream").train
+    assert len(dream.phases) == 2 and dream.phases[0].horizon == llada.steps
+    third = dream.phases[1]
+    weights = dict(zip(third.mixture.task_names(), third.mixture.task_weights()))
+    assert max(weights, key=weights.get) == "sort_num"
+
+    def lr(cfg, s):
+        return scheduled_lr_factor(s, base_lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps,
+                                   min_ratio=cfg.min_lr_ratio, phases=cfg.phases)
+
+    assert all(lr(dream, s) == lr(llada, s) for s in range(0, third.start, 7))
+    assert lr(dream, third.start) != lr(llada, third.start)
+
+
+def test_horizon_cuts_nothing_before_a_later_phase():
+    a = Phase(10, COPY_ONLY, lr=1e-3, warmup=2, horizon=100)
+    b = Phase(40, COPY_ONLY, lr=1e-3, warmup=2)
+    f = lambda s, ph: scheduled_lr_factor(s, base_lr=1e-3, warmup=2, steps=120, min_ratio=0.1,  # noqa: E731
+                                          phases=ph)
+    alone = (Phase(10, COPY_ONLY, lr=1e-3, warmup=2),)  # ends at steps=120 ...
+    assert f(50, alone) != f(50, (a,))  # ... while a's cosine ends at its horizon 100
+    assert [f(s, (a, b)) for s in range(40)] == [f(s, (a,)) for s in range(40)]
+    assert math.isclose(f(99, (a,)), 0.1, rel_tol=1e-2) and f(110, (a,)) == 0.1
+    with pytest.raises(ValueError, match="Phase.horizon must be an int > start=10"):
+        Phase(10, COPY_ONLY, lr=1e-3, horizon=10)
 
 
 def test_cli_steps_below_a_phase_start_drops_the_phase(tmp_path: Path):
