@@ -22,8 +22,14 @@ run_model() {
     --caches none prefix dual window dual:look_back=16 dual:look_back=64 \
     --json "benchmarks/long-prompt-caches-$m-$D.json"
 }
-run_model tiny-llada > "benchmarks/embedded-tiny-llada-$D.txt" 2>&1 &
-run_model tiny-dream > "benchmarks/embedded-tiny-dream-$D.txt" 2>&1 &
+# usage: benchmarks/embedded-models.sh [MODEL ...]   (default: both, side by side)
+models=("$@")
+[ ${#models[@]} -eq 0 ] && models=(tiny-llada tiny-dream)
+for m in "${models[@]}"; do
+  run_model "$m" > "benchmarks/embedded-$m-$D.txt" 2>&1 &
+done
 wait
-python -m dllm.eval.choose_fast --results "benchmarks/compare-tiny-llada-$D/compare.json" \
-  "benchmarks/compare-tiny-dream-$D/compare.json" --out "benchmarks/fast-choice-$D.json"
+if [ -f "benchmarks/compare-tiny-llada-$D/compare.json" ] && [ -f "benchmarks/compare-tiny-dream-$D/compare.json" ]; then
+  python -m dllm.eval.choose_fast --results "benchmarks/compare-tiny-llada-$D/compare.json" \
+    "benchmarks/compare-tiny-dream-$D/compare.json" --out "benchmarks/fast-choice-$D.json"
+fi
