@@ -27,8 +27,9 @@ def test_loads_offline_in_its_family_format(model):
     assert 1.0e6 < sum(p.numel() for p in model.parameters()) < 1.3e6
 
 
-@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "copy_2tok", "reverse_2tok"])
-def test_solves_simple_zero_tc_tasks_one_token_per_step(model, task):
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "copy_2tok", "reverse_2tok", "add_lsb", "add_msb",
+                                  "cumsum"])
+def test_solves_zero_tc_tasks_one_token_per_step(model, task):
     exs, prompts, la = _prompts(task, 4)
     out = dllm.generate(model, prompts, gen_length=la, block_length=la, steps=la)
     words = T.vocabulary()
