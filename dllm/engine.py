@@ -193,28 +193,35 @@ def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     return un + (cfg_scale + 1) * (cond - un)
 
 
+def _query_inputs(state: DecodeState, query: Query, cfg_scale: float) -> tuple[torch.Tensor, dict]:
+    """The forward batch of the query columns ``[query.start, query.end)``: input_ids [R, Q] and the
+    keyword arguments shared by ``forward`` and ``shadow_forward`` (positions, the canvas-wide
+    padding mask, the cache view). Under CFG, R = 2B: the unconditional copy (prompt -> mask,
+    pads too) follows the conditional rows; else R = B."""
+    q0, q1 = query.start, query.end
+    x = state.x[:, q0:q1]  # [B, Q]
+    kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide (= [B, Q] when full)
+    positions = state.positions[:, q0:q1]
+    if cfg_scale > 0:
+        x = torch.cat([x, x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)], dim=0)
+        positions = positions.repeat(2, 1)
+        kpm = None if kpm is None else kpm.repeat(2, 1)
+    kwargs = {"positions": positions, "key_padding_mask": kpm}
+    if state.kv is not None:
+        kwargs["cache"] = state.kv.view(q0, query.key_end)
+    return x, kwargs
+
+
 def _shadow_forward(model, state: DecodeState, query: Query, cfg_scale: float, s: int, e: int):
     """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one forward
     with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the call has them;
     counted as one NFE of Q + W rows per row."""
-    q0, q1 = query.start, query.end
-    x = state.x[:, q0:q1]  # [B, Q]
-    kpm = state.key_padding_mask if state.padded else None  # [B, L]: canvas-wide, = [B, Q] when full
-    positions = state.positions[:, q0:q1]
-    extra = {} if state.kv is None else {"cache": state.kv.view(q0, query.key_end)}
+    x, kwargs = _query_inputs(state, query, cfg_scale)
+    logits, shadow = model.shadow_forward(x, start=s, end=e, **kwargs)
     if cfg_scale > 0:
-        uncond = x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)
-        logits, shadow = model.shadow_forward(
-            torch.cat([x, uncond]), start=s, end=e, positions=positions.repeat(2, 1),
-            key_padding_mask=None if kpm is None else kpm.repeat(2, 1), **extra)
         logits, shadow = _guided(logits, cfg_scale), _guided(shadow, cfg_scale)
-        rows = 2 * x.shape[0]
-    else:
-        logits, shadow = model.shadow_forward(x, start=s, end=e, positions=positions, key_padding_mask=kpm,
-                                              **extra)
-        rows = x.shape[0]
     state.nfe += 1
-    state.forwarded_tokens += rows * (q1 - q0 + e - s)
+    state.forwarded_tokens += x.shape[0] * (query.length + e - s)
     return logits, shadow
 
 
@@ -224,28 +231,16 @@ def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_att
     Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
     writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.cache.kv``).
     """
-    q0, q1 = query.start, query.end
-    x = state.x[:, q0:q1]  # [B, Q]
-    kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
-    positions = state.positions[:, q0:q1]
-    extra = {} if state.kv is None else {"cache": state.kv.view(q0, query.key_end)}
+    x, kwargs = _query_inputs(state, query, cfg_scale)
+    out = model(x, want_attn_layers=need_attn, want_hidden_layers=need_hidden, **kwargs)
+    logits, hidden, attn = out.logits, out.hidden, out.attn
     if cfg_scale > 0:
-        uncond = x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)  # prompt (pads too) -> mask
-        x2 = torch.cat([x, uncond], dim=0)
-        out = model(x2, positions=positions.repeat(2, 1),
-                    key_padding_mask=None if kpm is None else kpm.repeat(2, 1),
-                    want_attn_layers=need_attn, want_hidden_layers=need_hidden, **extra)
-        logits = _guided(out.logits, cfg_scale)
-        hidden = {k: v[: x.shape[0]] for k, v in out.hidden.items()}
-        attn = {k: v[: x.shape[0]] for k, v in out.attn.items()}
-        rows = x2.shape[0]
-    else:
-        out = model(x, positions=positions, key_padding_mask=kpm,
-                    want_attn_layers=need_attn, want_hidden_layers=need_hidden, **extra)
-        logits, hidden, attn = out.logits, out.hidden, out.attn
-        rows = x.shape[0]
+        b = state.batch_size
+        logits = _guided(logits, cfg_scale)
+        hidden = {k: v[:b] for k, v in hidden.items()}
+        attn = {k: v[:b] for k, v in attn.items()}
     state.nfe += 1
-    state.forwarded_tokens += rows * (q1 - q0)  # honest compute count: rows x query length
+    state.forwarded_tokens += x.shape[0] * query.length  # honest compute count: rows x query length
     return logits, hidden, attn
 
 

@@ -199,6 +199,21 @@ class DiffusionLM(nn.Module):
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
     ) -> ModelOutput:
+        positions = self._check_cached_inputs(input_ids, positions, key_padding_mask, cache)
+        attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, T, K] or None
+        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
+                                              want_hidden_layers, cache=cache)
+        return ModelOutput(self.shift_logits(raw), hidden, attn)
+
+    def _check_cached_inputs(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        key_padding_mask: Optional[torch.Tensor],
+        cache: Any,
+    ) -> torch.Tensor:
+        """Validate a cached forward's inputs (see ``forward``); returns the positions [B, T]
+        (default: the query rows' canvas positions)."""
         from dllm.cache.kv import CacheView
 
         if not isinstance(cache, CacheView) or not self.supports_kv_cache:
@@ -221,14 +236,11 @@ class DiffusionLM(nn.Module):
                              f"canvas), got {key_padding_mask.dtype} {list(key_padding_mask.shape)}")
         if positions is None:
             full = torch.empty((rows, length), dtype=torch.long, device=input_ids.device)
-            positions = default_positions(full, key_padding_mask)[:, cache.start:cache.start + t]
-        elif positions.shape != input_ids.shape or positions.dtype.is_floating_point:
+            return default_positions(full, key_padding_mask)[:, cache.start:cache.start + t]
+        if positions.shape != input_ids.shape or positions.dtype.is_floating_point:
             raise ValueError(f"positions must be an integer tensor {list(input_ids.shape)} like "
                              f"input_ids, got {positions.dtype} {list(positions.shape)}")
-        attn_mask = cache.attn_mask(key_padding_mask, t)  # [B, 1, T, K] or None
-        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
-                                              want_hidden_layers, cache=cache)
-        return ModelOutput(self.shift_logits(raw), hidden, attn)
+        return positions
 
     def raw_logits(
         self,

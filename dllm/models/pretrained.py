@@ -154,50 +154,34 @@ class TransformerLM(DiffusionLM):
         T rows equal ``forward``'s logits, the last W are the leave-one-out predictions.
 
         With ``cache`` (a ``CacheView``) the T rows are canvas columns ``[cache.start, cache.start +
-        T)`` as in ``forward``, ``[start, end)`` are canvas columns inside them, ``positions`` [B, T]
-        are required and ``key_padding_mask`` is canvas-wide [B, L]."""
+        T)`` as in ``forward`` (``key_padding_mask`` canvas-wide [B, L], ``positions`` [B, T] required)
+        and ``[start, end)`` are canvas columns inside them; the shadow rows read the cached keys
+        (``ShadowCacheView``)."""
         from dllm.models import shadow
 
-        if cache is not None:
-            return self._cached_shadow_forward(input_ids, start, end, positions, key_padding_mask, cache)
         b, t = input_ids.shape
         shift = self.logit_shift
-        shadow.check_span(t, start, end, shift)
-        positions, _ = self._prepare(input_ids, positions, key_padding_mask)
+        if cache is None:
+            q0, length, key_end, view = 0, t, None, None
+            shadow.check_span(t, start, end, shift)
+            positions, _ = self._prepare(input_ids, positions, key_padding_mask)
+        else:
+            if positions is None:
+                raise ValueError(f"a cached shadow forward needs positions {list(input_ids.shape)} (the "
+                                 "query columns' canvas positions), got None")
+            positions = self._check_cached_inputs(input_ids, positions, key_padding_mask, cache)
+            q0, length, key_end = cache.start, cache.kv.length, cache.key_end
+            shadow.check_span(length, start, end, shift)
+            if not (q0 <= start - shift and end <= q0 + t):
+                raise ValueError(f"shadow span [{start}, {end}) (logit shift {shift}) is not inside the "
+                                 f"query columns [{q0}, {q0 + t})")
+            view = shadow.ShadowCacheView(cache.kv, q0, key_end, n_real=t)
         ids = torch.cat([input_ids, input_ids.new_full((b, end - start), self.mask_id)], dim=1)  # [B, T+W]
-        pos = shadow.shadow_positions(positions, start, end, shift)  # [B, T + W]
-        mask = shadow.shadow_attn_mask(key_padding_mask, b, t, start, end, input_ids.device)
-        raw, _, _ = self._raw_forward(ids, pos, mask, (), ())  # [B, T + W, V]
-        return self.shift_logits(raw[:, :t]), raw[:, t:]  # shadow rows predict their targets unshifted
-
-    def _cached_shadow_forward(self, input_ids: torch.Tensor, start: int, end: int,
-                               positions: Optional[torch.Tensor], key_padding_mask: Optional[torch.Tensor],
-                               cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        from dllm.cache.kv import CacheView
-        from dllm.models import shadow
-
-        if not isinstance(cache, CacheView):
-            raise NotImplementedError(f"cache={type(cache).__name__} is not a dllm.cache.CacheView")
-        b, t = input_ids.shape
-        q0, shift, length = cache.start, self.logit_shift, cache.kv.length
-        shadow.check_span(length, start, end, shift)
-        if not (q0 <= start - shift and end <= q0 + t):
-            raise ValueError(f"shadow span [{start}, {end}) (logit shift {shift}) is not inside the query "
-                             f"columns [{q0}, {q0 + t})")
-        if positions is None or positions.shape != input_ids.shape:
-            raise ValueError(f"a cached shadow forward needs positions {list(input_ids.shape)} (the query "
-                             f"columns' canvas positions), got {None if positions is None else list(positions.shape)}")
-        if key_padding_mask is not None and key_padding_mask.shape != (b, length):
-            raise ValueError(f"with a cache, key_padding_mask must be [{b}, {length}] (the whole canvas), "
-                             f"got {list(key_padding_mask.shape)}")
-        view = shadow.ShadowCacheView(cache.kv, q0, cache.key_end, n_real=t)
-        view.check_queries(t)
-        ids = torch.cat([input_ids, input_ids.new_full((b, end - start), self.mask_id)], dim=1)  # [B, T+W]
-        pos = torch.cat([positions, positions[:, start - shift - q0:end - shift - q0]], dim=1)  # [B, T+W]
+        pos = shadow.shadow_positions(positions, start - q0, end - q0, shift)  # [B, T + W]
         mask = shadow.shadow_attn_mask(key_padding_mask, b, length, start, end, input_ids.device,
-                                       query_start=q0, n_queries=t, key_end=cache.key_end)  # [B,1,T+W,K+W]
+                                       query_start=q0, n_queries=t, key_end=key_end)  # [B, 1, T+W, K+W]
         raw, _, _ = self._raw_forward(ids, pos, mask, (), (), cache=view)  # [B, T + W, V]
-        return self.shift_logits(raw[:, :t]), raw[:, t:]
+        return self.shift_logits(raw[:, :t]), raw[:, t:]  # shadow rows predict their targets unshifted
 
     # ---- KV cache ----------------------------------------------------------------------------------
     supports_kv_cache: ClassVar[bool] = True

@@ -146,11 +146,15 @@ FOCUS_TASKS = ("add_lsb", "add_msb", "cumsum", "sort_num", "sort_2tok")
 PHASE1_STEPS = 10_000
 
 
+def reweighted(mixture: MixtureConfig, weights: dict[str, float]) -> MixtureConfig:
+    """``mixture`` with the raw weights of the tasks in ``weights`` replaced."""
+    names = mixture.task_names()
+    return replace(mixture, weights=tuple(weights.get(n, w) for n, w in zip(names, mixture.weights)))
+
+
 def focus_mixture(focus_weight: float = 10.0) -> MixtureConfig:
     """:func:`weighted_mixture` with the :data:`FOCUS_TASKS` drawn at ``focus_weight``."""
-    base = weighted_mixture()
-    return replace(base, weights=tuple(focus_weight if n in FOCUS_TASKS else w
-                                       for n, w in zip(base.task_names(), base.weights)))
+    return reweighted(weighted_mixture(), dict.fromkeys(FOCUS_TASKS, focus_weight))
 
 
 def _two_phase() -> TrainConfig:
@@ -160,9 +164,7 @@ def _two_phase() -> TrainConfig:
 
 def sort_num_mixture(weight: float = 40.0) -> MixtureConfig:
     """:func:`focus_mixture` with ``sort_num`` drawn at ``weight`` (34% of the examples)."""
-    base = focus_mixture()
-    return replace(base, weights=tuple(weight if n == "sort_num" else w
-                                       for n, w in zip(base.task_names(), base.weights)))
+    return reweighted(focus_mixture(), {"sort_num": weight})
 
 
 # tiny-dream only: at step 17,000 it had learned every focus task but sort_num (0%, tiny-llada 67%
