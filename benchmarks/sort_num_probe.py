@@ -16,7 +16,7 @@ import sys
 import torch
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 
 
 def probe(model, n: int = 60, size: int = 4, seed: int = 5) -> dict[str, float]:

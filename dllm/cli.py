@@ -73,11 +73,11 @@ class CanvasView:
 
 
 def cmd_generate(args) -> int:
-    import dllm
+    from dllm.engine import generate
 
     model = _load(args)
     view = CanvasView(model) if args.show else None
-    out = dllm.generate(
+    out = generate(
         model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, temperature=args.temperature,
         cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
@@ -119,7 +119,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from dllm.eval.throughput import run_throughput
+    from dllm.eval.bench_throughput import run_throughput
 
     run_throughput(args)
     return 0
@@ -164,7 +164,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_bench_caches(args) -> int:
-    from dllm.cache.bench import format_table, run_cache_bench
+    from dllm.eval.bench_caches import format_table, run_cache_bench
     from dllm.models import load, tiny
 
     _set_threads(args)
@@ -188,7 +188,7 @@ def cmd_bench_caches(args) -> int:
 
 
 def cmd_bench_kernels(args) -> int:
-    from dllm.kernels.bench import format_table, run_kernel_bench
+    from dllm.eval.bench_kernels import format_table, run_kernel_bench
 
     rows = run_kernel_bench(device=args.device, repeats=args.repeats)
     print(format_table(rows))

@@ -229,7 +229,7 @@ def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_att
     """Logits [B, Q, V] for the query columns ``[query.start, query.end)`` (hidden, attn likewise).
 
     Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
-    writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.cache.kv``).
+    writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
     """
     x, kwargs = _query_inputs(state, query, cfg_scale)
     out = model(x, want_attn_layers=need_attn, want_hidden_layers=need_hidden, **kwargs)

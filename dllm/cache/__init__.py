@@ -8,9 +8,9 @@
 """
 
 from dllm.cache.base import CachePolicy, Query, caches, make_cache, parse_cache_spec, register_cache
-from dllm.cache.kv import CacheView, KVCache
+from dllm.models.kv import CacheView, KVCache
 from dllm.cache.none import NoCache
-from dllm.cache.fast_dllm import DualCache, PrefixCache
+from dllm.cache.block import DualCache, PrefixCache
 from dllm.cache.window import WindowCache
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from dllm.eval import tasks as T
+from dllm import tasks as T
 
 DEFAULT_SAMPLERS = (
     "low_confidence", "low_confidence:k=2", "threshold", "fast", "factor", "eb:gamma=0.1", "localleap",
@@ -93,7 +93,7 @@ def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
 
 def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
-    import dllm
+    from dllm.engine import generate
     from dllm.samplers import samplers
 
     cls = samplers.get(spec.name)
@@ -117,7 +117,7 @@ def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, bloc
                     raise ValueError(f"sampler spec {spec.label!r}: k applies to fixed-step samplers only")
                 n_blocks = -(-la // bl)
                 steps = n_blocks * min(-(-bl // spec.k), bl)
-            out = dllm.generate(model, prompts, sampler=spec.name, gen_length=la, block_length=bl,
+            out = generate(model, prompts, sampler=spec.name, gen_length=la, block_length=bl,
                                 steps=steps, **spec.options)
             nfe_rows += out.nfe * len(chunk)
             forwarded += out.forwarded_tokens

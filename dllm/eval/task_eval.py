@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from typing import Optional, Sequence
 
-from dllm.eval import tasks as T
+from dllm import tasks as T
 
 
 def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[int], per_size: int,
                         sampler: str = "low_confidence") -> dict:
-    from dllm.train.evaluate import eval_examples, evaluate, zero_tc_tasks
+    from dllm.eval.exact_match import eval_examples, evaluate, zero_tc_tasks
 
     examples = eval_examples(task_names, per_size=per_size)
     table: dict[str, dict[int, float]] = {}

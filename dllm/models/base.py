@@ -165,7 +165,7 @@ class DiffusionLM(nn.Module):
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
         where logits[:, i] predicts the token at position i.
 
-        With ``cache`` (a ``dllm.cache.CacheView`` over buffers from ``new_kv_cache``), the T rows
+        With ``cache`` (a ``dllm.models.kv.CacheView`` over buffers from ``new_kv_cache``), the T rows
         are canvas columns ``[cache.start, cache.start + T)`` and attend to the cached keys
         ``[0, cache.key_end)`` (their own fresh K/V written in first); ``key_padding_mask`` is then
         canvas-wide, [B, L], and ``positions`` defaults to the rows' canvas positions. Logits still
@@ -185,7 +185,7 @@ class DiffusionLM(nn.Module):
     supports_kv_cache: ClassVar[bool] = False  # True when _raw_forward accepts cache=CacheView
 
     def new_kv_cache(self, rows: int, length: int) -> Any:
-        """Preallocated K/V buffers for ``rows`` x ``length`` canvas columns (``dllm.cache.KVCache``)."""
+        """Preallocated K/V buffers for ``rows`` x ``length`` canvas columns (``dllm.models.kv.KVCache``)."""
         raise NotImplementedError(
             f"{type(self).__name__} has no KV cache (no attention layers to cache); use cache='none'"
         )
@@ -214,12 +214,12 @@ class DiffusionLM(nn.Module):
     ) -> torch.Tensor:
         """Validate a cached forward's inputs (see ``forward``); returns the positions [B, T]
         (default: the query rows' canvas positions)."""
-        from dllm.cache.kv import CacheView
+        from dllm.models.kv import CacheView
 
         if not isinstance(cache, CacheView) or not self.supports_kv_cache:
             raise NotImplementedError(
                 f"cache={type(cache).__name__} is not supported by {type(self).__name__}: forward takes "
-                "a dllm.cache.CacheView, and only models with attention layers (supports_kv_cache) "
+                "a dllm.models.kv.CacheView, and only models with attention layers (supports_kv_cache) "
                 "can use one; pass cache=None"
             )
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:

@@ -1,5 +1,5 @@
 """Oracle models: a weightless ``DiffusionLM`` whose logits are the exact posterior marginals of the
-PB-mini stress tasks (``dllm.eval.tasks``), given the words already committed.
+PB-mini stress tasks (``dllm.tasks``), given the words already committed.
 
 For every row of a batch the oracle reads ``[PAD]* [BOS] <task> <args...> [SEP] <answer region>``,
 rebuilds the problem with ``tasks.parse_prompt`` and returns, at every masked position of the answer
@@ -36,7 +36,7 @@ Not available: attention maps and hidden states (there are no layers), classifie
 (its unconditional branch masks the prompt, which the oracle needs), KV caches.
 
 >>> import dllm
->>> from dllm.eval import tasks
+>>> from dllm import tasks
 >>> from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 >>> exs = tasks.test_split("replace_random", 4, 8)
 >>> out = dllm.generate(OracleLM(), oracle_prompts(exs), gen_length=5, steps=5)
@@ -53,8 +53,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from dllm.eval import tasks as T
-from dllm.eval.tasks.base import Task
+from dllm import tasks as T
+from dllm.tasks.base import Task
 from dllm.models.base import DiffusionLM, SpecialIds
 from dllm.models.config import TransformerConfig
 
@@ -294,7 +294,7 @@ def _skip_pads(row: Sequence[int], pad_id: int) -> int:
 
 
 def _task_tokenizer() -> Any:
-    from dllm.eval.tasks.tokenizer import task_tokenizer
+    from dllm.models.task_tokenizer import task_tokenizer
 
     return task_tokenizer()
 

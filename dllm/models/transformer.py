@@ -230,9 +230,9 @@ class Transformer(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def new_kv_cache(self, rows: int, length: int):
-        """Preallocated K/V buffers (``dllm.cache.kv.KVCache``) for ``rows`` x ``length`` canvas
+        """Preallocated K/V buffers (``dllm.models.kv.KVCache``) for ``rows`` x ``length`` canvas
         columns, one pair per layer, each on its layer's device, in the model dtype."""
-        from dllm.cache.kv import KVCache
+        from dllm.models.kv import KVCache
 
         cfg = self.config
         first = self.layers[0].attn.k_proj.weight
@@ -247,7 +247,7 @@ class Transformer(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
-        cache=None,  # dllm.cache.kv.CacheView or None
+        cache=None,  # dllm.models.kv.CacheView or None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, K] f32}).
 

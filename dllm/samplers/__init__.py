@@ -4,10 +4,10 @@ Importing this package registers the built-in samplers.
 """
 
 from dllm.samplers.base import Sampler, make_sampler, register_sampler, samplers
-from dllm.samplers import llada as _llada  # noqa: F401  (registration side effect)
+from dllm.samplers import low_confidence as _low_confidence  # noqa: F401  (registration side effect)
 from dllm.samplers import dream as _dream  # noqa: F401
-from dllm.samplers import fast_dllm as _fast_dllm  # noqa: F401
-from dllm.samplers import entropy_bounded as _eb  # noqa: F401
+from dllm.samplers import threshold as _threshold  # noqa: F401
+from dllm.samplers import eb as _eb  # noqa: F401
 from dllm.samplers import klass as _klass  # noqa: F401
 from dllm.samplers import localleap as _localleap  # noqa: F401
 from dllm.samplers import dus as _dus  # noqa: F401

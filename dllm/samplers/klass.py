@@ -40,7 +40,7 @@ import torch
 
 from dllm.samplers._ops import gather_prob, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.entropy_bounded import propose_with_log_probs
+from dllm.samplers.eb import propose_with_log_probs
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")

@@ -28,7 +28,7 @@ import torch
 
 from dllm.samplers._ops import take_top_k
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.fast_dllm import propose_with_confidence
+from dllm.samplers.threshold import propose_with_confidence
 from dllm.state import DecodeState, StepInput, StepOutput
 
 

@@ -1,4 +1,4 @@
-"""Training batches from a weighted mixture of the PB-mini stress tasks (``dllm.eval.tasks``).
+"""Training batches from a weighted mixture of the PB-mini stress tasks (``dllm.tasks``).
 
 Layout of a batch row (right padding)::
 
@@ -29,8 +29,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
-from dllm.eval import tasks as T
-from dllm.eval.tasks.tokenizer import task_tokenizer
+from dllm import tasks as T
+from dllm.models.task_tokenizer import task_tokenizer
 
 MAX_REDRAWS = 1000  # test-prompt rejections in a row before giving up on a (task, size)
 

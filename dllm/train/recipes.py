@@ -10,7 +10,7 @@ LLaDA: full multi-head), RMSNorm eps. RoPE theta is 10000 for both (the official
 most rotary frequencies on sequences of <= 64 tokens).
 
 Sizes: d_model 128, 6 layers, 4 heads of 32, SwiGLU width 344 (~2.7 d): LLaDA ~1.2M parameters, Dream ~1.1M. Mixture: every task, the 17 tasks with C(Y|X) = 0 (the
-quality bar, ``dllm.train.evaluate.zero_tc_tasks``) drawn twice as often as the others.
+quality bar, ``dllm.eval.exact_match.zero_tc_tasks``) drawn twice as often as the others.
 
 Why this size (measured on the 2-core build machine, one torch thread each, two runs side by
 side): the first recipe (d_model 256, 6 layers, 4.8M parameters, 40k-step horizon) ran ~0.85
@@ -62,8 +62,8 @@ from typing import Any
 
 import torch
 
-from dllm.eval.tasks.tokenizer import task_tokenizer
-from dllm.eval.tasks.vocab import BOS, EOS, MASK, PAD, word_id
+from dllm.models.task_tokenizer import task_tokenizer
+from dllm.tasks.vocab import BOS, EOS, MASK, PAD, word_id
 from dllm.models.base import SpecialIds
 from dllm.models.config import TransformerConfig
 from dllm.models.families import family_class
@@ -133,7 +133,7 @@ ZERO_TC_TASKS = (
 
 def weighted_mixture(zero_tc_weight: float = 2.0) -> MixtureConfig:
     """Every registered task; the C(Y|X) = 0 tasks drawn ``zero_tc_weight`` times as often."""
-    from dllm.eval import tasks as T
+    from dllm import tasks as T
 
     names = tuple(e.name for e in T.tasks)
     return MixtureConfig(tasks=names, weights=tuple(zero_tc_weight if n in ZERO_TC_TASKS else 1.0

@@ -38,7 +38,7 @@ def test_lossless_with_classifier_free_guidance(cache):
 
 
 def test_fast_with_dual_on_the_embedded_model_saves_forwards():
-    from dllm.eval import tasks as T
+    from dllm import tasks as T
     from dllm.samplers.fast import CHOICE
 
     base, options = CHOICE

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
-from dllm.samplers.fast_dllm import propose_with_confidence
+from dllm.samplers.threshold import propose_with_confidence
 from dllm.samplers.stats import use_fused
 from dllm.state import StepInput
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import load
 
 

@@ -11,7 +11,7 @@ from functools import lru_cache
 import torch
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models.oracle import OracleLM, oracle_prompts
 from dllm.samplers._ops import argmax_excluding, gather_prob
 from dllm.samplers.base import Sampler

@@ -10,7 +10,7 @@ import torch
 
 import dllm
 from dllm.engine import _model_device
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models.oracle import NEG_LOGIT, OracleLM, oracle_prompts, score_generation
 
 MASK, EOS = T.word_id(T.MASK), T.word_id(T.EOS)

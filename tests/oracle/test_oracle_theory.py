@@ -10,7 +10,7 @@ import math
 import pytest
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from oracle_theory import (
     Threshold, binomial_ok, decode, exact_confidence_topk, exact_one_step,

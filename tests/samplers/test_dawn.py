@@ -6,7 +6,7 @@ import torch
 
 import dllm
 import dllm.samplers.dawn  # noqa: F401  (registers dawn)
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts
 from dllm.samplers import make_sampler

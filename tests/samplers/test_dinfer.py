@@ -7,7 +7,7 @@ import torch
 
 import dllm
 import dllm.samplers.dinfer  # noqa: F401  (registers hierarchy, credit)
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler

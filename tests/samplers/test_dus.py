@@ -8,7 +8,7 @@ import torch
 
 import dllm
 import dllm.samplers.dus  # noqa: F401  (registers "dus")
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler

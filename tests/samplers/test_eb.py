@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import dllm
-import dllm.samplers.entropy_bounded  # noqa: F401  (registers "eb")
-from dllm.eval import tasks as T
+import dllm.samplers.eb  # noqa: F401  (registers "eb")
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
-from dllm.samplers.entropy_bounded import entropy_prefix
+from dllm.samplers.eb import entropy_prefix
 from dllm.state import StepInput
 
 MASK, V = 9, 10

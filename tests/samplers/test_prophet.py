@@ -5,7 +5,7 @@ import torch
 
 import dllm
 import dllm.samplers.prophet  # noqa: F401  (registers prophet)
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler

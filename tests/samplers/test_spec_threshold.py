@@ -23,7 +23,7 @@ def test_equals_threshold_on_random_models(family, seed, tau, draft, gen, block)
 
 @pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
 def test_equals_threshold_on_the_embedded_models_with_fewer_forwards(name):
-    from dllm.eval import tasks as T
+    from dllm import tasks as T
 
     m = load(name)
     exs = T.test_split("shuffle", 8, n=4) + T.test_split("sort", 8, n=4)
@@ -46,7 +46,7 @@ def test_options_and_greedy_only():
 
 def test_equals_threshold_on_the_oracle():
     """On exact posteriors (``OracleLM``) too, including tasks with dependent tokens."""
-    from dllm.eval import tasks as T
+    from dllm import tasks as T
 
     oracle = load("oracle")
     for task in ("shuffle", "replace_random", "sort"):

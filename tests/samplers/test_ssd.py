@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler

@@ -165,7 +165,7 @@ def test_forward_accounting_and_cfg(family):
 def test_on_the_oracle_reference_shadow_path():
     """A model without attention layers gets exact leave-one-out views from masked copies; on the
     oracle every re-check is certain, so WINO keeps 100% on C = 0 tasks and never re-masks them."""
-    from dllm.eval import tasks as T
+    from dllm import tasks as T
     from dllm.models import load
 
     oracle = load("oracle")

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from dllm.eval import tasks as T
-from dllm.eval.tasks.tokenizer import task_tokenizer
+from dllm import tasks as T
+from dllm.models.task_tokenizer import task_tokenizer
 from dllm.train import MixtureConfig, TaskMixture
 from .helpers import FEW_TASKS
 

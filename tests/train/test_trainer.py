@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dllm.eval.tasks import vocabulary
+from dllm.tasks import vocabulary
 from dllm.models import load
 from dllm.train import build_model, diffusion_loss
 from dllm.train.__main__ import main
-from dllm.eval import tasks as T
-from dllm.train.evaluate import zero_tc_tasks
+from dllm import tasks as T
+from dllm.eval.exact_match import zero_tc_tasks
 from dllm.train.recipes import ZERO_TC_TASKS, get_recipe
 from dllm.train.trainer import Trainer, checkpoints, lr_factor
 from .helpers import small_batch, small_recipe

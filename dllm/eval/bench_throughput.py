@@ -27,7 +27,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run_throughput(args) -> dict:
-    import dllm
+    from dllm.engine import generate
     from dllm.models import load
 
     if args.threads is not None:
@@ -57,8 +57,8 @@ def run_throughput(args) -> dict:
     kwargs = dict(sampler=args.sampler, gen_length=args.gen_length, block_length=args.block_length,
                   steps=args.steps, temperature=args.temperature, cfg_scale=args.cfg_scale,
                   seed=args.seed, **dict(args.option))
-    dllm.generate(model, prompt, **kwargs)  # warm-up
-    outs = [dllm.generate(model, prompt, **kwargs) for _ in range(args.repeats)]
+    generate(model, prompt, **kwargs)  # warm-up
+    outs = [generate(model, prompt, **kwargs) for _ in range(args.repeats)]
     out = sorted(outs, key=lambda o: o.wall_time)[len(outs) // 2]
     result = {
         "model": args.model, "family": model.family, "device": str(device),

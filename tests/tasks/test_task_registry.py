@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from dllm.eval import tasks as T
+from dllm import tasks as T
 from dllm.registry import UnknownNameError
 
 REQUIRED = [

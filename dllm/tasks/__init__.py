@@ -24,24 +24,24 @@ Decisions worth knowing (see each module for details):
   (``chain`` tasks hold nothing out: their prompt space is tiny).
 """
 
-from dllm.eval.tasks import arithmetic as _arithmetic  # noqa: F401  (registration side effects)
-from dllm.eval.tasks import chain as _chain  # noqa: F401
-from dllm.eval.tasks import latin as _latin  # noqa: F401
-from dllm.eval.tasks import lists as _lists  # noqa: F401
-from dllm.eval.tasks import pick_pair as _pick_pair  # noqa: F401
-from dllm.eval.tasks import sudoku as _sudoku  # noqa: F401
-from dllm.eval.tasks.answers import Marginals, entropy_bits
-from dllm.eval.tasks.api import (
+from dllm.tasks import arithmetic as _arithmetic  # noqa: F401  (registration side effects)
+from dllm.tasks import chain as _chain  # noqa: F401
+from dllm.tasks import latin as _latin  # noqa: F401
+from dllm.tasks import lists as _lists  # noqa: F401
+from dllm.tasks import pick_pair as _pick_pair  # noqa: F401
+from dllm.tasks import sudoku as _sudoku  # noqa: F401
+from dllm.tasks.answers import Marginals, entropy_bits
+from dllm.tasks.api import (
     count_answers, generate, is_valid_answer, item_integrity, marginals, parse_prompt, score,
     total_correlation, valid_answers,
 )  # fmt: skip
-from dllm.eval.tasks.base import ENUMERATION_LIMIT, Example, Task, TooManyAnswersError, get_task, tasks
-from dllm.eval.tasks.format import (
+from dllm.tasks.base import ENUMERATION_LIMIT, Example, Task, TooManyAnswersError, get_task, tasks
+from dllm.tasks.format import (
     answer_length, cut_answer, max_sequence_length, prompt_ids, prompt_length, prompt_words, sequence_length,
     sequence_words, split_sequence, target_words,
 )  # fmt: skip
-from dllm.eval.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_test_prompt, test_split
-from dllm.eval.tasks.vocab import BOS, EOS, MASK, PAD, SEP, SPECIALS, vocabulary, word_id
+from dllm.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_test_prompt, test_split
+from dllm.tasks.vocab import BOS, EOS, MASK, PAD, SEP, SPECIALS, vocabulary, word_id
 
 
 def list_tasks() -> list[tuple[str, str]]:

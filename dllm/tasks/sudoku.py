@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dllm.eval.tasks.base import Meta, Task, register
+from dllm.tasks.base import Meta, Task, register
 
 CELLS = 16
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from dllm.eval import tasks as T
-from dllm.eval.tasks.sudoku import solutions
+from dllm import tasks as T
+from dllm.tasks.sudoku import solutions
 
 ALL = T.tasks.names()
 

@@ -100,7 +100,7 @@ def run_cache_bench(
     policies: anything ``generate(cache=...)`` takes ("dual", "dual:refresh=4", a policy instance).
     steps: fixed-step samplers' total steps (default gen_len: one token per step).
     """
-    import dllm
+    from dllm.engine import generate
 
     device = next(model.parameters()).device
     prompt = bench_prompt(model, batch_size, prompt_len, seed).to(device)
@@ -117,13 +117,13 @@ def run_cache_bench(
             if steps is not None and make_sampler(name, **options).fixed_steps:
                 kw["steps"] = steps
             if warmup:
-                dllm.generate(model, prompt, **kw)
+                generate(model, prompt, **kw)
             walls, out, peak = [], None, None
             for _ in range(max(1, repeats)):
                 _sync(device)
                 can_peak = _reset_peak(device)
                 t0 = time.perf_counter()
-                out = dllm.generate(model, prompt, **kw)
+                out = generate(model, prompt, **kw)
                 _sync(device)
                 walls.append(time.perf_counter() - t0)
                 peak = _peak_mb(device) if can_peak else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from dllm.eval.tasks.vocab import BOS, EOS, MASK, PAD, SPECIALS, vocabulary
+from dllm.tasks.vocab import BOS, EOS, MASK, PAD, SPECIALS, vocabulary
 
 
 def task_tokenizer(chat_template: Optional[str] = None) -> Any:

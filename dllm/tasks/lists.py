@@ -35,13 +35,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dllm.eval.tasks.answers import AnswerTable
-from dllm.eval.tasks.base import Meta, Task, register
-from dllm.eval.tasks.format import split_groups
-from dllm.eval.tasks.items import (
+from dllm.tasks.answers import AnswerTable
+from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.format import split_groups
+from dllm.tasks.items import (
     Item, check_distinct, check_kind, chunk, flatten, item_key, item_width, parse_items, sample_items,
 )
-from dllm.eval.tasks.vocab import BAR, DIGITS, EOS, word_id
+from dllm.tasks.vocab import BAR, DIGITS, EOS, word_id
 
 LIST_OPS: tuple[str, ...] = (
     "copy", "reverse", "sort", "replace_index", "replace_random", "insert_index", "insert_random",

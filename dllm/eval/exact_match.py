@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dllm.eval import tasks as T
+from dllm import tasks as T
 
 
 @lru_cache(maxsize=None)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dllm.eval.tasks.answers import pad
-from dllm.eval.tasks.base import Example, Task, get_task
-from dllm.eval.tasks.vocab import BAR, BOS, EOS, SEP, word_id
+from dllm.tasks.answers import pad
+from dllm.tasks.base import Example, Task, get_task
+from dllm.tasks.vocab import BAR, BOS, EOS, SEP, word_id
 
 
 def prompt_words(ex: Example) -> tuple[str, ...]:

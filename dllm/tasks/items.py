@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from dllm.eval.tasks.vocab import DIGITS, FIRST_PARTS, ITEMS_1TOK, SECOND_PARTS
+from dllm.tasks.vocab import DIGITS, FIRST_PARTS, ITEMS_1TOK, SECOND_PARTS
 
 Item = tuple[str, ...]
 ITEM_KINDS: tuple[str, ...] = ("1tok", "2tok", "num")

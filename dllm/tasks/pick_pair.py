@@ -13,9 +13,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dllm.eval.tasks.base import Meta, Task, register
-from dllm.eval.tasks.items import Item, chunk, flatten, is_item
-from dllm.eval.tasks.vocab import FIRST_PARTS, SECOND_PARTS
+from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.items import Item, chunk, flatten, is_item
+from dllm.tasks.vocab import FIRST_PARTS, SECOND_PARTS
 
 _PARTS = 3  # first parts and second parts available per problem
 

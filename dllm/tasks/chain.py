@@ -23,10 +23,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from dllm.eval.tasks.answers import Marginals, check_committed
-from dllm.eval.tasks.base import Meta, Task, register
-from dllm.eval.tasks.format import split_groups
-from dllm.eval.tasks.vocab import BAR, DIGITS, EOS, vocabulary
+from dllm.tasks.answers import Marginals, check_committed
+from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.format import split_groups
+from dllm.tasks.vocab import BAR, DIGITS, EOS, vocabulary
 
 CHAIN_DIGITS: tuple[str, ...] = DIGITS[1:]  # 1..9
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from dllm.eval.tasks.vocab import EOS, vocabulary, word_id
+from dllm.tasks.vocab import EOS, vocabulary, word_id
 
 if TYPE_CHECKING:
-    from dllm.eval.tasks.base import Task
+    from dllm.tasks.base import Task
 
 # One dict per answer position: word -> probability (only words with probability > 0).
 Marginals = list[dict[str, float]]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from typing import Mapping, Sequence
 
-from dllm.eval.tasks.answers import Marginals, pad
-from dllm.eval.tasks.base import ENUMERATION_LIMIT, Example, Task, TooManyAnswersError, get_task
-from dllm.eval.tasks.format import answer_length, cut_answer
-from dllm.eval.tasks.vocab import BOS, SEP
+from dllm.tasks.answers import Marginals, pad
+from dllm.tasks.base import ENUMERATION_LIMIT, Example, Task, TooManyAnswersError, get_task
+from dllm.tasks.format import answer_length, cut_answer
+from dllm.tasks.vocab import BOS, SEP
 
 
 def generate(task: str | Task, rng: random.Random, size: int) -> Example:

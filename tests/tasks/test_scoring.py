@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dllm.eval import tasks as T
+from dllm import tasks as T
 
 ALL = T.tasks.names()
 EOS = "[EOS]"

@@ -6,7 +6,7 @@ import torch
 import dllm
 from dllm.models import tiny
 from dllm.samplers import make_sampler
-from dllm.samplers.fast_dllm import factor_prefix
+from dllm.samplers.threshold import factor_prefix
 from dllm.state import StepInput
 
 MASK, V = 9, 10

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from dllm.eval.tasks.base import Meta, Task, register
-from dllm.eval.tasks.format import split_groups
-from dllm.eval.tasks.items import check_distinct, flatten, parse_items, sample_items
-from dllm.eval.tasks.vocab import BAR
+from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.format import split_groups
+from dllm.tasks.items import check_distinct, flatten, parse_items, sample_items
+from dllm.tasks.vocab import BAR
 
 ORDER = 4
 Square = tuple[int, ...]  # 16 values in 0..3, row-major

@@ -13,9 +13,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dllm.eval.tasks.base import Meta, Task, register
-from dllm.eval.tasks.format import split_groups
-from dllm.eval.tasks.vocab import BAR, DIGITS
+from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.format import split_groups
+from dllm.tasks.vocab import BAR, DIGITS
 
 
 def digits(value: int, width: int, lsb_first: bool) -> tuple[str, ...]:

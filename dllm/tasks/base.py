@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dllm.eval.tasks.answers import AnswerTable, Marginals, entropy_bits, table_marginals
+from dllm.tasks.answers import AnswerTable, Marginals, entropy_bits, table_marginals
 from dllm.registry import Registry
 
 Meta = Mapping[str, Any]

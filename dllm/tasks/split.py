@@ -17,7 +17,7 @@ import hashlib
 import random
 from functools import lru_cache
 
-from dllm.eval.tasks.base import Example, get_task
+from dllm.tasks.base import Example, get_task
 
 SPLIT_VERSION = "pbmini-v1"
 TEST_SPLIT_SIZE = 50  # instances per (task, size) in the canonical split
