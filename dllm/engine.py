@@ -26,8 +26,9 @@ import torch
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.inputs import encode_prompts, left_pad
+from dllm.inputs import decode_answer, encode_prompts, init_state, model_device
 from dllm.samplers import Sampler, make_sampler
+from dllm.options import check_number
 from dllm.schedule import BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
@@ -83,8 +84,8 @@ def generate(
     t_start = time.perf_counter()
     sampler_obj = make_sampler(sampler, **sampler_options)
     policy = make_cache(cache)
-    _check_scalar("temperature", temperature, low=0.0)
-    _check_scalar("cfg_scale", cfg_scale, low=0.0)
+    check_number("temperature", temperature, low=0.0, finite=True)
+    check_number("cfg_scale", cfg_scale, low=0.0, finite=True)
     if not isinstance(gen_length, int) or gen_length <= 0:
         raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
 
@@ -99,11 +100,11 @@ def generate(
             f"model's {max_positions} positions; shorten the prompt or gen_length"
         )
 
-    device = _model_device(model)
+    device = model_device(model)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    state = _init_state(model, rows, gen_length, temperature, generator, device)
+    state = init_state(model, rows, gen_length, temperature, generator, device)
     state.extras["eos_ids"] = tuple(getattr(model, "eos_ids", ()) or ())
     state.block_length = plan.block_length
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
@@ -119,21 +120,20 @@ def generate(
             f"which cache policy {policy.name!r} cannot serve with these options: {refusal}"
         )
     need_attn = _fit_layers(sampler_obj.attention_layers, model)
-    need_hidden = _fit_layers(sampler_obj.hidden_layers, model)
-    if (need_attn or need_hidden) and not getattr(model, "supports_kv_cache", True):
+    if need_attn and not getattr(model, "supports_kv_cache", True):
         raise ValueError(
-            f"sampler {sampler_obj.name!r} reads the model's attention probabilities / hidden states "
-            f"(layers {list(need_attn) or list(need_hidden)}), but {type(model).__name__} has no "
-            f"transformer layers to return them; use a sampler that reads only logits"
+            f"sampler {sampler_obj.name!r} reads the model's attention probabilities (layers "
+            f"{list(need_attn)}), but {type(model).__name__} has no transformer layers to return them; "
+            f"use a sampler that reads only logits"
         )
 
+    decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
+                    attn_layers=need_attn, callback=callback)
     with torch.inference_mode():
         lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
-            s, e = s + lp, e + lp  # canvas columns
-            _run_block(model, sampler_obj, policy, shift, state, b, s, e, block_steps, cfg_scale,
-                       need_attn, need_hidden, callback)
-            if stop_at_eos and _stop_finished_rows(state, e):
+            decode.run_block(b, s + lp, e + lp, block_steps)  # canvas columns
+            if stop_at_eos and _stop_finished_rows(state, e + lp):
                 break
 
     wall = time.perf_counter() - t_start
@@ -155,108 +155,79 @@ def _fit_layers(layers: Sequence[int], model) -> tuple[int, ...]:
     return tuple(fitted)
 
 
-def _check_scalar(name: str, value: float, *, low: float) -> None:
-    if not isinstance(value, (int, float)) or value != value or value < low:
-        raise ValueError(f"{name} must be a number >= {low}, got {value!r}")
+class Decode:
+    """One ``generate`` call's context: the model, the sampler, the cache policy, the state and the
+    guidance settings. Its methods are the block loop and the three kinds of forwards (plain, with a
+    shadow block, and verification variants); each forward counts NFE and forwarded tokens."""
 
+    def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState, *,
+                 cfg_scale: float, shift: int, attn_layers: tuple[int, ...],
+                 callback: Optional[StepCallback]) -> None:
+        self.model, self.sampler, self.policy, self.state = model, sampler, policy, state
+        self.cfg_scale = cfg_scale  # > 0: classifier-free guidance on a doubled batch
+        self.shift = shift  # the model's logit_shift (Dream: 1)
+        self.attn_layers = attn_layers
+        self.callback = callback
 
-def _model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device(getattr(model, "device", "cpu"))
+    # ---- forwards -------------------------------------------------------------------------------
+    def query_inputs(self, query: Query) -> tuple[torch.Tensor, dict]:
+        """The forward batch of the query columns ``[query.start, query.end)``: input_ids [R, Q] and
+        the keyword arguments shared by ``forward`` and ``shadow_forward`` (positions, the
+        canvas-wide padding mask, the cache view). Under CFG, R = 2B: the unconditional copy
+        (prompt -> mask, pads too) follows the conditional rows; else R = B."""
+        state = self.state
+        q0, q1 = query.start, query.end
+        x = state.x[:, q0:q1]  # [B, Q]
+        kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
+        positions = state.positions[:, q0:q1]
+        if self.cfg_scale > 0:
+            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)], dim=0)
+            positions = positions.repeat(2, 1)
+            kpm = None if kpm is None else kpm.repeat(2, 1)
+        kwargs = {"positions": positions, "key_padding_mask": kpm}
+        if state.kv is not None:
+            kwargs["cache"] = state.kv.view(q0, query.key_end)
+        return x, kwargs
 
+    def forward(self, query: Query) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits [B, Q, V] for the query columns (and the attention maps the sampler asked for).
 
-def _init_state(model, rows: list[list[int]], gen_length: int, temperature: float,
-                generator: Optional[torch.Generator], device: torch.device) -> DecodeState:
-    mask_id = int(model.mask_id)
-    pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
-    prompt_ids, valid = left_pad(rows, pad_id, device)  # [B, Lp], [B, Lp]
-    bsz, lp = prompt_ids.shape
-    gen = torch.full((bsz, gen_length), mask_id, dtype=torch.long, device=device)
-    x = torch.cat([prompt_ids, gen], dim=1)  # [B, L]
-    kpm = torch.cat([valid, torch.ones_like(gen, dtype=torch.bool)], dim=1)  # [B, L]
-    positions = (kpm.long().cumsum(dim=1) - 1).clamp_min(0)  # [B, L]
-    prompt_mask = torch.zeros_like(kpm)
-    prompt_mask[:, :lp] = True
-    return DecodeState(
-        x=x, key_padding_mask=kpm, positions=positions, prompt_mask=prompt_mask,
-        prompt_length=lp, gen_length=gen_length, mask_id=mask_id, temperature=float(temperature),
-        generator=generator, trace=torch.full((bsz, gen_length), -1, dtype=torch.long, device=device),
-        padded=bool((~valid).any()), finished=torch.zeros(bsz, dtype=torch.bool, device=device),
-    )
+        Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
+        writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
+        """
+        x, kwargs = self.query_inputs(query)
+        out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
+        logits, attn = out.logits, out.attn
+        if self.cfg_scale > 0:
+            b = self.state.batch_size
+            logits = _guided(logits, self.cfg_scale)
+            attn = {k: v[:b] for k, v in attn.items()}
+        self._count(x.shape[0] * query.length)  # honest compute count: rows x query length
+        return logits, attn
 
+    def shadow_forward(self, query: Query, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one
+        forward with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the
+        call has them; counted as one NFE of Q + W rows per row."""
+        x, kwargs = self.query_inputs(query)
+        logits, shadow = self.model.shadow_forward(x, start=s, end=e, **kwargs)
+        if self.cfg_scale > 0:
+            logits, shadow = _guided(logits, self.cfg_scale), _guided(shadow, self.cfg_scale)
+        self._count(x.shape[0] * (query.length + e - s))
+        return logits, shadow
 
-def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
-    """LLaDA's classifier-free guidance: [2B, ...] (conditional rows, then unconditional) -> [B, ...]."""
-    cond, un = logits.chunk(2, dim=0)
-    return un + (cfg_scale + 1) * (cond - un)
+    def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Verification variants (``Sampler.needs_variants``; one NFE per call): forwards of copies
+        of the batch rows ``rows`` [N] whose current query columns hold ``tokens`` [N, Q].
 
-
-def _query_inputs(state: DecodeState, query: Query, cfg_scale: float) -> tuple[torch.Tensor, dict]:
-    """The forward batch of the query columns ``[query.start, query.end)``: input_ids [R, Q] and the
-    keyword arguments shared by ``forward`` and ``shadow_forward`` (positions, the canvas-wide
-    padding mask, the cache view). Under CFG, R = 2B: the unconditional copy (prompt -> mask,
-    pads too) follows the conditional rows; else R = B."""
-    q0, q1 = query.start, query.end
-    x = state.x[:, q0:q1]  # [B, Q]
-    kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide (= [B, Q] when full)
-    positions = state.positions[:, q0:q1]
-    if cfg_scale > 0:
-        x = torch.cat([x, x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)], dim=0)
-        positions = positions.repeat(2, 1)
-        kpm = None if kpm is None else kpm.repeat(2, 1)
-    kwargs = {"positions": positions, "key_padding_mask": kpm}
-    if state.kv is not None:
-        kwargs["cache"] = state.kv.view(q0, query.key_end)
-    return x, kwargs
-
-
-def _shadow_forward(model, state: DecodeState, query: Query, cfg_scale: float, s: int, e: int):
-    """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one forward
-    with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the call has them;
-    counted as one NFE of Q + W rows per row."""
-    x, kwargs = _query_inputs(state, query, cfg_scale)
-    logits, shadow = model.shadow_forward(x, start=s, end=e, **kwargs)
-    if cfg_scale > 0:
-        logits, shadow = _guided(logits, cfg_scale), _guided(shadow, cfg_scale)
-    state.nfe += 1
-    state.forwarded_tokens += x.shape[0] * (query.length + e - s)
-    return logits, shadow
-
-
-def _forward(model, state: DecodeState, query: Query, cfg_scale: float, need_attn, need_hidden):
-    """Logits [B, Q, V] for the query columns ``[query.start, query.end)`` (hidden, attn likewise).
-
-    Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
-    writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
-    """
-    x, kwargs = _query_inputs(state, query, cfg_scale)
-    out = model(x, want_attn_layers=need_attn, want_hidden_layers=need_hidden, **kwargs)
-    logits, hidden, attn = out.logits, out.hidden, out.attn
-    if cfg_scale > 0:
-        b = state.batch_size
-        logits = _guided(logits, cfg_scale)
-        hidden = {k: v[:b] for k, v in hidden.items()}
-        attn = {k: v[:b] for k, v in attn.items()}
-    state.nfe += 1
-    state.forwarded_tokens += x.shape[0] * query.length  # honest compute count: rows x query length
-    return logits, hidden, attn
-
-
-def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float, policy: CachePolicy,
-                     shift: int):
-    """A callable for samplers that verify modified canvases (one NFE per call): forwards of copies
-    of the rows in ``rows`` whose query columns hold ``tokens``.
-
-    Cache ``none``: full forwards. With buffers: the policy's cached query of this block against a
-    copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later step each
-    copy stands for (``CachePolicy.variant_refusal``). Returns the logits of the block window only,
-    [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``): verification reads nothing
-    else, and a [N, L, V] copy per node would not fit a long canvas with a 126k vocabulary.
-    """
-
-    def forward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        Cache ``none``: full forwards. With buffers: the policy's cached query of this block against
+        a copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later
+        step each variant stands for (``CachePolicy.variant_refusal``). Returns the logits of the
+        block window only, [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``):
+        verification reads nothing else, and a [N, L, V] copy per variant would not fit a long
+        canvas with a 126k vocabulary.
+        """
+        state, query = self.state, self._query
         q0, q1 = query.start, query.end
         length = state.x.shape[1]
         x = state.x[rows].clone()  # [N, L]
@@ -264,50 +235,54 @@ def _variant_forward(model, state: DecodeState, query: Query, cfg_scale: float, 
         kpm = state.key_padding_mask[rows] if state.padded else None
         positions = state.positions[rows]
         kv_rows = rows
-        if cfg_scale > 0:
+        if self.cfg_scale > 0:
             x = torch.cat([x, x.masked_fill(state.prompt_mask[rows], state.mask_id)])
             positions = positions.repeat(2, 1)
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
-        vq = Query(0, length, length) if state.kv is None else policy.cached_query(state, shift)
+        vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
         extra = {} if state.kv is None else {"cache": state.kv.gather(kv_rows).view(vq.start, vq.key_end)}
-        out = model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
-                    **extra)
-        logits = _guided(out.logits, cfg_scale) if cfg_scale > 0 else out.logits  # [N, Qv, V]
-        state.nfe += 1
-        state.forwarded_tokens += x.shape[0] * vq.length
+        out = self.model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
+                         **extra)
+        logits = _guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, Qv, V]
+        self._count(x.shape[0] * vq.length)
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
         return logits[:, s - vq.start:e - vq.start]  # [N, W, V]
 
-    return forward
+    def _count(self, forwarded: int) -> None:
+        self.state.nfe += 1
+        self.state.forwarded_tokens += forwarded
 
+    # ---- the block loop -------------------------------------------------------------------------
+    def run_block(self, b: int, s: int, e: int, block_steps: Optional[int]) -> None:
+        """Decode canvas columns ``[s, e)``: ``block_steps`` steps (fixed-step samplers) or until the
+        block has no masks (adaptive samplers, at most ``sampler.max_block_steps``)."""
+        state, sampler = self.state, self.sampler
+        state.block_index, state.block_start, state.block_end = b, s, e
+        state.block_steps = block_steps
+        state.block_step = 0
+        state.block_masks_at_start = (state.x[:, s:e] == state.mask_id).sum(dim=1)  # [B]
+        sampler.begin_block(state)
+        max_steps = block_steps if block_steps is not None else sampler.max_block_steps(e - s)
+        for i in range(max_steps):
+            if block_steps is None and not _block_has_masks(state, s, e):
+                return
+            state.block_step = i
+            self._step(i, s, e, block_steps)
+        if block_steps is None and _block_has_masks(state, s, e):
+            raise RuntimeError(  # unreachable: every adaptive step commits >= 1 per unfinished row
+                f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
+            )
 
-def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
-    # one host sync per adaptive step: the loop condition itself
-    return bool((state.x[:, s:e] == state.mask_id).any())
-
-
-def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: DecodeState, b: int,
-               s: int, e: int, block_steps: Optional[int], cfg_scale: float, need_attn, need_hidden,
-               callback: Optional[StepCallback]) -> None:
-    state.block_index, state.block_start, state.block_end = b, s, e
-    state.block_steps = block_steps
-    state.block_step = 0
-    state.block_masks_at_start = (state.x[:, s:e] == state.mask_id).sum(dim=1)  # [B]
-    sampler.begin_block(state)
-    max_steps = block_steps if block_steps is not None else sampler.max_block_steps(e - s)
-    for i in range(max_steps):
-        if block_steps is None and not _block_has_masks(state, s, e):
-            return
-        state.block_step = i
-        query = policy.query(state, i, shift)
-        shadow = None
+    def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
+        state, sampler = self.state, self.sampler
+        query = self._query = self.policy.query(state, i, self.shift)
+        shadow, attn = None, {}
         if sampler.shadow_block:
-            logits, shadow = _shadow_forward(model, state, query, cfg_scale, s, e)
-            hidden, attn = {}, {}
+            logits, shadow = self.shadow_forward(query, s, e)
         else:
-            logits, hidden, attn = _forward(model, state, query, cfg_scale, need_attn, need_hidden)
+            logits, attn = self.forward(query)
         q0, q_len = query.start, logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
@@ -315,9 +290,8 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
-            generator=state.generator, hidden=hidden, attn=attn,
-            forward_variants=(_variant_forward(model, state, query, cfg_scale, policy, shift)
-                              if sampler.needs_variants else None),
+            generator=state.generator, attn=attn,
+            forward_variants=self.variant_forward if sampler.needs_variants else None,
             shadow_logits=shadow,
         )
         decision = sampler.step(inp, state)
@@ -328,18 +302,28 @@ def _run_block(model, sampler: Sampler, policy: CachePolicy, shift: int, state: 
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
         _write(state, commit, decision.tokens, state.step, q0)
-        if decision.remask is not None:  # revising samplers: committed block tokens back to masks
+        if decision.remask is not None:
+            if not sampler.revises:
+                raise RuntimeError(f"sampler {sampler.name!r} returned remask but does not declare "
+                                   f"revises = True")
             in_block = torch.zeros_like(active)
             in_block[:, s - q0:e - q0] = True
             remask = decision.remask & in_block & ~commit & (tokens != state.mask_id)
             _write(state, remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
         state.step += 1
-        if callback is not None:
-            callback(state)
-    if block_steps is None and _block_has_masks(state, s, e):
-        raise RuntimeError(  # unreachable: every adaptive step commits >= 1 per unfinished row
-            f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
-        )
+        if self.callback is not None:
+            self.callback(state)
+
+
+def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """LLaDA's classifier-free guidance: [2B, ...] (conditional rows, then unconditional) -> [B, ...]."""
+    cond, un = logits.chunk(2, dim=0)
+    return un + (cfg_scale + 1) * (cond - un)
+
+
+def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
+    # one host sync per adaptive step: the loop condition itself
+    return bool((state.x[:, s:e] == state.mask_id).any())
 
 
 def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: bool, adaptive: bool) -> torch.Tensor:
@@ -411,18 +395,4 @@ def _finish(model, state: DecodeState, wall: float, return_trace: bool) -> Gener
     )
 
 
-def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: int) -> str:
-    """Text of generated ids, cut at the first EOS/EoT, special tokens skipped.
-
-    Ids past the tokenizer's vocabulary (embedding rows kept for alignment, e.g. LLaDA's 126464
-    rows for 126349 tokens) have no text and are dropped.
-    """
-    for i, t in enumerate(ids):
-        if t in eos_ids:
-            ids = ids[:i]
-            break
-    n_tokens = len(tokenizer)
-    return tokenizer.decode([t for t in ids if t != mask_id and t < n_tokens], skip_special_tokens=True)
-
-
-__all__ = ["generate", "BlockPlan", "decode_answer"]
+__all__ = ["Decode", "generate", "BlockPlan", "decode_answer"]  # decode_answer: from dllm.inputs

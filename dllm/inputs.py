@@ -1,10 +1,13 @@
-"""Prompt encoding and left padding, with the checks every generate call needs."""
+"""Prompt encoding and left padding with the checks every generate call needs, the initial decode
+state (the canvas), and the text of generated ids."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+
+from dllm.state import DecodeState
 
 
 def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
@@ -61,3 +64,44 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
         ids[j, width - len(r):] = torch.tensor(r, dtype=torch.long)
         valid[j, width - len(r):] = True
     return ids.to(device), valid.to(device)
+
+
+def model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device(getattr(model, "device", "cpu"))
+
+
+def init_state(model, rows: list[list[int]], gen_length: int, temperature: float,
+                generator: Optional[torch.Generator], device: torch.device) -> DecodeState:
+    mask_id = int(model.mask_id)
+    pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
+    prompt_ids, valid = left_pad(rows, pad_id, device)  # [B, Lp], [B, Lp]
+    bsz, lp = prompt_ids.shape
+    gen = torch.full((bsz, gen_length), mask_id, dtype=torch.long, device=device)
+    x = torch.cat([prompt_ids, gen], dim=1)  # [B, L]
+    kpm = torch.cat([valid, torch.ones_like(gen, dtype=torch.bool)], dim=1)  # [B, L]
+    positions = (kpm.long().cumsum(dim=1) - 1).clamp_min(0)  # [B, L]
+    prompt_mask = torch.zeros_like(kpm)
+    prompt_mask[:, :lp] = True
+    return DecodeState(
+        x=x, key_padding_mask=kpm, positions=positions, prompt_mask=prompt_mask,
+        prompt_length=lp, gen_length=gen_length, mask_id=mask_id, temperature=float(temperature),
+        generator=generator, trace=torch.full((bsz, gen_length), -1, dtype=torch.long, device=device),
+        padded=bool((~valid).any()), finished=torch.zeros(bsz, dtype=torch.bool, device=device),
+    )
+
+
+def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: int) -> str:
+    """Text of generated ids, cut at the first EOS/EoT, special tokens skipped.
+
+    Ids past the tokenizer's vocabulary (embedding rows kept for alignment, e.g. LLaDA's 126464
+    rows for 126349 tokens) have no text and are dropped.
+    """
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            ids = ids[:i]
+            break
+    n_tokens = len(tokenizer)
+    return tokenizer.decode([t for t in ids if t != mask_id and t < n_tokens], skip_special_tokens=True)

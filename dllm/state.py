@@ -74,7 +74,6 @@ class StepInput:
     mask_id: int
     temperature: float
     generator: Optional[torch.Generator]
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, Q, D]
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
     # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
     # lookahead branches): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
@@ -118,7 +117,6 @@ class GenerationOutput:
     content_tokens: int  # generated tokens up to (excluding) each row's first EOS/EoT
     wall_time: float  # seconds
     trace: Optional[torch.Tensor] = None  # [B, G] step at which each position was committed
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def generated(self) -> torch.Tensor:

@@ -160,7 +160,7 @@ def test_prompt_forms_agree(model):
     (dict(gen_length=8, block_length=-1), ValueError, r"block_length .* got -1"),
     (dict(gen_length=8, block_length=4, steps=3), ValueError, r"steps=3 cannot be split evenly over 2 blocks"),
     (dict(gen_length=8, steps=9), ValueError, r"9 steps per block but a block holds only 8"),
-    (dict(gen_length=8, temperature=-1.0), ValueError, r"temperature must be a number >= 0.0, got -1.0"),
+    (dict(gen_length=8, temperature=-1.0), ValueError, r"temperature must be a finite number >= 0, got -1.0"),
     (dict(gen_length=8, cache="nope"), ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: .*dual.*none"),
     (dict(gen_length=100000), ValueError, r"exceeds the model's \d+ positions"),
 ])

@@ -7,7 +7,7 @@
 (``DualCache(refresh=4)``). Importing this package registers the built-in policies.
 """
 
-from dllm.cache.base import CachePolicy, Query, caches, make_cache, parse_cache_spec, register_cache
+from dllm.cache.base import CachePolicy, Query, caches, make_cache, register_cache
 from dllm.models.kv import CacheView, KVCache
 from dllm.cache.none import NoCache
 from dllm.cache.block import DualCache, PrefixCache
@@ -16,14 +16,8 @@ from dllm.cache.window import WindowCache
 
 def list_caches() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered cache policy, aliases noted."""
-    rows = []
-    for entry in caches:
-        desc = entry.description
-        if entry.aliases:
-            desc += f" (aliases: {', '.join(entry.aliases)})"
-        rows.append((entry.name, desc))
-    return rows
+    return caches.describe()
 
 
 __all__ = ["CachePolicy", "CacheView", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
-           "WindowCache", "caches", "list_caches", "make_cache", "parse_cache_spec", "register_cache"]
+           "WindowCache", "caches", "list_caches", "make_cache", "register_cache"]

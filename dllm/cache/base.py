@@ -19,11 +19,11 @@ predict column s starts at ``s - shift``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional, Union
 
-from dllm.registry import Registry, UnknownNameError, build_config as _build_config
+from dllm.options import check_optional_int
+from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState
 
 
@@ -40,33 +40,17 @@ class Query:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
-class NoOptions:
-    """A cache policy without options."""
-
-
 def check_refresh(refresh: Optional[int]) -> None:
-    if refresh is not None and (not isinstance(refresh, int) or isinstance(refresh, bool) or refresh < 1):
-        raise ValueError(f"refresh must be an integer >= 1 (a full forward every `refresh` steps of a "
-                         f"block; None = only at block starts), got {refresh!r}")
+    check_optional_int("refresh", refresh, 1, hint=" (a full forward every `refresh` steps of a block; "
+                       "None = only at block starts)")
 
 
-def check_count(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-class CachePolicy:
+class CachePolicy(Configurable):
     """Base class: holds the frozen config; subclasses implement ``cached_query``."""
 
-    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "cache policy"
     Config: ClassVar[type] = NoOptions
     uses_kv: ClassVar[bool] = True  # False: no buffers, every step is a plain full forward
-
-    def __init__(self, config: Any | None = None, **options: Any) -> None:
-        if config is not None and options:
-            raise TypeError("pass either a Config or keyword options, not both")
-        self.config = config if config is not None else build_config(self.Config, options, self.name)
 
     # ---- per call ----------------------------------------------------------------------------------
     def check(self, model, *, block_length: int, gen_length: int) -> None:
@@ -120,63 +104,10 @@ class CachePolicy:
                     f"verification node could not reproduce the step it stands for; use warmup <= 1")
         return None
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.config})"
-
-
-def build_config(config_cls: type, options: dict[str, Any], policy: str) -> Any:
-    """A cache policy's frozen config from keyword options; unknown keys list the valid ones."""
-    return _build_config(config_cls, options, "cache policy", policy)
-
-
-caches: Registry[type[CachePolicy]] = Registry("cache policy")
-
-
-def register_cache(name: str, *, aliases: tuple[str, ...] = (), description: str | None = None):
-    """Class decorator: register a ``CachePolicy`` subclass under ``name``."""
-
-    def deco(cls: type[CachePolicy]) -> type[CachePolicy]:
-        cls.name = name
-        caches.add(name, cls, aliases=aliases, description=description)
-        return cls
-
-    return deco
-
+caches: Registry[type[CachePolicy]] = Registry("cache policy", base=CachePolicy, plural="cache policies")
+register_cache = caches.register_class  # class decorator: @register_cache("name", aliases=...)
 
 CacheSpec = Union[str, CachePolicy, Mapping[str, Any]]
-
-_SPEC = re.compile(r"^\s*([A-Za-z_][\w-]*)\s*(?::(.*))?$")
-
-
-def _parse_value(text: str) -> Any:
-    low = text.strip().lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text.strip()
-
-
-def parse_cache_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"dual:refresh=4,look_ahead=8"`` -> ``("dual", {"refresh": 4, "look_ahead": 8})``."""
-    m = _SPEC.match(spec)
-    if not m:
-        raise ValueError(f"cannot parse cache policy {spec!r}; expected NAME or NAME:key=value,...")
-    name, rest = m.group(1), m.group(2)
-    options: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in (rest or "").split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"cannot parse cache option {item!r} in {spec!r}; expected key=value")
-        options[key.strip()] = _parse_value(value)
-    return name, options
 
 
 def make_cache(cache: CacheSpec = "none", **options: Any) -> CachePolicy:
@@ -185,29 +116,7 @@ def make_cache(cache: CacheSpec = "none", **options: Any) -> CachePolicy:
 
     Unknown names list the valid ones; unknown options list the policy's valid options.
     """
-    if isinstance(cache, CachePolicy):
-        if options:
-            raise TypeError(f"options {sorted(options)} were given together with a cache policy "
-                            f"instance {cache!r}; set them on its Config instead")
-        return cache
-    if isinstance(cache, Mapping):
-        spec = dict(cache)
-        if "name" not in spec:
-            raise ValueError(f"a cache policy mapping needs a 'name' key, got {sorted(spec)}")
-        name = spec.pop("name")
-        return make_cache(name, **{**spec, **options})
-    if not isinstance(cache, str):
-        raise TypeError(f"cache must be a policy name, a spec string, a mapping or a CachePolicy, "
-                        f"got {type(cache).__name__}")
-    name, parsed = parse_cache_spec(cache)
-    try:
-        cls = caches.get(name)
-    except UnknownNameError:
-        raise UnknownNameError(
-            f"Unknown cache policy {name!r}. Valid cache policies: {', '.join(caches.names(aliases=True))}"
-        ) from None
-    return cls(**{**parsed, **options})
+    return caches.make(cache, **options)
 
 
-__all__ = ["CachePolicy", "Query", "caches", "register_cache", "make_cache", "parse_cache_spec",
-           "check_refresh", "check_count"]
+__all__ = ["CachePolicy", "CacheSpec", "Query", "caches", "check_refresh", "make_cache", "register_cache"]

@@ -38,7 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from dllm.cache.base import CachePolicy, Query, check_count, check_refresh, register_cache
+from dllm.cache.base import CachePolicy, Query, check_refresh, register_cache
+from dllm.options import check_int
 from dllm.state import DecodeState
 
 
@@ -70,9 +71,9 @@ class DualConfig:
 
     def __post_init__(self) -> None:
         check_refresh(self.refresh)
-        check_count("look_back", self.look_back, 0)
-        check_count("look_ahead", self.look_ahead, 0)
-        check_count("warmup", self.warmup, 0)
+        check_int("look_back", self.look_back, 0)
+        check_int("look_ahead", self.look_ahead, 0)
+        check_int("warmup", self.warmup, 0)
 
 
 @register_cache("dual")

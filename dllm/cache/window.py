@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from dllm.cache.base import CachePolicy, Query, check_count, check_refresh, register_cache
+from dllm.cache.base import CachePolicy, Query, check_refresh, register_cache
+from dllm.options import check_int
 from dllm.state import DecodeState
 
 
@@ -37,7 +38,7 @@ class WindowConfig:
 
     def __post_init__(self) -> None:
         if self.buffer is not None:
-            check_count("buffer", self.buffer, 1)
+            check_int("buffer", self.buffer, 1)
         check_refresh(self.refresh)
 
 

@@ -23,13 +23,7 @@ from dllm.samplers import fast as _fast  # noqa: F401  (after the samplers it ma
 
 def list_samplers() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered sampler, aliases noted."""
-    rows = []
-    for entry in samplers:
-        desc = entry.description
-        if entry.aliases:
-            desc += f" (aliases: {', '.join(entry.aliases)})"
-        rows.append((entry.name, desc))
-    return rows
+    return samplers.describe()
 
 
 __all__ = ["Sampler", "make_sampler", "register_sampler", "samplers", "list_samplers"]

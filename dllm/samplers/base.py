@@ -14,35 +14,24 @@ Two kinds of samplers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
-from dllm.registry import Registry, build_config as _build_config
+from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
-@dataclass(frozen=True)
-class NoOptions:
-    """A sampler without options."""
-
-
-class Sampler:
+class Sampler(Configurable):
     """Base class: holds the frozen config; subclasses implement ``step``."""
 
-    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "sampler"
     Config: ClassVar[type] = NoOptions
     fixed_steps: ClassVar[bool] = True
     attention_layers: ClassVar[tuple[int, ...]] = ()  # layers whose attention probs the sampler reads
-    hidden_layers: ClassVar[tuple[int, ...]] = ()  # layers whose hidden states the sampler reads
     needs_variants: ClassVar[bool] = False  # asks the engine for extra forwards (StepInput.forward_variants)
     greedy_only: ClassVar[bool] = False  # defined at temperature 0 only
     shadow_block: ClassVar[bool] = False  # reads leave-one-out logits of the block (StepInput.shadow_logits)
-    revises: ClassVar[bool] = False  # may re-mask committed tokens of the block (StepOutput.remask)
-
-    def __init__(self, config: Any | None = None, **options: Any) -> None:
-        if config is not None and options:
-            raise TypeError("pass either a Config or keyword options, not both")
-        self.config = config if config is not None else build_config(self.Config, options, self.name)
+    revises: ClassVar[bool] = False  # may re-mask committed tokens (StepOutput.remask); the engine
+    #   ignores ``remask`` from a sampler that does not declare it
 
     def begin_block(self, state: DecodeState) -> None:
         """Called once when a block starts (after ``state.block_*`` are set)."""
@@ -56,39 +45,12 @@ class Sampler:
         re-masking so that it finishes within what it returns here."""
         return block_len
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.config})"
+
+samplers: Registry[type[Sampler]] = Registry("sampler", base=Sampler)
+register_sampler = samplers.register_class  # class decorator: @register_sampler("name", aliases=...)
 
 
-def build_config(config_cls: type, options: dict[str, Any], sampler: str) -> Any:
-    """A sampler's frozen config from keyword options; unknown keys list the valid ones."""
-    return _build_config(config_cls, options, "sampler", sampler)
-
-
-samplers: Registry[type[Sampler]] = Registry("sampler")
-
-
-def register_sampler(name: str, *, aliases: tuple[str, ...] = (), description: str | None = None):
-    """Class decorator: register a ``Sampler`` subclass under ``name``."""
-
-    def deco(cls: type[Sampler]) -> type[Sampler]:
-        cls.name = name
-        samplers.add(name, cls, aliases=aliases, description=description)
-        return cls
-
-    return deco
-
-
-def make_sampler(sampler: "str | Sampler", **options: Any) -> Sampler:
-    """A sampler instance from a registered name (plus options) or an instance (no options)."""
-    if isinstance(sampler, Sampler):
-        if options:
-            raise TypeError(
-                f"options {sorted(options)} were given together with a sampler instance "
-                f"{sampler!r}; set them on its Config instead"
-            )
-        return sampler
-    if not isinstance(sampler, str):
-        raise TypeError(f"sampler must be a registered name or a Sampler, got {type(sampler).__name__}")
-    cls = samplers.get(sampler)
-    return cls(**options)
+def make_sampler(sampler: "str | Sampler | Mapping[str, Any]", **options: Any) -> Sampler:
+    """A sampler from a registered name, a spec string (``"threshold:threshold=0.8"``), a mapping
+    with a ``"name"`` key, or an instance (no options then). Keyword options override the spec's."""
+    return samplers.make(sampler, **options)

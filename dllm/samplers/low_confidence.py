@@ -70,9 +70,6 @@ class _LLaDARemasking(Sampler):
         # [B, S] commit counts for this block, from the masks it holds now
         state.extras["llada_schedule"] = transfer_schedule(state.block_masks_at_start, state.block_steps)
 
-    def _scores(self, probs_window: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
-        raise NotImplementedError
-
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
         logits = inp.logits  # [B, Q, V]; this step's logits belong to the sampler

@@ -3,7 +3,8 @@
 import pytest
 
 import dllm
-from dllm.cache import DualCache, WindowCache, list_caches, make_cache, parse_cache_spec
+from dllm.cache import DualCache, WindowCache, list_caches, make_cache
+from dllm.registry import parse_spec as parse_cache_spec
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM
 
@@ -23,9 +24,9 @@ def model():
     ("window:buffer=0", ValueError, r"buffer must be an integer >= 1, got 0"),
     ("dual:refrsh=2", TypeError, r"Unknown option\(s\) 'refrsh' for cache policy 'dual'\. Valid options: refresh"),
     ("none:refresh=2", TypeError, r"Unknown option\(s\) 'refresh' for cache policy 'none'\. Valid options: \(none\)"),
-    ("dual:refresh", ValueError, r"cannot parse cache option 'refresh'"),
+    ("dual:refresh", ValueError, r"cannot parse cache policy option .refresh."),
     ({"refresh": 2}, ValueError, r"needs a 'name' key"),
-    (3, TypeError, r"cache must be a policy name"),
+    (3, TypeError, r"cache policy must be a registered name"),
 ])
 def test_bad_cache_settings(model, cache, exc, match):
     with pytest.raises(exc, match=match):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.engine import _model_device
+from dllm.inputs import model_device as _model_device
 from dllm import tasks as T
 from dllm.models.oracle import NEG_LOGIT, OracleLM, oracle_prompts, score_generation
 

@@ -1,0 +1,77 @@
+"""The option validators shared by every frozen ``Config`` (samplers, cache policies, tasks, training).
+
+Each one raises ``ValueError`` naming the option, the valid range and the value it got, so a bad
+``generate(..., threshold=1.5)`` says ``threshold must be a number in (0, 1], got 1.5``. Booleans
+are never numbers here (``True`` is not a threshold) and NaN is in no range.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Collection, Optional
+
+
+def is_number(value: Any) -> bool:
+    """An int or float that is not a bool and not NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def check_int(name: str, value: Any, low: int, *, high: Optional[int] = None, hint: str = "") -> None:
+    """An integer (not a bool, not a float) in [low, high]."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    ok = ok and (high is None or value <= high)
+    if not ok:
+        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {rng}{hint}, got {value!r}")
+
+
+def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
+                 low_open: bool = False, high_open: bool = False, finite: bool = False, hint: str = "") -> None:
+    """A real number in the interval given by ``low``/``high`` (closed unless ``*_open``)."""
+    ok = is_number(value) and not (finite and math.isinf(value))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        raise ValueError(f"{name} must be {_interval(low, high, low_open, high_open, finite)}{hint}, got {value!r}")
+
+
+def check_unit(name: str, value: Any, *, low_open: bool = False, high_open: bool = False, hint: str = "") -> None:
+    """A probability-like number in [0, 1] (ends open as asked)."""
+    check_number(name, value, low=0.0, high=1.0, low_open=low_open, high_open=high_open, hint=hint)
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_optional_int(name: str, value: Any, low: int, *, hint: str = "") -> None:
+    """None or an integer >= low."""
+    if value is not None:
+        check_int(name, value, low, hint=hint + " (or None)")
+
+
+def _interval(low, high, low_open, high_open, finite) -> str:
+    kind = "a finite number" if finite else "a number"
+    if low is not None and high is not None:
+        return f"{kind} in {'(' if low_open else '['}{_fmt(low)}, {_fmt(high)}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{kind} {'>' if low_open else '>='} {_fmt(low)}"
+    if high is not None:
+        return f"{kind} {'<' if high_open else '<='} {_fmt(high)}"
+    return kind
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+__all__ = ["check_bool", "check_choice", "check_int", "check_number", "check_optional_int", "check_unit",
+           "is_number"]
