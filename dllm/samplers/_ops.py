@@ -1,4 +1,5 @@
-"""Shared tensor math for samplers: schedules, proposals, confidences, per-row top-k by ranks.
+"""Shared tensor math for samplers: schedules, proposals, confidences, per-row top-k by ranks, the
+top-1 and threshold commit rules. Samplers import this module, never each other.
 
 Every function is pure and batched; none reads a tensor back to the host.
 """
@@ -9,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from dllm.samplers.stats import fused_propose, use_fused
 from dllm.state import StepInput, StepOutput
 
 
@@ -34,6 +36,20 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     ranks = ranks_of(score.argsort(dim=-1, descending=True, stable=True))  # [B, Q]
     k = k.reshape(-1, 1) if k.dim() else k
     return (ranks < k) & eligible
+
+
+def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Per row, the eligible position with the largest score (the lowest index among ties), as a
+    bool map; a row with nothing eligible gets nothing. score, eligible: [B, N] -> [B, N] bool."""
+    best = score.masked_fill(~eligible, float("-inf")).argmax(dim=-1, keepdim=True)  # [B, 1]
+    return torch.zeros_like(eligible).scatter_(-1, best, eligible.any(dim=-1, keepdim=True))
+
+
+def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.Tensor:
+    """Fast-dLLM's threshold rule (arXiv 2505.22618): every eligible position with ``conf >= tau``,
+    and always the most confident one. conf, eligible: [B, N]; tau a float or a [B, N] tensor of
+    per-position thresholds -> [B, N] bool."""
+    return (eligible & (conf >= tau)) | top1(conf, eligible)
 
 
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
@@ -80,6 +96,36 @@ def propose(logits: torch.Tensor, temperature: float, generator: Optional[torch.
     """
     noise = gumbel_uniforms(logits, temperature, generator)
     return argmax_excluding(gumbel_perturb(logits, temperature, noise), mask_id)
+
+
+def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
+    Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
+    reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``)."""
+    ws, we = inp.window
+    logits = inp.logits[:, ws:we]  # [B, W, V]
+    if use_fused(stats, logits):
+        noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
+        x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
+    else:
+        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+        conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
+    width = inp.logits.shape[1]
+    return (expand_window(x0, inp.window, width, inp.mask_id),
+            expand_window(conf, inp.window, width, float("-inf")))
+
+
+def propose_with_log_probs(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposals and float64 log-probabilities over the block window (window coordinates).
+
+    Same proposals and the same random draws as ``propose_with_confidence`` (uniforms of the
+    window's shape, float64), but keeps the whole distribution for samplers that need more than
+    ``p(x0)``. Returns (x0 [B, W] long, logp [B, W, V] float64).
+    """
+    ws, we = inp.window
+    logits = inp.logits[:, ws:we]  # [B, W, V]
+    x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+    return x0, torch.log_softmax(logits.to(torch.float64), dim=-1)
 
 
 def gather_prob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose
+from dllm.samplers._ops import propose_with_confidence, argmax_excluding, expand_window, gather_prob, propose
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.threshold import propose_with_confidence
 from dllm.state import DecodeState, StepInput, StepOutput
 
 

@@ -34,24 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import gather_prob, propose, ranks_of, window_output
+from dllm.samplers._ops import gather_prob, propose, propose_with_log_probs, ranks_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
 PROXIES = ("entropy", "confidence", "margin")
-
-
-def propose_with_log_probs(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """Proposals and float64 log-probabilities over the block window (window coordinates).
-
-    Same proposals and the same random draws as ``fast_dllm.propose_with_confidence`` (uniforms of
-    the window's shape, float64), but keeps the whole distribution for samplers that need more than
-    ``p(x0)``. Returns (x0 [B, W] long, logp [B, W, V] float64).
-    """
-    ws, we = inp.window
-    logits = inp.logits[:, ws:we]  # [B, W, V]
-    x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-    return x0, torch.log_softmax(logits.to(torch.float64), dim=-1)
 
 
 def entropy_prefix(entropy_sorted: torch.Tensor, valid_sorted: torch.Tensor, gamma: float) -> torch.Tensor:

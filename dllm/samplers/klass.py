@@ -38,9 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import gather_prob, take_top_k, window_output
+from dllm.samplers._ops import propose_with_log_probs, gather_prob, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.eb import propose_with_log_probs
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")

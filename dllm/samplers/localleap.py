@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import take_top_k
+from dllm.samplers._ops import propose_with_confidence, take_top_k
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.threshold import propose_with_confidence
 from dllm.state import DecodeState, StepInput, StepOutput
 
 

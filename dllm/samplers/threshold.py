@@ -21,27 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, gumbel_uniforms, propose, ranks_of
+from dllm.samplers._ops import expand_window, gather_prob, gumbel_uniforms, propose, propose_with_confidence, ranks_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
-
-
-def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
-    Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
-    reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``)."""
-    ws, we = inp.window
-    logits = inp.logits[:, ws:we]  # [B, W, V]
-    if use_fused(stats, logits):
-        noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
-        x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
-    else:
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
-    width = inp.logits.shape[1]
-    return (expand_window(x0, inp.window, width, inp.mask_id),
-            expand_window(conf, inp.window, width, float("-inf")))
 
 
 @dataclass(frozen=True)

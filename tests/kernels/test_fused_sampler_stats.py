@@ -10,7 +10,7 @@ import torch
 import dllm
 from dllm import tasks as T
 from dllm.models import tiny
-from dllm.samplers.threshold import propose_with_confidence
+from dllm.samplers._ops import propose_with_confidence
 from dllm.samplers.stats import use_fused
 from dllm.state import StepInput
 
