@@ -82,13 +82,11 @@ def generate(
         **sampler_options: the sampler's Config fields (unknown names list the valid ones).
     """
     t_start = time.perf_counter()
+    _check_call(model, seed, callback)
     sampler_obj = make_sampler(sampler, **sampler_options)
     policy = make_cache(cache)
     check_number("temperature", temperature, low=0.0, finite=True)
     check_number("cfg_scale", cfg_scale, low=0.0, finite=True)
-    if not isinstance(gen_length, int) or gen_length <= 0:
-        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
-
     rows = encode_prompts(model, prompts, chat=chat)
     plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
     policy.check(model, block_length=plan.block_length, gen_length=gen_length)
@@ -133,11 +131,23 @@ def generate(
         lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
             decode.run_block(b, s + lp, e + lp, block_steps)  # canvas columns
-            if stop_at_eos and _stop_finished_rows(state, e + lp):
+            if stop_at_eos and _stop_finished_rows(state):
                 break
 
     wall = time.perf_counter() - t_start
     return _finish(model, state, wall, return_trace)
+
+
+def _check_call(model, seed, callback) -> None:
+    """The call arguments that are not options of a sampler, cache or block plan."""
+    if not callable(model) or not hasattr(model, "mask_id"):
+        raise TypeError(f"model must be a dllm DiffusionLM (from dllm.load(name_or_path)), got "
+                        f"{type(model).__name__} {model!r:.80}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (it is called with the DecodeState after every "
+                        f"step) or None, got {type(callback).__name__} {callback!r:.80}")
 
 
 def _fit_layers(layers: Sequence[int], model) -> tuple[int, ...]:
@@ -358,17 +368,25 @@ def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_
         tr.masked_fill_(where[:, g0 - q0:], trace_value)
 
 
-def _stop_finished_rows(state: DecodeState, e: int) -> bool:
-    """Once per block: rows with EOS/EoT in the decoded region are finished; True when all are."""
+def _stop_finished_rows(state: DecodeState) -> bool:
+    """Once per block: rows whose answer ended are finished; True when all are.
+
+    A row's answer has ended when it holds an EOS/EoT with no mask before it in the generated
+    region. That is every EOS of the decoded blocks, and also one that an all-in sampler (Prophet)
+    committed past the current block together with everything before it: a row alone stops at that
+    block, so in a batch it must stop there too (its remaining masks become EOS at once, instead of
+    the all-in fill of a later block's query).
+    """
     eos_ids = state.extras.get("eos_ids", ())
     if not eos_ids:
         return False
-    decoded = state.x[:, state.prompt_length:e]  # [B, e - Lp]
-    ended = torch.isin(decoded, torch.tensor(eos_ids, device=decoded.device)).any(dim=1)  # [B]
-    state.finished |= ended
-    rest = state.x[:, e:]
-    fill = state.finished[:, None] & (rest == state.mask_id)
-    rest.copy_(torch.where(fill, torch.full_like(rest, eos_ids[0]), rest))
+    gen = state.generated  # [B, G]
+    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=gen.device))  # [B, G]
+    masked = (gen == state.mask_id).long()  # [B, G]
+    masks_before = masked.cumsum(dim=1) - masked  # [B, G] masks strictly left of each position
+    state.finished |= (is_eos & (masks_before == 0)).any(dim=1)  # [B]
+    fill = state.finished[:, None] & (gen == state.mask_id)
+    gen.copy_(torch.where(fill, torch.full_like(gen, eos_ids[0]), gen))
     return bool(state.finished.all())
 
 

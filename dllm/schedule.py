@@ -23,17 +23,16 @@ def plan_blocks(gen_length: int, block_length: Optional[int], steps: Optional[in
     ``min(steps / NB, its length)``. Adaptive samplers get ``None`` (they stop when the block is
     full). Offsets are relative to the start of the generated region.
     """
-    if not isinstance(gen_length, int) or gen_length <= 0:
+    if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0:
         raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
     if block_length is None:
         block_length = gen_length
-    if not isinstance(block_length, int) or block_length <= 0:
-        raise ValueError(f"block_length must be a positive integer (<= gen_length={gen_length}), "
-                         f"got {block_length!r}")
-    block_length = min(block_length, gen_length)
+    if not isinstance(block_length, int) or isinstance(block_length, bool) or not 0 < block_length <= gen_length:
+        raise ValueError(f"block_length must be a positive integer <= gen_length={gen_length} (None: one "
+                         f"block of gen_length), got {block_length!r}")
     n_blocks = -(-gen_length // block_length)
     bounds = [(k * block_length, min((k + 1) * block_length, gen_length)) for k in range(n_blocks)]
-    if steps is not None and (not isinstance(steps, int) or steps <= 0):
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not fixed_steps:
         return BlockPlan(gen_length, block_length, tuple((s, e, None) for s, e in bounds))

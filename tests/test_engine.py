@@ -163,10 +163,34 @@ def test_prompt_forms_agree(model):
     (dict(gen_length=8, temperature=-1.0), ValueError, r"temperature must be a finite number >= 0, got -1.0"),
     (dict(gen_length=8, cache="nope"), ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: .*dual.*none"),
     (dict(gen_length=100000), ValueError, r"exceeds the model's \d+ positions"),
+    (dict(gen_length=4, block_length=8), ValueError, r"block_length must be a positive integer <= gen_length=4 .*got 8"),
+    (dict(gen_length=4, seed="abc"), ValueError, r"seed must be a non-negative integer or None, got 'abc'"),
+    (dict(gen_length=4, seed=1.5), ValueError, r"seed must be .* got 1.5"),
+    (dict(gen_length=4, callback=5), TypeError, r"callback must be callable .* got int 5"),
+    (dict(gen_length=4, sampler=3), TypeError, r"sampler must be a registered name, a spec string"),
+    (dict(gen_length=4, sampler="threshold:threshold=1.5"), ValueError, r"threshold must be .*\(0, 1\].* got 1.5"),
 ])
 def test_bad_settings(model, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         dllm.generate(model, [_ids(model, 4)], **kwargs)
+
+
+def test_model_none_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"model must be a dllm DiffusionLM \(from dllm.load\(name_or_path\)\), got NoneType"):
+        dllm.generate(None, [[5, 6]], gen_length=4)
+
+
+def test_sampler_spec_string_equals_keyword_options(model):
+    """One spec grammar: ``sampler="threshold:threshold=0.5"`` is ``sampler="threshold", threshold=0.5``
+    (and a spec with another value decodes differently, so the spec is really read)."""
+    ids = [_ids(model, 4)]
+    spec = dllm.generate(model, ids, sampler="threshold:threshold=0.5", gen_length=8)
+    kw = dllm.generate(model, ids, sampler="threshold", threshold=0.5, gen_length=8)
+    mapping = dllm.generate(model, ids, sampler={"name": "threshold", "threshold": 0.5}, gen_length=8)
+    assert torch.equal(spec.sequences, kw.sequences) and spec.nfe == kw.nfe
+    assert torch.equal(spec.sequences, mapping.sequences) and spec.nfe == mapping.nfe
+    loose = dllm.generate(model, ids, sampler="threshold:threshold=1e-9", gen_length=8)
+    assert loose.nfe == 1 and spec.nfe > 1  # the spec's value is what decides
 
 
 def test_prompt_with_mask_token_is_rejected(model):
@@ -191,3 +215,25 @@ def test_sampler_instance_with_options_is_rejected(model):
     with pytest.raises(TypeError, match="together with a sampler instance"):
         dllm.generate(model, [_ids(model, 3)], sampler=make_sampler("random"), gen_length=4,
                       logits_eos_inf=True)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual", "window"])
+@pytest.mark.parametrize("sampler", ["prophet", "threshold"])
+def test_stop_at_eos_batch_equals_each_row_alone(sampler, cache):
+    """A row whose answer ended stops alone: with an all-in sampler (Prophet) under a windowed cache,
+    row 0 (copy, size 3) commits its EOS past the block together with everything before it; it
+    used to keep decoding in the batch (tokens after its EOS) although alone it stopped."""
+    from dllm import tasks as T
+    from dllm.models import load
+
+    m = load("tiny-llada")
+    prompts = [T.prompt_ids(T.test_split("copy", 3, n=1)[0]), T.prompt_ids(T.test_split("shuffle", 8, n=1)[0])]
+    kw = dict(sampler=sampler, cache=cache, gen_length=12, block_length=4, stop_at_eos=True)
+    both = dllm.generate(m, prompts, **kw)
+    for j, p in enumerate(prompts):
+        alone = dllm.generate(m, [p], **kw)
+        assert both.generated[j].tolist() == alone.generated[0].tolist(), (j, both.generated[j], alone.generated[0])
+        assert both.texts[j] == alone.texts[0]
+    eos = m.eos_ids[0]
+    row0 = both.generated[0].tolist()
+    assert eos in row0 and all(t == eos for t in row0[row0.index(eos):])  # nothing after its EOS

@@ -33,8 +33,11 @@ def test_adaptive_blocks_have_no_budget():
     assert plan_blocks(8, 4, None, fixed_steps=False).blocks == ((0, 4, None), (4, 8, None))
 
 
-def test_block_longer_than_generation_is_one_block():
-    assert plan_blocks(8, 100, None, fixed_steps=True).blocks == ((0, 8, 8),)
+def test_block_longer_than_generation_is_an_error():
+    # it used to be clamped to one block silently, although the message said it must not be
+    assert plan_blocks(8, 8, None, fixed_steps=True).blocks == ((0, 8, 8),)
+    with pytest.raises(ValueError, match=r"block_length must be a positive integer <= gen_length=8 .*got 100"):
+        plan_blocks(8, 100, None, fixed_steps=True)
 
 
 @pytest.mark.parametrize("kwargs,match", [
