@@ -227,7 +227,7 @@ class Configurable:
         if config is not None and options:
             raise TypeError("pass either a Config or keyword options, not both")
         if config is not None and not isinstance(config, self.Config):
-            raise TypeError(f"config of {self.kind} {self.name!r} must be a {self.Config.__qualname__}, "
+            raise TypeError(f"config of {self.kind} {self.name!r} must be a {self.Config.__name__}, "
                             f"got {type(config).__name__}")
         self.config = config if config is not None else build_config(self.Config, options, self.kind, self.name)
 

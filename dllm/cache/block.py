@@ -1,6 +1,7 @@
 """Fast-dLLM's block-approximate caches ``prefix`` and ``dual`` (NVlabs/Fast-dLLM v1, arXiv
-2505.22618; reference/caches-and-kernels.md section 1, formats.md 3.3-3.5), with dInfer's vicinity
-refresh (``VicinityCacheDiffusionLLM``, caches-and-kernels.md 2.7) as options of ``dual``.
+2505.22618; its drivers ``generate_with_prefix_cache`` / ``generate_with_dual_cache`` in
+``llada/generate.py`` and ``dream/model/generation_utils_block.py``), with dInfer's vicinity
+refresh (inclusionAI/dInfer ``VicinityCacheDiffusionLLM``, arXiv 2510.08666) as options of ``dual``.
 
 Both run one full forward over the whole canvas at every block start; its logits drive the block's
 first step and its K/V fill the buffers of every layer. The later steps of block ``[s, e)`` on a
@@ -26,7 +27,7 @@ Differences from Fast-dLLM, on purpose:
 - Dream (``logit_shift = 1``): a cached query starts one column early, at ``s - 1``, so the logits
   of column s exist after the shift (the hidden state at s - 1 predicts s). Fast-dLLM's Dream driver
   instead commits ``x[s]`` from the block-start forward unconditionally, whatever the sampler says
-  (formats.md 3.4). Here every commit is the sampler's; the price is one extra query row, and the
+  (``dream/model/generation_utils_block.py``). Here every commit is the sampler's; the price is one extra query row, and the
   K/V of column ``s - 1`` are recomputed (fresh) at every cached step.
 - Counting: NFE counts every forward (the block-start one included, as Fast-dLLM does);
   ``forwarded_tokens`` adds rows x queries: L for a full forward, L - s (+1 for Dream) for a cached

@@ -1,5 +1,5 @@
 """``window``: a prefix cache that prunes the far field (after Window-Diffusion,
-vhicrgit/Window-Diffusion; reference/caches-and-kernels.md section 2.6).
+the upstream repository vhicrgit/Window-Diffusion).
 
 Exactly what it does, for block ``[s, e)`` on a canvas of L columns with ``buffer = W`` (>= the
 block length):
