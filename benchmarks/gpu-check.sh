@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device checks of issue 5, as one script for a session that is lent a GPU (`run` tool):
+# The GPU device checks, as one script for a session that is lent a GPU (`run` tool):
 #   kernel correctness compiled on the GPU (tests/kernels, including the fused sampler statistics),
 #   kernel timings on LLaDA-8B-like shapes, and the long-prompt cache benchmark on CUDA.
 # Writes everything under ${OUT:-benchmarks/gpu-$(date +%F)}; ~5 minutes on an H200 (estimate).

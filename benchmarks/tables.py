@@ -20,11 +20,11 @@ def _load(name: str):
 def eval_tasks_table(date: str) -> str:
     runs = {m: _load(f"eval-tasks-{m}-{date}.json") for m in MODELS}
     first = runs[MODELS[0]]
-    zero = set(first["zero_tc"])
+    c0 = set(first["c0"] if "c0" in first else first["zero_tc"])  # the 2026-11-30 files say "zero_tc"
     lines = ["| task | C=0 | llada k=1 | k=2 | k=4 | dream k=1 | k=2 | k=4 |", "|---|---|---|---|---|---|---|---|"]
     for task in sorted(first["tasks"]):
         cells = [f"{100 * runs[m]['tasks'][task][k]:.0f}" for m in MODELS for k in ("1", "2", "4")]
-        lines.append(f"| {task} | {'yes' if task in zero else ''} | " + " | ".join(cells) + " |")
+        lines.append(f"| {task} | {'yes' if task in c0 else ''} | " + " | ".join(cells) + " |")
     for key, label in (("mean_c0", "**mean C(Y\\|X)=0**"), ("mean", "**mean all**")):
         cells = [f"{100 * runs[m]['summary'][k][key]:.1f}" for m in MODELS for k in ("1", "2", "4")]
         lines.append(f"| {label} | | " + " | ".join(cells) + " |")

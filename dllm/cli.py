@@ -1,36 +1,66 @@
-"""The ``dllm`` command: ``generate``, ``samplers``, ``info``, ``bench``."""
+"""The ``dllm`` command: ``generate``, ``samplers``, ``info``, ``tasks``, ``eval-tasks``, ``compare``,
+``bench``.
+
+Bad input is an error message and exit status 2, checked before any decoding: ranges by argparse
+(``argument --n: must be an integer >= 1, got 0``), everything else by the command before it loads
+a model (``dllm compare: error: ...``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from dllm.registry import parse_option
 
 
-def _parse_option(text: str) -> tuple[str, Any]:
-    """``name=value`` -> (name, python value); values are read as literals when possible."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"sampler option {text!r} must look like name=value")
-    name, raw = text.split("=", 1)
+def _option(text: str) -> tuple[str, Any]:
+    """``-o NAME=VALUE``: one option, values read as in a spec string (``dllm.registry.parse_option``)."""
     try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = {"true": True, "false": False, "none": None}.get(raw.lower(), raw)
-    return name.strip(), value
+        return parse_option(text, "sampler option")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE = _at_least(1)
+
+
+def _add_threads(p: argparse.ArgumentParser, note: str = "default: torch's choice") -> None:
+    p.add_argument("--threads", type=POSITIVE, default=None, help=f"torch CPU threads ({note})")
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sampler", default="low_confidence", help="registered sampler (see `dllm samplers`)")
+    p.add_argument("--sampler", default="low_confidence",
+                   help="sampler spec: a registered name (see `dllm samplers`), options allowed "
+                        "(threshold:threshold=0.8)")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--block-length", type=int, default=None, help="default: gen-length (one block)")
     p.add_argument("--steps", type=int, default=None, help="default: gen-length (one token per step)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--cfg-scale", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--option", "-o", action="append", type=_parse_option, default=[],
+    p.add_argument("--option", "-o", action="append", type=_option, default=[],
                    metavar="NAME=VALUE", help="sampler option, repeatable (e.g. -o top_p=0.95)")
+    p.add_argument("--cache", default="none", metavar="SPEC",
+                   help="cache policy spec: none, prefix, dual, window, with options (dual:refresh=4)")
+    _add_threads(p)
 
 
 def _load(args) -> Any:
@@ -75,13 +105,14 @@ class CanvasView:
 def cmd_generate(args) -> int:
     from dllm.engine import generate
 
+    _set_threads(args)
     model = _load(args)
     view = CanvasView(model) if args.show else None
     out = generate(
         model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, temperature=args.temperature,
         cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
-        callback=view, **dict(args.option),
+        cache=args.cache, callback=view, **dict(args.option),
     )
     text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
     print(text)
@@ -121,6 +152,7 @@ def cmd_info(args) -> int:
 def cmd_bench(args) -> int:
     from dllm.eval.bench_throughput import run_throughput
 
+    _set_threads(args)
     run_throughput(args)
     return 0
 
@@ -137,14 +169,10 @@ def cmd_tasks(args) -> int:
 
 def _set_threads(args) -> None:
     """``--threads N``: torch CPU threads (None: torch's choice)."""
-    threads = getattr(args, "threads", None)
-    if threads is None:
-        return
-    if threads < 1:
-        raise SystemExit(f"dllm: --threads must be >= 1, got {threads}")
-    import torch
+    if getattr(args, "threads", None) is not None:
+        import torch
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(args.threads)
 
 
 def cmd_eval_tasks(args) -> int:
@@ -178,7 +206,8 @@ def cmd_bench_caches(args) -> int:
         model = load(args.model, dtype=args.dtype, device=args.device)
         label = args.model
     rows = run_cache_bench(model, args.prompt_length, args.gen_length, args.block_length,
-                           samplers=args.samplers, policies=args.caches, repeats=args.repeats)
+                           samplers=args.samplers, policies=args.caches, repeats=args.repeats,
+                           progress=not args.no_progress)
     print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
     print(format_table(rows))
     if args.json:
@@ -226,13 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval-tasks", help="exact match on the stress-task test split at k tokens per step")
     ev.add_argument("--model", required=True)
     ev.add_argument("--tasks", nargs="*", default=None, help="default: every task")
-    ev.add_argument("--k", type=int, nargs="*", default=None, help="tokens per step (default: 1)")
-    ev.add_argument("--per-size", type=int, default=4, help="test examples per task size")
-    ev.add_argument("--sampler", default="low_confidence", help="a fixed-step sampler")
+    ev.add_argument("--k", type=int, nargs="*", default=None,
+                    help="tokens per step, fixed-step samplers only (default: 1)")
+    ev.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
+    ev.add_argument("--sampler", default="low_confidence",
+                    help="sampler spec; an adaptive one gets a single column and no --k")
     ev.add_argument("--dtype", default="float32")
     ev.add_argument("--device", default=None)
     ev.add_argument("--json", default=None)
-    ev.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
+    _add_threads(ev, "1 on a busy machine")
     ev.set_defaults(func=cmd_eval_tasks)
 
     c = sub.add_parser("compare", help="samplers side by side on the stress tasks")
@@ -240,39 +271,40 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--samplers", nargs="*", default=None,
                    help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
     c.add_argument("--tasks", nargs="*", default=None, help="default: every task")
-    c.add_argument("--n", type=int, default=4, help="test examples per task")
-    c.add_argument("--block-length", type=int, default=None, help="default: the answer length")
-    c.add_argument("--out", default="runs/compare")
+    c.add_argument("--n", type=POSITIVE, default=4, help="test examples per task")
+    c.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
+    c.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
     c.add_argument("--dtype", default="float32")
     c.add_argument("--device", default=None)
     c.add_argument("--no-progress", action="store_true")
-    c.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
+    _add_threads(c, "1 on a busy machine")
     c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     t = bsub.add_parser("throughput", help="forward and generate throughput of a model")
     t.add_argument("--model", default="tiny-random-llada")
-    t.add_argument("--prompt-length", type=int, default=64)
-    t.add_argument("--batch-size", type=int, default=1)
-    t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--prompt-length", type=POSITIVE, default=64)
+    t.add_argument("--batch-size", type=POSITIVE, default=1)
+    t.add_argument("--repeats", type=POSITIVE, default=3)
     t.add_argument("--dtype", default=None)
     t.add_argument("--device", default=None)
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--json", default=None, help="also write the results to this JSON file")
     _add_decode_args(t)
     t.set_defaults(func=cmd_bench)
     kc = bsub.add_parser("caches", help="cache policies x samplers on a long prompt, side by side")
     kc.add_argument("--model", default="tiny-random-llada",
                     help="a model; tiny-random-{llada,dream} with --layers builds a fresh random one")
-    kc.add_argument("--layers", type=int, default=8)
-    kc.add_argument("--prompt-length", type=int, default=1024)
+    kc.add_argument("--layers", type=POSITIVE, default=8)
+    kc.add_argument("--prompt-length", type=POSITIVE, default=1024)
     kc.add_argument("--gen-length", type=int, default=256)
     kc.add_argument("--block-length", type=int, default=32)
-    kc.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"])
-    kc.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"])
-    kc.add_argument("--repeats", type=int, default=1)
-    kc.add_argument("--threads", type=int, default=None)
+    kc.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"], help="sampler specs")
+    kc.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"],
+                    help="cache policy specs (dual:look_back=16)")
+    kc.add_argument("--repeats", type=POSITIVE, default=1)
+    kc.add_argument("--no-progress", action="store_true")
+    _add_threads(kc)
     kc.add_argument("--dtype", default=None)
     kc.add_argument("--device", default=None)
     kc.add_argument("--json", default=None)
@@ -280,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     kk = bsub.add_parser("kernels", help="attention backends and the fused vocabulary-statistics kernel "
                                          "vs sdpa / the reference (GPU shapes on a GPU, small ones on CPU)")
     kk.add_argument("--device", default=None)
-    kk.add_argument("--repeats", type=int, default=5)
+    kk.add_argument("--repeats", type=POSITIVE, default=5)
     kk.add_argument("--json", default=None)
     kk.set_defaults(func=cmd_bench_kernels)
     return parser
@@ -291,7 +323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError) as err:
+    except (ValueError, TypeError, KeyError, OSError, NotImplementedError) as err:
         print(f"dllm {args.command}: error: {err}", file=sys.stderr)
         return 2
 

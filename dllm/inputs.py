@@ -3,6 +3,7 @@ state (the canvas), and the text of generated ids."""
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -14,12 +15,14 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
     """Turn the accepted prompt forms into a list of token-id lists (one per row), validated.
 
     Accepted: a string, a list of strings, a list of token-id lists, a LongTensor [B, Lp] (rows
-    taken as unpadded) or [Lp].
+    taken as unpadded) or [Lp]. Token ids must be integers: a float (7.5, also 7.0) or a bool is a
+    ValueError, never truncated.
     """
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
-        if prompts.dim() != 2 or prompts.dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16):
+        dtype = prompts.dtype
+        if prompts.dim() != 2 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise ValueError(f"a prompt tensor must be integer token ids of shape [B, Lp] or [Lp], "
                              f"got dtype {prompts.dtype} shape {tuple(prompts.shape)}")
         rows = [list(map(int, r)) for r in prompts.tolist()]
@@ -29,7 +32,7 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
         if all(isinstance(p, str) for p in prompts):
             rows = [_encode_text(model, p, chat) for p in prompts]
         elif all(isinstance(p, (list, tuple)) for p in prompts):
-            rows = [[int(t) for t in p] for p in prompts]
+            rows = [_token_ids(j, p) for j, p in enumerate(prompts)]
         else:
             raise TypeError("prompts must be a string, a list of strings, a list of token-id lists "
                             "or a tensor; got a list mixing "
@@ -47,6 +50,21 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
         if bad:
             raise ValueError(f"prompt {j} has token ids outside [0, {vocab}): {bad[:5]}")
     return rows
+
+
+def _token_ids(j: int, row: Sequence) -> list[int]:
+    """A list of token ids as ints: Python or NumPy integers, or one-element integer tensors."""
+    out = []
+    for i, t in enumerate(row):
+        if not isinstance(t, bool) and not (isinstance(t, torch.Tensor) and t.dtype == torch.bool):
+            try:
+                out.append(operator.index(t))
+                continue
+            except TypeError:
+                pass
+        raise ValueError(f"prompt {j}: token ids must be integers, got {t!r} ({type(t).__name__}) at "
+                         f"position {i}; pass integer ids (a float id is not truncated)")
+    return out
 
 
 def _encode_text(model, text: str, chat: bool) -> list[int]:

@@ -76,7 +76,7 @@ class StepInput:
     generator: Optional[torch.Generator]
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
     # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
-    # lookahead branches): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
+    # lookahead variants): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
     # row each copy belongs to) -> logits [N, W, V] of the block window (``[:, k]`` predicts query
     # position ``window[0] + k``). The engine counts it (NFE, forwarded tokens).
     forward_variants: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None

@@ -27,7 +27,7 @@ def test_info_prints_family_sizes_and_special_ids(capsys, name, family):
 
 
 def test_generate_prints_text_and_counters(capsys):
-    assert main(["generate", "--model", "tiny-random-llada", "--prompt", "the cat", "--gen-length", "8",
+    assert main(["generate", "--model", "tiny-random-llada", "--prompt", "the answer is", "--gen-length", "8",
                  "--block-length", "4", "--steps", "4"]) == 0
     captured = capsys.readouterr()
     stats = json.loads(captured.err.strip().splitlines()[-1])
@@ -53,7 +53,7 @@ def test_canvas_view_rewrites_in_place_on_a_tty():
 
     model = load("tiny-random-llada")
     stream = Tty()
-    dllm.generate(model, "the cat", gen_length=4, callback=CanvasView(model, stream))
+    dllm.generate(model, "the answer is", gen_length=4, callback=CanvasView(model, stream))
     assert stream.getvalue().count("\x1b[1A\x1b[J") == 3  # frames 2..4 erase the previous one
 
 
@@ -75,3 +75,88 @@ def test_bench_caches_prints_a_table(capsys):
     out = capsys.readouterr().out
     rows = [l for l in out.splitlines() if l.startswith("| none") or l.startswith("| dual")]
     assert len(rows) == 2 and "forwarded_tokens" in out
+
+
+def _stats(err: str) -> dict:
+    return json.loads(err.strip().splitlines()[-1])
+
+
+def test_generate_takes_a_cache_spec_and_threads(capsys):
+    argv = ["generate", "--model", "tiny-random-llada", "--prompt", "the answer is", "--gen-length", "8",
+            "--block-length", "4", "--threads", "1"]
+    assert main(argv) == 0
+    plain = _stats(capsys.readouterr().err)
+    assert main(argv + ["--cache", "dual:refresh=4"]) == 0
+    cached = _stats(capsys.readouterr().err)
+    assert cached["generated_tokens"] == plain["generated_tokens"] == 8
+    assert cached["forwarded_tokens"] < plain["forwarded_tokens"]  # the cache forwards only the block
+    assert main(argv + ["--cache", "nope"]) == 2
+    assert "Unknown cache policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["compare", "--n", "0"], "argument --n: must be an integer >= 1, got 0"),
+    (["compare", "--block-length", "0"], "argument --block-length: must be an integer >= 1, got 0"),
+    (["compare", "--threads", "0"], "argument --threads: must be an integer >= 1, got 0"),
+    (["bench", "throughput", "--threads", "-1"], "argument --threads: must be an integer >= 1, got -1"),
+    (["bench", "throughput", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+    (["bench", "throughput", "--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+    (["bench", "caches", "--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+    (["eval-tasks", "--model", "oracle", "--per-size", "0"], "argument --per-size: must be an integer >= 1, got 0"),
+    (["generate", "--model", "m", "--prompt", "x", "--threads", "0"], "argument --threads: must be an integer >= 1"),
+    (["generate", "--model", "m", "--prompt", "x", "-o", "top_p"], "expected key=value"),
+])
+def test_out_of_range_arguments_are_argparse_errors(capsys, argv, match):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a command loads a model: its checks must come first."""
+    import dllm.models
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(dllm.models, "load", load)
+
+
+def test_compare_out_on_an_existing_file_fails_before_decoding(tmp_path, capsys, no_model_load):
+    out = tmp_path / "results.json"
+    out.write_text("keep me")
+    assert main(["compare", "--model", "oracle", "--n", "1", "--out", str(out), "--no-progress"]) == 2
+    assert f"--out '{out}' is a file; give a directory" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["eval-tasks", "--model", "oracle", "--sampler", "threshold", "--k", "1", "2", "4"],
+     "sampler 'threshold': k applies to fixed-step samplers only ('threshold' is adaptive"),
+    (["compare", "--model", "oracle", "--samplers", "low_confidence", "threshold:k=2"],
+     "sampler 'threshold:k=2': k applies to fixed-step samplers only"),
+    (["compare", "--model", "oracle", "--samplers", "nope"], "Unknown sampler 'nope'"),
+])
+def test_sampler_misuse_fails_before_decoding(capsys, no_model_load, argv, match):
+    assert main(argv) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_eval_tasks_adaptive_sampler_gets_one_column(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    assert main(["eval-tasks", "--model", "oracle", "--sampler", "threshold", "--tasks", "copy",
+                 "--per-size", "1", "--json", str(path)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.split()[-1] == "adaptive" and "k=" not in head
+    assert json.loads(path.read_text())["tasks"]["copy"] == {"adaptive": 1.0}
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_bench_caches_progress_on_stderr(capsys, flag):
+    assert main(["bench", "caches", "--layers", "1", "--prompt-length", "8", "--gen-length", "4",
+                 "--block-length", "4", "--samplers", "low_confidence", "--caches", "none", "dual",
+                 "--threads", "1", *flag]) == 0
+    err = capsys.readouterr().err
+    assert ("bench caches" in err and "2/2" in err) == (not flag)

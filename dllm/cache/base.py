@@ -86,22 +86,22 @@ class CachePolicy(Configurable):
     def variant_refusal(self) -> Optional[str]:
         """Why this policy cannot serve verification forwards (``Sampler.needs_variants``), or None.
 
-        A verification node stands for a later step of the same block. Its forward reproduces that
+        A verification variant stands for a later step of the same block. Its forward reproduces that
         step exactly when the step would be a cached one: a copy of the buffers (as the block-start
-        forward left them outside the query) and the same cached query with the node's tokens. A
+        forward left them outside the query) and the same cached query with the variant's tokens. A
         full forward in the middle of a block (``refresh``, ``warmup`` > 1) would change the buffers
-        between the node and the step it stands for, so those settings are refused.
+        between the variant and the step it stands for, so those settings are refused.
         """
         if not self.uses_kv:
             return None
         refresh = getattr(self.config, "refresh", None)
         warmup = getattr(self.config, "warmup", 0) or 0
         if refresh is not None:
-            return (f"refresh={refresh} re-runs full forwards inside a block, so a verification node "
+            return (f"refresh={refresh} re-runs full forwards inside a block, so a verification variant "
                     f"could not reproduce the step it stands for; drop refresh")
         if warmup > 1:
             return (f"warmup={warmup} runs full forwards at the first {warmup} steps of a block, so a "
-                    f"verification node could not reproduce the step it stands for; use warmup <= 1")
+                    f"verification variant could not reproduce the step it stands for; use warmup <= 1")
         return None
 
 caches: Registry[type[CachePolicy]] = Registry("cache policy", base=CachePolicy, plural="cache policies")

@@ -2,14 +2,14 @@
 
 ``run_cache_bench`` returns one dict per (policy, sampler) with
 
+- ``policy``, ``sampler``: the cache policy's and the sampler's spec strings (``dual:refresh=4``,
+  ``threshold:threshold=0.7``);
 - ``wall_s``: median wall time of ``generate`` over ``repeats`` runs (after one warm-up run when
   ``warmup``), device-synchronised;
 - ``nfe``, ``forwarded_tokens`` (rows x query length summed over forwards: the honest compute
   count), ``generated_tokens``, ``tokens_per_s`` (generated tokens / wall), ``tokens_per_forward``;
-- ``peak_memory_mb``: CUDA: ``max_memory_allocated`` during the run (stats reset before it). CPU:
-  the process's peak resident set during the run (``VmHWM`` after resetting it through
-  ``/proc/self/clear_refs``; it includes the model and the interpreter; None where Linux does not
-  allow the reset);
+- ``peak_memory_mb``: the peak memory of the timed runs (``dllm.eval.timing.peak_memory_mb``:
+  CUDA allocations, or the process's peak resident set on CPU; None where it cannot be reset);
 - ``kv_cache_mb``: size of the policy's K/V buffers (0 for ``none``);
 - ``speedup``: wall time of ``none`` with the same sampler / this wall time (when ``none`` is run);
 - ``match_none``: fraction of generated tokens equal to ``none``'s output with the same sampler
@@ -20,55 +20,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
-import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import torch
 
-from dllm.cache.base import CacheSpec, make_cache
+from dllm.cache import make_cache
+from dllm.eval.timing import timed
+from dllm.registry import format_spec, parse_spec
 from dllm.samplers import make_sampler
-
-SamplerSpec = Union[str, tuple[str, dict[str, Any]]]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset_peak(device: torch.device) -> bool:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
-    try:
-        with open("/proc/self/clear_refs", "w") as f:  # "5" resets the peak RSS (Linux >= 4.0)
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_mb(device: torch.device) -> Optional[float]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB -> MiB
-    except OSError:
-        pass
-    return None
-
-
-def _label(cache: CacheSpec) -> str:
-    if isinstance(cache, str):
-        return cache
-    policy = make_cache(cache)
-    options = {k: v for k, v in dataclasses.asdict(policy.config).items() if v not in (None, 0)}
-    return policy.name + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "")
 
 
 def bench_prompt(model, batch_size: int, prompt_len: int, seed: int = 0) -> torch.Tensor:
@@ -85,78 +44,72 @@ def run_cache_bench(
     prompt_len: int,
     gen_len: int,
     block: int,
-    samplers: Sequence[SamplerSpec] = ("low_confidence", "threshold"),
-    policies: Sequence[CacheSpec] = ("none", "prefix", "dual", "window"),
+    samplers: Sequence[str] = ("low_confidence", "threshold"),
+    policies: Sequence[Any] = ("none", "prefix", "dual", "window"),
     *,
     batch_size: int = 1,
     steps: Optional[int] = None,
     repeats: int = 1,
     warmup: bool = True,
     seed: int = 0,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Decode the same random prompt with every (policy, sampler); one result dict per pair.
 
-    samplers: names, or (name, options) pairs such as ("threshold", {"threshold": 0.7}).
+    samplers: sampler specs ("low_confidence", "threshold:threshold=0.7").
     policies: anything ``generate(cache=...)`` takes ("dual", "dual:refresh=4", a policy instance).
     steps: fixed-step samplers' total steps (default gen_len: one token per step).
+    progress: a tqdm bar over the (policy, sampler) pairs, on stderr.
     """
+    from tqdm.auto import tqdm
+
     from dllm.engine import generate
 
     device = next(model.parameters()).device
     prompt = bench_prompt(model, batch_size, prompt_len, seed).to(device)
     length = prompt_len + gen_len
+    specs = [format_spec(*parse_spec(s, "sampler")) for s in samplers]  # normalised labels
+    made = sorted((make_cache(p) for p in policies), key=lambda p: p.spec != "none")  # "none" first
     results: list[dict[str, Any]] = []
-    reference: dict[str, tuple[torch.Tensor, float]] = {}  # sampler label -> (none's tokens, wall)
-    ordered = sorted(policies, key=lambda p: _label(p) != "none")  # run "none" first
-    for sampler in samplers:
-        name, options = (sampler, {}) if isinstance(sampler, str) else sampler
-        sampler_label = name + "".join(f",{k}={v}" for k, v in options.items())
-        for cache in ordered:
-            policy = make_cache(cache)
-            kw = dict(sampler=name, gen_length=gen_len, block_length=block, cache=policy, **options)
-            if steps is not None and make_sampler(name, **options).fixed_steps:
+    reference: dict[str, tuple[torch.Tensor, float]] = {}  # sampler spec -> (none's tokens, wall)
+    bar = tqdm(total=len(specs) * len(made), disable=not progress, desc="bench caches", unit="run")
+    for spec in specs:
+        for policy in made:
+            bar.set_postfix_str(f"{policy.spec} x {spec}")
+            kw = dict(sampler=spec, gen_length=gen_len, block_length=block, cache=policy)
+            if steps is not None and make_sampler(spec).fixed_steps:
                 kw["steps"] = steps
-            if warmup:
-                generate(model, prompt, **kw)
-            walls, out, peak = [], None, None
-            for _ in range(max(1, repeats)):
-                _sync(device)
-                can_peak = _reset_peak(device)
-                t0 = time.perf_counter()
-                out = generate(model, prompt, **kw)
-                _sync(device)
-                walls.append(time.perf_counter() - t0)
-                peak = _peak_mb(device) if can_peak else None
-            assert out is not None
-            wall = statistics.median(walls)
+            t = timed(lambda: generate(model, prompt, **kw), device, repeats=repeats, warmup=int(warmup))
+            out, wall = t.result, t.seconds
             cfg = model.config
             kv_bytes = 0
             if policy.uses_kv:
                 kv_bytes = (2 * cfg.n_layers * batch_size * cfg.n_kv_heads * length * cfg.head_dim
                             * torch.finfo(model.dtype).bits // 8)
-            label = _label(cache)
             gen = out.generated.cpu()
-            if label == "none":
-                reference[sampler_label] = (gen, wall)
+            if policy.spec == "none":
+                reference[spec] = (gen, wall)
             row: dict[str, Any] = {
-                "policy": label,
-                "sampler": sampler_label,
+                "policy": policy.spec,
+                "sampler": spec,
                 "wall_s": round(wall, 4),
                 "nfe": out.nfe,
                 "forwarded_tokens": out.forwarded_tokens,
                 "generated_tokens": out.generated_tokens,
                 "tokens_per_s": round(out.generated_tokens / wall, 2),
                 "tokens_per_forward": round(out.tokens_per_forward, 3),
-                "peak_memory_mb": None if peak is None else round(peak, 1),
+                "peak_memory_mb": None if t.peak_mb is None else round(t.peak_mb, 1),
                 "kv_cache_mb": round(kv_bytes / 2**20, 2),
                 "speedup": None,
                 "match_none": None,
             }
-            if sampler_label in reference:
-                ref_gen, ref_wall = reference[sampler_label]
+            if spec in reference:
+                ref_gen, ref_wall = reference[spec]
                 row["speedup"] = round(ref_wall / wall, 2)
                 row["match_none"] = round(float((gen == ref_gen).float().mean()), 4)
             results.append(row)
+            bar.update(1)
+    bar.close()
     return results
 
 

@@ -23,12 +23,12 @@ keeps working everywhere. ``format_table(rows)`` renders Markdown.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
+
+from dllm.eval.timing import timed
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -88,22 +88,8 @@ def default_shapes(device: torch.device) -> list[Shape]:
     ]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return timed(fn, device, repeats=repeats, warmup=warmup).seconds * 1e3
 
 
 def _triton_refusal() -> Optional[str]:

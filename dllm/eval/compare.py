@@ -1,28 +1,30 @@
 """``dllm compare``: samplers side by side on the stress tasks, one model, one run.
 
 For every sampler spec and every task, the first ``n`` test examples (spread over the task's
-sizes) are decoded as one block of the task's answer length, grouped by answer length into
-batched ``dllm.generate`` calls, and scored exactly. Per sampler the table reports accuracy,
+sizes) are decoded as one block of the task's answer length (or blocks of ``block_length``), one
+batch per task and answer length, and scored exactly (``exact_match.decode_and_score``). Per sampler the table reports accuracy,
 mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and total), tokens
 per second and wall time. Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
 with the Pareto front marked.
 
-A sampler spec is ``name`` or ``name:key=value,key=value``; the key ``k`` (fixed-step samplers
-only) sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step. Examples:
+A sampler spec is the registry's ``name`` or ``name:key=value,key=value`` (``parse_spec``); its
+options go to ``generate`` (sampler options, ``cache=...``), except the key ``k`` (fixed-step
+samplers only), which sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step. Examples:
 ``low_confidence`` (one token per step), ``low_confidence:k=2``, ``threshold:threshold=0.8``.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dllm import tasks as T
+from dllm.eval.exact_match import check_tokens_per_step, decode_and_score, load_model
+from dllm.options import check_int, check_optional_int
+from dllm.registry import parse_spec
 
 DEFAULT_SAMPLERS = (
     "low_confidence", "low_confidence:k=2", "threshold", "fast", "factor", "eb:gamma=0.1", "localleap",
@@ -39,20 +41,18 @@ class SamplerSpec:
 
     @classmethod
     def parse(cls, text: str) -> "SamplerSpec":
-        name, _, rest = text.partition(":")
-        options: dict[str, Any] = {}
-        for item in filter(None, rest.split(",")):
-            if "=" not in item:
-                raise ValueError(f"sampler spec {text!r}: option {item!r} must look like key=value")
-            key, raw = item.split("=", 1)
-            try:
-                options[key.strip()] = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                options[key.strip()] = raw
+        name, options = parse_spec(text, "sampler spec")
         k = options.pop("k", None)
-        if k is not None and (not isinstance(k, int) or k < 1):
-            raise ValueError(f"sampler spec {text!r}: k must be an integer >= 1, got {k!r}")
+        if k is not None:
+            try:
+                check_int("k", k, 1)
+            except ValueError as err:
+                raise ValueError(f"sampler spec {text!r}: {err}") from None
         return cls(text, name, options, k)
+
+    def check(self) -> None:
+        """Fail before any decoding: an unknown sampler, or k with an adaptive one."""
+        check_tokens_per_step(self.name, self.k, self.label)
 
 
 @dataclass
@@ -93,50 +93,15 @@ def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
 
 def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
-    from dllm.engine import generate
-    from dllm.samplers import samplers
-
-    cls = samplers.get(spec.name)
-    words = T.vocabulary()
-    # one batch per (task, answer length): an adaptive sampler's forwards are shared by the rows
-    # of a batch, so mixing easy and hard tasks would charge the easy ones for the hard ones
-    groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
-    for ex in examples:
-        groups[(ex.task, T.answer_length(ex.task, ex.size))].append(ex)
-    correct, counts = defaultdict(int), defaultdict(int)
-    nfe_rows = forwarded = generated = content = 0
-    t0 = time.perf_counter()
-    for (_, la), group in sorted(groups.items()):
-        for i in range(0, len(group), max_batch):
-            chunk = group[i:i + max_batch]
-            prompts = [T.prompt_ids(ex) for ex in chunk]
-            bl = min(block_length or la, la)
-            steps = None
-            if spec.k is not None:
-                if not cls.fixed_steps:
-                    raise ValueError(f"sampler spec {spec.label!r}: k applies to fixed-step samplers only")
-                n_blocks = -(-la // bl)
-                steps = n_blocks * min(-(-bl // spec.k), bl)
-            out = generate(model, prompts, sampler=spec.name, gen_length=la, block_length=bl,
-                                steps=steps, **spec.options)
-            nfe_rows += out.nfe * len(chunk)
-            forwarded += out.forwarded_tokens
-            generated += out.generated_tokens
-            content += out.content_tokens
-            for ex, row in zip(chunk, out.generated.tolist()):
-                region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]
-                correct[ex.task] += bool(T.score(ex, region))
-                counts[ex.task] += 1
-            if progress is not None:
-                progress.update(len(chunk))
-    wall = time.perf_counter() - t0
-    total = sum(counts.values())
+    # one batch per (task, answer length): see decode_and_score's ``by_task``
+    tally = decode_and_score(model, examples, spec.name, tokens_per_step=spec.k, block_length=block_length,
+                             by_task=True, max_batch=max_batch, progress=progress, **spec.options)
+    total, rows, wall = tally.examples, tally.row_forwards, tally.seconds
     return SamplerResult(
-        label=spec.label, accuracy=sum(correct.values()) / total,
-        per_task={t: correct[t] / counts[t] for t in sorted(counts)}, examples=total,
-        nfe_per_example=nfe_rows / total, forwarded_tokens=forwarded,
-        tokens_per_forward=generated / nfe_rows, content_tokens_per_forward=content / nfe_rows,
-        tokens_per_second=generated / wall if wall > 0 else float("inf"), wall_time=wall,
+        label=spec.label, accuracy=sum(tally.correct.values()) / total, per_task=tally.accuracy,
+        examples=total, nfe_per_example=rows / total, forwarded_tokens=tally.forwarded_tokens,
+        tokens_per_forward=tally.generated_tokens / rows, content_tokens_per_forward=tally.content_tokens / rows,
+        tokens_per_second=tally.generated_tokens / wall if wall > 0 else float("inf"), wall_time=wall,
     )
 
 
@@ -150,11 +115,21 @@ def mark_pareto(results: list[SamplerResult]) -> None:
         )
 
 
+def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[SamplerSpec]:
+    """The parsed specs; raises ValueError on anything that would fail later in the run."""
+    check_int("n", n, 1, hint=" (test examples per task)")
+    check_optional_int("block_length", block_length, 1)
+    parsed = [SamplerSpec.parse(s) for s in specs]
+    for spec in parsed:
+        spec.check()
+    return parsed
+
+
 def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n: int, *,
             block_length: Optional[int] = None, show_progress: bool = True) -> list[SamplerResult]:
     from tqdm.auto import tqdm
 
-    parsed = [SamplerSpec.parse(s) for s in specs]
+    parsed = check_compare(specs, n, block_length)
     names = list(task_names) if task_names else [e.name for e in T.tasks]
     examples = _examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
@@ -210,14 +185,17 @@ def plot_results(results: Sequence[SamplerResult], path: Path, title: str) -> No
 
 
 def run_compare(args) -> list[SamplerResult]:
-    from dllm.models import load
-
-    model = load(args.model, dtype=None if args.model == "oracle" else args.dtype, device=args.device)
-    results = compare(model, args.samplers or DEFAULT_SAMPLERS, args.tasks, args.n,
-                      block_length=args.block_length, show_progress=not args.no_progress)
-    print(format_results(results))
+    specs = args.samplers or DEFAULT_SAMPLERS
+    check_compare(specs, args.n, args.block_length)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; give a directory (compare writes compare.json "
+                         f"and compare.png into it)")
     out.mkdir(parents=True, exist_ok=True)
+    model = load_model(args.model, args.dtype, args.device)
+    results = compare(model, specs, args.tasks, args.n, block_length=args.block_length,
+                      show_progress=not args.no_progress)
+    print(format_results(results))
     payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
                "block_length": args.block_length, "results": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(payload, indent=2))

@@ -1,9 +1,18 @@
-"""Exact-match evaluation of a model on a slice of the PB-mini test split during training.
+"""Exact-match evaluation on the stress tasks: decode the test examples, then score them.
 
-Decoding is one token per step with the ``low_confidence`` sampler (steps = gen_length =
-block_length = the task's answer length ``L_ans``), greedy. Examples from all tasks that share an
-answer length are decoded in one ``dllm.generate`` call (prompts left-padded; exact in float32), so
-an evaluation costs about ``sum over distinct L_ans of L_ans`` forwards.
+``decode_and_score`` is the one decode-and-score loop, used by training's evaluation
+(``evaluate``), ``dllm eval-tasks`` and ``dllm compare``: the examples are grouped by answer length
+``L_ans`` (and by task when asked), every group is decoded in batched ``generate`` calls as one
+block of ``L_ans`` (or blocks of ``block_length``), and each generated answer is scored with
+``T.score``.
+
+``evaluate``: one token per step (or k) with the ``low_confidence`` sampler, greedy; examples from
+all tasks that share an answer length are decoded in one call (prompts left-padded; exact in
+float32), so an evaluation costs about ``sum over distinct L_ans of L_ans`` forwards.
+
+``c0`` names the tasks whose answer is a function of the prompt, C(Y|X) = 0 (the total correlation
+of the answer positions given the prompt is zero): ``c0_tasks()``, ``EvalResult.mean_c0``. They
+are the quality bar: a model that has learned such a task solves it at one token per step.
 """
 
 from __future__ import annotations
@@ -13,17 +22,21 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from dllm import tasks as T
+from dllm.inputs import model_device
+from dllm.options import check_int
+from dllm.registry import parse_spec
+from dllm.samplers import samplers
 
 
 @lru_cache(maxsize=None)
-def zero_tc_tasks(per_size: int = 2) -> tuple[str, ...]:
-    """Tasks whose test examples all have C(Y|X) = 0 (a unique answer): the first ``per_size``
-    test instances of every default size are checked with ``T.total_correlation``."""
+def c0_tasks(per_size: int = 2) -> tuple[str, ...]:
+    """The tasks with C(Y|X) = 0: the first ``per_size`` test instances of every default size are
+    checked with ``T.total_correlation``."""
     out = []
     for entry in T.tasks:
         exs = T.test_split(entry.name, None, n=per_size)
@@ -33,11 +46,115 @@ def zero_tc_tasks(per_size: int = 2) -> tuple[str, ...]:
     return tuple(out)
 
 
+def check_tokens_per_step(sampler: str, k: Optional[int], label: Optional[str] = None) -> None:
+    """``sampler`` is registered and ``k`` (tokens per step) is None, or an integer >= 1 for a
+    fixed-step sampler (an adaptive sampler chooses how many tokens each step commits, so a k would
+    be ignored)."""
+    name, _ = parse_spec(sampler, "sampler")
+    cls = samplers.get(name)  # an unknown name fails here, listing the valid ones
+    if k is None:
+        return
+    check_int("tokens_per_step", k, 1)
+    if not cls.fixed_steps:
+        raise ValueError(f"sampler {label or sampler!r}: k applies to fixed-step samplers only "
+                         f"({name!r} is adaptive: it chooses how many tokens each step commits)")
+
+
+@dataclass
+class Tally:
+    """What ``decode_and_score`` counted."""
+
+    correct: dict[str, int]  # task -> exactly matched examples
+    counts: dict[str, int]  # task -> decoded examples
+    forwards: int = 0  # NFE summed over the generate calls
+    row_forwards: int = 0  # NFE x rows summed: the forwards each example took part in
+    forwarded_tokens: int = 0
+    generated_tokens: int = 0
+    content_tokens: int = 0  # generated tokens up to EOS
+    seconds: float = 0.0
+
+    @property
+    def examples(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def accuracy(self) -> dict[str, float]:
+        """task -> exact-match accuracy."""
+        return {t: self.correct[t] / self.counts[t] for t in sorted(self.counts)}
+
+
+@torch.no_grad()
+def decode_and_score(
+    model,
+    examples: Sequence[T.Example],
+    sampler: str = "low_confidence",
+    *,
+    tokens_per_step: Optional[int] = None,
+    block_length: Optional[int] = None,
+    by_task: bool = False,
+    max_batch: int = 256,
+    autocast_bf16: bool = False,
+    progress: Any = None,
+    **options: Any,
+) -> Tally:
+    """Decode every example as ``L_ans`` generated positions and score it with ``T.score``.
+
+    tokens_per_step: k, fixed-step samplers only: ``ceil(block / k)`` steps per block (LLaDA's
+        schedule spreads a remainder over the first steps); None: the sampler's own steps (one
+        token per step for a fixed-step sampler).
+    block_length: blocks of at most this length (None: one block of ``L_ans``).
+    by_task: one batch per (task, ``L_ans``) instead of per ``L_ans``: an adaptive sampler's forwards
+        are shared by the rows of a batch, so mixing easy and hard tasks would charge the easy ones
+        for the hard ones.
+    progress: anything with ``update(n)`` (a tqdm bar), advanced by the rows of each batch.
+    options: the rest of ``generate``'s keyword arguments (sampler options, ``cache=...``).
+    """
+    check_tokens_per_step(sampler, tokens_per_step)
+    from dllm.engine import generate
+
+    words = T.vocabulary()
+    groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
+    for ex in examples:
+        groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size))].append(ex)
+    tally = Tally(defaultdict(int), defaultdict(int))
+    device_type = model_device(model).type
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    try:
+        for (_, la), group in sorted(groups.items()):
+            bl = min(block_length or la, la)
+            steps = None
+            if tokens_per_step is not None:
+                steps = -(-la // bl) * min(-(-bl // tokens_per_step), bl)  # blocks x steps per block
+            for i in range(0, len(group), max_batch):
+                chunk = group[i:i + max_batch]
+                prompts = [T.prompt_ids(ex) for ex in chunk]
+                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
+                    out = generate(model, prompts, sampler, gen_length=la, block_length=bl, steps=steps,
+                                   **options)
+                tally.forwards += out.nfe
+                tally.row_forwards += out.nfe * len(chunk)
+                tally.forwarded_tokens += out.forwarded_tokens
+                tally.generated_tokens += out.generated_tokens
+                tally.content_tokens += out.content_tokens
+                for ex, row in zip(chunk, out.generated.tolist()):
+                    region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]
+                    tally.correct[ex.task] += bool(T.score(ex, region))
+                    tally.counts[ex.task] += 1
+                if progress is not None:
+                    progress.update(len(chunk))
+    finally:
+        model.train(was_training)
+    tally.seconds = time.perf_counter() - t0
+    return tally
+
+
 @dataclass
 class EvalResult:
     accuracy: dict[str, float]  # task -> exact-match accuracy on its slice
     counts: dict[str, int]  # task -> evaluated examples
-    zero_tc: tuple[str, ...]  # the C(Y|X) = 0 tasks among those evaluated
+    c0: tuple[str, ...]  # the C(Y|X) = 0 tasks among those evaluated
     forwards: int = 0
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
@@ -45,17 +162,17 @@ class EvalResult:
     @property
     def mean(self) -> float:
         """Mean accuracy over the evaluated tasks (each task weighs the same)."""
-        return sum(self.accuracy.values()) / max(len(self.accuracy), 1)
+        return math.fsum(self.accuracy.values()) / max(len(self.accuracy), 1)
 
     @property
-    def mean_zero_tc(self) -> float:
+    def mean_c0(self) -> float:
         """Mean accuracy over the C(Y|X) = 0 tasks (the best-checkpoint metric); NaN if none."""
-        vals = [self.accuracy[t] for t in self.zero_tc]
-        return sum(vals) / len(vals) if vals else math.nan
+        vals = [self.accuracy[t] for t in self.c0]
+        return math.fsum(vals) / len(vals) if vals else math.nan
 
     def to_log(self) -> dict[str, object]:
         return {
-            "eval_mean_c0": round(self.mean_zero_tc, 4),
+            "eval_mean_c0": round(self.mean_c0, 4),
             "eval_mean": round(self.mean, 4),
             "eval_examples": sum(self.counts.values()),
             "eval_forwards": self.forwards,
@@ -64,60 +181,38 @@ class EvalResult:
         }
 
 
+def load_model(name: str, dtype: Optional[str] = None, device: Optional[str] = None):
+    """``dllm.models.load`` for an evaluation: the weightless ``oracle`` takes no dtype."""
+    from dllm.models import load
+
+    return load(name, dtype=None if name == "oracle" else dtype, device=device)
+
+
 def eval_examples(tasks: Optional[Sequence[str]] = None, per_size: int = 4) -> list[T.Example]:
     """The first ``per_size`` test instances of every default size of each task."""
     names = [T.get_task(n).name for n in tasks] if tasks else [e.name for e in T.tasks]
     return [ex for n in names for ex in T.test_split(n, None, n=per_size)]
 
 
-@torch.no_grad()
 def evaluate(
     model,
     examples: Sequence[T.Example],
     *,
     max_batch: int = 256,
     autocast_bf16: bool = False,
-    tokens_per_step: int = 1,
+    tokens_per_step: Optional[int] = 1,
     sampler: str = "low_confidence",
 ) -> EvalResult:
     """Decode every example (one block of the answer length) and score it with ``T.score``.
 
     ``tokens_per_step`` = k: ``steps = ceil(L_ans / k)``, so the fixed-step sampler commits k per
-    step (LLaDA's schedule spreads a remainder over the first steps).
+    step; None for an adaptive sampler (see ``decode_and_score``).
     """
-    if not isinstance(tokens_per_step, int) or tokens_per_step < 1:
-        raise ValueError(f"tokens_per_step must be an integer >= 1, got {tokens_per_step!r}")
-    from dllm.engine import generate
-
-    t0 = time.perf_counter()
-    words = T.vocabulary()
-    groups: dict[int, list[T.Example]] = defaultdict(list)
-    for ex in examples:
-        groups[T.answer_length(ex.task, ex.size)].append(ex)
-    correct: dict[str, int] = defaultdict(int)
-    counts: dict[str, int] = defaultdict(int)
-    forwards = 0
-    device_type = torch.device(model.device).type
-    was_training = model.training
-    model.eval()
-    try:
-        for la, group in sorted(groups.items()):
-            for i in range(0, len(group), max_batch):
-                chunk = group[i:i + max_batch]
-                prompts = [T.prompt_ids(ex) for ex in chunk]
-                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
-                    out = generate(model, prompts, sampler, gen_length=la, block_length=la,
-                                   steps=-(-la // tokens_per_step))
-                forwards += out.nfe
-                for ex, row in zip(chunk, out.generated.tolist()):
-                    region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]
-                    correct[ex.task] += bool(T.score(ex, region))
-                    counts[ex.task] += 1
-    finally:
-        model.train(was_training)
-    accuracy = {t: correct[t] / counts[t] for t in counts}
-    zero = tuple(t for t in zero_tc_tasks() if t in counts)
-    return EvalResult(accuracy, dict(counts), zero, forwards, time.perf_counter() - t0)
+    tally = decode_and_score(model, examples, sampler, tokens_per_step=tokens_per_step, max_batch=max_batch,
+                             autocast_bf16=autocast_bf16)
+    c0 = tuple(t for t in c0_tasks() if t in tally.counts)
+    return EvalResult(tally.accuracy, dict(tally.counts), c0, tally.forwards, tally.seconds)
 
 
-__all__ = ["EvalResult", "eval_examples", "evaluate", "zero_tc_tasks"]
+__all__ = ["EvalResult", "Tally", "c0_tasks", "check_tokens_per_step", "decode_and_score", "eval_examples",
+           "evaluate", "load_model"]

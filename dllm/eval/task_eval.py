@@ -2,54 +2,66 @@
 
 Each example is decoded as one block of its answer length with a fixed-step sampler
 (``low_confidence`` by default, i.e. top-k confidence) and ``steps = ceil(L_ans / k)``; the table
-has one row per task and one column per k, plus the mean over the C(Y|X) = 0 tasks.
+has one row per task and one column per k, plus the mean over the C(Y|X) = 0 tasks (``c0``, see
+``dllm.eval.exact_match``). An adaptive sampler chooses its own steps: it gets one column,
+``adaptive``, and no k.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
+from dllm.eval.exact_match import c0_tasks, check_tokens_per_step, eval_examples, evaluate, load_model
+from dllm.samplers import make_sampler
+
+Column = Union[int, str]  # k, or "adaptive"
 
 
-def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[int], per_size: int,
+def columns(sampler: str, ks: Optional[Sequence[int]]) -> list[Column]:
+    """The table's columns: ``ks`` (default [1]) for a fixed-step sampler, ["adaptive"] for an
+    adaptive one; raises ValueError (before any decoding) for a k that does not apply."""
+    for k in ks or ():
+        check_tokens_per_step(sampler, k)
+    if not make_sampler(sampler).fixed_steps:
+        return ["adaptive"]
+    return list(ks or [1])
+
+
+def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[Column], per_size: int,
                         sampler: str = "low_confidence") -> dict:
-    from dllm.eval.exact_match import eval_examples, evaluate, zero_tc_tasks
-
     examples = eval_examples(task_names, per_size=per_size)
-    table: dict[str, dict[int, float]] = {}
-    summary: dict[int, dict[str, float]] = {}
+    table: dict[str, dict[Column, float]] = {}
+    summary: dict[Column, dict[str, float]] = {}
     for k in ks:
-        res = evaluate(model, examples, tokens_per_step=k, sampler=sampler)
+        res = evaluate(model, examples, tokens_per_step=None if k == "adaptive" else k, sampler=sampler)
         for task, acc in res.accuracy.items():
             table.setdefault(task, {})[k] = acc
-        summary[k] = {"mean": res.mean, "mean_c0": res.mean_zero_tc, "forwards": res.forwards,
+        summary[k] = {"mean": res.mean, "mean_c0": res.mean_c0, "forwards": res.forwards,
                       "seconds": res.seconds}
-    return {"tasks": table, "summary": summary, "zero_tc": list(zero_tc_tasks()),
+    return {"tasks": table, "summary": summary, "c0": list(c0_tasks()),
             "examples": len(examples), "per_size": per_size, "sampler": sampler}
 
 
-def format_table(result: dict, ks: Sequence[int]) -> str:
-    zero = set(result["zero_tc"])
+def format_table(result: dict, ks: Sequence[Column]) -> str:
+    c0 = set(result["c0"])
     width = max(len(t) for t in result["tasks"]) + 2
-    head = f"{'task':<{width}}C=0  " + "  ".join(f"k={k:<5}" for k in ks)
+    head = f"{'task':<{width}}C=0  " + "  ".join(f"k={k:<5}" if isinstance(k, int) else f"{k:<7}" for k in ks)
     lines = [head, "-" * len(head)]
     for task in sorted(result["tasks"]):
         cells = "  ".join(f"{100 * result['tasks'][task][k]:6.1f}" for k in ks)
-        lines.append(f"{task:<{width}}{'yes' if task in zero else '   '}  {cells}")
+        lines.append(f"{task:<{width}}{'yes' if task in c0 else '   '}  {cells}")
     lines.append("-" * len(head))
-    for key, label in (("mean_c0", "mean C(Y|X)=0"), ("mean", "mean all")):
+    for key, name in (("mean_c0", "mean C(Y|X)=0"), ("mean", "mean all")):
         cells = "  ".join(f"{100 * result['summary'][k][key]:6.1f}" for k in ks)
-        lines.append(f"{label:<{width}}     {cells}")
+        lines.append(f"{name:<{width}}     {cells}")
     return "\n".join(lines)
 
 
 def run_eval_tasks(args) -> dict:
-    from dllm.models import load
-
-    ks = args.k or [1]
-    model = load(args.model, dtype=None if args.model == "oracle" else args.dtype, device=args.device)
+    ks = columns(args.sampler, args.k)
+    model = load_model(args.model, args.dtype, args.device)
     result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler)
     result["model"] = args.model
     print(format_table(result, ks))

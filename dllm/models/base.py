@@ -349,7 +349,10 @@ class DiffusionLM(nn.Module):
     def generation_prompt(self, text_or_messages: Union[str, Messages], chat: bool = False) -> list[int]:
         """Token ids of a prompt. chat=True wraps a string as one user turn (or takes a list of
         {"role", "content"} messages) and applies the chat template; tokenised without adding
-        special tokens (the template already has them)."""
+        special tokens (the template already has them). Words the tokenizer does not know are a
+        ValueError naming them (``tokenizer.encode_text``), never its unknown token."""
+        from dllm.models.tokenizer import encode_text
+
         tok = self._require_tokenizer()
         if chat:
             messages = ([{"role": "user", "content": text_or_messages}]
@@ -359,4 +362,4 @@ class DiffusionLM(nn.Module):
             text = text_or_messages
         else:
             raise ValueError("a list of chat messages needs chat=True; pass a string for a raw prompt")
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return encode_text(tok, text)

@@ -165,6 +165,21 @@ def open_checkpoint(directory: str | Path) -> CheckpointReader:
     return reader
 
 
+def nonfinite_counts(t: torch.Tensor) -> Optional[tuple[int, int]]:
+    """(NaN count, inf count) of a floating tensor, or None when every value is finite.
+
+    Screened by ``aminmax``: NaN propagates through min/max and inf is an extreme, so one reduction
+    at memory speed with no temporary of the tensor's size (``isfinite().all()`` is ~10x slower on
+    CPU for bf16); only a tensor that fails the screen is counted exactly.
+    """
+    if t.numel() == 0:
+        return None
+    lo, hi = torch.aminmax(t.detach())
+    if bool(torch.isfinite(lo) & torch.isfinite(hi)):  # one host sync per tensor, on purpose
+        return None
+    return int(t.isnan().sum()), int(t.isinf().sum())
+
+
 def check_keys(expected: dict[str, Shape], found: dict[str, Shape], source: str) -> None:
     """Raise one CheckpointError listing missing, unexpected and mis-shaped keys (official names)."""
     missing = sorted(set(expected) - set(found))

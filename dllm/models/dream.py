@@ -6,7 +6,8 @@ at position i. ``Dream.forward`` shifts the logits right by one so that, as for 
 The shift is applied to whatever rows a forward computes, so a cached forward over canvas columns
 ``[q0, q1)`` (``dllm.cache``) predicts ``[q0 + 1, q1)``: cache policies start Dream queries one
 column before the first position they decide (``logit_shift = 1``).
-See reference/formats.md section 2.
+Sources: Dream-org/Dream-v0-Instruct-7B ``config.json``, ``generation_config.json``,
+``configuration_dream.py``, ``modeling_dream.py`` and ``generation_utils.py``; Dream 7B (arXiv 2508.15487).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ DREAM_KEYMAP = KeyMap(
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-# Qwen2.5 ChatML with its default system prompt (formats.md 2.7), written for dllm; tools omitted.
+# Qwen2.5 ChatML with its default system prompt, as Dream-v0-Instruct-7B's tokenizer_config.json
+# renders it (written for dllm; tools omitted).
 DREAM_CHAT_TEMPLATE = (
     "{%- if not messages or messages[0]['role'] != 'system' -%}"
     "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}"
@@ -137,7 +139,8 @@ class Dream(TransformerLM):
     def to_hf_config(
         cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
     ) -> dict[str, Any]:
-        """TransformerConfig + ids -> the fields of the official Dream config.json (formats.md 2.1)."""
+        """TransformerConfig + ids -> the fields of the official Dream config.json (those of
+        Dream-org/Dream-v0-Instruct-7B, read by ``configuration_dream.DreamConfig``)."""
         return {
             "model_type": "Dream",
             "architectures": ["DreamModel"],
@@ -164,4 +167,29 @@ class Dream(TransformerLM):
             "mask_token_id": special.mask_id,
             "use_cache": False,
             "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+        }
+
+    @classmethod
+    def to_hf_generation_config(cls, special: SpecialIds) -> dict[str, Any]:
+        """The fields of Dream-org/Dream-v0-Instruct-7B's generation_config.json. The official
+        ``DreamModel.from_pretrained`` (modeling_dream.py) reads it with
+        ``DreamGenerationConfig.from_pretrained`` and raises without it. Values: the defaults of
+        ``diffusion_generate`` (``alg "origin"``, 512 steps, eps 1e-3, temperature 0). The official
+        file has ``mask_token_id: null``; this model's id is written instead, because it is read
+        only as the fallback for a caller's generation config that lacks one (generation_utils.py
+        ``_prepare_generation_config``), where null would leave the mask id unset."""
+        return {
+            "_from_model_config": True,
+            "alg": "origin",
+            "alg_temp": None,
+            "eps": 0.001,
+            "output_history": False,
+            "steps": 512,
+            "temperature": 0.0,
+            "top_k": None,
+            "top_p": None,
+            "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
+            "eos_token_id": special.eos_id,
+            "pad_token_id": special.pad_id,
+            "mask_token_id": special.mask_id,
         }

@@ -2,7 +2,9 @@
 
 Only ``block_type: "llama"`` (separate q/k/v and gate/up projections) exists in the released
 checkpoints; other OLMo-derived variants raise NotImplementedError naming the field.
-Logits are not shifted: ``logits[:, i]`` predicts position i. See reference/formats.md section 1.
+Logits are not shifted: ``logits[:, i]`` predicts position i. Sources: GSAI-ML/LLaDA-8B-Instruct
+``config.json``, ``tokenizer_config.json``, ``configuration_llada.py`` and ``modeling_llada.py``;
+LLaDA (arXiv 2502.09992).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ LLADA_KEYMAP = KeyMap(
     ),
 )
 
-# Chat template of LLaDA-8B-Instruct, as described in formats.md 1.7 (written for dllm): BOS before
+# Chat template of LLaDA-8B-Instruct's tokenizer_config.json, restated for dllm: BOS before
 # the first message, header + role + blank line + trimmed content + <|eot_id|> per message, and the
 # assistant header ALWAYS appended (whatever add_generation_prompt says).
 LLADA_CHAT_TEMPLATE = (
@@ -135,7 +137,8 @@ class LLaDA(TransformerLM):
     def to_hf_config(
         cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
     ) -> dict[str, Any]:
-        """TransformerConfig + ids -> the fields of the official LLaDA config.json (formats.md 1.2)."""
+        """TransformerConfig + ids -> the fields of the official LLaDA config.json (those of
+        GSAI-ML/LLaDA-8B-Instruct, read by ``configuration_llada.LLaDAConfig``)."""
         return {
             "model_type": "llada",
             "architectures": ["LLaDAModelLM"],

@@ -17,7 +17,7 @@ import torch
 
 from dllm.models.checkpoint import open_checkpoint
 from dllm.models.families import class_for_model_type
-from dllm.models.pretrained import TransformerLM
+from dllm.models.pretrained import GENERATION_CONFIG, TransformerLM
 from dllm.models.tokenizer import load_tokenizer, tokenizer_size
 from dllm.models.transformer import TransformerBlock
 
@@ -28,7 +28,9 @@ _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "double": torch.float64,
 }
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -98,8 +100,8 @@ def locate(name_or_path: Union[str, Path]) -> Path:
     )
 
 
-def read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
+def read_config(directory: Path, name: str = "config.json") -> dict[str, Any]:
+    path = directory / name
     try:
         hf = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -111,8 +113,12 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def resolve_dtype(dtype: Union[torch.dtype, str, None], hf: dict[str, Any],
                   stored: Optional[torch.dtype]) -> torch.dtype:
-    """Requested dtype; None / "auto" -> config's torch_dtype (or "dtype"), else the stored tensors'."""
+    """Requested dtype; None / "auto" -> config's torch_dtype (or "dtype"), else the stored tensors'.
+    ValueError naming the valid dtypes for anything but a floating dtype."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"dtype {dtype} is not supported: weights need a floating dtype; valid: "
+                             f"{', '.join(map(str, _FLOAT_DTYPES))}, 'auto', or one of {', '.join(sorted(_DTYPES))}")
         return dtype
     if dtype is None or dtype == "auto":
         name = hf.get("torch_dtype") or hf.get("dtype")
@@ -123,9 +129,38 @@ def resolve_dtype(dtype: Union[torch.dtype, str, None], hf: dict[str, Any],
         where = "dtype"
     key = str(dtype).removeprefix("torch.")
     if key not in _DTYPES:
-        raise ValueError(f"{where} {dtype!r} is not supported; valid: a torch.dtype, 'auto', or one of "
+        raise ValueError(f"{where} {dtype!r} is not supported; valid: a floating torch.dtype, 'auto', or one of "
                          f"{', '.join(sorted(_DTYPES))}")
     return _DTYPES[key]
+
+
+def available_devices() -> list[str]:
+    """The devices this process can place a model on ("cpu", "cuda:0", ..., "mps")."""
+    out = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+    mps = getattr(torch.backends, "mps", None)
+    return out + (["mps"] if mps is not None and mps.is_available() else [])
+
+
+def resolve_device(device: Union[str, torch.device, None]) -> Optional[torch.device]:
+    """The requested device, checked: ValueError saying what is missing and which devices exist."""
+    if device is None:
+        return None
+    available = ", ".join(available_devices())
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device name; available devices: {available}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {device!r}: CUDA is not available ({why}); available devices: "
+                             f"{available}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA device(s); "
+                             f"available devices: {available}")
+    elif dev.type == "mps" and "mps" not in available_devices():
+        raise ValueError(f"device {device!r}: MPS is not available; available devices: {available}")
+    return dev
 
 
 def _dispatch(
@@ -156,15 +191,19 @@ def load(
     """Load a LLaDA or Dream checkpoint in the official layout.
 
     name_or_path: an embedded name (see ``embedded_names()``), a local directory with config.json,
-    a Hub id, or ``"oracle"`` (the stress tasks' exact-posterior ``OracleLM``, weightless). dtype: torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
-    checkpoint's torch_dtype). device: one device; device_map: "auto" or a dict, through accelerate.
+    a Hub id, or ``"oracle"`` (the stress tasks' exact-posterior ``OracleLM``, weightless).
+    dtype: a floating torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
+    checkpoint's torch_dtype). device: one device (ValueError when it does not exist here, listing
+    those that do); device_map: "auto" or a dict, through accelerate. Weights with NaN or inf are
+    refused (``CheckpointError`` naming the tensors).
     """
     if device is not None and device_map is not None:
         raise ValueError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    device = resolve_device(device)
     if str(name_or_path) == ORACLE_NAME:
         from dllm.models.oracle import OracleLM
 
-        return OracleLM()  # exact posterior marginals of the stress tasks; no weights
+        return OracleLM().to(device)  # exact posterior marginals of the stress tasks; no weights
     directory = locate(name_or_path)
     hf = read_config(directory)
     cls = class_for_model_type(hf.get("model_type"))
@@ -180,6 +219,8 @@ def load(
     with torch.device("meta"):
         model = cls(config, special, hf_config=hf, tokenizer=tokenizer, attn_backend=attn_backend)
     model.load_official(reader, dtype=target, device=device)
+    if (directory / GENERATION_CONFIG).is_file():
+        model.hf_generation_config = read_config(directory, GENERATION_CONFIG)
     model.eval()
     if device_map is not None:
         model = _dispatch(model, device_map, target)

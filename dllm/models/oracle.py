@@ -4,7 +4,7 @@ PB-mini stress tasks (``dllm.tasks``), given the words already committed.
 For every row of a batch the oracle reads ``[PAD]* [BOS] <task> <args...> [SEP] <answer region>``,
 rebuilds the problem with ``tasks.parse_prompt`` and returns, at every masked position of the answer
 region, ``log P(word at i | prompt, committed words)`` under the uniform distribution over the valid
-answers that agree with the committed (non-mask) words of the region (stress-tasks.md section 2.3).
+answers that agree with the committed (non-mask) words of the region.
 It is task-agnostic: one model serves every task, and a batch may mix tasks and prompt lengths.
 
 Logits, [B, T, V] float32 over the PB-mini vocabulary (``V = len(tasks.vocabulary())``):
@@ -16,8 +16,8 @@ Logits, [B, T, V] float32 over the PB-mini vocabulary (``V = len(tasks.vocabular
   answer region): ``[EOS]``, since answers are EOS-padded. A shorter ``gen_length`` simply leaves
   the last positions of the region out (the committed ones still condition the rest);
 - ``noise_std > 0`` adds i.i.d. ``N(0, noise_std^2)`` to every logit from the model's own seeded
-  generator: ParallelBench's "unbiased model", which breaks ties independently per position (the
-  closed forms of stress-tasks.md 1.1 need it, or temperature-1 sampling).
+  generator: ParallelBench's "unbiased model" (arXiv 2510.04767), which breaks ties independently
+  per position (its closed forms for top-k decoding need it, or temperature-1 sampling).
 
 When the committed words make the answer set empty, ``invalid="uniform"`` gives every masked answer
 position the uniform distribution over the non-special words (logit 0 on them, ``NEG_LOGIT`` on the
@@ -189,11 +189,17 @@ class OracleLM(DiffusionLM):
         bos = _skip_pads(row, self.pad_id)
         if bos == len(row) or row[bos] != self.bos_id:
             if bos < len(row) and row[bos] == mask_id:
+                if bos > 0:  # [PAD]* then the answer: no prompt words (CFG masks the pads too)
+                    raise ValueError(f"row {j}: the prompt holds only {T.PAD} tokens (words the task "
+                                     f"vocabulary does not know?); oracle rows look like {T.PAD}* "
+                                     f"{T.BOS} <task> <args...> {T.SEP} <answer> (oracle_prompts() "
+                                     "writes them)")
                 raise ValueError(f"row {j}: the prompt is masked (classifier-free guidance's unconditional "
                                  "branch?); OracleLM needs the prompt, use cfg_scale=0")
             found = "nothing" if bos == len(row) else repr(self._vocab[row[bos]])
             raise ValueError(f"row {j}: expected {T.BOS} after the left padding, found {found}; oracle "
-                             f"rows look like {T.PAD}* {T.BOS} <task> <args...> {T.SEP} <answer>")
+                             f"rows look like {T.PAD}* {T.BOS} <task> <args...> {T.SEP} <answer> "
+                             "(oracle_prompts() writes them)")
         try:
             sep = row.index(self._sep_id, bos)
         except ValueError:

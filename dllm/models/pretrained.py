@@ -14,11 +14,14 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 import torch
 
 from dllm.models.base import DiffusionLM, SpecialIds
-from dllm.models.checkpoint import CheckpointReader, Shape, check_keys, write_safetensors
+from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
+                                    write_safetensors)
 from dllm.models.config import TransformerConfig
 from dllm.models.keymap import KeyMap
 from dllm.models.tokenizer import save_tokenizer, token_id
 from dllm.models.transformer import Transformer
+
+GENERATION_CONFIG = "generation_config.json"
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
@@ -99,6 +102,7 @@ class TransformerLM(DiffusionLM):
         self.transformer = Transformer(config, attn_backend)
         if not self.hf_config:
             self.hf_config = self.to_hf_config(config, special, torch.get_default_dtype())
+        self.hf_generation_config: dict[str, Any] = {}  # a loaded generation_config.json, kept on save
 
     # ---- family hooks ----------------------------------------------------------------------------
     @classmethod
@@ -116,6 +120,14 @@ class TransformerLM(DiffusionLM):
         cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
     ) -> dict[str, Any]:
         raise NotImplementedError
+
+    @classmethod
+    def to_hf_generation_config(cls, special: SpecialIds) -> dict[str, Any]:
+        """generation_config.json content. Here: what transformers' ``from_pretrained`` builds from
+        config.json when the file is absent (``GenerationConfig.from_model_config``), so writing it
+        changes nothing for a loader that tolerates its absence (LLaDA's). ``transformers_version``
+        is left out: it records the writer's transformers, and dllm writes without it."""
+        return {"_from_model_config": True, "eos_token_id": special.eos_id, "pad_token_id": special.pad_id}
 
     # ---- attention backend -----------------------------------------------------------------------
     @property
@@ -207,14 +219,25 @@ class TransformerLM(DiffusionLM):
         device: Union[str, torch.device, None] = None,
     ) -> None:
         """Check every key and shape first (one error listing all problems), then assign the
-        checkpoint's tensors (converted to ``dtype`` on ``device``) as this model's parameters."""
+        checkpoint's tensors (converted to ``dtype`` on ``device``) as this model's parameters.
+        A tensor with NaN or inf values (stored, or from overflow in the conversion) is refused:
+        one CheckpointError names every such tensor, instead of a model that decodes nothing."""
         found = {k: s for k, s in reader.shapes.items() if not self.keymap.is_ignored(k)}
         check_keys(self.official_shapes(), found, repr(str(reader.directory)))
         state: dict[str, torch.Tensor] = {}
+        bad: list[str] = []
         for key in found:
             internal = self.keymap.to_internal(key)
             assert internal is not None  # check_keys reported every unknown key
-            state[internal] = reader.get(key).to(device=device or "cpu", dtype=dtype)
+            stored = reader.get(key)
+            state[internal] = stored.to(device=device or "cpu", dtype=dtype)
+            counts = nonfinite_counts(state[internal])
+            if counts is not None:
+                why = "" if nonfinite_counts(stored) else f" (stored values are finite: they overflow {dtype})"
+                bad.append(f"  {key}: {counts[0]} NaN, {counts[1]} inf of {stored.numel()} values{why}")
+        if bad:
+            raise CheckpointError(f"checkpoint {str(reader.directory)!r} has non-finite weights in "
+                                  f"{len(bad)} tensor(s):\n" + "\n".join(bad))
         self.transformer.load_state_dict(state, strict=True, assign=True)
 
     # ---- saving ----------------------------------------------------------------------------------
@@ -225,13 +248,23 @@ class TransformerLM(DiffusionLM):
         out.update(self.to_hf_config(self.config, self.special, self.dtype))
         return out
 
+    def official_generation_config(self) -> dict[str, Any]:
+        """generation_config.json content: the family's fields, overlaid with a loaded file's, with
+        this model's token ids (they must agree with config.json)."""
+        family = self.to_hf_generation_config(self.special)
+        ids = {k: v for k, v in family.items() if k.endswith("_token_id")}
+        return {**family, **self.hf_generation_config, **ids}
+
     def save_pretrained(self, path: Union[str, Path], max_shard_size: Optional[int] = None) -> None:
-        """Write the official layout: config.json, model.safetensors (or shards + index when
+        """Write the official layout: config.json, generation_config.json (the official Dream loader
+        refuses a directory without one), model.safetensors (or shards + index when
         ``max_shard_size`` bytes is given and exceeded), and the tokenizer files when present."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         config = self.official_config()
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        generation = json.dumps(self.official_generation_config(), indent=2, sort_keys=True)
+        (path / GENERATION_CONFIG).write_text(generation + "\n")
         write_safetensors(self.official_state_dict(), path, max_shard_size)
         if self.tokenizer is not None:
             save_tokenizer(self.tokenizer, path)

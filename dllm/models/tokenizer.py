@@ -10,6 +10,7 @@ template), so they load with ``AutoTokenizer`` on transformers 4.x and 5.x.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -76,6 +77,55 @@ def token_id(tokenizer: Any, token: str) -> Optional[int]:
     """The id of ``token`` in the tokenizer's vocabulary (added tokens included), else None.
     (``convert_tokens_to_ids`` would silently return the unknown-token id.)"""
     return tokenizer.get_vocab().get(token)
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` (no special tokens added), with the words the tokenizer does not know
+    named. When its unknown token doubles as another special token (the task vocabulary's
+    ``[PAD]``: a lower-case ``a`` where only ``A`` exists), such a word would be silently
+    indistinguishable from that token: ValueError. A dedicated unknown token (``<unk>`` of the tiny
+    random models) is a real token the model sees: a warning names the words. A literal unknown
+    token typed in the text is kept; byte-level tokenizers (LLaDA's, Dream's) never produce one."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=unk is not None)
+    except NotImplementedError:  # slow (Python) tokenizers have no offsets
+        enc = tokenizer(text, add_special_tokens=False)
+    ids = list(enc["input_ids"])
+    if unk is None or unk not in ids:
+        return ids
+    offsets = enc.get("offset_mapping")
+    if offsets is None:
+        words = [f"{ids.count(unk)} unnamed (a slow tokenizer gives no offsets)"]
+    else:
+        words = [text[s:e] for t, (s, e) in zip(ids, offsets) if t == unk and text[s:e] != tokenizer.unk_token]
+        if not words:
+            return ids
+    roles = [r for r in ("pad", "eos", "bos", "mask", "sep", "cls")
+             if getattr(tokenizer, f"{r}_token_id", None) == unk]
+    if roles:
+        also = f", which is also its {'/'.join(roles)} token, and the model would decode garbage"
+        raise ValueError(unknown_words_message(tokenizer, words, also))
+    warnings.warn(unknown_words_message(tokenizer, words, ""), stacklevel=2)
+    return ids
+
+
+def unknown_words_message(tokenizer: Any, words: Sequence[str], consequence: str) -> str:
+    """'the prompt has words the tokenizer does not know: ...', with case hints ('a' -> 'A')."""
+    unique = list(dict.fromkeys(words))
+    vocab = tokenizer.get_vocab()
+    by_lower: dict[str, list[str]] = {}
+    for w in vocab:
+        by_lower.setdefault(w.lower(), []).append(w)
+    hints = [f"{w!r} -> {' or '.join(map(repr, by_lower[w.lower()]))}" for w in unique
+             if w.lower() in by_lower]
+    msg = (f"the prompt has {len(unique)} word(s) the tokenizer does not know: "
+           f"{', '.join(map(repr, unique[:20]))}{' ...' if len(unique) > 20 else ''}; they are encoded as "
+           f"its unknown token {tokenizer.unk_token!r} (id {tokenizer.unk_token_id}){consequence}. The "
+           f"vocabulary ({len(vocab)} entries, tokenizer.get_vocab()) is matched word by word")
+    if hints:
+        msg += f"; did you mean {', '.join(hints[:20])}?"
+    return msg
 
 
 def tokenizer_size(tokenizer: Any) -> int:

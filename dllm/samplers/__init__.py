@@ -11,7 +11,8 @@ from dllm.samplers import eb as _eb  # noqa: F401
 from dllm.samplers import klass as _klass  # noqa: F401
 from dllm.samplers import localleap as _localleap  # noqa: F401
 from dllm.samplers import dus as _dus  # noqa: F401
-from dllm.samplers import dinfer as _dinfer  # noqa: F401
+from dllm.samplers import hierarchy as _hierarchy  # noqa: F401
+from dllm.samplers import credit as _credit  # noqa: F401
 from dllm.samplers import prophet as _prophet  # noqa: F401
 from dllm.samplers import dawn as _dawn  # noqa: F401
 from dllm.samplers import ssd as _ssd  # noqa: F401

@@ -40,15 +40,17 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
 
 def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     """Per row, the eligible position with the largest score (the lowest index among ties), as a
-    bool map; a row with nothing eligible gets nothing. score, eligible: [B, N] -> [B, N] bool."""
-    best = score.masked_fill(~eligible, float("-inf")).argmax(dim=-1, keepdim=True)  # [B, 1]
-    return torch.zeros_like(eligible).scatter_(-1, best, eligible.any(dim=-1, keepdim=True))
+    bool map; a row with nothing eligible gets nothing. Equals ``take_top_k(score, 1, eligible)``
+    (its stable sort also ranks the lowest index first) without the sort.
+    score, eligible: [..., N] -> [..., N] bool."""
+    best = score.masked_fill(~eligible, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
+    return torch.zeros_like(eligible).scatter_(-1, best, True) & eligible
 
 
 def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.Tensor:
     """Fast-dLLM's threshold rule (arXiv 2505.22618): every eligible position with ``conf >= tau``,
-    and always the most confident one. conf, eligible: [B, N]; tau a float or a [B, N] tensor of
-    per-position thresholds -> [B, N] bool."""
+    and always the most confident one (``top1``). conf, eligible: [..., N]; tau a float or a tensor
+    of per-position thresholds broadcastable to them -> [..., N] bool."""
     return (eligible & (conf >= tau)) | top1(conf, eligible)
 
 

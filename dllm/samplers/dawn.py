@@ -56,14 +56,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import gather_prob, propose
+from dllm.options import check_int, check_unit
+from dllm.samplers._ops import gather_prob, propose, top1
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
-
-
-def _unit(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -77,12 +73,9 @@ class DawnConfig:
 
     def __post_init__(self) -> None:
         for name in ("tau_sink", "tau_induce", "tau_low", "tau_high"):
-            _unit(name, getattr(self, name))
-        if not isinstance(self.tau_edge, (int, float)) or isinstance(self.tau_edge, bool) \
-                or not 0.0 < self.tau_edge <= 1.0:  # 0 would make every pair (and self) an edge
-            raise ValueError(f"tau_edge must be in (0, 1], got {self.tau_edge!r}")
-        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
-            raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
+            check_unit(name, getattr(self, name))
+        check_unit("tau_edge", self.tau_edge, low_open=True)  # 0 would make every pair (and self) an edge
+        check_int("layers", self.layers, 1)
 
 
 def dependency_graph(
@@ -113,17 +106,13 @@ def greedy_mis(cand: torch.Tensor, conflict: torch.Tensor, score: torch.Tensor, 
     takes every row's best remaining candidate (leftmost on ties) and removes it and its neighbours;
     ``rounds`` >= the most candidates of a row guarantees maximality. -> [B, N] bool.
     """
-    bsz, n = cand.shape
-    remaining = cand.clone()
-    chosen = torch.zeros_like(cand)
-    rows = torch.arange(bsz, device=cand.device)
+    remaining = cand.clone()  # [B, N]
+    chosen = torch.zeros_like(cand)  # [B, N]
     for _ in range(rounds):  # bounded by the block length; rows with no candidate left pick nothing
-        best = score.masked_fill(~remaining, float("-inf")).argmax(dim=1)  # [B]
-        take = remaining[rows, best]  # [B] False once a row has no candidate left
-        pick = torch.zeros_like(cand)
-        pick[rows, best] = take
+        pick = top1(score, remaining)  # [B, N] at most one per row
+        neighbours = (conflict & pick[:, :, None]).any(dim=1)  # [B, N] the picked position's conflicts
         chosen |= pick
-        remaining &= ~pick & ~(conflict[rows, best] & take[:, None])
+        remaining &= ~pick & ~neighbours
     return chosen
 
 

@@ -23,8 +23,8 @@ Decisions:
   merges a small last level into the one before, which for such blocks gives ``floor(log2 B)``
   or fewer uneven rounds (B = 5 becomes a single round of all five positions).
 - No remasking. The authors' ``generate_scheduled`` by default remasks revealed tokens with
-  confidence < 0.3 (except in the last round) and never revisits them; the method as described
-  (and reference/samplers.md section 12) has no remasking, and neither do we.
+  confidence < 0.3 (except in the last round) and never revisits them; the method as the paper
+  describes it (arXiv 2506.19037) has no remasking, and neither do we.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.options import check_int
 from dllm.samplers._ops import propose, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -65,8 +66,7 @@ class DUSConfig:
     base: int = 2  # dilation base b: round 1 reveals b positions, rounds = ceil(log_b B), >= 2
 
     def __post_init__(self) -> None:
-        if isinstance(self.base, bool) or not isinstance(self.base, int) or self.base < 2:
-            raise ValueError(f"base must be an integer >= 2, got {self.base!r}")
+        check_int("base", self.base, 2)
 
 
 @register_sampler("dus", aliases=("dilated",))

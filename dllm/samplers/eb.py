@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import gather_prob, propose, propose_with_log_probs, ranks_of, window_output
+from dllm.options import check_choice, check_number
+from dllm.samplers._ops import gather_prob, propose_with_log_probs, ranks_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -60,10 +61,8 @@ class EBConfig:
     proxy: str = "entropy"  # the order positions are considered in: entropy | confidence | margin
 
     def __post_init__(self) -> None:
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not (self.gamma >= 0):
-            raise ValueError(f"gamma must be >= 0, got {self.gamma!r}")
-        if self.proxy not in PROXIES:
-            raise ValueError(f"proxy must be one of {', '.join(map(repr, PROXIES))}, got {self.proxy!r}")
+        check_number("gamma", self.gamma, low=0.0)
+        check_choice("proxy", self.proxy, PROXIES)
 
 
 @register_sampler("eb", aliases=("entropy_bounded",))

@@ -12,7 +12,7 @@ Anchors themselves pass (``c >= tau >= tau_relax``), so with no anchor this is F
 
 Adaptive: the engine loops until the block has no masks, so ``steps`` is ignored. Proposals are
 the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0), never the mask id; confidence
-from the float64 softmax (``fast_dllm.propose_with_confidence``).
+from the float64 softmax (``_ops.propose_with_confidence``).
 
 Source and defaults: the paper gives the idea; the rule and the defaults ``tau = 0.9``,
 ``tau_relax = 0.75``, ``radius = 4`` (block 32) follow DAWN's reimplementation
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import propose_with_confidence, take_top_k
+from dllm.options import check_int, check_number, check_unit
+from dllm.samplers._ops import propose_with_confidence, threshold_commit
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -49,13 +50,10 @@ class LocalLeapConfig:
     radius: int = 4  # neighbourhood half-width in positions, >= 0
 
     def __post_init__(self) -> None:
-        t, r = self.threshold, self.relaxed_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (0.0 < t <= 1.0):
-            raise ValueError(f"threshold must be in (0, 1], got {t!r}")
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0.0 < r <= t):
-            raise ValueError(f"relaxed_threshold must be in (0, threshold={t}], got {r!r}")
-        if isinstance(self.radius, bool) or not isinstance(self.radius, int) or self.radius < 0:
-            raise ValueError(f"radius must be an integer >= 0, got {self.radius!r}")
+        check_unit("threshold", self.threshold, low_open=True)
+        check_number("relaxed_threshold", self.relaxed_threshold, low=0.0, high=self.threshold, low_open=True,
+                      hint=" (at most threshold)")
+        check_int("radius", self.radius, 0)
 
 
 @register_sampler("localleap", aliases=("local_leap",))
@@ -72,6 +70,5 @@ class LocalLeap(Sampler):
         anchor = conf >= cfg.threshold  # [B, Q], active only (others are -inf)
         near = near_anchor(anchor, cfg.radius)  # [B, Q]
         bar = torch.where(near, conf.new_tensor(cfg.relaxed_threshold), conf.new_tensor(cfg.threshold))
-        top1 = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), inp.active)
-        commit = inp.active & ((conf >= bar) | top1)
+        commit = threshold_commit(conf, inp.active, bar)  # [B, Q]
         return StepOutput(commit=commit, tokens=tokens, score=conf)

@@ -4,43 +4,45 @@ The paper runs on D2F models (block-causal attention between blocks, several sem
 with their own thresholds). Our adaptation is for plain full-attention masked diffusion LMs and
 the engine's one-block-at-a-time loop: the active window is the current block, every forward sees
 the whole canvas (or, under a cache, the block's cached query), and the D2F fill rule becomes the
-Fast-dLLM threshold rule of a fully active block. Per engine step, from the step's logits:
+Fast-dLLM threshold rule of a fully active block. The paper calls its lookahead canvases
+*branches*; here they are *variants* (``dllm.samplers._verify``), and the option ``branches`` keeps
+the paper's name. Per engine step, from the step's logits:
 
 1. Anchor ``B0'``: the threshold rule on the block's active masks: every mask whose max-prob
    confidence (float64 softmax, as Fast-dLLM) is ``>= tau_conf``, and always the most confident
    one. Proposals are arg-max tokens (the mask id excluded).
-2. Branches: among the active masks NOT in ``B0'``, the top ``branches - 1`` by the ``confidence``
-   kind (as the released scripts rank their branch positions); branch ``j`` = ``B0'`` plus
-   position ``p_j`` filled with its arg-max. ``B0'`` itself is branch 0 and competes too.
-3. ONE batched forward of every branch canvas (``StepInput.forward_variants``).
-4. Score: each branch's mean ``confidence`` over ITS remaining active masks, read from its own
-   logits (float32); a branch with no remaining mask finished the block and scores ``+inf``.
-   Winner = arg-max score per row; ties go to the lower branch index, so to ``B0'`` first.
+2. Variants: among the active masks NOT in ``B0'``, the top ``branches - 1`` by the ``confidence``
+   kind (as the released scripts rank their branch positions); variant ``j`` = ``B0'`` plus
+   position ``p_j`` filled with its arg-max. ``B0'`` itself is variant 0 and competes too.
+3. ONE batched forward of every variant (``StepInput.forward_variants``).
+4. Score: each variant's mean ``confidence`` over ITS remaining active masks, read from its own
+   logits (float32); a variant with no remaining mask finished the block and scores ``+inf``.
+   Winner = arg-max score per row; ties go to the lower variant index, so to ``B0'`` first.
 5. Commit the winner's fills. Bonus (``bonus=True``): also the threshold rule of step 1 applied to
    the winner's own logits on its remaining masks (``>= tau_conf`` and its top-1). These are
    exactly the fills the next step would make if it forwarded the winner's canvas (the paper
    reuses the winner's logits as the next iteration's logits), so they cost no forward.
 
-Guard (``verify_branches=True``, our addition, not in the paper): a branch ``j >= 1`` may win only
-if its token at ``p_j`` is also the arg-max at ``p_j`` in branch 0's logits (``B0'`` forwarded),
-i.e. what a decoder that had committed ``B0'`` would propose there. Without it, a branch that fills
-the block's last mask scores ``+inf`` with no evidence at all, so two tied positions (Shuffle's
-last pair) are committed with the same item; ``verify_branches=False`` is the paper's selection.
-The guard reads logits the step already has: it costs nothing.
+Guard (``verify_variants=True``, our addition, not in the paper): a variant ``j >= 1`` may win
+only if its token at ``p_j`` is also the arg-max at ``p_j`` in variant 0's logits (``B0'``
+forwarded), i.e. what a decoder that had committed ``B0'`` would propose there. Without it, a
+variant that fills the block's last mask scores ``+inf`` with no evidence at all, so two tied
+positions (Shuffle's last pair) are committed with the same item; ``verify_variants=False`` is the
+paper's selection. The guard reads logits the step already has: it costs nothing.
 
-Cost, stated honestly: 2 NFE per step (the step's forward plus one batched branch forward), and up
-to ``(1 + branches) x L`` forwarded tokens per row and step (L = canvas length). The branch forward
-is skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE), rows without
-remaining masks are left out of it, and the branch count is clamped to ``1 + the most candidates
-of any row`` (a row with fewer candidates forwards duplicate canvases that cannot win). Reading
-those counts is one intentional host sync per step (the branch batch size depends on them).
-With ``branches=1`` and the bonus, every step is two threshold steps, so the output equals
+Cost, stated honestly: 2 NFE per step (the step's forward plus one batched variant forward), and
+up to ``(1 + branches) x L`` forwarded tokens per row and step (L = canvas length). The variant
+forward is skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE), rows
+without remaining masks are left out of it, and the variant count is clamped to ``1 + the most
+candidates of any row`` (a row with fewer candidates forwards duplicate canvases that cannot win).
+Reading those counts is one intentional host sync per step (the variant batch size depends on
+them). With ``branches=1`` and the bonus, every step is two threshold steps, so the output equals
 ``threshold`` at the same ``tau_conf`` (float32).
 
-Greedy only (temperature 0), enforced by the engine; under a cache each branch runs the block's
+Greedy only (temperature 0), enforced by the engine; under a cache each variant runs the block's
 cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
 ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
-``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True), ``verify_branches``
+``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True), ``verify_variants``
 (True). The paper's defaults for D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
@@ -52,7 +54,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob, negative_entropy, window_output
+from dllm.options import check_bool, check_choice, check_int, check_unit
+from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit,
+                                window_output)
+from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -61,25 +66,18 @@ CONFIDENCE_KINDS = ("negative_entropy", "max_prob")
 
 @dataclass(frozen=True)
 class LoPAConfig:
-    branches: int = 4  # k: branch canvases per step, the anchor B0' included (>= 1)
+    branches: int = 4  # k: the number of lookahead variants (LoPA's branches), B0' included, >= 1
     tau_conf: float = 0.9  # threshold of the anchor fill and of the bonus, in (0, 1]
-    confidence: str = "negative_entropy"  # ranks branch positions and scores branches
+    confidence: str = "negative_entropy"  # ranks the variant positions and scores the variants
     bonus: bool = True  # also commit the threshold fills of the winner's own logits
-    verify_branches: bool = True  # a branch wins only if B0' still proposes its token (not in the paper)
+    verify_variants: bool = True  # a variant wins only if B0' still proposes its token (not in the paper)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.branches, int) or isinstance(self.branches, bool) or self.branches < 1:
-            raise ValueError(f"branches must be an integer >= 1 (branch 0 is the anchor itself), "
-                             f"got {self.branches!r}")
-        if (not isinstance(self.tau_conf, (int, float)) or isinstance(self.tau_conf, bool)
-                or not (0.0 < self.tau_conf <= 1.0)):
-            raise ValueError(f"tau_conf must be in (0, 1], got {self.tau_conf!r}")
-        if self.confidence not in CONFIDENCE_KINDS:
-            raise ValueError(f"confidence must be one of {', '.join(map(repr, CONFIDENCE_KINDS))}, "
-                             f"got {self.confidence!r}")
-        for name in ("bonus", "verify_branches"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_int("branches", self.branches, 1, hint=" (variant 0 is the anchor itself)")
+        check_unit("tau_conf", self.tau_conf, low_open=True)
+        check_choice("confidence", self.confidence, CONFIDENCE_KINDS)
+        check_bool("bonus", self.bonus)
+        check_bool("verify_variants", self.verify_variants)
 
 
 def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch.Tensor:
@@ -89,17 +87,8 @@ def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch
     return negative_entropy(probs)
 
 
-def threshold_fill(conf: torch.Tensor, eligible: torch.Tensor, tau: float) -> torch.Tensor:
-    """Fast-dLLM's threshold rule: eligible positions with ``conf >= tau``, plus the most confident
-    eligible one of every row that has any. conf [..., W] float, eligible [..., W] bool -> bool."""
-    conf = conf.masked_fill(~eligible, float("-inf"))
-    fill = eligible & (conf >= tau)
-    best = conf.argmax(dim=-1, keepdim=True)  # [..., 1]
-    return fill | torch.zeros_like(fill).scatter_(-1, best, eligible.any(dim=-1, keepdim=True))
-
-
-def score_branches(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
-    """Mean confidence over each branch's remaining masks; ``+inf`` where none remain.
+def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+    """Mean confidence over each variant's remaining masks; ``+inf`` where none remain.
     conf [..., W] float, remaining [..., W] bool -> [...] float."""
     count = remaining.sum(dim=-1)
     total = torch.where(remaining, conf, torch.zeros_like(conf)).sum(dim=-1)
@@ -108,7 +97,7 @@ def score_branches(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
 
 @register_sampler("lopa")
 class LoPA(Sampler):
-    """LoPA: threshold anchor + one-token lookahead branches scored in one batched forward."""
+    """LoPA: threshold anchor + one-token lookahead variants scored in one batched forward."""
 
     Config = LoPAConfig
     fixed_steps = False
@@ -116,7 +105,6 @@ class LoPA(Sampler):
     greedy_only = True
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        assert inp.forward_variants is not None, "the engine must provide forward_variants for lopa"
         cfg = self.config
         ws, we = inp.window
         active = inp.active[:, ws:we]  # [B, W] masks of the block
@@ -127,13 +115,13 @@ class LoPA(Sampler):
         probs = torch.softmax(logits.to(torch.float64), dim=-1)  # float64 as Fast-dLLM
         x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
         conf = gather_prob(probs, x0)  # [B, W] max-prob confidence
-        anchor = threshold_fill(conf, active, cfg.tau_conf)  # [B, W]
+        anchor = threshold_commit(conf, active, cfg.tau_conf)  # [B, W]
         base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
         commit, out = anchor, base
 
-        # 2. branch positions: the best k - 1 remaining masks by the confidence kind
+        # 2. variant positions: the best k - 1 remaining masks by the confidence kind
         cand = active & ~anchor  # [B, W]
-        # intentional host sync: the branch batch (rows, branch count) depends on these counts
+        # intentional host sync: the variant batch (rows, variant count) depends on these counts
         counts = cand.sum(dim=1).tolist()
         n_extra = min(cfg.branches - 1, max(counts, default=0))
         if max(counts, default=0) > 0 and (n_extra > 0 or cfg.bonus):
@@ -148,48 +136,43 @@ class LoPA(Sampler):
         """Steps 2-5 for the rows ``live`` [N] that still have masks after the anchor.
         Returns (commit [N, W] bool, tokens [N, W] long) in window coordinates."""
         cfg = self.config
-        ws, we = inp.window
         x0, probs, active, cand, anchor, base = (t[live] for t in (x0, probs, active, cand, anchor, base))
         n_rows, w = base.shape
-        k = 1 + n_extra  # branches per row, branch 0 = B0'
+        k = 1 + n_extra  # variants per row, variant 0 = B0'
         dev = base.device
 
         rank = confidence_of(probs, x0, cfg.confidence).masked_fill(~cand, float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
         valid = torch.ones(n_rows, k, dtype=torch.bool, device=dev)  # [N, k]
-        valid[:, 1:] = torch.gather(cand, 1, pos)  # fewer candidates: duplicate canvases, masked out
-        extra = torch.zeros(n_rows, k, w, dtype=torch.bool, device=dev)  # [N, k, W] p_j of branch j
+        valid[:, 1:] = torch.gather(cand, 1, pos)  # fewer candidates: duplicate variants, masked out
+        extra = torch.zeros(n_rows, k, w, dtype=torch.bool, device=dev)  # [N, k, W] p_j of variant j
         extra[:, 1:].scatter_(2, pos[:, :, None], valid[:, 1:, None])
         fill = anchor[:, None, :] | extra  # [N, k, W]
-        canvas = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W]
+        variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
 
-        # 3. one batched forward of the N * k branch canvases
-        tokens = inp.tokens[live][:, None, :].repeat(1, k, 1)  # [N, k, Q]
-        tokens[:, :, ws:we] = canvas
-        rows = live.repeat_interleave(k)  # [N * k] batch row of each canvas
-        b_logits = inp.forward_variants(tokens.reshape(n_rows * k, -1), rows)  # [N*k, W, V]
-        b_logits = b_logits.reshape(n_rows, k, w, -1)  # [N, k, W, V]
+        # 3. one batched forward of the N * k variants
+        v_logits = forward_window_variants(inp, variants, live).reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
-        # 4. score each branch on its own remaining masks (float32 is plenty for a ranking)
-        b_tok = argmax_excluding(b_logits, inp.mask_id)  # [N, k, W]
-        b_conf = confidence_of(torch.softmax(b_logits.float(), dim=-1), b_tok, cfg.confidence)
+        # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
+        v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]
+        v_conf = confidence_of(torch.softmax(v_logits.float(), dim=-1), v_tok, cfg.confidence)  # [N, k, W]
         remaining = active[:, None, :] & ~fill  # [N, k, W]
-        score = score_branches(b_conf, remaining)  # [N, k]
-        if cfg.verify_branches and k > 1:
-            # branch j's token must still be B0's arg-max at p_j
-            b0_tok = torch.gather(b_tok[:, 0], 1, pos)  # [N, k-1]
+        score = score_variants(v_conf, remaining)  # [N, k]
+        if cfg.verify_variants and k > 1:
+            # variant j's token must still be B0's arg-max at p_j
+            b0_tok = torch.gather(v_tok[:, 0], 1, pos)  # [N, k-1]
             valid[:, 1:] &= b0_tok == torch.gather(x0, 1, pos)
         score = score.masked_fill(~valid, float("-inf"))
-        win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower branch, B0' first
+        win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
         sel = torch.arange(n_rows, device=dev)
-        commit, out = fill[sel, win], canvas[sel, win]  # [N, W]
+        commit, out = fill[sel, win], variants[sel, win]  # [N, W]
         if cfg.bonus:
-            w_tok = b_tok[sel, win]  # [N, W]
-            w_probs = torch.softmax(b_logits[sel, win].to(torch.float64), dim=-1)  # float64 as step 1
+            w_tok = v_tok[sel, win]  # [N, W]
+            w_probs = torch.softmax(v_logits[sel, win].to(torch.float64), dim=-1)  # float64 as step 1
             w_conf = gather_prob(w_probs, w_tok)  # [N, W]
-            more = threshold_fill(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
+            more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
             commit = commit | more
             out = torch.where(more, w_tok, out)
         return commit, out

@@ -27,7 +27,9 @@ Decisions:
   so by default we monitor ALL remaining masked positions of the whole canvas (our
   generalisation). ``span=(start, end)`` (generated coordinates, end exclusive) monitors exactly
   those positions, committed or not, as the released eval. Without a span the all-in commit can
-  cut a reasoning chain short (samplers.md 19.9). A row with no monitored position never fires.
+  cut a reasoning chain short: confident positions (such as the EOS padding after an answer) can
+  carry the mean gap while the reasoning before them is unfinished. A row with no monitored
+  position never fires.
 - Progress: ``p = (committed + 1) / gen_length`` with ``committed`` the row's decided generated
   positions before this step. For one token per step this is exactly Prophet's
   ``global_step / steps`` (its step counter is 1-based), and it needs no step budget.
@@ -48,7 +50,8 @@ from typing import Optional
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, propose, take_top_k
+from dllm.options import check_number
+from dllm.samplers._ops import expand_window, gather_prob, propose, top1
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -65,9 +68,7 @@ class ProphetConfig:
 
     def __post_init__(self) -> None:
         for name in ("early_threshold", "mid_threshold", "late_threshold"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"{name} must be a number >= 0 (inf disables it), got {value!r}")
+            check_number(name, getattr(self, name), low=0.0, hint=" (inf disables it)")
         if self.span is not None:
             span = self.span
             ok = (isinstance(span, (tuple, list)) and len(span) == 2
@@ -132,7 +133,7 @@ class Prophet(Sampler):
         fired |= fire
         use_fill = fired[:, None] & (fill_q != inp.mask_id)
         tokens = torch.where(use_fill, fill_q, x0)
-        commit = torch.where(fired[:, None], inp.active, take_top_k(score, torch.ones_like(count), inp.active))
+        commit = torch.where(fired[:, None], inp.active, top1(score, inp.active))  # [B, Q]
         # every mask of the query right of the block is committed now too (engine: ``beyond``);
         # masks outside the query (a KV cache's short query) come from the stored fill later
         return StepOutput(commit=commit, tokens=tokens, score=score, beyond=fired[:, None] & masked)

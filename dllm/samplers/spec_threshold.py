@@ -1,5 +1,6 @@
 """Speculative threshold (``spec_threshold``): Fast-dLLM's ``threshold`` rule, lossless, with fewer
-forwards. Our design: SSD's draft-and-verify (``ssd.py``) applied to ``threshold`` as the reference.
+forwards. Our design: SSD's draft-and-verify (``ssd``, arXiv 2510.04147) applied to ``threshold`` as
+the reference.
 
 The reference (``threshold``, tau = 0.9, greedy) commits at state S the set C(S) = every active mask
 with float64 confidence >= tau, plus the most confident one, with arg-max tokens. One step here:
@@ -7,18 +8,19 @@ with float64 confidence >= tau, plus the most confident one, with arg-max tokens
 1. From the step's logits: C0 = C(S) exactly (the reference's first step) and S1 = S + C0.
 2. Draft: the remaining masks ranked by the SAME logits' confidence, d_1 .. d_{N-1}, each guessed
    to be the reference's next single commit (with its current arg-max token).
-3. Verify in ONE batched forward (``StepInput.forward_variants``): node k = S1 + d_1 .. d_k,
-   k = 0 .. N-1. Node k's own rule C(node k) is exact whenever node k is a reference state; draft
-   d_{k+1} is accepted iff C(node k) = {d_{k+1}} with the same token.
-4. Commit C0, the ``a`` accepted drafts and C(node a) (the reference's next set after them).
+3. Verify in ONE batched forward (``StepInput.forward_variants``): variant k = S1 + d_1 .. d_k,
+   k = 0 .. N-1. Variant k's own rule C(variant k) is exact whenever variant k is a reference
+   state; draft d_{k+1} is accepted iff C(variant k) = {d_{k+1}} with the same token.
+4. Commit C0, the ``a`` accepted drafts and C(variant a) (the reference's next set after them).
 
-Every accepted node is the reference's state after that many steps, so the output equals
-``threshold`` token for token (float32, temperature 0; ties in confidence broken by the same stable
-rank), also under the caches ``prefix``, ``dual`` and ``window`` against ``threshold`` with the same
-cache: a node's forward is the block's cached query on a copy of the buffers, which is exactly the
-later step it stands for (``CachePolicy.variant_refusal``; mid-block ``refresh`` is refused). Per step: 2 NFE (the verification is skipped when no row has masks left
-after C0) for at least two reference steps, plus one per accepted draft. Options: ``threshold``
-(0.9), ``draft`` (N, 4). Not a published method.
+Every accepted variant is the reference's state after that many steps, so the output equals
+``threshold`` token for token (float32, temperature 0; ties in confidence go to the lowest
+position, as in ``threshold``), also under the caches ``prefix``, ``dual`` and ``window`` against
+``threshold`` with the same cache: a variant's forward is the block's cached query on a copy of the
+buffers, which is exactly the later step it stands for (``CachePolicy.variant_refusal``; a
+mid-block ``refresh`` is refused). Per step: 2 NFE (the verification is skipped when no row has
+masks left after C0) for at least two reference steps, plus one per accepted draft. Options:
+``threshold`` (0.9), ``draft`` (N, 4). Not a published method.
 """
 
 from __future__ import annotations
@@ -27,22 +29,21 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.samplers._ops import argmax_excluding, gather_prob, take_top_k, window_output
+from dllm.options import check_int, check_unit
+from dllm.samplers._ops import argmax_excluding, gather_prob, threshold_commit, window_output
+from dllm.samplers._verify import forward_window_variants, prefix_fills
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.ssd import forward_nodes, prefix_fills
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
 @dataclass(frozen=True)
 class SpecThresholdConfig:
     threshold: float = 0.9  # the reference threshold rule's tau, in (0, 1]
-    draft: int = 4  # verification nodes per step (N >= 1): C0 plus up to N - 1 drafted commits
+    draft: int = 4  # verification variants per step (N >= 1): C0 plus up to N - 1 drafted commits
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
-        if not isinstance(self.draft, int) or isinstance(self.draft, bool) or self.draft < 1:
-            raise ValueError(f"draft must be an integer >= 1, got {self.draft!r}")
+        check_unit("threshold", self.threshold, low_open=True)
+        check_int("draft", self.draft, 1)
 
 
 def threshold_rule(logits: torch.Tensor, active: torch.Tensor, tau: float, mask_id: int):
@@ -51,11 +52,11 @@ def threshold_rule(logits: torch.Tensor, active: torch.Tensor, tau: float, mask_
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
     conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), tokens)  # [R, Q]
     conf = conf.masked_fill(~active, float("-inf"))
-    top = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), active)  # the fallback
-    return tokens, conf, active & ((conf >= tau) | top)
+    return tokens, conf, threshold_commit(conf, active, tau)
 
 
-@register_sampler("spec_threshold", description="threshold (0.9), lossless, with drafts verified in one batched forward")
+@register_sampler("spec_threshold",
+                  description="threshold (0.9), lossless, with drafts verified in one batched forward")
 class SpecThreshold(Sampler):
     """Speculative threshold: identical tokens to ``threshold`` with fewer forwards per token."""
 
@@ -81,13 +82,13 @@ class SpecThreshold(Sampler):
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, : n - 1] < n_rem[:, None]  # [B, N-1]
         none = torch.zeros(bsz, 1, width, dtype=torch.bool, device=active.device)
-        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, W]: node k = d_1..d_k
-        node_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, W]
-        node_logits = forward_nodes(inp, node_tokens)  # [B*N, W, V]
-        node_active = (remaining[:, None, :] & ~fill).reshape(bsz * n, width)
-        c_tok, _, c_set = threshold_rule(node_logits, node_active, tau, inp.mask_id)
+        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, W] variant k: d_1..d_k
+        variant_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, W]
+        variant_logits = forward_window_variants(inp, variant_tokens)  # [B*N, W, V]
+        variant_active = (remaining[:, None, :] & ~fill).reshape(bsz * n, width)  # [B*N, W]
+        c_tok, _, c_set = threshold_rule(variant_logits, variant_active, tau, inp.mask_id)
         c_tok, c_set = c_tok.reshape(bsz, n, width), c_set.reshape(bsz, n, width)  # [B, N, W]
-        if n > 1:  # draft k+1 accepted iff node k's own set is exactly {d_{k+1}} with the same token
+        if n > 1:  # draft k+1 accepted iff variant k's own set is exactly {d_{k+1}} with the same token
             single = c_set[:, :-1].sum(dim=2) == 1  # [B, N-1]
             at_d = torch.gather(c_set[:, :-1], 2, d_pos[:, :, None]).squeeze(2)
             tok_d = torch.gather(c_tok[:, :-1], 2, d_pos[:, :, None]).squeeze(2)

@@ -7,18 +7,18 @@ one batched forward:
 
 1. Draft: from the step's logits, the active masks ranked by the reference's confidence give
    ``(p_1, t_1), ..., (p_N, t_N)``; ``(p_1, t_1)`` IS the reference's choice.
-2. Verify: node k (k = 1..N) is the canvas with drafts 1..k filled. The N nodes of every row go
-   through ONE forward (``StepInput.forward_variants``: a batch of B*N canvases).
-3. Accept: draft k+1 is accepted iff node k's own reference choice (position AND token) equals
-   it; stop at the first mismatch. With ``a`` drafts accepted, node ``a``'s own choice is the
+2. Verify: variant k (k = 1..N) is the canvas with drafts 1..k filled. The N variants of every
+   row go through ONE forward (``StepInput.forward_variants``: a batch of B*N canvases).
+3. Accept: draft k+1 is accepted iff variant k's own reference choice (position AND token) equals
+   it; stop at the first mismatch. With ``a`` drafts accepted, variant ``a``'s own choice is the
    reference's next commit as well, and is committed as a bonus.
 
-Each accepted node reproduces the reference's state after that many steps, so the output equals
+Each accepted variant reproduces the reference's state after that many steps, so the output equals
 ``low_confidence`` at one token per step token for token (float32; a tie in confidence is broken
 by the same stable rank as the reference). Cost per step: the step's forward plus one batched
 verification of B*N canvases (2 NFE, B*(N+1) canvases) for ``a + 1`` tokens, ``1 <= a <= N``.
 Greedy only (temperature 0). Under ``prefix``, ``dual`` and ``window`` it stays lossless against
-``low_confidence`` with the same cache (nodes run the block's cached query on a copy of the
+``low_confidence`` with the same cache (variants run the block's cached query on a copy of the
 buffers; a mid-block ``refresh`` is refused by the engine). Options: ``draft`` (N, default 4).
 """
 
@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.options import check_int
 from dllm.samplers._ops import argmax_excluding, gather_prob, window_output
+from dllm.samplers._verify import forward_window_variants, prefix_fills
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -38,8 +40,7 @@ class SSDConfig:
     draft: int = 4  # drafted positions verified per step (N >= 1)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.draft, int) or isinstance(self.draft, bool) or self.draft < 1:
-            raise ValueError(f"draft must be an integer >= 1, got {self.draft!r}")
+        check_int("draft", self.draft, 1)
 
 
 def reference_choice(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
@@ -50,25 +51,6 @@ def reference_choice(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
     score = gather_prob(torch.softmax(logits, dim=-1), tokens).masked_fill(~active, float("-inf"))
     order = score.argsort(dim=-1, descending=True, stable=True)  # [R, Q]
     return tokens, order
-
-
-def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torch.Tensor:
-    """Verification nodes: node k fills drafts 0..k. d_pos / d_valid [B, N] -> fill [B, N, Q] bool."""
-    onehot = torch.zeros(*d_pos.shape, width, dtype=torch.bool, device=d_pos.device)
-    onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
-    return onehot.cumsum(dim=1) > 0
-
-
-def forward_nodes(inp: StepInput, node_tokens: torch.Tensor) -> torch.Tensor:
-    """ONE batched forward of every row's nodes: node_tokens [B, N, W] (block window) ->
-    logits [B * N, W, V] of the window."""
-    assert inp.forward_variants is not None, "the engine must provide forward_variants"
-    bsz, n, _ = node_tokens.shape
-    ws, we = inp.window
-    full = inp.tokens[:, None, :].repeat(1, n, 1)  # [B, N, Q]
-    full[:, :, ws:we] = node_tokens
-    rows = torch.arange(bsz, device=node_tokens.device).repeat_interleave(n)  # [B*N]
-    return inp.forward_variants(full.reshape(bsz * n, -1), rows)
 
 
 @register_sampler("ssd")
@@ -93,25 +75,25 @@ class SelfSpeculative(Sampler):
         k_idx = torch.arange(n, device=active.device)  # [N]
         d_valid = k_idx[None, :] < n_active[:, None]  # [B, N] drafts that are real masks
 
-        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, W]: node k = drafts 0..k filled
-        draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)
+        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, W]: variant k = drafts 0..k filled
+        draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)  # [B, W]
         draft_tokens.scatter_(1, d_pos, d_tok)
-        node_tokens = torch.where(fill, draft_tokens[:, None, :], cur[:, None, :])  # [B, N, W]
-        node_logits = forward_nodes(inp, node_tokens)  # [B*N, W, V]
-        node_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)
-        c_tok_all, c_order = reference_choice(node_logits, node_active, inp.mask_id)
-        c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each node's own next choice
-        c_tok = torch.gather(c_tok_all, 1, c_order[:, :1]).reshape(bsz, n)
-        c_valid = node_active.any(dim=1).reshape(bsz, n)  # the node still has masks
+        variant_tokens = torch.where(fill, draft_tokens[:, None, :], cur[:, None, :])  # [B, N, W]
+        variant_logits = forward_window_variants(inp, variant_tokens)  # [B*N, W, V]
+        variant_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)  # [B*N, W]
+        c_tok_all, c_order = reference_choice(variant_logits, variant_active, inp.mask_id)
+        c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each variant's own next choice
+        c_tok = torch.gather(c_tok_all, 1, c_order[:, :1]).reshape(bsz, n)  # [B, N]
+        c_valid = variant_active.any(dim=1).reshape(bsz, n)  # [B, N] the variant still has masks
 
-        # accept draft k+1 iff node k chose exactly it
+        # accept draft k+1 iff variant k chose exactly it
         match = (c_pos[:, :-1] == d_pos[:, 1:]) & (c_tok[:, :-1] == d_tok[:, 1:]) & d_valid[:, 1:]
         accepted = 1 + match.long().cumprod(dim=1).sum(dim=1)  # [B] a in 1..N
         accepted = torch.minimum(accepted, n_active.clamp_min(1))
         take = (k_idx[None, :] < accepted[:, None]) & d_valid  # [B, N]
         commit = torch.zeros_like(active)
         commit.scatter_(1, d_pos, take)
-        # bonus: node a's own choice (the reference's next commit after the a accepted drafts)
+        # bonus: variant a's own choice (the reference's next commit after the a accepted drafts)
         last = (accepted - 1).clamp_min(0)[:, None]  # [B, 1]
         b_pos = torch.gather(c_pos, 1, last)  # [B, 1]
         b_tok = torch.gather(c_tok, 1, last)

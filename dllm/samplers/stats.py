@@ -26,13 +26,14 @@ from typing import Optional
 
 import torch
 
+from dllm.options import check_choice
+
 STATS_CHOICES: tuple[str, ...] = ("torch", "fused", "auto")
 
 
 def check_stats(value: object) -> str:
     """Validate a ``stats=`` option; returns it."""
-    if value not in STATS_CHOICES:
-        raise ValueError(f"stats must be one of {list(STATS_CHOICES)}, got {value!r}")
+    check_choice("stats", value, STATS_CHOICES)
     return str(value)
 
 

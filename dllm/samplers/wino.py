@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.options import check_int, check_unit
 from dllm.samplers._ops import gather_prob, propose, take_top_k, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -42,16 +43,11 @@ class WinoConfig:
     max_accept: int = 20
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
-        if not isinstance(self.threshold_back, (int, float)) or not 0.0 < self.threshold_back <= 1.0:
-            raise ValueError(f"threshold_back must be in (0, 1], got {self.threshold_back!r}")
-        if not isinstance(self.accept_ratio, (int, float)) or not 0.0 < self.accept_ratio <= 1.0:
-            raise ValueError(f"accept_ratio must be in (0, 1], got {self.accept_ratio!r}")
-        for name in ("min_accept", "max_accept"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        check_unit("threshold", self.threshold, low_open=True, high_open=True)
+        check_unit("threshold_back", self.threshold_back, low_open=True)
+        check_unit("accept_ratio", self.accept_ratio, low_open=True)
+        check_int("min_accept", self.min_accept, 1)
+        check_int("max_accept", self.max_accept, 1)
         if self.min_accept > self.max_accept:
             raise ValueError(f"min_accept ({self.min_accept}) must be <= max_accept ({self.max_accept})")
 

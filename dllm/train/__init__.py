@@ -2,7 +2,7 @@
 
 - ``objective``: ``mask_answer``, ``sft_loss``, ``diffusion_loss`` (masked-diffusion SFT loss);
 - ``data``: ``MixtureConfig``, ``TaskMixture`` (deterministic multi-task batches), ``Batch``;
-- ``evaluate``: exact-match evaluation on the test split with ``dllm.generate``;
+- evaluation during training: ``dllm.eval.exact_match.evaluate`` (exact match on the test split);
 - ``recipes``: ``tiny-llada`` / ``tiny-dream`` (model + ``TrainConfig``), ``build_model``;
 - ``trainer``: ``Trainer`` (AdamW, warm-up + cosine, clipping, JSONL log, checkpoints, resume).
 

@@ -1,4 +1,5 @@
-"""The masked-diffusion SFT objective of LLaDA (stress-tasks.md 3.1-3.2, formats.md 5).
+"""The masked-diffusion SFT objective of LLaDA (Nie et al., "Large Language Diffusion Models",
+arXiv 2502.09992, section 2.3; ``eps`` from the authors' GUIDELINES.md, github.com/ML-GSAI/LLaDA).
 
 Per row b of a batch:
 
@@ -26,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-MASK_EPS = 1e-3  # LLaDA GUIDELINES.md: p = (1 - eps) t + eps
+MASK_EPS = 1e-3  # p = (1 - eps) t + eps, as in LLaDA's GUIDELINES.md
 
 
 def mask_probability(t: torch.Tensor, eps: float = MASK_EPS) -> torch.Tensor:

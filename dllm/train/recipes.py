@@ -1,57 +1,36 @@
 """Named training recipes: a model architecture in an official checkpoint format plus the
 training settings, so that ``python -m dllm.train --recipe NAME`` is the whole reproduction.
 
-Both recipes train one multi-task model on every PB-mini task with the LLaDA SFT objective and the
-task tokenizer (80 words = 80 embedding rows, already a multiple of 8). Special ids point at the
-task vocabulary: mask = ``[MASK]`` (1), eos = ``[EOS]`` (4), pad = ``[PAD]`` (0), bos = ``[BOS]``
-(2), no end-of-turn token. The family conventions kept are the checkpoint format (key names,
-config.json), the logit shift (Dream), q/k/v biases and bf16 RoPE (Dream), GQA (Dream: 2 KV heads;
-LLaDA: full multi-head), RMSNorm eps. RoPE theta is 10000 for both (the official 5e5 / 1e6 waste
-most rotary frequencies on sequences of <= 64 tokens).
+Both recipes train one multi-task model on every PB-mini task (``dllm.tasks``) with the LLaDA SFT
+objective and the task tokenizer (80 words = 80 embedding rows, already a multiple of 8). Special
+ids point at the task vocabulary: mask = ``[MASK]`` (1), eos = ``[EOS]`` (4), pad = ``[PAD]`` (0),
+bos = ``[BOS]`` (2), no end-of-turn token. The family conventions kept are the checkpoint format
+(key names, config.json), the logit shift (Dream), q/k/v biases and bf16 RoPE (Dream), GQA (Dream:
+2 KV heads; LLaDA: full multi-head), RMSNorm eps. RoPE theta is 10000 for both (the official 5e5 /
+1e6 leave most rotary frequencies unused on sequences of <= 64 tokens).
 
-Sizes: d_model 128, 6 layers, 4 heads of 32, SwiGLU width 344 (~2.7 d): LLaDA ~1.2M parameters, Dream ~1.1M. Mixture: every task, the 17 tasks with C(Y|X) = 0 (the
-quality bar, ``dllm.eval.exact_match.zero_tc_tasks``) drawn twice as often as the others.
+- Sizes: d_model 128, 6 layers, 4 heads of 32, SwiGLU width 344 (~2.7 d): LLaDA ~1.2M parameters,
+  Dream ~1.1M.
+- Init (``init_for_training``): linear layers N(0, 0.02^2), the input embedding N(0, 1).
+- Positions: ``max_positions`` 2048 is the declared capacity (config.json), not a trained length
+  (training sequences have at most ~40 tokens and RoPE has no table); it lets the long-prompt
+  cache benchmark run on the embedded models. Accuracy is only measured on the stress tasks.
 
-Why this size (measured on the 2-core build machine, one torch thread each, two runs side by
-side): the first recipe (d_model 256, 6 layers, 4.8M parameters, 40k-step horizon) ran ~0.85
-steps/s and after 3,000 steps (~1 h) still had 0.7% exact match on the C = 0 tasks: it emitted the
-right multiset of items in a wrong order (copy and reverse at 0%), i.e. it had not yet learned to
-align answer positions with prompt positions. A 0.8M model (d 128, 4 layers) ran ~3.3 steps/s,
-learned copy + reverse alone in 500 steps (92%), and on the full mixture reached 9.3% (C = 0) /
-24.7% (all) after 2,500 steps (13 min, copy 67%). On two CPU cores the smaller model learns far
-more per hour; 6 layers instead of 4 keep depth for the multi-hop tasks (sudoku4, carries).
+Schedule, in phases (``dllm/train/schedule.py``), batch 64:
 
-Embedding init N(0, 1), not GPT-2's N(0, 0.02) (``init_for_training``). With 0.02 the second
-models (12k steps) never learned any two-token-item task: the second halves ``s0``-``s7`` stayed at
-chance (12.5%) even with everything else revealed, although a late attention head found the right
-source position; their embeddings had collapsed (mean pairwise cosine 0.89, first halves 0.13)
-and the identity was drowned in the residual stream. 600 more steps with the 2tok tasks upweighted,
-with or without re-randomised ``s`` rows, left them at chance. On ``copy_2tok`` alone from scratch
-(same model), N(0, 1) reached loss 0.53 and 50% exact match at step 400, N(0, 0.02) loss 1.9 and 0%.
+1. steps 0-10,000: every task, the 17 C(Y|X) = 0 tasks (``C0_TASKS``) drawn twice as often as the
+   others (``weighted_mixture``); warm-up 200, peak lr 1e-3, cosine to 1e-4 at step 10,000.
+2. steps 10,000-23,000 (focus): the same tasks with ``FOCUS_TASKS`` drawn 5x as often as the other
+   C = 0 tasks (57% of the examples); the schedule restarts: warm-up 200 to 6e-4, cosine to 6e-5
+   at step 23,000.
+3. tiny-dream only, steps 17,000-24,000: ``sort_num`` drawn at 34% of the examples; warm-up 100 to
+   5e-4, cosine to 5e-5 at step 24,000. Phase 2 keeps its horizon (23,000), so tiny-dream's steps
+   before 17,000 are tiny-llada's schedule.
 
-Positions: ``max_positions`` 2048 is the declared capacity (config.json), not a trained length:
-training sequences have at most ~40 tokens and RoPE has no table. It lets the long-prompt cache
-benchmark (issue 5: 1024-token prompt + 256) run on the embedded models for speed; accuracy is
-only measured on the stress suite.
-
-Schedule, two phases (``dllm/train/schedule.py``):
-1. steps 0-10,000: the mixture above, warm-up 200, peak lr 1e-3, cosine to 1e-4 at step 10,000.
-   These are the models shipped before the focus phase (C = 0 mean 73.9% / 76.5%), which still
-   failed add_lsb, add_msb, cumsum, sort_num (and llada sort_2tok).
-2. steps 10,000-23,000 (focus): the same tasks with those five (``FOCUS_TASKS``) drawn 5x as often
-   as the other C = 0 tasks (57% of the examples), schedule restarted: warm-up 200 to 6e-4, cosine
-   to 6e-5 at step 23,000. Measured: after its first 1,000 steps tiny-llada went 73.9% -> 82.2%
-   (add_lsb 31 -> 62%, add_msb 19 -> 50%, cumsum 0 -> 62%).
-3. tiny-dream only, steps 17,000-24,000: at step 17,000 tiny-dream had learned every focus task
-   but sort_num (0%; it sorted by the tens digit and bound the wrong units digits to them), while
-   tiny-llada was at 67% there; so ``sort_num`` is drawn at 34% of the examples, warm-up 100 to
-   5e-4, cosine to 5e-5 at step 24,000. Phase 2 keeps its horizon (23,000), so its steps before
-   17,000 are tiny-llada's schedule and the resumed run is the recipe's run.
-Phase 1 is bit-identical with or without the later phases, so the runs that shipped the phase-1 models
-were continued from their step-10,000 checkpoints (``--resume`` in a directory holding that
-checkpoint). Run it in the background with ``--resume`` (see ``dllm/train/__main__.py``); the
-float32 checkpoint of the best evaluation is exported as the shipped artifact
-(``python -m dllm.train.export``).
+Phase 1 is bit-identical with or without the later phases, so a run can be continued from its
+step-10,000 checkpoint (``--resume`` in a directory holding it). Run it in the background with
+``--resume`` (see ``dllm/train/__main__.py``); the float32 checkpoint of the best evaluation is
+exported as the shipped artifact (``python -m dllm.train.export``).
 """
 
 from __future__ import annotations
@@ -123,20 +102,20 @@ recipes: Registry[Recipe] = Registry("recipe")
 _COMMON = dict(vocab_size=80, d_model=128, n_layers=6, n_heads=4, mlp_hidden=344, max_positions=2048,
                rope_theta=10000.0, tie_embeddings=False)
 
-# the tasks with C(Y|X) = 0 on their test split (``zero_tc_tasks()``, checked by a test)
-ZERO_TC_TASKS = (
+# the C(Y|X) = 0 tasks of the test split (``dllm.eval.exact_match.c0_tasks()``; a test checks it)
+C0_TASKS = (
     "add_lsb", "add_msb", "copy", "copy_2tok", "cumsum", "insert_index", "insert_index_2tok",
     "remove_index", "remove_index_2tok", "replace_index", "replace_index_2tok", "reverse",
     "reverse_2tok", "sort", "sort_2tok", "sort_num", "sudoku4",
 )  # fmt: skip
 
 
-def weighted_mixture(zero_tc_weight: float = 2.0) -> MixtureConfig:
-    """Every registered task; the C(Y|X) = 0 tasks drawn ``zero_tc_weight`` times as often."""
+def weighted_mixture(c0_weight: float = 2.0) -> MixtureConfig:
+    """Every registered task; the C(Y|X) = 0 tasks drawn ``c0_weight`` times as often."""
     from dllm import tasks as T
 
     names = tuple(e.name for e in T.tasks)
-    return MixtureConfig(tasks=names, weights=tuple(zero_tc_weight if n in ZERO_TC_TASKS else 1.0
+    return MixtureConfig(tasks=names, weights=tuple(c0_weight if n in C0_TASKS else 1.0
                                                     for n in names))
 
 
@@ -167,10 +146,9 @@ def sort_num_mixture(weight: float = 40.0) -> MixtureConfig:
     return reweighted(focus_mixture(), {"sort_num": weight})
 
 
-# tiny-dream only: at step 17,000 it had learned every focus task but sort_num (0%, tiny-llada 67%
-# at step 16,000: dream sorted by the tens digit and bound the wrong units to them), so a third
-# phase from there draws sort_num at 34%; phase 2 keeps its own cosine horizon (23,000), so its
-# steps before 17,000 are unchanged.
+# tiny-dream only: a third phase from step 17,000 draws sort_num at 34% (the focus phase had taught
+# it every focus task but sort_num); phase 2 keeps its own cosine horizon (23,000), so its steps
+# before 17,000 are unchanged.
 def _three_phase() -> TrainConfig:
     return TrainConfig(steps=24_000, mixture=weighted_mixture(), phases=(
         Phase(start=PHASE1_STEPS, mixture=focus_mixture(), lr=6e-4, warmup=200, horizon=23_000),
@@ -207,9 +185,9 @@ def init_for_training(model: TransformerLM, seed: int, std: float = 0.02, embed_
     (o_proj, down_proj) ~ N(0, (std / sqrt(2 n_layers))^2), the input embedding ~ N(0, embed_std^2)
     (torch's ``nn.Embedding`` default), biases 0, norms 1.
 
-    Why the embedding is not at GPT-2's 0.02 (measured, see the module docstring): with d_model 128
-    a 0.02 embedding (norm ~0.23) is soon drowned in the residual stream by the layer outputs, and
-    token identities that only need copying never become readable by the late layers."""
+    Why the embedding is not at GPT-2's 0.02: with d_model 128 a 0.02 embedding (norm ~0.23) is
+    soon drowned in the residual stream by the layer outputs, and token identities that only need
+    copying never become readable by the late layers (two-token items stay at chance)."""
     gen = torch.Generator().manual_seed(seed)
     out_std = std / math.sqrt(2 * model.config.n_layers)
     with torch.no_grad():

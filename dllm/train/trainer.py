@@ -197,7 +197,7 @@ class Trainer:
             self._eval_set = eval_examples(self.cfg.mixture.task_names(), self.cfg.eval_per_size)
         result = evaluate(self.model, self._eval_set, autocast_bf16=self.cfg.bf16)
         self.log({"step": self.step, **result.to_log()})
-        score = result.mean_zero_tc
+        score = result.mean_c0
         if not math.isnan(score) and (self.best is None or score > self.best):
             self.best = score
             self._save_model_dir(self.out / "best", extra={"best.json": {

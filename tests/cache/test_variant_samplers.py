@@ -1,4 +1,4 @@
-"""Verifying samplers under KV caches: a verification node's forward (a copy of the buffers, the
+"""Verifying samplers under KV caches: a verification variant's forward (a copy of the buffers, the
 block's cached query) is exactly the later step it stands for, so ``ssd`` and ``spec_threshold``
 stay lossless against their references WITH the same cache policy; refreshing policies are refused."""
 
@@ -58,7 +58,7 @@ def test_fast_with_dual_on_the_embedded_model_saves_forwards():
 
 
 def test_verification_leaves_the_call_buffers_untouched():
-    """The copy is what a node writes into: after a verifying step, the next real cached step still
+    """The copy is what a variant writes into: after a verifying step, the next real cached step still
     sees the block-start K/V outside its query (checked through equality with the reference above)
     and the gathered copy is a distinct tensor."""
     m = tiny("llada", seed=1, n_layers=2)

@@ -10,12 +10,12 @@ from dllm.models import tiny
 def test_run_cache_bench_rows():
     model = tiny("llada", seed=0)
     rows = run_cache_bench(model, prompt_len=10, gen_len=8, block=4,
-                           samplers=["low_confidence", ("threshold", {"threshold": 0.5})],
+                           samplers=["low_confidence", "threshold:threshold=0.5"],
                            policies=["dual", "none", DualCache(refresh=1)], warmup=False)
     assert [(r["policy"], r["sampler"]) for r in rows] == [
         ("none", "low_confidence"), ("dual", "low_confidence"), ("dual:refresh=1", "low_confidence"),
-        ("none", "threshold,threshold=0.5"), ("dual", "threshold,threshold=0.5"),
-        ("dual:refresh=1", "threshold,threshold=0.5"),
+        ("none", "threshold:threshold=0.5"), ("dual", "threshold:threshold=0.5"),
+        ("dual:refresh=1", "threshold:threshold=0.5"),
     ]
     for r in rows:
         assert set(COLUMNS) <= set(r)

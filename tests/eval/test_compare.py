@@ -15,7 +15,7 @@ def test_spec_parsing():
     assert (s.name, s.options, s.k) == ("low_confidence", {}, 2)
     with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
         SamplerSpec.parse("low_confidence:k=0")
-    with pytest.raises(ValueError, match="must look like key=value"):
+    with pytest.raises(ValueError, match="expected key=value"):
         SamplerSpec.parse("threshold:0.8")
 
 

@@ -52,7 +52,7 @@ def test_embedded_files_are_small_and_match_the_generator(tmp_path):
         shipped, fresh = EMBEDDED_DIR / name, tmp_path / name
         assert sum(f.stat().st_size for f in shipped.iterdir()) < 1_000_000
         assert sorted(f.name for f in shipped.iterdir()) == sorted(f.name for f in fresh.iterdir())
-        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
             assert (shipped / f).read_text() == (fresh / f).read_text(), f
         a, b = load_file(str(shipped / "model.safetensors")), load_file(str(fresh / "model.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -77,6 +77,31 @@ def test_dtype_options():
     assert load("tiny-random-dream", dtype=torch.float16).dtype == torch.float16
     with pytest.raises(ValueError, match="dtype 'float8' is not supported; valid: .*bfloat16"):
         load("tiny-random-llada", dtype="float8")
+
+
+def test_bad_dtype_names_the_valid_ones(tmp_path):
+    for dtype in (torch.int32, torch.bool, torch.complex64):
+        with pytest.raises(ValueError, match=rf"dtype {dtype} is not supported: .*torch.float32, torch.bfloat16"):
+            load("tiny-random-llada", dtype=dtype)
+    with pytest.raises(ValueError, match=r"dtype 'int32' is not supported; valid: .*bfloat16"):
+        load("tiny-random-llada", dtype="int32")
+    tiny("llada").save_pretrained(tmp_path)
+    _edit_config(tmp_path, torch_dtype="int8")
+    with pytest.raises(ValueError, match=r"config.json torch_dtype 'int8' is not supported"):
+        load(tmp_path)
+    assert load("tiny-random-llada", dtype="float64").dtype == torch.float64
+
+
+def test_missing_device_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+        with pytest.raises(ValueError, match=r"CUDA is not available \(.*\); available devices: cpu"):
+            load("tiny-random-llada", device=device)
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load("oracle", device=device)
+    with pytest.raises(ValueError, match=r"device 'gpu0' is not a device name; available devices: cpu"):
+        load("tiny-random-llada", device="gpu0")
+    assert load("tiny-random-llada", device="cpu").device == torch.device("cpu")
 
 
 def test_attn_backend_choice():
@@ -148,6 +173,31 @@ def test_unexpected_and_misshaped_weights_in_one_error(saved, family):
     msg = str(info.value)
     assert "unexpected keys (1): extra.weight" in msg
     assert f"mis-shaped key {key}: expected [64, 64], found [64, 60]" in msg
+
+
+def test_non_finite_weights_are_refused_naming_the_tensors(saved, family):
+    prefix = "model.transformer.blocks" if family == "llada" else "model.layers"
+    a, b = f"{prefix}.0.attn_norm.weight" if family == "llada" else f"{prefix}.0.input_layernorm.weight", (
+        f"{prefix}.1.up_proj.weight" if family == "llada" else f"{prefix}.1.mlp.up_proj.weight")
+
+    def damage(t):
+        t[a][3] = float("nan")
+        t[b][0, :2] = float("inf")
+
+    _edit_weights(saved, damage)
+    with pytest.raises(CheckpointError, match="non-finite weights in 2 tensor") as info:
+        load(saved)
+    msg = str(info.value)
+    assert f"{a}: 1 NaN, 0 inf of 64 values" in msg and f"{b}: 0 NaN, 2 inf" in msg
+
+
+def test_weights_that_overflow_the_requested_dtype_are_refused(saved, family):
+    key = "model.transformer.ln_f.weight" if family == "llada" else "model.norm.weight"
+    _edit_weights(saved, lambda t: t[key].__setitem__(0, 1e6))  # finite in float32, inf in float16
+    assert load(saved).dtype == torch.float32
+    pattern = rf"{key}: 0 NaN, 1 inf .*stored values are finite: they overflow torch.float16"
+    with pytest.raises(CheckpointError, match=pattern):
+        load(saved, dtype="float16")
 
 
 def test_truncated_safetensors_names_the_file(saved):

@@ -1,7 +1,15 @@
-"""generation_prompt: family chat templates (formats.md 1.7 and 2.7), raw prompts, word tokenizer."""
+"""generation_prompt: family chat templates (LLaDA-8B-Instruct, Dream-v0-Instruct-7B), raw prompts, word
+tokenizer, unknown words; encode_prompts: the accepted prompt forms and integer token ids."""
 
+import warnings
+
+import numpy as np
 import pytest
+import torch
 
+import dllm
+from dllm import tasks as T
+from dllm.inputs import encode_prompts
 from dllm.models import load, tiny
 from dllm.models.tokenizer import build_word_tokenizer
 
@@ -72,3 +80,43 @@ def test_build_word_tokenizer_layout_and_errors():
         build_word_tokenizer(["a"], ["<eos>"], eos_token="<end>")
     with pytest.raises(ValueError, match="without whitespace"):
         build_word_tokenizer(["two words"], [])
+
+
+def test_unknown_words_are_an_error_naming_them():
+    model = load("tiny-llada")  # the task vocabulary: items A-P are upper case, unknown words were [PAD]
+    pattern = r"does not know: 'a', 'b'; .*unknown token '\[PAD\]' \(id 0\), which is also its pad .*'a' -> 'A'"
+    with pytest.raises(ValueError, match=pattern):
+        model.generation_prompt("[BOS] copy a b a [SEP]")
+    with pytest.raises(ValueError, match=pattern):
+        encode_prompts(model, ["[BOS] copy A B [SEP]", "[BOS] copy a b [SEP]"])
+    with pytest.raises(ValueError, match=pattern):
+        dllm.generate(model, "[BOS] copy a b [SEP]", gen_length=4)
+    words = ["[BOS]", "copy", "A", "B", "[SEP]"]
+    assert model.generation_prompt(" ".join(words)) == [T.word_id(w) for w in words]
+    small = tiny("dream")  # a dedicated <unk>: a real token, so a warning names the words (as typed)
+    tok = small.tokenizer
+    with pytest.warns(UserWarning, match=r"does not know: 'Zebra'; .*unknown token '<unk>' \(id 0\)\."):
+        assert small.generation_prompt("a Zebra ?") == _ids(tok, "a", "<unk>", "?")
+    with pytest.warns(UserWarning, match="'Zebra'"):
+        small.generation_prompt("what is a Zebra ?", chat=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the unknown token typed on purpose is not an unknown word
+        assert small.generation_prompt("hi <unk>") == _ids(tok, "hi", "<unk>")
+
+
+@pytest.mark.parametrize("prompts", [
+    [[7.5, 3]], [[7.0, 3]], [[3, np.float32(2.0)]], [[True, 3]], [[3, torch.tensor(True)]],
+    torch.tensor([[7.5, 3.0]]), torch.tensor([True, False]),
+], ids=["float", "integral-float", "numpy-float", "bool", "bool-tensor", "float-tensor", "bool-tensor-row"])
+def test_float_or_bool_token_ids_are_an_error(prompts):
+    model = tiny("llada")
+    with pytest.raises(ValueError, match="integer"):
+        encode_prompts(model, prompts)
+    with pytest.raises(ValueError, match="integer"):
+        dllm.generate(model, prompts, gen_length=4)
+
+
+def test_token_ids_of_any_integer_type():
+    model = tiny("llada")
+    assert encode_prompts(model, [[np.int64(5), torch.tensor(6), 7], (8, 9)]) == [[5, 6, 7], [8, 9]]
+    assert encode_prompts(model, torch.tensor([5, 6], dtype=torch.int32)) == [[5, 6]]

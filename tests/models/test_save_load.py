@@ -176,3 +176,61 @@ def test_loaded_official_fields_are_kept_on_save(tmp_path):
     load(src).save_pretrained(dst)
     out = json.loads((dst / "config.json").read_text())
     assert out["transformers_version"] == "4.46.3" and "dtype" not in out and out["torch_dtype"] == "float32"
+
+
+# Fields of Dream-org/Dream-v0-Instruct-7B's generation_config.json, except transformers_version
+# (the writer's transformers release; dllm writes without transformers).
+DREAM_GENERATION_FIELDS = {"_from_model_config", "alg", "alg_temp", "bos_token_id", "eos_token_id", "eps",
+                           "mask_token_id", "output_history", "pad_token_id", "steps", "temperature",
+                           "top_k", "top_p"}
+
+
+def assert_official_layout(path, family):
+    """Every file of the official layout: config.json, generation_config.json, the weights (one file,
+    or every shard its index names), the tokenizer files; and the family's generation config fields."""
+    files = {p.name for p in path.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= files
+    if SINGLE_FILE in files:
+        assert INDEX_FILE not in files
+    else:
+        shards = set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values())
+        assert shards and shards <= files
+    cfg = json.loads((path / "config.json").read_text())
+    gen = json.loads((path / "generation_config.json").read_text())
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id") if family == "dream" else (
+        "eos_token_id", "pad_token_id")
+    assert {k: gen[k] for k in ids} == {k: cfg[k] for k in ids}
+    if family == "dream":
+        assert set(gen) == DREAM_GENERATION_FIELDS
+        assert (gen["alg"], gen["steps"], gen["eps"], gen["temperature"]) == ("origin", 512, 0.001, 0.0)
+    else:  # what transformers builds from config.json when the file is absent (LLaDA's loader allows that)
+        assert gen == {"_from_model_config": True, "eos_token_id": cfg["eos_token_id"],
+                       "pad_token_id": cfg["pad_token_id"]}
+
+
+@pytest.mark.parametrize("shard", [None, 60_000])
+def test_saved_directory_holds_the_whole_official_layout(tmp_path, family, shard):
+    tiny(family).save_pretrained(tmp_path, max_shard_size=shard)
+    assert_official_layout(tmp_path, family)
+
+
+@pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream", "tiny-random-llada", "tiny-random-dream"])
+def test_embedded_directories_hold_the_whole_official_layout(name):
+    from dllm.models.loading import EMBEDDED_DIR
+
+    model = load(name)
+    assert_official_layout(EMBEDDED_DIR / name, model.family)
+    shipped = json.loads((EMBEDDED_DIR / name / "generation_config.json").read_text())
+    assert shipped == model.official_generation_config()
+
+
+def test_loaded_generation_config_fields_are_kept_on_save(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tiny("dream").save_pretrained(src)
+    gen = json.loads((src / "generation_config.json").read_text())
+    gen.update(steps=64, alg="entropy", mask_token_id=None, transformers_version="4.46.2")  # official: null
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    load(src).save_pretrained(dst)
+    out = json.loads((dst / "generation_config.json").read_text())
+    assert (out["steps"], out["alg"], out["transformers_version"]) == (64, "entropy", "4.46.2")
+    assert out["mask_token_id"] == json.loads((dst / "config.json").read_text())["mask_token_id"]

@@ -1,5 +1,5 @@
 """Shared helpers of the oracle tests: batches, a threshold sampler, closed forms, an exact
-enumerator of confidence-ordered top-k decoding (stress-tasks.md section 1.1)."""
+enumerator of confidence-ordered top-k decoding (ParallelBench, arXiv 2510.04767)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def binomial_ok(hits: int, rows: int, p: float, sigmas: float = 4.0) -> bool:
     return abs(hits / rows - p) <= sigmas * sd + 1.0 / rows
 
 
-# ---- closed forms (stress-tasks.md 1.1) -------------------------------------------------------------
+# ---- closed forms (ParallelBench, arXiv 2510.04767) -------------------------------------------------
 def shuffle_topk(n: int, k: int) -> float:
     """Acc(k) = prod_i P(m_i, k_i) / m_i^k_i over groups of k (the last takes the remainder)."""
     acc, m = 1.0, n

@@ -142,6 +142,14 @@ def test_bad_prompts_are_clear_errors(model, edit, match):
         dllm.generate(model, [prompt], gen_length=5)
 
 
+def test_free_text_prompt_names_the_unknown_words_not_cfg(model):
+    with pytest.raises(ValueError, match=r"does not know: 'what', 'is', 'two', 'plus'") as info:
+        dllm.generate(model, "what is two plus two", gen_length=5)
+    assert "cfg" not in str(info.value).lower()
+    with pytest.raises(ValueError, match=r"only \[PAD\] tokens \(words the task vocabulary does not know\?\)"):
+        model(torch.tensor([[0, 0, 0, MASK, MASK]]))  # what such a prompt encoded to: [PAD]s, no CFG
+
+
 def test_unsupported_requests(model):
     ex = T.test_split("copy", 4, 1)[0]
     ids = torch.tensor([_row(ex)])

@@ -1,4 +1,4 @@
-"""Parallel decoding under the oracle reproduces the theory of stress-tasks.md section 1.1.
+"""Parallel decoding under the oracle reproduces ParallelBench's theory (arXiv 2510.04767).
 
 All decoding here runs over the answer's content positions only (``gen_length`` = content length,
 no EOS slot), so "k tokens per step" groups the answer's items exactly as the closed forms assume;

@@ -7,15 +7,13 @@ import pytest
 import torch
 
 import dllm
-import dllm.samplers.dus  # noqa: F401  (registers "dus")
 from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
 from dllm.samplers.dus import dilated_rounds, num_rounds
-from dllm.state import StepInput
 
-MASK, V = 9, 10
+from builders import MASK, V, ordinary_ids, step_input
 
 
 def _paper_rounds(block):
@@ -66,9 +64,7 @@ def _input(active, window=None):
     bsz, width = active.shape
     logits = torch.randn(bsz, width, V, generator=torch.Generator().manual_seed(0))
     logits[..., MASK] = -10.0  # (the runner-up rule for the mask id is tested below)
-    return StepInput(logits=logits, tokens=torch.full((bsz, width), MASK), active=active, query_start=0,
-                     window=window or (0, width), step=0, steps=None, mask_id=MASK, temperature=0.0,
-                     generator=None)
+    return step_input(logits, active, window=window)
 
 
 def test_each_row_commits_its_earliest_unfinished_round():
@@ -111,15 +107,9 @@ def model(request):
     return tiny(request.param, seed=0)
 
 
-def _ids(model, n, offset):
-    special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
-    pool = [t for t in range(model.config.vocab_size) if t not in special]
-    return [pool[(offset + 7 * i) % len(pool)] for i in range(n)]
-
-
 @pytest.mark.parametrize("gen_length,block_length", [(16, 8), (16, 16), (11, 6), (7, 7), (10, 3), (5, 1)])
 def test_nfe_per_block_is_ceil_log2_and_the_trace_is_the_schedule(model, gen_length, block_length):
-    out = dllm.generate(model, [_ids(model, 4, 0)], sampler="dus", gen_length=gen_length,
+    out = dllm.generate(model, [ordinary_ids(model, 4, 0)], sampler="dus", gen_length=gen_length,
                         block_length=block_length, steps=gen_length, return_trace=True)  # steps: ignored
     assert (out.generated != model.mask_id).all()
     blocks = [(s, min(s + block_length, gen_length)) for s in range(0, gen_length, block_length)]
@@ -131,7 +121,7 @@ def test_nfe_per_block_is_ceil_log2_and_the_trace_is_the_schedule(model, gen_len
 
 
 def test_batch_of_ragged_prompts_equals_each_prompt_alone(model):
-    prompts = [_ids(model, 3, 1), _ids(model, 8, 2), _ids(model, 5, 3)]
+    prompts = [ordinary_ids(model, 3, 1), ordinary_ids(model, 8, 2), ordinary_ids(model, 5, 3)]
     kw = dict(sampler="dus", gen_length=12, block_length=6)
     batch = dllm.generate(model, prompts, **kw)
     assert batch.nfe == 6 and (batch.generated != model.mask_id).all()
@@ -141,8 +131,8 @@ def test_batch_of_ragged_prompts_equals_each_prompt_alone(model):
 
 def test_sampling_is_reproducible_under_a_seed(model):
     kw = dict(sampler="dus", gen_length=8, temperature=1.0)
-    a = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
-    b = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
+    a = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
+    b = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
     assert torch.equal(a.sequences, b.sequences) and a.nfe == 3
 
 

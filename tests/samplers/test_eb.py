@@ -7,39 +7,30 @@ import pytest
 import torch
 
 import dllm
-import dllm.samplers.eb  # noqa: F401  (registers "eb")
 from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
 from dllm.samplers.eb import entropy_prefix
-from dllm.state import StepInput
 
-MASK, V = 9, 10
+from builders import MASK, V, log_probs, ordinary_ids, prob_row, step_input
 
 
 def _input(logits, active=None, window=None):
     """logits [B, Q, V]; active [B, Q] bool (default: all); window (default: all of Q)."""
     bsz, width, _ = logits.shape
-    active = torch.ones(bsz, width, dtype=torch.bool) if active is None else torch.as_tensor(active)
-    return StepInput(logits=logits, tokens=torch.full((bsz, width), MASK), active=active, query_start=0,
-                     window=window or (0, width), step=0, steps=None, mask_id=MASK, temperature=0.0,
-                     generator=None)
+    active = torch.ones(bsz, width, dtype=torch.bool) if active is None else active
+    return step_input(logits, active, window=window)
 
 
 def _peaked(rows):
     """Logits [1, W, V] from W rows of probabilities."""
-    return torch.log(torch.tensor(rows, dtype=torch.float64)).float()[None]
+    return log_probs(rows)[None]
 
 
 def _dist(top, tok):
     """p(tok) = top, the rest spread evenly over the other ordinary tokens (the mask id: ~0)."""
-    others = [v for v in range(V) if v not in (tok, MASK)]
-    row = [1e-30] * V
-    row[tok] = top
-    for v in others:
-        row[v] = (1 - top) / len(others)
-    return row
+    return prob_row(top, tok, mask_id=MASK)
 
 
 def _one_hot(tok):
@@ -163,9 +154,9 @@ def test_vectorised_rule_equals_the_plain_reference(proxy, gamma):
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(gamma=-1), r"gamma must be >= 0, got -1"),
-    (dict(gamma=float("nan")), r"gamma must be >= 0, got nan"),
-    (dict(gamma="0.1"), r"gamma must be >= 0, got '0.1'"),
+    (dict(gamma=-1), r"gamma must be a number >= 0, got -1"),
+    (dict(gamma=float("nan")), r"gamma must be a number >= 0, got nan"),
+    (dict(gamma="0.1"), r"gamma must be a number >= 0, got '0.1'"),
     (dict(proxy="kl"), r"proxy must be one of 'entropy', 'confidence', 'margin', got 'kl'"),
 ])
 def test_out_of_range(options, match):
@@ -184,15 +175,10 @@ def model(request):
     return tiny(request.param, seed=0)
 
 
-def _ids(model, n, offset):
-    special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
-    pool = [t for t in range(model.config.vocab_size) if t not in special]
-    return [pool[(offset + 7 * i) % len(pool)] for i in range(n)]
-
-
-@pytest.mark.parametrize("options", [{}, dict(gamma=0.5, proxy="confidence"), dict(gamma=2.0, proxy="margin")])
+# default options: the contract tests (tests/samplers/test_sampler_contract.py)
+@pytest.mark.parametrize("options", [dict(gamma=0.5, proxy="confidence"), dict(gamma=2.0, proxy="margin")])
 def test_batch_of_ragged_prompts_finishes_and_equals_each_prompt_alone(model, options):
-    prompts = [_ids(model, 3, 1), _ids(model, 8, 2), _ids(model, 5, 3)]
+    prompts = [ordinary_ids(model, 3, 1), ordinary_ids(model, 8, 2), ordinary_ids(model, 5, 3)]
     kw = dict(sampler="eb", gen_length=8, block_length=4, **options)
     batch = dllm.generate(model, prompts, **kw)
     assert (batch.generated != model.mask_id).all() and batch.nfe <= 8
@@ -201,20 +187,20 @@ def test_batch_of_ragged_prompts_finishes_and_equals_each_prompt_alone(model, op
 
 
 def test_gamma_zero_is_one_token_per_step_when_every_entropy_is_positive(model):
-    out = dllm.generate(model, [_ids(model, 4, 0)], sampler="eb", gamma=0.0, gen_length=8, block_length=4,
+    out = dllm.generate(model, [ordinary_ids(model, 4, 0)], sampler="eb", gamma=0.0, gen_length=8, block_length=4,
                         return_trace=True)
     assert out.nfe == 8 and sorted(out.trace[0].tolist()) == list(range(8))
 
 
 def test_infinite_gamma_is_one_forward_per_block(model):
-    out = dllm.generate(model, [_ids(model, 4, 0)], sampler="eb", gamma=math.inf, gen_length=10, block_length=4)
+    out = dllm.generate(model, [ordinary_ids(model, 4, 0)], sampler="eb", gamma=math.inf, gen_length=10, block_length=4)
     assert out.nfe == 3 and (out.generated != model.mask_id).all()
 
 
 def test_sampling_is_reproducible_under_a_seed(model):
     kw = dict(sampler="eb", gamma=0.5, gen_length=8, temperature=1.0)
-    a = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
-    b = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
+    a = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
+    b = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
     assert torch.equal(a.sequences, b.sequences) and (a.generated != model.mask_id).all()
 
 

@@ -5,30 +5,19 @@ import pytest
 import torch
 
 import dllm
-import dllm.samplers.localleap  # noqa: F401  (registers "localleap")
 from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
 from dllm.samplers.localleap import near_anchor
-from dllm.state import StepInput
 
-MASK, V = 9, 10
-
-
-def _dist(top, tok):
-    row = [(1 - top) / (V - 2)] * V
-    row[tok], row[MASK] = top, 1e-30
-    return row
+from builders import MASK, log_probs, ordinary_ids, prob_row, step_input
 
 
 def _input(tops, active=None):
-    """One row; position i proposes token i % 8 with probability tops[i]."""
-    logits = torch.log(torch.tensor([_dist(t, i % 8) for i, t in enumerate(tops)], dtype=torch.float64)).float()[None]
-    width = len(tops)
-    active = torch.ones(1, width, dtype=torch.bool) if active is None else torch.tensor([active])
-    return StepInput(logits=logits, tokens=torch.full((1, width), MASK), active=active, query_start=0,
-                     window=(0, width), step=0, steps=None, mask_id=MASK, temperature=0.0, generator=None)
+    """One row; position i proposes token i % 8 with probability tops[i] (the mask id: ~0)."""
+    logits = log_probs([[prob_row(t, i % 8, mask_id=MASK) for i, t in enumerate(tops)]])  # [1, W, V]
+    return step_input(logits, None if active is None else [active])
 
 
 @pytest.mark.parametrize("anchors,radius,expected", [
@@ -77,10 +66,11 @@ def test_the_mask_token_is_never_proposed():
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(threshold=0.0), r"threshold must be in \(0, 1\], got 0.0"),
-    (dict(threshold=1.5), r"threshold must be in \(0, 1\], got 1.5"),
-    (dict(relaxed_threshold=0.95), r"relaxed_threshold must be in \(0, threshold=0.9\], got 0.95"),
-    (dict(relaxed_threshold=0), r"relaxed_threshold must be in \(0, threshold=0.9\], got 0"),
+    (dict(threshold=0.0), r"threshold must be a number in \(0, 1\], got 0.0"),
+    (dict(threshold=1.5), r"threshold must be a number in \(0, 1\], got 1.5"),
+    (dict(relaxed_threshold=0.95),
+     r"relaxed_threshold must be a number in \(0, 0.9\] \(at most threshold\), got 0.95"),
+    (dict(relaxed_threshold=0), r"relaxed_threshold must be a number in \(0, 0.9\] \(at most threshold\), got 0"),
     (dict(radius=-1), r"radius must be an integer >= 0, got -1"),
     (dict(radius=1.5), r"radius must be an integer >= 0, got 1.5"),
 ])
@@ -95,15 +85,10 @@ def model(request):
     return tiny(request.param, seed=0)
 
 
-def _ids(model, n, offset):
-    special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
-    pool = [t for t in range(model.config.vocab_size) if t not in special]
-    return [pool[(offset + 7 * i) % len(pool)] for i in range(n)]
-
-
-@pytest.mark.parametrize("options", [{}, dict(threshold=0.5, relaxed_threshold=0.2, radius=1)])
+# default options: the contract tests (tests/samplers/test_sampler_contract.py)
+@pytest.mark.parametrize("options", [dict(threshold=0.5, relaxed_threshold=0.2, radius=1)])
 def test_batch_of_ragged_prompts_finishes_and_equals_each_prompt_alone(model, options):
-    prompts = [_ids(model, 3, 1), _ids(model, 8, 2), _ids(model, 5, 3)]
+    prompts = [ordinary_ids(model, 3, 1), ordinary_ids(model, 8, 2), ordinary_ids(model, 5, 3)]
     kw = dict(sampler="localleap", gen_length=8, block_length=4, **options)
     batch = dllm.generate(model, prompts, **kw)
     assert (batch.generated != model.mask_id).all() and batch.nfe <= 8
@@ -113,7 +98,7 @@ def test_batch_of_ragged_prompts_finishes_and_equals_each_prompt_alone(model, op
 
 def test_threshold_one_is_one_token_per_step(model):
     # nothing reaches p = 1, so no anchors and no relaxation: the top-1 per step = low_confidence
-    p = [_ids(model, 5, 0), _ids(model, 2, 4)]
+    p = [ordinary_ids(model, 5, 0), ordinary_ids(model, 2, 4)]
     out = dllm.generate(model, p, sampler="localleap", threshold=1.0, gen_length=8, block_length=4)
     ref = dllm.generate(model, p, sampler="low_confidence", gen_length=8, block_length=4)
     assert out.nfe == 8 and torch.equal(out.sequences, ref.sequences)
@@ -121,7 +106,7 @@ def test_threshold_one_is_one_token_per_step(model):
 
 @pytest.mark.parametrize("options", [dict(radius=0), dict(relaxed_threshold=0.5, threshold=0.5)])
 def test_without_relaxation_it_is_fast_dllm_threshold(model, options):
-    p = [_ids(model, 5, 0), _ids(model, 2, 4)]
+    p = [ordinary_ids(model, 5, 0), ordinary_ids(model, 2, 4)]
     tau = options.get("threshold", 0.9)
     out = dllm.generate(model, p, sampler="localleap", gen_length=12, block_length=6, **options)
     ref = dllm.generate(model, p, sampler="threshold", threshold=tau, gen_length=12, block_length=6)
@@ -130,8 +115,8 @@ def test_without_relaxation_it_is_fast_dllm_threshold(model, options):
 
 def test_sampling_is_reproducible_under_a_seed(model):
     kw = dict(sampler="localleap", threshold=0.5, relaxed_threshold=0.3, gen_length=8, temperature=1.0)
-    a = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
-    b = dllm.generate(model, [_ids(model, 4, 0)], seed=5, **kw)
+    a = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
+    b = dllm.generate(model, [ordinary_ids(model, 4, 0)], seed=5, **kw)
     assert torch.equal(a.sequences, b.sequences) and (a.generated != model.mask_id).all()
 
 

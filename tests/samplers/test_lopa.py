@@ -1,30 +1,22 @@
-"""lopa: threshold anchor + lookahead branches, one batched branch forward per step."""
+"""lopa: threshold anchor + lookahead variants (LoPA's branches), one batched variant forward per step."""
 
 import pytest
 import torch
 
 import dllm
-import dllm.samplers.lopa  # noqa: F401  (registers "lopa")
 from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
-from dllm.state import StepInput
 
-MASK, V = 9, 10
+from builders import MASK, log_probs, prob_row, step_input
+
 M = MASK
-
-
-def _row(p_top, tok):
-    """A probability row with ``p_top`` on ``tok`` and the rest spread evenly."""
-    row = [(1 - p_top) / (V - 1)] * V
-    row[tok] = p_top
-    return row
 
 
 def _logits(rows):
     """[W] rows of (p_top, tok) -> logits [W, V] (log-probabilities, float32)."""
-    return torch.log(torch.tensor([_row(p, t) for p, t in rows], dtype=torch.float64)).float()
+    return log_probs([prob_row(p, t) for p, t in rows])
 
 
 class StubVariants:
@@ -45,18 +37,14 @@ class StubVariants:
 def _input(step_rows, tokens, variants):
     """StepInput for hand-built logits: step_rows [B][W] of (p, tok), tokens [B][W] (M = masked)."""
     logits = torch.stack([_logits(r) for r in step_rows])  # [B, W, V]
-    tokens = torch.tensor(tokens)
-    width = tokens.shape[1]
-    return StepInput(logits=logits, tokens=tokens, active=tokens == MASK, query_start=0, window=(0, width),
-                     step=0, steps=None, mask_id=MASK, temperature=0.0, generator=None,
-                     forward_variants=variants)
+    return step_input(logits, tokens=tokens, forward_variants=variants)
 
 
 ANY = [(0.99, 0)] * 5  # logits of positions a test does not read (committed or non-mask)
 
 # row 0: five masks; p = 0.95 at 0 (the anchor), then 2 (0.8) and 1 (0.6) are the best candidates
-# row 1: two masks left (3: 0.5, 4: 0.4): anchor 3, one candidate (4), the third branch is a duplicate
-# row 2: no masks: left out of the branch forward
+# row 1: two masks left (3: 0.5, 4: 0.4): anchor 3, one candidate (4), the third variant is a duplicate
+# row 2: no masks: left out of the variant forward
 STEP = [
     [(0.95, 1), (0.6, 2), (0.8, 3), (0.5, 4), (0.3, 5)],
     [(0.99, 1), (0.99, 2), (0.99, 3), (0.5, 4), (0.4, 5)],
@@ -69,18 +57,18 @@ R1_B0, R1_B1 = (1, 2, 3, 4, M), (1, 2, 3, 4, 5)
 
 def _table(b0_pos2_token=3):
     return {
-        # B0': every remaining mask at 0.5, its arg-max agreeing with the branch tokens (2 at 1, 3 at 2)
+        # B0': every remaining mask at 0.5, its arg-max agreeing with the variant tokens (2 at 1, 3 at 2)
         R0_B0: [(0.99, 1), (0.5, 2), (0.5, b0_pos2_token), (0.5, 4), (0.5, 5)],
-        # branch 1 (2 <- 3): confident lookahead, 1 and 3 pass tau = 0.9 (the bonus), 4 does not
+        # variant 1 (2 <- 3): confident lookahead, 1 and 3 pass tau = 0.9 (the bonus), 4 does not
         R0_B1: [(0.99, 1), (0.97, 2), (0.99, 3), (0.92, 6), (0.5, 5)],
-        # branch 2 (1 <- 2): medium
+        # variant 2 (1 <- 2): medium
         R0_B2: [(0.99, 1), (0.99, 2), (0.7, 8), (0.6, 4), (0.5, 5)],
         R1_B0: [(0.99, 1), (0.99, 2), (0.99, 3), (0.99, 4), (0.5, 5)],
         R1_B1: ANY,
     }
 
 
-def test_branches_winner_and_bonus_on_hand_built_logits():
+def test_variants_winner_and_bonus_on_hand_built_logits():
     stub = StubVariants(_table())
     out = make_sampler("lopa", branches=3).step(_input(STEP, TOKENS, stub), None)
     # one batched forward: 3 canvases for each row with masks left, none for row 2
@@ -88,24 +76,24 @@ def test_branches_winner_and_bonus_on_hand_built_logits():
     canvases, rows = stub.calls[0]
     assert rows == [0, 0, 0, 1, 1, 1]
     assert canvases == [list(R0_B0), list(R0_B1), list(R0_B2), list(R1_B0), list(R1_B1), list(R1_B0)]
-    # row 0: branch 1 wins; its fills (0, 2) + the bonus from its own logits (1 -> 2, 3 -> 6)
+    # row 0: variant 1 wins; its fills (0, 2) + the bonus from its own logits (1 -> 2, 3 -> 6)
     assert out.commit[0].tolist() == [True, True, True, True, False]
     assert out.tokens[0, :4].tolist() == [1, 2, 3, 6]
-    # row 1: branch 1 fills the block's last mask: score +inf, wins
+    # row 1: variant 1 fills the block's last mask: score +inf, wins
     assert out.commit[1].tolist() == [False, False, False, True, True]
     assert out.tokens[1, 3:].tolist() == [4, 5]
     assert not out.commit[2].any()
 
 
-def test_a_branch_whose_token_b0_no_longer_proposes_cannot_win():
-    # B0's logits now put 7 at position 2, where branch 1 wrote 3: branch 1 is out, branch 2 wins
+def test_a_variant_whose_token_b0_no_longer_proposes_cannot_win():
+    # B0's logits now put 7 at position 2, where variant 1 wrote 3: variant 1 is out, variant 2 wins
     # (its 0.7/0.6/0.5 beat B0's 0.5s) and its bonus is its own top-1 (2 -> 8)
     stub = StubVariants(_table(b0_pos2_token=7))
     out = make_sampler("lopa", branches=3).step(_input(STEP, TOKENS, stub), None)
     assert out.commit[0].tolist() == [True, True, True, False, False]
     assert out.tokens[0, :3].tolist() == [1, 2, 8]
-    # the paper's selection (no guard) takes branch 1 anyway
-    paper = make_sampler("lopa", branches=3, verify_branches=False)
+    # the paper's selection (no guard) takes variant 1 anyway
+    paper = make_sampler("lopa", branches=3, verify_variants=False)
     out = paper.step(_input(STEP, TOKENS, StubVariants(_table(b0_pos2_token=7))), None)
     assert out.commit[0].tolist() == [True, True, True, True, False]
     assert out.tokens[0, :4].tolist() == [1, 2, 3, 6]
@@ -119,28 +107,28 @@ def test_bonus_off_commits_the_winner_only():
 
 
 @pytest.mark.parametrize("kind", ["negative_entropy", "max_prob"])
-def test_ties_go_to_the_anchor_branch(kind):
-    # both branches see 0.6 at every remaining mask: equal means -> branch 0 (B0') wins
+def test_ties_go_to_the_anchor_variant(kind):
+    # both variants see 0.6 at every remaining mask: equal means -> variant 0 (B0') wins
     step = [[(0.5, 1), (0.4, 2), (0.3, 3)]]
     same = [(0.99, 1), (0.6, 2), (0.6, 3)]
     table = {(1, M, M): same, (1, 2, M): same}
     out = make_sampler("lopa", branches=2, confidence=kind, bonus=False).step(
         _input(step, [[M, M, M]], StubVariants(table)), None)
     assert out.commit[0].tolist() == [True, False, False]
-    # with the bonus, B0's own top-1 (the first of the tied 0.6s) follows; branch 1 would add 2 too
+    # with the bonus, B0's own top-1 (the first of the tied 0.6s) follows; variant 1 would add 2 too
     sampler = make_sampler("lopa", branches=2, confidence=kind)
     out = sampler.step(_input(step, [[M, M, M]], StubVariants(table)), None)
     assert out.commit[0].tolist() == [True, True, False] and out.tokens[0, :2].tolist() == [1, 2]
 
 
-def test_branch_count_is_clamped_by_the_candidates_and_skipped_when_the_anchor_finishes():
+def test_variant_count_is_clamped_by_the_candidates_and_skipped_when_the_anchor_finishes():
     stub = StubVariants(_table(), default=[(0.5, 0)] * 5)
     make_sampler("lopa", branches=8).step(_input(STEP[:1], TOKENS[:1], stub), None)
     assert len(stub.calls[0][0]) == 5  # B0' + the 4 masks it left, not 8
     confident = [[(0.95, 1), (0.92, 2), (0.99, 3)]]
 
     def never(tokens, rows):
-        raise AssertionError("no branch forward when the anchor fills the whole block")
+        raise AssertionError("no variant forward when the anchor fills the whole block")
 
     out = make_sampler("lopa").step(_input(confident, [[M, M, M]], never), None)
     assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3]
@@ -177,18 +165,18 @@ def test_ragged_batch_decodes_as_alone_and_counts_every_forward(family):
     assert all(t == width for _, t in shapes)
     assert out.steps < out.nfe <= 2 * out.steps
     starts = [0] + per_step[:-1]
-    for a, b in zip(starts, per_step):  # each step: its forward of the batch, then <= 1 branch forward
+    for a, b in zip(starts, per_step):  # each step: its forward of the batch, then <= 1 variant forward
         assert shapes[a][0] == 3 and b - a in (1, 2)
         if b - a == 2:
-            assert shapes[a + 1][0] <= 3 * 4  # live rows x branches <= (1 + k - 1) canvases per row
+            assert shapes[a + 1][0] <= 3 * 4  # live rows x variants <= (1 + k - 1) canvases per row
     for j, p in enumerate(PROMPTS):
         alone = dllm.generate(model, [p], sampler="lopa", gen_length=12, block_length=4)
         assert torch.equal(out.generated[j], alone.generated[0]), j
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_one_branch_with_the_bonus_is_threshold_decoding(family):
-    # branch 0 alone: each step is two threshold steps (the step's forward, then B0's forward)
+def test_one_variant_with_the_bonus_is_threshold_decoding(family):
+    # variant 0 alone (branches=1): each step is two threshold steps (the step's forward, then B0's forward)
     model = tiny(family, seed=3)
     ref = dllm.generate(model, PROMPTS, sampler="threshold", gen_length=12, block_length=4)
     out = dllm.generate(model, PROMPTS, sampler="lopa", gen_length=12, block_length=4, branches=1)
@@ -196,16 +184,16 @@ def test_one_branch_with_the_bonus_is_threshold_decoding(family):
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_counts_the_branch_forward_exactly(family):
+def test_counts_the_variant_forward_exactly(family):
     # one row, one block of 6, k = 2, nothing reaches tau = 1: a step commits the anchor's top-1,
-    # maybe the branch token, and the bonus top-1. A step that leaves masks after the anchor pays
+    # maybe the variant token, and the bonus top-1. A step that leaves masks after the anchor pays
     # a second forward of 1 + 1 canvases; the others pay only their own forward. L = 3 + 6.
     model = tiny(family, seed=3)
     out = dllm.generate(model, [[7, 8, 9]], sampler="lopa", gen_length=6, branches=2, tau_conf=1.0,
                         return_trace=True)
-    branch_forwards = out.nfe - out.steps
-    assert 1 <= branch_forwards <= out.steps
-    assert out.forwarded_tokens == 9 * (out.steps + 2 * branch_forwards)
+    variant_forwards = out.nfe - out.steps
+    assert 1 <= variant_forwards <= out.steps
+    assert out.forwarded_tokens == 9 * (out.steps + 2 * variant_forwards)
     per_step = torch.bincount(out.trace[0], minlength=out.steps)
     assert (per_step >= 1).all() and out.steps <= 3  # >= 2 tokens per step while 2 masks remain
 
@@ -221,7 +209,7 @@ def test_copy_is_solved_in_fewer_forwards_than_tokens(oracle):
     g = T.answer_length("copy", 8)  # 9: eight words and the EOS
     out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, block_length=4)
     assert all(score_generation(exs, out))
-    assert out.nfe == 3 < g  # p = 1 everywhere: the anchor fills each block, no branch forward
+    assert out.nfe == 3 < g  # p = 1 everywhere: the anchor fills each block, no variant forward
 
 
 def test_shuffle_stays_valid_and_the_guard_is_what_keeps_it(oracle):
@@ -231,9 +219,9 @@ def test_shuffle_stays_valid_and_the_guard_is_what_keeps_it(oracle):
     out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g)
     assert all(score_generation(exs, out))  # 100%
     assert out.steps == 2 and out.nfe == 4 < g
-    # without the guard the last tied pair is one branch that finishes the block (+inf): both
+    # without the guard the last tied pair is one variant that finishes the block (+inf): both
     # slots take the same item (the paper's selection), so no row is a permutation
-    paper = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, verify_branches=False)
+    paper = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, verify_variants=False)
     assert not any(score_generation(exs, paper))
 
 
@@ -244,19 +232,19 @@ def test_shuffle_with_a_noisy_oracle(oracle):
     prompts = oracle_prompts(exs)
     guarded = dllm.generate(OracleLM(noise_std=0.5, seed=0), prompts, sampler="lopa", gen_length=g)
     paper = dllm.generate(OracleLM(noise_std=0.5, seed=0), prompts, sampler="lopa", gen_length=g,
-                          verify_branches=False)
+                          verify_variants=False)
     assert all(score_generation(exs, guarded))
     assert sum(score_generation(exs, paper)) < len(exs)  # 17 / 40 when written
 
 
 # ---- options and refusals ----------------------------------------------------------------------------
 @pytest.mark.parametrize("options,match", [
-    (dict(branches=0), r"branches must be an integer >= 1 \(branch 0 is the anchor itself\), got 0"),
+    (dict(branches=0), r"branches must be an integer >= 1 \(variant 0 is the anchor itself\), got 0"),
     (dict(branches=-2), r"branches must be an integer >= 1 .*got -2"),
     (dict(branches=2.5), r"branches must be an integer >= 1 .*got 2.5"),
     (dict(branches=True), r"branches must be an integer >= 1 .*got True"),
-    (dict(tau_conf=0.0), r"tau_conf must be in \(0, 1\], got 0.0"),
-    (dict(tau_conf=1.5), r"tau_conf must be in \(0, 1\], got 1.5"),
+    (dict(tau_conf=0.0), r"tau_conf must be a number in \(0, 1\], got 0.0"),
+    (dict(tau_conf=1.5), r"tau_conf must be a number in \(0, 1\], got 1.5"),
     (dict(confidence="entropy"), r"confidence must be one of 'negative_entropy', 'max_prob', got 'entropy'"),
     (dict(bonus="yes"), r"bonus must be True or False, got 'yes'"),
 ])
@@ -266,7 +254,7 @@ def test_bad_options(options, match):
 
 
 def test_unknown_option_lists_the_valid_ones():
-    valid = "Valid options: branches, tau_conf, confidence, bonus, verify_branches"
+    valid = "Valid options: branches, tau_conf, confidence, bonus, verify_variants"
     with pytest.raises(TypeError, match=valid):
         make_sampler("lopa", draft=3)
 

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 import dllm
-import dllm.samplers.prophet  # noqa: F401  (registers prophet)
 from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
-from dllm.state import DecodeState, StepInput
 
-MASK, V = 9, 10
+from builders import MASK, V, decode_state, step_input
+
 LP, G = 2, 10  # prompt width, generated positions: canvas of 12
 
 
@@ -20,11 +19,7 @@ def _state(committed=0):
     x = torch.full((1, LP + G), MASK)
     x[0, :LP] = torch.tensor([1, 2])
     x[0, LP:LP + committed] = 7
-    return DecodeState(
-        x=x, key_padding_mask=torch.ones_like(x, dtype=torch.bool), positions=torch.arange(LP + G)[None],
-        prompt_mask=torch.arange(LP + G)[None] < LP, prompt_length=LP, gen_length=G, mask_id=MASK,
-        temperature=0.0, generator=None, trace=torch.full((1, G), -1), padded=False,
-    )
+    return decode_state(x, prompt_length=LP)
 
 
 def _input(state, gaps, window, best=None):
@@ -42,8 +37,7 @@ def _input(state, gaps, window, best=None):
     tokens = state.x.clone()
     active = torch.zeros(1, width, dtype=torch.bool)
     active[0, window[0]:window[1]] = tokens[0, window[0]:window[1]] == MASK
-    return StepInput(logits=logits, tokens=tokens, active=active, query_start=0, window=window, step=0,
-                     steps=None, mask_id=MASK, temperature=0.0, generator=None)
+    return step_input(logits, active, tokens=tokens, window=window)
 
 
 @pytest.mark.parametrize("committed,tau", [(0, 7.5), (4, 5.0), (7, 2.5)])
@@ -112,16 +106,7 @@ def test_out_of_range(options, match):
 # ---- end to end ------------------------------------------------------------------------------------
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 NEVER = dict(early_threshold=float("inf"), mid_threshold=float("inf"), late_threshold=float("inf"))
-
-
-@pytest.mark.parametrize("family", ["llada", "dream"])
-def test_decoding_finishes_and_batch_equals_alone(family):
-    model = tiny(family, seed=1)
-    out = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4)
-    assert (out.generated != model.mask_id).all()
-    for j, p in enumerate(PROMPTS):
-        alone = dllm.generate(model, [p], sampler="prophet", gen_length=8, block_length=4)
-        assert torch.equal(out.generated[j], alone.generated[0]), j
+# decoding to the end, and a batch equal to each row alone, at the defaults: the contract tests
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

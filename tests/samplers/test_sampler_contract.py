@@ -1,6 +1,8 @@
 """The contract every registered sampler must keep, run over ``list_samplers()``.
 
-- the output has the right shapes and dtypes and no masks are left;
+- the output has the right shapes and dtypes and no masks are left (also at temperature > 0);
+- one forward per step, plus at most one batched verification forward for samplers that
+  declare ``needs_variants``;
 - prompts are never changed and committed tokens never change (non-revising samplers);
 - the trace shows progress: every step commits at least one position per row, except where a
   reference algorithm is known to idle (Dream's schedule commits 0 at its first step);
@@ -45,6 +47,10 @@ def test_shapes_no_masks_prompt_untouched(model, name):
         assert out.sequences[j, 5 - len(p):5].tolist() == p
     assert out.trace.shape == (3, 8) and (out.trace >= 0).all()
     assert out.nfe >= 1 and out.steps >= out.trace.max().item() + 1
+    if samplers.get(name).needs_variants:
+        assert out.steps <= out.nfe <= 2 * out.steps
+    else:
+        assert out.nfe == out.steps
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -74,6 +80,7 @@ def test_deterministic_under_seed(model, name, temperature):
     a = _run(model, name, temperature=temperature, seed=11)
     b = _run(model, name, temperature=temperature, seed=11)
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe
+    assert (a.generated != model.mask_id).all()
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -36,9 +36,9 @@ def test_equals_threshold_on_the_embedded_models_with_fewer_forwards(name):
 
 
 def test_options_and_greedy_only():
-    with pytest.raises(ValueError, match="threshold must be in"):
+    with pytest.raises(ValueError, match=r"threshold must be a number in \(0, 1\], got 0"):
         make_sampler("spec_threshold", threshold=0)
-    with pytest.raises(ValueError, match="draft must be"):
+    with pytest.raises(ValueError, match="draft must be an integer >= 1, got 0"):
         make_sampler("spec_threshold", draft=0)
     with pytest.raises(ValueError, match="greedy only"):
         dllm.generate(tiny("llada"), [[7, 8]], sampler="spec_threshold", gen_length=4, temperature=1.0)

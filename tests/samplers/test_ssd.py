@@ -45,7 +45,7 @@ def test_counts_the_verification_forward():
     model = tiny("llada", seed=3)
     out = dllm.generate(model, [[7, 8, 9]], sampler="ssd", gen_length=4, draft=3)
     assert out.nfe == 2 * out.steps
-    assert out.forwarded_tokens == out.steps * (1 + 3) * 7  # 1 step canvas + 3 nodes, L = 7
+    assert out.forwarded_tokens == out.steps * (1 + 3) * 7  # 1 step canvas + 3 variants, L = 7
 
 
 def test_bad_input():

@@ -1,33 +1,21 @@
 """Each reference sampler's step rule, checked on hand-built logits (no model)."""
 
-import math
-
 import pytest
 import torch
 
 from dllm.samplers import make_sampler
-from dllm.samplers._ops import argmax_excluding, negative_entropy, take_top_k, top_k_filter, top_p_filter, top_two_margin
-from dllm.state import DecodeState, StepInput
+from dllm.samplers._ops import (argmax_excluding, negative_entropy, take_top_k, threshold_commit, top1,
+                                top_k_filter, top_p_filter, top_two_margin)
 
-MASK = 9
-V = 10
+from builders import MASK, V, decode_state, step_input
 
 
 def _state(bsz, width, steps, masks_at_start):
-    x = torch.full((bsz, width), MASK)
-    return DecodeState(
-        x=x, key_padding_mask=torch.ones_like(x, dtype=torch.bool), positions=torch.arange(width).expand(bsz, -1),
-        prompt_mask=torch.zeros_like(x, dtype=torch.bool), prompt_length=0, gen_length=width, mask_id=MASK,
-        temperature=0.0, generator=None, trace=torch.full((bsz, width), -1), padded=False,
-        block_start=0, block_end=width, block_steps=steps, block_masks_at_start=torch.tensor(masks_at_start),
-    )
+    return decode_state((bsz, width), block_steps=steps, block_masks_at_start=torch.tensor(masks_at_start))
 
 
 def _input(logits, active, step, steps, temperature=0.0, generator=None):
-    bsz, width, _ = logits.shape
-    return StepInput(logits=logits, tokens=torch.full((bsz, width), MASK), active=active, query_start=0,
-                     window=(0, width), step=step, steps=steps, mask_id=MASK, temperature=temperature,
-                     generator=generator)
+    return step_input(logits, active, step=step, steps=steps, temperature=temperature, generator=generator)
 
 
 def _peaked(prefs):
@@ -149,6 +137,31 @@ def test_take_top_k_per_row_by_ranks():
     # k larger than the eligible count never selects ineligible positions
     assert take_top_k(score, torch.tensor([4, 0]), eligible).tolist() == [
         [True, True, False, True], [False] * 4]
+
+
+def test_top1_is_take_top_k_of_one_lowest_index_on_ties():
+    score = torch.tensor([[0.1, 0.9, 0.9, 0.5], [0.3, 0.3, 0.3, 0.3], [0.7, 0.2, 0.7, 0.1],
+                          [float("-inf")] * 4, [0.5, 0.6, 0.7, 0.8]])
+    eligible = torch.tensor([[True, True, True, True], [False, True, True, True], [False, True, True, True],
+                             [False, True, False, True], [False] * 4])
+    one = torch.ones((), dtype=torch.long)
+    assert top1(score, eligible).tolist() == take_top_k(score, one, eligible).tolist() == [
+        [False, True, False, False], [False, True, False, False], [False, False, True, False],
+        [False] * 4, [False] * 4]  # ties: the lowest index; nothing eligible (or finite): nothing
+    # any leading shape: [2, 5, 4]
+    stacked = top1(torch.stack([score, score.flip(0)]), torch.stack([eligible, eligible.flip(0)]))
+    assert torch.equal(stacked[1], top1(score.flip(0), eligible.flip(0)))
+
+
+def test_threshold_commit_is_the_threshold_rule_plus_the_top1():
+    conf = torch.tensor([[0.95, 0.5, 0.91, 0.2], [0.3, 0.4, 0.4, 0.1], [0.99, 0.99, 0.1, 0.1]],
+                        dtype=torch.float64)
+    eligible = torch.tensor([[True, True, True, True], [True, True, True, False], [False, True, True, True]])
+    assert threshold_commit(conf, eligible, 0.9).tolist() == [
+        [True, False, True, False], [False, True, False, False], [False, True, False, False]]
+    # per-position thresholds
+    tau = torch.tensor([[1.0, 0.4, 1.0, 1.0]], dtype=torch.float64)
+    assert threshold_commit(conf, eligible, tau)[0].tolist() == [True, True, False, False]
 
 
 def test_argmax_excluding():

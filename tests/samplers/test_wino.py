@@ -86,7 +86,8 @@ def test_narrow_out_rules():
 
 
 def test_config_ranges():
-    for bad, match in [(dict(threshold=0.0), "threshold must be in"), (dict(threshold=1.0), "threshold must be in"),
+    for bad, match in [(dict(threshold=0.0), r"threshold must be a number in \(0, 1\), got 0.0"),
+                       (dict(threshold=1.0), r"threshold must be a number in \(0, 1\), got 1.0"),
                        (dict(threshold_back=1.5), "threshold_back"), (dict(accept_ratio=0), "accept_ratio"),
                        (dict(min_accept=0), "min_accept"), (dict(min_accept=9, max_accept=3), "min_accept")]:
         with pytest.raises(ValueError, match=match):

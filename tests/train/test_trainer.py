@@ -18,8 +18,8 @@ from dllm.models import load
 from dllm.train import build_model, diffusion_loss
 from dllm.train.__main__ import main
 from dllm import tasks as T
-from dllm.eval.exact_match import zero_tc_tasks
-from dllm.train.recipes import ZERO_TC_TASKS, get_recipe
+from dllm.eval.exact_match import c0_tasks
+from dllm.train.recipes import C0_TASKS, get_recipe
 from dllm.train.trainer import Trainer, checkpoints, lr_factor
 from .helpers import small_batch, small_recipe
 
@@ -89,22 +89,22 @@ def test_checkpoint_loads_in_official_format(tmp_path: Path):
     assert torch.equal(a.logits, b.logits)
 
 
-def test_zero_tc_tasks_from_total_correlation():
-    assert set(zero_tc_tasks()) == {
+def test_c0_tasks_from_total_correlation():
+    assert set(c0_tasks()) == {
         "copy", "reverse", "sort", "sort_num", "replace_index", "insert_index", "remove_index",
         "copy_2tok", "reverse_2tok", "sort_2tok", "replace_index_2tok", "insert_index_2tok",
         "remove_index_2tok", "sudoku4", "add_lsb", "add_msb", "cumsum",
     }
-    assert tuple(zero_tc_tasks()) == ZERO_TC_TASKS  # the recipes' up-weighted tasks
+    assert tuple(c0_tasks()) == C0_TASKS  # the recipes' up-weighted tasks
 
 
-def test_recipes_upweight_the_zero_tc_tasks():
+def test_recipes_upweight_the_c0_tasks():
     for name in ("tiny-llada", "tiny-dream"):
         mix = get_recipe(name).train.mixture
         weights = dict(zip(mix.task_names(), mix.task_weights()))
         assert set(weights) == {e.name for e in T.tasks}
         for task, w in weights.items():
-            assert w == pytest.approx(weights["copy"] if task in ZERO_TC_TASKS else weights["copy"] / 2)
+            assert w == pytest.approx(weights["copy"] if task in C0_TASKS else weights["copy"] / 2)
 
 
 @pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])

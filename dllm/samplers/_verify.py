@@ -1,0 +1,48 @@
+"""Verification by variants, shared by the samplers that check guesses with extra forwards.
+
+A *variant* is a copy of one row's canvas whose block window differs from the canvas (some masks
+filled with guessed tokens). The engine forwards any number of variants in ONE batch
+(``StepInput.forward_variants``; it counts the forward and, under a KV cache, runs each variant's
+block query on a copy of the buffers). ``ssd`` and ``spec_threshold`` verify drafted commits with
+nested variants (``prefix_fills``); ``lopa`` scores one-token lookahead variants.
+
+Every function is pure and batched; none reads a tensor back to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from dllm.state import StepInput
+
+
+def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torch.Tensor:
+    """Nested variants: variant k fills drafts 0..k (the invalid ones never).
+
+    d_pos: [B, N] long, drafted window positions in draft order; d_valid: [B, N] bool.
+    Returns fill [B, N, W] bool with W = ``width``.
+    """
+    onehot = torch.zeros(*d_pos.shape, width, dtype=torch.bool, device=d_pos.device)  # [B, N, W]
+    onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
+    return onehot.cumsum(dim=1) > 0
+
+
+def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
+                            rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """ONE batched forward of variants that differ from the canvas only inside the block window.
+
+    window_tokens: [R, N, W] long, N variants of each of R batch rows (their block-window tokens);
+    rows: [R] long, the batch row of each (default: every row in order, R = B).
+    Returns the window's logits [R * N, W, V], the N variants of a row next to each other.
+    """
+    assert inp.forward_variants is not None, "the engine must provide forward_variants"
+    n_rows, n, _ = window_tokens.shape
+    ws, we = inp.window
+    base = inp.tokens if rows is None else inp.tokens[rows]  # [R, Q]
+    full = base[:, None, :].repeat(1, n, 1)  # [R, N, Q]
+    full[:, :, ws:we] = window_tokens
+    if rows is None:
+        rows = torch.arange(n_rows, device=window_tokens.device)  # [R]
+    return inp.forward_variants(full.reshape(n_rows * n, -1), rows.repeat_interleave(n))

@@ -1,0 +1,80 @@
+"""dInfer's credit decoding (``credit``; inclusionAI/dInfer
+``python/dinfer/decoding/parallel_strategy.py`` ``CreditThresholdParallelDecoder``; CreditDecoding,
+arXiv 2510.06133; dInfer, arXiv 2510.08666).
+
+Rule (defaults alpha 0.7, gamma 0.2, beta 0.8, threshold 0.9): a per-block credit tensor
+``C`` [B, W, V] (W = block length), zero at each block start. Each step ``C <- beta * C``; at every
+masked position of the block add ``p_top1 ** gamma`` at its top-1 token; decode with the fused
+logits ``l + alpha * log(1 + C)`` under the threshold rule (commit ``c >= threshold``, always the
+most confident). ``p_top1`` comes from the RAW logits (``softmax(l)`` in float32, as dInfer's
+``_apply_credit_fusion``), and the top-1 token is the raw arg-max excluding the mask id; the
+proposal and confidence that decide the commit come from the FUSED logits.
+
+Adaptive: the engine loops until the block has no masks, so ``steps`` is ignored. Proposals are
+the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0) of the fused logits, never the
+mask id; confidence is ``p(x0)`` from their float64 softmax (dInfer uses the logits dtype or
+float32; float64 keeps our threshold samplers on one footing).
+Memory: B x W x V float32 (32 x 126464 x 4 bytes = 16 MB per row for LLaDA-8B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm.options import check_number, check_unit
+from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose, threshold_commit
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.state import DecodeState, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    alpha: float = 0.7  # weight of log(1 + C) added to the logits, >= 0
+    gamma: float = 0.2  # credit added per step is p_top1 ** gamma, >= 0
+    beta: float = 0.8  # per-step decay of the credit, in [0, 1]
+    threshold: float = 0.9  # commit fused confidence >= this (always the top-1), in (0, 1]
+
+    def __post_init__(self) -> None:
+        check_number("alpha", self.alpha, low=0.0, finite=True)
+        check_number("gamma", self.gamma, low=0.0, finite=True)
+        check_unit("beta", self.beta)
+        check_unit("threshold", self.threshold, low_open=True)
+
+
+@register_sampler("credit")
+class Credit(Sampler):
+    """dInfer CreditDecoding: threshold rule on logits fused with decayed per-block top-1 credit."""
+
+    Config = CreditConfig
+    fixed_steps = False
+
+    def begin_block(self, state: DecodeState) -> None:
+        state.extras["credit"] = None  # allocated at the block's first step (needs V)
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        cfg = self.config
+        ws, we = inp.window
+        logits = inp.logits[:, ws:we]  # [B, W, V] raw logits of the block
+        active = inp.active[:, ws:we]  # [B, W]
+        credit = state.extras.get("credit")
+        if credit is None or credit.shape != logits.shape:
+            credit = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # [B, W, V]
+            state.extras["credit"] = credit
+        else:
+            credit.mul_(cfg.beta)
+        # credit: raw top-1 token (never the mask id) gets p_top1 ** gamma, masked positions only
+        raw_probs = torch.softmax(logits.float(), dim=-1)  # [B, W, V]
+        raw_top = argmax_excluding(logits, inp.mask_id)  # [B, W]
+        boost = gather_prob(raw_probs, raw_top).pow(cfg.gamma) * active  # [B, W]
+        credit.scatter_add_(2, raw_top[..., None], boost[..., None])
+        fused = logits.float() + cfg.alpha * torch.log1p(credit)  # [B, W, V]
+
+        x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+        conf_w = gather_prob(torch.softmax(fused.to(torch.float64), dim=-1), x0)  # [B, W]
+        width = inp.logits.shape[1]
+        tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]
+        conf = expand_window(conf_w, inp.window, width, float("-inf"))  # [B, Q]
+        commit = threshold_commit(conf, inp.active, cfg.threshold)  # [B, Q]
+        return StepOutput(commit=commit, tokens=tokens, score=conf)

@@ -1,0 +1,49 @@
+"""``dllm.eval.exact_match``: the one decode-and-score loop (evaluation, eval-tasks, compare)."""
+
+import pytest
+
+from dllm import tasks as T
+from dllm.eval.exact_match import c0_tasks, check_tokens_per_step, decode_and_score, evaluate
+from dllm.models import load
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return load("oracle")
+
+
+def _examples():
+    # copy and reverse of the same size share an answer length
+    return [*T.test_split("copy", 4, n=2), *T.test_split("reverse", 4, n=2)]
+
+
+def test_grouping_by_answer_length_or_by_task(oracle):
+    exs = _examples()
+    la = T.answer_length("copy", 4)
+    assert la == T.answer_length("reverse", 4)
+    mixed = decode_and_score(oracle, exs)
+    split = decode_and_score(oracle, exs, by_task=True)
+    for tally in (mixed, split):
+        assert tally.counts == {"copy": 2, "reverse": 2} and tally.accuracy == {"copy": 1.0, "reverse": 1.0}
+        assert tally.row_forwards == 4 * la and tally.generated_tokens == 4 * la
+    assert (mixed.forwards, split.forwards) == (la, 2 * la)  # one batch vs one batch per task
+
+
+def test_tokens_per_step_sets_the_steps_of_each_block(oracle):
+    exs = _examples()
+    la = T.answer_length("copy", 4)
+    tally = decode_and_score(oracle, exs, tokens_per_step=2, block_length=2)
+    assert tally.forwards == -(-la // 2)  # blocks of 2, one step each
+    result = evaluate(oracle, exs, tokens_per_step=2)
+    assert result.forwards == -(-la // 2) and set(result.c0) == {"copy", "reverse"} <= set(c0_tasks())
+
+
+def test_tokens_per_step_checks():
+    check_tokens_per_step("low_confidence", 2)
+    check_tokens_per_step("threshold:threshold=0.8", None)
+    with pytest.raises(ValueError, match="tokens_per_step must be an integer >= 1, got 0"):
+        check_tokens_per_step("low_confidence", 0)
+    with pytest.raises(ValueError, match="k applies to fixed-step samplers only"):
+        check_tokens_per_step("threshold", 2)
+    with pytest.raises(KeyError, match="Unknown sampler 'nope'"):
+        check_tokens_per_step("nope", None)
