@@ -49,6 +49,7 @@ def test_public_api_is_complete():
         dllm.not_a_thing
 
 
+@pytest.mark.slow
 def test_import_dllm_is_lazy():
     """``import dllm`` loads no torch and no subpackage; the first attribute access loads its own."""
     code = (

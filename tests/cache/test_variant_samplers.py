@@ -37,6 +37,7 @@ def test_lossless_with_classifier_free_guidance(cache):
     assert torch.equal(out.sequences, ref.sequences)
 
 
+@pytest.mark.slow
 def test_fast_with_dual_on_the_embedded_model_saves_forwards():
     from dllm import tasks as T
     from dllm.samplers.fast import CHOICE

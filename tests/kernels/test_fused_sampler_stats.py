@@ -38,6 +38,7 @@ def test_fused_stats_give_the_reference_tokens(family, sampler, options, tempera
     assert fused.nfe == ref.nfe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
 def test_fused_stats_on_the_embedded_model(sampler):
     model = dllm.load("tiny-llada", dtype="float32").to(DEVICE)

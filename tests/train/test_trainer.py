@@ -142,6 +142,7 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert recipe["model"]["d_model"] == 32 and recipe["train"]["steps"] == 3
 
 
+@pytest.mark.slow
 def test_module_entry_point(tmp_path: Path):
     """The literal command line, in a subprocess (Dream, tiny overrides)."""
     out = tmp_path / "tmp"
