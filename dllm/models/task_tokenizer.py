@@ -1,9 +1,11 @@
 """The PB-mini tokenizer: a word-level ``tokenizers`` tokenizer over :func:`vocabulary`.
 
-Token ids equal vocabulary indices (``[PAD]`` = 0 doubles as the unknown token), so
-``word_id(w) == tokenizer.convert_tokens_to_ids(w)``. Words are matched case-sensitively (items
-``A``-``P`` are upper case) and not split further (``f0`` is one token). Saved beside each tiny
-model as ``tokenizer.json`` and loaded through ``AutoTokenizer`` like LLaDA's and Dream's.
+Token ids equal vocabulary indices (``[PAD]`` = 0 doubles as the unknown token, so a prompt
+with a word outside the vocabulary is a ValueError in ``DiffusionLM.generation_prompt`` rather
+than silent padding), and ``word_id(w) == tokenizer.convert_tokens_to_ids(w)``. Words are matched
+case-sensitively (items ``A``-``P`` are upper case) and not split further (``f0`` is one token).
+Saved beside each tiny model as ``tokenizer.json`` and loaded through ``AutoTokenizer`` like
+LLaDA's and Dream's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.base import Meta, SingleAnswerTask, register
 from dllm.tasks.format import split_groups
 from dllm.tasks.vocab import BAR, DIGITS
 
@@ -35,24 +35,8 @@ def _parse_number(words: Sequence[str], lsb_first: bool, what: str) -> int:
     return int(text)
 
 
-class _Deterministic(Task):
-    """Single-answer task: every method follows from ``reference_answer``."""
-
-    def sample_answer(self, rng: random.Random, meta: Meta) -> tuple[str, ...]:
-        return self.reference_answer(meta)
-
-    def is_valid(self, meta: Meta, words: tuple[str, ...]) -> bool:
-        return words == self.reference_answer(meta)
-
-    def count_answers(self, meta: Meta) -> int:
-        return 1
-
-    def enumerate_answers(self, meta: Meta) -> list[tuple[str, ...]]:
-        return [self.reference_answer(meta)]
-
-
 @dataclass(frozen=True, kw_only=True)
-class AddTask(_Deterministic):
+class AddTask(SingleAnswerTask):
     lsb_first: bool
 
     def sample_problem(self, rng: random.Random, size: int) -> dict[str, Any]:
@@ -85,7 +69,7 @@ class AddTask(_Deterministic):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CumsumTask(_Deterministic):
+class CumsumTask(SingleAnswerTask):
     def sample_problem(self, rng: random.Random, size: int) -> dict[str, Any]:
         return {"values": tuple(rng.randint(1, 9) for _ in range(size))}
 

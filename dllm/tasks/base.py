@@ -169,3 +169,19 @@ def get_task(name: str | Task) -> Task:
     if isinstance(name, Task):
         return name
     return tasks.get(name)
+
+
+class SingleAnswerTask(Task):
+    """Single-answer task: every method follows from ``reference_answer``."""
+
+    def sample_answer(self, rng: random.Random, meta: Meta) -> tuple[str, ...]:
+        return self.reference_answer(meta)
+
+    def is_valid(self, meta: Meta, words: tuple[str, ...]) -> bool:
+        return words == self.reference_answer(meta)
+
+    def count_answers(self, meta: Meta) -> int:
+        return 1
+
+    def enumerate_answers(self, meta: Meta) -> list[tuple[str, ...]]:
+        return [self.reference_answer(meta)]

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dllm.tasks.base import Meta, Task, register
+from dllm.tasks.base import Meta, SingleAnswerTask, register
 
 CELLS = 16
 
@@ -75,7 +75,7 @@ def make_puzzle(rng: random.Random, clues: int) -> tuple[tuple[int, ...], tuple[
 
 
 @dataclass(frozen=True, kw_only=True)
-class SudokuTask(Task):
+class SudokuTask(SingleAnswerTask):
     def sample_problem(self, rng: random.Random, size: int) -> dict[str, Any]:
         puzzle, solution = make_puzzle(rng, size)
         return {"puzzle": puzzle, "solution": solution}
@@ -104,17 +104,6 @@ class SudokuTask(Task):
     def reference_answer(self, meta: Meta) -> tuple[str, ...]:
         return tuple(str(v) for v in meta["solution"])
 
-    def sample_answer(self, rng: random.Random, meta: Meta) -> tuple[str, ...]:
-        return self.reference_answer(meta)
-
-    def is_valid(self, meta: Meta, words: tuple[str, ...]) -> bool:
-        return words == self.reference_answer(meta)
-
-    def count_answers(self, meta: Meta) -> int:
-        return 1
-
-    def enumerate_answers(self, meta: Meta) -> list[tuple[str, ...]]:
-        return [self.reference_answer(meta)]
 
 
 register(
