@@ -10,3 +10,7 @@ import torch
 # spin-waits: each op became ~100-1000x slower (measured 252 ms vs 1.6 ms per tiny forward).
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
+# Without a GPU the Triton kernels run in its interpreter, which must be switched on before anything
+# (transformers, the dflash package, dllm.kernels) imports triton; tests/kernels/conftest.py relies on it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

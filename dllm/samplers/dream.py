@@ -1,5 +1,6 @@
-"""Dream's reference algorithms (``diffusion_generate``): ``origin``, ``maskgit_plus``,
-``topk_margin`` and ``entropy``.
+"""Dream's reference algorithms (``diffusion_generate`` in the ``generation_utils.py`` of the
+Dream-org/Dream-v0-* checkpoints, HKUNLP/Dream): ``origin``, ``maskgit_plus``, ``topk_margin`` and
+``entropy``.
 
 Schedule per block of ``S`` steps: ``t = linspace(1, eps, S + 1)`` (float32); at step i,
 ``t = t_i``, ``s = t_{i+1}``.
@@ -16,9 +17,16 @@ Exactness: one block of the whole generation (the default) reproduces ``diffusio
 for token at T = 0 and, under the same seed, at T > 0: the draws are made in the reference's order
 and shapes (``origin``: ``rand(#masked)`` then one multinomial over the revealed rows; others: one
 multinomial over all masked rows when T > 0, then one multinomial without replacement for
-``alg_temp > 0``). Those shapes depend on how many positions are masked, so these samplers read
-that count on the host (a sync) when they draw; at T = 0 with ``alg_temp`` unset the confidence
-algorithms run without any sync. With ``steps == gen_length`` the first step commits nothing
+``alg_temp > 0``). The top-k (``ties="reference"``, the default) is Dream's own
+``torch.topk(confidence, k)`` over the [B, L] canvas (-inf off the masks, in the logits dtype), so
+equal confidences -- common once the softmax saturates to exactly 1.0 (peaked logits, bf16) -- are
+resolved as Dream resolves them on the same device; that order is the device's (CUDA keeps the
+lowest indices, the CPU kernel does not). ``ties="first"`` takes the lowest indices on every device
+(a stable sort). ``k`` is a host integer: every step's k follows from the block's mask counts (each row
+commits ``min(k, its masks)``), so ``begin_block`` reads those counts and the time grid once and
+plans the block's ks; the confidence algorithms make no host read per step at T = 0 (at T > 0 the
+masked rows are indexed, as Dream samples only those). ``origin`` reads the masked count every step
+(``rand(#masked)``). With ``steps == gen_length`` the first step commits nothing
 (``k = int(G * (1 - s/t)) = 0``), as in Dream. Deliberate difference: the mask token is never
 proposed (where Dream would sample or pick it, the arg-max over the other tokens is used).
 """
@@ -30,6 +38,7 @@ from typing import Optional
 
 import torch
 
+from dllm.options import check_choice, check_int, check_number, check_unit
 from dllm.samplers._ops import (
     argmax_excluding,
     expand_window,
@@ -44,22 +53,27 @@ from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
+TIES = ("reference", "first")  # how equal confidences at the top-k cut are resolved (``ties`` option)
+
+
 @dataclass(frozen=True)
 class DreamConfig:
     top_p: Optional[float] = None  # nucleus filter, in (0, 1]
     top_k: Optional[int] = None  # keep the k largest logits, k >= 1
     alg_temp: Optional[float] = None  # > 0: sample which positions to commit (confidence algs)
     eps: float = 1e-3  # final time of the schedule, in (0, 1)
+    ties: str = "reference"  # equal confidences at the top-k cut: reference (Dream's torch.topk, the
+    #   device's order) | first (lowest index first on every device, as torch.topk on CUDA)
 
     def __post_init__(self) -> None:
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
-        if self.alg_temp is not None and self.alg_temp < 0:
-            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp!r}")
-        if not (0.0 < self.eps < 1.0):
-            raise ValueError(f"eps must be in (0, 1), got {self.eps!r}")
+        if self.top_p is not None:
+            check_unit("top_p", self.top_p, low_open=True)
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, 1)
+        if self.alg_temp is not None:
+            check_number("alg_temp", self.alg_temp, low=0.0, finite=True)
+        check_unit("eps", self.eps, low_open=True, high_open=True)
+        check_choice("ties", self.ties, TIES)
 
 
 def sample_tokens(
@@ -104,6 +118,29 @@ class _DreamBase(Sampler):
         return ts[inp.step], ts[inp.step + 1]
 
 
+def planned_counts(masks_at_start: torch.Tensor, timesteps: torch.Tensor) -> list[int]:
+    """Dream's ``k`` for every step of a block, as host integers.
+
+    masks_at_start: [B] long, masks of each row when the block starts; timesteps: [S + 1] float32
+    (Dream's grid, built on the canvas device). Step i: ``mean = sum(masks) / B`` (float32, as
+    Dream's ``num_mask_token``), ``k_i = int(mean * (1 - t_{i+1} / t_i))`` and ``int(mean)`` at the
+    last step; then every row loses ``min(k_i, its masks)``: exactly what the step commits, so the
+    counts never need to be read again. float32 arithmetic on CPU tensors rounds as on the device
+    (IEEE division, subtraction and product). Reads the counts and the grid once (a host sync per
+    block, none per step).
+    """
+    masks = masks_at_start.tolist()
+    ts = timesteps.cpu()
+    steps = ts.numel() - 1
+    counts = []
+    for i in range(steps):
+        mean = torch.tensor(sum(masks)) / len(masks)  # int64 / int -> float32, as Dream
+        k = int(mean) if i == steps - 1 else int(mean * (1 - ts[i + 1] / ts[i]))
+        counts.append(k)
+        masks = [m - min(k, m) for m in masks]
+    return counts
+
+
 @register_sampler("origin")
 class Origin(_DreamBase):
     """Dream reference: reveal each mask with probability 1 - s/t (random count per step)."""
@@ -126,6 +163,11 @@ class Origin(_DreamBase):
 
 
 class _DreamConfidence(_DreamBase):
+    def begin_block(self, state: DecodeState) -> None:
+        super().begin_block(state)
+        assert state.block_masks_at_start is not None
+        state.extras["dream_counts"] = planned_counts(state.block_masks_at_start, state.extras["dream_timesteps"])
+
     def _confidence(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -150,21 +192,26 @@ class _DreamConfidence(_DreamBase):
             x0 = expand_window(x0_w, inp.window, width, inp.mask_id)  # [B, Q]
             conf = expand_window(self._confidence(probs, x0_w), inp.window, width, float("-inf"))
             conf = conf.masked_fill(~active, float("-inf"))  # [B, Q]
-        t, s = self._times(inp, state)
-        mean_masked = active.sum() / active.shape[0]  # float32 tensor, as Dream's num_mask_token
-        k = mean_masked if inp.is_last_step else mean_masked * (1 - s / t)
-        k = k.floor().long()  # int() truncation; k >= 0
-        if cfg.alg_temp:
-            k_host = int(k)  # host sync: multinomial needs a Python count
+        k = state.extras["dream_counts"][inp.step]  # host int, planned at the block start
+        if k == 0:
             commit = torch.zeros_like(active)
-            if k_host > 0:
-                weights = torch.softmax(conf / cfg.alg_temp, dim=-1)  # [B, Q]
-                idx = torch.multinomial(weights, num_samples=k_host, generator=inp.generator)
-                commit.scatter_(1, idx, True)
-                commit &= active
+        elif cfg.alg_temp:
+            weights = torch.softmax(conf / cfg.alg_temp, dim=-1)  # [B, Q]
+            commit = _chosen(active, torch.multinomial(weights, num_samples=k, generator=inp.generator))
+        elif cfg.ties == "reference":
+            # Dream's own op on the same [B, Q] tensor: equal confidences (a saturated softmax)
+            # resolve as in Dream on this device
+            commit = _chosen(active, torch.topk(conf, k, dim=-1).indices)
         else:
-            commit = take_top_k(conf, k, active)
+            commit = take_top_k(conf, torch.full((), k, device=conf.device), active)
+        if inp.is_last_step:  # Dream's int(mean) is every mask left (rows in lock-step); the engine
+            commit = active.clone()  # commits them all on a block's last step in any case
         return StepOutput(commit=commit, tokens=x0, score=conf)
+
+
+def _chosen(active: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[B, Q] bool map of the positions ``idx`` [B, k] that are active masks."""
+    return torch.zeros_like(active).scatter_(1, idx, True) & active
 
 
 @register_sampler("maskgit_plus")

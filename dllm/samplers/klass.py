@@ -1,4 +1,5 @@
-"""KLASS, KL-Adaptive Stability Sampling (``klass``; shkim0116/KLASS, arXiv 2511.05664).
+"""KLASS, KL-Adaptive Stability Sampling (``klass``; shkim0116/KLASS ``src/model/llada_klass.py``
+``stable_confident_decode``, arXiv 2511.05664).
 
 Rule (one step, per row): for every active mask i of the block,
 ``KL_t(i) = KL(p_t(i) || p_{t-1}(i)) = sum_v p_t(v) (log p_t(v) - log p_{t-1}(v))`` between this
@@ -15,19 +16,29 @@ Defaults (LLaDA, GSM8K, from the authors' scripts): ``tau_conf = 0.6``, ``kappa 
 (LLaDA HumanEval: tau_conf 0.9, MBPP 0.7, other tasks kappa 0.01; Dream: tau_conf 0.9,
 kappa 0.001, H 2).
 
+History across blocks (as the authors): the authors keep the previous distribution of every canvas
+position and test the KL history only from a block's step H - 1 on, so the KLs that count are the
+block's own steps' (block steps 0 .. t); but its step-0 KL compares with the previous block's last
+step, which already predicted the new block's positions. We keep the window's distributions
+([B, W, V] float64, ``state.extras["klass"]``) and, at each row's steps in a block, the logits of the
+next block's columns when the query covers them (``state.extras["klass_next"]``, [B, BL, V] in the
+logits dtype): a new block's first KL is measured against them, so its earliest parallel commit is
+at block step H - 1, as in the authors' code. Where the row's last step did not reach the next block
+(``cache="dual"`` after its block-start forward) nothing is carried and the row starts afresh.
+``reset_each_block=True`` always starts afresh: KL = inf at block step 0, earliest parallel commit
+at block step H (the authors' code behaves so in its first block only).
+
 Decisions where we differ from the authors' code:
 - Fallback when nothing is ready: the official code takes the LLaDA schedule's count for this
   step, ``m // S + (s < m % S)``. An adaptive sampler has no step budget, so we commit the top-1 by
   confidence, which is exactly that count in the authors' own configuration (``steps =
   gen_length``, one scheduled token per step).
-- History is per block: the previous distributions are kept only for the current block window
-  (``state.extras["klass"]``, reset in ``begin_block``; [B, W, V] float64) instead of the whole
-  canvas. A KL needs a previous step, so the first step of a block has KL = inf and the earliest
-  parallel commit is at block step H (0-based): the same as the official code in the first block;
-  in later blocks the official code, which carries the canvas-wide history across blocks, can
-  start one step earlier.
 - At T > 0 the official code measures KL and confidence on the Gumbel-perturbed logits (a noisy
   distribution); we measure both on the model's softmax and only sample the proposal.
+- The KL is exact (a term with p = 0 counts 0; p > 0 where q = 0 gives inf); the authors add 1e-12
+  inside both logarithms, which moves a KL by about that much. Their first step compares with a
+  zero-initialised distribution: a KL of log(1e12) = 27.6 nats minus the entropy, where ours is
+  inf; the two differ only for a kappa above that.
 - The mask id is never proposed (runner-up instead). Comparisons are strict (``<`` kappa,
   ``>`` tau_conf), as in the official code.
 """
@@ -35,15 +46,19 @@ Decisions where we differ from the authors' code:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from dllm.samplers._ops import propose_with_log_probs, gather_prob, take_top_k, window_output
+from dllm.options import check_bool, check_choice, check_int, check_number, check_unit
+from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")
 EXTRAS_KEY = "klass"  # state.extras[EXTRAS_KEY] = (logp [B, W, V] float64, kl_history [B, W, H]) or None
+NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = (canvas column, logits [B, N, V], valid [B]) of the
+#   columns right of the window at each row's last step (a next block's first KL compares with them)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -60,17 +75,15 @@ class KLASSConfig:
     kl_threshold: float = 0.015  # kappa: ready needs KL < this at each of the last H steps, > 0
     history: int = 2  # H: how many consecutive steps the KL must stay below kappa, >= 1
     unmask: str = "all"  # which ready positions to commit: all | max_conf | min_kl
+    reset_each_block: bool = False  # True: forget the previous step's distributions at each block
+    #   start (first KL at block step 1); False: carry them into the next block, as the authors
 
     def __post_init__(self) -> None:
-        c, k, h = self.conf_threshold, self.kl_threshold, self.history
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (0.0 <= c < 1.0):
-            raise ValueError(f"conf_threshold must be in [0, 1), got {c!r}")
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (k > 0):
-            raise ValueError(f"kl_threshold must be > 0, got {k!r}")
-        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
-            raise ValueError(f"history must be an integer >= 1, got {h!r}")
-        if self.unmask not in UNMASK_MODES:
-            raise ValueError(f"unmask must be one of {', '.join(map(repr, UNMASK_MODES))}, got {self.unmask!r}")
+        check_unit("conf_threshold", self.conf_threshold, high_open=True)
+        check_number("kl_threshold", self.kl_threshold, low=0.0, low_open=True)
+        check_int("history", self.history, 1)
+        check_choice("unmask", self.unmask, UNMASK_MODES)
+        check_bool("reset_each_block", self.reset_each_block)
 
 
 @register_sampler("klass")
@@ -81,7 +94,9 @@ class KLASS(Sampler):
     fixed_steps = False
 
     def begin_block(self, state: DecodeState) -> None:
-        state.extras[EXTRAS_KEY] = None  # no previous distribution in a new block
+        state.extras[EXTRAS_KEY] = None  # a new window: its KL history starts empty
+        if self.config.reset_each_block:
+            state.extras[NEXT_KEY] = None
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
@@ -92,21 +107,60 @@ class KLASS(Sampler):
         prev = state.extras.get(EXTRAS_KEY)
         if prev is not None and prev[0].shape != logp.shape:  # another window: start afresh
             prev = None
-        if prev is None:  # the block's first step: no KL yet
-            kl = torch.full_like(conf, float("inf"))
+        if prev is None:  # the block's first step: at most the KL against the carried step
             history = torch.full((*conf.shape, cfg.history), float("inf"), dtype=conf.dtype, device=conf.device)
+            kl = None if cfg.reset_each_block else _carried_kl(logp, inp, state)
+            kl = torch.full_like(conf, float("inf")) if kl is None else kl
+            history[..., -1] = kl
         else:
             prev_logp, prev_history = prev
             kl = kl_divergence(logp, prev_logp)  # [B, W]
             history = torch.cat([prev_history[..., 1:], kl[..., None]], dim=-1)  # [B, W, H]
         state.extras[EXTRAS_KEY] = (logp, history)
+        if not cfg.reset_each_block:
+            state.extras[NEXT_KEY] = _next_block_logits(inp, state, active.any(dim=1))
 
         ready = active & (history < cfg.kl_threshold).all(dim=-1) & (conf > cfg.conf_threshold)  # [B, W]
         if cfg.unmask == "max_conf":
-            ready = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), ready)
+            ready = top1(conf, ready)
         elif cfg.unmask == "min_kl":
-            ready = take_top_k(-kl, torch.ones((), dtype=torch.long, device=conf.device), ready)
+            ready = top1(-kl, ready)
         # no ready position: the most confident active mask (the schedule's count at steps = G)
-        top1 = take_top_k(conf, torch.ones((), dtype=torch.long, device=conf.device), active)
-        commit = ready | (top1 & ~ready.any(dim=1, keepdim=True))
+        commit = ready | (top1(conf, active) & ~ready.any(dim=1, keepdim=True))
         return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")))
+
+
+def _next_block_logits(inp: StepInput, state: DecodeState, rows: torch.Tensor) -> Optional[tuple]:
+    """What a block that starts after this step compares its first distributions with: (canvas
+    column e, logits [B, N, V] of the N <= BL columns from e, valid [B] bool), or None.
+
+    A row that still had masks in the block (``rows`` [B] bool) takes this step's logits of those
+    columns -- valid only if the query reached them (``cache="dual"``'s cached steps stop at the
+    block end); a row whose block is already full keeps what it stored at its own last step, so it
+    carries what it would carry decoding alone. A copy in the logits dtype: the float64
+    log-probabilities are computed only when a block starts.
+    """
+    ws, we = inp.window
+    col = inp.query_start + we
+    n = getattr(state, "block_length", 0) or (inp.logits.shape[1] - we)
+    right = inp.logits[:, we:we + n]  # [B, N, V]
+    old = state.extras.get(NEXT_KEY)
+    if old is None or old[0] != col:  # the block's first step (every row has masks) or no carry
+        return None if right.shape[1] == 0 else (col, right.clone(), torch.ones_like(rows))
+    if right.shape[1] == 0:
+        return col, old[1], old[2] & ~rows
+    if right.shape != old[1].shape:
+        return col, right.clone(), rows.clone()
+    return col, torch.where(rows[:, None, None], right, old[1]), old[2] | rows
+
+
+def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optional[torch.Tensor]:
+    """KL [B, W] of this window's distributions ``logp`` [B, W, V] against the previous step's, inf
+    for rows that have none; None when nothing was carried (``_next_block_logits``)."""
+    carried = state.extras.get(NEXT_KEY)
+    ws, we = inp.window
+    if carried is None or carried[0] != inp.query_start + ws or carried[1].shape[1] < we - ws:
+        return None
+    col, logits, valid = carried
+    kl = kl_divergence(logp, torch.log_softmax(logits[:, :we - ws].to(torch.float64), dim=-1))  # [B, W]
+    return kl.masked_fill(~valid[:, None], float("inf"))

@@ -9,7 +9,16 @@ sample ``argmax exp(l) / (-log u)^T`` with float64 uniforms.
 Exactness: with the same weights, prompt and settings this gives the same tokens as
 ``generate()`` at HEAD (65cbed2) at T = 0, and at T > 0 under the same seed: the uniforms are drawn
 as one float64 tensor of the full query shape [B, Q, V] (Q = the whole canvas without a KV cache,
-as the reference draws them), then ``random`` draws float32 ``rand(B, Q)``, in that order.
+as the reference draws them), then ``random`` draws float32 ``rand(B, Q)``, in that order. The
+selection (``ties="reference"``, the default) is LLaDA's own ``torch.topk(confidence, n)`` on the
+[B, Q] scores (-inf off the block's masks, in the logits dtype), so equal confidences -- a
+float32/bf16 softmax saturating to exactly 1.0 at several masks -- resolve as in LLaDA on the same
+device. ``torch.topk``'s order among equal values is the device's: CUDA keeps the lowest indices,
+the CPU kernel (a partial sort) does not. The counts ``n`` are read to the host once per block (the
+schedule follows from the block's mask counts); no step reads anything back. Rows that share ``n``
+share one ``topk`` call (its per-row result is that of LLaDA's per-row call). ``ties="first"``
+takes the lowest indices among equal scores on every device (a stable sort, what CUDA's
+``torch.topk`` does) and reads nothing back at all.
 Deliberate differences, documented:
 - the mask token is never proposed (the reference can "commit" the mask id, leaving the position
   masked and the block unfinished); where the arg-max is the mask id we take the runner-up;
@@ -24,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.options import check_bool, check_choice
 from dllm.samplers._ops import (
     argmax_excluding,
     expand_window,
@@ -38,20 +48,45 @@ from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
+TIES = ("reference", "first")  # how equal scores at the top-k cut are resolved (``ties`` option)
+
+
 @dataclass(frozen=True)
 class LLaDAConfig:
     logits_eos_inf: bool = False  # EOS logit = -inf: EOS is never proposed
     confidence_eos_eot_inf: bool = False  # EOS/EoT proposals get confidence 0: committed last
     stats: str = "torch"  # torch | fused | auto (low_confidence only; dllm.samplers.stats)
+    ties: str = "reference"  # equal scores at the cut: reference (LLaDA's torch.topk, the device's
+    #   order) | first (lowest index first on every device, as torch.topk on CUDA; no host read)
 
     def __post_init__(self) -> None:
-        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_bool("logits_eos_inf", self.logits_eos_inf)
+        check_bool("confidence_eos_eot_inf", self.confidence_eos_eot_inf)
         check_stats(self.stats)
+        check_choice("ties", self.ties, TIES)
         if self.stats == "fused" and self.confidence_eos_eot_inf:
             raise ValueError("stats='fused' does not serve confidence_eos_eot_inf=True (the confidence "
                              "would need a second pass over EOS-masked logits); use stats='torch' or 'auto'")
+
+
+def top_k_as_reference(score: torch.Tensor, counts: list[int], eligible: torch.Tensor) -> torch.Tensor:
+    """Per row j, the ``counts[j]`` eligible positions with the largest score, chosen by
+    ``torch.topk`` as LLaDA's loop does (``topk(confidence[j], k=n[j])``), as a bool map.
+
+    score: [B, Q] float; eligible: [B, Q] bool; counts: B host ints (at most the row's eligible
+    count). Ineligible entries are -inf, as in LLaDA. Rows with the same count share one call: one
+    call in all when every row has the same count, the usual case.
+    """
+    score = score.masked_fill(~eligible, float("-inf"))
+    commit = torch.zeros_like(eligible)
+    for k in sorted(set(counts) - {0}):
+        if len(set(counts)) == 1:
+            commit.scatter_(1, torch.topk(score, k, dim=-1).indices, True)
+        else:
+            rows = torch.tensor([j for j, n in enumerate(counts) if n == k], device=score.device)
+            idx = torch.topk(score[rows], k, dim=-1).indices  # [R, k]
+            commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, True)
+    return commit & eligible
 
 
 class _LLaDARemasking(Sampler):
@@ -67,8 +102,10 @@ class _LLaDARemasking(Sampler):
 
     def begin_block(self, state: DecodeState) -> None:
         assert state.block_steps is not None and state.block_masks_at_start is not None
-        # [B, S] commit counts for this block, from the masks it holds now
-        state.extras["llada_schedule"] = transfer_schedule(state.block_masks_at_start, state.block_steps)
+        # commit counts of this block from the masks it holds now; for torch.topk, per step a list
+        # of B host ints (one host read per block)
+        schedule = transfer_schedule(state.block_masks_at_start, state.block_steps)  # [B, S]
+        state.extras["llada_schedule"] = schedule.T.tolist() if self.config.ties == "reference" else schedule
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
@@ -92,8 +129,10 @@ class _LLaDARemasking(Sampler):
         width = logits.shape[1]
         score = expand_window(score, inp.window, width, float("-inf"))
         tokens = expand_window(x0, inp.window, width, inp.mask_id)
-        k = state.extras["llada_schedule"][:, inp.step]  # [B]
-        commit = take_top_k(score, k, inp.active)
+        if self.config.ties == "reference":
+            commit = top_k_as_reference(score, state.extras["llada_schedule"][inp.step], inp.active)
+        else:
+            commit = take_top_k(score, state.extras["llada_schedule"][:, inp.step], inp.active)
         return StepOutput(commit=commit, tokens=tokens, score=score)
 
     def _window_scores(self, window_logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:

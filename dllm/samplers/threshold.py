@@ -1,54 +1,107 @@
 """Fast-dLLM's confidence-aware parallel decoding: ``threshold`` and ``factor``
-(NVlabs/Fast-dLLM ``get_transfer_index`` / ``get_transfer_index_dynamic``; arXiv 2505.22618).
+(NVlabs/Fast-dLLM ``llada/generate.py`` ``get_transfer_index`` / ``get_transfer_index_dynamic``;
+arXiv 2505.22618).
 
-Both are adaptive: the engine loops until the block has no masks, so ``steps`` is ignored.
-Proposals are the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0); confidence is
-``p(x0)`` from a float64 softmax, as Fast-dLLM computes it (``stats=torch``), or from the fused
-Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
+Both are adaptive: the engine loops until the block has no masks, so ``generate``'s ``steps`` is
+ignored. Proposals are the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0);
+confidence is ``p(x0)`` from a float64 softmax, as Fast-dLLM computes it (``stats=torch``), or from
+the fused Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
 
 - ``threshold`` (tau, default 0.9): commit every active mask with ``c >= tau``, and always the
   most confident one. Theorem 1 of the paper: when n tokens each have ``p > 1 - eps`` and
   ``(n + 1) eps <= 1``, the product-of-marginals arg-max equals the joint arg-max.
+  ``schedule_steps=S`` (default None: off) adds the cap of Fast-dLLM's Dream ``confidence_threshold``
+  (``dream/model/generation_utils.py``): a block of m masks gets the step quotas of ``S`` steps,
+  ``n_i = m // S + (i < m % S)`` (Fast-dLLM requires ``m % S == 0``: ``m / S`` each), and a step may
+  commit at most its quota plus what earlier steps left (the threshold's rejects carry over), i.e.
+  ``cap_i = masks left - (n_{i+1} + ... + n_{S-1})``: of the top ``cap_i`` masks by confidence, the
+  ones with ``c >= tau``, and always the top-1. From step S - 1 on the cap is every remaining mask
+  (plain ``threshold``); Fast-dLLM then adds steps until the block is full, as the adaptive loop
+  does. ``generate``'s ``steps`` does not reach an adaptive sampler, hence the option. With one block
+  (Fast-dLLM's Dream has no blocks; batch 1), no cache and T = 0 this reproduces that decoder token
+  for token, up to two details: the confidence is the float64 softmax here (Fast-dLLM's Dream: the
+  logits dtype), and equal confidences at the cap are taken lowest index first, sync-free
+  (``torch.topk`` on CUDA keeps the first equal ones too; on CPU its order among them is
+  unspecified).
 - ``factor`` (f, default 1.0): sort active confidences ``c_(1) >= c_(2) >= ...``; commit the top
   ``n`` where ``n`` is the longest prefix with ``(k + 1)(1 - c_(k)) <= f`` for k = 2..n (top-1
   always). We do NOT reproduce the official quirk that commits all N when the first failure is at
   the last rank k = N (the d2Cache reimplementation does not have it either).
+
+NFE: one forward per step; a block takes as many steps as its masks need (at most its length).
+With ``cache="prefix"`` / ``"dual"`` a block's first step is the block-start full forward; when
+that forward already commits every mask of the block we move on to the next block. Fast-dLLM's
+drivers of June 2025 (``llada/generate.py`` at 24cc59e) run one more cached forward in that case
+-- a no-op, nothing is left to commit -- before testing whether the block is full, and count it, so
+their NFE exceeds ours by the number of blocks filled by their first forward (at T = 0 the tokens
+are equal; at T > 0 that forward also draws Gumbel noise); the later drivers (f6b35ec) test first
+and count as we do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from dllm.samplers._ops import expand_window, gather_prob, gumbel_uniforms, propose, propose_with_confidence, ranks_of
+from dllm.options import check_number, check_optional_int, check_unit
+from dllm.samplers._ops import (
+    propose_with_confidence,
+    ranks_of,
+    take_top_k,
+    threshold_commit,
+    transfer_schedule,
+)
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.stats import check_stats, fused_propose, use_fused
+from dllm.samplers.stats import check_stats
 from dllm.state import DecodeState, StepInput, StepOutput
+
+RESERVE_KEY = "threshold_reserve"  # state.extras[RESERVE_KEY]: [B, S] masks kept for later steps
 
 
 @dataclass(frozen=True)
 class ThresholdConfig:
     threshold: float = 0.9  # commit masks whose confidence is >= this, in (0, 1]
     stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
+    schedule_steps: Optional[int] = None  # S: cap each step by the quotas of S steps per block
+    #   (Fast-dLLM's Dream confidence_threshold with steps = S); None: no cap
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or not (0.0 < self.threshold <= 1.0):
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        check_unit("threshold", self.threshold, low_open=True)
         check_stats(self.stats)
+        check_optional_int("schedule_steps", self.schedule_steps, 1)
 
 
-@register_sampler("threshold", aliases=("fast_dllm",))
+def later_quotas(masks_at_start: torch.Tensor, steps: int) -> torch.Tensor:
+    """[B] masks at the block start, S steps -> [B, S]: ``sum_{j > i} n_j`` of the per-step quotas
+    ``n_j = m // S + (j < m % S)``, the masks step i must leave for the steps after it."""
+    quotas = transfer_schedule(masks_at_start, steps)  # [B, S]
+    return quotas.flip(1).cumsum(1).flip(1) - quotas
+
+
+@register_sampler("threshold")
 class Threshold(Sampler):
     """Fast-dLLM: commit every mask with confidence >= threshold (always the most confident)."""
 
     Config = ThresholdConfig
     fixed_steps = False
 
+    def begin_block(self, state: DecodeState) -> None:
+        if self.config.schedule_steps is not None:
+            assert state.block_masks_at_start is not None
+            state.extras[RESERVE_KEY] = later_quotas(state.block_masks_at_start, self.config.schedule_steps)
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tokens, conf = propose_with_confidence(inp, self.config.stats)
-        commit = inp.active & (conf >= self.config.threshold)
-        # the engine adds the arg-max-confidence mask of any row that chose none
+        eligible = inp.active  # [B, Q]
+        steps = self.config.schedule_steps
+        if steps is not None and inp.step < steps - 1:
+            reserve = state.extras[RESERVE_KEY][:, inp.step]  # [B]
+            cap = eligible.sum(dim=1) - reserve  # [B]; >= 1 unless the quotas run out (m < S)
+            eligible = take_top_k(conf, cap, eligible)  # the cap's most confident masks
+        # a row whose cap is 0 commits nothing here: the engine adds its most confident mask
+        commit = threshold_commit(conf, eligible, self.config.threshold)
         return StepOutput(commit=commit, tokens=tokens, score=conf)
 
 
@@ -58,8 +111,7 @@ class FactorConfig:
     stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.factor, (int, float)) or not (self.factor > 0):
-            raise ValueError(f"factor must be > 0, got {self.factor!r}")
+        check_number("factor", self.factor, low=0.0, low_open=True)
         check_stats(self.stats)
 
 

@@ -1,10 +1,10 @@
 """Reference transcription of Dream's ``diffusion_generate`` (``generation_utils.py``).
 
 Restated from the public Dream generation utilities (HF hub ``Dream-org/Dream-v0-*``; identical
-copy in NVlabs/Fast-dLLM ``dream/model/generation_utils.py``) and from
-``/work/shared/reference/formats.md`` sections 2.5, 2.6 and 3.2.  Only ``_sample`` and
+copy in NVlabs/Fast-dLLM ``dream/model/generation_utils.py``).  Only ``_sample`` and
 ``sample_tokens`` are transcribed (no generation-config plumbing, no hooks, no history, no
-``num_return_sequences``, no Fast-dLLM ``confidence_threshold``).  This is an *oracle*: dtypes,
+``num_return_sequences``; Fast-dLLM's ``confidence_threshold`` is in
+:mod:`.fastdllm_dream_generate`).  This is an *oracle*: dtypes,
 in-place writes and the order/shape of random draws are kept as in the original.
 
 Differences from the original, all inert for what is tested:

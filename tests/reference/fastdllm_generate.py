@@ -1,9 +1,8 @@
 """Reference transcription of Fast-dLLM v1's cached LLaDA drivers (NVlabs/Fast-dLLM ``llada/generate.py``,
 later version f6b35ec): ``generate``, ``generate_with_prefix_cache``, ``generate_with_dual_cache``,
 their selection routine ``get_transfer_index``, and the cache semantics of Fast-dLLM's modified LLaDA
-modelling (``llada/model/modeling_llada.py``), restated from the public code and from
-``/work/shared/reference/formats.md`` sections 3.3 and 3.5. Written for ``dllm``'s tests; no code
-copied.
+modelling (``llada/model/modeling_llada.py``), restated from the public code. Written for
+``dllm``'s tests; no code copied.
 
 This is an *oracle*: the order of operations that can change a result is kept (float64 softmax for
 the confidence, ``torch.topk`` on a full row, the threshold rule "keep rank 0, drop later ranks below

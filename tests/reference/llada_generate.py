@@ -1,7 +1,7 @@
 """Reference transcription of LLaDA's ``generate()`` (ML-GSAI/LLaDA ``generate.py``, HEAD 65cbed2).
 
-Restated from the public source and from ``/work/shared/reference/formats.md`` section 3.1; the
-numbered comments below follow that section.  This is an *oracle*: every operation that can
+Restated from the public source; the numbered comments below follow the steps of the original
+loop.  This is an *oracle*: every operation that can
 influence the result (dtypes, the order and shape of random draws, in-place writes and aliasing,
 ``torch.topk`` on a full row) is kept as in the original.  Differences from the original, all of
 which are inert for the behaviour being tested:

@@ -2,7 +2,7 @@
 
 The references are driven by a toy ``model_fn``: a fixed random map from (token, position, mean
 context) to logits, which records every canvas it is called on.  The tests check the structural
-properties the original samplers are known to have (formats.md 3.1 / 3.2), the exact random-number
+properties the original samplers are known to have (from their source), the exact random-number
 streams they consume, and a few hand-checkable cases (schedule values, the Dream shift, top-p).
 """
 
@@ -635,3 +635,59 @@ def test_forbid_ties_detects_degenerate_confidences():
     b = llada_generate(toy.llada_fn, prompt, steps=8, gen_length=8, block_length=8, mask_id=MASK,
                        forbid_ties=True)
     assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fast-dLLM's Dream confidence_threshold and the KLASS authors' decoder
+# ----------------------------------------------------------------------------------------------
+
+
+def _masks_per_call(toy, out):
+    return [int((c == MASK).sum()) for c in toy.calls] + [int((out == MASK).sum())]
+
+
+@pytest.mark.parametrize("gen,steps", [(12, 4), (12, 3), (8, 8)])
+def test_fastdllm_dream_quota_when_everything_passes_the_threshold(gen, steps):
+    from .fastdllm_dream_generate import fastdllm_dream_threshold_generate
+
+    toy = ToyLM(seed=2)
+    out, nfe = fastdllm_dream_threshold_generate(toy.dream_fn, make_prompt(batch=1), max_new_tokens=gen,
+                                                 steps=steps, threshold=1e-9, mask_id=MASK)
+    assert nfe == steps == len(toy.calls)
+    assert _masks_per_call(toy, out) == [gen - i * (gen // steps) for i in range(steps + 1)]
+
+
+def test_fastdllm_dream_carries_rejects_and_extends_the_steps():
+    from .fastdllm_dream_generate import fastdllm_dream_threshold_generate
+
+    toy = ToyLM(seed=2)  # scale 4: no probability reaches 1, so only rank 0 passes threshold 1.0
+    out, nfe = fastdllm_dream_threshold_generate(toy.dream_fn, make_prompt(batch=1), max_new_tokens=12,
+                                                 steps=3, threshold=1.0, mask_id=MASK)
+    assert nfe == 12 and _masks_per_call(toy, out) == list(range(12, -1, -1))  # one per step, 9 extra steps
+    with pytest.raises(AssertionError):
+        fastdllm_dream_threshold_generate(toy.dream_fn, make_prompt(batch=1), max_new_tokens=10, steps=3,
+                                          mask_id=MASK)  # 10 masks are no multiple of 3
+
+
+@pytest.mark.parametrize("history", [1, 2, 3])
+def test_klass_later_blocks_are_ready_one_step_earlier(history):
+    """No bar (tau_conf 0, kappa 15: above any KL between two steps of the toy, below the KL
+    against the zero-initialised ``p_prev``, log(1e12) minus the entropy): the first block is ready
+    at its step H, later blocks at step H - 1 (their step-0 KL compares with the previous block's
+    last step)."""
+    from .klass_generate import klass_generate
+
+    toy = ToyLM(seed=3)
+    _, forwards = klass_generate(lambda x: toy.llada_fn(x, None), make_prompt(batch=1), gen_length=18, steps=18,
+                                 block_length=6, mask_id=MASK, conf_threshold=0.0, kl_threshold=15.0,
+                                 kl_history_length=history)
+    assert forwards == (history + 1) + 2 * history
+
+
+def test_klass_without_stable_positions_is_one_token_per_step():
+    from .klass_generate import klass_generate
+
+    toy = ToyLM(seed=3)
+    out, forwards = klass_generate(lambda x: toy.llada_fn(x, None), make_prompt(batch=1), gen_length=12, steps=12,
+                                   block_length=4, mask_id=MASK, conf_threshold=0.99, kl_threshold=1e-9)
+    assert forwards == 12 and _masks_per_call(toy, out) == list(range(12, -1, -1))

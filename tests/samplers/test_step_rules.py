@@ -180,11 +180,11 @@ def test_top_p_and_top_k_filters():
 
 
 @pytest.mark.parametrize("name,options,match", [
-    ("maskgit_plus", dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
-    ("maskgit_plus", dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    ("maskgit_plus", dict(top_p=0.0), r"top_p must be (a number )?in \(0, 1\], got 0.0"),
+    ("maskgit_plus", dict(top_p=1.5), r"top_p must be (a number )?in \(0, 1\], got 1.5"),
     ("entropy", dict(top_k=0), r"top_k must be an integer >= 1, got 0"),
-    ("origin", dict(eps=1.0), r"eps must be in \(0, 1\), got 1.0"),
-    ("topk_margin", dict(alg_temp=-1.0), r"alg_temp must be >= 0"),
+    ("origin", dict(eps=1.0), r"eps must be (a number )?in \(0, 1\), got 1.0"),
+    ("topk_margin", dict(alg_temp=-1.0), r"alg_temp must be (a finite number )?>= 0"),
 ])
 def test_out_of_range_options(name, options, match):
     with pytest.raises(ValueError, match=match):

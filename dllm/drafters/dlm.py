@@ -1,0 +1,115 @@
+"""``dlm``: a dllm diffusion LM drafts the block with any registered sampler (SpecDiff style,
+Christopher et al. arXiv 2408.05636).
+
+Each round the drafter decodes K = B - 1 masked positions after every row's committed sequence
+with ``dllm.engine.generate`` (one batched call for all rows; ``steps`` denoising forwards for a
+fixed-step sampler, as many as the sampler needs for an adaptive one), so every sampler in the
+registry is a drafting policy. Drafts are one-hot (the sampler's tokens): exact at any target
+temperature, since verification then accepts ``d`` with the target's ``p(d)``.
+
+The drafter must share the target's tokenizer: its vocabulary size must equal the target's logits
+width, and when both tokenizers are known their vocabularies must agree. The drafter cannot read
+its own mask id: context tokens equal to it (a target may emit any id) are shown to it as its pad
+id, which changes what it drafts, never what the loop emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
+from dllm.engine import generate
+from dllm.models import load
+from dllm.options import check_number, check_optional_int
+from dllm.samplers import make_sampler
+
+
+@dataclass(frozen=True)
+class DLMConfig:
+    model: Optional[str] = None  # embedded name / directory / Hub id for dllm.models.load (or pass model=<DiffusionLM>)
+    sampler: str = "low_confidence"  # sampler spec; one option fits a drafter spec: sampler=threshold:threshold=0.8
+    steps: Optional[int] = 1  # denoising forwards per draft for fixed-step samplers (None: one per token)
+    temperature: float = 0.0  # the drafter's own proposal temperature (0: arg-max drafts)
+    cache: str = "none"  # dllm cache policy of the drafting call
+    max_context: Optional[int] = None  # read at most the last max_context committed tokens (None: all that fit)
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"model must be a model name or path (or pass a DiffusionLM as model=...), "
+                             f"got {self.model!r}")
+        make_sampler(self.sampler)  # unknown names / options fail here, listing the valid ones
+        check_optional_int("steps", self.steps, 1, hint=" (denoising forwards per draft)")
+        check_number("temperature", self.temperature, low=0.0, finite=True)
+        check_optional_int("max_context", self.max_context, 1)
+
+
+@register_drafter("dlm")
+class DLMDrafter(Drafter):
+    """A dllm diffusion LM drafting the block with a registered sampler (SpecDiff style)."""
+
+    Config = DLMConfig
+
+    def __init__(self, config: Optional[DLMConfig] = None, *, model: Any = None, **options: Any) -> None:
+        if isinstance(model, str):
+            options["model"] = model
+            model = None
+        super().__init__(config, **options)
+        if model is None:
+            if self.config.model is None:
+                raise ValueError("the dlm drafter needs a diffusion model: model=<dllm DiffusionLM> or a name/path "
+                                 "(dlm:model=tiny-random-llada)")
+            model = load(self.config.model)
+        if not hasattr(model, "mask_id") or not callable(model):
+            raise TypeError(f"the dlm drafter's model must be a dllm DiffusionLM (dllm.models.load / tiny), got "
+                            f"{type(model).__name__}")
+        self.model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    def check_target(self, info: TargetInfo) -> None:
+        super().check_target(info)
+        mine = getattr(self.model, "tokenizer", None)
+        if mine is not None and info.tokenizer is not None and mine is not info.tokenizer:
+            a, b = mine.get_vocab(), info.tokenizer.get_vocab()
+            if a != b:
+                diff = sorted(set(a.items()) ^ set(b.items()))[:3]
+                raise ValueError(f"the dlm drafter's tokenizer differs from the target's ({len(a)} vs {len(b)} "
+                                 f"tokens; e.g. {diff}); drafter and target must share the tokenizer")
+
+    def begin(self, setup: DraftSetup) -> DraftSession:
+        k = setup.block_size - 1
+        if self.config.steps is not None and k > 0 and self.config.steps > k and make_sampler(self.config.sampler).fixed_steps:
+            raise ValueError(f"dlm steps={self.config.steps} exceeds the {k} tokens drafted per round "
+                             f"(block_size {setup.block_size}); use steps <= {k} or a larger block_size")
+        room = int(self.model.max_positions) - k
+        if room < 1:
+            raise ValueError(f"block_size {setup.block_size} leaves no context in the drafter's "
+                             f"{self.model.max_positions} positions")
+        return DraftSession(self, setup)
+
+    def context(self, seq: list[int], k: int) -> list[int]:
+        """The committed tokens the drafter reads: the tail that fits its positions, mask id -> pad id."""
+        keep = int(self.model.max_positions) - k
+        if self.config.max_context is not None:
+            keep = min(keep, self.config.max_context)
+        mask, pad = self.model.mask_id, self.model.pad_id
+        return [pad if t == mask else t for t in seq[-keep:]]
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        k, cfg = ctx.num_draft, self.config
+        sampler = make_sampler(cfg.sampler)
+        seed = None
+        if cfg.temperature > 0 and ctx.generator is not None:  # the call's stream seeds the drafting call
+            seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator, device=ctx.generator.device))
+        out = generate(self.model, [self.context(seq, k) for seq in ctx.tokens], sampler, gen_length=k,
+                       steps=cfg.steps if sampler.fixed_steps else None, temperature=cfg.temperature,
+                       seed=seed, cache=cfg.cache)
+        return Draft(tokens=out.generated.to(ctx.anchor.device), forwards=out.nfe)
+
+
+__all__ = ["DLMConfig", "DLMDrafter"]

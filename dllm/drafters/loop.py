@@ -1,0 +1,348 @@
+"""``speculative_generate``: one lossless draft-then-verify loop for any transformers causal LM.
+
+    prefill the prompts (left-padded)                  -> first token per row from the target
+    while rows run:
+        draft  = drafter proposes K = B - 1 tokens after each row's anchor (last committed token)
+        logits = target([anchor, d_1..d_K]) with its DynamicCache           # one forward, B tokens
+        accepted, next = verify(draft, logits)          # greedy, or exact speculative sampling
+        commit d_1..d_accepted, next (cut at EOS / a stop string / max_new_tokens); crop the cache
+        rows that stopped leave the batch
+
+Every round commits at least one token per running row (the recovered or bonus token), so a call
+takes at most ``max_new_tokens`` rounds. ``verify.py`` has the acceptance rules; with them the output
+at T = 0 is the target's greedy output and at T > 0 it has the target's sampling distribution.
+
+Batching (ragged prompts, ragged acceptance): ONE DynamicCache for the batch, with per-row holes.
+Each round every row writes its B block tokens into the same B new slots; afterwards a row's
+rejected slots are masked out (a 2-D attention mask over the cache slots, kept here as ``valid``
+[R, S]) and the cache is cropped to the longest advance of the round. Positions are explicit per
+row, so a row computes what it computes alone; attention is causal over slots, which keeps every
+row's own order. Cost: slots that are holes in a row still take memory and attention work; the
+cache grows by the round's longest advance, not each row's. When the columns that are holes in
+every row exceed a quarter of the cache (and a block), ``compact`` gathers each row's valid slots to
+the right (one pass over the cache). Finished rows leave the batch (``batch_select_indices``).
+Batch size 1 has no holes at all.
+
+Host syncs (ours): one per round, on purpose: the accepted counts, the draft and the next tokens
+come back together (``tolist``) because the per-row bookkeeping (stops, stop strings, the crop
+length, the next round's inputs) is host-side Python; the prefill reads the first tokens the same
+way. Everything else the loop needs on the host (lengths, the compaction width) is kept there.
+Not ours: transformers' mask construction may read the mask back, and a drafter may sync (``dlm``
+runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from dllm.drafters.base import Draft, DraftContext, DraftSetup, DrafterSpec, make_drafter
+from dllm.drafters.output import SpeculativeOutput, pack_sequences
+from dllm.drafters.target import Target, cache_length, compact, crop_to, select_rows
+from dllm.drafters.verify import SamplingParams, next_tokens, verify
+from dllm.options import check_bool, check_int, check_optional_int
+
+Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
+
+
+def speculative_generate(
+    target,
+    drafter: DrafterSpec,
+    prompts: Prompts,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    block_size: Optional[int] = None,
+    stop: Union[str, Sequence[str], None] = None,
+    seed: Optional[int] = None,
+    eos_token_id: Union[int, Sequence[int], None] = None,
+    tokenizer: Any = None,
+    return_stats: bool = True,
+) -> Union[SpeculativeOutput, torch.Tensor]:
+    """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
+
+    Args:
+        target: a transformers causal LM (``AutoModelForCausalLM``; Qwen3, Qwen2, Llama, ...) whose
+            cache is a croppable ``DynamicCache``.
+        drafter: a registered drafter name, spec string (``"ngram:max_ngram=4"``), mapping or
+            ``Drafter`` instance (``dllm.drafters.list_drafters()``).
+        prompts: a string, a list of strings (need a tokenizer), a list of token-id lists (ragged),
+            or a LongTensor [B, Lp] (rows taken as unpadded) / [Lp].
+        max_new_tokens: most generated tokens per row (a stop token included).
+        temperature, top_p, top_k: the target's sampling settings, applied as transformers does
+            (temperature, then top-k, then top-p); temperature 0 is greedy.
+        block_size: B, tokens per verification forward (the anchor and K = B - 1 drafts); default
+            the drafter's. B = 1 is plain autoregressive decoding through the same loop.
+        stop: stop string(s); a row ends with the token that completes one (needs a tokenizer).
+        seed: seeds a private ``torch.Generator`` for every random draw (None: the global RNG).
+        eos_token_id: id(s) that end a row (default None: the target's generation config, then its
+            config; [] = none).
+        tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``).
+        return_stats: True returns a ``SpeculativeOutput``; False only its ``sequences`` [B, Lp + G].
+    """
+    t_start = time.perf_counter()
+    params = SamplingParams(temperature, top_k, top_p)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_optional_int("block_size", block_size, 1, hint=" (the anchor plus block_size - 1 drafts)")
+    check_bool("return_stats", return_stats)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    drafter_obj = make_drafter(drafter)
+    tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
+    tgt = Target(target, taps=drafter_obj.target_layers, eos_token_id=eos_token_id, tokenizer=tokenizer)
+    block = drafter_obj.block_size if block_size is None else block_size
+    check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts)")
+    drafter_obj.check_target(tgt.info)
+    rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
+    stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, _stop_strings(stop, tokenizer), tokenizer)
+    generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
+    setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
+                       generator=generator, device=tgt.device)
+    run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
+    with torch.inference_mode():
+        run.prefill()
+        while run.active:
+            run.round()
+    sequences, lp = pack_sequences(rows, run.generated, tgt.info.pad_id)
+    if not return_stats:
+        return sequences
+    texts = None
+    if tokenizer is not None:
+        texts = [tokenizer.decode(g, skip_special_tokens=True) for g in run.generated]
+    return SpeculativeOutput(
+        sequences=sequences, prompt_length=lp, generated=run.generated, texts=texts,
+        stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block,
+        target_forwards=run.target_forwards, drafter_forwards=run.drafter_forwards, rounds=run.rounds,
+        wall_time=time.perf_counter() - t_start,
+    )
+
+
+# ---- prompts and stops -------------------------------------------------------------------------------
+def encode_prompts(prompts: Prompts, tokenizer, vocab_size: int) -> list[list[int]]:
+    """The accepted prompt forms -> one list of token ids per row, each id in [0, vocab_size)."""
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+        if prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype == torch.bool:
+            raise ValueError(f"a prompt tensor must be integer token ids [B, Lp] or [Lp], got {prompts.dtype} "
+                             f"{list(prompts.shape)}")
+        rows = prompts.tolist()
+    elif isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                      and all(isinstance(p, str) for p in prompts)):
+        if tokenizer is None:
+            raise ValueError("string prompts need a tokenizer: pass tokenizer=..., or token-id lists")
+        rows = [list(tokenizer.encode(p)) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+    elif isinstance(prompts, Sequence) and prompts and all(isinstance(p, (list, tuple)) for p in prompts):
+        rows = [_ids(j, p) for j, p in enumerate(prompts)]
+    else:
+        raise ValueError(f"prompts must be a non-empty string, list of strings, list of token-id lists or "
+                         f"integer tensor, got {type(prompts).__name__} {prompts!r:.80}")
+    for j, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"prompt {j} is empty; every prompt needs at least one token")
+        bad = [t for t in row if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {j} has token ids outside the target's vocabulary [0, {vocab_size}): {bad[:5]}")
+    return rows
+
+
+def _ids(j: int, row: Sequence) -> list[int]:
+    out = []
+    for i, t in enumerate(row):
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            out.append(operator.index(t))
+        except TypeError:
+            raise ValueError(f"prompt {j}: token ids must be integers, got {t!r} at position {i}") from None
+    return out
+
+
+def _stop_strings(stop, tokenizer) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    strings = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not strings or not all(isinstance(s, str) and s for s in strings):
+        raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}")
+    if tokenizer is None:
+        raise ValueError(f"stop strings {list(strings)} need a tokenizer: pass tokenizer=...")
+    return strings
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Where a row ends: after an EOS id, after ``max_new_tokens`` tokens, or after the token whose
+    text completes a stop string (checked on the generated text only, never the prompt)."""
+
+    eos_ids: frozenset[int]
+    max_new_tokens: int
+    strings: tuple[str, ...] = ()
+    tokenizer: Any = None
+
+    def extend(self, gen: list[int], new: list[int]) -> tuple[int, Optional[str]]:
+        """Append ``new`` to ``gen`` up to and including the first stop. Returns (tokens appended,
+        stop reason or None)."""
+        start, reason = len(gen), None
+        for t in new:
+            gen.append(t)
+            if t in self.eos_ids:
+                reason = "eos"
+                break
+            if len(gen) >= self.max_new_tokens:
+                reason = "length"
+                break
+        if self.strings:
+            end = self._string_end(gen, start)
+            if end is not None:
+                del gen[end:]
+                reason = "stop"
+        return len(gen) - start, reason
+
+    def _string_end(self, gen: list[int], start: int) -> Optional[int]:
+        """The shortest prefix length > start whose text contains a stop string, or None."""
+        hit = lambda ids: any(s in self.tokenizer.decode(ids) for s in self.strings)  # noqa: E731
+        if not hit(gen):
+            return None
+        return next((end for end in range(start + 1, len(gen) + 1) if hit(gen[:end])), None)
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+class _Run:
+    """One call's state. Python lists per call row (tokens, stops, statistics); tensors for the R
+    rows still running, in ``active`` order: the cache, its ``valid`` slot mask, pending features."""
+
+    def __init__(self, target: Target, session, rows: list[list[int]], block: int, params: SamplingParams,
+                 generator: Optional[torch.Generator], stops: StopRule) -> None:
+        self.target, self.session, self.block, self.params = target, session, block, params
+        self.generator, self.stops = generator, stops
+        self.device = target.device
+        self.tokens = [list(r) for r in rows]  # committed ids per call row
+        self.generated: list[list[int]] = [[] for _ in rows]
+        self.reasons = ["" for _ in rows]
+        self.acceptance: list[list[int]] = [[] for _ in rows]
+        self.active = list(range(len(rows)))  # call rows still running, in cache-row order
+        self.cache = target.new_cache(len(rows))
+        self.valid: Optional[torch.Tensor] = None  # [R, S] bool: slots holding each row's committed K/V
+        self.kv_len: list[int] = []  # per running row: valid slots (host copy of valid.sum(1))
+        self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
+        self.target_forwards = self.drafter_forwards = self.rounds = 0
+
+    def prefill(self) -> None:
+        width = max(len(t) for t in self.tokens)
+        pad = self.target.info.pad_id
+        ids = torch.tensor([[pad] * (width - len(t)) + t for t in self.tokens], dtype=torch.long, device=self.device)
+        lengths = torch.tensor([len(t) for t in self.tokens], device=self.device)
+        valid = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]  # [B, Lp] left pads False
+        positions = (valid.long().cumsum(dim=1) - 1).clamp_min(0)  # [B, Lp]; pads get 0 (masked anyway)
+        logits, hidden = self.target.forward(ids, valid, positions, self.cache, last_only=True)
+        self.target_forwards += 1
+        first = next_tokens(logits[:, -1], self.params, self.generator).tolist()  # host sync: first tokens
+        self.valid, self.kv_len = valid, [len(t) for t in self.tokens]
+        if hidden is not None:
+            self.pending = (hidden, valid, positions)
+        for r, j in enumerate(self.active):
+            self._commit(j, [first[r]])
+        self._drop_finished()
+
+    def round(self) -> None:
+        r_rows, k = len(self.active), self.block - 1
+        anchor = torch.tensor([self.tokens[j][-1] for j in self.active], dtype=torch.long, device=self.device)
+        anchor_pos = torch.tensor([len(self.tokens[j]) - 1 for j in self.active], dtype=torch.long,
+                                  device=self.device)  # [R]
+        draft = self._draft(anchor, anchor_pos, k) if k > 0 else Draft(
+            tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
+        ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, B]
+        positions = anchor_pos[:, None] + torch.arange(self.block, device=self.device)  # [R, B]
+        mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S + B]
+        s = cache_length(self.cache)
+        logits, hidden = self.target.forward(ids, mask, positions, self.cache)  # [R, B, V]
+        self.target_forwards += 1
+        self.rounds += 1
+        accepted, nxt = verify(draft.tokens, logits, self.params, q=draft.probs, generator=self.generator,
+                               lengths=draft.lengths)
+        # host sync (one per round): accepted counts, next tokens and drafts together
+        back = torch.cat([accepted[:, None], nxt[:, None], draft.tokens], dim=1).tolist()
+        for r, j in enumerate(self.active):
+            acc = back[r][0]
+            emitted = self._commit(j, back[r][2:2 + acc] + [back[r][1]])
+            self.acceptance[j].append(emitted)
+        adv = [row[0] + 1 for row in back]  # slots with K/V per row: the anchor and the accepted drafts
+        advance = max(adv)
+        crop_to(self.cache, s + advance)  # roll back what no row accepted
+        new_valid = torch.arange(advance, device=self.device)[None, :] < (accepted[:, None] + 1)  # [R, advance]
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.kv_len = [n + a for n, a in zip(self.kv_len, adv)]
+        if hidden is not None:
+            self.pending = (hidden[:, :advance], new_valid, positions[:, :advance])
+        self._drop_finished()
+        self._maybe_compact()
+
+    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int) -> Draft:
+        hidden = mask = pos = None
+        if self.pending is not None:
+            hidden, mask, pos = self.pending
+        ctx = DraftContext(
+            tokens=[self.tokens[j] for j in self.active],
+            rows=torch.tensor(self.active, dtype=torch.long, device=self.device), anchor=anchor,
+            anchor_position=anchor_pos, num_draft=k, round=self.rounds, params=self.params,
+            generator=self.generator, hidden=hidden, hidden_mask=mask, hidden_positions=pos,
+        )
+        draft = self.session.propose(ctx)
+        _check_draft(draft, len(self.active), k, self.target.info.vocab_size)
+        draft.tokens = draft.tokens.to(self.device)  # a drafter on another device: no-op otherwise
+        draft.probs = None if draft.probs is None else draft.probs.to(self.device)
+        draft.lengths = None if draft.lengths is None else draft.lengths.to(self.device)
+        self.drafter_forwards += int(draft.forwards)
+        return draft
+
+    def _commit(self, j: int, new: list[int]) -> int:
+        emitted, reason = self.stops.extend(self.generated[j], new)
+        self.tokens[j].extend(self.generated[j][len(self.generated[j]) - emitted:])
+        if reason is not None:
+            self.reasons[j] = reason
+        return emitted
+
+    def _drop_finished(self) -> None:
+        keep = [r for r, j in enumerate(self.active) if not self.reasons[j]]
+        if len(keep) == len(self.active):
+            return
+        self.active = [self.active[r] for r in keep]
+        if not keep:
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        select_rows(self.cache, idx)
+        self.valid = self.valid[idx]
+        self.kv_len = [self.kv_len[r] for r in keep]
+        if self.pending is not None:
+            self.pending = tuple(t[idx] for t in self.pending)  # type: ignore[assignment]
+        self.session.select(idx)
+
+    def _maybe_compact(self) -> None:
+        if not self.active:
+            return
+        s = self.valid.shape[1]
+        common_holes = s - max(self.kv_len)  # columns that compaction would drop
+        if common_holes > max(self.block, s // 4):
+            self.valid = compact(self.cache, self.valid, max(self.kv_len))
+
+
+def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
+    """A drafter's output has the promised shapes (a broken drafter fails here, not in the target)."""
+    t = draft.tokens
+    if not isinstance(t, torch.Tensor) or t.shape != (rows, k) or t.dtype != torch.long:
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"the drafter returned tokens {got}; expected long [{rows}, {k}] (rows, block_size - 1)")
+    if draft.probs is not None and draft.probs.shape != (rows, k, vocab):
+        raise ValueError(f"the drafter returned probs {list(draft.probs.shape)}; expected [{rows}, {k}, {vocab}] "
+                         f"(rows, block_size - 1, the target's vocabulary) or None")
+    if draft.lengths is not None and draft.lengths.shape != (rows,):
+        raise ValueError(f"the drafter returned lengths {list(draft.lengths.shape)}; expected [{rows}] or None")
+
+
+__all__ = ["Prompts", "StopRule", "encode_prompts", "speculative_generate"]
