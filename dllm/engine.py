@@ -26,7 +26,7 @@ import torch
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.inputs import decode_answer, encode_prompts, init_state, model_device
+from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.samplers import Sampler, make_sampler
 from dllm.options import check_number
 from dllm.schedule import BlockPlan, plan_blocks
@@ -82,7 +82,7 @@ def generate(
         **sampler_options: the sampler's Config fields (unknown names list the valid ones).
     """
     t_start = time.perf_counter()
-    _check_call(model, seed, callback)
+    check_call(model, seed, callback)
     sampler_obj = make_sampler(sampler, **sampler_options)
     policy = make_cache(cache)
     check_number("temperature", temperature, low=0.0, finite=True)
@@ -117,7 +117,7 @@ def generate(
             f"sampler {sampler_obj.name!r} verifies modified copies of the canvas in extra forwards, "
             f"which cache policy {policy.name!r} cannot serve with these options: {refusal}"
         )
-    need_attn = _fit_layers(sampler_obj.attention_layers, model)
+    need_attn = fit_layers(sampler_obj.attention_layers, model)
     if need_attn and not getattr(model, "supports_kv_cache", True):
         raise ValueError(
             f"sampler {sampler_obj.name!r} reads the model's attention probabilities (layers "
@@ -136,33 +136,6 @@ def generate(
 
     wall = time.perf_counter() - t_start
     return _finish(model, state, wall, return_trace)
-
-
-def _check_call(model, seed, callback) -> None:
-    """The call arguments that are not options of a sampler, cache or block plan."""
-    if not callable(model) or not hasattr(model, "mask_id"):
-        raise TypeError(f"model must be a dllm DiffusionLM (from dllm.load(name_or_path)), got "
-                        f"{type(model).__name__} {model!r:.80}")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable (it is called with the DecodeState after every "
-                        f"step) or None, got {type(callback).__name__} {callback!r:.80}")
-
-
-def _fit_layers(layers: Sequence[int], model) -> tuple[int, ...]:
-    """A sampler's layer request fitted to the model's depth: negative indices count from the last
-    layer and are clamped to the first ("the last 4 layers" of a 2-layer model are its 2 layers)."""
-    n = getattr(getattr(model, "config", None), "n_layers", None)
-    if not layers or n is None:
-        return tuple(layers)
-    fitted: list[int] = []
-    for i in layers:
-        j = max(i, -n) if i < 0 else i
-        j = j % n if -n <= j < n else j  # out-of-range positive indices are left for the model's error
-        if j not in fitted:
-            fitted.append(j)
-    return tuple(fitted)
 
 
 class Decode:

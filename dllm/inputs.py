@@ -123,3 +123,30 @@ def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: in
             break
     n_tokens = len(tokenizer)
     return tokenizer.decode([t for t in ids if t != mask_id and t < n_tokens], skip_special_tokens=True)
+
+
+def check_call(model, seed, callback) -> None:
+    """The call arguments that are not options of a sampler, cache or block plan."""
+    if not callable(model) or not hasattr(model, "mask_id"):
+        raise TypeError(f"model must be a dllm DiffusionLM (from dllm.load(name_or_path)), got "
+                        f"{type(model).__name__} {model!r:.80}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (it is called with the DecodeState after every "
+                        f"step) or None, got {type(callback).__name__} {callback!r:.80}")
+
+
+def fit_layers(layers: Sequence[int], model) -> tuple[int, ...]:
+    """A sampler's layer request fitted to the model's depth: negative indices count from the last
+    layer and are clamped to the first ("the last 4 layers" of a 2-layer model are its 2 layers)."""
+    n = getattr(getattr(model, "config", None), "n_layers", None)
+    if not layers or n is None:
+        return tuple(layers)
+    fitted: list[int] = []
+    for i in layers:
+        j = max(i, -n) if i < 0 else i
+        j = j % n if -n <= j < n else j  # out-of-range positive indices are left for the model's error
+        if j not in fitted:
+            fitted.append(j)
+    return tuple(fitted)
