@@ -38,6 +38,29 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     return (ranks < k) & eligible
 
 
+TIES = ("reference", "first")  # how equal scores at a top-k cut are resolved (the ``ties`` option)
+
+
+def top_k_as_reference(score: torch.Tensor, counts: list[int], eligible: torch.Tensor) -> torch.Tensor:
+    """Per row j, the ``counts[j]`` eligible positions with the largest score, chosen by
+    ``torch.topk`` as LLaDA's loop does (``topk(confidence[j], k=n[j])``), as a bool map.
+
+    score: [B, Q] float; eligible: [B, Q] bool; counts: B host ints (at most the row's eligible
+    count). Ineligible entries are -inf, as in LLaDA. Rows with the same count share one call: one
+    call in all when every row has the same count, the usual case.
+    """
+    score = score.masked_fill(~eligible, float("-inf"))
+    commit = torch.zeros_like(eligible)
+    for k in sorted(set(counts) - {0}):
+        if len(set(counts)) == 1:
+            commit.scatter_(1, torch.topk(score, k, dim=-1).indices, True)
+        else:
+            rows = torch.tensor([j for j, n in enumerate(counts) if n == k], device=score.device)
+            idx = torch.topk(score[rows], k, dim=-1).indices  # [R, k]
+            commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, True)
+    return commit & eligible
+
+
 def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     """Per row, the eligible position with the largest score (the lowest index among ties), as a
     bool map; a row with nothing eligible gets nothing. Equals ``take_top_k(score, 1, eligible)``

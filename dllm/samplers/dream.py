@@ -40,6 +40,7 @@ import torch
 
 from dllm.options import check_choice, check_int, check_number, check_unit
 from dllm.samplers._ops import (
+    TIES,
     argmax_excluding,
     expand_window,
     gather_prob,
@@ -51,9 +52,6 @@ from dllm.samplers._ops import (
 )
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
-
-
-TIES = ("reference", "first")  # how equal confidences at the top-k cut are resolved (``ties`` option)
 
 
 @dataclass(frozen=True)

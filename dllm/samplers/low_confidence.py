@@ -40,15 +40,14 @@ from dllm.samplers._ops import (
     gather_prob,
     gumbel_perturb,
     gumbel_uniforms,
+    TIES,
     take_top_k,
+    top_k_as_reference,
     transfer_schedule,
 )
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
-
-
-TIES = ("reference", "first")  # how equal scores at the top-k cut are resolved (``ties`` option)
 
 
 @dataclass(frozen=True)
@@ -67,26 +66,6 @@ class LLaDAConfig:
         if self.stats == "fused" and self.confidence_eos_eot_inf:
             raise ValueError("stats='fused' does not serve confidence_eos_eot_inf=True (the confidence "
                              "would need a second pass over EOS-masked logits); use stats='torch' or 'auto'")
-
-
-def top_k_as_reference(score: torch.Tensor, counts: list[int], eligible: torch.Tensor) -> torch.Tensor:
-    """Per row j, the ``counts[j]`` eligible positions with the largest score, chosen by
-    ``torch.topk`` as LLaDA's loop does (``topk(confidence[j], k=n[j])``), as a bool map.
-
-    score: [B, Q] float; eligible: [B, Q] bool; counts: B host ints (at most the row's eligible
-    count). Ineligible entries are -inf, as in LLaDA. Rows with the same count share one call: one
-    call in all when every row has the same count, the usual case.
-    """
-    score = score.masked_fill(~eligible, float("-inf"))
-    commit = torch.zeros_like(eligible)
-    for k in sorted(set(counts) - {0}):
-        if len(set(counts)) == 1:
-            commit.scatter_(1, torch.topk(score, k, dim=-1).indices, True)
-        else:
-            rows = torch.tensor([j for j, n in enumerate(counts) if n == k], device=score.device)
-            idx = torch.topk(score[rows], k, dim=-1).indices  # [R, k]
-            commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, True)
-    return commit & eligible
 
 
 class _LLaDARemasking(Sampler):
