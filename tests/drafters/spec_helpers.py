@@ -116,3 +116,14 @@ def null_tv(probs: torch.Tensor, n: int) -> float:
     E|freq - p| = sqrt(2 p (1 - p) / (pi n))): the sampling noise a correct sampler shows."""
     p = probs.double()
     return 0.5 * float(torch.sqrt(2 * p * (1 - p) / (torch.pi * n)).sum())
+
+
+def dflash_target(vocab: int = 101, seed: int = 0):
+    """The tiny Qwen3 target of the DFlash model/IO tests: hidden 64, 6 layers, GQA 4/2, head_dim
+    16; the last id (vocab - 1) is left for the drafter's mask token."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
+    return Qwen3ForCausalLM(cfg).eval()

@@ -16,16 +16,15 @@ from dllm.drafters.dflash_model import DraftKVCache, draft_block, make_block
 from dllm.models.checkpoint import CheckpointError, write_safetensors
 from dllm.models.loading import ModelNotFoundError
 
+from spec_helpers import dflash_target
+
 VOCAB, MASK, BLOCK = 101, 100, 4
 NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install --no-deps dflash==0.1.0)"
 
 
 @pytest.fixture(scope="module")
 def target() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
-    return Qwen3ForCausalLM(cfg).eval()
+    return dflash_target(VOCAB)
 
 
 @pytest.fixture(scope="module")

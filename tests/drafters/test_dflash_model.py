@@ -9,12 +9,14 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 from dllm.drafters.dflash_config import SLIDING_ATTENTION, DFlashConfig, tap_layer_ids
 from dllm.drafters.dflash_io import random_dflash, save_dflash
 from dllm.drafters.dflash_model import (DFlashDrafter, DraftKVCache, draft_block, extract_context_feature,
                                         make_block)
+
+from spec_helpers import dflash_target
 
 VOCAB, MASK, BLOCK = 101, 100, 4  # id 100 is a spare embedding row: the mask token
 NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install --no-deps dflash==0.1.0)"
@@ -22,10 +24,7 @@ NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install 
 
 @pytest.fixture(scope="module")
 def target() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
-    return Qwen3ForCausalLM(cfg).eval()
+    return dflash_target(VOCAB)
 
 
 @pytest.fixture(scope="module")
