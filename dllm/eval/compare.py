@@ -130,7 +130,7 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
     from tqdm.auto import tqdm
 
     parsed = check_compare(specs, n, block_length)
-    names = list(task_names) if task_names else [e.name for e in T.tasks]
+    names = list(task_names) if task_names else list(T.suite_task_names())
     examples = _examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first

@@ -35,10 +35,12 @@ from dllm.samplers import samplers
 
 @lru_cache(maxsize=None)
 def c0_tasks(per_size: int = 2) -> tuple[str, ...]:
-    """The tasks with C(Y|X) = 0: the first ``per_size`` test instances of every default size are
+    """The PB-mini tasks with C(Y|X) = 0 (the long-answer suite is not included): the first ``per_size`` test instances of every default size are
     checked with ``T.total_correlation``."""
     out = []
     for entry in T.tasks:
+        if entry.obj.suite != T.PB_MINI:
+            continue
         exs = T.test_split(entry.name, None, n=per_size)
         tcs = [T.total_correlation(ex) for ex in exs]
         if all(tc is not None and tc <= 1e-9 for tc in tcs):
@@ -190,7 +192,7 @@ def load_model(name: str, dtype: Optional[str] = None, device: Optional[str] = N
 
 def eval_examples(tasks: Optional[Sequence[str]] = None, per_size: int = 4) -> list[T.Example]:
     """The first ``per_size`` test instances of every default size of each task."""
-    names = [T.get_task(n).name for n in tasks] if tasks else [e.name for e in T.tasks]
+    names = [T.get_task(n).name for n in tasks] if tasks else list(T.suite_task_names())
     return [ex for n in names for ex in T.test_split(n, None, n=per_size)]
 
 

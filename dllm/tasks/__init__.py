@@ -19,6 +19,8 @@ Decisions worth knowing (see each module for details):
 - ``marginals(ex, committed)`` (answer position -> word) gives, per answer position, the word
   distribution over the consistent valid answers, or ``None`` if there is none; ``chain`` uses
   exact counting, every other task filters an enumerated answer table.
+- Suites: ``pb-mini`` (the default of every run that takes no task list) and ``long-answer``
+  (``long.py``: 32-64-word answers for speculative decoding); ``suite_task_names(suite)``.
 - Test split: ``test_split(task, size=None, n=50)``, seeds from SHA-256 of
   ``"{SPLIT_VERSION}|{task}|{size}|{i}"``; ``is_test_prompt`` lets training drop held-out prompts
   (``chain`` tasks hold nothing out: their prompt space is tiny).
@@ -28,6 +30,7 @@ from dllm.tasks import arithmetic as _arithmetic  # noqa: F401  (registration si
 from dllm.tasks import chain as _chain  # noqa: F401
 from dllm.tasks import latin as _latin  # noqa: F401
 from dllm.tasks import lists as _lists  # noqa: F401
+from dllm.tasks import long as _long  # noqa: F401
 from dllm.tasks import pick_pair as _pick_pair  # noqa: F401
 from dllm.tasks import sudoku as _sudoku  # noqa: F401
 from dllm.tasks.answers import Marginals, entropy_bits
@@ -41,7 +44,17 @@ from dllm.tasks.format import (
     sequence_words, split_sequence, target_words,
 )  # fmt: skip
 from dllm.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_test_prompt, test_split
-from dllm.tasks.vocab import BOS, EOS, MASK, PAD, SEP, SPECIALS, vocabulary, word_id
+from dllm.tasks.vocab import BOS, EOS, MASK, PAD, PB_MINI_VOCAB_SIZE, SEP, SPECIALS, vocabulary, word_id
+
+PB_MINI = "pb-mini"  # the default suite: every task the diffusion models were trained and measured on
+SUITES: tuple[str, ...] = (PB_MINI, _long.LONG_SUITE)
+
+
+def suite_task_names(suite: str = PB_MINI) -> tuple[str, ...]:
+    """Registered task names of one suite, in registry order (``SUITES``)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown task suite {suite!r}; valid suites: {list(SUITES)}")
+    return tuple(e.name for e in tasks if e.obj.suite == suite)
 
 
 def list_tasks() -> list[tuple[str, str]]:
@@ -50,7 +63,7 @@ def list_tasks() -> list[tuple[str, str]]:
 
 
 __all__ = [
-    "BOS", "ENUMERATION_LIMIT", "EOS", "Example", "MASK", "Marginals", "PAD", "SEP", "SPECIALS",
+    "BOS", "ENUMERATION_LIMIT", "PB_MINI", "PB_MINI_VOCAB_SIZE", "SUITES", "suite_task_names", "EOS", "Example", "MASK", "Marginals", "PAD", "SEP", "SPECIALS",
     "SPLIT_VERSION", "TEST_SPLIT_SIZE", "Task", "TooManyAnswersError", "answer_length",
     "count_answers", "cut_answer", "entropy_bits", "generate", "get_task", "instance_seed",
     "is_test_prompt", "is_valid_answer", "item_integrity", "list_tasks", "marginals",

@@ -60,6 +60,7 @@ class Task(ABC):
     default_sizes: tuple[int, ...]
     size_meaning: str  # what the size parameter counts, e.g. "list length n"
     holdout: bool = True  # False: the prompt space is too small to hold test prompts out of training
+    suite: str = "pb-mini"  # the suite whose default runs include the task (``SUITES``)
 
     def __post_init__(self) -> None:
         bad = [s for s in self.default_sizes if not self.min_size <= s <= self.max_size]

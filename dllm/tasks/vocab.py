@@ -6,7 +6,8 @@ separators), and bump nothing else. ``tests/eval`` pins a SHA-256 of the list to
 
 Layout (ids in this order): specials, one token per task (the task's registry name), digits
 ``0``-``9``, single-token items ``A``-``P``, first parts ``f0``-``f7``, second parts ``s0``-``s7``,
-separators ``,`` and ``|``.
+separators ``,`` and ``|``, then the task tokens of the long-answer suite (appended later: the
+models trained before them embed only the first ``PB_MINI_VOCAB_SIZE`` = 80 words).
 """
 
 from __future__ import annotations
@@ -35,9 +36,14 @@ SECOND_PARTS: tuple[str, ...] = tuple(f"s{i}" for i in range(8))
 COMMA, BAR = ",", "|"  # "|" separates argument groups in prompts; "," is reserved (unused so far)
 SEPARATORS: tuple[str, ...] = (COMMA, BAR)
 
+# appended 2026-12-01: the long-answer suite's task tokens (``dllm/tasks/long.py``)
+LONG_TASK_TOKENS: tuple[str, ...] = ("copy_long", "reverse_long", "double_long")
+
 _VOCABULARY: tuple[str, ...] = (
-    SPECIALS + TASK_TOKENS + DIGITS + ITEMS_1TOK + FIRST_PARTS + SECOND_PARTS + SEPARATORS
+    SPECIALS + TASK_TOKENS + DIGITS + ITEMS_1TOK + FIRST_PARTS + SECOND_PARTS + SEPARATORS + LONG_TASK_TOKENS
 )
+# the words before the long-answer tokens: tiny-llada / tiny-dream embed exactly these 80
+PB_MINI_VOCAB_SIZE = len(_VOCABULARY) - len(LONG_TASK_TOKENS)
 
 
 def vocabulary() -> list[str]:

@@ -70,7 +70,7 @@ class MixtureConfig:
     def task_names(self) -> tuple[str, ...]:
         """Canonical task names (registry order when ``tasks`` is empty)."""
         if not self.tasks:
-            return tuple(e.name for e in T.tasks)
+            return T.suite_task_names()
         return tuple(T.get_task(n).name for n in self.tasks)
 
     def task_weights(self) -> tuple[float, ...]:

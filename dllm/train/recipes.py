@@ -114,7 +114,7 @@ def weighted_mixture(c0_weight: float = 2.0) -> MixtureConfig:
     """Every registered task; the C(Y|X) = 0 tasks drawn ``c0_weight`` times as often."""
     from dllm import tasks as T
 
-    names = tuple(e.name for e in T.tasks)
+    names = T.suite_task_names()
     return MixtureConfig(tasks=names, weights=tuple(c0_weight if n in C0_TASKS else 1.0
                                                     for n in names))
 
@@ -206,10 +206,12 @@ def init_for_training(model: TransformerLM, seed: int, std: float = 0.02, embed_
 def build_model(recipe: Recipe, seed: int | None = None, attn_backend: str = "auto") -> TransformerLM:
     """A freshly initialised float32 model of the recipe, carrying the task tokenizer."""
     config = recipe.transformer_config()
-    tok = task_tokenizer()
-    if config.vocab_size < len(tok.get_vocab()):
-        raise ValueError(f"recipe {recipe.name!r}: vocab_size {config.vocab_size} < task vocabulary "
-                         f"{len(tok.get_vocab())}")
+    from dllm.tasks.vocab import PB_MINI_VOCAB_SIZE
+
+    if config.vocab_size < PB_MINI_VOCAB_SIZE:
+        raise ValueError(f"recipe {recipe.name!r}: vocab_size {config.vocab_size} < the PB-mini vocabulary "
+                         f"{PB_MINI_VOCAB_SIZE}")
+    tok = task_tokenizer(size=min(config.vocab_size, len(task_tokenizer().get_vocab())))
     cls = family_class(recipe.family)
     model = cls(config, task_special_ids(), tokenizer=tok, attn_backend=attn_backend)
     init_for_training(model, recipe.train.seed if seed is None else seed)

@@ -16,7 +16,9 @@ REQUIRED = [
 ALL = T.tasks.names()
 
 # sha256 of "\n".join(vocabulary()): token ids are part of every checkpoint. Append-only!
-VOCAB_SHA256 = "49b2a5dfa9313e46c242ca11733e73d5947b4dde13e8e23a6dd976214ff2c8af"
+VOCAB_SHA256 = "e7450be12e78f3e13a7904fa517981f952e46687b9830f05fd8e3325711c4c91"
+# ... and of its first 80 words, the vocabulary tiny-llada / tiny-dream were trained on (2026-11)
+PB_MINI_SHA256 = "49b2a5dfa9313e46c242ca11733e73d5947b4dde13e8e23a6dd976214ff2c8af"
 
 
 def test_required_tasks_and_2tok_variants_are_registered():
@@ -52,6 +54,8 @@ def test_vocabulary_is_small_unique_and_pinned():
     assert vocab[:5] == ["[PAD]", "[MASK]", "[BOS]", "[SEP]", "[EOS]"]
     assert len(vocab) == len(set(vocab)) <= 100
     assert hashlib.sha256("\n".join(vocab).encode()).hexdigest() == VOCAB_SHA256
+    pb_mini = vocab[:T.PB_MINI_VOCAB_SIZE]  # appending kept every earlier id
+    assert hashlib.sha256("\n".join(pb_mini).encode()).hexdigest() == PB_MINI_SHA256
     assert T.word_id("[EOS]") == 4
     with pytest.raises(ValueError, match="'zz' is not in the PB-mini vocabulary"):
         T.word_id("zz")
@@ -67,7 +71,8 @@ def test_every_task_has_its_own_token():
 def test_lengths_fit_the_budget_at_every_size(name):
     task = T.get_task(name)
     assert task.description and task.default_sizes
-    assert T.max_sequence_length(name) <= 64
+    budget = 64 if task.suite == T.PB_MINI else 132
+    assert T.max_sequence_length(name) <= budget
     vocab = set(T.vocabulary())
     rng = random.Random(7)
     for size in task.sizes:
@@ -76,6 +81,23 @@ def test_lengths_fit_the_budget_at_every_size(name):
             seq = T.sequence_words(ex)
             assert len(T.prompt_words(ex)) == T.prompt_length(name, size)
             assert len(T.target_words(ex)) == T.answer_length(name, size) == task.content_length(size) + 1
-            assert len(seq) == T.sequence_length(name, size) <= 64
+            assert len(seq) == T.sequence_length(name, size) <= budget
             assert set(seq) <= vocab
             assert "[MASK]" not in seq and "[PAD]" not in seq
+
+
+def test_suites_split_the_registry_and_the_long_answers_are_32_to_64_words():
+    long = T.suite_task_names("long-answer")
+    assert set(long) == {"copy_long", "reverse_long", "double_long"}
+    assert set(long).isdisjoint(T.suite_task_names()) and len(T.suite_task_names()) == 31
+    assert set(long) | set(T.suite_task_names()) == set(ALL)
+    for name in long:
+        task = T.get_task(name)
+        lengths = {task.content_length(s) for s in task.default_sizes}
+        assert min(lengths) == 32 and max(lengths) == 64
+        for ex in T.test_split(name, None, n=3):
+            assert T.score(ex, [*ex.answer, "[EOS]"]) and T.total_correlation(ex) == 0.0
+    ex = T.test_split("double_long", 16, n=1)[0]
+    assert ex.answer == tuple(w for w in ex.prompt for _ in range(2))
+    with pytest.raises(ValueError, match="unknown task suite 'nope'"):
+        T.suite_task_names("nope")

@@ -15,7 +15,7 @@ from .helpers import FEW_TASKS
 
 def test_default_mixture_is_every_task_at_full_range():
     cfg = MixtureConfig()
-    assert cfg.task_names() == tuple(e.name for e in T.tasks) and len(cfg.task_names()) == 31
+    assert cfg.task_names() == T.suite_task_names() and len(cfg.task_names()) == 31
     assert set(cfg.task_weights()) == {1 / 31}
     for name, sizes in zip(cfg.task_names(), cfg.task_sizes()):
         assert sizes == tuple(T.get_task(name).sizes)

@@ -80,7 +80,7 @@ def test_checkpoint_loads_in_official_format(tmp_path: Path):
     assert model.family == "dream" and model.dtype == torch.float32
     assert (model.mask_id, model.eos_id, model.pad_id, model.bos_id) == (1, 4, 0, 2)
     vocab = model.tokenizer.get_vocab()
-    assert all(vocab[w] == i for i, w in enumerate(vocabulary())) and len(vocab) == 80
+    assert all(vocab[w] == i for i, w in enumerate(vocabulary()[:80])) and len(vocab) == 80
     batch = small_batch()
     trainer.model.eval()
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_recipes_upweight_the_c0_tasks():
     for name in ("tiny-llada", "tiny-dream"):
         mix = get_recipe(name).train.mixture
         weights = dict(zip(mix.task_names(), mix.task_weights()))
-        assert set(weights) == {e.name for e in T.tasks}
+        assert set(weights) == set(T.suite_task_names())
         for task, w in weights.items():
             assert w == pytest.approx(weights["copy"] if task in C0_TASKS else weights["copy"] / 2)
 
