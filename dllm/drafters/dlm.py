@@ -8,7 +8,8 @@ registry is a drafting policy. Drafts are one-hot (the sampler's tokens): exact 
 temperature, since verification then accepts ``d`` with the target's ``p(d)``.
 
 The drafter must share the target's tokenizer: its vocabulary size must equal the target's logits
-width, and when both tokenizers are known their vocabularies must agree. The drafter cannot read
+width and, when both tokenizers are known, their vocabularies must agree; or its vocabulary is a
+prefix of the target's (same word at every id it has; target ids beyond it are read as its pad). The drafter cannot read
 its own mask id: context tokens equal to it (a target may emit any id) are shown to it as its pad
 id, which changes what it drafts, never what the loop emits.
 """
@@ -72,14 +73,20 @@ class DLMDrafter(Drafter):
         return int(self.model.vocab_size)
 
     def check_target(self, info: TargetInfo) -> None:
-        super().check_target(info)
+        """The drafter's vocabulary must be the target's or a prefix of it (the same token at every
+        id the drafter has: a model trained before words were appended to a shared vocabulary)."""
         mine = getattr(self.model, "tokenizer", None)
+        if self.vocab_size > info.vocab_size or (self.vocab_size < info.vocab_size and (
+                mine is None or info.tokenizer is None)):
+            super().check_target(info)  # the plain equality error
         if mine is not None and info.tokenizer is not None and mine is not info.tokenizer:
             a, b = mine.get_vocab(), info.tokenizer.get_vocab()
-            if a != b:
-                diff = sorted(set(a.items()) ^ set(b.items()))[:3]
+            shared = {w: i for w, i in b.items() if i < len(a)}
+            if a != shared:
+                diff = sorted(set(a.items()) ^ set(shared.items()))[:3]
                 raise ValueError(f"the dlm drafter's tokenizer differs from the target's ({len(a)} vs {len(b)} "
-                                 f"tokens; e.g. {diff}); drafter and target must share the tokenizer")
+                                 f"tokens; e.g. {diff}); drafter and target must share the tokenizer (the "
+                                 f"drafter's may be a prefix of the target's)")
 
     def begin(self, setup: DraftSetup) -> DraftSession:
         k = setup.block_size - 1
@@ -93,12 +100,13 @@ class DLMDrafter(Drafter):
         return DraftSession(self, setup)
 
     def context(self, seq: list[int], k: int) -> list[int]:
-        """The committed tokens the drafter reads: the tail that fits its positions, mask id -> pad id."""
+        """The committed tokens the drafter reads: the tail that fits its positions; its mask id and
+        ids beyond its vocabulary (a target with a longer vocabulary) -> its pad id."""
         keep = int(self.model.max_positions) - k
         if self.config.max_context is not None:
             keep = min(keep, self.config.max_context)
-        mask, pad = self.model.mask_id, self.model.pad_id
-        return [pad if t == mask else t for t in seq[-keep:]]
+        mask, pad, vocab = self.model.mask_id, self.model.pad_id, self.vocab_size
+        return [pad if t == mask or t >= vocab else t for t in seq[-keep:]]
 
     def propose(self, ctx: DraftContext) -> Draft:
         k, cfg = ctx.num_draft, self.config

@@ -1,0 +1,162 @@
+"""``dflash``: DFlash block drafting (arXiv 2602.06036; reference z-lab/dflash ``dflash/model.py``).
+
+A small drafter (``dflash_model.DFlashDrafter``) drafts the whole block ``[anchor, MASK x K]`` in
+one forward, conditioned on hidden states tapped from the target (``target_layers`` = the
+checkpoint's ``target_layer_ids``) and reading the target's own embedding table and LM head. Per
+call, the session keeps the drafter's context K/V (``DraftKVCache``): each ``propose`` projects only
+the features of the tokens the target committed since the previous one (the prompt on the first
+round), runs the block at positions ``anchor_position + 0..K`` and reads the drafts; the block's own
+K/V are never stored, so nothing has to be cropped. Finished rows leave the cache (``select``).
+
+Options (``DFlashOptions``):
+- ``model``: embedded name, directory or Hub id of an official DFlash checkpoint (``load_dflash``),
+  or pass a loaded ``DFlashDrafter`` as ``model=`` (like ``dlm``'s ``model=``).
+- ``dtype``: "float32" / "bfloat16" / "float16" / "auto"; None keeps the checkpoint's (a given
+  ``DFlashDrafter`` is cast in place). The drafter's dtype may differ from the target's.
+- ``device``: where the weights are loaded (None: CPU); at each call the drafter is moved (in place)
+  to the target's device, since it reads the target's hidden states, embedding and head.
+- ``sample``: at T > 0, True (default, as the reference ``dflash_generate`` 0.1.0 does) draws each
+  drafted token from the draft logits warped like the target's (temperature, top-k, top-p) and
+  returns those distributions, so verification accepts with min(1, p/q). False drafts the arg-max
+  (one-hot drafts are exact too: verification accepts them with the target's p(d)).
+
+The default block size of a call is the checkpoint's trained ``block_size``; a larger one is refused
+(the drafter never saw those positions), a smaller one runs (the reference shortens the last block
+the same way). No host syncs in ``propose``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
+from dllm.drafters.dflash_cache import DraftKVCache
+from dllm.drafters.dflash_io import load_dflash
+from dllm.drafters.dflash_model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
+from dllm.drafters.verify import sample_categorical, target_probs
+from dllm.models.loading import resolve_device, resolve_dtype
+from dllm.options import check_bool
+
+
+@dataclass(frozen=True)
+class DFlashOptions:
+    model: Optional[str] = None  # embedded name / directory / Hub id for load_dflash (or pass model=<DFlashDrafter>)
+    dtype: Optional[str] = None  # "float32", "bfloat16", "float16", "auto"; None = the checkpoint's
+    device: Optional[str] = None  # load device (None: CPU); calls move the drafter to the target's device
+    sample: bool = True  # T > 0: draw drafts from the warped draft distribution (else arg-max drafts)
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"model must be a DFlash checkpoint name or path (or pass a DFlashDrafter as "
+                             f"model=...), got {self.model!r}")
+        if self.dtype is not None:
+            resolve_dtype(self.dtype, {}, None)  # ValueError naming the valid dtypes
+        resolve_device(self.device)  # ValueError naming the available devices
+        check_bool("sample", self.sample)
+
+
+def _param(model: nn.Module) -> torch.Tensor:
+    return next(model.parameters())
+
+
+@register_drafter("dflash")
+class DFlashBlockDrafter(Drafter):
+    """DFlash: a block drafter conditioned on the target's hidden states (arXiv 2602.06036)."""
+
+    Config = DFlashOptions
+
+    def __init__(self, config: Optional[DFlashOptions] = None, *, model: Any = None, **options: Any) -> None:
+        if isinstance(model, (str, Path)):
+            options["model"] = str(model)
+            model = None
+        super().__init__(config, **options)
+        cfg = self.config
+        if model is None:
+            if cfg.model is None:
+                raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
+                                 "name/path (dflash:model=/path/to/checkpoint)")
+            model = load_dflash(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        elif not isinstance(model, DFlashDrafter):
+            raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
+                            f"load_dflash / random_dflash), got {type(model).__name__}")
+        else:
+            if cfg.dtype not in (None, "auto"):
+                model.to(dtype=resolve_dtype(cfg.dtype, {}, None))
+            if cfg.device is not None:
+                model.to(device=resolve_device(cfg.device))
+        self.model: DFlashDrafter = model.eval()
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        return tuple(self.model.target_layer_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.model.block_size)
+
+    def check_target(self, info: TargetInfo) -> None:
+        super().check_target(info)
+        c = self.model.config
+        if c.hidden_size != info.hidden_size:
+            raise ValueError(f"the dflash drafter has hidden size {c.hidden_size} but the target's is "
+                             f"{info.hidden_size}; a DFlash drafter reads the target's hidden states, embedding "
+                             f"and LM head, so it must be trained for this target")
+        if c.mask_token_id >= info.vocab_size:
+            raise ValueError(f"the dflash drafter's mask_token_id {c.mask_token_id} is not a token of the "
+                             f"target's {info.vocab_size}-token vocabulary")
+
+    def begin(self, setup: DraftSetup) -> DraftSession:
+        if setup.block_size > self.block_size:
+            raise ValueError(f"block_size {setup.block_size} exceeds the dflash drafter's trained block size "
+                             f"{self.block_size}; use block_size <= {self.block_size}")
+        if _param(self.model).device != torch.device(setup.device):
+            self.model.to(setup.device)
+        return DFlashSession(self, setup)
+
+
+class DFlashSession(DraftSession):
+    """One call's drafter state: the context K/V cache and the target's embedding and head."""
+
+    def __init__(self, drafter: DFlashBlockDrafter, setup: DraftSetup) -> None:
+        super().__init__(drafter, setup)
+        self.model = drafter.model
+        self.sample = drafter.config.sample
+        self.cache = DraftKVCache(self.model.config.num_layers)
+        self.embed = target_embedding(setup.target)  # [V, D], read raw
+        head = target_head(setup.target)
+        head_dtype = _param(head).dtype
+        self.head: Union[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = head
+        if head_dtype != _param(self.model).dtype:  # e.g. a float32 drafter for a bfloat16 target
+            self.head = lambda h: head(h.to(head_dtype))
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        if ctx.hidden is None:
+            raise RuntimeError("the dflash drafter got no target hidden states; the loop must tap the target "
+                               f"layers {list(self.model.target_layer_ids)} (Drafter.target_layers)")
+        k = ctx.num_draft
+        block = make_block(ctx.anchor, k + 1, self.model.mask_token_id)  # [R, K+1] = [anchor, MASK x K]
+        positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
+        # features ctx.hidden [R, N, L*D] of the tokens committed since the last propose, mask / positions [R, N]
+        out = draft_block(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
+                          lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
+                          feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
+                          block_positions=positions)  # out.tokens [R, K], out.logits [R, K, V]
+        if ctx.params.greedy or not self.sample:
+            return Draft(tokens=out.tokens)  # [R, K] arg-max, one-hot
+        q = target_probs(out.logits, ctx.params)  # [R, K, V] the draft logits warped like the target's
+        return Draft(tokens=sample_categorical(q, ctx.generator), probs=q)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.select(keep)
+
+
+__all__ = ["DFlashBlockDrafter", "DFlashOptions", "DFlashSession"]
