@@ -1,7 +1,9 @@
 """dllm: fast decoding for masked diffusion language models.
 
 Public API (imported lazily so ``import dllm`` stays cheap):
-``load``, ``generate``, ``list_samplers``, ``list_caches``, ``GenerationOutput``.
+``load``, ``generate``, ``list_samplers``, ``list_caches``, ``GenerationOutput``; speculative decoding of
+autoregressive targets: ``speculative_generate``, ``load_target``, ``make_drafter``, ``list_drafters``,
+``SpeculativeOutput``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ _LAZY = {
     "list_samplers": ("dllm.samplers", "list_samplers"),
     "list_caches": ("dllm.cache", "list_caches"),
     "GenerationOutput": ("dllm.state", "GenerationOutput"),
+    "speculative_generate": ("dllm.drafters.loop", "speculative_generate"),
+    "load_target": ("dllm.drafters.loading", "load_target"),
+    "make_drafter": ("dllm.drafters.base", "make_drafter"),
+    "list_drafters": ("dllm.drafters.base", "list_drafters"),
+    "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),
 }
 
 

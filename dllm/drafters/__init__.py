@@ -1,0 +1,51 @@
+"""Lossless speculative decoding for autoregressive transformers targets, drafted by registered drafters.
+
+>>> from dllm.drafters import load_target, speculative_generate, list_drafters
+>>> target, tok = load_target("Qwen/Qwen3-0.6B")
+>>> out = speculative_generate(target, "ngram:max_ngram=3", "Once upon a time", max_new_tokens=64, tokenizer=tok)
+>>> out.texts[0], out.tau, out.summary()
+
+The names below resolve lazily (importing ``dllm.drafters`` loads nothing; each name imports its
+own module on first use), so a submodule may import any other without cycles through this file.
+The verification rules are ``greedy_verify`` / ``speculative_verify``; the dispatching ``verify``
+function stays in ``dllm.drafters.verify`` (that name is the submodule here).
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "speculative_generate": ("dllm.drafters.loop", "speculative_generate"),
+    "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),
+    "make_drafter": ("dllm.drafters.base", "make_drafter"),
+    "list_drafters": ("dllm.drafters.base", "list_drafters"),
+    "register_drafter": ("dllm.drafters.base", "register_drafter"),
+    "Drafter": ("dllm.drafters.base", "Drafter"),
+    "Draft": ("dllm.drafters.base", "Draft"),
+    "DraftContext": ("dllm.drafters.base", "DraftContext"),
+    "DraftSession": ("dllm.drafters.base", "DraftSession"),
+    "DraftSetup": ("dllm.drafters.base", "DraftSetup"),
+    "TargetInfo": ("dllm.drafters.base", "TargetInfo"),
+    "SamplingParams": ("dllm.drafters.verify", "SamplingParams"),
+    "greedy_verify": ("dllm.drafters.verify", "greedy_verify"),
+    "speculative_verify": ("dllm.drafters.verify", "speculative_verify"),
+    "load_target": ("dllm.drafters.loading", "load_target"),
+    "resolve_target": ("dllm.drafters.loading", "resolve_target"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value  # resolved once
+        return value
+    raise AttributeError(f"module 'dllm.drafters' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,166 @@
+"""``load_target``: the autoregressive target of speculative decoding, by name or path.
+
+A target is any transformers causal LM (``AutoModelForCausalLM``). ``load_target`` finds it the way
+``dllm.models.load`` finds a diffusion model -- an embedded name (``dllm/models/embedded/<name>/``),
+a local directory holding ``config.json``, else a Hugging Face Hub id, handed to transformers'
+``from_pretrained`` as it is -- checks from ``config.json`` alone that it IS a causal LM (a dllm
+diffusion checkpoint or a DFlash drafter directory is refused, naming its architectures and what
+would load it), then loads the weights and the tokenizer shipped beside them. Remote code is never
+run (``trust_remote_code=False``), so a model whose class lives only in its repository's code is
+refused by transformers rather than executed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from dllm.models.families import MODEL_TYPES as DIFFUSION_MODEL_TYPES
+from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
+                                 resolve_device, resolve_dtype)
+from dllm.models.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
+
+PathLike = Union[str, Path]
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    """Where a target comes from, found and checked without loading any weight."""
+
+    source: str  # what from_pretrained gets: a local directory or a Hub id
+    directory: Optional[Path]  # the local directory (None for a Hub id)
+    config: dict[str, Any]  # config.json as a dict
+
+
+def _causal_lm_classes() -> tuple[dict[str, Any], set[str]]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as mapping
+
+    names: set[str] = set()
+    for value in mapping.values():
+        names.update([value] if isinstance(value, str) else value)
+    return dict(mapping), names
+
+
+def _is_causal_arch(name: Any, known: set[str]) -> bool:
+    return isinstance(name, str) and (name in known or name.endswith(("ForCausalLM", "LMHeadModel")))
+
+
+def check_causal_lm_config(hf: dict[str, Any], source: str) -> None:
+    """ValueError unless ``hf`` (a config.json dict) describes a transformers causal LM: a
+    ``model_type`` that ``AutoModelForCausalLM`` maps and, when ``architectures`` is given, a
+    causal-LM class among them. The message names what was found and, for a dllm diffusion model
+    or a DFlash drafter, how to use that directory instead (as a drafter)."""
+    model_type = hf.get("model_type")
+    archs = hf.get("architectures")
+    mapping, known = _causal_lm_classes()
+    ok_type = isinstance(model_type, str) and model_type in mapping
+    ok_arch = archs is None or (isinstance(archs, list) and any(_is_causal_arch(a, known) for a in archs))
+    if ok_type and ok_arch:
+        return
+    found = f"architectures {archs!r}, model_type {model_type!r}"
+    if hf.get("dflash_config") is not None or any("DFlash" in str(a) for a in (archs or [])):
+        hint = (" It is a DFlash drafter checkpoint; use it as the drafter (--drafter dflash:model=DIR, "
+                "drafter='dflash:model=DIR') and pass the model it was trained for as the target.")
+    elif model_type in DIFFUSION_MODEL_TYPES:
+        hint = (" It is a dllm diffusion model; a diffusion model can draft instead (--drafter dlm:model=NAME, "
+                "drafter='dlm:model=NAME').")
+    else:
+        hint = ""
+    raise ValueError(
+        f"{source} is not a transformers causal LM ({found}); the target must be an autoregressive model that "
+        f"AutoModelForCausalLM loads: a model_type it knows (e.g. qwen3, qwen2, llama) and architectures naming "
+        f"a causal-LM class (e.g. ['Qwen3ForCausalLM']).{hint}"
+    )
+
+
+def resolve_target(name_or_path: PathLike) -> TargetSource:
+    """Find a target and check its config.json, without loading weights (cheap: the command line
+    calls it before building the drafter). An existing path or an embedded name goes through
+    ``dllm.models.loading.locate`` (same errors); anything else that reads as a Hub id is handed to
+    transformers as it is. ``ModelNotFoundError`` when nothing provides it; ValueError when what is
+    found is not a causal LM."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.exists() or name in embedded_names() or not _looks_like_hub_id(name):
+        directory = locate(name)  # ModelNotFoundError: file / no config.json / nothing by that name
+        hf = read_config(directory)
+        check_causal_lm_config(hf, repr(str(directory)))
+        return TargetSource(str(directory), directory, hf)
+    from transformers import PretrainedConfig
+
+    try:
+        hf, _ = PretrainedConfig.get_config_dict(name)
+    except (OSError, ValueError) as err:  # offline cache miss, unknown repo, gated repo, no config.json
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ModelNotFoundError(
+            f"cannot load target {name!r}: no such local path, not an embedded model, and the Hugging Face Hub "
+            f"could not provide its config.json ({first}). Embedded models: {', '.join(embedded_names()) or '(none)'}"
+        ) from None
+    check_causal_lm_config(hf, f"Hub model {name!r}")
+    return TargetSource(name, None, hf)
+
+
+def _dtype_keyword() -> str:
+    """``from_pretrained``'s dtype keyword: ``dtype`` since transformers 4.56, ``torch_dtype`` before."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__.split("+")[0]) >= Version("4.56") else "torch_dtype"
+
+
+def _load_tokenizer(found: TargetSource) -> Any:
+    if found.directory is not None:
+        return load_tokenizer(found.directory, family="") if has_tokenizer_files(found.directory) else None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(found.source, trust_remote_code=False)
+    except (OSError, ValueError):  # no tokenizer in the repo, or only a remote-code one
+        return None
+
+
+def load_target(
+    name_or_path: Union[PathLike, TargetSource],
+    *,
+    dtype: Union[torch.dtype, str, None] = None,
+    device: Union[str, torch.device, None] = None,
+) -> tuple[Any, Any]:
+    """Load a transformers causal LM to serve as the target of ``speculative_generate``.
+
+    name_or_path: an embedded name (``dllm/models/embedded/<name>/``), a local directory with
+    config.json, or a Hub id (passed to ``from_pretrained``); or a ``resolve_target`` result.
+    dtype: a floating torch dtype or name ("float32", "bfloat16", ...; None / "auto": the
+    config's dtype, else float32). device: one device (ValueError listing those that exist).
+
+    Returns ``(model, tokenizer)``: the model in eval mode, and the tokenizer shipped with it
+    (``AutoTokenizer``, else ``PreTrainedTokenizerFast`` from tokenizer.json), or None when there is
+    none. Errors: ``ModelNotFoundError`` (an ``OSError``) when nothing is found; ValueError when the
+    config is not a causal LM (a dllm diffusion model, a DFlash drafter), when weights are missing
+    from the checkpoint, or when the tokenizer has more tokens than the model's embedding rows.
+    """
+    device = resolve_device(device)
+    found = name_or_path if isinstance(name_or_path, TargetSource) else resolve_target(name_or_path)
+    want = resolve_dtype(dtype, found.config, None)
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want})
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise ValueError(f"target {found.source!r}: the checkpoint lacks {len(missing)} weight(s) of "
+                         f"{type(model).__name__} ({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); "
+                         f"they would be random. Is it a base model without its LM head?")
+    tokenizer = _load_tokenizer(found)
+    rows = model.get_input_embeddings().weight.shape[0]
+    if tokenizer is not None and tokenizer_size(tokenizer) > rows:
+        raise ValueError(f"tokenizer/model vocabulary mismatch in {found.source!r}: the tokenizer has "
+                         f"{tokenizer_size(tokenizer)} tokens but the model's embedding has {rows} rows")
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tokenizer
+
+
+__all__ = ["TargetSource", "check_causal_lm_config", "load_target", "resolve_target"]
