@@ -382,11 +382,25 @@ def build_parser() -> argparse.ArgumentParser:
     kk.add_argument("--repeats", type=POSITIVE, default=5)
     kk.add_argument("--json", default=None)
     kk.set_defaults(func=cmd_bench_kernels)
+    ks = bsub.add_parser("spec", add_help=False, help="speculative decoding of an AR target: drafters vs "
+                                                      "target.generate, assisted generation, prompt lookup")
+    ks.add_argument("rest", nargs=argparse.REMAINDER)  # flags: dllm/eval/bench_spec.py (--help there)
+    ks.set_defaults(func=cmd_bench_spec)
     return parser
+
+
+def cmd_bench_spec(args) -> int:
+    from dllm.eval.bench_spec import main as bench_spec
+
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    return bench_spec(rest)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "spec"]:  # its own flags (--help included) go to dllm/eval/bench_spec.py
+        argv = ["bench", "spec", "--", *argv[2:]]
     args = parser.parse_args(argv)
     try:
         return args.func(args)

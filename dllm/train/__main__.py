@@ -3,6 +3,8 @@
 Examples::
 
     python -m dllm.train --recipe tiny-llada                      # the full reference run
+    python -m dllm.train --recipe tiny-ar --threads 2             # the AR target (dllm/train/ar.py)
+    python -m dllm.train --recipe tiny-ar-dflash --target runs/tiny-ar/final   # its DFlash drafter
     python -m dllm.train --recipe tiny-dream --threads 2 --resume  # continue from the newest checkpoint
     mkdir -p runs && nohup python -m dllm.train --recipe tiny-llada --threads 1 --resume \\
         --no-progress >> runs/tiny-llada.out 2>&1 &                # in the background
@@ -26,11 +28,15 @@ from dllm.train.data import MixtureConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dllm.train.ar import ar_recipes
+    from dllm.train.dflash_train import dflash_recipes
     from dllm.train.recipes import recipes
 
     ap = argparse.ArgumentParser(prog="python -m dllm.train", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", required=True, choices=recipes.names(), help="the recipe to train")
+    names = [*recipes.names(), *ar_recipes.names(), *dflash_recipes.names()]
+    ap.add_argument("--recipe", required=True, choices=names, help="the recipe to train")
+    ap.add_argument("--target", default=None, help="DFlash recipes: the AR target (embedded name or directory)")
     ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
     ap.add_argument("--steps", type=int, default=None, help="total steps = schedule horizon")
     ap.add_argument("--stop-at", type=int, default=None, help="stop after this step (schedule unchanged)")
@@ -55,10 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dllm.train.recipes import get_recipe
+    from dllm.train.recipes import get_recipe, recipes
     from dllm.train.trainer import Trainer
 
     args = build_parser().parse_args(argv)
+    if args.recipe not in recipes:  # the AR / DFlash recipes of speculative decoding
+        return _speculative_recipe(args)
     recipe = get_recipe(args.recipe)
     model = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
              "n_kv_heads": args.n_kv_heads, "mlp_hidden": args.mlp_hidden}
@@ -83,6 +91,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
     last = trainer.train(stop_at=args.stop_at)
     print(json.dumps({"out": out, "step": trainer.step, "best_mean_c0": trainer.best, **last}))
+    return 0
+
+
+def _speculative_recipe(args: argparse.Namespace) -> int:
+    """The AR target / AR draft / DFlash drafter recipes (``dllm/train/ar.py``, ``dflash_train.py``)."""
+    from dllm.train.ar import ar_recipes, train_ar
+    from dllm.train.dflash_train import dflash_recipes, train_dflash
+
+    out = args.out or f"runs/{args.recipe}"
+    common = {"steps": args.steps, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+              "warmup": args.warmup}
+    if args.recipe in ar_recipes:
+        recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every)
+        last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress, stop_at=args.stop_at)
+    else:
+        recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
+        last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+    print(json.dumps({"out": out, **last}))
     return 0
 
 

@@ -1,0 +1,230 @@
+"""Autoregressive targets for speculative decoding: ``python -m dllm.train --recipe tiny-ar``.
+
+The target of a diffusion drafter is an ordinary causal LM, so these recipes train transformers'
+own ``Qwen3ForCausalLM`` (saved with ``save_pretrained``: ``config.json`` +
+``model.safetensors`` + ``generation_config.json``, plus the task tokenizer as
+``tokenizer.json``), loadable offline with ``AutoModelForCausalLM.from_pretrained``.
+
+Data: the stress-task mixture of ``dllm.train.data`` (``TaskMixture``: right-padded rows
+``[BOS] task args [SEP] answer [EOS]``, test-split prompts held out): ``AR_MIXTURE``, the
+long-answer suite plus the short copy / reverse tasks.
+Objective: next-token cross-entropy on the answer tokens and the first EOS (SFT: the prompt is
+given, not learned; the EOS padding after the first EOS is dropped, an AR model stops there).
+
+Recipes (``AR_RECIPES``):
+- ``tiny-ar``: the target, Qwen3 d 128, 4 layers, 4 query / 2 KV heads of 32, SwiGLU 384.
+- ``tiny-ar-draft``: a 1-layer model of the same width for transformers' assisted generation
+  (``assistant_model=``), trained the same way: the small AR draft model the diffusion drafter is
+  compared against.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from dllm import tasks as T
+from dllm.models.task_tokenizer import task_tokenizer
+from dllm.registry import Registry
+from dllm.tasks.vocab import BOS, EOS, PAD, word_id
+from dllm.train.data import Batch, MixtureConfig, TaskMixture
+from dllm.train.schedule import lr_factor
+
+LONG_MIXTURE = MixtureConfig(tasks=T.suite_task_names(T.SUITES[1]))
+# the AR recipes: the long-answer suite and the short PB-mini copy / reverse
+# tasks (distinct items: the next item follows the current one in the prompt, which teaches the
+# copying heads early; the long lists repeat letters and need more context to find their place)
+SHORT_COPY_TASKS = ("copy", "reverse", "copy_2tok", "reverse_2tok")
+AR_MIXTURE = MixtureConfig(tasks=LONG_MIXTURE.tasks + SHORT_COPY_TASKS)  # uniform: 3/7 long rows
+
+
+@dataclass(frozen=True)
+class ARRecipe:
+    """A Qwen3 causal LM over the task vocabulary and how to train it."""
+
+    name: str
+    model: dict[str, Any]  # transformers.Qwen3Config fields
+    steps: int = 6000
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    embed_std: float = 1.0  # init std of the input embedding (the rest: Qwen3's N(0, 0.02))
+    log_every: int = 25
+    eval_every: int = 1000
+    eval_per_size: int = 8
+    mixture: MixtureConfig = field(default_factory=lambda: AR_MIXTURE)
+    description: str = ""
+
+    def with_overrides(self, **kw: Any) -> "ARRecipe":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+_QWEN3 = dict(vocab_size=88, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rope_theta=10000.0,
+              rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.02)
+
+ar_recipes: Registry[ARRecipe] = Registry("recipe")
+ar_recipes.add("tiny-ar", ARRecipe("tiny-ar", dict(_QWEN3, num_hidden_layers=4),
+                                   description="Qwen3-format 0.8M AR target on the long-answer suite"),
+               description="Qwen3-format AR target (4 layers) on the long-answer suite")
+ar_recipes.add("tiny-ar-draft", ARRecipe("tiny-ar-draft", dict(_QWEN3, num_hidden_layers=1), steps=3000,
+                                         description="1-layer Qwen3 AR draft model for assisted generation"),
+               description="1-layer Qwen3 AR draft model (assisted generation baseline)")
+
+
+def hf_tokenizer():
+    """The task tokenizer as a transformers tokenizer (all words, long-answer tokens included)."""
+    return task_tokenizer()
+
+
+def build_ar_model(recipe: ARRecipe):
+    """A freshly initialised float32 ``Qwen3ForCausalLM`` with the task vocabulary's special ids."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if recipe.model["vocab_size"] < len(T.vocabulary()):
+        raise ValueError(f"recipe {recipe.name!r}: vocab_size {recipe.model['vocab_size']} < the task "
+                         f"vocabulary's {len(T.vocabulary())} words")
+    config = Qwen3Config(**recipe.model, bos_token_id=word_id(BOS), eos_token_id=word_id(EOS),
+                         pad_token_id=word_id(PAD))
+    torch.manual_seed(recipe.seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():  # a unit-scale input embedding (torch's nn.Embedding default), not 0.02:
+        # at d 128 a 0.02 embedding drowns in the residual stream and copying never starts
+        # (the lesson of the diffusion recipes, ``dllm.train.recipes.init_for_training``)
+        model.model.embed_tokens.weight.normal_(0.0, recipe.embed_std)
+    model.generation_config.pad_token_id = word_id(PAD)
+    model.generation_config.eos_token_id = word_id(EOS)
+    model.generation_config.bos_token_id = word_id(BOS)
+    return model.float()
+
+
+def answer_targets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels [B, L-1], weight [B, L-1]): position t predicts token t+1, counted when that token is
+    in the answer up to and including the first EOS."""
+    eos = word_id(EOS)
+    labels = batch.input_ids[:, 1:]  # [B, L-1]
+    answer = batch.answer_mask[:, 1:]
+    # EOS tokens before this one in the answer region: 0 up to and including the first EOS
+    is_eos = (labels == eos) & answer
+    before = is_eos.long().cumsum(dim=1) - is_eos.long()
+    keep = answer & (before == 0)
+    return labels, keep.float()
+
+
+def ar_loss(model, batch: Batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over the answer tokens (first EOS included)."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.key_padding_mask.long())
+    labels, weight = answer_targets(batch)
+    logits = out.logits[:, :-1].float()  # [B, L-1, V]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return (nll * weight.reshape(-1)).sum() / weight.sum().clamp_min(1.0)
+
+
+@torch.no_grad()
+def greedy_answers(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch_size: int = 64) -> list[list[int]]:
+    """The model's greedy continuation of each prompt (cut after the first EOS), batched with left
+    padding through ``model.generate``."""
+    pad, eos = word_id(PAD), word_id(EOS)
+    out: list[list[int]] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk])
+        mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long()
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad, eos_token_id=eos)[:, width:].tolist()
+        for row in gen:
+            out.append(row[:row.index(eos) + 1] if eos in row else row)
+    return out
+
+
+def exact_match(model, examples: Sequence[T.Example]) -> dict[str, float]:
+    """Greedy exact match per task (the answer, then EOS) and the mean."""
+    vocab = task_tokenizer().get_vocab()
+    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
+    longest = max(T.answer_length(ex.task, ex.size) for ex in examples)
+    answers = greedy_answers(model, prompts, longest)
+    words = {i: w for w, i in vocab.items()}
+    hits: dict[str, list[bool]] = {}
+    for ex, ans in zip(examples, answers):
+        region = [words.get(t, PAD) for t in ans]
+        region += [EOS] * max(0, T.answer_length(ex.task, ex.size) - len(region))
+        hits.setdefault(ex.task, []).append(T.score(ex, region))
+    table = {k: sum(v) / len(v) for k, v in sorted(hits.items())}
+    table["mean"] = sum(table.values()) / len(table)
+    return table
+
+
+def save_ar(model, directory: Union[str, Path], extra: Optional[dict] = None) -> Path:
+    """``save_pretrained`` + the task tokenizer + ``training.json`` (recipe and evaluation)."""
+    directory = Path(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    hf_tokenizer().save_pretrained(directory)
+    if extra is not None:
+        (directory / "training.json").write_text(json.dumps(extra, indent=2, sort_keys=True, default=str) + "\n")
+    return directory
+
+
+def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
+             stop_at: Optional[int] = None) -> dict[str, Any]:
+    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/``); returns the last evaluation."""
+    from tqdm.auto import tqdm
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_ar_model(recipe).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+        s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
+    mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
+    examples = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_per_size)]
+    log = (out / "log.jsonl").open("a")
+    last: dict[str, Any] = {}
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    end = recipe.steps if stop_at is None else min(stop_at, recipe.steps)
+    for step in tqdm(range(end), disable=not progress, desc=recipe.name):
+        loss = ar_loss(model, mix.batch(step, recipe.batch_size))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        done = step + 1
+        if done % recipe.log_every == 0:
+            rec = {"step": done, "loss": sum(losses) / len(losses), "lr": sched.get_last_lr()[0],
+                   "elapsed_s": round(time.perf_counter() - t0, 1)}
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            losses.clear()
+        if (recipe.eval_every and done % recipe.eval_every == 0) or done == end:
+            model.eval()
+            last = {"step": done, "eval": exact_match(model, examples)}
+            model.train()
+            log.write(json.dumps(last) + "\n")
+            log.flush()
+    model.eval()
+    save_ar(model, out / "final", {"recipe": asdict(recipe), "evaluation": last,
+                                   "train_seconds": round(time.perf_counter() - t0, 1)})
+    return last
+
+
+__all__ = ["ARRecipe", "ar_loss", "ar_recipes", "answer_targets", "build_ar_model", "exact_match",
+           "greedy_answers", "save_ar", "train_ar"]

@@ -1,0 +1,231 @@
+"""Train a DFlash drafter for an AR target: ``python -m dllm.train --recipe tiny-ar-dflash``.
+
+The recipe of DFlash (arXiv 2602.06036, section 4 and appendix A; the SpecForge trainer
+``specforge/core/dflash.py`` follows it), at toy scale:
+
+1. Target-regenerated data: prompts from the stress-task mixture (test split held out), answers
+   the target's own greedy continuations (``greedy_answers``), so the drafter learns what the
+   target will say, not what the data says.
+2. Random anchors: per sequence, ``anchors`` positions drawn without replacement from the answer
+   (positions >= the prompt length: the first anchor at decode time is the prefill's token), so
+   the blocks ``[x_a, MASK x (B-1)]`` with labels ``x_{a+1..a+B-1}`` cover every offset.
+3. One forward for all blocks of a batch: the target's tapped hidden states of the whole sequence
+   are the context; block j sees context positions strictly before its anchor and its own block
+   (bidirectionally), nothing of other blocks; block positions ``a + 0..B-1``.
+4. Position-decayed loss: cross-entropy on block positions k = 1..B-1 weighted by
+   ``exp(-(k-1)/gamma)`` (gamma 7 at B = 16), labels past the sequence end dropped; weighted mean.
+
+The target is frozen (its embedding and LM head are the drafter's, read raw). The drafter is saved
+in the official z-lab format (``save_dflash``). Evaluation: teacher-forced acceptance on held-out
+regenerated examples, tau = 1 + the mean accepted prefix of a block (what greedy verification
+accepts, since the held-out answers are the target's own greedy output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from dllm import tasks as T
+from dllm.drafters.dflash_io import random_dflash, save_dflash
+from dllm.drafters.dflash_model import DFlashDrafter, extract_context_feature, target_embedding, target_head
+from dllm.registry import Registry
+from dllm.tasks.vocab import EOS, MASK, PAD, word_id
+from dllm.train.ar import LONG_MIXTURE, greedy_answers, hf_tokenizer
+from dllm.train.data import MixtureConfig, TaskMixture
+from dllm.train.schedule import lr_factor
+
+
+@dataclass(frozen=True)
+class DFlashRecipe:
+    name: str
+    target: str = "tiny-ar"  # embedded name or directory of the (trained) AR target
+    num_layers: int = 2  # draft layers (hidden sizes copy the target's)
+    block_size: int = 16
+    steps: int = 1200
+    batch_size: int = 16
+    anchors: int = 6  # random anchors (blocks) per sequence
+    gamma: float = 7.0  # loss weight exp(-(k-1)/gamma) at block position k
+    lr: float = 3e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    pool: int = 2048  # target-regenerated training sequences (drawn once, then epochs over them)
+    eval_examples: int = 4  # held-out test instances per default size of each task
+    log_every: int = 25
+    seed: int = 0
+    mixture: MixtureConfig = field(default_factory=lambda: LONG_MIXTURE)
+    description: str = ""
+
+    def with_overrides(self, **kw: Any) -> "DFlashRecipe":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+dflash_recipes: Registry[DFlashRecipe] = Registry("recipe")
+dflash_recipes.add("tiny-ar-dflash", DFlashRecipe("tiny-ar-dflash", description=(
+    "2-layer DFlash drafter (block 16) for tiny-ar, target-regenerated long-answer data")),
+    description="DFlash drafter (2 layers, block 16) for tiny-ar")
+
+
+def regenerate(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """prompt + the target's greedy answer (up to its first EOS) per prompt."""
+    answers = greedy_answers(target, prompts, max_new_tokens)
+    return [list(p) + a for p, a in zip(prompts, answers)]
+
+
+def pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, L] and lengths [B]."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), word_id(PAD), dtype=torch.long)
+    for j, r in enumerate(rows):
+        ids[j, :len(r)] = torch.tensor(r)
+    return ids, torch.tensor([len(r) for r in rows])
+
+
+def sample_anchors(prompt_lens: torch.Tensor, lengths: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, count] sorted anchor positions, without replacement, in [prompt_len, length - 2] per row
+    (an anchor needs at least one label after it)."""
+    rows = []
+    for lp, n in zip(prompt_lens.tolist(), lengths.tolist()):
+        span = max(n - 1 - lp, 1)
+        pick = torch.randperm(span, generator=gen)[:count] + lp
+        if pick.numel() < count:  # short answers: repeat anchors (their blocks are simply re-weighted)
+            pick = pick[torch.arange(count) % pick.numel()]
+        rows.append(pick.sort().values)
+    return torch.stack(rows)
+
+
+def block_layout(anchors: torch.Tensor, context: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block positions [B, A*block], attention mask [B, 1, A*block, context + A*block]) of the
+    training layout: block j sees context positions < anchor_j and its own block only."""
+    b, a = anchors.shape
+    offsets = torch.arange(block)
+    positions = (anchors[:, :, None] + offsets).reshape(b, a * block)  # [B, A*block]
+    owner = torch.arange(a * block) // block  # [A*block]
+    q_anchor = anchors[:, owner]  # [B, A*block]
+    sees_ctx = torch.arange(context)[None, None, :] < q_anchor[:, :, None]  # [B, A*block, context]
+    sees_block = (owner[:, None] == owner[None, :]).expand(b, -1, -1)  # [B, A*block, A*block]
+    return positions, torch.cat([sees_ctx, sees_block], dim=2)[:, None]
+
+
+def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
+               gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch."""
+    block = drafter.block_size
+    b, length = ids.shape
+    with torch.no_grad():
+        real = torch.arange(length)[None] < lengths[:, None]  # [B, L]
+        out = target(input_ids=ids, attention_mask=real.long(), output_hidden_states=True)
+        features = extract_context_feature(out.hidden_states, drafter.target_layer_ids)  # [B, L, taps*D]
+    positions, mask = block_layout(anchors, length, block)
+    block_ids = torch.full_like(positions, drafter.mask_token_id)
+    block_ids[:, ::block] = ids.gather(1, anchors)  # [B, A*block]: anchors at block position 0
+    embeds = F.embedding(block_ids, target_embedding(target))
+    hidden = drafter(embeds, features, feature_positions=torch.arange(length)[None].expand(b, -1),
+                     block_positions=positions, attn_mask=mask)  # [B, A*block, D]
+    a = anchors.shape[1]
+    hidden = hidden.reshape(b, a, block, -1)[:, :, 1:]  # [B, A, block-1, D]
+    logits = drafter.compute_logits(hidden, target_head(target)).float()  # [B, A, block-1, V]
+    label_pos = anchors[:, :, None] + torch.arange(1, block)  # [B, A, block-1]
+    valid = label_pos < lengths[:, None, None]
+    labels = ids.gather(1, label_pos.clamp_max(length - 1).reshape(b, -1)).reshape(label_pos.shape)
+    weight = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / gamma) * valid  # [B, A, block-1]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    loss = (nll * weight.reshape(-1)).sum() / weight.sum()
+    hit = ((logits.argmax(-1) == labels) & valid).long().cumprod(dim=-1)  # accepted prefix (greedy)
+    return loss, hit.sum(dim=-1)
+
+
+def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list[int]) -> dict[str, float]:
+    """Mean 1 + accepted prefix over blocks anchored at every answer position of held-out rows."""
+    ids, lengths = pad_rows(rows)
+    lp = torch.tensor(prompt_lens)
+    accepted, blocks = 0.0, 0
+    with torch.no_grad():
+        for j in range(len(rows)):
+            n = int(lengths[j])
+            anchors = torch.arange(int(lp[j]), n - 1)[None]
+            _, acc = block_loss(drafter, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors, 7.0)
+            accepted += float(acc.float().sum())
+            blocks += anchors.numel()
+    return {"tau_teacher_forced": 1.0 + accepted / blocks, "blocks": blocks}
+
+
+def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
+                 target: Any = None) -> dict[str, Any]:
+    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the z-lab format)."""
+    from tqdm.auto import tqdm
+
+    from dllm.drafters.loading import load_target
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if target is None:
+        target, _ = load_target(recipe.target)
+    target = target.float().eval().requires_grad_(False)
+    drafter = random_dflash(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed).train()
+    vocab = hf_tokenizer().get_vocab()
+    mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
+    rng = mix.rng(-1)
+    examples = [mix.sample(rng) for _ in range(recipe.pool)]
+    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
+    longest = max(T.answer_length(ex.task, ex.size) for ex in examples)
+    t0 = time.perf_counter()
+    rows = regenerate(target, prompts, longest)
+    held = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_examples)]
+    held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
+    held_rows = regenerate(target, held_prompts, longest)
+    log = (out / "log.jsonl").open("a")
+    log.write(json.dumps({"event": "regenerated", "pool": len(rows), "seconds": round(time.perf_counter() - t0, 1)}) + "\n")
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=recipe.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+        s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
+    gen = torch.Generator().manual_seed(recipe.seed)
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    losses: list[float] = []
+    accepted: list[float] = []
+    for step in tqdm(range(recipe.steps), disable=not progress, desc=recipe.name):
+        start = (step * recipe.batch_size) % len(order)
+        pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
+        ids, lengths = pad_rows([rows[i] for i in pick])
+        lp = torch.tensor([len(prompts[i]) for i in pick])
+        anchors = sample_anchors(lp, lengths, recipe.anchors, gen)
+        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, recipe.clip)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        accepted.append(float(acc.float().mean()))
+        if (step + 1) % recipe.log_every == 0:
+            log.write(json.dumps({"step": step + 1, "loss": sum(losses) / len(losses),
+                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
+                                  "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
+            log.flush()
+            losses.clear()
+            accepted.clear()
+    drafter.eval()
+    result = {"step": recipe.steps, **teacher_forced_tau(drafter, target, held_rows, [len(p) for p in held_prompts])}
+    log.write(json.dumps(result) + "\n")
+    log.close()
+    final = save_dflash(drafter, out / "final")
+    (final / "training.json").write_text(json.dumps({"recipe": asdict(recipe), "evaluation": result,
+                                                     "train_seconds": round(time.perf_counter() - t0, 1)},
+                                                    indent=2, sort_keys=True, default=str) + "\n")
+    return result
+
+
+__all__ = ["DFlashRecipe", "block_layout", "block_loss", "dflash_recipes", "regenerate", "sample_anchors",
+           "teacher_forced_tau", "train_dflash"]

@@ -1,0 +1,74 @@
+"""The AR target / DFlash drafter recipes: the loss targets, the block layout, and short runs
+that save checkpoints loadable by transformers and by load_dflash."""
+
+import json
+
+import torch
+
+from dllm import tasks as T
+from dllm.drafters.dflash_io import load_dflash
+from dllm.tasks.vocab import EOS, word_id
+from dllm.train.ar import ar_recipes, answer_targets, build_ar_model, train_ar
+from dllm.train.data import Batch, collate
+from dllm.train.dflash_train import block_layout, dflash_recipes, sample_anchors, train_dflash
+
+SMALL = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16)
+
+
+def small_ar(**kw):
+    base = ar_recipes.get("tiny-ar")
+    return base.with_overrides(model=dict(base.model, **SMALL), **kw)
+
+
+def test_answer_targets_stop_after_the_first_eos():
+    ex = T.test_split("copy", 4, n=1)[0]
+    vocab = {w: i for i, w in enumerate(T.vocabulary())}
+    batch = collate([ex], vocab)
+    labels, weight = answer_targets(batch)
+    kept = labels[weight.bool()].tolist()
+    assert kept == [vocab[w] for w in ex.answer] + [word_id(EOS)]  # the answer, then one EOS
+
+
+def test_block_layout_sees_the_context_before_the_anchor_and_its_own_block():
+    anchors = torch.tensor([[5, 9]])
+    positions, mask = block_layout(anchors, context=12, block=4)
+    assert positions.tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    m = mask[0, 0]  # [8, 12 + 8]
+    assert m[0, :12].tolist() == [True] * 5 + [False] * 7  # block 0: context 0..4
+    assert m[5, :12].tolist() == [True] * 9 + [False] * 3  # block 1: context 0..8
+    assert m[:4, 12:16].all() and not m[:4, 16:].any() and m[4:, 16:].all() and not m[4:, 12:16].any()
+
+
+def test_anchors_lie_in_the_answer_and_are_distinct():
+    gen = torch.Generator().manual_seed(0)
+    a = sample_anchors(torch.tensor([10, 20]), torch.tensor([40, 30]), 6, gen)
+    assert a.shape == (2, 6)
+    assert ((a[0] >= 10) & (a[0] <= 38)).all() and ((a[1] >= 20) & (a[1] <= 28)).all()
+    assert len(set(a[0].tolist())) == 6 and (a.diff(dim=1) > 0).all()
+
+
+def test_ar_run_saves_a_transformers_checkpoint(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = small_ar(steps=3, batch_size=4, eval_every=0, eval_per_size=1, log_every=1)
+    last = train_ar(recipe, tmp_path, progress=False)
+    assert 0.0 <= last["eval"]["mean"] <= 1.0 and set(last["eval"]) >= set(T.suite_task_names("long-answer"))
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert len(losses) == 3 and all(x == x for x in losses)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "final")
+    assert model.config.eos_token_id == word_id(EOS) and tok.convert_tokens_to_ids("copy_long") == 80
+    assert model.model.embed_tokens.weight.std() > 0.5  # the unit-scale embedding init
+
+
+def test_dflash_run_saves_an_official_checkpoint_for_the_target(tmp_path):
+    target = build_ar_model(small_ar()).eval()
+    recipe = dflash_recipes.get("tiny-ar-dflash").with_overrides(
+        steps=2, pool=4, batch_size=2, eval_examples=1, log_every=1, num_layers=1, block_size=4)
+    result = train_dflash(recipe, tmp_path, target=target, progress=False)
+    assert result["tau_teacher_forced"] >= 1.0 and result["blocks"] > 0
+    drafter = load_dflash(tmp_path / "final", target=target)
+    assert drafter.block_size == 4 and drafter.mask_token_id == 1
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
