@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "drafters": 5,
     "eval": 6,
     "train": 7,
+    "cli_spec": 7.5,  # dllm spec, added to the command by cli.py
     "cli": 8,
     "": 9,  # the package root
 }
