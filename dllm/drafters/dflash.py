@@ -9,7 +9,8 @@ round), runs the block at positions ``anchor_position + 0..K`` and reads the dra
 K/V are never stored, so nothing has to be cropped. Finished rows leave the cache (``select``).
 
 Options (``DFlashOptions``):
-- ``model``: embedded name, directory or Hub id of an official DFlash checkpoint (``load_dflash``),
+- ``model``: embedded name, directory or Hub id of an official DFlash or DFlash 2 checkpoint
+  (``load_any_dflash`` picks the architecture from ``config.json``),
   or pass a loaded ``DFlashDrafter`` as ``model=`` (like ``dlm``'s ``model=``).
 - ``dtype``: "float32" / "bfloat16" / "float16" / "auto"; None keeps the checkpoint's (a given
   ``DFlashDrafter`` is cast in place). The drafter's dtype may differ from the target's.
@@ -36,7 +37,8 @@ import torch.nn as nn
 
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
 from dllm.drafters.dflash_cache import DraftKVCache
-from dllm.drafters.dflash_io import load_dflash
+from dllm.drafters.dflash2_io import load_any_dflash
+from dllm.drafters.dflash2_model import DFlash2Drafter, draft_block2
 from dllm.drafters.dflash_model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
 from dllm.drafters.verify import sample_categorical, target_probs
 from dllm.models.loading import resolve_device, resolve_dtype
@@ -80,7 +82,7 @@ class DFlashBlockDrafter(Drafter):
             if cfg.model is None:
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
-            model = load_dflash(cfg.model, dtype=cfg.dtype, device=cfg.device)
+            model = load_any_dflash(cfg.model, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")
@@ -146,6 +148,15 @@ class DFlashSession(DraftSession):
         block = make_block(ctx.anchor, k + 1, self.model.mask_token_id)  # [R, K+1] = [anchor, MASK x K]
         positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
         # features ctx.hidden [R, N, L*D] of the tokens committed since the last propose, mask / positions [R, N]
+        if isinstance(self.model, DFlash2Drafter):  # DFlash 2: the candidate selector picks a coherent path
+            greedy = ctx.params.greedy or not self.sample
+            out2 = draft_block2(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
+                                lm_head=self.head,  # type: ignore[arg-type]
+                                temperature=0.0 if greedy else ctx.params.temperature, generator=ctx.generator,
+                                feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
+                                block_positions=positions)
+            # sampled paths: the selector's distribution over its K candidates, spread to [R, K, V]
+            return Draft(tokens=out2.tokens) if greedy else Draft(tokens=out2.tokens, probs=out2.vocab_probs())
         out = draft_block(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
                           lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
                           feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,

@@ -4,6 +4,7 @@ Examples::
 
     python -m dllm.train --recipe tiny-llada                      # the full reference run
     python -m dllm.train --recipe tiny-ar --threads 2             # the AR target (dllm/train/ar.py)
+    python -m dllm.train --recipe tiny-ar --start-phase 1 --init-from runs/tiny-ar/phase-0   # its phase 2 alone
     python -m dllm.train --recipe tiny-ar-dflash --target runs/tiny-ar/final   # its DFlash drafter
     python -m dllm.train --recipe tiny-dream --threads 2 --resume  # continue from the newest checkpoint
     mkdir -p runs && nohup python -m dllm.train --recipe tiny-llada --threads 1 --resume \\
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     names = [*recipes.names(), *ar_recipes.names(), *dflash_recipes.names()]
     ap.add_argument("--recipe", required=True, choices=names, help="the recipe to train")
     ap.add_argument("--target", default=None, help="DFlash recipes: the AR target (embedded name or directory)")
+    ap.add_argument("--start-phase", type=int, default=0, help="AR recipes: skip the phases before this one")
+    ap.add_argument("--init-from", default=None, help="AR recipes: weights to start from (OUT/phase-N)")
     ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
     ap.add_argument("--steps", type=int, default=None, help="total steps = schedule horizon")
     ap.add_argument("--stop-at", type=int, default=None, help="stop after this step (schedule unchanged)")
@@ -104,7 +107,8 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
               "warmup": args.warmup}
     if args.recipe in ar_recipes:
         recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every)
-        last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress, stop_at=args.stop_at)
+        last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress, stop_at=args.stop_at,
+                        start_phase=args.start_phase, init_from=args.init_from)
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
         last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
