@@ -48,13 +48,16 @@ class DFlashRecipe:
     name: str
     target: str = "tiny-ar"  # embedded name or directory of the (trained) AR target
     num_layers: int = 2  # draft layers (hidden sizes copy the target's)
+    # tapped target layers: DFlash's spacing rule gives (1, 1) for 4 target layers and 2 draft layers
+    # (it starts at layer 1 and ends 3 before the last); the middle and the last layer carry more
+    target_layer_ids: Optional[tuple[int, ...]] = (1, 3)
     block_size: int = 16
-    steps: int = 1200
+    steps: int = 3000
     batch_size: int = 16
     anchors: int = 6  # random anchors (blocks) per sequence
     gamma: float = 7.0  # loss weight exp(-(k-1)/gamma) at block position k
-    lr: float = 3e-3
-    warmup: int = 50
+    lr: float = 1.5e-3
+    warmup: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     clip: float = 1.0
@@ -71,7 +74,8 @@ class DFlashRecipe:
 
 dflash_recipes: Registry[DFlashRecipe] = Registry("recipe")
 dflash_recipes.add("tiny-ar-dflash", DFlashRecipe("tiny-ar-dflash", description=(
-    "2-layer DFlash drafter (block 16) for tiny-ar, target-regenerated long-answer data")),
+    "2-layer DFlash drafter (block 16, taps after target layers 1 and 3) for tiny-ar, target-regenerated "
+    "long-answer data")),
     description="DFlash drafter (2 layers, block 16) for tiny-ar")
 
 
@@ -173,7 +177,8 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     if target is None:
         target, _ = load_target(recipe.target)
     target = target.float().eval().requires_grad_(False)
-    drafter = random_dflash(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed).train()
+    drafter = random_dflash(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
+                            target_layer_ids=recipe.target_layer_ids).train()
     vocab = hf_tokenizer().get_vocab()
     mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
     rng = mix.rng(-1)

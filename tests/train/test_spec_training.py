@@ -8,7 +8,7 @@ import torch
 from dllm import tasks as T
 from dllm.drafters.dflash_io import load_dflash
 from dllm.tasks.vocab import EOS, word_id
-from dllm.train.ar import ar_recipes, answer_targets, build_ar_model, train_ar
+from dllm.train.ar import LONG_MIXTURE, ARPhase, ar_recipes, answer_targets, build_ar_model, train_ar
 from dllm.train.data import Batch, collate
 from dllm.train.dflash_train import block_layout, dflash_recipes, sample_anchors, train_dflash
 
@@ -51,7 +51,7 @@ def test_anchors_lie_in_the_answer_and_are_distinct():
 def test_ar_run_saves_a_transformers_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    recipe = small_ar(steps=3, batch_size=4, eval_every=0, eval_per_size=1, log_every=1)
+    recipe = small_ar(steps=3, batch_size=4, eval_every=0, eval_per_size=1, log_every=1, phases=())
     last = train_ar(recipe, tmp_path, progress=False)
     assert 0.0 <= last["eval"]["mean"] <= 1.0 and set(last["eval"]) >= set(T.suite_task_names("long-answer"))
     losses = [json.loads(line)["loss"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
@@ -66,9 +66,25 @@ def test_ar_run_saves_a_transformers_checkpoint(tmp_path):
 def test_dflash_run_saves_an_official_checkpoint_for_the_target(tmp_path):
     target = build_ar_model(small_ar()).eval()
     recipe = dflash_recipes.get("tiny-ar-dflash").with_overrides(
-        steps=2, pool=4, batch_size=2, eval_examples=1, log_every=1, num_layers=1, block_size=4)
+        steps=2, pool=4, batch_size=2, eval_examples=1, log_every=1, num_layers=1, block_size=4,
+        target_layer_ids=(0, 1))
     result = train_dflash(recipe, tmp_path, target=target, progress=False)
     assert result["tau_teacher_forced"] >= 1.0 and result["blocks"] > 0
     drafter = load_dflash(tmp_path / "final", target=target)
     assert drafter.block_size == 4 and drafter.mask_token_id == 1
     assert json.loads((tmp_path / "final" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+def test_a_later_phase_continues_exactly_from_the_saved_phase(tmp_path):
+    from safetensors.torch import load_file
+
+    recipe = small_ar(steps=2, batch_size=2, eval_every=0, eval_per_size=1, log_every=1,
+                      phases=(ARPhase(2, 5e-4, LONG_MIXTURE, warmup=1),))
+    train_ar(recipe, tmp_path / "full", progress=False)
+    assert (tmp_path / "full" / "phase-0").is_dir() and (tmp_path / "full" / "phase-1").is_dir()
+    train_ar(recipe, tmp_path / "split", progress=False, start_phase=1, init_from=tmp_path / "full" / "phase-0")
+    full = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    split = load_file(tmp_path / "split" / "final" / "model.safetensors")
+    before = load_file(tmp_path / "full" / "phase-0" / "model.safetensors")
+    assert all(torch.equal(full[k], split[k]) for k in full)  # the same run, resumed at the phase
+    assert not all(torch.equal(full[k], before[k]) for k in full)  # and phase 1 trained
