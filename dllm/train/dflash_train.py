@@ -52,16 +52,16 @@ class DFlashRecipe:
     # (it starts at layer 1 and ends 3 before the last); the middle and the last layer carry more
     target_layer_ids: Optional[tuple[int, ...]] = (1, 3)
     block_size: int = 16
-    steps: int = 3000
+    steps: int = 4000
     batch_size: int = 16
-    anchors: int = 6  # random anchors (blocks) per sequence
+    anchors: int = 8  # random anchors (blocks) per sequence
     gamma: float = 7.0  # loss weight exp(-(k-1)/gamma) at block position k
     lr: float = 1.5e-3
     warmup: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     clip: float = 1.0
-    pool: int = 2048  # target-regenerated training sequences (drawn once, then epochs over them)
+    pool: int = 8192  # target-regenerated training sequences (drawn once, then ~8 epochs over them)
     eval_examples: int = 4  # held-out test instances per default size of each task
     log_every: int = 25
     seed: int = 0

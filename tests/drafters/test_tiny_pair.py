@@ -1,0 +1,62 @@
+"""The shipped tiny pair: the AR target ``tiny-ar`` (transformers Qwen3) and its DFlash drafter
+``tiny-ar-dflash`` load offline, and drafting is lossless and pays on the long-answer tasks."""
+
+import pytest
+import torch
+
+from dllm import tasks as T
+from dllm.drafters.base import make_drafter
+from dllm.drafters.loading import load_target
+from dllm.drafters.loop import speculative_generate
+from dllm.tasks.vocab import EOS, word_id
+
+pytestmark = pytest.mark.slow
+LONG = T.suite_task_names("long-answer")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, tok = load_target("tiny-ar")
+    return target, tok, make_drafter("dflash", model="tiny-ar-dflash")
+
+
+def prompts(tok, per_size=1):
+    vocab = tok.get_vocab()
+    exs = [ex for name in LONG for ex in T.test_split(name, None, n=per_size)]
+    return exs, [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
+
+
+def test_the_pair_loads_offline_in_official_formats(pair):
+    target, tok, drafter = pair
+    assert type(target).__name__ == "Qwen3ForCausalLM" and target.config.eos_token_id == word_id(EOS)
+    assert tok.convert_tokens_to_ids("copy_long") == 80 and len(tok) == len(T.vocabulary())
+    assert drafter.block_size == 16 and drafter.target_layers == drafter.model.config.target_layer_ids
+    assistant, _ = load_target("tiny-ar-draft")
+    assert assistant.config.vocab_size == target.config.vocab_size
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(target.model.layers) > 1.9 * n(drafter.model.layers)  # the target's layers cost more
+
+
+def test_greedy_dflash_equals_target_generate_on_a_ragged_batch(pair):
+    target, tok, drafter = pair
+    exs, ids = prompts(tok)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
+    for row, prompt in enumerate(ids):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=66, do_sample=False)[0, len(prompt):].tolist()
+        assert out.generated[row] == ref, exs[row].task
+    assert out.tau > 2.0  # drafts are accepted (the bench measures the batch-1 numbers)
+
+
+def test_the_shipped_drafter_matches_the_reference_dflash_generate(pair):
+    """Batch 1, the trained weights, stop at EOS: our loop and the package's give the same tokens."""
+    reference = pytest.importorskip("dflash.model", reason="the reference package `dflash` is not installed")
+    target, tok, drafter = pair
+    from dllm.models.loading import locate
+
+    ref = reference.DFlashDraftModel.from_pretrained(locate("tiny-ar-dflash"), dtype=torch.float32).eval()
+    _, ids = prompts(tok)
+    for prompt in ids[::3]:
+        ours = speculative_generate(target, drafter, [prompt], max_new_tokens=66, tokenizer=tok)
+        theirs = reference.dflash_generate(ref, target, torch.tensor([prompt]), 66, [word_id(EOS)])
+        assert ours.generated[0] == theirs[0, len(prompt):].tolist()
+        assert ours.tau >= 4.0
