@@ -11,9 +11,11 @@
 2. End to end (``speculative_generate`` on a tiny random Qwen3 with V = 8, 3 new tokens, 4e4 rows
    of one prompt in one batched call): TV < 0.03 against the target's exact distribution over the
    512 outputs, where noise alone gives 0.0217 (sd ~0.0015; measured 0.019-0.024); for
-   full-distribution drafts (q != p), one-hot arg-max drafts and the n-gram drafter.
+   full-distribution drafts (q != p), one-hot arg-max drafts, the n-gram drafter, and random DFlash
+   and DFlash 2 drafters sampling their drafts (the reference's T > 0 rule).
 """
 
+import functools
 import itertools
 
 import pytest
@@ -130,12 +132,21 @@ def small_target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram"])
+@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram", "dflash", "dflash2"])
 def test_end_to_end_distribution_matches_the_target(small_target, drafter):
     params = SamplingParams(0.9, top_k=6, top_p=0.95)
     exact = exact_target_distribution(small_target, params)
-    d = {"fullq": TableDrafter(E2E_V, scale=0.5), "onehot": OracleDrafter(small_target),
-         "ngram": "ngram:max_ngram=1"}[drafter]
+    if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
+        from dllm.drafters.base import make_drafter
+        from dllm.drafters.dflash2_io import random_dflash2
+        from dllm.drafters.dflash_io import random_dflash
+
+        build = random_dflash if drafter == "dflash" else functools.partial(
+            random_dflash2, conv_kernel_size=2, conv_group_size=16, selector_top_k=4, selector_rank=4)
+        d = make_drafter("dflash", model=build(small_target.config, 1, 3, E2E_V - 1, seed=5))
+    else:
+        d = {"fullq": TableDrafter(E2E_V, scale=0.5), "onehot": OracleDrafter(small_target),
+             "ngram": "ngram:max_ngram=1"}[drafter]
     out = speculative_generate(small_target, d, [PROMPT] * E2E_N, max_new_tokens=E2E_NEW, block_size=3,
                                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=11)
     gen = torch.tensor(out.generated)  # [N, 3]: no EOS, every row reaches max_new_tokens
