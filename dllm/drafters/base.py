@@ -111,6 +111,8 @@ class Draft:
     lengths: Optional[torch.Tensor] = None  # [R] long, tokens really drafted per row (the rest of
     #   the row is filler and never accepted); None = all K
     forwards: int = 1  # drafter forwards this proposal cost (0 for model-free drafters)
+    logits: Optional[torch.Tensor] = None  # [R, K, V] the drafter's per-position logits (marginals), for
+    #   draft trees (``tree=`` of speculative_generate); None = the drafter gives its tokens only
 
 
 class DraftSession:

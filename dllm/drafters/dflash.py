@@ -156,15 +156,17 @@ class DFlashSession(DraftSession):
                                 feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
                                 block_positions=positions)
             # sampled paths: the selector's distribution over its K candidates, spread to [R, K, V]
-            return Draft(tokens=out2.tokens) if greedy else Draft(tokens=out2.tokens, probs=out2.vocab_probs())
+            if greedy:
+                return Draft(tokens=out2.tokens, logits=out2.logits)
+            return Draft(tokens=out2.tokens, probs=out2.vocab_probs(), logits=out2.logits)
         out = draft_block(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
                           lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
                           feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
                           block_positions=positions)  # out.tokens [R, K], out.logits [R, K, V]
         if ctx.params.greedy or not self.sample:
-            return Draft(tokens=out.tokens)  # [R, K] arg-max, one-hot
+            return Draft(tokens=out.tokens, logits=out.logits)  # [R, K] arg-max, one-hot
         q = target_probs(out.logits, ctx.params)  # [R, K, V] the draft logits warped like the target's
-        return Draft(tokens=sample_categorical(q, ctx.generator), probs=q)
+        return Draft(tokens=sample_categorical(q, ctx.generator), probs=q, logits=out.logits)
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.select(keep)

@@ -33,20 +33,17 @@ runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
 
 from __future__ import annotations
 
-import operator
 import time
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from dllm.drafters.base import Draft, DraftContext, DraftSetup, DrafterSpec, make_drafter
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
+from dllm.drafters.prompts import Prompts, StopRule, encode_prompts, stop_strings
 from dllm.drafters.target import Target, cache_length, compact, crop_to, select_rows
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
 from dllm.options import check_bool, check_int, check_optional_int
-
-Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
 
 
 def speculative_generate(
@@ -64,6 +61,7 @@ def speculative_generate(
     eos_token_id: Union[int, Sequence[int], None] = None,
     tokenizer: Any = None,
     return_stats: bool = True,
+    tree: Any = None,
 ) -> Union[SpeculativeOutput, torch.Tensor]:
     """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
 
@@ -85,6 +83,9 @@ def speculative_generate(
             config; [] = none).
         tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``).
         return_stats: True returns a ``SpeculativeOutput``; False only its ``sequences`` [B, Lp + G].
+        tree: a registered tree builder (``"ddtree:budget=32"``, ``dllm.drafters.tree``): verify a
+            draft tree built from the drafter's per-position distributions in one forward
+            (``tree_verify.py``) instead of the drafted chain; None = the chain.
     """
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
@@ -94,17 +95,23 @@ def speculative_generate(
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
     drafter_obj = make_drafter(drafter)
+    builder = None
+    if tree is not None:
+        from dllm.drafters.tree import make_tree_builder
+
+        builder = make_tree_builder(tree)
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     tgt = Target(target, taps=drafter_obj.target_layers, eos_token_id=eos_token_id, tokenizer=tokenizer)
     block = drafter_obj.block_size if block_size is None else block_size
     check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts)")
     drafter_obj.check_target(tgt.info)
     rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
-    stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, _stop_strings(stop, tokenizer), tokenizer)
+    stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device)
     run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
+    run.tree = builder
     with torch.inference_mode():
         run.prefill()
         while run.active:
@@ -121,95 +128,6 @@ def speculative_generate(
         target_forwards=run.target_forwards, drafter_forwards=run.drafter_forwards, rounds=run.rounds,
         wall_time=time.perf_counter() - t_start,
     )
-
-
-# ---- prompts and stops -------------------------------------------------------------------------------
-def encode_prompts(prompts: Prompts, tokenizer, vocab_size: int) -> list[list[int]]:
-    """The accepted prompt forms -> one list of token ids per row, each id in [0, vocab_size)."""
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dim() == 1:
-            prompts = prompts[None]
-        if prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype == torch.bool:
-            raise ValueError(f"a prompt tensor must be integer token ids [B, Lp] or [Lp], got {prompts.dtype} "
-                             f"{list(prompts.shape)}")
-        rows = prompts.tolist()
-    elif isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                      and all(isinstance(p, str) for p in prompts)):
-        if tokenizer is None:
-            raise ValueError("string prompts need a tokenizer: pass tokenizer=..., or token-id lists")
-        rows = [list(tokenizer.encode(p)) for p in ([prompts] if isinstance(prompts, str) else prompts)]
-    elif isinstance(prompts, Sequence) and prompts and all(isinstance(p, (list, tuple)) for p in prompts):
-        rows = [_ids(j, p) for j, p in enumerate(prompts)]
-    else:
-        raise ValueError(f"prompts must be a non-empty string, list of strings, list of token-id lists or "
-                         f"integer tensor, got {type(prompts).__name__} {prompts!r:.80}")
-    for j, row in enumerate(rows):
-        if not row:
-            raise ValueError(f"prompt {j} is empty; every prompt needs at least one token")
-        bad = [t for t in row if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {j} has token ids outside the target's vocabulary [0, {vocab_size}): {bad[:5]}")
-    return rows
-
-
-def _ids(j: int, row: Sequence) -> list[int]:
-    out = []
-    for i, t in enumerate(row):
-        try:
-            if isinstance(t, bool):
-                raise TypeError
-            out.append(operator.index(t))
-        except TypeError:
-            raise ValueError(f"prompt {j}: token ids must be integers, got {t!r} at position {i}") from None
-    return out
-
-
-def _stop_strings(stop, tokenizer) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    strings = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not strings or not all(isinstance(s, str) and s for s in strings):
-        raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}")
-    if tokenizer is None:
-        raise ValueError(f"stop strings {list(strings)} need a tokenizer: pass tokenizer=...")
-    return strings
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """Where a row ends: after an EOS id, after ``max_new_tokens`` tokens, or after the token whose
-    text completes a stop string (checked on the generated text only, never the prompt)."""
-
-    eos_ids: frozenset[int]
-    max_new_tokens: int
-    strings: tuple[str, ...] = ()
-    tokenizer: Any = None
-
-    def extend(self, gen: list[int], new: list[int]) -> tuple[int, Optional[str]]:
-        """Append ``new`` to ``gen`` up to and including the first stop. Returns (tokens appended,
-        stop reason or None)."""
-        start, reason = len(gen), None
-        for t in new:
-            gen.append(t)
-            if t in self.eos_ids:
-                reason = "eos"
-                break
-            if len(gen) >= self.max_new_tokens:
-                reason = "length"
-                break
-        if self.strings:
-            end = self._string_end(gen, start)
-            if end is not None:
-                del gen[end:]
-                reason = "stop"
-        return len(gen) - start, reason
-
-    def _string_end(self, gen: list[int], start: int) -> Optional[int]:
-        """The shortest prefix length > start whose text contains a stop string, or None."""
-        hit = lambda ids: any(s in self.tokenizer.decode(ids) for s in self.strings)  # noqa: E731
-        if not hit(gen):
-            return None
-        return next((end for end in range(start + 1, len(gen) + 1) if hit(gen[:end])), None)
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
@@ -232,6 +150,7 @@ class _Run:
         self.kv_len: list[int] = []  # per running row: valid slots (host copy of valid.sum(1))
         self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
         self.target_forwards = self.drafter_forwards = self.rounds = 0
+        self.tree = None  # a TreeBuilder: verify trees (tree_verify.py) instead of chains
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -257,6 +176,8 @@ class _Run:
                                   device=self.device)  # [R]
         draft = self._draft(anchor, anchor_pos, k) if k > 0 else Draft(
             tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
+        if self.tree is not None and k > 0:
+            return self._tree_round(anchor, anchor_pos, draft)
         ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, B]
         positions = anchor_pos[:, None] + torch.arange(self.block, device=self.device)  # [R, B]
         mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S + B]
@@ -280,6 +201,47 @@ class _Run:
         self.kv_len = [n + a for n, a in zip(self.kv_len, adv)]
         if hidden is not None:
             self.pending = (hidden[:, :advance], new_valid, positions[:, :advance])
+        self._drop_finished()
+        self._maybe_compact()
+
+    def _tree_round(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, draft: Draft) -> None:
+        """One round over a draft tree (``tree_verify.py``): root + N nodes in one forward, a walk,
+        the accepted path's slots kept valid, the other tree slots left as holes."""
+        from dllm.drafters.tree_verify import tree_inputs, walk_tree
+
+        if draft.logits is None:
+            raise ValueError(f"tree builder {self.tree.spec!r} builds trees from the drafter's per-position "
+                             f"distributions, but this drafter returns tokens only (Draft.logits is None); "
+                             f"use a drafter that gives them (dflash) or no tree")
+        k = self.block - 1
+        tree = self.tree.build(torch.log_softmax(draft.logits.float(), dim=-1))  # nodes [R, N]
+        ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N], [R, 1+N], [R, 1+N, 1+N]
+        r, t = ids.shape
+        mask = torch.cat([self.valid[:, None, :].expand(r, t, -1), inner], dim=2)[:, None]  # [R, 1, 1+N, S+1+N]
+        s = cache_length(self.cache)
+        logits, hidden = self.target.forward(ids, mask, positions, self.cache)  # [R, 1+N, V]
+        self.target_forwards += 1
+        self.rounds += 1
+        path, accepted, nxt = walk_tree(logits, tree, self.params, k, self.generator)  # [R, K], [R], [R]
+        path_tokens = ids.gather(1, path)  # [R, K] (the root's token after the path: never read)
+        back = torch.cat([accepted[:, None], nxt[:, None], path_tokens, path], dim=1).tolist()  # host sync
+        for row, j in enumerate(self.active):
+            acc = back[row][0]
+            self.acceptance[j].append(self._commit(j, back[row][2:2 + acc] + [back[row][1]]))
+        advance = 1 + max(max(row[2 + k:]) for row in back)  # past the deepest accepted slot of any row
+        crop_to(self.cache, s + advance)
+        new_valid = torch.zeros((r, t), dtype=torch.bool, device=self.device)
+        new_valid[:, 0] = True
+        new_valid.scatter_(1, path, path > 0)
+        new_valid[:, 0] = True  # (path's 0 entries scattered False onto the root)
+        self.valid = torch.cat([self.valid, new_valid[:, :advance]], dim=1)
+        self.kv_len = [n + row[0] + 1 for n, row in zip(self.kv_len, back)]
+        if hidden is not None:  # the drafter's next features: root + accepted path, in path order
+            most = max(row[0] for row in back)
+            order = torch.cat([torch.zeros_like(path[:, :1]), path[:, :most]], dim=1)  # [R, 1+most]
+            keep = torch.arange(most + 1, device=self.device)[None, :] <= accepted[:, None]
+            gathered = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            self.pending = (gathered, keep, anchor_pos[:, None] + torch.arange(most + 1, device=self.device))
         self._drop_finished()
         self._maybe_compact()
 

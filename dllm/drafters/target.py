@@ -115,14 +115,16 @@ class Target:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache, *,
                 last_only: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """input_ids [R, T] at ``positions`` [R, T], appended to ``cache``; attention_mask [R, S + T]
-        bool over the cache slots then the new tokens (False = a pad or a hole). Returns (logits
+        bool over the cache slots then the new tokens (False = a pad or a hole), causal inside the new
+        tokens; or [R, 1, T, S + T] bool (True = attend) for any other pattern (draft trees). Returns (logits
         [R, T, V] (``[R, 1, V]`` with ``last_only``), hidden [R, T, len(taps) * D] or None)."""
         kwargs: dict[str, Any] = {self.cache_kw: cache, "use_cache": True}
         if last_only and self.keep_kw:
             kwargs["logits_to_keep"] = 1
         if self.taps:
             kwargs["output_hidden_states"] = True
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=positions, **kwargs)
+        mask = attention_mask if attention_mask.dim() == 4 else attention_mask.long()  # 4-D: bool, True = attend
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **kwargs)
         logits = out.logits[:, -1:] if last_only else out.logits
         hidden = None
         if self.taps:
