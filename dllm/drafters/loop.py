@@ -214,7 +214,7 @@ class _Run:
                              f"distributions, but this drafter returns tokens only (Draft.logits is None); "
                              f"use a drafter that gives them (dflash) or no tree")
         k = self.block - 1
-        tree = self.tree.build(torch.log_softmax(draft.logits.float(), dim=-1))  # nodes [R, N]
+        tree = self.tree.tree_for(torch.log_softmax(draft.logits.float(), dim=-1))  # nodes [R, N]
         ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N], [R, 1+N], [R, 1+N, 1+N]
         r, t = ids.shape
         mask = torch.cat([self.valid[:, None, :].expand(r, t, -1), inner], dim=2)[:, None]  # [R, 1, 1+N, S+1+N]

@@ -97,9 +97,14 @@ def expected_accepted(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class TreeConfig:
     budget: int = 32  # draft nodes per row (the root/anchor not counted)
+    # the budget rule (tree_budget.py): a node's verification cost relative to a round with an empty
+    # tree; > 0 cuts each row's tree where expected tokens per unit of cost peak (0 = always `budget`)
+    cost_per_node: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("budget", self.budget, 1, hint=" (draft nodes per tree)")
+        check_number("cost_per_node", self.cost_per_node, low=0.0, finite=True,
+                     hint=" (target cost of one tree node / cost of a round; 0 = off)")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,15 @@ class TreeBuilder(Configurable):
 
     def build(self, log_probs: torch.Tensor) -> Tree:
         raise NotImplementedError(f"{type(self).__name__} must implement build")
+
+    def tree_for(self, log_probs: torch.Tensor) -> Tree:
+        """``build``, then the budget rule when ``cost_per_node`` > 0 (what the loop calls)."""
+        tree = self.build(log_probs)
+        if self.config.cost_per_node > 0:
+            from dllm.drafters.tree_budget import prune_for_cost
+
+            tree = prune_for_cost(tree, log_probs, self.config.cost_per_node)
+        return tree
 
 
 tree_builders: Registry[type[TreeBuilder]] = Registry("tree builder", base=TreeBuilder)

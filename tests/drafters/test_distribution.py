@@ -12,7 +12,8 @@
    of one prompt in one batched call): TV < 0.03 against the target's exact distribution over the
    512 outputs, where noise alone gives 0.0217 (sd ~0.0015; measured 0.019-0.024); for
    full-distribution drafts (q != p), one-hot arg-max drafts, the n-gram drafter, and random DFlash
-   and DFlash 2 drafters sampling their drafts (the reference's T > 0 rule).
+   and DFlash 2 drafters sampling their drafts (the reference's T > 0 rule), and DDTree / TAPS draft
+   trees built from a DFlash drafter's marginals (the walk draws from p at each node).
 """
 
 import functools
@@ -132,10 +133,14 @@ def small_target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram", "dflash", "dflash2"])
+@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram", "dflash", "dflash2", "dflash+ddtree", "dflash+taps"])
 def test_end_to_end_distribution_matches_the_target(small_target, drafter):
     params = SamplingParams(0.9, top_k=6, top_p=0.95)
     exact = exact_target_distribution(small_target, params)
+    tree = None
+    if "+" in drafter:  # a draft tree (budget 5 nodes over K = 2 depths) built from the drafter's marginals
+        drafter, builder = drafter.split("+")
+        tree = f"{builder}:budget=5"
     if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
         from dllm.drafters.base import make_drafter
         from dllm.drafters.dflash2_io import random_dflash2
@@ -148,7 +153,8 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
         d = {"fullq": TableDrafter(E2E_V, scale=0.5), "onehot": OracleDrafter(small_target),
              "ngram": "ngram:max_ngram=1"}[drafter]
     out = speculative_generate(small_target, d, [PROMPT] * E2E_N, max_new_tokens=E2E_NEW, block_size=3,
-                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=11)
+                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=11,
+                               tree=tree)
     gen = torch.tensor(out.generated)  # [N, 3]: no EOS, every row reaches max_new_tokens
     index = (gen * torch.tensor([E2E_V ** 2, E2E_V, 1])).sum(1)
     tv = tv_distance(torch.bincount(index, minlength=E2E_V ** E2E_NEW), exact)
