@@ -60,3 +60,13 @@ def test_the_shipped_drafter_matches_the_reference_dflash_generate(pair):
         theirs = reference.dflash_generate(ref, target, torch.tensor([prompt]), 66, [word_id(EOS)])
         assert ours.generated[0] == theirs[0, len(prompt):].tolist()
         assert ours.tau >= 4.0
+
+
+@pytest.mark.parametrize("tree", ["ddtree:budget=32", "taps:budget=32", "ddtree:budget=64,cost_per_node=0.01"])
+def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(pair, tree):
+    target, tok, drafter = pair
+    _, ids = prompts(tok)
+    chain = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree=tree)
+    assert out.generated == chain.generated  # both equal target.generate (the test above)
+    assert out.tau > chain.tau
