@@ -27,6 +27,8 @@ def add_spec_command(sub, positive: Callable[[str], int], add_threads: Callable[
     sp.add_argument("--top-p", type=float, default=1.0)
     sp.add_argument("--top-k", type=int, default=0)
     sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (chain, ddtree:budget=64, "
+                                                 "taps:budget=32,cost_per_node=0.01); needs a drafter with distributions")
     sp.add_argument("--stop", nargs="+", action="extend", default=None, help="stop strings")
     sp.add_argument("--dtype", default=None)
     sp.add_argument("--device", default=None)
@@ -56,7 +58,8 @@ def cmd_spec(args) -> int:
                              f"separated by spaces ('5 6 7')") from None
     out = speculative_generate(target, drafter, prompts, max_new_tokens=args.max_new_tokens,
                                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                               block_size=args.block_size, stop=args.stop or None, seed=args.seed, tokenizer=tok)
+                               block_size=args.block_size, stop=args.stop or None, seed=args.seed, tokenizer=tok,
+                               tree=args.tree)
     texts = out.texts if out.texts is not None else [" ".join(map(str, g)) for g in out.generated]
     stats = {**out.summary(), "accepted_per_round": round(max(out.tau - 1, 0.0), 4),
              "acceptance_by_position": [round(a, 4) for a in out.acceptance_by_position()]}

@@ -161,3 +161,14 @@ def test_spec_runs_as_a_command(target_dir):
     ids = torch.tensor([tok.encode(PROMPTS[0])])
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8)
     assert json.loads(out.stdout)["generated"][0] == ref[0, ids.shape[1]:].tolist()
+
+
+def test_spec_with_a_draft_tree_on_the_embedded_pair(capsys):
+    prompt = "[BOS] reverse_long " + " ".join("ABCDEFGHIJKLMNOP" * 2) + " [SEP]"
+    base = ["spec", "--target", "tiny-ar", "--drafter", "dflash:model=tiny-ar-dflash", "--prompt", prompt,
+            "--max-new-tokens", "33"]
+    chain = _run_json(capsys, base)
+    tree = _run_json(capsys, [*base, "--tree", "ddtree:budget=32"])
+    assert tree["generated"] == chain["generated"] and tree["tau"] >= chain["tau"]
+    assert main(["spec", "--target", "tiny-ar", "--drafter", "ngram", "--prompt", prompt, "--tree", "ddtree"]) == 2
+    assert "returns tokens only" in capsys.readouterr().err
