@@ -50,7 +50,35 @@ def tree_inputs(anchor: torch.Tensor, anchor_position: torch.Tensor,
 
 def walk_tree(logits: torch.Tensor, tree: Tree, params: SamplingParams, max_depth: int,
               generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Walk the verified tree. logits: [R, 1+N, V] of ``[root, nodes]``.
+    """The walk of ``walk_tree_reference`` without its loop over depths: the same results when
+    greedy, the same law at T > 0 (the draws are made in another order).
+
+    The target's choice y at every node is drawn at once ([R, 1+N]: arg-max, or one sample per node:
+    the walk reads the draws of the nodes it visits only, each an independent draw of that node's
+    distribution, so drawing the others too changes nothing in law). A node is on the accepted path
+    iff every node on its own path carries the choice made at its parent (children carry distinct
+    tokens, so these nodes form one chain); the row emits the choice at the deepest of them."""
+    r, width, _ = logits.shape
+    if params.greedy:
+        choice = logits.argmax(dim=-1)  # [R, 1+N]
+    else:
+        choice = next_tokens(logits.reshape(r * width, -1), params, generator).view(r, width)
+    at_parent = choice.gather(1, tree.parents + 1)  # [R, N] the choice made at each node's parent
+    match = (tree.tokens == at_parent) & tree.valid  # [R, N]
+    on_path = ~(ancestor_mask(tree) & ~match[:, None, :]).any(dim=-1) & tree.valid  # [R, N]
+    accepted = on_path.long().sum(dim=1)  # [R]
+    depth = torch.where(on_path, tree.depths, torch.zeros_like(tree.depths))  # [R, N]
+    deepest = torch.where(accepted > 0, depth.argmax(dim=1) + 1, torch.zeros_like(accepted))  # [R] in [root, nodes]
+    emitted = choice.gather(1, deepest[:, None])[:, 0]
+    path = torch.zeros((r, max_depth + 1), dtype=torch.long, device=logits.device)  # a spill column at 0
+    nodes = torch.arange(1, tree.size + 1, device=logits.device).expand(r, -1)
+    path.scatter_(1, depth, torch.where(on_path, nodes, torch.zeros_like(nodes)))
+    return path[:, 1:], accepted, emitted
+
+
+def walk_tree_reference(logits: torch.Tensor, tree: Tree, params: SamplingParams, max_depth: int,
+                        generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Walk the verified tree node by node (the reference of ``walk_tree``). logits: [R, 1+N, V] of ``[root, nodes]``.
 
     Returns (path [R, max_depth] long: the accepted nodes as indices into ``[root, nodes]`` (1..N),
     0 after the row's last one; accepted [R] long: nodes accepted; next [R] long: the token emitted
@@ -79,4 +107,4 @@ def walk_tree(logits: torch.Tensor, tree: Tree, params: SamplingParams, max_dept
     return path, accepted, emitted
 
 
-__all__ = ["tree_inputs", "walk_tree"]
+__all__ = ["tree_inputs", "walk_tree", "walk_tree_reference"]

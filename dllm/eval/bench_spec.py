@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -348,7 +349,9 @@ def _split(values: Optional[Sequence[str]]) -> list[str]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The flags of ``dllm bench spec``; ValueError (naming the valid values) for bad ones."""
-    ap = argparse.ArgumentParser(prog="dllm bench spec", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm bench spec", description=__doc__.split("\n\n")[0],
+                                 epilog="dllm bench spec --trees chain,ddtree,taps --budgets 16,32,64,128 ...: draft "
+                                        "trees vs their budget (dllm/eval/bench_trees.py; --trees x --help: its flags)")
     ap.add_argument("--target", default="tiny-ar", help="transformers causal LM (embedded name, directory, Hub id)")
     ap.add_argument("--dflash", default="tiny-ar-dflash", help="DFlash drafter checkpoint of the target")
     ap.add_argument("--assistant", default="tiny-ar-draft", help="small AR model for assisted generation")
@@ -387,7 +390,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``dllm bench spec [flags]``: print the table, write ``--out`` JSON. ValueError on bad flags."""
+    """``dllm bench spec [flags]``: print the table, write ``--out`` JSON. ValueError on bad flags.
+    With ``--trees``: the draft-tree budget benchmark (``dllm.eval.bench_trees``, its own flags)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--trees" or a.startswith("--trees=") for a in argv):
+        from dllm.eval import bench_trees
+
+        return bench_trees.main(argv)
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -86,3 +86,22 @@ def test_a_tree_needs_a_drafter_with_distributions():
         speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8, block_size=4, tree="ddtree:budget=8")
     with pytest.raises(ValueError, match="budget"):
         speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8, block_size=4, tree="ddtree:budget=0")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vectorised_walk_equals_the_reference_walk(seed):
+    from dllm.drafters.tree import make_tree_builder
+    from dllm.drafters.tree_verify import walk_tree_reference
+
+    g = torch.Generator().manual_seed(seed)
+    r, k, v = 4, 5, 6
+    lp = torch.log_softmax(torch.randn(r, k, v, generator=g) * 2, dim=-1)
+    tree = make_tree_builder(f"ddtree:budget={3 + 4 * seed}").build(lp)
+    # target logits that often agree with the drafter: at a node of depth d, the marginal of depth d + 1
+    nxt = tree.depths.clamp(max=k - 1)[:, :, None].expand(-1, -1, v)  # [R, N, V] index of depth d + 1
+    depth_lp = lp.gather(1, nxt)
+    logits = torch.cat([lp[:, :1], depth_lp], dim=1) * 3 + torch.randn(r, 1 + tree.size, v, generator=g) * 0.5
+    fast = walk_tree(logits, tree, SamplingParams(0.0), k)
+    ref = walk_tree_reference(logits, tree, SamplingParams(0.0), k)
+    assert all(torch.equal(a, b) for a, b in zip(fast, ref))
+    assert ref[1].max() > 0  # some rows accept drafts
