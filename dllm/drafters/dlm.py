@@ -5,7 +5,9 @@ Each round the drafter decodes K = B - 1 masked positions after every row's comm
 with ``dllm.engine.generate`` (one batched call for all rows; ``steps`` denoising forwards for a
 fixed-step sampler, as many as the sampler needs for an adaptive one), so every sampler in the
 registry is a drafting policy. Drafts are one-hot (the sampler's tokens): exact at any target
-temperature, since verification then accepts ``d`` with the target's ``p(d)``.
+temperature, since verification then accepts ``d`` with the target's ``p(d)``. With
+``marginals=true`` the drafter also reads the model's per-position logits of ``[context, MASK x K]``
+(one more forward per round), which lets a tree builder (``tree=``) draft a tree from them.
 
 The drafter must share the target's tokenizer: its vocabulary size must equal the target's logits
 width and, when both tokenizers are known, their vocabularies must agree; or its vocabulary is a
@@ -24,7 +26,7 @@ import torch
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
 from dllm.engine import generate
 from dllm.models import load
-from dllm.options import check_number, check_optional_int
+from dllm.options import check_bool, check_number, check_optional_int
 from dllm.samplers import make_sampler
 
 
@@ -36,6 +38,8 @@ class DLMConfig:
     temperature: float = 0.0  # the drafter's own proposal temperature (0: arg-max drafts)
     cache: str = "none"  # dllm cache policy of the drafting call
     max_context: Optional[int] = None  # read at most the last max_context committed tokens (None: all that fit)
+    marginals: bool = False  # also return the per-position logits of [context, MASK x K] (one more
+    #   forward per round), so draft trees (tree=) can be built from a diffusion model's marginals
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
@@ -45,6 +49,7 @@ class DLMConfig:
         check_optional_int("steps", self.steps, 1, hint=" (denoising forwards per draft)")
         check_number("temperature", self.temperature, low=0.0, finite=True)
         check_optional_int("max_context", self.max_context, 1)
+        check_bool("marginals", self.marginals)
 
 
 @register_drafter("dlm")
@@ -117,7 +122,29 @@ class DLMDrafter(Drafter):
         out = generate(self.model, [self.context(seq, k) for seq in ctx.tokens], sampler, gen_length=k,
                        steps=cfg.steps if sampler.fixed_steps else None, temperature=cfg.temperature,
                        seed=seed, cache=cfg.cache)
-        return Draft(tokens=out.generated.to(ctx.anchor.device), forwards=out.nfe)
+        if not cfg.marginals:
+            return Draft(tokens=out.generated.to(ctx.anchor.device), forwards=out.nfe)
+        logits = self.marginal_logits([self.context(seq, k) for seq in ctx.tokens], k)  # [R, K, V_drafter]
+        return Draft(tokens=out.generated.to(ctx.anchor.device), forwards=out.nfe + 1,
+                     logits=logits.to(ctx.anchor.device))
+
+    @torch.no_grad()
+    def marginal_logits(self, contexts: list[list[int]], k: int) -> torch.Tensor:
+        """[R, K, V] logits of the K masked positions of ``[context, MASK x K]`` (left-padded rows, one
+        forward): the diffusion model's per-position marginals of the block; the mask id is never
+        proposed (-inf)."""
+        model = self.model
+        width = max(len(c) for c in contexts) + k
+        device = next(model.parameters()).device
+        ids = torch.full((len(contexts), width), model.pad_id, dtype=torch.long, device=device)
+        real = torch.zeros((len(contexts), width), dtype=torch.bool, device=device)
+        for row, c in enumerate(contexts):
+            ids[row, width - k - len(c):width - k] = torch.tensor(c, dtype=torch.long, device=device)
+            real[row, width - k - len(c):] = True
+        ids[:, width - k:] = model.mask_id
+        logits = model(ids, key_padding_mask=real).logits[:, -k:].float()  # [R, K, V]
+        logits[..., model.mask_id] = float("-inf")
+        return logits
 
 
 __all__ = ["DLMConfig", "DLMDrafter"]

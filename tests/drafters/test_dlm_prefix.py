@@ -41,3 +41,22 @@ def test_prefix_with_other_words_is_refused():
     with pytest.raises(ValueError, match="tokenizer differs from the target's"):
         speculative_generate(target88(), make_drafter("dlm", model=llada), [[2, 5, 3]], max_new_tokens=4,
                              tokenizer=other)
+
+
+def test_dlm_marginals_build_lossless_draft_trees():
+    llada = load("tiny-llada")
+    target, tok = target88(), task_tokenizer()
+    prompts = [[2, 80, 60, 61, 62, 81, 3], [2, 5, 3]]
+    plain = make_drafter("dlm", model=llada)
+    with pytest.raises(ValueError, match="returns tokens only"):
+        speculative_generate(target, plain, prompts, max_new_tokens=6, block_size=4, tokenizer=tok,
+                             tree="ddtree:budget=6")
+    drafter = make_drafter("dlm", model=llada, marginals=True)
+    logits = drafter.marginal_logits([[2, 5, 3], [2, 7]], 3)
+    assert logits.shape == (2, 3, 80) and torch.isinf(logits[..., llada.mask_id]).all()
+    out = speculative_generate(target, drafter, prompts, max_new_tokens=10, block_size=4, tokenizer=tok,
+                               eos_token_id=[], tree="ddtree:budget=6")
+    for row, prompt in zip(out.generated, prompts):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
+        assert row == ref[0, len(prompt):].tolist()
+    assert out.drafter_forwards >= 2 * (out.target_forwards - 1)  # the sampler's step + the marginals forward
