@@ -106,6 +106,8 @@ def speculative_generate(
     check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts)")
     drafter_obj.check_target(tgt.info)
     rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
+    if builder is not None:
+        _check_tree_room(builder, target, max(len(r) for r in rows) + max_new_tokens)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
@@ -292,6 +294,19 @@ class _Run:
         common_holes = s - max(self.kv_len)  # columns that compaction would drop
         if common_holes > max(self.block, s // 4):
             self.valid = compact(self.cache, self.valid, max(self.kv_len))
+
+
+def _check_tree_room(builder, target, longest: int) -> None:
+    """A round holds the committed slots plus 1 + budget tree slots; refuse more than the target's
+    ``max_position_embeddings`` (the size a static cache of the model would have)."""
+    config = getattr(target, "config", None)
+    limit = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                    "max_position_embeddings", None)
+    budget = builder.config.budget
+    if isinstance(limit, int) and longest + 1 + budget > limit:
+        raise ValueError(f"a tree of {budget} nodes on top of {longest} tokens (the longest prompt + "
+                         f"max_new_tokens) needs {longest + 1 + budget} cache slots, more than the target's "
+                         f"max_position_embeddings {limit}; use a smaller budget or fewer tokens")
 
 
 def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:

@@ -105,3 +105,9 @@ def test_the_vectorised_walk_equals_the_reference_walk(seed):
     ref = walk_tree_reference(logits, tree, SamplingParams(0.0), k)
     assert all(torch.equal(a, b) for a, b in zip(fast, ref))
     assert ref[1].max() > 0  # some rows accept drafts
+
+
+def test_a_tree_larger_than_the_cache_allows_is_refused(pair):
+    target, drafter = pair  # max_position_embeddings 512
+    with pytest.raises(ValueError, match="needs 528 cache slots, more than the target's max_position_embeddings 512"):
+        speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, tree="ddtree:budget=500")
