@@ -27,11 +27,11 @@ import torch
 
 from dllm.drafters.dflash2_model import DFlash2Config, DFlash2Drafter
 from dllm.drafters.dflash_config import DFlashConfig
-from dllm.drafters.dflash_io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, check_target, config_from_hf,
-                                     config_to_hf, load_dflash, random_dflash)
+from dllm.drafters.dflash_io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
+                                     config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash)
 from dllm.drafters.dflash_model import DFlashDrafter
-from dllm.models.checkpoint import CheckpointError, check_keys, nonfinite_counts, open_checkpoint, write_safetensors
-from dllm.models.loading import locate, read_config, resolve_device, resolve_dtype
+from dllm.models.checkpoint import write_safetensors
+from dllm.models.loading import locate, read_config
 
 PathLike = Union[str, Path]
 
@@ -115,32 +115,8 @@ def load_dflash2(
     (naming the missing fields), ``CheckpointError`` listing missing / unexpected / mis-shaped keys
     (official names) or non-finite weights.
     """
-    device = resolve_device(device)
-    directory = locate(name_or_path)
-    hf = read_config(directory)
-    config = config_from_hf2(hf, source=repr(str(directory / "config.json")))
-    if target is not None:
-        check_target(config, target)
-    reader = open_checkpoint(directory)
-    want = resolve_dtype(dtype, hf, reader.stored_dtype())
-    with torch.device("meta"):
-        model = DFlash2Drafter(config, hf_config=hf)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    stored = {k: _stored_name(k, reader.shapes) for k in expected}
-    official = {name: key for key, name in stored.items()}  # checkpoint name -> parameter
-    found = {official.get(name, name): shape for name, shape in reader.shapes.items()}
-    check_keys(expected, found, repr(str(directory)))
-    state, bad = {}, []
-    for key in expected:
-        tensor = reader.get(stored[key])
-        counts = nonfinite_counts(tensor)
-        if counts is not None:
-            bad.append(f"{stored[key]} ({counts[0]} NaN, {counts[1]} inf)")
-        state[key] = tensor.to(device=device or "cpu", dtype=want)
-    if bad:
-        raise CheckpointError(f"checkpoint {str(directory)!r} has non-finite weights: " + ", ".join(bad))
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return load_drafter_checkpoint(name_or_path, config_from_hf2, DFlash2Drafter, dtype=dtype, device=device,
+                                   target=target, stored_name=_stored_name)
 
 
 def save_dflash2(model: DFlash2Drafter, directory: PathLike, *, max_shard_size: Optional[int] = None) -> Path:

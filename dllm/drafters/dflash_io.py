@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -200,24 +200,45 @@ def load_dflash(
     Errors: ValueError for a config that is not a DFlash drafter (naming what is missing);
     ``CheckpointError`` listing missing / unexpected / mis-shaped keys or non-finite weights.
     """
+    return load_drafter_checkpoint(name_or_path, config_from_hf, DFlashDrafter, dtype=dtype, device=device,
+                                   target=target)
+
+
+def load_drafter_checkpoint(
+    name_or_path: PathLike,
+    parse_config: Callable[..., Any],
+    model_class: type,
+    *,
+    dtype: Union[torch.dtype, str, None] = None,
+    device: Union[str, torch.device, None] = None,
+    target: Any = None,
+    stored_name: Callable[[str, Mapping[str, Any]], str] = lambda key, shapes: key,
+):
+    """The loading steps every DFlash architecture shares: locate the directory, parse its config
+    (``parse_config(hf, source=...)``), check it against ``target``, build ``model_class`` on the meta
+    device, check the stored keys (``stored_name(key, stored_shapes)`` maps a parameter to its name in
+    the checkpoint), refuse non-finite weights, load in ``dtype`` on ``device``."""
     device = resolve_device(device)
     directory = locate(name_or_path)
     hf = read_config(directory)
-    config = config_from_hf(hf, source=repr(str(directory / "config.json")))
+    config = parse_config(hf, source=repr(str(directory / "config.json")))
     if target is not None:
         check_target(config, target)
     reader = open_checkpoint(directory)
     want = resolve_dtype(dtype, hf, reader.stored_dtype())
     with torch.device("meta"):
-        model = DFlashDrafter(config, hf_config=hf)
+        model = model_class(config, hf_config=hf)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    check_keys(expected, reader.shapes, repr(str(directory)))
+    stored = {k: stored_name(k, reader.shapes) for k in expected}
+    official = {name: key for key, name in stored.items()}  # checkpoint name -> parameter
+    check_keys(expected, {official.get(name, name): shape for name, shape in reader.shapes.items()},
+               repr(str(directory)))
     state, bad = {}, []
     for key in expected:
-        tensor = reader.get(key)
+        tensor = reader.get(stored[key])
         counts = nonfinite_counts(tensor)
         if counts is not None:
-            bad.append(f"{key} ({counts[0]} NaN, {counts[1]} inf)")
+            bad.append(f"{stored[key]} ({counts[0]} NaN, {counts[1]} inf)")
         state[key] = tensor.to(device=device or "cpu", dtype=want)
     if bad:
         raise CheckpointError(f"checkpoint {str(directory)!r} has non-finite weights: " + ", ".join(bad))
@@ -292,5 +313,6 @@ def random_dflash(
     return model.to(dtype).eval()
 
 
-__all__ = ["ARCHITECTURE", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "random_dflash",
+__all__ = ["ARCHITECTURE", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "load_drafter_checkpoint",
+           "random_dflash",
            "save_dflash"]
