@@ -21,72 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
 from dllm import tasks as T
-from dllm.eval.timing import sync
+from dllm.eval.spec_report import COLUMNS, Row, _task_vocab, acceptance_by_position, format_table, summarize
+from dllm.eval.spec_runners import (METHODS, Method, Runner, Sample, _device, commits_from_starts, counting,
+                                    hf_runner, loop_runner, make_runner)
 
-METHODS: tuple[str, ...] = ("generate", "ar", "dflash", "assisted", "prompt_lookup", "ngram", "dlm")
-MODEL_FLAGS = {"dflash": "--dflash", "assisted": "--assistant", "dlm": "--dlm"}  # methods that need a model
-PROMPT_LOOKUP_TOKENS = 10
 WARMUP_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class Method:
-    """One method; ``model`` (name, path or loaded model) for dflash / assisted / dlm; ``options``:
-    drafter options (dlm: sampler, steps)."""
-
-    name: str
-    model: Any = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Sample:
-    """One prompt through one method."""
-
-    generated: list[int]
-    target_forwards: int
-    drafter_forwards: int
-    commits: Optional[list[int]]  # tokens committed per verification round (None: unknown)
-    wall_s: float
-
-
-@dataclass
-class Row:
-    """One method at one temperature, over every prompt."""
-
-    method: str
-    temperature: float
-    status: str = "ok"  # "ok" | "skipped"
-    reason: str = ""
-    prompts: int = 0
-    generated_tokens: int = 0
-    target_forwards: int = 0
-    drafter_forwards: int = 0
-    tau: Optional[float] = None
-    tau_round: Optional[float] = None
-    acceptance: Optional[list[float]] = None
-    tokens_per_s: Optional[float] = None
-    wall_s: float = 0.0
-    speedup: Optional[float] = None
-    accuracy: Optional[float] = None
-    greedy_match: Optional[bool] = None
-    outputs: list[list[int]] = field(default_factory=list, repr=False)  # generated ids per prompt (not in JSON)
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "outputs"}
-
-
-Runner = Callable[[list[int], float, int, int], Sample]  # (prompt ids, temperature, max new tokens, seed)
 
 
 def check_methods(names: Sequence[str]) -> None:
@@ -99,117 +44,6 @@ def check_temperatures(temps: Sequence[float]) -> None:
     bad = [t for t in temps if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf")]
     if bad or not temps:
         raise ValueError(f"temperatures must be finite numbers >= 0 (0 = greedy), got {list(temps)!r}")
-
-
-@contextmanager
-def counting(module: Optional[torch.nn.Module]) -> Iterator[list[Any]]:
-    """Records, per forward call of ``module``, where its input starts (a 1-element tensor, an int, or
-    None when unreadable); no host sync in the hook. ``module`` None: records nothing."""
-    starts: list[Any] = []
-    hook = lambda m, a, kw: starts.append(_start(kw))  # noqa: E731
-    handle = None if module is None else module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield starts
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
-def _start(kwargs: dict) -> Any:
-    for key in ("position_ids", "cache_position"):
-        value = kwargs.get(key)
-        if isinstance(value, torch.Tensor) and value.numel():
-            return value.reshape(-1)[:1].clone()
-    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers >= 5 passes `cache`
-    return int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else None
-
-
-def commits_from_starts(starts: Sequence[Any], prompt_len: int, generated: int) -> Optional[list[int]]:
-    """Tokens committed per forward: forward i + 1 starts at the last token forward i committed (its
-    anchor; the prefill's anchor is the last prompt token). None when a start was not readable."""
-    anchors = [prompt_len - 1, *(int(s) if s is not None else None for s in starts[1:])]
-    if not starts or any(a is None for a in anchors):
-        return None
-    out = [b - a for a, b in zip(anchors, [*anchors[1:], prompt_len + generated - 1])]
-    return out if all(n >= 1 for n in out) else None
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _timed(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - t0
-
-
-def hf_runner(target, *, assistant=None, **extra: Any) -> Runner:
-    """``target.generate`` at batch 1 (``extra``: e.g. prompt_lookup_num_tokens)."""
-    device, eos = _device(target), _eos_ids(target)
-    if assistant is not None:
-        extra["assistant_model"] = assistant
-
-    def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
-            dict(do_sample=False)
-        with counting(target) as starts, counting(assistant) as drafts, torch.inference_mode():
-            torch.manual_seed(seed)
-            out, wall = _timed(device, lambda: target.generate(ids, attention_mask=torch.ones_like(ids),
-                                                               max_new_tokens=max_new, **sampling, **extra))
-        gen = out[0, len(prompt):].tolist()
-        gen = next((gen[:i + 1] for i, t in enumerate(gen) if t in eos), gen)  # nothing after the first EOS
-        return Sample(gen, len(starts), len(drafts), commits_from_starts(starts, len(prompt), len(gen)), wall)
-
-    return run
-
-
-def loop_runner(target, drafter, block_size: int) -> Runner:
-    """``speculative_generate`` at batch 1 with a built drafter."""
-    from dllm.drafters.loop import speculative_generate
-
-    from dllm.models.task_tokenizer import task_tokenizer
-
-    device = _device(target)
-    tokenizer = task_tokenizer()  # the prompts are task prompts; a drafter checks its vocabulary against it
-
-    def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
-        out, wall = _timed(device, lambda: speculative_generate(
-            target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
-            block_size=block_size, seed=seed, tokenizer=tokenizer))
-        return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
-
-    return run
-
-
-def make_runner(target, method: Method, block_size: int) -> Runner:
-    """The runner of one method; loads its model (errors propagate: ``run_bench`` skips the method)."""
-    from dllm.drafters.base import make_drafter
-
-    name, model = method.name, method.model
-    if name in MODEL_FLAGS and model is None:
-        raise ValueError(f"method {name!r} needs a model ({MODEL_FLAGS[name]} NAME_OR_PATH)")
-    if name in ("generate", "prompt_lookup"):
-        return hf_runner(target, **({} if name == "generate" else {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}))
-    if name == "assisted":
-        if isinstance(model, (str, Path)):
-            from dllm.drafters.loading import load_target
-
-            model = load_target(model, device=_device(target))[0]
-        return hf_runner(target, assistant=model)
-    if name == "ar":
-        return loop_runner(target, make_drafter("ngram"), 1)  # block size 1: the drafter is never asked
-    drafter = make_drafter(name, **({"model": model} if model is not None else {}), **method.options)
-    return loop_runner(target, drafter, block_size)
-
-
-def _eos_ids(target) -> set[int]:
-    eos = getattr(target.generation_config, "eos_token_id", None)
-    eos = getattr(target.config, "eos_token_id", None) if eos is None else eos
-    return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
 
 
 def run_bench(
@@ -290,57 +124,6 @@ def _rows(methods: Sequence[Method], samples: dict[str, list[Sample]], skipped: 
             r.speedup = round(r.tokens_per_s / base.tokens_per_s, 3) if r.tokens_per_s and base.tokens_per_s else None
             r.greedy_match = r.outputs == base.outputs if temp == 0 else None
     return rows
-
-
-def summarize(method: str, temp: float, samples: Sequence[Sample], examples: Sequence[T.Example],
-              block_size: int) -> Row:
-    """One row from one method's samples at one temperature (sample i is examples[i])."""
-    words = {i: w for w, i in _task_vocab().items()}
-    tokens = sum(len(s.generated) for s in samples)
-    forwards = sum(s.target_forwards for s in samples)
-    wall = sum(s.wall_s for s in samples)
-    commits = None if any(s.commits is None for s in samples) else [n for s in samples for n in s.commits]
-    hits = [T.score(ex, [words.get(t, "?") for t in s.generated]) for ex, s in zip(examples, samples)]
-    return Row(
-        method=method, temperature=temp, prompts=len(samples), generated_tokens=tokens, target_forwards=forwards,
-        drafter_forwards=sum(s.drafter_forwards for s in samples),
-        tau=round(tokens / forwards, 4) if forwards else None,
-        tau_round=round(sum(commits) / len(commits), 4) if commits else None,
-        acceptance=None if commits is None else acceptance_by_position(commits, block_size),
-        tokens_per_s=round(tokens / wall, 2) if wall > 0 else None, wall_s=round(wall, 4),
-        accuracy=round(sum(hits) / len(hits), 4) if hits else None, outputs=[list(s.generated) for s in samples],
-    )
-
-
-def acceptance_by_position(commits: Sequence[int], block_size: int) -> list[float]:
-    """Entry k - 1 (k = 1..block_size - 1): the fraction of rounds that accepted >= k drafts."""
-    n = max(len(commits), 1)
-    return [round(sum(c > k for c in commits) / n, 4) for k in range(1, block_size)]
-
-
-@lru_cache(maxsize=1)
-def _task_vocab() -> dict[str, int]:
-    from dllm.models.task_tokenizer import task_tokenizer
-
-    return task_tokenizer().get_vocab()
-
-
-COLUMNS = ("method", "temperature", "tau", "tau_round", "target_forwards", "drafter_forwards", "tokens_per_s",
-           "wall_s", "speedup", "accuracy", "greedy_match", "status")
-
-
-def format_table(rows: Sequence[Row], columns: Sequence[str] = COLUMNS) -> str:
-    """Markdown table of the rows, then each row's acceptance by position (k = 1..B-1)."""
-    def cell(r: Row, c: str) -> str:
-        v = getattr(r, c)
-        return f"skipped ({r.reason})" if c == "status" and r.status == "skipped" else "" if v is None else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
-    lines.append("\nacceptance by position (fraction of rounds accepting >= k drafts, k = 1..B-1):")
-    lines += [f"  {r.method:<14} T={r.temperature:g}  " + " ".join(f"{a:.2f}" for a in r.acceptance)
-              for r in rows if r.acceptance]
-    return "\n".join(lines)
 
 
 def _split(values: Optional[Sequence[str]]) -> list[str]:
