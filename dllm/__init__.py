@@ -3,7 +3,7 @@
 Public API (imported lazily so ``import dllm`` stays cheap):
 ``load``, ``generate``, ``list_samplers``, ``list_caches``, ``GenerationOutput``; speculative decoding of
 autoregressive targets: ``speculative_generate``, ``load_target``, ``make_drafter``, ``list_drafters``,
-``SpeculativeOutput``.
+``SpeculativeOutput``, ``list_tree_builders`` (draft trees: ``speculative_generate(..., tree=...)``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _LAZY = {
     "make_drafter": ("dllm.drafters.base", "make_drafter"),
     "list_drafters": ("dllm.drafters.base", "list_drafters"),
     "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),
+    "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
 }
 
 

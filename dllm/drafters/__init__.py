@@ -30,6 +30,10 @@ _LAZY = {
     "speculative_verify": ("dllm.drafters.verify", "speculative_verify"),
     "load_target": ("dllm.drafters.loading", "load_target"),
     "resolve_target": ("dllm.drafters.loading", "resolve_target"),
+    "Tree": ("dllm.drafters.tree", "Tree"),
+    "make_tree_builder": ("dllm.drafters.tree", "make_tree_builder"),
+    "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
+    "register_tree_builder": ("dllm.drafters.tree", "register_tree_builder"),
 }
 
 
