@@ -106,6 +106,13 @@ class CanvasView:
 def cmd_generate(args) -> int:
     from dllm.engine import generate
 
+    if args.order_png:  # checked before loading a model
+        import importlib.util
+
+        from dllm.eval.order_plot import check_png_path, plot_order
+        check_png_path(args.order_png)
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--order-png needs matplotlib: pip install dllm[eval]")
     _set_threads(args)
     model = _load(args)
     view = CanvasView(model) if args.show else None
@@ -113,10 +120,13 @@ def cmd_generate(args) -> int:
         model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, temperature=args.temperature,
         cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
-        cache=args.cache, callback=view, **dict(args.option),
+        cache=args.cache, callback=view, return_trace=bool(args.order_png), **dict(args.option),
     )
     text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
     print(text)
+    if args.order_png:
+        path = plot_order(out, args.order_png, tokenizer=model.tokenizer, title=f"{args.model}: {args.sampler}")
+        print(f"decoding order: {path}", file=sys.stderr)
     print(json.dumps(out.summary()), file=sys.stderr)
     return 0
 
@@ -249,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-at-eos", action="store_true")
     g.add_argument("--dtype", default=None)
     g.add_argument("--device", default=None)
+    g.add_argument("--order-png", default=None, metavar="PATH",
+                   help="also write a heatmap of the step at which each position was committed (.png)")
     _add_decode_args(g)
     g.set_defaults(func=cmd_generate)
 
