@@ -18,7 +18,6 @@ Nothing here runs remote code. ``load_any_dflash`` dispatches on ``architectures
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -28,9 +27,9 @@ import torch
 from dllm.drafters.dflash2_model import DFlash2Config, DFlash2Drafter
 from dllm.drafters.dflash_config import DFlashConfig
 from dllm.drafters.dflash_io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
-                                     config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash)
+                                     config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash,
+                                     save_drafter_checkpoint)
 from dllm.drafters.dflash_model import DFlashDrafter
-from dllm.models.checkpoint import write_safetensors
 from dllm.models.loading import locate, read_config
 
 PathLike = Union[str, Path]
@@ -122,15 +121,7 @@ def load_dflash2(
 def save_dflash2(model: DFlash2Drafter, directory: PathLike, *, max_shard_size: Optional[int] = None) -> Path:
     """Write ``config.json`` + safetensors in the official DFlash 2 format (bare codebook names),
     loadable by ``load_dflash2`` and by the reference's ``DFlash2DraftModel.from_pretrained``."""
-    directory = Path(directory)
-    state = model.state_dict()
-    meta = [k for k, v in state.items() if v.is_meta]
-    if meta:
-        raise ValueError(f"cannot save a drafter whose weights are not materialised (meta): {meta[:3]} ...")
-    write_safetensors(dict(state), directory, max_shard_size)
-    hf = config_to_hf2(model.config, model.hf_config, model.fc.weight.dtype)
-    (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    return directory
+    return save_drafter_checkpoint(model, directory, model.state_dict(), config_to_hf2, max_shard_size)
 
 
 def load_any_dflash(

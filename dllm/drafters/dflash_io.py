@@ -249,13 +249,19 @@ def load_drafter_checkpoint(
 def save_dflash(model: DFlashDrafter, directory: PathLike, *, max_shard_size: Optional[int] = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (shards + index past ``max_shard_size`` bytes) in
     the official format, loadable by ``load_dflash`` and by the reference's ``from_pretrained``."""
+    return save_drafter_checkpoint(model, directory, model.state_dict(), config_to_hf, max_shard_size)
+
+
+def save_drafter_checkpoint(model: nn.Module, directory: PathLike, state: Mapping[str, torch.Tensor],
+                            to_hf: Callable[..., dict], max_shard_size: Optional[int] = None) -> Path:
+    """Write ``state`` (official key names) as safetensors and ``to_hf(config, hf_config, dtype)`` as
+    ``config.json``: the saving steps every DFlash architecture shares."""
     directory = Path(directory)
-    state = model.state_dict()
     meta = [k for k, v in state.items() if v.is_meta]
     if meta:
         raise ValueError(f"cannot save a drafter whose weights are not materialised (meta): {meta[:3]} ...")
     write_safetensors(dict(state), directory, max_shard_size)
-    hf = config_to_hf(model.config, model.hf_config, model.fc.weight.dtype)
+    hf = to_hf(model.config, model.hf_config, model.fc.weight.dtype)
     (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return directory
 
@@ -314,5 +320,5 @@ def random_dflash(
 
 
 __all__ = ["ARCHITECTURE", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "load_drafter_checkpoint",
-           "random_dflash",
+           "random_dflash", "save_drafter_checkpoint",
            "save_dflash"]

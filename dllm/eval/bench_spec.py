@@ -155,6 +155,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.methods = _split(args.methods)
     check_methods(args.methods)
+    return check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
+
+
+def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argparse.Namespace:
+    """The flags ``dllm bench spec`` shares with its ``--trees`` mode: temperatures (numbers >= 0),
+    tasks (registered; default the long-answer suite), and the integer flags ``positive`` (>= 1)."""
     try:
         args.temperatures = [float(t) for t in _split(args.temperatures)]
     except ValueError:
@@ -165,7 +171,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     bad = [t for t in args.tasks if t not in known]
     if bad:
         raise ValueError(f"unknown task(s) {bad}; valid tasks: {', '.join(known)}")
-    for flag in ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"):
+    for flag in positive:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {value}")

@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.bench_spec import _split, check_temperatures, format_table
+from dllm.eval.bench_spec import _split, check_common_args, check_temperatures, format_table
 from dllm.eval.spec_runners import _device
 from dllm.eval.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
 from dllm.eval.tree_runs import (BASELINES, Config, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
@@ -178,21 +178,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     except ValueError:
         raise ValueError(f"--budgets must be integers >= 1 such as 16,32,64,128, got {args.budgets!r}") from None
     check_budgets(args.budgets)
-    try:
-        args.temperatures = [float(t) for t in _split(args.temperatures)]
-    except ValueError:
-        raise ValueError(f"--temperatures must be numbers >= 0 such as 0,1, got {args.temperatures!r}") from None
-    check_temperatures(args.temperatures)
-    args.tasks = _split(args.tasks) or list(T.suite_task_names("long-answer"))
-    known = [e.name for e in T.tasks]
-    bad = [t for t in args.tasks if t not in known]
-    if bad:
-        raise ValueError(f"unknown task(s) {bad}; valid tasks: {', '.join(known)}")
-    for flag in ("n", "block_size", "threads", "max_new_tokens", "prefix", "cost_repeats"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {value}")
-    return args
+    return check_common_args(args, ("n", "block_size", "threads", "max_new_tokens", "prefix", "cost_repeats"))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
