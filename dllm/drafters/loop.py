@@ -233,9 +233,8 @@ class _Run:
         advance = 1 + max(max(row[2 + k:]) for row in back)  # past the deepest accepted slot of any row
         crop_to(self.cache, s + advance)
         new_valid = torch.zeros((r, t), dtype=torch.bool, device=self.device)
-        new_valid[:, 0] = True
-        new_valid.scatter_(1, path, path > 0)
-        new_valid[:, 0] = True  # (path's 0 entries scattered False onto the root)
+        new_valid.scatter_(1, path, path > 0)  # the path's nodes (its 0 entries write False onto the root)
+        new_valid[:, 0] = True  # the root (the anchor) is always committed
         self.valid = torch.cat([self.valid, new_valid[:, :advance]], dim=1)
         self.kv_len = [n + row[0] + 1 for n, row in zip(self.kv_len, back)]
         if hidden is not None:  # the drafter's next features: root + accepted path, in path order

@@ -27,7 +27,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec_report import COLUMNS, Row, _task_vocab, acceptance_by_position, format_table, summarize
+from dllm.eval.spec_report import (COLUMNS, Row, _task_vocab, acceptance_by_position, compare_to_baseline, format_table,
+                                   summarize)
 from dllm.eval.spec_runners import (METHODS, Method, Runner, Sample, _device, commits_from_starts, counting,
                                     hf_runner, loop_runner, make_runner)
 
@@ -118,11 +119,7 @@ def _rows(methods: Sequence[Method], samples: dict[str, list[Sample]], skipped: 
           examples: Sequence[T.Example], temp: float, block_size: int) -> list[Row]:
     rows = [Row(m.name, temp, status="skipped", reason=skipped[m.name]) if m.name in skipped
             else summarize(m.name, temp, samples[m.name], examples, block_size) for m in methods]
-    base = next((r for r in rows if r.method == "generate" and r.status == "ok"), None)
-    for r in rows:
-        if base is not None and r.status == "ok":
-            r.speedup = round(r.tokens_per_s / base.tokens_per_s, 3) if r.tokens_per_s and base.tokens_per_s else None
-            r.greedy_match = r.outputs == base.outputs if temp == 0 else None
+    compare_to_baseline(rows, next((r for r in rows if r.method == "generate" and r.status == "ok"), None), temp)
     return rows
 
 

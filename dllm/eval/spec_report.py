@@ -74,6 +74,17 @@ COLUMNS = ("method", "temperature", "tau", "tau_round", "target_forwards", "draf
            "wall_s", "speedup", "accuracy", "greedy_match", "status")
 
 
+def compare_to_baseline(rows: Sequence[Row], base: Optional[Row], temperature: float) -> None:
+    """Fill ``speedup`` (tokens/s over the baseline's) and, greedy only, ``greedy_match`` (the same
+    tokens as the baseline) of every ok row, in place; nothing without an ok baseline."""
+    if base is None:
+        return
+    for r in rows:
+        if r.status == "ok":
+            r.speedup = round(r.tokens_per_s / base.tokens_per_s, 3) if r.tokens_per_s and base.tokens_per_s else None
+            r.greedy_match = r.outputs == base.outputs if temperature == 0 else None
+
+
 def format_table(rows: Sequence[Row], columns: Sequence[str] = COLUMNS) -> str:
     """Markdown table of the rows, then each row's acceptance by position (k = 1..B-1)."""
     def cell(r: Row, c: str) -> str:
@@ -88,4 +99,4 @@ def format_table(rows: Sequence[Row], columns: Sequence[str] = COLUMNS) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["COLUMNS", "Row", "acceptance_by_position", "format_table", "summarize"]
+__all__ = ["COLUMNS", "Row", "compare_to_baseline", "acceptance_by_position", "format_table", "summarize"]

@@ -12,7 +12,7 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.bench_spec import _reason, check_temperatures
-from dllm.eval.spec_report import Row, _task_vocab, summarize
+from dllm.eval.spec_report import Row, _task_vocab, compare_to_baseline, summarize
 from dllm.eval.spec_runners import Runner, Sample, _device, _timed, hf_runner, loop_runner
 
 BASELINES: tuple[str, ...] = ("generate", "no-tree")  # target.generate; the DFlash chain without a tree
@@ -180,11 +180,7 @@ def _rows(configs: Sequence[Config], samples: dict[str, list[Sample]], seen: dic
         w = seen[c.label]
         rows.append(TreeRow(**{f.name: getattr(row, f.name) for f in fields(Row)}, **extra,
                             width=round(sum(w) / len(w), 3) if w else None))
-    base = next((r for r in rows if r.builder == "generate" and r.status == "ok"), None)
-    for r in rows:
-        if base is not None and r.status == "ok":
-            r.speedup = round(r.tokens_per_s / base.tokens_per_s, 3) if r.tokens_per_s and base.tokens_per_s else None
-            r.greedy_match = r.outputs == base.outputs if temp == 0 else None
+    compare_to_baseline(rows, next((r for r in rows if r.builder == "generate" and r.status == "ok"), None), temp)
     return rows
 
 

@@ -20,6 +20,7 @@ from dllm.drafters.dflash2_model import (DFlash2Config, DFlash2Drafter, causal_w
 from dllm.drafters.dflash_io import random_dflash, save_dflash
 from dllm.drafters.dflash_model import (DFlashDrafter, DraftKVCache, extract_context_feature, make_block,
                                         target_embedding, target_head)
+from dllm.drafters.target import crop_to
 from dllm.models.checkpoint import CheckpointError
 
 from spec_helpers import dflash_target
@@ -212,9 +213,6 @@ def test_save_load_round_trip(target, tmp_path):
 
 # ---- a batch-1 greedy loop ----------------------------------------------------------------------
 
-
-def crop_to(cache: DynamicCache, length: int) -> None:
-    cache.crop(length - cache.get_seq_length())
 
 
 @torch.no_grad()

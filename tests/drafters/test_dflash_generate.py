@@ -11,12 +11,10 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from dllm.drafters.dflash_io import random_dflash, save_dflash
 from dllm.drafters.dflash_model import (DraftKVCache, draft_block, extract_context_feature, make_block,
                                         target_embedding, target_head)
+from dllm.drafters.target import crop_to
 
 VOCAB, MASK = 13, 12
 
-
-def crop_to(cache: DynamicCache, length: int) -> None:
-    cache.crop(length - cache.get_seq_length())  # transformers 5 crops by a negative count
 
 
 @torch.no_grad()

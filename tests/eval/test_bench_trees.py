@@ -11,18 +11,9 @@ from dllm import tasks as T
 from dllm.eval import bench_trees as B
 from dllm.eval.bench_spec import main as bench_spec_main
 
-VOCAB, EOS, MASK = 88, 4, 1
+from spec_models import MASK, tiny_qwen3
+
 BUDGETS = (4, 8)
-
-
-def tiny_qwen3(seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, eos_token_id=EOS, pad_token_id=0,
-                         initializer_range=0.5)  # peaked logits: outputs loop, so drafts get accepted
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).float().eval()
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +22,7 @@ def models(tmp_path_factory):
     from dllm.drafters.dflash_io import random_dflash, save_dflash
 
     root = tmp_path_factory.mktemp("bench_trees")
-    target = tiny_qwen3()
+    target = tiny_qwen3(seed=0)
     target.save_pretrained(root / "target")
     save_dflash(random_dflash(target, 1, 8, MASK), root / "dflash")  # block 8: K = 7
     drafter = make_drafter("dflash", model=str(root / "dflash"))
