@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, softmax_prob
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.state import StepInput, StepOutput
 
@@ -77,18 +78,6 @@ def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.T
     return (eligible & (conf >= tau)) | top1(conf, eligible)
 
 
-def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
-    """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
-
-    Where the arg-max is ``banned`` the runner-up is taken. Elsewhere the result is exactly
-    ``z.argmax(-1)`` (same tie-breaking as the references). z: [..., V] -> [...] long.
-    """
-    top = z.argmax(dim=-1)
-    runner_up = z.topk(2, dim=-1).indices  # [..., 2]
-    alt = torch.where(runner_up[..., 0] == banned, runner_up[..., 1], runner_up[..., 0])
-    return torch.where(top == banned, alt, top)
-
-
 def gumbel_perturb(
     logits: torch.Tensor, temperature: float, noise: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
@@ -116,11 +105,13 @@ def gumbel_uniforms(logits: torch.Tensor, temperature: float,
 
 def propose(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
             mask_id: int) -> torch.Tensor:
-    """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample on
-    ``gumbel_uniforms``; never the mask id. logits: [..., V] -> [...] long.
+    """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample on uniforms of the
+    logits' shape (as ``gumbel_uniforms`` draws them; a few rows at a time on CPU, the same stream:
+    ``dllm.samplers.chunked``); never the mask id. logits: [..., V] -> [...] long.
     """
-    noise = gumbel_uniforms(logits, temperature, generator)
-    return argmax_excluding(gumbel_perturb(logits, temperature, noise), mask_id)
+    if temperature == 0:
+        return argmax_excluding(logits, mask_id)
+    return gumbel_argmax(logits, temperature, generator, mask_id)
 
 
 def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +125,7 @@ def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch
         x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
     else:
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
+        conf = softmax_prob(logits, x0)  # [B, W] float64
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),
             expand_window(conf, inp.window, width, float("-inf")))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_number, check_unit
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose, threshold_commit
+from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose, softmax_prob, threshold_commit
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -72,7 +72,7 @@ class Credit(Sampler):
         fused = logits.float() + cfg.alpha * torch.log1p(credit)  # [B, W, V]
 
         x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf_w = gather_prob(torch.softmax(fused.to(torch.float64), dim=-1), x0)  # [B, W]
+        conf_w = softmax_prob(fused, x0)  # [B, W] float64
         width = inp.logits.shape[1]
         tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]
         conf = expand_window(conf_w, inp.window, width, float("-inf"))  # [B, Q]

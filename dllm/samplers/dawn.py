@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import gather_prob, propose, top1
+from dllm.samplers._ops import propose, softmax_prob, top1
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -149,7 +149,7 @@ class Dawn(Sampler):
         # proposals and confidence for every position before the block end
         head = logits[:, :we]  # [B, we, V]
         x0 = propose(head, inp.temperature, inp.generator, mask_id)  # [B, we]
-        c = gather_prob(torch.softmax(head.to(torch.float64), dim=-1), x0)  # [B, we] float64
+        c = softmax_prob(head, x0)  # [B, we] float64, a few rows at a time
         tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
         tokens[:, :we] = x0
         conf = torch.full((bsz, q), float("-inf"), dtype=torch.float64, device=logits.device)

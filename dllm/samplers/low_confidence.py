@@ -39,13 +39,13 @@ from dllm.samplers._ops import (
     expand_window,
     gather_prob,
     gumbel_perturb,
-    gumbel_uniforms,
     TIES,
     take_top_k,
     top_k_as_reference,
     transfer_schedule,
 )
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import window_uniforms
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -92,9 +92,10 @@ class _LLaDARemasking(Sampler):
         eos_ids = state.extras.get("eos_ids", ())
         if self.config.logits_eos_inf and eos_ids:
             logits[:, ws:we, eos_ids[0]] = float("-inf")
-        # same shape and dtype as the reference's rand_like(float64 logits): the full query width
-        noise = gumbel_uniforms(logits, inp.temperature, inp.generator)
-        noise = None if noise is None else noise[:, ws:we]
+        # the window's part of the reference's rand_like(float64 logits) over the full query width
+        # (the same stream; on CPU the rest is drawn in pieces and dropped: dllm.samplers.chunked)
+        noise = None if inp.temperature == 0 else window_uniforms(logits.shape, inp.window, inp.generator,
+                                                                    logits.device)
         window_logits = logits[:, ws:we]  # [B, W, V]
         if self._fused(window_logits):
             x0, score = fused_propose(window_logits, inp.temperature, noise, inp.mask_id)  # [B, W] x2

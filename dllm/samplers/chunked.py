@@ -1,0 +1,121 @@
+"""The references' float64 statistics in row chunks: the same bits, bounded memory.
+
+LLaDA's ``generate`` and Fast-dLLM's drivers perturb and normalise logits in float64 over whole
+tensors: ``softmax(logits.to(float64))`` over every forwarded row, and the Gumbel-max uniforms
+``rand_like(float64 logits)`` over the whole canvas (ML-GSAI/LLaDA ``generate.py``
+``add_gumbel_noise``). With LLaDA-8B's 126,464-word vocabulary and a 1,056-column canvas that is a
+1 GiB float64 temporary per step (each), for statistics a step reads at a few dozen positions.
+
+Both are row-wise, so they can run a few rows at a time with identical results:
+
+- a softmax over the last dimension treats each row alone: chunks of rows give the same bits;
+- CPU generators (mt19937) emit one value per element in order, so drawing the flattened tensor
+  in consecutive pieces gives the same stream as one draw (tested). CUDA's Philox generator
+  advances its offset per launch, so there the chunked draw would change the stream: on CUDA the
+  uniforms are drawn in one piece, as the reference does (``stream_chunkable``).
+
+Rows not read are still drawn (and thrown away) where the reference draws them, so a seed gives
+the reference's tokens; nothing of size [B, L, V] in float64 is allocated on CPU.
+``CHUNK_ELEMENTS`` bounds a temporary (elements; 2^22 float64 = 32 MiB); tests lower it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+CHUNK_ELEMENTS: int = 1 << 22
+
+
+def rows_per_chunk(vocab: int, chunk_elements: Optional[int] = None) -> int:
+    """Rows of ``vocab`` values per temporary, at least one."""
+    budget = CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    return max(1, budget // max(1, vocab))
+
+
+def stream_chunkable(device: torch.device) -> bool:
+    """Whether uniforms drawn in pieces on ``device`` reproduce one draw (CPU generators only)."""
+    return device.type == "cpu"
+
+
+def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Optional[int] = None) -> torch.Tensor:
+    """``softmax(logits.to(float64), -1)`` gathered at ``tokens``, a chunk of rows at a time.
+
+    logits [..., V], tokens [...] long -> [...] float64, bit-equal to the one-piece computation.
+    """
+    v = logits.shape[-1]
+    flat = logits.reshape(-1, v)  # [N, V]
+    idx = tokens.reshape(-1, 1)  # [N, 1]
+    step = rows_per_chunk(v, chunk_elements)
+    if flat.shape[0] <= step:
+        out = torch.softmax(flat.to(torch.float64), dim=-1).gather(-1, idx)
+    else:
+        out = torch.cat([torch.softmax(part.to(torch.float64), dim=-1).gather(-1, i)
+                         for part, i in zip(flat.split(step), idx.split(step))])
+    return out.reshape(tokens.shape)
+
+
+def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
+    """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
+
+    Where the arg-max is ``banned`` the runner-up is taken. Elsewhere the result is exactly
+    ``z.argmax(-1)`` (same tie-breaking as the references). z: [..., V] -> [...] long.
+    """
+    top = z.argmax(dim=-1)
+    runner_up = z.topk(2, dim=-1).indices  # [..., 2]
+    alt = torch.where(runner_up[..., 0] == banned, runner_up[..., 1], runner_up[..., 0])
+    return torch.where(top == banned, alt, top)
+
+
+def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.exp(l64) / (-torch.log(u)) ** temperature  # LLaDA's exp(l) / (-log u)^T
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator], mask_id: int,
+                  chunk_elements: Optional[int] = None) -> torch.Tensor:
+    """LLaDA's float64 Gumbel-max sample (T > 0) on uniforms of the logits' shape, never ``mask_id``:
+    logits [..., V] -> [...] long; equal to drawing ``rand(logits.shape, float64)`` at once."""
+    assert temperature > 0, "gumbel_argmax draws; at T = 0 take the arg-max"
+    v = logits.shape[-1]
+    flat = logits.reshape(-1, v)  # [N, V]
+    step = rows_per_chunk(v, chunk_elements)
+    if flat.shape[0] <= step or not stream_chunkable(logits.device):
+        u = torch.rand(flat.shape, dtype=torch.float64, generator=generator, device=logits.device)
+        x0 = argmax_excluding(_perturb(flat.to(torch.float64), u, temperature), mask_id)
+    else:
+        x0 = torch.cat([
+            argmax_excluding(_perturb(part.to(torch.float64), torch.rand(
+                part.shape, dtype=torch.float64, generator=generator, device=logits.device), temperature), mask_id)
+            for part in flat.split(step)])
+    return x0.reshape(logits.shape[:-1])
+
+
+def _skip(count: int, generator: Optional[torch.Generator], device: torch.device, step: int) -> None:
+    """Advance the stream by ``count`` float64 uniforms, at most ``step`` values at a time."""
+    for start in range(0, count, step):
+        torch.rand((min(step, count - start),), dtype=torch.float64, generator=generator, device=device)
+
+
+def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Optional[torch.Generator],
+                    device: torch.device, chunk_elements: Optional[int] = None) -> torch.Tensor:
+    """The columns ``[ws, we)`` of ``rand(shape, float64)`` for shape [B, Q, V], as [B, W, V].
+
+    On CPU the other columns are drawn in pieces and dropped (same stream, no [B, Q, V] tensor);
+    on CUDA (``stream_chunkable``) the whole tensor is drawn, then sliced.
+    """
+    b, q, v = shape
+    ws, we = window
+    if not stream_chunkable(device) or (ws == 0 and we == q):
+        return torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)[:, ws:we]
+    step = rows_per_chunk(v, chunk_elements) * v
+    rows = []
+    for _ in range(b):  # the stream is row-major: [row 0: before, window, after][row 1: ...]
+        _skip(ws * v, generator, device, step)
+        rows.append(torch.rand((we - ws, v), dtype=torch.float64, generator=generator, device=device))
+        _skip((q - we) * v, generator, device, step)
+    return torch.stack(rows)  # [B, W, V]
+
+
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "gumbel_argmax", "rows_per_chunk", "softmax_prob", "stream_chunkable",
+           "window_uniforms"]

@@ -1,0 +1,142 @@
+"""The references' float64 statistics in row chunks (dllm.samplers.chunked): same bits as the
+one-piece computation, and no [B, L, V] float64 tensor in any decode step."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dllm
+from dllm.models.tiny import tiny
+from dllm.samplers import chunked, samplers
+from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, softmax_prob, window_uniforms
+
+
+def _logits(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+@pytest.mark.parametrize("chunk", [1, 7 * 50, 10**9])
+def test_softmax_prob_is_bit_equal_to_one_piece(chunk):
+    logits = _logits(3, 20, 50)
+    tokens = logits.argmax(-1)
+    want = torch.softmax(logits.to(torch.float64), dim=-1).gather(-1, tokens[..., None])[..., 0]
+    got = softmax_prob(logits, tokens, chunk_elements=chunk)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("chunk", [50, 3 * 50, 10**9])
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_gumbel_argmax_draws_the_one_piece_stream(chunk, temperature):
+    logits = _logits(2, 30, 50, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    u = torch.rand(logits.shape, dtype=torch.float64, generator=gen)
+    want = argmax_excluding(torch.exp(logits.to(torch.float64)) / (-torch.log(u)) ** temperature, 3)
+    got = gumbel_argmax(logits, temperature, torch.Generator().manual_seed(5), 3, chunk_elements=chunk)
+    assert torch.equal(got, want)
+    assert not (got == 3).any()
+
+
+@pytest.mark.parametrize("window", [(0, 30), (4, 12), (25, 30), (0, 1)])
+@pytest.mark.parametrize("chunk", [50, 4 * 50, 10**9])
+def test_window_uniforms_are_the_slice_of_one_draw(window, chunk):
+    shape = torch.Size((3, 30, 50))
+    full = torch.rand(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    got = window_uniforms(shape, window, torch.Generator().manual_seed(9), torch.device("cpu"), chunk_elements=chunk)
+    assert torch.equal(got, full[:, window[0]:window[1]])
+
+
+def test_the_stream_continues_where_one_draw_would_leave_it():
+    shape = torch.Size((2, 10, 40))
+    g1, g2 = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    torch.rand(shape, dtype=torch.float64, generator=g1)
+    window_uniforms(shape, (3, 6), g2, torch.device("cpu"), chunk_elements=40)
+    assert torch.equal(torch.rand(5, generator=g1), torch.rand(5, generator=g2))
+
+
+def _model(vocab):
+    return tiny("llada", vocab_size=vocab, tokenizer=False, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2,
+                mlp_hidden=64, seed=3)
+
+
+def _sampler_names():
+    return sorted(entry.name for entry in samplers)
+
+
+def _run(model, prompt, name, temperature, cache):
+    try:
+        return dllm.generate(model, prompt, sampler=name, gen_length=16, block_length=16, temperature=temperature,
+                             cache=cache, seed=0)
+    except ValueError as exc:
+        if "greedy only" in str(exc):
+            return None
+        raise
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_chunking_changes_no_token(monkeypatch, temperature):
+    """Every sampler, chunked a row at a time vs in one piece: the same tokens."""
+    model = _model(512)
+    prompt = torch.randint(10, 60, (2, 24), generator=torch.Generator().manual_seed(0))
+    checked = 0
+    for name in _sampler_names():
+        monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1 << 30)
+        one = _run(model, prompt, name, temperature, "none")
+        if one is None:
+            continue
+        monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 512)
+        rows = _run(model, prompt, name, temperature, "none")
+        assert torch.equal(one.sequences, rows.sequences), name
+        checked += 1
+    assert checked >= 8
+
+
+class _Float64Watch(TorchDispatchMode):
+    """Records every float64 tensor an op creates with at least ``limit`` elements."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.seen = limit, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.numel() >= self.limit:
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+def _check_no_canvas_sized_float64(runs, vocab, cache, prompt_length=200):
+    model = _model(vocab)
+    prompt = torch.randint(10, 60, (1, prompt_length), generator=torch.Generator().manual_seed(1))
+    length = prompt.shape[1] + 16
+    ran = 0
+    for name, temperature in runs:
+        watch = _Float64Watch(length * vocab)
+        with torch.no_grad(), watch:
+            out = _run(model, prompt, name, temperature, cache)
+        if out is None:
+            continue
+        assert watch.seen == [], (name, temperature, watch.seen[:3])
+        ran += 1
+    return ran
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_no_canvas_sized_float64_tensor_in_any_sampler(monkeypatch, cache):
+    """No decode step of any sampler, greedy or sampled, creates a float64 tensor of B x L x V
+    elements (the references create two per step without a cache). A 4,096-word vocabulary with the
+    chunk scaled like it (the same rows per chunk as LLaDA-8B's 126,464 words get by default)."""
+    vocab = 4096
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", chunked.CHUNK_ELEMENTS * vocab // 126_464)
+    runs = [(name, t) for name in _sampler_names() for t in (0.0, 1.0)]
+    assert _check_no_canvas_sized_float64(runs, vocab, cache) >= 20
+
+
+@pytest.mark.slow
+def test_no_canvas_sized_float64_tensor_at_the_real_vocabulary():
+    """The same at LLaDA-8B's vocabulary (126,464) and the default chunk, for the recommended
+    sampler and the two that normalise (dawn) or draw (low_confidence at T > 0) over the canvas."""
+    runs = [("fast", 0.0), ("dawn", 0.0), ("low_confidence", 1.0)]
+    assert _check_no_canvas_sized_float64(runs, 126_464, "none", prompt_length=100) == 3
