@@ -7,7 +7,8 @@ separators), and bump nothing else. ``tests/eval`` pins a SHA-256 of the list to
 Layout (ids in this order): specials, one token per task (the task's registry name), digits
 ``0``-``9``, single-token items ``A``-``P``, first parts ``f0``-``f7``, second parts ``s0``-``s7``,
 separators ``,`` and ``|``, then the task tokens of the long-answer suite (appended later: the
-models trained before them embed only the first ``PB_MINI_VOCAB_SIZE`` = 80 words).
+models trained before them embed only the first ``PB_MINI_VOCAB_SIZE`` = 80 words), then those of
+the long-prompt suite (``LONG_ANSWER_VOCAB_SIZE`` = 83 words come before them).
 """
 
 from __future__ import annotations
@@ -39,11 +40,18 @@ SEPARATORS: tuple[str, ...] = (COMMA, BAR)
 # appended 2026-12-01: the long-answer suite's task tokens (``dllm/tasks/long.py``)
 LONG_TASK_TOKENS: tuple[str, ...] = ("copy_long", "reverse_long", "double_long")
 
+# appended 2026-12-01 (later): the long-prompt suite's task tokens (``dllm/tasks/long_prompt.py``; its
+# prompts use "," as a row separator / span marker, no other new word)
+LONG_PROMPT_TASK_TOKENS: tuple[str, ...] = ("lookup_long", "lookup_any", "span_copy_far", "count_long")
+
 _VOCABULARY: tuple[str, ...] = (
     SPECIALS + TASK_TOKENS + DIGITS + ITEMS_1TOK + FIRST_PARTS + SECOND_PARTS + SEPARATORS + LONG_TASK_TOKENS
+    + LONG_PROMPT_TASK_TOKENS
 )
 # the words before the long-answer tokens: tiny-llada / tiny-dream embed exactly these 80
-PB_MINI_VOCAB_SIZE = len(_VOCABULARY) - len(LONG_TASK_TOKENS)
+PB_MINI_VOCAB_SIZE = len(_VOCABULARY) - len(LONG_TASK_TOKENS) - len(LONG_PROMPT_TASK_TOKENS)
+# ... and before the long-prompt tokens: the 83 words of tiny-ar / tiny-ar-dflash's tokenizer
+LONG_ANSWER_VOCAB_SIZE = PB_MINI_VOCAB_SIZE + len(LONG_TASK_TOKENS)
 
 
 def vocabulary() -> list[str]:

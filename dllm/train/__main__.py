@@ -25,6 +25,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from dllm.train import long_recipes as _long_recipes  # noqa: F401  (registers tiny-llada-long)
 from dllm.train.data import MixtureConfig
 
 

@@ -8,7 +8,7 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
-from dllm.tasks.vocab import EOS, word_id
+from dllm.tasks.vocab import EOS, LONG_ANSWER_VOCAB_SIZE, word_id
 
 pytestmark = pytest.mark.slow
 LONG = T.suite_task_names("long-answer")
@@ -29,7 +29,7 @@ def prompts(tok, per_size=1):
 def test_the_pair_loads_offline_in_official_formats(pair):
     target, tok, drafter = pair
     assert type(target).__name__ == "Qwen3ForCausalLM" and target.config.eos_token_id == word_id(EOS)
-    assert tok.convert_tokens_to_ids("copy_long") == 80 and len(tok) == len(T.vocabulary())
+    assert tok.convert_tokens_to_ids("copy_long") == 80 and len(tok) == LONG_ANSWER_VOCAB_SIZE  # 83 words
     assert drafter.block_size == 16 and drafter.target_layers == drafter.model.config.target_layer_ids
     assistant, _ = load_target("tiny-ar-draft")
     assert assistant.config.vocab_size == target.config.vocab_size
