@@ -1,0 +1,55 @@
+"""The per-component step breakdown (dllm.eval.bench_breakdown) on a small model."""
+
+import pytest
+import torch
+
+from dllm.eval.bench_breakdown import StepClock, format_rows, main, reference_statistics_seconds, run_case
+from dllm.models.tiny import tiny
+
+
+def _model(layers=2):
+    return tiny("llada", tokenizer=False, n_layers=layers, d_model=64, n_heads=4, n_kv_heads=4, mlp_hidden=128,
+                vocab_size=512, max_positions=1024)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_components_add_up_to_the_step(cache):
+    r = run_case(_model(), cache=cache, sampler="threshold", prompt_length=40, block_length=16, steps=2,
+                 device=torch.device("cpu"))
+    assert r["steps_timed"] == 2
+    parts = [2 * r["layer_s"], r["embedding_s"], r["head_s"], r["statistics_s"], r["engine_s"]]
+    assert all(p >= 0 for p in parts) and r["layer_s"] > 0 and r["head_s"] > 0
+    assert sum(parts) == pytest.approx(r["step_s"], rel=1e-6, abs=1e-9)
+    # the query: the whole canvas without a cache, the block with the dual cache
+    assert r["logits_rows"] == (56 if cache == "none" else 16)
+    assert 0 <= r["engine_share"] <= 1
+    assert r["projected_step_32_s"] > r["step_s"]  # 32 layers instead of 2
+    assert "dual" in format_rows([{"dtype": "float32", **r}]) or cache == "none"
+
+
+def test_a_sampler_forward_is_not_counted_as_statistics():
+    """``fast`` forwards verification variants inside its step: that time is forward time."""
+    r = run_case(_model(), cache="none", sampler="fast", prompt_length=40, block_length=16, steps=2,
+                 device=torch.device("cpu"))
+    assert r["statistics_s"] >= 0 and r["layer_s"] > 0
+
+
+def test_the_clock_ignores_untimed_calls():
+    model = _model(1)
+    clock = StepClock(model, type("S", (), {"step": lambda self, i, s: None})(), torch.device("cpu"), 1)
+    with torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long))
+    clock.close()
+    assert dict(clock.total) == {} and clock.layer_calls == 0
+
+
+def test_reference_statistics_time_a_float64_softmax():
+    assert reference_statistics_seconds(torch.randn(1, 8, 300)) > 0
+
+
+@pytest.mark.parametrize("argv, message", [(["--layers", "0"], "--layers must be >= 1"),
+                                           (["--dtypes", "float8"], "float8")])
+def test_bad_flags_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
