@@ -6,9 +6,9 @@ from dllm.eval.choose_fast import choose, judge
 from dllm.eval.compare import SamplerResult
 
 
-def _r(label, acc, tpf):
+def _r(label, acc, tpf, forwarded=100):
     return SamplerResult(label=label, accuracy=acc, per_task={}, examples=100, nfe_per_example=1.0,
-                         forwarded_tokens=0, tokens_per_forward=tpf, content_tokens_per_forward=tpf,
+                         forwarded_tokens=forwarded, tokens_per_forward=tpf, content_tokens_per_forward=tpf,
                          tokens_per_second=1.0, wall_time=1.0)
 
 
@@ -18,12 +18,19 @@ def _model(**cands):
 
 
 def test_rule_each_condition():
-    res = {"m": _model(a=(0.895, 3.0), b=(0.885, 3.0), c=(0.95, 1.9), d=(0.87, 5.0), e=(0.90, 2.0))}
-    assert judge(res, "a").passes  # within 1 pt of the reference, above threshold, more TPF
+    res = {"m": _model(a=(0.895, 3.0), b=(0.885, 3.0), c=(0.95, 1.9), d=(0.87, 5.0), e=(0.90, 2.39),
+                       f=(0.90, 2.4))}
+    assert judge(res, "a").passes  # within 1 pt of the reference, above threshold, 1.5x the TPF
     assert "- 1 pt" in judge(res, "b").reasons[0]  # 0.885 < 0.90 - 0.01
-    assert "TPF 1.90 <= threshold" in judge(res, "c").reasons[0]
+    assert "TPF 1.90 < 1.2 x threshold" in judge(res, "c").reasons[0]
     assert any("< threshold" in r for r in judge(res, "d").reasons)
-    assert "TPF 2.00 <= threshold 2.00" in judge(res, "e").reasons[0]  # must be strictly more
+    assert "TPF 2.39 < 1.2 x threshold 2.00" in judge(res, "e").reasons[0]  # more, but not 1.2x
+    assert judge(res, "f").passes  # exactly 1.2x
+
+
+def test_verdict_reports_forwarded_tokens_relative_to_the_baseline():
+    res = {"m1": _model() + [_r("v", 0.9, 3.0, forwarded=300)], "m2": _model() + [_r("v", 0.9, 3.0, forwarded=100)]}
+    assert judge(res, "v").forwarded_ratio == pytest.approx(2.0)  # (3x + 1x) / 2
 
 
 def test_choose_needs_every_model_and_takes_max_tpf():
@@ -69,3 +76,15 @@ def test_cli_rejects_threads_below_one(threads, capsys):
     with pytest.raises(SystemExit):
         main(["--threads", threads, "--results", "unused.json"])
     assert f"--threads must be >= 1, got {threads}" in capsys.readouterr().err
+
+
+def test_a_candidate_a_model_cannot_run_fails_with_the_reason():
+    from dllm.eval.choose_fast import cannot_run
+    from dllm.models import load
+
+    oracle = load("oracle", dtype=None)
+    assert "attention" in cannot_run(oracle, "dawn") and cannot_run(oracle, "threshold:threshold=0.8") is None
+    assert cannot_run(oracle, "low_confidence:k=2") is None
+    res = {"m1": _model(a=(0.9, 3.0)), "m2": _model()}
+    verdict = judge(res, "a", skipped={"m2": {"a": "reads attention"}})
+    assert not verdict.passes and "m2: cannot run (reads attention)" in verdict.reasons
