@@ -1,5 +1,5 @@
 """The ``dllm`` command: ``generate``, ``samplers``, ``info``, ``tasks``, ``eval-tasks``, ``compare``,
-``bench``, and speculative decoding of autoregressive targets: ``spec``, ``drafters``.
+``stress``, ``bench``, and speculative decoding of autoregressive targets: ``spec``, ``drafters``.
 
 Bad input is an error message and exit status 2, checked before any decoding: ranges by argparse
 (``argument --n: must be an integer >= 1, got 0``), everything else by the command before it loads
@@ -211,6 +211,13 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_stress(args) -> int:
+    from dllm.eval.stress import run_stress_cli
+
+    _set_threads(args)
+    return run_stress_cli(args)
+
+
 def cmd_bench_caches(args) -> int:
     from dllm.eval.bench_caches import format_table, run_cache_bench
     from dllm.models import load, tiny
@@ -306,6 +313,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true")
     _add_threads(c, "1 on a busy machine")
     c.set_defaults(func=cmd_compare)
+
+    st = sub.add_parser("stress", help="ParallelBench-style sweep: samplers x parallelism x tasks, accuracy vs "
+                                       "tokens per step (resumable)")
+    st.add_argument("--model", default="tiny-llada",
+                    help="model path/name, 'oracle' (exact posteriors) or 'oracle:noise_std=0.05' (with logit noise)")
+    st.add_argument("--grid", action="append", default=None, metavar="SPEC",
+                    help="repeatable; one sampler family: SAMPLER[:OPTION=V1,V2,...,OPTION=V,...], k = tokens "
+                         "per step (low_confidence:k=1,2,4,8 threshold:threshold=0.5,0.7,0.9); default: sweeps "
+                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress_grid)")
+    st.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
+                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
+    st.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")
+    st.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
+    st.add_argument("--out", default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
+    st.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
+    st.add_argument("--dtype", default="float32")
+    st.add_argument("--device", default=None)
+    st.add_argument("--no-progress", action="store_true")
+    _add_threads(st, "1 on a busy machine")
+    st.set_defaults(func=cmd_stress)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
