@@ -39,23 +39,23 @@ def test_lossless_with_classifier_free_guidance(cache):
 
 @pytest.mark.slow
 def test_fast_with_dual_on_the_embedded_model_saves_forwards():
+    """``fast`` (a verifying sampler) under the dual cache on tiny-llada: fewer forwards than
+    ``threshold`` 0.9 with the same cache, and as many exact answers on these examples."""
     from dllm import tasks as T
-    from dllm.samplers.fast import CHOICE
 
-    base, options = CHOICE
-    assert base == "spec_threshold"  # fast is lossless against threshold at its own tau
-    tau = options.get("threshold", 0.9)
     m = load("tiny-llada")
-    la = T.answer_length("shuffle", 8)
     nfe = {"threshold": 0, "fast": 0}
-    for ex in T.test_split("shuffle", 8, n=3) + T.test_split("insert_random", 8, n=2):
-        kw = dict(gen_length=T.answer_length(ex.task, 8), block_length=8, cache="dual")
-        ref = dllm.generate(m, [T.prompt_ids(ex)], sampler="threshold", threshold=tau, **kw)
-        out = dllm.generate(m, [T.prompt_ids(ex)], sampler="fast", **kw)
-        assert torch.equal(out.sequences, ref.sequences)
-        nfe["threshold"] += ref.nfe
-        nfe["fast"] += out.nfe
-    assert la == 9 and nfe["fast"] < nfe["threshold"], nfe
+    right = {"threshold": 0, "fast": 0}
+    for ex in T.test_split("shuffle", 8, n=3) + T.test_split("insert_random", 8, n=2) + T.test_split("copy", 8, n=3):
+        la = T.answer_length(ex.task, 8)
+        kw = dict(gen_length=la, block_length=la, cache="dual")
+        for name in nfe:
+            out = dllm.generate(m, [T.prompt_ids(ex)], sampler=name, **kw)
+            nfe[name] += out.nfe
+            words = T.vocabulary()
+            right[name] += T.score(ex, [words[t] for t in out.generated[0].tolist()])
+    assert nfe["fast"] < nfe["threshold"], nfe
+    assert right["fast"] >= right["threshold"], right
 
 
 def test_verification_leaves_the_call_buffers_untouched():
