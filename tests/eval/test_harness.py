@@ -56,7 +56,7 @@ def harness_accuracy(manager, tasks, **model_args) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler, options", [
     ("low_confidence", {}),  # one token per step, one block
-    ("fast", {"cache": "dual", "block_length": 4, "threshold": 0.7}),  # adaptive, blocks, cache, an option
+    ("fast", {"cache": "dual", "block_length": 4, "tau_conf": 0.7}),  # adaptive, blocks, cache, an option
 ], ids=["low_confidence", "fast-dual"])
 def test_harness_accuracy_equals_exact_match(data_dir, manager, model, sampler, options):
     got = harness_accuracy(manager, TASKS, sampler=sampler, batch_size=5, **options)
@@ -122,9 +122,9 @@ def test_chat_template(model):
 
 # ---- model_args ----------------------------------------------------------------------------------------
 def test_model_args_split_between_harness_and_sampler():
-    cfg, opts = split_model_args({"pretrained": "tiny-llada", "sampler": "fast", "threshold": 0.8,
+    cfg, opts = split_model_args({"pretrained": "tiny-llada", "sampler": "threshold", "threshold": 0.8,
                                   "batch_size": "4", "max_batch_size": 64, "temperature": 0})
-    assert (cfg.sampler, cfg.batch_size, cfg.temperature, opts) == ("fast", 4, 0.0, {"threshold": 0.8})
+    assert (cfg.sampler, cfg.batch_size, cfg.temperature, opts) == ("threshold", 4, 0.0, {"threshold": 0.8})
 
 
 def test_unknown_model_args_key_lists_valid_keys():

@@ -21,7 +21,7 @@ def test_fast_equals_its_choice(family):
     assert torch.equal(a.sequences, b.sequences) and a.nfe == b.nfe
 
 
-OVERRIDE = {"threshold": 0.3}  # an option of the chosen sampler that changes its decode below
+OVERRIDE = {"tau_conf": 0.3}  # an option of the chosen sampler that changes its decode below
 
 
 def test_fast_config_defaults_and_overrides():
