@@ -373,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "target.generate, assisted generation, prompt lookup")
     ks.add_argument("rest", nargs=argparse.REMAINDER)  # flags: dllm/eval/bench_spec.py (--help there)
     ks.set_defaults(func=cmd_bench_spec)
+    kb = bsub.add_parser("breakdown", add_help=False, help="where a decode step's time goes at LLaDA-8B width "
+                         "(per layer, head, statistics, engine; dllm/eval/bench_breakdown.py, --help there)")
+    kb.add_argument("rest", nargs=argparse.REMAINDER)
+    kb.set_defaults(func=cmd_bench_breakdown)
     return parser
 
 
@@ -383,11 +387,18 @@ def cmd_bench_spec(args) -> int:
     return bench_spec(rest)
 
 
+def cmd_bench_breakdown(args) -> int:
+    from dllm.eval.bench_breakdown import main as bench_breakdown
+
+    bench_breakdown(args.rest[1:] if args.rest[:1] == ["--"] else args.rest)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "spec"]:  # its own flags (--help included) go to dllm/eval/bench_spec.py
-        argv = ["bench", "spec", "--", *argv[2:]]
+    if argv[:2] in (["bench", "spec"], ["bench", "breakdown"]):  # their own flags (--help included) go to
+        argv = [*argv[:2], "--", *argv[2:]]  # dllm/eval/bench_spec.py, dllm/eval/bench_breakdown.py
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -172,13 +172,16 @@ class Decode:
             kwargs["cache"] = state.kv.view(q0, query.key_end)
         return x, kwargs
 
-    def forward(self, query: Query) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Logits [B, Q, V] for the query columns (and the attention maps the sampler asked for).
+    def forward(self, query: Query, rows: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits [B, Q, V] for the query columns (and the attention maps the sampler asked for);
+        with ``rows=(a, b)`` (query coordinates) only those rows' logits, [B, b - a, V].
 
         Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
         writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
         """
         x, kwargs = self.query_inputs(query)
+        if rows is not None:
+            kwargs["logits_rows"] = rows
         out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
         logits, attn = out.logits, out.attn
         if self.cfg_scale > 0:
@@ -201,7 +204,8 @@ class Decode:
 
     def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Verification variants (``Sampler.needs_variants``; one NFE per call): forwards of copies
-        of the batch rows ``rows`` [N] whose current query columns hold ``tokens`` [N, Q].
+        of the batch rows ``rows`` [N] whose columns of the step's view (the query, or the block for a
+        ``reads_block_only`` sampler) hold ``tokens`` [N, Q].
 
         Cache ``none``: full forwards. With buffers: the policy's cached query of this block against
         a copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later
@@ -210,11 +214,11 @@ class Decode:
         verification reads nothing else, and a [N, L, V] copy per variant would not fit a long
         canvas with a 126k vocabulary.
         """
-        state, query = self.state, self._query
-        q0, q1 = query.start, query.end
+        state = self.state
+        v0 = self._view_start  # tokens cover the step's view: canvas columns [v0, v0 + Q)
         length = state.x.shape[1]
         x = state.x[rows].clone()  # [N, L]
-        x[:, q0:q1] = tokens
+        x[:, v0:v0 + tokens.shape[1]] = tokens
         kpm = state.key_padding_mask[rows] if state.padded else None
         positions = state.positions[rows]
         kv_rows = rows
@@ -225,13 +229,13 @@ class Decode:
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
         extra = {} if state.kv is None else {"cache": state.kv.gather(kv_rows).view(vq.start, vq.key_end)}
-        out = self.model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
-                         **extra)
-        logits = _guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, Qv, V]
-        self._count(x.shape[0] * vq.length)
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
-        return logits[:, s - vq.start:e - vq.start]  # [N, W, V]
+        out = self.model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
+                         logits_rows=(s - vq.start, e - vq.start), **extra)  # the head on the window only
+        logits = _guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, W, V]
+        self._count(x.shape[0] * vq.length)
+        return logits
 
     def _count(self, forwarded: int) -> None:
         self.state.nfe += 1
@@ -260,13 +264,19 @@ class Decode:
 
     def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
         state, sampler = self.state, self.sampler
-        query = self._query = self.policy.query(state, i, self.shift)
+        query = self.policy.query(state, i, self.shift)
         shadow, attn = None, {}
         if sampler.shadow_block:
             logits, shadow = self.shadow_forward(query, s, e)
+            q0 = query.start
+        elif sampler.reads_block_only:  # the step's view is the block: logits of its columns only
+            logits, attn = self.forward(query, rows=(s - query.start, e - query.start))  # [B, W, V]
+            q0 = s
         else:
             logits, attn = self.forward(query)
-        q0, q_len = query.start, logits.shape[1]
+            q0 = query.start
+        self._view_start = q0
+        q_len = logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
         active[:, s - q0:e - q0] = tokens[:, s - q0:e - q0] == state.mask_id

@@ -1,6 +1,6 @@
 """Where a decode step's time goes, at LLaDA-8B width: per layer, head, statistics, engine.
 
-    python -m dllm.eval.bench_breakdown --layers 2 --dtypes float32,bfloat16 --caches none,dual
+    dllm bench breakdown --layers 2 --dtypes float32,bfloat16 --caches none,dual
 
 A random LLaDA-format model with LLaDA-8B's shapes (hidden 4096, 32 heads, MLP 12,288, vocabulary
 126,464) but only ``--layers`` layers decodes one block of ``--block-length`` after a prompt of
@@ -12,11 +12,12 @@ embedding; a wrapper times the sampler's ``step`` (minus any forward it makes it
 Projection to the real model: ``step(32) = 32 x mean layer + embedding + head + statistics +
 engine`` (layers are identical in shape, so their time scales with their count).
 
-The reference drivers' projection: the same forward (the same layers and head rows: LLaDA's and
-Fast-dLLM's drivers forward the same query rows as our policies do) plus the reference's own
-statistics ops timed on this step's logits: Fast-dLLM ``get_transfer_index`` at T = 0 (arg-max and
-a float64 softmax over every forwarded row: ``[B, Q, V]``). Their Python loop is not counted, so
-the reference column is a lower bound on its step time.
+The reference drivers' projection: the same layers (LLaDA's and Fast-dLLM's drivers forward the same
+query rows as our cache policies do), then what they do after the last layer, timed on this step's
+last hidden states: the final norm and LM head over EVERY forwarded row (ours: the block's rows for
+a ``reads_block_only`` sampler such as ``threshold``) and Fast-dLLM ``get_transfer_index`` at T = 0
+(arg-max and a float64 softmax over ``[B, Q, V]``). Their Python loop is not counted, so the
+reference column is a lower bound on its step time.
 
 Peak memory is the process's peak over the timed steps (CPU: peak RSS, model included; CUDA:
 ``max_memory_allocated``).
@@ -83,7 +84,7 @@ class StepClock:
             if name == "layer":
                 self.layer_calls += 1
             if mod is getattr(self, "_last_head", None):
-                self.logits_rows.append(int(out.shape[0] * out.shape[1]))
+                self.logits_rows.append(int(out.shape[1]))
 
         self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
         if name == "head":
@@ -168,8 +169,9 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     smp = make_sampler(sampler)
     clock = StepClock(model, smp, device, steps)
     captured: dict[str, torch.Tensor] = {}
-    head = model.transformer.lm_head
-    grab = head.register_forward_hook(lambda m, a, out: captured.__setitem__("logits", out.detach()))
+    last = model.transformer.layers[-1]  # its output: the step's hidden states of every query row
+    grab = last.register_forward_hook(lambda m, a, out: captured.__setitem__(
+        "hidden", (out[0] if isinstance(out, tuple) else out).detach()))
 
     # the prefill (cached runs) and the first step (warm-up) are outside the clock: it starts at the
     # first callback, then times `steps` steps
@@ -192,27 +194,45 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     peak = peak_memory_mb(device)
     n_layers = len(model.transformer.layers)
     parts = clock.per_step(n_layers)
-    ref_stats = reference_statistics_seconds(captured["logits"])
+    ref_head, ref_logits = reference_head_seconds(model, captured["hidden"], device)
+    ref_stats = reference_statistics_seconds(ref_logits)
+    query_rows = ref_logits.shape[1]
+    del ref_logits
     forward = parts["layer"] * n_layers + parts["embedding"] + parts["head"]
-    project = lambda stats, engine: 32 * parts["layer"] + parts["embedding"] + parts["head"] + stats + engine  # noqa: E731
+    base = 32 * parts["layer"] + parts["embedding"]
     return {
         "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times),
-        "logits_rows": captured["logits"].shape[1], **{f"{k}_s": v for k, v in parts.items()},
+        "query_rows": query_rows, "logits_rows": clock.logits_rows[-1] if clock.logits_rows else 0,
+        **{f"{k}_s": v for k, v in parts.items()},
         "forward_s": forward, "engine_share": parts["engine"] / parts["step"] if parts["step"] else 0.0,
-        "reference_statistics_s": ref_stats, "peak_mb": peak,
-        "projected_step_32_s": project(parts["statistics"], parts["engine"]),
-        "reference_projected_step_32_s": project(ref_stats, 0.0),
+        "reference_head_s": ref_head, "reference_statistics_s": ref_stats, "peak_mb": peak,
+        "projected_step_32_s": base + parts["head"] + parts["statistics"] + parts["engine"],
+        "reference_projected_step_32_s": base + ref_head + ref_stats,
     }
 
 
+def reference_head_seconds(model, hidden: torch.Tensor, device: torch.device) -> tuple[float, torch.Tensor]:
+    """The final norm and LM head over every row of ``hidden`` [B, Q, D], as the reference drivers
+    run them (``model(x).logits``); returns (seconds, logits [B, Q, V])."""
+    tr = model.transformer
+    with torch.inference_mode():
+        sync(device)
+        t0 = time.perf_counter()
+        h = tr.norm(hidden)
+        logits = tr.lm_head(h) if tr.lm_head is not None else torch.nn.functional.linear(h, tr.embed.weight)
+        sync(device)
+    return time.perf_counter() - t0, logits
+
+
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    head = (f"{'dtype':<9}{'cache':<6}{'rows':>5} {'layer ms':>9}{'head ms':>9}{'stats ms':>9}{'ref stats':>10}"
-            f"{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}")
+    head = (f"{'dtype':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
+            f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
         lines.append(
-            f"{r['dtype']:<9}{r['cache']:<6}{r['logits_rows']:>5} {1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}"
+            f"{r['dtype']:<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
+            f"{1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}{1e3 * r['reference_head_s']:>9.1f}"
             f"{1e3 * r['statistics_s']:>9.2f}{1e3 * r['reference_statistics_s']:>10.2f}{1e3 * r['engine_s']:>10.2f}"
             f"{100 * r['engine_share']:>8.1f}%{1e3 * r['step_s']:>9.1f}{1e3 * r['projected_step_32_s']:>9.0f}"
             f"{1e3 * r['reference_projected_step_32_s']:>9.0f}{peak:>9}")
@@ -220,7 +240,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m dllm.eval.bench_breakdown", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="dllm bench breakdown", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--caches", default="none,dual")

@@ -160,6 +160,7 @@ class DiffusionLM(nn.Module):
         cache: Any = None,
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
+        logits_rows: Optional[tuple[int, int]] = None,
     ) -> ModelOutput:
         """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
@@ -172,14 +173,43 @@ class DiffusionLM(nn.Module):
         predict the query rows themselves, so for a shifted family (``logit_shift = 1``, Dream) the
         first row predicts nothing useful: start the query one column before the first position
         whose logits you need.
+
+        ``logits_rows=(a, b)``: return only ``logits[:, a:b]`` ([B, b - a, V], same values). Models
+        with ``supports_head_rows`` run the final norm and the LM head on those rows alone (for a
+        step that reads a 32-column block of a 1,056-column canvas, the head's [B, L, V] becomes
+        [B, 32, V]); others compute every row and slice. A shifted family needs ``a >= 1``.
         """
+        head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])
         if cache is not None:
             return self._cached_forward(input_ids, positions, key_padding_mask, cache,
-                                        tuple(want_attn_layers), tuple(want_hidden_layers))
+                                        tuple(want_attn_layers), tuple(want_hidden_layers), head_rows)
         positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
-        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask,
-                                              tuple(want_attn_layers), tuple(want_hidden_layers))
-        return ModelOutput(self.shift_logits(raw), hidden, attn)
+        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, tuple(want_attn_layers),
+                                              tuple(want_hidden_layers), **self._head_kwargs(head_rows))
+        return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
+
+    supports_head_rows: ClassVar[bool] = False  # True when _raw_forward takes head_rows=(a, b)
+
+    def _head_rows(self, logits_rows: tuple[int, int], t: int) -> tuple[int, int]:
+        """``logits_rows`` (shifted, "predicts position i" rows) -> the raw rows that hold them."""
+        a, b = (int(v) for v in logits_rows)
+        shift = self.logit_shift
+        if not shift <= a < b <= t:
+            raise ValueError(f"logits_rows={logits_rows!r} must satisfy {shift} <= a < b <= {t} (the query "
+                             f"length{'; a shifted family has no logits for row 0' if shift else ''})")
+        return a - shift, b - shift
+
+    def _head_kwargs(self, head_rows: Optional[tuple[int, int]]) -> dict[str, Any]:
+        return {"head_rows": head_rows} if head_rows is not None and self.supports_head_rows else {}
+
+    def _final_logits(self, raw: torch.Tensor, head_rows: Optional[tuple[int, int]]) -> torch.Tensor:
+        """Official logits -> "predicts position i" logits: all rows shifted, or the asked rows
+        (already aligned: raw row i - shift predicts position i)."""
+        if head_rows is None:
+            return self.shift_logits(raw)
+        if self.supports_head_rows:
+            return raw  # [B, b - a, V], computed for those rows only
+        return raw[:, head_rows[0]:head_rows[1]]
 
     # ---- KV cache ------------------------------------------------------------------------------------
     supports_kv_cache: ClassVar[bool] = False  # True when _raw_forward accepts cache=CacheView
@@ -198,12 +228,13 @@ class DiffusionLM(nn.Module):
         cache: Any,
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
+        head_rows: Optional[tuple[int, int]] = None,
     ) -> ModelOutput:
         positions = self._check_cached_inputs(input_ids, positions, key_padding_mask, cache)
         attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, T, K] or None
         raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
-                                              want_hidden_layers, cache=cache)
-        return ModelOutput(self.shift_logits(raw), hidden, attn)
+                                              want_hidden_layers, cache=cache, **self._head_kwargs(head_rows))
+        return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
 
     def _check_cached_inputs(
         self,

@@ -148,9 +148,10 @@ class TransformerLM(DiffusionLM):
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
         cache: Any = None,
+        head_rows: Optional[tuple[int, int]] = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
-                                cache=cache)
+                                cache=cache, head_rows=head_rows)
 
     def shadow_forward(
         self,
@@ -197,6 +198,7 @@ class TransformerLM(DiffusionLM):
 
     # ---- KV cache ----------------------------------------------------------------------------------
     supports_kv_cache: ClassVar[bool] = True
+    supports_head_rows: ClassVar[bool] = True
 
     def new_kv_cache(self, rows: int, length: int) -> Any:
         """K/V buffers [rows, Hkv, length, hd] per layer, on the layer's device (``dllm.cache``)."""

@@ -248,6 +248,7 @@ class Transformer(nn.Module):
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
         cache=None,  # dllm.models.kv.CacheView or None
+        head_rows: Optional[tuple[int, int]] = None,  # (a, b): the final norm and LM head on rows [a, b) only
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, K] f32}).
 
@@ -275,6 +276,8 @@ class Transformer(nn.Module):
                 attn[i] = probs
             if i in hidden_layers:
                 hidden[i] = h
+        if head_rows is not None:
+            h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
         h = self.norm(h)
         if self.lm_head is not None:
             logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)

@@ -32,6 +32,10 @@ class Sampler(Configurable):
     shadow_block: ClassVar[bool] = False  # reads leave-one-out logits of the block (StepInput.shadow_logits)
     revises: ClassVar[bool] = False  # may re-mask committed tokens (StepOutput.remask); the engine
     #   ignores ``remask`` from a sampler that does not declare it
+    reads_block_only: ClassVar[bool] = False  # reads nothing outside the block window (logits,
+    #   tokens, scores): the engine then computes logits for the block's columns only and hands the
+    #   sampler a StepInput whose query IS the block (query_start = block start, window = (0, W)).
+    #   The same decisions by construction; tests/test_block_view.py compares both paths.
 
     def begin_block(self, state: DecodeState) -> None:
         """Called once when a block starts (after ``state.block_*`` are set)."""

@@ -48,6 +48,7 @@ class Credit(Sampler):
     """dInfer CreditDecoding: threshold rule on logits fused with decayed per-block top-1 credit."""
 
     Config = CreditConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
     def begin_block(self, state: DecodeState) -> None:

@@ -74,6 +74,7 @@ class DUS(Sampler):
     """DUS: reveal each block in ceil(log2 B) dilated rounds (coarse to fine), tokens by arg-max."""
 
     Config = DUSConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False  # it sets its own step count: ceil(log_b B) per block (see the docstring)
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:

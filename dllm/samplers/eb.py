@@ -70,6 +70,7 @@ class EntropyBounded(Sampler):
     """EB-Sampler: commit the longest proxy-ordered prefix whose entropy sum minus max <= gamma."""
 
     Config = EBConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:

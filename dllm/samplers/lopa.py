@@ -100,6 +100,7 @@ class LoPA(Sampler):
     """LoPA: threshold anchor + one-token lookahead variants scored in one batched forward."""
 
     Config = LoPAConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
     needs_variants = True
     greedy_only = True

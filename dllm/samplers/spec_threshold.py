@@ -61,6 +61,7 @@ class SpecThreshold(Sampler):
     """Speculative threshold: identical tokens to ``threshold`` with fewer forwards per token."""
 
     Config = SpecThresholdConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
     needs_variants = True
     greedy_only = True

@@ -58,6 +58,7 @@ class SelfSpeculative(Sampler):
     """Self-speculative: drafts verified in one batched forward; identical to low_confidence 1/step."""
 
     Config = SSDConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
     needs_variants = True
     greedy_only = True

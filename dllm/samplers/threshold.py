@@ -85,6 +85,7 @@ class Threshold(Sampler):
     """Fast-dLLM: commit every mask with confidence >= threshold (always the most confident)."""
 
     Config = ThresholdConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
     def begin_block(self, state: DecodeState) -> None:
@@ -131,6 +132,7 @@ class Factor(Sampler):
     """Fast-dLLM: commit the longest confidence prefix with (k+1)(1-c_k) <= factor."""
 
     Config = FactorConfig
+    reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:

@@ -20,8 +20,10 @@ def test_components_add_up_to_the_step(cache):
     parts = [2 * r["layer_s"], r["embedding_s"], r["head_s"], r["statistics_s"], r["engine_s"]]
     assert all(p >= 0 for p in parts) and r["layer_s"] > 0 and r["head_s"] > 0
     assert sum(parts) == pytest.approx(r["step_s"], rel=1e-6, abs=1e-9)
-    # the query: the whole canvas without a cache, the block with the dual cache
-    assert r["logits_rows"] == (56 if cache == "none" else 16)
+    # the query: the whole canvas without a cache, the block with the dual cache; threshold reads the
+    # block only, so the head runs on its 16 rows either way (the reference's on the whole query)
+    assert r["query_rows"] == (56 if cache == "none" else 16) and r["logits_rows"] == 16
+    assert r["reference_head_s"] > 0 and r["reference_statistics_s"] > 0
     assert 0 <= r["engine_share"] <= 1
     assert r["projected_step_32_s"] > r["step_s"]  # 32 layers instead of 2
     assert "dual" in format_rows([{"dtype": "float32", **r}]) or cache == "none"
@@ -53,3 +55,11 @@ def test_bad_flags_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_cli_hands_its_flags_to_the_bench(capsys):
+    from dllm.cli import main as cli
+
+    with pytest.raises(SystemExit):
+        cli(["bench", "breakdown", "--layers", "0"])
+    assert "dllm bench breakdown: error: --layers must be >= 1, got 0" in capsys.readouterr().err
