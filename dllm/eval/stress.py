@@ -243,6 +243,12 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
     """
     from tqdm.auto import tqdm
 
+    from dllm.eval.choose_fast import cannot_run
+
+    refused = {s.spec: why for s in config.settings if (why := cannot_run(model, s.spec)) is not None}
+    if refused:  # before any decoding, not at the first cell of such a sampler
+        raise ValueError("the grid has samplers this model cannot run: "
+                         + "; ".join(f"{spec}: {why}" for spec, why in refused.items()))
     store = StressStore.open(Path(path), config.header(), resume=resume)
     todo = [(s, t) for s in config.settings for t in config.tasks if cell_key(s, t) not in store.cells]
     total = len(config.settings) * len(config.tasks)

@@ -178,3 +178,10 @@ def test_command_reports_an_interruption(tmp_path, capsys, monkeypatch):
     assert main(["stress", "--model", "oracle", "--grid", "low_confidence:k=1,2,4", "--tasks", "copy",
                  "--per-size", "1", "--out", str(out), "--no-progress"]) == 130
     assert "interrupted: 2 finished cells are saved" in capsys.readouterr().out
+
+
+def test_a_sampler_the_model_cannot_run_is_refused_before_decoding(tmp_path):
+    config = StressConfig(model="oracle", grid=("dawn",), block_lengths=(0,), tasks=("copy",), per_size=1)
+    with pytest.raises(ValueError, match="cannot run: dawn: dawn reads attention"):
+        run_stress(OracleLM(), config, tmp_path / "stress.json", progress=False)
+    assert not (tmp_path / "stress.json").exists()
