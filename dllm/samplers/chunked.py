@@ -59,13 +59,24 @@ def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Opt
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
     """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
 
-    Where the arg-max is ``banned`` the runner-up is taken. Elsewhere the result is exactly
-    ``z.argmax(-1)`` (same tie-breaking as the references). z: [..., V] -> [...] long.
+    Where the arg-max is ``banned`` the runner-up is taken (the first index among equal runners-up);
+    elsewhere the result is exactly ``z.argmax(-1)`` (the first index of the maximum, as the
+    references). One pass over the two halves of the vocabulary around ``banned`` (views, no copy):
+    the first maximum outside ``banned`` IS the arg-max whenever the arg-max is not ``banned``.
+    z: [..., V] -> [...] long.
     """
-    top = z.argmax(dim=-1)
-    runner_up = z.topk(2, dim=-1).indices  # [..., 2]
-    alt = torch.where(runner_up[..., 0] == banned, runner_up[..., 1], runner_up[..., 0])
-    return torch.where(top == banned, alt, top)
+    v = z.shape[-1]
+    if v < 2:
+        raise ValueError(f"argmax_excluding needs at least 2 ids to choose from, got V = {v}")
+    if not 0 <= banned < v:  # not an id of this vocabulary: nothing to exclude
+        return z.argmax(dim=-1)
+    if banned == 0:
+        return z[..., 1:].argmax(dim=-1) + 1
+    left_val, left_idx = z[..., :banned].max(dim=-1)  # [...]
+    if banned == v - 1:
+        return left_idx
+    right_val, right_idx = z[..., banned + 1:].max(dim=-1)  # [...]
+    return torch.where(right_val > left_val, right_idx + banned + 1, left_idx)  # ties: the left (lower) index
 
 
 def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -140,3 +140,18 @@ def test_no_canvas_sized_float64_tensor_at_the_real_vocabulary():
     sampler and the two that normalise (dawn) or draw (low_confidence at T > 0) over the canvas."""
     runs = [("fast", 0.0), ("dawn", 0.0), ("low_confidence", 1.0)]
     assert _check_no_canvas_sized_float64(runs, 126_464, "none", prompt_length=100) == 3
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 80, 1000])
+def test_argmax_excluding_is_the_argmax_without_the_banned_id(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    for banned in sorted({0, 1, vocab // 2, vocab - 1}):
+        z = torch.randn(16, 5, vocab, generator=g)
+        z[::2, :, banned] = 50.0  # the banned id is the arg-max in half the rows
+        got = argmax_excluding(z, banned)
+        want = z.masked_fill(torch.arange(vocab) == banned, float("-inf")).argmax(-1)  # first index of the max
+        assert torch.equal(got, want), banned
+        keep = z.argmax(-1) != banned
+        assert torch.equal(got[keep], z.argmax(-1)[keep])  # elsewhere exactly the arg-max
+    ties = torch.tensor([[3.0, 1.0, 3.0, 3.0]])
+    assert argmax_excluding(ties, 0).item() == 2 and argmax_excluding(ties, 1).item() == 0
