@@ -9,8 +9,8 @@ embedded model and on the oracle, a candidate must keep the accuracy of the one-
 reference (``low_confidence``) within 1 point, be at least as accurate as ``threshold`` (0.9), and
 commit at least 1.2x its tokens per forward; among the candidates that pass, the one with the
 highest mean tokens per forward wins. Today (2026-12-01) that is ``lopa`` with 8 branches (LoPA's
-lookahead variants, arXiv 2512.16229): 1.35x / 1.38x / 1.41x threshold's tokens per forward on
-tiny-llada / tiny-dream / the oracle at 90.3% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% /
+lookahead variants, arXiv 2512.16229): 1.41x / 1.38x / 1.42x threshold's tokens per forward on
+tiny-llada / tiny-dream / the oracle at 92.7% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% /
 100%), paid for with about 2x threshold's forwarded tokens (the variant forwards). Until then it
 was ``spec_threshold`` (token for token equal to ``threshold``, 1.13x its tokens per forward),
 which no longer passes the 1.2x bar. Re-run the choice when the embedded models change:
