@@ -172,7 +172,8 @@ class Decode:
             kwargs["cache"] = state.kv.view(q0, query.key_end)
         return x, kwargs
 
-    def forward(self, query: Query, rows: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def forward(self, query: Query,
+                rows: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Logits [B, Q, V] for the query columns (and the attention maps the sampler asked for);
         with ``rows=(a, b)`` (query coordinates) only those rows' logits, [B, b - a, V].
 
@@ -208,8 +209,8 @@ class Decode:
         ``reads_block_only`` sampler) hold ``tokens`` [N, Q].
 
         Cache ``none``: full forwards. With buffers: the policy's cached query of this block against
-        a copy of the rows' buffers (``KVCache.gather``), i.e. exactly the forward of the later
-        step each variant stands for (``CachePolicy.variant_refusal``). Returns the logits of the
+        copies of the rows' buffers, one layer at a time (``KVCache.rows_view``), i.e. exactly the
+        forward of the later step each variant stands for (``CachePolicy.variant_refusal``). Returns the logits of the
         block window only, [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``):
         verification reads nothing else, and a [N, L, V] copy per variant would not fit a long
         canvas with a 126k vocabulary.
@@ -228,7 +229,7 @@ class Decode:
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
-        extra = {} if state.kv is None else {"cache": state.kv.gather(kv_rows).view(vq.start, vq.key_end)}
+        extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end)}
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
         out = self.model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,

@@ -259,8 +259,8 @@ class DiffusionLM(nn.Module):
         rows, t = input_ids.shape
         length = cache.kv.length
         cache.check_queries(t)
-        if rows != cache.kv.rows:
-            raise ValueError(f"input_ids has {rows} rows but the KV cache was allocated for {cache.kv.rows}")
+        if rows != cache.rows:
+            raise ValueError(f"input_ids has {rows} rows but the KV cache view was allocated for {cache.rows}")
         if key_padding_mask is not None and (key_padding_mask.shape != (rows, length)
                                              or key_padding_mask.dtype != torch.bool):
             raise ValueError(f"with a cache, key_padding_mask must be bool [{rows}, {length}] (the whole "

@@ -72,14 +72,19 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     def gather(self, rows: torch.Tensor) -> "KVCache":
-        """A copy holding buffer rows ``rows`` [N] (verification forwards write into a copy, so the
-        call's own buffers keep the state the next real step needs)."""
+        """A copy holding buffer rows ``rows`` [N], every layer at once (the reference of
+        ``rows_view``, which copies one layer at a time)."""
         return KVCache([t.index_select(0, rows.to(t.device)) for t in self.k],
                        [t.index_select(0, rows.to(t.device)) for t in self.v])
 
     def view(self, start: int, key_end: Optional[int] = None) -> "CacheView":
         """A forward whose queries start at canvas column ``start`` and attend to ``[0, key_end)``."""
         return CacheView(self, start, self.length if key_end is None else key_end)
+
+    def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None) -> "RowsView":
+        """``gather(rows).view(start, key_end)`` without the all-layer copy: a forward of copies of
+        buffer rows ``rows`` [N] that never writes the call's buffers (verification variants)."""
+        return RowsView(self, start, self.length if key_end is None else key_end, rows)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,11 @@ class CacheView:
         if self.start + n_queries > self.key_end:
             raise ValueError(f"{n_queries} query rows from column {self.start} pass key_end="
                              f"{self.key_end}: the queries' own keys must be attended")
+
+    @property
+    def rows(self) -> int:
+        """Rows of the forward batch this view serves."""
+        return self.kv.rows
 
     def is_full(self, n_queries: int) -> bool:
         return self.start == 0 and n_queries == self.key_end
@@ -129,4 +139,33 @@ class CacheView:
         return keys | pad_queries
 
 
-__all__ = ["KVCache", "CacheView"]
+@dataclass(frozen=True)
+class RowsView(CacheView):
+    """A view for a forward over copies of buffer rows ``select`` [N] (rows may repeat): each layer
+    attends to a copy of ITS keys/values ``[0, key_end)`` of those rows with the fresh K/V written
+    into the copy, the call's buffers untouched. The same attended tensors as ``kv.gather(select)``
+    followed by ``view``, but one layer's copy lives at a time (LLaDA-8B, 8 variants, bf16, 1,056
+    columns: 138 MB instead of 4.4 GB) and pruned columns ``>= key_end`` are not copied."""
+
+    select: Optional[torch.Tensor] = None  # [N] long, buffer rows
+
+    @property
+    def rows(self) -> int:
+        assert self.select is not None
+        return int(self.select.shape[0])
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = k.shape[2]
+        if self.is_full(t):
+            return k, v
+        assert self.select is not None
+        kb, vb = self.kv.k[layer], self.kv.v[layer]
+        sel = self.select.to(kb.device)
+        keys = kb[:, :, :self.key_end].index_select(0, sel)  # [N, Hkv, key_end, hd] this layer's copy
+        values = vb[:, :, :self.key_end].index_select(0, sel)
+        keys[:, :, self.start:self.start + t] = k
+        values[:, :, self.start:self.start + t] = v
+        return keys, values
+
+
+__all__ = ["KVCache", "CacheView", "RowsView"]

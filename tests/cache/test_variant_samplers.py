@@ -73,6 +73,24 @@ def test_verification_leaves_the_call_buffers_untouched():
     assert kv.k[0].abs().sum() > 0
 
 
+def test_rows_view_attends_what_the_all_layer_copy_attends():
+    """``KVCache.rows_view`` (one layer's copy at a time, the call's buffers never written) hands
+    every layer the same keys/values as ``gather`` + ``view`` (the all-layer copy it replaced)."""
+    m = tiny("llada", seed=1, n_layers=2)
+    kv = m.new_kv_cache(2, 10)
+    for t in kv.k + kv.v:
+        t.normal_()
+    before = [t.clone() for t in kv.k + kv.v]
+    rows = torch.tensor([1, 1, 0])
+    fresh_k, fresh_v = torch.randn(3, kv.k[0].shape[1], 3, kv.k[0].shape[3]), torch.randn(3, kv.v[0].shape[1], 3, kv.v[0].shape[3])
+    for layer in range(kv.n_layers):
+        want = kv.gather(rows).view(4, 8).update(layer, fresh_k, fresh_v)
+        got = kv.rows_view(rows, 4, 8).update(layer, fresh_k, fresh_v)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert kv.rows_view(rows, 4, 8).rows == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, kv.k + kv.v))  # the call's buffers untouched
+
+
 @pytest.mark.parametrize("cache, option", [("dual:refresh=2", "refresh=2"), ("prefix:refresh=1", "refresh=1"),
                                            ("dual:warmup=2", "warmup=2"), ("window:refresh=3", "refresh=3")])
 @pytest.mark.parametrize("sampler", ["ssd", "spec_threshold", "lopa"])
