@@ -9,6 +9,7 @@ a model (``dllm compare: error: ...``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Any, Callable, Optional, Sequence
@@ -369,36 +370,32 @@ def build_parser() -> argparse.ArgumentParser:
     kk.add_argument("--repeats", type=POSITIVE, default=5)
     kk.add_argument("--json", default=None)
     kk.set_defaults(func=cmd_bench_kernels)
-    ks = bsub.add_parser("spec", add_help=False, help="speculative decoding of an AR target: drafters vs "
-                                                      "target.generate, assisted generation, prompt lookup")
-    ks.add_argument("rest", nargs=argparse.REMAINDER)  # flags: dllm/eval/bench_spec.py (--help there)
-    ks.set_defaults(func=cmd_bench_spec)
-    kb = bsub.add_parser("breakdown", add_help=False, help="where a decode step's time goes at LLaDA-8B width "
-                         "(per layer, head, statistics, engine; dllm/eval/bench_breakdown.py, --help there)")
-    kb.add_argument("rest", nargs=argparse.REMAINDER)
-    kb.set_defaults(func=cmd_bench_breakdown)
+    for name, (_, text) in DELEGATED_BENCHES.items():  # their flags (--help too) are their modules' own
+        kd = bsub.add_parser(name, add_help=False, help=text)
+        kd.add_argument("rest", nargs=argparse.REMAINDER)
+        kd.set_defaults(func=cmd_bench_delegated)
     return parser
 
 
-def cmd_bench_spec(args) -> int:
-    from dllm.eval.bench_spec import main as bench_spec
+# `dllm bench NAME ...` handed whole to NAME's module main(argv): (module, help)
+DELEGATED_BENCHES: dict[str, tuple[str, str]] = {
+    "spec": ("dllm.eval.bench_spec", "speculative decoding of an AR target: drafters vs target.generate, "
+                                     "assisted generation, prompt lookup"),
+    "breakdown": ("dllm.eval.bench_breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, "
+                                               "head, statistics, engine)"),
+}
 
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
-    return bench_spec(rest)
 
-
-def cmd_bench_breakdown(args) -> int:
-    from dllm.eval.bench_breakdown import main as bench_breakdown
-
-    bench_breakdown(args.rest[1:] if args.rest[:1] == ["--"] else args.rest)
-    return 0
+def cmd_bench_delegated(args) -> int:
+    module = importlib.import_module(DELEGATED_BENCHES[args.bench][0])
+    return module.main(args.rest[1:] if args.rest[:1] == ["--"] else args.rest)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] in (["bench", "spec"], ["bench", "breakdown"]):  # their own flags (--help included) go to
-        argv = [*argv[:2], "--", *argv[2:]]  # dllm/eval/bench_spec.py, dllm/eval/bench_breakdown.py
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in DELEGATED_BENCHES:  # their own flags, --help too
+        argv = [*argv[:2], "--", *argv[2:]]
     args = parser.parse_args(argv)
     try:
         return args.func(args)

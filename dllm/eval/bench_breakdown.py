@@ -239,7 +239,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dllm bench breakdown", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dtypes", default="float32,bfloat16")
@@ -280,8 +280,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    return result
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
