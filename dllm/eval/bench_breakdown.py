@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dllm.eval.timing import peak_memory_mb, reset_peak_memory, sync
+from dllm.eval.timing import peak_memory_mb, reset_peak_memory, sync, timed
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
 COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
@@ -136,19 +136,15 @@ class StepClock:
 
 def reference_statistics_seconds(logits: torch.Tensor, repeats: int = 1) -> float:
     """Fast-dLLM ``get_transfer_index`` at T = 0 on ``logits`` [B, Q, V]: arg-max and the float64
-    softmax probability of it over every row (NVlabs/Fast-dLLM ``llada/generate.py``)."""
-    device = logits.device
-    best = float("inf")
-    for _ in range(max(1, repeats)):
-        sync(device)
-        t0 = time.perf_counter()
+    softmax probability of it over every row (NVlabs/Fast-dLLM ``llada/generate.py``); median of
+    ``repeats`` timed calls."""
+
+    def stats() -> None:
         x0 = torch.argmax(logits, dim=-1)  # [B, Q]
         p = torch.softmax(logits.to(torch.float64), dim=-1)  # [B, Q, V] float64
         torch.gather(p, -1, x0.unsqueeze(-1))
-        del p
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+
+    return timed(stats, logits.device, repeats=repeats).seconds
 
 
 def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -215,13 +211,14 @@ def reference_head_seconds(model, hidden: torch.Tensor, device: torch.device) ->
     """The final norm and LM head over every row of ``hidden`` [B, Q, D], as the reference drivers
     run them (``model(x).logits``); returns (seconds, logits [B, Q, V])."""
     tr = model.transformer
-    with torch.inference_mode():
-        sync(device)
-        t0 = time.perf_counter()
+
+    def head() -> torch.Tensor:
         h = tr.norm(hidden)
-        logits = tr.lm_head(h) if tr.lm_head is not None else torch.nn.functional.linear(h, tr.embed.weight)
-        sync(device)
-    return time.perf_counter() - t0, logits
+        return tr.lm_head(h) if tr.lm_head is not None else torch.nn.functional.linear(h, tr.embed.weight)
+
+    with torch.inference_mode():
+        run = timed(head, device)
+    return run.seconds, run.result
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
