@@ -63,10 +63,12 @@ def data_dir() -> Path:
 
 def task_docs(task: str, per_size: int) -> list[dict[str, Any]]:
     """The lm-eval documents of one task: the first ``per_size`` test instances of every default size."""
+    from dllm.eval.exact_match import eval_examples
+
     check_int("per_size", per_size, 1)
     name = T.get_task(task).name
     docs = []
-    for ex in T.test_split(name, None, n=per_size):
+    for ex in eval_examples([name], per_size):  # the examples `dllm eval-tasks --per-size` decodes
         docs.append({
             "task": name, "size": ex.size, "index": len(docs) % per_size,
             "prompt": " ".join(T.prompt_words(ex)), "answer": " ".join(ex.answer),
