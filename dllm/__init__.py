@@ -1,7 +1,7 @@
 """dllm: fast decoding for masked diffusion language models.
 
 Public API (imported lazily so ``import dllm`` stays cheap):
-``load``, ``generate``, ``list_samplers``, ``list_caches``, ``GenerationOutput``; speculative decoding of
+``load``, ``generate``, ``compile_model`` / ``uncompile_model`` (torch.compile of the layers), ``list_samplers``, ``list_caches``, ``GenerationOutput``; speculative decoding of
 autoregressive targets: ``speculative_generate``, ``load_target``, ``make_drafter``, ``list_drafters``,
 ``SpeculativeOutput``, ``list_tree_builders`` (draft trees: ``speculative_generate(..., tree=...)``).
 """
@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": ("dllm.models", "load"),
     "generate": ("dllm.engine", "generate"),
+    "compile_model": ("dllm.models.compile", "compile_model"),
+    "uncompile_model": ("dllm.models.compile", "uncompile_model"),
     "list_samplers": ("dllm.samplers", "list_samplers"),
     "list_caches": ("dllm.cache", "list_caches"),
     "GenerationOutput": ("dllm.state", "GenerationOutput"),

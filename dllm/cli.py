@@ -116,6 +116,9 @@ def cmd_generate(args) -> int:
             raise ValueError("--order-png needs matplotlib: pip install dllm[eval]")
     _set_threads(args)
     model = _load(args)
+    if args.compile:
+        from dllm.models.compile import compile_model
+        compile_model(model, args.compile)
     view = CanvasView(model) if args.show else None
     out = generate(
         model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
@@ -269,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None)
     g.add_argument("--order-png", default=None, metavar="PATH",
                    help="also write a heatmap of the step at which each position was committed (.png)")
+    g.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the transformer layers (default backend: inductor)")
     _add_decode_args(g)
     g.set_defaults(func=cmd_generate)
 

@@ -19,6 +19,9 @@ a ``reads_block_only`` sampler such as ``threshold``) and Fast-dLLM ``get_transf
 (arg-max and a float64 softmax over ``[B, Q, V]``). Their Python loop is not counted, so the
 reference column is a lower bound on its step time.
 
+``--compile [BACKEND]`` times every case a second time with the layers compiled
+(``dllm.models.compile_model``; default backend inductor) on the same model: the "compile" column.
+
 Peak memory is the process's peak over the timed steps (CPU: peak RSS, model included; CUDA:
 ``max_memory_allocated``).
 """
@@ -222,13 +225,13 @@ def reference_head_seconds(model, hidden: torch.Tensor, device: torch.device) ->
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    head = (f"{'dtype':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
+    head = (f"{'dtype':<9}{'compile':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
             f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
         lines.append(
-            f"{r['dtype']:<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
+            f"{r['dtype']:<9}{r.get('compile', 'eager'):<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
             f"{1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}{1e3 * r['reference_head_s']:>9.1f}"
             f"{1e3 * r['statistics_s']:>9.2f}{1e3 * r['reference_statistics_s']:>10.2f}{1e3 * r['engine_s']:>10.2f}"
             f"{100 * r['engine_share']:>8.1f}%{1e3 * r['step_s']:>9.1f}{1e3 * r['projected_step_32_s']:>9.0f}"
@@ -247,6 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="timed steps per case (after one untimed)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="also time every case with the layers torch.compile'd (default backend: inductor)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1)):
@@ -261,14 +266,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    modes = ["eager"] + ([args.compile] if args.compile else [])
+    if args.compile:
+        from dllm.models.compile import check_backend
+        check_backend(args.compile, device)
     rows = []
     for dtype in dtypes:
         model = build_model(args.layers, getattr(torch, dtype), args.device)
-        for cache in caches:
-            r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
-                         block_length=args.block_length, steps=args.steps, device=device)
-            rows.append({"dtype": dtype, **r})
-            print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+        for mode in modes:
+            if mode != "eager":
+                from dllm.models.compile import compile_model
+                compile_model(model, mode)
+            for cache in caches:
+                r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
+                             block_length=args.block_length, steps=args.steps, device=device)
+                rows.append({"dtype": dtype, "compile": mode, **r})
+                print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
         del model
     result = {"device": str(device), "threads": torch.get_num_threads(), "layers": args.layers,
               "shapes": LLADA_8B, "prompt_length": args.prompt_length, "block_length": args.block_length,

@@ -8,6 +8,7 @@ loading (embedded name, local directory or Hub id) and tiny random models.
 
 from dllm.models.base import DiffusionLM, ModelOutput, SpecialIds
 from dllm.models.checkpoint import CheckpointError
+from dllm.models.compile import compile_model, uncompile_model
 from dllm.models.config import TransformerConfig
 from dllm.models.dream import Dream
 from dllm.models.llada import LLaDA
@@ -25,7 +26,9 @@ __all__ = [
     "SpecialIds",
     "TransformerConfig",
     "TransformerLM",
+    "compile_model",
     "embedded_names",
     "load",
     "tiny",
+    "uncompile_model",
 ]

@@ -97,7 +97,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: b
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention: q/k/v projections (bias iff qkv_bias), RoPE, backend, o_proj."""
+    """Grouped-query self-attention's weights: q/k/v projections (bias iff qkv_bias) with RoPE, and
+    o_proj; ``TransformerBlock`` runs the backend between them."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -120,36 +121,6 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin, fp32=self.rope_fp32)
         k = apply_rope(k, cos, sin, fp32=self.rope_fp32)
         return q, k, v
-
-    def attend(
-        self,
-        q: torch.Tensor,  # [B, H, Tq, hd]
-        k: torch.Tensor,  # [B, Hkv, Tk, hd]
-        v: torch.Tensor,  # [B, Hkv, Tk, hd]
-        mask: Optional[torch.Tensor],  # bool, broadcastable to [B, H, Tq, Tk], True = attend
-        attn_fn: AttentionFn,
-        return_probs: bool = False,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Attention plus output projection -> ([B, Tq, D], probs [B, H, Tq, Tk] float32 or None)."""
-        out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, Tq, hd]
-        b, _, tq, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim)  # [B, Tq, D]
-        return self.o_proj(out), probs
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, T, D]
-        cos: torch.Tensor,  # [B, 1, T, hd] float32
-        sin: torch.Tensor,
-        mask: Optional[torch.Tensor],
-        attn_fn: AttentionFn,
-        return_probs: bool = False,
-        kv_update: Optional[KVUpdate] = None,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        q, k, v = self.qkv(x, cos, sin)
-        if kv_update is not None:  # cached forward: store the fresh rows, attend to the buffer
-            k, v = kv_update(k, v)
-        return self.attend(q, k, v, mask, attn_fn, return_probs)
 
 
 class MLP(nn.Module):
@@ -185,10 +156,23 @@ class TransformerBlock(nn.Module):
         return_probs: bool = False,
         kv_update: Optional[KVUpdate] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        a, probs = self.attn(self.attn_norm(h), cos, sin, mask, attn_fn, return_probs, kv_update)
-        h = h + a
-        h = h + self.mlp(self.mlp_norm(h))
-        return h, probs
+        """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.compile`` compiles)
+        around the K/V write and the attention backend, which stay eager."""
+        q, k, v = self.qkv_rows(h, cos, sin)
+        if kv_update is not None:  # cached forward: store the fresh rows, attend to the buffer
+            k, v = kv_update(k, v)
+        out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, T, hd]
+        return self.residual_out(h, out), probs
+
+    def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
+        return self.attn.qkv(self.attn_norm(h), cos, sin)
+
+    def residual_out(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]."""
+        b, _, t, _ = out.shape
+        h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return h + self.mlp(self.mlp_norm(h))
 
 
 def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[int, ...]:

@@ -8,10 +8,10 @@ words that sit anywhere in the prompt, often far from the answer.
 ==============  ======================================================  ==========  ======  ==========
 task            answer                                                  size n      answer  C(Y|X)
 ==============  ======================================================  ==========  ======  ==========
-lookup_long     the value of the query key in a table of unique keys    42..339     2       0
-lookup_any      a value of the query key, which has m = 2..4 rows       42..339     2       log2 m
-span_copy_far   the 4 items after the ``,`` marker (first half)         252..2039   4       0
-count_long      how often the query item occurs (1..16), two digits     251..2040   2       0
+lookup_long     the value of the query key in a table of unique keys    4..339      2       0
+lookup_any      a value of the query key, which has m = 2..4 rows       4..339      2       log2 m
+span_copy_far   the 4 items after the ``,`` marker (first half)         16..2039    4       0
+count_long      how often the query item occurs (1..16), two digits     24..2040    2       0
 ==============  ======================================================  ==========  ======  ==========
 
 Prompts (after ``[BOS] <task>``, before ``[SEP]``):
@@ -29,8 +29,9 @@ Prompts (after ``[BOS] <task>``, before ``[SEP]``):
   positions; the other items are uniform over the 15 other letters. The answer is c as two digits
   (``0 7``), like ``add``'s zero-padded sums.
 
-Default sizes give prompts of 256 / 512 / 1,024 / 2,040 words (lookup: 258 / 516 / 1,026 /
-2,040); every full sequence fits 2,048 positions (the embedded models' ``max_positions``). The
+Default sizes (the test split, every evaluation) give prompts of 256 / 512 / 1,024 / 2,040 words
+(lookup: 258 / 516 / 1,026 / 2,040); the sizes below them (prompts of 19-255 words) exist for the
+training curriculum (``dllm/train/long_recipes.py``: retrieval is learned on short tables first); every full sequence fits 2,048 positions (the embedded models' ``max_positions``). The
 suite is ``"long-prompt"``: default runs over PB-mini do not include it, and the models trained
 before it cannot read its task tokens.
 
@@ -267,17 +268,17 @@ _COMMON = dict(suite=LONG_PROMPT_SUITE, holdout=False)
 
 register(LookupTask(
     name="lookup_long", description="the value of the query key in a long table of unique keys",
-    min_size=42, max_size=339, default_sizes=(42, 85, 170, 339), size_meaning="table rows n",
+    min_size=4, max_size=339, default_sizes=(42, 85, 170, 339), size_meaning="table rows n",
     repeats=(1, 1), **_COMMON))
 register(LookupTask(
     name="lookup_any", description="any value of a query key with 2-4 rows in a long table (C = log2 m)",
-    min_size=42, max_size=339, default_sizes=(42, 85, 170, 339), size_meaning="table rows n",
+    min_size=4, max_size=339, default_sizes=(42, 85, 170, 339), size_meaning="table rows n",
     repeats=(2, 4), **_COMMON))
 register(SpanCopyTask(
     name="span_copy_far", description=f"copy the {SPAN} items after the ',' marker far back in a long list",
-    min_size=252, max_size=2039, default_sizes=(252, 508, 1020, 2036), size_meaning="list length n",
+    min_size=16, max_size=2039, default_sizes=(252, 508, 1020, 2036), size_meaning="list length n",
     **_COMMON))
 register(CountTask(
     name="count_long", description=f"count the query item (1-{MAX_COUNT} times) in a long list",
-    min_size=251, max_size=2040, default_sizes=(251, 507, 1019, 2035), size_meaning="list length n",
+    min_size=24, max_size=2040, default_sizes=(251, 507, 1019, 2035), size_meaning="list length n",
     **_COMMON))

@@ -23,7 +23,6 @@ Recipes (``AR_RECIPES``):
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path

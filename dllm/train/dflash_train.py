@@ -24,7 +24,6 @@ accepts, since the held-out answers are the target's own greedy output).
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from dllm import tasks as T
 from dllm.drafters.dflash_io import random_dflash, save_dflash
 from dllm.drafters.dflash_model import DFlashDrafter, extract_context_feature, target_embedding, target_head
 from dllm.registry import Registry
-from dllm.tasks.vocab import EOS, MASK, PAD, word_id
+from dllm.tasks.vocab import MASK, PAD, word_id
 from dllm.train.ar import LONG_MIXTURE, greedy_answers, hf_tokenizer
 from dllm.train.data import MixtureConfig, TaskMixture
 from dllm.train.schedule import lr_factor

@@ -66,26 +66,43 @@ def sizes_up_to(task: str, max_prompt: int) -> tuple[int, ...]:
 
 
 def long_prompt_mixture(max_prompt: int, any_weight: float = ANY_WEIGHT) -> MixtureConfig:
-    """The long-prompt suite at every size whose prompt fits ``max_prompt`` words."""
+    """The long-prompt suite at every size whose prompt fits ``max_prompt`` words (the short sizes
+    below the default ones included: the length curriculum)."""
     names = T.suite_task_names(LONG_PROMPT_SUITE)
     weights = tuple(any_weight if n == "lookup_any" else 1.0 for n in names)  # the one C > 0 task
     return MixtureConfig(tasks=names, weights=weights, sizes=tuple(sizes_up_to(n, max_prompt) for n in names))
 
 
-def _curriculum() -> TrainConfig:
-    # evaluation covers every default size (prompts up to 2,040 words): ~95 s at 2 per size
-    return TrainConfig(steps=5_000, batch_size=16, lr=1e-3, warmup=100, eval_every=500, eval_per_size=2,
-                       save_every=250, mixture=long_prompt_mixture(320),
-                       phases=(Phase(start=3_000, mixture=long_prompt_mixture(512), lr=6e-4, warmup=100),))
+# (first step, longest prompt in words, batch size): ~4-5k tokens per step in every phase
+CURRICULUM = ((0, 100, 64), (1_500, 260, 32), (2_300, 520, 16), (2_800, 1_040, 8), (3_300, 2_048, 4))
+STEPS = 3_800
 
 
-recipes.add("tiny-llada-long", Recipe(
-    "tiny-llada-long", "llada",
-    dict(vocab_size=LONG_VOCAB_SIZE, d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, mlp_hidden=344,
-         max_positions=2048, rope_theta=10000.0, tie_embeddings=False, rms_eps=1e-5, qkv_bias=False,
-         rope_fp32=True),
-    _curriculum(),
-    "LLaDA-format 0.8M model on the long-prompt suite (256-512-word prompts, batch 16)",
-), description="LLaDA-format 0.8M model on the long-prompt suite (every task word)")
+def curriculum(lr: float = 1e-3) -> TrainConfig:
+    """The length curriculum: short tables and lists first (the retrieval heads form there), then
+    prompts twice as long per phase up to the 2,048 positions, the batch halved each time."""
+    (_, first, batch), *later = CURRICULUM
+    return TrainConfig(steps=STEPS, batch_size=batch, lr=lr, warmup=100, eval_every=0, eval_per_size=2,
+                       save_every=250, mixture=long_prompt_mixture(first),
+                       phases=tuple(Phase(start=s, mixture=long_prompt_mixture(m), lr=0.6 * lr, warmup=50,
+                                          batch_size=b) for s, m, b in later))
 
-__all__ = ["ANY_WEIGHT", "LONG_VOCAB_SIZE", "long_prompt_mixture", "sizes_up_to"]
+
+def long_model(base: Recipe) -> dict:
+    """``base``'s model fields with the whole task vocabulary (the long-prompt task words)."""
+    return dict(base.model, vocab_size=LONG_VOCAB_SIZE)
+
+
+def register_long(base: str) -> Recipe:
+    """``<base>-long``: the embedded ``base`` model warm-started on the long-prompt curriculum."""
+    r = recipes.get(base)
+    name = base + "-long"
+    recipe = Recipe(name, r.family, long_model(r), curriculum(),
+                    f"{base} warm-started on the long-prompt suite (prompts up to 2,048 words)", init_from=base)
+    recipes.add(name, recipe, description=f"{base} + a long-prompt training phase (every task word)")
+    return recipe
+
+
+LONG_RECIPES = tuple(register_long(b).name for b in ("tiny-llada", "tiny-dream"))
+
+__all__ = ["ANY_WEIGHT", "CURRICULUM", "LONG_VOCAB_SIZE", "curriculum", "long_model", "long_prompt_mixture", "sizes_up_to"]

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -86,6 +86,7 @@ class Recipe:
     model: dict[str, Any]  # TransformerConfig fields
     train: TrainConfig
     description: str = ""
+    init_from: Optional[str] = None  # warm start: an embedded model name or a directory (warm_start)
 
     def with_overrides(self, model: dict[str, Any] | None = None, **train: Any) -> "Recipe":
         """A copy with some model fields and/or TrainConfig fields replaced (None values ignored)."""
@@ -215,6 +216,35 @@ def build_model(recipe: Recipe, seed: int | None = None, attn_backend: str = "au
     cls = family_class(recipe.family)
     model = cls(config, task_special_ids(), tokenizer=tok, attn_backend=attn_backend)
     init_for_training(model, recipe.train.seed if seed is None else seed)
+    if recipe.init_from is not None:
+        warm_start(model, recipe.init_from)
+    return model
+
+
+def warm_start(model: TransformerLM, source: str) -> TransformerLM:
+    """Copy the weights of ``source`` (an embedded model name or a checkpoint directory of the same
+    family and layer shapes) into ``model``. A larger vocabulary is allowed: the embedding and LM
+    head rows past the source's keep their fresh init (new task words). Anything else that differs
+    is a ValueError naming the tensor."""
+    from dllm.models import load
+
+    src = load(source)
+    if type(src) is not type(model):
+        raise ValueError(f"init_from={source!r} is a {type(src).__name__}, the recipe builds a {type(model).__name__}")
+    theirs, ours = src.state_dict(), model.state_dict()
+    if set(theirs) != set(ours):
+        raise ValueError(f"init_from={source!r}: tensors differ: {sorted(set(theirs) ^ set(ours))[:4]}")
+    rows_grow = ("transformer.embed.weight", "transformer.lm_head.weight")
+    with torch.no_grad():
+        for name, value in theirs.items():
+            target = ours[name]
+            if target.shape == value.shape:
+                target.copy_(value)
+            elif name in rows_grow and target.shape[1:] == value.shape[1:] and target.shape[0] > value.shape[0]:
+                target[: value.shape[0]].copy_(value)  # [V_src, D] of [V, D]
+            else:
+                raise ValueError(f"init_from={source!r}: {name} is {tuple(value.shape)}, the recipe's is "
+                                 f"{tuple(target.shape)} (only the vocabulary may grow)")
     return model
 
 
@@ -223,4 +253,4 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 __all__ = ["Recipe", "TrainConfig", "build_model", "count_parameters", "get_recipe",
-           "init_for_training", "recipes", "task_special_ids"]
+           "init_for_training", "recipes", "task_special_ids", "warm_start"]

@@ -25,15 +25,19 @@ from dllm.train.data import MixtureConfig
 @dataclass(frozen=True)
 class Phase:
     """From optimiser step ``start`` (0-based) on: ``mixture``, warm-up ``warmup`` steps to peak
-    ``lr``, cosine to ``lr * min_lr_ratio`` at the end of the phase."""
+    ``lr``, cosine to ``lr * min_lr_ratio`` at the end of the phase; ``batch_size`` examples per
+    step (a length curriculum keeps the tokens per step level by shrinking it as prompts grow)."""
 
     start: int
     mixture: MixtureConfig
     lr: float
     warmup: int = 200
     horizon: Optional[int] = None  # step where the cosine reaches its floor (default: the phase's end)
+    batch_size: Optional[int] = None  # examples per step in this phase (default: TrainConfig.batch_size)
 
     def __post_init__(self) -> None:
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"Phase.batch_size must be an int >= 1 (or None), got {self.batch_size!r}")
         if not isinstance(self.start, int) or self.start < 1:
             raise ValueError(f"Phase.start must be an int >= 1, got {self.start!r}")
         if not self.lr > 0:

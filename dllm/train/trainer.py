@@ -161,7 +161,8 @@ class Trainer:
         while self.step < end:
             step = self.step
             t0 = time.perf_counter()  # training time only: evaluation and saving are not counted
-            batch = self.mixtures[phase_index(step, cfg.phases)].batch(step, cfg.batch_size)
+            phase = phase_index(step, cfg.phases)
+            batch = self.mixtures[phase].batch(step, self.batch_size(phase))
             stats = self.train_step(batch, step)
             acc["time"] += time.perf_counter() - t0
             self.step += 1
@@ -190,6 +191,11 @@ class Trainer:
         bar.close()
         self.log({"event": "end", "step": self.step, "best_mean_c0": self.best})
         return last
+
+    def batch_size(self, phase: int) -> int:
+        """Examples per step in ``phase`` (0 = the recipe's own mixture)."""
+        own = self.cfg.phases[phase - 1].batch_size if phase > 0 else None
+        return own or self.cfg.batch_size
 
     # ---- evaluation --------------------------------------------------------------------------
     def run_eval(self) -> EvalResult:
@@ -268,6 +274,7 @@ class Trainer:
 
     def _write_recipe(self) -> None:
         info = {"name": self.recipe.name, "family": self.recipe.family, "model": self.recipe.model,
+                "init_from": self.recipe.init_from,
                 "train": asdict(self.cfg)}
         (self.out / "recipe.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
