@@ -1,7 +1,8 @@
 """Cache policies: what each step recomputes and which keys/values it reuses.
 
 ``none`` (exact), ``prefix`` and ``dual`` (Fast-dLLM; ``dual`` with dInfer's vicinity options),
-``window`` (Window-Diffusion style far-field pruning). Choose one with
+``window`` (Window-Diffusion style far-field pruning), ``drift`` (a dual cache whose recomputed window
+follows the measured key drift). Choose one with
 ``dllm.generate(..., cache=...)``, which takes a name (``"dual"``), a spec string
 (``"dual:refresh=4"``), a mapping (``{"name": "dual", "refresh": 4}``) or an instance
 (``DualCache(refresh=4)``). Importing this package registers the built-in policies.
@@ -12,6 +13,7 @@ from dllm.models.kv import CacheView, KVCache
 from dllm.cache.none import NoCache
 from dllm.cache.block import DualCache, PrefixCache
 from dllm.cache.window import WindowCache
+from dllm.cache.drift import DriftCache
 
 
 def list_caches() -> list[tuple[str, str]]:
@@ -19,5 +21,5 @@ def list_caches() -> list[tuple[str, str]]:
     return caches.describe()
 
 
-__all__ = ["CachePolicy", "CacheView", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
+__all__ = ["CachePolicy", "CacheView", "DriftCache", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
            "WindowCache", "caches", "list_caches", "make_cache", "register_cache"]

@@ -34,6 +34,7 @@ class KVCache:
             raise ValueError(f"KVCache needs one key and one value buffer per layer, got {len(k)} and {len(v)}")
         self.k = list(k)
         self.v = list(v)
+        self.drift_probe: Optional["DriftProbe"] = None  # set by a policy that measures K drift
 
     @classmethod
     def allocate(
@@ -119,6 +120,8 @@ class CacheView:
         values to attend ([R, Hkv, key_end, hd])."""
         t = k.shape[2]
         kb, vb = self.kv.k[layer], self.kv.v[layer]
+        if self.kv.drift_probe is not None and self.is_full(t):
+            self.kv.drift_probe.record(layer, self.kv.n_layers, k, kb[:, :, :t])
         kb[:, :, self.start:self.start + t].copy_(k)
         vb[:, :, self.start:self.start + t].copy_(v)
         if self.is_full(t):
@@ -168,4 +171,33 @@ class RowsView(CacheView):
         return keys, values
 
 
-__all__ = ["KVCache", "CacheView", "RowsView"]
+class DriftProbe:
+    """Per-column key drift measured at full forwards (``dllm.cache.drift``).
+
+    A full forward recomputes every column's keys; just before they overwrite the buffers, the probe
+    compares them with what the buffers held, i.e. the keys the steps since the previous full forward
+    attended to. ``drift`` [R, L] float32 is the mean over layers of ``||k_new - k_old||^2 /
+    ||k_new||^2`` per column (summed over heads and channels): the relative squared error of the
+    cached keys. None until a second full forward (the first one has nothing to compare with).
+    """
+
+    def __init__(self) -> None:
+        self.filled = False  # a full forward has written the buffers
+        self.drift: Optional[torch.Tensor] = None  # [R, L]
+        self._acc: Optional[torch.Tensor] = None
+        self.decision: Optional[tuple] = None  # the policy's per-block choice (dllm.cache.drift)
+
+    def record(self, layer: int, n_layers: int, fresh: torch.Tensor, old: torch.Tensor) -> None:
+        """fresh / old keys of layer ``layer``: [R, Hkv, L, hd]."""
+        if self.filled:
+            f = fresh.float()
+            err = (f - old.float()).square().sum(dim=(1, 3)) / f.square().sum(dim=(1, 3)).clamp_min(1e-12)  # [R, L]
+            err = err.to(self._acc.device) if self._acc is not None else err
+            self._acc = err if layer == 0 or self._acc is None else self._acc + err
+        if layer == n_layers - 1:
+            if self.filled:
+                self.drift = self._acc / n_layers
+            self.filled, self._acc = True, None
+
+
+__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView"]

@@ -1,0 +1,101 @@
+"""The ``drift`` cache policy (dllm/cache/drift.py): the probe measures what the cache carried, the
+window covers the drifted columns, and its limits reproduce ``none`` and ``dual`` exactly."""
+
+import pytest
+import torch
+
+import dllm
+from dllm.cache import make_cache
+from dllm.cache.drift import drift_margins
+from dllm.models import tiny
+from dllm.models.kv import DriftProbe
+
+PROMPTS = [[7, 8, 9, 10, 11, 12], [13, 14], [15, 16, 17, 18]]  # ragged: left-padded batch
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def model(request):
+    return tiny(request.param, seed=3)
+
+
+def _gen(model, cache, sampler="threshold", **kw):
+    kw.setdefault("gen_length", 12)
+    kw.setdefault("block_length", 4)
+    opts = {"threshold": 0.5} if sampler == "threshold" else {}
+    return dllm.generate(model, PROMPTS, sampler=sampler, cache=cache, return_trace=True, **opts, **kw)
+
+
+def _same(a, b):
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.trace, b.trace)
+    assert (a.nfe, a.forwarded_tokens) == (b.nfe, b.forwarded_tokens)
+
+
+def test_margins_cover_the_hot_columns():
+    d = torch.zeros(2, 20)
+    d[0, 3], d[1, 7], d[1, 15], d[0, 18] = 0.5, 0.2, 0.3, 0.001
+    assert drift_margins(d, 10, 14, 0.1) == (7, 2)  # back to column 3, ahead to column 15
+    assert drift_margins(d, 10, 14, 0.4) == (7, 0)
+    assert drift_margins(d, 10, 14, 1.0) == (0, 0)
+    assert drift_margins(d, 10, 14, 0.0005) == (7, 5)  # column 18 is the rightmost
+
+
+def test_probe_measures_the_keys_the_cache_served():
+    probe = DriftProbe()
+    old = [torch.randn(2, 3, 10, 4) for _ in range(2)]
+    new = [o + 0.1 * torch.randn_like(o) for o in old]
+    for i, o in enumerate(old):
+        probe.record(i, 2, o, torch.zeros_like(o))  # first full forward: nothing to compare
+    assert probe.filled and probe.drift is None
+    for i in range(2):
+        probe.record(i, 2, new[i], old[i])
+    expect = sum(((n - o).square().sum((1, 3)) / n.square().sum((1, 3))) for n, o in zip(new, old)) / 2
+    torch.testing.assert_close(probe.drift, expect)
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.5], ids=["plain", "cfg"])
+def test_limits_are_none_and_dual(model, cfg_scale):
+    # every column drifts a little: the window is the whole canvas, i.e. a full forward every step
+    _same(_gen(model, "drift:threshold=1e-30,first_look_ahead=64", cfg_scale=cfg_scale), _gen(model, "none", cfg_scale=cfg_scale))
+    # nothing counts as drift and no first-block prefix: Fast-dLLM's dual cache exactly
+    _same(_gen(model, "drift:threshold=1e30,max_look_back=0", cfg_scale=cfg_scale),
+          _gen(model, "dual", cfg_scale=cfg_scale))
+
+
+def test_first_block_recomputes_the_prefix_then_follows_the_drift(model):
+    seen = []
+    policy = make_cache("drift:threshold=0.01")
+    real = policy.cached_query
+
+    def spy(state, shift):
+        q = real(state, shift)
+        seen.append((state.block_index, q.start, q.end))
+        return q
+    policy.cached_query = spy
+    out = _gen(model, policy, gen_length=16)
+    first = [q for q in seen if q[0] == 0]
+    assert first and all(q[1:] == (0, 6 + 4) for q in first)  # [0, e): the 6 prompt columns and block 0
+    assert {q for q in seen if q[0] > 0}  # later blocks ran cached steps with their own windows
+    per_block = {}
+    for b, s, e in seen:
+        per_block.setdefault(b, set()).add((s, e))
+    assert all(len(v) == 1 for v in per_block.values())  # one window per block
+    assert out.forwarded_tokens < _gen(model, "none", gen_length=16).forwarded_tokens
+
+
+def test_verification_samplers_run_on_it(model):
+    """fast (LoPA variants) is served: the window is fixed per block."""
+    ref = _gen(model, "none", "fast")
+    _same(_gen(model, "drift:threshold=1e-30,first_look_ahead=64", "fast"), ref)
+    out = _gen(model, "drift", "fast")
+    assert out.sequences.shape == ref.sequences.shape
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("drift:threshold=0", "drift threshold must be a number > 0"),
+    ("drift:threshold=-1", "drift threshold must be a number > 0"),
+    ("drift:max_look_back=-2", "max_look_back"),
+    ("drift:first_look_ahead=1.5", "first_look_ahead"),
+])
+def test_bad_options(spec, match):
+    with pytest.raises(ValueError, match=match):
+        make_cache(spec)
