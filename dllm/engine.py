@@ -159,17 +159,17 @@ class Decode:
         canvas-wide padding mask, the cache view). Under CFG, R = 2B: the unconditional copy
         (prompt -> mask, pads too) follows the conditional rows; else R = B."""
         state = self.state
-        q0, q1 = query.start, query.end
-        x = state.x[:, q0:q1]  # [B, Q]
+        cols = query.columns()  # [start, end), after the policy's extra columns if any
+        x = state.x[:, cols]  # [B, Q]
         kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
-        positions = state.positions[:, q0:q1]
+        positions = state.positions[:, cols]
         if self.cfg_scale > 0:
-            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, q0:q1], state.mask_id)], dim=0)
+            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, cols], state.mask_id)], dim=0)
             positions = positions.repeat(2, 1)
             kpm = None if kpm is None else kpm.repeat(2, 1)
         kwargs = {"positions": positions, "key_padding_mask": kpm}
         if state.kv is not None:
-            kwargs["cache"] = state.kv.view(q0, query.key_end)
+            kwargs["cache"] = state.kv.view(query.start, query.key_end, query.extra)
         return x, kwargs
 
     def forward(self, query: Query,
@@ -181,6 +181,7 @@ class Decode:
         writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
         """
         x, kwargs = self.query_inputs(query)
+        rows = query.head_rows(rows)
         if rows is not None:
             kwargs["logits_rows"] = rows
         out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
@@ -196,6 +197,9 @@ class Decode:
         """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one
         forward with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the
         call has them; counted as one NFE of Q + W rows per row."""
+        if query.n_extra:
+            raise ValueError(f"sampler {self.sampler.name!r} decodes with a shadow block, which cache policy "
+                             f"{self.policy.name!r} cannot serve (it recomputes columns outside the query)")
         x, kwargs = self.query_inputs(query)
         logits, shadow = self.model.shadow_forward(x, start=s, end=e, **kwargs)
         if self.cfg_scale > 0:
@@ -229,11 +233,12 @@ class Decode:
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
-        extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end)}
+        extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra)}
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
-        out = self.model(x[:, vq.start:vq.end], positions=positions[:, vq.start:vq.end], key_padding_mask=kpm,
-                         logits_rows=(s - vq.start, e - vq.start), **extra)  # the head on the window only
+        cols = vq.columns()
+        out = self.model(x[:, cols], positions=positions[:, cols], key_padding_mask=kpm,
+                         logits_rows=vq.head_rows((s - vq.start, e - vq.start)), **extra)  # the window only
         logits = _guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, W, V]
         self._count(x.shape[0] * vq.length)
         return logits

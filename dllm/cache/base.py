@@ -19,8 +19,10 @@ predict column s starts at ``s - shift``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Union
+
+import torch
 
 from dllm.options import check_optional_int
 from dllm.registry import Configurable, NoOptions, Registry
@@ -29,15 +31,36 @@ from dllm.state import DecodeState
 
 @dataclass(frozen=True)
 class Query:
-    """One forward's query columns ``[start, end)`` and attended keys ``[0, key_end)``."""
+    """One forward's query columns ``[start, end)`` and attended keys ``[0, key_end)``; ``extra``
+    [n] (sorted canvas columns left of ``start``, a long tensor on the canvas device) are recomputed
+    too: their rows come first in the forward, their logits are dropped (``dllm.cache.drift``)."""
 
     start: int
     end: int
     key_end: int
+    extra: Optional[torch.Tensor] = field(default=None, compare=False)
+
+    @property
+    def n_extra(self) -> int:
+        return 0 if self.extra is None else int(self.extra.numel())  # metadata, no device sync
 
     @property
     def length(self) -> int:
-        return self.end - self.start
+        return self.end - self.start + self.n_extra
+
+    def columns(self) -> Union[slice, torch.Tensor]:
+        """What ``x[:, ...]`` takes to get the forward's input columns (extra ones first)."""
+        if not self.n_extra:
+            return slice(self.start, self.end)
+        return torch.cat([self.extra, torch.arange(self.start, self.end, device=self.extra.device)])
+
+    def head_rows(self, rows: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
+        """Logits rows ``(a, b)`` of ``[start, end)`` -> rows of the forward (past the extra ones);
+        None = every contiguous row (None again when there are no extra rows)."""
+        n = self.n_extra
+        if rows is None:
+            return (n, n + self.end - self.start) if n else None
+        return rows[0] + n, rows[1] + n
 
 
 def check_refresh(refresh: Optional[int]) -> None:

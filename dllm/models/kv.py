@@ -78,14 +78,16 @@ class KVCache:
         return KVCache([t.index_select(0, rows.to(t.device)) for t in self.k],
                        [t.index_select(0, rows.to(t.device)) for t in self.v])
 
-    def view(self, start: int, key_end: Optional[int] = None) -> "CacheView":
-        """A forward whose queries start at canvas column ``start`` and attend to ``[0, key_end)``."""
-        return CacheView(self, start, self.length if key_end is None else key_end)
+    def view(self, start: int, key_end: Optional[int] = None, extra: Optional[torch.Tensor] = None) -> "CacheView":
+        """A forward whose queries start at canvas column ``start`` (after the ``extra`` columns'
+        rows, if any) and attend to ``[0, key_end)``."""
+        return CacheView(self, start, self.length if key_end is None else key_end, extra)
 
-    def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None) -> "RowsView":
-        """``gather(rows).view(start, key_end)`` without the all-layer copy: a forward of copies of
-        buffer rows ``rows`` [N] that never writes the call's buffers (verification variants)."""
-        return RowsView(self, start, self.length if key_end is None else key_end, rows)
+    def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
+                  extra: Optional[torch.Tensor] = None) -> "RowsView":
+        """``gather(rows).view(start, key_end, extra)`` without the all-layer copy: a forward of
+        copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants)."""
+        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows)
 
 
 @dataclass(frozen=True)
@@ -93,18 +95,23 @@ class CacheView:
     """How one forward uses a ``KVCache`` (see the module docstring)."""
 
     kv: KVCache
-    start: int  # canvas column of query row 0; fresh K/V are written to [start, start + T)
+    start: int  # canvas column of the first contiguous query row; fresh K/V go to [start, start + T')
     key_end: int  # keys/values attended: buffer rows [0, key_end)
+    extra: Optional[torch.Tensor] = None  # [n] long: columns < start recomputed too (their rows come first)
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.key_end <= self.kv.length:
             raise ValueError(f"CacheView needs 0 <= start < key_end <= {self.kv.length}, got "
                              f"start={self.start}, key_end={self.key_end}")
 
+    @property
+    def n_extra(self) -> int:
+        return 0 if self.extra is None else int(self.extra.numel())  # metadata, no device sync
+
     def check_queries(self, n_queries: int) -> None:
         """ValueError unless the T query rows fit inside the attended keys."""
-        if self.start + n_queries > self.key_end:
-            raise ValueError(f"{n_queries} query rows from column {self.start} pass key_end="
+        if self.start + n_queries - self.n_extra > self.key_end:
+            raise ValueError(f"{n_queries - self.n_extra} query rows from column {self.start} pass key_end="
                              f"{self.key_end}: the queries' own keys must be attended")
 
     @property
@@ -113,7 +120,19 @@ class CacheView:
         return self.kv.rows
 
     def is_full(self, n_queries: int) -> bool:
-        return self.start == 0 and n_queries == self.key_end
+        return self.start == 0 and n_queries == self.key_end and not self.n_extra
+
+    def write(self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Fresh k/v [R, Hkv, T, hd] into kb/vb [R, Hkv, >= key_end, hd]: the first ``n_extra`` rows
+        at the columns ``extra``, the rest at ``[start, start + T - n_extra)``."""
+        n = self.n_extra
+        if n:
+            cols = self.extra.to(kb.device)
+            kb.index_copy_(2, cols, k[:, :, :n])
+            vb.index_copy_(2, cols, v[:, :, :n])
+            k, v = k[:, :, n:], v[:, :, n:]
+        kb[:, :, self.start:self.start + k.shape[2]].copy_(k)
+        vb[:, :, self.start:self.start + v.shape[2]].copy_(v)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the fresh k/v [R, Hkv, T, hd] of layer ``layer`` in place; return the keys and
@@ -122,8 +141,7 @@ class CacheView:
         kb, vb = self.kv.k[layer], self.kv.v[layer]
         if self.kv.drift_probe is not None and self.is_full(t):
             self.kv.drift_probe.record(layer, self.kv.n_layers, k, kb[:, :, :t])
-        kb[:, :, self.start:self.start + t].copy_(k)
-        vb[:, :, self.start:self.start + t].copy_(v)
+        self.write(kb, vb, k, v)
         if self.is_full(t):
             return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
         return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
@@ -138,8 +156,10 @@ class CacheView:
         if key_padding_mask is None:
             return None
         keys = key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
-        pad_queries = ~key_padding_mask[:, None, self.start:self.start + n_queries, None]  # [R, 1, T, 1]
-        return keys | pad_queries
+        real = key_padding_mask[:, self.start:self.start + n_queries - self.n_extra]  # [R, T']
+        if self.n_extra:
+            real = torch.cat([key_padding_mask[:, self.extra.to(real.device)], real], dim=1)  # [R, T]
+        return keys | ~real[:, None, :, None]
 
 
 @dataclass(frozen=True)
@@ -166,8 +186,7 @@ class RowsView(CacheView):
         sel = self.select.to(kb.device)
         keys = kb[:, :, :self.key_end].index_select(0, sel)  # [N, Hkv, key_end, hd] this layer's copy
         values = vb[:, :, :self.key_end].index_select(0, sel)
-        keys[:, :, self.start:self.start + t] = k
-        values[:, :, self.start:self.start + t] = v
+        self.write(keys, values, k, v)
         return keys, values
 
 

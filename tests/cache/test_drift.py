@@ -6,7 +6,7 @@ import torch
 
 import dllm
 from dllm.cache import make_cache
-from dllm.cache.drift import drift_margins
+from dllm.cache.drift import drifted_columns
 from dllm.models import tiny
 from dllm.models.kv import DriftProbe
 
@@ -30,13 +30,15 @@ def _same(a, b):
     assert (a.nfe, a.forwarded_tokens) == (b.nfe, b.forwarded_tokens)
 
 
-def test_margins_cover_the_hot_columns():
+def test_drifted_columns_and_right_margin():
     d = torch.zeros(2, 20)
-    d[0, 3], d[1, 7], d[1, 15], d[0, 18] = 0.5, 0.2, 0.3, 0.001
-    assert drift_margins(d, 10, 14, 0.1) == (7, 2)  # back to column 3, ahead to column 15
-    assert drift_margins(d, 10, 14, 0.4) == (7, 0)
-    assert drift_margins(d, 10, 14, 1.0) == (0, 0)
-    assert drift_margins(d, 10, 14, 0.0005) == (7, 5)  # column 18 is the rightmost
+    d[0, 3], d[1, 7], d[0, 8], d[1, 15], d[0, 18] = 0.5, 0.2, 0.15, 0.3, 0.001
+    cols, ahead = drifted_columns(d, 10, 14, 0.1)
+    assert cols.tolist() == [3, 7, 8] and ahead == 2  # right: up to column 15
+    assert drifted_columns(d, 10, 14, 0.1, max_extra=2)[0].tolist() == [3, 7]  # the two most drifted
+    assert drifted_columns(d, 10, 14, 0.4)[0].tolist() == [3] and drifted_columns(d, 10, 14, 0.4)[1] == 0
+    assert drifted_columns(d, 10, 14, 1.0)[0].numel() == 0
+    assert drifted_columns(d, 10, 14, 0.0005)[1] == 5  # column 18 is the rightmost
 
 
 def test_probe_measures_the_keys_the_cache_served():
@@ -55,37 +57,39 @@ def test_probe_measures_the_keys_the_cache_served():
 @pytest.mark.parametrize("cfg_scale", [0.0, 1.5], ids=["plain", "cfg"])
 def test_limits_are_none_and_dual(model, cfg_scale):
     # every column drifts a little: the window is the whole canvas, i.e. a full forward every step
-    _same(_gen(model, "drift:threshold=1e-30,first_look_ahead=64", cfg_scale=cfg_scale), _gen(model, "none", cfg_scale=cfg_scale))
+    _same(_gen(model, "drift:threshold=1e-30,first_look_back=none,first_look_ahead=64", cfg_scale=cfg_scale), _gen(model, "none", cfg_scale=cfg_scale))
     # nothing counts as drift and no first-block prefix: Fast-dLLM's dual cache exactly
-    _same(_gen(model, "drift:threshold=1e30,max_look_back=0", cfg_scale=cfg_scale),
+    _same(_gen(model, "drift:threshold=1e30,first_look_back=0", cfg_scale=cfg_scale),
           _gen(model, "dual", cfg_scale=cfg_scale))
 
 
 def test_first_block_recomputes_the_prefix_then_follows_the_drift(model):
     seen = []
-    policy = make_cache("drift:threshold=0.01")
+    policy = make_cache("drift:threshold=0.01,first_look_back=none")
     real = policy.cached_query
 
     def spy(state, shift):
         q = real(state, shift)
-        seen.append((state.block_index, q.start, q.end))
+        seen.append((state.block_index, q.start, q.end, None if q.extra is None else tuple(q.extra.tolist())))
         return q
     policy.cached_query = spy
     out = _gen(model, policy, gen_length=16)
     first = [q for q in seen if q[0] == 0]
-    assert first and all(q[1:] == (0, 6 + 4) for q in first)  # [0, e): the 6 prompt columns and block 0
-    assert {q for q in seen if q[0] > 0}  # later blocks ran cached steps with their own windows
+    assert first and all(q[1:3] == (0, 6 + 4) and q[3] is None for q in first)  # the 6 prompt columns, block 0
+    later = [q for q in seen if q[0] > 0]
+    assert later and any(q[3] for q in later)  # later blocks recompute drifted columns left of the block
     per_block = {}
-    for b, s, e in seen:
-        per_block.setdefault(b, set()).add((s, e))
-    assert all(len(v) == 1 for v in per_block.values())  # one window per block
+    for b, s, e, extra in seen:
+        per_block.setdefault(b, set()).add((s, e, extra))
+        assert not extra or (max(extra) < s and list(extra) == sorted(extra))
+    assert all(len(v) == 1 for v in per_block.values())  # one query per block
     assert out.forwarded_tokens < _gen(model, "none", gen_length=16).forwarded_tokens
 
 
 def test_verification_samplers_run_on_it(model):
     """fast (LoPA variants) is served: the window is fixed per block."""
     ref = _gen(model, "none", "fast")
-    _same(_gen(model, "drift:threshold=1e-30,first_look_ahead=64", "fast"), ref)
+    _same(_gen(model, "drift:threshold=1e-30,first_look_back=none,first_look_ahead=64", "fast"), ref)
     out = _gen(model, "drift", "fast")
     assert out.sequences.shape == ref.sequences.shape
 
@@ -93,9 +97,31 @@ def test_verification_samplers_run_on_it(model):
 @pytest.mark.parametrize("spec,match", [
     ("drift:threshold=0", "drift threshold must be a number > 0"),
     ("drift:threshold=-1", "drift threshold must be a number > 0"),
-    ("drift:max_look_back=-2", "max_look_back"),
+    ("drift:max_extra=-2", "max_extra"),
     ("drift:first_look_ahead=1.5", "first_look_ahead"),
 ])
 def test_bad_options(spec, match):
     with pytest.raises(ValueError, match=match):
         make_cache(spec)
+
+
+def test_first_block_vicinity_and_extra_cap(model):
+    seen = []
+    policy = make_cache("drift:threshold=1e-30,max_extra=2,first_look_back=3")
+    real = policy.cached_query
+
+    def spy(state, shift):
+        q = real(state, shift)
+        seen.append((state.block_index, state.block_start, q.start, q.n_extra))
+        return q
+    policy.cached_query = spy
+    _gen(model, policy, gen_length=16)
+    assert {q[2] for q in seen if q[0] == 0} == {6 - model.logit_shift - 3}  # block 0 starts at column 6
+    later = [q for q in seen if q[0] > 0]
+    assert later and all(q[3] == 2 for q in later)  # every column drifts; the 2 most drifted
+
+
+def test_shadow_block_samplers_are_refused(model):
+    with pytest.raises(ValueError, match="sampler 'wino' decodes with a shadow block, which cache policy 'drift' "
+                                         "cannot serve"):
+        _gen(model, "drift:threshold=1e-30", "wino", gen_length=16)

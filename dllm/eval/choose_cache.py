@@ -1,0 +1,158 @@
+"""Choose the ``auto`` cache policy by measurement.
+
+    python -m dllm.eval.choose_cache --threads 1 --out benchmarks/cache-choice.json
+
+The rule of the speed issue, applied to every candidate policy with the recommended sampler
+(``fast``), and measured side by side with ``cache="none"`` in the same run:
+
+- accuracy: within ``TOLERANCE`` (1 point) of ``none`` on the short suite (PB-mini, blocks of 4,
+  so a cache spans several blocks) with the two PB-mini models, and on the long-prompt suite with
+  the two long-prompt models (``PAIRS``);
+- speed: >= ``MIN_SPEEDUP`` (3x) the wall-clock speed of ``none`` at prompt 1,024 + 256 generated
+  (blocks of 32, ``dllm.eval.bench_caches.run_cache_bench``: a random prompt, median of repeats)
+  on every speed model;
+
+and picks, among the candidates that pass everything, the fastest (mean speed-up). No candidate
+passing is a result too: ``choose`` returns None and ``auto`` stays what it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+SAMPLER = "fast"
+PAIRS = (("tiny-llada", "pb-mini", 4), ("tiny-dream", "pb-mini", 4),
+         ("tiny-llada-long", "long-prompt", 4), ("tiny-dream-long", "long-prompt", 4))  # (model, suite, block)
+SPEED_MODELS = ("tiny-llada-long", "tiny-dream-long")
+SPEED_SHAPE = {"prompt_len": 1024, "gen_len": 256, "block": 32}
+CANDIDATES = ("prefix", "dual", "dual:look_back=16,look_ahead=16", "dual:look_back=64", "window",
+              "drift", "drift:threshold=0.003", "drift:threshold=0.03")
+TOLERANCE = 0.01
+MIN_SPEEDUP = 3.0
+
+
+@dataclass(frozen=True)
+class CacheVerdict:
+    cache: str
+    passes: bool
+    mean_speedup: float
+    reasons: tuple[str, ...]
+    accuracy_drop: dict[str, float]  # "model/suite" -> none's accuracy - this policy's (points)
+
+
+def label(cache: str) -> str:
+    """The compare label of the recommended sampler on ``cache``."""
+    return f"{SAMPLER}:cache={cache}" if cache != "none" else SAMPLER
+
+
+def judge(cache: str, accuracy: Mapping[str, Mapping[str, float]], speedup: Mapping[str, Mapping[str, float]], *,
+          tolerance: float = TOLERANCE, min_speedup: float = MIN_SPEEDUP) -> CacheVerdict:
+    """accuracy[pair][cache] (fractions, "none" included), speedup[model][cache] (x none)."""
+    reasons, drops = [], {}
+    for pair, acc in accuracy.items():
+        drop = acc["none"] - acc[cache]
+        drops[pair] = round(100 * drop, 2)
+        if drop > tolerance + 1e-12:
+            reasons.append(f"{pair}: accuracy {100 * acc[cache]:.1f}% < none {100 * acc['none']:.1f}% - "
+                           f"{100 * tolerance:g} pt")
+    speeds = [s[cache] for s in speedup.values()]
+    for model, s in speedup.items():
+        if s[cache] < min_speedup - 1e-12:
+            reasons.append(f"{model}: {s[cache]:.2f}x none < {min_speedup:g}x at "
+                           f"{SPEED_SHAPE['prompt_len']} + {SPEED_SHAPE['gen_len']}")
+    return CacheVerdict(cache, not reasons, sum(speeds) / max(1, len(speeds)), tuple(reasons), drops)
+
+
+def choose(accuracy, speedup, candidates: Sequence[str], **kw) -> tuple[Optional[str], list[CacheVerdict]]:
+    """(the winning policy spec or None, every verdict, best first)."""
+    verdicts = sorted((judge(c, accuracy, speedup, **kw) for c in candidates),
+                      key=lambda v: (not v.passes, -v.mean_speedup))
+    return (verdicts[0].cache if verdicts and verdicts[0].passes else None), verdicts
+
+
+def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool) -> tuple[dict, dict]:
+    """accuracy[pair][cache] and the compare rows (dicts) per pair."""
+    from dllm import tasks as T
+    from dllm.eval.compare import compare
+    from dllm.eval.exact_match import load_model
+
+    accuracy: dict[str, dict[str, float]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    caches = ["none", *candidates]
+    for model_name, suite, block in pairs:
+        model = load_model(model_name)
+        results = compare(model, [label(c) for c in caches], T.suite_task_names(suite), n,
+                          block_length=block, show_progress=progress)
+        key = f"{model_name}/{suite}"
+        by = {r.label: r for r in results}
+        accuracy[key] = {c: by[label(c)].accuracy for c in caches}
+        rows[key] = [asdict(r) for r in results]
+    return accuracy, rows
+
+
+def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int, progress: bool) -> tuple[dict, dict]:
+    """speedup[model][cache] (x none, same run) and the bench rows per model."""
+    from dllm.cache import make_cache
+    from dllm.eval.bench_caches import run_cache_bench
+    from dllm.eval.exact_match import load_model
+
+    given = {make_cache(c).spec: c for c in candidates}  # the policies' normalised specs -> as given
+    speedup: dict[str, dict[str, float]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for name in models:
+        out = run_cache_bench(load_model(name), SPEED_SHAPE["prompt_len"], SPEED_SHAPE["gen_len"],
+                              SPEED_SHAPE["block"], samplers=(SAMPLER,), policies=("none", *candidates),
+                              repeats=repeats, progress=progress)
+        speedup[name] = {given.get(r["policy"], r["policy"]): r["speedup"] for r in out}
+        rows[name] = out
+    return speedup, rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_cache", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
+    ap.add_argument("--n", type=int, default=8, help="test examples per task (accuracy)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per policy (speed; the median)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="runs/cache-choice.json")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    from dllm.cache import make_cache
+
+    for c in args.candidates:
+        make_cache(c)  # a bad spec fails here, before anything runs
+    if args.n < 1 or args.repeats < 1:
+        ap.error(f"--n and --repeats must be >= 1, got {args.n} and {args.repeats}")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    accuracy, acc_rows = measure_accuracy(PAIRS, args.candidates, args.n, not args.no_progress)
+    speedup, speed_rows = measure_speed(SPEED_MODELS, args.candidates, args.repeats, not args.no_progress)
+    winner, verdicts = choose(accuracy, speedup, args.candidates)
+    head = "".join(f"{k:>26}" for k in accuracy)
+    print(f"{'cache (sampler fast)':<34}{head}" + "".join(f"{m + ' x':>20}" for m in speedup))
+    for c in ["none", *args.candidates]:
+        print(f"{c:<34}" + "".join(f"{100 * a[c]:>25.1f}%" for a in accuracy.values())
+              + "".join(f"{s[c]:>19.2f}x" for s in speedup.values()))
+    print(f"\nrule: accuracy >= none - {100 * TOLERANCE:g} pt on every model/suite, >= {MIN_SPEEDUP:g}x none at "
+          f"{SPEED_SHAPE['prompt_len']} + {SPEED_SHAPE['gen_len']} on every speed model")
+    for v in verdicts:
+        print(f"  {'PASS' if v.passes else 'fail'}  {v.cache:<34} mean {v.mean_speedup:5.2f}x  {'; '.join(v.reasons)}")
+    print(f"\nauto = {winner}" if winner else "\nno candidate passes")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"sampler": SAMPLER, "n_per_task": args.n, "speed_shape": SPEED_SHAPE,
+                               "winner": winner, "verdicts": [asdict(v) for v in verdicts],
+                               "accuracy": accuracy, "speedup": speedup, "accuracy_rows": acc_rows,
+                               "speed_rows": speed_rows}, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
