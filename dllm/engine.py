@@ -111,12 +111,9 @@ def generate(
     if sampler_obj.greedy_only and temperature > 0:
         raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
                          f"(use temperature=0)")
-    refusal = policy.variant_refusal() if sampler_obj.needs_variants else None
+    refusal = policy.sampler_refusal(sampler_obj)
     if refusal is not None:
-        raise ValueError(
-            f"sampler {sampler_obj.name!r} verifies modified copies of the canvas in extra forwards, "
-            f"which cache policy {policy.name!r} cannot serve with these options: {refusal}"
-        )
+        raise ValueError(f"sampler {sampler_obj.name!r} {refusal}")
     need_attn = fit_layers(sampler_obj.attention_layers, model)
     if need_attn and not getattr(model, "supports_kv_cache", True):
         raise ValueError(
@@ -185,7 +182,7 @@ class Decode:
         if rows is not None:
             kwargs["logits_rows"] = rows
         out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
-        logits, attn = out.logits, out.attn
+        logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
         if self.cfg_scale > 0:
             b = self.state.batch_size
             logits = _guided(logits, self.cfg_scale)
@@ -197,9 +194,6 @@ class Decode:
         """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one
         forward with a shadow block (``DiffusionLM.shadow_forward``), against the buffers when the
         call has them; counted as one NFE of Q + W rows per row."""
-        if query.n_extra:
-            raise ValueError(f"sampler {self.sampler.name!r} decodes with a shadow block, which cache policy "
-                             f"{self.policy.name!r} cannot serve (it recomputes columns outside the query)")
         x, kwargs = self.query_inputs(query)
         logits, shadow = self.model.shadow_forward(x, start=s, end=e, **kwargs)
         if self.cfg_scale > 0:

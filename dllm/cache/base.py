@@ -106,6 +106,14 @@ class CachePolicy(Configurable):
         It depends on the block only, never on the step inside it (verification forwards rely on it)."""
         raise NotImplementedError
 
+    def sampler_refusal(self, sampler) -> Optional[str]:
+        """Why this policy cannot serve ``sampler`` (a sentence after the sampler's name), or None."""
+        refusal = self.variant_refusal() if sampler.needs_variants else None
+        if refusal is None:
+            return None
+        return (f"verifies modified copies of the canvas in extra forwards, which cache policy "
+                f"{self.name!r} cannot serve with these options: {refusal}")
+
     def variant_refusal(self) -> Optional[str]:
         """Why this policy cannot serve verification forwards (``Sampler.needs_variants``), or None.
 

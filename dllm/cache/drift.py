@@ -81,6 +81,13 @@ class DriftCache(CachePolicy):
 
     Config = DriftConfig
 
+    def sampler_refusal(self, sampler) -> Optional[str]:
+        if sampler.shadow_block:
+            return (f"decodes with a shadow block, which cache policy {self.name!r} cannot serve (the "
+                    "recomputed columns outside the query have no place in the shadow forward); use "
+                    "cache='dual' or 'none'")
+        return super().sampler_refusal(sampler)
+
     def allocate(self, model, rows: int, length: int):
         kv = model.new_kv_cache(rows, length)
         kv.drift_probe = DriftProbe()

@@ -10,7 +10,8 @@ from dllm.models import tiny
 from dllm.samplers import samplers
 
 SAMPLERS = [e.name for e in samplers]
-POLICIES = [e.name for e in caches] + ["dual:look_back=2,look_ahead=2,warmup=1", "window:buffer=4,refresh=2"]
+POLICIES = [e.name for e in caches] + ["dual:look_back=2,look_ahead=2,warmup=1", "window:buffer=4,refresh=2",
+            "drift:threshold=1e-30,max_extra=3"]
 PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
 
 
@@ -23,9 +24,9 @@ def model(request):
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_runs_with_every_cache(model, sampler, cache):
     cls = samplers.get(sampler)
-    refused = cls.needs_variants and "refresh" in cache
+    refused = (cls.needs_variants and "refresh" in cache) or (cls.shadow_block and cache.startswith("drift"))
     if refused and not cache.startswith("none"):
-        # verifying samplers under mid-block refreshes are refused
+        # verifying samplers under mid-block refreshes, shadow blocks under drift's extra columns
         with pytest.raises(ValueError, match=f"cache policy '{cache.partition(':')[0]}' cannot serve"):
             dllm.generate(model, PROMPTS, sampler=sampler, cache=cache, gen_length=8, block_length=4)
         return
