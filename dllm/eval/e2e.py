@@ -1,0 +1,114 @@
+"""End to end: the recommended setting against Fast-dLLM's, on the accuracy / tokens-per-second plane.
+
+    python -m dllm.eval.e2e --n 8 --threads 2 --out benchmarks/e2e-2026-12-01
+
+For every (model, suite) pair of ``dllm.eval.choose_cache.PAIRS`` (the PB-mini models on the short
+suite, the long-prompt models on the long suite, blocks of 4), one ``dllm compare`` run decodes the
+same examples with
+
+- Fast-dLLM's recommended setting, ``threshold`` 0.9 with the ``dual`` cache (its drivers are
+  reproduced token for token by ``threshold`` + ``dual``: tests/cache/test_fastdllm_transcript.py);
+- ours, ``fast`` with the recommended cache (``auto`` when registered, else ``--cache``);
+- both samplers without a cache, for reference.
+
+It prints one table per pair, the verdict (ours dominates = at least as accurate AND faster in
+tokens/s; the ratio of tokens/s), writes ``e2e.json`` and draws ``e2e.png``: one panel per pair,
+accuracy against tokens per second. Tokens/s of the tiny models on a CPU are mostly per-call
+overhead; tokens per forward and forwarded tokens are printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dllm.eval.choose_cache import PAIRS
+
+FASTDLLM = "threshold:cache=dual"
+
+
+def specs(cache: str) -> list[str]:
+    ours = f"fast:cache={cache}" if cache != "none" else "fast"
+    return [FASTDLLM, ours, "threshold", "fast"]
+
+
+def verdict(rows: dict, ours: str) -> dict:
+    """Does ``ours`` dominate Fast-dLLM's setting (accuracy >=, tokens/s >)?"""
+    a, b = rows[ours], rows[FASTDLLM]
+    speed = a["tokens_per_second"] / b["tokens_per_second"] if b["tokens_per_second"] else float("nan")
+    return {"accuracy_delta_pt": round(100 * (a["accuracy"] - b["accuracy"]), 2), "speed_ratio": round(speed, 3),
+            "tpf_ratio": round(a["tokens_per_forward"] / b["tokens_per_forward"], 3),
+            "forwarded_ratio": round(a["forwarded_tokens"] / b["forwarded_tokens"], 3),
+            "dominates": a["accuracy"] >= b["accuracy"] and speed > 1.0}
+
+
+def plot(results: dict, ours: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.8), squeeze=False)
+    for ax, (pair, rows) in zip(axes[0], results.items()):
+        for label, r in rows.items():
+            style = {"marker": "*", "s": 160} if label == ours else {"marker": "o", "s": 50}
+            ax.scatter(r["tokens_per_second"], 100 * r["accuracy"], label=label, **style)
+        ax.set_title(pair, fontsize=9)
+        ax.set_xlabel("tokens / s")
+        ax.set_ylabel("accuracy %")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from dllm import tasks as T
+    from dllm.cache import caches
+    from dllm.eval.compare import compare, format_results
+    from dllm.eval.exact_match import load_model
+
+    ap = argparse.ArgumentParser(prog="python -m dllm.eval.e2e", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
+    ap.add_argument("--n", type=int, default=8, help="test examples per task")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="runs/e2e")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.n < 1:
+        ap.error(f"--n must be >= 1, got {args.n}")
+    cache = args.cache or ("auto" if "auto" in caches else "drift")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    ours = specs(cache)[1]
+    results: dict[str, dict] = {}
+    verdicts: dict[str, dict] = {}
+    for model_name, suite, block in PAIRS:
+        model = load_model(model_name)
+        rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
+                       show_progress=not args.no_progress)
+        key = f"{model_name}/{suite}"
+        print(f"\n== {key} (blocks of {block}, n = {args.n} per task)\n{format_results(rows)}")
+        results[key] = {r.label: asdict(r) for r in rows}
+        verdicts[key] = verdict(results[key], ours)
+        v = verdicts[key]
+        print(f"{ours} vs {FASTDLLM}: accuracy {v['accuracy_delta_pt']:+.1f} pt, tokens/s x{v['speed_ratio']:.2f}, "
+              f"TPF x{v['tpf_ratio']:.2f}, forwarded tokens x{v['forwarded_ratio']:.2f}: "
+              f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": args.n,
+                                              "verdicts": verdicts, "results": results}, indent=2))
+    plot(results, ours, out / "e2e.png")
+    print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

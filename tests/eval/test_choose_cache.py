@@ -1,0 +1,43 @@
+"""The auto-cache rule (dllm/eval/choose_cache.py) and the end-to-end verdict (dllm/eval/e2e.py)."""
+
+import pytest
+
+from dllm.eval import choose_cache as C
+from dllm.eval import e2e
+
+ACC = {"a/short": {"none": 0.90, "dual": 0.80, "drift": 0.895, "slow": 0.90},
+       "b/long": {"none": 0.95, "dual": 0.95, "drift": 0.94, "slow": 0.95}}
+SPEED = {"m": {"none": 1.0, "dual": 12.0, "drift": 4.0, "slow": 2.0}}
+
+
+def test_rule_needs_accuracy_everywhere_and_the_speedup():
+    dual = C.judge("dual", ACC, SPEED)
+    assert not dual.passes and dual.reasons == ("a/short: accuracy 80.0% < none 90.0% - 1 pt",)
+    drift = C.judge("drift", ACC, SPEED)
+    assert drift.passes and drift.accuracy_drop == {"a/short": 0.5, "b/long": 1.0} and drift.mean_speedup == 4.0
+    slow = C.judge("slow", ACC, SPEED)
+    assert not slow.passes and "m: 2.00x none < 3x at 1024 + 256" in slow.reasons
+    winner, verdicts = C.choose(ACC, SPEED, ["dual", "drift", "slow"])
+    assert winner == "drift" and [v.cache for v in verdicts] == ["drift", "dual", "slow"]
+    assert C.choose(ACC, SPEED, ["dual", "slow"])[0] is None  # nothing passes: no auto
+    assert C.judge("drift", ACC, SPEED, tolerance=0.005).passes is False
+
+
+def test_bad_candidate_fails_before_any_run(capsys):
+    with pytest.raises(ValueError, match="Unknown cache policy 'nope'"):
+        C.main(["--candidates", "nope"])
+
+
+def test_e2e_verdict_and_plot(tmp_path):
+    rows = {e2e.FASTDLLM: {"accuracy": 0.80, "tokens_per_second": 100.0, "tokens_per_forward": 1.5,
+                           "forwarded_tokens": 1000},
+            "fast:cache=drift": {"accuracy": 0.85, "tokens_per_second": 150.0, "tokens_per_forward": 1.8,
+                                 "forwarded_tokens": 1500}}
+    v = e2e.verdict(rows, "fast:cache=drift")
+    assert v == {"accuracy_delta_pt": 5.0, "speed_ratio": 1.5, "tpf_ratio": 1.2, "forwarded_ratio": 1.5,
+                 "dominates": True}
+    rows["fast:cache=drift"]["accuracy"] = 0.79
+    assert not e2e.verdict(rows, "fast:cache=drift")["dominates"]
+    e2e.plot({"x/short": rows}, "fast:cache=drift", tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").stat().st_size > 1000
+    assert e2e.specs("none")[1] == "fast" and e2e.specs("drift")[:2] == [e2e.FASTDLLM, "fast:cache=drift"]
