@@ -163,9 +163,28 @@ class Registry(Generic[T]):
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w-]*)\s*(?::(.*))?$")
 
 
+def split_options(text: str, spec: str = "") -> list[str]:
+    """``text`` cut at the commas outside parentheses: a nested spec with several options is
+    written in parentheses (``"fast:cache=(dual:look_back=16,look_ahead=16)"``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0:
+            raise ValueError(f"unbalanced ')' in spec {spec or text!r}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '(' in spec {spec or text!r}")
+    return parts + [text[start:]]
+
+
 def parse_value(text: str) -> Any:
-    """One option value of a spec: none/null -> None, true/false -> bool, int, float, else the text."""
+    """One option value of a spec: none/null -> None, true/false -> bool, int, float, a nested spec
+    in parentheses -> the text inside them, else the text."""
     raw = text.strip()
+    if raw.startswith("(") and raw.endswith(")"):
+        return raw[1:-1].strip()
     low = raw.lower()
     if low in ("none", "null"):
         return None
@@ -194,7 +213,7 @@ def parse_spec(spec: str, kind: str = "spec") -> tuple[str, dict[str, Any]]:
         raise ValueError(f"cannot parse {kind} {spec!r}; expected NAME or NAME:key=value,...")
     name, rest = m.group(1), m.group(2)
     options: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in (rest or "").split(","))):
+    for item in filter(None, (p.strip() for p in split_options(rest or "", spec))):
         try:
             key, value = parse_option(item, f"{kind} option")
         except ValueError as err:
@@ -207,7 +226,10 @@ def parse_spec(spec: str, kind: str = "spec") -> tuple[str, dict[str, Any]]:
 
 def format_spec(name: str, options: Mapping[str, Any]) -> str:
     """The inverse of ``parse_spec`` for values it reads back: ``("dual", {"refresh": 4})`` -> ``"dual:refresh=4"``."""
-    return name + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "")
+    def value(v: Any) -> str:
+        return f"({v})" if isinstance(v, str) and "," in v else str(v)
+
+    return name + (":" + ",".join(f"{k}={value(v)}" for k, v in options.items()) if options else "")
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,15 @@ def test_configurable_make_from_every_form():
         reg.make(3)
     with pytest.raises(TypeError, match=r"config of widget 'w' must be a Cfg"):
         W(config={"size": 2})
+
+
+def test_nested_spec_in_parentheses_round_trips():
+    from dllm.registry import format_spec, parse_spec
+
+    name, opts = parse_spec("fast:cache=(dual:look_back=16,look_ahead=16),branches=4")
+    assert (name, opts) == ("fast", {"cache": "dual:look_back=16,look_ahead=16", "branches": 4})
+    assert parse_spec(format_spec(name, opts)) == (name, opts)
+    assert parse_spec("fast:cache=dual:look_back=16") == ("fast", {"cache": "dual:look_back=16"})
+    for bad in ("fast:cache=(dual:look_back=16", "fast:cache=dual)"):
+        with pytest.raises(ValueError, match="unbalanced"):
+            parse_spec(bad)

@@ -46,7 +46,9 @@ class CacheVerdict:
 
 def label(cache: str) -> str:
     """The compare label of the recommended sampler on ``cache``."""
-    return f"{SAMPLER}:cache={cache}" if cache != "none" else SAMPLER
+    if cache == "none":
+        return SAMPLER
+    return f"{SAMPLER}:cache=({cache})" if "," in cache else f"{SAMPLER}:cache={cache}"
 
 
 def judge(cache: str, accuracy: Mapping[str, Mapping[str, float]], speedup: Mapping[str, Mapping[str, float]], *,

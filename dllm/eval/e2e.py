@@ -25,14 +25,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.choose_cache import PAIRS
+from dllm.eval.choose_cache import PAIRS, label
 
 FASTDLLM = "threshold:cache=dual"
 
 
 def specs(cache: str) -> list[str]:
-    ours = f"fast:cache={cache}" if cache != "none" else "fast"
-    return [FASTDLLM, ours, "threshold", "fast"]
+    return [FASTDLLM, label(cache), "threshold", "fast"]
 
 
 def verdict(rows: dict, ours: str) -> dict:
