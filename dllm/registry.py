@@ -268,6 +268,22 @@ class Configurable:
         return f"{type(self).__name__}({self.config})"
 
 
+def preset_class(registry: "Registry", name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type:
+    """A subclass of ``registry``'s class ``base_name`` whose Config has ``defaults`` (validated as
+    usual): a measured choice registered under its own name (the ``fast`` sampler, the ``auto``
+    cache). Options given by the caller still override the defaults."""
+    base = registry.get(base_name)
+    known = {f.name for f in dataclasses.fields(base.Config)}
+    unknown = sorted(set(defaults) - known)
+    if unknown:
+        raise ValueError(f"preset {name!r}: {base_name!r} has no options {unknown} (valid: {sorted(known)})")
+    config = dataclasses.make_dataclass(
+        f"{name.title()}Config", [(k, type(v), dataclasses.field(default=v)) for k, v in defaults.items()],
+        bases=(base.Config,), frozen=True)
+    config()  # the preset's own defaults must pass the base's checks
+    return type(name.title(), (base,), {"Config": config, "__doc__": doc})
+
+
 def build_config(config_cls: type, options: dict[str, Any], kind: str, name: str) -> Any:
     """A registered entry's frozen config from keyword options; unknown keys list the valid ones.
 

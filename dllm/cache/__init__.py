@@ -14,6 +14,7 @@ from dllm.cache.none import NoCache
 from dllm.cache.block import DualCache, PrefixCache
 from dllm.cache.window import WindowCache
 from dllm.cache.drift import DriftCache
+from dllm.cache.auto import CHOICE as AUTO_CHOICE  # registers ``auto`` when a choice exists
 
 
 def list_caches() -> list[tuple[str, str]]:
@@ -21,5 +22,5 @@ def list_caches() -> list[tuple[str, str]]:
     return caches.describe()
 
 
-__all__ = ["CachePolicy", "CacheView", "DriftCache", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
+__all__ = ["AUTO_CHOICE", "CachePolicy", "CacheView", "DriftCache", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
            "WindowCache", "caches", "list_caches", "make_cache", "register_cache"]

@@ -29,8 +29,8 @@ PAIRS = (("tiny-llada", "pb-mini", 4), ("tiny-dream", "pb-mini", 4),
          ("tiny-llada-long", "long-prompt", 4), ("tiny-dream-long", "long-prompt", 4))  # (model, suite, block)
 SPEED_MODELS = ("tiny-llada-long", "tiny-dream-long")
 SPEED_SHAPE = {"prompt_len": 1024, "gen_len": 256, "block": 32}
-CANDIDATES = ("prefix", "dual", "dual:look_back=16,look_ahead=16", "dual:look_back=64", "window",
-              "drift", "drift:threshold=0.003", "drift:threshold=0.03")
+CANDIDATES = ("dual", "dual:look_back=16,look_ahead=16", "dual:look_back=64", "drift", "drift:threshold=0.001",
+              "drift:threshold=0.001,max_extra=64", "drift:threshold=1e-06,max_extra=32")
 TOLERANCE = 0.01
 MIN_SPEEDUP = 3.0
 
@@ -55,6 +55,10 @@ def judge(cache: str, accuracy: Mapping[str, Mapping[str, float]], speedup: Mapp
           tolerance: float = TOLERANCE, min_speedup: float = MIN_SPEEDUP) -> CacheVerdict:
     """accuracy[pair][cache] (fractions, "none" included), speedup[model][cache] (x none)."""
     reasons, drops = [], {}
+    if not accuracy:
+        reasons.append("no accuracy measurement")
+    if not speedup:
+        reasons.append("no speed measurement")
     for pair, acc in accuracy.items():
         drop = acc["none"] - acc[cache]
         drops[pair] = round(100 * drop, 2)
@@ -120,6 +124,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--n", type=int, default=8, help="test examples per task (accuracy)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per policy (speed; the median)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE",
+                    help="measure the accuracy of these pairs only (default: every pair of PAIRS)")
+    ap.add_argument("--speed-models", nargs="*", default=None, help="default: SPEED_MODELS; none: skip")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="earlier outputs whose accuracy/speed-up entries are added before judging")
     ap.add_argument("--out", default="runs/cache-choice.json")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -133,9 +142,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    accuracy, acc_rows = measure_accuracy(PAIRS, args.candidates, args.n, not args.no_progress)
-    speedup, speed_rows = measure_speed(SPEED_MODELS, args.candidates, args.repeats, not args.no_progress)
+    known = {f"{m}/{s}": (m, s, b) for m, s, b in PAIRS}
+    bad = sorted(set(args.pairs or ()) - set(known))
+    if bad:
+        ap.error(f"--pairs: {bad} are not pairs; valid: {sorted(known)}")
+    pairs = [known[p] for p in args.pairs] if args.pairs else list(PAIRS)
+    accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress)
+    speed_models = SPEED_MODELS if args.speed_models is None else args.speed_models
+    speedup, speed_rows = measure_speed(speed_models, args.candidates, args.repeats, not args.no_progress)
+    for path in args.merge or ():
+        old = json.loads(Path(path).read_text())
+        for name, have, mine in (("accuracy", old["accuracy"], accuracy), ("speedup", old["speedup"], speedup)):
+            for key, values in have.items():
+                missing = [c for c in ["none", *args.candidates] if c not in values]
+                if missing:
+                    ap.error(f"--merge {path}: {name}[{key!r}] lacks {missing}")
+                mine.setdefault(key, values)
+        acc_rows.update({k: v for k, v in old.get("accuracy_rows", {}).items() if k not in acc_rows})
+        speed_rows.update({k: v for k, v in old.get("speed_rows", {}).items() if k not in speed_rows})
     winner, verdicts = choose(accuracy, speedup, args.candidates)
+    if not accuracy or not speedup:
+        print("note: the rule needs accuracy AND speed measurements; the verdicts below lack one")
     head = "".join(f"{k:>26}" for k in accuracy)
     print(f"{'cache (sampler fast)':<34}{head}" + "".join(f"{m + ' x':>20}" for m in speedup))
     for c in ["none", *args.candidates]:

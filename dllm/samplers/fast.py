@@ -22,9 +22,9 @@ The measurements behind the current choice are in the README and in ``benchmarks
 
 from __future__ import annotations
 
-from dataclasses import field, fields, make_dataclass
 from typing import Any
 
+from dllm.registry import preset_class
 from dllm.samplers.base import Sampler, register_sampler, samplers
 
 CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 8})  # (registered sampler, option defaults)
@@ -32,15 +32,7 @@ CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 8})  # (registered sa
 
 def preset(name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type[Sampler]:
     """A subclass of sampler ``base_name`` whose Config has ``defaults`` (validated as usual)."""
-    base = samplers.get(base_name)
-    known = {f.name for f in fields(base.Config)}
-    unknown = sorted(set(defaults) - known)
-    if unknown:
-        raise ValueError(f"preset {name!r}: {base_name!r} has no options {unknown} (valid: {sorted(known)})")
-    config = make_dataclass(f"{name.title()}Config", [(k, type(v), field(default=v)) for k, v in defaults.items()],
-                            bases=(base.Config,), frozen=True)
-    config()  # the preset's own defaults must pass the base's checks
-    return type(name.title(), (base,), {"Config": config, "__doc__": doc})
+    return preset_class(samplers, name, base_name, defaults, doc)
 
 
 def _register_fast() -> type[Sampler]:

@@ -21,6 +21,8 @@ def test_rule_needs_accuracy_everywhere_and_the_speedup():
     assert winner == "drift" and [v.cache for v in verdicts] == ["drift", "dual", "slow"]
     assert C.choose(ACC, SPEED, ["dual", "slow"])[0] is None  # nothing passes: no auto
     assert C.judge("drift", ACC, SPEED, tolerance=0.005).passes is False
+    assert C.judge("drift", ACC, {}).reasons == ("no speed measurement",)  # half a measurement never passes
+    assert C.judge("drift", {}, SPEED).reasons == ("no accuracy measurement",)
 
 
 def test_bad_candidate_fails_before_any_run(capsys):

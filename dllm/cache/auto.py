@@ -1,0 +1,39 @@
+"""``auto``: the recommended cache policy, a registered preset chosen by measurement.
+
+Like the ``fast`` sampler, ``auto`` is an existing policy with chosen option defaults (``CHOICE``),
+registered under its own name, so ``dllm.generate(model, prompt, sampler="fast", cache="auto")``
+needs no options; options given by the caller override the preset's.
+
+The choice follows the rule of ``dllm.eval.choose_cache``: with the ``fast`` sampler, accuracy within
+1 point of ``cache="none"`` on the short suite (PB-mini, both PB-mini models) and on the long-prompt
+suite (both long-prompt models), and at least 3x the wall-clock speed of ``none`` at prompt 1,024 +
+256 generated; the fastest candidate that passes wins. When no candidate passes, ``CHOICE`` is None
+and ``auto`` is not registered (asking for it lists the valid policies). Re-run the choice when the
+embedded models change:
+
+    python -m dllm.eval.choose_cache --threads 1
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from dllm.cache.base import CachePolicy, caches, register_cache
+from dllm.registry import preset_class
+
+CHOICE: Optional[tuple[str, dict[str, Any]]] = None  # (registered policy, option defaults), or None
+
+
+def register_auto(choice: Optional[tuple[str, dict[str, Any]]] = CHOICE) -> Optional[type[CachePolicy]]:
+    """Register ``auto`` as ``choice`` (None: nothing is registered)."""
+    if choice is None:
+        return None
+    base_name, defaults = choice
+    opts = ",".join(f"{k}={v}" for k, v in defaults.items())
+    spec = f"{base_name}:{opts}" if opts else base_name
+    cls = preset_class(caches, "auto", base_name, defaults, f"Recommended cache policy: {spec}, chosen by measurement.")
+    description = f"the recommended cache policy = {spec}, chosen by measurement (dllm.eval.choose_cache)"
+    return register_cache("auto", description=description)(cls)
+
+
+Auto = register_auto()
