@@ -112,7 +112,7 @@ def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int
     for name in models:
         out = run_cache_bench(load_model(name), SPEED_SHAPE["prompt_len"], SPEED_SHAPE["gen_len"],
                               SPEED_SHAPE["block"], samplers=(SAMPLER,), policies=("none", *candidates),
-                              repeats=repeats, progress=progress)
+                              repeats=repeats, warmup=repeats > 1, progress=progress)
         speedup[name] = {given.get(r["policy"], r["policy"]): r["speedup"] for r in out}
         rows[name] = out
     return speedup, rows
@@ -122,7 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
     ap.add_argument("--n", type=int, default=8, help="test examples per task (accuracy)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per policy (speed; the median)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs per policy (speed; the median, after one warm-up run when > 1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE",
                     help="measure the accuracy of these pairs only (default: every pair of PAIRS)")
