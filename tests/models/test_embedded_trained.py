@@ -42,3 +42,30 @@ def test_ssd_is_lossless_on_the_trained_model(model):
     ref = dllm.generate(model, prompts, sampler="low_confidence", gen_length=la, block_length=la, steps=la)
     ssd = dllm.generate(model, prompts, sampler="ssd", gen_length=la, block_length=la)
     assert torch.equal(ref.sequences, ssd.sequences) and ssd.nfe <= ref.nfe
+
+
+@pytest.fixture(scope="module", params=["tiny-llada-long", "tiny-dream-long"])
+def long_model(request):
+    return request.param, load(request.param)
+
+
+def test_long_prompt_models_read_every_task_word(long_model):
+    name, model = long_model
+    assert model.vocab_size == 88 and len(model.tokenizer) == len(T.vocabulary())
+    assert model.family == name.split("-")[1] and model.max_positions == 2048
+    ids = T.prompt_ids(T.test_split("lookup_long", 42, n=1)[0])  # its task token is past the PB-mini 80
+    assert max(ids) >= T.PB_MINI_VOCAB_SIZE
+
+
+@pytest.mark.slow
+def test_long_prompt_models_copy_a_span_from_far_back(long_model):
+    """span_copy_far at the 256- and 512-word test prompts, one token per step: the answer sits at
+    least half a prompt before it, so a model that did not learn to read far back fails."""
+    _, long_model = long_model
+    words = T.vocabulary()
+    for size in (252, 508):
+        exs = T.test_split("span_copy_far", size, n=3)
+        la = T.answer_length("span_copy_far", size)
+        out = dllm.generate(long_model, [T.prompt_ids(ex) for ex in exs], gen_length=la, block_length=la, steps=la)
+        for ex, row in zip(exs, out.generated.tolist()):
+            assert T.score(ex, [words[t] for t in row]), (size, [words[t] for t in row])
