@@ -21,7 +21,7 @@ from typing import Any, Optional
 from dllm.cache.base import CachePolicy, caches, register_cache
 from dllm.registry import preset_class
 
-CHOICE: Optional[tuple[str, dict[str, Any]]] = None  # (registered policy, option defaults), or None
+CHOICE: Optional[tuple[str, dict[str, Any]]] = ("dual", {"look_back": 16, "look_ahead": 16})  # or None
 
 
 def register_auto(choice: Optional[tuple[str, dict[str, Any]]] = CHOICE) -> Optional[type[CachePolicy]]:

@@ -52,9 +52,9 @@ def plot(results: dict, ours: str, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.8), squeeze=False)
     for ax, (pair, rows) in zip(axes[0], results.items()):
-        for label, r in rows.items():
-            style = {"marker": "*", "s": 160} if label == ours else {"marker": "o", "s": 50}
-            ax.scatter(r["tokens_per_second"], 100 * r["accuracy"], label=label, **style)
+        for name, r in rows.items():
+            style = {"marker": "*", "s": 160} if name == ours else {"marker": "o", "s": 50}
+            ax.scatter(r["tokens_per_second"], 100 * r["accuracy"], label=name, **style)
         ax.set_title(pair, fontsize=9)
         ax.set_xlabel("tokens / s")
         ax.set_ylabel("accuracy %")
@@ -75,6 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE", help="default: every pair of PAIRS")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="earlier e2e.json files (same --cache) whose pairs join this run's table and plot")
     ap.add_argument("--out", default="runs/e2e")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -88,7 +91,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ours = specs(cache)[1]
     results: dict[str, dict] = {}
     verdicts: dict[str, dict] = {}
-    for model_name, suite, block in PAIRS:
+    known = {f"{m}/{s}": (m, s, b) for m, s, b in PAIRS}
+    bad = sorted(set(args.pairs or ()) - set(known))
+    if bad:
+        ap.error(f"--pairs: {bad} are not pairs; valid: {sorted(known)}")
+    for path in args.merge or ():
+        old = json.loads(Path(path).read_text())
+        if old["ours"] != ours:
+            ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
+        results.update(old["results"])
+        verdicts.update(old["verdicts"])
+    for model_name, suite, block in ([known[p] for p in args.pairs] if args.pairs else PAIRS):
         model = load_model(model_name)
         rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
                        show_progress=not args.no_progress)
