@@ -57,23 +57,30 @@ def test_probe_measures_the_keys_the_cache_served():
 @pytest.mark.parametrize("cfg_scale", [0.0, 1.5], ids=["plain", "cfg"])
 def test_limits_are_none_and_dual(model, cfg_scale):
     # every column drifts a little: the window is the whole canvas, i.e. a full forward every step
-    _same(_gen(model, "drift:threshold=1e-30,first_look_back=none,first_look_ahead=64", cfg_scale=cfg_scale), _gen(model, "none", cfg_scale=cfg_scale))
+    _same(_gen(model, "drift:threshold=1e-30,first_look_back=none,first_look_ahead=64", cfg_scale=cfg_scale),
+          _gen(model, "none", cfg_scale=cfg_scale))
     # nothing counts as drift and no first-block prefix: Fast-dLLM's dual cache exactly
     _same(_gen(model, "drift:threshold=1e30,first_look_back=0", cfg_scale=cfg_scale),
           _gen(model, "dual", cfg_scale=cfg_scale))
 
 
-def test_first_block_recomputes_the_prefix_then_follows_the_drift(model):
+def _queries(model, spec):
+    """(the policy's cached queries as (block, block start, Query) in call order, the output)."""
     seen = []
-    policy = make_cache("drift:threshold=0.01,first_look_back=none")
+    policy = make_cache(spec)
     real = policy.cached_query
 
     def spy(state, shift):
         q = real(state, shift)
-        seen.append((state.block_index, q.start, q.end, None if q.extra is None else tuple(q.extra.tolist())))
+        seen.append((state.block_index, state.block_start, q))
         return q
     policy.cached_query = spy
-    out = _gen(model, policy, gen_length=16)
+    return seen, _gen(model, policy, gen_length=16)
+
+
+def test_first_block_recomputes_the_prefix_then_follows_the_drift(model):
+    queries, out = _queries(model, "drift:threshold=0.01,first_look_back=none")
+    seen = [(b, q.start, q.end, None if q.extra is None else tuple(q.extra.tolist())) for b, _, q in queries]
     first = [q for q in seen if q[0] == 0]
     assert first and all(q[1:3] == (0, 6 + 4) and q[3] is None for q in first)  # the 6 prompt columns, block 0
     later = [q for q in seen if q[0] > 0]
@@ -106,16 +113,8 @@ def test_bad_options(spec, match):
 
 
 def test_first_block_vicinity_and_extra_cap(model):
-    seen = []
-    policy = make_cache("drift:threshold=1e-30,max_extra=2,first_look_back=3")
-    real = policy.cached_query
-
-    def spy(state, shift):
-        q = real(state, shift)
-        seen.append((state.block_index, state.block_start, q.start, q.n_extra))
-        return q
-    policy.cached_query = spy
-    _gen(model, policy, gen_length=16)
+    queries, _ = _queries(model, "drift:threshold=1e-30,max_extra=2,first_look_back=3")
+    seen = [(b, s, q.start, q.n_extra) for b, s, q in queries]
     assert {q[2] for q in seen if q[0] == 0} == {6 - model.logit_shift - 3}  # block 0 starts at column 6
     later = [q for q in seen if q[0] > 0]
     assert later and all(q[3] == 2 for q in later)  # every column drifts; the 2 most drifted
