@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 SAMPLER = "fast"
 PAIRS = (("tiny-llada", "pb-mini", 4), ("tiny-dream", "pb-mini", 4),
-         ("tiny-llada-long", "long-prompt", 4))  # (model, suite, block); tiny-dream-long is not trained yet
+         ("tiny-llada-long", "long-prompt", 4), ("tiny-dream-long", "long-prompt", 4))  # (model, suite, block)
 SPEED_MODELS = ("tiny-llada", "tiny-dream")  # the speed issue's own setup: tiny-llada at a 1,024-token prompt
 SPEED_SHAPE = {"prompt_len": 1024, "gen_len": 256, "block": 32}
 CANDIDATES = ("dual", "dual:look_back=16,look_ahead=16", "dual:look_back=64", "drift", "drift:threshold=0.001",

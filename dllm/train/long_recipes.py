@@ -32,8 +32,9 @@ built copying and indexing heads) the loss left that plateau within ~250 steps a
 ``span_copy_far`` was solved at the short sizes by step 500. ``lookup_*`` (3-item keys) and
 ``count_long`` learn far more slowly: see ``benchmarks/training-notes-2026-12-01.md`` for what the
 shipped checkpoint scores. ``STEPS`` was cut from 3,800 to 3,550 (phase 4: 250 steps) before
-phase 4 began, to fit a CPU session; the run resumed from step 3,000 under the cut recipe, which
-is bit-identical to running it from scratch (tests/train/test_schedule.py).
+phase 4 began, to fit a CPU session; the runs resumed from a phase-3 checkpoint under the cut
+recipe, which is bit-identical to running it from scratch (tests/train/test_schedule.py). Both
+are shipped (``dllm.load("tiny-llada-long")`` / ``"tiny-dream-long"``).
 """
 
 from __future__ import annotations

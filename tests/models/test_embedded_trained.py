@@ -44,7 +44,7 @@ def test_ssd_is_lossless_on_the_trained_model(model):
     assert torch.equal(ref.sequences, ssd.sequences) and ssd.nfe <= ref.nfe
 
 
-@pytest.fixture(scope="module", params=["tiny-llada-long"])  # tiny-dream-long: recipe only, not shipped
+@pytest.fixture(scope="module", params=["tiny-llada-long", "tiny-dream-long"])
 def long_model(request):
     return request.param, load(request.param)
 
