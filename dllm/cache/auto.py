@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dllm.cache.base import CachePolicy, caches, register_cache
-from dllm.registry import preset_class
+from dllm.registry import format_spec, preset_class
 
 CHOICE: Optional[tuple[str, dict[str, Any]]] = ("dual", {"look_back": 16, "look_ahead": 16})  # or None
 
@@ -29,8 +29,7 @@ def register_auto(choice: Optional[tuple[str, dict[str, Any]]] = CHOICE) -> Opti
     if choice is None:
         return None
     base_name, defaults = choice
-    opts = ",".join(f"{k}={v}" for k, v in defaults.items())
-    spec = f"{base_name}:{opts}" if opts else base_name
+    spec = format_spec(base_name, defaults)
     cls = preset_class(caches, "auto", base_name, defaults, f"Recommended cache policy: {spec}, chosen by measurement.")
     description = f"the recommended cache policy = {spec}, chosen by measurement (dllm.eval.choose_cache)"
     return register_cache("auto", description=description)(cls)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 
 import torch
 
+from dllm.models.kv import canvas_columns
 from dllm.options import check_optional_int
 from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState
@@ -50,9 +51,7 @@ class Query:
 
     def columns(self) -> Union[slice, torch.Tensor]:
         """What ``x[:, ...]`` takes to get the forward's input columns (extra ones first)."""
-        if not self.n_extra:
-            return slice(self.start, self.end)
-        return torch.cat([self.extra, torch.arange(self.start, self.end, device=self.extra.device)])
+        return canvas_columns(self.start, self.end, self.extra)
 
     def head_rows(self, rows: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
         """Logits rows ``(a, b)`` of ``[start, end)`` -> rows of the forward (past the extra ones);

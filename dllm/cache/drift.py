@@ -40,7 +40,7 @@ import torch
 
 from dllm.cache.base import CachePolicy, Query, register_cache
 from dllm.models.kv import DriftProbe
-from dllm.options import check_int, check_optional_int
+from dllm.options import check_int, check_number, check_optional_int
 from dllm.state import DecodeState
 
 
@@ -53,9 +53,8 @@ class DriftConfig:
     first_look_ahead: int = 0  # the first block's right margin
 
     def __post_init__(self) -> None:
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not self.threshold > 0:
-            raise ValueError(f"drift threshold must be a number > 0 (a relative squared key error, e.g. 0.01), "
-                             f"got {self.threshold!r}")
+        check_number("drift threshold", self.threshold, low=0, low_open=True,
+                     hint=" (a relative squared key error, e.g. 0.01)")
         check_optional_int("max_extra", self.max_extra, 0)
         check_optional_int("max_look_ahead", self.max_look_ahead, 0)
         check_optional_int("first_look_back", self.first_look_back, 0)

@@ -35,6 +35,15 @@ TOLERANCE = 0.01
 MIN_SPEEDUP = 3.0
 
 
+def select_pairs(names: Optional[Sequence[str]]) -> list[tuple[str, str, int]]:
+    """The ``PAIRS`` named ``"model/suite"`` (all of them for None); ValueError listing the valid names."""
+    known = {f"{m}/{s}": (m, s, b) for m, s, b in PAIRS}
+    bad = sorted(set(names or ()) - set(known))
+    if bad:
+        raise ValueError(f"--pairs: {bad} are not pairs; valid: {sorted(known)}")
+    return [known[p] for p in names] if names else list(PAIRS)
+
+
 @dataclass(frozen=True)
 class CacheVerdict:
     cache: str
@@ -143,11 +152,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    known = {f"{m}/{s}": (m, s, b) for m, s, b in PAIRS}
-    bad = sorted(set(args.pairs or ()) - set(known))
-    if bad:
-        ap.error(f"--pairs: {bad} are not pairs; valid: {sorted(known)}")
-    pairs = [known[p] for p in args.pairs] if args.pairs else list(PAIRS)
+    try:
+        pairs = select_pairs(args.pairs)
+    except ValueError as err:
+        ap.error(str(err))
     accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress)
     speed_models = SPEED_MODELS if args.speed_models is None else args.speed_models
     speedup, speed_rows = measure_speed(speed_models, args.candidates, args.repeats, not args.no_progress)

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.choose_cache import PAIRS, label
+from dllm.eval.choose_cache import label, select_pairs
 
 FASTDLLM = "threshold:cache=dual"
 
@@ -91,17 +91,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ours = specs(cache)[1]
     results: dict[str, dict] = {}
     verdicts: dict[str, dict] = {}
-    known = {f"{m}/{s}": (m, s, b) for m, s, b in PAIRS}
-    bad = sorted(set(args.pairs or ()) - set(known))
-    if bad:
-        ap.error(f"--pairs: {bad} are not pairs; valid: {sorted(known)}")
+    try:
+        pairs = select_pairs(args.pairs)
+    except ValueError as err:
+        ap.error(str(err))
     for path in args.merge or ():
         old = json.loads(Path(path).read_text())
         if old["ours"] != ours:
             ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
         results.update(old["results"])
         verdicts.update(old["verdicts"])
-    for model_name, suite, block in ([known[p] for p in args.pairs] if args.pairs else PAIRS):
+    for model_name, suite, block in pairs:
         model = load_model(model_name)
         rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
                        show_progress=not args.no_progress)

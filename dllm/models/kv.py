@@ -21,9 +21,17 @@ exactly that of a forward without a cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
+
+
+def canvas_columns(start: int, end: int, extra: Optional[torch.Tensor] = None) -> Union[slice, torch.Tensor]:
+    """A forward's canvas columns, what ``x[:, ...]`` takes: ``[start, end)``, after the ``extra``
+    columns [n] when there are any (then a long tensor on their device)."""
+    if extra is None or not extra.numel():
+        return slice(start, end)
+    return torch.cat([extra, torch.arange(start, end, device=extra.device)])
 
 
 class KVCache:
@@ -122,6 +130,10 @@ class CacheView:
     def is_full(self, n_queries: int) -> bool:
         return self.start == 0 and n_queries == self.key_end and not self.n_extra
 
+    def columns(self, n_queries: int) -> Union[slice, torch.Tensor]:
+        """The canvas columns of the forward's ``n_queries`` rows (``canvas_columns``)."""
+        return canvas_columns(self.start, self.start + n_queries - self.n_extra, self.extra)
+
     def write(self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fresh k/v [R, Hkv, T, hd] into kb/vb [R, Hkv, >= key_end, hd]: the first ``n_extra`` rows
         at the columns ``extra``, the rest at ``[start, start + T - n_extra)``."""
@@ -156,9 +168,8 @@ class CacheView:
         if key_padding_mask is None:
             return None
         keys = key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
-        real = key_padding_mask[:, self.start:self.start + n_queries - self.n_extra]  # [R, T']
-        if self.n_extra:
-            real = torch.cat([key_padding_mask[:, self.extra.to(real.device)], real], dim=1)  # [R, T]
+        cols = self.columns(n_queries)
+        real = key_padding_mask[:, cols if isinstance(cols, slice) else cols.to(key_padding_mask.device)]  # [R, T]
         return keys | ~real[:, None, :, None]
 
 
@@ -211,12 +222,11 @@ class DriftProbe:
         if self.filled:
             f = fresh.float()
             err = (f - old.float()).square().sum(dim=(1, 3)) / f.square().sum(dim=(1, 3)).clamp_min(1e-12)  # [R, L]
-            err = err.to(self._acc.device) if self._acc is not None else err
-            self._acc = err if layer == 0 or self._acc is None else self._acc + err
+            self._acc = err if self._acc is None else self._acc + err.to(self._acc.device)  # reset after the last layer
         if layer == n_layers - 1:
             if self.filled:
                 self.drift = self._acc / n_layers
             self.filled, self._acc = True, None
 
 
-__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView"]
+__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView", "canvas_columns"]
