@@ -148,6 +148,7 @@ class Decode:
         self.shift = shift  # the model's logit_shift (Dream: 1)
         self.attn_layers = attn_layers
         self.callback = callback
+        self._carried: Optional[tuple[tuple[int, int], torch.Tensor]] = None  # ((block, step), next_logits)
 
     # ---- forwards -------------------------------------------------------------------------------
     def query_inputs(self, query: Query) -> tuple[torch.Tensor, dict]:
@@ -266,7 +267,10 @@ class Decode:
         state, sampler = self.state, self.sampler
         query = self.policy.query(state, i, self.shift)
         shadow, attn = None, {}
-        if sampler.shadow_block:
+        carried, self._carried = self._carried, None
+        if carried is not None and carried[0] == (state.block_index, i - 1):
+            logits, q0 = carried[1], s  # [B, W, V] this canvas, forwarded by the last step's variants
+        elif sampler.shadow_block:
             logits, shadow = self.shadow_forward(query, s, e)
             q0 = query.start
         elif sampler.reads_block_only:  # the step's view is the block: logits of its columns only
@@ -295,6 +299,11 @@ class Decode:
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
         _write(state, commit, decision.tokens, state.step, q0)
+        if decision.next_logits is not None and sampler.reads_block_only:  # a full view forwards anew
+            if decision.remask is not None or decision.beyond is not None:
+                raise RuntimeError(f"sampler {sampler.name!r} returned next_logits with remask or beyond, "
+                                   f"which change the canvas they were computed for")
+            self._carried = ((state.block_index, i), decision.next_logits)
         if decision.remask is not None:
             if not sampler.revises:
                 raise RuntimeError(f"sampler {sampler.name!r} returned remask but does not declare "

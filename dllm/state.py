@@ -101,6 +101,11 @@ class StepOutput:
     #   commit now as well (all-in samplers such as Prophet); later blocks then need no forward
     remask: Optional[torch.Tensor] = None  # [B, Q] bool: committed tokens of the current block to turn
     #   back into masks (revising samplers such as WINO); never the prompt, never this step's commits
+    next_logits: Optional[torch.Tensor] = None  # [B, W, V]: the block window's logits of the canvas
+    #   after exactly this step's commits, from the sampler's own variant forward (LoPA's reuse); the
+    #   engine hands them to the next step of the block instead of forwarding again (block view only:
+    #   ``reads_block_only``; the full-query reference path forwards anew). Every unfinished row must
+    #   commit (no progress fallback); no remask, no beyond; rows without masks left may hold anything
 
 
 @dataclass

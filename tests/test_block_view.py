@@ -39,7 +39,10 @@ def test_block_view_equals_the_full_query(monkeypatch, family, cache):
             fast, ref = _both(monkeypatch, model, prompts, name, **kw)
             assert torch.equal(fast.sequences, ref.sequences), (name, temperature)
             assert torch.equal(fast.trace, ref.trace), (name, temperature)
-            assert fast.nfe == ref.nfe and fast.forwarded_tokens == ref.forwarded_tokens, name
+            if getattr(samplers.get(name).Config(), "reuse", False):  # the full view forwards anew
+                assert fast.nfe <= ref.nfe, name  # (tests/test_carried_logits.py: the reused logits)
+            else:
+                assert fast.nfe == ref.nfe and fast.forwarded_tokens == ref.forwarded_tokens, name
 
 
 def test_the_head_runs_on_the_block_rows_only(monkeypatch):

@@ -35,7 +35,7 @@ CANDIDATES = (
     "threshold:threshold=0.8", "threshold:threshold=0.7", "factor", "eb:gamma=0.01", "eb:gamma=0.1",
     "localleap", "hierarchy", "credit", "klass", "dawn", "wino", "ssd", "spec_threshold",
     "spec_threshold:threshold=0.95", "spec_threshold:threshold=0.99", "lopa", "lopa:branches=6", "lopa:branches=8",
-    "lopa:tau_conf=0.95,branches=6",
+    "lopa:tau_conf=0.95,branches=6", "lopa:reuse=True", "lopa:branches=6,reuse=True", "lopa:branches=8,reuse=True",
 )  # fmt: skip
 MIN_TPF_GAIN = 1.2  # a candidate needs >= this x the baseline's tokens per forward on every model
 

@@ -39,11 +39,19 @@ Reading those counts is one intentional host sync per step (the variant batch si
 them). With ``branches=1`` and the bonus, every step is two threshold steps, so the output equals
 ``threshold`` at the same ``tau_conf`` (float32).
 
+Reuse (``reuse=True``, the paper's own loop): the winner's logits ARE the forward of the canvas
+the step commits (a variant's forward reproduces the later step it stands for, under a cache too:
+``CachePolicy.variant_refusal``), so the step commits the winner's fills only and hands its logits
+to the next step (``StepOutput.next_logits``), which then runs no forward of its own; its anchor
+is the bonus above, made from the same logits. Every step after the first of a block then costs
+one NFE (the variant batch) instead of two. Not token for token equal to ``reuse=False``: the next
+variants are ranked on the winner's logits, not on a fresh forward of winner + bonus.
+
 Greedy only (temperature 0), enforced by the engine; under a cache each variant runs the block's
 cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
 ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
-``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True), ``verify_variants``
-(True). The paper's defaults for D2F-Dream are 7-14 branches; its branch score variant
+``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
+reuse), ``verify_variants`` (True), ``reuse`` (False). The paper's defaults for D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
 """
@@ -71,6 +79,7 @@ class LoPAConfig:
     confidence: str = "negative_entropy"  # ranks the variant positions and scores the variants
     bonus: bool = True  # also commit the threshold fills of the winner's own logits
     verify_variants: bool = True  # a variant wins only if B0' still proposes its token (not in the paper)
+    reuse: bool = False  # hand the winner's logits to the next step (the paper's loop: 1 forward per step)
 
     def __post_init__(self) -> None:
         check_int("branches", self.branches, 1, hint=" (variant 0 is the anchor itself)")
@@ -78,6 +87,7 @@ class LoPAConfig:
         check_choice("confidence", self.confidence, CONFIDENCE_KINDS)
         check_bool("bonus", self.bonus)
         check_bool("verify_variants", self.verify_variants)
+        check_bool("reuse", self.reuse)
 
 
 def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch.Tensor:
@@ -118,24 +128,28 @@ class LoPA(Sampler):
         conf = gather_prob(probs, x0)  # [B, W] max-prob confidence
         anchor = threshold_commit(conf, active, cfg.tau_conf)  # [B, W]
         base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
-        commit, out = anchor, base
+        commit, out, nxt = anchor, base, None
 
         # 2. variant positions: the best k - 1 remaining masks by the confidence kind
         cand = active & ~anchor  # [B, W]
         # intentional host sync: the variant batch (rows, variant count) depends on these counts
         counts = cand.sum(dim=1).tolist()
         n_extra = min(cfg.branches - 1, max(counts, default=0))
-        if max(counts, default=0) > 0 and (n_extra > 0 or cfg.bonus):
+        if max(counts, default=0) > 0 and (n_extra > 0 or cfg.bonus or cfg.reuse):
             live = torch.tensor([i for i, c in enumerate(counts) if c > 0], device=cur.device)  # [N]
-            commit_l, out_l = self._lookahead(inp, live, x0, probs, active, cand, anchor, base, n_extra)
+            commit_l, out_l, next_l = self._lookahead(inp, live, x0, probs, active, cand, anchor, base, n_extra)
             commit = commit.index_copy(0, live, commit_l)
             out = out.index_copy(0, live, out_l)
-        return window_output(inp, commit, out, conf.masked_fill(~active, float("-inf")))
+            if cfg.reuse:  # rows without masks left keep zeros: the next step reads none of them
+                nxt = logits.new_zeros(logits.shape).index_copy(0, live, next_l)  # [B, W, V]
+        decision = window_output(inp, commit, out, conf.masked_fill(~active, float("-inf")))
+        decision.next_logits = nxt
+        return decision
 
     def _lookahead(self, inp: StepInput, live: torch.Tensor, x0, probs, active, cand, anchor, base,
-                   n_extra: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps 2-5 for the rows ``live`` [N] that still have masks after the anchor.
-        Returns (commit [N, W] bool, tokens [N, W] long) in window coordinates."""
+                   n_extra: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Steps 2-5 for the rows ``live`` [N] that still have masks after the anchor. Returns
+        (commit [N, W] bool, tokens [N, W] long, the winner's logits [N, W, V]) in window coordinates."""
         cfg = self.config
         x0, probs, active, cand, anchor, base = (t[live] for t in (x0, probs, active, cand, anchor, base))
         n_rows, w = base.shape
@@ -169,11 +183,11 @@ class LoPA(Sampler):
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
         sel = torch.arange(n_rows, device=dev)
         commit, out = fill[sel, win], variants[sel, win]  # [N, W]
-        if cfg.bonus:
+        if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
             w_tok = v_tok[sel, win]  # [N, W]
             w_probs = torch.softmax(v_logits[sel, win].to(torch.float64), dim=-1)  # float64 as step 1
             w_conf = gather_prob(w_probs, w_tok)  # [N, W]
             more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
             commit = commit | more
             out = torch.where(more, w_tok, out)
-        return commit, out
+        return commit, out, v_logits[sel, win]

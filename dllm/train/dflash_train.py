@@ -51,6 +51,10 @@ class DFlashRecipe:
     # (it starts at layer 1 and ends 3 before the last); the middle and the last layer carry more
     target_layer_ids: Optional[tuple[int, ...]] = (1, 3)
     block_size: int = 16
+    # mixed block sizes (BlockPilot-style per-request sizes need a drafter that works at each): the
+    # training steps cycle through these (each <= block_size), with block_size * anchors / size
+    # anchors so that every step trains the same number of positions; () = block_size only
+    block_sizes: tuple[int, ...] = ()
     steps: int = 4000
     batch_size: int = 16
     anchors: int = 8  # random anchors (blocks) per sequence
@@ -67,8 +71,21 @@ class DFlashRecipe:
     mixture: MixtureConfig = field(default_factory=lambda: LONG_MIXTURE)
     description: str = ""
 
+    def __post_init__(self) -> None:
+        bad = [b for b in self.block_sizes if not isinstance(b, int) or not 2 <= b <= self.block_size]
+        if bad:
+            raise ValueError(f"block_sizes {list(self.block_sizes)}: every size must be an int in "
+                             f"[2, block_size={self.block_size}], got {bad}")
+
     def with_overrides(self, **kw: Any) -> "DFlashRecipe":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def step_block(self, step: int) -> tuple[int, int]:
+        """(block size, anchors per sequence) of training step ``step``."""
+        if not self.block_sizes:
+            return self.block_size, self.anchors
+        block = self.block_sizes[step % len(self.block_sizes)]
+        return block, max(1, self.anchors * self.block_size // block)
 
 
 dflash_recipes: Registry[DFlashRecipe] = Registry("recipe")
@@ -76,6 +93,11 @@ dflash_recipes.add("tiny-ar-dflash", DFlashRecipe("tiny-ar-dflash", description=
     "2-layer DFlash drafter (block 16, taps after target layers 1 and 3) for tiny-ar, target-regenerated "
     "long-answer data")),
     description="DFlash drafter (2 layers, block 16) for tiny-ar")
+dflash_recipes.add("tiny-ar-dflash-mixed", DFlashRecipe(
+    "tiny-ar-dflash-mixed", block_sizes=(4, 8, 12, 16), description=(
+        "tiny-ar-dflash trained on blocks of 4, 8, 12 and 16 in turn (same positions per step), so "
+        "that one checkpoint drafts at every block size up to 16")),
+    description="DFlash drafter for tiny-ar, mixed block sizes 4-16")
 
 
 def regenerate(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -120,9 +142,10 @@ def block_layout(anchors: torch.Tensor, context: int, block: int) -> tuple[torch
 
 
 def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
-               gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch."""
-    block = drafter.block_size
+               gamma: float, block: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch of blocks of
+    ``block`` positions (default: the drafter's trained block size)."""
+    block = drafter.block_size if block is None else block
     b, length = ids.shape
     with torch.no_grad():
         real = torch.arange(length)[None] < lengths[:, None]  # [B, L]
@@ -147,8 +170,10 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch
     return loss, hit.sum(dim=-1)
 
 
-def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list[int]) -> dict[str, float]:
-    """Mean 1 + accepted prefix over blocks anchored at every answer position of held-out rows."""
+def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list[int],
+                       block: Optional[int] = None) -> dict[str, float]:
+    """Mean 1 + accepted prefix over blocks (of ``block`` positions, default the trained size)
+    anchored at every answer position of held-out rows."""
     ids, lengths = pad_rows(rows)
     lp = torch.tensor(prompt_lens)
     accepted, blocks = 0.0, 0
@@ -156,7 +181,7 @@ def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list
         for j in range(len(rows)):
             n = int(lengths[j])
             anchors = torch.arange(int(lp[j]), n - 1)[None]
-            _, acc = block_loss(drafter, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors, 7.0)
+            _, acc = block_loss(drafter, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors, 7.0, block)
             accepted += float(acc.float().sum())
             blocks += anchors.numel()
     return {"tau_teacher_forced": 1.0 + accepted / blocks, "blocks": blocks}
@@ -204,8 +229,9 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
         pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
         ids, lengths = pad_rows([rows[i] for i in pick])
         lp = torch.tensor([len(prompts[i]) for i in pick])
-        anchors = sample_anchors(lp, lengths, recipe.anchors, gen)
-        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma)
+        block, n_anchors = recipe.step_block(step)
+        anchors = sample_anchors(lp, lengths, n_anchors, gen)
+        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, recipe.clip)
@@ -221,7 +247,11 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
             losses.clear()
             accepted.clear()
     drafter.eval()
-    result = {"step": recipe.steps, **teacher_forced_tau(drafter, target, held_rows, [len(p) for p in held_prompts])}
+    held_lens = [len(p) for p in held_prompts]
+    result = {"step": recipe.steps, **teacher_forced_tau(drafter, target, held_rows, held_lens)}
+    for block in recipe.block_sizes:
+        result[f"tau_teacher_forced_block{block}"] = teacher_forced_tau(drafter, target, held_rows, held_lens,
+                                                                        block)["tau_teacher_forced"]
     log.write(json.dumps(result) + "\n")
     log.close()
     final = save_dflash(drafter, out / "final")

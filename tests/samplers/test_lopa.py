@@ -247,6 +247,7 @@ def test_shuffle_with_a_noisy_oracle(oracle):
     (dict(tau_conf=1.5), r"tau_conf must be a number in \(0, 1\], got 1.5"),
     (dict(confidence="entropy"), r"confidence must be one of 'negative_entropy', 'max_prob', got 'entropy'"),
     (dict(bonus="yes"), r"bonus must be True or False, got 'yes'"),
+    (dict(reuse=1), r"reuse must be True or False, got 1"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
@@ -254,7 +255,7 @@ def test_bad_options(options, match):
 
 
 def test_unknown_option_lists_the_valid_ones():
-    valid = "Valid options: branches, tau_conf, confidence, bonus, verify_variants"
+    valid = "Valid options: branches, tau_conf, confidence, bonus, verify_variants, reuse"
     with pytest.raises(TypeError, match=valid):
         make_sampler("lopa", draft=3)
 

@@ -3,6 +3,8 @@ that save checkpoints loadable by transformers and by load_dflash."""
 
 import json
 
+import pytest
+
 import torch
 
 from dllm import tasks as T
@@ -88,3 +90,27 @@ def test_a_later_phase_continues_exactly_from_the_saved_phase(tmp_path):
     before = load_file(tmp_path / "full" / "phase-0" / "model.safetensors")
     assert all(torch.equal(full[k], split[k]) for k in full)  # the same run, resumed at the phase
     assert not all(torch.equal(full[k], before[k]) for k in full)  # and phase 1 trained
+
+
+def test_mixed_block_sizes_cycle_with_the_same_positions_per_step():
+    recipe = dflash_recipes.get("tiny-ar-dflash-mixed")
+    assert recipe.block_sizes == (4, 8, 12, 16) and recipe.block_size == 16
+    steps = [recipe.step_block(s) for s in range(5)]
+    assert steps == [(4, 32), (8, 16), (12, 10), (16, 8), (4, 32)]
+    assert dflash_recipes.get("tiny-ar-dflash").step_block(3) == (16, 8)  # one size: the recipe's
+
+
+def test_mixed_block_sizes_must_fit_the_trained_block():
+    with pytest.raises(ValueError, match=r"block_sizes \[4, 20\]: every size must be an int in \[2, block_size=16\], got \[20\]"):
+        dflash_recipes.get("tiny-ar-dflash").with_overrides(block_sizes=(4, 20))
+
+
+def test_a_mixed_run_reports_tau_per_block_size(tmp_path):
+    target = build_ar_model(small_ar()).eval()
+    recipe = dflash_recipes.get("tiny-ar-dflash-mixed").with_overrides(
+        steps=2, pool=4, batch_size=2, eval_examples=1, log_every=1, num_layers=1, block_size=4,
+        block_sizes=(2, 4), target_layer_ids=(0, 1))
+    result = train_dflash(recipe, tmp_path, target=target, progress=False)
+    assert {"tau_teacher_forced_block2", "tau_teacher_forced_block4"} <= set(result)
+    assert result["tau_teacher_forced_block2"] <= 2.0  # one draft per block of 2
+    assert result["tau_teacher_forced_block4"] == result["tau_teacher_forced"]  # the trained size
