@@ -14,6 +14,7 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,8 +48,20 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
     recipe = run / "recipe.json"
     if recipe.exists():
         info["recipe"] = json.loads(recipe.read_text())
-    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / "training.json").write_text(readable_json(info) + "\n")
     return out
+
+
+def readable_json(obj: Any, indent: int = 2, level: int = 0) -> str:
+    """``json.dumps(obj, indent=2)``, except that a list of scalars stays on one line (a recipe's
+    per-task size lists would otherwise take one line per number)."""
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(str(k))}: {readable_json(v, indent, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and any(isinstance(v, (list, dict)) for v in obj):
+        return "[\n" + ",\n".join(inner + readable_json(v, indent, level + 1) for v in obj) + "\n" + pad + "]"
+    return json.dumps(obj)
 
 
 def main(argv=None) -> int:

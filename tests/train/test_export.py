@@ -19,3 +19,15 @@ def test_export_latest_checkpoint_as_bf16(tmp_path):
     ids = torch.tensor([[5, 6, 7, loaded.mask_id]])
     ref = model(ids).logits
     assert torch.allclose(loaded(ids).logits.float(), ref, atol=0.1 * ref.abs().max().item())
+
+
+def test_training_json_keeps_scalar_lists_on_one_line():
+    from dllm.train.export import readable_json
+
+    info = {"recipe": {"sizes": [[4, 8], [16]], "tasks": ["a,b", "c]"], "lr": 0.001, "empty": [], "none": {}},
+            "steps": [1, 2, 3]}
+    text = readable_json(info)
+    assert json.loads(text) == info  # same content, commas and brackets inside strings kept
+    assert '"steps": [1, 2, 3]' in text and '"tasks": ["a,b", "c]"]' in text
+    assert "[\n      [4, 8],\n      [16]\n    ]" in text  # nested lists: one inner list per line
+    assert text == readable_json(json.loads(text))
