@@ -75,6 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default=None, help="e.g. cuda (default: where dllm.models.load puts it)")
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE", help="default: every pair of PAIRS")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="earlier e2e.json files (same --cache) whose pairs join this run's table and plot")
@@ -102,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.update(old["results"])
         verdicts.update(old["verdicts"])
     for model_name, suite, block in pairs:
-        model = load_model(model_name)
+        model = load_model(model_name, device=args.device)
         rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
                        show_progress=not args.no_progress)
         key = f"{model_name}/{suite}"

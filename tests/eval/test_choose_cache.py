@@ -43,3 +43,22 @@ def test_e2e_verdict_and_plot(tmp_path):
     e2e.plot({"x/short": rows}, "fast:cache=drift", tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 1000
     assert e2e.specs("none")[1] == "fast" and e2e.specs("drift")[:2] == [e2e.FASTDLLM, "fast:cache=drift"]
+
+
+@pytest.mark.slow
+def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
+    import json
+
+    assert e2e.main(["--pairs", "tiny-llada/pb-mini", "--n", "1", "--device", "cpu", "--no-progress",
+                     "--out", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "e2e.json").read_text())
+    rows = out["results"]["tiny-llada/pb-mini"]
+    assert set(rows) == set(e2e.specs("auto")) and out["ours"] == "fast:cache=auto"
+    assert all(r["examples"] == len(rows[e2e.FASTDLLM]["per_task"]) for r in rows.values())  # 1 per task
+    v = out["verdicts"]["tiny-llada/pb-mini"]
+    assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
+
+
+def test_e2e_refuses_an_unknown_pair():
+    with pytest.raises(SystemExit):
+        e2e.main(["--pairs", "tiny-llada/nope", "--out", "unused"])
