@@ -202,7 +202,7 @@ class Decode:
         self._count(x.shape[0] * (query.length + e - s))
         return logits, shadow
 
-    def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1) -> torch.Tensor:
         """Verification variants (``Sampler.needs_variants``; one NFE per call): forwards of copies
         of the batch rows ``rows`` [N] whose columns of the step's view (the query, or the block for a
         ``reads_block_only`` sampler) hold ``tokens`` [N, Q].
@@ -212,7 +212,8 @@ class Decode:
         forward of the later step each variant stands for (``CachePolicy.variant_refusal``). Returns the logits of the
         block window only, [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``):
         verification reads nothing else, and a [N, L, V] copy per variant would not fit a long
-        canvas with a 126k vocabulary.
+        canvas with a 126k vocabulary. ``group`` > 1: ``rows`` is in runs of ``group`` variants of
+        one row, which share one copy of its buffers per layer (``RowsView.attend``).
         """
         state = self.state
         v0 = self._view_start  # tokens cover the step's view: canvas columns [v0, v0 + Q)
@@ -228,7 +229,8 @@ class Decode:
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
-        extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra)}
+        extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra,
+                                                                         group)}
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
         cols = vq.columns()

@@ -77,9 +77,10 @@ class StepInput:
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
     # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
     # lookahead variants): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
-    # row each copy belongs to) -> logits [N, W, V] of the block window (``[:, k]`` predicts query
-    # position ``window[0] + k``). The engine counts it (NFE, forwarded tokens).
-    forward_variants: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    # row each copy belongs to), group (rows comes in runs of that many variants of one row) ->
+    # logits [N, W, V] of the block window (``[:, k]`` predicts query position ``window[0] + k``).
+    # The engine counts it (NFE, forwarded tokens).
+    forward_variants: Optional[Callable[..., torch.Tensor]] = None
     # samplers that declare ``shadow_block``: [B, W, V] leave-one-out logits of the block window,
     # [:, k] predicts query position ws + k without seeing its token (``DiffusionLM.shadow_forward``)
     shadow_logits: Optional[torch.Tensor] = None

@@ -20,7 +20,7 @@ exactly that of a forward without a cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
@@ -92,10 +92,12 @@ class KVCache:
         return CacheView(self, start, self.length if key_end is None else key_end, extra)
 
     def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
-                  extra: Optional[torch.Tensor] = None) -> "RowsView":
+                  extra: Optional[torch.Tensor] = None, group: int = 1) -> "RowsView":
         """``gather(rows).view(start, key_end, extra)`` without the all-layer copy: a forward of
-        copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants)."""
-        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows)
+        copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants).
+        ``group`` > 1: ``rows`` comes in runs of ``group`` equal rows (the variants of one row), which
+        then share one copy of their row (``RowsView.attend``)."""
+        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows, group)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,13 @@ class CacheView:
             return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
         return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               attn_fn, return_probs: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One layer's cached attention: ``update`` with the fresh k/v [R, Hkv, T, hd], then the
+        backend ``attn_fn`` over the attended keys; q [R, H, T, hd], mask [R, 1, T, K] or None."""
+        keys, values = self.update(layer, k, v)
+        return attn_fn(q, keys, values, mask, return_probs)
+
     def attn_mask(self, key_padding_mask: Optional[torch.Tensor], n_queries: int) -> Optional[torch.Tensor]:
         """bool [R, 1, T, key_end] (True = attend) from the canvas-wide padding mask [R, L].
 
@@ -182,11 +191,57 @@ class RowsView(CacheView):
     columns: 138 MB instead of 4.4 GB) and pruned columns ``>= key_end`` are not copied."""
 
     select: Optional[torch.Tensor] = None  # [N] long, buffer rows
+    group: int = 1  # select comes in runs of `group` equal rows (variants of one row)
+    _masks: dict = field(default_factory=dict, compare=False, repr=False)  # attend's mask, built once per forward
 
     @property
     def rows(self) -> int:
         assert self.select is not None
         return int(self.select.shape[0])
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               attn_fn, return_probs: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """With ``group`` = g > 1, the g variants of a row attend to ONE copy of that row's keys and
+        values (not g copies): their queries are stacked [N/g, H, g*T, hd] against the row's keys
+        ``[0, key_end)`` with the recomputed columns masked out, followed by the g variants' fresh
+        keys, each variant seeing only its own. Every query sees exactly the keys it would see in its
+        own copy (``update``, the reference path), so the output is the same up to float summation
+        order. The stale copies of the recomputed columns are masked, never read."""
+        t = k.shape[2]
+        g = self.group
+        kind = grouped_backend(attn_fn)
+        if g == 1 or return_probs or self.is_full(t) or kind is None:
+            return super().attend(layer, q, k, v, mask, attn_fn, return_probs)
+        assert self.select is not None
+        n, h, hd, key_end = q.shape[0] // g, q.shape[1], k.shape[3], self.key_end
+        kb, vb = self.kv.k[layer], self.kv.v[layer]
+        sel = self.select[::g].to(kb.device)  # [n] one buffer row per group
+        stack = lambda x: x.reshape(n, g, x.shape[1], t, hd).transpose(1, 2).reshape(n, x.shape[1], g * t, hd)  # noqa: E731
+        keys = torch.cat([kb[:, :, :key_end].index_select(0, sel), stack(k)], dim=2)  # [n, Hkv, K + gT, hd]
+        values = torch.cat([vb[:, :, :key_end].index_select(0, sel), stack(v)], dim=2)
+        key = (t, kind, q.dtype)  # every layer of the forward has the same mask
+        if key not in self._masks:
+            allowed = self.grouped_mask(mask, n, t, q.device)  # [n, 1, gT, K + gT] bool
+            # sdpa on CPU runs an additive float mask faster than a boolean one
+            self._masks[key] = (allowed if kind == "bool" else
+                                torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf")))
+        out, _ = attn_fn(stack(q), keys, values, self._masks[key], False)  # [n, H, gT, hd]
+        return out.reshape(n, h, g, t, hd).transpose(1, 2).reshape(n * g, h, t, hd), None
+
+    def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device) -> torch.Tensor:
+        """bool [n, 1, g*T, K + g*T] of ``attend``'s stacked layout from the per-variant mask
+        [n*g, 1, T, K] (equal within a group) or None (no padding)."""
+        g, key_end = self.group, self.key_end
+        row = (torch.ones(n, 1, t, key_end, dtype=torch.bool, device=device) if mask is None
+               else mask.reshape(n, g, 1, t, key_end)[:, 0])  # [n, 1, T, K]
+        cols = self.columns(t)
+        cols = cols if isinstance(cols, slice) else cols.to(device)
+        shared = row.clone()
+        shared[..., cols] = False  # the recomputed columns: their fresh keys follow, per variant
+        own = row[..., cols]  # [n, 1, T, T] the padding of the recomputed columns
+        variant = torch.arange(g * t, device=device) // t
+        own = own.repeat(1, 1, g, g) & (variant[:, None] == variant[None, :])  # [n, 1, gT, gT]
+        return torch.cat([shared.repeat(1, 1, g, 1), own], dim=3)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = k.shape[2]
@@ -199,6 +254,15 @@ class RowsView(CacheView):
         values = vb[:, :, :self.key_end].index_select(0, sel)
         self.write(keys, values, k, v)
         return keys, values
+
+
+def grouped_backend(attn_fn) -> Optional[str]:
+    """The mask ``RowsView.attend``'s stacked layout passes to ``attn_fn``: "float" (additive, sdpa),
+    "bool" (reference), or None when the backend cannot take an arbitrary mask (the Triton kernel
+    takes padding masks only; the layout then falls back to one copy per variant)."""
+    from dllm.kernels.attention import backends
+
+    return {backends.get("sdpa").fn: "float", backends.get("reference").fn: "bool"}.get(attn_fn)
 
 
 class DriftProbe:

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
 
-# (k, v) of the query rows, [B, Hkv, T, hd] -> (k, v) to attend, [B, Hkv, K, hd]
-KVUpdate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
+# [B, Hkv, T, hd], mask [B, 1, T, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
+KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,14 +155,15 @@ class TransformerBlock(nn.Module):
         mask: Optional[torch.Tensor],  # bool [B, 1, T, K] or None (K = T without a cache)
         attn_fn: AttentionFn,
         return_probs: bool = False,
-        kv_update: Optional[KVUpdate] = None,
+        kv_attend: Optional[KVAttend] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.compile`` compiles)
         around the K/V write and the attention backend, which stay eager."""
         q, k, v = self.qkv_rows(h, cos, sin)
-        if kv_update is not None:  # cached forward: store the fresh rows, attend to the buffer
-            k, v = kv_update(k, v)
-        out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, T, hd]
+        if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
+            out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]
+        else:
+            out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, T, hd]
         return self.residual_out(h, out), probs
 
     def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -252,9 +254,9 @@ class Transformer(nn.Module):
         attn: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             want_probs = i in attn_layers
-            kv_update = None if cache is None else functools.partial(cache.update, i)
+            kv_attend = None if cache is None else functools.partial(cache.attend, i)
             h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
-                             kv_update)
+                             kv_attend)
             if want_probs:
                 assert probs is not None
                 attn[i] = probs

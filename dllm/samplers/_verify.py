@@ -45,4 +45,4 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
     full[:, :, ws:we] = window_tokens
     if rows is None:
         rows = torch.arange(n_rows, device=window_tokens.device)  # [R]
-    return inp.forward_variants(full.reshape(n_rows * n, -1), rows.repeat_interleave(n))
+    return inp.forward_variants(full.reshape(n_rows * n, -1), rows.repeat_interleave(n), n)

@@ -1,0 +1,103 @@
+"""Grouped verification variants (``RowsView.attend`` with ``group`` > 1): the variants of one row
+attend to ONE copy of its buffers, their queries stacked, each masked to its own fresh keys. The
+reference is one copy per variant (``CacheView.attend`` on ``gather`` + ``view``)."""
+
+import pytest
+import torch
+
+import dllm
+from dllm.kernels.attention import backends
+from dllm.models import kv as KV
+from dllm.models import tiny
+
+PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]  # left-padded batch
+
+
+def _filled(model, rows: int, length: int, seed: int = 0):
+    """A canvas [rows, length] and buffers filled by its full forward (left padding in row 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(5, 40, (rows, length), generator=g)
+    kpm = torch.ones(rows, length, dtype=torch.bool)
+    kpm[1, :3] = False  # row 1 is left-padded
+    positions = (kpm.long().cumsum(1) - 1).clamp_min(0)
+    kv = model.new_kv_cache(rows, length)
+    model(x, positions=positions, key_padding_mask=kpm, cache=kv.view(0))
+    return x, positions, kpm, kv
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+@pytest.mark.parametrize("extra", [None, [1, 4]])
+def test_grouped_logits_equal_one_copy_per_variant(family, backend, extra):
+    model = tiny(family, seed=2, n_layers=3)
+    model.set_attn_backend(backend)
+    x, positions, kpm, kv = _filled(model, 2, 16)
+    start, key_end, g = 8, 14, 3
+    extra = None if extra is None else torch.tensor(extra)
+    cols = KV.canvas_columns(start, 12, extra)
+    select = torch.tensor([0, 1]).repeat_interleave(g)  # [6]: three variants of each row
+    variants = x[select].clone()
+    variants[:, 8:12] = torch.randint(5, 40, (2 * g, 4), generator=torch.Generator().manual_seed(1))
+    kw = dict(positions=positions[select][:, cols], key_padding_mask=kpm[select])
+    before = [t.clone() for t in kv.k + kv.v]
+    got = model(variants[:, cols], cache=kv.rows_view(select, start, key_end, extra, group=g), **kw).logits
+    want = model(variants[:, cols], cache=kv.gather(select).view(start, key_end, extra), **kw).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(before, kv.k + kv.v))  # the call's buffers untouched
+
+
+def test_the_stacked_mask_sees_the_row_and_only_its_own_variant():
+    model = tiny("llada", seed=2, n_layers=1)
+    _, _, kpm, kv = _filled(model, 2, 10)
+    view = kv.rows_view(torch.tensor([0, 0, 1, 1]), 6, 9, group=2)
+    per_variant = view.attn_mask(kpm[torch.tensor([0, 0, 1, 1])], 2)  # [4, 1, 2, 9]: queries 6, 7
+    mask = view.grouped_mask(per_variant, 2, 2, torch.device("cpu"))  # [2, 1, 4, 9 + 4]
+    assert mask.shape == (2, 1, 4, 13)
+    assert not mask[..., 6:8].any()  # the stale copies of the recomputed columns
+    assert mask[0, 0, :, :6].all() and not mask[1, 0, :, :3].any()  # row 1's pads are never attended
+    own = mask[0, 0, :, 9:]
+    assert own.tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
+
+
+def _ungrouped(monkeypatch):
+    monkeypatch.setattr(KV.RowsView, "attend", KV.CacheView.attend)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["dual", "prefix", "dual:look_back=3,look_ahead=2",
+                                   "drift:first_look_back=2,threshold=1e-09"])
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.5])
+def test_samplers_decode_the_same_tokens_grouped(monkeypatch, family, cache, cfg_scale):
+    model = tiny(family, seed=3)
+    calls = []
+    real = KV.RowsView.grouped_mask
+    monkeypatch.setattr(KV.RowsView, "grouped_mask", lambda self, *a: calls.append(self.group) or real(self, *a))
+    kw = dict(gen_length=16, block_length=8, cache=cache, cfg_scale=cfg_scale)
+    runs = [("fast", {}), ("spec_threshold", {}), ("ssd", {}), ("lopa", dict(branches=3, tau_conf=1.0))]
+    grouped = [dllm.generate(model, PROMPTS, sampler=s, **kw, **o) for s, o in runs]
+    assert calls and min(calls) > 1  # the grouped layout ran
+    with monkeypatch.context() as m:
+        _ungrouped(m)
+        reference = [dllm.generate(model, PROMPTS, sampler=s, **kw, **o) for s, o in runs]
+    for (name, _), a, b in zip(runs, grouped, reference):
+        assert torch.equal(a.sequences, b.sequences), name
+        assert a.nfe == b.nfe and a.forwarded_tokens == b.forwarded_tokens, name
+
+
+def test_a_backend_without_arbitrary_masks_gets_one_copy_per_variant(monkeypatch):
+    model = tiny("llada", seed=2, n_layers=2)
+    x, positions, kpm, kv = _filled(model, 2, 12)
+    select = torch.tensor([0, 0, 1, 1])
+    seen = []
+    sdpa = backends.get("sdpa").fn
+
+    def padding_only(q, k, v, mask=None, return_probs=False):  # like the Triton kernel's contract
+        seen.append((q.shape[0], k.shape[2]))
+        return sdpa(q, k, v, mask, return_probs)
+
+    assert KV.grouped_backend(padding_only) is None
+    view = kv.rows_view(select, 8, 12, group=2)
+    hkv, hd = kv.k[0].shape[1], kv.k[0].shape[3]
+    q, k = torch.randn(4, hkv, 2, hd), torch.randn(4, hkv, 2, hd)
+    view.attend(0, q, k, k.clone(), None, padding_only, False)
+    assert seen == [(4, 12)]  # four variants, each against its own copy of 12 keys
