@@ -27,6 +27,7 @@ import torch
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
+from dllm.outputs import finish_output, stop_finished_rows
 from dllm.samplers import Sampler, make_sampler
 from dllm.options import check_number
 from dllm.schedule import BlockPlan, plan_blocks
@@ -128,11 +129,11 @@ def generate(
         lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
             decode.run_block(b, s + lp, e + lp, block_steps)  # canvas columns
-            if stop_at_eos and _stop_finished_rows(state):
+            if stop_at_eos and stop_finished_rows(state):
                 break
 
     wall = time.perf_counter() - t_start
-    return _finish(model, state, wall, return_trace)
+    return finish_output(model, state, wall, return_trace)
 
 
 class Decode:
@@ -360,51 +361,6 @@ def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_
     if g0 < q0 + q_len:
         tr = state.trace[:, g0 - lp:q0 + q_len - lp]
         tr.masked_fill_(where[:, g0 - q0:], trace_value)
-
-
-def _stop_finished_rows(state: DecodeState) -> bool:
-    """Once per block: rows whose answer ended are finished; True when all are.
-
-    A row's answer has ended when it holds an EOS/EoT with no mask before it in the generated
-    region. That is every EOS of the decoded blocks, and also one that an all-in sampler (Prophet)
-    committed past the current block together with everything before it: a row alone stops at that
-    block, so in a batch it must stop there too (its remaining masks become EOS at once, instead of
-    the all-in fill of a later block's query).
-    """
-    eos_ids = state.extras.get("eos_ids", ())
-    if not eos_ids:
-        return False
-    gen = state.generated  # [B, G]
-    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=gen.device))  # [B, G]
-    masked = (gen == state.mask_id).long()  # [B, G]
-    masks_before = masked.cumsum(dim=1) - masked  # [B, G] masks strictly left of each position
-    state.finished |= (is_eos & (masks_before == 0)).any(dim=1)  # [B]
-    fill = state.finished[:, None] & (gen == state.mask_id)
-    gen.copy_(torch.where(fill, torch.full_like(gen, eos_ids[0]), gen))
-    return bool(state.finished.all())
-
-
-def _finish(model, state: DecodeState, wall: float, return_trace: bool) -> GenerationOutput:
-    gen = state.generated  # [B, G]
-    eos_ids = state.extras.get("eos_ids", ())
-    committed = state.trace >= 0
-    generated_tokens = int(committed.sum())
-    if eos_ids:
-        is_eos = torch.isin(gen, torch.tensor(eos_ids, device=gen.device))
-        before_eos = (is_eos.long().cumsum(dim=1) == 0)  # [B, G] True before the first EOS
-        content_tokens = int((before_eos & committed).sum())
-    else:
-        content_tokens = generated_tokens
-    texts = None
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        texts = [decode_answer(tokenizer, row.tolist(), eos_ids, state.mask_id) for row in gen]
-    return GenerationOutput(
-        sequences=state.x, prompt_length=state.prompt_length, texts=texts, nfe=state.nfe,
-        steps=state.step, forwarded_tokens=state.forwarded_tokens,
-        generated_tokens=generated_tokens, content_tokens=content_tokens, wall_time=wall,
-        trace=state.trace if return_trace else None,
-    )
 
 
 __all__ = ["Decode", "generate", "BlockPlan", "decode_answer"]  # decode_answer: from dllm.inputs
