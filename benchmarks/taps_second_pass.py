@@ -1,0 +1,107 @@
+"""A path-conditioned second drafter pass as the acceptance estimate beyond the marginals (issue:
+draft trees; 2026-12-01). Teacher-forced, as benchmarks/taps_estimators.py.
+
+    python benchmarks/taps_second_pass.py
+
+Pass 1 is the usual DFlash block [x_p, MASK x 15] (positions p..p+15, target features < p). Pass 2
+fills the block's second slot with pass 1's top-1 token d1: [x_p, d1, MASK x 14], same positions
+and context, so its distributions at depths >= 2 are conditioned on the first draft (the drafter
+never saw a filled slot past the anchor in training). Tree: depth-1 candidates from pass 1; below
+d1 the children come from pass 2 (tokens and probabilities), below the other depth-1 candidates from
+pass 1, best-first on the product of probabilities (DDTree's rule). Prints, per split, the top-1
+hit rate per depth of both passes where d1 is right, and tau of ddtree vs the two-pass tree at
+budgets 16 / 32 / 64 (a decoder would pay one more drafter forward per round).
+"""
+import heapq
+
+import torch
+import torch.nn.functional as F
+
+from dllm.drafters.dflash_model import extract_context_feature, target_embedding, target_head
+from dllm.drafters.tree import Tree, best_first_tree
+from dllm.train.dflash_train import block_layout
+from teacher_forced import drafter, split, target, tau
+
+K = drafter.block_size - 1
+
+
+@torch.no_grad()
+def two_passes(prompts, rows):
+    """(pass-1 log-probs [A, K, V], pass-2 log-probs [A, K, V] (depth 1 copied from pass 1), truth [A, K])."""
+    out1, out2, truth = [], [], []
+    b = drafter.block_size
+    for p, r in zip(prompts, rows):
+        ids = torch.tensor([r])
+        n = len(r)
+        anchors = torch.arange(len(p), n - 1)[None]
+        o = target(input_ids=ids, output_hidden_states=True)
+        feats = extract_context_feature(o.hidden_states, drafter.target_layer_ids)
+        pos, mask = block_layout(anchors, n, b)
+        emb = target_embedding(target)
+
+        def run(bids):
+            h = drafter(F.embedding(bids, emb), feats, feature_positions=torch.arange(n)[None], block_positions=pos,
+                        attn_mask=mask)
+            h = h.reshape(1, anchors.shape[1], b, -1)[:, :, 1:]
+            return torch.log_softmax(drafter.compute_logits(h, target_head(target)).float()[0], -1)  # [A, K, V]
+
+        bids = torch.full_like(pos, drafter.mask_token_id)
+        bids[:, ::b] = ids.gather(1, anchors)
+        lp1 = run(bids)
+        bids2 = bids.clone()
+        bids2[:, 1::b] = lp1[:, 0].argmax(-1)[None]  # d1 in the block's second slot
+        lp2 = run(bids2)
+        lp2[:, 0] = lp1[:, 0]
+        out1.append(lp1)
+        out2.append(lp2)
+        lab = anchors[0][:, None] + torch.arange(1, b)
+        truth.append(torch.where(lab < n, ids[0, lab.clamp(max=n - 1)], torch.full_like(lab, -1)))
+    return torch.cat(out1), torch.cat(out2), torch.cat(truth)
+
+
+def two_pass_tree(lp1, lp2, budget: int, width: int = 8) -> Tree:
+    """Best-first tree; the subtree under depth-1 rank 0 draws from lp2, every other from lp1."""
+    depth_cap = min(K, budget)
+    tops = [torch.topk(lp[:, :depth_cap], width, -1) for lp in (lp1, lp2)]
+    vals = [t.values.tolist() for t in tops]
+    toks = [t.indices.tolist() for t in tops]
+    R = lp1.shape[0]
+    tokens = torch.zeros(R, budget, dtype=torch.long)
+    parents = torch.full((R, budget), -1)
+    depths = torch.zeros(R, budget, dtype=torch.long)
+    for r in range(R):
+        # (neg score, order, depth, rank, parent node, parent score, source)
+        heap = [(-vals[0][r][0][0], 0, 1, 0, -1, 0.0, 0)]
+        order, n = 1, 0
+        while heap and n < budget:
+            neg, _, dep, rk, par, ps, src = heapq.heappop(heap)
+            tokens[r, n], parents[r, n], depths[r, n] = toks[src][r][dep - 1][rk], par, dep
+            if rk + 1 < width:  # next sibling
+                heapq.heappush(heap, (-(ps + vals[src][r][dep - 1][rk + 1]), order, dep, rk + 1, par, ps, src))
+                order += 1
+            if dep < depth_cap:  # first child
+                child_src = 1 if (dep == 1 and rk == 0) else src
+                heapq.heappush(heap, (-(-neg + vals[child_src][r][dep][0]), order, dep + 1, 0, n, -neg, child_src))
+                order += 1
+            n += 1
+    valid = depths > 0
+    return Tree(tokens=tokens, parents=parents, depths=depths, valid=valid)
+
+
+def main() -> None:
+    for name, (lo, hi) in (("held", (2, 4)), ("rep", (0, 2))):
+        lp1, lp2, truth = two_passes(*split(lo, hi))
+        ok = lp1[:, 0].argmax(-1) == truth[:, 0]  # d1 right
+        hits1 = ((lp1.argmax(-1) == truth) & (truth >= 0))[ok].float().mean(0)
+        hits2 = ((lp2.argmax(-1) == truth) & (truth >= 0))[ok].float().mean(0)
+        print(f"{name}: {lp1.shape[0]} anchors, d1 right at {ok.float().mean():.3f}")
+        print("  top-1 hit per depth where d1 is right, pass 1:", [round(x, 3) for x in hits1[:8].tolist()])
+        print("  top-1 hit per depth where d1 is right, pass 2:", [round(x, 3) for x in hits2[:8].tolist()])
+        for budget in (16, 32, 64):
+            a = tau(best_first_tree(lp1, budget), truth)
+            b = tau(two_pass_tree(lp1, lp2, budget), truth)
+            print(f"  budget {budget}: ddtree tau {a:.3f}, two-pass tau {b:.3f} ({b / a:.3f}x)")
+
+
+if __name__ == "__main__":
+    main()
