@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from dllm import tasks as T
 from dllm.drafters.dflash_io import random_dflash, save_dflash
 from dllm.drafters.dflash_model import DFlashDrafter, extract_context_feature, target_embedding, target_head
+from dllm.options import check_int, check_unit
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, PAD, word_id
 from dllm.train.ar import LONG_MIXTURE, greedy_answers, hf_tokenizer
@@ -55,6 +56,11 @@ class DFlashRecipe:
     # training steps cycle through these (each <= block_size), with block_size * anchors / size
     # anchors so that every step trains the same number of positions; () = block_size only
     block_sizes: tuple[int, ...] = ()
+    # filled slots (a path-conditioned second pass needs them): with this probability a training
+    # block also holds its true tokens in the first 1..max_fill slots after the anchor, which are then
+    # inputs, not labels; 0 = the anchor alone, as DFlash
+    fill_prob: float = 0.0
+    max_fill: int = 3
     steps: int = 4000
     batch_size: int = 16
     anchors: int = 8  # random anchors (blocks) per sequence
@@ -76,6 +82,8 @@ class DFlashRecipe:
         if bad:
             raise ValueError(f"block_sizes {list(self.block_sizes)}: every size must be an int in "
                              f"[2, block_size={self.block_size}], got {bad}")
+        check_unit("fill_prob", self.fill_prob)
+        check_int("max_fill", self.max_fill, 1, hint=" (filled slots after the anchor)")
 
     def with_overrides(self, **kw: Any) -> "DFlashRecipe":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -93,6 +101,11 @@ dflash_recipes.add("tiny-ar-dflash", DFlashRecipe("tiny-ar-dflash", description=
     "2-layer DFlash drafter (block 16, taps after target layers 1 and 3) for tiny-ar, target-regenerated "
     "long-answer data")),
     description="DFlash drafter (2 layers, block 16) for tiny-ar")
+dflash_recipes.add("tiny-ar-dflash-filled", DFlashRecipe(
+    "tiny-ar-dflash-filled", fill_prob=0.5, description=(
+        "tiny-ar-dflash trained with half of its blocks holding their true tokens in the first 1-3 "
+        "slots after the anchor, so that a second pass conditioned on a drafted path is in distribution")),
+    description="DFlash drafter for tiny-ar, trained with filled slots (path-conditioned passes)")
 dflash_recipes.add("tiny-ar-dflash-mixed", DFlashRecipe(
     "tiny-ar-dflash-mixed", block_sizes=(4, 8, 12, 16), description=(
         "tiny-ar-dflash trained on blocks of 4, 8, 12 and 16 in turn (same positions per step), so "
@@ -142,9 +155,11 @@ def block_layout(anchors: torch.Tensor, context: int, block: int) -> tuple[torch
 
 
 def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
-               gamma: float, block: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+               gamma: float, block: Optional[int] = None,
+               fills: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch of blocks of
-    ``block`` positions (default: the drafter's trained block size)."""
+    ``block`` positions (default: the drafter's trained block size). ``fills`` [B, A] long: the
+    first ``fills`` slots after each anchor hold their true tokens (inputs, no loss there)."""
     block = drafter.block_size if block is None else block
     b, length = ids.shape
     with torch.no_grad():
@@ -154,6 +169,11 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch
     positions, mask = block_layout(anchors, length, block)
     block_ids = torch.full_like(positions, drafter.mask_token_id)
     block_ids[:, ::block] = ids.gather(1, anchors)  # [B, A*block]: anchors at block position 0
+    filled = None
+    if fills is not None:  # slots 1..fills[b, a] hold the truth: [B, A, block] -> [B, A*block]
+        filled = (torch.arange(block) >= 1) & (torch.arange(block) <= fills[:, :, None])  # [B, A, block]
+        truth = ids.gather(1, positions.clamp_max(length - 1))  # [B, A*block]
+        block_ids = torch.where(filled.reshape(b, -1), truth, block_ids)
     embeds = F.embedding(block_ids, target_embedding(target))
     hidden = drafter(embeds, features, feature_positions=torch.arange(length)[None].expand(b, -1),
                      block_positions=positions, attn_mask=mask)  # [B, A*block, D]
@@ -164,9 +184,11 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch
     valid = label_pos < lengths[:, None, None]
     labels = ids.gather(1, label_pos.clamp_max(length - 1).reshape(b, -1)).reshape(label_pos.shape)
     weight = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / gamma) * valid  # [B, A, block-1]
+    if filled is not None:
+        weight = weight * ~filled[:, :, 1:]  # a filled slot is an input
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    loss = (nll * weight.reshape(-1)).sum() / weight.sum()
-    hit = ((logits.argmax(-1) == labels) & valid).long().cumprod(dim=-1)  # accepted prefix (greedy)
+    loss = (nll * weight.reshape(-1)).sum() / weight.sum().clamp_min(1e-12)
+    hit = (((logits.argmax(-1) == labels) | (weight == 0)) & valid).long().cumprod(dim=-1)  # accepted prefix (greedy)
     return loss, hit.sum(dim=-1)
 
 
@@ -231,7 +253,11 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
         lp = torch.tensor([len(prompts[i]) for i in pick])
         block, n_anchors = recipe.step_block(step)
         anchors = sample_anchors(lp, lengths, n_anchors, gen)
-        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block)
+        fills = None
+        if recipe.fill_prob > 0:  # per block: 0 filled slots, or 1..max_fill with probability fill_prob
+            count = torch.randint(1, recipe.max_fill + 1, anchors.shape, generator=gen)
+            fills = count * (torch.rand(anchors.shape, generator=gen) < recipe.fill_prob)
+        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block, fills)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, recipe.clip)

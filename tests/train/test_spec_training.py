@@ -114,3 +114,34 @@ def test_a_mixed_run_reports_tau_per_block_size(tmp_path):
     assert {"tau_teacher_forced_block2", "tau_teacher_forced_block4"} <= set(result)
     assert result["tau_teacher_forced_block2"] <= 2.0  # one draft per block of 2
     assert result["tau_teacher_forced_block4"] == result["tau_teacher_forced"]  # the trained size
+
+
+def test_filled_slots_are_inputs_not_labels():
+    from dllm.drafters.dflash_io import random_dflash
+    from dllm.train.dflash_train import block_loss
+
+    target = build_ar_model(small_ar()).eval()
+    drafter = random_dflash(target, 1, 4, 1, seed=0, target_layer_ids=(0, 1))
+    ids = torch.randint(5, 60, (1, 20), generator=torch.Generator().manual_seed(0))
+    anchors, lengths = torch.tensor([[6, 11]]), torch.tensor([20])
+    seen = []
+    hook = drafter.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().clone()))
+    try:
+        plain, _ = block_loss(drafter, target, ids, lengths, anchors, 7.0)
+        filled, hits = block_loss(drafter, target, ids, lengths, anchors, 7.0, fills=torch.tensor([[2, 0]]))
+        everything, _ = block_loss(drafter, target, ids, lengths, anchors, 7.0, fills=torch.tensor([[3, 3]]))
+    finally:
+        hook.remove()
+    emb = target.get_input_embeddings().weight
+    # block 0 (anchor 6): slots 1 and 2 hold tokens 7 and 8; slot 3 and block 1 stay masks
+    assert torch.equal(seen[1][0, 1], emb[ids[0, 7]]) and torch.equal(seen[1][0, 2], emb[ids[0, 8]])
+    assert torch.equal(seen[1][0, 3], emb[1]) and torch.equal(seen[1][0, 5], seen[0][0, 5])
+    assert not torch.equal(plain, filled) and hits[0, 0] >= 2  # the given slots count as accepted
+    assert everything.item() == 0.0  # every slot given: nothing left to predict
+
+
+def test_fill_options_are_checked():
+    with pytest.raises(ValueError, match="fill_prob must be a number in \\[0, 1\\], got 1.5"):
+        dflash_recipes.get("tiny-ar-dflash").with_overrides(fill_prob=1.5)
+    with pytest.raises(ValueError, match="max_fill must be an integer >= 1 \\(filled slots after the anchor\\), got 0"):
+        dflash_recipes.get("tiny-ar-dflash").with_overrides(max_fill=0)
