@@ -1,7 +1,7 @@
 """A path-conditioned second drafter pass as the acceptance estimate beyond the marginals (issue:
 draft trees; 2026-12-01). Teacher-forced, as benchmarks/taps_estimators.py.
 
-    python benchmarks/taps_second_pass.py
+    python benchmarks/taps_second_pass.py [DRAFTER]      # default tiny-ar-dflash
 
 Pass 1 is the usual DFlash block [x_p, MASK x 15] (positions p..p+15, target features < p). Pass 2
 fills the block's second slot with pass 1's top-1 token d1: [x_p, d1, MASK x 14], same positions
@@ -13,15 +13,20 @@ hit rate per depth of both passes where d1 is right, and tau of ddtree vs the tw
 budgets 16 / 32 / 64 (a decoder would pay one more drafter forward per round).
 """
 import heapq
+import sys
 
 import torch
 import torch.nn.functional as F
 
+from dllm.drafters.base import make_drafter
 from dllm.drafters.dflash_model import extract_context_feature, target_embedding, target_head
 from dllm.drafters.tree import Tree, best_first_tree
 from dllm.train.dflash_train import block_layout
-from teacher_forced import drafter, split, target, tau
+import teacher_forced
+from teacher_forced import split, target, tau
 
+# another DFlash checkpoint of tiny-ar as the argument (e.g. one trained with filled slots)
+drafter = teacher_forced.drafter if len(sys.argv) < 2 else make_drafter("dflash", model=sys.argv[1]).model
 K = drafter.block_size - 1
 
 
