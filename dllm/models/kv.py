@@ -213,19 +213,18 @@ class RowsView(CacheView):
         if g == 1 or return_probs or self.is_full(t) or kind is None:
             return super().attend(layer, q, k, v, mask, attn_fn, return_probs)
         assert self.select is not None
-        n, h, hd, key_end = q.shape[0] // g, q.shape[1], k.shape[3], self.key_end
+        n, h, hd, key_end = q.shape[0] // g, q.shape[1], q.shape[3], self.key_end
         kb, vb = self.kv.k[layer], self.kv.v[layer]
         sel = self.select[::g].to(kb.device)  # [n] one buffer row per group
-        stack = lambda x: x.reshape(n, g, x.shape[1], t, hd).transpose(1, 2).reshape(n, x.shape[1], g * t, hd)  # noqa: E731
-        keys = torch.cat([kb[:, :, :key_end].index_select(0, sel), stack(k)], dim=2)  # [n, Hkv, K + gT, hd]
-        values = torch.cat([vb[:, :, :key_end].index_select(0, sel), stack(v)], dim=2)
+        keys = torch.cat([kb[:, :, :key_end].index_select(0, sel), stack_groups(k, g)], dim=2)  # [n, Hkv, K + gT, hd]
+        values = torch.cat([vb[:, :, :key_end].index_select(0, sel), stack_groups(v, g)], dim=2)
         key = (t, kind, q.dtype)  # every layer of the forward has the same mask
         if key not in self._masks:
             allowed = self.grouped_mask(mask, n, t, q.device)  # [n, 1, gT, K + gT] bool
             # sdpa on CPU runs an additive float mask faster than a boolean one
             self._masks[key] = (allowed if kind == "bool" else
                                 torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf")))
-        out, _ = attn_fn(stack(q), keys, values, self._masks[key], False)  # [n, H, gT, hd]
+        out, _ = attn_fn(stack_groups(q, g), keys, values, self._masks[key], False)  # [n, H, gT, hd]
         return out.reshape(n, h, g, t, hd).transpose(1, 2).reshape(n * g, h, t, hd), None
 
     def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device) -> torch.Tensor:
@@ -254,6 +253,12 @@ class RowsView(CacheView):
         values = vb[:, :, :self.key_end].index_select(0, sel)
         self.write(keys, values, k, v)
         return keys, values
+
+
+def stack_groups(x: torch.Tensor, g: int) -> torch.Tensor:
+    """[n*g, H, T, hd] (runs of g variants) -> [n, H, g*T, hd]: each run's rows side by side."""
+    ng, h, t, hd = x.shape
+    return x.reshape(ng // g, g, h, t, hd).transpose(1, 2).reshape(ng // g, h, g * t, hd)
 
 
 def grouped_backend(attn_fn) -> Optional[str]:
@@ -293,4 +298,4 @@ class DriftProbe:
             self.filled, self._acc = True, None
 
 
-__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView", "canvas_columns"]
+__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView", "canvas_columns", "grouped_backend", "stack_groups"]
