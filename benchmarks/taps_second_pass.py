@@ -16,51 +16,30 @@ import heapq
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from dllm.drafters.base import make_drafter
-from dllm.drafters.dflash_model import extract_context_feature, target_embedding, target_head
-from dllm.drafters.tree import Tree, best_first_tree
-from dllm.train.dflash_train import block_layout
 import teacher_forced
-from teacher_forced import split, target, tau
+from dllm.drafters.base import make_drafter
+from dllm.drafters.tree import Tree, best_first_tree
+from teacher_forced import split, tau
 
 # another DFlash checkpoint of tiny-ar as the argument (e.g. one trained with filled slots)
 drafter = teacher_forced.drafter if len(sys.argv) < 2 else make_drafter("dflash", model=sys.argv[1]).model
 K = drafter.block_size - 1
 
 
-@torch.no_grad()
 def two_passes(prompts, rows):
     """(pass-1 log-probs [A, K, V], pass-2 log-probs [A, K, V] (depth 1 copied from pass 1), truth [A, K])."""
     out1, out2, truth = [], [], []
-    b = drafter.block_size
     for p, r in zip(prompts, rows):
-        ids = torch.tensor([r])
-        n = len(r)
-        anchors = torch.arange(len(p), n - 1)[None]
-        o = target(input_ids=ids, output_hidden_states=True)
-        feats = extract_context_feature(o.hidden_states, drafter.target_layer_ids)
-        pos, mask = block_layout(anchors, n, b)
-        emb = target_embedding(target)
-
-        def run(bids):
-            h = drafter(F.embedding(bids, emb), feats, feature_positions=torch.arange(n)[None], block_positions=pos,
-                        attn_mask=mask)
-            h = h.reshape(1, anchors.shape[1], b, -1)[:, :, 1:]
-            return torch.log_softmax(drafter.compute_logits(h, target_head(target)).float()[0], -1)  # [A, K, V]
-
-        bids = torch.full_like(pos, drafter.mask_token_id)
-        bids[:, ::b] = ids.gather(1, anchors)
-        lp1 = run(bids)
-        bids2 = bids.clone()
-        bids2[:, 1::b] = lp1[:, 0].argmax(-1)[None]  # d1 in the block's second slot
-        lp2 = run(bids2)
+        a = teacher_forced.Anchored(p, r, drafter)
+        bids = a.blocks()
+        lp1 = a.log_probs(bids)
+        bids[:, 1::a.b] = lp1[:, 0].argmax(-1)[None]  # d1 in the block's second slot
+        lp2 = a.log_probs(bids)
         lp2[:, 0] = lp1[:, 0]
         out1.append(lp1)
         out2.append(lp2)
-        lab = anchors[0][:, None] + torch.arange(1, b)
-        truth.append(torch.where(lab < n, ids[0, lab.clamp(max=n - 1)], torch.full_like(lab, -1)))
+        truth.append(a.truth())
     return torch.cat(out1), torch.cat(out2), torch.cat(truth)
 
 

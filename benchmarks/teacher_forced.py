@@ -33,28 +33,44 @@ def split(lo: int, hi: int):
                    for ex in T.test_split(n, s, n=hi)[lo:]])
 
 
-@torch.no_grad()
+class Anchored:
+    """One prompt + answer, every answer position an anchor: the target's features and the block
+    layout, so that a drafter pass over any block tokens is one call (``log_probs``)."""
+
+    @torch.no_grad()
+    def __init__(self, prompt: list[int], row: list[int], model=None) -> None:
+        self.model = drafter if model is None else model
+        self.ids, self.n, self.b = torch.tensor([row]), len(row), self.model.block_size
+        self.anchors = torch.arange(len(prompt), self.n - 1)[None]  # [1, A]
+        o = target(input_ids=self.ids, output_hidden_states=True)
+        self.feats = extract_context_feature(o.hidden_states, self.model.target_layer_ids)
+        self.pos, self.mask = block_layout(self.anchors, self.n, self.b)
+
+    def blocks(self) -> torch.Tensor:
+        """[1, A*b] block tokens: each anchor's token, then masks."""
+        bids = torch.full_like(self.pos, self.model.mask_token_id)
+        bids[:, ::self.b] = self.ids.gather(1, self.anchors)
+        return bids
+
+    @torch.no_grad()
+    def log_probs(self, bids: torch.Tensor) -> torch.Tensor:
+        """The drafter's log-probabilities [A, K, V] at block slots 1..K for block tokens ``bids``."""
+        m = self.model
+        h = m(F.embedding(bids, target_embedding(target)), self.feats, feature_positions=torch.arange(self.n)[None],
+              block_positions=self.pos, attn_mask=self.mask)
+        h = h.reshape(1, self.anchors.shape[1], self.b, -1)[:, :, 1:]
+        return torch.log_softmax(m.compute_logits(h, target_head(target)).float()[0], -1)
+
+    def truth(self) -> torch.Tensor:
+        """[A, K] the target's tokens at slots 1..K, -1 past the end."""
+        lab = self.anchors[0][:, None] + torch.arange(1, self.b)
+        return torch.where(lab < self.n, self.ids[0, lab.clamp(max=self.n - 1)], torch.full_like(lab, -1))
+
+
 def anchors_lp(prompts, rows) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-marginals [A, K, V] of the drafter at every anchor, the target's tokens [A, K], -1 past the end)."""
-    out_lp, out_truth = [], []
-    b = drafter.block_size
-    for p, r in zip(prompts, rows):
-        ids = torch.tensor([r])
-        n = len(r)
-        anchors = torch.arange(len(p), n - 1)[None]
-        o = target(input_ids=ids, output_hidden_states=True)
-        feats = extract_context_feature(o.hidden_states, drafter.target_layer_ids)
-        pos, mask = block_layout(anchors, n, b)
-        bids = torch.full_like(pos, drafter.mask_token_id)
-        bids[:, ::b] = ids.gather(1, anchors)
-        h = drafter(F.embedding(bids, target_embedding(target)), feats, feature_positions=torch.arange(n)[None],
-                    block_positions=pos, attn_mask=mask)
-        h = h.reshape(1, anchors.shape[1], b, -1)[:, :, 1:]
-        lg = drafter.compute_logits(h, target_head(target)).float()[0]  # [A, K, V]
-        out_lp.append(torch.log_softmax(lg, -1))
-        lab = anchors[0][:, None] + torch.arange(1, b)
-        out_truth.append(torch.where(lab < n, ids[0, lab.clamp(max=n - 1)], torch.full_like(lab, -1)))
-    return torch.cat(out_lp), torch.cat(out_truth)
+    out = [Anchored(p, r) for p, r in zip(prompts, rows)]
+    return torch.cat([a.log_probs(a.blocks()) for a in out]), torch.cat([a.truth() for a in out])
 
 
 def tau(tree: Tree, truth: torch.Tensor) -> float:
