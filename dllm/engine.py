@@ -268,20 +268,21 @@ class Decode:
 
     def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
         state, sampler = self.state, self.sampler
-        query = self.policy.query(state, i, self.shift)
         shadow, attn = None, {}
         carried, self._carried = self._carried, None
         if carried is not None and carried[0] == (state.block_index, i - 1):
             logits, q0 = carried[1], s  # [B, W, V] this canvas, forwarded by the last step's variants
-        elif sampler.shadow_block:
-            logits, shadow = self.shadow_forward(query, s, e)
-            q0 = query.start
-        elif sampler.reads_block_only:  # the step's view is the block: logits of its columns only
-            logits, attn = self.forward(query, rows=(s - query.start, e - query.start))  # [B, W, V]
-            q0 = s
         else:
-            logits, attn = self.forward(query)
-            q0 = query.start
+            query = self.policy.query(state, i, self.shift)
+            if sampler.shadow_block:
+                logits, shadow = self.shadow_forward(query, s, e)
+                q0 = query.start
+            elif sampler.reads_block_only:  # the step's view is the block: logits of its columns only
+                logits, attn = self.forward(query, rows=(s - query.start, e - query.start))  # [B, W, V]
+                q0 = s
+            else:
+                logits, attn = self.forward(query)
+                q0 = query.start
         self._view_start = q0
         q_len = logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]

@@ -267,8 +267,7 @@ class DiffusionLM(nn.Module):
                              f"canvas), got {key_padding_mask.dtype} {list(key_padding_mask.shape)}")
         if positions is None:
             full = torch.empty((rows, length), dtype=torch.long, device=input_ids.device)
-            cols = cache.columns(t)
-            return default_positions(full, key_padding_mask)[:, cols if isinstance(cols, slice) else cols.to(full.device)]
+            return default_positions(full, key_padding_mask)[:, cache.columns(t, full.device)]
         if positions.shape != input_ids.shape or positions.dtype.is_floating_point:
             raise ValueError(f"positions must be an integer tensor {list(input_ids.shape)} like "
                              f"input_ids, got {positions.dtype} {list(positions.shape)}")

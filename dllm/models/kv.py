@@ -26,12 +26,14 @@ from typing import Optional, Sequence, Union
 import torch
 
 
-def canvas_columns(start: int, end: int, extra: Optional[torch.Tensor] = None) -> Union[slice, torch.Tensor]:
+def canvas_columns(start: int, end: int, extra: Optional[torch.Tensor] = None,
+                   device: Optional[torch.device] = None) -> Union[slice, torch.Tensor]:
     """A forward's canvas columns, what ``x[:, ...]`` takes: ``[start, end)``, after the ``extra``
-    columns [n] when there are any (then a long tensor on their device)."""
+    columns [n] when there are any (then a long tensor on ``device``, default the extra's)."""
     if extra is None or not extra.numel():
         return slice(start, end)
-    return torch.cat([extra, torch.arange(start, end, device=extra.device)])
+    cols = torch.cat([extra, torch.arange(start, end, device=extra.device)])
+    return cols if device is None else cols.to(device)
 
 
 class KVCache:
@@ -132,9 +134,9 @@ class CacheView:
     def is_full(self, n_queries: int) -> bool:
         return self.start == 0 and n_queries == self.key_end and not self.n_extra
 
-    def columns(self, n_queries: int) -> Union[slice, torch.Tensor]:
+    def columns(self, n_queries: int, device: Optional[torch.device] = None) -> Union[slice, torch.Tensor]:
         """The canvas columns of the forward's ``n_queries`` rows (``canvas_columns``)."""
-        return canvas_columns(self.start, self.start + n_queries - self.n_extra, self.extra)
+        return canvas_columns(self.start, self.start + n_queries - self.n_extra, self.extra, device)
 
     def write(self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fresh k/v [R, Hkv, T, hd] into kb/vb [R, Hkv, >= key_end, hd]: the first ``n_extra`` rows
@@ -177,8 +179,7 @@ class CacheView:
         if key_padding_mask is None:
             return None
         keys = key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
-        cols = self.columns(n_queries)
-        real = key_padding_mask[:, cols if isinstance(cols, slice) else cols.to(key_padding_mask.device)]  # [R, T]
+        real = key_padding_mask[:, self.columns(n_queries, key_padding_mask.device)]  # [R, T]
         return keys | ~real[:, None, :, None]
 
 
@@ -233,8 +234,7 @@ class RowsView(CacheView):
         g, key_end = self.group, self.key_end
         row = (torch.ones(n, 1, t, key_end, dtype=torch.bool, device=device) if mask is None
                else mask.reshape(n, g, 1, t, key_end)[:, 0])  # [n, 1, T, K]
-        cols = self.columns(t)
-        cols = cols if isinstance(cols, slice) else cols.to(device)
+        cols = self.columns(t, device)
         shared = row.clone()
         shared[..., cols] = False  # the recomputed columns: their fresh keys follow, per variant
         own = row[..., cols]  # [n, 1, T, T] the padding of the recomputed columns

@@ -183,11 +183,12 @@ class LoPA(Sampler):
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
         sel = torch.arange(n_rows, device=dev)
         commit, out = fill[sel, win], variants[sel, win]  # [N, W]
+        w_logits = v_logits[sel, win]  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
             w_tok = v_tok[sel, win]  # [N, W]
-            w_probs = torch.softmax(v_logits[sel, win].to(torch.float64), dim=-1)  # float64 as step 1
+            w_probs = torch.softmax(w_logits.to(torch.float64), dim=-1)  # float64 as step 1
             w_conf = gather_prob(w_probs, w_tok)  # [N, W]
             more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
             commit = commit | more
             out = torch.where(more, w_tok, out)
-        return commit, out, v_logits[sel, win]
+        return commit, out, w_logits
