@@ -103,7 +103,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.update(old["results"])
         verdicts.update(old["verdicts"])
     for model_name, suite, block in pairs:
-        model = load_model(model_name, device=args.device)
+        try:
+            model = load_model(model_name, device=args.device)
+        except ValueError as err:  # a bad --device names the valid ones
+            ap.error(str(err))
         rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
                        show_progress=not args.no_progress)
         key = f"{model_name}/{suite}"

@@ -59,6 +59,10 @@ def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
 
 
-def test_e2e_refuses_an_unknown_pair():
+def test_e2e_refuses_an_unknown_pair_and_device(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--pairs", "tiny-llada/nope", "--out", "unused"])
+    assert "['tiny-llada/nope'] are not pairs; valid:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        e2e.main(["--pairs", "tiny-llada/pb-mini", "--device", "nope", "--out", "unused"])
+    assert "device 'nope' is not a device name; available devices:" in capsys.readouterr().err
