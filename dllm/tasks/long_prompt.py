@@ -52,7 +52,6 @@ from dllm.tasks.vocab import BAR, COMMA, DIGITS, ITEMS_1TOK
 LONG_PROMPT_SUITE = "long-prompt"
 KEY_WIDTH = 3  # items per lookup key: 16^3 = 4,096 keys
 VALUE_WIDTH = 2  # digits per lookup value (00-99)
-ROW_WIDTH = KEY_WIDTH + VALUE_WIDTH
 SPAN = 4  # span_copy_far: items copied after the marker
 MAX_COUNT = 16  # count_long: the queried item occurs 1..MAX_COUNT times
 
@@ -61,9 +60,12 @@ Row = tuple[Key, tuple[str, ...]]  # (key words, value digits)
 
 
 # ---------------------------------------------------------------------------------- small math
-def key_words(index: int) -> Key:
-    """Key ``index`` in 0..4095 as three items (base 16 over A-P, most significant first)."""
-    return tuple(ITEMS_1TOK[(index >> (4 * (KEY_WIDTH - 1 - i))) & 15] for i in range(KEY_WIDTH))
+def key_words(index: int, width: int = KEY_WIDTH) -> Key:
+    """Key ``index`` in 0..16**width - 1 as ``width`` items (base 16 over A-P, most significant
+    first; the suite's keys are three items, 0..4095)."""
+    if not 0 <= index < 16**width:
+        raise ValueError(f"key index {index!r} does not fit {width} items (0..{16**width - 1})")
+    return tuple(ITEMS_1TOK[(index >> (4 * (width - 1 - i))) & 15] for i in range(width))
 
 
 def two_digits(value: int) -> tuple[str, str]:
@@ -102,6 +104,7 @@ class LookupTask(Task):
     of their values is a valid answer (the module docstring gives the table format and C)."""
 
     repeats: tuple[int, int]  # (1, 1): unique keys, C = 0; (2, 4): lookup_any
+    key_width: int = KEY_WIDTH  # items per key; the suite's tasks use 3 (narrower: training curricula)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,10 +112,18 @@ class LookupTask(Task):
         if not 1 <= lo <= hi <= len(DIGITS) or hi > self.min_size:
             raise ValueError(f"task {self.name!r}: repeats {self.repeats} must satisfy 1 <= lo <= hi <= "
                              f"min(10, min_size {self.min_size})")
+        keys = 16**self.key_width if self.key_width >= 1 else 0
+        if self.max_size - lo + 1 > keys:
+            raise ValueError(f"task {self.name!r}: key_width {self.key_width!r} gives {keys} distinct keys, "
+                             f"too few for {self.max_size} rows (at most {keys + lo - 1})")
+
+    @property
+    def row_width(self) -> int:
+        return self.key_width + VALUE_WIDTH
 
     def sample_problem(self, rng: random.Random, size: int) -> dict[str, Any]:
         m = rng.randint(*self.repeats)
-        keys = [key_words(k) for k in rng.sample(range(16**KEY_WIDTH), size - m + 1)]
+        keys = [key_words(k, self.key_width) for k in rng.sample(range(16**self.key_width), size - m + 1)]
         query, others = keys[0], keys[1:]
         firsts, seconds = rng.sample(range(10), m), rng.sample(range(10), m)
         query_values = [(DIGITS[a], DIGITS[b]) for a, b in zip(firsts, seconds)]
@@ -133,15 +144,15 @@ class LookupTask(Task):
         if len(groups) != 2:
             raise ValueError(f"{self.name}: expected '<rows> | <query key>', found {len(groups) - 1} '|'")
         table, query = groups
-        if len(query) != KEY_WIDTH:
-            raise ValueError(f"{self.name}: the query key has {len(query)} words, expected {KEY_WIDTH}")
+        if len(query) != self.key_width:
+            raise ValueError(f"{self.name}: the query key has {len(query)} words, expected {self.key_width}")
         _check_items(self.name, query, "the query key")
         rows = []
         for i, row in enumerate(split_on(table, COMMA)):
-            key, value = row[:KEY_WIDTH], row[KEY_WIDTH:]
-            if len(row) != ROW_WIDTH or any(w not in ITEMS_1TOK for w in key) or any(w not in DIGITS for w in value):
+            key, value = row[:self.key_width], row[self.key_width:]
+            if len(row) != self.row_width or any(w not in ITEMS_1TOK for w in key) or any(w not in DIGITS for w in value):
                 raise ValueError(f"{self.name}: row {i + 1} {' '.join(row)!r} is not "
-                                 f"'<{KEY_WIDTH} items A-P> <{VALUE_WIDTH} digits>'")
+                                 f"'<{self.key_width} items A-P> <{VALUE_WIDTH} digits>'")
             rows.append((key, value))
         meta = {"rows": tuple(rows), "query": query}
         self._check_table(meta)
@@ -164,7 +175,7 @@ class LookupTask(Task):
         return len(meta["rows"])
 
     def args_length(self, size: int) -> int:
-        return (ROW_WIDTH + 1) * size + KEY_WIDTH  # rows, their n - 1 commas, '|', the query key
+        return (self.row_width + 1) * size + self.key_width  # rows, their n - 1 commas, '|', the query key
 
     def content_length(self, size: int) -> int:
         return VALUE_WIDTH

@@ -222,3 +222,25 @@ def test_the_oracle_solves_them_at_one_token_per_step():
     one = score_generation(exs, dllm.generate(oracle, oracle_prompts(exs), gen_length=g, steps=1))
     assert all(ok for ex, ok in zip(exs, one) if ex.task in C_ZERO)
     assert not all(ok for ex, ok in zip(exs, one) if ex.task == "lookup_any")
+
+
+def test_narrow_keys_round_trip_and_refuse_too_many_rows():
+    """``key_width`` (training curricula): the rows, prompt length and parser follow the width, and a
+    table needing more distinct keys than the width allows is refused."""
+    from dllm.tasks.long_prompt import LookupTask
+
+    one = LookupTask(name="lookup_k1_test", description="", min_size=4, max_size=16, default_sizes=(8,),
+                     size_meaning="rows", repeats=(1, 1), key_width=1)
+    ex = one.generate(random.Random(3), 8)
+    assert len(ex.prompt[:ex.prompt.index(",")]) == 3  # one key item, two digits
+    assert len(ex.prompt) == one.args_length(8) == 4 * 8 - 1 + 2
+    assert one.parse_args(ex.prompt) == dict(ex.meta) and one.is_valid(ex.meta, ex.answer)
+    assert ex.answer == one.reference_answer(ex.meta) and len(ex.answer) == 2
+    with pytest.raises(ValueError, match="the query key has 3 words, expected 1"):
+        one.parse_args((*ex.prompt[:-1], "A", "B", "C"))
+    with pytest.raises(ValueError, match="key_width 1 gives 16 distinct keys, too few for 17 rows"):
+        LookupTask(name="x", description="", min_size=4, max_size=17, default_sizes=(8,), size_meaning="rows",
+                   repeats=(1, 1), key_width=1)
+    assert key_words(17, 2) == ("B", "B")
+    with pytest.raises(ValueError, match="key index 256 does not fit 2 items"):
+        key_words(256, 2)

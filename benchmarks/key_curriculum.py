@@ -1,0 +1,101 @@
+"""Does a key-width curriculum teach tiny-llada-long the lookup? (an experiment; README "Not yet
+here", benchmarks/training-notes-2026-12-01.md)
+
+    python benchmarks/key_curriculum.py train OUT [STEPS_PER_WIDTH ...]   # e.g. runs/key-curriculum 400 600 800
+    python benchmarks/key_curriculum.py eval MODEL                         # exact match per width and size
+
+1,500 more steps on 3-item-key lookups alone left the shipped ``tiny-llada-long`` at chance even
+on 4-row tables (``benchmarks/lookup_focus.py``). Here the same model first learns the lookup with
+1-item keys (16 keys, 4-16 rows), then 2-item keys (4-48 rows), then the suite's 3-item keys
+(4-16 rows, every prompt <= 100 words): the match-and-copy step can form on one-word keys before
+the key has to be assembled from three words. The narrow-key tables are ``lookup_long`` prompts
+(same task word, same value format, only the rows are narrower), so nothing new enters the
+vocabulary. Every phase also keeps ``span_copy_far`` and ``count_long`` at their short sizes
+(weight 0.25 each) so that they are not forgotten. Batch 64, lr 1e-3 (warm-up 50, cosine to 10%
+per phase), one thread.
+
+``eval``: exact match (one token per step, 16 test-split instances per size) of 1-item keys at 8 /
+16 rows, 2-item keys at 8 / 32 rows, and ``lookup_long`` at 4 / 8 / 16 / 42 / 85 rows.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import replace
+
+import torch
+
+from dllm import tasks as T
+from dllm.tasks.base import Example, register, tasks
+from dllm.tasks.long_prompt import LookupTask
+from dllm.train.data import MixtureConfig
+from dllm.train.long_recipes import sizes_up_to
+from dllm.train.recipes import Recipe, TrainConfig, recipes
+from dllm.train.schedule import Phase
+from dllm.train.trainer import Trainer
+
+WIDTH_SIZES = {1: (4, 16), 2: (4, 48)}  # rows per table for the narrow keys
+
+
+class NarrowLookup(LookupTask):
+    """``lookup_long`` with narrower keys; its examples carry the ``lookup_long`` task word."""
+
+    def generate(self, rng: random.Random, size: int) -> Example:
+        ex = super().generate(rng, size)
+        return replace(ex, task="lookup_long")
+
+
+def narrow_task(width: int) -> str:
+    name = f"lookup_k{width}"
+    if name not in tasks:
+        lo, hi = WIDTH_SIZES[width]
+        register(NarrowLookup(name=name, description=f"lookup_long with {width}-item keys (training only)",
+                              min_size=lo, max_size=hi, default_sizes=(lo,), size_meaning="table rows n",
+                              repeats=(1, 1), key_width=width, suite="curriculum", holdout=False))
+    return name
+
+
+def mixture(width: int) -> MixtureConfig:
+    keep = ("span_copy_far", "count_long")
+    lookup = narrow_task(width) if width < 3 else "lookup_long"
+    sizes = tuple(range(WIDTH_SIZES[width][0], WIDTH_SIZES[width][1] + 1)) if width < 3 else sizes_up_to(lookup, 100)
+    return MixtureConfig(tasks=(lookup, *keep), weights=(1.0, 0.25, 0.25),
+                         sizes=(sizes, *(sizes_up_to(t, 100) for t in keep)))
+
+
+def train(out: str, steps: list[int]) -> None:
+    torch.set_num_threads(1)
+    base = recipes.get("tiny-llada-long")
+    starts = [sum(steps[:i]) for i in range(len(steps))]
+    phases = tuple(Phase(start=s, mixture=mixture(w), lr=1e-3, warmup=50)
+                   for w, s in zip((2, 3), starts[1:]))
+    cfg = TrainConfig(steps=sum(steps), batch_size=64, lr=1e-3, warmup=50, eval_every=0, save_every=200,
+                      mixture=mixture(1), phases=phases)
+    recipe = Recipe("key-curriculum", base.family, base.model, cfg, "tiny-llada-long, key-width curriculum",
+                    init_from="tiny-llada-long")
+    print(Trainer(recipe, out, progress=False).train(), flush=True)
+
+
+def evaluate(name: str) -> None:
+    from dllm.eval.exact_match import decode_and_score, load_model
+
+    torch.set_num_threads(1)
+    model = load_model(name)
+    cases = [(narrow_task(1), 8), (narrow_task(1), 16), (narrow_task(2), 8), (narrow_task(2), 32)]
+    cases += [("lookup_long", s) for s in (4, 8, 16, 42, 85)]
+    for task, size in cases:
+        t = T.get_task(task)
+        rng = random.Random(f"key-curriculum-eval-{task}-{size}")
+        examples = [t.generate(rng, size) for _ in range(16)] if task != "lookup_long" else \
+            T.test_split(task, size, n=16)
+        tally = decode_and_score(model, examples)
+        print(f"{name}: {task} {size} rows ({t.args_length(size) + 3} words): "
+              f"{100 * sum(tally.correct.values()) / tally.examples:.1f}%", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "eval":
+        evaluate(sys.argv[2])
+    else:
+        train(sys.argv[2], [int(s) for s in sys.argv[3:]] or [400, 600, 800])
