@@ -136,7 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE",
                     help="measure the accuracy of these pairs only (default: every pair of PAIRS)")
-    ap.add_argument("--speed-models", nargs="*", default=None, help="default: SPEED_MODELS; none: skip")
+    ap.add_argument("--speed-models", nargs="*", default=None,
+                    help="default: SPEED_MODELS; 'none' (or no name): skip the speed measurement")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="earlier outputs whose accuracy/speed-up entries are added before judging")
     ap.add_argument("--out", default="runs/cache-choice.json")
@@ -156,8 +157,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pairs = select_pairs(args.pairs)
     except ValueError as err:
         ap.error(str(err))
+    speed_models = SPEED_MODELS if args.speed_models is None else [m for m in args.speed_models if m != "none"]
+    from dllm.models.loading import ModelNotFoundError, locate
+
+    for name in speed_models:  # before the accuracy runs: a bad name must not cost them
+        try:
+            locate(name)
+        except ModelNotFoundError as err:
+            ap.error(f"--speed-models: {err}")
     accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress)
-    speed_models = SPEED_MODELS if args.speed_models is None else args.speed_models
     speedup, speed_rows = measure_speed(speed_models, args.candidates, args.repeats, not args.no_progress)
     for path in args.merge or ():
         old = json.loads(Path(path).read_text())

@@ -30,6 +30,17 @@ def test_bad_candidate_fails_before_any_run(capsys):
         C.main(["--candidates", "nope"])
 
 
+def test_bad_speed_model_fails_before_any_run_and_none_skips_speed(capsys, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit):
+        C.main(["--speed-models", "no-such-model", "--out", str(tmp_path / "x.json")])
+    assert "--speed-models: cannot load 'no-such-model'" in capsys.readouterr().err
+    runs = []
+    monkeypatch.setattr(C, "measure_accuracy", lambda pairs, cands, n, progress: (runs.append("acc"), ({}, {}))[1])
+    monkeypatch.setattr(C, "measure_speed", lambda models, cands, repeats, progress: (runs.append(models), ({}, {}))[1])
+    assert C.main(["--speed-models", "none", "--candidates", "dual", "--out", str(tmp_path / "y.json")]) == 0
+    assert runs == ["acc", []] and "lack one" in capsys.readouterr().out
+
+
 def test_e2e_verdict_and_plot(tmp_path):
     rows = {e2e.FASTDLLM: {"accuracy": 0.80, "tokens_per_second": 100.0, "tokens_per_forward": 1.5,
                            "forwarded_tokens": 1000},
