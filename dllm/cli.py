@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tasks", nargs="*", default=None, help="default: every task")
     c.add_argument("--n", type=POSITIVE, default=4, help="test examples per task")
     c.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
+    c.add_argument("--repeats", type=POSITIVE, default=1,
+                   help="timed runs per sampler, interleaved; the median wall time is reported")
     c.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
     c.add_argument("--dtype", default="float32")
     c.add_argument("--device", default=None)

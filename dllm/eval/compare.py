@@ -1,11 +1,12 @@
 """``dllm compare``: samplers side by side on the stress tasks, one model, one run.
 
-For every sampler spec and every task, the first ``n`` test examples (spread over the task's
-sizes) are decoded as one block of the task's answer length (or blocks of ``block_length``), one
-batch per task and answer length, and scored exactly (``exact_match.decode_and_score``). Per sampler the table reports accuracy,
-mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and total), tokens
-per second and wall time. Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
-with the Pareto front marked.
+For every sampler spec and every task, the first ``n`` test examples (spread over the task's sizes)
+are decoded as one block of the task's answer length (or blocks of ``block_length``), one batch per
+task and answer length, and scored exactly (``exact_match.decode_and_score``). Per sampler the table
+reports accuracy, mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and
+total), tokens per second and wall time (with ``repeats`` > 1: every sampler timed ``repeats`` times
+in interleaved rounds, the median wall time reported, every one in ``extra["wall_times"]``). Results
+go to JSON and a PNG of the accuracy / tokens-per-forward plane with the Pareto front marked.
 
 A sampler spec is the registry's ``name`` or ``name:key=value,key=value`` (``parse_spec``); its
 options go to ``generate`` (sampler options, ``cache=...``), except the key ``k`` (fixed-step
@@ -16,6 +17,7 @@ samplers only), which sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step. 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -125,22 +127,43 @@ def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> 
     return parsed
 
 
+def median_wall(runs: Sequence[SamplerResult]) -> SamplerResult:
+    """One result for repeated runs of the same sampler on the same examples: the first run's counts,
+    the median wall time (and tokens/s from it); every wall time in ``extra["wall_times"]``.
+    RuntimeError if the runs disagree on anything but time (a sampler that is not deterministic)."""
+    first = runs[0]
+    for r in runs[1:]:
+        if (r.accuracy, r.forwarded_tokens, r.nfe_per_example) != (first.accuracy, first.forwarded_tokens,
+                                                                   first.nfe_per_example):
+            raise RuntimeError(f"{first.label}: repeated runs differ (accuracy {first.accuracy} vs {r.accuracy}, "
+                               f"forwarded tokens {first.forwarded_tokens} vs {r.forwarded_tokens}); "
+                               "timing them together would mix different work")
+    walls = [r.wall_time for r in runs]
+    wall = statistics.median(walls)
+    tps = first.tokens_per_second * first.wall_time / wall if wall > 0 else float("inf")
+    return SamplerResult(**{**asdict(first), "wall_time": wall, "tokens_per_second": tps,
+                            "extra": {**first.extra, "wall_times": walls}})
+
+
 def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n: int, *,
-            block_length: Optional[int] = None, show_progress: bool = True) -> list[SamplerResult]:
+            block_length: Optional[int] = None, show_progress: bool = True, repeats: int = 1) -> list[SamplerResult]:
     from tqdm.auto import tqdm
 
+    check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
     parsed = check_compare(specs, n, block_length)
     names = list(task_names) if task_names else list(T.suite_task_names())
     examples = _examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first
     run_sampler(model, parsed[0], examples, block_length=block_length)
-    results = []
-    with tqdm(total=len(parsed) * len(examples), disable=not show_progress, desc="compare",
+    runs: list[list[SamplerResult]] = [[] for _ in parsed]
+    with tqdm(total=repeats * len(parsed) * len(examples), disable=not show_progress, desc="compare",
               unit="ex") as bar:
-        for spec in parsed:
-            bar.set_postfix_str(spec.label)
-            results.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar))
+        for _ in range(repeats):  # interleaved rounds: a change in the machine's load hits every sampler
+            for spec, mine in zip(parsed, runs):
+                bar.set_postfix_str(spec.label)
+                mine.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar))
+    results = [median_wall(r) if repeats > 1 else r[0] for r in runs]
     mark_pareto(results)
     return results
 
@@ -194,10 +217,11 @@ def run_compare(args) -> list[SamplerResult]:
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model, args.dtype, args.device)
     results = compare(model, specs, args.tasks, args.n, block_length=args.block_length,
-                      show_progress=not args.no_progress)
+                      show_progress=not args.no_progress, repeats=args.repeats)
     print(format_results(results))
     payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
-               "block_length": args.block_length, "results": [asdict(r) for r in results]}
+               "block_length": args.block_length,
+               "repeats": args.repeats, "results": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(payload, indent=2))
     try:
         plot_results(results, out / "compare.png", f"{args.model}: accuracy vs tokens per forward")

@@ -74,6 +74,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm.eval.e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs per setting, interleaved; the median wall time is reported")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default=None, help="e.g. cuda (default: where dllm.models.load puts it)")
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE", help="default: every pair of PAIRS")
@@ -82,8 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="runs/e2e")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    if args.n < 1:
-        ap.error(f"--n must be >= 1, got {args.n}")
+    if args.n < 1 or args.repeats < 1:
+        ap.error(f"--n and --repeats must be >= 1, got {args.n} and {args.repeats}")
     cache = args.cache or ("auto" if "auto" in caches else "drift")
     if args.threads is not None:
         import torch
@@ -108,9 +110,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as err:  # a bad --device names the valid ones
             ap.error(str(err))
         rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
-                       show_progress=not args.no_progress)
+                       show_progress=not args.no_progress, repeats=args.repeats)
         key = f"{model_name}/{suite}"
-        print(f"\n== {key} (blocks of {block}, n = {args.n} per task)\n{format_results(rows)}")
+        print(f"\n== {key} (blocks of {block}, n = {args.n} per task, median of {args.repeats} timed runs)\n"
+              f"{format_results(rows)}")
         results[key] = {r.label: asdict(r) for r in rows}
         verdicts[key] = verdict(results[key], ours)
         v = verdicts[key]
@@ -120,7 +123,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": args.n,
-                                              "verdicts": verdicts, "results": results}, indent=2))
+                                              "repeats": args.repeats, "verdicts": verdicts,
+                                              "results": results}, indent=2))
     plot(results, ours, out / "e2e.png")
     print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
     return 0

@@ -51,3 +51,29 @@ def test_k_on_adaptive_sampler_is_rejected(tmp_path, capsys):
     assert main(["compare", "--model", "oracle", "--samplers", "threshold:k=2", "--tasks", "copy",
                  "--n", "1", "--out", str(tmp_path), "--no-progress"]) == 2
     assert "k applies to fixed-step samplers only" in capsys.readouterr().err
+
+
+def test_repeats_report_the_median_wall_and_refuse_runs_that_differ(tmp_path):
+    from dataclasses import replace
+
+    from dllm.eval.compare import median_wall
+
+    base = replace(_r("a", 0.5, 2.0), tokens_per_second=100.0, wall_time=2.0)
+    runs = [base, replace(base, wall_time=4.0, tokens_per_second=50.0), replace(base, wall_time=1.0,
+                                                                            tokens_per_second=200.0)]
+    m = median_wall(runs)
+    assert m.wall_time == 2.0 and m.tokens_per_second == 100.0 and m.extra["wall_times"] == [2.0, 4.0, 1.0]
+    m = median_wall(runs[1:])  # even count: the mean of the middle two
+    assert m.wall_time == 2.5 and m.tokens_per_second == pytest.approx(50.0 * 4.0 / 2.5)
+    with pytest.raises(RuntimeError, match="a: repeated runs differ"):
+        median_wall([base, replace(base, forwarded_tokens=7)])
+    out = tmp_path / "cmp"
+    assert main(["compare", "--model", "oracle", "--samplers", "threshold", "low_confidence", "--tasks", "copy",
+                 "--n", "2", "--repeats", "3", "--out", str(out), "--no-progress"]) == 0
+    data = json.loads((out / "compare.json").read_text())
+    assert data["repeats"] == 3
+    for r in data["results"]:
+        walls = r["extra"]["wall_times"]
+        assert len(walls) == 3 and r["wall_time"] == sorted(walls)[1]
+    with pytest.raises(SystemExit):
+        main(["compare", "--model", "oracle", "--repeats", "0", "--out", str(out), "--no-progress"])
