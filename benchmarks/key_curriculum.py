@@ -2,6 +2,7 @@
 here", benchmarks/training-notes-2026-12-01.md)
 
     python benchmarks/key_curriculum.py train OUT [STEPS_PER_WIDTH ...]   # e.g. runs/key-curriculum 400 600 800
+    python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
     python benchmarks/key_curriculum.py eval MODEL                         # exact match per width and size
 
 1,500 more steps on 3-item-key lookups alone left the shipped ``tiny-llada-long`` at chance even
@@ -28,7 +29,7 @@ import torch
 
 from dllm import tasks as T
 from dllm.tasks.base import Example, register, tasks
-from dllm.tasks.long_prompt import LookupTask
+from dllm.tasks.long_prompt import CountTask, LookupTask
 from dllm.train.data import MixtureConfig
 from dllm.train.long_recipes import sizes_up_to
 from dllm.train.recipes import Recipe, TrainConfig, recipes
@@ -56,6 +57,31 @@ def narrow_task(width: int) -> str:
     return name
 
 
+class NarrowCount(CountTask):
+    """``count_long`` with fewer occurrences; its examples carry the ``count_long`` task word."""
+
+    def generate(self, rng: random.Random, size: int) -> Example:
+        return replace(super().generate(rng, size), task="count_long")
+
+
+def narrow_count(max_count: int) -> str:
+    name = f"count_c{max_count}"
+    if name not in tasks:
+        register(NarrowCount(name=name, description=f"count_long with 1-{max_count} occurrences (training only)",
+                             min_size=24, max_size=2040, default_sizes=(24,), size_meaning="list length n",
+                             max_count=max_count, suite="curriculum", holdout=False))
+    return name
+
+
+def curriculum_task(name: str) -> str:
+    """``lookup_kW`` / ``count_cM``: the narrow variants (registered on first use); else ``name``."""
+    if name.startswith("lookup_k"):
+        return narrow_task(int(name[len("lookup_k"):]))
+    if name.startswith("count_c"):
+        return narrow_count(int(name[len("count_c"):]))
+    return name
+
+
 def mixture(width: int) -> MixtureConfig:
     keep = ("span_copy_far", "count_long")
     lookup = narrow_task(width) if width < 3 else "lookup_long"
@@ -74,6 +100,25 @@ def train(out: str, steps: list[int]) -> None:
                       mixture=mixture(1), phases=phases)
     recipe = Recipe("key-curriculum", base.family, base.model, cfg, "tiny-llada-long, key-width curriculum",
                     init_from="tiny-llada-long")
+    print(Trainer(recipe, out, progress=False).train(), flush=True)
+
+
+def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:
+    """One stage from ``init`` (a model name or a checkpoint directory): the tasks
+    ``name:weight:lo:hi`` (``lookup_kW``: keys of W items, ``count_cM``: 1..M occurrences; sizes
+    lo..hi in the task's own unit), ``batch`` examples per step, warm-up 50, cosine to 10%, a fresh
+    AdamW, one thread."""
+    torch.set_num_threads(1)
+    base = recipes.get("tiny-llada-long")
+    names, weights, sizes = [], [], []
+    for spec in specs:
+        name, weight, lo, hi = spec.split(":")
+        names.append(curriculum_task(name))
+        weights.append(float(weight))
+        sizes.append(tuple(range(int(lo), int(hi) + 1)))
+    mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
+    cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix)
+    recipe = Recipe("key-curriculum-stage", base.family, base.model, cfg, f"stage from {init}", init_from=init)
     print(Trainer(recipe, out, progress=False).train(), flush=True)
 
 
@@ -97,5 +142,7 @@ def evaluate(name: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "eval":
         evaluate(sys.argv[2])
+    elif sys.argv[1] == "stage":
+        stage(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), sys.argv[7:])
     else:
         train(sys.argv[2], [int(s) for s in sys.argv[3:]] or [400, 600, 800])

@@ -150,7 +150,8 @@ class LookupTask(Task):
         rows = []
         for i, row in enumerate(split_on(table, COMMA)):
             key, value = row[:self.key_width], row[self.key_width:]
-            if len(row) != self.row_width or any(w not in ITEMS_1TOK for w in key) or any(w not in DIGITS for w in value):
+            if (len(row) != self.row_width or any(w not in ITEMS_1TOK for w in key)
+                    or any(w not in DIGITS for w in value)):
                 raise ValueError(f"{self.name}: row {i + 1} {' '.join(row)!r} is not "
                                  f"'<{self.key_width} items A-P> <{VALUE_WIDTH} digits>'")
             rows.append((key, value))
@@ -238,11 +239,19 @@ class SpanCopyTask(SingleAnswerTask):
 class CountTask(SingleAnswerTask):
     """How often the query item occurs in a long list, as two digits."""
 
+    max_count: int = MAX_COUNT  # the query occurs 1..max_count times (the suite: 16; fewer: curricula)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.max_count <= min(99, self.min_size):
+            raise ValueError(f"task {self.name!r}: max_count {self.max_count!r} must be in 1..{min(99, self.min_size)} "
+                             f"(two digits, and at most min_size {self.min_size} occurrences)")
+
     def sample_problem(self, rng: random.Random, size: int) -> dict[str, Any]:
         query = rng.choice(ITEMS_1TOK)
         others = [w for w in ITEMS_1TOK if w != query]
         items = rng.choices(others, k=size)
-        for i in rng.sample(range(size), rng.randint(1, MAX_COUNT)):
+        for i in rng.sample(range(size), rng.randint(1, self.max_count)):
             items[i] = query
         return {"items": tuple(items), "query": query}
 

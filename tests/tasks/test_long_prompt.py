@@ -244,3 +244,17 @@ def test_narrow_keys_round_trip_and_refuse_too_many_rows():
     assert key_words(17, 2) == ("B", "B")
     with pytest.raises(ValueError, match="key index 256 does not fit 2 items"):
         key_words(256, 2)
+
+
+def test_count_with_fewer_occurrences_and_its_bounds():
+    """``max_count`` (training curricula): the query occurs 1..max_count times; out-of-range refused."""
+    from dllm.tasks.long_prompt import CountTask
+
+    few = CountTask(name="count_c4_test", description="", min_size=24, max_size=100, default_sizes=(24,),
+                    size_meaning="n", max_count=4)
+    rng = random.Random(0)
+    counts = {int("".join(few.generate(rng, 40).answer)) for _ in range(200)}
+    assert counts == {1, 2, 3, 4}
+    with pytest.raises(ValueError, match="max_count 25 must be in 1..24"):
+        CountTask(name="x", description="", min_size=24, max_size=100, default_sizes=(24,), size_meaning="n",
+                  max_count=25)
