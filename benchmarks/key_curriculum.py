@@ -1,26 +1,23 @@
-"""Does a key-width curriculum teach tiny-llada-long the lookup? (an experiment; README "Not yet
-here", benchmarks/training-notes-2026-12-01.md)
+"""Key-width curriculum for tiny-llada-long's lookups (README "Measured", the chain as run:
+benchmarks/long-keys.sh, notes: benchmarks/training-notes-2026-12-01.md)
 
-    python benchmarks/key_curriculum.py train OUT [STEPS_PER_WIDTH ...]   # e.g. runs/key-curriculum 400 600 800
     python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
-    python benchmarks/key_curriculum.py eval MODEL                         # exact match per width and size
+    python benchmarks/key_curriculum.py eval MODEL        # exact match per key width and table size
 
-1,500 more steps on 3-item-key lookups alone left the shipped ``tiny-llada-long`` at chance even
-on 4-row tables (``benchmarks/lookup_focus.py``). Here the same model first learns the lookup with
-1-item keys (16 keys, 4-16 rows), then 2-item keys (4-48 rows), then the suite's 3-item keys
-(4-16 rows, every prompt <= 100 words): the match-and-copy step can form on one-word keys before
-the key has to be assembled from three words. The narrow-key tables are ``lookup_long`` prompts
-(same task word, same value format, only the rows are narrower), so nothing new enters the
-vocabulary. Every phase also keeps ``span_copy_far`` and ``count_long`` at their short sizes
-(weight 0.25 each) so that they are not forgotten. Batch 64, lr 1e-3 (warm-up 50, cosine to 10%
-per phase), one thread.
+1,500 more steps on 3-item-key lookups alone left the first ``tiny-llada-long`` at chance even on
+4-row tables (``benchmarks/lookup_focus.py``), and it was at chance with ONE-item keys too: the
+match-and-copy step itself was missing. Here it is learned on 1-item keys (16 keys, 4-16 rows)
+first, then 2-item keys, then the suite's 3-item keys, then at length. The narrow-key tables are
+``lookup_long`` prompts (same task word, same value format, only the rows are narrower), so nothing
+new enters the vocabulary; likewise ``count_cM`` are ``count_long`` prompts with 1..M occurrences.
 
-``eval``: exact match (one token per step, 16 test-split instances per size) of 1-item keys at 8 /
-16 rows, 2-item keys at 8 / 32 rows, and ``lookup_long`` at 4 / 8 / 16 / 42 / 85 rows.
+``eval``: exact match (one token per step, 16 instances per size) of 1-item keys at 8 / 16 rows,
+2-item keys at 8 / 32 rows, and ``lookup_long`` (its test split) at 4 / 8 / 16 / 42 / 85 rows.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from dataclasses import replace
@@ -31,9 +28,7 @@ from dllm import tasks as T
 from dllm.tasks.base import Example, register, tasks
 from dllm.tasks.long_prompt import CountTask, LookupTask
 from dllm.train.data import MixtureConfig
-from dllm.train.long_recipes import sizes_up_to
 from dllm.train.recipes import Recipe, TrainConfig, recipes
-from dllm.train.schedule import Phase
 from dllm.train.trainer import Trainer
 
 WIDTH_SIZES = {1: (4, 16), 2: (4, 48)}  # rows per table for the narrow keys
@@ -82,33 +77,13 @@ def curriculum_task(name: str) -> str:
     return name
 
 
-def mixture(width: int) -> MixtureConfig:
-    keep = ("span_copy_far", "count_long")
-    lookup = narrow_task(width) if width < 3 else "lookup_long"
-    sizes = tuple(range(WIDTH_SIZES[width][0], WIDTH_SIZES[width][1] + 1)) if width < 3 else sizes_up_to(lookup, 100)
-    return MixtureConfig(tasks=(lookup, *keep), weights=(1.0, 0.25, 0.25),
-                         sizes=(sizes, *(sizes_up_to(t, 100) for t in keep)))
-
-
-def train(out: str, steps: list[int]) -> None:
-    torch.set_num_threads(1)
-    base = recipes.get("tiny-llada-long")
-    starts = [sum(steps[:i]) for i in range(len(steps))]
-    phases = tuple(Phase(start=s, mixture=mixture(w), lr=1e-3, warmup=50)
-                   for w, s in zip((2, 3), starts[1:]))
-    cfg = TrainConfig(steps=sum(steps), batch_size=64, lr=1e-3, warmup=50, eval_every=0, save_every=200,
-                      mixture=mixture(1), phases=phases)
-    recipe = Recipe("key-curriculum", base.family, base.model, cfg, "tiny-llada-long, key-width curriculum",
-                    init_from="tiny-llada-long")
-    print(Trainer(recipe, out, progress=False).train(), flush=True)
-
-
 def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:
     """One stage from ``init`` (a model name or a checkpoint directory): the tasks
     ``name:weight:lo:hi`` (``lookup_kW``: keys of W items, ``count_cM``: 1..M occurrences; sizes
     lo..hi in the task's own unit), ``batch`` examples per step, warm-up 50, cosine to 10%, a fresh
-    AdamW, one thread."""
-    torch.set_num_threads(1)
+    AdamW, ``$THREADS`` threads (default 1); ``$STOP_AT``: stop after that many steps (the schedule
+    still spans ``steps``)."""
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     base = recipes.get("tiny-llada-long")
     names, weights, sizes = [], [], []
     for spec in specs:
@@ -119,7 +94,8 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
     cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix)
     recipe = Recipe("key-curriculum-stage", base.family, base.model, cfg, f"stage from {init}", init_from=init)
-    print(Trainer(recipe, out, progress=False).train(), flush=True)
+    stop = os.environ.get("STOP_AT")
+    print(Trainer(recipe, out, progress=False).train(stop_at=int(stop) if stop else None), flush=True)
 
 
 def evaluate(name: str) -> None:
@@ -145,4 +121,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "stage":
         stage(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), sys.argv[7:])
     else:
-        train(sys.argv[2], [int(s) for s in sys.argv[3:]] or [400, 600, 800])
+        raise SystemExit(__doc__)
