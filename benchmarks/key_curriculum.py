@@ -27,6 +27,7 @@ import torch
 from dllm import tasks as T
 from dllm.tasks.base import Example, register, tasks
 from dllm.tasks.long_prompt import CountTask, LookupTask
+from dllm.train import long_recipes  # noqa: F401  (registers the tiny-llada-long recipe)
 from dllm.train.data import MixtureConfig
 from dllm.train.recipes import Recipe, TrainConfig, recipes
 from dllm.train.trainer import Trainer

@@ -29,3 +29,5 @@ $S runs/kc-L3/checkpoint-0000300 runs/kc-L4 250 6e-4 4 lookup_long:1:4:339 looku
 # 5. more steps at the full length (batch 8)
 $S runs/kc-L4/checkpoint-0000250 runs/kc-L5 400 5e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
     span_copy_far:0.5:16:2039 count_long:0.5:24:2040
+$S runs/kc-L5/checkpoint-0000400 runs/kc-L6 300 3e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
+    span_copy_far:0.5:16:2039 count_long:0.5:24:2040

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -34,18 +34,26 @@ from dllm.samplers import samplers
 
 
 @lru_cache(maxsize=None)
-def c0_tasks(per_size: int = 2) -> tuple[str, ...]:
-    """The PB-mini tasks with C(Y|X) = 0 (the long-answer suite is not included): the first ``per_size`` test instances of every default size are
-    checked with ``T.total_correlation``."""
+def c0_tasks(per_size: int = 2, suite: str = T.PB_MINI) -> tuple[str, ...]:
+    """The tasks of ``suite`` (default: PB-mini) with C(Y|X) = 0: the first ``per_size`` test
+    instances of every default size are checked with ``T.total_correlation``."""
     out = []
     for entry in T.tasks:
-        if entry.obj.suite != T.PB_MINI:
+        if entry.obj.suite != suite:
             continue
         exs = T.test_split(entry.name, None, n=per_size)
         tcs = [T.total_correlation(ex) for ex in exs]
         if all(tc is not None and tc <= 1e-9 for tc in tcs):
             out.append(entry.name)
     return tuple(out)
+
+
+def c0_of(task_names: Iterable[str]) -> tuple[str, ...]:
+    """The C(Y|X) = 0 tasks among ``task_names``, whatever their suites (suite order, then registry
+    order)."""
+    names = set(task_names)
+    suites = [s for s in T.SUITES if any(T.get_task(n).suite == s for n in names)]
+    return tuple(t for s in suites for t in c0_tasks(suite=s) if t in names)
 
 
 def check_tokens_per_step(sampler: str, k: Optional[int], label: Optional[str] = None) -> None:
@@ -212,9 +220,9 @@ def evaluate(
     """
     tally = decode_and_score(model, examples, sampler, tokens_per_step=tokens_per_step, max_batch=max_batch,
                              autocast_bf16=autocast_bf16)
-    c0 = tuple(t for t in c0_tasks() if t in tally.counts)
+    c0 = c0_of(tally.counts)
     return EvalResult(tally.accuracy, dict(tally.counts), c0, tally.forwards, tally.seconds)
 
 
-__all__ = ["EvalResult", "Tally", "c0_tasks", "check_tokens_per_step", "decode_and_score", "eval_examples",
+__all__ = ["EvalResult", "Tally", "c0_of", "c0_tasks", "check_tokens_per_step", "decode_and_score", "eval_examples",
            "evaluate", "load_model"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from dllm.eval.exact_match import c0_tasks
+from dllm.eval.exact_match import c0_of
 from dllm.eval.stress_grid import Setting, cell_key
 from dllm.eval.stress_metrics import (
     LEVELS, Cell, best_at, centre_of_mass, max_tps_at, mean, oracle_summary,
@@ -85,7 +85,7 @@ def summarize(config, cells: dict[str, Cell]) -> dict[str, Any]:
             "oracle_by_task": oracle, "oracle_choices": dict(chosen),
             "tau": mean([rows[s.label]["tau"] for s in members]),
         })
-    return {"levels": [_pct(v) for v in LEVELS], "tasks": tasks, "c0": [t for t in tasks if t in c0_tasks()],
+    return {"levels": [_pct(v) for v in LEVELS], "tasks": tasks, "c0": [t for t in tasks if t in c0_of(tasks)],
             "settings": list(rows.values()), "leaderboard": leaderboard, "max_tps_by_task": by_task,
             "curves": curves}
 

@@ -13,7 +13,7 @@ import json
 from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_tasks, check_tokens_per_step, eval_examples, evaluate, load_model
+from dllm.eval.exact_match import c0_of, check_tokens_per_step, eval_examples, evaluate, load_model
 from dllm.samplers import make_sampler
 
 Column = Union[int, str]  # k, or "adaptive"
@@ -40,7 +40,7 @@ def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence
             table.setdefault(task, {})[k] = acc
         summary[k] = {"mean": res.mean, "mean_c0": res.mean_c0, "forwards": res.forwards,
                       "seconds": res.seconds}
-    return {"tasks": table, "summary": summary, "c0": list(c0_tasks()),
+    return {"tasks": table, "summary": summary, "c0": list(c0_of(table)),
             "examples": len(examples), "per_size": per_size, "sampler": sampler}
 
 

@@ -96,6 +96,12 @@ def test_c0_tasks_from_total_correlation():
         "remove_index_2tok", "sudoku4", "add_lsb", "add_msb", "cumsum",
     }
     assert tuple(c0_tasks()) == C0_TASKS  # the recipes' up-weighted tasks
+    # other suites on request; an evaluation marks the C = 0 tasks of whatever suites it covers
+    from dllm.eval.exact_match import c0_of
+
+    assert set(c0_tasks(suite="long-prompt")) == {"count_long", "lookup_long", "span_copy_far"}
+    assert set(c0_of(["lookup_any", "lookup_long", "copy", "pick_pair"])) == {"lookup_long", "copy"}
+    assert c0_of([]) == ()
 
 
 def test_recipes_upweight_the_c0_tasks():
