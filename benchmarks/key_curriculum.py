@@ -27,7 +27,7 @@ import torch
 from dllm import tasks as T
 from dllm.tasks.base import Example, register, tasks
 from dllm.tasks.long_prompt import CountTask, LookupTask
-from dllm.train import long_recipes  # noqa: F401  (registers the tiny-llada-long recipe)
+from dllm.train import long_recipes
 from dllm.train.data import MixtureConfig
 from dllm.train.recipes import Recipe, TrainConfig, recipes
 from dllm.train.trainer import Trainer
@@ -85,7 +85,7 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     AdamW, ``$THREADS`` threads (default 1); ``$STOP_AT``: stop after that many steps (the schedule
     still spans ``steps``)."""
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
-    base = recipes.get("tiny-llada-long")
+    base = recipes.get(long_recipes.LONG_RECIPES[0])  # tiny-llada-long (importing the module registers it)
     names, weights, sizes = [], [], []
     for spec in specs:
         name, weight, lo, hi = spec.split(":")
