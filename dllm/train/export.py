@@ -1,9 +1,11 @@
 """Copy a trained checkpoint into the package as an embedded model.
 
     python -m dllm.train.export --run runs/tiny-llada --name tiny-llada [--checkpoint best] [--dtype bfloat16]
+        [--note "how the run started, e.g. the earlier stages it continues"]
 
 Writes ``dllm/models/embedded/<name>/`` (official config.json, model.safetensors, tokenizer files)
-plus ``training.json`` (the step, the recipe and the checkpoint's last evaluation), so that
+plus ``training.json`` (the step, the recipe, the checkpoint's last evaluation and an optional note:
+a run that continues earlier stages says so there, since the recipe names its own stage only), so that
 ``dllm.load(<name>)`` works offline after a plain install. bfloat16 halves the file (the official
 LLaDA and Dream checkpoints are bf16 too); ``dllm.load`` then defaults to the stored dtype.
 """
@@ -30,7 +32,7 @@ def _last_eval(run: Path) -> dict:
 
 
 def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat16",
-           root: Path = EMBEDDED) -> Path:
+           root: Path = EMBEDDED, note: str = "") -> Path:
     from dllm.models import load
 
     src = run / checkpoint if (run / checkpoint).exists() else None
@@ -44,7 +46,7 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(out)
-    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run)}
+    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run), **({"note": note} if note else {})}
     recipe = run / "recipe.json"
     if recipe.exists():
         info["recipe"] = json.loads(recipe.read_text())
@@ -70,8 +72,9 @@ def main(argv=None) -> int:
     p.add_argument("--name", required=True)
     p.add_argument("--checkpoint", default="best")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--note", default="", help="stored in training.json (e.g. the stages the run continues)")
     args = p.parse_args(argv)
-    out = export(args.run, args.name, args.checkpoint, args.dtype)
+    out = export(args.run, args.name, args.checkpoint, args.dtype, note=args.note)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"wrote {out} ({size:.1f} MiB)")
     return 0

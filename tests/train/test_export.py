@@ -14,6 +14,10 @@ def test_export_latest_checkpoint_as_bf16(tmp_path):
     out = export(run, "tiny-test", checkpoint="best", dtype="bfloat16", root=tmp_path / "embedded")
     info = json.loads((out / "training.json").read_text())
     assert info["source"].endswith("checkpoint-0000010") and info["evaluation"]["eval_mean_c0"] == 0.5
+    assert "note" not in info
+    out = export(run, "tiny-test", dtype="float32", root=tmp_path / "embedded", note="continues stage A")
+    assert json.loads((out / "training.json").read_text())["note"] == "continues stage A"
+    out = export(run, "tiny-test", checkpoint="best", dtype="bfloat16", root=tmp_path / "embedded")
     loaded = load(str(out))
     assert loaded.dtype == torch.bfloat16
     ids = torch.tensor([[5, 6, 7, loaded.mask_id]])
