@@ -34,7 +34,10 @@ built copying and indexing heads) the loss left that plateau within ~250 steps a
 shipped checkpoint scores. ``STEPS`` was cut from 3,800 to 3,550 (phase 4: 250 steps) before
 phase 4 began, to fit a CPU session; the runs resumed from a phase-3 checkpoint under the cut
 recipe, which is bit-identical to running it from scratch (tests/train/test_schedule.py). Both
-are shipped (``dllm.load("tiny-llada-long")`` / ``"tiny-dream-long"``).
+are shipped (``dllm.load("tiny-llada-long")`` / ``"tiny-dream-long"``); the shipped
+``tiny-llada-long`` is this recipe's step 3,550 trained further by the key-width and length stages
+of ``benchmarks/long-keys.sh`` (the lookups: 6.2% -> 62.5%; its ``training.json`` says so), so this
+recipe alone reproduces the first training only.
 """
 
 from __future__ import annotations
