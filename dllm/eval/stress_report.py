@@ -85,7 +85,8 @@ def summarize(config, cells: dict[str, Cell]) -> dict[str, Any]:
             "oracle_by_task": oracle, "oracle_choices": dict(chosen),
             "tau": mean([rows[s.label]["tau"] for s in members]),
         })
-    return {"levels": [_pct(v) for v in LEVELS], "tasks": tasks, "c0": [t for t in tasks if t in c0_of(tasks)],
+    c0 = set(c0_of(tasks))  # once, not per task
+    return {"levels": [_pct(v) for v in LEVELS], "tasks": tasks, "c0": [t for t in tasks if t in c0],
             "settings": list(rows.values()), "leaderboard": leaderboard, "max_tps_by_task": by_task,
             "curves": curves}
 

@@ -112,7 +112,9 @@ class LookupTask(Task):
         if not 1 <= lo <= hi <= len(DIGITS) or hi > self.min_size:
             raise ValueError(f"task {self.name!r}: repeats {self.repeats} must satisfy 1 <= lo <= hi <= "
                              f"min(10, min_size {self.min_size})")
-        keys = 16**self.key_width if self.key_width >= 1 else 0
+        if not isinstance(self.key_width, int) or self.key_width < 1:
+            raise ValueError(f"task {self.name!r}: key_width must be an integer >= 1, got {self.key_width!r}")
+        keys = 16**self.key_width
         if self.max_size - lo + 1 > keys:
             raise ValueError(f"task {self.name!r}: key_width {self.key_width!r} gives {keys} distinct keys, "
                              f"too few for {self.max_size} rows (at most {keys + lo - 1})")

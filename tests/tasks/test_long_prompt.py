@@ -241,6 +241,9 @@ def test_narrow_keys_round_trip_and_refuse_too_many_rows():
     with pytest.raises(ValueError, match="key_width 1 gives 16 distinct keys, too few for 17 rows"):
         LookupTask(name="x", description="", min_size=4, max_size=17, default_sizes=(8,), size_meaning="rows",
                    repeats=(1, 1), key_width=1)
+    with pytest.raises(ValueError, match="key_width must be an integer >= 1, got 0"):
+        LookupTask(name="x", description="", min_size=4, max_size=8, default_sizes=(8,), size_meaning="rows",
+                   repeats=(1, 1), key_width=0)
     assert key_words(17, 2) == ("B", "B")
     with pytest.raises(ValueError, match="key index 256 does not fit 2 items"):
         key_words(256, 2)
