@@ -2,7 +2,7 @@
 benchmarks/long-keys.sh, notes: benchmarks/training-notes-2026-12-01.md)
 
     python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
-    python benchmarks/key_curriculum.py eval MODEL        # exact match per key width and table size
+    [N=16] [THREADS=1] python benchmarks/key_curriculum.py eval MODEL [TASK:SIZE ...]   # exact match
 
 1,500 more steps on 3-item-key lookups alone left the first ``tiny-llada-long`` at chance even on
 4-row tables (``benchmarks/lookup_focus.py``), and it was at chance with ONE-item keys too: the
@@ -11,8 +11,9 @@ first, then 2-item keys, then the suite's 3-item keys, then at length. The narro
 ``lookup_long`` prompts (same task word, same value format, only the rows are narrower), so nothing
 new enters the vocabulary; likewise ``count_cM`` are ``count_long`` prompts with 1..M occurrences.
 
-``eval``: exact match (one token per step, 16 instances per size) of 1-item keys at 8 / 16 rows,
-2-item keys at 8 / 32 rows, and ``lookup_long`` (its test split) at 4 / 8 / 16 / 42 / 85 rows.
+``eval``: exact match (one token per step) on ``TASK:SIZE`` cases (``lookup_kW`` / ``count_cM``
+allowed), by default 1-item keys at 8 / 16 rows, 2-item keys at 8 / 32 rows, and ``lookup_long``
+(its test split) at 4 / 8 / 16 / 42 / 85 rows.
 """
 
 from __future__ import annotations
@@ -99,26 +100,35 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     print(Trainer(recipe, out, progress=False).train(stop_at=int(stop) if stop else None), flush=True)
 
 
-def evaluate(name: str) -> None:
+DEFAULT_EVAL = ("lookup_k1:8", "lookup_k1:16", "lookup_k2:8", "lookup_k2:32", "lookup_long:4", "lookup_long:8",
+                "lookup_long:16", "lookup_long:42", "lookup_long:85")
+
+
+def evaluate(name: str, cases: list[str]) -> None:
+    """Exact match (one token per step) of ``name`` on ``task:size`` cases, ``$N`` examples each
+    (default 16): the narrow variants drawn from ``random.Random(123)``, the suite's tasks from their
+    test split; ``$THREADS`` threads (default 1)."""
     from dllm.eval.exact_match import decode_and_score, load_model
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    n = int(os.environ.get("N", "16"))
     model = load_model(name)
-    cases = [(narrow_task(1), 8), (narrow_task(1), 16), (narrow_task(2), 8), (narrow_task(2), 32)]
-    cases += [("lookup_long", s) for s in (4, 8, 16, 42, 85)]
-    for task, size in cases:
+    for case in cases or DEFAULT_EVAL:
+        task, size = curriculum_task(case.split(":")[0]), int(case.split(":")[1])
         t = T.get_task(task)
-        rng = random.Random(f"key-curriculum-eval-{task}-{size}")
-        examples = [t.generate(rng, size) for _ in range(16)] if task != "lookup_long" else \
-            T.test_split(task, size, n=16)
+        if isinstance(t, (NarrowLookup, NarrowCount)):
+            rng = random.Random(123)
+            examples = [t.generate(rng, size) for _ in range(n)]
+        else:
+            examples = T.test_split(task, size, n=n)
         tally = decode_and_score(model, examples)
-        print(f"{name}: {task} {size} rows ({t.args_length(size) + 3} words): "
-              f"{100 * sum(tally.correct.values()) / tally.examples:.1f}%", flush=True)
+        print(f"{name} {case} ({t.args_length(size) + 3} words): "
+              f"{100 * sum(tally.correct.values()) / tally.examples:.1f}% of {tally.examples}", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "eval":
-        evaluate(sys.argv[2])
+        evaluate(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "stage":
         stage(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), sys.argv[7:])
     else:
