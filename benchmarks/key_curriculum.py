@@ -18,6 +18,7 @@ allowed), by default 1-item keys at 8 / 16 rows, 2-item keys at 8 / 32 rows, and
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -55,18 +56,21 @@ def narrow_task(width: int) -> str:
 
 
 class NarrowCount(CountTask):
-    """``count_long`` with fewer occurrences; its examples carry the ``count_long`` task word."""
+    """``count_long`` with 1..M occurrences in lists of >= M items (shorter than the suite's 24);
+    registered under ``count_cM`` with the name ``count_long``, so its prompts carry the
+    ``count_long`` task word while its sizes are checked against its own range."""
 
     def generate(self, rng: random.Random, size: int) -> Example:
-        return replace(super().generate(rng, size), task="count_long")
+        return replace(super().generate(rng, size), task=f"count_c{self.max_count}")
 
 
 def narrow_count(max_count: int) -> str:
     name = f"count_c{max_count}"
     if name not in tasks:
-        register(NarrowCount(name=name, description=f"count_long with 1-{max_count} occurrences (training only)",
-                             min_size=24, max_size=2040, default_sizes=(24,), size_meaning="list length n",
-                             max_count=max_count, suite="curriculum", holdout=False))
+        task = NarrowCount(name="count_long", description=f"count_long with 1-{max_count} occurrences (training only)",
+                           min_size=max_count, max_size=2040, default_sizes=(max(24, max_count),),
+                           size_meaning="list length n", max_count=max_count, suite="curriculum", holdout=False)
+        tasks.add(name, task, description=task.description)
     return name
 
 
@@ -79,6 +83,22 @@ def curriculum_task(name: str) -> str:
     return name
 
 
+def base_recipe(init: str) -> Recipe:
+    """The long recipe a stage continues: ``init``'s own (a long model's name), or the long recipe of
+    the family in a checkpoint's ``../recipe.json`` (``tiny-llada-long`` / ``tiny-dream-long``)."""
+    long = {recipes.get(n).family: recipes.get(n) for n in long_recipes.LONG_RECIPES}  # importing registers them
+    if init in long_recipes.LONG_RECIPES:
+        return recipes.get(init)
+    meta = os.path.join(os.path.dirname(os.path.normpath(init)), "recipe.json")
+    if not os.path.isfile(meta):
+        raise SystemExit(f"init {init!r}: neither a long model ({', '.join(long_recipes.LONG_RECIPES)}) "
+                         f"nor a checkpoint beside a recipe.json")
+    family = json.load(open(meta))["family"]
+    if family not in long:
+        raise SystemExit(f"init {init!r}: family {family!r} has no long recipe (valid: {', '.join(long)})")
+    return long[family]
+
+
 def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:
     """One stage from ``init`` (a model name or a checkpoint directory): the tasks
     ``name:weight:lo:hi`` (``lookup_kW``: keys of W items, ``count_cM``: 1..M occurrences; sizes
@@ -86,9 +106,11 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     AdamW, ``$THREADS`` threads (default 1); ``$STOP_AT``: stop after that many steps (the schedule
     still spans ``steps``)."""
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
-    base = recipes.get(long_recipes.LONG_RECIPES[0])  # tiny-llada-long (importing the module registers it)
+    base = base_recipe(init)
     names, weights, sizes = [], [], []
     for spec in specs:
+        if spec.count(":") != 3:
+            raise SystemExit(f"stage spec {spec!r}: expected TASK:WEIGHT:LO:HI, e.g. lookup_k1:1:4:8")
         name, weight, lo, hi = spec.split(":")
         names.append(curriculum_task(name))
         weights.append(float(weight))
