@@ -22,12 +22,11 @@ import json
 import os
 import random
 import sys
-from dataclasses import replace
 
 import torch
 
 from dllm import tasks as T
-from dllm.tasks.base import Example, register, tasks
+from dllm.tasks.base import register, tasks
 from dllm.tasks.long_prompt import CountTask, LookupTask
 from dllm.train import long_recipes
 from dllm.train.data import MixtureConfig
@@ -38,11 +37,7 @@ WIDTH_SIZES = {1: (4, 16), 2: (4, 48)}  # rows per table for the narrow keys
 
 
 class NarrowLookup(LookupTask):
-    """``lookup_long`` with narrower keys; its examples carry the ``lookup_long`` task word."""
-
-    def generate(self, rng: random.Random, size: int) -> Example:
-        ex = super().generate(rng, size)
-        return replace(ex, task="lookup_long")
+    """``lookup_long`` with narrower keys (registered as ``lookup_kW``, prompts carry ``lookup_long``)."""
 
 
 def narrow_task(width: int) -> str:
@@ -51,26 +46,23 @@ def narrow_task(width: int) -> str:
         lo, hi = WIDTH_SIZES[width]
         register(NarrowLookup(name=name, description=f"lookup_long with {width}-item keys (training only)",
                               min_size=lo, max_size=hi, default_sizes=(lo,), size_meaning="table rows n",
-                              repeats=(1, 1), key_width=width, suite="curriculum", holdout=False))
+                              repeats=(1, 1), key_width=width, suite="curriculum", holdout=False,
+                              word="lookup_long"))
     return name
 
 
 class NarrowCount(CountTask):
-    """``count_long`` with 1..M occurrences in lists of >= M items (shorter than the suite's 24);
-    registered under ``count_cM`` with the name ``count_long``, so its prompts carry the
-    ``count_long`` task word while its sizes are checked against its own range."""
-
-    def generate(self, rng: random.Random, size: int) -> Example:
-        return replace(super().generate(rng, size), task=f"count_c{self.max_count}")
+    """``count_long`` with 1..M occurrences, in lists of >= M items (the suite: >= 24); registered as
+    ``count_cM``, prompts carry ``count_long``."""
 
 
 def narrow_count(max_count: int) -> str:
     name = f"count_c{max_count}"
     if name not in tasks:
-        task = NarrowCount(name="count_long", description=f"count_long with 1-{max_count} occurrences (training only)",
-                           min_size=max_count, max_size=2040, default_sizes=(max(24, max_count),),
-                           size_meaning="list length n", max_count=max_count, suite="curriculum", holdout=False)
-        tasks.add(name, task, description=task.description)
+        register(NarrowCount(name=name, description=f"count_long with 1-{max_count} occurrences (training only)",
+                             min_size=max_count, max_size=2040, default_sizes=(max(24, max_count),),
+                             size_meaning="list length n", max_count=max_count, suite="curriculum",
+                             holdout=False, word="count_long"))
     return name
 
 

@@ -61,6 +61,12 @@ class Task(ABC):
     size_meaning: str  # what the size parameter counts, e.g. "list length n"
     holdout: bool = True  # False: the prompt space is too small to hold test prompts out of training
     suite: str = "pb-mini"  # the suite whose default runs include the task (``SUITES``)
+    word: str = ""  # the prompt's task word; "" = ``name`` (a training-only variant may carry a suite task's word)
+
+    @property
+    def task_word(self) -> str:
+        """The word after ``[BOS]`` in this task's prompts."""
+        return self.word or self.name
 
     def __post_init__(self) -> None:
         bad = [s for s in self.default_sizes if not self.min_size <= s <= self.max_size]

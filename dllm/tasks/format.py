@@ -17,7 +17,7 @@ from dllm.tasks.vocab import BAR, BOS, EOS, SEP, word_id
 
 def prompt_words(ex: Example) -> tuple[str, ...]:
     """``[BOS] <task> <args...> [SEP]`` (both ends inclusive)."""
-    return (BOS, get_task(ex.task).name, *ex.prompt, SEP)
+    return (BOS, get_task(ex.task).task_word, *ex.prompt, SEP)
 
 
 def prompt_ids(ex: Example) -> list[int]:

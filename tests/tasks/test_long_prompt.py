@@ -261,3 +261,24 @@ def test_count_with_fewer_occurrences_and_its_bounds():
     with pytest.raises(ValueError, match="max_count 25 must be in 1..24"):
         CountTask(name="x", description="", min_size=24, max_size=100, default_sizes=(24,), size_meaning="n",
                   max_count=25)
+
+
+def test_a_variant_with_a_task_word_prompts_as_that_task(monkeypatch):
+    """``Task.word``: a training-only variant (own name, own size range) whose prompts carry a suite
+    task's word, so a model trained on it meets the suite's prompts; sizes are checked against the
+    variant's own range, scoring is the variant's."""
+    from dllm.tasks.base import register
+    from dllm.tasks.long_prompt import CountTask
+
+    short = CountTask(name="count_short_test", description="", min_size=4, max_size=12, default_sizes=(8,),
+                      size_meaning="n", max_count=4, word="count_long")
+    monkeypatch.setattr(T.tasks, "_entries", dict(T.tasks._entries))  # registered for this test only
+    register(short)
+    ex = short.generate(random.Random(1), 6)
+    assert ex.task == "count_short_test" and T.prompt_words(ex)[:2] == (T.BOS, "count_long")
+    assert T.prompt_ids(ex)[1] == T.prompt_ids(T.test_split("count_long", 255, n=1)[0])[1]
+    assert short.task_word == "count_long"
+    plain = T.get_task("count_long")
+    assert plain.task_word == plain.name == "count_long"
+    with pytest.raises(ValueError, match="size 6 is out of range for task 'count_long'"):
+        plain.check_size(6)
