@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# tiny-llada-long, third training (2026-12-02): counting. Every earlier stage trained count_long on
+# lists of >= 24 items and the count never left chance; on lists of 4-12 items (1-4 occurrences) it
+# forms within ~500 steps, and then extends to longer lists and larger counts a doubling at a time
+# (it does not extrapolate: trained on <= 32 items, 94% at 32 and 6% at 48). The lookups and the span
+# copy are mixed in from the second stage on (the first, count alone, forgot the lookups: 87.5 ->
+# 6.2% at 42 rows). One `python benchmarks/key_curriculum.py stage ...` per stage (one thread, beside
+# the tiny-dream-long run). Notes: benchmarks/training-notes-2026-12-01.md.
+set -euo pipefail
+S="python benchmarks/key_curriculum.py stage"
+P=${P:-runs/cc-}
+$S tiny-llada-long ${P}1 800 1e-3 64 count_c4:1:4:12
+$S ${P}1/checkpoint-0000800 ${P}2 1000 1e-3 64 count_c4:0.5:4:32 count_c8:1:8:32 lookup_long:1:4:16 \
+    lookup_k2:0.25:4:16 span_copy_far:0.25:16:64
+$S ${P}2/checkpoint-0001000 ${P}3 800 1e-3 48 count_c16:1:16:64 count_c8:0.5:8:64 lookup_long:0.5:4:24 \
+    lookup_any:0.25:4:24 span_copy_far:0.25:16:128
+$S ${P}3/checkpoint-0000800 ${P}4 800 8e-4 32 count_c16:1:16:128 count_c8:0.25:8:128 lookup_long:0.5:4:42 \
+    lookup_any:0.25:4:42 span_copy_far:0.25:16:256
