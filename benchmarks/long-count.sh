@@ -16,3 +16,6 @@ $S ${P}2/checkpoint-0001000 ${P}3 800 1e-3 48 count_c16:1:16:64 count_c8:0.5:8:6
     lookup_any:0.25:4:24 span_copy_far:0.25:16:128
 $S ${P}3/checkpoint-0000800 ${P}4 800 8e-4 32 count_c16:1:16:128 count_c8:0.25:8:128 lookup_long:0.5:4:42 \
     lookup_any:0.25:4:42 span_copy_far:0.25:16:256
+# (two threads from here on)
+THREADS=2 $S ${P}4/checkpoint-0000800 ${P}5 600 6e-4 16 count_c16:1:16:256 count_c8:0.25:8:256 \
+    lookup_long:0.5:4:85 lookup_any:0.25:4:85 span_copy_far:0.25:16:516
