@@ -1,5 +1,6 @@
-"""Key-width curriculum for tiny-llada-long's lookups (README "Measured", the chain as run:
-benchmarks/long-keys.sh, notes: benchmarks/training-notes-2026-12-01.md)
+"""Curricula for the long-prompt models (README "Measured"; the chains as run: benchmarks/long-keys.sh
+(tiny-llada-long's keys), benchmarks/long-keys-dream.sh, benchmarks/long-count.sh (counting); notes:
+benchmarks/training-notes-2026-12-01.md)
 
     python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
     [N=16] [THREADS=1] python benchmarks/key_curriculum.py eval MODEL [TASK:SIZE ...]   # exact match
@@ -9,7 +10,10 @@ benchmarks/long-keys.sh, notes: benchmarks/training-notes-2026-12-01.md)
 match-and-copy step itself was missing. Here it is learned on 1-item keys (16 keys, 4-16 rows)
 first, then 2-item keys, then the suite's 3-item keys, then at length. The narrow-key tables are
 ``lookup_long`` prompts (same task word, same value format, only the rows are narrower), so nothing
-new enters the vocabulary; likewise ``count_cM`` are ``count_long`` prompts with 1..M occurrences.
+new enters the vocabulary; likewise ``count_cM`` are ``count_long`` prompts with 1..M occurrences,
+in lists of >= M items (the suite: >= 24; counting forms only on short lists). Both are registered
+under their own names (own size ranges) with the suite task's word (``Task.word``). A stage continues
+the long recipe of its init's family (``tiny-llada-long`` or ``tiny-dream-long``).
 
 ``eval``: exact match (one token per step) on ``TASK:SIZE`` cases (``lookup_kW`` / ``count_cM``
 allowed), by default 1-item keys at 8 / 16 rows, 2-item keys at 8 / 32 rows, and ``lookup_long``
