@@ -23,3 +23,17 @@ STOP_AT=200 $S ${P}L1/checkpoint-0000500 ${P}L2 400 6e-4 16 lookup_long:1:4:85 l
 # 4. the span copy at short lists (stopped at step ~450, loss flat at ~1.5; not shipped)
 STOP_AT=400 $S ${P}L2/checkpoint-0000200 ${P}s1 600 8e-4 32 span_copy_far:1:16:128 lookup_long:0.5:4:42 \
     lookup_any:0.25:4:42
+
+# ---- second try (kd2): the span copy kept in every stage, from the shipped tiny-dream-long
+P2=${P2:-runs/kd2-}
+# one-item keys with the span copy at a quarter (the loss left ~0.8 at ~1,500 steps, 0.012 at 1,910;
+# stopped by hand at 2,000)
+STOP_AT=2000 $S tiny-dream-long ${P2}k1 3000 1e-3 64 lookup_k1:1:4:8 span_copy_far:0.25:16:64
+STOP_AT=400 $S ${P2}k1/checkpoint-0002000 ${P2}k2 1000 1e-3 64 lookup_k2:1:4:16 lookup_k1:0.25:4:16 \
+    span_copy_far:0.25:16:64
+STOP_AT=400 $S ${P2}k2/checkpoint-0000400 ${P2}k3 1000 1e-3 64 lookup_long:1:4:16 lookup_k2:0.25:4:16 \
+    count_long:0.5:24:95 span_copy_far:0.25:16:96
+$S ${P2}k3/checkpoint-0000400 ${P2}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:0.25:4:42 \
+    span_copy_far:0.5:16:256 count_long:0.5:24:255 count_c4:0.5:24:100
+$S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
+    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
