@@ -35,5 +35,6 @@ STOP_AT=400 $S ${P2}k2/checkpoint-0000400 ${P2}k3 1000 1e-3 64 lookup_long:1:4:1
     count_long:0.5:24:95 span_copy_far:0.25:16:96
 $S ${P2}k3/checkpoint-0000400 ${P2}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:0.25:4:42 \
     span_copy_far:0.5:16:256 count_long:0.5:24:255 count_c4:0.5:24:100
-$S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
+# stopped at step 200 for the session's end
+STOP_AT=200 $S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
     span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
