@@ -25,3 +25,6 @@ THREADS=2 $S ${P}5/checkpoint-0000600 ${P}7 250 4e-4 8 count_c16:1:16:2040 looku
 # the doubling instead (one thread): C = 0 mean 60.4% on the suite, the best so far, not shipped
 THREADS=1 $S ${P}5/checkpoint-0000600 ${P}6 500 5e-4 8 count_c16:1:16:512 count_c8:0.25:8:512 \
     lookup_long:0.5:4:170 lookup_any:0.25:4:170 span_copy_far:0.25:16:1036
+# <= 1,024 items, lookups and the span copy at full length again (two threads, 20 min)
+THREADS=2 $S ${P}6/checkpoint-0000500 ${P}8 300 5e-4 8 count_c16:1:16:1024 count_c8:0.25:8:1024 \
+    lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
