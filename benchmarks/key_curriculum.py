@@ -26,6 +26,7 @@ import json
 import os
 import random
 import sys
+from pathlib import Path
 
 import torch
 
@@ -79,17 +80,28 @@ def curriculum_task(name: str) -> str:
     return name
 
 
+def fields(spec: str, form: str, example: str, types: tuple[type, ...]) -> list:
+    """``spec`` split on ':' into ``types``; a spec of another shape is refused by name."""
+    parts = spec.split(":")
+    try:
+        if len(parts) != len(types):
+            raise ValueError
+        return [t(p) for t, p in zip(types, parts)]
+    except ValueError:
+        raise SystemExit(f"{spec!r}: expected {form}, e.g. {example}") from None
+
+
 def base_recipe(init: str) -> Recipe:
     """The long recipe a stage continues: ``init``'s own (a long model's name), or the long recipe of
     the family in a checkpoint's ``../recipe.json`` (``tiny-llada-long`` / ``tiny-dream-long``)."""
-    long = {recipes.get(n).family: recipes.get(n) for n in long_recipes.LONG_RECIPES}  # importing registers them
-    if init in long_recipes.LONG_RECIPES:
+    if init in long_recipes.LONG_RECIPES:  # (importing long_recipes registers them)
         return recipes.get(init)
-    meta = os.path.join(os.path.dirname(os.path.normpath(init)), "recipe.json")
-    if not os.path.isfile(meta):
+    meta = Path(init).parent / "recipe.json"
+    if not meta.is_file():
         raise SystemExit(f"init {init!r}: neither a long model ({', '.join(long_recipes.LONG_RECIPES)}) "
                          f"nor a checkpoint beside a recipe.json")
-    family = json.load(open(meta))["family"]
+    family = json.loads(meta.read_text())["family"]
+    long = {recipes.get(n).family: recipes.get(n) for n in long_recipes.LONG_RECIPES}
     if family not in long:
         raise SystemExit(f"init {init!r}: family {family!r} has no long recipe (valid: {', '.join(long)})")
     return long[family]
@@ -105,12 +117,10 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     base = base_recipe(init)
     names, weights, sizes = [], [], []
     for spec in specs:
-        if spec.count(":") != 3:
-            raise SystemExit(f"stage spec {spec!r}: expected TASK:WEIGHT:LO:HI, e.g. lookup_k1:1:4:8")
-        name, weight, lo, hi = spec.split(":")
+        name, weight, lo, hi = fields(spec, "TASK:WEIGHT:LO:HI", "lookup_k1:1:4:8", (str, float, int, int))
         names.append(curriculum_task(name))
-        weights.append(float(weight))
-        sizes.append(tuple(range(int(lo), int(hi) + 1)))
+        weights.append(weight)
+        sizes.append(tuple(range(lo, hi + 1)))
     mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
     cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix)
     recipe = Recipe("key-curriculum-stage", base.family, base.model, cfg, f"stage from {init}", init_from=init)
@@ -132,7 +142,8 @@ def evaluate(name: str, cases: list[str]) -> None:
     n = int(os.environ.get("N", "16"))
     model = load_model(name)
     for case in cases or DEFAULT_EVAL:
-        task, size = curriculum_task(case.split(":")[0]), int(case.split(":")[1])
+        name, size = fields(case, "TASK:SIZE", "lookup_long:42", (str, int))
+        task = curriculum_task(name)
         t = T.get_task(task)
         if isinstance(t, (NarrowLookup, NarrowCount)):
             rng = random.Random(123)
