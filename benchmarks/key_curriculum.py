@@ -142,8 +142,8 @@ def evaluate(name: str, cases: list[str]) -> None:
     n = int(os.environ.get("N", "16"))
     model = load_model(name)
     for case in cases or DEFAULT_EVAL:
-        name, size = fields(case, "TASK:SIZE", "lookup_long:42", (str, int))
-        task = curriculum_task(name)
+        task_name, size = fields(case, "TASK:SIZE", "lookup_long:42", (str, int))
+        task = curriculum_task(task_name)
         t = T.get_task(task)
         if isinstance(t, (NarrowLookup, NarrowCount)):
             rng = random.Random(123)
