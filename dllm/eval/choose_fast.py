@@ -12,11 +12,15 @@ candidates, then applies the rule of the sampler-comparison issue on EVERY model
 - tokens per forward >= ``MIN_TPF_GAIN`` (1.2) x the baseline's (the speed issue's bar; a candidate
   that merely ties or edges past ``threshold`` is not worth a new default);
 
-and picks, among the candidates that pass on every model, the highest tokens per forward (mean over
-the models). No candidate passing is a result too: it is printed as such and ``choose`` returns None.
-Every verdict also reports the candidate's forwarded tokens relative to the baseline's (mean over
-the models): a candidate that buys its tokens per forward with larger forwards (verification
-variants) says so, since on compute-bound hardware those tokens cost time.
+and picks, among the candidates that pass on every model, the one that forwards the fewest tokens
+(forwarded tokens relative to the baseline's, mean over the models; ties: the higher mean tokens per
+forward). The bar already guarantees the gain in forwards; above it, the winner is the one that
+spends the least compute, because a candidate that buys tokens per forward with larger forwards
+(verification variants) pays for them in time wherever a forward is compute-bound (a CPU, a GPU at
+large batch). Until 2026-12-02 the highest tokens per forward won; the end-to-end comparison
+(``dllm.eval.e2e``) then lost on tokens/s to a baseline forwarding 2.3x fewer tokens.
+No candidate passing is a result too: it is printed as such and ``choose`` returns None.
+Every verdict reports the candidate's forwarded-token ratio and mean tokens per forward.
 """
 
 from __future__ import annotations
@@ -93,8 +97,12 @@ def cannot_run(model, spec: str) -> Optional[str]:
 
 
 def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[str], **kw) -> tuple[Optional[str], list[Verdict]]:
-    """(the winning label or None, every candidate's verdict, best first)."""
-    verdicts = sorted((judge(results, c, **kw) for c in candidates), key=lambda v: (not v.passes, -v.mean_tpf))
+    """(the winning label or None, every candidate's verdict, best first: the passing ones by
+    forwarded tokens (fewest first, then the higher TPF), then the failing ones by TPF)."""
+    def order(v: Verdict) -> tuple:
+        return (False, v.forwarded_ratio, -v.mean_tpf) if v.passes else (True, -v.mean_tpf, v.forwarded_ratio)
+
+    verdicts = sorted((judge(results, c, **kw) for c in candidates), key=order)
     winner = verdicts[0].label if verdicts and verdicts[0].passes else None
     return winner, verdicts
 
@@ -111,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     ap.add_argument("--results", nargs="+", default=None,
-                    help="compare.json files of `dllm compare` runs to judge instead of running them")
+                    help="compare.json files of `dllm compare` runs (or an earlier --out) to judge instead of running them")
     args = ap.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -125,7 +133,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.results:
         for path in args.results:
             payload = json.loads(Path(path).read_text())
-            results[payload["model"]] = [SamplerResult(**r) for r in payload["results"]]
+            if isinstance(payload["results"], dict):  # an earlier choose_fast --out: every model's results
+                for model, rows in payload["results"].items():
+                    results[model] = [SamplerResult(**r) for r in rows]
+                for model, why in payload.get("skipped", {}).items():
+                    skipped.setdefault(model, {}).update(why)
+            else:  # one `dllm compare` run
+                results[payload["model"]] = [SamplerResult(**r) for r in payload["results"]]
             args.n = payload.get("n_per_task", args.n)
     else:
         for name in args.models:
@@ -144,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       if c in shared and c not in (REFERENCE, BASELINE)]
     winner, verdicts = choose(results, candidates, skipped=skipped)
     print(f"\ncandidates (rule: acc >= low_confidence - 1 pt, acc >= threshold, TPF >= {MIN_TPF_GAIN:g} x threshold, "
-          "on every model; fwd = forwarded tokens / threshold's)")
+          "on every model; the fewest forwarded tokens wins; fwd = forwarded tokens / threshold's)")
     for v in verdicts:
         print(f"  {'PASS' if v.passes else 'fail'}  {v.label:<30} mean TPF {v.mean_tpf:5.2f}  fwd {v.forwarded_ratio:4.2f}x  "
               f"{'; '.join(v.reasons)}")

@@ -33,13 +33,23 @@ def test_verdict_reports_forwarded_tokens_relative_to_the_baseline():
     assert judge(res, "v").forwarded_ratio == pytest.approx(2.0)  # (3x + 1x) / 2
 
 
-def test_choose_needs_every_model_and_takes_max_tpf():
-    res = {"m1": _model(a=(0.90, 3.0), b=(0.90, 4.0), c=(0.90, 2.5)),
-           "m2": _model(a=(0.90, 3.0), b=(0.80, 9.0), c=(0.90, 2.8))}
+def _fwd(label, acc, tpf, forwarded):
+    return _r(label, acc, tpf, forwarded=forwarded)
+
+
+def test_choose_needs_every_model_and_takes_the_fewest_forwarded_tokens():
+    # threshold forwards 100 tokens on each model; a forwards 2x, c 1.5x, b 0.9x but fails on m2
+    res = {"m1": _model() + [_fwd("a", 0.90, 3.0, 200), _fwd("b", 0.90, 4.0, 90), _fwd("c", 0.90, 2.5, 150)],
+           "m2": _model() + [_fwd("a", 0.90, 3.0, 200), _fwd("b", 0.80, 9.0, 90), _fwd("c", 0.90, 2.8, 150)]}
     winner, verdicts = choose(res, ["a", "b", "c"])
-    assert winner == "a"  # b fails on m2 despite the highest TPF
-    assert [v.label for v in verdicts] == ["a", "c", "b"]
-    assert verdicts[0].mean_tpf == pytest.approx(3.0)
+    assert winner == "c"  # passes with the least compute; a has the higher TPF, b fails on m2
+    assert [v.label for v in verdicts] == ["c", "a", "b"]
+    assert verdicts[0].mean_tpf == pytest.approx(2.65) and verdicts[0].forwarded_ratio == pytest.approx(1.5)
+
+
+def test_choose_breaks_a_tie_in_forwarded_tokens_by_tpf():
+    res = {"m": _model() + [_fwd("a", 0.90, 2.5, 150), _fwd("b", 0.90, 3.0, 150)]}
+    assert choose(res, ["a", "b"])[0] == "b"
 
 
 def test_no_winner_and_missing_results():
@@ -67,6 +77,33 @@ def test_cli_judges_saved_compare_results(tmp_path, capsys):
     assert "fast = a" in printed and "PASS  a" in printed and "fail  b" in printed
     saved = json.loads(out.read_text())
     assert saved["winner"] == "a" and {v["label"] for v in saved["verdicts"]} == {"a", "b"}
+
+
+def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):
+    """An earlier --out holds every model's results and what could not run: judging it again gives
+    the same verdicts without decoding anything."""
+    import json
+    from dataclasses import asdict
+
+    from dllm.eval.choose_fast import main
+
+    first = tmp_path / "first.json"
+    paths = []
+    for model, cands in (("m1", dict(a=(0.90, 3.0))), ("m2", dict(a=(0.90, 2.5)))):
+        p = tmp_path / f"{model}.json"
+        p.write_text(json.dumps({"model": model, "n_per_task": 8, "results": [asdict(r) for r in _model(**cands)]}))
+        paths.append(str(p))
+    assert main(["--results", *paths, "--out", str(first)]) == 0
+    saved = json.loads(first.read_text())
+    saved["skipped"] = {"m2": {"b": "reads attention"}}  # b ran on m1 only
+    saved["results"]["m1"].append(saved["results"]["m1"][-1] | {"label": "b"})
+    first.write_text(json.dumps(saved))
+    capsys.readouterr()
+    again = tmp_path / "again.json"
+    assert main(["--results", str(first), "--out", str(again)]) == 0
+    printed = capsys.readouterr().out
+    assert "fast = a" in printed and "m2: cannot run (reads attention)" in printed
+    assert json.loads(again.read_text())["n_per_task"] == 8
 
 
 @pytest.mark.parametrize("threads", ["0", "-2"])
