@@ -71,17 +71,23 @@ def test_long_prompt_models_copy_a_span_from_far_back(long_model):
             assert T.score(ex, [words[t] for t in row]), (size, [words[t] for t in row])
 
 
+def _right_at_one_token_per_step(name: str, task: str, size: int, n: int) -> int:
+    """How many of ``task``'s first ``n`` test examples at ``size`` model ``name`` gets exactly right,
+    one token per step, the answer as one block."""
+    model = load(name)
+    words = T.vocabulary()
+    exs = T.test_split(task, size, n=n)
+    la = T.answer_length(task, size)
+    out = dllm.generate(model, [T.prompt_ids(ex) for ex in exs], gen_length=la, block_length=la, steps=la)
+    return sum(T.score(ex, [words[t] for t in row]) for ex, row in zip(exs, out.generated.tolist()))
+
+
 def test_long_llada_model_finds_a_three_item_key_in_a_long_table():
     """tiny-llada-long (trained with the key-width curriculum, benchmarks/long-keys.sh, then the
     count curriculum, benchmarks/long-count.sh) reads the value of a three-item key out of a 42-row
     table (258-word prompt) at one token per step. The first training was at chance here (a random
     row's value is right 1 time in 42)."""
-    model = load("tiny-llada-long")
-    words = T.vocabulary()
-    exs = T.test_split("lookup_long", 42, n=8)
-    la = T.answer_length("lookup_long", 42)
-    out = dllm.generate(model, [T.prompt_ids(ex) for ex in exs], gen_length=la, block_length=la, steps=la)
-    right = sum(T.score(ex, [words[t] for t in row]) for ex, row in zip(exs, out.generated.tolist()))
+    right = _right_at_one_token_per_step("tiny-llada-long", "lookup_long", 42, n=8)
     assert right >= 6, right
 
 
@@ -89,10 +95,5 @@ def test_long_llada_model_counts_over_a_list():
     """tiny-llada-long's third training (the count curriculum, benchmarks/long-count.sh: lists of
     4-12 items first, then a doubling at a time) counts an item's occurrences in a 127-item list at
     one token per step: 7 of these 16 right when it was shipped; the model before it got 1."""
-    model = load("tiny-llada-long")
-    words = T.vocabulary()
-    exs = T.test_split("count_long", 127, n=16)
-    la = T.answer_length("count_long", 127)
-    out = dllm.generate(model, [T.prompt_ids(ex) for ex in exs], gen_length=la, block_length=la, steps=la)
-    right = sum(T.score(ex, [words[t] for t in row]) for ex, row in zip(exs, out.generated.tolist()))
+    right = _right_at_one_token_per_step("tiny-llada-long", "count_long", 127, n=16)
     assert right >= 4, right
