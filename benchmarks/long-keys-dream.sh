@@ -38,3 +38,16 @@ $S ${P2}k3/checkpoint-0000400 ${P2}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:
 # stopped at step 200 for the session's end
 STOP_AT=200 $S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
     span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
+# (2026-12-02) L2 again from its step 200 (L2b), then L3-L5 as in benchmarks/long-keys.sh (two threads,
+# ~47 min; L6 stopped at its start for the session's end). After L5 the lookups were GONE (lookup_long
+# 0% on the suite, 12.5% at 16 rows, N=8), the span copy 100%: C = 0 mean 35.4% (shipped 39.6%),
+# benchmarks/eval-tasks-dream-kd2-L5-2026-12-02.json. Not shipped.
+export THREADS=2
+$S ${P2}L2/checkpoint-0000200 ${P2}L2b 200 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
+    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
+$S ${P2}L2b/checkpoint-0000200 ${P2}L3 300 6e-4 8 lookup_long:1:4:172 lookup_any:0.25:4:172 \
+    span_copy_far:0.5:16:1036 count_long:0.5:24:1035
+$S ${P2}L3/checkpoint-0000300 ${P2}L4 250 6e-4 4 lookup_long:1:4:339 lookup_any:0.25:4:339 \
+    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
+$S ${P2}L4/checkpoint-0000250 ${P2}L5 400 5e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
+    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
