@@ -28,11 +28,11 @@ THREADS=1 $S ${P}5/checkpoint-0000600 ${P}6 500 5e-4 8 count_c16:1:16:512 count_
 # <= 1,024 items, lookups and the span copy at full length again (two threads, 14 min): C = 0 mean 60.4%
 THREADS=2 $S ${P}6/checkpoint-0000500 ${P}8 300 5e-4 8 count_c16:1:16:1024 count_c8:0.25:8:1024 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
-# <= 2,040 items (two threads, 21 min): C = 0 mean 66.7%; shipped as tiny-llada-long (2026-12-02) with
+# <= 2,040 items (two threads, 22 min): C = 0 mean 66.7%; shipped as tiny-llada-long (2026-12-02) with
 #   python -m dllm.train.export --run ${P}9 --name tiny-llada-long --checkpoint checkpoint-0000400 --dtype float32
 THREADS=2 $S ${P}8/checkpoint-0000300 ${P}9 400 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
-# (not shipped) the count weighted up at full length plus shorter lists, lr 3e-4 (two threads, 17 min):
+# (not shipped) the count weighted up at full length plus shorter lists, lr 3e-4 (two threads, 20 min):
 # count_long 12.5%, lookup_long 56.2%: C = 0 mean 56.2%, worse than cc-9 (benchmarks/eval-tasks-count-cc10-2026-12-02.json)
 THREADS=2 $S ${P}9/checkpoint-0000400 ${P}10 300 3e-4 8 count_c16:1.5:16:2040 count_c8:0.5:8:512 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.25:16:2039
