@@ -1,5 +1,8 @@
 """The rule that picks the ``fast`` alias (``dllm.eval.choose_fast``), on hand-built results."""
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 from dllm.eval.choose_fast import choose, judge
@@ -33,14 +36,10 @@ def test_verdict_reports_forwarded_tokens_relative_to_the_baseline():
     assert judge(res, "v").forwarded_ratio == pytest.approx(2.0)  # (3x + 1x) / 2
 
 
-def _fwd(label, acc, tpf, forwarded):
-    return _r(label, acc, tpf, forwarded=forwarded)
-
-
 def test_choose_needs_every_model_and_takes_the_fewest_forwarded_tokens():
     # threshold forwards 100 tokens on each model; a forwards 2x, c 1.5x, b 0.9x but fails on m2
-    res = {"m1": _model() + [_fwd("a", 0.90, 3.0, 200), _fwd("b", 0.90, 4.0, 90), _fwd("c", 0.90, 2.5, 150)],
-           "m2": _model() + [_fwd("a", 0.90, 3.0, 200), _fwd("b", 0.80, 9.0, 90), _fwd("c", 0.90, 2.8, 150)]}
+    res = {"m1": _model() + [_r("a", 0.90, 3.0, 200), _r("b", 0.90, 4.0, 90), _r("c", 0.90, 2.5, 150)],
+           "m2": _model() + [_r("a", 0.90, 3.0, 200), _r("b", 0.80, 9.0, 90), _r("c", 0.90, 2.8, 150)]}
     winner, verdicts = choose(res, ["a", "b", "c"])
     assert winner == "c"  # passes with the least compute; a has the higher TPF, b fails on m2
     assert [v.label for v in verdicts] == ["c", "a", "b"]
@@ -48,7 +47,7 @@ def test_choose_needs_every_model_and_takes_the_fewest_forwarded_tokens():
 
 
 def test_choose_breaks_a_tie_in_forwarded_tokens_by_tpf():
-    res = {"m": _model() + [_fwd("a", 0.90, 2.5, 150), _fwd("b", 0.90, 3.0, 150)]}
+    res = {"m": _model() + [_r("a", 0.90, 2.5, 150), _r("b", 0.90, 3.0, 150)]}
     assert choose(res, ["a", "b"])[0] == "b"
 
 
@@ -60,17 +59,20 @@ def test_no_winner_and_missing_results():
         judge(res, "zzz")
 
 
-def test_cli_judges_saved_compare_results(tmp_path, capsys):
-    import json
-    from dataclasses import asdict
-
-    from dllm.eval.choose_fast import main
-
+def _compare_files(tmp_path, **models) -> list[str]:
+    """One saved `dllm compare` payload per model (8 examples per task), as --results reads them."""
     paths = []
-    for model, cands in (("m1", dict(a=(0.90, 3.0), b=(0.5, 4.0))), ("m2", dict(a=(0.89, 2.5), b=(0.9, 9.0)))):
+    for model, cands in models.items():
         p = tmp_path / f"{model}.json"
         p.write_text(json.dumps({"model": model, "n_per_task": 8, "results": [asdict(r) for r in _model(**cands)]}))
         paths.append(str(p))
+    return paths
+
+
+def test_cli_judges_saved_compare_results(tmp_path, capsys):
+    from dllm.eval.choose_fast import main
+
+    paths = _compare_files(tmp_path, m1=dict(a=(0.90, 3.0), b=(0.5, 4.0)), m2=dict(a=(0.89, 2.5), b=(0.9, 9.0)))
     out = tmp_path / "choice.json"
     assert main(["--results", *paths, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -82,17 +84,10 @@ def test_cli_judges_saved_compare_results(tmp_path, capsys):
 def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):
     """An earlier --out holds every model's results and what could not run: judging it again gives
     the same verdicts without decoding anything."""
-    import json
-    from dataclasses import asdict
-
     from dllm.eval.choose_fast import main
 
     first = tmp_path / "first.json"
-    paths = []
-    for model, cands in (("m1", dict(a=(0.90, 3.0))), ("m2", dict(a=(0.90, 2.5)))):
-        p = tmp_path / f"{model}.json"
-        p.write_text(json.dumps({"model": model, "n_per_task": 8, "results": [asdict(r) for r in _model(**cands)]}))
-        paths.append(str(p))
+    paths = _compare_files(tmp_path, m1=dict(a=(0.90, 3.0)), m2=dict(a=(0.90, 2.5)))
     assert main(["--results", *paths, "--out", str(first)]) == 0
     saved = json.loads(first.read_text())
     saved["skipped"] = {"m2": {"b": "reads attention"}}  # b ran on m1 only
