@@ -5,6 +5,7 @@
 # 0.95 -> 0.01 within ~250 steps), hence a third k1 stage. Notes: benchmarks/training-notes-2026-12-01.md.
 set -euo pipefail
 S="python benchmarks/key_curriculum.py stage"
+. "$(dirname "$0")/length-mixes.sh"  # LEN1 .. LEN4
 P=${P:-runs/kd-}
 # 1. one-item keys, 4-8 rows (k1a, k1b: flat at chance; k1c: the click, stopped by hand at 1,200 steps)
 $S tiny-dream-long ${P}k1a 600 1e-3 64 lookup_k1:1:4:8
@@ -16,10 +17,8 @@ STOP_AT=400 $S ${P}k2/checkpoint-0000400 ${P}k3 1000 1e-3 64 lookup_long:1:4:16 
     count_long:0.5:24:95 span_copy_far:0.25:16:96
 # 3. the length curriculum of benchmarks/long-keys.sh (one thread here, beside another run); L2 was
 #    stopped at step 200: the span copy was gone (0% at 64-252 items, shipped 100%) and did not return
-$S ${P}k3/checkpoint-0000400 ${P}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:0.25:4:42 \
-    span_copy_far:0.5:16:256 count_long:0.5:24:255 count_c4:0.5:24:100
-STOP_AT=200 $S ${P}L1/checkpoint-0000500 ${P}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
+$S ${P}k3/checkpoint-0000400 ${P}L1 500 6e-4 32 $LEN1
+STOP_AT=200 $S ${P}L1/checkpoint-0000500 ${P}L2 400 6e-4 16 $LEN2
 # 4. the span copy at short lists (stopped at step ~450, loss flat at ~1.5; not shipped)
 STOP_AT=400 $S ${P}L2/checkpoint-0000200 ${P}s1 600 8e-4 32 span_copy_far:1:16:128 lookup_long:0.5:4:42 \
     lookup_any:0.25:4:42
@@ -33,21 +32,15 @@ STOP_AT=400 $S ${P2}k1/checkpoint-0002000 ${P2}k2 1000 1e-3 64 lookup_k2:1:4:16 
     span_copy_far:0.25:16:64
 STOP_AT=400 $S ${P2}k2/checkpoint-0000400 ${P2}k3 1000 1e-3 64 lookup_long:1:4:16 lookup_k2:0.25:4:16 \
     count_long:0.5:24:95 span_copy_far:0.25:16:96
-$S ${P2}k3/checkpoint-0000400 ${P2}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:0.25:4:42 \
-    span_copy_far:0.5:16:256 count_long:0.5:24:255 count_c4:0.5:24:100
+$S ${P2}k3/checkpoint-0000400 ${P2}L1 500 6e-4 32 $LEN1
 # stopped at step 200 for the session's end
-STOP_AT=200 $S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
+STOP_AT=200 $S ${P2}L1/checkpoint-0000500 ${P2}L2 400 6e-4 16 $LEN2
 # (2026-12-02) L2 again from its step 200 (L2b), then L3-L5 as in benchmarks/long-keys.sh (two threads,
 # ~47 min; L6 stopped at its start for the session's end). After L5 the lookups were GONE (lookup_long
 # 0% on the suite, 12.5% at 16 rows, N=8), the span copy 100%: C = 0 mean 35.4% (shipped 39.6%),
 # benchmarks/eval-tasks-dream-kd2-L5-2026-12-02.json. Not shipped.
 export THREADS=2
-$S ${P2}L2/checkpoint-0000200 ${P2}L2b 200 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
-$S ${P2}L2b/checkpoint-0000200 ${P2}L3 300 6e-4 8 lookup_long:1:4:172 lookup_any:0.25:4:172 \
-    span_copy_far:0.5:16:1036 count_long:0.5:24:1035
-$S ${P2}L3/checkpoint-0000300 ${P2}L4 250 6e-4 4 lookup_long:1:4:339 lookup_any:0.25:4:339 \
-    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
-$S ${P2}L4/checkpoint-0000250 ${P2}L5 400 5e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
-    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
+$S ${P2}L2/checkpoint-0000200 ${P2}L2b 200 6e-4 16 $LEN2
+$S ${P2}L2b/checkpoint-0000200 ${P2}L3 300 6e-4 8 $LEN3
+$S ${P2}L3/checkpoint-0000300 ${P2}L4 250 6e-4 4 $LEN4
+$S ${P2}L4/checkpoint-0000250 ${P2}L5 400 5e-4 8 $LEN4

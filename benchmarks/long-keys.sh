@@ -9,6 +9,7 @@ set -euo pipefail
 MODEL=${MODEL:-tiny-llada-long}
 P=${P:-runs/kc-}
 S="python benchmarks/key_curriculum.py stage"
+. "$(dirname "$0")/length-mixes.sh"  # LEN1 .. LEN4
 # 1. one-item keys (16 keys), 4-8 rows: the match-and-copy step forms (at chance for ~850 steps, then
 #    the loss falls from 0.8 to 0.005 within ~250 steps)
 #    (STOP_AT: the stages below were stopped by hand once they had learned; the schedule spans STEPS)
@@ -21,16 +22,10 @@ STOP_AT=400 $S ${P}k2/checkpoint-0000400 ${P}k3 1000 1e-3 64 lookup_long:1:4:16 
     count_long:0.5:24:95 span_copy_far:0.25:16:96
 # 4. the length curriculum: prompts of <= 260 / 520 / 1,040 / 2,048 words, the batch halved each time
 export THREADS=2
-$S ${P}k3/checkpoint-0000400 ${P}L1 500 6e-4 32 lookup_long:1:4:42 lookup_any:0.25:4:42 \
-    span_copy_far:0.5:16:256 count_long:0.5:24:255 count_c4:0.5:24:100
-$S ${P}L1/checkpoint-0000500 ${P}L2 400 6e-4 16 lookup_long:1:4:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.5:24:515 count_c4:0.25:24:200
-$S ${P}L2/checkpoint-0000400 ${P}L3 300 6e-4 8 lookup_long:1:4:172 lookup_any:0.25:4:172 \
-    span_copy_far:0.5:16:1036 count_long:0.5:24:1035
-$S ${P}L3/checkpoint-0000300 ${P}L4 250 6e-4 4 lookup_long:1:4:339 lookup_any:0.25:4:339 \
-    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
+$S ${P}k3/checkpoint-0000400 ${P}L1 500 6e-4 32 $LEN1
+$S ${P}L1/checkpoint-0000500 ${P}L2 400 6e-4 16 $LEN2
+$S ${P}L2/checkpoint-0000400 ${P}L3 300 6e-4 8 $LEN3
+$S ${P}L3/checkpoint-0000300 ${P}L4 250 6e-4 4 $LEN4
 # 5. more steps at the full length (batch 8)
-$S ${P}L4/checkpoint-0000250 ${P}L5 400 5e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
-    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
-$S ${P}L5/checkpoint-0000400 ${P}L6 300 3e-4 8 lookup_long:1:4:339 lookup_any:0.25:4:339 \
-    span_copy_far:0.5:16:2039 count_long:0.5:24:2040
+$S ${P}L4/checkpoint-0000250 ${P}L5 400 5e-4 8 $LEN4
+$S ${P}L5/checkpoint-0000400 ${P}L6 300 3e-4 8 $LEN4
