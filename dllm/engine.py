@@ -26,7 +26,6 @@ import torch
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.models.kv_shared import shared_variant_logits
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.samplers import Sampler, make_sampler
@@ -231,15 +230,10 @@ class Decode:
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
-        s, e = state.block_start, state.block_end
-        assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
-        if state.kv is not None and group > 1 and self.policy.shares_vicinity and vq.extra is None:
-            logits = shared_variant_logits(self.model, state.kv, x, positions, kpm, kv_rows, group,
-                                           query=(vq.start, vq.end, vq.key_end), block=(s, e), shift=self.shift)
-            self._count(x.shape[0] // group * (vq.length + (group - 1) * (e - s + self.shift)))
-            return _guided(logits, self.cfg_scale) if self.cfg_scale > 0 else logits  # [N, W, V]
         extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra,
                                                                          group)}
+        s, e = state.block_start, state.block_end
+        assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
         cols = vq.columns()
         out = self.model(x[:, cols], positions=positions[:, cols], key_padding_mask=kpm,
                          logits_rows=vq.head_rows((s - vq.start, e - vq.start)), **extra)  # the window only

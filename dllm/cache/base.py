@@ -74,12 +74,6 @@ class CachePolicy(Configurable):
     Config: ClassVar[type] = NoOptions
     uses_kv: ClassVar[bool] = True  # False: no buffers, every step is a plain full forward
 
-    @property
-    def shares_vicinity(self) -> bool:
-        """True: verification variants of a row share the first one's query outside the block
-        (``dllm.models.kv_shared``); False: each variant recomputes the whole query (exact)."""
-        return False
-
     # ---- per call ----------------------------------------------------------------------------------
     def check(self, model, *, block_length: int, gen_length: int) -> None:
         """ValueError when the policy cannot serve this call (called before anything runs)."""

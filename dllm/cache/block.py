@@ -16,11 +16,8 @@ canvas of L columns:
 Options (both): ``refresh = k`` (>= 1) also redoes the full forward at every k-th step of a block
 (k = 1: every step, which is exactly ``cache="none"``). ``dual`` only: ``look_back`` /
 ``look_ahead`` widen the recomputed region to ``[s - look_back, e + look_ahead)`` (dInfer's
-vicinity refresh, defaults there 16 / 16; here 0 / 0 = Fast-dLLM), ``warmup = w`` makes the
-first w steps of every block full forwards (dInfer's ``warmup_steps``, default there 4), and
-``share_vicinity=True`` lets the verification variants of a row (``lopa``, ``spec_threshold``,
-``ssd``) recompute only the block, sharing the first variant's vicinity (one packed forward,
-``dllm.models.kv_shared``; ours, an approximation: off by default).
+vicinity refresh, defaults there 16 / 16; here 0 / 0 = Fast-dLLM), and ``warmup = w`` makes the
+first w steps of every block full forwards (dInfer's ``warmup_steps``, default there 4).
 
 Differences from Fast-dLLM, on purpose:
 - Keys are stored after RoPE (Fast-dLLM stores them before and re-rotates all keys at every step);
@@ -43,7 +40,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dllm.cache.base import CachePolicy, Query, check_refresh, register_cache
-from dllm.options import check_bool, check_int
+from dllm.options import check_int
 from dllm.state import DecodeState
 
 
@@ -72,15 +69,12 @@ class DualConfig:
     look_back: int = 0  # also recompute this many columns left of the block (dInfer prefix_look)
     look_ahead: int = 0  # also recompute this many columns right of the block (dInfer after_look)
     warmup: int = 0  # the first `warmup` steps of every block are full forwards (dInfer warmup_steps)
-    # verification variants of one row share the vicinity outside the block (dllm.models.kv_shared)
-    share_vicinity: bool = False
 
     def __post_init__(self) -> None:
         check_refresh(self.refresh)
         check_int("look_back", self.look_back, 0)
         check_int("look_ahead", self.look_ahead, 0)
         check_int("warmup", self.warmup, 0)
-        check_bool("share_vicinity", self.share_vicinity)
 
 
 @register_cache("dual")
@@ -88,17 +82,6 @@ class DualCache(CachePolicy):
     """Fast-dLLM DualCache: queries [s, e) against the whole cache, block rows refreshed in place."""
 
     Config = DualConfig
-
-    @property
-    def shares_vicinity(self) -> bool:
-        return self.config.share_vicinity
-
-    def check(self, model, *, block_length: int, gen_length: int) -> None:
-        backend = getattr(model, "attn_backend", None)
-        if self.config.share_vicinity and backend not in (None, "sdpa", "reference"):
-            raise ValueError(f"dual:share_vicinity=True needs an attention backend that takes arbitrary "
-                             f"masks ('sdpa' or 'reference'), the model uses {backend!r}; use "
-                             f"model.set_attn_backend('sdpa') or share_vicinity=False")
 
     def cached_query(self, state: DecodeState, shift: int) -> Query:
         cfg, length = self.config, state.x.shape[1]
