@@ -13,8 +13,9 @@ Qwen2). Allowed keys are described per key and per row, never per (query, key) p
 
     allowed(b, t, j) = j < key_end[b]  and  (key_padding[b, j]  or  query_attends_all[b, t])
 
-``key_padding`` is the canvas padding mask; ``query_attends_all`` marks pad queries (they attend to
-everything so their unread output stays finite, as ``dllm.models.base.padding_attn_mask`` does);
+``key_padding`` is the canvas padding mask; ``query_attends_all`` marks pad queries that attend to
+everything (the square masks ``keys | pad_queries`` that the models built until 2026-12-02; their
+``dllm.models.base.padding_attn_mask`` is now the broadcast key mask [B, 1, 1, T]);
 ``key_end`` lets a caller pass a whole buffer and have the keys past a window ignored.
 
 A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split
@@ -25,7 +26,7 @@ Public API:
 - ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=, num_splits=)``
   -> out [, lse [B, H, Tq] float32] — the kernel contract.
 - ``triton_attention(q, k, v, mask=None, return_probs=False)`` — the ``attn_backend="triton"``
-  function: turns the models' boolean masks ([B, 1, 1, Tk] or [B, 1, Tq, Tk] of the form
+  function: turns boolean masks ([B, 1, 1, Tk], the models', or [B, 1, Tq, Tk] of the form
   ``keys | pad_queries``) into the contract's vectors; refuses other masks and ``return_probs``.
 - ``unavailable_reason()`` — None when the kernel can run here, else why not.
 

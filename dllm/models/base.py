@@ -67,14 +67,15 @@ def default_positions(input_ids: torch.Tensor, key_padding_mask: Optional[torch.
 
 
 def padding_attn_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
-    """bool [B, T] (True = real) -> bool [B, 1, T, T] (True = attend).
+    """bool [B, T] (True = real) -> bool [B, 1, 1, T] (True = attend), broadcast over the queries.
 
-    Real queries attend only to real keys; pad queries attend to every key, so their (unread)
-    output stays finite instead of coming from an all-masked softmax row.
+    Every query attends to the real keys only. A pad query's output is never read, and it stays
+    finite (every row has real columns: the generated ones). Until 2026-12-02 this was the
+    [B, 1, T, T] mask ``keys | pad_queries`` (pad queries attending to everything): real queries
+    get bit-identical outputs either way, but sdpa on CPU runs a full [T, T] boolean mask ~1.4x
+    slower than a broadcast key mask (4 rows x 4 heads x 2,500 columns: 0.82 s vs 0.58 s).
     """
-    keys = key_padding_mask[:, None, None, :]  # [B, 1, 1, T]
-    pad_queries = ~key_padding_mask[:, None, :, None]  # [B, 1, T, 1]
-    return keys | pad_queries
+    return key_padding_mask[:, None, None, :]  # [B, 1, 1, T]
 
 
 class DiffusionLM(nn.Module):
@@ -231,7 +232,7 @@ class DiffusionLM(nn.Module):
         head_rows: Optional[tuple[int, int]] = None,
     ) -> ModelOutput:
         positions = self._check_cached_inputs(input_ids, positions, key_padding_mask, cache)
-        attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, T, K] or None
+        attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, 1, K] or None
         raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
                                               want_hidden_layers, cache=cache, **self._head_kwargs(head_rows))
         return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
@@ -318,7 +319,7 @@ class DiffusionLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T]
-        attn_mask: Optional[torch.Tensor],  # bool [B, 1, T, T] or None ([B, 1, T, K] with a cache)
+        attn_mask: Optional[torch.Tensor],  # bool [B, 1, T|1, T] or None ([B, 1, T|1, K] with a cache)
         want_attn_layers: tuple[int, ...],
         want_hidden_layers: tuple[int, ...],
         cache: Any = None,
@@ -331,7 +332,7 @@ class DiffusionLM(nn.Module):
         positions: Optional[torch.Tensor],
         key_padding_mask: Optional[torch.Tensor],
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Validate shapes; return (positions [B, T], attention mask [B, 1, T, T] or None)."""
+        """Validate shapes; return (positions [B, T], attention mask [B, 1, 1, T] or None)."""
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
             raise ValueError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
                              f"{list(input_ids.shape)}")

@@ -165,22 +165,17 @@ class CacheView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                attn_fn, return_probs: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """One layer's cached attention: ``update`` with the fresh k/v [R, Hkv, T, hd], then the
-        backend ``attn_fn`` over the attended keys; q [R, H, T, hd], mask [R, 1, T, K] or None."""
+        backend ``attn_fn`` over the attended keys; q [R, H, T, hd], mask [R, 1, T|1, K] or None."""
         keys, values = self.update(layer, k, v)
         return attn_fn(q, keys, values, mask, return_probs)
 
     def attn_mask(self, key_padding_mask: Optional[torch.Tensor], n_queries: int) -> Optional[torch.Tensor]:
-        """bool [R, 1, T, key_end] (True = attend) from the canvas-wide padding mask [R, L].
-
-        Real queries attend to real keys only; pad queries (only in a full forward: cached queries
-        lie right of the prompt) attend to every key so their unread output stays finite, as
-        ``dllm.models.base.padding_attn_mask`` does. None when there is no padding.
-        """
+        """bool [R, 1, 1, key_end] (True = attend, broadcast over the queries) from the canvas-wide
+        padding mask [R, L]: every query attends to the real keys only, as
+        ``dllm.models.base.padding_attn_mask`` does. None when there is no padding."""
         if key_padding_mask is None:
             return None
-        keys = key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
-        real = key_padding_mask[:, self.columns(n_queries, key_padding_mask.device)]  # [R, T]
-        return keys | ~real[:, None, :, None]
+        return key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
 
 
 @dataclass(frozen=True)
@@ -230,10 +225,10 @@ class RowsView(CacheView):
 
     def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device) -> torch.Tensor:
         """bool [n, 1, g*T, K + g*T] of ``attend``'s stacked layout from the per-variant mask
-        [n*g, 1, T, K] (equal within a group) or None (no padding)."""
+        [n*g, 1, T or 1, K] (equal within a group) or None (no padding)."""
         g, key_end = self.group, self.key_end
         row = (torch.ones(n, 1, t, key_end, dtype=torch.bool, device=device) if mask is None
-               else mask.reshape(n, g, 1, t, key_end)[:, 0])  # [n, 1, T, K]
+               else mask.expand(n * g, 1, t, key_end).reshape(n, g, 1, t, key_end)[:, 0])  # [n, 1, T, K]
         cols = self.columns(t, device)
         shared = row.clone()
         shared[..., cols] = False  # the recomputed columns: their fresh keys follow, per variant

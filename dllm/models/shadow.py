@@ -74,8 +74,7 @@ def shadow_attn_mask(
     real = (torch.ones(batch, length, dtype=torch.bool, device=device)
             if key_padding_mask is None else key_padding_mask)  # [B, L]
     mask = torch.zeros(batch, 1, t + w, k_end + w, dtype=torch.bool, device=device)
-    queries = real[:, query_start:query_start + t]  # [B, T]
-    mask[:, 0, :t, :k_end] = real[:, None, :k_end] | ~queries[:, :, None]  # pad queries see all
+    mask[:, 0, :t, :k_end] = real[:, None, :k_end]  # every query: the real keys (pad queries too)
     mask[:, 0, t:, :k_end] = real[:, None, :k_end]
     mask[:, 0, t:, k_end:] = True
     k = torch.arange(w, device=device)

@@ -27,7 +27,7 @@ from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
-# [B, Hkv, T, hd], mask [B, 1, T, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
+# [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
 KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
@@ -152,7 +152,7 @@ class TransformerBlock(nn.Module):
         h: torch.Tensor,  # [B, T, D]
         cos: torch.Tensor,  # [B, 1, T, hd] float32
         sin: torch.Tensor,
-        mask: Optional[torch.Tensor],  # bool [B, 1, T, K] or None (K = T without a cache)
+        mask: Optional[torch.Tensor],  # bool [B, 1, T|1, K] or None (K = T without a cache)
         attn_fn: AttentionFn,
         return_probs: bool = False,
         kv_attend: Optional[KVAttend] = None,
@@ -242,7 +242,7 @@ class Transformer(nn.Module):
         Layers in ``want_attn_layers`` run on the ``reference`` backend, which returns probabilities.
         With ``cache`` (a ``CacheView``) the T rows are canvas columns ``[cache.start, cache.start + T)``
         and attend to K = ``cache.key_end`` cached keys (their own fresh ones written in first);
-        ``attn_mask`` is then [B, 1, T, K].
+        ``attn_mask`` is then [B, 1, T|1, K].
         """
         n = self.config.n_layers
         attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")

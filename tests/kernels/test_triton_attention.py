@@ -138,11 +138,11 @@ def _padding_mask(b: int, t: int) -> torch.Tensor:
 
 def test_mask_adapter_recovers_padding_mask():
     real = _padding_mask(2, 24)
-    full = padding_attn_mask(real)  # [B, 1, T, T]: keys | pad queries
+    full = real[:, None, None, :] | ~real[:, None, :, None]  # [B, 1, T, T]: keys | pad queries
     kp, qa = mask_to_key_padding(full, 2, 24, 24)
     assert torch.equal(kp, real) and torch.equal(qa, ~real)
     assert mask_to_key_padding(full, 2, 24, 24) is mask_to_key_padding(full, 2, 24, 24)  # memoised
-    kp, qa = mask_to_key_padding(real[:, None, None, :], 2, 24, 24)
+    kp, qa = mask_to_key_padding(padding_attn_mask(real), 2, 24, 24)  # the models' mask: [B, 1, 1, T]
     assert torch.equal(kp, real) and qa is None
     cached = real[:, None, None, :].expand(2, 1, 8, 24) | torch.zeros(2, 1, 8, 1, dtype=torch.bool)
     kp, qa = mask_to_key_padding(cached, 2, 8, 24)  # CacheView.attn_mask: queries right of the prompt

@@ -32,10 +32,29 @@ def test_default_positions_and_mask():
     assert default_positions(ids, real).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
     assert default_positions(ids, None).tolist() == [[0, 1, 2, 3]] * 2
     mask = padding_attn_mask(real)
-    assert mask.shape == (2, 1, 4, 4)
-    assert mask[0, 0, 2].tolist() == [False, False, True, True]  # real query: real keys only
-    assert mask[0, 0, 0].all()  # pad query: everything (finite output)
+    assert mask.shape == (2, 1, 1, 4)  # broadcast over the queries
+    assert mask[0, 0, 0].tolist() == [False, False, True, True]  # every query: real keys only
     assert mask[1].all()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+def test_broadcast_padding_mask_equals_the_square_one_on_real_queries(family, backend):
+    """The broadcast key mask (fast path) against the square ``keys | pad_queries`` mask it replaced
+    (reference): the same logits at every real position, bit for bit; pad positions stay finite."""
+    model = tiny(family, attn_backend=backend, n_layers=3)
+    ids = random_ids(model, 3, 12, seed=4)
+    real = torch.ones(3, 12, dtype=torch.bool)
+    real[0, :5], real[2, :2] = False, False
+    positions = default_positions(ids, real)
+    square = real[:, None, None, :] | ~real[:, None, :, None]  # [B, 1, T, T]
+    with torch.no_grad():
+        fast = model(ids, key_padding_mask=real).logits
+        slow = model._final_logits(model._raw_forward(ids, positions, square, (), ())[0], None)
+    read = real.clone()  # positions whose logits come from a real query row
+    if model.logit_shift:  # Dream: position i is predicted by row i - 1 (the first real one reads a pad)
+        read[:, 1:] &= real[:, :-1]
+    assert torch.equal(fast[read], slow[read])
+    assert torch.isfinite(fast).all()
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "reference"])
