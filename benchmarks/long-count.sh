@@ -36,3 +36,9 @@ THREADS=2 $S ${P}8/checkpoint-0000300 ${P}9 400 5e-4 8 count_c16:1:16:2040 count
 # count_long 12.5%, lookup_long 56.2%: C = 0 mean 56.2%, worse than cc-9 (benchmarks/eval-tasks-count-cc10-2026-12-02.json)
 THREADS=2 $S ${P}9/checkpoint-0000400 ${P}10 300 3e-4 8 count_c16:1.5:16:2040 count_c8:0.5:8:512 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.25:16:2039
+# (2026-12-02, session 6; not shipped) cc-9's own mixture for 600 more steps at lr 3e-4 (two threads, beside
+# another run, 80 min): lookup_long 75.0%, count_long 12.5%, span 100%, lookup_any 56.2%: C = 0 mean 62.5%
+# (`dllm eval-tasks --model runs/cc-11/checkpoint-0000600 --tasks lookup_long lookup_any span_copy_far
+# count_long --per-size 4 --threads 2`, benchmarks/eval-tasks-count-cc11-2026-12-02.json)
+THREADS=2 $S ${P}9/checkpoint-0000400 ${P}11 600 3e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
+    lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039

@@ -44,3 +44,12 @@ $S ${P2}L2/checkpoint-0000200 ${P2}L2b 200 6e-4 16 $LEN2
 $S ${P2}L2b/checkpoint-0000200 ${P2}L3 300 6e-4 8 $LEN3
 $S ${P2}L3/checkpoint-0000300 ${P2}L4 250 6e-4 4 $LEN4
 $S ${P2}L4/checkpoint-0000250 ${P2}L5 400 5e-4 8 $LEN4
+
+# ---- third try (kd3, 2026-12-02, session 6): longer key stages at 16-42 rows before the length stages,
+# from kd2-L1 (after L1: lookup_long 100 / 62.5 / 37.5% at 8 / 16 / 42 rows, N=8)
+export THREADS=1
+P3=${P3:-runs/kd3-}
+$S ${P2}L1/checkpoint-0000500 ${P3}k 800 6e-4 32 lookup_long:1:4:42 lookup_k2:0.25:4:32 \
+    span_copy_far:0.25:16:256 count_long:0.25:24:255
+$S ${P3}k/checkpoint-0000800 ${P3}k2 1200 5e-4 32 lookup_long:1:8:42 lookup_k2:0.25:4:32 \
+    span_copy_far:0.2:16:256 count_long:0.1:24:255
