@@ -53,3 +53,15 @@ $S ${P2}L1/checkpoint-0000500 ${P3}k 800 6e-4 32 lookup_long:1:4:42 lookup_k2:0.
     span_copy_far:0.25:16:256 count_long:0.25:24:255
 $S ${P3}k/checkpoint-0000800 ${P3}k2 1200 5e-4 32 lookup_long:1:8:42 lookup_k2:0.25:4:32 \
     span_copy_far:0.2:16:256 count_long:0.1:24:255
+# length stages with the lookups weighted 1.5 and lr 4e-4 (two threads, 6 / 7 / 17 min). After L4
+# (`dllm eval-tasks --model runs/kd3-L4/checkpoint-0000300 --tasks lookup_long lookup_any span_copy_far
+# count_long --per-size 4 --threads 2`, benchmarks/eval-tasks-dream-kd3-L4-2026-12-02.json): span 100%,
+# lookup_long 0%, lookup_any 50.0%, count_long 12.5%: C = 0 mean 37.5% (shipped 39.6%). After L3: C = 0
+# mean 31.2% (lookup_long 12.5%, span 75%, same command, one thread). Not shipped.
+export THREADS=2
+$S ${P3}k2/checkpoint-0001200 ${P3}L2 400 4e-4 16 lookup_long:1.5:8:85 lookup_any:0.25:4:85 \
+    span_copy_far:0.5:16:516 count_long:0.25:24:515
+$S ${P3}L2/checkpoint-0000400 ${P3}L3 300 4e-4 8 lookup_long:1.5:8:172 lookup_any:0.25:4:172 \
+    span_copy_far:0.5:16:1036 count_long:0.25:24:1035
+$S ${P3}L3/checkpoint-0000300 ${P3}L4 300 4e-4 8 lookup_long:1.5:8:339 lookup_any:0.25:4:339 \
+    span_copy_far:0.5:16:2039 count_long:0.25:24:2040
