@@ -15,26 +15,20 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.exact_match import load_model
-from dllm.models.base import default_positions
+from dllm.inputs import init_state
+from dllm.models.base import padding_attn_mask, square_padding_mask
 
 
 def padded_batch(model, rows: int, gen: int = 4):
-    """Left-padded canvases [rows, L]: test prompts of the long-prompt suite, then ``gen`` masks."""
+    """The engine's canvas (``dllm.inputs.init_state``: prompts left-padded, then ``gen`` masks) for
+    ``rows`` test prompts of the long-prompt suite: the tasks in turn, at their largest and
+    second-largest sizes in turn (a ragged batch)."""
     from dllm.tasks.split import test_split
 
     names = T.suite_task_names("long-prompt")
     tasks = [T.get_task(names[i % len(names)]) for i in range(rows)]
-    # the tasks in turn, at their largest and second-largest sizes in turn (a ragged batch)
     examples = [test_split(t.name, t.default_sizes[-1 - i % 2])[i // len(names)] for i, t in enumerate(tasks)]
-    prompts = [T.prompt_ids(e) for e in examples]
-    length = max(len(p) for p in prompts) + gen
-    ids = torch.full((rows, length), model.pad_id)
-    real = torch.zeros(rows, length, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, length - gen - len(p):length - gen] = torch.tensor(p)
-        ids[i, length - gen:] = model.mask_id
-        real[i, length - gen - len(p):] = True
-    return ids, real
+    return init_state(model, [T.prompt_ids(e) for e in examples], gen, 0.0, None, torch.device("cpu"))
 
 
 def main() -> None:
@@ -46,10 +40,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    ids, real = padded_batch(model, args.rows)
-    positions = default_positions(ids, real)
-    masks = {"broadcast [B,1,1,T]": real[:, None, None, :],
-             "square [B,1,T,T]": real[:, None, None, :] | ~real[:, None, :, None]}
+    state = padded_batch(model, args.rows)
+    ids, real, positions = state.x, state.key_padding_mask, state.positions
+    masks = {"broadcast [B,1,1,T]": padding_attn_mask(real), "square [B,1,T,T]": square_padding_mask(real)}
     times: dict[str, list[float]] = {k: [] for k in masks}
     outs = {}
     with torch.inference_mode():

@@ -78,6 +78,13 @@ def padding_attn_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
     return key_padding_mask[:, None, None, :]  # [B, 1, 1, T]
 
 
+def square_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, T] -> bool [B, 1, T, T] ``keys | pad_queries``: the reference beside
+    ``padding_attn_mask`` (what the models built until 2026-12-02; pad queries attend to every key).
+    Real queries see the same keys under both, so their outputs are identical."""
+    return key_padding_mask[:, None, None, :] | ~key_padding_mask[:, None, :, None]
+
+
 class DiffusionLM(nn.Module):
     """A masked diffusion language model: ids [B, T] -> logits [B, T, V] predicting every position."""
 

@@ -192,7 +192,7 @@ class TransformerLM(DiffusionLM):
         ids = torch.cat([input_ids, input_ids.new_full((b, end - start), self.mask_id)], dim=1)  # [B, T+W]
         pos = shadow.shadow_positions(positions, start - q0, end - q0, shift)  # [B, T + W]
         mask = shadow.shadow_attn_mask(key_padding_mask, b, length, start, end, input_ids.device,
-                                       query_start=q0, n_queries=t, key_end=key_end)  # [B, 1, T+W, K+W]
+                                       n_queries=t, key_end=key_end)  # [B, 1, T+W, K+W]
         raw, _, _ = self._raw_forward(ids, pos, mask, (), (), cache=view)  # [B, T + W, V]
         return self.shift_logits(raw[:, :t]), raw[:, t:]  # shadow rows predict their targets unshifted
 

@@ -55,14 +55,13 @@ def shadow_attn_mask(
     end: int,
     device: torch.device,
     *,
-    query_start: int = 0,
     n_queries: Optional[int] = None,
     key_end: Optional[int] = None,
 ) -> torch.Tensor:
-    """bool [B, 1, T + W, K + W], True = attend, for T real query rows (canvas columns
-    ``[query_start, query_start + T)``, default the whole canvas), then the W shadow rows; keys are
-    canvas columns ``[0, K)`` (default L; a cached forward reads them from its buffers), then the W
-    shadow keys.
+    """bool [B, 1, T + W, K + W], True = attend, for T real query rows (default T = L, the whole
+    canvas; a cached forward's query columns otherwise), then the W shadow rows; keys are canvas
+    columns ``[0, K)`` (default L; a cached forward reads them from its buffers), then the W shadow
+    keys.
 
     Real queries: the padding rule of ``padding_attn_mask`` / ``CacheView.attn_mask`` over real
     keys, never a shadow key. Shadow query k: every real key except column ``start + k`` (and pads),
@@ -74,8 +73,7 @@ def shadow_attn_mask(
     real = (torch.ones(batch, length, dtype=torch.bool, device=device)
             if key_padding_mask is None else key_padding_mask)  # [B, L]
     mask = torch.zeros(batch, 1, t + w, k_end + w, dtype=torch.bool, device=device)
-    mask[:, 0, :t, :k_end] = real[:, None, :k_end]  # every query: the real keys (pad queries too)
-    mask[:, 0, t:, :k_end] = real[:, None, :k_end]
+    mask[:, 0, :, :k_end] = real[:, None, :k_end]  # every query (pad and shadow ones too): the real keys
     mask[:, 0, t:, k_end:] = True
     k = torch.arange(w, device=device)
     mask[:, 0, t + k, start + k] = False  # leave the predicted token out

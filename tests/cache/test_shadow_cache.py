@@ -72,9 +72,9 @@ def test_cached_shadow_leaves_the_predicted_token_out():
 def test_full_view_mask_is_the_uncached_mask():
     kpm = torch.tensor([[True] * 6, [False, False] + [True] * 4])
     a = shadow_attn_mask(kpm, 2, 6, 3, 5, torch.device("cpu"))
-    b = shadow_attn_mask(kpm, 2, 6, 3, 5, torch.device("cpu"), query_start=0, n_queries=6, key_end=6)
+    b = shadow_attn_mask(kpm, 2, 6, 3, 5, torch.device("cpu"), n_queries=6, key_end=6)
     assert torch.equal(a, b) and a.shape == (2, 1, 8, 8)
-    c = shadow_attn_mask(kpm, 2, 6, 3, 5, torch.device("cpu"), query_start=3, n_queries=2, key_end=6)
+    c = shadow_attn_mask(kpm, 2, 6, 3, 5, torch.device("cpu"), n_queries=2, key_end=6)
     assert c.shape == (2, 1, 4, 8)
     assert not c[:, 0, :2, 6:].any()  # real queries never see a shadow key
     assert not c[1, 0, 2:, :2].any() and c[:, 0, 2:, 6:].all()  # shadow rows: no pads, every shadow key

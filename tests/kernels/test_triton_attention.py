@@ -18,7 +18,7 @@ from dllm.kernels.triton_attention import (
     mask_to_key_padding,
     triton_attention,
 )
-from dllm.models.base import padding_attn_mask
+from dllm.models.base import padding_attn_mask, square_padding_mask
 
 from .conftest import DEVICE, INTERPRETED
 from .helpers import assert_close
@@ -138,7 +138,7 @@ def _padding_mask(b: int, t: int) -> torch.Tensor:
 
 def test_mask_adapter_recovers_padding_mask():
     real = _padding_mask(2, 24)
-    full = real[:, None, None, :] | ~real[:, None, :, None]  # [B, 1, T, T]: keys | pad queries
+    full = square_padding_mask(real)  # [B, 1, T, T]: keys | pad queries
     kp, qa = mask_to_key_padding(full, 2, 24, 24)
     assert torch.equal(kp, real) and torch.equal(qa, ~real)
     assert mask_to_key_padding(full, 2, 24, 24) is mask_to_key_padding(full, 2, 24, 24)  # memoised

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dllm.models import tiny
-from dllm.models.base import default_positions, padding_attn_mask
+from dllm.models.base import default_positions, padding_attn_mask, square_padding_mask
 
 from .helpers import random_ids
 
@@ -46,7 +46,7 @@ def test_broadcast_padding_mask_equals_the_square_one_on_real_queries(family, ba
     real = torch.ones(3, 12, dtype=torch.bool)
     real[0, :5], real[2, :2] = False, False
     positions = default_positions(ids, real)
-    square = real[:, None, None, :] | ~real[:, None, :, None]  # [B, 1, T, T]
+    square = square_padding_mask(real)  # [B, 1, T, T]
     with torch.no_grad():
         fast = model(ids, key_padding_mask=real).logits
         slow = model._final_logits(model._raw_forward(ids, positions, square, (), ())[0], None)
