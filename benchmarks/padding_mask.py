@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    if args.rows < 1 or args.repeats < 1 or args.threads < 1:
+        ap.error(f"--rows, --repeats and --threads must be >= 1, got {args.rows}, {args.repeats}, {args.threads}")
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     state = padded_batch(model, args.rows)
