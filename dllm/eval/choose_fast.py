@@ -2,6 +2,7 @@
 
     python -m dllm.eval.choose_fast --models tiny-llada tiny-dream oracle --n 8 --out benchmarks/fast-choice.json
     python -m dllm.eval.choose_fast --results A/compare.json B/compare.json   # judge finished runs
+    python -m dllm.eval.choose_fast --results old.json new.json   # merge runs: rows per model, by label
 
 Runs ``dllm compare`` (``dllm.eval.compare``) on each model over the full stress suite with the
 reference ``low_confidence`` at one token per step, the baseline ``threshold`` (0.9) and the
@@ -40,6 +41,7 @@ CANDIDATES = (
     "localleap", "hierarchy", "credit", "klass", "dawn", "wino", "ssd", "spec_threshold",
     "spec_threshold:threshold=0.95", "spec_threshold:threshold=0.99", "lopa", "lopa:branches=6", "lopa:branches=8",
     "lopa:tau_conf=0.95,branches=6", "lopa:reuse=True", "lopa:branches=6,reuse=True", "lopa:branches=8,reuse=True",
+    "lopa:branches=2,reuse=True", "lopa:branches=3,reuse=True",
 )  # fmt: skip
 MIN_TPF_GAIN = 1.2  # a candidate needs >= this x the baseline's tokens per forward on every model
 
@@ -82,6 +84,26 @@ def judge(results: Mapping[str, Sequence[SamplerResult]], label: str, *, referen
             reasons.append(f"{model}: TPF {c.tokens_per_forward:.2f} < {min_gain:g} x {baseline} "
                            f"{base.tokens_per_forward:.2f}")
     return Verdict(label, not reasons, sum(tpfs) / max(1, len(tpfs)), tuple(reasons), sum(ratios) / max(1, len(ratios)))
+
+
+def merge_rows(rows: list[SamplerResult], more: Sequence[SamplerResult], model: str, source: str) -> None:
+    """Add ``more`` (one run's results for ``model``) to ``rows`` in place, for judging several runs
+    at once (say, new candidates decoded beside an earlier run). Decoding is deterministic, so a
+    sampler in both must agree on what it decoded (accuracy, NFE, forwarded tokens): ValueError
+    otherwise (runs of different code or settings); its first row is kept (timings differ anyway)."""
+    by = {r.label: r for r in rows}
+    for r in more:
+        old = by.get(r.label)
+        if old is None:
+            rows.append(r)
+            by[r.label] = r
+            continue
+        a = (old.accuracy, old.nfe_per_example, old.forwarded_tokens)
+        b = (r.accuracy, r.nfe_per_example, r.forwarded_tokens)
+        if a != b:
+            raise ValueError(f"{model}: {r.label!r} decoded differently in {source} (accuracy, NFE/example, "
+                             f"forwarded tokens {b}) than in an earlier --results file {a}; judge runs of the same "
+                             "code and settings")
 
 
 def cannot_run(model, spec: str) -> Optional[str]:
@@ -131,16 +153,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: dict[str, list[SamplerResult]] = {}
     skipped: dict[str, dict[str, str]] = {}
     if args.results:
+        ns = set()
         for path in args.results:
             payload = json.loads(Path(path).read_text())
             if isinstance(payload["results"], dict):  # an earlier choose_fast --out: every model's results
                 for model, rows in payload["results"].items():
-                    results[model] = [SamplerResult(**r) for r in rows]
+                    merge_rows(results.setdefault(model, []), [SamplerResult(**r) for r in rows], model, path)
                 for model, why in payload.get("skipped", {}).items():
                     skipped.setdefault(model, {}).update(why)
             else:  # one `dllm compare` run
-                results[payload["model"]] = [SamplerResult(**r) for r in payload["results"]]
-            args.n = payload.get("n_per_task", args.n)
+                merge_rows(results.setdefault(payload["model"], []),
+                           [SamplerResult(**r) for r in payload["results"]], payload["model"], path)
+            ns.add(payload.get("n_per_task", args.n))
+        if len(ns) > 1:
+            ap.error(f"--results files decoded different numbers of examples per task {sorted(ns)}; "
+                     "judge runs of one --n")
+        args.n = ns.pop()
     else:
         for name in args.models:
             model = load_model(name)

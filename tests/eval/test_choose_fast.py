@@ -101,6 +101,51 @@ def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):
     assert json.loads(again.read_text())["n_per_task"] == 8
 
 
+def _choice_file(tmp_path, name, **models) -> str:
+    """A saved choose_fast --out holding every model's rows (8 examples per task)."""
+    p = tmp_path / name
+    p.write_text(json.dumps({"n_per_task": 8, "results": {m: [asdict(r) for r in rows] for m, rows in models.items()}}))
+    return str(p)
+
+
+def test_cli_merges_new_candidates_into_an_earlier_run(tmp_path, capsys):
+    """New candidates decoded beside an earlier run: the rows merge per model by label, and the
+    candidate with the fewest forwarded tokens over BOTH runs wins."""
+    from dllm.eval.choose_fast import main
+
+    old = _choice_file(tmp_path, "old.json", m1=_model() + [_r("a", 0.90, 3.0, 170)],
+                       m2=_model() + [_r("a", 0.9, 3.0, 170)])
+    new = _choice_file(tmp_path, "new.json", m1=_model() + [_r("n", 0.90, 2.6, 130)],
+                       m2=_model() + [_r("n", 0.9, 2.5, 130)])
+    out = tmp_path / "merged.json"
+    assert main(["--results", old, new, "--out", str(out)]) == 0
+    assert "fast = n" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert [v["label"] for v in saved["verdicts"]] == ["n", "a"]
+    assert sorted(r["label"] for r in saved["results"]["m2"]) == ["a", "low_confidence", "n", "threshold"]
+
+
+def test_cli_refuses_runs_that_decoded_the_same_sampler_differently(tmp_path):
+    from dllm.eval.choose_fast import main
+
+    other = [_r("low_confidence", 0.90, 1.0), _r("threshold", 0.85, 2.0), _r("n", 0.9, 2.6)]  # threshold: 0.88 before
+    old = _choice_file(tmp_path, "old.json", m1=_model(a=(0.9, 3.0)))
+    new = _choice_file(tmp_path, "new.json", m1=other)
+    with pytest.raises(ValueError, match="'threshold' decoded differently in .*new.json"):
+        main(["--results", old, new, "--out", str(tmp_path / "x.json")])
+
+
+def test_cli_refuses_runs_of_different_n(tmp_path, capsys):
+    from dllm.eval.choose_fast import main
+
+    old = _choice_file(tmp_path, "old.json", m1=_model(a=(0.9, 3.0)))
+    p = tmp_path / "n4.json"
+    p.write_text(json.dumps({"model": "m1", "n_per_task": 4, "results": [asdict(r) for r in _model(n=(0.9, 2.6))]}))
+    with pytest.raises(SystemExit):
+        main(["--results", old, str(p), "--out", str(tmp_path / "x.json")])
+    assert "different numbers of examples per task [4, 8]" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("threads", ["0", "-2"])
 def test_cli_rejects_threads_below_one(threads, capsys):
     from dllm.eval.choose_fast import main
