@@ -9,14 +9,16 @@ embedded model and on the oracle, a candidate must keep the accuracy of the one-
 reference (``low_confidence``) within 1 point, be at least as accurate as ``threshold`` (0.9), and
 commit at least 1.2x its tokens per forward; among the candidates that pass, the one that forwards
 the fewest tokens wins (the bar already guarantees the gain in forwards; above it, the least compute).
-Today (2026-12-02: the 2026-12-01 measurements judged by that rule) that is ``lopa`` with its 4
-branches and ``reuse`` (LoPA's lookahead variants, arXiv 2512.16229, with the winner's logits handed
-to the next step as in the paper's loop): 1.53x / 1.50x / 1.49x threshold's tokens per forward on
-tiny-llada / tiny-dream / the oracle at 91.5% / 87.9% / 100% accuracy (threshold: 89.5% / 84.3% /
-100%), for 1.71x / 1.72x / 1.83x threshold's forwarded tokens (each step forwards its variants).
-Before it (the highest tokens per forward won): ``lopa`` with 8 branches and reuse (1.59-1.60x, for
-2.4-2.5x the forwarded tokens), ``lopa`` with 8 branches (1.38-1.42x, 2.0x), and ``spec_threshold``
-(token for token equal to ``threshold``, 1.13x).
+Today (2026-12-02, second choice: the 2026-12-01 run merged with a run of two more candidates,
+``benchmarks/fast-choice-2026-12-02b.json``) that is ``lopa`` with 3 branches and ``reuse``
+(LoPA's lookahead variants, arXiv 2512.16229, with the winner's logits handed to the next step as
+in the paper's loop): 1.41x / 1.44x / 1.42x threshold's tokens per forward on tiny-llada /
+tiny-dream / the oracle at 91.1% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% / 100%), for
+1.45x / 1.45x / 1.53x threshold's forwarded tokens (each step forwards its variants). With 2
+branches it forwards less (1.15x) but loses 1.2 points on tiny-llada. Before it: ``lopa`` with 4
+branches and reuse (1.49-1.53x, for 1.71-1.83x the forwarded tokens); while the highest tokens per
+forward won, ``lopa`` with 8 branches and reuse (1.59-1.60x, 2.4-2.5x), ``lopa`` with 8 branches
+(1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equal to ``threshold``, 1.13x).
 Re-run the choice when the embedded models change:
 
     python -m dllm.eval.choose_fast --threads 1
@@ -31,7 +33,7 @@ from typing import Any
 from dllm.registry import preset_class
 from dllm.samplers.base import Sampler, register_sampler, samplers
 
-CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 4, "reuse": True})  # (registered sampler, option defaults)
+CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 3, "reuse": True})  # (registered sampler, option defaults)
 
 
 def preset(name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type[Sampler]:
