@@ -65,3 +65,12 @@ $S ${P3}L2/checkpoint-0000400 ${P3}L3 300 4e-4 8 lookup_long:1.5:8:172 lookup_an
     span_copy_far:0.5:16:1036 count_long:0.25:24:1035
 $S ${P3}L3/checkpoint-0000300 ${P3}L4 300 4e-4 8 lookup_long:1.5:8:339 lookup_any:0.25:4:339 \
     span_copy_far:0.5:16:2039 count_long:0.25:24:2040
+
+# ---- (2026-12-02, session 7) one long length stage at <= 85 rows from kd3-k2, 3x kd3-L2's steps
+# (one thread, 34 min). `N=8 THREADS=2 python benchmarks/key_curriculum.py eval runs/kd3-L2x/checkpoint-0001200
+# lookup_long:16 lookup_long:42 lookup_long:85 span_copy_far:252 count_long:63`: 100 / 62.5 / 25.0% at
+# 16 / 42 / 85 rows, span 100%, count 25.0%. lookup_long at 42 / 85 rows after 200 / 400 / 600 / 800 / 1000
+# steps (N=8): 25/0, 25/0, 62.5/0, 37.5/0, 50/0. Not continued, not shipped.
+export THREADS=1
+$S ${P3}k2/checkpoint-0001200 ${P3}L2x 1200 4e-4 16 lookup_long:1.5:8:85 lookup_any:0.25:4:85 \
+    span_copy_far:0.5:16:516 count_long:0.25:24:515
