@@ -59,8 +59,8 @@ $S ${P3}k/checkpoint-0000800 ${P3}k2 1200 5e-4 32 lookup_long:1:8:42 lookup_k2:0
 # lookup_long 0%, lookup_any 50.0%, count_long 12.5%: C = 0 mean 37.5% (shipped 39.6%). After L3: C = 0
 # mean 31.2% (lookup_long 12.5%, span 75%, same command, one thread). Not shipped.
 export THREADS=2
-$S ${P3}k2/checkpoint-0001200 ${P3}L2 400 4e-4 16 lookup_long:1.5:8:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.25:24:515
+KD3_LEN2="lookup_long:1.5:8:85 lookup_any:0.25:4:85 span_copy_far:0.5:16:516 count_long:0.25:24:515"
+$S ${P3}k2/checkpoint-0001200 ${P3}L2 400 4e-4 16 $KD3_LEN2
 $S ${P3}L2/checkpoint-0000400 ${P3}L3 300 4e-4 8 lookup_long:1.5:8:172 lookup_any:0.25:4:172 \
     span_copy_far:0.5:16:1036 count_long:0.25:24:1035
 $S ${P3}L3/checkpoint-0000300 ${P3}L4 300 4e-4 8 lookup_long:1.5:8:339 lookup_any:0.25:4:339 \
@@ -72,5 +72,4 @@ $S ${P3}L3/checkpoint-0000300 ${P3}L4 300 4e-4 8 lookup_long:1.5:8:339 lookup_an
 # 16 / 42 / 85 rows, span 100%, count 25.0%. lookup_long at 42 / 85 rows after 200 / 400 / 600 / 800 / 1000
 # steps (N=8): 25/0, 25/0, 62.5/0, 37.5/0, 50/0. Not continued, not shipped.
 export THREADS=1
-$S ${P3}k2/checkpoint-0001200 ${P3}L2x 1200 4e-4 16 lookup_long:1.5:8:85 lookup_any:0.25:4:85 \
-    span_copy_far:0.5:16:516 count_long:0.25:24:515
+$S ${P3}k2/checkpoint-0001200 ${P3}L2x 1200 4e-4 16 $KD3_LEN2   # kd3-L2's mixture
