@@ -56,7 +56,8 @@ def hmm_tree(lp: torch.Tensor, budget: int, e_ins: float, e_del: float, width: i
     r_all, k, v = lp.shape
     width = min(v, width)
     topi = torch.topk(lp.float(), width, -1).indices  # [R, K, W]
-    trans = [math.log(1 - e_ins - e_del), math.log(e_ins) if e_ins else -math.inf, math.log(e_del) if e_del else -math.inf]
+    trans = [math.log(1 - e_ins - e_del), math.log(e_ins) if e_ins else -math.inf,
+             math.log(e_del) if e_del else -math.inf]  # log P(0 -> 0 / -1 / +1)
     toks = torch.zeros(r_all, budget, dtype=torch.long)
     par = torch.full((r_all, budget), -1)
     dep = torch.zeros(r_all, budget, dtype=torch.long)

@@ -16,9 +16,10 @@ in the paper's loop): 1.41x / 1.44x / 1.42x threshold's tokens per forward on ti
 tiny-dream / the oracle at 91.1% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% / 100%), for
 1.45x / 1.45x / 1.53x threshold's forwarded tokens (each step forwards its variants). With 2
 branches it forwards less (1.15x) but falls 1.2 points below threshold on tiny-llada. Before it:
-``lopa`` with 4 branches and reuse (1.49-1.53x, for 1.71-1.83x the forwarded tokens); while the highest tokens per
-forward won, ``lopa`` with 8 branches and reuse (1.59-1.60x, 2.4-2.5x), ``lopa`` with 8 branches
-(1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equal to ``threshold``, 1.13x).
+``lopa`` with 4 branches and reuse (1.49-1.53x, for 1.71-1.83x the forwarded tokens); while the
+highest tokens per forward won, ``lopa`` with 8 branches and reuse (1.59-1.60x, 2.4-2.5x), ``lopa``
+with 8 branches (1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equal to
+``threshold``, 1.13x).
 Re-run the choice when the embedded models change:
 
     python -m dllm.eval.choose_fast --threads 1
