@@ -1,6 +1,9 @@
 """The padding mask of a full forward: broadcast key mask [B, 1, 1, T] (what the models build since
-2026-12-02) against the square ``keys | pad_queries`` mask [B, 1, T, T] it replaced, on a left-padded
-batch of long-prompt suite prompts. Same logits at every real position; prints the time of each.
+2026-12-02) against the square ``keys | pad_queries`` mask [B, 1, T, T] it replaced, and the ``sdpa``
+backend's padded-batch path (``dllm.kernels.packed``: each group of equally padded rows attends to
+its real keys, unmasked) against the one masked call (``sdpa_plain``), on a left-padded batch of
+long-prompt suite prompts. Same logits at every real position (the packed path: up to float
+summation order; the largest difference is printed); prints the time of each.
 
     python benchmarks/padding_mask.py [MODEL] [--rows 4] [--repeats 5] [--threads 1]
 """
@@ -44,25 +47,30 @@ def main() -> None:
     model = load_model(args.model)
     state = padded_batch(model, args.rows)
     ids, real, positions = state.x, state.key_padding_mask, state.positions
-    masks = {"broadcast [B,1,1,T]": padding_attn_mask(real), "square [B,1,T,T]": square_padding_mask(real)}
-    times: dict[str, list[float]] = {k: [] for k in masks}
+    broadcast, square = padding_attn_mask(real), square_padding_mask(real)
+    variants = {"broadcast, sdpa (packed)": ("sdpa", broadcast), "broadcast, sdpa_plain": ("sdpa_plain", broadcast),
+                "square, sdpa_plain": ("sdpa_plain", square)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
     outs = {}
     with torch.inference_mode():
         for r in range(args.repeats + 1):  # the first round warms up
-            for name, mask in masks.items():
+            for name, (backend, mask) in variants.items():
+                model.set_attn_backend(backend)
                 t = time.perf_counter()
                 outs[name] = model._raw_forward(ids, positions, mask, (), ())[0]
                 if r:
                     times[name].append(time.perf_counter() - t)
-    a, b = outs.values()
-    same = torch.equal(a[real], b[real])
+    plain = outs["broadcast, sdpa_plain"][real]
+    same = torch.equal(outs["square, sdpa_plain"][real], plain)
+    diff = (outs["broadcast, sdpa (packed)"][real] - plain).abs().max().item()
     print(f"{args.model}: {args.rows} rows x {ids.shape[1]} columns ({int((~real).sum())} pads), "
-          f"{args.threads} thread(s), median of {args.repeats}; real positions identical: {same}")
+          f"{args.threads} thread(s), median of {args.repeats}; real positions: square = broadcast bit for bit: "
+          f"{same}, packed vs plain max |diff| {diff:.1e}")
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
-        print(f"  {k:<20} {v * 1000:8.1f} ms")
-    print(f"  square / broadcast: {med['square [B,1,T,T]'] / med['broadcast [B,1,1,T]']:.2f}x")
-
+        print(f"  {k:<26} {v * 1000:8.1f} ms")
+    print(f"  square / broadcast (plain): {med['square, sdpa_plain'] / med['broadcast, sdpa_plain']:.2f}x; "
+          f"plain / packed: {med['broadcast, sdpa_plain'] / med['broadcast, sdpa (packed)']:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,9 @@ optional boolean ``mask`` broadcastable to [B, H, Tq, Tk] (True = may attend).
 Backends:
 - ``reference``: plain matmul / softmax in float32; the only one that can return the attention
   probabilities (samplers such as DAWN read the last layers' attention).
-- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``.
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long left-padded batch runs
+  one unmasked call per group of equally padded rows over their real keys (``dllm.kernels.packed``).
+- ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
 
 ``resolve_backend("auto", need_probs=...)`` picks the best backend that supports the request and
 records why the others were refused.
@@ -26,6 +28,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from dllm.kernels.packed import left_padding_groups, packed_sdpa, wants_packing
 from dllm.registry import Registry
 
 AttentionFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -83,14 +86,38 @@ def sdpa_attention(
                          "use attn_backend='reference'")
     k = _expand_kv(k, q.shape[1])
     v = _expand_kv(v, q.shape[1])
+    if wants_packing(q, k, mask):  # a long left-padded batch: attend to each row's real keys only
+        groups = left_padding_groups(mask)
+        if groups is not None:
+            return packed_sdpa(q, k, v, groups), None
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
     return out, None
+
+
+def sdpa_plain_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``sdpa`` without its padded-batch path (``dllm.kernels.packed``): one masked call, always;
+    the reference beside it."""
+    if return_probs:
+        raise ValueError("the sdpa_plain attention backend cannot return attention probabilities; "
+                         "use attn_backend='reference'")
+    k = _expand_kv(k, q.shape[1])
+    v = _expand_kv(v, q.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False), None
 
 
 backends.add("reference", Backend("reference", reference_attention, True, 0),
              description="plain PyTorch matmul/softmax in float32; can return attention probabilities")
 backends.add("sdpa", Backend("sdpa", sdpa_attention, False, 10),
-             description="torch scaled_dot_product_attention (flash / memory-efficient / math kernels)")
+             description="torch scaled_dot_product_attention (flash / memory-efficient / math kernels); "
+                         "long left-padded batches attend to each row's real keys only (dllm.kernels.packed)")
+backends.add("sdpa_plain", Backend("sdpa_plain", sdpa_plain_attention, False, 1),
+             description="sdpa as one masked call, without the padded-batch path (the reference beside sdpa)")
 
 
 # Triton, registered lazily: nothing is imported until the backend is resolved or called. It can

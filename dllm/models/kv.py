@@ -262,7 +262,8 @@ def grouped_backend(attn_fn) -> Optional[str]:
     takes padding masks only; the layout then falls back to one copy per variant)."""
     from dllm.kernels.attention import backends
 
-    return {backends.get("sdpa").fn: "float", backends.get("reference").fn: "bool"}.get(attn_fn)
+    return {backends.get("sdpa").fn: "float", backends.get("sdpa_plain").fn: "float",
+            backends.get("reference").fn: "bool"}.get(attn_fn)
 
 
 class DriftProbe:

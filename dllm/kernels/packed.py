@@ -1,0 +1,85 @@
+"""Attention over left-padded rows without the padding: sdpa per group of rows with equal padding.
+
+A ragged batch is left-padded to its longest row, and a broadcast key mask ``[B, 1, 1, Tk]`` hides
+the pads (``dllm.models.base.padding_attn_mask``). sdpa then pays for every padded key of every
+row: a batch of long-prompt suite prompts of 256, 512, 1,024 and 2,040 words (two each) spends 2x
+the attention of its real keys, and the masked call cannot use the unmasked kernels. Here the rows
+are grouped by their number of pad columns, and each group attends to its real keys only
+(``k[:, :, first:]``), unmasked:
+
+    out[b] = sdpa(q[b], k[b, :, first_b:], v[b, :, first_b:])       (first_b = pad columns of row b)
+
+which is what the mask computes: every query (a pad query too) attends to the row's real keys,
+so the result is the masked call's up to float summation order (tests/kernels/test_packed.py).
+Queries are not cut: with a cache the query columns are not the key columns, and a pad query's
+output stays defined as before.
+
+The grouping needs the pad counts on the host: one device->host copy per mask, i.e. per forward
+(the models pass one mask object to every layer; the last conversion is remembered), and only for
+calls with at least ``MIN_WORK`` query x key pairs per row (a prefill over a long prompt), where
+that copy is small against the attention itself. Masks that are not left padding (pads after a
+real column, float masks, per-query masks), one-row batches, or less than ``MIN_PADDED`` of the
+keys padded take the plain masked call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+MIN_WORK = 1 << 16  # query x key pairs per row below which the masked call is used as is
+MIN_PADDED = 0.125  # share of padded keys (over the batch) below which the masked call is used as is
+
+_last: list = []  # [(mask, version or None, groups or None)]: one conversion per mask object
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    return None if t.is_inference() else t._version
+
+
+def left_padding_groups(mask: torch.Tensor) -> Optional[list[tuple[int, torch.Tensor]]]:
+    """bool [B, 1, 1, Tk] key mask -> [(first real column, row indices [G] long), ...] when every
+    row's real keys are a suffix ``[first, Tk)`` with ``first < Tk``, and at least ``MIN_PADDED`` of
+    the keys are pads; else None. One host sync (remembered for the same mask object)."""
+    if _last and _last[0][0] is mask and _last[0][1] == _version(mask):
+        return _last[0][2]
+    b, tk = mask.shape[0], mask.shape[-1]
+    m = mask.reshape(b, tk)  # [B, Tk]
+    real = m.sum(dim=1)  # [B]
+    suffix = torch.arange(tk, device=m.device)[None, :] >= (tk - real)[:, None]  # [B, Tk]
+    ok = (suffix == m).all(dim=1) & (real > 0)  # [B]
+    counts, oks = torch.stack([real, ok.long()]).tolist()  # the one host sync
+    groups: Optional[list[tuple[int, torch.Tensor]]] = None
+    if all(oks) and (b * tk - sum(counts)) >= MIN_PADDED * b * tk:
+        by_first: dict[int, list[int]] = {}
+        for row, n in enumerate(counts):
+            by_first.setdefault(tk - n, []).append(row)
+        groups = [(first, torch.tensor(rows, device=m.device)) for first, rows in sorted(by_first.items())]
+    _last[:] = [(mask, _version(mask), groups)]
+    return groups
+
+
+def wants_packing(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
+    """Shape-only test (no sync): a boolean broadcast key mask over a batch of rows, enough work."""
+    return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and q.shape[0] > 1
+            and mask.shape[0] == q.shape[0] and mask.shape[1] == 1 and mask.shape[2] == 1
+            and q.shape[2] * k.shape[2] >= MIN_WORK)
+
+
+def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """q [B, H, Tq, hd], k / v [B, H, Tk, hd] (KV heads already expanded) -> out [B, H, Tq, hd]:
+    each group of rows attends, unmasked, to its keys ``[first, Tk)``."""
+    import torch.nn.functional as F
+
+    if len(groups) == 1 and groups[0][1].numel() == q.shape[0]:  # every row padded alike
+        first = groups[0][0]
+        return F.scaled_dot_product_attention(q, k[:, :, first:], v[:, :, first:])
+    out = torch.empty_like(q)
+    for first, rows in groups:
+        out[rows] = F.scaled_dot_product_attention(q[rows], k[rows, :, first:], v[rows, :, first:])
+    return out
+
+
+__all__ = ["MIN_PADDED", "MIN_WORK", "left_padding_groups", "packed_sdpa", "wants_packing"]

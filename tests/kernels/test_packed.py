@@ -1,0 +1,102 @@
+"""``sdpa``'s padded-batch path (``dllm.kernels.packed``) against the plain masked call (``sdpa_plain``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm import tasks as T
+from dllm.kernels import packed
+from dllm.kernels.attention import backends, sdpa_attention, sdpa_plain_attention
+from dllm.models.base import padding_attn_mask
+
+
+def _batch(pads, tk=300, h=4, hkv=2, hd=16, tq=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tq = tk if tq is None else tq
+    q = torch.randn(len(pads), h, tq, hd, generator=g)
+    k = torch.randn(len(pads), hkv, tk, hd, generator=g)
+    v = torch.randn(len(pads), hkv, tk, hd, generator=g)
+    real = torch.arange(tk)[None, :] >= torch.tensor(pads)[:, None]  # [B, Tk] left padding
+    return q, k, v, padding_attn_mask(real)
+
+
+@pytest.mark.parametrize("tq", [300, 220], ids=["full", "cached-queries"])
+def test_packed_equals_the_masked_call(tq):
+    q, k, v, mask = _batch([0, 120, 120, 37, 250], tq=tq)
+    groups = packed.left_padding_groups(mask)
+    assert [(first, rows.tolist()) for first, rows in groups] == [(0, [0]), (37, [3]), (120, [1, 2]), (250, [4])]
+    fast, _ = sdpa_attention(q, k, v, mask)
+    ref, _ = sdpa_plain_attention(q, k, v, mask)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_padded_alike_take_one_call():
+    q, k, v, mask = _batch([64, 64, 64])
+    groups = packed.left_padding_groups(mask)
+    assert [(first, rows.tolist()) for first, rows in groups] == [(64, [0, 1, 2])]
+    torch.testing.assert_close(sdpa_attention(q, k, v, mask)[0], sdpa_plain_attention(q, k, v, mask)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_masks_that_are_not_left_padding_take_the_masked_call():
+    q, k, v, mask = _batch([0, 100])
+    holes = mask.clone()
+    holes[1, 0, 0, 150] = False  # a pad after a real column
+    assert packed.left_padding_groups(holes) is None
+    right = mask.flip(-1)  # right padding
+    assert packed.left_padding_groups(right) is None
+    little = _batch([0, 10])[3]  # 10 of 600 keys padded: below MIN_PADDED
+    assert packed.left_padding_groups(little) is None
+    for m in (holes, right):
+        torch.testing.assert_close(sdpa_attention(q, k, v, m)[0], sdpa_plain_attention(q, k, v, m)[0])
+    # shape-only refusals: float masks, one row, a mask shared by the rows, too little work
+    assert not packed.wants_packing(q, k, torch.zeros(2, 1, 1, 300))
+    assert not packed.wants_packing(q[:1], k[:1], mask[:1])
+    assert not packed.wants_packing(q, k, mask[:1])
+    qs, ks, _, ms = _batch([0, 30], tk=64)
+    assert not packed.wants_packing(qs, ks, ms)
+    assert packed.wants_packing(q, k, mask)
+
+
+def test_one_conversion_per_mask_object():
+    mask = _batch([0, 100])[3]
+    first = packed.left_padding_groups(mask)
+    assert packed.left_padding_groups(mask) is first  # remembered: no second host sync
+    mask[1, 0, 0, :100] = True  # edited in place: converted again
+    assert packed.left_padding_groups(mask) is None  # no pads left
+
+
+def test_backends_are_registered_with_the_plain_path_beside():
+    assert backends.get("sdpa").fn is sdpa_attention
+    assert backends.get("sdpa_plain").fn is sdpa_plain_attention
+    with pytest.raises(ValueError, match="sdpa_plain attention backend cannot return"):
+        sdpa_plain_attention(*_batch([0, 1], tk=8)[:3], return_probs=True)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_a_ragged_long_prompt_batch_decodes_the_same_tokens(cache, monkeypatch):
+    """tiny-llada-long on three long-prompt suite prompts of 256 / 512 / 256 words (left-padded to
+    512): the packed path runs (its calls counted) and gives the plain path's tokens."""
+    import dllm.kernels.attention as attention
+
+    model = dllm.load("tiny-llada-long")
+    names = T.suite_task_names("long-prompt")
+    prompts = [T.prompt_ids(T.test_split(names[i], T.get_task(names[i]).default_sizes[i % 2])[0]) for i in range(3)]
+    assert len({len(p) for p in prompts}) > 1
+    calls = []
+
+    def counting(*args):
+        calls.append(1)
+        return packed.packed_sdpa(*args)
+
+    monkeypatch.setattr(attention, "packed_sdpa", counting)
+    outs = {}
+    for backend in ("sdpa_plain", "sdpa"):
+        model.set_attn_backend(backend)
+        before = len(calls)
+        outs[backend] = dllm.generate(model, prompts, "threshold", gen_length=4, block_length=4, cache=cache)
+        assert (len(calls) > before) == (backend == "sdpa")
+    assert torch.equal(outs["sdpa"].generated, outs["sdpa_plain"].generated)
+    assert outs["sdpa"].nfe == outs["sdpa_plain"].nfe
