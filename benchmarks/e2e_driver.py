@@ -3,7 +3,7 @@ transcription of Fast-dLLM's ``generate_with_dual_cache`` (NVlabs/Fast-dLLM ``ll
 ``tests/reference/fastdllm_generate.py``) on the same weights, and against the same setting inside
 the engine (``threshold`` 0.9 + ``dual``).
 
-    python benchmarks/e2e_driver.py --n 8 --repeats 3 --threads 2 --out benchmarks/e2e-driver-2026-12-02.json
+    python benchmarks/e2e_driver.py --n 8 --repeats 5 --threads 1 --out benchmarks/e2e-driver-2026-12-02.json
 
 Fast-dLLM's driver has no padding, so every setting here decodes one prompt at a time (batch 1), on
 the layout of ``dllm compare``: ``L_ans`` generated positions in blocks of ``min(4, L_ans)``, the last
@@ -78,8 +78,8 @@ def one_pass(model, examples, setting: str) -> dict:
             "tokens": [t for t, _ in outs]}
 
 
-def measure(model_name: str, suite: str, n: int, repeats: int) -> dict:
-    model = load_model(model_name)
+def measure(model_name: str, suite: str, n: int, repeats: int, device=None) -> dict:
+    model = load_model(model_name, device=device)
     model.eval()
     examples = _examples(list(T.suite_task_names(suite)), n)
     generated = sum(layout(ex)[0] for ex in examples)
@@ -104,6 +104,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default=None, help="e.g. cuda (default: where dllm.models.load puts it)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args()
     if args.n < 1 or args.repeats < 1:
@@ -112,7 +113,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     results = {}
     for model_name, suite in PAIRS:
-        r = measure(model_name, suite, args.n, args.repeats)
+        r = measure(model_name, suite, args.n, args.repeats, args.device)
         results[f"{model_name}/{suite}"] = r
         print(f"\n== {model_name}/{suite}: {r['examples']} examples, batch 1, median of {args.repeats}; "
               f"driver tokens = engine's threshold:cache=dual on {100 * r['driver_equals_engine']:.1f}%")

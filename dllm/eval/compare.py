@@ -2,7 +2,8 @@
 
 For every sampler spec and every task, the first ``n`` test examples (spread over the task's sizes)
 are decoded as one block of the task's answer length (or blocks of ``block_length``), one batch per
-task and answer length, and scored exactly (``exact_match.decode_and_score``). Per sampler the table
+task and answer length (prompts of >= 128 tokens: batches of similar length,
+``exact_match.length_batches``), and scored exactly (``exact_match.decode_and_score``). Per sampler the table
 reports accuracy, mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and
 total), tokens per second and wall time (with ``repeats`` > 1: every sampler timed ``repeats`` times
 in interleaved rounds, the median wall time reported, every one in ``extra["wall_times"]``). Results

@@ -144,7 +144,8 @@ def _triton_attention(q, k, v, mask=None, return_probs=False):
 
 
 backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5),
-             description="Triton flash-attention forward (GQA in-kernel, key-padding masks; dllm.kernels.triton_attention)")
+             description="Triton flash-attention forward (GQA in-kernel, key-padding masks; "
+                         "dllm.kernels.triton_attention)")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,14 @@ def test_e2e_verdict_and_plot(tmp_path):
                                  "forwarded_tokens": 1500}}
     v = e2e.verdict(rows, "fast:cache=drift")
     assert v == {"accuracy_delta_pt": 5.0, "speed_ratio": 1.5, "tpf_ratio": 1.2, "forwarded_ratio": 1.5,
-                 "dominates": True}
+                 "faster_every_round": None, "dominates": True}
+    # a median win that is not a win in every (interleaved) round is within the noise: no dominance
+    rows[e2e.FASTDLLM]["extra"] = {"wall_times": [3.0, 2.0, 3.0]}
+    rows["fast:cache=drift"]["extra"] = {"wall_times": [2.0, 2.5, 2.0]}
+    v = e2e.verdict(rows, "fast:cache=drift")
+    assert v["faster_every_round"] is False and not v["dominates"]
+    rows["fast:cache=drift"]["extra"] = {"wall_times": [2.0, 1.9, 2.0]}
+    assert e2e.verdict(rows, "fast:cache=drift")["dominates"]
     rows["fast:cache=drift"]["accuracy"] = 0.79
     assert not e2e.verdict(rows, "fast:cache=drift")["dominates"]
     e2e.plot({"x/short": rows}, "fast:cache=drift", tmp_path / "e2e.png")

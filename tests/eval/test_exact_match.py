@@ -47,3 +47,31 @@ def test_tokens_per_step_checks():
         check_tokens_per_step("threshold", 2)
     with pytest.raises(KeyError, match="Unknown sampler 'nope'"):
         check_tokens_per_step("nope", None)
+
+
+def test_long_prompts_are_batched_by_length():
+    from dllm.eval.exact_match import BUCKET_RATIO, length_batches
+
+    def lengths(batches):
+        return [[len(T.prompt_ids(ex)) for ex in b] for b in batches]
+
+    short = [*T.test_split("copy", 4, n=3), *T.test_split("copy", 8, n=3)]  # short prompts: order kept
+    assert length_batches(short, 64) == [short]
+    assert length_batches(short, 4) == [short[:4], short[4:]]
+    task = T.get_task("count_long")
+    long = [ex for size in task.default_sizes for ex in T.test_split("count_long", size, n=2)][::-1]
+    batches = length_batches(long, 64)
+    assert sorted(map(id, (ex for b in batches for ex in b))) == sorted(map(id, long))  # each once
+    got = lengths(batches)
+    assert len(got) == len(task.default_sizes) and all(max(b) <= BUCKET_RATIO * min(b) for b in got)
+    assert [b[0] for b in got] == sorted(b[0] for b in got)  # shortest first
+    assert all(len(b) <= 3 for b in length_batches(long, 3))
+    assert length_batches(long, 64, by_length=False) == [long]
+
+
+def test_length_batches_decode_like_one_batch(oracle):
+    """Batching by length changes the batches, not an example's answer (the oracle is exact)."""
+    exs = [*T.test_split("count_long", 24, n=2), *T.test_split("count_long", 63, n=2),
+           *T.test_split("count_long", 251, n=2)]
+    tally = decode_and_score(oracle, exs, by_task=True)
+    assert tally.counts == {"count_long": 6} and tally.accuracy == {"count_long": 1.0}
