@@ -74,24 +74,29 @@ def reference_attention(
     return out, (probs if return_probs else None)
 
 
-def sdpa_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: Optional[torch.Tensor] = None,
-    return_probs: bool = False,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _sdpa(q, k, v, mask, return_probs: bool, name: str) -> tuple[torch.Tensor, None]:
+    """One ``F.scaled_dot_product_attention`` call with the mask (KV heads expanded)."""
     if return_probs:
-        raise ValueError("the sdpa attention backend cannot return attention probabilities; "
+        raise ValueError(f"the {name} attention backend cannot return attention probabilities; "
                          "use attn_backend='reference'")
     k = _expand_kv(k, q.shape[1])
     v = _expand_kv(v, q.shape[1])
-    if wants_packing(q, k, mask):  # a long left-padded batch: attend to each row's real keys only
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False), None
+
+
+def sdpa_attention(
+    q: torch.Tensor,  # [B, H, Tq, hd]
+    k: torch.Tensor,  # [B, Hkv, Tk, hd]
+    v: torch.Tensor,  # [B, Hkv, Tk, hd]
+    mask: Optional[torch.Tensor] = None,  # bool, broadcastable to [B, H, Tq, Tk]
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """sdpa; a long left-padded batch attends to each row's real keys only (``dllm.kernels.packed``)."""
+    if not return_probs and wants_packing(q, k, mask):
         groups = left_padding_groups(mask)
         if groups is not None:
-            return packed_sdpa(q, k, v, groups), None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
-    return out, None
+            return packed_sdpa(q, _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1]), groups), None
+    return _sdpa(q, k, v, mask, return_probs, "sdpa")
 
 
 def sdpa_plain_attention(
@@ -101,14 +106,8 @@ def sdpa_plain_attention(
     mask: Optional[torch.Tensor] = None,
     return_probs: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``sdpa`` without its padded-batch path (``dllm.kernels.packed``): one masked call, always;
-    the reference beside it."""
-    if return_probs:
-        raise ValueError("the sdpa_plain attention backend cannot return attention probabilities; "
-                         "use attn_backend='reference'")
-    k = _expand_kv(k, q.shape[1])
-    v = _expand_kv(v, q.shape[1])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False), None
+    """``sdpa`` without its padded-batch path: one masked call, always; the reference beside it."""
+    return _sdpa(q, k, v, mask, return_probs, "sdpa_plain")
 
 
 backends.add("reference", Backend("reference", reference_attention, True, 0),
