@@ -112,7 +112,8 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     ``name:weight:lo:hi`` (``lookup_kW``: keys of W items, ``count_cM``: 1..M occurrences; sizes
     lo..hi in the task's own unit), ``batch`` examples per step, warm-up 50, cosine to 10%, a fresh
     AdamW, ``$THREADS`` threads (default 1); ``$STOP_AT``: stop after that many steps (the schedule
-    still spans ``steps``)."""
+    still spans ``steps``); ``$TIME_LIMIT``: stop (and checkpoint) after that many seconds;
+    ``$DEVICE`` (default cpu) and ``$BF16=1`` (bf16 autocast) for a GPU (benchmarks/gpu-train-long.sh)."""
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     base = base_recipe(init)
     names, weights, sizes = [], [], []
@@ -122,10 +123,12 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
         weights.append(weight)
         sizes.append(tuple(range(lo, hi + 1)))
     mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
-    cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix)
+    cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix,
+                      device=os.environ.get("DEVICE", "cpu"), bf16=os.environ.get("BF16", "0") == "1")
     recipe = Recipe("key-curriculum-stage", base.family, base.model, cfg, f"stage from {init}", init_from=init)
-    stop = os.environ.get("STOP_AT")
-    print(Trainer(recipe, out, progress=False).train(stop_at=int(stop) if stop else None), flush=True)
+    stop, limit = os.environ.get("STOP_AT"), os.environ.get("TIME_LIMIT")
+    print(Trainer(recipe, out, progress=False).train(stop_at=int(stop) if stop else None,
+                                                    time_limit=float(limit) if limit else None), flush=True)
 
 
 DEFAULT_EVAL = ("lookup_k1:8", "lookup_k1:16", "lookup_k2:8", "lookup_k2:32", "lookup_long:4", "lookup_long:8",

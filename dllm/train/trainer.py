@@ -141,12 +141,16 @@ class Trainer:
         return {"loss": float(out.loss.detach()), "grad_norm": float(grad_norm), "lr": lr}
 
     # ---- the loop ----------------------------------------------------------------------------
-    def train(self, stop_at: Optional[int] = None) -> dict[str, Any]:
+    def train(self, stop_at: Optional[int] = None, time_limit: Optional[float] = None) -> dict[str, Any]:
         """Train until ``stop_at`` completed steps (default: the recipe's ``steps``; the schedule's
-        horizon stays ``steps`` either way). Returns the last training log line."""
+        horizon stays ``steps`` either way), or until ``time_limit`` seconds have passed since the
+        call (then the step reached is checkpointed). Returns the last training log line."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        if time_limit is not None and not time_limit > 0:
+            raise ValueError(f"time_limit must be > 0 seconds (or None), got {time_limit!r}")
+        deadline = None if time_limit is None else time.perf_counter() + time_limit
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         self.out.mkdir(parents=True, exist_ok=True)
         self._write_recipe()
@@ -157,8 +161,12 @@ class Trainer:
         bar = tqdm(total=end, initial=self.step, disable=not self.progress, dynamic_ncols=True,
                    desc=self.recipe.name, file=sys.stderr)
         last: dict[str, Any] = {}
+        out_of_time = False
         acc = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "width": 0, "n": 0, "time": 0.0}
         while self.step < end:
+            if deadline is not None and time.perf_counter() > deadline:
+                out_of_time = True  # checkpoint the step reached (below) and stop
+                break
             step = self.step
             t0 = time.perf_counter()  # training time only: evaluation and saving are not counted
             phase = phase_index(step, cfg.phases)
@@ -189,6 +197,8 @@ class Trainer:
             if (cfg.save_every > 0 and self.step % cfg.save_every == 0) or self.step == end:
                 self.save_checkpoint()
         bar.close()
+        if out_of_time and self.step > 0 and not (self.out / f"{CHECKPOINT_PREFIX}{self.step:07d}").exists():
+            self.save_checkpoint()
         self.log({"event": "end", "step": self.step, "best_mean_c0": self.best})
         return last
 

@@ -69,6 +69,19 @@ def test_resume_is_exact(tmp_path: Path, family: str):
     assert any(e.get("event") == "resume" and e["step"] == 2 for e in events)
 
 
+def test_a_time_limit_stops_and_checkpoints_the_step_reached(tmp_path: Path, monkeypatch):
+    import dllm.train.trainer as trainer_module
+
+    clock = iter(range(1000))  # every perf_counter call advances one "second"
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: float(next(clock)))
+    trainer = Trainer(small_recipe("llada", steps=50, save_every=100), tmp_path, progress=False)
+    trainer.train(time_limit=7.5)
+    assert 0 < trainer.step < 50
+    assert [p.name for p in checkpoints(tmp_path)] == [f"checkpoint-{trainer.step:07d}"]
+    with pytest.raises(ValueError, match="time_limit must be > 0"):
+        trainer.train(time_limit=0)
+
+
 def test_checkpoint_loads_in_official_format(tmp_path: Path):
     trainer = Trainer(small_recipe("dream", steps=2), tmp_path, progress=False)
     trainer.train()
