@@ -16,8 +16,10 @@ output stays defined as before.
 
 The grouping needs the pad counts on the host: one device->host copy per mask, i.e. per forward
 (the models pass one mask object to every layer; the last conversion is remembered), and only for
-calls with at least ``MIN_WORK`` query x key pairs per row (a prefill over a long prompt), where
-that copy is small against the attention itself. Masks that are not left padding (pads after a
+calls with at least ``MIN_WORK`` query x key pairs per row, where that copy is small against the
+attention itself. Off the CPU (where a copy is a sync that stalls the launch queue) only full
+forwards take the path (as many queries as keys: a prefill, a no-cache step, a cache's block-start
+refresh), so the cached steps of a decode stay free of host syncs. Masks that are not left padding (pads after a
 real column, float masks, per-query masks), one-row batches, or less than ``MIN_PADDED`` of the
 keys padded take the plain masked call.
 """
@@ -61,10 +63,12 @@ def left_padding_groups(mask: torch.Tensor) -> Optional[list[tuple[int, torch.Te
 
 
 def wants_packing(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
-    """Shape-only test (no sync): a boolean broadcast key mask over a batch of rows, enough work."""
+    """Shape-only test (no sync): a boolean broadcast key mask over a batch of rows, enough work,
+    and on a device other than the CPU a full forward (as many queries as keys)."""
     return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and q.shape[0] > 1
             and mask.shape[0] == q.shape[0] and mask.shape[1] == 1 and mask.shape[2] == 1
-            and q.shape[2] * k.shape[2] >= MIN_WORK)
+            and q.shape[2] * k.shape[2] >= MIN_WORK
+            and (q.device.type == "cpu" or q.shape[2] == k.shape[2]))
 
 
 def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -58,6 +58,13 @@ def test_masks_that_are_not_left_padding_take_the_masked_call():
     qs, ks, _, ms = _batch([0, 30], tk=64)
     assert not packed.wants_packing(qs, ks, ms)
     assert packed.wants_packing(q, k, mask)
+    # off the CPU only full forwards (Tq = Tk): a cached step stays free of host syncs
+    qm = torch.empty(2, 4, 300, 16, device="meta")
+    km = torch.empty(2, 2, 300, 16, device="meta")
+    mm = torch.empty(2, 1, 1, 300, dtype=torch.bool, device="meta")
+    assert packed.wants_packing(qm, km, mm)
+    assert not packed.wants_packing(qm[:, :, :250], km, mm)
+    assert packed.wants_packing(q[:, :, :250], k, mask)  # on the CPU the cached steps too
 
 
 def test_one_conversion_per_mask_object():
