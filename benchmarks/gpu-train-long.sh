@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Long-prompt suite training on a GPU, for a session lent one, after benchmarks/gpu-check.sh (`run` tool):
 #   pip install --no-deps --no-build-isolation -e . -q && SECS=150 bash benchmarks/gpu-train-long.sh
-# with timeout_s ~ 2 * SECS + 150 (two models; size SECS from status' budget_left_s).
+# with timeout_s ~ 2 * SECS + 400 (two models, each then evaluated and exported; size SECS from status'
+# budget_left_s).
 # On this project's CPU the long models plateaued at C = 0 means of 66.7% (tiny-llada-long) and 39.6%
 # (tiny-dream-long) after hours of batch-8 stages (benchmarks/long-count.sh, long-keys-dream.sh); here
 # each continues from its shipped weights at full length with BATCH (default 64) examples per step,
@@ -27,7 +28,8 @@ for m in tiny-llada-long tiny-dream-long; do
   DEVICE=$DEV BF16=${BF16:-1} TIME_LIMIT=$SECS THREADS=${THREADS:-8} python benchmarks/key_curriculum.py stage \
     "$m" "$run" "$STEPS" 3e-4 "$BATCH" ${MIX[$m]} > "$O/train-$m.log" 2>&1
   cp "$run/log.jsonl" "$O/log-$m.jsonl"
-  ck=$(ls -d "$run"/checkpoint-* | tail -1)
+  ck=$(ls -d "$run"/checkpoint-* 2>/dev/null | tail -1)
+  if [ -z "$ck" ]; then echo "$m: no checkpoint (see $O/train-$m.log)" > "$O/eval-$m.txt"; continue; fi
   timeout 150 dllm eval-tasks --model "$ck" --tasks lookup_long lookup_any span_copy_far count_long --per-size "${PER_SIZE:-8}" \
     --device "$DEV" --json "$O/eval-$m.json" > "$O/eval-$m.txt" 2>&1
   python -m dllm.train.export --run "$run" --name "$m" --checkpoint "$(basename "$ck")" --dtype float32 \

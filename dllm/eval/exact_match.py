@@ -147,6 +147,7 @@ def decode_and_score(
     options: the rest of ``generate``'s keyword arguments (sampler options, ``cache=...``).
     """
     check_tokens_per_step(sampler, tokens_per_step)
+    check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.engine import generate
 
     words = T.vocabulary()

@@ -26,6 +26,7 @@ keys padded take the plain masked call.
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
@@ -33,7 +34,17 @@ import torch
 MIN_WORK = 1 << 16  # query x key pairs per row below which the masked call is used as is
 MIN_PADDED = 0.125  # share of padded keys (over the batch) below which the masked call is used as is
 
-_last: list = []  # [(mask, version or None, groups or None)]: one conversion per mask object
+class _Memo(threading.local):
+    """The last conversion, per thread: [(mask, version or None, groups or None)]. Holding the mask
+    keeps its id from being reused; ``_version`` catches in-place edits, except on inference-mode
+    tensors, which have none: those are assumed not to be edited in place between calls (the models
+    build a fresh mask per forward), as in ``dllm.kernels.triton_attention``."""
+
+    def __init__(self) -> None:
+        self.last: list = []
+
+
+_memo = _Memo()
 
 
 def _version(t: torch.Tensor) -> Optional[int]:
@@ -44,8 +55,9 @@ def left_padding_groups(mask: torch.Tensor) -> Optional[list[tuple[int, torch.Te
     """bool [B, 1, 1, Tk] key mask -> [(first real column, row indices [G] long), ...] when every
     row's real keys are a suffix ``[first, Tk)`` with ``first < Tk``, and at least ``MIN_PADDED`` of
     the keys are pads; else None. One host sync (remembered for the same mask object)."""
-    if _last and _last[0][0] is mask and _last[0][1] == _version(mask):
-        return _last[0][2]
+    last = _memo.last
+    if last and last[0][0] is mask and last[0][1] == _version(mask):
+        return last[0][2]
     b, tk = mask.shape[0], mask.shape[-1]
     m = mask.reshape(b, tk)  # [B, Tk]
     real = m.sum(dim=1)  # [B]
@@ -58,7 +70,7 @@ def left_padding_groups(mask: torch.Tensor) -> Optional[list[tuple[int, torch.Te
         for row, n in enumerate(counts):
             by_first.setdefault(tk - n, []).append(row)
         groups = [(first, torch.tensor(rows, device=m.device)) for first, rows in sorted(by_first.items())]
-    _last[:] = [(mask, _version(mask), groups)]
+    _memo.last = [(mask, _version(mask), groups)]
     return groups
 
 
@@ -66,8 +78,8 @@ def wants_packing(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
     """Shape-only test (no sync): a boolean broadcast key mask over a batch of rows, enough work,
     and on a device other than the CPU a full forward (as many queries as keys)."""
     return (mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and q.shape[0] > 1
-            and mask.shape[0] == q.shape[0] and mask.shape[1] == 1 and mask.shape[2] == 1
-            and q.shape[2] * k.shape[2] >= MIN_WORK
+            and mask.shape[0] == q.shape[0] == k.shape[0] and mask.shape[1] == 1 and mask.shape[2] == 1
+            and mask.shape[3] == k.shape[2] and q.shape[2] * k.shape[2] >= MIN_WORK
             and (q.device.type == "cpu" or q.shape[2] == k.shape[2]))
 
 
@@ -80,9 +92,13 @@ def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if len(groups) == 1 and groups[0][1].numel() == q.shape[0]:  # every row padded alike
         first = groups[0][0]
         return F.scaled_dot_product_attention(q, k[:, :, first:], v[:, :, first:])
-    out = torch.empty_like(q)
+    out: Optional[torch.Tensor] = None
     for first, rows in groups:
-        out[rows] = F.scaled_dot_product_attention(q[rows], k[rows, :, first:], v[rows, :, first:])
+        part = F.scaled_dot_product_attention(q[rows], k[rows, :, first:], v[rows, :, first:])
+        if out is None:  # sdpa's dtype (under autocast it may differ from q's)
+            out = part.new_empty(q.shape)
+        out[rows] = part
+    assert out is not None  # groups is never empty
     return out
 
 

@@ -75,3 +75,5 @@ def test_length_batches_decode_like_one_batch(oracle):
            *T.test_split("count_long", 251, n=2)]
     tally = decode_and_score(oracle, exs, by_task=True)
     assert tally.counts == {"count_long": 6} and tally.accuracy == {"count_long": 1.0}
+    with pytest.raises(ValueError, match="max_batch"):
+        decode_and_score(oracle, exs, max_batch=0)
