@@ -3,11 +3,12 @@
 For every sampler spec and every task, the first ``n`` test examples (spread over the task's sizes)
 are decoded as one block of the task's answer length (or blocks of ``block_length``), one batch per
 task and answer length (prompts of >= 128 tokens: batches of similar length,
-``exact_match.length_batches``), and scored exactly (``exact_match.decode_and_score``). Per sampler the table
-reports accuracy, mean NFE per example, forwarded tokens, tokens per forward (content up to EOS, and
-total), tokens per second and wall time (with ``repeats`` > 1: every sampler timed ``repeats`` times
-in interleaved rounds, the median wall time reported, every one in ``extra["wall_times"]``). Results
-go to JSON and a PNG of the accuracy / tokens-per-forward plane with the Pareto front marked.
+``exact_match.length_batches``), and scored exactly (``exact_match.decode_and_score``). Per sampler
+the table reports accuracy, mean NFE per example, forwarded tokens, tokens per forward (content up
+to EOS, and total), tokens per second, wall time and peak memory (with ``repeats`` > 1: every
+sampler timed ``repeats`` times in interleaved rounds, the median wall time reported, every one in
+``extra["wall_times"]``). Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
+with the Pareto front marked.
 
 A sampler spec is the registry's ``name`` or ``name:key=value,key=value`` (``parse_spec``); its
 options go to ``generate`` (sampler options, ``cache=...``), except the key ``k`` (fixed-step
@@ -70,6 +71,9 @@ class SamplerResult:
     content_tokens_per_forward: float
     tokens_per_second: float
     wall_time: float
+    # peak memory of the run (dllm.eval.timing: CUDA allocations, or on CPU the process's peak resident
+    # set, model and interpreter included); None where it cannot be measured
+    peak_memory_mb: Optional[float] = None
     pareto: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -96,15 +100,22 @@ def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
 
 def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
+    from dllm.eval.timing import peak_memory_mb, reset_peak_memory
+    from dllm.inputs import model_device
+
+    device = model_device(model)
+    can_peak = reset_peak_memory(device)
     # one batch per (task, answer length): see decode_and_score's ``by_task``
     tally = decode_and_score(model, examples, spec.name, tokens_per_step=spec.k, block_length=block_length,
                              by_task=True, max_batch=max_batch, progress=progress, **spec.options)
+    peak = peak_memory_mb(device) if can_peak else None
     total, rows, wall = tally.examples, tally.row_forwards, tally.seconds
     return SamplerResult(
         label=spec.label, accuracy=sum(tally.correct.values()) / total, per_task=tally.accuracy,
         examples=total, nfe_per_example=rows / total, forwarded_tokens=tally.forwarded_tokens,
         tokens_per_forward=tally.generated_tokens / rows, content_tokens_per_forward=tally.content_tokens / rows,
         tokens_per_second=tally.generated_tokens / wall if wall > 0 else float("inf"), wall_time=wall,
+        peak_memory_mb=None if peak is None else round(peak, 1),
     )
 
 
@@ -142,7 +153,9 @@ def median_wall(runs: Sequence[SamplerResult]) -> SamplerResult:
     walls = [r.wall_time for r in runs]
     wall = statistics.median(walls)
     tps = first.tokens_per_second * first.wall_time / wall if wall > 0 else float("inf")
+    peaks = [r.peak_memory_mb for r in runs if r.peak_memory_mb is not None]
     return SamplerResult(**{**asdict(first), "wall_time": wall, "tokens_per_second": tps,
+                            "peak_memory_mb": max(peaks) if peaks else None,
                             "extra": {**first.extra, "wall_times": walls}})
 
 
@@ -172,13 +185,14 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
 def format_results(results: Sequence[SamplerResult]) -> str:
     width = max(len(r.label) for r in results) + 2
     head = (f"{'sampler':<{width}}{'acc %':>7}{'NFE/ex':>8}{'fwd tokens':>12}{'TPF':>7}"
-            f"{'TPF(content)':>14}{'tok/s':>9}{'wall s':>8}  front")
+            f"{'TPF(content)':>14}{'tok/s':>9}{'wall s':>8}{'peak MiB':>10}  front")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.label:<{width}}{100 * r.accuracy:7.1f}{r.nfe_per_example:8.2f}{r.forwarded_tokens:12d}"
             f"{r.tokens_per_forward:7.2f}{r.content_tokens_per_forward:14.2f}{r.tokens_per_second:9.1f}"
-            f"{r.wall_time:8.2f}  {'*' if r.pareto else ''}"
+            f"{r.wall_time:8.2f}{'-' if r.peak_memory_mb is None else f'{r.peak_memory_mb:.0f}':>10}"
+            f"  {'*' if r.pareto else ''}"
         )
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from dllm.cli import main
 from dllm.eval.compare import SamplerResult, SamplerSpec, mark_pareto
@@ -45,6 +46,10 @@ def test_compare_on_oracle_writes_table_json_and_plot(tmp_path, capsys):
     assert res["threshold"]["accuracy"] == 1.0
     assert res["threshold"]["nfe_per_example"] < res["low_confidence"]["nfe_per_example"]
     assert (out / "compare.png").stat().st_size > 1000
+    from dllm.eval.timing import reset_peak_memory
+
+    if reset_peak_memory(torch.device("cpu")):  # Linux: the peak resident set of the run, model included
+        assert all(r["peak_memory_mb"] > 10 for r in data["results"]) and "peak MiB" in table
 
 
 def test_k_on_adaptive_sampler_is_rejected(tmp_path, capsys):
@@ -65,6 +70,8 @@ def test_repeats_report_the_median_wall_and_refuse_runs_that_differ(tmp_path):
     assert m.wall_time == 2.0 and m.tokens_per_second == 100.0 and m.extra["wall_times"] == [2.0, 4.0, 1.0]
     m = median_wall(runs[1:])  # even count: the mean of the middle two
     assert m.wall_time == 2.5 and m.tokens_per_second == pytest.approx(50.0 * 4.0 / 2.5)
+    assert median_wall([replace(base, peak_memory_mb=5.0), replace(base, peak_memory_mb=9.0),
+                        replace(base, peak_memory_mb=None)]).peak_memory_mb == 9.0  # the largest peak
     with pytest.raises(RuntimeError, match="a: repeated runs differ"):
         median_wall([base, replace(base, forwarded_tokens=7)])
     out = tmp_path / "cmp"
