@@ -4,7 +4,7 @@
 #   the per-component breakdown at LLaDA-8B width (2 layers, float32 and bfloat16, eager and with
 #   torch.compile) and the end-to-end comparison (fast + auto against Fast-dLLM's threshold + dual)
 #   on the four embedded model / suite pairs, and Fast-dLLM's transcribed driver beside it at batch 1.
-# Writes everything under ${OUT:-benchmarks/gpu-speed-$(date +%F)}; at most 8 minutes (the timeouts).
+# Writes everything under ${OUT:-benchmarks/gpu-speed-$(date +%F)}; at most 10 minutes (the timeouts: 580 s).
 set -uo pipefail
 O=${OUT:-benchmarks/gpu-speed-$(date +%F)}
 mkdir -p "$O"
