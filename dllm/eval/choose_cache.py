@@ -180,10 +180,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     winner, verdicts = choose(accuracy, speedup, args.candidates)
     if not accuracy or not speedup:
         print("note: the rule needs accuracy AND speed measurements; the verdicts below lack one")
-    head = "".join(f"{k:>26}" for k in accuracy)
+    width = max([26, *(len(k) + 2 for k in accuracy)])  # a column per model/suite, wide enough for its name
+    head = "".join(f"{k:>{width}}" for k in accuracy)
     print(f"{'cache (sampler fast)':<34}{head}" + "".join(f"{m + ' x':>20}" for m in speedup))
     for c in ["none", *args.candidates]:
-        print(f"{c:<34}" + "".join(f"{100 * a[c]:>25.1f}%" for a in accuracy.values())
+        print(f"{c:<34}" + "".join(f"{100 * a[c]:>{width - 1}.1f}%" for a in accuracy.values())
               + "".join(f"{s[c]:>19.2f}x" for s in speedup.values()))
     print(f"\nrule: accuracy >= none - {100 * TOLERANCE:g} pt on every model/suite, >= {MIN_SPEEDUP:g}x none at "
           f"{SPEED_SHAPE['prompt_len']} + {SPEED_SHAPE['gen_len']} on every speed model")
