@@ -1,7 +1,9 @@
 """The long-prompt suite decoded in ``dllm compare``'s batches (one per task) with the ``sdpa``
-backend's padded-batch path against ``sdpa_plain`` (one masked call), in batches of similar prompt
-length (``decode_and_score``'s default since 2026-12-02: ``length_batches``), and one prompt at a
-time (no padding), in interleaved rounds.
+backend's padded-batch path against ``sdpa_plain`` (one masked call), with the models' full
+forwards run per group of equally padded rows (``dllm.models.packed_rows``: forwards without a
+cache only, so it shows with ``--cache none``), in batches of similar prompt length
+(``decode_and_score``'s default since 2026-12-02: ``length_batches``), and one prompt at a time (no
+padding), in interleaved rounds.
 
     python benchmarks/packed_suite.py [MODEL] [--sampler threshold] [--cache dual] [--repeats 3] [--threads 2]
 
@@ -36,14 +38,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     examples = _examples(list(T.suite_task_names("long-prompt")), args.n)
-    variants = {"one batch per task, sdpa_plain": ("sdpa_plain", 64, False),
-                "one batch per task, sdpa": ("sdpa", 64, False), "batched by length, sdpa": ("sdpa", 64, True),
-                "one prompt at a time": ("sdpa", 1, False)}
+    # (attention backend, max batch, batches by length, full forwards per group of rows: packs_padded_rows)
+    variants = {"one batch per task, sdpa_plain": ("sdpa_plain", 64, False, False),
+                "one batch per task, sdpa": ("sdpa", 64, False, False),
+                "one batch per task, sdpa, rows": ("sdpa", 64, False, True),
+                "batched by length, sdpa": ("sdpa", 64, True, True),
+                "one prompt at a time": ("sdpa", 1, False, True)}
     walls: dict[str, list[float]] = {k: [] for k in variants}
     correct = {}
     for _ in range(args.repeats):
-        for name, (backend, max_batch, by_length) in variants.items():
+        for name, (backend, max_batch, by_length, rows) in variants.items():
             model.set_attn_backend(backend)
+            model.packs_padded_rows = rows
             tally = decode_and_score(model, examples, args.sampler, block_length=4, by_task=True,
                                      max_batch=max_batch, by_length=by_length, cache=args.cache)
             walls[name].append(tally.seconds)

@@ -199,6 +199,7 @@ class TransformerLM(DiffusionLM):
     # ---- KV cache ----------------------------------------------------------------------------------
     supports_kv_cache: ClassVar[bool] = True
     supports_head_rows: ClassVar[bool] = True
+    packs_padded_rows: bool = True
 
     def new_kv_cache(self, rows: int, length: int) -> Any:
         """K/V buffers [rows, Hkv, length, hd] per layer, on the layer's device (``dllm.cache``)."""

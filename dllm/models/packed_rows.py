@@ -1,0 +1,58 @@
+"""A full forward of a long left-padded batch without its padding: one forward per group of equally
+padded rows, over their real columns only, unmasked.
+
+``dllm.kernels.packed`` skips the padded keys inside attention; every other part of a layer (the
+projections, the MLP, the norms) still runs on the pad columns. For a forward without a cache the
+rows of a ragged batch are independent (a real position attends to its row's real keys only), so
+the model can run each group of rows with the same pad count on ``[first, T)`` as if it were a
+batch of its own, with no mask at all, and scatter the logits back:
+
+    logits[rows, first:] = forward(input_ids[rows, first:], positions[rows, first:])
+
+The same values at every real position up to float summation order (a shifted family's first real
+column predicts nothing in either path). Pad columns get zeros (the padded forward gives them
+values no caller reads). Taken only for a model that opts in (``packs_padded_rows``), without a
+cache, without requested attention maps or hidden states, when the batch has >= 2 rows, at least
+``MIN_WORK`` query x key pairs per row, a left-padding mask with >= 1/8 of its columns padded
+(``dllm.kernels.packed.left_padding_groups``: one host sync per forward), and, with
+``logits_rows=(a, b)``, every group's real columns covering ``[a, b)``. Otherwise the caller runs
+the padded forward, which stays the reference (tests/models/test_packed_rows.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from dllm.kernels.packed import MIN_WORK, left_padding_groups
+
+
+def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
+                       attn_mask: Optional[torch.Tensor], head_rows: Optional[tuple[int, int]]
+                       ) -> Optional[torch.Tensor]:
+    """The logits of ``model.forward`` (shifted, [B, T, V] or the ``head_rows`` [B, b - a, V]) computed
+    per group of equally padded rows; None when the batch does not qualify (see the module)."""
+    b, t = input_ids.shape
+    if attn_mask is None or b < 2 or t * t < MIN_WORK or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
+        return None
+    groups = left_padding_groups(attn_mask)
+    if groups is None or (head_rows is not None and head_rows[0] < max(first for first, _ in groups)):
+        return None
+    out: Optional[torch.Tensor] = None
+    for first, rows in groups:
+        rows_head = None if head_rows is None else (head_rows[0] - first, head_rows[1] - first)
+        raw, _, _ = model._raw_forward(input_ids[rows, first:], positions[rows, first:], None, (), (),
+                                       **model._head_kwargs(rows_head))
+        logits = model._final_logits(raw, rows_head)  # [G, T - first | b - a, V]
+        if out is None:
+            width = t if head_rows is None else head_rows[1] - head_rows[0]
+            out = logits.new_zeros(b, width, logits.shape[-1])
+        if head_rows is None:
+            out[rows, first:] = logits
+        else:
+            out[rows] = logits
+    return out
+
+
+__all__ = ["packed_rows_logits"]
