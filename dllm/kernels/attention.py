@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from dllm.kernels.packed import left_padding_groups, packed_sdpa, wants_packing
+from dllm.kernels.packed import few_enough, left_padding_groups, packed_sdpa, wants_packing
 from dllm.registry import Registry
 
 AttentionFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -94,7 +94,7 @@ def sdpa_attention(
     """sdpa; a long left-padded batch attends to each row's real keys only (``dllm.kernels.packed``)."""
     if not return_probs and wants_packing(q, k, mask):
         groups = left_padding_groups(mask)
-        if groups is not None:
+        if groups is not None and few_enough(groups, q.device):
             return packed_sdpa(q, _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1]), groups), None
     return _sdpa(q, k, v, mask, return_probs, "sdpa")
 

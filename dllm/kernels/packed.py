@@ -20,8 +20,8 @@ calls with at least ``MIN_WORK`` query x key pairs per row, where that copy is s
 attention itself. Off the CPU (where a copy is a sync that stalls the launch queue) only full
 forwards take the path (as many queries as keys: a prefill, a no-cache step, a cache's block-start
 refresh), so the cached steps of a decode stay free of host syncs. Masks that are not left padding (pads after a
-real column, float masks, per-query masks), one-row batches, or less than ``MIN_PADDED`` of the
-keys padded take the plain masked call.
+real column, float masks, per-query masks), one-row batches, less than ``MIN_PADDED`` of the keys
+padded, or off the CPU more than ``MAX_GROUPS_OFF_CPU`` groups take the plain masked call.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch
 
 MIN_WORK = 1 << 16  # query x key pairs per row below which the masked call is used as is
 MIN_PADDED = 0.125  # share of padded keys (over the batch) below which the masked call is used as is
+MAX_GROUPS_OFF_CPU = 8  # off the CPU, more groups than this (launch-bound small calls) take the masked call
 
 class _Memo(threading.local):
     """The last conversion, per thread: [(mask, version or None, groups or None)]. Holding the mask
@@ -83,6 +84,13 @@ def wants_packing(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
             and (q.device.type == "cpu" or q.shape[2] == k.shape[2]))
 
 
+def few_enough(groups: list[tuple[int, torch.Tensor]], device: torch.device) -> bool:
+    """One call per group pays on a CPU; on an accelerator many small calls are launch-bound (a
+    training batch of 64 rows of 64 lengths would make 64 calls per layer), so at most
+    ``MAX_GROUPS_OFF_CPU`` groups there."""
+    return device.type == "cpu" or len(groups) <= MAX_GROUPS_OFF_CPU
+
+
 def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
     """q [B, H, Tq, hd], k / v [B, H, Tk, hd] (KV heads already expanded) -> out [B, H, Tq, hd]:
@@ -102,4 +110,5 @@ def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-__all__ = ["MIN_PADDED", "MIN_WORK", "left_padding_groups", "packed_sdpa", "wants_packing"]
+__all__ = ["MAX_GROUPS_OFF_CPU", "MIN_PADDED", "MIN_WORK", "few_enough", "left_padding_groups", "packed_sdpa",
+           "wants_packing"]

@@ -14,7 +14,8 @@ column predicts nothing in either path). Pad columns get zeros (the padded forwa
 values no caller reads). Taken only for a model that opts in (``packs_padded_rows``), without a
 cache, without requested attention maps or hidden states, when the batch has >= 2 rows, at least
 ``MIN_WORK`` query x key pairs per row, a left-padding mask with >= 1/8 of its columns padded
-(``dllm.kernels.packed.left_padding_groups``: one host sync per forward), and, with
+(``dllm.kernels.packed.left_padding_groups``: one host sync per forward; off the CPU at most
+``MAX_GROUPS_OFF_CPU`` groups), and, with
 ``logits_rows=(a, b)``, every group's real columns covering ``[a, b)``. Otherwise the caller runs
 the padded forward, which stays the reference (tests/models/test_packed_rows.py).
 """
@@ -25,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.kernels.packed import MIN_WORK, left_padding_groups
+from dllm.kernels.packed import MIN_WORK, few_enough, left_padding_groups
 
 
 def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -37,7 +38,8 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
     if attn_mask is None or b < 2 or t * t < MIN_WORK or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
         return None
     groups = left_padding_groups(attn_mask)
-    if groups is None or (head_rows is not None and head_rows[0] < max(first for first, _ in groups)):
+    if groups is None or not few_enough(groups, input_ids.device) or (
+            head_rows is not None and head_rows[0] < max(first for first, _ in groups)):
         return None
     out: Optional[torch.Tensor] = None
     for first, rows in groups:

@@ -65,6 +65,9 @@ def test_masks_that_are_not_left_padding_take_the_masked_call():
     assert packed.wants_packing(qm, km, mm)
     assert not packed.wants_packing(qm[:, :, :250], km, mm)
     assert packed.wants_packing(q[:, :, :250], k, mask)  # on the CPU the cached steps too
+    many = [(i, torch.tensor([i])) for i in range(packed.MAX_GROUPS_OFF_CPU + 1)]
+    assert packed.few_enough(many, torch.device("cpu")) and not packed.few_enough(many, torch.device("meta"))
+    assert packed.few_enough(many[:-1], torch.device("meta"))
 
 
 def test_one_conversion_per_mask_object():
