@@ -17,7 +17,8 @@ cache, without requested attention maps or hidden states, when the batch has >= 
 (``dllm.kernels.packed.left_padding_groups``: one host sync per forward; off the CPU at most
 ``MAX_GROUPS_OFF_CPU`` groups), and, with
 ``logits_rows=(a, b)``, every group's real columns covering ``[a, b)``. Otherwise the caller runs
-the padded forward, which stays the reference (tests/models/test_packed_rows.py).
+the padded forward, which stays the reference (tests/models/test_packed_rows.py). Training batches
+are right-padded (``dllm.train.data``), so training keeps the padded forward.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
             head_rows is not None and head_rows[0] < max(first for first, _ in groups)):
         return None
     out: Optional[torch.Tensor] = None
-    for first, rows in groups:
+    for first, rows_at in groups:
+        rows = rows_at.to(input_ids.device)
         rows_head = None if head_rows is None else (head_rows[0] - first, head_rows[1] - first)
         raw, _, _ = model._raw_forward(input_ids[rows, first:], positions[rows, first:], None, (), (),
                                        **model._head_kwargs(rows_head))
@@ -50,10 +52,11 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
         if out is None:
             width = t if head_rows is None else head_rows[1] - head_rows[0]
             out = logits.new_zeros(b, width, logits.shape[-1])
+        rows_out = rows.to(out.device)  # the head may sit on another device (device_map)
         if head_rows is None:
-            out[rows, first:] = logits
+            out[rows_out, first:] = logits
         else:
-            out[rows] = logits
+            out[rows_out] = logits
     return out
 
 

@@ -123,7 +123,7 @@ def test_a_ragged_long_prompt_batch_decodes_the_same_tokens(cache, monkeypatch):
 
 
 def test_gradients_match_the_masked_call():
-    """Training runs the same backend: the packed path's gradients are the masked call's."""
+    """Autograd through the packed path gives the masked call's gradients."""
     grads = {}
     for name, fn in (("packed", sdpa_attention), ("plain", sdpa_plain_attention)):
         q, k, v, mask = _batch([0, 120, 37], tk=260, seed=3)

@@ -64,7 +64,7 @@ def test_the_path_is_taken_only_where_it_applies():
     assert 0 in out.hidden and out.hidden[0].shape[:2] == ids.shape
 
 
-def test_training_loss_and_gradients_match():
+def test_the_objective_and_its_gradients_match_on_a_left_padded_batch():
     model = tiny("llada", seed=2)
     ids, real = _batch(model)
     answer = real & (torch.arange(ids.shape[1]) >= 280)  # the last 20 columns are the answer
