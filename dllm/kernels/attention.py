@@ -11,7 +11,7 @@ optional boolean ``mask`` broadcastable to [B, H, Tq, Tk] (True = may attend).
 Backends:
 - ``reference``: plain matmul / softmax in float32; the only one that can return the attention
   probabilities (samplers such as DAWN read the last layers' attention).
-- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long left-padded batch runs
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long padded batch runs
   one unmasked call per group of equally padded rows over their real keys (``dllm.kernels.packed``).
 - ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
 
@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from dllm.kernels.packed import few_enough, left_padding_groups, packed_sdpa, wants_packing
+from dllm.kernels.packed import few_enough, packed_sdpa, padding_groups, wants_packing
 from dllm.registry import Registry
 
 AttentionFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -91,9 +91,9 @@ def sdpa_attention(
     mask: Optional[torch.Tensor] = None,  # bool, broadcastable to [B, H, Tq, Tk]
     return_probs: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """sdpa; a long left-padded batch attends to each row's real keys only (``dllm.kernels.packed``)."""
+    """sdpa; a long padded batch attends to each row's real keys only (``dllm.kernels.packed``)."""
     if not return_probs and wants_packing(q, k, mask):
-        groups = left_padding_groups(mask)
+        groups = padding_groups(mask)
         if groups is not None and few_enough(groups, q.device):
             return packed_sdpa(q, _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1]), groups), None
     return _sdpa(q, k, v, mask, return_probs, "sdpa")
@@ -114,7 +114,7 @@ backends.add("reference", Backend("reference", reference_attention, True, 0),
              description="plain PyTorch matmul/softmax in float32; can return attention probabilities")
 backends.add("sdpa", Backend("sdpa", sdpa_attention, False, 10),
              description="torch scaled_dot_product_attention (flash / memory-efficient / math kernels); "
-                         "long left-padded batches attend to each row's real keys only (dllm.kernels.packed)")
+                         "long padded batches attend to each row's real keys only (dllm.kernels.packed)")
 backends.add("sdpa_plain", Backend("sdpa_plain", sdpa_plain_attention, False, 1),
              description="sdpa as one masked call, without the padded-batch path (the reference beside sdpa)")
 

@@ -1,24 +1,24 @@
-"""A full forward of a long left-padded batch without its padding: one forward per group of equally
-padded rows, over their real columns only, unmasked.
+"""A full forward of a long padded batch without its padding: one forward per group of rows with the
+same run of real columns, over those columns only, unmasked.
 
 ``dllm.kernels.packed`` skips the padded keys inside attention; every other part of a layer (the
 projections, the MLP, the norms) still runs on the pad columns. For a forward without a cache the
 rows of a ragged batch are independent (a real position attends to its row's real keys only), so
-the model can run each group of rows with the same pad count on ``[first, T)`` as if it were a
-batch of its own, with no mask at all, and scatter the logits back:
+the model can run each group of rows whose real columns are ``[start, end)`` as a batch of its own,
+with no mask at all, and scatter the logits back:
 
-    logits[rows, first:] = forward(input_ids[rows, first:], positions[rows, first:])
+    logits[rows, start:end] = forward(input_ids[rows, start:end], positions[rows, start:end])
 
 The same values at every real position up to float summation order (a shifted family's first real
 column predicts nothing in either path). Pad columns get zeros (the padded forward gives them
-values no caller reads). Taken only for a model that opts in (``packs_padded_rows``), without a
-cache, without requested attention maps or hidden states, when the batch has >= 2 rows, at least
-``MIN_WORK`` query x key pairs per row, a left-padding mask with >= 1/8 of its columns padded
-(``dllm.kernels.packed.left_padding_groups``: one host sync per forward; off the CPU at most
-``MAX_GROUPS_OFF_CPU`` groups), and, with
-``logits_rows=(a, b)``, every group's real columns covering ``[a, b)``. Otherwise the caller runs
-the padded forward, which stays the reference (tests/models/test_packed_rows.py). Training batches
-are right-padded (``dllm.train.data``), so training keeps the padded forward.
+values no caller reads). Left-padded batches (the engine's prompts) and right-padded ones
+(training's examples) alike. Taken only for a model that opts in (``packs_padded_rows``), without
+a cache, without requested attention maps or hidden states, when the batch has >= 2 rows, at least
+``MIN_WORK`` query x key pairs per row, >= 1/8 of its columns padded
+(``dllm.kernels.packed.padding_groups``: one host sync per forward; off the CPU at most
+``MAX_GROUPS_OFF_CPU`` groups), and, with ``logits_rows=(a, b)``, every group's real columns
+covering ``[a, b)``. Otherwise the caller runs the padded forward, which stays the reference
+(tests/models/test_packed_rows.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.kernels.packed import MIN_WORK, few_enough, left_padding_groups
+from dllm.kernels.packed import MIN_WORK, few_enough, padding_groups
 
 
 def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -38,23 +38,23 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
     b, t = input_ids.shape
     if attn_mask is None or b < 2 or t * t < MIN_WORK or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
         return None
-    groups = left_padding_groups(attn_mask)
+    groups = padding_groups(attn_mask)
     if groups is None or not few_enough(groups, input_ids.device) or (
-            head_rows is not None and head_rows[0] < max(first for first, _ in groups)):
+            head_rows is not None and not all(s0 <= head_rows[0] and head_rows[1] <= e0 for s0, e0, _ in groups)):
         return None
     out: Optional[torch.Tensor] = None
-    for first, rows_at in groups:
+    for s0, e0, rows_at in groups:
         rows = rows_at.to(input_ids.device)
-        rows_head = None if head_rows is None else (head_rows[0] - first, head_rows[1] - first)
-        raw, _, _ = model._raw_forward(input_ids[rows, first:], positions[rows, first:], None, (), (),
+        rows_head = None if head_rows is None else (head_rows[0] - s0, head_rows[1] - s0)
+        raw, _, _ = model._raw_forward(input_ids[rows, s0:e0], positions[rows, s0:e0], None, (), (),
                                        **model._head_kwargs(rows_head))
-        logits = model._final_logits(raw, rows_head)  # [G, T - first | b - a, V]
+        logits = model._final_logits(raw, rows_head)  # [G, e0 - s0 | b - a, V]
         if out is None:
             width = t if head_rows is None else head_rows[1] - head_rows[0]
             out = logits.new_zeros(b, width, logits.shape[-1])
         rows_out = rows.to(out.device)  # the head may sit on another device (device_map)
         if head_rows is None:
-            out[rows_out, first:] = logits
+            out[rows_out, s0:e0] = logits
         else:
             out[rows_out] = logits
     return out

@@ -25,8 +25,9 @@ def _batch(pads, tk=300, h=4, hkv=2, hd=16, tq=None, seed=0):
 @pytest.mark.parametrize("tq", [300, 220], ids=["full", "cached-queries"])
 def test_packed_equals_the_masked_call(tq):
     q, k, v, mask = _batch([0, 120, 120, 37, 250], tq=tq)
-    groups = packed.left_padding_groups(mask)
-    assert [(first, rows.tolist()) for first, rows in groups] == [(0, [0]), (37, [3]), (120, [1, 2]), (250, [4])]
+    groups = packed.padding_groups(mask)
+    assert [(s0, e0, rows.tolist()) for s0, e0, rows in groups] == [
+        (0, 300, [0]), (37, 300, [3]), (120, 300, [1, 2]), (250, 300, [4])]
     fast, _ = sdpa_attention(q, k, v, mask)
     ref, _ = sdpa_plain_attention(q, k, v, mask)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
@@ -34,21 +35,29 @@ def test_packed_equals_the_masked_call(tq):
 
 def test_rows_padded_alike_take_one_call():
     q, k, v, mask = _batch([64, 64, 64])
-    groups = packed.left_padding_groups(mask)
-    assert [(first, rows.tolist()) for first, rows in groups] == [(64, [0, 1, 2])]
+    groups = packed.padding_groups(mask)
+    assert [(s0, e0, rows.tolist()) for s0, e0, rows in groups] == [(64, 300, [0, 1, 2])]
     torch.testing.assert_close(sdpa_attention(q, k, v, mask)[0], sdpa_plain_attention(q, k, v, mask)[0],
                                rtol=1e-5, atol=1e-5)
 
 
-def test_masks_that_are_not_left_padding_take_the_masked_call():
+def test_runs_of_real_keys_anywhere_and_masks_with_holes():
     q, k, v, mask = _batch([0, 100])
     holes = mask.clone()
     holes[1, 0, 0, 150] = False  # a pad after a real column
-    assert packed.left_padding_groups(holes) is None
-    right = mask.flip(-1)  # right padding
-    assert packed.left_padding_groups(right) is None
+    assert packed.padding_groups(holes) is None
+    right = mask.flip(-1)  # right padding: a run [0, n) per row
+    assert [(s0, e0, rows.tolist()) for s0, e0, rows in packed.padding_groups(right)] == [(0, 200, [1]), (0, 300, [0])]
+    torch.testing.assert_close(sdpa_attention(q, k, v, right)[0], sdpa_plain_attention(q, k, v, right)[0],
+                               rtol=1e-5, atol=1e-5)
+    middle = torch.zeros_like(mask)
+    middle[0, ..., 20:280] = True
+    middle[1, ..., 50:150] = True  # pads on both sides
+    assert [(s0, e0) for s0, e0, _ in packed.padding_groups(middle)] == [(20, 280), (50, 150)]
+    torch.testing.assert_close(sdpa_attention(q, k, v, middle)[0], sdpa_plain_attention(q, k, v, middle)[0],
+                               rtol=1e-5, atol=1e-5)
     little = _batch([0, 10])[3]  # 10 of 600 keys padded: below MIN_PADDED
-    assert packed.left_padding_groups(little) is None
+    assert packed.padding_groups(little) is None
     # shape-only refusals: float masks, one row, a mask shared by the rows, too little work
     assert not packed.wants_packing(q, k, torch.zeros(2, 1, 1, 300))
     assert not packed.wants_packing(q[:1], k[:1], mask[:1])
@@ -72,10 +81,10 @@ def test_masks_that_are_not_left_padding_take_the_masked_call():
 
 def test_one_conversion_per_mask_object():
     mask = _batch([0, 100])[3]
-    first = packed.left_padding_groups(mask)
-    assert packed.left_padding_groups(mask) is first  # remembered: no second host sync
+    first = packed.padding_groups(mask)
+    assert packed.padding_groups(mask) is first  # remembered: no second host sync
     mask[1, 0, 0, :100] = True  # edited in place: converted again
-    assert packed.left_padding_groups(mask) is None  # no pads left
+    assert packed.padding_groups(mask) is None  # no pads left
 
 
 def test_autocast_keeps_sdpa_s_dtype():
@@ -132,6 +141,6 @@ def test_gradients_match_the_masked_call():
         out, _ = fn(q, k, v, mask)
         (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
         grads[name] = (q.grad, k.grad, v.grad)
-    assert packed.left_padding_groups(_batch([0, 120, 37], tk=260, seed=3)[3]) is not None
+    assert packed.padding_groups(_batch([0, 120, 37], tk=260, seed=3)[3]) is not None
     for a, b in zip(grads["packed"], grads["plain"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,5 @@
-"""A long ragged batch's full forward per group of equally padded rows (``dllm.models.packed_rows``)
-against the padded forward (``packs_padded_rows = False``, the reference)."""
+"""A long ragged batch's full forward per group of rows with the same real columns
+(``dllm.models.packed_rows``) against the padded forward (``packs_padded_rows = False``, the reference)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from dllm.train import diffusion_loss
 LENGTHS = (300, 180, 300, 90)  # real columns per row; left-padded to 300
 
 
-def _batch(model, lengths=LENGTHS, seed=0):
+def _batch(model, lengths=LENGTHS, seed=0, side="left"):
     g = torch.Generator().manual_seed(seed)
     t = max(lengths)
     ids = torch.randint(10, 60, (len(lengths), t), generator=g)
-    real = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]  # [B, T]
+    real = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]  # [B, T] left padding
+    if side == "right":  # training's layout (dllm.train.data)
+        real = real.flip(-1)
     return ids.masked_fill(~real, model.pad_id), real
 
 
@@ -32,10 +34,11 @@ def _both(model, *args, **kwargs):
     return fast, ref
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_logits_equal_the_padded_forward_at_real_positions(family):
+def test_logits_equal_the_padded_forward_at_real_positions(family, side):
     model = tiny(family, seed=1)
-    ids, real = _batch(model)
+    ids, real = _batch(model, side=side)
     with torch.no_grad():
         fast, ref = _both(model, ids, key_padding_mask=real)
     assert fast.shape == ref.shape
@@ -44,8 +47,9 @@ def test_logits_equal_the_padded_forward_at_real_positions(family):
         use &= torch.roll(real, 1, dims=1) & (torch.arange(real.shape[1]) > 0)
     torch.testing.assert_close(fast[use], ref[use], rtol=1e-5, atol=1e-5)
     assert (fast[~real] == 0).all()
-    with torch.no_grad():  # logits_rows: the last 8 columns, real in every row
-        fast, ref = _both(model, ids, key_padding_mask=real, logits_rows=(292, 300))
+    cols = (292, 300) if side == "left" else (2, 10)  # logits_rows: 8 columns real in every row
+    with torch.no_grad():
+        fast, ref = _both(model, ids, key_padding_mask=real, logits_rows=cols)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -64,10 +68,12 @@ def test_the_path_is_taken_only_where_it_applies():
     assert 0 in out.hidden and out.hidden[0].shape[:2] == ids.shape
 
 
-def test_the_objective_and_its_gradients_match_on_a_left_padded_batch():
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_objective_and_its_gradients_match(side):
+    """The training objective (whose batches are right-padded) on both layouts."""
     model = tiny("llada", seed=2)
-    ids, real = _batch(model)
-    answer = real & (torch.arange(ids.shape[1]) >= 280)  # the last 20 columns are the answer
+    ids, real = _batch(model, side=side)
+    answer = real & (torch.rand(real.shape, generator=torch.Generator().manual_seed(1)) < 0.2)
     results = {}
     for packs in (True, False):
         model.packs_padded_rows = packs
