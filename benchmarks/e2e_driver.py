@@ -68,11 +68,10 @@ def run_engine(model, ex: T.Example, spec: str) -> tuple[list[int], int]:
 
 
 def one_pass(model, examples, setting: str) -> dict:
-    words = T.vocabulary()
     t0 = time.perf_counter()
     outs = [run_driver(model, ex) if setting == DRIVER else run_engine(model, ex, setting) for ex in examples]
     wall = time.perf_counter() - t0
-    correct = sum(T.score(ex, [words[t] if 0 <= t < len(words) else T.PAD for t in toks])
+    correct = sum(T.score(ex, T.words_of(toks))
                   for ex, (toks, _) in zip(examples, outs))
     return {"wall": wall, "accuracy": correct / len(examples), "nfe": sum(n for _, n in outs),
             "tokens": [t for t, _ in outs]}

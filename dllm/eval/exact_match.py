@@ -100,11 +100,11 @@ BUCKET_RATIO = 1.5  # ... at most this many times longer than the shortest of th
 def length_batches(group: Sequence[T.Example], max_batch: int, by_length: bool = True) -> list[list[T.Example]]:
     """Batches of at most ``max_batch`` examples. A group whose prompts are all shorter than
     ``BUCKET_MIN_LEN`` tokens (or any group with ``by_length=False``) is cut in its own order (one
-    batch when it fits); otherwise it is sorted
-    by prompt length and a batch never holds a prompt more than ``BUCKET_RATIO`` times the length of
-    its shortest: left padding to the longest row would otherwise make every short prompt pay for
-    the long ones (a batch of 256- to 2,040-word prompts decodes 1.5x slower than the same prompts
-    one at a time: benchmarks/packed-suite-2026-12-02.txt)."""
+    batch when it fits); otherwise it is sorted by prompt length and a batch never holds a prompt
+    more than ``BUCKET_RATIO`` times the length of its shortest: left padding to the longest row
+    would otherwise make every short prompt pay for the long ones (a long-prompt suite batch of
+    256- to 2,040-word prompts decodes 1.8x slower with packed attention than the same prompts one
+    at a time: benchmarks/packed-suite-2026-12-02.txt)."""
     lengths = [len(T.prompt_ids(ex)) for ex in group]
     if not by_length or max(lengths, default=0) < BUCKET_MIN_LEN:
         return [list(group[i:i + max_batch]) for i in range(0, len(group), max_batch)]
@@ -150,7 +150,6 @@ def decode_and_score(
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.engine import generate
 
-    words = T.vocabulary()
     groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
     for ex in examples:
         groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size))].append(ex)
@@ -176,7 +175,7 @@ def decode_and_score(
                 tally.generated_tokens += out.generated_tokens
                 tally.content_tokens += out.content_tokens
                 for ex, row in zip(chunk, out.generated.tolist()):
-                    region = [words[t] if 0 <= t < len(words) else T.PAD for t in row]
+                    region = T.words_of(row)
                     tally.correct[ex.task] += bool(T.score(ex, region))
                     tally.counts[ex.task] += 1
                 if progress is not None:

@@ -110,7 +110,6 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
     """
     from dllm.engine import generate
 
-    words = T.vocabulary()
     eos = T.word_id(T.EOS)
     if hasattr(model, "reseed") and getattr(model, "noise_std", 0) > 0:
         model.reseed(seed)  # the oracle's logit noise: the same draws whatever ran before
@@ -139,7 +138,7 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
             forwards += out.nfe
             per_step = out.nfe / max(out.steps, 1)  # forwards per sampler step (1 unless one row per call)
             for r, (i, ids, trace) in enumerate(zip(rows, out.generated.tolist(), out.trace.tolist())):
-                region = [words[t] if 0 <= t < len(words) else T.PAD for t in ids]
+                region = T.words_of(ids)
                 correct[i] = bool(T.score(examples[i], region))
                 nfe[i] = int(counter.steps[r]) * per_step
                 tokens[i] = la

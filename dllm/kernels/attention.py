@@ -12,7 +12,7 @@ Backends:
 - ``reference``: plain matmul / softmax in float32; the only one that can return the attention
   probabilities (samplers such as DAWN read the last layers' attention).
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long padded batch runs
-  one unmasked call per group of equally padded rows over their real keys (``dllm.kernels.packed``).
+  one unmasked call per group of rows with the same real keys, over those keys (``dllm.kernels.packed``).
 - ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
 
 ``resolve_backend("auto", need_probs=...)`` picks the best backend that supports the request and

@@ -195,14 +195,14 @@ class DiffusionLM(nn.Module):
         positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
         if self.packs_padded_rows and attn_mask is not None and not want_attn_layers and not want_hidden_layers:
             logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
-            if logits is not None:  # a long ragged batch, run per group of equally padded rows
+            if logits is not None:  # a long ragged batch, run per group of rows with the same real columns
                 return ModelOutput(logits, {}, {})
         raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, tuple(want_attn_layers),
                                               tuple(want_hidden_layers), **self._head_kwargs(head_rows))
         return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
 
     supports_head_rows: ClassVar[bool] = False  # True when _raw_forward takes head_rows=(a, b)
-    # a long left-padded batch without a cache runs per group of equally padded rows
+    # a long padded batch without a cache runs per group of rows with the same real columns
     # (dllm.models.packed_rows); set False on an instance for the padded forward (the reference)
     packs_padded_rows: bool = False
 

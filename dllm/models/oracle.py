@@ -321,10 +321,9 @@ def score_generation(examples: Sequence[T.Example], out: Any) -> list[bool]:
     rows = gen.tolist() if isinstance(gen, torch.Tensor) else [list(r) for r in gen]
     if len(rows) != len(examples):
         raise ValueError(f"{len(examples)} examples but {len(rows)} generated rows")
-    vocab = T.vocabulary()
     scores = []
     for ex, row in zip(examples, rows):
-        words = [vocab[t] if 0 <= t < len(vocab) else T.PAD for t in row]
+        words = T.words_of(row)
         words += [T.EOS] * (T.answer_length(ex.task, ex.size) - len(words))
         scores.append(T.score(ex, words))
     return scores

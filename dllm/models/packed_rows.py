@@ -34,7 +34,7 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
                        attn_mask: Optional[torch.Tensor], head_rows: Optional[tuple[int, int]]
                        ) -> Optional[torch.Tensor]:
     """The logits of ``model.forward`` (shifted, [B, T, V] or the ``head_rows`` [B, b - a, V]) computed
-    per group of equally padded rows; None when the batch does not qualify (see the module)."""
+    per group of rows with the same real columns; None when the batch does not qualify (see the module)."""
     b, t = input_ids.shape
     if attn_mask is None or b < 2 or t * t < MIN_WORK or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
         return None

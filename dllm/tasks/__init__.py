@@ -47,7 +47,7 @@ from dllm.tasks.format import (
     sequence_words, split_sequence, target_words,
 )  # fmt: skip
 from dllm.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_test_prompt, test_split
-from dllm.tasks.vocab import BOS, EOS, MASK, PAD, PB_MINI_VOCAB_SIZE, SEP, SPECIALS, vocabulary, word_id
+from dllm.tasks.vocab import BOS, EOS, MASK, PAD, PB_MINI_VOCAB_SIZE, SEP, SPECIALS, vocabulary, word_id, words_of
 
 PB_MINI = "pb-mini"  # the default suite: every task the diffusion models were trained and measured on
 SUITES: tuple[str, ...] = (PB_MINI, _long.LONG_SUITE, _long_prompt.LONG_PROMPT_SUITE)
@@ -72,5 +72,5 @@ __all__ = [
     "is_test_prompt", "is_valid_answer", "item_integrity", "list_tasks", "marginals",
     "max_sequence_length", "parse_prompt", "prompt_ids", "prompt_length", "prompt_words", "score",
     "sequence_length", "sequence_words", "split_sequence", "target_words", "tasks", "test_split",
-    "total_correlation", "valid_answers", "vocabulary", "word_id",
+    "total_correlation", "valid_answers", "vocabulary", "word_id", "words_of",
 ]  # fmt: skip

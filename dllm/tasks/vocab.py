@@ -64,6 +64,12 @@ def _ids() -> dict[str, int]:
     return {w: i for i, w in enumerate(_VOCABULARY)}
 
 
+def words_of(ids) -> list[str]:
+    """Generated token ids -> words; an id outside the vocabulary (a model with a larger embedding)
+    reads as ``PAD``, which no answer contains."""
+    return [_VOCABULARY[t] if 0 <= t < len(_VOCABULARY) else PAD for t in ids]
+
+
 def word_id(word: str) -> int:
     """Token id of ``word``; ``ValueError`` naming the word if it is not in the vocabulary."""
     try:

@@ -101,3 +101,8 @@ def test_suites_split_the_registry_and_the_long_answers_are_32_to_64_words():
     assert ex.answer == tuple(w for w in ex.prompt for _ in range(2))
     with pytest.raises(ValueError, match="unknown task suite 'nope'"):
         T.suite_task_names("nope")
+
+
+def test_words_of_maps_ids_and_reads_unknown_ids_as_pad():
+    ids = [T.word_id("A"), T.word_id(T.EOS), len(T.vocabulary()), -1]
+    assert T.words_of(ids) == ["A", T.EOS, T.PAD, T.PAD]
