@@ -107,13 +107,28 @@ def base_recipe(init: str) -> Recipe:
     return long[family]
 
 
+def stage_model(init: str, base: Recipe) -> dict:
+    """The model fields of a stage: the init checkpoint's own (its ``../recipe.json``: a RoPE base set
+    by an earlier stage carries on), else ``base``'s; ``$ROPE_THETA`` sets a new RoPE base (long-context
+    continued training with a larger base, as Code Llama's 10^4 -> 10^6: more rotary frequencies stay
+    below one turn over 2,048 positions, so more dimensions can match content at any distance)."""
+    meta = Path(init).parent / "recipe.json"
+    from_checkpoint = init not in long_recipes.LONG_RECIPES and meta.is_file()
+    model = dict(json.loads(meta.read_text())["model"]) if from_checkpoint else dict(base.model)
+    theta = os.environ.get("ROPE_THETA")
+    if theta:
+        model["rope_theta"] = float(theta)
+    return model
+
+
 def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:
     """One stage from ``init`` (a model name or a checkpoint directory): the tasks
     ``name:weight:lo:hi`` (``lookup_kW``: keys of W items, ``count_cM``: 1..M occurrences; sizes
     lo..hi in the task's own unit), ``batch`` examples per step, warm-up 50, cosine to 10%, a fresh
     AdamW, ``$THREADS`` threads (default 1); ``$STOP_AT``: stop after that many steps (the schedule
     still spans ``steps``); ``$TIME_LIMIT``: stop (and checkpoint) after that many seconds;
-    ``$DEVICE`` (default cpu) and ``$BF16=1`` (bf16 autocast) for a GPU (benchmarks/gpu-train-long.sh)."""
+    ``$DEVICE`` (default cpu) and ``$BF16=1`` (bf16 autocast) for a GPU (benchmarks/gpu-train-long.sh);
+    ``$ROPE_THETA``: a new RoPE base (``stage_model``)."""
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     base = base_recipe(init)
     names, weights, sizes = [], [], []
@@ -125,7 +140,8 @@ def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[st
     mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
     cfg = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200, mixture=mix,
                       device=os.environ.get("DEVICE", "cpu"), bf16=os.environ.get("BF16", "0") == "1")
-    recipe = Recipe("key-curriculum-stage", base.family, base.model, cfg, f"stage from {init}", init_from=init)
+    recipe = Recipe("key-curriculum-stage", base.family, stage_model(init, base), cfg, f"stage from {init}",
+                    init_from=init)
     stop, limit = os.environ.get("STOP_AT"), os.environ.get("TIME_LIMIT")
     print(Trainer(recipe, out, progress=False).train(stop_at=int(stop) if stop else None,
                                                     time_limit=float(limit) if limit else None), flush=True)
