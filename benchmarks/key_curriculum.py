@@ -108,17 +108,16 @@ def base_recipe(init: str) -> Recipe:
 
 
 def stage_model(init: str, base: Recipe) -> dict:
-    """The model fields of a stage: the init checkpoint's own (its ``../recipe.json``: a RoPE base set
-    by an earlier stage carries on), else ``base``'s; ``$ROPE_THETA`` sets a new RoPE base (long-context
-    continued training with a larger base, as Code Llama's 10^4 -> 10^6: more rotary frequencies stay
-    below one turn over 2,048 positions, so more dimensions can match content at any distance)."""
-    meta = Path(init).parent / "recipe.json"
-    from_checkpoint = init not in long_recipes.LONG_RECIPES and meta.is_file()
-    model = dict(json.loads(meta.read_text())["model"]) if from_checkpoint else dict(base.model)
+    """The model fields of a stage: ``base``'s with the RoPE base of ``init`` itself (a checkpoint's or
+    an embedded model's config: the shipped long models are at 10^6, their recipes at 10^4), or
+    ``$ROPE_THETA`` when set (long-context continued training with a larger base, as Code Llama's
+    10^4 -> 10^6: more rotary frequencies stay below one turn over 2,048 positions, so more
+    dimensions can match content at any distance). Every other field must match: ``warm_start``
+    checks the tensors' shapes."""
+    from dllm.models import load
+
     theta = os.environ.get("ROPE_THETA")
-    if theta:
-        model["rope_theta"] = float(theta)
-    return model
+    return dict(base.model, rope_theta=float(theta) if theta else float(load(init).config.rope_theta))
 
 
 def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:
