@@ -1,5 +1,6 @@
 """Curricula for the long-prompt models (README "Measured"; the chains as run: benchmarks/long-keys.sh
-(tiny-llada-long's keys), benchmarks/long-keys-dream.sh, benchmarks/long-count.sh (counting); notes:
+(tiny-llada-long's keys), benchmarks/long-keys-dream.sh, benchmarks/long-count.sh (counting),
+benchmarks/long-rope.sh and benchmarks/long-rope-dream.sh (RoPE base 10^6, the shipped models); notes:
 benchmarks/training-notes-2026-12-01.md)
 
     python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
@@ -93,14 +94,18 @@ def fields(spec: str, form: str, example: str, types: tuple[type, ...]) -> list:
 
 def base_recipe(init: str) -> Recipe:
     """The long recipe a stage continues: ``init``'s own (a long model's name), or the long recipe of
-    the family in a checkpoint's ``../recipe.json`` (``tiny-llada-long`` / ``tiny-dream-long``)."""
+    the family in a checkpoint's ``../recipe.json`` or an exported model's ``training.json``
+    (``tiny-llada-long`` / ``tiny-dream-long``)."""
     if init in long_recipes.LONG_RECIPES:  # (importing long_recipes registers them)
         return recipes.get(init)
-    meta = Path(init).parent / "recipe.json"
-    if not meta.is_file():
-        raise SystemExit(f"init {init!r}: neither a long model ({', '.join(long_recipes.LONG_RECIPES)}) "
-                         f"nor a checkpoint beside a recipe.json")
-    family = json.loads(meta.read_text())["family"]
+    meta, exported = Path(init).parent / "recipe.json", Path(init) / "training.json"
+    if meta.is_file():
+        family = json.loads(meta.read_text())["family"]
+    elif exported.is_file():  # an exported model directory (dllm.train.export), e.g. a shipped model of an older commit
+        family = json.loads(exported.read_text())["recipe"]["family"]
+    else:
+        raise SystemExit(f"init {init!r}: neither a long model ({', '.join(long_recipes.LONG_RECIPES)}), "
+                         f"a checkpoint beside a recipe.json nor an exported model with a training.json")
     long = {recipes.get(n).family: recipes.get(n) for n in long_recipes.LONG_RECIPES}
     if family not in long:
         raise SystemExit(f"init {init!r}: family {family!r} has no long recipe (valid: {', '.join(long)})")
@@ -117,7 +122,15 @@ def stage_model(init: str, base: Recipe) -> dict:
     from dllm.models import load
 
     theta = os.environ.get("ROPE_THETA")
-    return dict(base.model, rope_theta=float(theta) if theta else float(load(init).config.rope_theta))
+    if not theta:
+        return dict(base.model, rope_theta=float(load(init).config.rope_theta))
+    try:
+        value = float(theta)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise SystemExit(f"ROPE_THETA={theta!r}: expected a finite RoPE base > 0, e.g. 1e6")
+    return dict(base.model, rope_theta=value)
 
 
 def stage(init: str, out: str, steps: int, lr: float, batch: int, specs: list[str]) -> None:

@@ -8,12 +8,16 @@
 # on 32 items), which then re-forms a doubling at a time as before, the lookups mixed in at full
 # length. One `python benchmarks/key_curriculum.py stage ...` per stage, two threads (a stage's
 # checkpoint carries the base on: key_curriculum.stage_model). Notes: benchmarks/training-notes-2026-12-01.md.
+# INIT: the model the chain starts from, the third tiny-llada-long at base 10^4 (the embedded name now loads
+# this chain's result): e.g. `mkdir -p runs/init3 && git archive 215d277 dllm/models/embedded/tiny-llada-long |
+# tar -x -C runs/init3` and INIT=runs/init3/dllm/models/embedded/tiny-llada-long.
 set -euo pipefail
 S="python benchmarks/key_curriculum.py stage"
 P=${P:-runs/rt-}
+INIT=${INIT:?set INIT to the third tiny-llada-long (see above)}
 export THREADS=${THREADS:-2}
 # cc-9's mixture at base 10^6 (18 min): lookup_long 100%, span 100%, count 0%
-ROPE_THETA=1e6 $S tiny-llada-long ${P}1 600 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
+ROPE_THETA=1e6 $S $INIT ${P}1 600 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
 # the count on short lists again (6 min): 100% at 12 items, 87.5% at 32; lookup_long 75% at 339 rows
 $S ${P}1/checkpoint-0000600 ${P}2 400 1e-3 32 count_c4:1:4:12 count_c8:1:8:32 lookup_long:0.15:4:339 \
@@ -33,6 +37,9 @@ THREADS=1 $S ${P}4/checkpoint-0000600 ${P}5 400 5e-4 8 count_c16:1:16:1024 count
 # span 100); with --per-size 16 (64 per task): 86.5% (count 71.9, lookup 87.5, span 100)
 THREADS=1 $S ${P}5/checkpoint-0000400 ${P}6 300 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
     lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
-# cc-9's mixture again at lr 3e-4 (one thread)
+# cc-9's mixture again at lr 3e-4 (one thread): --per-size 16 C = 0 mean 85.9% (count 64.1, lookup 93.8), a tie
+# with rt-6's 86.5%; not shipped
 THREADS=1 $S ${P}6/checkpoint-0000300 ${P}7 400 3e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
+# shipped as tiny-llada-long (2026-12-02, session 9):
+#   python -m dllm.train.export --run ${P}6 --name tiny-llada-long --checkpoint checkpoint-0000300 --dtype float32
