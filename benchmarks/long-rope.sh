@@ -16,22 +16,22 @@ S="python benchmarks/key_curriculum.py stage"
 P=${P:-runs/rt-}
 INIT=${INIT:?set INIT to the third tiny-llada-long (see above)}
 export THREADS=${THREADS:-2}
-# cc-9's mixture at base 10^6 (18 min): lookup_long 100%, span 100%, count 0%
+# cc-9's mixture at base 10^6 (17 min): lookup_long 100%, span 100%, count 0%
 ROPE_THETA=1e6 $S $INIT ${P}1 600 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
-# the count on short lists again (6 min): 100% at 12 items, 87.5% at 32; lookup_long 75% at 339 rows
+# the count on short lists again (5 min): 100% at 12 items, 87.5% at 32; lookup_long 75% at 339 rows
 $S ${P}1/checkpoint-0000600 ${P}2 400 1e-3 32 count_c4:1:4:12 count_c8:1:8:32 lookup_long:0.15:4:339 \
     span_copy_far:0.1:16:2039
 # <= 128 items
 $S ${P}2/checkpoint-0000400 ${P}3 400 8e-4 16 count_c16:1:16:128 count_c8:0.5:8:64 lookup_long:0.3:4:339 \
     lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
-# <= 256 items (one thread beside the Dream run, 23 min): count 56.2% at 128, 37.5% at 251; lookup_long 100% at 339
+# <= 256 items (one thread beside the Dream run, 19 min): count 56.2% at 128, 37.5% at 251; lookup_long 100% at 339
 THREADS=1 $S ${P}3/checkpoint-0000400 ${P}4 600 6e-4 16 count_c16:1:16:256 count_c8:0.25:8:128 \
     lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
 # <= 1,024 items (one thread, 9 min): count 56.2 / 62.5 / 56.2% at 251 / 507 / 1,019; lookup_long 75% at 339
 THREADS=1 $S ${P}4/checkpoint-0000600 ${P}5 400 5e-4 8 count_c16:1:16:1024 count_c8:0.25:8:256 \
     lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
-# <= 2,040 items (one thread, 13 min): count 68.8 / 68.8 / 75.0% at 251 / 1,019 / 2,035, lookup_long 93.8 / 75.0%
+# <= 2,040 items (one thread, 14 min): count 68.8 / 68.8 / 75.0% at 251 / 1,019 / 2,035, lookup_long 93.8 / 75.0%
 # at 170 / 339 rows (N=16); the suite (`dllm eval-tasks --model runs/rt-6/checkpoint-0000300 --tasks lookup_long
 # lookup_any span_copy_far count_long --per-size 4 --threads 1`): C = 0 mean 93.8% (count 87.5, lookup 93.8,
 # span 100); with --per-size 16 (64 per task): 86.5% (count 71.9, lookup 87.5, span 100)
