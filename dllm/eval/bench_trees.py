@@ -25,6 +25,11 @@ Also the *cost curve* of one target forward: batch 1, a warm cache holding ``--p
 1 + N new tokens under a 4-D mask (as tree verification runs it), N in ``COST_SIZES``, the median of
 ``--cost-repeats`` calls; a least-squares line t(N) = a + b N, with ``b / a`` the relative cost of a
 node. ``--png``: tau and tokens/s vs budget per builder (greedy, reported split).
+
+Paired (``trees_report.paired``): every row keeps its per-prompt target forwards and generated
+tokens (``prompt_forwards``, ``prompt_tokens``), so two builders at the same budget are compared on
+the same reported prompts: tau a - tau b with a 95% bootstrap interval over the prompts and the
+prompts where a's tau is higher / equal / lower (printed, and under ``"paired"`` in the JSON).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from dllm.eval.spec_runners import _device
 from dllm.eval.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
 from dllm.eval.tree_runs import (BASELINES, Config, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
                                  widths)
-from dllm.eval.trees_report import COLUMNS, format_diffs, format_selection, plot_trees
+from dllm.eval.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
+                                    paired_rows, plot_trees)
 
 DEFAULT_BUILDERS: tuple[str, ...] = ("chain", "ddtree", "taps")
 DEFAULT_BUDGETS: tuple[int, ...] = (16, 32, 64, 128)
@@ -211,6 +217,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if diffs:
         print("\ngreedy mismatches with target.generate (first differing token per prompt):")
         print(diffs)
+    pairs = paired_rows(bench.reported)
+    if pairs:
+        print(f"\nbuilders paired on the reported prompts, same budget (chain verifies min(budget, K) nodes): tau "
+              f"over all prompts, the 95% interval of tau a - tau b from {RESAMPLES:,} bootstrap draws of the prompts "
+              f"(n/a below {MIN_PROMPTS} prompts):")
+        print(format_paired(pairs))
     print("\nbudget selection (chosen on held-out; 'best budget' = the reported split's own best, for comparison):")
     print(format_selection(bench, args.temperatures))
     payload = {"target": args.target, "dflash": args.dflash, "tasks": args.tasks, "n_per_size": args.n,
@@ -221,6 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "builders": args.trees, "budgets": args.budgets, "block_size": block, "temperatures": args.temperatures,
                "seed": args.seed, "threads": torch.get_num_threads(), "device": str(_device(target)),
                "selection": bench.selection(), "cost_curve": curve.to_json(),
+               "paired": [{"temperature": t, "budget": n, **p.to_json()} for t, n, p in pairs],
                "rows": [r.to_json() for r in bench.held_out + bench.reported]}
     if args.out:
         out = Path(args.out)
@@ -247,5 +260,6 @@ if __name__ == "__main__":
 
 __all__ = ["BASELINES", "COLUMNS", "COST_SIZES", "Config", "CostCurve", "DEFAULT_BUDGETS", "DEFAULT_BUILDERS",
            "TreeBench", "TreeRow", "check_budgets", "check_builders", "choose_budgets", "configs_for", "fit_line",
-           "format_diffs", "format_selection", "forward_cost", "greedy_diffs", "held_out_examples", "main",
-           "parse_args", "plot_trees", "reported_examples", "run_split", "run_trees", "tree_runner", "widths"]
+           "format_diffs", "format_paired", "format_selection", "forward_cost", "greedy_diffs", "held_out_examples",
+           "main", "paired_rows", "parse_args", "plot_trees", "reported_examples", "run_split", "run_trees",
+           "tree_runner", "widths"]

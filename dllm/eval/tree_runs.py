@@ -52,6 +52,8 @@ class TreeRow(Row):
     budget: Optional[int] = None
     width: Optional[float] = None  # mean tokens per verification forward (the prefill not counted)
     chosen: bool = False
+    prompt_forwards: list[int] = field(default_factory=list)  # target forwards per prompt (``trees_report.paired``)
+    prompt_tokens: list[int] = field(default_factory=list)  # generated tokens per prompt
     greedy_diffs: list[dict[str, Any]] = field(default_factory=list)  # T = 0 only: see ``greedy_diffs``
 
 
@@ -179,7 +181,9 @@ def _rows(configs: Sequence[Config], samples: dict[str, list[Sample]], seen: dic
         row = summarize(c.label, temp, samples[c.label], examples, block)
         w = seen[c.label]
         rows.append(TreeRow(**{f.name: getattr(row, f.name) for f in fields(Row)}, **extra,
-                            width=round(sum(w) / len(w), 3) if w else None))
+                            width=round(sum(w) / len(w), 3) if w else None,
+                            prompt_forwards=[s.target_forwards for s in samples[c.label]],
+                            prompt_tokens=[len(s.generated) for s in samples[c.label]]))
     compare_to_baseline(rows, next((r for r in rows if r.builder == "generate" and r.status == "ok"), None), temp)
     return rows
 

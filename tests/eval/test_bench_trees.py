@@ -60,6 +60,7 @@ def test_run_trees_chooses_on_held_out(models, monkeypatch):
     for r in bench.held_out + bench.reported:
         assert r.status == "ok", (r.method, r.reason)
         assert r.prompts == 1 and r.target_forwards > 0 and r.tau == round(r.generated_tokens / r.target_forwards, 4)
+        assert sum(r.prompt_forwards) == r.target_forwards and sum(r.prompt_tokens) == r.generated_tokens
         assert r.greedy_match is (True if r.temperature == 0 else None), r.method  # lossless
         assert r.greedy_diffs == []
         assert r.speedup is not None
@@ -156,6 +157,18 @@ def test_main_via_bench_spec(models, tmp_path, capsys):
     a, b = B.fit_line([float(n) for n in curve["sizes"]], curve["ms"])
     assert curve["a_ms"] == pytest.approx(a, abs=1e-4) and curve["b_ms"] == pytest.approx(b, abs=1e-5)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the paired comparison: 3 pairs x 2 budgets at T = 0, on the 3 reported prompts
+    assert "taps:budget=4 vs ddtree:budget=4 | 0 | 3 |" in printed
+    assert [(p["a"], p["b"]) for p in payload["paired"]] == \
+        [(f"{a}:budget={n}", f"{b}:budget={n}") for a, b in (("taps", "ddtree"), ("ddtree", "chain"), ("taps", "chain"))
+         for n in (4, 8)]
+    reported = {r["method"]: r for r in rows if r["split"] == "reported"}
+    for p in payload["paired"]:
+        ra, rb = reported[p["a"]], reported[p["b"]]
+        assert p["n"] == 3 and p["tau_a"] == ra["tau"] and p["tau_b"] == rb["tau"] and p["low"] is None
+        assert p["higher"] + p["equal"] + p["lower"] == 3
+    for r in rows:
+        assert sum(r["prompt_forwards"]) == r["target_forwards"] and sum(r["prompt_tokens"]) == r["generated_tokens"]
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -180,3 +193,63 @@ def test_defaults():
     assert args.trees == ["chain", "ddtree", "taps"] and args.budgets == [16, 32, 64, 128]
     assert args.temperatures == [0.0, 1.0] and args.tasks == list(T.suite_task_names("long-answer"))
     assert args.block_size is None and args.prefix == 100
+
+
+def _row(builder: str, forwards: list[int], tokens: list[int], budget: int = 8, temperature: float = 0.0,
+         split: str = "reported"):
+    return B.TreeRow(f"{builder}:budget={budget}", temperature, builder=builder, budget=budget, split=split,
+                     prompt_forwards=forwards, prompt_tokens=tokens, target_forwards=sum(forwards),
+                     generated_tokens=sum(tokens))
+
+
+def test_paired_counts_and_interval():
+    from dllm.eval.trees_report import format_paired, paired, paired_rows
+
+    tokens = [40, 30, 50, 20, 60, 45]
+    a, b = _row("taps", [5, 4, 6, 3, 7, 5], tokens), _row("ddtree", [5, 5, 6, 4, 7, 6], tokens)
+    p = paired(a, b, resamples=500)
+    assert (p.n, p.higher, p.equal, p.lower) == (6, 3, 3, 0)
+    assert p.tau_a == pytest.approx(245 / 30) and p.tau_b == pytest.approx(245 / 33)
+    assert 0 <= p.low <= p.delta <= p.high  # a never takes more forwards, so no resample favours b
+    assert paired(a, b, resamples=500) == p  # seeded
+    assert p.to_json()["delta"] == round(245 / 30 - 245 / 33, 4)
+    same = paired(a, a, resamples=200)
+    assert (same.delta, same.low, same.high, same.equal) == (0.0, 0.0, 0.0, 6)
+    # fewer forwards on every prompt: the whole interval is above 0
+    better = paired(_row("taps", [4, 3, 5, 2, 6, 4], tokens), b, resamples=500)
+    assert better.low > 0 and (better.higher, better.lower) == (6, 0)
+    # a mixed pair: the interval straddles 0
+    c = _row("taps", [4, 6, 5, 5, 6, 7], tokens)
+    mixed = paired(c, b, resamples=2000)
+    assert mixed.low < 0 < mixed.high and (mixed.higher, mixed.equal, mixed.lower) == (3, 0, 3)
+    # per-prompt tau, not forwards: at T > 0 the builders' outputs (and lengths) differ
+    longer = paired(_row("taps", [6, 6, 6, 4, 7, 6], [60, 30, 50, 20, 60, 45]), b, resamples=10)
+    assert (longer.higher, longer.equal, longer.lower) == (1, 4, 1)  # prompt 0: one forward more, yet 10 vs 8
+    # too few prompts for an interval
+    few = paired(_row("taps", [5, 4], [40, 30]), _row("ddtree", [5, 5], [40, 30]))
+    assert few.low is few.high is None and few.to_json()["low"] is None
+    # only pairs present at the same budget and temperature
+    rows = [a, b, _row("chain", [9, 9, 9, 9, 9, 9], tokens), _row("taps", [5] * 6, tokens, budget=16),
+            _row("ddtree", [5] * 6, tokens, temperature=1.0), _row("taps", [5] * 6, tokens, temperature=1.0)]
+    found = paired_rows(rows)
+    assert [(t, n, q.a, q.b) for t, n, q in found] == \
+        [(0.0, 8, "taps:budget=8", "ddtree:budget=8"), (1.0, 8, "taps:budget=8", "ddtree:budget=8"),
+         (0.0, 8, "ddtree:budget=8", "chain:budget=8"), (0.0, 8, "taps:budget=8", "chain:budget=8")]
+    table = format_paired(found)
+    assert "| taps:budget=8 vs ddtree:budget=8 | 0 | 6 | 8.167 | 7.424 | +0.742 | [+" in table
+    assert format_paired(paired_rows([b])) is None
+    assert "| n/a |" in format_paired(paired_rows([_row("taps", [5], [40]), _row("ddtree", [6], [40])]))
+
+
+def test_paired_rejects_mismatched_rows():
+    from dllm.eval.trees_report import paired, paired_rows
+
+    a = _row("taps", [5, 4], [40, 30])
+    with pytest.raises(ValueError, match=r"got 2 / 2 \(taps:budget=8\) and 3 / 3 \(ddtree:budget=8\)"):
+        paired(a, _row("ddtree", [5, 4, 3], [40, 30, 20]))
+    with pytest.raises(ValueError, match=r"got 2 / 2 \(taps:budget=8\) and 2 / 3"):
+        paired(a, _row("ddtree", [5, 4], [40, 30, 20]))
+    with pytest.raises(ValueError, match="resamples must be >= 1, got 0"):
+        paired(a, a, resamples=0)
+    with pytest.raises(ValueError, match="rows of one split.*'held-out' and 'reported'"):
+        paired_rows([_row("taps", [5], [40], split="held-out"), _row("taps", [5], [40])])

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tiny-dream-long, the count at RoPE base 10^6 (2026-12-02, session 10): long-rope-dream.sh's result counts
+# 12.5% on the suite (lookups 93.8%, span 100%). Here tiny-llada-long's count curriculum at the new base
+# (benchmarks/long-rope.sh rt-2..rt-6: short lists first, then doubling the length, lookups and the span copy
+# mixed in at full length) is applied to it. One `python benchmarks/key_curriculum.py stage ...` per stage
+# (a stage's checkpoint carries the base on: key_curriculum.stage_model). Notes:
+# benchmarks/training-notes-2026-12-01.md. INIT: rd-L3 step 300 (long-rope-dream.sh), which is what the
+# embedded tiny-dream-long held before this chain, e.g. `mkdir -p runs/initd4 && git archive a471c67
+# dllm/models/embedded/tiny-dream-long | tar -x -C runs/initd4`.
+# FROM=k: start at stage k (the earlier ones' checkpoints in place).
+set -euo pipefail
+S="python benchmarks/key_curriculum.py stage"
+FROM=${FROM:-1}
+run() { local k=$1; shift; if [ "$k" -ge "$FROM" ]; then "$@"; fi; }
+P=${P:-runs/rdc-}
+INIT=${INIT:?set INIT to tiny-dream-long before this chain (see above)}
+export THREADS=${THREADS:-2}
+# the count on short lists
+run 1 $S $INIT ${P}1 400 1e-3 32 count_c4:1:4:12 count_c8:1:8:32 lookup_long:0.15:4:339 span_copy_far:0.1:16:2039
+# <= 128 items
+run 2 $S ${P}1/checkpoint-0000400 ${P}2 400 8e-4 16 count_c16:1:16:128 count_c8:0.5:8:64 lookup_long:0.3:4:339 \
+    lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# <= 256 items
+run 3 $S ${P}2/checkpoint-0000400 ${P}3 600 6e-4 16 count_c16:1:16:256 count_c8:0.25:8:128 \
+    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# <= 1,024 items
+run 4 $S ${P}3/checkpoint-0000600 ${P}4 400 5e-4 8 count_c16:1:16:1024 count_c8:0.25:8:256 \
+    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# <= 2,040 items
+run 5 $S ${P}4/checkpoint-0000400 ${P}5 300 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
