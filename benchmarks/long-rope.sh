@@ -41,5 +41,11 @@ THREADS=1 $S ${P}5/checkpoint-0000400 ${P}6 300 5e-4 8 count_c16:1:16:2040 count
 # with rt-6's 86.5%; not shipped
 THREADS=1 $S ${P}6/checkpoint-0000300 ${P}7 400 3e-4 8 count_c16:1:16:2040 count_c8:0.25:8:2040 \
     lookup_long:0.5:4:339 lookup_any:0.25:4:339 span_copy_far:0.5:16:2039
-# shipped as tiny-llada-long (2026-12-02, session 9):
+# shipped as tiny-llada-long in session 9:
 #   python -m dllm.train.export --run ${P}6 --name tiny-llada-long --checkpoint checkpoint-0000300 --dtype float32
+# rt-6's mixture with the lookups at 0.5, 500 steps at lr 2e-4 (2026-12-02, session 10; one thread beside the
+# Dream count chain, 29 min; run from the exported rt-6, the same float32 weights): --per-size 16 C = 0 mean 90.6%
+# (count 76.6, lookup 95.3, span 100; benchmarks/eval-tasks-rope-rt8-per16-2026-12-02.json). Shipped:
+#   python -m dllm.train.export --run ${P}8 --name tiny-llada-long --checkpoint checkpoint-0000500 --dtype float32
+THREADS=1 $S ${P}6/checkpoint-0000300 ${P}8 500 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.5:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
