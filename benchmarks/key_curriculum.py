@@ -1,6 +1,7 @@
 """Curricula for the long-prompt models (README "Measured"; the chains as run: benchmarks/long-keys.sh
 (tiny-llada-long's keys), benchmarks/long-keys-dream.sh, benchmarks/long-count.sh (counting),
-benchmarks/long-rope.sh and benchmarks/long-rope-dream.sh (RoPE base 10^6, the shipped models); notes:
+benchmarks/long-rope.sh and benchmarks/long-rope-dream.sh (RoPE base 10^6), benchmarks/long-count-dream.sh
+(tiny-dream-long's count at base 10^6; the shipped models: long-rope.sh rt-8, long-count-dream.sh rdc-6); notes:
 benchmarks/training-notes-2026-12-01.md)
 
     python benchmarks/key_curriculum.py stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI ...   # one stage
@@ -187,9 +188,11 @@ def evaluate(name: str, cases: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # the fewest arguments per command: eval MODEL; stage INIT OUT STEPS LR BATCH TASK:WEIGHT:LO:HI
+    need = {"eval": 3, "stage": 8}
+    if len(sys.argv) < 2 or sys.argv[1] not in need or len(sys.argv) < need[sys.argv[1]]:
+        raise SystemExit(__doc__)
     if sys.argv[1] == "eval":
         evaluate(sys.argv[2], sys.argv[3:])
-    elif sys.argv[1] == "stage":
-        stage(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), sys.argv[7:])
     else:
-        raise SystemExit(__doc__)
+        stage(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), sys.argv[7:])
