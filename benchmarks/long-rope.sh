@@ -49,3 +49,10 @@ THREADS=1 $S ${P}6/checkpoint-0000300 ${P}7 400 3e-4 8 count_c16:1:16:2040 count
 #   python -m dllm.train.export --run ${P}8 --name tiny-llada-long --checkpoint checkpoint-0000500 --dtype float32
 THREADS=1 $S ${P}6/checkpoint-0000300 ${P}8 500 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
     lookup_long:0.5:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# the same mixture once more, 600 steps at lr 1e-4 (2026-12-03, session 11; one thread beside the Dream chain's
+# rdc-7, ~37 min; run from the exported rt-8, the same float32 weights): --per-size 16 C = 0 mean 93.2% (count
+# 87.5, lookup 92.2, span 100), --per-size 32 90.9% (count 81.2, lookup 91.4), i.e. 88.5% on instances 16-31
+# (rt-8 there: 88.5%); --per-size 4 97.9%. The only checkpoint evaluated (no pick). Shipped:
+#   python -m dllm.train.export --run ${P}9 --name tiny-llada-long --checkpoint checkpoint-0000600 --dtype float32
+THREADS=1 $S ${P}8/checkpoint-0000500 ${P}9 600 1e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.5:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
