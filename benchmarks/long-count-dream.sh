@@ -38,3 +38,8 @@ run 5 $S ${P}4/checkpoint-0000400 ${P}5 300 5e-4 8 count_c16:1:16:2040 count_c8:
 #   python -m dllm.train.export --run ${P}6 --name tiny-dream-long --checkpoint checkpoint-0000500 --dtype float32
 run 6 $S ${P}5/checkpoint-0000300 ${P}6 500 3e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
     lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# the same at lr 2e-4, 900 steps (2026-12-03, session 11; one thread beside tiny-llada-long's rt-9, 37 min; run
+# from the exported rdc-6, the same float32 weights): --per-size 16 C = 0 mean 85.4% (count 64.1, lookup 92.2,
+# span 100; benchmarks/eval-tasks-count-dream-rdc-7-per16-2026-12-03.json)
+run 7 $S ${P}6/checkpoint-0000500 ${P}7 900 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
