@@ -43,3 +43,12 @@ run 6 $S ${P}5/checkpoint-0000300 ${P}6 500 3e-4 8 count_c16:1:16:2040 count_c8:
 # span 100; benchmarks/eval-tasks-count-dream-rdc-7-per16-2026-12-03.json)
 run 7 $S ${P}6/checkpoint-0000500 ${P}7 900 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
     lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# the same at two threads (session 11, 24 min): --per-size 16 94.8% (count 84.4, lookup 100, span 100),
+# --per-size 32 89.3% (count 75.0, lookup 93.0)
+run 8 $S ${P}7/checkpoint-0000900 ${P}8 1000 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+# lookups at 0.4, lr 1.5e-4 (two threads, 25 min): --per-size 32 92.4% (count 83.6, lookup 93.8, span 100;
+# picked over rdc-8 by this number), --per-size 4 95.8%. Shipped:
+#   python -m dllm.train.export --run ${P}9 --name tiny-dream-long --checkpoint checkpoint-0001000 --dtype float32
+run 9 $S ${P}8/checkpoint-0001000 ${P}9 1000 1.5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
+    lookup_long:0.4:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
