@@ -15,6 +15,8 @@ run() { local k=$1; shift; if [ "$k" -ge "$FROM" ]; then "$@"; fi; }
 P=${P:-runs/rdc-}
 INIT=${INIT:?set INIT to tiny-dream-long before this chain (see above)}
 export THREADS=${THREADS:-2}
+# the full-length mixture of stages 5-9 (lists up to 2,040 items), lookup_long at weight $1
+full() { echo "count_c16:1:16:2040 count_c8:0.25:8:1024 lookup_long:$1:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039"; }
 # the count on short lists (one thread, 10 min): count 100 / 81.2% at 12 / 32 items (count_c4 / count_c8),
 # count_long 56.2% at 28, 0% at 124; lookup_long 93.8% at 170 rows (N=16)
 run 1 $S $INIT ${P}1 400 1e-3 32 count_c4:1:4:12 count_c8:1:8:32 lookup_long:0.15:4:339 span_copy_far:0.1:16:2039
@@ -31,24 +33,19 @@ run 4 $S ${P}3/checkpoint-0000600 ${P}4 400 5e-4 8 count_c16:1:16:1024 count_c8:
 # <= 2,040 items: `dllm eval-tasks --model runs/rdc-5/checkpoint-0000300 --tasks lookup_long lookup_any
 # span_copy_far count_long --per-size 16 --threads 2`: C = 0 mean 78.1% (count 43.8, lookup 92.2, span 98.4;
 # before the chain 68.8%: count 12.5)
-run 5 $S ${P}4/checkpoint-0000400 ${P}5 300 5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
-    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+run 5 $S ${P}4/checkpoint-0000400 ${P}5 300 5e-4 8 $(full 0.3)
 # the same at lr 3e-4, 500 steps (one thread, beside tiny-llada-long's rt-8, 28 min): --per-size 16 C = 0 mean 81.2%
-# (count 45.3, lookup 100, span 98.4; benchmarks/eval-tasks-count-dream-rdc-6-per16-2026-12-02.json). Shipped:
+# (count 45.3, lookup 100, span 98.4; benchmarks/eval-tasks-count-dream-rdc-6-per16-2026-12-02.json). Shipped in session 10:
 #   python -m dllm.train.export --run ${P}6 --name tiny-dream-long --checkpoint checkpoint-0000500 --dtype float32
-run 6 $S ${P}5/checkpoint-0000300 ${P}6 500 3e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
-    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+run 6 $S ${P}5/checkpoint-0000300 ${P}6 500 3e-4 8 $(full 0.3)
 # the same at lr 2e-4, 900 steps (2026-12-03, session 11; one thread beside tiny-llada-long's rt-9, 37 min; run
 # from the exported rdc-6, the same float32 weights): --per-size 16 C = 0 mean 85.4% (count 64.1, lookup 92.2,
 # span 100; benchmarks/eval-tasks-count-dream-rdc-7-per16-2026-12-03.json)
-run 7 $S ${P}6/checkpoint-0000500 ${P}7 900 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
-    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+run 7 $S ${P}6/checkpoint-0000500 ${P}7 900 2e-4 8 $(full 0.3)
 # the same at two threads (session 11, 24 min): --per-size 16 94.8% (count 84.4, lookup 100, span 100),
 # --per-size 32 89.3% (count 75.0, lookup 93.0)
-run 8 $S ${P}7/checkpoint-0000900 ${P}8 1000 2e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
-    lookup_long:0.3:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+run 8 $S ${P}7/checkpoint-0000900 ${P}8 1000 2e-4 8 $(full 0.3)
 # lookups at 0.4, lr 1.5e-4 (two threads, 25 min): --per-size 32 92.4% (count 83.6, lookup 93.8, span 100;
 # picked over rdc-8 by this number), --per-size 4 95.8%. Shipped:
 #   python -m dllm.train.export --run ${P}9 --name tiny-dream-long --checkpoint checkpoint-0001000 --dtype float32
-run 9 $S ${P}8/checkpoint-0001000 ${P}9 1000 1.5e-4 8 count_c16:1:16:2040 count_c8:0.25:8:1024 \
-    lookup_long:0.4:4:339 lookup_any:0.1:4:339 span_copy_far:0.15:16:2039
+run 9 $S ${P}8/checkpoint-0001000 ${P}9 1000 1.5e-4 8 $(full 0.4)
