@@ -298,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, nargs="*", default=None,
                     help="tokens per step, fixed-step samplers only (default: 1)")
     ev.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
+    ev.add_argument("--skip", type=int, default=0,
+                    help="start at test instance SKIP of each size (a sample disjoint from --per-size SKIP's)")
     ev.add_argument("--sampler", default="low_confidence",
                     help="sampler spec; an adaptive one gets a single column and no --k")
     ev.add_argument("--dtype", default="float32")

@@ -7,7 +7,9 @@ The rule of the speed issue, applied to every candidate policy with the recommen
 
 - accuracy: within ``TOLERANCE`` (1 point) of ``none`` on the short suite (PB-mini, blocks of 4,
   so a cache spans several blocks) with the two PB-mini models, and on the long-prompt suite with
-  the two long-prompt models (``PAIRS``);
+  the two long-prompt models (``PAIRS``), on enough test examples that the tolerance is resolved:
+  ``--n`` per task, raised per suite until one example weighs at most half the tolerance
+  (``resolving_n``: 8 per task on PB-mini's 31 tasks, 50 on the long suite's 4);
 - speed: >= ``MIN_SPEEDUP`` (3x) the wall-clock speed of ``none`` at prompt 1,024 + 256 generated
   (blocks of 32, ``dllm.eval.bench_caches.run_cache_bench``: a random prompt, median of repeats)
   on every speed model;
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -33,6 +36,16 @@ CANDIDATES = ("dual", "dual:look_back=16,look_ahead=16", "dual:look_back=64", "d
               "drift:threshold=0.001,max_extra=64", "drift:threshold=1e-06,max_extra=32")
 TOLERANCE = 0.01
 MIN_SPEEDUP = 3.0
+
+
+def resolving_n(n: int, tasks: int, tolerance: float = TOLERANCE) -> int:
+    """Test examples per task for a suite of ``tasks`` tasks: at least ``n``, and enough that one example
+    weighs at most ``tolerance / 2`` of the suite's accuracy, so that the rule tells a one-example
+    difference from a tolerance-sized one (at 8 per task, one example of the 4-task long suite is 3.1
+    points: a 1-point rule there is a rule of equality)."""
+    if n < 1 or tasks < 1 or not 0 < tolerance < 1:
+        raise ValueError(f"resolving_n needs n >= 1, tasks >= 1 and 0 < tolerance < 1; got {n}, {tasks}, {tolerance}")
+    return max(n, math.ceil(2 / (tolerance * tasks) - 1e-9))
 
 
 def select_pairs(names: Optional[Sequence[str]]) -> list[tuple[str, str, int]]:
@@ -90,7 +103,8 @@ def choose(accuracy, speedup, candidates: Sequence[str], **kw) -> tuple[Optional
 
 
 def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool) -> tuple[dict, dict]:
-    """accuracy[pair][cache] and the compare rows (dicts) per pair."""
+    """accuracy[pair][cache] and the compare rows (dicts) per pair; each pair's suite is measured on
+    ``resolving_n(n, its task count)`` examples per task."""
     from dllm import tasks as T
     from dllm.eval.compare import compare
     from dllm.eval.exact_match import load_model
@@ -100,7 +114,8 @@ def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool) -
     caches = ["none", *candidates]
     for model_name, suite, block in pairs:
         model = load_model(model_name)
-        results = compare(model, [label(c) for c in caches], T.suite_task_names(suite), n,
+        names = T.suite_task_names(suite)
+        results = compare(model, [label(c) for c in caches], names, resolving_n(n, len(names)),
                           block_length=block, show_progress=progress)
         key = f"{model_name}/{suite}"
         by = {r.label: r for r in results}
@@ -130,7 +145,8 @@ def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
-    ap.add_argument("--n", type=int, default=8, help="test examples per task (accuracy)")
+    ap.add_argument("--n", type=int, default=8,
+                    help="test examples per task (accuracy), at least; raised per suite by resolving_n")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per policy (speed; the median, after one warm-up run when > 1)")
     ap.add_argument("--threads", type=int, default=None)
@@ -183,6 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     width = max([26, *(len(k) + 2 for k in accuracy)])  # a column per model/suite, wide enough for its name
     head = "".join(f"{k:>{width}}" for k in accuracy)
     print(f"{'cache (sampler fast)':<34}{head}" + "".join(f"{m + ' x':>20}" for m in speedup))
+    print(f"{'(test examples)':<34}" + "".join(f"{acc_rows[k][0]['examples'] if acc_rows.get(k) else '?':>{width}}"
+                                             for k in accuracy))
     for c in ["none", *args.candidates]:
         print(f"{c:<34}" + "".join(f"{100 * a[c]:>{width - 1}.1f}%" for a in accuracy.values())
               + "".join(f"{s[c]:>19.2f}x" for s in speedup.values()))
@@ -193,7 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"\nauto = {winner}" if winner else "\nno candidate passes")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"sampler": SAMPLER, "n_per_task": args.n, "speed_shape": SPEED_SHAPE,
+    n_per_task = {k: rows[0]["examples"] // len(rows[0]["per_task"]) for k, rows in acc_rows.items() if rows}
+    out.write_text(json.dumps({"sampler": SAMPLER, "n_per_task": n_per_task, "speed_shape": SPEED_SHAPE,
                                "winner": winner, "verdicts": [asdict(v) for v in verdicts],
                                "accuracy": accuracy, "speedup": speedup, "accuracy_rows": acc_rows,
                                "speed_rows": speed_rows}, indent=2, default=str))

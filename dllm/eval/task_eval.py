@@ -30,8 +30,8 @@ def columns(sampler: str, ks: Optional[Sequence[int]]) -> list[Column]:
 
 
 def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[Column], per_size: int,
-                        sampler: str = "low_confidence") -> dict:
-    examples = eval_examples(task_names, per_size=per_size)
+                        sampler: str = "low_confidence", skip: int = 0) -> dict:
+    examples = eval_examples(task_names, per_size=per_size, skip=skip)
     table: dict[str, dict[Column, float]] = {}
     summary: dict[Column, dict[str, float]] = {}
     for k in ks:
@@ -41,7 +41,7 @@ def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence
         summary[k] = {"mean": res.mean, "mean_c0": res.mean_c0, "forwards": res.forwards,
                       "seconds": res.seconds}
     return {"tasks": table, "summary": summary, "c0": list(c0_of(table)),
-            "examples": len(examples), "per_size": per_size, "sampler": sampler}
+            "examples": len(examples), "per_size": per_size, "skip": skip, "sampler": sampler}
 
 
 def format_table(result: dict, ks: Sequence[Column]) -> str:
@@ -61,8 +61,10 @@ def format_table(result: dict, ks: Sequence[Column]) -> str:
 
 def run_eval_tasks(args) -> dict:
     ks = columns(args.sampler, args.k)
+    skip = getattr(args, "skip", 0)
+    eval_examples(args.tasks, per_size=args.per_size, skip=skip)  # a bad range fails before the model loads
     model = load_model(args.model, args.dtype, args.device)
-    result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler)
+    result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, skip)
     result["model"] = args.model
     print(format_table(result, ks))
     if args.json:

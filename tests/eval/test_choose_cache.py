@@ -25,6 +25,17 @@ def test_rule_needs_accuracy_everywhere_and_the_speedup():
     assert C.judge("drift", {}, SPEED).reasons == ("no accuracy measurement",)
 
 
+def test_resolving_n_makes_one_example_at_most_half_the_tolerance():
+    assert C.resolving_n(8, 31) == 8  # PB-mini: one example of 248 is 0.40 pt
+    assert C.resolving_n(8, 4) == 50  # the long suite: 8 per task (3.1 pt per example) -> 50 (0.5 pt)
+    assert C.resolving_n(60, 4) == 60 and C.resolving_n(1, 1, 0.5) == 4
+    for tasks in (1, 3, 4, 7, 31):
+        n = C.resolving_n(1, tasks)
+        assert 1 / (n * tasks) <= C.TOLERANCE / 2 + 1e-12 < 1 / ((n - 1) * tasks) if n > 1 else True
+    with pytest.raises(ValueError, match="got 0, 4, 0.01"):
+        C.resolving_n(0, 4)
+
+
 def test_bad_candidate_fails_before_any_run(capsys):
     with pytest.raises(ValueError, match="Unknown cache policy 'nope'"):
         C.main(["--candidates", "nope"])

@@ -28,3 +28,23 @@ def test_eval_tasks_on_the_oracle(capsys, tmp_path):
 def test_eval_tasks_rejects_bad_k(capsys):
     assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--k", "0"]) == 2
     assert "tokens_per_step must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_skip_gives_the_later_instances_disjoint_from_the_first():
+    from dllm.eval.exact_match import eval_examples
+
+    first, later, both = (eval_examples(["copy", "lookup_long"], per_size=p, skip=s) for p, s in ((3, 0), (2, 3), (5, 0)))
+    assert len(later) == len(first) // 3 * 2
+    assert not {e.prompt for e in first} & {e.prompt for e in later}
+    assert sorted(e.prompt for e in first + later) == sorted(e.prompt for e in both)
+    assert [e.size for e in later] == sorted(e.size for e in later)  # size by size, as without skip
+
+
+def test_eval_tasks_records_skip_and_rejects_instances_outside_the_split(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--per-size", "1", "--skip", "49",
+                 "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["skip"] == 49
+    capsys.readouterr()
+    assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--per-size", "2", "--skip", "49"]) == 2
+    assert "test instances 49..50 (skip=49, per_size=2) are not in the test split" in capsys.readouterr().err
