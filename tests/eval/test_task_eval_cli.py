@@ -33,7 +33,8 @@ def test_eval_tasks_rejects_bad_k(capsys):
 def test_skip_gives_the_later_instances_disjoint_from_the_first():
     from dllm.eval.exact_match import eval_examples
 
-    first, later, both = (eval_examples(["copy", "lookup_long"], per_size=p, skip=s) for p, s in ((3, 0), (2, 3), (5, 0)))
+    tasks = ["copy", "lookup_long"]
+    first, later, both = (eval_examples(tasks, per_size=p, skip=s) for p, s in ((3, 0), (2, 3), (5, 0)))
     assert len(later) == len(first) // 3 * 2
     assert not {e.prompt for e in first} & {e.prompt for e in later}
     assert sorted(e.prompt for e in first + later) == sorted(e.prompt for e in both)
