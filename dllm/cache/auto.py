@@ -6,12 +6,15 @@ needs no options; options given by the caller override the preset's.
 
 The choice follows the rule of ``dllm.eval.choose_cache``: with the ``fast`` sampler, accuracy within
 1 point of ``cache="none"`` on the short suite (PB-mini, both PB-mini models) and on the long-prompt
-suite (both long-prompt models), and at least 3x the wall-clock speed of ``none`` at prompt 1,024 +
-256 generated; the fastest candidate that passes wins. When no candidate passes, ``CHOICE`` is None
-and ``auto`` is not registered (asking for it lists the valid policies). Re-run the choice when the
-embedded models change:
+suite (both long-prompt models), each suite on enough examples that one weighs at most half a point,
+and at least 3x the wall-clock speed of ``none`` at prompt 1,024 + 256 generated; the fastest candidate
+that passes wins. When no candidate passes, ``CHOICE`` is None and ``auto`` is not registered (asking
+for it lists the valid policies). Today (2026-12-03, ``benchmarks/cache-choice-2026-12-03b.json``) the
+only candidate that passes is dInfer's vicinity refresh ``dual:look_back=16,look_ahead=16``: within
+0.4 / 0.8 points of ``none`` on the short suite (tiny-llada / tiny-dream), +1.0 / -0.5 on the long
+one, 9.7x / 5.6x ``none``'s speed at 1,024 + 256. Re-run the choice when the embedded models change:
 
-    python -m dllm.eval.choose_cache --threads 1
+    python -m dllm.eval.choose_cache --threads 2 --repeats 3
 """
 
 from __future__ import annotations
