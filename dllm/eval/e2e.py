@@ -11,7 +11,9 @@ same examples with
 - ours, ``fast`` with the recommended cache (``auto`` when registered, else ``--cache``);
 - both samplers without a cache, for reference.
 
-It prints one table per pair, the verdict (ours dominates = at least as accurate AND faster in
+Each suite is decoded on ``resolving_n(--n, its task count)`` examples per task, the sample size of
+the cache rule (one example weighs at most half a point: 8 per task on PB-mini, 50 on the long
+suite). It prints one table per pair, the verdict (ours dominates = at least as accurate AND faster in
 tokens/s, and with ``--repeats`` > 1 faster in every timed round; the ratio of tokens/s), writes
 ``e2e.json`` and draws ``e2e.png``: one panel per pair, accuracy against tokens per second. Tokens/s
 of the tiny models on a CPU are mostly per-call overhead; tokens per forward and forwarded tokens
@@ -26,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.choose_cache import label, select_pairs
+from dllm.eval.choose_cache import label, resolving_n, select_pairs
 
 FASTDLLM = "threshold:cache=dual"
 
@@ -86,7 +88,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m dllm.eval.e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
-    ap.add_argument("--n", type=int, default=8, help="test examples per task")
+    ap.add_argument("--n", type=int, default=8,
+                    help="test examples per task, at least; raised per suite by choose_cache.resolving_n")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per setting, interleaved; the median wall time is reported")
     ap.add_argument("--threads", type=int, default=None)
@@ -107,6 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ours = specs(cache)[1]
     results: dict[str, dict] = {}
     verdicts: dict[str, dict] = {}
+    n_per_task: dict[str, int] = {}
     try:
         pairs = select_pairs(args.pairs)
     except ValueError as err:
@@ -122,10 +126,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model = load_model(model_name, device=args.device)
         except ValueError as err:  # a bad --device names the valid ones
             ap.error(str(err))
-        rows = compare(model, specs(cache), T.suite_task_names(suite), args.n, block_length=block,
-                       show_progress=not args.no_progress, repeats=args.repeats)
+        names = T.suite_task_names(suite)
         key = f"{model_name}/{suite}"
-        print(f"\n== {key} (blocks of {block}, n = {args.n} per task, median of {args.repeats} timed runs)\n"
+        n_per_task[key] = resolving_n(args.n, len(names))
+        rows = compare(model, specs(cache), names, n_per_task[key], block_length=block,
+                       show_progress=not args.no_progress, repeats=args.repeats)
+        print(f"\n== {key} (blocks of {block}, n = {n_per_task[key]} per task, median of {args.repeats} timed runs)\n"
               f"{format_results(rows)}")
         results[key] = {r.label: asdict(r) for r in rows}
         verdicts[key] = verdict(results[key], ours)
@@ -137,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": args.n,
+    (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": n_per_task,
                                               "repeats": args.repeats, "verdicts": verdicts,
                                               "results": results}, indent=2))
     plot(results, ours, out / "e2e.png")

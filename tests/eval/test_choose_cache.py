@@ -83,7 +83,9 @@ def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     out = json.loads((tmp_path / "e2e.json").read_text())
     rows = out["results"]["tiny-llada/pb-mini"]
     assert set(rows) == set(e2e.specs("auto")) and out["ours"] == "fast:cache=auto"
-    assert all(r["examples"] == len(rows[e2e.FASTDLLM]["per_task"]) for r in rows.values())  # 1 per task
+    tasks = len(rows[e2e.FASTDLLM]["per_task"])  # --n 1 is raised to the rule's resolving sample: 7 per task
+    assert out["n_per_task"] == {"tiny-llada/pb-mini": 7} == {"tiny-llada/pb-mini": C.resolving_n(1, tasks)}
+    assert all(r["examples"] == 7 * tasks for r in rows.values())
     v = out["verdicts"]["tiny-llada/pb-mini"]
     assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
 
