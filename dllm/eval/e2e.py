@@ -121,6 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
         results.update(old["results"])
         verdicts.update(old["verdicts"])
+    out = Path(args.out)
     for model_name, suite, block in pairs:
         try:
             model = load_model(model_name, device=args.device)
@@ -141,14 +142,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"TPF x{v['tpf_ratio']:.2f}, forwarded tokens x{v['forwarded_ratio']:.2f}"
               f"{'' if every is None else f', faster in every round: {every}'}: "
               f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": n_per_task,
-                                              "repeats": args.repeats, "verdicts": verdicts,
-                                              "results": results}, indent=2))
-    plot(results, ours, out / "e2e.png")
+        write(out, ours, n_per_task, args.repeats, verdicts, results)  # after every pair: a timeout keeps the done ones
     print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
     return 0
+
+
+def write(out: Path, ours: str, n_per_task: dict, repeats: int, verdicts: dict, results: dict) -> None:
+    """e2e.json and e2e.png under ``out`` for the pairs measured so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": n_per_task,
+                                              "repeats": repeats, "verdicts": verdicts, "results": results},
+                                             indent=2))
+    plot(results, ours, out / "e2e.png")
 
 
 if __name__ == "__main__":

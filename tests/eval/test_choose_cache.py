@@ -90,6 +90,33 @@ def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
 
 
+def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):
+    import json
+
+    from dllm.eval import compare as compare_mod
+    from dllm.eval import exact_match
+    from dllm.eval.compare import SamplerResult
+
+    calls = []
+
+    def fake_compare(model, specs, names, n, **kw):
+        calls.append((model, n))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the second pair never finishes (a timeout, a kill)
+        return [SamplerResult(s, 0.9, {}, n * len(names), 2.0, 100, 1.5, 1.2, 100.0 + i, 1.0)
+                for i, s in enumerate(specs)]
+
+    monkeypatch.setattr(compare_mod, "compare", fake_compare)
+    monkeypatch.setattr(exact_match, "load_model", lambda name, device=None: name)
+    with pytest.raises(KeyboardInterrupt):
+        e2e.main(["--pairs", "tiny-llada/pb-mini", "tiny-llada-long/long-prompt", "--no-progress",
+                  "--out", str(tmp_path)])
+    assert calls == [("tiny-llada", 8), ("tiny-llada-long", 50)]  # long suite: the resolving sample
+    out = json.loads((tmp_path / "e2e.json").read_text())
+    assert list(out["results"]) == ["tiny-llada/pb-mini"] and out["n_per_task"] == {"tiny-llada/pb-mini": 8}
+    assert (tmp_path / "e2e.png").stat().st_size > 1000
+
+
 def test_e2e_refuses_an_unknown_pair_and_device(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--pairs", "tiny-llada/nope", "--out", "unused"])
