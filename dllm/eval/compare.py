@@ -116,6 +116,7 @@ def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, bloc
         tokens_per_forward=tally.generated_tokens / rows, content_tokens_per_forward=tally.content_tokens / rows,
         tokens_per_second=tally.generated_tokens / wall if wall > 0 else float("inf"), wall_time=wall,
         peak_memory_mb=None if peak is None else round(peak, 1),
+        extra={"solved": "".join("1" if tally.solved[i] else "0" for i in range(total))},  # per example, in order
     )
 
 
@@ -145,8 +146,8 @@ def median_wall(runs: Sequence[SamplerResult]) -> SamplerResult:
     RuntimeError if the runs disagree on anything but time (a sampler that is not deterministic)."""
     first = runs[0]
     for r in runs[1:]:
-        if (r.accuracy, r.forwarded_tokens, r.nfe_per_example) != (first.accuracy, first.forwarded_tokens,
-                                                                   first.nfe_per_example):
+        if (r.accuracy, r.forwarded_tokens, r.nfe_per_example, r.extra.get("solved")) != (
+                first.accuracy, first.forwarded_tokens, first.nfe_per_example, first.extra.get("solved")):
             raise RuntimeError(f"{first.label}: repeated runs differ (accuracy {first.accuracy} vs {r.accuracy}, "
                                f"forwarded tokens {first.forwarded_tokens} vs {r.forwarded_tokens}); "
                                "timing them together would mix different work")

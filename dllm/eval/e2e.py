@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
@@ -46,6 +47,20 @@ def faster_every_round(a: dict, b: dict) -> Optional[bool]:
     return all(x < y for x, y in zip(wa, wb))
 
 
+def paired_outcomes(ours: Optional[str], theirs: Optional[str]) -> Optional[dict]:
+    """Per-example exact matches of two settings on the same examples (``extra["solved"]``, "1"/"0" per
+    example): how many only ours solved, how many only theirs, and the exact two-sided sign test's p
+    on those discordant pairs (the chance of a split at least this uneven if either setting were as
+    likely to win each one). None without both strings."""
+    if not ours or not theirs or len(ours) != len(theirs):
+        return None
+    only_ours = sum(a == "1" and b == "0" for a, b in zip(ours, theirs))
+    only_theirs = sum(a == "0" and b == "1" for a, b in zip(ours, theirs))
+    n = only_ours + only_theirs
+    tail = sum(math.comb(n, k) for k in range(min(only_ours, only_theirs) + 1)) / 2 ** n
+    return {"only_ours": only_ours, "only_theirs": only_theirs, "sign_test_p": round(min(1.0, 2 * tail), 4)}
+
+
 def verdict(rows: dict, ours: str) -> dict:
     """Does ``ours`` dominate Fast-dLLM's setting: accuracy >=, tokens/s >, and (with repeated timings)
     faster in every round, so that a median within the machine's noise is not called a win?"""
@@ -56,6 +71,7 @@ def verdict(rows: dict, ours: str) -> dict:
             "tpf_ratio": round(a["tokens_per_forward"] / b["tokens_per_forward"], 3),
             "forwarded_ratio": round(a["forwarded_tokens"] / b["forwarded_tokens"], 3),
             "faster_every_round": every,
+            "paired": paired_outcomes(*(r.get("extra", {}).get("solved") for r in (a, b))),
             "dominates": a["accuracy"] >= b["accuracy"] and speed > 1.0 and every is not False}
 
 
@@ -137,10 +153,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results[key] = {r.label: asdict(r) for r in rows}
         verdicts[key] = verdict(results[key], ours)
         v = verdicts[key]
-        every = v["faster_every_round"]
+        every, paired = v["faster_every_round"], v["paired"]
+        discordant = "" if not paired else (f", solved by ours only {paired['only_ours']}, by theirs only "
+                                            f"{paired['only_theirs']} (sign test p = {paired['sign_test_p']})")
         print(f"{ours} vs {FASTDLLM}: accuracy {v['accuracy_delta_pt']:+.1f} pt, tokens/s x{v['speed_ratio']:.2f}, "
               f"TPF x{v['tpf_ratio']:.2f}, forwarded tokens x{v['forwarded_ratio']:.2f}"
-              f"{'' if every is None else f', faster in every round: {every}'}: "
+              f"{'' if every is None else f', faster in every round: {every}'}{discordant}: "
               f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
         write(out, ours, n_per_task, args.repeats, verdicts, results)  # after every pair: a timeout keeps the done ones
     print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")

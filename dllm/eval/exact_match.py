@@ -82,6 +82,7 @@ class Tally:
     generated_tokens: int = 0
     content_tokens: int = 0  # generated tokens up to EOS
     seconds: float = 0.0
+    solved: dict[int, bool] = field(default_factory=dict)  # index in the examples given -> exact match
 
     @property
     def examples(self) -> int:
@@ -151,8 +152,10 @@ def decode_and_score(
     from dllm.engine import generate
 
     groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
-    for ex in examples:
+    index: dict[int, list[int]] = defaultdict(list)  # id(example) -> its positions in ``examples``
+    for i, ex in enumerate(examples):
         groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size))].append(ex)
+        index[id(ex)].append(i)
     tally = Tally(defaultdict(int), defaultdict(int))
     device_type = model_device(model).type
     was_training = model.training
@@ -175,9 +178,10 @@ def decode_and_score(
                 tally.generated_tokens += out.generated_tokens
                 tally.content_tokens += out.content_tokens
                 for ex, row in zip(chunk, out.generated.tolist()):
-                    region = T.words_of(row)
-                    tally.correct[ex.task] += bool(T.score(ex, region))
+                    ok = bool(T.score(ex, T.words_of(row)))
+                    tally.correct[ex.task] += ok
                     tally.counts[ex.task] += 1
+                    tally.solved[index[id(ex)].pop(0)] = ok
                 if progress is not None:
                     progress.update(len(chunk))
     finally:

@@ -59,7 +59,10 @@ def test_e2e_verdict_and_plot(tmp_path):
                                  "forwarded_tokens": 1500}}
     v = e2e.verdict(rows, "fast:cache=drift")
     assert v == {"accuracy_delta_pt": 5.0, "speed_ratio": 1.5, "tpf_ratio": 1.2, "forwarded_ratio": 1.5,
-                 "faster_every_round": None, "dominates": True}
+                 "faster_every_round": None, "paired": None, "dominates": True}
+    rows[e2e.FASTDLLM]["extra"] = {"solved": "0110"}
+    rows["fast:cache=drift"]["extra"] = {"solved": "1111"}
+    assert e2e.verdict(rows, "fast:cache=drift")["paired"] == {"only_ours": 2, "only_theirs": 0, "sign_test_p": 0.5}
     # a median win that is not a win in every (interleaved) round is within the noise: no dominance
     rows[e2e.FASTDLLM]["extra"] = {"wall_times": [3.0, 2.0, 3.0]}
     rows["fast:cache=drift"]["extra"] = {"wall_times": [2.0, 2.5, 2.0]}
@@ -88,6 +91,16 @@ def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     assert all(r["examples"] == 7 * tasks for r in rows.values())
     v = out["verdicts"]["tiny-llada/pb-mini"]
     assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
+
+
+def test_paired_outcomes_count_discordant_examples_and_give_the_exact_sign_test():
+    assert e2e.paired_outcomes("1110", "0001") == {"only_ours": 3, "only_theirs": 1, "sign_test_p": 0.625}
+    assert e2e.paired_outcomes("111000", "000000") == {"only_ours": 3, "only_theirs": 0, "sign_test_p": 0.25}
+    assert e2e.paired_outcomes("1010", "1010") == {"only_ours": 0, "only_theirs": 0, "sign_test_p": 1.0}
+    ten = e2e.paired_outcomes("1" * 10 + "0" * 10, "0" * 10 + "1" * 10)
+    assert ten["sign_test_p"] == 1.0  # an even split says nothing
+    assert e2e.paired_outcomes("1" * 10, "0" * 10)["sign_test_p"] == round(2 / 2 ** 10, 4)
+    assert e2e.paired_outcomes("10", "101") is None and e2e.paired_outcomes(None, "1") is None
 
 
 def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):

@@ -49,3 +49,15 @@ def test_eval_tasks_records_skip_and_rejects_instances_outside_the_split(capsys,
     capsys.readouterr()
     assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--per-size", "2", "--skip", "49"]) == 2
     assert "test instances 49..50 (skip=49, per_size=2) are not in the test split" in capsys.readouterr().err
+
+
+def test_solved_follows_the_order_of_the_examples_given():
+    """decode_and_score batches by task; ``solved`` maps back to the caller's order (oracle, k = 2:
+    copy is solved, shuffle with tied exact marginals never is)."""
+    from dllm.eval.exact_match import decode_and_score, eval_examples
+    from dllm.models.oracle import OracleLM
+
+    copy, shuffle = eval_examples(["copy"], per_size=1), eval_examples(["shuffle"], per_size=1)
+    mixed = [ex for pair in zip(copy, shuffle) for ex in pair]
+    tally = decode_and_score(OracleLM(), mixed, "low_confidence", tokens_per_step=2, by_task=True)
+    assert [tally.solved[i] for i in range(len(mixed))] == [True, False] * len(mixed[::2])
