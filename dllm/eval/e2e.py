@@ -58,7 +58,7 @@ def paired_outcomes(ours: Optional[str], theirs: Optional[str]) -> Optional[dict
     only_theirs = sum(a == "0" and b == "1" for a, b in zip(ours, theirs))
     n = only_ours + only_theirs
     tail = sum(math.comb(n, k) for k in range(min(only_ours, only_theirs) + 1)) / 2 ** n
-    return {"only_ours": only_ours, "only_theirs": only_theirs, "sign_test_p": round(min(1.0, 2 * tail), 4)}
+    return {"only_ours": only_ours, "only_theirs": only_theirs, "sign_test_p": float(f"{min(1.0, 2 * tail):.3g}")}
 
 
 def verdict(rows: dict, ours: str) -> dict:
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         v = verdicts[key]
         every, paired = v["faster_every_round"], v["paired"]
         discordant = "" if not paired else (f", solved by ours only {paired['only_ours']}, by theirs only "
-                                            f"{paired['only_theirs']} (sign test p = {paired['sign_test_p']})")
+                                            f"{paired['only_theirs']} (sign test p = {paired['sign_test_p']:.2g})")
         print(f"{ours} vs {FASTDLLM}: accuracy {v['accuracy_delta_pt']:+.1f} pt, tokens/s x{v['speed_ratio']:.2f}, "
               f"TPF x{v['tpf_ratio']:.2f}, forwarded tokens x{v['forwarded_ratio']:.2f}"
               f"{'' if every is None else f', faster in every round: {every}'}{discordant}: "

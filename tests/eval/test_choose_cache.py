@@ -99,7 +99,8 @@ def test_paired_outcomes_count_discordant_examples_and_give_the_exact_sign_test(
     assert e2e.paired_outcomes("1010", "1010") == {"only_ours": 0, "only_theirs": 0, "sign_test_p": 1.0}
     ten = e2e.paired_outcomes("1" * 10 + "0" * 10, "0" * 10 + "1" * 10)
     assert ten["sign_test_p"] == 1.0  # an even split says nothing
-    assert e2e.paired_outcomes("1" * 10, "0" * 10)["sign_test_p"] == round(2 / 2 ** 10, 4)
+    assert e2e.paired_outcomes("1" * 10, "0" * 10)["sign_test_p"] == 0.00195  # 2 / 2 ** 10, 3 significant digits
+    assert e2e.paired_outcomes("1" * 40, "0" * 40)["sign_test_p"] == 1.82e-12  # not rounded to 0
     assert e2e.paired_outcomes("10", "101") is None and e2e.paired_outcomes(None, "1") is None
 
 
