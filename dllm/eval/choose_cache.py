@@ -102,9 +102,11 @@ def choose(accuracy, speedup, candidates: Sequence[str], **kw) -> tuple[Optional
     return (verdicts[0].cache if verdicts and verdicts[0].passes else None), verdicts
 
 
-def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool) -> tuple[dict, dict]:
+def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool,
+                     partial: Optional[Path] = None) -> tuple[dict, dict]:
     """accuracy[pair][cache] and the compare rows (dicts) per pair; each pair's suite is measured on
-    ``resolving_n(n, its task count)`` examples per task."""
+    ``resolving_n(n, its task count)`` examples per task. With ``partial``, the pairs measured so far
+    are written there after each pair (a run that dies keeps them: ``--merge`` takes the file)."""
     from dllm import tasks as T
     from dllm.eval.compare import compare
     from dllm.eval.exact_match import load_model
@@ -121,6 +123,11 @@ def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool) -
         by = {r.label: r for r in results}
         accuracy[key] = {c: by[label(c)].accuracy for c in caches}
         rows[key] = [asdict(r) for r in results]
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            note = "accuracy only; finish with --pairs <the rest> --merge <this file>"
+            partial.write_text(json.dumps({"partial": note, "accuracy": accuracy, "speedup": {}, "accuracy_rows": rows},
+                                          indent=2, default=str))
     return accuracy, rows
 
 
@@ -181,10 +188,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             locate(name)
         except ModelNotFoundError as err:
             ap.error(f"--speed-models: {err}")
-    accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress)
+    out = Path(args.out)
+    partial = out.with_name(out.stem + ".partial.json")
+    merged = [(path, json.loads(Path(path).read_text())) for path in args.merge or ()]  # before the run rewrites any
+    accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress, partial)
     speedup, speed_rows = measure_speed(speed_models, args.candidates, args.repeats, not args.no_progress)
-    for path in args.merge or ():
-        old = json.loads(Path(path).read_text())
+    for path, old in merged:
         for name, have, mine in (("accuracy", old["accuracy"], accuracy), ("speedup", old["speedup"], speedup)):
             for key, values in have.items():
                 missing = [c for c in ["none", *args.candidates] if c not in values]
@@ -209,13 +218,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for v in verdicts:
         print(f"  {'PASS' if v.passes else 'fail'}  {v.cache:<34} mean {v.mean_speedup:5.2f}x  {'; '.join(v.reasons)}")
     print(f"\nauto = {winner}" if winner else "\nno candidate passes")
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     n_per_task = {k: rows[0]["examples"] // len(rows[0]["per_task"]) for k, rows in acc_rows.items() if rows}
     out.write_text(json.dumps({"sampler": SAMPLER, "n_per_task": n_per_task, "speed_shape": SPEED_SHAPE,
                                "winner": winner, "verdicts": [asdict(v) for v in verdicts],
                                "accuracy": accuracy, "speedup": speedup, "accuracy_rows": acc_rows,
                                "speed_rows": speed_rows}, indent=2, default=str))
+    partial.unlink(missing_ok=True)  # the full result supersedes it
     print(f"wrote {out}")
     return 0
 

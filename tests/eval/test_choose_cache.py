@@ -46,10 +46,50 @@ def test_bad_speed_model_fails_before_any_run_and_none_skips_speed(capsys, tmp_p
         C.main(["--speed-models", "no-such-model", "--out", str(tmp_path / "x.json")])
     assert "--speed-models: cannot load 'no-such-model'" in capsys.readouterr().err
     runs = []
-    monkeypatch.setattr(C, "measure_accuracy", lambda pairs, cands, n, progress: (runs.append("acc"), ({}, {}))[1])
+    monkeypatch.setattr(C, "measure_accuracy", lambda pairs, cands, n, progress, partial: (runs.append("acc"),
+                                                                                            ({}, {}))[1])
     monkeypatch.setattr(C, "measure_speed", lambda models, cands, repeats, progress: (runs.append(models), ({}, {}))[1])
     assert C.main(["--speed-models", "none", "--candidates", "dual", "--out", str(tmp_path / "y.json")]) == 0
     assert runs == ["acc", []] and "lack one" in capsys.readouterr().out
+
+
+def test_a_run_that_dies_keeps_its_measured_pairs_for_merge(tmp_path, monkeypatch, capsys):
+    import json
+
+    from dllm.eval import compare as compare_mod
+    from dllm.eval import exact_match
+    from dllm.eval.compare import SamplerResult
+
+    calls = []
+
+    def fake_compare(model, specs, names, n, **kw):
+        calls.append((model, n))
+        if model == "tiny-dream":
+            raise KeyboardInterrupt
+        return [SamplerResult(s, 0.9 - 0.01 * i, dict.fromkeys(names, 0.9), n * len(names), 2.0, 100, 1.5, 1.2,
+                              100.0, 1.0) for i, s in enumerate(specs)]
+
+    monkeypatch.setattr(compare_mod, "compare", fake_compare)
+    monkeypatch.setattr(exact_match, "load_model", lambda name, device=None: name)
+    out = tmp_path / "choice.json"
+    with pytest.raises(KeyboardInterrupt):
+        C.main(["--pairs", "tiny-llada-long/long-prompt", "tiny-dream/pb-mini", "--candidates", "dual",
+                "--speed-models", "none", "--no-progress", "--out", str(out)])
+    partial = tmp_path / "choice.partial.json"
+    kept = json.loads(partial.read_text())
+    assert calls == [("tiny-llada-long", 50), ("tiny-dream", 8)] and not out.exists()
+    assert kept["accuracy"] == {"tiny-llada-long/long-prompt": {"none": 0.9, "dual": 0.89}}
+    calls.clear()
+    monkeypatch.setattr(C, "measure_speed", lambda models, cands, repeats, progress: (
+        {"tiny-llada": {"none": 1.0, "dual": 5.0}}, {}))
+    monkeypatch.setattr(compare_mod, "compare", lambda model, specs, names, n, **kw: [
+        SamplerResult(s, 0.8, dict.fromkeys(names, 0.8), n * len(names), 2.0, 100, 1.5, 1.2, 100.0, 1.0)
+        for s in specs])
+    assert C.main(["--pairs", "tiny-dream/pb-mini", "--candidates", "dual", "--merge", str(partial), "--no-progress",
+                   "--out", str(out)]) == 0
+    done = json.loads(out.read_text())
+    assert set(done["accuracy"]) == {"tiny-dream/pb-mini", "tiny-llada-long/long-prompt"} and done["winner"] == "dual"
+    assert not partial.exists()  # superseded by the full result
 
 
 def test_e2e_verdict_and_plot(tmp_path):
