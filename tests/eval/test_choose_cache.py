@@ -169,6 +169,14 @@ def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):
     out = json.loads((tmp_path / "e2e.json").read_text())
     assert list(out["results"]) == ["tiny-llada/pb-mini"] and out["n_per_task"] == {"tiny-llada/pb-mini": 8}
     assert (tmp_path / "e2e.png").stat().st_size > 1000
+    calls.append("done")  # the rest of the run: the missing pair, merged with the kept one
+    kept = tmp_path / "kept.json"
+    kept.write_text((tmp_path / "e2e.json").read_text())
+    assert e2e.main(["--pairs", "tiny-llada-long/long-prompt", "--merge", str(kept), "--no-progress",
+                     "--out", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "e2e.json").read_text())
+    assert out["n_per_task"] == {"tiny-llada/pb-mini": 8, "tiny-llada-long/long-prompt": 50}
+    assert set(out["results"]) == set(out["verdicts"]) == set(out["n_per_task"])
 
 
 def test_e2e_refuses_an_unknown_pair_and_device(capsys):
