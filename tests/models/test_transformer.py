@@ -107,6 +107,33 @@ def test_reference_and_sdpa_backends_agree(family, overrides, padded):
     assert model.attn_backend == "sdpa"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_mlp_in_place_equals_the_autograd_path_bit_for_bit(dtype):
+    """Under no_grad the SwiGLU runs silu and the product in place (fewer allocations); with grad
+    enabled it keeps the reference expression autograd needs. Same values, same model logits."""
+    torch.manual_seed(0)
+    model = tiny("llada").to(dtype)
+    mlp = model.transformer.layers[0].mlp
+    x = torch.randn(2, 7, mlp.gate_proj.in_features, dtype=dtype)
+    with torch.no_grad():
+        fast = mlp(x)
+    ref = mlp(x)
+    assert ref.requires_grad and not fast.requires_grad
+    assert torch.equal(fast, ref.detach())
+    ids = random_ids(model, 2, 9)
+    with torch.no_grad():
+        fast_logits = model(ids).logits
+    assert torch.equal(fast_logits, model(ids).logits.detach())
+    ref.sum().backward()  # the grad path still trains
+    assert mlp.gate_proj.weight.grad is not None
+    kept = []  # a hook that keeps gate_proj's output sees it unchanged (the reference path runs)
+    handle = mlp.gate_proj.register_forward_hook(lambda mod, inp, out: kept.append(out))
+    with torch.no_grad():
+        assert torch.equal(mlp(x), fast)
+    handle.remove()
+    assert torch.equal(kept[0], mlp.gate_proj(x).detach())
+
+
 def test_unknown_backend_lists_valid():
     with pytest.raises(KeyError, match="reference"):
         tiny("llada").set_attn_backend("nope")
