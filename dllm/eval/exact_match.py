@@ -228,12 +228,17 @@ def load_model(name: str, dtype: Optional[str] = None, device: Optional[str] = N
     return load(name, dtype=None if name == "oracle" else dtype, device=device)
 
 
-def eval_examples(tasks: Optional[Sequence[str]] = None, per_size: int = 4, skip: int = 0) -> list[T.Example]:
-    """Test instances ``skip .. skip + per_size - 1`` of every default size of each task (the first
-    ``per_size`` by default; ``skip`` > 0 gives a sample disjoint from an earlier evaluation's)."""
+def check_test_range(per_size: int, skip: int = 0) -> None:
+    """ValueError unless test instances ``skip .. skip + per_size - 1`` exist in every size's split."""
     if skip < 0 or per_size < 1 or skip + per_size > T.TEST_SPLIT_SIZE:
         raise ValueError(f"test instances {skip}..{skip + per_size - 1} (skip={skip}, per_size={per_size}) are not "
                          f"in the test split: it holds instances 0..{T.TEST_SPLIT_SIZE - 1} of each size")
+
+
+def eval_examples(tasks: Optional[Sequence[str]] = None, per_size: int = 4, skip: int = 0) -> list[T.Example]:
+    """Test instances ``skip .. skip + per_size - 1`` of every default size of each task (the first
+    ``per_size`` by default; ``skip`` > 0 gives a sample disjoint from an earlier evaluation's)."""
+    check_test_range(per_size, skip)
     names = [T.get_task(n).name for n in tasks] if tasks else list(T.suite_task_names())
     return [ex for n in names for s in T.get_task(n).default_sizes
             for ex in T.test_split(n, s, n=skip + per_size)[skip:]]
@@ -259,5 +264,5 @@ def evaluate(
     return EvalResult(tally.accuracy, dict(tally.counts), c0, tally.forwards, tally.seconds)
 
 
-__all__ = ["EvalResult", "Tally", "c0_of", "c0_tasks", "check_tokens_per_step", "decode_and_score", "eval_examples",
-           "evaluate", "load_model"]
+__all__ = ["EvalResult", "Tally", "c0_of", "c0_tasks", "check_test_range", "check_tokens_per_step", "decode_and_score",
+           "eval_examples", "evaluate", "load_model"]

@@ -13,7 +13,7 @@ import json
 from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_of, check_tokens_per_step, eval_examples, evaluate, load_model
+from dllm.eval.exact_match import c0_of, check_test_range, check_tokens_per_step, eval_examples, evaluate, load_model
 from dllm.samplers import make_sampler
 
 Column = Union[int, str]  # k, or "adaptive"
@@ -61,10 +61,9 @@ def format_table(result: dict, ks: Sequence[Column]) -> str:
 
 def run_eval_tasks(args) -> dict:
     ks = columns(args.sampler, args.k)
-    skip = getattr(args, "skip", 0)
-    eval_examples(args.tasks, per_size=args.per_size, skip=skip)  # a bad range fails before the model loads
+    check_test_range(args.per_size, args.skip)  # a bad range fails before the model loads
     model = load_model(args.model, args.dtype, args.device)
-    result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, skip)
+    result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, args.skip)
     result["model"] = args.model
     print(format_table(result, ks))
     if args.json:
