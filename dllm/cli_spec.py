@@ -21,8 +21,9 @@ def add_spec_command(sub, positive: Callable[[str], int], add_threads: Callable[
     sp.add_argument("--prompt", required=True, nargs="+", action="extend",
                     help="one or more prompts (token ids '5 6 7' for a target without a tokenizer)")
     sp.add_argument("--max-new-tokens", type=positive, default=64)
-    sp.add_argument("--block-size", type=positive, default=None,
-                    help="tokens per verification forward (default: the drafter's)")
+    sp.add_argument("--block-size", type=lambda v: v if v == "auto" else positive(v), default=None,
+                    help="tokens per verification forward (default: the drafter's), or 'auto': each prompt's size "
+                         "picked by the drafter's block head (dflash:model=tiny-ar-dflash-wide)")
     sp.add_argument("--temperature", type=float, default=0.0)
     sp.add_argument("--top-p", type=float, default=1.0)
     sp.add_argument("--top-k", type=int, default=0)
@@ -65,12 +66,12 @@ def cmd_spec(args) -> int:
              "acceptance_by_position": [round(a, 4) for a in out.acceptance_by_position()]}
     if args.json:
         print(json.dumps({"target": args.target, "drafter": args.drafter, "texts": texts, "generated": out.generated,
-                          "stop_reasons": out.stop_reasons, "acceptance": out.acceptance, **stats}))
+                          "stop_reasons": out.stop_reasons, "acceptance": out.acceptance, "row_block_sizes": out.row_block_sizes, **stats}))
         return 0
     for j, text in enumerate(texts):
         print(text if len(texts) == 1 else f"[{j}] {text}")
     print(f"tau {stats['tau']} (mean accepted drafts per round {stats['accepted_per_round']}, block size "
-          f"{out.block_size}) | target forwards {out.target_forwards}, drafter forwards {out.drafter_forwards} | "
+          f"{out.block_size if out.row_block_sizes is None else out.row_block_sizes}) | target forwards {out.target_forwards}, drafter forwards {out.drafter_forwards} | "
           f"{out.generated_tokens} tokens in {stats['wall_time_s']} s, {stats['tokens_per_second']} tokens/s",
           file=sys.stderr)
     return 0

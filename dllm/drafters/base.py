@@ -138,6 +138,7 @@ class Drafter(Configurable):
     kind: ClassVar[str] = "drafter"
     Config: ClassVar[type] = NoOptions
     default_block_size: ClassVar[int] = 8  # B used when the call gives no block_size
+    block_head: Any = None  # a block_head.BlockHead picking each row's B from the prefill (block_size="auto")
 
     @property
     def target_layers(self) -> tuple[int, ...]:

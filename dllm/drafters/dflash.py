@@ -23,7 +23,8 @@ Options (``DFlashOptions``):
 
 The default block size of a call is the checkpoint's trained ``block_size``; a larger one is refused
 (the drafter never saw those positions), a smaller one runs (the reference shortens the last block
-the same way). No host syncs in ``propose``.
+the same way). A checkpoint directory that also holds a block head (``block_head.py``) gives the
+drafter its ``block_head``, used by ``block_size="auto"``. No host syncs in ``propose``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class DFlashOptions:
         check_bool("sample", self.sample)
 
 
+def _saved_head(name_or_path: str):
+    """The checkpoint's block head (``block_head.json`` beside its config), or None."""
+    from dllm.drafters.block_head import has_block_head, load_block_head
+    from dllm.models.loading import locate
+
+    directory = locate(name_or_path)
+    return load_block_head(directory) if has_block_head(directory) else None
+
+
 def _param(model: nn.Module) -> torch.Tensor:
     return next(model.parameters())
 
@@ -83,6 +93,7 @@ class DFlashBlockDrafter(Drafter):
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
             model = load_any_dflash(cfg.model, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
+            self.block_head = _saved_head(cfg.model)
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")

@@ -34,7 +34,7 @@ runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
@@ -43,7 +43,10 @@ from dllm.drafters.output import SpeculativeOutput, pack_sequences
 from dllm.drafters.prompts import Prompts, StopRule, encode_prompts, stop_strings
 from dllm.drafters.target import Target, cache_length, compact, crop_to, select_rows
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
-from dllm.options import check_bool, check_int, check_optional_int
+from dllm.options import check_bool, check_int
+
+if TYPE_CHECKING:
+    from dllm.drafters.block_head import BlockHead
 
 
 def speculative_generate(
@@ -55,7 +58,7 @@ def speculative_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    block_size: Optional[int] = None,
+    block_size: Union[int, str, "BlockHead", None] = None,
     stop: Union[str, Sequence[str], None] = None,
     seed: Optional[int] = None,
     eos_token_id: Union[int, Sequence[int], None] = None,
@@ -76,7 +79,10 @@ def speculative_generate(
         temperature, top_p, top_k: the target's sampling settings, applied as transformers does
             (temperature, then top-k, then top-p); temperature 0 is greedy.
         block_size: B, tokens per verification forward (the anchor and K = B - 1 drafts); default
-            the drafter's. B = 1 is plain autoregressive decoding through the same loop.
+            the drafter's. B = 1 is plain autoregressive decoding through the same loop. ``"auto"``:
+            each row's B is picked after the prefill by the drafter's block head (``block_head.py``;
+            a DFlash checkpoint with ``block_head.json``), or pass a ``BlockHead``; a round then
+            forwards the largest B of its rows and verifies each row's own ``B - 1`` drafts.
         stop: stop string(s); a row ends with the token that completes one (needs a tokenizer).
         seed: seeds a private ``torch.Generator`` for every random draw (None: the global RNG).
         eos_token_id: id(s) that end a row (default None: the target's generation config, then its
@@ -90,7 +96,6 @@ def speculative_generate(
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
     check_int("max_new_tokens", max_new_tokens, 1)
-    check_optional_int("block_size", block_size, 1, hint=" (the anchor plus block_size - 1 drafts)")
     check_bool("return_stats", return_stats)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
@@ -102,8 +107,9 @@ def speculative_generate(
         builder = make_tree_builder(tree)
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     tgt = Target(target, taps=drafter_obj.target_layers, eos_token_id=eos_token_id, tokenizer=tokenizer)
-    block = drafter_obj.block_size if block_size is None else block_size
-    check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts)")
+    head = _block_head(block_size, drafter_obj, builder)
+    block = max(head.sizes) if head is not None else drafter_obj.block_size if block_size is None else block_size
+    check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto'")
     drafter_obj.check_target(tgt.info)
     rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
     if builder is not None:
@@ -113,7 +119,7 @@ def speculative_generate(
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device)
     run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
-    run.tree = builder
+    run.tree, run.head = builder, head
     with torch.inference_mode():
         run.prefill()
         while run.active:
@@ -126,7 +132,7 @@ def speculative_generate(
         texts = [tokenizer.decode(g, skip_special_tokens=True) for g in run.generated]
     return SpeculativeOutput(
         sequences=sequences, prompt_length=lp, generated=run.generated, texts=texts,
-        stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block,
+        stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block, row_block_sizes=run.row_block,
         target_forwards=run.target_forwards, drafter_forwards=run.drafter_forwards, rounds=run.rounds,
         wall_time=time.perf_counter() - t_start,
     )
@@ -153,6 +159,8 @@ class _Run:
         self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
         self.target_forwards = self.drafter_forwards = self.rounds = 0
         self.tree = None  # a TreeBuilder: verify trees (tree_verify.py) instead of chains
+        self.head = None  # a BlockHead: per-row block sizes, chosen after the prefill
+        self.row_block: Optional[list[int]] = None  # per call row, with a head
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -167,12 +175,17 @@ class _Run:
         self.valid, self.kv_len = valid, [len(t) for t in self.tokens]
         if hidden is not None:
             self.pending = (hidden, valid, positions)
+        if self.head is not None:  # BlockPilot-style: the prefill picks each row's block size
+            from dllm.drafters.block_head import prompt_features
+
+            self.row_block = self.head.choose(prompt_features(hidden, valid))
         for r, j in enumerate(self.active):
             self._commit(j, [first[r]])
         self._drop_finished()
 
     def round(self) -> None:
-        r_rows, k = len(self.active), self.block - 1
+        block = self.block if self.row_block is None else max(self.row_block[j] for j in self.active)
+        r_rows, k = len(self.active), block - 1
         anchor = torch.tensor([self.tokens[j][-1] for j in self.active], dtype=torch.long, device=self.device)
         anchor_pos = torch.tensor([len(self.tokens[j]) - 1 for j in self.active], dtype=torch.long,
                                   device=self.device)  # [R]
@@ -181,14 +194,14 @@ class _Run:
         if self.tree is not None and k > 0:
             return self._tree_round(anchor, anchor_pos, draft)
         ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, B]
-        positions = anchor_pos[:, None] + torch.arange(self.block, device=self.device)  # [R, B]
+        positions = anchor_pos[:, None] + torch.arange(block, device=self.device)  # [R, B]
         mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S + B]
         s = cache_length(self.cache)
         logits, hidden = self.target.forward(ids, mask, positions, self.cache)  # [R, B, V]
         self.target_forwards += 1
         self.rounds += 1
         accepted, nxt = verify(draft.tokens, logits, self.params, q=draft.probs, generator=self.generator,
-                               lengths=draft.lengths)
+                               lengths=self._draft_lengths(draft, k))
         # host sync (one per round): accepted counts, next tokens and drafts together
         back = torch.cat([accepted[:, None], nxt[:, None], draft.tokens], dim=1).tolist()
         for r, j in enumerate(self.active):
@@ -264,6 +277,17 @@ class _Run:
         self.drafter_forwards += int(draft.forwards)
         return draft
 
+    def _draft_lengths(self, draft: Draft, k: int) -> Optional[torch.Tensor]:
+        """Drafts each row may have accepted: the drafter's lengths, capped by the row's own block size
+        when rows of one round chose different sizes (the round forwards the largest)."""
+        if self.row_block is None:
+            return draft.lengths
+        cap = [self.row_block[j] - 1 for j in self.active]
+        if min(cap) == k:
+            return draft.lengths
+        cap_t = torch.tensor(cap, dtype=torch.long, device=self.device)  # [R]
+        return cap_t if draft.lengths is None else torch.minimum(draft.lengths, cap_t)
+
     def _commit(self, j: int, new: list[int]) -> int:
         emitted, reason = self.stops.extend(self.generated[j], new)
         self.tokens[j].extend(self.generated[j][len(self.generated[j]) - emitted:])
@@ -293,6 +317,32 @@ class _Run:
         common_holes = s - max(self.kv_len)  # columns that compaction would drop
         if common_holes > max(self.block, s // 4):
             self.valid = compact(self.cache, self.valid, max(self.kv_len))
+
+
+def _block_head(block_size: Any, drafter, tree) -> Optional["BlockHead"]:
+    """The block head of ``block_size="auto"`` (the drafter's) or a given ``BlockHead``; None for an
+    int or None. Clear errors for a drafter without a head, or one it cannot read."""
+    from dllm.drafters.block_head import BlockHead
+
+    if isinstance(block_size, BlockHead):
+        head = block_size
+    elif isinstance(block_size, str):
+        if block_size != "auto":
+            raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r}")
+        head = getattr(drafter, "block_head", None)
+        if head is None:
+            raise ValueError(f"block_size='auto' needs a drafter with a block head (a DFlash checkpoint with "
+                             f"block_head.json, e.g. dflash:model=tiny-ar-dflash-wide); the {drafter.name!r} "
+                             f"drafter has none: pass an int block_size")
+    else:  # None or an int (checked by the caller)
+        return None
+    if not drafter.target_layers:
+        raise ValueError(f"a block head reads the target's tapped prefill states; the {drafter.name!r} drafter "
+                         f"taps no target layers")
+    if tree is not None:
+        raise ValueError("block_size='auto' (a block head) does not combine with a draft tree: a tree's budget "
+                         "already sets the verified tokens; pass an int block_size with tree=")
+    return head
 
 
 def _check_tree_room(builder, target, longest: int) -> None:

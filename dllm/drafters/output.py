@@ -24,11 +24,12 @@ class SpeculativeOutput:
     texts: Optional[list[str]]  # per row, the generated text (special tokens skipped), with a tokenizer
     stop_reasons: list[str]  # per row: "eos" | "stop" (a stop string) | "length" (max_new_tokens)
     acceptance: list[list[int]]  # per row, per round: tokens committed (1 .. block_size)
-    block_size: int  # B (K = B - 1 drafts per round)
+    block_size: int  # B (K = B - 1 drafts per round); with block_size="auto" the largest of the rows'
     target_forwards: int  # batched target forwards, the prefill included
     drafter_forwards: int  # drafter forwards (as the drafter counts them; 0 for model-free drafters)
     rounds: int  # verification rounds (= target_forwards - 1)
     wall_time: float  # seconds, prompt encoding to the last token
+    row_block_sizes: Optional[list[int]] = None  # per row, the block size a block head chose ("auto")
 
     @property
     def generated_tokens(self) -> int:

@@ -111,6 +111,12 @@ dflash_recipes.add("tiny-ar-dflash-mixed", DFlashRecipe(
         "tiny-ar-dflash trained on blocks of 4, 8, 12 and 16 in turn (same positions per step), so "
         "that one checkpoint drafts at every block size up to 16")),
     description="DFlash drafter for tiny-ar, mixed block sizes 4-16")
+dflash_recipes.add("tiny-ar-dflash-wide", DFlashRecipe(
+    "tiny-ar-dflash-wide", block_size=32, block_sizes=(8, 16, 24, 32), anchors=4, gamma=10.0, description=(
+        "tiny-ar-dflash trained on blocks of 8, 16, 24 and 32 in turn (same positions per step, a slower "
+        "loss decay for the longer blocks), so that one checkpoint drafts past 16 tokens, where the "
+        "16-token drafter's rounds are capped (a per-request block size needs sizes on both sides)")),
+    description="DFlash drafter for tiny-ar, mixed block sizes 8-32")
 
 
 def regenerate(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -1,0 +1,105 @@
+"""Per-request block size, end to end: the block head (``block_size="auto"``) against fixed sizes.
+
+    python benchmarks/block_head_bench.py [--n 8] [--threads 1] [--out benchmarks/block-head-DATE.json]
+
+Greedy, batch 1, the target ``tiny-ar``; test instances 0..n-1 per default size of the long-answer
+tasks (the reported split of ``dllm bench spec --trees``; the head was trained on mixture prompts and
+evaluated on instances 8-15). Every method decodes every prompt in turn, 3 passes, the first a
+warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 (today's default);
+``tiny-ar-dflash-wide`` at each fixed size of its head; the same drafter with ``block_size="auto"``.
+Prints tau (tokens per target forward, prefill included), tokens/s and the speed-up over
+``target.generate`` per method and per task, the sizes the head picked per task, and the bound of
+any per-request rule (each prompt at the fixed size that was fastest for it, with hindsight).
+Every greedy output is checked against ``target.generate``.
+"""
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from dllm import tasks as T
+from dllm.drafters.base import make_drafter
+from dllm.drafters.loading import load_target
+from dllm.drafters.loop import speculative_generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8, help="test instances per size")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tok = load_target("tiny-ar")
+    vocab = tok.get_vocab()
+    prompts = [(n, [vocab[w] for w in T.prompt_words(ex)]) for n in T.suite_task_names("long-answer")
+               for s in T.get_task(n).default_sizes for ex in T.test_split(n, s, n=args.n)]
+    wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
+    methods = [("target.generate", None, None), ("tiny-ar-dflash, block 16", make_drafter("dflash", model="tiny-ar-dflash"), 16)]
+    methods += [(f"wide, block {b}", wide, b) for b in wide.block_head.sizes] + [("wide, auto", wide, "auto")]
+    stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
+    picks: dict[int, int] = {}
+    mismatches = 0
+    for rep in range(3):
+        for j, (_, p) in enumerate(prompts):
+            ref = None
+            for label, drafter, block in methods:
+                t0 = time.perf_counter()
+                if drafter is None:
+                    out_ids = target.generate(torch.tensor([p]), max_new_tokens=66, do_sample=False)[0, len(p):]
+                    wall = time.perf_counter() - t0
+                    ref = out_ids.tolist()
+                    if tok.eos_token_id in ref:
+                        ref = ref[:ref.index(tok.eos_token_id) + 1]
+                    gen, fwd = ref, len(ref)
+                else:
+                    r = speculative_generate(target, drafter, [p], max_new_tokens=66, block_size=block)
+                    wall = time.perf_counter() - t0
+                    gen, fwd = r.generated[0], r.target_forwards
+                    mismatches += gen != ref
+                    if block == "auto":
+                        picks[j] = r.row_block_sizes[0]
+                if rep:
+                    s = stats[label, j]
+                    s[0] += len(gen)
+                    s[1] += fwd
+                    s[2] += wall
+    tasks = sorted({t for t, _ in prompts})
+
+    def agg(label, js):
+        tokens, fwd, wall = (sum(stats[label, j][k] for j in js) for k in range(3))
+        return tokens / fwd, tokens / wall
+
+    every = range(len(prompts))
+    base = agg("target.generate", every)[1]
+    rows = {}
+    print(f"{len(prompts)} prompts, batch 1, greedy, 2 timed passes; outputs != target.generate: {mismatches}")
+    print(f"{'method':28s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
+    for label, _, _ in methods:
+        tau, tps = agg(label, every)
+        per = [agg(label, [j for j, (t, _) in enumerate(prompts) if t == task]) for task in tasks]
+        rows[label] = {"tau": tau, "tokens_per_second": tps, "speedup": tps / base,
+                       "per_task": {t: {"tau": a, "tokens_per_second": b} for t, (a, b) in zip(tasks, per)}}
+        print(f"{label:28s}{tau:7.2f}{tps:10.0f}{tps / base:9.2f}x  " +
+              "  ".join(f"{a:6.2f} {b / base:6.2f}x  " for a, b in per))
+    fixed = [f"wide, block {b}" for b in wide.block_head.sizes]
+    best_fixed = max(fixed, key=lambda m: rows[m]["tokens_per_second"])
+    hind_tokens = sum(max((stats[m, j] for m in fixed), key=lambda s: s[0] / s[2])[0] for j in every)
+    hind_wall = sum(max((stats[m, j] for m in fixed), key=lambda s: s[0] / s[2])[2] for j in every)
+    by_task = {t: sorted({picks[j] for j, (tt, _) in enumerate(prompts) if tt == t}) for t in tasks}
+    auto = rows["wide, auto"]["tokens_per_second"]
+    print(f"head picks per task: {by_task}")
+    print(f"auto / best fixed ({best_fixed}): {auto / rows[best_fixed]['tokens_per_second']:.3f}x; "
+          f"per-prompt hindsight bound: {hind_tokens / hind_wall / rows[best_fixed]['tokens_per_second']:.3f}x; "
+          f"auto / tiny-ar-dflash at 16: {auto / rows['tiny-ar-dflash, block 16']['tokens_per_second']:.3f}x")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"n": args.n, "prompts": len(prompts), "mismatches": mismatches, "rows": rows,
+                       "picks_per_task": by_task, "best_fixed": best_fixed}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

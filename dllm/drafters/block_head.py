@@ -1,0 +1,102 @@
+"""Per-request block size: a small head that reads the prefill and picks each row's block size.
+
+BlockPilot (AMAP-ML/BlockPilot, arXiv 2606.31315) observes that the fastest block size of a block
+drafter varies per input, and lets an MLP read the prefill representation once to pick it. Ours
+reads what a target-conditioned drafter (DFlash) already gets from the prefill: the tapped target
+hidden states of the prompt, ``[R, Lp, len(taps) * D]``, pooled as the mean over the prompt's
+tokens concatenated with the last token's (``prompt_features``). A two-layer MLP maps that to one
+score per candidate size (``BlockHead``); the row's block size is the arg-max (``choose``).
+
+Training (``dllm.train.block_head_train``) needs no decoding: at T = 0 the committed tokens are the
+target's greedy answer, so the rounds a block size takes are a walk over the drafter's
+teacher-forced accepted prefixes; with the measured round time per block size, each training
+prompt has a time per candidate, and the head minimises the expected time under its softmax.
+
+Files, beside a drafter checkpoint: ``block_head.json`` (sizes, feature and hidden widths, and how it
+was made) and ``block_head.safetensors``. ``speculative_generate(..., block_size="auto")`` uses the
+drafter's head (``DFlashBlockDrafter.block_head``); a ``BlockHead`` may also be passed directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+HEAD_CONFIG = "block_head.json"
+HEAD_WEIGHTS = "block_head.safetensors"
+
+
+def prompt_features(hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Pooled prefill features. hidden [R, Lp, F] (left-padded rows), valid [R, Lp] bool -> [R, 2F]:
+    the mean over each row's valid positions, then the last position's (always valid: left padding)."""
+    w = valid.to(hidden.dtype)[:, :, None]  # [R, Lp, 1]
+    mean = (hidden * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)  # [R, F]
+    return torch.cat([mean, hidden[:, -1]], dim=-1).float()  # [R, 2F]
+
+
+class BlockHead(nn.Module):
+    """Pooled prefill features [R, 2F] -> one score per candidate block size [R, S]."""
+
+    def __init__(self, sizes: Sequence[int], features: int, hidden: int = 64, meta: Optional[dict] = None) -> None:
+        super().__init__()
+        sizes = tuple(int(s) for s in sizes)
+        if not sizes or any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError(f"block head sizes must be distinct positive ints, got {list(sizes)}")
+        self.sizes, self.features, self.hidden, self.meta = sizes, int(features), int(hidden), dict(meta or {})
+        # per-feature standardisation, set from the training features (``standardise``)
+        self.register_buffer("shift", torch.zeros(self.features))
+        self.register_buffer("scale", torch.ones(self.features))
+        self.mlp = nn.Sequential(nn.Linear(self.features, self.hidden), nn.GELU(), nn.Linear(self.hidden, len(sizes)))
+
+    def standardise(self, feats: torch.Tensor) -> None:
+        """Set the input standardisation from training features [N, 2F]."""
+        self.shift.copy_(feats.float().mean(dim=0))
+        self.scale.copy_(feats.float().std(dim=0).clamp_min(1e-6))
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.mlp((feats.float() - self.shift) / self.scale)  # [R, S]
+
+    def choose(self, feats: torch.Tensor) -> list[int]:
+        """The chosen block size per row (host list: the loop's bookkeeping is host-side)."""
+        if feats.dim() != 2 or feats.shape[1] != self.features:
+            raise ValueError(f"the block head reads [rows, {self.features}] pooled features, got "
+                             f"{list(feats.shape)}; was it trained for this drafter's tapped layers?")
+        with torch.no_grad():
+            idx = self(feats).argmax(dim=1).tolist()  # host sync: once per call, after the prefill
+        return [self.sizes[i] for i in idx]
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        cfg = {"sizes": list(self.sizes), "features": self.features, "hidden": self.hidden, **self.meta}
+        (directory / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / HEAD_WEIGHTS))
+        return directory
+
+
+def has_block_head(directory: Union[str, Path]) -> bool:
+    return (Path(directory) / HEAD_CONFIG).is_file()
+
+
+def load_block_head(directory: Union[str, Path]) -> BlockHead:
+    """The head saved in ``directory`` (FileNotFoundError naming the missing file)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"no block head in {str(directory)!r}: {name} is missing")
+    cfg: dict[str, Any] = json.loads((directory / HEAD_CONFIG).read_text())
+    meta = {k: v for k, v in cfg.items() if k not in ("sizes", "features", "hidden")}
+    head = BlockHead(cfg["sizes"], cfg["features"], cfg["hidden"], meta)
+    head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
+    return head.eval()
+
+
+__all__ = ["BlockHead", "has_block_head", "load_block_head", "prompt_features"]
