@@ -6,7 +6,9 @@ Greedy, batch 1, the target ``tiny-ar``; test instances 0..n-1 per default size 
 tasks (the reported split of ``dllm bench spec --trees``; the head was trained on mixture prompts and
 evaluated on instances 8-15). Every method decodes every prompt in turn, 3 passes, the first a
 warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 (today's default);
-``tiny-ar-dflash-wide`` at each fixed size of its head; the same drafter with ``block_size="auto"``.
+``tiny-ar-dflash-wide`` at each fixed size of its head; the same drafter with ``block_size="auto"``;
+and, for scale, each drafter under its tree setting chosen on held-out prompts by ``dllm bench spec
+--trees`` (``ddtree`` with budget 16 for the 16-token drafter, 32 for the wide one).
 Prints tau (tokens per target forward, prefill included), tokens/s and the speed-up over
 ``target.generate`` per method and per task, the sizes the head picked per task, and the bound of
 any per-request rule (each prompt at the fixed size that was fastest for it, with hindsight).
@@ -38,15 +40,17 @@ def main() -> None:
     prompts = [(n, [vocab[w] for w in T.prompt_words(ex)]) for n in T.suite_task_names("long-answer")
                for s in T.get_task(n).default_sizes for ex in T.test_split(n, s, n=args.n)]
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
-    methods = [("target.generate", None, None), ("tiny-ar-dflash, block 16", make_drafter("dflash", model="tiny-ar-dflash"), 16)]
-    methods += [(f"wide, block {b}", wide, b) for b in wide.block_head.sizes] + [("wide, auto", wide, "auto")]
+    d16 = make_drafter("dflash", model="tiny-ar-dflash")
+    methods = [("target.generate", None, None, None), ("tiny-ar-dflash, block 16", d16, 16, None)]
+    methods += [(f"wide, block {b}", wide, b, None) for b in wide.block_head.sizes] + [("wide, auto", wide, "auto", None)]
+    methods += [("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16"), ("wide, ddtree:32", wide, 32, "ddtree:budget=32")]
     stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
     picks: dict[int, int] = {}
     mismatches = 0
     for rep in range(3):
         for j, (_, p) in enumerate(prompts):
             ref = None
-            for label, drafter, block in methods:
+            for label, drafter, block, tree in methods:
                 t0 = time.perf_counter()
                 if drafter is None:
                     out_ids = target.generate(torch.tensor([p]), max_new_tokens=66, do_sample=False)[0, len(p):]
@@ -56,7 +60,7 @@ def main() -> None:
                         ref = ref[:ref.index(tok.eos_token_id) + 1]
                     gen, fwd = ref, len(ref)
                 else:
-                    r = speculative_generate(target, drafter, [p], max_new_tokens=66, block_size=block)
+                    r = speculative_generate(target, drafter, [p], max_new_tokens=66, block_size=block, tree=tree)
                     wall = time.perf_counter() - t0
                     gen, fwd = r.generated[0], r.target_forwards
                     mismatches += gen != ref
@@ -77,13 +81,13 @@ def main() -> None:
     base = agg("target.generate", every)[1]
     rows = {}
     print(f"{len(prompts)} prompts, batch 1, greedy, 2 timed passes; outputs != target.generate: {mismatches}")
-    print(f"{'method':28s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
-    for label, _, _ in methods:
+    print(f"{'method':30s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
+    for label, *_ in methods:
         tau, tps = agg(label, every)
         per = [agg(label, [j for j, (t, _) in enumerate(prompts) if t == task]) for task in tasks]
         rows[label] = {"tau": tau, "tokens_per_second": tps, "speedup": tps / base,
                        "per_task": {t: {"tau": a, "tokens_per_second": b} for t, (a, b) in zip(tasks, per)}}
-        print(f"{label:28s}{tau:7.2f}{tps:10.0f}{tps / base:9.2f}x  " +
+        print(f"{label:30s}{tau:7.2f}{tps:10.0f}{tps / base:9.2f}x  " +
               "  ".join(f"{a:6.2f} {b / base:6.2f}x  " for a, b in per))
     fixed = [f"wide, block {b}" for b in wide.block_head.sizes]
     best_fixed = max(fixed, key=lambda m: rows[m]["tokens_per_second"])
