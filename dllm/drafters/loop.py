@@ -21,7 +21,9 @@ row's own order. Cost: slots that are holes in a row still take memory and atten
 cache grows by the round's longest advance, not each row's. When the columns that are holes in
 every row exceed a quarter of the cache (and a block), ``compact`` gathers each row's valid slots to
 the right (one pass over the cache). Finished rows leave the batch (``batch_select_indices``).
-Batch size 1 has no holes at all.
+Batch size 1 has no holes at all. With per-row block sizes (``block_size="auto"``, a block head
+picking each row's B after the prefill) a round forwards the largest B of its running rows and
+verifies each row's own ``B - 1`` drafts (``verify``'s per-row lengths), so a row alone runs its own B.
 
 Host syncs (ours): one per round, on purpose: the accepted counts, the draft and the next tokens
 come back together (``tolist``) because the per-row bookkeeping (stops, stop strings, the crop
