@@ -42,8 +42,9 @@ def main() -> None:
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
     d16 = make_drafter("dflash", model="tiny-ar-dflash")
     methods = [("target.generate", None, None, None), ("tiny-ar-dflash, block 16", d16, 16, None)]
-    methods += [(f"wide, block {b}", wide, b, None) for b in wide.block_head.sizes] + [("wide, auto", wide, "auto", None)]
-    methods += [("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16"), ("wide, ddtree:32", wide, 32, "ddtree:budget=32")]
+    methods += [(f"wide, block {b}", wide, b, None) for b in wide.block_head.sizes]
+    methods += [("wide, auto", wide, "auto", None), ("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16"),
+                ("wide, ddtree:32", wide, 32, "ddtree:budget=32")]
     stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
     picks: dict[int, int] = {}
     mismatches = 0

@@ -66,12 +66,14 @@ def cmd_spec(args) -> int:
              "acceptance_by_position": [round(a, 4) for a in out.acceptance_by_position()]}
     if args.json:
         print(json.dumps({"target": args.target, "drafter": args.drafter, "texts": texts, "generated": out.generated,
-                          "stop_reasons": out.stop_reasons, "acceptance": out.acceptance, "row_block_sizes": out.row_block_sizes, **stats}))
+                          "stop_reasons": out.stop_reasons, "acceptance": out.acceptance,
+                          "row_block_sizes": out.row_block_sizes, **stats}))
         return 0
     for j, text in enumerate(texts):
         print(text if len(texts) == 1 else f"[{j}] {text}")
     print(f"tau {stats['tau']} (mean accepted drafts per round {stats['accepted_per_round']}, block size "
-          f"{out.block_size if out.row_block_sizes is None else out.row_block_sizes}) | target forwards {out.target_forwards}, drafter forwards {out.drafter_forwards} | "
+          f"{out.block_size if out.row_block_sizes is None else out.row_block_sizes}) | target forwards "
+          f"{out.target_forwards}, drafter forwards {out.drafter_forwards} | "
           f"{out.generated_tokens} tokens in {stats['wall_time_s']} s, {stats['tokens_per_second']} tokens/s",
           file=sys.stderr)
     return 0

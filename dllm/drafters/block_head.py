@@ -65,8 +65,8 @@ class BlockHead(nn.Module):
         if feats.dim() != 2 or feats.shape[1] != self.features:
             raise ValueError(f"the block head reads [rows, {self.features}] pooled features, got "
                              f"{list(feats.shape)}; was it trained for this drafter's tapped layers?")
-        with torch.no_grad():
-            idx = self(feats).argmax(dim=1).tolist()  # host sync: once per call, after the prefill
+        with torch.no_grad():  # the head stays where it was loaded: the [R, 2F] features come to it
+            idx = self(feats.to(self.shift.device)).argmax(dim=1).tolist()  # host sync: once per call
         return [self.sizes[i] for i in idx]
 
     def save(self, directory: Union[str, Path]) -> Path:

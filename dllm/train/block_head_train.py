@@ -191,7 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = {split: evaluate(head, *tables[split]) for split in tables}
     for split, res in report.items():
         base = min(v for k, v in res.items() if k.startswith("fixed_"))
-        print(f"{split}: " + ", ".join(f"{k} {base / v:.3f}x" for k, v in res.items()) + " (speed vs the best fixed size)")
+        cells = ", ".join(f"{k} {base / v:.3f}x" for k, v in res.items())
+        print(f"{split}: {cells} (speed vs the best fixed size)")
     with torch.no_grad():
         picks = head(tables["eval"][0]).argmax(dim=1).tolist()
     by_task: dict[str, list[int]] = {}
