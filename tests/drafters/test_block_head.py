@@ -116,6 +116,9 @@ def test_auto_block_sizes_per_row_are_lossless(pair):
     for row, prompt in enumerate(ids):
         assert out.generated[row] == reference(target, prompt)
         assert max(out.acceptance[row]) <= picks[row]  # a row commits at most its own block
+    sampled = speculative_generate(target, drafter, ids, max_new_tokens=66, temperature=1.0, seed=0,
+                                   block_size=FixedHead((4, 8, 12, 16), feats, picks))
+    assert all(max(sampled.acceptance[row]) <= picks[row] for row in range(len(ids)))  # T > 0: the same cap
     one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=FixedHead((4, 16), feats, [4]))
     fixed = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=4)
     assert one.acceptance == fixed.acceptance and one.generated == fixed.generated
