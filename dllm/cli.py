@@ -392,6 +392,8 @@ DELEGATED_BENCHES: dict[str, tuple[str, str]] = {
                                      "assisted generation, prompt lookup"),
     "breakdown": ("dllm.eval.bench_breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, "
                                                "head, statistics, engine)"),
+    "e2e": ("dllm.eval.e2e", "end to end: the recommended setting against Fast-dLLM's (threshold + dual) on the "
+                             "accuracy / tokens-per-second plane, every model / suite pair"),
 }
 
 

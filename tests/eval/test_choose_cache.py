@@ -179,6 +179,17 @@ def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):
     assert set(out["results"]) == set(out["verdicts"]) == set(out["n_per_task"])
 
 
+def test_dllm_bench_e2e_is_the_e2e_module(capsys):
+    from dllm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--pairs", "tiny-llada/nope", "--out", "unused"])
+    assert "['tiny-llada/nope'] are not pairs; valid:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--help"])
+    assert "--repeats" in capsys.readouterr().out
+
+
 def test_e2e_refuses_an_unknown_pair_and_device(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--pairs", "tiny-llada/nope", "--out", "unused"])
