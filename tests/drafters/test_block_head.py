@@ -167,3 +167,17 @@ def test_the_shipped_wide_drafter_and_its_head(pair, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["row_block_sizes"][0] in wide.block_head.sizes and got["generated"][0] == reference(
         target, [vocab[w] for w in prompt.split()])
+
+
+@pytest.mark.slow
+def test_the_trainer_end_to_end_on_a_few_prompts(tmp_path, capsys):
+    """python -m dllm.train.block_head_train on 8 prompts: round times, walks, a head that loads."""
+    from dllm.train.block_head_train import main
+
+    assert main(["--drafter", "tiny-ar-dflash-wide", "--prompts", "8", "--eval-n", "1", "--out", str(tmp_path)]) == 0
+    head = load_block_head(tmp_path)
+    sims = head.meta["simulated"]["eval"]
+    assert head.sizes == (8, 12, 16, 20, 24, 32) and head.meta["drafter"] == "tiny-ar-dflash-wide"
+    assert sims["best_per_prompt"] <= min(sims[k] for k in sims if k != "best_per_prompt") > 0
+    assert sorted(int(b) for b in head.meta["round_ms"]) == [8, 12, 16, 20, 24, 32]
+    assert "eval picks per task" in capsys.readouterr().out
