@@ -56,7 +56,7 @@ def run_bench(
     seed: int = 0,
     max_new_tokens: Optional[int] = None,
     progress: bool = True,
-    block_size: int = 16,
+    block_size: Union[int, str] = 16,
     warmup: bool = True,
 ) -> list[Row]:
     """Decode every example with every method at every temperature: one ``Row`` per (T, method), in
@@ -118,9 +118,18 @@ def _reason(err: Exception) -> str:
 def _rows(methods: Sequence[Method], samples: dict[str, list[Sample]], skipped: dict[str, str],
           examples: Sequence[T.Example], temp: float, block_size: int) -> list[Row]:
     rows = [Row(m.name, temp, status="skipped", reason=skipped[m.name]) if m.name in skipped
-            else summarize(m.name, temp, samples[m.name], examples, block_size) for m in methods]
+            else summarize(m.name, temp, samples[m.name], examples, _width(block_size, samples[m.name]))
+            for m in methods]
     compare_to_baseline(rows, next((r for r in rows if r.method == "generate" and r.status == "ok"), None), temp)
     return rows
+
+
+def _width(block_size: Union[int, str], samples: Sequence[Sample]) -> int:
+    """The block size the acceptance-by-position columns span: the given one, or with ``"auto"`` the
+    most tokens any round committed."""
+    if isinstance(block_size, int):
+        return block_size
+    return max((c for s in samples for c in s.commits or ()), default=1)
 
 
 def _split(values: Optional[Sequence[str]]) -> list[str]:
@@ -141,7 +150,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"comma/space separated: {','.join(METHODS)}")
     ap.add_argument("--tasks", nargs="+", default=None, help="task names (default: the long-answer suite)")
     ap.add_argument("--n", type=int, default=4, help="test examples per task size")
-    ap.add_argument("--block-size", type=int, default=16, help="B for dflash / ngram / dlm (K = B - 1 drafts)")
+    ap.add_argument("--block-size", type=lambda v: v if v == "auto" else int(v), default=16,
+                    help="B for dflash / ngram / dlm (K = B - 1 drafts), or 'auto': per prompt from the drafter's "
+                         "block head (--dflash tiny-ar-dflash-wide; methods without one are skipped)")
     ap.add_argument("--temperatures", nargs="+", default=["0,1"], help="comma/space separated, >= 0")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each example's answer length")
     ap.add_argument("--seed", type=int, default=0, help="prompt i is seeded with seed + i")
@@ -170,7 +181,7 @@ def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argp
         raise ValueError(f"unknown task(s) {bad}; valid tasks: {', '.join(known)}")
     for flag in positive:
         value = getattr(args, flag)
-        if value is not None and value < 1:
+        if value is not None and value != "auto" and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {value}")
     return args
 

@@ -129,3 +129,25 @@ def test_main_writes_json(models, tmp_path, capsys):
     assert list(rows) == ["generate", "ar", "dflash", "dlm"]  # the baseline is always run
     assert rows["dflash"]["greedy_match"] is True and rows["dlm"]["status"] == "skipped"
     assert "outputs" not in rows["ar"]
+
+
+def test_block_size_auto_runs_drafters_with_a_head_and_skips_the_others(models, tmp_path):
+    """--block-size auto: each prompt's size from the drafter's block head; drafters without one are
+    skipped with the loop's reason, and the acceptance columns span the largest size used."""
+    import shutil
+
+    from dllm.drafters.base import make_drafter
+    from dllm.drafters.block_head import BlockHead
+
+    target, paths = models
+    head_dir = tmp_path / "dflash-with-head"
+    shutil.copytree(paths["dflash"], head_dir)
+    plain = make_drafter("dflash", model=paths["dflash"])
+    BlockHead((2, 4), features=2 * len(plain.target_layers) * target.config.hidden_size).save(head_dir)
+    rows = run_bench(target, ["generate", Method("dflash", str(head_dir)), "ngram"], examples(1),
+                     temperatures=(0.0,), max_new_tokens=MAX_NEW, progress=False, block_size="auto")
+    by = {r.method: r for r in rows}
+    assert by["dflash"].status == "ok" and by["dflash"].greedy_match is True
+    assert len(by["dflash"].acceptance) <= 3  # columns up to the most committed in a round (<= 4 here)
+    assert by["ngram"].status == "skipped" and "has none" in by["ngram"].reason
+    assert parse_args(["--block-size", "auto"]).block_size == "auto"
