@@ -4,19 +4,23 @@
 
 Greedy, batch 1, the target ``tiny-ar``; test instances 0..n-1 per default size of the long-answer
 tasks (the reported split of ``dllm bench spec --trees``; the head was trained on mixture prompts and
-evaluated on instances 8-15). Every method decodes every prompt in turn, 3 passes, the first a
-warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 (today's default);
+evaluated on instances 8-15). Every method decodes every prompt in turn, ``--passes`` + 1 passes, the
+first a warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 (today's default);
 ``tiny-ar-dflash-wide`` at each fixed size of its head; the same drafter with ``block_size="auto"``;
 and, for scale, each drafter under its tree setting chosen on held-out prompts by ``dllm bench spec
 --trees`` (``ddtree`` with budget 16 for the 16-token drafter, 32 for the wide one).
 Prints tau (tokens per target forward, prefill included), tokens/s and the speed-up over
 ``target.generate`` per method and per task, the sizes the head picked per task, and the bound of
-any per-request rule (each prompt at the fixed size that was fastest for it, with hindsight).
+any per-request rule (each prompt at the fixed size that was fastest for it, with hindsight), and
+95% intervals of auto's speed ratio against the best fixed size, the 16-token drafter and the wide
+drafter's tree (a paired bootstrap over the prompts: it covers how the prompts vary, not a change in
+the machine's speed between runs).
 Every greedy output is checked against ``target.generate``.
 """
 
 import argparse
 import json
+import random
 import time
 from collections import defaultdict
 
@@ -32,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8, help="test instances per size")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--passes", type=int, default=2, help="timed passes after the warm-up one")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -48,7 +53,7 @@ def main() -> None:
     stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
     picks: dict[int, int] = {}
     mismatches = 0
-    for rep in range(3):
+    for rep in range(args.passes + 1):
         for j, (_, p) in enumerate(prompts):
             ref = None
             for label, drafter, block, tree in methods:
@@ -81,7 +86,8 @@ def main() -> None:
     every = range(len(prompts))
     base = agg("target.generate", every)[1]
     rows = {}
-    print(f"{len(prompts)} prompts, batch 1, greedy, 2 timed passes; outputs != target.generate: {mismatches}")
+    print(f"{len(prompts)} prompts, batch 1, greedy, {args.passes} timed passes; outputs != target.generate: "
+          f"{mismatches}")
     print(f"{'method':30s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
     for label, *_ in methods:
         tau, tps = agg(label, every)
@@ -100,10 +106,28 @@ def main() -> None:
     print(f"auto / best fixed ({best_fixed}): {auto / rows[best_fixed]['tokens_per_second']:.3f}x; "
           f"per-prompt hindsight bound: {hind_tokens / hind_wall / rows[best_fixed]['tokens_per_second']:.3f}x; "
           f"auto / tiny-ar-dflash at 16: {auto / rows['tiny-ar-dflash, block 16']['tokens_per_second']:.3f}x")
+    intervals = {}
+    for other in (best_fixed, "tiny-ar-dflash, block 16", "wide, ddtree:32"):
+        low, high = speed_interval(stats, "wide, auto", other, len(prompts))
+        intervals[other] = [low, high]
+        print(f"auto / {other}: 95% interval over the prompts (paired bootstrap, 2,000 draws) [{low:.3f}, {high:.3f}]")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"n": args.n, "prompts": len(prompts), "mismatches": mismatches, "rows": rows,
-                       "picks_per_task": by_task, "best_fixed": best_fixed}, f, indent=1)
+            json.dump({"n": args.n, "passes": args.passes, "prompts": len(prompts), "mismatches": mismatches,
+                       "rows": rows, "picks_per_task": by_task, "best_fixed": best_fixed,
+                       "auto_speed_ratio_intervals": intervals}, f, indent=1)
+
+
+def speed_interval(stats, a: str, b: str, n: int, draws: int = 2000) -> tuple[float, float]:
+    """2.5 / 97.5% points of (tokens/s of a) / (tokens/s of b) over bootstrap draws of the prompts,
+    the same draw for both (same tokens at T = 0, so the ratio of summed walls)."""
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(stats[b, j][2] for j in idx) / sum(stats[a, j][2] for j in idx))
+    ratios.sort()
+    return ratios[round(0.025 * (draws - 1))], ratios[round(0.975 * (draws - 1))]
 
 
 if __name__ == "__main__":
