@@ -5,15 +5,15 @@
 Greedy, batch 1, the target ``tiny-ar``; test instances 0..n-1 per default size of the long-answer
 tasks (the reported split of ``dllm bench spec --trees``; the head was trained on mixture prompts and
 evaluated on instances 8-15). Every method decodes every prompt in turn, ``--passes`` + 1 passes, the
-first a warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 (today's default);
-``tiny-ar-dflash-wide`` at each fixed size of its head; the same drafter with ``block_size="auto"``;
-and, for scale, each drafter under its tree setting chosen on held-out prompts by ``dllm bench spec
---trees`` (``ddtree`` with budget 16 for the 16-token drafter, 32 for the wide one).
+first a warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 and with
+``ddtree:budget=16`` (its tree setting chosen on held-out prompts by ``dllm bench spec --trees``);
+``tiny-ar-dflash-wide`` under each fixed plan of its head (a block size, with or without a tree);
+the same drafter with ``block_size="auto"``.
 Prints tau (tokens per target forward, prefill included), tokens/s and the speed-up over
 ``target.generate`` per method and per task, the sizes the head picked per task, and the bound of
-any per-request rule (each prompt at the fixed size that was fastest for it, with hindsight), and
-95% intervals of auto's speed ratio against the best fixed size, the 16-token drafter and the wide
-drafter's tree (a paired bootstrap over the prompts: it covers how the prompts vary, not a change in
+any per-request rule (each prompt at the fixed plan that was fastest for it, with hindsight), and
+95% intervals of auto's speed ratio against the best fixed plan and the 16-token drafter's two
+settings (a paired bootstrap over the prompts: it covers how the prompts vary, not a change in
 the machine's speed between runs).
 Every greedy output is checked against ``target.generate``.
 """
@@ -46,12 +46,13 @@ def main() -> None:
                for s in T.get_task(n).default_sizes for ex in T.test_split(n, s, n=args.n)]
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
     d16 = make_drafter("dflash", model="tiny-ar-dflash")
-    methods = [("target.generate", None, None, None), ("tiny-ar-dflash, block 16", d16, 16, None)]
-    methods += [(f"wide, block {b}", wide, b, None) for b in wide.block_head.sizes]
-    methods += [("wide, auto", wide, "auto", None), ("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16"),
-                ("wide, ddtree:32", wide, 32, "ddtree:budget=32")]
+    methods = [("target.generate", None, None, None), ("tiny-ar-dflash, block 16", d16, 16, None),
+               ("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16")]
+    plans = [(f"wide, {b}" + ("" if t is None else "/" + t.replace("budget=", "")), b, t)
+             for b, t in zip(wide.block_head.sizes, wide.block_head.trees)]
+    methods += [(label, wide, b, t) for label, b, t in plans] + [("wide, auto", wide, "auto", None)]
     stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
-    picks: dict[int, int] = {}
+    picks: dict[int, str] = {}
     mismatches = 0
     for rep in range(args.passes + 1):
         for j, (_, p) in enumerate(prompts):
@@ -71,7 +72,8 @@ def main() -> None:
                     gen, fwd = r.generated[0], r.target_forwards
                     mismatches += gen != ref
                     if block == "auto":
-                        picks[j] = r.row_block_sizes[0]
+                        tree_pick = r.row_trees[0]
+                        picks[j] = f"{r.row_block_sizes[0]}" + ("" if tree_pick is None else "/" + tree_pick)
                 if rep:
                     s = stats[label, j]
                     s[0] += len(gen)
@@ -88,26 +90,26 @@ def main() -> None:
     rows = {}
     print(f"{len(prompts)} prompts, batch 1, greedy, {args.passes} timed passes; outputs != target.generate: "
           f"{mismatches}")
-    print(f"{'method':30s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
+    print(f"{'method':34s}{'tau':>7}{'tokens/s':>10}{'speed-up':>10}  " + "  ".join(f"{t:>16s}" for t in tasks))
     for label, *_ in methods:
         tau, tps = agg(label, every)
         per = [agg(label, [j for j, (t, _) in enumerate(prompts) if t == task]) for task in tasks]
         rows[label] = {"tau": tau, "tokens_per_second": tps, "speedup": tps / base,
                        "per_task": {t: {"tau": a, "tokens_per_second": b} for t, (a, b) in zip(tasks, per)}}
-        print(f"{label:30s}{tau:7.2f}{tps:10.0f}{tps / base:9.2f}x  " +
+        print(f"{label:34s}{tau:7.2f}{tps:10.0f}{tps / base:9.2f}x  " +
               "  ".join(f"{a:6.2f} {b / base:6.2f}x  " for a, b in per))
-    fixed = [f"wide, block {b}" for b in wide.block_head.sizes]
+    fixed = [label for label, _, _ in plans]
     best_fixed = max(fixed, key=lambda m: rows[m]["tokens_per_second"])
     hind_tokens = sum(max((stats[m, j] for m in fixed), key=lambda s: s[0] / s[2])[0] for j in every)
     hind_wall = sum(max((stats[m, j] for m in fixed), key=lambda s: s[0] / s[2])[2] for j in every)
     by_task = {t: sorted({picks[j] for j, (tt, _) in enumerate(prompts) if tt == t}) for t in tasks}
     auto = rows["wide, auto"]["tokens_per_second"]
     print(f"head picks per task: {by_task}")
-    print(f"auto / best fixed ({best_fixed}): {auto / rows[best_fixed]['tokens_per_second']:.3f}x; "
+    print(f"auto / best fixed plan ({best_fixed}): {auto / rows[best_fixed]['tokens_per_second']:.3f}x; "
           f"per-prompt hindsight bound: {hind_tokens / hind_wall / rows[best_fixed]['tokens_per_second']:.3f}x; "
           f"auto / tiny-ar-dflash at 16: {auto / rows['tiny-ar-dflash, block 16']['tokens_per_second']:.3f}x")
     intervals = {}
-    for other in (best_fixed, "tiny-ar-dflash, block 16", "wide, ddtree:32"):
+    for other in dict.fromkeys((best_fixed, "tiny-ar-dflash, block 16", "tiny-ar-dflash, ddtree:16")):
         low, high = speed_interval(stats, "wide, auto", other, len(prompts))
         intervals[other] = [low, high]
         print(f"auto / {other}: 95% interval over the prompts (paired bootstrap, 2,000 draws) [{low:.3f}, {high:.3f}]")

@@ -5,12 +5,15 @@ drafter varies per input, and lets an MLP read the prefill representation once t
 reads what a target-conditioned drafter (DFlash) already gets from the prefill: the tapped target
 hidden states of the prompt, ``[R, Lp, len(taps) * D]``, pooled as the mean over the prompt's
 tokens concatenated with the last token's (``prompt_features``). A two-layer MLP maps that to one
-score per candidate size (``BlockHead``); the row's block size is the arg-max (``choose``).
+score per candidate *plan* (``BlockHead``): a block size, with or without a draft tree (``trees``,
+a tree builder spec per plan); the row's plan is the arg-max (``pick``). The rows of one call share
+the tree setting (a round is a tree round or a chain round): the one most rows picked
+(``loop.shared_tree``); each keeps its own block size in chain rounds.
 
-Training (``dllm.train.block_head_train``) needs no decoding: at T = 0 the committed tokens are the
-target's greedy answer, so the rounds a block size takes are a walk over the drafter's
-teacher-forced accepted prefixes; with the measured round time per block size, each training
-prompt has a time per candidate, and the head minimises the expected time under its softmax.
+Training (``dllm.train.block_head_train``): at T = 0 the committed tokens are the target's greedy
+answer, so the rounds a chain plan takes are a walk over the drafter's teacher-forced accepted
+prefixes (a tree plan's come from one real greedy call); with the measured round time per plan, each
+training prompt has a time per plan, and the head minimises the expected time under its softmax.
 
 Files, beside a drafter checkpoint: ``block_head.json`` (sizes, feature and hidden widths, and how it
 was made) and ``block_head.safetensors``. ``speculative_generate(..., block_size="auto")`` uses the
@@ -39,14 +42,22 @@ def prompt_features(hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class BlockHead(nn.Module):
-    """Pooled prefill features [R, 2F] -> one score per candidate block size [R, S]."""
+    """Pooled prefill features [R, 2F] -> one score per candidate plan [R, S].
 
-    def __init__(self, sizes: Sequence[int], features: int, hidden: int = 64, meta: Optional[dict] = None) -> None:
+    A plan is a block size and, optionally, a draft-tree builder spec (``trees[i]``; None = the
+    drafted chain), so one head can also choose between the chain and a tree per request."""
+
+    def __init__(self, sizes: Sequence[int], features: int, hidden: int = 64, meta: Optional[dict] = None,
+                 trees: Optional[Sequence[Optional[str]]] = None) -> None:
         super().__init__()
         sizes = tuple(int(s) for s in sizes)
-        if not sizes or any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
-            raise ValueError(f"block head sizes must be distinct positive ints, got {list(sizes)}")
-        self.sizes, self.features, self.hidden, self.meta = sizes, int(features), int(hidden), dict(meta or {})
+        trees = tuple(trees) if trees is not None else (None,) * len(sizes)
+        plans = list(zip(sizes, trees))
+        if not sizes or any(s < 1 for s in sizes) or len(set(plans)) != len(plans) or len(trees) != len(sizes):
+            raise ValueError(f"block head plans must be distinct (positive int size, tree spec or None) pairs, got "
+                             f"sizes {list(sizes)} and trees {list(trees)}")
+        self.sizes, self.trees = sizes, trees
+        self.features, self.hidden, self.meta = int(features), int(hidden), dict(meta or {})
         # per-feature standardisation, set from the training features (``standardise``)
         self.register_buffer("shift", torch.zeros(self.features))
         self.register_buffer("scale", torch.ones(self.features))
@@ -60,21 +71,30 @@ class BlockHead(nn.Module):
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         return self.mlp((feats.float() - self.shift) / self.scale)  # [R, S]
 
-    def choose(self, feats: torch.Tensor) -> list[int]:
-        """The chosen block size per row (host list: the loop's bookkeeping is host-side)."""
+    def pick(self, feats: torch.Tensor) -> list[int]:
+        """The chosen plan's index per row (host list: the loop's bookkeeping is host-side)."""
         if feats.dim() != 2 or feats.shape[1] != self.features:
             raise ValueError(f"the block head reads [rows, {self.features}] pooled features, got "
                              f"{list(feats.shape)}; was it trained for this drafter's tapped layers?")
         with torch.no_grad():  # the head stays where it was loaded: the [R, 2F] features come to it
-            idx = self(feats.to(self.shift.device)).argmax(dim=1).tolist()  # host sync: once per call
-        return [self.sizes[i] for i in idx]
+            return self(feats.to(self.shift.device)).argmax(dim=1).tolist()  # host sync: once per call
+
+    def choose(self, feats: torch.Tensor) -> list[int]:
+        """The chosen block size per row."""
+        return [self.sizes[i] for i in self.pick(feats)]
+
+    @property
+    def tree_specs(self) -> list[str]:
+        """The distinct tree builder specs among the plans."""
+        return sorted({t for t in self.trees if t is not None})
 
     def save(self, directory: Union[str, Path]) -> Path:
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        cfg = {"sizes": list(self.sizes), "features": self.features, "hidden": self.hidden, **self.meta}
+        cfg = {"sizes": list(self.sizes), "trees": list(self.trees), "features": self.features, "hidden": self.hidden,
+               **self.meta}
         (directory / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / HEAD_WEIGHTS))
         return directory
@@ -93,8 +113,8 @@ def load_block_head(directory: Union[str, Path]) -> BlockHead:
         if not (directory / name).is_file():
             raise FileNotFoundError(f"no block head in {str(directory)!r}: {name} is missing")
     cfg: dict[str, Any] = json.loads((directory / HEAD_CONFIG).read_text())
-    meta = {k: v for k, v in cfg.items() if k not in ("sizes", "features", "hidden")}
-    head = BlockHead(cfg["sizes"], cfg["features"], cfg["hidden"], meta)
+    meta = {k: v for k, v in cfg.items() if k not in ("sizes", "trees", "features", "hidden")}
+    head = BlockHead(cfg["sizes"], cfg["features"], cfg["hidden"], meta, cfg.get("trees"))
     head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
     return head.eval()
 

@@ -84,7 +84,9 @@ def speculative_generate(
             the drafter's. B = 1 is plain autoregressive decoding through the same loop. ``"auto"``:
             each row's B is picked after the prefill by the drafter's block head (``block_head.py``;
             a DFlash checkpoint with ``block_head.json``), or pass a ``BlockHead``; a round then
-            forwards the largest B of its rows and verifies each row's own ``B - 1`` drafts.
+            forwards the largest B of its rows and verifies each row's own ``B - 1`` drafts. A head
+            whose plans include draft trees also picks chain or tree; the call's rows share the one
+            most of them picked (tree rounds use the round's largest B for every row).
         stop: stop string(s); a row ends with the token that completes one (needs a tokenizer).
         seed: seeds a private ``torch.Generator`` for every random draw (None: the global RNG).
         eos_token_id: id(s) that end a row (default None: the target's generation config, then its
@@ -102,11 +104,9 @@ def speculative_generate(
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
     drafter_obj = make_drafter(drafter)
-    builder = None
-    if tree is not None:
-        from dllm.drafters.tree import make_tree_builder
+    from dllm.drafters.tree import make_tree_builder
 
-        builder = make_tree_builder(tree)
+    builder = None if tree is None else make_tree_builder(tree)
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     tgt = Target(target, taps=drafter_obj.target_layers, eos_token_id=eos_token_id, tokenizer=tokenizer)
     head = _block_head(block_size, drafter_obj, builder)
@@ -114,14 +114,18 @@ def speculative_generate(
     check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto'")
     drafter_obj.check_target(tgt.info)
     rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
-    if builder is not None:
-        _check_tree_room(builder, target, max(len(r) for r in rows) + max_new_tokens)
+    head_trees = {}  # tree spec -> builder, for a head whose plans include trees
+    for spec in [] if head is None else head.tree_specs:
+        head_trees[spec] = make_tree_builder(spec)
+    for b in [builder, *head_trees.values()]:
+        if b is not None:
+            _check_tree_room(b, target, max(len(r) for r in rows) + max_new_tokens)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device)
     run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
-    run.tree, run.head = builder, head
+    run.tree, run.head, run.head_trees = builder, head, head_trees
     with torch.inference_mode():
         run.prefill()
         while run.active:
@@ -135,6 +139,7 @@ def speculative_generate(
     return SpeculativeOutput(
         sequences=sequences, prompt_length=lp, generated=run.generated, texts=texts,
         stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block, row_block_sizes=run.row_block,
+        row_trees=run.row_tree,
         target_forwards=run.target_forwards, drafter_forwards=run.drafter_forwards, rounds=run.rounds,
         wall_time=time.perf_counter() - t_start,
     )
@@ -161,8 +166,10 @@ class _Run:
         self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
         self.target_forwards = self.drafter_forwards = self.rounds = 0
         self.tree = None  # a TreeBuilder: verify trees (tree_verify.py) instead of chains
-        self.head = None  # a BlockHead: per-row block sizes, chosen after the prefill
+        self.head = None  # a BlockHead: per-row plans (block size, tree or chain), chosen after the prefill
+        self.head_trees: dict = {}  # the head's tree specs -> their builders
         self.row_block: Optional[list[int]] = None  # per call row, with a head
+        self.row_tree: Optional[list[Optional[str]]] = None  # per call row, the picked plan's tree (None: chain)
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -180,7 +187,11 @@ class _Run:
         if self.head is not None:  # BlockPilot-style: the prefill picks each row's block size
             from dllm.drafters.block_head import prompt_features
 
-            self.row_block = self.head.choose(prompt_features(hidden, valid))
+            picks = self.head.pick(prompt_features(hidden, valid))
+            self.row_block = [self.head.sizes[i] for i in picks]
+            self.row_tree = [self.head.trees[i] for i in picks]
+            spec = shared_tree(picks, self.head.trees)
+            self.tree = None if spec is None else self.head_trees[spec]
         for r, j in enumerate(self.active):
             self._commit(j, [first[r]])
         self._drop_finished()
@@ -194,7 +205,7 @@ class _Run:
         draft = self._draft(anchor, anchor_pos, k) if k > 0 else Draft(
             tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
         if self.tree is not None and k > 0:
-            return self._tree_round(anchor, anchor_pos, draft)
+            return self._tree_round(anchor, anchor_pos, draft, k)
         ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, B]
         positions = anchor_pos[:, None] + torch.arange(block, device=self.device)  # [R, B]
         mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S + B]
@@ -221,7 +232,7 @@ class _Run:
         self._drop_finished()
         self._maybe_compact()
 
-    def _tree_round(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, draft: Draft) -> None:
+    def _tree_round(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, draft: Draft, k: int) -> None:
         """One round over a draft tree (``tree_verify.py``): root + N nodes in one forward, a walk,
         the accepted path's slots kept valid, the other tree slots left as holes."""
         from dllm.drafters.tree_verify import tree_inputs, walk_tree
@@ -230,7 +241,6 @@ class _Run:
             raise ValueError(f"tree builder {self.tree.spec!r} builds trees from the drafter's per-position "
                              f"distributions, but this drafter returns tokens only (Draft.logits is None); "
                              f"use a drafter that gives them (dflash) or no tree")
-        k = self.block - 1
         tree = self.tree.tree_for(torch.log_softmax(draft.logits.float(), dim=-1))  # nodes [R, N]
         ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N], [R, 1+N], [R, 1+N, 1+N]
         r, t = ids.shape
@@ -319,6 +329,16 @@ class _Run:
         common_holes = s - max(self.kv_len)  # columns that compaction would drop
         if common_holes > max(self.block, s // 4):
             self.valid = compact(self.cache, self.valid, max(self.kv_len))
+
+
+def shared_tree(picks: Sequence[int], trees: Sequence[Optional[str]]) -> Optional[str]:
+    """The tree setting a call's rows share (a round is a tree round or a chain round for every row):
+    the one most rows picked, ties to the plan listed first."""
+    counts: dict[Optional[str], int] = {}
+    for i in picks:
+        counts[trees[i]] = counts.get(trees[i], 0) + 1
+    first = {t: min(i for i in picks if trees[i] == t) for t in counts}
+    return max(counts, key=lambda t: (counts[t], -first[t]))
 
 
 def _block_head(block_size: Any, drafter, tree) -> Optional["BlockHead"]:

@@ -30,6 +30,8 @@ class SpeculativeOutput:
     rounds: int  # verification rounds (= target_forwards - 1)
     wall_time: float  # seconds, prompt encoding to the last token
     row_block_sizes: Optional[list[int]] = None  # per row, the block size a block head chose ("auto")
+    row_trees: Optional[list[Optional[str]]] = None  # per row, the tree of the head's plan (None: the chain);
+    #   the rows of one call share one: the one most rows picked
 
     @property
     def generated_tokens(self) -> int:

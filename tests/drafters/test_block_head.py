@@ -13,15 +13,16 @@ from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, 
 
 
 class FixedHead(BlockHead):
-    """A head whose picks are given (one per row, in call order): the loop's side alone."""
+    """A head whose picks are given (a block size per row, in call order; or plan indices with
+    ``trees``): the loop's side alone."""
 
-    def __init__(self, sizes, features, picks):
-        super().__init__(sizes, features)
-        self.picks = list(picks)
+    def __init__(self, sizes, features, picks, trees=None):
+        super().__init__(sizes, features, trees=trees)
+        self.idx = list(picks) if trees is not None else [self.sizes.index(p) for p in picks]
 
-    def choose(self, feats):
-        assert feats.shape == (len(self.picks), self.features)
-        return list(self.picks)
+    def pick(self, feats):
+        assert feats.shape == (len(self.idx), self.features)
+        return list(self.idx)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,9 @@ def test_head_saves_loads_and_chooses(tmp_path):
     assert again.choose(feats) == head.choose(feats) and set(head.choose(feats)) <= {8, 16}
     with pytest.raises(ValueError, match=r"\[rows, 4\] pooled features"):
         head.choose(torch.randn(5, 3))
-    with pytest.raises(ValueError, match="distinct positive ints"):
+    with pytest.raises(ValueError, match="plans must be distinct"):
         BlockHead((8, 8), features=4)
+    assert BlockHead((8, 8), features=4, trees=(None, "ddtree:budget=8")).tree_specs == ["ddtree:budget=8"]
     with pytest.raises(FileNotFoundError, match="block_head.json is missing"):
         load_block_head(tmp_path / "nowhere")
 
@@ -142,15 +144,17 @@ def test_auto_needs_a_head_that_can_read_the_prefill(pair):
 
 @pytest.mark.slow
 def test_the_shipped_wide_drafter_and_its_head(pair, capsys):
-    """tiny-ar-dflash-wide ships a head: "auto" is lossless, picks from its sizes, and gives the copy
-    tasks (long accepted runs) longer blocks than reverse_long (short ones), as it was trained to."""
+    """tiny-ar-dflash-wide ships a head over chain and tree plans: "auto" is lossless, picks from its
+    plans, gives the copy tasks (long accepted runs) long chains and reverse_long (short runs) shorter
+    blocks or trees, as it was trained to."""
     import json
 
     from dllm.cli import main
 
     target, tok, _ = pair
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
-    assert wide.block_size == 32 and wide.block_head.sizes == (8, 12, 16, 20, 24, 32)
+    assert wide.block_size == 32 and wide.block_head.sizes[:6] == (8, 12, 16, 20, 24, 32)
+    assert wide.block_head.tree_specs == ["ddtree:budget=16", "ddtree:budget=32"]
     vocab = tok.get_vocab()
     picks = {}
     for name in ("copy_long", "reverse_long"):
@@ -158,9 +162,10 @@ def test_the_shipped_wide_drafter_and_its_head(pair, capsys):
         ids = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
         out = speculative_generate(target, wide, ids, max_new_tokens=66, block_size="auto")
         assert all(out.generated[r] == reference(target, p) for r, p in enumerate(ids))
-        picks[name] = out.row_block_sizes
-        assert set(picks[name]) <= set(wide.block_head.sizes)
-    assert sum(picks["copy_long"]) > sum(picks["reverse_long"]), picks
+        picks[name] = list(zip(out.row_block_sizes, out.row_trees))
+        assert set(picks[name]) <= set(zip(wide.block_head.sizes, wide.block_head.trees))
+    assert all(b >= 20 and t is None for b, t in picks["copy_long"]), picks
+    assert all(b <= 20 or t is not None for b, t in picks["reverse_long"]), picks
     prompt = " ".join(T.prompt_words(T.test_split("copy_long", None, n=1)[0]))
     assert main(["spec", "--target", "tiny-ar", "--drafter", "dflash:model=tiny-ar-dflash-wide", "--block-size", "auto",
                  "--prompt", prompt, "--max-new-tokens", "66", "--json"]) == 0
@@ -181,3 +186,29 @@ def test_the_trainer_end_to_end_on_a_few_prompts(tmp_path, capsys):
     assert sims["best_per_prompt"] <= min(sims[k] for k in sims if k != "best_per_prompt") > 0
     assert sorted(int(b) for b in head.meta["round_ms"]) == [8, 12, 16, 20, 24, 32]
     assert "eval picks per task" in capsys.readouterr().out
+
+
+def test_shared_tree_is_the_most_picked_with_ties_to_the_first_plan():
+    from dllm.drafters.loop import shared_tree
+
+    trees = (None, "ddtree:budget=16", None, "ddtree:budget=32")
+    assert shared_tree([1, 1, 0], trees) == "ddtree:budget=16"
+    assert shared_tree([0, 2, 3, 1], trees) is None  # chain picked twice (plans 0 and 2)
+    assert shared_tree([3, 1], trees) == "ddtree:budget=16"  # a tie: plan 1 is listed before plan 3
+
+
+@pytest.mark.slow
+def test_tree_plans_are_lossless_and_match_the_tree_call(pair):
+    """A head plan with a tree runs exactly as tree= with that builder; a batch shares the most picked."""
+    target, tok, drafter = pair
+    ids = long_prompts(tok)[:3]
+    feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
+    trees = (None, "ddtree:budget=16")
+    one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66,
+                               block_size=FixedHead((16, 16), feats, [1], trees=trees))
+    ref = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=16, tree="ddtree:budget=16")
+    assert one.acceptance == ref.acceptance and one.generated == ref.generated and one.row_trees == [trees[1]]
+    batch = speculative_generate(target, drafter, ids, max_new_tokens=66,
+                                 block_size=FixedHead((16, 16), feats, [1, 0, 1], trees=trees))
+    assert batch.row_trees == [trees[1], None, trees[1]]
+    assert all(batch.generated[r] == reference(target, p) for r, p in enumerate(ids))
