@@ -67,7 +67,7 @@ def cmd_spec(args) -> int:
     if args.json:
         print(json.dumps({"target": args.target, "drafter": args.drafter, "texts": texts, "generated": out.generated,
                           "stop_reasons": out.stop_reasons, "acceptance": out.acceptance,
-                          "row_block_sizes": out.row_block_sizes, **stats}))
+                          "row_block_sizes": out.row_block_sizes, "row_trees": out.row_trees, **stats}))
         return 0
     for j, text in enumerate(texts):
         print(text if len(texts) == 1 else f"[{j}] {text}")
