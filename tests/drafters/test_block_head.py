@@ -7,7 +7,6 @@ import torch
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.block_head import BlockHead, has_block_head, load_block_head, prompt_features
-from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
 
@@ -23,12 +22,6 @@ class FixedHead(BlockHead):
     def pick(self, feats):
         assert feats.shape == (len(self.idx), self.features)
         return list(self.idx)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target, tok = load_target("tiny-ar")
-    return target, tok, make_drafter("dflash", model="tiny-ar-dflash")
 
 
 def long_prompts(tok, per_size=1):
@@ -93,9 +86,9 @@ def test_fit_line():
 
 
 @pytest.mark.slow
-def test_the_walk_counts_the_rounds_of_a_real_greedy_call(pair):
+def test_the_walk_counts_the_rounds_of_a_real_greedy_call(tiny_pair):
     """The trainer's labels: rounds_of(teacher-forced prefixes) = the loop's rounds, batch 1."""
-    target, tok, drafter = pair
+    target, tok, drafter = tiny_pair
     for prompt in long_prompts(tok)[::2]:
         row = list(prompt) + reference(target, prompt)
         for block in (4, 9, 16):
@@ -105,10 +98,10 @@ def test_the_walk_counts_the_rounds_of_a_real_greedy_call(pair):
 
 
 @pytest.mark.slow
-def test_auto_block_sizes_per_row_are_lossless(pair):
+def test_auto_block_sizes_per_row_are_lossless(tiny_pair):
     """Rows of one call at different block sizes: each row verifies its own drafts, greedy output is
     target.generate's, batch 1 forwards exactly its size."""
-    target, tok, drafter = pair
+    target, tok, drafter = tiny_pair
     ids = long_prompts(tok)
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     picks = [4, 16, 8, 16, 4, 12, 16, 8, 4][:len(ids)]
@@ -126,8 +119,8 @@ def test_auto_block_sizes_per_row_are_lossless(pair):
     assert one.acceptance == fixed.acceptance and one.generated == fixed.generated
 
 
-def test_auto_needs_a_head_that_can_read_the_prefill(pair):
-    target, tok, drafter = pair
+def test_auto_needs_a_head_that_can_read_the_prefill(tiny_pair):
+    target, tok, drafter = tiny_pair
     prompt = long_prompts(tok)[0]
     with pytest.raises(ValueError, match="the 'dflash' drafter has none"):
         speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size="auto")
@@ -143,7 +136,7 @@ def test_auto_needs_a_head_that_can_read_the_prefill(pair):
 
 
 @pytest.mark.slow
-def test_the_shipped_wide_drafter_and_its_head(pair, capsys):
+def test_the_shipped_wide_drafter_and_its_head(tiny_pair, capsys):
     """tiny-ar-dflash-wide ships a head over chain and tree plans: "auto" is lossless, picks from its
     plans, gives the copy tasks (long accepted runs) long chains and reverse_long (short runs) shorter
     blocks or trees, as it was trained to."""
@@ -151,7 +144,7 @@ def test_the_shipped_wide_drafter_and_its_head(pair, capsys):
 
     from dllm.cli import main
 
-    target, tok, _ = pair
+    target, tok, _ = tiny_pair
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
     assert wide.block_size == 32 and wide.block_head.sizes[:6] == (8, 12, 16, 20, 24, 32)
     assert wide.block_head.tree_specs == ["ddtree:budget=16", "ddtree:budget=32"]
@@ -198,9 +191,9 @@ def test_shared_tree_is_the_most_picked_with_ties_to_the_first_plan():
 
 
 @pytest.mark.slow
-def test_tree_plans_are_lossless_and_match_the_tree_call(pair):
+def test_tree_plans_are_lossless_and_match_the_tree_call(tiny_pair):
     """A head plan with a tree runs exactly as tree= with that builder; a batch shares the most picked."""
-    target, tok, drafter = pair
+    target, tok, drafter = tiny_pair
     ids = long_prompts(tok)[:3]
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     trees = (None, "ddtree:budget=16")

@@ -14,20 +14,14 @@ pytestmark = pytest.mark.slow
 LONG = T.suite_task_names("long-answer")
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target, tok = load_target("tiny-ar")
-    return target, tok, make_drafter("dflash", model="tiny-ar-dflash")
-
-
 def prompts(tok, per_size=1):
     vocab = tok.get_vocab()
     exs = [ex for name in LONG for ex in T.test_split(name, None, n=per_size)]
     return exs, [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
 
 
-def test_the_pair_loads_offline_in_official_formats(pair):
-    target, tok, drafter = pair
+def test_the_pair_loads_offline_in_official_formats(tiny_pair):
+    target, tok, drafter = tiny_pair
     assert type(target).__name__ == "Qwen3ForCausalLM" and target.config.eos_token_id == word_id(EOS)
     assert tok.convert_tokens_to_ids("copy_long") == 80 and len(tok) == LONG_ANSWER_VOCAB_SIZE  # 83 words
     assert drafter.block_size == 16 and drafter.target_layers == drafter.model.config.target_layer_ids
@@ -37,8 +31,8 @@ def test_the_pair_loads_offline_in_official_formats(pair):
     assert n(target.model.layers) > 1.9 * n(drafter.model.layers)  # the target's layers cost more
 
 
-def test_greedy_dflash_equals_target_generate_on_a_ragged_batch(pair):
-    target, tok, drafter = pair
+def test_greedy_dflash_equals_target_generate_on_a_ragged_batch(tiny_pair):
+    target, tok, drafter = tiny_pair
     exs, ids = prompts(tok)
     out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
     for row, prompt in enumerate(ids):
@@ -47,10 +41,10 @@ def test_greedy_dflash_equals_target_generate_on_a_ragged_batch(pair):
     assert out.tau > 2.0  # drafts are accepted (the bench measures the batch-1 numbers)
 
 
-def test_the_shipped_drafter_matches_the_reference_dflash_generate(pair):
+def test_the_shipped_drafter_matches_the_reference_dflash_generate(tiny_pair):
     """Batch 1, the trained weights, stop at EOS: our loop and the package's give the same tokens."""
     reference = pytest.importorskip("dflash.model", reason="the reference package `dflash` is not installed")
-    target, tok, drafter = pair
+    target, tok, drafter = tiny_pair
     from dllm.models.loading import locate
 
     ref = reference.DFlashDraftModel.from_pretrained(locate("tiny-ar-dflash"), dtype=torch.float32).eval()
@@ -63,8 +57,8 @@ def test_the_shipped_drafter_matches_the_reference_dflash_generate(pair):
 
 
 @pytest.mark.parametrize("tree", ["ddtree:budget=32", "taps:budget=32", "ddtree:budget=64,cost_per_node=0.01"])
-def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(pair, tree):
-    target, tok, drafter = pair
+def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(tiny_pair, tree):
+    target, tok, drafter = tiny_pair
     _, ids = prompts(tok)
     chain = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
     out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree=tree)
@@ -72,10 +66,10 @@ def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(pair, tre
     assert out.tau > chain.tau
 
 
-def test_the_mixed_block_drafter_drafts_at_every_block_size(pair):
+def test_the_mixed_block_drafter_drafts_at_every_block_size(tiny_pair):
     """``tiny-ar-dflash-mixed`` (trained on blocks of 4, 8, 12 and 16 in turn): lossless at each
     block size, and at short blocks it keeps drafting where the 16-only drafter collapses."""
-    target, tok, single = pair
+    target, tok, single = tiny_pair
     mixed = make_drafter("dflash", model="tiny-ar-dflash-mixed")
     assert mixed.block_size == 16
     _, ids = prompts(tok)
