@@ -30,6 +30,8 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
+from dllm.eval.exact_match import eval_examples
+from dllm.train.block_head_train import plan_label
 
 
 def main() -> None:
@@ -43,14 +45,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target, tok = load_target("tiny-ar")
     vocab = tok.get_vocab()
-    prompts = [(n, [vocab[w] for w in T.prompt_words(ex)]) for n in T.suite_task_names("long-answer")
-               for s in T.get_task(n).default_sizes for ex in T.test_split(n, s, n=args.skip + args.n)[args.skip:]]
+    prompts = [(ex.task, [vocab[w] for w in T.prompt_words(ex)])
+               for ex in eval_examples(T.suite_task_names("long-answer"), per_size=args.n, skip=args.skip)]
     wide = make_drafter("dflash", model="tiny-ar-dflash-wide")
     d16 = make_drafter("dflash", model="tiny-ar-dflash")
     methods = [("target.generate", None, None, None), ("tiny-ar-dflash, block 16", d16, 16, None),
                ("tiny-ar-dflash, ddtree:16", d16, 16, "ddtree:budget=16")]
     plans = [(f"wide, {b}" + ("" if t is None else "/" + t.replace("budget=", "")), b, t)
-             for b, t in zip(wide.block_head.sizes, wide.block_head.trees)]
+             for b, t in wide.block_head.plans]
     methods += [(label, wide, b, t) for label, b, t in plans] + [("wide, auto", wide, "auto", None)]
     stats = defaultdict(lambda: [0, 0, 0.0])  # (method, prompt) -> tokens, target forwards, seconds
     picks: dict[int, str] = {}
@@ -73,8 +75,7 @@ def main() -> None:
                     gen, fwd = r.generated[0], r.target_forwards
                     mismatches += gen != ref
                     if block == "auto":
-                        tree_pick = r.row_trees[0]
-                        picks[j] = f"{r.row_block_sizes[0]}" + ("" if tree_pick is None else "/" + tree_pick)
+                        picks[j] = plan_label((r.row_block_sizes[0], r.row_trees[0]))
                 if rep:
                     s = stats[label, j]
                     s[0] += len(gen)

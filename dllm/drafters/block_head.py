@@ -84,6 +84,11 @@ class BlockHead(nn.Module):
         return [self.sizes[i] for i in self.pick(feats)]
 
     @property
+    def plans(self) -> list[tuple[int, Optional[str]]]:
+        """(block size, tree spec or None) per plan, in score order."""
+        return list(zip(self.sizes, self.trees))
+
+    @property
     def tree_specs(self) -> list[str]:
         """The distinct tree builder specs among the plans."""
         return sorted({t for t in self.trees if t is not None})

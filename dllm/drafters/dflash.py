@@ -37,12 +37,13 @@ import torch
 import torch.nn as nn
 
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
+from dllm.drafters.block_head import has_block_head, load_block_head
 from dllm.drafters.dflash_cache import DraftKVCache
 from dllm.drafters.dflash2_io import load_any_dflash
 from dllm.drafters.dflash2_model import DFlash2Drafter, draft_block2
 from dllm.drafters.dflash_model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
 from dllm.drafters.verify import sample_categorical, target_probs
-from dllm.models.loading import resolve_device, resolve_dtype
+from dllm.models.loading import locate, resolve_device, resolve_dtype
 from dllm.options import check_bool
 
 
@@ -61,15 +62,6 @@ class DFlashOptions:
             resolve_dtype(self.dtype, {}, None)  # ValueError naming the valid dtypes
         resolve_device(self.device)  # ValueError naming the available devices
         check_bool("sample", self.sample)
-
-
-def _saved_head(name_or_path: str):
-    """The checkpoint's block head (``block_head.json`` beside its config), or None."""
-    from dllm.drafters.block_head import has_block_head, load_block_head
-    from dllm.models.loading import locate
-
-    directory = locate(name_or_path)
-    return load_block_head(directory) if has_block_head(directory) else None
 
 
 def _param(model: nn.Module) -> torch.Tensor:
@@ -92,8 +84,9 @@ class DFlashBlockDrafter(Drafter):
             if cfg.model is None:
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
-            model = load_any_dflash(cfg.model, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
-            self.block_head = _saved_head(cfg.model)
+            directory = locate(cfg.model)  # once: the weights and a block head beside them
+            model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
+            self.block_head = load_block_head(directory) if has_block_head(directory) else None
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")

@@ -40,6 +40,7 @@ import torch
 from dllm import tasks as T
 from dllm.drafters.block_head import BlockHead, prompt_features
 from dllm.drafters.dflash_model import extract_context_feature
+from dllm.eval.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
 from dllm.train.dflash_train import block_loss, regenerate
@@ -56,7 +57,7 @@ class HeadRecipe:
     epochs: int = 300  # full-batch steps
     lr: float = 3e-3
     weight_decay: float = 1e-2
-    timing_prompts: int = 6  # prompts timed per size for t(B)
+    timing_prompts: int = 6  # prompts timed per plan for its round time
     seed: int = 0
 
 
@@ -172,10 +173,9 @@ def train_head(feats: torch.Tensor, times: torch.Tensor, recipe: HeadRecipe) -> 
 
 
 def evaluate(head: BlockHead, feats: torch.Tensor, times: torch.Tensor) -> dict[str, float]:
-    """Total simulated time of the head's picks, of each fixed size and of the per-prompt best."""
-    with torch.no_grad():
-        pick = head(feats).argmax(dim=1)  # [N]
-    res = {f"fixed_{plan_label(p)}": float(times[:, s].sum()) for s, p in enumerate(zip(head.sizes, head.trees))}
+    """Total simulated time of the head's picks, of each fixed plan and of the per-prompt best."""
+    pick = torch.tensor(head.pick(feats))  # [N]
+    res = {f"fixed_{plan_label(p)}": float(times[:, s].sum()) for s, p in enumerate(head.plans)}
     res["head"] = float(times.gather(1, pick[:, None]).sum())
     res["best_per_prompt"] = float(times.min(dim=1).values.sum())
     return res
@@ -218,8 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mix = TaskMixture(LONG_MIXTURE, seed=recipe.seed + 1, tokenizer=hf_tokenizer())
     rng = mix.rng(-1)
     train_prompts = [[vocab[w] for w in T.prompt_words(mix.sample(rng))] for _ in range(recipe.prompts)]
-    held = [ex for n in T.suite_task_names("long-answer") for s in T.get_task(n).default_sizes
-            for ex in T.test_split(n, s, n=args.eval_from + args.eval_n)[args.eval_from:]]
+    held = eval_examples(T.suite_task_names("long-answer"), per_size=args.eval_n, skip=args.eval_from)
     held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
     t_round = round_times(target, wrapper, plans, train_prompts[:recipe.timing_prompts])
     print("ms per round:", {plan_label(p): round(v * 1e3, 3) for p, v in t_round.items()}, flush=True)
@@ -234,11 +233,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for split, res in report.items():
         base = min(v for k, v in res.items() if k.startswith("fixed_"))
         cells = ", ".join(f"{k} {base / v:.3f}x" for k, v in res.items())
-        print(f"{split}: {cells} (speed vs the best fixed size)")
-    with torch.no_grad():
-        picks = head(tables["eval"][0]).argmax(dim=1).tolist()
+        print(f"{split}: {cells} (speed vs the best fixed plan)")
     by_task: dict[str, list[str]] = {}
-    for ex, p in zip(held, picks):
+    for ex, p in zip(held, head.pick(tables["eval"][0])):
         by_task.setdefault(ex.task, []).append(plan_label(plans[p]))
     print("eval picks per task:", {k: sorted(set(v)) for k, v in by_task.items()})
     head.meta = {"drafter": recipe.drafter, "recipe": asdict(recipe),
