@@ -113,6 +113,7 @@ class Draft:
     forwards: int = 1  # drafter forwards this proposal cost (0 for model-free drafters)
     logits: Optional[torch.Tensor] = None  # [R, K, V] the drafter's per-position logits (marginals), for
     #   draft trees (``tree=`` of speculative_generate); None = the drafter gives its tokens only
+    paths: Any = None  # a path_head.PathScorer: path-conditioned node estimates for the taps builder; None = none
 
 
 class DraftSession:
@@ -139,6 +140,7 @@ class Drafter(Configurable):
     Config: ClassVar[type] = NoOptions
     default_block_size: ClassVar[int] = 8  # B used when the call gives no block_size
     block_head: Any = None  # a block_head.BlockHead picking each row's B from the prefill (block_size="auto")
+    path_head: Any = None  # a path_head.PathHead scoring tree nodes by their paths (the taps builder)
 
     @property
     def target_layers(self) -> tuple[int, ...]:

@@ -24,7 +24,8 @@ Options (``DFlashOptions``):
 The default block size of a call is the checkpoint's trained ``block_size``; a larger one is refused
 (the drafter never saw those positions), a smaller one runs (the reference shortens the last block
 the same way). A checkpoint directory that also holds a block head (``block_head.py``) gives the
-drafter its ``block_head``, used by ``block_size="auto"``. No host syncs in ``propose``.
+drafter its ``block_head``, used by ``block_size="auto"``; a path head (``path_head.py``) beside it
+gives every ``Draft`` a ``PathScorer``, used by the ``taps`` tree builder. No host syncs in ``propose``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dllm.drafters.dflash_cache import DraftKVCache
 from dllm.drafters.dflash2_io import load_any_dflash
 from dllm.drafters.dflash2_model import DFlash2Drafter, draft_block2
 from dllm.drafters.dflash_model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
+from dllm.drafters.path_head import PathScorer, has_path_head, load_path_head
 from dllm.drafters.verify import sample_categorical, target_probs
 from dllm.models.loading import locate, resolve_device, resolve_dtype
 from dllm.options import check_bool
@@ -87,6 +89,7 @@ class DFlashBlockDrafter(Drafter):
             directory = locate(cfg.model)  # once: the weights and a block head beside them
             model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
             self.block_head = load_block_head(directory) if has_block_head(directory) else None
+            self.path_head = load_path_head(directory) if has_path_head(directory) else None
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")
@@ -126,6 +129,8 @@ class DFlashBlockDrafter(Drafter):
                              f"{self.block_size}; use block_size <= {self.block_size}")
         if _param(self.model).device != torch.device(setup.device):
             self.model.to(setup.device)
+        if self.path_head is not None and _param(self.path_head).device != torch.device(setup.device):
+            self.path_head.to(setup.device)
         return DFlashSession(self, setup)
 
 
@@ -167,10 +172,13 @@ class DFlashSession(DraftSession):
                           lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
                           feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
                           block_positions=positions)  # out.tokens [R, K], out.logits [R, K, V]
+        head = self.drafter.path_head  # type: ignore[attr-defined]
+        paths = None if head is None else PathScorer(head, out.hidden, ctx.anchor, self.embed,
+                                                     lambda h: self.model.compute_logits(h, self.head))
         if ctx.params.greedy or not self.sample:
-            return Draft(tokens=out.tokens, logits=out.logits)  # [R, K] arg-max, one-hot
+            return Draft(tokens=out.tokens, logits=out.logits, paths=paths)  # [R, K] arg-max, one-hot
         q = target_probs(out.logits, ctx.params)  # [R, K, V] the draft logits warped like the target's
-        return Draft(tokens=sample_categorical(q, ctx.generator), probs=q, logits=out.logits)
+        return Draft(tokens=sample_categorical(q, ctx.generator), probs=q, logits=out.logits, paths=paths)
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.select(keep)

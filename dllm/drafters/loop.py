@@ -241,7 +241,7 @@ class _Run:
             raise ValueError(f"tree builder {self.tree.spec!r} builds trees from the drafter's per-position "
                              f"distributions, but this drafter returns tokens only (Draft.logits is None); "
                              f"use a drafter that gives them (dflash) or no tree")
-        tree = self.tree.tree_for(torch.log_softmax(draft.logits.float(), dim=-1))  # nodes [R, N]
+        tree = self.tree.tree_for(torch.log_softmax(draft.logits.float(), dim=-1), draft.paths)  # nodes [R, N]
         ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N], [R, 1+N], [R, 1+N, 1+N]
         r, t = ids.shape
         mask = torch.cat([self.valid[:, None, :].expand(r, t, -1), inner], dim=2)[:, None]  # [R, 1, 1+N, S+1+N]

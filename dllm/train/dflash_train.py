@@ -160,12 +160,23 @@ def block_layout(anchors: torch.Tensor, context: int, block: int) -> tuple[torch
     return positions, torch.cat([sees_ctx, sees_block], dim=2)[:, None]
 
 
-def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
-               gamma: float, block: Optional[int] = None,
-               fills: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch of blocks of
-    ``block`` positions (default: the drafter's trained block size). ``fills`` [B, A] long: the
-    first ``fills`` slots after each anchor hold their true tokens (inputs, no loss there)."""
+@dataclass
+class BlockPass:
+    """One drafter pass over training blocks (``block_pass``): outputs at block positions 1..block-1."""
+
+    hidden: torch.Tensor  # [B, A, block-1, D] final-norm states
+    logits: torch.Tensor  # [B, A, block-1, V] float32
+    labels: torch.Tensor  # [B, A, block-1] the true tokens (clamped past the end; see valid)
+    valid: torch.Tensor  # [B, A, block-1] bool, a label inside the sequence
+    filled: Optional[torch.Tensor]  # [B, A, block] bool, slots that held their true token (inputs), or None
+
+
+def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
+               block: Optional[int] = None, fills: Optional[torch.Tensor] = None) -> BlockPass:
+    """The drafter over blocks of ``block`` positions (default: its trained size) anchored at
+    ``anchors`` [B, A] of right-padded ``ids`` [B, L], the target's tapped states as context, all
+    blocks in one forward. ``fills`` [B, A] long: the first ``fills`` slots after each anchor hold
+    their true tokens."""
     block = drafter.block_size if block is None else block
     b, length = ids.shape
     with torch.no_grad():
@@ -187,11 +198,21 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch
     hidden = hidden.reshape(b, a, block, -1)[:, :, 1:]  # [B, A, block-1, D]
     logits = drafter.compute_logits(hidden, target_head(target)).float()  # [B, A, block-1, V]
     label_pos = anchors[:, :, None] + torch.arange(1, block)  # [B, A, block-1]
-    valid = label_pos < lengths[:, None, None]
     labels = ids.gather(1, label_pos.clamp_max(length - 1).reshape(b, -1)).reshape(label_pos.shape)
-    weight = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / gamma) * valid  # [B, A, block-1]
-    if filled is not None:
-        weight = weight * ~filled[:, :, 1:]  # a filled slot is an input
+    return BlockPass(hidden, logits, labels, label_pos < lengths[:, None, None], filled)
+
+
+def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
+               gamma: float, block: Optional[int] = None,
+               fills: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss, per-block accepted prefix lengths [B, A]) for one batch of blocks of
+    ``block`` positions (default: the drafter's trained block size). ``fills`` [B, A] long: the
+    first ``fills`` slots after each anchor hold their true tokens (inputs, no loss there)."""
+    out = block_pass(drafter, target, ids, lengths, anchors, block, fills)
+    logits, labels, valid = out.logits, out.labels, out.valid
+    weight = torch.exp(-torch.arange(logits.shape[2], dtype=torch.float32) / gamma) * valid  # [B, A, block-1]
+    if out.filled is not None:
+        weight = weight * ~out.filled[:, :, 1:]  # a filled slot is an input
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     loss = (nll * weight.reshape(-1)).sum() / weight.sum().clamp_min(1e-12)
     hit = (((logits.argmax(-1) == labels) | (weight == 0)) & valid).long().cumprod(dim=-1)  # accepted prefix (greedy)
@@ -294,5 +315,5 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     return result
 
 
-__all__ = ["DFlashRecipe", "block_layout", "block_loss", "dflash_recipes", "regenerate", "sample_anchors",
+__all__ = ["BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes", "regenerate", "sample_anchors",
            "teacher_forced_tau", "train_dflash"]

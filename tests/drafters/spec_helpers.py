@@ -127,3 +127,12 @@ def dflash_target(vocab: int = 101, seed: int = 0):
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
     return Qwen3ForCausalLM(cfg).eval()
+
+
+def long_answer_prompts(tok, per_size: int = 1):
+    """(examples, prompt ids) of the first ``per_size`` test instances of every long-answer task."""
+    from dllm import tasks as T
+
+    vocab = tok.get_vocab()
+    exs = [ex for name in T.suite_task_names("long-answer") for ex in T.test_split(name, None, n=per_size)]
+    return exs, [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]

@@ -9,6 +9,7 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.block_head import BlockHead, has_block_head, load_block_head, prompt_features
 from dllm.drafters.loop import speculative_generate
 from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
+from spec_helpers import long_answer_prompts
 
 
 class FixedHead(BlockHead):
@@ -22,12 +23,6 @@ class FixedHead(BlockHead):
     def pick(self, feats):
         assert feats.shape == (len(self.idx), self.features)
         return list(self.idx)
-
-
-def long_prompts(tok, per_size=1):
-    vocab = tok.get_vocab()
-    return [[vocab[w] for w in T.prompt_words(ex)] for n in T.suite_task_names("long-answer")
-            for ex in T.test_split(n, None, n=per_size)]
 
 
 def reference(target, prompt):
@@ -89,7 +84,7 @@ def test_fit_line():
 def test_the_walk_counts_the_rounds_of_a_real_greedy_call(tiny_pair):
     """The trainer's labels: rounds_of(teacher-forced prefixes) = the loop's rounds, batch 1."""
     target, tok, drafter = tiny_pair
-    for prompt in long_prompts(tok)[::2]:
+    for prompt in long_answer_prompts(tok)[1][::2]:
         row = list(prompt) + reference(target, prompt)
         for block in (4, 9, 16):
             acc = accepted_prefixes(drafter.model, target, row, len(prompt), block)
@@ -102,7 +97,7 @@ def test_auto_block_sizes_per_row_are_lossless(tiny_pair):
     """Rows of one call at different block sizes: each row verifies its own drafts, greedy output is
     target.generate's, batch 1 forwards exactly its size."""
     target, tok, drafter = tiny_pair
-    ids = long_prompts(tok)
+    ids = long_answer_prompts(tok)[1]
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     picks = [4, 16, 8, 16, 4, 12, 16, 8, 4][:len(ids)]
     out = speculative_generate(target, drafter, ids, max_new_tokens=66, block_size=FixedHead((4, 8, 12, 16), feats,
@@ -121,7 +116,7 @@ def test_auto_block_sizes_per_row_are_lossless(tiny_pair):
 
 def test_auto_needs_a_head_that_can_read_the_prefill(tiny_pair):
     target, tok, drafter = tiny_pair
-    prompt = long_prompts(tok)[0]
+    prompt = long_answer_prompts(tok)[1][0]
     with pytest.raises(ValueError, match="the 'dflash' drafter has none"):
         speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size="auto")
     with pytest.raises(ValueError, match="taps no target layers"):
@@ -194,7 +189,7 @@ def test_shared_tree_is_the_most_picked_with_ties_to_the_first_plan():
 def test_tree_plans_are_lossless_and_match_the_tree_call(tiny_pair):
     """A head plan with a tree runs exactly as tree= with that builder; a batch shares the most picked."""
     target, tok, drafter = tiny_pair
-    ids = long_prompts(tok)[:3]
+    ids = long_answer_prompts(tok)[1][:3]
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     trees = (None, "ddtree:budget=16")
     one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66,

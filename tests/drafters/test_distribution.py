@@ -133,14 +133,15 @@ def small_target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram", "dflash", "dflash2", "dflash+ddtree", "dflash+taps"])
+@pytest.mark.parametrize("drafter", ["fullq", "onehot", "ngram", "dflash", "dflash2", "dflash+ddtree", "dflash+taps",
+                                     "dflash+taps-head"])
 def test_end_to_end_distribution_matches_the_target(small_target, drafter):
     params = SamplingParams(0.9, top_k=6, top_p=0.95)
     exact = exact_target_distribution(small_target, params)
     tree = None
     if "+" in drafter:  # a draft tree (budget 5 nodes over K = 2 depths) built from the drafter's marginals
         drafter, builder = drafter.split("+")
-        tree = f"{builder}:budget=5"
+        tree = "taps:estimator=head,budget=5" if builder == "taps-head" else f"{builder}:budget=5"
     if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
         from dllm.drafters.base import make_drafter
         from dllm.drafters.dflash2_io import random_dflash2
@@ -149,6 +150,11 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
         build = random_dflash if drafter == "dflash" else functools.partial(
             random_dflash2, conv_kernel_size=2, conv_group_size=16, selector_top_k=4, selector_rank=4)
         d = make_drafter("dflash", model=build(small_target.config, 1, 3, E2E_V - 1, seed=5))
+        if tree is not None and "estimator=head" in tree:  # taps with a (random, non-zero) path head
+            from dllm.drafters.path_head import PathHead
+
+            d.path_head = PathHead(small_target.config.hidden_size, width=16).eval()
+            torch.nn.init.normal_(d.path_head.fc2.weight, std=1.0, generator=torch.Generator().manual_seed(2))
     else:
         d = {"fullq": TableDrafter(E2E_V, scale=0.5), "onehot": OracleDrafter(small_target),
              "ngram": "ngram:max_ngram=1"}[drafter]

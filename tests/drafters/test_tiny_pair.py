@@ -9,15 +9,11 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.tasks.vocab import EOS, LONG_ANSWER_VOCAB_SIZE, word_id
+from spec_helpers import long_answer_prompts
 
 pytestmark = pytest.mark.slow
 LONG = T.suite_task_names("long-answer")
 
-
-def prompts(tok, per_size=1):
-    vocab = tok.get_vocab()
-    exs = [ex for name in LONG for ex in T.test_split(name, None, n=per_size)]
-    return exs, [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
 
 
 def test_the_pair_loads_offline_in_official_formats(tiny_pair):
@@ -33,7 +29,7 @@ def test_the_pair_loads_offline_in_official_formats(tiny_pair):
 
 def test_greedy_dflash_equals_target_generate_on_a_ragged_batch(tiny_pair):
     target, tok, drafter = tiny_pair
-    exs, ids = prompts(tok)
+    exs, ids = long_answer_prompts(tok)
     out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
     for row, prompt in enumerate(ids):
         ref = target.generate(torch.tensor([prompt]), max_new_tokens=66, do_sample=False)[0, len(prompt):].tolist()
@@ -48,7 +44,7 @@ def test_the_shipped_drafter_matches_the_reference_dflash_generate(tiny_pair):
     from dllm.models.loading import locate
 
     ref = reference.DFlashDraftModel.from_pretrained(locate("tiny-ar-dflash"), dtype=torch.float32).eval()
-    _, ids = prompts(tok)
+    _, ids = long_answer_prompts(tok)
     for prompt in ids[::3]:
         ours = speculative_generate(target, drafter, [prompt], max_new_tokens=66, tokenizer=tok)
         theirs = reference.dflash_generate(ref, target, torch.tensor([prompt]), 66, [word_id(EOS)])
@@ -59,7 +55,7 @@ def test_the_shipped_drafter_matches_the_reference_dflash_generate(tiny_pair):
 @pytest.mark.parametrize("tree", ["ddtree:budget=32", "taps:budget=32", "ddtree:budget=64,cost_per_node=0.01"])
 def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(tiny_pair, tree):
     target, tok, drafter = tiny_pair
-    _, ids = prompts(tok)
+    _, ids = long_answer_prompts(tok)
     chain = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
     out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree=tree)
     assert out.generated == chain.generated  # both equal target.generate (the test above)
@@ -72,7 +68,7 @@ def test_the_mixed_block_drafter_drafts_at_every_block_size(tiny_pair):
     target, tok, single = tiny_pair
     mixed = make_drafter("dflash", model="tiny-ar-dflash-mixed")
     assert mixed.block_size == 16
-    _, ids = prompts(tok)
+    _, ids = long_answer_prompts(tok)
     ids = ids[::2]
     ref = [target.generate(torch.tensor([p]), max_new_tokens=66, do_sample=False)[0, len(p):].tolist() for p in ids]
     for block in (4, 8, 16):
