@@ -120,6 +120,7 @@ def speculative_generate(
     for b in [builder, *head_trees.values()]:
         if b is not None:
             _check_tree_room(b, target, max(len(r) for r in rows) + max_new_tokens)
+            b.check_drafter(drafter_obj)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,

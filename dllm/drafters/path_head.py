@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.tree import Tree, ancestor_mask
+from dllm.drafters.tree import Tree, path_reduce
 
 HEAD_CONFIG = "path_head.json"
 HEAD_WEIGHTS = "path_head.safetensors"
@@ -43,7 +43,7 @@ HEAD_WEIGHTS = "path_head.safetensors"
 class PathHead(nn.Module):
     """The correction MLP (see the module docstring); ``forward`` returns corrected states [.., D]."""
 
-    def __init__(self, hidden_size: int, width: int = 256, max_deviations: int = 2, dropout: float = 0.0,
+    def __init__(self, hidden_size: int, width: int = 32, max_deviations: int = 2, dropout: float = 0.0,
                  meta: Optional[dict] = None) -> None:
         super().__init__()
         if hidden_size < 1 or width < 1 or max_deviations < 0:
@@ -99,21 +99,17 @@ def load_path_head(directory: Union[str, Path]) -> PathHead:
     return head.eval()
 
 
-def path_inputs(tree: Tree, top: torch.Tensor, anchor: torch.Tensor,
-                mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
+def path_inputs(tree: Tree, top: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """What the head reads for every node of ``tree``: (depth index [R, N] = depth - 1, parent token,
     the drafter's arg-max at the parent's depth, deviations among the strict ancestors), all long
-    [R, N]. top: [R, K] the drafter's arg-max per depth; anchor: [R] (the root's token); mask:
-    ``ancestor_mask(tree)`` when the caller has it."""
+    [R, N]. top: [R, K] the drafter's arg-max per depth; anchor: [R] (the root's token). No host sync."""
     r, n = tree.tokens.shape
     depth_idx = (tree.depths - 1).clamp(min=0)  # [R, N]
     root = anchor[:, None].expand(r, n)
     parent = torch.where(tree.parents >= 0, tree.tokens.gather(1, tree.parents.clamp(min=0)), root)  # [R, N]
     parent_top = torch.where(tree.depths >= 2, top.gather(1, (tree.depths - 2).clamp(min=0)), root)  # [R, N]
     deviates = (tree.tokens != top.gather(1, depth_idx)) & tree.valid  # [R, N]
-    mask = ancestor_mask(tree) if mask is None else mask  # [R, N, N]
-    strict = mask & ~torch.eye(n, dtype=torch.bool, device=tree.tokens.device)  # [R, N, N]
-    deviations = (strict & deviates[:, None, :]).sum(-1)  # [R, N]
+    deviations = path_reduce(tree, deviates.long(), "sum", top.shape[1]) - deviates.long()  # strict ancestors
     return depth_idx, parent, parent_top, deviations
 
 
@@ -128,15 +124,14 @@ class PathScorer:
     read_out: Callable[[torch.Tensor], torch.Tensor]  # states [.., D] -> logits [.., V] (the drafter's head)
 
     @torch.no_grad()
-    def node_log_accept(self, tree: Tree, log_probs: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def node_log_accept(self, tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
         """float32 [R, N]: log a(node | its path) for every node (padding: 0). ``log_probs`` [R, K, V]
-        are the drafter's marginals (their arg-max is ``parent_top`` / the deviation test); mask:
-        ``ancestor_mask(tree)`` when the caller has it."""
+        are the drafter's marginals (their arg-max is ``parent_top`` / the deviation test)."""
         r, n = tree.tokens.shape
         if self.states.shape[:2] != log_probs.shape[:2]:
             raise ValueError(f"path states {tuple(self.states.shape)} do not match the marginals "
                              f"{tuple(log_probs.shape)} (rows and depths must agree)")
-        depth_idx, parent, parent_top, deviations = path_inputs(tree, log_probs.argmax(-1), self.anchor, mask)
+        depth_idx, parent, parent_top, deviations = path_inputs(tree, log_probs.argmax(-1), self.anchor)
         d = self.states.shape[-1]
         states = self.states.gather(1, depth_idx[..., None].expand(r, n, d))  # [R, N, D]
         logits = self.read_out(self.head(states, parent, parent_top, deviations, self.embed)).float()  # [R, N, V]

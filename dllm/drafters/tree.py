@@ -144,6 +144,9 @@ class TreeBuilder(Configurable):
     def build(self, log_probs: torch.Tensor, paths: Optional["PathScorer"] = None) -> Tree:
         raise NotImplementedError(f"{type(self).__name__} must implement build")
 
+    def check_drafter(self, drafter: Any) -> None:
+        """ValueError when this builder cannot work with ``drafter`` (called before a call runs)."""
+
     def tree_for(self, log_probs: torch.Tensor, paths: Optional["PathScorer"] = None) -> Tree:
         """``build``, then the budget rule when ``cost_per_node`` > 0 (what the loop calls)."""
         tree = self.build(log_probs, paths)
@@ -263,26 +266,53 @@ class DDTreeBuilder(TreeBuilder):
         return best_first_tree(log_probs, self.config.budget)
 
 
-def path_scores(tree: Tree, node_lp: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def path_reduce(tree: Tree, values: torch.Tensor, op: str, max_depth: Optional[int] = None) -> torch.Tensor:
+    """[R, N]: ``values`` [R, N] reduced over each node's path (itself and its ancestors), ``op``
+    "sum" or "min"; padding nodes keep their own value. Pointer doubling: after step t, ``acc``
+    covers the ancestors at distance < 2^t, so ceil(log2(max_depth)) steps of [R, N] gathers (no
+    [R, N, N] mask, no host sync); ``max_depth`` bounds the tree's depth (default N).
+    ``path_reduce_reference`` is the mask version."""
+    if op not in ("sum", "min"):
+        raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
+    combine = torch.add if op == "sum" else torch.minimum
+    neutral = 0 if op == "sum" else math.inf
+    acc = values
+    jump = torch.where(tree.valid, tree.parents, torch.full_like(tree.parents, -1))  # [R, N]
+    reach, depth = 1, tree.size if max_depth is None else max(1, min(max_depth, tree.size))
+    while reach < depth:
+        has = jump >= 0
+        idx = jump.clamp(min=0)
+        acc = combine(acc, torch.where(has, acc.gather(1, idx), torch.full_like(acc, neutral)))
+        jump = torch.where(has, jump.gather(1, idx), jump)
+        reach *= 2
+    return acc
+
+
+def path_reduce_reference(tree: Tree, values: torch.Tensor, op: str) -> torch.Tensor:
+    """``path_reduce`` through the [R, N, N] ``ancestor_mask`` (the reference of the doubling)."""
+    mask = ancestor_mask(tree)  # [R, N, N]
+    if op == "sum":
+        return torch.where(mask, values[:, None, :], torch.zeros_like(values)[:, None, :]).sum(-1)
+    return torch.where(mask, values[:, None, :], torch.full_like(values, math.inf)[:, None, :]).amin(-1)
+
+
+def path_scores(tree: Tree, node_lp: torch.Tensor, max_depth: Optional[int] = None) -> torch.Tensor:
     """float32 [R, N]: log P(node) = sum of ``node_lp`` [R, N] over the node's path (itself and its
     ancestors), then the minimum over the path, so that a child never scores above its parent even
     by a rounding step (with node_lp <= 0 the sums already decrease down a path); padding nodes
-    -inf. ``mask``: ``ancestor_mask(tree)`` when the caller has it. No host sync."""
-    mask = ancestor_mask(tree) if mask is None else mask  # [R, N, N]
-    node_lp = node_lp.float()
-    total = torch.where(mask, node_lp[:, None, :], torch.zeros_like(node_lp)[:, None, :]).sum(-1)  # [R, N]
-    score = torch.where(mask, total[:, None, :], torch.full_like(total, math.inf)[:, None, :]).amin(-1)
+    -inf. ``max_depth``: a bound on the tree's depth (``path_reduce``). No host sync."""
+    score = path_reduce(tree, path_reduce(tree, node_lp.float(), "sum", max_depth), "min", max_depth)
     return torch.where(tree.valid, score, torch.full_like(score, -math.inf))
 
 
-def select_subtree(tree: Tree, node_lp: torch.Tensor, budget: int, mask: Optional[torch.Tensor] = None) -> Tree:
+def select_subtree(tree: Tree, node_lp: torch.Tensor, budget: int, max_depth: Optional[int] = None) -> Tree:
     """The ``budget`` nodes of ``tree`` with the largest log P(node) (``path_scores``), as a Tree in
     the same topological order. With ``node_lp`` <= 0 a parent scores at least as high as its child
     and, on a tie, comes first (a stable sort; parents precede children), so the top ``budget`` are
     prefix-closed: the best subtree of the candidates under the budget. No host sync."""
     r, n = tree.tokens.shape
     budget = min(budget, n)
-    score = path_scores(tree, node_lp, mask)  # [R, N]
+    score = path_scores(tree, node_lp, max_depth)  # [R, N]
     order = torch.sort(-score, dim=1, stable=True).indices[:, :budget]  # [R, B] the best, by score
     keep = order.sort(dim=1).values  # [R, B] back in topological order
     valid = tree.valid.gather(1, keep)  # [R, B]
@@ -326,21 +356,26 @@ class TapsBuilder(TreeBuilder):
 
     Config = TapsConfig
 
+    NO_HEAD = ("taps:estimator=head needs a drafter with a path head (path_head.json and path_head.safetensors "
+               "beside its checkpoint; train one with python -m dllm.train.path_head_train), and this drafter "
+               "has none; use taps:estimator=marginal or ddtree")
+
+    def check_drafter(self, drafter: Any) -> None:
+        if self.config.estimator == "head" and getattr(drafter, "path_head", None) is None:
+            raise ValueError(self.NO_HEAD)
+
     def build(self, log_probs: torch.Tensor, paths: Optional["PathScorer"] = None) -> Tree:
         cfg = self.config
         if cfg.estimator == "head" and paths is None:
-            raise ValueError("taps:estimator=head needs a drafter with a path head (path_head.json and "
-                             "path_head.safetensors beside its checkpoint; train one with python -m "
-                             "dllm.train.path_head_train), and this drafter gives none; use "
-                             "taps:estimator=marginal or ddtree")
+            raise ValueError(self.NO_HEAD)
         if paths is None or cfg.estimator == "marginal":
             return best_first_tree(log_probs, cfg.budget, gamma=cfg.gamma, decay=cfg.decay)
         candidates = best_first_tree(log_probs, max(cfg.budget, min(cfg.budget * cfg.candidates, cfg.max_candidates)))
-        mask = ancestor_mask(candidates)  # [R, C, C]
-        return select_subtree(candidates, paths.node_log_accept(candidates, log_probs, mask), cfg.budget, mask)
+        depth = log_probs.shape[1]  # K bounds the depth of any tree
+        return select_subtree(candidates, paths.node_log_accept(candidates, log_probs), cfg.budget, depth)
 
 
 __all__ = ["ChainBuilder", "DDTreeBuilder", "TapsBuilder", "TapsConfig", "Tree", "TreeBuilder", "TreeBuilderSpec",
            "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted",
-           "list_tree_builders", "make_tree_builder", "path_scores", "register_tree_builder", "select_subtree",
+           "list_tree_builders", "make_tree_builder", "path_reduce", "path_reduce_reference", "path_scores", "register_tree_builder", "select_subtree",
            "tree_builders"]

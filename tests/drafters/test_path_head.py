@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dllm.drafters.path_head import PathHead, PathScorer, has_path_head, load_path_head, path_inputs
-from dllm.drafters.tree import Tree, ancestor_mask, best_first_tree, make_tree_builder, path_scores, select_subtree
+from dllm.drafters.tree import (Tree, best_first_tree, make_tree_builder, path_reduce, path_reduce_reference, path_scores,
+                                select_subtree)
 
 
 def random_log_probs(r=1, k=3, v=3, seed=0):
@@ -94,7 +95,22 @@ def test_path_inputs_of_a_hand_built_tree():
     assert parent.tolist() == [[7, 1, 7, 2, 4]]
     assert parent_top.tolist() == [[7, 1, 7, 3, 1]]
     assert deviations.tolist() == [[0, 0, 0, 1, 1]]
-    assert torch.equal(path_inputs(tree, top, torch.tensor([7]), ancestor_mask(tree))[3], deviations)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_path_reduce_equals_the_mask_reference(seed):
+    """Pointer doubling (the fast path) against the [R, N, N] ancestor-mask reduction, on trees with
+    padding, long chains and depths below and at the bound."""
+    g = torch.Generator().manual_seed(seed)
+    for k, v, n in ((6, 3, 12), (20, 2, 20), (1, 5, 7)):
+        tree = best_first_tree(torch.log_softmax(torch.randn(3, k, v, generator=g), -1), n)
+        values = torch.randn(3, n, generator=g)
+        ints = torch.randint(0, 2, (3, n), generator=g)
+        assert torch.equal(path_reduce(tree, values, "min", k), path_reduce_reference(tree, values, "min"))
+        assert torch.equal(path_reduce(tree, ints, "sum", k), path_reduce_reference(tree, ints, "sum"))
+        assert torch.allclose(path_reduce(tree, values, "sum"), path_reduce_reference(tree, values, "sum"), atol=1e-6)
+    with pytest.raises(ValueError, match="op must be 'sum' or 'min', got 'max'"):
+        path_reduce(tree, values, "max")
 
 
 def test_a_fresh_head_is_the_marginals_so_taps_equals_ddtree():
@@ -133,9 +149,17 @@ def test_a_trained_like_head_changes_the_tree_but_keeps_it_valid():
     assert torch.equal(marginal.tokens, make_tree_builder("taps:budget=10").build(log_probs).tokens)
 
 
-def test_taps_options_and_errors():
+def test_taps_options_and_errors(tiny_pair):
+    from dllm.drafters.base import make_drafter
+    from dllm.drafters.loop import speculative_generate
+
     with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):
         make_tree_builder("taps:estimator=head").build(random_log_probs())
+    target, tok, _ = tiny_pair
+    headless = make_drafter("dflash", model="tiny-ar-dflash-wide")
+    assert headless.path_head is None
+    with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):  # before any forward
+        speculative_generate(target, headless, [[5, 6, 7]], max_new_tokens=4, tree="taps:estimator=head")
     with pytest.raises(ValueError, match="estimator must be one of auto, head, marginal, got 'learned'"):
         make_tree_builder("taps:estimator=learned")
     with pytest.raises(ValueError, match="candidates"):
