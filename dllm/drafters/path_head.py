@@ -99,17 +99,19 @@ def load_path_head(directory: Union[str, Path]) -> PathHead:
     return head.eval()
 
 
-def path_inputs(tree: Tree, top: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def path_inputs(tree: Tree, top: torch.Tensor, anchor: torch.Tensor,
+                jumps: Optional[list[torch.Tensor]] = None) -> tuple[torch.Tensor, ...]:
     """What the head reads for every node of ``tree``: (depth index [R, N] = depth - 1, parent token,
     the drafter's arg-max at the parent's depth, deviations among the strict ancestors), all long
-    [R, N]. top: [R, K] the drafter's arg-max per depth; anchor: [R] (the root's token). No host sync."""
+    [R, N]. top: [R, K] the drafter's arg-max per depth; anchor: [R] (the root's token); jumps:
+    ``tree.path_jumps(tree)`` when the caller has them. No host sync."""
     r, n = tree.tokens.shape
     depth_idx = (tree.depths - 1).clamp(min=0)  # [R, N]
     root = anchor[:, None].expand(r, n)
     parent = torch.where(tree.parents >= 0, tree.tokens.gather(1, tree.parents.clamp(min=0)), root)  # [R, N]
     parent_top = torch.where(tree.depths >= 2, top.gather(1, (tree.depths - 2).clamp(min=0)), root)  # [R, N]
     deviates = (tree.tokens != top.gather(1, depth_idx)) & tree.valid  # [R, N]
-    deviations = path_reduce(tree, deviates.long(), "sum", top.shape[1]) - deviates.long()  # strict ancestors
+    deviations = path_reduce(tree, deviates.long(), "sum", top.shape[1], jumps) - deviates.long()  # strict ancestors
     return depth_idx, parent, parent_top, deviations
 
 
@@ -124,14 +126,16 @@ class PathScorer:
     read_out: Callable[[torch.Tensor], torch.Tensor]  # states [.., D] -> logits [.., V] (the drafter's head)
 
     @torch.no_grad()
-    def node_log_accept(self, tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
+    def node_log_accept(self, tree: Tree, log_probs: torch.Tensor,
+                        jumps: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
         """float32 [R, N]: log a(node | its path) for every node (padding: 0). ``log_probs`` [R, K, V]
-        are the drafter's marginals (their arg-max is ``parent_top`` / the deviation test)."""
+        are the drafter's marginals (their arg-max is ``parent_top`` / the deviation test); jumps:
+        ``tree.path_jumps(tree)`` when the caller has them."""
         r, n = tree.tokens.shape
         if self.states.shape[:2] != log_probs.shape[:2]:
             raise ValueError(f"path states {tuple(self.states.shape)} do not match the marginals "
                              f"{tuple(log_probs.shape)} (rows and depths must agree)")
-        depth_idx, parent, parent_top, deviations = path_inputs(tree, log_probs.argmax(-1), self.anchor)
+        depth_idx, parent, parent_top, deviations = path_inputs(tree, log_probs.argmax(-1), self.anchor, jumps)
         d = self.states.shape[-1]
         states = self.states.gather(1, depth_idx[..., None].expand(r, n, d))  # [R, N, D]
         logits = self.read_out(self.head(states, parent, parent_top, deviations, self.embed)).float()  # [R, N, V]

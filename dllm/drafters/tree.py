@@ -266,26 +266,38 @@ class DDTreeBuilder(TreeBuilder):
         return best_first_tree(log_probs, self.config.budget)
 
 
-def path_reduce(tree: Tree, values: torch.Tensor, op: str, max_depth: Optional[int] = None) -> torch.Tensor:
+def path_jumps(tree: Tree, max_depth: Optional[int] = None) -> list[torch.Tensor]:
+    """Pointer-doubling tables of ``tree``: entry t is [R, N + 1] long, each node's ancestor at
+    distance 2^t, or N past the root and on padding; column N is a sentinel pointing to itself.
+    ceil(log2(max_depth)) entries, where ``max_depth`` bounds the tree's depth (default N). One
+    table serves every ``path_reduce``."""
+    r, n = tree.parents.shape
+    sentinel = torch.full((r, 1), n, dtype=torch.long, device=tree.parents.device)
+    jump = torch.cat([torch.where(tree.valid & (tree.parents >= 0), tree.parents, sentinel), sentinel], dim=1)
+    jumps, reach, depth = [], 1, n if max_depth is None else max(1, min(max_depth, n))
+    while reach < depth:
+        jumps.append(jump)  # [R, N + 1]
+        jump = jump.gather(1, jump)  # the ancestor 2^(t+1) up
+        reach *= 2
+    return jumps
+
+
+def path_reduce(tree: Tree, values: torch.Tensor, op: str, max_depth: Optional[int] = None,
+                jumps: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
     """[R, N]: ``values`` [R, N] reduced over each node's path (itself and its ancestors), ``op``
-    "sum" or "min"; padding nodes keep their own value. Pointer doubling: after step t, ``acc``
-    covers the ancestors at distance < 2^t, so ceil(log2(max_depth)) steps of [R, N] gathers (no
-    [R, N, N] mask, no host sync); ``max_depth`` bounds the tree's depth (default N).
+    "sum" or "min" (float values for "min"); padding nodes keep their own value. Pointer doubling
+    (``path_jumps``, or pass ``jumps``): after step t, ``acc`` covers the ancestors at distance
+    < 2^t, so ceil(log2(max_depth)) gathers (no [R, N, N] mask, no host sync).
     ``path_reduce_reference`` is the mask version."""
     if op not in ("sum", "min"):
         raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
     combine = torch.add if op == "sum" else torch.minimum
-    neutral = 0 if op == "sum" else math.inf
-    acc = values
-    jump = torch.where(tree.valid, tree.parents, torch.full_like(tree.parents, -1))  # [R, N]
-    reach, depth = 1, tree.size if max_depth is None else max(1, min(max_depth, tree.size))
-    while reach < depth:
-        has = jump >= 0
-        idx = jump.clamp(min=0)
-        acc = combine(acc, torch.where(has, acc.gather(1, idx), torch.full_like(acc, neutral)))
-        jump = torch.where(has, jump.gather(1, idx), jump)
-        reach *= 2
-    return acc
+    neutral = torch.full((values.shape[0], 1), 0 if op == "sum" else math.inf, dtype=values.dtype,
+                         device=values.device)
+    acc = torch.cat([values, neutral], dim=1)  # [R, N + 1]: the sentinel column holds the neutral value
+    for jump in path_jumps(tree, max_depth) if jumps is None else jumps:
+        acc = combine(acc, acc.gather(1, jump))
+    return acc[:, :-1]
 
 
 def path_reduce_reference(tree: Tree, values: torch.Tensor, op: str) -> torch.Tensor:
@@ -296,23 +308,24 @@ def path_reduce_reference(tree: Tree, values: torch.Tensor, op: str) -> torch.Te
     return torch.where(mask, values[:, None, :], torch.full_like(values, math.inf)[:, None, :]).amin(-1)
 
 
-def path_scores(tree: Tree, node_lp: torch.Tensor, max_depth: Optional[int] = None) -> torch.Tensor:
+def path_scores(tree: Tree, node_lp: torch.Tensor, jumps: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
     """float32 [R, N]: log P(node) = sum of ``node_lp`` [R, N] over the node's path (itself and its
     ancestors), then the minimum over the path, so that a child never scores above its parent even
     by a rounding step (with node_lp <= 0 the sums already decrease down a path); padding nodes
-    -inf. ``max_depth``: a bound on the tree's depth (``path_reduce``). No host sync."""
-    score = path_reduce(tree, path_reduce(tree, node_lp.float(), "sum", max_depth), "min", max_depth)
+    -inf. ``jumps``: ``path_jumps(tree)`` when the caller has them. No host sync."""
+    jumps = path_jumps(tree) if jumps is None else jumps
+    score = path_reduce(tree, path_reduce(tree, node_lp.float(), "sum", jumps=jumps), "min", jumps=jumps)
     return torch.where(tree.valid, score, torch.full_like(score, -math.inf))
 
 
-def select_subtree(tree: Tree, node_lp: torch.Tensor, budget: int, max_depth: Optional[int] = None) -> Tree:
+def select_subtree(tree: Tree, node_lp: torch.Tensor, budget: int, jumps: Optional[list[torch.Tensor]] = None) -> Tree:
     """The ``budget`` nodes of ``tree`` with the largest log P(node) (``path_scores``), as a Tree in
     the same topological order. With ``node_lp`` <= 0 a parent scores at least as high as its child
     and, on a tie, comes first (a stable sort; parents precede children), so the top ``budget`` are
     prefix-closed: the best subtree of the candidates under the budget. No host sync."""
     r, n = tree.tokens.shape
     budget = min(budget, n)
-    score = path_scores(tree, node_lp, max_depth)  # [R, N]
+    score = path_scores(tree, node_lp, jumps)  # [R, N]
     order = torch.sort(-score, dim=1, stable=True).indices[:, :budget]  # [R, B] the best, by score
     keep = order.sort(dim=1).values  # [R, B] back in topological order
     valid = tree.valid.gather(1, keep)  # [R, B]
@@ -371,11 +384,11 @@ class TapsBuilder(TreeBuilder):
         if paths is None or cfg.estimator == "marginal":
             return best_first_tree(log_probs, cfg.budget, gamma=cfg.gamma, decay=cfg.decay)
         candidates = best_first_tree(log_probs, max(cfg.budget, min(cfg.budget * cfg.candidates, cfg.max_candidates)))
-        depth = log_probs.shape[1]  # K bounds the depth of any tree
-        return select_subtree(candidates, paths.node_log_accept(candidates, log_probs), cfg.budget, depth)
+        jumps = path_jumps(candidates, log_probs.shape[1])  # K bounds the depth of any tree
+        return select_subtree(candidates, paths.node_log_accept(candidates, log_probs, jumps), cfg.budget, jumps)
 
 
 __all__ = ["ChainBuilder", "DDTreeBuilder", "TapsBuilder", "TapsConfig", "Tree", "TreeBuilder", "TreeBuilderSpec",
            "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted",
-           "list_tree_builders", "make_tree_builder", "path_reduce", "path_reduce_reference", "path_scores", "register_tree_builder", "select_subtree",
+           "list_tree_builders", "make_tree_builder", "path_jumps", "path_reduce", "path_reduce_reference", "path_scores", "register_tree_builder", "select_subtree",
            "tree_builders"]
