@@ -156,7 +156,7 @@ def test_taps_options_and_errors(tiny_pair):
     with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):
         make_tree_builder("taps:estimator=head").build(random_log_probs())
     target, tok, _ = tiny_pair
-    headless = make_drafter("dflash", model="tiny-ar-dflash-wide")
+    headless = make_drafter("dflash", model="tiny-ar-dflash-mixed")
     assert headless.path_head is None
     with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):  # before any forward
         speculative_generate(target, headless, [[5, 6, 7]], max_new_tokens=4, tree="taps:estimator=head")
