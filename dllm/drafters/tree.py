@@ -390,5 +390,5 @@ class TapsBuilder(TreeBuilder):
 
 __all__ = ["ChainBuilder", "DDTreeBuilder", "TapsBuilder", "TapsConfig", "Tree", "TreeBuilder", "TreeBuilderSpec",
            "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted",
-           "list_tree_builders", "make_tree_builder", "path_jumps", "path_reduce", "path_reduce_reference", "path_scores", "register_tree_builder", "select_subtree",
-           "tree_builders"]
+           "list_tree_builders", "make_tree_builder", "path_jumps", "path_reduce", "path_reduce_reference",
+           "path_scores", "register_tree_builder", "select_subtree", "tree_builders"]

@@ -315,5 +315,5 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     return result
 
 
-__all__ = ["BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes", "regenerate", "sample_anchors",
-           "teacher_forced_tau", "train_dflash"]
+__all__ = ["BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes", "regenerate",
+           "sample_anchors", "teacher_forced_tau", "train_dflash"]

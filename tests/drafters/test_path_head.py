@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dllm.drafters.path_head import PathHead, PathScorer, has_path_head, load_path_head, path_inputs
-from dllm.drafters.tree import (Tree, best_first_tree, make_tree_builder, path_reduce, path_reduce_reference, path_scores,
-                                select_subtree)
+from dllm.drafters.tree import (Tree, best_first_tree, make_tree_builder, path_reduce, path_reduce_reference,
+                                path_scores, select_subtree)
 
 
 def random_log_probs(r=1, k=3, v=3, seed=0):
