@@ -34,6 +34,8 @@ _LAZY = {
     "make_tree_builder": ("dllm.drafters.tree", "make_tree_builder"),
     "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
     "register_tree_builder": ("dllm.drafters.tree", "register_tree_builder"),
+    "PathHead": ("dllm.drafters.path_head", "PathHead"),
+    "load_path_head": ("dllm.drafters.path_head", "load_path_head"),
 }
 
 

@@ -221,3 +221,23 @@ def test_the_shipped_head_makes_taps_lossless_and_accept_more(tiny_pair):
     tp = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree="taps:budget=16")
     assert tp.generated == chain.generated == dd.generated  # = target.generate (test_tiny_pair)
     assert tp.tau > dd.tau
+
+
+def test_a_bfloat16_drafter_with_a_float32_head():
+    """The head casts its inputs to its own dtype and its correction back to the states' dtype."""
+    from dllm.drafters import load_path_head as lazy_load
+
+    assert lazy_load is load_path_head
+    g = torch.Generator().manual_seed(6)
+    r, k, v, d = 2, 4, 9, 8
+    states = torch.randn(r, k, d, generator=g).bfloat16()
+    read = torch.randn(d, v, generator=g).bfloat16()
+    head = PathHead(d, width=4).eval()
+    torch.nn.init.normal_(head.fc2.weight, generator=g)
+    scorer = PathScorer(head, states, torch.tensor([0, 1]), torch.randn(v, d, generator=g).bfloat16(),
+                        lambda h: h @ read)
+    log_probs = (states @ read).float().log_softmax(-1)
+    tree = make_tree_builder("taps:budget=6").build(log_probs, scorer)
+    check_tree(tree)
+    node = scorer.node_log_accept(tree, log_probs)
+    assert node.dtype == torch.float32 and bool(torch.isfinite(node).all()) and bool((node <= 0).all())
