@@ -25,7 +25,9 @@ The default block size of a call is the checkpoint's trained ``block_size``; a l
 (the drafter never saw those positions), a smaller one runs (the reference shortens the last block
 the same way). A checkpoint directory that also holds a block head (``block_head.py``) gives the
 drafter its ``block_head``, used by ``block_size="auto"``; a path head (``path_head.py``) beside it
-gives every ``Draft`` a ``PathScorer``, used by the ``taps`` tree builder. No host syncs in ``propose``.
+gives every ``Draft`` a ``PathScorer``, used by the ``taps`` tree builder (DFlash checkpoints only: a DFlash
+2 drafter's candidate selector picks its paths its own way, and its drafts carry none). No host syncs in
+``propose``.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class DFlashBlockDrafter(Drafter):
             directory = locate(cfg.model)  # once: the weights and a block head beside them
             model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
             self.block_head = load_block_head(directory) if has_block_head(directory) else None
-            self.path_head = load_path_head(directory) if has_path_head(directory) else None
+            if has_path_head(directory) and not isinstance(model, DFlash2Drafter):
+                self.path_head = load_path_head(directory)
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")
