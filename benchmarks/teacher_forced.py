@@ -11,10 +11,10 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.dflash_model import extract_context_feature, target_embedding, target_head
 from dllm.drafters.loading import load_target
-from dllm.drafters.tree import Tree, ancestor_mask
-from dllm.train.dflash_train import block_layout, regenerate
+from dllm.drafters.tree import Tree
+from dllm.train.dflash_train import ANSWER_TOKENS, block_layout, regenerate
+from dllm.train.path_head_train import nodes_on_path
 
-ANSWER_TOKENS = 66  # the longest long-answer answer
 torch.set_num_threads(1)
 target, tok = load_target("tiny-ar")
 drafter = make_drafter("dflash", model="tiny-ar-dflash").model
@@ -75,7 +75,4 @@ def anchors_lp(prompts, rows) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tau(tree: Tree, truth: torch.Tensor) -> float:
     """Mean over anchors of 1 + the tree's nodes on the target's path."""
-    tr = truth.gather(1, (tree.depths - 1).clamp(min=0))
-    match = (tree.tokens == tr) & tree.valid
-    on = ~(ancestor_mask(tree) & ~match[:, None, :]).any(-1) & tree.valid
-    return 1 + on.float().sum(1).mean().item()
+    return 1 + nodes_on_path(tree, truth).float().mean().item()

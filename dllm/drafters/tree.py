@@ -86,17 +86,27 @@ def chain_tree(tokens: torch.Tensor) -> Tree:
                 valid=torch.ones((r, k), dtype=torch.bool, device=tokens.device))
 
 
-def expected_accepted(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
-    """float32 [R]: sum over the valid nodes of the product of the drafter's marginals along the
-    node's path, ``exp(sum_{a in path} log_probs[r, depth(a) - 1, token(a)])`` -- the expected
-    number of accepted drafts if the marginals were the target's path-conditioned acceptance
-    probabilities (a round then commits 1 + this many tokens). The surrogate ``ddtree`` maximises."""
+def on_path(tree: Tree, match: torch.Tensor) -> torch.Tensor:
+    """bool [R, N]: the valid nodes whose whole path (the node and its ancestors) has ``match`` [R, N]
+    True: the nodes a walk accepts when ``match`` marks the nodes carrying the target's token."""
+    return ~(ancestor_mask(tree) & ~match[:, None, :]).any(dim=-1) & tree.valid
+
+
+def path_probs(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
+    """float32 [R, N]: per node the product of the drafter's marginals along its path,
+    ``exp(sum_{a in path} log_probs[r, depth(a) - 1, token(a)])`` (0 on padding)."""
     r, k, v = log_probs.shape
     depth_idx = (tree.depths - 1).clamp(min=0)  # [R, N]; padding reads depth 1, masked below
     node_lp = log_probs.reshape(r, k * v).gather(1, depth_idx * v + tree.tokens).float()  # [R, N]
-    mask = ancestor_mask(tree)  # [R, N, N]
-    path_lp = torch.where(mask, node_lp.unsqueeze(1), torch.zeros_like(node_lp).unsqueeze(1)).sum(-1)  # [R, N]
-    return torch.where(tree.valid, path_lp.exp(), torch.zeros_like(path_lp)).sum(-1)
+    path_lp = path_reduce_reference(tree, node_lp, "sum")  # [R, N]
+    return torch.where(tree.valid, path_lp.exp(), torch.zeros_like(path_lp))
+
+
+def expected_accepted(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
+    """float32 [R]: sum over the valid nodes of ``path_probs`` -- the expected number of accepted
+    drafts if the marginals were the target's path-conditioned acceptance probabilities (a round
+    then commits 1 + this many tokens). The surrogate ``ddtree`` maximises."""
+    return path_probs(tree, log_probs).sum(-1)
 
 
 # ---- builders ------------------------------------------------------------------------------------
@@ -389,6 +399,6 @@ class TapsBuilder(TreeBuilder):
 
 
 __all__ = ["ChainBuilder", "DDTreeBuilder", "TapsBuilder", "TapsConfig", "Tree", "TreeBuilder", "TreeBuilderSpec",
-           "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted",
-           "list_tree_builders", "make_tree_builder", "path_jumps", "path_reduce", "path_reduce_reference",
+           "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted", "list_tree_builders",
+           "make_tree_builder", "on_path", "path_jumps", "path_probs", "path_reduce", "path_reduce_reference",
            "path_scores", "register_tree_builder", "select_subtree", "tree_builders"]

@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from dllm.drafters.tree import Tree, ancestor_mask
+from dllm.drafters.tree import Tree, path_probs
 
 
 def node_path_probs(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
     """[R, N] float32: per node the product of the drafter's marginals along its path (0 on padding)."""
-    r, k, v = log_probs.shape
-    depth_idx = (tree.depths - 1).clamp(min=0)  # [R, N]
-    node_lp = log_probs.reshape(r, k * v).gather(1, depth_idx * v + tree.tokens).float()  # [R, N]
-    path_lp = torch.where(ancestor_mask(tree), node_lp[:, None, :], torch.zeros_like(node_lp)[:, None, :]).sum(-1)
-    return torch.where(tree.valid, path_lp.exp(), torch.zeros_like(path_lp))
+    return path_probs(tree, log_probs)
 
 
 def best_sizes(tree: Tree, log_probs: torch.Tensor, cost_per_node: float) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from dllm.drafters.tree import Tree, ancestor_mask
+from dllm.drafters.tree import Tree, ancestor_mask, on_path
 from dllm.drafters.verify import SamplingParams, next_tokens
 
 
@@ -65,14 +65,14 @@ def walk_tree(logits: torch.Tensor, tree: Tree, params: SamplingParams, max_dept
         choice = next_tokens(logits.reshape(r * width, -1), params, generator).view(r, width)
     at_parent = choice.gather(1, tree.parents + 1)  # [R, N] the choice made at each node's parent
     match = (tree.tokens == at_parent) & tree.valid  # [R, N]
-    on_path = ~(ancestor_mask(tree) & ~match[:, None, :]).any(dim=-1) & tree.valid  # [R, N]
-    accepted = on_path.long().sum(dim=1)  # [R]
-    depth = torch.where(on_path, tree.depths, torch.zeros_like(tree.depths))  # [R, N]
+    accepted_nodes = on_path(tree, match)  # [R, N]
+    accepted = accepted_nodes.long().sum(dim=1)  # [R]
+    depth = torch.where(accepted_nodes, tree.depths, torch.zeros_like(tree.depths))  # [R, N]
     deepest = torch.where(accepted > 0, depth.argmax(dim=1) + 1, torch.zeros_like(accepted))  # [R] in [root, nodes]
     emitted = choice.gather(1, deepest[:, None])[:, 0]
     path = torch.zeros((r, max_depth + 1), dtype=torch.long, device=logits.device)  # a spill column at 0
     nodes = torch.arange(1, tree.size + 1, device=logits.device).expand(r, -1)
-    path.scatter_(1, depth, torch.where(on_path, nodes, torch.zeros_like(nodes)))
+    path.scatter_(1, depth, torch.where(accepted_nodes, nodes, torch.zeros_like(nodes)))
     return path[:, 1:], accepted, emitted
 
 

@@ -43,7 +43,7 @@ from dllm.drafters.dflash_model import extract_context_feature
 from dllm.eval.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
-from dllm.train.dflash_train import block_loss, regenerate
+from dllm.train.dflash_train import ANSWER_TOKENS, block_loss, regenerate
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def greedy_rounds(target, drafter, prompt: Sequence[int], plan: Plan) -> tuple[i
     """(verification rounds, seconds) of one real greedy call at batch 1."""
     from dllm.drafters.loop import speculative_generate
 
-    out = speculative_generate(target, drafter, [list(prompt)], max_new_tokens=66, block_size=plan[0], tree=plan[1])
+    out = speculative_generate(target, drafter, [list(prompt)], max_new_tokens=ANSWER_TOKENS, block_size=plan[0],
+                               tree=plan[1])
     return out.rounds, out.wall_time
 
 
@@ -225,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     taps = list(drafter.target_layer_ids)
     tables = {}
     for name, prompts in (("train", train_prompts), ("eval", held_prompts)):
-        rows = regenerate(target, prompts, 66)
+        rows = regenerate(target, prompts, ANSWER_TOKENS)
         tables[name] = (features_of(target, taps, prompts),
                         time_table(drafter, target, rows, [len(p) for p in prompts], plans, t_round, wrapper))
     head = train_head(*tables["train"], recipe)

@@ -43,6 +43,9 @@ from dllm.train.data import MixtureConfig, TaskMixture
 from dllm.train.schedule import lr_factor
 
 
+ANSWER_TOKENS = 66  # new tokens covering the longest long-answer answer (the heads' trainers regenerate to it)
+
+
 @dataclass(frozen=True)
 class DFlashRecipe:
     name: str
@@ -315,5 +318,5 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     return result
 
 
-__all__ = ["BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes", "regenerate",
-           "sample_anchors", "teacher_forced_tau", "train_dflash"]
+__all__ = ["ANSWER_TOKENS", "BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes",
+           "regenerate", "sample_anchors", "teacher_forced_tau", "train_dflash"]

@@ -32,14 +32,12 @@ import torch.nn.functional as F
 from dllm import tasks as T
 from dllm.drafters.dflash_model import DFlashDrafter, target_embedding, target_head
 from dllm.drafters.path_head import PathHead, PathScorer
-from dllm.drafters.tree import Tree, ancestor_mask, make_tree_builder
+from dllm.drafters.tree import Tree, make_tree_builder, on_path
 from dllm.eval.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
-from dllm.train.dflash_train import block_pass, regenerate
-
-ANSWER_TOKENS = 66  # the longest long-answer answer
+from dllm.train.dflash_train import ANSWER_TOKENS, block_pass, regenerate
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ def train_path_head(drafter: DFlashDrafter, target, data: Anchors, recipe: PathH
 def nodes_on_path(tree: Tree, truth: torch.Tensor) -> torch.Tensor:
     """[A] the tree's nodes on the target's path (what a greedy walk accepts), truth [A, K]."""
     on_truth = (tree.tokens == truth.gather(1, (tree.depths - 1).clamp(min=0))) & tree.valid  # [A, N]
-    return (~(ancestor_mask(tree) & ~on_truth[:, None, :]).any(-1) & tree.valid).sum(-1)
+    return on_path(tree, on_truth).sum(-1)
 
 
 @torch.no_grad()

@@ -17,13 +17,18 @@ def random_log_probs(r=1, k=3, v=3, seed=0):
     return torch.log_softmax(torch.randn(r, k, v, generator=g) * 2, dim=-1)
 
 
-def node_keys(tree: Tree, row: int = 0) -> set:
-    """Each valid node as its path of tokens from the root (order-free identity of a tree)."""
-    keys, parents, tokens = {}, tree.parents[row].tolist(), tree.tokens[row].tolist()
+def node_paths(tree: Tree, row: int = 0) -> dict:
+    """Each valid node's index -> its path of tokens from the root (an order-free identity of a node)."""
+    paths, parents, tokens = {}, tree.parents[row].tolist(), tree.tokens[row].tolist()
     for i, ok in enumerate(tree.valid[row].tolist()):
         if ok:
-            keys[i] = (keys[parents[i]] if parents[i] >= 0 else ()) + (tokens[i],)
-    return set(keys.values())
+            paths[i] = (paths[parents[i]] if parents[i] >= 0 else ()) + (tokens[i],)
+    return paths
+
+
+def node_keys(tree: Tree, row: int = 0) -> set:
+    """The set of a row's node paths (equal sets = the same tree, whatever the node order)."""
+    return set(node_paths(tree, row).values())
 
 
 def check_tree(tree: Tree) -> None:
@@ -49,12 +54,7 @@ def test_select_subtree_is_the_best_prefix_closed_subtree_by_brute_force(seed, b
     parents = cand.parents[0].tolist()
     best = max(sum(score[i] for i in subset) for subset in itertools.combinations(range(9), budget)
                if all(parents[i] < 0 or parents[i] in subset for i in subset))
-    index_of = {}  # candidate node's token path -> its index
-    for i in range(9):
-        path, j = (), i
-        while j >= 0:
-            path, j = (int(cand.tokens[0, j]),) + path, parents[j]
-        index_of[path] = i
+    index_of = {path: i for i, path in node_paths(cand).items()}  # a candidate's token path -> its index
     kept = node_keys(chosen)
     assert len(kept) == budget
     assert sum(score[index_of[key]] for key in kept) == pytest.approx(best, rel=1e-6)
