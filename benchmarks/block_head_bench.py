@@ -112,7 +112,7 @@ def main() -> None:
           f"auto / tiny-ar-dflash at 16: {auto / rows['tiny-ar-dflash, block 16']['tokens_per_second']:.3f}x")
     intervals = {}
     for other in dict.fromkeys((best_fixed, "tiny-ar-dflash, block 16", "tiny-ar-dflash, ddtree:16")):
-        low, high = speed_interval(stats, "wide, auto", other, len(prompts))
+        low, high = speed_interval({k: v[2] for k, v in stats.items()}, "wide, auto", other, len(prompts))
         intervals[other] = [low, high]
         print(f"auto / {other}: 95% interval over the prompts (paired bootstrap, 2,000 draws) [{low:.3f}, {high:.3f}]")
     if args.out:
@@ -122,14 +122,15 @@ def main() -> None:
                        "auto_speed_ratio_intervals": intervals}, f, indent=1)
 
 
-def speed_interval(stats, a: str, b: str, n: int, draws: int = 2000) -> tuple[float, float]:
-    """2.5 / 97.5% points of (tokens/s of a) / (tokens/s of b) over bootstrap draws of the prompts,
-    the same draw for both (same tokens at T = 0, so the ratio of summed walls)."""
+def speed_interval(walls, a: str, b: str, n: int, draws: int = 2000) -> tuple[float, float]:
+    """2.5 / 97.5% points of (tokens/s of a) / (tokens/s of b) over bootstrap draws of the prompts
+    (or batches) 0..n-1, the same draw for both; ``walls[label, j]`` are seconds (same tokens under
+    both methods at T = 0, so the ratio of summed walls)."""
     rng = random.Random(0)
     ratios = []
     for _ in range(draws):
         idx = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(stats[b, j][2] for j in idx) / sum(stats[a, j][2] for j in idx))
+        ratios.append(sum(walls[b, j] for j in idx) / sum(walls[a, j] for j in idx))
     ratios.sort()
     return ratios[round(0.025 * (draws - 1))], ratios[round(0.975 * (draws - 1))]
 

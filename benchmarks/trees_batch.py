@@ -6,15 +6,15 @@ The reported split of ``dllm bench spec --trees`` (test instances 0..n-1 per def
 long-answer tasks, 72 prompts at n = 8), the target ``tiny-ar``, greedy. For each batch size the
 prompts go in consecutive batches (ragged: rows end at their own EOS); every method decodes every
 batch in turn, ``--passes`` + 1 passes, the first a warm-up: the drafted chain (no tree) and each
-``--trees`` spec. Prints tokens per target forward (a forward serves every row of its batch), tokens/s, and each
-method's tokens/s relative to the drafted chain and to ``ddtree`` at the same budget, with a 95%
-interval from a paired bootstrap over the batches. Greedy outputs are checked against the chain's
-(itself tested equal to ``target.generate``).
+``--trees`` spec. Prints tokens per target forward (a forward serves every row of its batch),
+tokens/s, and each method's tokens/s relative to the drafted chain and to ``ddtree`` at the same
+budget, with a 95% interval from a paired bootstrap over the batches
+(``block_head_bench.speed_interval``). Greedy outputs are checked against the chain's (itself tested
+equal to ``target.generate``).
 """
 
 import argparse
 import json
-import random
 import time
 from collections import defaultdict
 
@@ -26,14 +26,7 @@ from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.eval.exact_match import eval_examples
 
-
-def ratio_interval(walls: dict, a: str, b: str, n: int, draws: int = 2000) -> tuple[float, float]:
-    """2.5 / 97.5% points of (tokens/s of a) / (tokens/s of b) over bootstrap draws of the batches
-    (same tokens under both methods at T = 0, so the ratio of summed walls)."""
-    rng = random.Random(0)
-    ratios = sorted(sum(walls[b, j] for j in idx) / sum(walls[a, j] for j in idx)
-                    for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(draws)))
-    return ratios[round(0.025 * (draws - 1))], ratios[round(0.975 * (draws - 1))]
+from block_head_bench import speed_interval  # benchmarks/ is on sys.path when run as a script
 
 
 def main() -> None:
@@ -89,7 +82,7 @@ def main() -> None:
                     cells.append("")
                     continue
                 other_tps = sum(tokens[other, j] for j in every) / sum(walls[other, j] for j in every)
-                low, high = ratio_interval(walls, label, other, len(batches))
+                low, high = speed_interval(walls, label, other, len(batches))
                 row[f"vs {other}"] = [tps / other_tps, low, high]
                 cells.append(f"{tps / other_tps:.3f}x [{low:.3f}, {high:.3f}]")
             rows_out[label] = row
