@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from dllm.cli import CanvasView, main
+from dllm.cli import main
+from dllm.cli.canvas import CanvasView
 
 
 def test_samplers_lists_names_with_descriptions(capsys):

@@ -1,0 +1,7 @@
+"""``python -m dllm``: the ``dllm`` command."""
+
+import sys
+
+from dllm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""Argument types and flag sets shared by the ``dllm`` commands' parsers (argparse only: no torch).
+
+Ranges are argparse errors (``argument --n: must be an integer >= 1, got 0``, exit status 2), found
+before a command loads anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from dllm.registry import parse_option
+
+
+def option(text: str) -> tuple[str, Any]:
+    """``-o NAME=VALUE``: one option, values read as in a spec string (``dllm.registry.parse_option``)."""
+    try:
+        return parse_option(text, "sampler option")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE = at_least(1)
+
+
+def no_options(p: argparse.ArgumentParser) -> None:
+    """The flags of a command that takes none (``--help`` only)."""
+
+
+def add_threads(p: argparse.ArgumentParser, note: str = "default: torch's choice") -> None:
+    """``--threads N``: set by the registry before the command runs (``dllm.cli.registry.set_threads``)."""
+    p.add_argument("--threads", type=POSITIVE, default=None, help=f"torch CPU threads ({note})")
+
+
+def add_model_place(p: argparse.ArgumentParser, dtype: str | None = None) -> None:
+    """``--dtype`` and ``--device`` of the model a command loads."""
+    p.add_argument("--dtype", default=dtype)
+    p.add_argument("--device", default=None)
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """The settings of one ``dllm.generate`` call: sampler, lengths, temperature, cache, options."""
+    p.add_argument("--sampler", default="low_confidence",
+                   help="sampler spec: a registered name (see `dllm samplers`), options allowed "
+                        "(threshold:threshold=0.8)")
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=None, help="default: gen-length (one block)")
+    p.add_argument("--steps", type=int, default=None, help="default: gen-length (one token per step)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--cfg-scale", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--option", "-o", action="append", type=option, default=[],
+                   metavar="NAME=VALUE", help="sampler option, repeatable (e.g. -o top_p=0.95)")
+    p.add_argument("--cache", default="none", metavar="SPEC",
+                   help="cache policy spec: none, prefix, dual, window, with options (dual:refresh=4)")
+    add_threads(p)

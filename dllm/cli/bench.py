@@ -1,0 +1,79 @@
+"""The flags of ``dllm bench throughput|caches|kernels`` and the runs of the last two (the other
+benchmarks own their flags: ``main(argv)`` of their modules, rows of ``dllm.cli.table``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads
+
+
+def _write_json(path, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=2, default=str)
+
+
+def throughput_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-random-llada")
+    p.add_argument("--prompt-length", type=POSITIVE, default=64)
+    p.add_argument("--batch-size", type=POSITIVE, default=1)
+    p.add_argument("--repeats", type=POSITIVE, default=3)
+    add_model_place(p)
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    add_decode_args(p)
+
+
+def caches_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-random-llada",
+                   help="a model; tiny-random-{llada,dream} with --layers builds a fresh random one")
+    p.add_argument("--layers", type=POSITIVE, default=8)
+    p.add_argument("--prompt-length", type=POSITIVE, default=1024)
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"], help="sampler specs")
+    p.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"],
+                   help="cache policy specs (dual:look_back=16)")
+    p.add_argument("--repeats", type=POSITIVE, default=1)
+    p.add_argument("--no-progress", action="store_true")
+    add_threads(p)
+    add_model_place(p)
+    p.add_argument("--json", default=None)
+
+
+def run_caches(args) -> int:
+    from dllm.eval.bench_caches import format_table, run_cache_bench
+    from dllm.models import load, tiny
+
+    if args.model.startswith("tiny-random-") and args.layers:
+        family = args.model.removeprefix("tiny-random-")
+        model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length)
+        if args.device:
+            model = model.to(args.device)
+        label = f"tiny random {family}, {args.layers} layers"
+    else:
+        model = load(args.model, dtype=args.dtype, device=args.device)
+        label = args.model
+    rows = run_cache_bench(model, args.prompt_length, args.gen_length, args.block_length,
+                           samplers=args.samplers, policies=args.caches, repeats=args.repeats,
+                           progress=not args.no_progress)
+    print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
+    print(format_table(rows))
+    _write_json(args.json, rows)
+    return 0
+
+
+def kernels_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--repeats", type=POSITIVE, default=5)
+    p.add_argument("--json", default=None)
+
+
+def run_kernels(args) -> int:
+    from dllm.eval.bench_kernels import format_table, run_kernel_bench
+
+    rows = run_kernel_bench(device=args.device, repeats=args.repeats)
+    print(format_table(rows))
+    _write_json(args.json, rows)
+    return 0

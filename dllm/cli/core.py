@@ -1,0 +1,129 @@
+"""The everyday ``dllm`` verbs: ``generate``, ``spec``, ``info``, and the listings ``samplers``,
+``drafters``, ``tasks`` (flags: ``*_args(parser)``; runs: ``run_*(args)``; rows in ``dllm.cli.table``).
+
+Bad input is an error message and exit status 2, checked before any decoding: ranges by argparse,
+everything else by the command before it loads a model (``dllm generate: error: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads
+
+
+def load_model(args) -> Any:
+    """The model ``args.model`` names, at ``--dtype`` / ``--device`` when the command has them."""
+    from dllm.models import load
+
+    return load(args.model, dtype=getattr(args, "dtype", None), device=getattr(args, "device", None))
+
+
+def generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local dir, hub id, or embedded model name")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--show", action="store_true", help="redraw the canvas as tokens get committed")
+    p.add_argument("--stop-at-eos", action="store_true")
+    add_model_place(p)
+    p.add_argument("--order-png", default=None, metavar="PATH",
+                   help="also write a heatmap of the step at which each position was committed (.png)")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the transformer layers (default backend: inductor)")
+    add_decode_args(p)
+
+
+def run_generate(args) -> int:
+    from dllm.cli.canvas import CanvasView
+    from dllm.engine import generate
+
+    if args.order_png:  # checked before loading a model
+        import importlib.util
+
+        from dllm.eval.order_plot import check_png_path, plot_order
+        check_png_path(args.order_png)
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--order-png needs matplotlib: pip install dllm[eval]")
+    model = load_model(args)
+    if args.compile:
+        from dllm.models.compile import compile_model
+        compile_model(model, args.compile)
+    view = CanvasView(model) if args.show else None
+    out = generate(
+        model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
+        block_length=args.block_length, steps=args.steps, temperature=args.temperature,
+        cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
+        cache=args.cache, callback=view, return_trace=bool(args.order_png), **dict(args.option),
+    )
+    text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
+    print(text)
+    if args.order_png:
+        path = plot_order(out, args.order_png, tokenizer=model.tokenizer, title=f"{args.model}: {args.sampler}")
+        print(f"decoding order: {path}", file=sys.stderr)
+    print(json.dumps(out.summary()), file=sys.stderr)
+    return 0
+
+
+class _OneParser:
+    """``add_spec_command``'s subparsers: hands it the parser the registry made for ``dllm spec``."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return self.parser
+
+
+def spec_args(p: argparse.ArgumentParser) -> None:
+    from dllm.cli_spec import add_spec_command
+
+    add_spec_command(_OneParser(p), POSITIVE, add_threads)
+
+
+def _print_rows(rows: list[tuple[str, ...]]) -> int:
+    """Left-aligned name, then the other columns, two spaces apart."""
+    width = max(len(r[0]) for r in rows)
+    for name, *rest in rows:
+        print("  ".join([f"{name:<{width}}", *rest]))
+    return 0
+
+
+def run_samplers(args) -> int:
+    from dllm.samplers import list_samplers
+
+    return _print_rows(list_samplers())
+
+
+def run_drafters(args) -> int:
+    from dllm.drafters.base import list_drafters
+
+    return _print_rows(list_drafters())
+
+
+def run_tasks(args) -> int:
+    from dllm.eval.task_eval import list_task_rows
+
+    return _print_rows([(name, f"{sizes:>6}", desc) for name, sizes, desc in list_task_rows()])
+
+
+def info_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="local dir, hub id, or embedded model name")
+
+
+def run_info(args) -> int:
+    model = load_model(args)
+    c = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {
+        "family": model.family, "parameters": n_params, "dtype": str(model.dtype).replace("torch.", ""),
+        "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads, "mlp_hidden": c.mlp_hidden, "max_positions": model.max_positions,
+        "rope_theta": c.rope_theta, "mask_id": model.mask_id, "eos_id": model.eos_id,
+        "eot_id": model.eot_id, "pad_id": model.pad_id, "bos_id": model.bos_id,
+        "tokenizer": type(model.tokenizer).__name__ if model.tokenizer is not None else None,
+        "attn_backend": model.attn_backend,
+    }
+    return _print_rows([(k, str(v)) for k, v in info.items()])

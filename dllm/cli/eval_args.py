@@ -1,0 +1,60 @@
+"""The flags of the evaluation commands: ``dllm compare``, ``dllm stress``, ``dllm eval tasks``.
+
+They run in ``dllm.eval`` (``run_compare``, ``run_stress_cli``, ``run_eval_tasks``: the rows of
+``dllm.cli.table``), which check everything else before loading a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dllm.cli.args import POSITIVE, add_model_place, add_threads
+
+
+def compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llada",
+                   help="model path/name (default: the embedded tiny-llada), or 'oracle' (exact posteriors)")
+    p.add_argument("--samplers", nargs="*", default=None,
+                   help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
+    p.add_argument("--tasks", nargs="*", default=None, help="default: every task")
+    p.add_argument("--n", type=POSITIVE, default=4, help="test examples per task")
+    p.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
+    p.add_argument("--repeats", type=POSITIVE, default=1,
+                   help="timed runs per sampler, interleaved; the median wall time is reported")
+    p.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
+    add_model_place(p, dtype="float32")
+    p.add_argument("--no-progress", action="store_true")
+    add_threads(p, "1 on a busy machine")
+
+
+def stress_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llada",
+                   help="model path/name, 'oracle' (exact posteriors) or 'oracle:noise_std=0.05' (with logit noise)")
+    p.add_argument("--grid", action="append", default=None, metavar="SPEC",
+                   help="repeatable; one sampler family: SAMPLER[:OPTION=V1,V2,...,OPTION=V,...], k = tokens "
+                        "per step (low_confidence:k=1,2,4,8 threshold:threshold=0.5,0.7,0.9); default: sweeps "
+                        "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress_grid)")
+    p.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
+                   help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
+    p.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")
+    p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
+    p.add_argument("--out", default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
+    p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
+    add_model_place(p, dtype="float32")
+    p.add_argument("--no-progress", action="store_true")
+    add_threads(p, "1 on a busy machine")
+
+
+def eval_tasks_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    p.add_argument("--tasks", nargs="*", default=None, help="default: every task")
+    p.add_argument("--k", type=int, nargs="*", default=None,
+                   help="tokens per step, fixed-step samplers only (default: 1)")
+    p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
+    p.add_argument("--skip", type=int, default=0,
+                   help="start at test instance SKIP of each size (a sample disjoint from --per-size SKIP's)")
+    p.add_argument("--sampler", default="low_confidence",
+                   help="sampler spec; an adaptive one gets a single column and no --k")
+    add_model_place(p, dtype="float32")
+    p.add_argument("--json", default=None)
+    add_threads(p, "1 on a busy machine")
