@@ -70,10 +70,27 @@ def kernels_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None)
 
 
+def checked_device(text: str | None) -> str | None:
+    """``--device``: None (the bench's choice) or a device this machine has; ValueError naming it else."""
+    if text is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device {text!r} is not a device; give cpu or cuda (cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text!r}: CUDA is not available on this machine; give --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
 def run_kernels(args) -> int:
     from dllm.eval.bench_kernels import format_table, run_kernel_bench
 
-    rows = run_kernel_bench(device=args.device, repeats=args.repeats)
+    rows = run_kernel_bench(device=checked_device(args.device), repeats=args.repeats)
     print(format_table(rows))
     _write_json(args.json, rows)
     return 0
