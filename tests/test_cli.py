@@ -161,3 +161,26 @@ def test_bench_caches_progress_on_stderr(capsys, flag):
                  "--threads", "1", *flag]) == 0
     err = capsys.readouterr().err
     assert ("bench caches" in err and "2/2" in err) == (not flag)
+
+
+def test_bench_kernels_ctrl_c_keeps_the_finished_shapes(capsys, monkeypatch, tmp_path):
+    """Ctrl-C during the second shape: the first shape's rows are printed and written, one line, 130."""
+    import dllm.eval.bench_kernels as bench
+
+    real, calls = bench.run_kernel_bench, []
+
+    def interrupt_second(shapes, **kw):
+        calls.append(shapes)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(shapes, backends=("reference",), **kw)
+
+    monkeypatch.setattr(bench, "run_kernel_bench", interrupt_second)
+    path = tmp_path / "kernels.json"
+    assert main(["bench", "kernels", "--device", "cpu", "--repeats", "1", "--json", str(path)]) == 130
+    captured = capsys.readouterr()
+    rows = json.loads(path.read_text())
+    assert [r["backend"] for r in rows] == ["reference"] and rows[0]["shape"] in captured.out
+    assert captured.err.splitlines()[-1] == (f"dllm bench kernels: interrupted; finished rows (1 of 4 shapes) are in "
+                                             f"{path} and printed above")
+    assert "bench kernels" in captured.err  # the bar

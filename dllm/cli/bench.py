@@ -68,6 +68,7 @@ def kernels_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--repeats", type=POSITIVE, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--no-progress", action="store_true")
 
 
 def checked_device(text: str | None) -> str | None:
@@ -88,9 +89,27 @@ def checked_device(text: str | None) -> str | None:
 
 
 def run_kernels(args) -> int:
-    from dllm.eval.bench_kernels import format_table, run_kernel_bench
+    """The default shapes one at a time (the same rows as one ``run_kernel_bench`` call), a bar on
+    stderr; Ctrl-C prints and writes the finished shapes' rows."""
+    import torch
+    from tqdm import tqdm
 
-    rows = run_kernel_bench(device=checked_device(args.device), repeats=args.repeats)
+    from dllm.eval.bench_kernels import default_shapes, format_table, run_kernel_bench
+
+    device = checked_device(args.device)
+    shapes = default_shapes(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    rows: list[dict] = []
+    try:
+        for shape in tqdm(shapes, disable=args.no_progress, desc="bench kernels", unit="shape"):
+            rows += run_kernel_bench([shape], device=device, repeats=args.repeats)
+    except KeyboardInterrupt:
+        if not rows:
+            raise
+        print(format_table(rows))
+        _write_json(args.json, rows)
+        where = f"are in {args.json} and printed above" if args.json else "are printed above"
+        done = len({r["shape"] for r in rows})
+        raise KeyboardInterrupt(f"finished rows ({done} of {len(shapes)} shapes) {where}") from None
     print(format_table(rows))
     _write_json(args.json, rows)
     return 0
