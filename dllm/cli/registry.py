@@ -141,7 +141,7 @@ class Registry:
             raise ValueError(f"command {c.name!r}: unknown group {c.group!r}; groups: {', '.join(self.groups)}")
         if not c.group and c.default:
             raise ValueError(f"command {c.name!r}: only a group's command can be its default")
-        if c.default and any(o.default and o.group == c.group for o in self.commands.values()):
+        if c.default and self.default(c.group) is not None:
             raise ValueError(f"group {c.group!r}: two default commands")
         self.commands[c.words] = c
         for spelling in (c.words, *(tuple(a.split()) for a in c.aliases)):
@@ -155,6 +155,9 @@ class Registry:
     def in_group(self, group: str) -> list[Command]:
         return [c for c in self.commands.values() if c.group == group]
 
+    def default(self, group: str) -> Optional[Command]:
+        return next((c for c in self.in_group(group) if c.default), None)
+
     def find(self, argv: Sequence[str]) -> tuple[Command, list[str]]:
         """The command ``argv`` names and the words left for it; UsageError when it names none."""
         for n in (2, 1):
@@ -162,7 +165,7 @@ class Registry:
                 return self.spellings[tuple(argv[:n])], list(argv[n:])
         word = argv[0]
         if word in self.groups:
-            default = next((c for c in self.in_group(word) if c.default), None)
+            default = self.default(word)
             if default is not None and (len(argv) == 1 or argv[1].startswith("-")):
                 return default, list(argv[1:])
             names = [c.name for c in self.in_group(word)]
@@ -183,11 +186,10 @@ class Registry:
             print(self.format_help())
             return 0
         if argv[0] in self.groups and (len(argv) == 1 or argv[1] in HELP):
-            default = next((c for c in self.in_group(argv[0]) if c.default), None)
             if len(argv) > 1:
                 print(self.format_group_help(argv[0]))
                 return 0
-            if default is None:  # `dllm train` alone runs its default command
+            if self.default(argv[0]) is None:  # `dllm train` alone runs its default command
                 print(f"{self.format_group_help(argv[0])}\n\n{self.prog} {argv[0]}: error: give a command",
                       file=sys.stderr)
                 return USAGE_ERROR
@@ -217,7 +219,7 @@ class Registry:
         here = [(spelling[1], c) for spelling, c in self.spellings.items()
                 if len(spelling) == 2 and spelling[0] == group and c.group != group]
         width = max(len(n) for n in [*(c.name for c in commands), *(w for w, _ in here)])
-        default = next((c for c in commands if c.default), None)
+        default = self.default(group)
         lines = [f"usage: {self.prog} {group} <command> [options]"]
         if default is not None:
             lines += [f"       {self.prog} {group} [options]    (= {default.prog})"]
