@@ -184,3 +184,15 @@ def test_bench_kernels_ctrl_c_keeps_the_finished_shapes(capsys, monkeypatch, tmp
     assert captured.err.splitlines()[-1] == (f"dllm bench kernels: interrupted; finished rows (1 of 4 shapes) are in "
                                              f"{path} and printed above")
     assert "bench kernels" in captured.err  # the bar
+
+
+@pytest.mark.parametrize("command", [["eval", "tasks", "--model", "oracle"], ["eval-tasks", "--model", "oracle"],
+                                     ["bench", "caches"], ["bench", "kernels"], ["bench", "throughput"]])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(command, tmp_path, capsys, no_model_load):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--json", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert f"argument --json: '{tmp_path}' is a directory; give a file path" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*command, "--json", str(tmp_path / "no-such-dir" / "r.json")])
+    assert f"the directory '{tmp_path / 'no-such-dir'}' does not exist" in capsys.readouterr().err

@@ -7,6 +7,7 @@ before a command loads anything.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Callable
 
 from dllm.registry import parse_option
@@ -36,6 +37,17 @@ def at_least(low: int) -> Callable[[str], int]:
 
 
 POSITIVE = at_least(1)
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file the command writes after its run, refused before the run when it cannot be
+    (a directory, or a file in a directory that does not exist)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path ({path / 'results.json'})")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: the directory {str(path.parent)!r} does not exist")
+    return text
 
 
 def no_options(p: argparse.ArgumentParser) -> None:

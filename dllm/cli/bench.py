@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads
+from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads, output_file
 
 
 def _write_json(path, rows) -> None:
@@ -21,7 +21,8 @@ def throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=POSITIVE, default=1)
     p.add_argument("--repeats", type=POSITIVE, default=3)
     add_model_place(p)
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH",
+                   help="also write the results to this JSON file")
     add_decode_args(p)
 
 
@@ -39,7 +40,7 @@ def caches_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
     add_threads(p)
     add_model_place(p)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
 
 
 def run_caches(args) -> int:
@@ -67,7 +68,7 @@ def run_caches(args) -> int:
 def kernels_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--repeats", type=POSITIVE, default=5)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
     p.add_argument("--no-progress", action="store_true")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from dllm.cli.args import POSITIVE, add_model_place, add_threads
+from dllm.cli.args import POSITIVE, add_model_place, add_threads, output_file
 
 
 def compare_args(p: argparse.ArgumentParser) -> None:
@@ -56,5 +56,5 @@ def eval_tasks_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", default="low_confidence",
                    help="sampler spec; an adaptive one gets a single column and no --k")
     add_model_place(p, dtype="float32")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
     add_threads(p, "1 on a busy machine")
