@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "cli_spec": 7.5,  # dllm spec, added to the command by cli.py
     "cli": 8,
     "": 9,  # the package root
+    "__main__": 9,  # python -m dllm
 }
 
 ROOT = Path(dllm.__file__).parent
