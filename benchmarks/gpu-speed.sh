@@ -14,6 +14,6 @@ timeout 130 dllm bench breakdown --device cuda --json "$O/breakdown.json" > "$O/
 timeout 130 dllm bench breakdown --device cuda --compile --json "$O/breakdown-compile.json" \
   > "$O/breakdown-compile.txt" 2>&1
 timeout 200 python -m dllm.eval.e2e --n 8 --device cuda --no-progress --out "$O/e2e" > "$O/e2e.txt" 2>&1
-timeout 120 python benchmarks/e2e_driver.py --n 8 --repeats 3 --device cuda --out "$O/e2e-driver.json" \
+timeout 120 python tests/reference/e2e_driver.py --n 8 --repeats 3 --device cuda --out "$O/e2e-driver.json" \
   > "$O/e2e-driver.txt" 2>&1
 tail -n 3 "$O"/*.txt

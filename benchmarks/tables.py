@@ -1,6 +1,6 @@
-"""Markdown tables for the README from the JSON that ``embedded-models.sh`` writes.
+"""Markdown tables for the docs from the JSON that ``embedded-models.sh`` writes under ``benchmarks/results/``.
 
-    python benchmarks/tables.py 2026-11-30     # prints every table for that date's files
+    python benchmarks/tables.py     # prints every table
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "results"
 MODELS = ("tiny-llada", "tiny-dream")
 
 
@@ -17,8 +17,8 @@ def _load(name: str):
     return json.loads((HERE / name).read_text())
 
 
-def eval_tasks_table(date: str) -> str:
-    runs = {m: _load(f"eval-tasks-{m}-{date}.json") for m in MODELS}
+def eval_tasks_table() -> str:
+    runs = {m: _load(f"eval-tasks-{m}.json") for m in MODELS}
     first = runs[MODELS[0]]
     c0 = set(first["c0"] if "c0" in first else first["zero_tc"])  # the 2026-11-30 files say "zero_tc"
     lines = ["| task | C=0 | llada k=1 | k=2 | k=4 | dream k=1 | k=2 | k=4 |", "|---|---|---|---|---|---|---|---|"]
@@ -31,8 +31,8 @@ def eval_tasks_table(date: str) -> str:
     return "\n".join(lines)
 
 
-def compare_table(prefix: str, date: str, fwd: bool = True, speed: bool = True) -> str:
-    runs = {m: {r["label"]: r for r in _load(f"{prefix}-{m}-{date}/compare.json")["results"]} for m in MODELS}
+def compare_table(prefix: str, fwd: bool = True, speed: bool = True) -> str:
+    runs = {m: {r["label"]: r for r in _load(f"{prefix}-{m}/compare.json")["results"]} for m in MODELS}
     head = ["sampler"]
     for m in MODELS:
         short = m.removeprefix("tiny-")
@@ -49,23 +49,23 @@ def compare_table(prefix: str, date: str, fwd: bool = True, speed: bool = True) 
     return "\n".join(lines)
 
 
-def long_prompt_table(date: str) -> str:
+def long_prompt_table() -> str:
     lines = ["| model | policy | sampler | wall s | speedup vs none | NFE | forwarded tokens | tokens/s | peak MB | "
              "KV MB | tokens equal to `none` |", "|" + "---|" * 11]
     for m in MODELS:
-        for r in _load(f"long-prompt-caches-{m}-{date}.json"):
+        for r in _load(f"bench-caches-{m}.json")["rows"]:
             lines.append(f"| {m} | {r['policy']} | {r['sampler']} | {r['wall_s']:.1f} | {r.get('speedup') or 0:.1f} | "
                          f"{r['nfe']} | {r['forwarded_tokens']:,} | {r['tokens_per_s']:.1f} | "
                          f"{r['peak_memory_mb'] or 0:.0f} | {r['kv_cache_mb']:.1f} | {100 * (r.get('match_none') or 0):.1f}% |")
     return "\n".join(lines)
 
 
-def main(date: str) -> None:
-    print("## eval-tasks\n" + eval_tasks_table(date))
-    print("\n## compare\n" + compare_table("compare", date))
-    print("\n## caches (block 4)\n" + compare_table("caches", date, speed=False))
-    print("\n## long prompt\n" + long_prompt_table(date))
+def main() -> None:
+    print("## eval-tasks\n" + eval_tasks_table())
+    print("\n## compare\n" + compare_table("compare"))
+    print("\n## caches (block 4)\n" + compare_table("caches", speed=False))
+    print("\n## long prompt\n" + long_prompt_table())
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -92,7 +92,7 @@ def test_fixed_schedule_matches_fastdllm(cache, batch):
 
 @pytest.mark.parametrize("batch", [1, 3], ids=["b1", "b3"])
 def test_dual_with_a_partial_last_block_matches_the_engine(batch):
-    """The driver's ``partial_last_block`` (used by benchmarks/e2e_driver.py on answers that are not a
+    """The driver's ``partial_last_block`` (used by tests/reference/e2e_driver.py on answers that are not a
     multiple of the block) decodes 10 positions in blocks of 4, 4, 2 exactly as the engine does."""
     _check("dual", batch, "threshold", threshold=0.5, gen_length=10, partial_last_block=True)
     with pytest.raises(AssertionError):  # the original's rule stays the default

@@ -1,0 +1,155 @@
+"""Every ```python and ```bash example in README.md and docs/**/*.md runs, as written.
+
+Each fenced block is one test (id: ``file:line``). A block runs in a fresh temporary directory with
+this checkout first on ``PYTHONPATH`` and the running interpreter's ``bin/`` first on ``PATH`` (so
+``python`` and ``dllm`` are this environment's); bash blocks run under ``set -euo pipefail``. A block
+passes when it exits 0 within its time limit.
+
+An HTML comment on the line just above a fence marks the block (docs/contributing.md says how):
+
+    <!-- docs-test: slow -->          a long example: runs under ``pytest -m slow`` only
+    <!-- docs-test: skip=hub -->      needs a model from the Hugging Face hub: skipped, reason shown
+    <!-- docs-test: skip=gpu -->      needs CUDA: skipped, reason shown
+    <!-- docs-test: skip=setup -->    installs packages or runs the test suite itself: not run here;
+                                      ``.ci/run`` must run each of its lines verbatim (tested below)
+
+Any other marker is an error, so a typo cannot skip a block silently. Other fence languages
+(```text, ```console for output) are not examples and are not run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LANGUAGES = {"python", "bash"}
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[A-Za-z0-9_+-]*)\s*$")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<marker>.*?)\s*-->\s*$")
+SKIP_REASONS = {
+    "hub": "needs a model from the Hugging Face hub",
+    "gpu": "needs a CUDA GPU",
+    "torch-index": "installs torch from download.pytorch.org (CPU wheel), which CI cannot reach: .ci/run pins torch==2.13.0 from its index instead",
+    "setup": "installs packages or runs the test suite: .ci/run runs these lines (test_setup_blocks_run_in_ci)",
+}
+FAST_LIMIT_S = 180
+SLOW_LIMIT_S = 900
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    marker: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def extract_blocks(page: Path) -> list[Block]:
+    """The fenced ```python / ```bash blocks of one Markdown page, with the marker above each."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang, indent = i, m["lang"], len(m["indent"])
+        j = i + 1
+        while j < len(lines) and not re.match(rf"^ {{{indent}}}```\s*$", lines[j]):
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"{page}:{start + 1}: fence ``` never closed")
+        if lang in LANGUAGES:
+            k = start - 1
+            while k >= 0 and not lines[k].strip():
+                k -= 1
+            mm = MARKER.match(lines[k]) if k >= 0 else None
+            code = "\n".join(line[indent:] for line in lines[start + 1:j]) + "\n"
+            blocks.append(Block(page, start + 1, lang, code, mm["marker"] if mm else None))
+        i = j + 1
+    return blocks
+
+
+BLOCKS = [b for page in PAGES for b in extract_blocks(page)]
+
+
+def _param(block: Block):
+    marks = []
+    if block.marker == "slow":
+        marks.append(pytest.mark.slow)
+    elif block.marker is not None and block.marker.startswith("skip="):
+        reason = SKIP_REASONS.get(block.marker[len("skip="):])
+        if reason is not None:
+            marks.append(pytest.mark.skip(reason=f"{block.id}: {reason}"))
+    return pytest.param(block, id=block.id, marks=marks)
+
+
+def _check_marker(block: Block) -> None:
+    valid = {"slow", *(f"skip={k}" for k in SKIP_REASONS)}
+    if block.marker is not None and block.marker not in valid:
+        raise AssertionError(f"{block.id}: unknown docs-test marker {block.marker!r}; valid: {sorted(valid)}")
+
+
+def test_examples_found() -> None:
+    """The collector sees the pages' examples (a broken fence regex would pass every page vacuously)."""
+    assert len(BLOCKS) >= 10, [b.id for b in BLOCKS]
+    assert any(b.page.name == "README.md" and b.marker is None for b in BLOCKS)
+    for block in BLOCKS:
+        _check_marker(block)
+
+
+def test_extract_blocks_reads_markers(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("text\n\n<!-- docs-test: slow -->\n```bash\necho hi\n```\n\n```text\nnot run\n```\n"
+                    "- item:\n\n  ```python\n  print(1)\n  ```\n")
+    blocks = extract_blocks(page)
+    assert [(b.line, b.lang, b.code, b.marker) for b in blocks] == [
+        (4, "bash", "echo hi\n", "slow"), (13, "python", "print(1)\n", None)]
+
+
+def test_setup_blocks_run_in_ci() -> None:
+    """The README's install and test commands are what CI runs, line for line."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    setup = [b for b in BLOCKS if b.marker == "skip=setup"]
+    assert setup, "README.md has no setup block"
+    for block in setup:
+        for line in block.code.splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if command and not command.startswith("#"):
+                assert command in ci, f"{block.id}: {command!r} is not in .ci/run"
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
+def test_example_runs(block: Block, tmp_path: Path) -> None:
+    _check_marker(block)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("MPLBACKEND", "Agg")
+    if block.lang == "python":
+        script = tmp_path / "example.py"
+        script.write_text(block.code, encoding="utf-8")
+        argv = [sys.executable, str(script)]
+    else:
+        argv = ["bash", "-euo", "pipefail", "-c", block.code]
+    limit = SLOW_LIMIT_S if block.marker == "slow" else FAST_LIMIT_S
+    try:
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{block.id}: still running after {limit} s (mark it <!-- docs-test: slow --> or shorten it)")
+    if proc.returncode != 0:
+        pytest.fail(f"{block.id}: exit {proc.returncode}\n--- code\n{block.code}--- stdout (tail)\n"
+                    f"{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-3000:]}")
