@@ -16,14 +16,14 @@ import sys
 import torch
 
 from dllm.train.data import MixtureConfig
-from dllm.train.long_recipes import sizes_up_to
-from dllm.train.recipes import Recipe, TrainConfig, recipes
+from dllm.train.recipes.long_prompt import sizes_up_to
+from dllm.train.recipes import Recipe, TrainConfig, curricula
 from dllm.train.trainer import Trainer
 
 
 def main(steps: int, out: str) -> None:
     torch.set_num_threads(2)
-    base = recipes.get("tiny-llada-long")
+    base = curricula.get("tiny-llada-long").stages[-1].recipe  # the shipped model's last stage
     tasks = ("lookup_long", "lookup_any")
     mixture = MixtureConfig(tasks=tasks, weights=(1.0, 0.5), sizes=tuple(sizes_up_to(t, 100) for t in tasks))
     train = TrainConfig(steps=steps, batch_size=64, lr=5e-4, warmup=50, eval_every=0, save_every=500,
