@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=int, default=None,
                     help="stop every stage after this many steps (smoke runs; the schedule is unchanged)")
     ap.add_argument("--from-stage", default=None, help="skip the stages before this one")
+    ap.add_argument("--until-stage", default=None, help="stop after this stage (it is exported)")
     ap.add_argument("--init-from", default=None,
                     help="weights the first trained stage starts from (a model name or a directory); AR "
                          "recipes: with --start-phase")
@@ -136,6 +137,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cur = curricula.get(args.recipe)
     opts = RunOptions(out=Path(args.out or f"runs/{args.recipe}"), resume=args.resume, progress=not args.no_progress,
                       threads=args.threads, device=args.device, max_steps=args.max_steps, from_stage=args.from_stage,
+                      until_stage=args.until_stage,
                       init_from=args.init_from, time_limit=args.time_limit, export=not args.no_export)
     try:
         if args.dry_run:

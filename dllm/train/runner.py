@@ -40,6 +40,7 @@ class RunOptions:
     device: Optional[str] = None
     max_steps: Optional[int] = None  # smoke runs: stop every stage after this many steps
     from_stage: Optional[str] = None  # skip the stages before this one
+    until_stage: Optional[str] = None  # stop after this one (it is exported)
     init_from: Optional[str] = None  # the weights the first trained stage starts from (a model name or a directory)
     time_limit: Optional[float] = None  # seconds per stage (the step reached is checkpointed, the chain stops)
     export: bool = True
@@ -61,15 +62,19 @@ def check_options(cur: Curriculum, opts: RunOptions) -> None:
         raise ValueError(f"threads must be an integer >= 0 (0: torch's default), got {opts.threads!r}")
     if opts.time_limit is not None and not opts.time_limit > 0:
         raise ValueError(f"time_limit must be > 0 seconds, got {opts.time_limit!r}")
-    if opts.from_stage is not None:
-        cur.stage(opts.from_stage)  # ValueError listing the stages
+    for name in (opts.from_stage, opts.until_stage):
+        if name is not None:
+            cur.stage(name)  # ValueError listing the stages
+    if selected(cur, opts) == ():
+        raise ValueError(f"until_stage {opts.until_stage!r} comes before from_stage {opts.from_stage!r}")
 
 
 def selected(cur: Curriculum, opts: RunOptions) -> tuple[Stage, ...]:
-    """The stages this run trains (from ``from_stage`` on)."""
+    """The stages this run trains (``from_stage`` .. ``until_stage``)."""
     names = [s.name for s in cur.stages]
     first = names.index(opts.from_stage) if opts.from_stage else 0
-    return cur.stages[first:]
+    last = names.index(opts.until_stage) if opts.until_stage else len(names) - 1
+    return cur.stages[first:last + 1]
 
 
 def stage_end(stage: Stage, opts: RunOptions) -> int:
@@ -157,7 +162,7 @@ def mixture_text(mix) -> str:
 
 def _check_plan_file(cur: Curriculum, opts: RunOptions) -> None:
     path = opts.out / PLAN_FILE
-    want = {"recipe": cur.name, "max_steps": opts.max_steps}
+    want = {"recipe": cur.name, "max_steps": opts.max_steps}  # from/until may change between resumes
     if path.is_file():
         have = json.loads(path.read_text())
         have = {k: have.get(k) for k in want}
@@ -197,7 +202,7 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
             f"{init or 'a fresh init'}")
         trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
         try:
-            last = trainer.train(stop_at=end, time_limit=opts.time_limit)
+            last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "best_mean_c0": trainer.best}
         except KeyboardInterrupt:
             raise StageInterrupted(stage.name, trainer.step, finished) from None
         if trainer.step < end:  # out of time: the step reached is checkpointed
