@@ -14,7 +14,7 @@ Command line: ``python -m dllm.train --recipe tiny-llada-long [--out DIR] [--res
 
 from dllm.train.data import Batch, MixtureConfig, TaskMixture, collate
 from dllm.train.objective import MASK_EPS, diffusion_loss, mask_answer, sft_loss
-from dllm.train.recipes import Curriculum, Recipe, Stage, TrainConfig, build_model, curricula, get_recipe, recipes
+from dllm.train.recipes import Curriculum, Recipe, Stage, TrainConfig, build_model, get_recipe, recipes
 
 __all__ = [
     "MASK_EPS", "Batch", "Curriculum", "MixtureConfig", "Recipe", "Stage", "TaskMixture", "TrainConfig",
@@ -23,6 +23,10 @@ __all__ = [
 
 
 def __getattr__(name: str):  # Trainer pulls in the engine and tqdm: import it on first use
+    if name == "curricula":  # the long chains register training-only tasks: load them on first use
+        from dllm.train.recipes import curricula
+
+        return curricula
     if name == "Trainer":
         from dllm.train.trainer import Trainer
 

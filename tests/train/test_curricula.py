@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -12,12 +14,19 @@ import pytest
 
 from dllm.models import load
 from dllm.train.__main__ import main
-from dllm.train.recipes import curricula
-from dllm.train.recipes.stages import mixture
-from dllm.train.runner import RunOptions, plan, stage_recipe
+from dllm.train.runner import RunOptions, stage_recipe
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "dllm" / "models" / "embedded"
 SHIPPED = ("tiny-llada", "tiny-dream", "tiny-llada-long", "tiny-dream-long")
+ALL = (*SHIPPED, "tiny-llada-long-gpu", "tiny-dream-long-gpu")
+
+
+def chains():
+    """The registry, loaded inside the tests: loading it registers the training-only tasks, which the
+    task tests collected before these must not see."""
+    from dllm.train.recipes import curricula
+
+    return curricula
 AS_RUN = ("threads", "device")  # execution settings, not the recipe (float sums differ by thread count)
 
 
@@ -40,11 +49,19 @@ def same(ours, theirs, where: str = "") -> list[str]:
     return [] if ours == theirs else [f"{where}: ours {str(ours)[:60]} != shipped {str(theirs)[:60]}"]
 
 
-@pytest.mark.parametrize("name", curricula.names())
+def test_import_registers_no_task_and_every_recipe_is_listed():
+    done = subprocess.run([sys.executable, "-c", "import dllm.train, dllm.train.runner, dllm.train.__main__, "
+                           "dllm.tasks as T, re; print([n for n in T.tasks.names() if re.fullmatch('(lookup_k|count_c)[0-9]+', n)])"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+    assert sorted(chains().names()) == sorted(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_every_recipe_plans(name: str, capsys: pytest.CaptureFixture[str]):
     assert main(["--recipe", name, "--dry-run", "--out", "unused"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    cur = curricula.get(name)
+    cur = chains().get(name)
     numbered = [line for line in lines if re.match(r"\s*\d+\. ", line)]
     assert [line.split(".", 1)[1].split(":")[0].strip() for line in numbered] == [s.name for s in cur.stages]
     assert lines[-1].startswith(f"export: {cur.stages[-1].name}/{cur.stages[-1].source()} -> unused/export/{name}")
@@ -55,7 +72,7 @@ def test_plan_matches_the_shipped_training_record(name: str):
     """The last stage as the runner trains it (its recipe, its take) is the shipped checkpoint's record;
     where the record names the run directories (``runs/<stage>/checkpoint-N``), the stage names and steps
     of the chain are those."""
-    cur, info = curricula.get(name), recorded(name)
+    cur, info = chains().get(name), recorded(name)
     last = cur.stages[-1]
     recipe = stage_recipe(last, RunOptions(out=Path("unused")), init=None)
     ours = json.loads(json.dumps({"family": recipe.family, "model": recipe.model, "train": asdict(recipe.train)}))
@@ -86,7 +103,7 @@ def test_long_chains_continue_one_another():
     """Every stage after the first of a chain starts from the previous one (no init of its own), and the
     model changes only where the recipe says so (vocabulary at ``length``, RoPE base at rt-1 / rd-k1)."""
     for name in ("tiny-llada-long", "tiny-dream-long"):
-        cur = curricula.get(name)
+        cur = chains().get(name)
         assert all(s.recipe.init_from is None for s in cur.stages)
         thetas = [s.recipe.model["rope_theta"] for s in cur.stages]
         assert thetas[0] == 1e4 and thetas[-1] == 1e6 and thetas == sorted(thetas)
@@ -95,6 +112,8 @@ def test_long_chains_continue_one_another():
 
 
 def test_mixture_specs_are_checked():
+    from dllm.train.recipes.stages import mixture
+
     mix = mixture("count_c4:1:4:12", "lookup_long:0.5:4:6")
     assert mix.task_names() == ("count_c4", "lookup_long") and mix.sizes[1] == (4, 5, 6)
     with pytest.raises(ValueError, match="'copy:1:4': expected TASK:WEIGHT:LO:HI"):
@@ -169,8 +188,24 @@ def test_chain_passes_weights_on_and_ctrl_c_keeps_finished_stages(tmp_path: Path
 
 
 def test_stage_fields_are_typed_and_frozen():
-    stage = curricula.get("tiny-llada-long").stage("kc-k1b")
+    stage = chains().get("tiny-llada-long").stage("kc-k1b")
     assert stage.stop_at == 600 and stage.end == 600 and stage.recipe.train.steps == 2000
     with pytest.raises(Exception):
         stage.stop_at = 1  # frozen
     assert {f.name for f in fields(stage)} == {"name", "recipe", "stop_at", "take", "note"}
+
+
+@pytest.mark.slow
+def test_probe_scores_curriculum_cases(capsys: pytest.CaptureFixture[str]):
+    """python -m dllm.train.probe: exact match on a narrow variant and a suite task; bad cases refused."""
+    from dllm.train.probe import main as probe
+
+    assert probe(["tiny-llada-long", "count_c8:12", "lookup_long:4", "--n", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["count_c8:12", "lookup_long:4"]
+    assert all(re.search(r": \d+\.\d% of 2$", line) for line in lines)
+    for bad, message in (("lookup_long:x", "expected TASK:SIZE"), ("count_c8:4", "out of range"),
+                         ("nope:4", "Unknown task 'nope'")):
+        with pytest.raises(SystemExit):
+            probe(["tiny-llada-long", bad])
+        assert message in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 - ``base``: ``Recipe`` (a model in an official checkpoint format + its ``TrainConfig``), ``build_model``;
 - ``stages``: ``Stage`` / ``Curriculum``: a shipped model's training as a chain of trainer runs, and
-  the ``curricula`` registry (one per shipped diffusion model, plus experiments);
+  the ``curricula`` registry (one per shipped diffusion model, plus experiments; loaded on first use);
 - one file per model family: ``pb_mini`` (``tiny-llada``, ``tiny-dream``), ``long_prompt`` (the first
   long-prompt stage), ``llada_long`` (``tiny-llada-long``), ``dream_long`` (``tiny-dream-long``),
   ``gpu_long`` (GPU continuations, not shipped).
@@ -16,8 +16,20 @@ from dllm.train.recipes.base import (Recipe, TrainConfig, build_model, count_par
                                      init_for_training, recipes, task_special_ids, warm_start)
 from dllm.train.recipes.pb_mini import (C0_TASKS, FOCUS_TASKS, PHASE1_STEPS, focus_mixture, reweighted,
                                         sort_num_mixture, weighted_mixture)
-from dllm.train.recipes.stages import Curriculum, Stage, curricula, key_stage, mixture
-from dllm.train.recipes import llada_long, dream_long, gpu_long  # noqa: F401,E402  (register the chains)
+from dllm.train.recipes.stages import Curriculum, Stage, key_stage, mixture
+
+
+def __getattr__(name: str):
+    """``curricula`` on first use: importing the long chains registers the training-only tasks
+    (``lookup_kW`` / ``count_cM``, ``dllm/train/narrow_tasks.py``), which a plain ``import dllm.train``
+    must not add to the task registry."""
+    if name == "curricula":
+        from dllm.train.recipes import dream_long, gpu_long, llada_long  # noqa: F401  (register the chains)
+        from dllm.train.recipes.stages import curricula
+
+        return curricula
+    raise AttributeError(f"module 'dllm.train.recipes' has no attribute {name!r}")
+
 
 __all__ = ["C0_TASKS", "FOCUS_TASKS", "PHASE1_STEPS", "Curriculum", "Recipe", "Stage", "TrainConfig", "build_model",
            "count_parameters", "curricula", "focus_mixture", "get_recipe", "init_for_training", "key_stage",
