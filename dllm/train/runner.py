@@ -17,7 +17,7 @@ cannot be resumed as a full run (another ``--out`` is needed), nor the other way
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -175,20 +175,41 @@ def _check_plan_file(cur: Curriculum, opts: RunOptions) -> None:
     path.write_text(json.dumps({**want, "from_stage": opts.from_stage, "init_from": opts.init_from}, indent=2) + "\n")
 
 
+@dataclass
+class _Progress:
+    """Where a run is (for the one-line Ctrl-C message)."""
+
+    stage: str = "setup"
+    trainer: object = None
+    finished: list = field(default_factory=list)
+
+
 def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r,
         log: Callable[[str], None] = print) -> dict:
-    """Train every selected stage (skipping finished ones on resume), then export. Returns a summary."""
-    from dllm.train.trainer import Trainer, checkpoints
-
+    """Train every selected stage (skipping finished ones on resume), then export. Returns a summary;
+    Ctrl-C anywhere raises :class:`StageInterrupted` (the finished stages stay on disk)."""
     check_options(cur, opts)
     _check_plan_file(cur, opts)
+    progress = _Progress()
+    try:
+        return _run(cur, opts, override, log, progress)
+    except KeyboardInterrupt:
+        step = getattr(progress.trainer, "step", 0)
+        raise StageInterrupted(progress.stage, step, progress.finished) from None
+
+
+def _run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe], log: Callable[[str], None],
+         progress: _Progress) -> dict:
+    from dllm.train.trainer import Trainer, checkpoints
+
     stages = selected(cur, opts)
     init = first_init(cur, opts)
-    finished: list[str] = []
+    finished = progress.finished
     last: dict = {}
     stopped = None
-    for i, stage in enumerate(stages):
+    for stage in stages:
         directory, end = opts.out / stage.name, stage_end(stage, opts)
+        progress.stage, progress.trainer = stage.name, None
         done = directory / DONE_FILE
         if done.is_file() and json.loads(done.read_text()).get("step", -1) >= end:
             init = json.loads(done.read_text())["taken"]
@@ -200,11 +221,8 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
         recipe = stage_recipe(stage, opts, init, override)
         log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: steps {end}, from "
             f"{init or 'a fresh init'}")
-        trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
-        try:
-            last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "best_mean_c0": trainer.best}
-        except KeyboardInterrupt:
-            raise StageInterrupted(stage.name, trainer.step, finished) from None
+        trainer = progress.trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
+        last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "best_mean_c0": trainer.best}
         if trainer.step < end:  # out of time: the step reached is checkpointed
             stopped = stage.name
             log(f"{stage.name}: time limit reached at step {trainer.step} of {end}")
@@ -214,8 +232,9 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
                                     "init_from": init}, indent=2) + "\n")
         finished.append(stage.name)
         init = str(path)
-    summary = {"out": str(opts.out), "recipe": cur.name, "finished": finished, **last}
+    summary = {"out": str(opts.out), "recipe": cur.name, "finished": list(finished), **last}
     if opts.export and (stopped is None or stopped == stages[-1].name):
+        progress.stage, progress.trainer = "export", None
         summary["export"] = str(export_last(cur, stages[-1], opts))
     return summary
 

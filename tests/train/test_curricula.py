@@ -209,3 +209,42 @@ def test_probe_scores_curriculum_cases(capsys: pytest.CaptureFixture[str]):
         with pytest.raises(SystemExit):
             probe(["tiny-llada-long", bad])
         assert message in capsys.readouterr().err
+
+
+def test_time_limit_checkpoints_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """--time-limit: the step reached is checkpointed, the chain stops there and exports it."""
+    assert main(["--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--time-limit", "0.3", "--out",
+                 str(tmp_path), "--no-progress", "--threads", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    step = summary["step"] if "step" in summary else None
+    assert summary["finished"] == [] and not (tmp_path / "tiny-llada" / "stage.json").exists()
+    ckpt = sorted((tmp_path / "tiny-llada").glob("checkpoint-*"))[-1]
+    assert step is None or ckpt.name == f"checkpoint-{step:07d}"
+    assert load(summary["export"]).config.d_model == 32
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_subprocess(tmp_path: Path):
+    """A real SIGINT: exit status 130, one line saying what is kept, the checkpoints stay."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dllm.train", "--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--save-every",
+           "1", "--out", str(out), "--no-progress", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "tiny-llada").glob("checkpoint-0000002")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted in stage 'tiny-llada' at step ") and last.endswith("continue with --resume")
+    assert "Traceback" not in err
+    assert list((out / "tiny-llada").glob("checkpoint-*"))
