@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dllm.train.narrow_tasks import curriculum_task  # noqa: E402
+from dllm.train.recipes.narrow_tasks import curriculum_task  # noqa: E402
 from dllm.train.data import MixtureConfig  # noqa: E402
 from dllm.train.recipes import Recipe, TrainConfig, curricula  # noqa: E402
 from dllm.train.trainer import Trainer  # noqa: E402

@@ -7,7 +7,7 @@ Examples::
     python -m dllm.train --recipe tiny-llada-long --out runs/tll    # the whole chain, then the export
     python -m dllm.train --recipe tiny-llada-long --out runs/tll --resume   # after an interruption
     python -m dllm.train --recipe tiny-llada-long --from-stage length --init-from tiny-llada
-                                                                    # skip the PB-mini stage: start from the shipped tiny-llada
+                                                     # skip the PB-mini stage: start from the shipped tiny-llada
     python -m dllm.train --recipe tiny-llada --max-steps 2 --out /tmp/smoke   # a smoke run (every stage <= 2 steps)
     python -m dllm.train --recipe tiny-ar --threads 2               # the AR target (dllm/train/ar.py)
     python -m dllm.train --recipe tiny-ar-dflash --target runs/tiny-ar/final   # its DFlash drafter
@@ -171,7 +171,8 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
     if args.dry_run:
-        print(f"recipe {recipe.name}: one run of {'dllm/train/ar.py' if args.recipe in ar_recipes else 'dllm/train/dflash_train.py'}")
+        module = "dllm/train/ar.py" if args.recipe in ar_recipes else "dllm/train/dflash_train.py"
+        print(f"recipe {recipe.name}: one run of {module}")
         print(json.dumps(asdict(recipe), default=str))
         return 0
     try:

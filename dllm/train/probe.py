@@ -1,5 +1,5 @@
 """Exact match of a model or checkpoint on single ``TASK:SIZE`` cases, the curriculum variants included
-(``lookup_kW`` / ``count_cM``, ``dllm/train/narrow_tasks.py``), which ``dllm eval-tasks`` does not
+(``lookup_kW`` / ``count_cM``, ``dllm/train/recipes/narrow_tasks.py``), which ``dllm eval-tasks`` does not
 cover (they have no test split). What the long chains' stage notes were measured with (it replaces the
 ``eval`` command of the shell-era ``key_curriculum.py``)::
 
@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.train.narrow_tasks import NarrowCount, NarrowLookup, curriculum_task
+from dllm.train.recipes.narrow_tasks import NarrowCount, NarrowLookup, curriculum_task
 
 DEFAULT_CASES = ("lookup_k1:8", "lookup_k1:16", "lookup_k2:8", "lookup_k2:32", "lookup_long:4", "lookup_long:8",
                  "lookup_long:16", "lookup_long:42", "lookup_long:85")

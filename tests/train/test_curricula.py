@@ -50,8 +50,9 @@ def same(ours, theirs, where: str = "") -> list[str]:
 
 
 def test_import_registers_no_task_and_every_recipe_is_listed():
-    done = subprocess.run([sys.executable, "-c", "import dllm.train, dllm.train.runner, dllm.train.__main__, "
-                           "dllm.tasks as T, re; print([n for n in T.tasks.names() if re.fullmatch('(lookup_k|count_c)[0-9]+', n)])"],
+    code = ("import re, dllm.train, dllm.train.runner, dllm.train.__main__, dllm.tasks as T; "
+            "print([n for n in T.tasks.names() if re.fullmatch('(lookup_k|count_c)[0-9]+', n)])")
+    done = subprocess.run([sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
     assert sorted(chains().names()) == sorted(ALL)

@@ -21,7 +21,7 @@ from dllm.train.recipes.stages import Curriculum, Stage, key_stage, mixture
 
 def __getattr__(name: str):
     """``curricula`` on first use: importing the long chains registers the training-only tasks
-    (``lookup_kW`` / ``count_cM``, ``dllm/train/narrow_tasks.py``), which a plain ``import dllm.train``
+    (``lookup_kW`` / ``count_cM``, ``dllm/train/recipes/narrow_tasks.py``), which a plain ``import dllm.train``
     must not add to the task registry."""
     if name == "curricula":
         from dllm.train.recipes import dream_long, gpu_long, llada_long  # noqa: F401  (register the chains)

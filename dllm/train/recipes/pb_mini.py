@@ -27,9 +27,9 @@ Schedule, in phases (``dllm/train/schedule.py``), batch 64:
    before 17,000 are tiny-llada's schedule.
 
 Phase 1 is bit-identical with or without the later phases, so a run can be continued from its
-step-10,000 checkpoint (``--resume`` in a directory holding it). Run it in the background with
-``--resume`` (see ``dllm/train/__main__.py``); the float32 checkpoint of the best evaluation is
-exported as the shipped artifact (``python -m dllm.train.export``).
+step-10,000 checkpoint (``--resume`` in a directory holding it). Each is also the one-stage
+curriculum of its name (``python -m dllm.train --recipe tiny-llada``; ``pb_mini_stage``): the float32
+checkpoint of the best evaluation is exported (``OUT/export/tiny-llada``) as the shipped artifact.
 """
 
 from __future__ import annotations
@@ -120,10 +120,9 @@ def pb_mini_stage(name: str) -> Stage:
                  note="from scratch; phase 1 (steps 0-10,000) is bit-identical with or without the later phases")
 
 
-curricula.add("tiny-llada", Curriculum("tiny-llada", (pb_mini_stage("tiny-llada"),), recipes.get("tiny-llada").description),
-              description="LLaDA-format 1.2M model on all PB-mini tasks (23,000 steps)")
-curricula.add("tiny-dream", Curriculum("tiny-dream", (pb_mini_stage("tiny-dream"),), recipes.get("tiny-dream").description),
-              description="Dream-format 1.1M model on all PB-mini tasks (24,000 steps)")
+for _name, _steps in (("tiny-llada", "23,000"), ("tiny-dream", "24,000")):
+    curricula.add(_name, Curriculum(_name, (pb_mini_stage(_name),), recipes.get(_name).description),
+                  description=f"{recipes.entry(_name).description} ({_steps} steps)")
 
 __all__ = ["C0_TASKS", "FOCUS_TASKS", "PHASE1_STEPS", "focus_mixture", "pb_mini_stage", "reweighted",
            "sort_num_mixture", "weighted_mixture"]

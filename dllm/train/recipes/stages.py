@@ -22,7 +22,7 @@ from typing import Optional
 
 from dllm.registry import Registry
 from dllm.train.data import MixtureConfig
-from dllm.train.narrow_tasks import curriculum_task
+from dllm.train.recipes.narrow_tasks import curriculum_task
 from dllm.train.recipes.base import Recipe, TrainConfig
 
 TAKES = ("last", "best")
@@ -81,7 +81,8 @@ class Curriculum:
         for s in self.stages:
             if s.name == name:
                 return s
-        raise ValueError(f"curriculum {self.name!r} has no stage {name!r}; valid: {', '.join(s.name for s in self.stages)}")
+        valid = ", ".join(s.name for s in self.stages)
+        raise ValueError(f"curriculum {self.name!r} has no stage {name!r}; valid: {valid}")
 
     def steps(self) -> int:
         """Optimiser steps over the whole chain."""
@@ -93,7 +94,7 @@ curricula: Registry[Curriculum] = Registry("recipe")
 
 def mixture(*specs: str) -> MixtureConfig:
     """``TASK:WEIGHT:LO:HI`` strings -> a mixture drawing sizes LO..HI (the task's own unit) of each task at
-    its weight (``lookup_kW`` / ``count_cM``: the narrow variants of ``dllm/train/narrow_tasks.py``)."""
+    its weight (``lookup_kW`` / ``count_cM``: the narrow variants of ``dllm/train/recipes/narrow_tasks.py``)."""
     names, weights, sizes = [], [], []
     for spec in specs:
         parts = spec.split(":")
