@@ -222,7 +222,8 @@ def _run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
         log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: steps {end}, from "
             f"{init or 'a fresh init'}")
         trainer = progress.trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
-        last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "best_mean_c0": trainer.best}
+        last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "step": trainer.step,
+                "best_mean_c0": trainer.best}  # the step reached (the log line may be older)
         if trainer.step < end:  # out of time: the step reached is checkpointed
             stopped = stage.name
             log(f"{stage.name}: time limit reached at step {trainer.step} of {end}")

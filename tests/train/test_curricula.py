@@ -214,13 +214,12 @@ def test_probe_scores_curriculum_cases(capsys: pytest.CaptureFixture[str]):
 
 def test_time_limit_checkpoints_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """--time-limit: the step reached is checkpointed, the chain stops there and exports it."""
-    assert main(["--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--time-limit", "0.3", "--out",
+    assert main(["--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--time-limit", "2", "--out",
                  str(tmp_path), "--no-progress", "--threads", "1"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    step = summary["step"] if "step" in summary else None
     assert summary["finished"] == [] and not (tmp_path / "tiny-llada" / "stage.json").exists()
     ckpt = sorted((tmp_path / "tiny-llada").glob("checkpoint-*"))[-1]
-    assert step is None or ckpt.name == f"checkpoint-{step:07d}"
+    assert 0 < summary["step"] < 23_000 and ckpt.name == f"checkpoint-{summary['step']:07d}"
     assert load(summary["export"]).config.d_model == 32
 
 
