@@ -114,7 +114,7 @@ def mixture(*specs: str) -> MixtureConfig:
 
 def key_stage(chain: str, name: str, model: dict, family: str, steps: int, lr: float, batch: int,
               *specs: str, stop_at: Optional[int] = None, threads: int = 1, note: str = "") -> Stage:
-    """A continuation stage as ``benchmarks/key_curriculum.py stage`` ran it: ``steps`` = the cosine horizon,
+    """A continuation stage as the shell-era ``key_curriculum.py stage`` ran it: ``steps`` = the cosine horizon,
     warm-up 50, cosine to 10% of ``lr``, a fresh AdamW, seed 0, no evaluation, a checkpoint every 200
     steps; ``threads``: as run (a different count changes the float sums, not the recipe)."""
     train = TrainConfig(steps=steps, batch_size=batch, lr=lr, warmup=50, eval_every=0, save_every=200,
