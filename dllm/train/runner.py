@@ -189,21 +189,21 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
     """Train every selected stage (skipping finished ones on resume), then export. Returns a summary;
     Ctrl-C anywhere raises :class:`StageInterrupted` (the finished stages stay on disk)."""
     check_options(cur, opts)
+    init = first_init(cur, opts)  # before plan.json is written: a refused start leaves nothing behind
     _check_plan_file(cur, opts)
     progress = _Progress()
     try:
-        return _run(cur, opts, override, log, progress)
+        return _run(cur, opts, init, override, log, progress)
     except KeyboardInterrupt:
         step = getattr(progress.trainer, "step", 0)
         raise StageInterrupted(progress.stage, step, progress.finished) from None
 
 
-def _run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe], log: Callable[[str], None],
-         progress: _Progress) -> dict:
+def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Callable[[Recipe], Recipe],
+         log: Callable[[str], None], progress: _Progress) -> dict:
     from dllm.train.trainer import Trainer, checkpoints
 
     stages = selected(cur, opts)
-    init = first_init(cur, opts)
     finished = progress.finished
     last: dict = {}
     stopped = None

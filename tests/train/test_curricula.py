@@ -125,13 +125,16 @@ def test_mixture_specs_are_checked():
         mixture("lookup_k3:1:4:8")
 
 
-def test_bad_options_are_refused(capsys: pytest.CaptureFixture[str]):
+def test_bad_options_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["--recipe", "tiny-llada-long", "--dry-run", "--from-stage", "nope"]) == 2
     assert "has no stage 'nope'; valid: tiny-llada, length, kc-k1a" in capsys.readouterr().err
     assert main(["--recipe", "tiny-llada-long", "--dry-run", "--max-steps", "0"]) == 2
     assert "max_steps must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["--recipe", "tiny-llada-long", "--dry-run", "--from-stage", "cc-2", "--until-stage", "cc-1"]) == 2
     assert "comes before" in capsys.readouterr().err
+    assert main(["--recipe", "tiny-llada-long", "--from-stage", "cc-2", "--out", str(tmp_path)]) == 2
+    assert "starts from stage 'cc-1', which is not under" in capsys.readouterr().err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # a refused start leaves nothing behind
     with pytest.raises(SystemExit):
         main(["--recipe", "no-such-recipe"])
     assert main(["--list-recipes"]) == 0
