@@ -251,3 +251,22 @@ def test_ctrl_c_in_a_subprocess(tmp_path: Path):
     assert last.startswith("interrupted in stage 'tiny-llada' at step ") and last.endswith("continue with --resume")
     assert "Traceback" not in err
     assert list((out / "tiny-llada").glob("checkpoint-*"))
+
+
+@pytest.mark.parametrize("drafter", ["tiny-ar-dflash", "tiny-ar-dflash-wide"])
+def test_shipped_heads_match_their_trainers_recipes(drafter: str):
+    """The path / block heads are single runs of python -m dllm.train.path_head_train / block_head_train:
+    their recorded recipes are the trainers' defaults for that drafter (the block head: with the tree
+    plans of its recorded command line)."""
+    from dllm.train.block_head_train import HeadRecipe
+    from dllm.train.path_head_train import PathHeadRecipe
+
+    meta = json.loads((EMBEDDED / drafter / "path_head.json").read_text())["meta"]
+    assert json.loads(json.dumps(asdict(PathHeadRecipe(drafter=drafter)))) == meta["recipe"]
+    block = EMBEDDED / drafter / "block_head.json"
+    if block.is_file():
+        info = json.loads(block.read_text())
+        trees = re.search(r"--trees ((?:\S+/\S+ ?)+)", info["made_by"]).group(1).split()
+        plans = tuple((int(t.split("/")[0]), t.split("/", 1)[1]) for t in trees)
+        assert f"--drafter {drafter}" in info["made_by"]
+        assert json.loads(json.dumps(asdict(HeadRecipe(drafter=drafter, tree_plans=plans)))) == info["recipe"]
