@@ -9,6 +9,7 @@ Examples::
     python -m dllm.train --recipe tiny-llada-long --from-stage length --init-from tiny-llada
                                                      # skip the PB-mini stage: start from the shipped tiny-llada
     python -m dllm.train --recipe tiny-llada --max-steps 2 --out /tmp/smoke   # a smoke run (every stage <= 2 steps)
+    python -m dllm.train --probe tiny-llada-long lookup_k1:8 count_c8:32   # exact match on curriculum cases
     python -m dllm.train --recipe tiny-ar --threads 2               # the AR target (dllm/train/ar.py)
     python -m dllm.train --recipe tiny-ar-dflash --target runs/tiny-ar/final   # its DFlash drafter
 
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per stage (then checkpoint and stop)")
     ap.add_argument("--no-export", action="store_true", help="do not export the last stage")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--probe", nargs="+", default=None, metavar="MODEL [TASK:SIZE",
+                    help="exact match of MODEL on TASK:SIZE cases, the curriculum variants lookup_kW / count_cM "
+                         "included (dllm/train/probe.py), and exit")
+    ap.add_argument("--n", type=int, default=16, help="--probe: examples per case")
     ap.add_argument("--target", default=None, help="DFlash recipes: the AR target (embedded name or directory)")
     ap.add_argument("--start-phase", type=int, default=0, help="AR recipes: skip the phases before this one")
     ap.add_argument("--steps", type=int, default=None, help="schedule horizon of every stage")
@@ -128,8 +133,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name, description in recipe_table():
             print(f"{name:<22} {description}")
         return 0
+    if args.probe:
+        from dllm.train.probe import DEFAULT_CASES, probe
+
+        try:
+            probe(args.probe[0], args.probe[1:] or DEFAULT_CASES, n=args.n, threads=args.threads or 1,
+                  log=lambda line: print(line, flush=True))
+        except (ValueError, KeyError) as err:
+            ap.error(str(err))
+        return 0
     if args.recipe is None:
-        ap.error("--recipe NAME is required (or --list-recipes)")
+        ap.error("--recipe NAME is required (or --list-recipes, --probe)")
     if args.recipe not in curricula:  # the AR / DFlash recipes of speculative decoding
         return _speculative_recipe(args)
     from dllm.train.runner import RunOptions, StageInterrupted, plan, run

@@ -3,7 +3,7 @@
 cover (they have no test split). What the long chains' stage notes were measured with (it replaces the
 ``eval`` command of the shell-era ``key_curriculum.py``)::
 
-    python -m dllm.train.probe runs/tll/cc-9/checkpoint-0000400 lookup_long:42 count_c8:32 --n 16
+    python -m dllm.train --probe runs/tll/cc-9/checkpoint-0000400 lookup_long:42 count_c8:32 --n 16
 
 One token per step (``low_confidence``, k = 1); the narrow variants are drawn from
 ``random.Random(123)``, the suite's tasks from their test split.
@@ -11,10 +11,8 @@ One token per step (``low_confidence``, k = 1); the narrow variants are drawn fr
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
-from typing import Optional, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -44,30 +42,25 @@ def examples_of(task_name: str, size: int, n: int) -> list[T.Example]:
     return T.test_split(task_name, size, n=n)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def probe(model_name: str, cases: Sequence[str] = DEFAULT_CASES, n: int = 16, threads: int = 1,
+          log: Callable[[str], None] = print) -> list[tuple[str, float]]:
+    """Exact match (one token per step) of ``model_name`` on each ``TASK:SIZE`` case, ``n`` examples each;
+    every case is checked before the model loads. Returns (case, percent) pairs and logs one line each."""
     from dllm.eval.exact_match import decode_and_score, load_model
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.train.probe", description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="an embedded model name or a checkpoint directory")
-    ap.add_argument("cases", nargs="*", default=list(DEFAULT_CASES), help="TASK:SIZE cases")
-    ap.add_argument("--n", type=int, default=16, help="examples per case")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    if args.n < 1:
-        ap.error(f"--n must be >= 1, got {args.n}")
-    try:
-        cases = [(case, *parse_case(case)) for case in args.cases]
-    except (ValueError, KeyError) as err:
-        ap.error(str(err))
-    torch.set_num_threads(args.threads)
-    model = load_model(args.model)
-    for case, task_name, size in cases:
-        tally = decode_and_score(model, examples_of(task_name, size, args.n))
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"probe: n must be an integer >= 1, got {n!r}")
+    parsed = [(case, *parse_case(case)) for case in cases]
+    torch.set_num_threads(threads)
+    model = load_model(model_name)
+    scores = []
+    for case, task_name, size in parsed:
+        tally = decode_and_score(model, examples_of(task_name, size, n))
+        percent = 100 * sum(tally.correct.values()) / tally.examples
         words = T.get_task(task_name).args_length(size) + 3
-        print(f"{args.model} {case} ({words} words): {100 * sum(tally.correct.values()) / tally.examples:.1f}% "
-              f"of {tally.examples}", flush=True)
-    return 0
+        log(f"{model_name} {case} ({words} words): {percent:.1f}% of {tally.examples}")
+        scores.append((case, percent))
+    return scores
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["DEFAULT_CASES", "examples_of", "parse_case", "probe"]

@@ -201,17 +201,15 @@ def test_stage_fields_are_typed_and_frozen():
 
 @pytest.mark.slow
 def test_probe_scores_curriculum_cases(capsys: pytest.CaptureFixture[str]):
-    """python -m dllm.train.probe: exact match on a narrow variant and a suite task; bad cases refused."""
-    from dllm.train.probe import main as probe
-
-    assert probe(["tiny-llada-long", "count_c8:12", "lookup_long:4", "--n", "2"]) == 0
+    """--probe: exact match on a narrow variant and a suite task; bad cases refused before any decoding."""
+    assert main(["--probe", "tiny-llada-long", "count_c8:12", "lookup_long:4", "--n", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["count_c8:12", "lookup_long:4"]
     assert all(re.search(r": \d+\.\d% of 2$", line) for line in lines)
-    for bad, message in (("lookup_long:x", "expected TASK:SIZE"), ("count_c8:4", "out of range"),
-                         ("nope:4", "Unknown task 'nope'")):
+    for argv, message in ((["lookup_long:x"], "expected TASK:SIZE"), (["count_c8:4"], "out of range"),
+                          (["nope:4"], "Unknown task 'nope'"), (["copy:4", "--n", "0"], "n must be an integer >= 1")):
         with pytest.raises(SystemExit):
-            probe(["tiny-llada-long", bad])
+            main(["--probe", "tiny-llada-long", *argv])
         assert message in capsys.readouterr().err
 
 
