@@ -17,9 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import key_curriculum as K  # noqa: E402
+from dllm.train.recipes.narrow_tasks import curriculum_task  # noqa: E402
 from dllm.train.data import MixtureConfig  # noqa: E402
-from dllm.train.recipes import Recipe, TrainConfig  # noqa: E402
+from dllm.train.recipes import Recipe, TrainConfig, curricula  # noqa: E402
 from dllm.train.trainer import Trainer  # noqa: E402
 
 CC9 = ("count_c16:1:16:2040", "count_c8:0.25:8:2040", "lookup_long:0.5:4:339", "lookup_any:0.25:4:339",
@@ -37,11 +37,11 @@ def main() -> None:
     names, weights, sizes = [], [], []
     for spec in CC9:
         name, weight, lo, hi = spec.split(":")
-        names.append(K.curriculum_task(name))
+        names.append(curriculum_task(name))
         weights.append(float(weight))
         sizes.append(tuple(range(int(lo), int(hi) + 1)))
     mix = MixtureConfig(tasks=tuple(names), weights=tuple(weights), sizes=tuple(sizes))
-    base = K.base_recipe("tiny-llada-long")
+    base = curricula.get("tiny-llada-long").stages[-1].recipe  # the shipped model's last stage
     cfg = TrainConfig(steps=100, batch_size=8, lr=1e-4, warmup=5, eval_every=0, save_every=0, mixture=mix)
     trainer = Trainer(Recipe("packed-train-steps", base.family, base.model, cfg, "", init_from="tiny-llada-long"),
                       args.out, progress=False)

@@ -31,7 +31,7 @@ Prompts (after ``[BOS] <task>``, before ``[SEP]``):
 
 Default sizes (the test split, every evaluation) give prompts of 256 / 512 / 1,024 / 2,040 words
 (lookup: 258 / 516 / 1,026 / 2,040); the sizes below them (prompts of 19-255 words) exist for the
-training curriculum (``dllm/train/long_recipes.py``: retrieval is learned on short tables first); every full sequence fits 2,048 positions (the embedded models' ``max_positions``). The
+training curriculum (``dllm/train/recipes/long_prompt.py``: retrieval is learned on short tables first); every full sequence fits 2,048 positions (the embedded models' ``max_positions``). The
 suite is ``"long-prompt"``: default runs over PB-mini do not include it, and the models trained
 before it cannot read its task tokens.
 

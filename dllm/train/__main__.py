@@ -1,21 +1,32 @@
-"""``python -m dllm.train --recipe tiny-llada``: train a recipe (``dllm/train/recipes.py``).
+"""``python -m dllm.train --recipe NAME``: train a recipe end to end (``dllm/train/recipes/``).
 
 Examples::
 
-    python -m dllm.train --recipe tiny-llada                      # the full reference run
-    python -m dllm.train --recipe tiny-ar --threads 2             # the AR target (dllm/train/ar.py)
-    python -m dllm.train --recipe tiny-ar --start-phase 1 --init-from runs/tiny-ar/phase-0   # its phase 2 alone
+    python -m dllm.train --list-recipes                            # every recipe, one line each
+    python -m dllm.train --recipe tiny-llada-long --dry-run         # its 28 stages, nothing trained
+    python -m dllm.train --recipe tiny-llada-long --out runs/tll    # the whole chain, then the export
+    python -m dllm.train --recipe tiny-llada-long --out runs/tll --resume   # after an interruption
+    python -m dllm.train --recipe tiny-llada-long --from-stage length --init-from tiny-llada
+                                                     # skip the PB-mini stage: start from the shipped tiny-llada
+    python -m dllm.train --recipe tiny-llada --max-steps 2 --out /tmp/smoke   # a smoke run (every stage <= 2 steps)
+    python -m dllm.train --probe tiny-llada-long lookup_k1:8 count_c8:32   # exact match on curriculum cases
+    python -m dllm.train --recipe tiny-ar --threads 2               # the AR target (dllm/train/ar.py)
     python -m dllm.train --recipe tiny-ar-dflash --target runs/tiny-ar/final   # its DFlash drafter
-    python -m dllm.train --recipe tiny-dream --threads 2 --resume  # continue from the newest checkpoint
-    mkdir -p runs && nohup python -m dllm.train --recipe tiny-llada --threads 1 --resume \\
-        --no-progress >> runs/tiny-llada.out 2>&1 &                # in the background
 
-Every flag defaults to the recipe's value, so the plain command reproduces the recipe. ``--resume``
-continues from the newest ``OUT/checkpoint-*`` (a fresh start when there is none) and is safe to
-use on every (re)start. ``--stop-at N`` stops after step N without changing the schedule (whose
-horizon is ``--steps``); changing ``--steps`` on resume changes the cosine horizon from then on.
-A ``--steps`` at or below a phase's start (``dllm/train/schedule.py``) drops that phase, and
-``--tasks`` drops every later phase (their mixtures would bring the other tasks back).
+A shipped diffusion model's recipe is a chain of stages (``Curriculum``: tiny-llada, tiny-dream,
+tiny-llada-long, tiny-dream-long); each stage is one trainer run from the previous stage's checkpoint,
+and the last one is exported as ``OUT/export/<recipe>`` (loads with ``dllm.load(path)``; the package's
+copy is never overwritten). ``--resume`` keeps the finished stages and continues the unfinished one
+from its newest checkpoint (safe on every restart); Ctrl-C keeps the finished stages and prints one
+line. ``--threads`` / ``--device`` apply to every stage (default: each stage's as run; another thread
+count gives other float sums). The AR target / AR draft / DFlash drafters are single runs
+(``dllm/train/ar.py``, ``dllm/train/dflash_train.py``); their path / block heads are trained by
+``python -m dllm.train.path_head_train`` / ``block_head_train`` (their ``*.json`` say how).
+
+Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
+reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``, ``--save-every``,
+``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
+(schedule unchanged).
 """
 
 from __future__ import annotations
@@ -23,37 +34,58 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.train import long_recipes as _long_recipes  # noqa: F401  (registers tiny-llada-long)
 from dllm.train.data import MixtureConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
+def recipe_table() -> list[tuple[str, str]]:
+    """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
     from dllm.train.dflash_train import dflash_recipes
-    from dllm.train.recipes import recipes
+    from dllm.train.recipes import curricula
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.train", description=__doc__.split("\n\n")[0],
+    rows = [(n, d) for n, d in curricula.describe()]
+    rows += [(n, d) for reg in (ar_recipes, dflash_recipes) for n, d in reg.describe()]
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    rows = recipe_table()
+    epilog = "recipes:\n" + "\n".join(f"  {n:<22} {d}" for n, d in rows)
+    ap = argparse.ArgumentParser(prog="python -m dllm.train", description=__doc__.split("\n\n")[0], epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = [*recipes.names(), *ar_recipes.names(), *dflash_recipes.names()]
-    ap.add_argument("--recipe", required=True, choices=names, help="the recipe to train")
+    ap.add_argument("--recipe", choices=[n for n, _ in rows], metavar="NAME", help="the recipe to train (below)")
+    ap.add_argument("--list-recipes", action="store_true", help="list the recipes and exit")
+    ap.add_argument("--dry-run", action="store_true", help="print the stage plan and exit (nothing trained)")
+    ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
+    ap.add_argument("--resume", action="store_true", help="keep finished stages, continue the unfinished one")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of every stage (0: torch default)")
+    ap.add_argument("--device", default=None, help="cpu | cuda | cuda:0 ...")
+    ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=int, default=None,
+                    help="stop every stage after this many steps (smoke runs; the schedule is unchanged)")
+    ap.add_argument("--from-stage", default=None, help="skip the stages before this one")
+    ap.add_argument("--until-stage", default=None, help="stop after this stage (it is exported)")
+    ap.add_argument("--init-from", default=None,
+                    help="weights the first trained stage starts from (a model name or a directory); AR "
+                         "recipes: with --start-phase")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds per stage (then checkpoint and stop)")
+    ap.add_argument("--no-export", action="store_true", help="do not export the last stage")
+    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--probe", nargs="+", default=None, metavar="MODEL [TASK:SIZE",
+                    help="exact match of MODEL on TASK:SIZE cases, the curriculum variants lookup_kW / count_cM "
+                         "included (dllm/train/probe.py), and exit")
+    ap.add_argument("--n", type=int, default=16, help="--probe: examples per case")
     ap.add_argument("--target", default=None, help="DFlash recipes: the AR target (embedded name or directory)")
     ap.add_argument("--start-phase", type=int, default=0, help="AR recipes: skip the phases before this one")
-    ap.add_argument("--init-from", default=None, help="AR recipes: weights to start from (OUT/phase-N)")
-    ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
-    ap.add_argument("--steps", type=int, default=None, help="total steps = schedule horizon")
-    ap.add_argument("--stop-at", type=int, default=None, help="stop after this step (schedule unchanged)")
-    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    ap.add_argument("--steps", type=int, default=None, help="schedule horizon of every stage")
     ap.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: never)")
     ap.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
     ap.add_argument("--log-every", type=int, default=None, help="JSONL training line every N steps")
-    ap.add_argument("--device", default=None, help="cpu | cuda | cuda:0 ...")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (0: torch default)")
     ap.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (weights stay fp32)")
     ap.add_argument("--compile", action="store_true", default=None, help="torch.compile the transformer")
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     # Hidden overrides (tests, quick experiments): model sizes and data.
     for flag, kind in (("--d-model", int), ("--n-layers", int), ("--n-heads", int),
                        ("--n-kv-heads", int), ("--mlp-hidden", int), ("--batch-size", int),
@@ -64,42 +96,84 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dllm.train.recipes import get_recipe, recipes
-    from dllm.train.trainer import Trainer
+def overrides(args: argparse.Namespace):
+    """The per-run overrides of the flags, as a function of a stage's recipe."""
+    from dllm.train.recipes.base import Recipe
 
-    args = build_parser().parse_args(argv)
-    if args.recipe not in recipes:  # the AR / DFlash recipes of speculative decoding
+    def apply(recipe: Recipe) -> Recipe:
+        model = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
+                 "n_kv_heads": args.n_kv_heads, "mlp_hidden": args.mlp_hidden}
+        train = {"steps": args.steps, "eval_every": args.eval_every, "save_every": args.save_every,
+                 "log_every": args.log_every, "seed": args.seed, "bf16": args.bf16, "compile": args.compile,
+                 "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
+                 "eval_per_size": args.eval_per_size}
+        if args.tiny:  # a ~15k-parameter model and small batches, for tests; explicit flags still win
+            kv = 2 if recipe.family == "llada" else 1
+            model = {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": kv, "mlp_hidden": 64,
+                     **{k: v for k, v in model.items() if v is not None}}
+            train = {"batch_size": 8, "eval_per_size": 1, "warmup": 2,
+                     **{k: v for k, v in train.items() if v is not None}}
+        if args.tasks:
+            train["mixture"] = MixtureConfig(tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()))
+        # a shorter --steps drops the phases it never reaches; --tasks replaces every phase's mixture
+        horizon = args.steps if args.steps is not None else recipe.train.steps
+        train["phases"] = () if args.tasks else tuple(p for p in recipe.train.phases if p.start < horizon)
+        return recipe.with_overrides(model, **train)
+
+    return apply
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line (``dllm train`` calls this too). Returns the exit status."""
+    from dllm.train.recipes import curricula
+
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.list_recipes:
+        for name, description in recipe_table():
+            print(f"{name:<22} {description}")
+        return 0
+    if args.probe:
+        from dllm.train.probe import DEFAULT_CASES, probe
+
+        try:
+            probe(args.probe[0], args.probe[1:] or DEFAULT_CASES, n=args.n, threads=args.threads or 1,
+                  log=lambda line: print(line, flush=True))
+        except (ValueError, KeyError) as err:
+            ap.error(str(err))
+        return 0
+    if args.recipe is None:
+        ap.error("--recipe NAME is required (or --list-recipes, --probe)")
+    if args.recipe not in curricula:  # the AR / DFlash recipes of speculative decoding
         return _speculative_recipe(args)
-    recipe = get_recipe(args.recipe)
-    model = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
-             "n_kv_heads": args.n_kv_heads, "mlp_hidden": args.mlp_hidden}
-    train = {"steps": args.steps, "eval_every": args.eval_every, "save_every": args.save_every,
-             "log_every": args.log_every, "device": args.device, "seed": args.seed,
-             "threads": args.threads, "bf16": args.bf16, "compile": args.compile,
-             "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
-             "eval_per_size": args.eval_per_size}
-    if args.tiny:  # a ~15k-parameter model and small batches, for tests; explicit flags still win
-        kv = 2 if recipe.family == "llada" else 1
-        model = {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": kv, "mlp_hidden": 64,
-                 **{k: v for k, v in model.items() if v is not None}}
-        train = {"batch_size": 8, "eval_per_size": 1, "warmup": 2,
-                 **{k: v for k, v in train.items() if v is not None}}
-    if args.tasks:
-        train["mixture"] = MixtureConfig(tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()))
-    # a shorter --steps drops the phases it never reaches; --tasks replaces every phase's mixture
-    horizon = args.steps if args.steps is not None else recipe.train.steps
-    train["phases"] = () if args.tasks else tuple(p for p in recipe.train.phases if p.start < horizon)
-    recipe = recipe.with_overrides(model, **train)
-    out = args.out or f"runs/{recipe.name}"
-    trainer = Trainer(recipe, out, resume=args.resume, progress=not args.no_progress)
-    last = trainer.train(stop_at=args.stop_at)
-    print(json.dumps({"out": out, "step": trainer.step, "best_mean_c0": trainer.best, **last}))
+    from dllm.train.runner import RunOptions, StageInterrupted, plan, run
+
+    cur = curricula.get(args.recipe)
+    opts = RunOptions(out=Path(args.out or f"runs/{args.recipe}"), resume=args.resume, progress=not args.no_progress,
+                      threads=args.threads, device=args.device, max_steps=args.max_steps, from_stage=args.from_stage,
+                      until_stage=args.until_stage,
+                      init_from=args.init_from, time_limit=args.time_limit, export=not args.no_export)
+    try:
+        if args.dry_run:
+            print("\n".join(plan(cur, opts, overrides(args))))
+            return 0
+        summary = run(cur, opts, overrides(args), log=lambda line: print(line, file=sys.stderr, flush=True))
+    except StageInterrupted as stop:
+        kept = ", ".join(stop.finished) or "none"
+        print(f"\ninterrupted in stage {stop.stage!r} at step {stop.step} (it continues from its newest checkpoint); "
+              f"finished stages kept in {opts.out}: {kept}; continue with --resume", file=sys.stderr)
+        return 130
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
     return 0
 
 
 def _speculative_recipe(args: argparse.Namespace) -> int:
     """The AR target / AR draft / DFlash drafter recipes (``dllm/train/ar.py``, ``dflash_train.py``)."""
+    from dataclasses import asdict
+
     from dllm.train.ar import ar_recipes, train_ar
     from dllm.train.dflash_train import dflash_recipes, train_dflash
 
@@ -108,11 +182,22 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
               "warmup": args.warmup}
     if args.recipe in ar_recipes:
         recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every)
-        last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress, stop_at=args.stop_at,
-                        start_phase=args.start_phase, init_from=args.init_from)
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
-        last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+    if args.dry_run:
+        module = "dllm/train/ar.py" if args.recipe in ar_recipes else "dllm/train/dflash_train.py"
+        print(f"recipe {recipe.name}: one run of {module}")
+        print(json.dumps(asdict(recipe), default=str))
+        return 0
+    try:
+        if args.recipe in ar_recipes:
+            last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress,
+                            stop_at=args.max_steps, start_phase=args.start_phase, init_from=args.init_from)
+        else:
+            last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {args.recipe} (its run directory {out} keeps what was written)", file=sys.stderr)
+        return 130
     print(json.dumps({"out": out, **last}))
     return 0
 

@@ -1,4 +1,4 @@
-"""The long-prompt recipes (dllm/train/long_recipes.py): warm start from an embedded model with a grown
+"""The first long-prompt stage (dllm/train/recipes/long_prompt.py): warm start from an embedded model with a grown
 vocabulary, per-phase batch sizes, and the curriculum's sizes."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import torch
 
 from dllm import tasks as T
 from dllm.train import MixtureConfig
-from dllm.train.long_recipes import CURRICULUM, LONG_RECIPES, LONG_VOCAB_SIZE, long_prompt_mixture
+from dllm.train.recipes.long_prompt import CURRICULUM, LONG_VOCAB_SIZE, first_long_recipe, long_prompt_mixture
 from dllm.train.recipes import build_model, get_recipe, warm_start
 from dllm.train.schedule import Phase
 from dllm.train.trainer import Trainer
 from .helpers import small_recipe
 
 
-@pytest.mark.parametrize("name", LONG_RECIPES)
-def test_long_recipe_starts_from_the_embedded_weights(name):
+@pytest.mark.parametrize("base", ["tiny-llada", "tiny-dream"])
+def test_long_recipe_starts_from_the_embedded_weights(base):
     from dllm.models import load
 
-    recipe = get_recipe(name)
+    recipe = first_long_recipe(base)
     base = load(recipe.init_from)
     model = build_model(recipe)
     assert model.config.vocab_size == LONG_VOCAB_SIZE > base.config.vocab_size
@@ -72,6 +72,6 @@ def test_curriculum_grows_prompts_and_shrinks_batches():
         last = long_prompt_mixture(longest[-1])
         sizes = last.task_sizes()[last.task_names().index(name)]
         assert set(T.get_task(name).default_sizes) <= set(sizes)  # every test size is trained at the end
-    recipe = get_recipe(LONG_RECIPES[0])
+    recipe = first_long_recipe("tiny-llada")
     assert [p.batch_size for p in recipe.train.phases] == list(batches[1:])
     assert replace(recipe.train, phases=()).batch_size == batches[0]

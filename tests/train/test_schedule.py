@@ -123,5 +123,5 @@ def test_cli_steps_below_a_phase_start_drops_the_phase(tmp_path: Path):
 
     assert main(["--recipe", "tiny-llada", "--tiny", "--steps", "2", "--out", str(tmp_path),
                  "--eval-every", "0", "--no-progress"]) == 0
-    recipe = json.loads((tmp_path / "recipe.json").read_text())
+    recipe = json.loads((tmp_path / "tiny-llada" / "recipe.json").read_text())
     assert recipe["train"]["steps"] == 2 and recipe["train"]["phases"] == []

@@ -147,6 +147,7 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     rc = main(["--recipe", "tiny-llada", "--steps", "3", "--eval-every", "2", "--out", str(out),
                "--tiny", "--log-every", "1", "--no-progress", "--threads", "1"])
     assert rc == 0
+    exported, out = out / "export" / "tiny-llada", out / "tiny-llada"  # the chain's one stage
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["step"] == 3 and summary["best_mean_c0"] is not None
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -159,6 +160,8 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert load(checkpoints(out)[-1]).family == "llada"
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["model"]["d_model"] == 32 and recipe["train"]["steps"] == 3
+    assert load(exported).config.d_model == 32  # the stage's best, exported
+    assert json.loads((exported / "training.json").read_text())["source"] == str(out / "best")
 
 
 @pytest.mark.slow
@@ -172,4 +175,4 @@ def test_module_entry_point(tmp_path: Path):
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == 3
-    assert load(checkpoints(out)[-1]).family == "dream"
+    assert load(checkpoints(out / "tiny-dream")[-1]).family == "dream"

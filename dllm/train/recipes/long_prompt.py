@@ -1,11 +1,12 @@
-"""``tiny-llada-long`` / ``tiny-dream-long``: the embedded models warm-started on the long-prompt suite.
+"""The first stage of ``tiny-llada-long`` / ``tiny-dream-long``: the PB-mini models warm-started on the
+long-prompt suite (the chains that continue it: ``llada_long.py``, ``dream_long.py``).
 
 The two PB-mini models (``tiny-llada``, ``tiny-dream``) embed the first 80 vocabulary words and were
 trained on sequences of <= 64 tokens; they cannot read the long-prompt task tokens. These recipes
 start from their weights (``Recipe.init_from``; the embedding and LM head grow to 88 rows for the
 87-word task vocabulary, the new rows freshly initialised) and train on the long-prompt suite
-(``dllm/tasks/long_prompt.py``) with the same objective and trainer (``python -m dllm.train
---recipe tiny-llada-long``; importing this module registers both).
+(``dllm/tasks/long_prompt.py``) with the same objective and trainer; :func:`first_long_recipe` builds it
+(the stage ``length`` of ``python -m dllm.train --recipe tiny-llada-long``).
 
 Model: the base model's architecture unchanged (6 layers, d_model 128, 4 heads, SwiGLU 344,
 max_positions 2048; LLaDA or Dream conventions), ~1.2M parameters.
@@ -30,14 +31,13 @@ pilot) and a from-scratch run of this curriculum both sat at the marginal-only l
 for 400-1,400 steps with ~0% exact match; started from ``tiny-llada`` (whose PB-mini training
 built copying and indexing heads) the loss left that plateau within ~250 steps and
 ``span_copy_far`` was solved at the short sizes by step 500. ``lookup_*`` (3-item keys) and
-``count_long`` learn far more slowly: see ``benchmarks/training-notes-2026-12-01.md`` for what the
-shipped checkpoint scores. ``STEPS`` was cut from 3,800 to 3,550 (phase 4: 250 steps) before
+``count_long`` learn far more slowly (tiny-llada-long after this stage: lookup_long 6.2%,
+count_long 12.5%): the key-width and count stages of ``llada_long.py`` / ``dream_long.py`` teach
+them. ``STEPS`` was cut from 3,800 to 3,550 (phase 4: 250 steps) before
 phase 4 began, to fit a CPU session; the runs resumed from a phase-3 checkpoint under the cut
-recipe, which is bit-identical to running it from scratch (tests/train/test_schedule.py). Both
-are shipped (``dllm.load("tiny-llada-long")`` / ``"tiny-dream-long"``); the shipped
-``tiny-llada-long`` is this recipe's step 3,550 trained further by the key-width and length stages
-of ``benchmarks/long-keys.sh`` (the lookups: 6.2% -> 62.5%; its ``training.json`` says so), so this
-recipe alone reproduces the first training only.
+recipe, which is bit-identical to running it from scratch (tests/train/test_schedule.py). This stage
+alone was shipped first (step 3,550); the shipped models are its later continuations, the stages
+after ``length`` in their chains.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 from dllm import tasks as T
 from dllm.tasks.long_prompt import LONG_PROMPT_SUITE
 from dllm.train.data import MixtureConfig
-from dllm.train.recipes import Recipe, TrainConfig, recipes
+from dllm.train.recipes.base import Recipe, TrainConfig, recipes
 from dllm.train.schedule import Phase
 
 ANY_WEIGHT = 0.5  # lookup_any's weight in the mixture (the C = 0 tasks weigh 1)
@@ -81,7 +81,7 @@ def curriculum(lr: float = 1e-3) -> TrainConfig:
     prompts twice as long per phase up to the 2,048 positions, the batch halved each time."""
     (_, first, batch), *later = CURRICULUM
     return TrainConfig(steps=STEPS, batch_size=batch, lr=lr, warmup=100, eval_every=0, eval_per_size=2,
-                       save_every=250, mixture=long_prompt_mixture(first),
+                       save_every=250, log_every=25, threads=1, mixture=long_prompt_mixture(first),
                        phases=tuple(Phase(start=s, mixture=long_prompt_mixture(m), lr=0.6 * lr, warmup=50,
                                           batch_size=b) for s, m, b in later))
 
@@ -91,16 +91,13 @@ def long_model(base: Recipe) -> dict:
     return dict(base.model, vocab_size=LONG_VOCAB_SIZE)
 
 
-def register_long(base: str) -> Recipe:
-    """``<base>-long``: the embedded ``base`` model warm-started on the long-prompt curriculum."""
+def first_long_recipe(base: str) -> Recipe:
+    """``<base>-long``'s first stage: the embedded ``base`` model (``init_from``; the chain replaces it by
+    its own earlier stage) warm-started on the long-prompt length curriculum."""
     r = recipes.get(base)
-    name = base + "-long"
-    recipe = Recipe(name, r.family, long_model(r), curriculum(),
-                    f"{base} warm-started on the long-prompt suite (prompts up to 2,048 words)", init_from=base)
-    recipes.add(name, recipe, description=f"{base} + a long-prompt training phase (every task word)")
-    return recipe
+    return Recipe(base + "-long", r.family, long_model(r), curriculum(),
+                  f"{base} warm-started on the long-prompt suite (prompts up to 2,048 words)", init_from=base)
 
 
-LONG_RECIPES = tuple(register_long(b).name for b in ("tiny-llada", "tiny-dream"))
-
-__all__ = ["ANY_WEIGHT", "CURRICULUM", "LONG_VOCAB_SIZE", "curriculum", "long_model", "long_prompt_mixture", "sizes_up_to"]
+__all__ = ["ANY_WEIGHT", "CURRICULUM", "LONG_VOCAB_SIZE", "STEPS", "curriculum", "first_long_recipe", "long_model",
+           "long_prompt_mixture", "sizes_up_to"]

@@ -1,0 +1,258 @@
+"""Run a :class:`~dllm.train.recipes.stages.Curriculum` end to end: every stage in order, each from the
+checkpoint the previous one ends at, then the export.
+
+Output directory layout::
+
+    OUT/plan.json                  the recipe name and the overrides of this run (checked on --resume)
+    OUT/<stage>/                   the trainer's directory (dllm/train/trainer.py): checkpoints, log.jsonl
+    OUT/<stage>/stage.json         written when the stage is finished: its step and the checkpoint taken
+    OUT/export/<recipe>/           the exported model (dllm.train.export; loads with dllm.load(path))
+
+Resuming (``resume=True``) skips the finished stages and continues the unfinished one from its newest
+checkpoint (``Trainer(resume=True)``: bit-identical losses). A ``max_steps`` run (a smoke test: every
+stage stops after at most that many steps, its schedule unchanged) is recorded in ``plan.json`` and
+cannot be resumed as a full run (another ``--out`` is needed), nor the other way round.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from dllm.train.recipes.base import Recipe
+from dllm.train.recipes.stages import Curriculum, Stage
+
+PLAN_FILE = "plan.json"
+DONE_FILE = "stage.json"
+EXPORT_DIR = "export"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a curriculum (None: the recipe's own value)."""
+
+    out: Path
+    resume: bool = False
+    progress: bool = True
+    threads: Optional[int] = None  # every stage's torch threads (default: each stage's as run)
+    device: Optional[str] = None
+    max_steps: Optional[int] = None  # smoke runs: stop every stage after this many steps
+    from_stage: Optional[str] = None  # skip the stages before this one
+    until_stage: Optional[str] = None  # stop after this one (it is exported)
+    init_from: Optional[str] = None  # the weights the first trained stage starts from (a model name or a directory)
+    time_limit: Optional[float] = None  # seconds per stage (the step reached is checkpointed, the chain stops)
+    export: bool = True
+
+
+class StageInterrupted(Exception):
+    """Ctrl-C inside a stage: the finished stages are kept, the stage continues with ``--resume``."""
+
+    def __init__(self, stage: str, step: int, finished: list[str]) -> None:
+        super().__init__(stage, step, finished)
+        self.stage, self.step, self.finished = stage, step, finished
+
+
+def check_options(cur: Curriculum, opts: RunOptions) -> None:
+    """Refuse bad options by name before anything runs."""
+    if opts.max_steps is not None and (not isinstance(opts.max_steps, int) or opts.max_steps < 1):
+        raise ValueError(f"max_steps must be an integer >= 1, got {opts.max_steps!r}")
+    if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 0):
+        raise ValueError(f"threads must be an integer >= 0 (0: torch's default), got {opts.threads!r}")
+    if opts.time_limit is not None and not opts.time_limit > 0:
+        raise ValueError(f"time_limit must be > 0 seconds, got {opts.time_limit!r}")
+    for name in (opts.from_stage, opts.until_stage):
+        if name is not None:
+            cur.stage(name)  # ValueError listing the stages
+    if selected(cur, opts) == ():
+        raise ValueError(f"until_stage {opts.until_stage!r} comes before from_stage {opts.from_stage!r}")
+
+
+def selected(cur: Curriculum, opts: RunOptions) -> tuple[Stage, ...]:
+    """The stages this run trains (``from_stage`` .. ``until_stage``)."""
+    names = [s.name for s in cur.stages]
+    first = names.index(opts.from_stage) if opts.from_stage else 0
+    last = names.index(opts.until_stage) if opts.until_stage else len(names) - 1
+    return cur.stages[first:last + 1]
+
+
+def stage_end(stage: Stage, opts: RunOptions) -> int:
+    return stage.end if opts.max_steps is None else min(stage.end, opts.max_steps)
+
+
+def stage_recipe(stage: Stage, opts: RunOptions, init: Optional[str],
+                 override: Callable[[Recipe], Recipe] = lambda r: r) -> Recipe:
+    """The stage's recipe as this run trains it: its init, and the thread / device overrides."""
+    recipe = override(replace(stage.recipe, init_from=init))
+    train = {k: v for k, v in (("threads", opts.threads), ("device", opts.device)) if v is not None}
+    return replace(recipe, train=replace(recipe.train, **train)) if train else recipe
+
+
+def first_init(cur: Curriculum, opts: RunOptions) -> Optional[str]:
+    """Where the first trained stage starts: ``init_from``, its own ``init_from``, or (from_stage) the
+    previous stage's taken checkpoint under ``out``."""
+    stage = selected(cur, opts)[0]
+    if opts.init_from is not None:
+        return opts.init_from
+    index = cur.stages.index(stage)
+    if index == 0:
+        return stage.recipe.init_from
+    prev = cur.stages[index - 1]
+    path = taken(opts.out / prev.name, prev, stage_end(prev, opts))
+    if path is None:
+        raise ValueError(f"stage {stage.name!r} starts from stage {prev.name!r}, which is not under {opts.out}: "
+                         f"pass init_from (--init-from MODEL_OR_DIR) or start earlier")
+    return str(path)
+
+
+def taken(directory: Path, stage: Stage, end: int) -> Optional[Path]:
+    """The checkpoint the chain continues from: ``best`` or the stop step's; a stage stopped early
+    without an evaluation (a smoke run) falls back to its newest checkpoint."""
+    path = directory / stage.source(end)
+    if path.is_dir():
+        return path
+    from dllm.train.trainer import checkpoints
+
+    found = checkpoints(directory)
+    return found[-1] if found else None
+
+
+def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r) -> list[str]:
+    """One line per stage (what it starts from, steps, lr, batch, warm-up, RoPE base, threads, seed, the
+    task mixture with weights and size ranges, later phases), then the export line."""
+    check_options(cur, opts)
+    lines = [f"recipe {cur.name}: {cur.description}"
+             + (f" (replaces benchmarks/{', benchmarks/'.join(cur.replaces)})" if cur.replaces else "")]
+    stages = selected(cur, opts)
+    prev: Optional[Stage] = None
+    for i, stage in enumerate(stages):
+        index = cur.stages.index(stage)
+        if i == 0:
+            init = opts.init_from or stage.recipe.init_from or (
+                f"{cur.stages[index - 1].name}/{cur.stages[index - 1].source()}" if index else None)
+        else:
+            init = f"{prev.name}/{prev.source(stage_end(prev, opts))}"
+        r = stage_recipe(stage, opts, init, override)
+        t, end = r.train, stage_end(stage, opts)
+        steps = f"steps {end}" + (f" of {t.steps}" if end != t.steps else "")
+        lines.append(f"{index + 1:>3}. {stage.name}: from {init or 'a fresh init (seed %d)' % t.seed}; {steps}, "
+                     f"lr {t.lr:g}, batch {t.batch_size}, warmup {t.warmup}, rope_theta {r.model['rope_theta']:g}, "
+                     f"vocab {r.model['vocab_size']}, threads {t.threads}, seed {t.seed}, device {t.device}"
+                     f"{', bf16' if t.bf16 else ''}; take {stage.source(end)}")
+        lines.append(f"       mix {mixture_text(t.mixture)}")
+        for p in t.phases:
+            if p.start < end:
+                lines.append(f"       from step {p.start}: lr {p.lr:g}, warmup {p.warmup}"
+                             f"{f', horizon {p.horizon}' if p.horizon else ''}"
+                             f"{f', batch {p.batch_size}' if p.batch_size else ''}; mix {mixture_text(p.mixture)}")
+        prev = stage
+    last = stages[-1]
+    lines.append(f"export: {last.name}/{last.source(stage_end(last, opts))} -> {opts.out / EXPORT_DIR / cur.name} "
+                 f"({cur.export_dtype})" if opts.export else "export: none")
+    return lines
+
+
+def mixture_text(mix) -> str:
+    """``task:weight[:lo-hi]`` per task (the full size range when the mixture gives none)."""
+    names, weights = mix.task_names(), mix.weights or (1.0,) * len(mix.task_names())
+    sizes = mix.sizes or ((),) * len(names)
+    return " ".join(f"{n}:{w:g}" + (f":{min(s)}-{max(s)}" if s else "") for n, w, s in zip(names, weights, sizes))
+
+
+def _check_plan_file(cur: Curriculum, opts: RunOptions) -> None:
+    path = opts.out / PLAN_FILE
+    want = {"recipe": cur.name, "max_steps": opts.max_steps}  # from/until may change between resumes
+    if path.is_file():
+        have = json.loads(path.read_text())
+        have = {k: have.get(k) for k in want}
+        if not opts.resume:
+            raise ValueError(f"{opts.out} already holds a run of recipe {have['recipe']!r}: pass --resume to "
+                             f"continue it, or another --out")
+        if have != want:
+            raise ValueError(f"{opts.out} holds a run with {have}, this one is {want}: use another --out")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**want, "from_stage": opts.from_stage, "init_from": opts.init_from}, indent=2) + "\n")
+
+
+@dataclass
+class _Progress:
+    """Where a run is (for the one-line Ctrl-C message)."""
+
+    stage: str = "setup"
+    trainer: object = None
+    finished: list = field(default_factory=list)
+
+
+def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r,
+        log: Callable[[str], None] = print) -> dict:
+    """Train every selected stage (skipping finished ones on resume), then export. Returns a summary;
+    Ctrl-C anywhere raises :class:`StageInterrupted` (the finished stages stay on disk)."""
+    check_options(cur, opts)
+    init = first_init(cur, opts)  # before plan.json is written: a refused start leaves nothing behind
+    _check_plan_file(cur, opts)
+    progress = _Progress()
+    try:
+        return _run(cur, opts, init, override, log, progress)
+    except KeyboardInterrupt:
+        step = getattr(progress.trainer, "step", 0)
+        raise StageInterrupted(progress.stage, step, progress.finished) from None
+
+
+def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Callable[[Recipe], Recipe],
+         log: Callable[[str], None], progress: _Progress) -> dict:
+    from dllm.train.trainer import Trainer, checkpoints
+
+    stages = selected(cur, opts)
+    finished = progress.finished
+    last: dict = {}
+    stopped = None
+    for stage in stages:
+        directory, end = opts.out / stage.name, stage_end(stage, opts)
+        progress.stage, progress.trainer = stage.name, None
+        done = directory / DONE_FILE
+        if done.is_file() and json.loads(done.read_text()).get("step", -1) >= end:
+            init = json.loads(done.read_text())["taken"]
+            finished.append(stage.name)
+            log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: finished (kept)")
+            continue
+        if checkpoints(directory) and not opts.resume:
+            raise ValueError(f"{directory} already has checkpoints: pass --resume to continue, or another --out")
+        recipe = stage_recipe(stage, opts, init, override)
+        log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: steps {end}, from "
+            f"{init or 'a fresh init'}")
+        trainer = progress.trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
+        last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "step": trainer.step,
+                "best_mean_c0": trainer.best}  # the step reached (the log line may be older)
+        if trainer.step < end:  # out of time: the step reached is checkpointed
+            stopped = stage.name
+            log(f"{stage.name}: time limit reached at step {trainer.step} of {end}")
+            break
+        path = taken(directory, stage, end)
+        done.write_text(json.dumps({"stage": stage.name, "step": trainer.step, "taken": str(path),
+                                    "init_from": init}, indent=2) + "\n")
+        finished.append(stage.name)
+        init = str(path)
+    summary = {"out": str(opts.out), "recipe": cur.name, "finished": list(finished), **last}
+    if opts.export and (stopped is None or stopped == stages[-1].name):
+        progress.stage, progress.trainer = "export", None
+        summary["export"] = str(export_last(cur, stages[-1], opts))
+    return summary
+
+
+def export_last(cur: Curriculum, stage: Stage, opts: RunOptions) -> Path:
+    """The last stage's taken checkpoint as ``OUT/export/<recipe>`` (official files + training.json)."""
+    from dllm.train.export import export
+
+    directory = opts.out / stage.name
+    path = taken(directory, stage, stage_end(stage, opts))
+    if path is None:
+        raise ValueError(f"stage {stage.name!r} left no checkpoint under {directory}")
+    note = (f"python -m dllm.train --recipe {cur.name}: stages "
+            f"{', '.join(s.name for s in selected(cur, opts))}"
+            + (f" (max_steps {opts.max_steps})" if opts.max_steps else ""))
+    return export(directory, cur.name, path.name, cur.export_dtype, root=opts.out / EXPORT_DIR, note=note)
+
+
+__all__ = ["RunOptions", "StageInterrupted", "check_options", "export_last", "mixture_text", "plan", "run",
+           "selected", "stage_end", "stage_recipe", "taken"]
