@@ -168,7 +168,7 @@ def evaluate(name: str, cases: list[str]) -> None:
     """Exact match (one token per step) of ``name`` on ``task:size`` cases, ``$N`` examples each
     (default 16): the narrow variants drawn from ``random.Random(123)``, the suite's tasks from their
     test split; ``$THREADS`` threads (default 1)."""
-    from dllm.eval.exact_match import decode_and_score, load_model
+    from dllm.scoring.exact_match import decode_and_score, load_model
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     n = int(os.environ.get("N", "16"))

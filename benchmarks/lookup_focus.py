@@ -35,7 +35,7 @@ def main(steps: int, out: str) -> None:
 
 def evaluate(name: str) -> None:
     from dllm import tasks as T
-    from dllm.eval.exact_match import decode_and_score, load_model
+    from dllm.scoring.exact_match import decode_and_score, load_model
 
     torch.set_num_threads(2)
     model = load_model(name)

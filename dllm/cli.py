@@ -174,7 +174,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from dllm.eval.bench_throughput import run_throughput
+    from dllm.eval.bench.throughput import run_throughput
 
     _set_threads(args)
     run_throughput(args)
@@ -216,14 +216,14 @@ def cmd_compare(args) -> int:
 
 
 def cmd_stress(args) -> int:
-    from dllm.eval.stress import run_stress_cli
+    from dllm.eval.stress.sweep import run_stress_cli
 
     _set_threads(args)
     return run_stress_cli(args)
 
 
 def cmd_bench_caches(args) -> int:
-    from dllm.eval.bench_caches import format_table, run_cache_bench
+    from dllm.eval.bench.caches import format_table, run_cache_bench
     from dllm.models import load, tiny
 
     _set_threads(args)
@@ -248,7 +248,7 @@ def cmd_bench_caches(args) -> int:
 
 
 def cmd_bench_kernels(args) -> int:
-    from dllm.eval.bench_kernels import format_table, run_kernel_bench
+    from dllm.eval.bench.kernels import format_table, run_kernel_bench
 
     rows = run_kernel_bench(device=args.device, repeats=args.repeats)
     print(format_table(rows))
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--grid", action="append", default=None, metavar="SPEC",
                     help="repeatable; one sampler family: SAMPLER[:OPTION=V1,V2,...,OPTION=V,...], k = tokens "
                          "per step (low_confidence:k=1,2,4,8 threshold:threshold=0.5,0.7,0.9); default: sweeps "
-                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress_grid)")
+                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress.grid)")
     st.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
                     help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
     st.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")
@@ -388,11 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # `dllm bench NAME ...` handed whole to NAME's module main(argv): (module, help)
 DELEGATED_BENCHES: dict[str, tuple[str, str]] = {
-    "spec": ("dllm.eval.bench_spec", "speculative decoding of an AR target: drafters vs target.generate, "
+    "spec": ("dllm.eval.spec.bench", "speculative decoding of an AR target: drafters vs target.generate, "
                                      "assisted generation, prompt lookup"),
-    "breakdown": ("dllm.eval.bench_breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, "
+    "breakdown": ("dllm.eval.bench.breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, "
                                                "head, statistics, engine)"),
-    "e2e": ("dllm.eval.e2e", "end to end: the recommended setting against Fast-dLLM's (threshold + dual) on the "
+    "e2e": ("dllm.eval.bench.e2e", "end to end: the recommended setting against Fast-dLLM's (threshold + dual) on the "
                              "accuracy / tokens-per-second plane, every model / suite pair"),
 }
 

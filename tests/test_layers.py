@@ -6,9 +6,10 @@
     2  models                                       (DiffusionLM, checkpoints, the K/V buffers, oracles)
     3  samplers, cache                              (step rules; cache policies)
     4  engine                                       (the one decode loop)
+    4.5 scoring                                     (decode settings, exact-match decode-and-score loop)
     5  drafters                                     (speculative decoding for AR targets)
-    6  eval                                         (exact-match evaluation, compare, benchmarks)
-    7  train                                        (imports eval's exact-match evaluation)
+    6  eval                                         (compare, stress, lm-eval harness, benchmarks)
+    7  train                                        (imports scoring's exact-match evaluation, never eval)
     8  cli
     9  the package root ``dllm`` (lazy public API)
 
@@ -29,6 +30,7 @@ LAYERS: dict[str, int] = {
     "models": 2,
     "samplers": 3, "cache": 3,
     "engine": 4,
+    "scoring": 4.5,
     "drafters": 5,
     "eval": 6,
     "train": 7,

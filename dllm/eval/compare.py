@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dllm import tasks as T
-from dllm.eval.exact_match import check_tokens_per_step, decode_and_score, load_model
+from dllm.scoring.exact_match import check_tokens_per_step, decode_and_score, load_model
 from dllm.options import check_int, check_optional_int
 from dllm.registry import parse_spec
 
@@ -71,7 +71,7 @@ class SamplerResult:
     content_tokens_per_forward: float
     tokens_per_second: float
     wall_time: float
-    # peak memory of the run (dllm.eval.timing: CUDA allocations, or on CPU the process's peak resident
+    # peak memory of the run (dllm.eval.bench.timing: CUDA allocations, or on CPU the process's peak resident
     # set, model and interpreter included); None where it cannot be measured
     peak_memory_mb: Optional[float] = None
     pareto: bool = False
@@ -100,7 +100,7 @@ def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
 
 def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
-    from dllm.eval.timing import peak_memory_mb, reset_peak_memory
+    from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory
     from dllm.inputs import model_device
 
     device = model_device(model)

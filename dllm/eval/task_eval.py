@@ -3,7 +3,7 @@
 Each example is decoded as one block of its answer length with a fixed-step sampler
 (``low_confidence`` by default, i.e. top-k confidence) and ``steps = ceil(L_ans / k)``; the table
 has one row per task and one column per k, plus the mean over the C(Y|X) = 0 tasks (``c0``, see
-``dllm.eval.exact_match``). An adaptive sampler chooses its own steps: it gets one column,
+``dllm.scoring.exact_match``). An adaptive sampler chooses its own steps: it gets one column,
 ``adaptive``, and no k.
 """
 
@@ -13,7 +13,7 @@ import json
 from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_of, check_test_range, check_tokens_per_step, eval_examples, evaluate, load_model
+from dllm.scoring.exact_match import c0_of, check_test_range, check_tokens_per_step, eval_examples, evaluate, load_model
 from dllm.samplers import make_sampler
 
 Column = Union[int, str]  # k, or "adaptive"

@@ -1,9 +1,9 @@
-"""The per-component step breakdown (dllm.eval.bench_breakdown) on a small model."""
+"""The per-component step breakdown (dllm.eval.bench.breakdown) on a small model."""
 
 import pytest
 import torch
 
-from dllm.eval.bench_breakdown import StepClock, format_rows, main, reference_statistics_seconds, run_case
+from dllm.eval.bench.breakdown import StepClock, format_rows, main, reference_statistics_seconds, run_case
 from dllm.models.tiny import tiny
 
 

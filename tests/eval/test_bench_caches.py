@@ -1,9 +1,9 @@
-"""``dllm.eval.bench_caches``: one row per (policy, sampler) with consistent counts."""
+"""``dllm.eval.bench.caches``: one row per (policy, sampler) with consistent counts."""
 
 import pytest
 
 from dllm.cache import DualCache
-from dllm.eval.bench_caches import COLUMNS, format_table, run_cache_bench
+from dllm.eval.bench.caches import COLUMNS, format_table, run_cache_bench
 from dllm.models import tiny
 
 

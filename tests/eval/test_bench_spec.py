@@ -1,4 +1,4 @@
-"""``dllm.eval.bench_spec``: every method side by side at batch 1 on tiny random Qwen3 models."""
+"""``dllm.eval.spec.bench``: every method side by side at batch 1 on tiny random Qwen3 models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.eval.bench_spec import (METHODS, Method, acceptance_by_position, commits_from_starts, counting,
+from dllm.eval.spec.bench import (METHODS, Method, acceptance_by_position, commits_from_starts, counting,
                                   format_table, main, parse_args, run_bench)
 
 from spec_models import MASK, tiny_qwen3

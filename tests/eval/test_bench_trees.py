@@ -1,4 +1,4 @@
-"""``dllm.eval.bench_trees``: draft-tree budgets chosen on a held-out split, on tiny random Qwen3 models."""
+"""``dllm.eval.spec.trees``: draft-tree budgets chosen on a held-out split, on tiny random Qwen3 models."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.eval import bench_trees as B
-from dllm.eval.bench_spec import main as bench_spec_main
+from dllm.eval.spec import trees as B
+from dllm.eval.spec.bench import main as bench_spec_main
 
 from spec_models import MASK, tiny_qwen3
 
@@ -203,7 +203,7 @@ def _row(builder: str, forwards: list[int], tokens: list[int], budget: int = 8, 
 
 
 def test_paired_counts_and_interval():
-    from dllm.eval.trees_report import format_paired, paired, paired_rows
+    from dllm.eval.spec.trees_report import format_paired, paired, paired_rows
 
     tokens = [40, 30, 50, 20, 60, 45]
     a, b = _row("taps", [5, 4, 6, 3, 7, 5], tokens), _row("ddtree", [5, 5, 6, 4, 7, 6], tokens)
@@ -242,7 +242,7 @@ def test_paired_counts_and_interval():
 
 
 def test_paired_rejects_mismatched_rows():
-    from dllm.eval.trees_report import paired, paired_rows
+    from dllm.eval.spec.trees_report import paired, paired_rows
 
     a = _row("taps", [5, 4], [40, 30])
     with pytest.raises(ValueError, match=r"got 2 / 2 \(taps:budget=8\) and 3 / 3 \(ddtree:budget=8\)"):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from dllm.eval import choose_cache as C
-from dllm.eval import e2e
+from dllm.eval.bench import choose_cache as C
+from dllm.eval.bench import e2e
 
 ACC = {"a/short": {"none": 0.90, "dual": 0.80, "drift": 0.895, "slow": 0.90},
        "b/long": {"none": 0.95, "dual": 0.95, "drift": 0.94, "slow": 0.95}}
@@ -57,7 +57,7 @@ def test_a_run_that_dies_keeps_its_measured_pairs_for_merge(tmp_path, monkeypatc
     import json
 
     from dllm.eval import compare as compare_mod
-    from dllm.eval import exact_match
+    from dllm.scoring import exact_match
     from dllm.eval.compare import SamplerResult
 
     calls = []
@@ -148,7 +148,7 @@ def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):
     import json
 
     from dllm.eval import compare as compare_mod
-    from dllm.eval import exact_match
+    from dllm.scoring import exact_match
     from dllm.eval.compare import SamplerResult
 
     calls = []

@@ -1,9 +1,9 @@
-"""``dllm.eval.exact_match``: the one decode-and-score loop (evaluation, eval-tasks, compare)."""
+"""``dllm.scoring.exact_match``: the one decode-and-score loop (evaluation, eval-tasks, compare)."""
 
 import pytest
 
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_tasks, check_tokens_per_step, decode_and_score, evaluate
+from dllm.scoring.exact_match import c0_tasks, check_tokens_per_step, decode_and_score, evaluate
 from dllm.models import load
 
 
@@ -50,7 +50,7 @@ def test_tokens_per_step_checks():
 
 
 def test_long_prompts_are_batched_by_length():
-    from dllm.eval.exact_match import BUCKET_RATIO, length_batches
+    from dllm.scoring.exact_match import BUCKET_RATIO, length_batches
 
     def lengths(batches):
         return [[len(T.prompt_ids(ex)) for ex in b] for b in batches]

@@ -16,9 +16,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from dllm import tasks as T  # noqa: E402
 from dllm.eval import harness as H  # noqa: E402
-from dllm.eval.exact_match import decode_and_score, eval_examples  # noqa: E402
-from dllm.eval.harness_config import HARNESS_KEYS, split_model_args  # noqa: E402
-from dllm.eval.harness_tasks import DATA_ENV, lm_task_name, write_task_files  # noqa: E402
+from dllm.scoring.exact_match import decode_and_score, eval_examples  # noqa: E402
+from dllm.eval.harness.config import HARNESS_KEYS, split_model_args  # noqa: E402
+from dllm.eval.harness.tasks import DATA_ENV, lm_task_name, write_task_files  # noqa: E402
 from dllm.models import load  # noqa: E402
 
 # C = 0 and C > 0 tasks on which tiny-llada is exact on some examples and wrong on others

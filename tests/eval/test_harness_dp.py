@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from dllm import tasks as T  # noqa: E402
-from dllm.eval.exact_match import decode_and_score, eval_examples  # noqa: E402
-from dllm.eval.harness_tasks import DATA_ENV, lm_task_name, write_task_files  # noqa: E402
+from dllm.scoring.exact_match import decode_and_score, eval_examples  # noqa: E402
+from dllm.eval.harness.tasks import DATA_ENV, lm_task_name, write_task_files  # noqa: E402
 from dllm.models import load  # noqa: E402
 
 TASKS = ("copy", "sort_num", "pick_pair", "shuffle_2tok")

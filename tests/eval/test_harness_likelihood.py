@@ -1,4 +1,4 @@
-"""``dllm.eval.harness_likelihood`` and the harness's ``loglikelihood``: LLaDA's Monte-Carlo estimate."""
+"""``dllm.eval.harness.likelihood`` and the harness's ``loglikelihood``: LLaDA's Monte-Carlo estimate."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from dllm import tasks as T  # noqa: E402
 from dllm.eval.harness import DllmLM  # noqa: E402
-from dllm.eval.harness_likelihood import (  # noqa: E402
+from dllm.eval.harness.likelihood import (  # noqa: E402
     LikelihoodConfig, MonteCarloLikelihood, mask_counts, request_seed, rolling_windows,
 )
 from dllm.models import load  # noqa: E402

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-import dllm.eval.stress as stress_mod
+import dllm.eval.stress.sweep as stress_mod
 from dllm import tasks as T
 from dllm.cli import main
-from dllm.eval.exact_match import c0_tasks, eval_examples
-from dllm.eval.stress import StressConfig, StressStore, decode_cell, run_stress
-from dllm.eval.stress_grid import build_grid
+from dllm.scoring.exact_match import c0_tasks, eval_examples
+from dllm.eval.stress.sweep import StressConfig, StressStore, decode_cell, run_stress
+from dllm.eval.stress.grid import build_grid
 from dllm.models.oracle import OracleLM
 
 KS = (1, 2, 4, 8, 32)  # 32: every answer region in one step

@@ -3,8 +3,8 @@
 import pytest
 
 from dllm.cli import main
-from dllm.eval.stress import StressConfig
-from dllm.eval.stress_grid import build_grid, parse_block_lengths, parse_grid_entry
+from dllm.eval.stress.sweep import StressConfig
+from dllm.eval.stress.grid import build_grid, parse_block_lengths, parse_grid_entry
 
 
 def test_one_option_swept():

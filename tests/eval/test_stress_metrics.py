@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from dllm.eval.stress import StressConfig
-from dllm.eval.stress_grid import cell_key
-from dllm.eval.stress_metrics import (
+from dllm.eval.stress.sweep import StressConfig
+from dllm.eval.stress.grid import cell_key
+from dllm.eval.stress.metrics import (
     Cell, centre_of_mass, kendall_tau_b, max_tps_at, oracle_choice, oracle_summary, unmasking_tau,
 )  # fmt: skip
-from dllm.eval.stress_report import format_report, summarize
+from dllm.eval.stress.report import format_report, summarize
 
 
 def test_kendall_tau_of_left_to_right_and_right_to_left():

@@ -31,7 +31,7 @@ def test_eval_tasks_rejects_bad_k(capsys):
 
 
 def test_skip_gives_the_later_instances_disjoint_from_the_first():
-    from dllm.eval.exact_match import eval_examples
+    from dllm.scoring.exact_match import eval_examples
 
     tasks = ["copy", "lookup_long"]
     first, later, both = (eval_examples(tasks, per_size=p, skip=s) for p, s in ((3, 0), (2, 3), (5, 0)))
@@ -54,7 +54,7 @@ def test_eval_tasks_records_skip_and_rejects_instances_outside_the_split(capsys,
 def test_solved_follows_the_order_of_the_examples_given():
     """decode_and_score batches by task; ``solved`` maps back to the caller's order (oracle, k = 2:
     copy is solved, shuffle with tied exact marginals never is)."""
-    from dllm.eval.exact_match import decode_and_score, eval_examples
+    from dllm.scoring.exact_match import decode_and_score, eval_examples
     from dllm.models.oracle import OracleLM
 
     copy, shuffle = eval_examples(["copy"], per_size=1), eval_examples(["shuffle"], per_size=1)

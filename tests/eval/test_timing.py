@@ -1,8 +1,8 @@
-"""``dllm.eval.timing``: the one timer of the benchmarks."""
+"""``dllm.eval.bench.timing``: the one timer of the benchmarks."""
 
 import torch
 
-from dllm.eval.timing import peak_memory_mb, reset_peak_memory, timed
+from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, timed
 
 
 def test_timed_warms_up_then_returns_the_median_call():

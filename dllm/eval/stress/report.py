@@ -1,4 +1,4 @@
-"""The summary and text tables of ``dllm stress`` (definitions: ``dllm.eval.stress_metrics``).
+"""The summary and text tables of ``dllm stress`` (definitions: ``dllm.eval.stress.metrics``).
 
 Means over tasks weigh every task the same (ParallelBench averages per-task scores, arXiv
 2510.04767). ``summarize`` returns plain JSON-ready data:
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from dllm.eval.exact_match import c0_of
-from dllm.eval.stress_grid import Setting, cell_key
-from dllm.eval.stress_metrics import (
+from dllm.scoring.exact_match import c0_of
+from dllm.eval.stress.grid import Setting, cell_key
+from dllm.eval.stress.metrics import (
     LEVELS, Cell, best_at, centre_of_mass, max_tps_at, mean, oracle_summary,
 )  # fmt: skip
 

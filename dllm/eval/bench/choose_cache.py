@@ -1,6 +1,6 @@
 """Choose the ``auto`` cache policy by measurement.
 
-    python -m dllm.eval.choose_cache --threads 1 --out benchmarks/cache-choice.json
+    python -m dllm.eval.bench.choose_cache --threads 1 --out benchmarks/cache-choice.json
 
 The rule of the speed issue, applied to every candidate policy with the recommended sampler
 (``fast``), and measured side by side with ``cache="none"`` in the same run:
@@ -11,7 +11,7 @@ The rule of the speed issue, applied to every candidate policy with the recommen
   ``--n`` per task, raised per suite until one example weighs at most half the tolerance
   (``resolving_n``: 8 per task on PB-mini's 31 tasks, 50 on the long suite's 4);
 - speed: >= ``MIN_SPEEDUP`` (3x) the wall-clock speed of ``none`` at prompt 1,024 + 256 generated
-  (blocks of 32, ``dllm.eval.bench_caches.run_cache_bench``: a random prompt, median of repeats)
+  (blocks of 32, ``dllm.eval.bench.caches.run_cache_bench``: a random prompt, median of repeats)
   on every speed model;
 
 and picks, among the candidates that pass everything, the fastest (mean speed-up). No candidate
@@ -109,7 +109,7 @@ def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool,
     are written there after each pair (a run that dies keeps them: ``--merge`` takes the file)."""
     from dllm import tasks as T
     from dllm.eval.compare import compare
-    from dllm.eval.exact_match import load_model
+    from dllm.scoring.exact_match import load_model
 
     accuracy: dict[str, dict[str, float]] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -134,8 +134,8 @@ def measure_accuracy(pairs, candidates: Sequence[str], n: int, progress: bool,
 def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int, progress: bool) -> tuple[dict, dict]:
     """speedup[model][cache] (x none, same run) and the bench rows per model."""
     from dllm.cache import make_cache
-    from dllm.eval.bench_caches import run_cache_bench
-    from dllm.eval.exact_match import load_model
+    from dllm.eval.bench.caches import run_cache_bench
+    from dllm.scoring.exact_match import load_model
 
     given = {make_cache(c).spec: c for c in candidates}  # the policies' normalised specs -> as given
     speedup: dict[str, dict[str, float]] = {}
@@ -150,7 +150,7 @@ def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_cache", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.choose_cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
     ap.add_argument("--n", type=int, default=8,
                     help="test examples per task (accuracy), at least; raised per suite by resolving_n")

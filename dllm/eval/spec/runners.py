@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
-from dllm.eval.timing import sync
+from dllm.eval.bench.timing import sync
 
 METHODS: tuple[str, ...] = ("generate", "ar", "dflash", "assisted", "prompt_lookup", "ngram", "dlm")
 MODEL_FLAGS = {"dflash": "--dflash", "assisted": "--assistant", "dlm": "--dlm"}  # methods that need a model

@@ -11,9 +11,9 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.bench_spec import _reason, check_temperatures
-from dllm.eval.spec_report import Row, _task_vocab, compare_to_baseline, summarize
-from dllm.eval.spec_runners import Runner, Sample, _device, _timed, hf_runner, loop_runner
+from dllm.eval.spec.bench import _reason, check_temperatures
+from dllm.eval.spec.report import Row, _task_vocab, compare_to_baseline, summarize
+from dllm.eval.spec.runners import Runner, Sample, _device, _timed, hf_runner, loop_runner
 
 BASELINES: tuple[str, ...] = ("generate", "no-tree")  # target.generate; the DFlash chain without a tree
 SPLITS: tuple[str, ...] = ("held-out", "reported")

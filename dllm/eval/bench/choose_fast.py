@@ -1,8 +1,8 @@
 """Choose the ``fast`` sampler alias by measurement.
 
-    python -m dllm.eval.choose_fast --models tiny-llada tiny-dream oracle --n 8 --out benchmarks/fast-choice.json
-    python -m dllm.eval.choose_fast --results A/compare.json B/compare.json   # judge finished runs
-    python -m dllm.eval.choose_fast --results old.json new.json   # merge runs: rows per model, by label
+    python -m dllm.eval.bench.choose_fast --models tiny-llada tiny-dream oracle --n 8 --out benchmarks/fast-choice.json
+    python -m dllm.eval.bench.choose_fast --results A/compare.json B/compare.json   # judge finished runs
+    python -m dllm.eval.bench.choose_fast --results old.json new.json   # merge runs: rows per model, by label
 
 Runs ``dllm compare`` (``dllm.eval.compare``) on each model over the full stress suite with the
 reference ``low_confidence`` at one token per step, the baseline ``threshold`` (0.9) and the
@@ -19,7 +19,7 @@ forward). The bar already guarantees the gain in forwards; above it, the winner 
 spends the least compute, because a candidate that buys tokens per forward with larger forwards
 (verification variants) pays for them in time wherever a forward is compute-bound (a CPU, a GPU at
 large batch). Until 2026-12-02 the highest tokens per forward won; the end-to-end comparison
-(``dllm.eval.e2e``) then lost on tokens/s to a baseline forwarding 2.3x fewer tokens.
+(``dllm.eval.bench.e2e``) then lost on tokens/s to a baseline forwarding 2.3x fewer tokens.
 No candidate passing is a result too: it is printed as such and ``choose`` returns None.
 Every verdict reports the candidate's forwarded-token ratio and mean tokens per forward.
 """
@@ -130,9 +130,9 @@ def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dllm.eval.exact_match import load_model
+    from dllm.scoring.exact_match import load_model
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.choose_fast", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.choose_fast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-llada", "tiny-dream", "oracle"])
     ap.add_argument("--candidates", nargs="+", default=None,
                     help="default: CANDIDATES, or with --results every other sampler in them")

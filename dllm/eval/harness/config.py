@@ -82,7 +82,7 @@ def split_model_args(model_args: dict[str, Any]) -> tuple[HarnessConfig, dict[st
     Raises ValueError for an unknown sampler or cache name (listing the valid ones), for a key that
     is neither a harness key nor an option of the sampler (listing both), and for bad values."""
     from dllm.cache import make_cache
-    from dllm.eval.exact_match import check_tokens_per_step
+    from dllm.scoring.exact_match import check_tokens_per_step
     from dllm.registry import parse_spec
     from dllm.samplers import make_sampler, samplers
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Optional, Sequence
 
-from dllm.eval.exact_match import check_tokens_per_step
+from dllm.scoring.exact_match import check_tokens_per_step
 from dllm.options import check_int
 from dllm.registry import format_spec, parse_spec, parse_value
 from dllm.samplers import make_sampler, samplers

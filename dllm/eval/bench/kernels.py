@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from dllm.eval.timing import timed
+from dllm.eval.bench.timing import timed
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -237,7 +237,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMN
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m dllm.eval.bench_kernels [--device cuda] [--repeats 10]``: print the default table."""
+    """``python -m dllm.eval.bench.kernels [--device cuda] [--repeats 10]``: print the default table."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -36,7 +36,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dllm.eval.timing import peak_memory_mb, reset_peak_memory, sync, timed
+from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
 COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")

@@ -1,8 +1,8 @@
 """End to end: the recommended setting against Fast-dLLM's, on the accuracy / tokens-per-second plane.
 
-    python -m dllm.eval.e2e --n 8 --threads 2 --out benchmarks/e2e-2026-12-01
+    python -m dllm.eval.bench.e2e --n 8 --threads 2 --out benchmarks/e2e-2026-12-01
 
-For every (model, suite) pair of ``dllm.eval.choose_cache.PAIRS`` (the PB-mini models on the short
+For every (model, suite) pair of ``dllm.eval.bench.choose_cache.PAIRS`` (the PB-mini models on the short
 suite, the long-prompt models on the long suite, blocks of 4), one ``dllm compare`` run decodes the
 same examples with
 
@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.choose_cache import label, resolving_n, select_pairs
+from dllm.eval.bench.choose_cache import label, resolving_n, select_pairs
 
 FASTDLLM = "threshold:cache=dual"
 
@@ -100,9 +100,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm import tasks as T
     from dllm.cache import caches
     from dllm.eval.compare import compare, format_results
-    from dllm.eval.exact_match import load_model
+    from dllm.scoring.exact_match import load_model
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.e2e", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8,
                     help="test examples per task, at least; raised per suite by choose_cache.resolving_n")

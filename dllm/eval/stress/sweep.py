@@ -29,9 +29,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.exact_match import eval_examples, load_model
-from dllm.eval.stress_grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
-from dllm.eval.stress_metrics import Cell, unmasking_tau
+from dllm.scoring.exact_match import eval_examples, load_model
+from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
+from dllm.eval.stress.metrics import Cell, unmasking_tau
 from dllm.options import check_int
 from dllm.registry import parse_spec
 from dllm.samplers import samplers
@@ -242,7 +242,7 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
     """
     from tqdm.auto import tqdm
 
-    from dllm.eval.choose_fast import cannot_run
+    from dllm.eval.bench.choose_fast import cannot_run
 
     refused = {s.spec: why for s in config.settings if (why := cannot_run(model, s.spec)) is not None}
     if refused:  # before any decoding, not at the first cell of such a sampler
@@ -309,8 +309,8 @@ def load_stress_model(name: str, dtype: Optional[str] = None, device: Optional[s
 
 def run_stress_cli(args) -> int:
     """``dllm stress``: check everything, load the model, sweep, print and save the tables and plots."""
-    from dllm.eval.stress_report import format_report, summarize
-    from dllm.eval.stress_plots import plot_all
+    from dllm.eval.stress.report import format_report, summarize
+    from dllm.eval.stress.plots import plot_all
 
     config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
                           block_lengths=parse_block_lengths(args.block_lengths),

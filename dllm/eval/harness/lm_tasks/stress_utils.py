@@ -1,14 +1,14 @@
 """lm-eval glue of the dllm stress tasks, loaded by the YAMLs beside it (``!function stress_utils.*``).
 
 ``StressTask`` is lm-eval's ``ConfigurableTask`` with two changes: its ``data_files`` are found in the
-stress-task data directory (``dllm.eval.harness_tasks.resolve_data_files``: a missing file names the
+stress-task data directory (``dllm.eval.harness.tasks.resolve_data_files``: a missing file names the
 path and the command that writes it), and each request asks for exactly the document's answer length
 (``max_gen_toks = answer_length``). ``process_results`` scores with the task's exact scorer.
 """
 
 from lm_eval.api.task import ConfigurableTask
 
-from dllm.eval.harness_tasks import resolve_data_files, score_region
+from dllm.eval.harness.tasks import resolve_data_files, score_region
 
 
 class StressTask(ConfigurableTask):

@@ -8,7 +8,7 @@
   ``warmup``), device-synchronised;
 - ``nfe``, ``forwarded_tokens`` (rows x query length summed over forwards: the honest compute
   count), ``generated_tokens``, ``tokens_per_s`` (generated tokens / wall), ``tokens_per_forward``;
-- ``peak_memory_mb``: the peak memory of the timed runs (``dllm.eval.timing.peak_memory_mb``:
+- ``peak_memory_mb``: the peak memory of the timed runs (``dllm.eval.bench.timing.peak_memory_mb``:
   CUDA allocations, or the process's peak resident set on CPU; None where it cannot be reset);
 - ``kv_cache_mb``: size of the policy's K/V buffers (0 for ``none``);
 - ``speedup``: wall time of ``none`` with the same sampler / this wall time (when ``none`` is run);
@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm.cache import make_cache
-from dllm.eval.timing import timed
+from dllm.eval.bench.timing import timed
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import make_sampler
 

@@ -3,7 +3,7 @@
 Prints one table: the model's plain forward over the full canvas (tokens/s), and a ``generate``
 call with the chosen sampler (NFE, forwarded tokens, tokens per forward, generated tokens/s,
 wall time, peak memory of the ``generate`` runs). Median over ``--repeats`` runs after one warm-up
-(``dllm.eval.timing``).
+(``dllm.eval.bench.timing``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 
 import torch
 
-from dllm.eval.bench_caches import bench_prompt
-from dllm.eval.timing import timed
+from dllm.eval.bench.caches import bench_prompt
+from dllm.eval.bench.timing import timed
 
 
 def run_throughput(args) -> dict:

@@ -43,12 +43,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.bench_spec import _split, check_common_args, check_temperatures, format_table
-from dllm.eval.spec_runners import _device
-from dllm.eval.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
-from dllm.eval.tree_runs import (BASELINES, Config, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
+from dllm.eval.spec.bench import _split, check_common_args, check_temperatures, format_table
+from dllm.eval.spec.runners import _device
+from dllm.eval.spec.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
+from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
                                  widths)
-from dllm.eval.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
+from dllm.eval.spec.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
                                     paired_rows, plot_trees)
 
 DEFAULT_BUILDERS: tuple[str, ...] = ("chain", "ddtree", "taps")

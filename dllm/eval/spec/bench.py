@@ -27,9 +27,9 @@ from typing import Optional, Sequence, Union
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec_report import (COLUMNS, Row, _task_vocab, acceptance_by_position, compare_to_baseline, format_table,
+from dllm.eval.spec.report import (COLUMNS, Row, _task_vocab, acceptance_by_position, compare_to_baseline, format_table,
                                    summarize)
-from dllm.eval.spec_runners import (METHODS, Method, Runner, Sample, _device, commits_from_starts, counting,
+from dllm.eval.spec.runners import (METHODS, Method, Runner, Sample, _device, commits_from_starts, counting,
                                     hf_runner, loop_runner, make_runner)
 
 WARMUP_TOKENS = 8
@@ -188,10 +188,10 @@ def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argp
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``dllm bench spec [flags]``: print the table, write ``--out`` JSON. ValueError on bad flags.
-    With ``--trees``: the draft-tree budget benchmark (``dllm.eval.bench_trees``, its own flags)."""
+    With ``--trees``: the draft-tree budget benchmark (``dllm.eval.spec.trees``, its own flags)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--trees" or a.startswith("--trees=") for a in argv):
-        from dllm.eval import bench_trees
+        from dllm.eval.spec import trees as bench_trees
 
         return bench_trees.main(argv)
     args = parse_args(argv)

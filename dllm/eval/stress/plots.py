@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dllm.eval.stress_report import HEATMAP_LEVEL
+from dllm.eval.stress.report import HEATMAP_LEVEL
 
 
 def _pyplot():

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from dllm.eval.tree_runs import TreeRow
+from dllm.eval.spec.tree_runs import TreeRow
 
 if TYPE_CHECKING:
-    from dllm.eval.bench_trees import TreeBench
+    from dllm.eval.spec.trees import TreeBench
 
 COLUMNS = ("builder", "budget", "temperature", "tau", "tau_round", "width", "target_forwards", "tokens_per_s",
            "speedup", "accuracy", "greedy_match", "chosen", "status")

@@ -5,7 +5,7 @@
     accelerate launch --multi_gpu --num_processes 2 -m dllm.eval.harness --model dllm ...   # data parallel
 
 ``python -m dllm.eval.harness`` is lm-eval's own command line with this model registered and the
-stress tasks' directory (``dllm/eval/lm_tasks``) as ``--include_path``. Importing this module
+stress tasks' directory (``dllm/eval/harness/lm_tasks``) as ``--include_path``. Importing this module
 registers the model for ``lm_eval.simple_evaluate(model="dllm", ...)``.
 
 model_args (``HarnessConfig``; any other key is an option of the sampler, validated against its
@@ -22,7 +22,7 @@ lacks falls back to the best available device with a warning.
   the first EOS/EoT and decoded without special tokens, then cut at the first ``until`` string;
   with the generation kwarg ``keep_special_tokens: true`` it is the whole generated region with
   its special tokens (the stress tasks' scorer reads the EOS padding).
-- ``loglikelihood``: LLaDA's Monte-Carlo estimate and greedy check (``harness_likelihood``);
+- ``loglikelihood``: LLaDA's Monte-Carlo estimate and greedy check (``harness.likelihood``);
   ``loglikelihood_rolling``: the same estimate of the whole text after a BOS (or EOS) token.
 - Chat templates: ``apply_chat_template`` renders with the model's template (the tokenizer's own
   or the family default).
@@ -46,8 +46,8 @@ from typing import Any, Optional, Sequence
 import torch
 from lm_eval.api.model import LM
 
-from dllm.eval.harness_config import default_device, split_model_args
-from dllm.eval.harness_likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
+from dllm.eval.harness.config import default_device, split_model_args
+from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.tokenizer import encode_text
 
@@ -360,7 +360,7 @@ def task_manager(include_defaults: bool = True):
     without indexing lm-eval's own tasks, which takes seconds)."""
     from lm_eval.tasks import TaskManager
 
-    from dllm.eval.harness_tasks import LM_TASKS_DIR
+    from dllm.eval.harness.tasks import LM_TASKS_DIR
 
     return TaskManager(include_path=str(LM_TASKS_DIR), include_defaults=include_defaults)
 
@@ -371,7 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     from lm_eval.__main__ import cli_evaluate
 
-    from dllm.eval.harness_tasks import LM_TASKS_DIR
+    from dllm.eval.harness.tasks import LM_TASKS_DIR
 
     register()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -381,9 +381,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     cli_evaluate()
 
 
-if __name__ == "__main__":
-    from dllm.eval.harness import main as _main  # the importable module's class, registered once
-
-    _main()
-else:
-    register()
+register()

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dllm.eval.timing import sync
+from dllm.eval.bench.timing import sync
 
 COST_SIZES: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
