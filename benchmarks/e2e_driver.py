@@ -37,7 +37,7 @@ from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache 
 
 import dllm  # noqa: E402
 from dllm import tasks as T  # noqa: E402
-from dllm.eval.compare import _examples  # noqa: E402
+from dllm.eval.compare import task_examples as _examples  # noqa: E402
 from dllm.scoring.exact_match import load_model  # noqa: E402
 
 PAIRS = (("tiny-llada", "pb-mini"), ("tiny-llada-long", "long-prompt"))

@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from dllm import tasks as T
-from dllm.eval.compare import _examples
+from dllm.eval.compare import task_examples as _examples
 from dllm.scoring.exact_match import decode_and_score, load_model
 
 

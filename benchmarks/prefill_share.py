@@ -26,7 +26,8 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.bench.choose_cache import PAIRS
-from dllm.eval.compare import SamplerSpec, _examples
+from dllm.eval.compare import SamplerSpec
+from dllm.eval.compare import task_examples as _examples
 from dllm.scoring.exact_match import decode_and_score, load_model
 from dllm.eval.bench.e2e import FASTDLLM
 

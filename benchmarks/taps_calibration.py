@@ -23,7 +23,7 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.eval.spec.trees import held_out_examples, parse_args
-from dllm.eval.spec.tree_runs import _task_vocab
+from dllm.eval.spec.report import task_vocab as _task_vocab
 
 N = 8  # instances per size in each split, as `dllm bench spec --trees --n 8`
 SPECS = ("ddtree", "taps", "taps:gamma=0,decay=0.9", "taps:gamma=0,decay=0.8", "taps:gamma=0,decay=0.7",

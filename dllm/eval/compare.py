@@ -78,7 +78,9 @@ class SamplerResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
+def task_examples(task_names: Sequence[str], n: int) -> list[T.Example]:
+    """The first ``n`` test examples of each task, taken round-robin over its default sizes (so that
+    ``n`` examples cover the size range), tasks in the given order."""
     out = []
     for name in task_names:
         task = T.get_task(name)
@@ -167,7 +169,7 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
     check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
     parsed = check_compare(specs, n, block_length)
     names = list(task_names) if task_names else list(T.suite_task_names())
-    examples = _examples(names, n)
+    examples = task_examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first
     run_sampler(model, parsed[0], examples, block_length=block_length)

@@ -27,9 +27,10 @@ from typing import Optional, Sequence, Union
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec.report import (COLUMNS, Row, _task_vocab, acceptance_by_position, compare_to_baseline, format_table,
-                                   summarize)
-from dllm.eval.spec.runners import (METHODS, Method, Runner, Sample, _device, commits_from_starts, counting,
+from dllm.eval.spec.flags import check_common_args, check_temperatures, failure_reason, split_list
+from dllm.eval.spec.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table, summarize,
+                                   task_vocab)
+from dllm.eval.spec.runners import (METHODS, Method, Runner, Sample, commits_from_starts, counting, device_of,
                                     hf_runner, loop_runner, make_runner)
 
 WARMUP_TOKENS = 8
@@ -39,12 +40,6 @@ def check_methods(names: Sequence[str]) -> None:
     bad = [m for m in names if m not in METHODS]
     if bad or not names:
         raise ValueError(f"unknown method(s) {bad or list(names)!r}; valid methods: {', '.join(METHODS)}")
-
-
-def check_temperatures(temps: Sequence[float]) -> None:
-    bad = [t for t in temps if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf")]
-    if bad or not temps:
-        raise ValueError(f"temperatures must be finite numbers >= 0 (0 = greedy), got {list(temps)!r}")
 
 
 def run_bench(
@@ -74,7 +69,7 @@ def run_bench(
         raise ValueError("run_bench needs at least one example")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1 or None, got {max_new_tokens!r}")
-    vocab = _task_vocab()
+    vocab = task_vocab()
     prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
     budgets = [max_new_tokens or T.answer_length(ex.task, ex.size) for ex in examples]
     runners, skipped = _prepare(target, methods, prompts[0], block_size, warmup)
@@ -88,7 +83,7 @@ def run_bench(
                 try:
                     samples[name].append(runners[name](prompt, float(temp), budget, seed + i))
                 except Exception as err:  # noqa: BLE001  one method's failure never ends the run
-                    skipped[name] = _reason(err)
+                    skipped[name] = failure_reason(err)
             bar.update(1)
         rows += _rows(methods, samples, skipped, examples, float(temp), block_size)
     bar.close()
@@ -106,13 +101,8 @@ def _prepare(target, methods: Sequence[Method], prompt: list[int], block_size: i
             if warmup:
                 runners[m.name](prompt, 0.0, WARMUP_TOKENS, 0)
         except Exception as err:  # noqa: BLE001
-            skipped[m.name] = _reason(err)
+            skipped[m.name] = failure_reason(err)
     return runners, skipped
-
-
-def _reason(err: Exception) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 def _rows(methods: Sequence[Method], samples: dict[str, list[Sample]], skipped: dict[str, str],
@@ -132,15 +122,11 @@ def _width(block_size: Union[int, str], samples: Sequence[Sample]) -> int:
     return max((c for s in samples for c in s.commits or ()), default=1)
 
 
-def _split(values: Optional[Sequence[str]]) -> list[str]:
-    return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The flags of ``dllm bench spec``; ValueError (naming the valid values) for bad ones."""
     ap = argparse.ArgumentParser(prog="dllm bench spec", description=__doc__.split("\n\n")[0],
                                  epilog="dllm bench spec --trees chain,ddtree,taps --budgets 16,32,64,128 ...: draft "
-                                        "trees vs their budget (dllm/eval/bench_trees.py; --trees x --help: its flags)")
+                                        "trees vs their budget (dllm/eval/spec/trees.py; --trees x --help: its flags)")
     ap.add_argument("--target", default="tiny-ar", help="transformers causal LM (embedded name, directory, Hub id)")
     ap.add_argument("--dflash", default="tiny-ar-dflash", help="DFlash drafter checkpoint of the target")
     ap.add_argument("--assistant", default="tiny-ar-draft", help="small AR model for assisted generation")
@@ -161,29 +147,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    args.methods = _split(args.methods)
+    args.methods = split_list(args.methods)
     check_methods(args.methods)
     return check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
-
-
-def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argparse.Namespace:
-    """The flags ``dllm bench spec`` shares with its ``--trees`` mode: temperatures (numbers >= 0),
-    tasks (registered; default the long-answer suite), and the integer flags ``positive`` (>= 1)."""
-    try:
-        args.temperatures = [float(t) for t in _split(args.temperatures)]
-    except ValueError:
-        raise ValueError(f"--temperatures must be numbers >= 0 such as 0,1, got {args.temperatures!r}") from None
-    check_temperatures(args.temperatures)
-    args.tasks = _split(args.tasks) or list(T.suite_task_names("long-answer"))
-    known = [e.name for e in T.tasks]
-    bad = [t for t in args.tasks if t not in known]
-    if bad:
-        raise ValueError(f"unknown task(s) {bad}; valid tasks: {', '.join(known)}")
-    for flag in positive:
-        value = getattr(args, flag)
-        if value is not None and value != "auto" and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {value}")
-    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -204,18 +170,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     opts = {"dlm": {"sampler": args.dlm_sampler, "steps": args.dlm_steps}}
     names = args.methods if "generate" in args.methods else ["generate", *args.methods]  # the baseline always runs
     methods = [Method(n, models.get(n), opts.get(n, {})) for n in names]
-    examples = [ex for t in args.tasks for ex in T.test_split(t, None, n=args.n)]
+    examples = [ex for t in args.tasks for ex in T.testsplit_list(t, None, n=args.n)]
     rows = run_bench(target, methods, examples, temperatures=args.temperatures, seed=args.seed,
                      max_new_tokens=args.max_new_tokens, progress=not args.no_progress, block_size=args.block_size)
     print(f"target {args.target}: {len(examples)} prompts ({', '.join(args.tasks)}; n = {args.n} per size), "
-          f"batch 1, block size {args.block_size}, {torch.get_num_threads()} threads, {_device(target)}")
+          f"batch 1, block size {args.block_size}, {torch.get_num_threads()} threads, {device_of(target)}")
     print(format_table(rows))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"target": args.target, "models": models, "tasks": args.tasks, "n_per_size": args.n,
                    "prompts": len(examples), "block_size": args.block_size, "temperatures": args.temperatures,
-                   "seed": args.seed, "threads": torch.get_num_threads(), "device": str(_device(target)),
+                   "seed": args.seed, "threads": torch.get_num_threads(), "device": str(device_of(target)),
                    "rows": [r.to_json() for r in rows]}
         out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {out}")

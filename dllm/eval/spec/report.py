@@ -40,7 +40,7 @@ class Row:
 def summarize(method: str, temp: float, samples: Sequence[Sample], examples: Sequence[T.Example],
               block_size: int) -> Row:
     """One row from one method's samples at one temperature (sample i is examples[i])."""
-    words = {i: w for w, i in _task_vocab().items()}
+    words = {i: w for w, i in task_vocab().items()}
     tokens = sum(len(s.generated) for s in samples)
     forwards = sum(s.target_forwards for s in samples)
     wall = sum(s.wall_s for s in samples)
@@ -64,7 +64,7 @@ def acceptance_by_position(commits: Sequence[int], block_size: int) -> list[floa
 
 
 @lru_cache(maxsize=1)
-def _task_vocab() -> dict[str, int]:
+def task_vocab() -> dict[str, int]:
     from dllm.models.task_tokenizer import task_tokenizer
 
     return task_tokenizer().get_vocab()

@@ -79,11 +79,11 @@ def commits_from_starts(starts: Sequence[Any], prompt_len: int, generated: int) 
     return out if all(n >= 1 for n in out) else None
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _timed(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
+def timed_call(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
     sync(device)
     t0 = time.perf_counter()
     out = fn()
@@ -93,7 +93,7 @@ def _timed(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def hf_runner(target, *, assistant=None, **extra: Any) -> Runner:
     """``target.generate`` at batch 1 (``extra``: e.g. prompt_lookup_num_tokens)."""
-    device, eos = _device(target), _eos_ids(target)
+    device, eos = device_of(target), _eos_ids(target)
     if assistant is not None:
         extra["assistant_model"] = assistant
 
@@ -103,7 +103,7 @@ def hf_runner(target, *, assistant=None, **extra: Any) -> Runner:
             dict(do_sample=False)
         with counting(target) as starts, counting(assistant) as drafts, torch.inference_mode():
             torch.manual_seed(seed)
-            out, wall = _timed(device, lambda: target.generate(ids, attention_mask=torch.ones_like(ids),
+            out, wall = timed_call(device, lambda: target.generate(ids, attention_mask=torch.ones_like(ids),
                                                                max_new_tokens=max_new, **sampling, **extra))
         gen = out[0, len(prompt):].tolist()
         gen = next((gen[:i + 1] for i, t in enumerate(gen) if t in eos), gen)  # nothing after the first EOS
@@ -118,11 +118,11 @@ def loop_runner(target, drafter, block_size: int) -> Runner:
 
     from dllm.models.task_tokenizer import task_tokenizer
 
-    device = _device(target)
+    device = device_of(target)
     tokenizer = task_tokenizer()  # the prompts are task prompts; a drafter checks its vocabulary against it
 
     def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
-        out, wall = _timed(device, lambda: speculative_generate(
+        out, wall = timed_call(device, lambda: speculative_generate(
             target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
             block_size=block_size, seed=seed, tokenizer=tokenizer))
         return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
@@ -143,7 +143,7 @@ def make_runner(target, method: Method, block_size: int) -> Runner:
         if isinstance(model, (str, Path)):
             from dllm.drafters.loading import load_target
 
-            model = load_target(model, device=_device(target))[0]
+            model = load_target(model, device=device_of(target))[0]
         return hf_runner(target, assistant=model)
     if name == "ar":
         return loop_runner(target, make_drafter("ngram"), 1)  # block size 1: the drafter is never asked

@@ -11,9 +11,9 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec.bench import _reason, check_temperatures
-from dllm.eval.spec.report import Row, _task_vocab, compare_to_baseline, summarize
-from dllm.eval.spec.runners import Runner, Sample, _device, _timed, hf_runner, loop_runner
+from dllm.eval.spec.flags import check_temperatures, failure_reason
+from dllm.eval.spec.report import Row, compare_to_baseline, summarize, task_vocab
+from dllm.eval.spec.runners import Runner, Sample, device_of, hf_runner, loop_runner, timed_call
 
 BASELINES: tuple[str, ...] = ("generate", "no-tree")  # target.generate; the DFlash chain without a tree
 SPLITS: tuple[str, ...] = ("held-out", "reported")
@@ -65,11 +65,11 @@ def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
     from dllm.models.task_tokenizer import task_tokenizer
 
     make_tree_builder(tree)  # a bad spec fails here, not inside the first timed call
-    device = _device(target)
+    device = device_of(target)
     tokenizer = task_tokenizer()
 
     def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
-        out, wall = _timed(device, lambda: speculative_generate(
+        out, wall = timed_call(device, lambda: speculative_generate(
             target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
             block_size=block_size, seed=seed, tokenizer=tokenizer, tree=tree))
         return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
@@ -130,7 +130,7 @@ def run_split(
     if len({c.label for c in configs}) != len(configs):
         raise ValueError(f"each configuration may appear once, got {[c.label for c in configs]}")
     block = block_size or drafter.block_size
-    vocab = _task_vocab()
+    vocab = task_vocab()
     prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
     lengths = [max_new_tokens or T.answer_length(ex.task, ex.size) for ex in examples]
     runners: dict[str, Runner] = {}
@@ -141,7 +141,7 @@ def run_split(
             if warmup:
                 runners[c.label](prompts[0], 0.0, WARMUP_TOKENS, 0)
         except Exception as err:  # noqa: BLE001  one configuration's failure never ends the run
-            skipped[c.label] = _reason(err)
+            skipped[c.label] = failure_reason(err)
     rows: list[TreeRow] = []
     bar = tqdm(total=len(temperatures) * len(examples), disable=not progress, desc=f"bench trees ({split})",
                unit="prompt")
@@ -158,7 +158,7 @@ def run_split(
                         samples[c.label].append(runners[c.label](prompt, float(temp), max_new, seed + i))
                     seen[c.label] += w[1:]  # the prefill is no verification forward
                 except Exception as err:  # noqa: BLE001
-                    skipped[c.label] = _reason(err)
+                    skipped[c.label] = failure_reason(err)
             bar.update(1)
         new = _rows(configs, samples, seen, skipped, examples, float(temp), block, split)
         base = next((r for r in new if r.builder == "generate" and r.status == "ok"), None)
@@ -196,7 +196,7 @@ def greedy_diffs(target, prompts: Sequence[list[int]], outputs: Sequence[list[in
     0 is a float near-tie that the tree forward's different shape broke the other way (exactly
     computed, tree verification is lossless); a large one would be a real bug."""
     diffs = []
-    device = _device(target)
+    device = device_of(target)
     for i, (prompt, ours, ref) in enumerate(zip(prompts, outputs, reference)):
         if ours == ref:
             continue
@@ -211,5 +211,19 @@ def greedy_diffs(target, prompts: Sequence[list[int]], outputs: Sequence[list[in
     return diffs
 
 
-__all__ = ["BASELINES", "SPLITS", "Config", "TreeRow", "configs_for", "greedy_diffs", "make_runner", "run_split",
+
+@dataclass
+class TreeBench:
+    """``run_trees``' result: both splits' rows and the chosen budget per builder."""
+
+    held_out: list[TreeRow]
+    reported: list[TreeRow]
+    chosen: dict[str, TreeRow]  # builder -> its chosen held-out row
+
+    def selection(self) -> dict[str, dict[str, Any]]:
+        return {b: {"budget": r.budget, "split": r.split, "temperature": r.temperature, "by": "tokens_per_s",
+                    "held_out_tokens_per_s": r.tokens_per_s} for b, r in self.chosen.items()}
+
+
+__all__ = ["BASELINES", "SPLITS", "Config", "TreeBench", "TreeRow", "configs_for", "greedy_diffs", "make_runner", "run_split",
            "tree_runner", "widths"]

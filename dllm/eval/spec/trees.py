@@ -43,10 +43,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec.bench import _split, check_common_args, check_temperatures, format_table
-from dllm.eval.spec.runners import _device
+from dllm.eval.spec.flags import check_common_args, check_temperatures, split_list
+from dllm.eval.spec.report import format_table
+from dllm.eval.spec.runners import device_of
 from dllm.eval.spec.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
-from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
+from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeBench, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
                                  widths)
 from dllm.eval.spec.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
                                     paired_rows, plot_trees)
@@ -82,13 +83,13 @@ def check_budgets(budgets: Sequence[Any]) -> None:
 # ---- the splits ----------------------------------------------------------------------------------
 def reported_examples(tasks: Sequence[str], n: int) -> list[T.Example]:
     """Test instances 0..n-1 of every default size of every task (what ``bench spec`` reports on)."""
-    return [ex for t in tasks for ex in T.test_split(t, None, n=n)]
+    return [ex for t in tasks for ex in T.testsplit_list(t, None, n=n)]
 
 
 def held_out_examples(tasks: Sequence[str], n: int) -> list[T.Example]:
     """Test instances n..2n-1 of every default size of every task: disjoint from ``reported_examples``
     (``test_split`` lists sizes one after another, so the slice is taken per size)."""
-    return [ex for t in tasks for s in T.get_task(t).default_sizes for ex in T.test_split(t, s, n=2 * n)[n:]]
+    return [ex for t in tasks for s in T.get_task(t).default_sizes for ex in T.testsplit_list(t, s, n=2 * n)[n:]]
 
 
 def choose_budgets(rows: Sequence[TreeRow]) -> dict[str, TreeRow]:
@@ -104,19 +105,6 @@ def choose_budgets(rows: Sequence[TreeRow]) -> dict[str, TreeRow]:
         if cur is None or (r.tokens_per_s, -r.budget) > (cur.tokens_per_s, -cur.budget):
             best[r.builder] = r
     return best
-
-
-@dataclass
-class TreeBench:
-    """``run_trees``' result: both splits' rows and the chosen budget per builder."""
-
-    held_out: list[TreeRow]
-    reported: list[TreeRow]
-    chosen: dict[str, TreeRow]  # builder -> its chosen held-out row
-
-    def selection(self) -> dict[str, dict[str, Any]]:
-        return {b: {"budget": r.budget, "split": r.split, "temperature": r.temperature, "by": "tokens_per_s",
-                    "held_out_tokens_per_s": r.tokens_per_s} for b, r in self.chosen.items()}
 
 
 def run_trees(
@@ -144,9 +132,9 @@ def run_trees(
         raise ValueError(f"the held-out and reported splits share {len(overlap)} prompt(s); they must be disjoint")
     configs = configs_for(builders, budgets)
     kw = dict(seed=seed, max_new_tokens=max_new_tokens, block_size=block_size, progress=progress)
-    held = run_split(target, drafter, configs, held_out, split="held-out", temperatures=(0.0,), **kw)
+    held = runsplit_list(target, drafter, configs, held_out, split="held-out", temperatures=(0.0,), **kw)
     chosen = choose_budgets(held)
-    rep = run_split(target, drafter, configs, reported, split="reported", temperatures=temperatures, **kw)
+    rep = runsplit_list(target, drafter, configs, reported, split="reported", temperatures=temperatures, **kw)
     for r in held + rep:
         r.chosen = r.builder in chosen and r.budget == chosen[r.builder].budget
     return TreeBench(held, rep, chosen)
@@ -177,10 +165,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--png", default=None, help="write the tau / tokens/s vs budget plot here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    args.trees = _split(args.trees)
+    args.trees = split_list(args.trees)
     check_builders(args.trees)
     try:
-        args.budgets = [int(b) for b in _split(args.budgets)]
+        args.budgets = [int(b) for b in split_list(args.budgets)]
     except ValueError:
         raise ValueError(f"--budgets must be integers >= 1 such as 16,32,64,128, got {args.budgets!r}") from None
     check_budgets(args.budgets)
@@ -204,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       seed=args.seed, max_new_tokens=args.max_new_tokens, block_size=block,
                       progress=not args.no_progress)
     print(f"target {args.target}, drafter {args.dflash}: block size {block} (K = {block - 1}), batch 1, "
-          f"{torch.get_num_threads()} threads, {_device(target)}; tasks {', '.join(args.tasks)}; "
+          f"{torch.get_num_threads()} threads, {device_of(target)}; tasks {', '.join(args.tasks)}; "
           f"reported = test instances 0..{args.n - 1} per size ({len(reported)} prompts), "
           f"held-out = {args.n}..{2 * args.n - 1} per size ({len(held)} prompts)")
     print()
@@ -231,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           "reported": {"instances": f"0..{args.n - 1} per size", "prompts": len(reported),
                                        "temperatures": args.temperatures, "role": "reported"}},
                "builders": args.trees, "budgets": args.budgets, "block_size": block, "temperatures": args.temperatures,
-               "seed": args.seed, "threads": torch.get_num_threads(), "device": str(_device(target)),
+               "seed": args.seed, "threads": torch.get_num_threads(), "device": str(device_of(target)),
                "selection": bench.selection(), "cost_curve": curve.to_json(),
                "paired": [{"temperature": t, "budget": n, **p.to_json()} for t, n, p in pairs],
                "rows": [r.to_json() for r in bench.held_out + bench.reported]}

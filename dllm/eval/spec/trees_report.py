@@ -8,12 +8,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
-from dllm.eval.spec.tree_runs import TreeRow
-
-if TYPE_CHECKING:
-    from dllm.eval.spec.trees import TreeBench
+from dllm.eval.spec.tree_runs import TreeBench, TreeRow
 
 COLUMNS = ("builder", "budget", "temperature", "tau", "tau_round", "width", "target_forwards", "tokens_per_s",
            "speedup", "accuracy", "greedy_match", "chosen", "status")
