@@ -1,10 +1,11 @@
 """Exact-match evaluation on the stress tasks: decode the test examples, then score them.
 
 ``decode_and_score`` is the one decode-and-score loop, used by training's evaluation
-(``evaluate``), ``dllm eval-tasks`` and ``dllm compare``: the examples are grouped by answer length
-``L_ans`` (and by task when asked), every group is decoded in batched ``generate`` calls as one
-block of ``L_ans`` (or blocks of ``block_length``), and each generated answer is scored with
-``T.score``.
+(``evaluate``), ``dllm eval-tasks``, ``dllm compare`` and ``dllm stress``: the examples are grouped by
+answer length ``L_ans`` (and by task when asked), every group is decoded with one ``DecodeSetting``
+(``dllm.scoring.setting``) in batched ``generate`` calls as one block of ``L_ans`` (or blocks of the
+setting's block length), and each generated answer is scored with ``T.score``; with ``record`` each
+example's own outcome (forwards, content tokens, unmasking trace) is kept too.
 
 ``evaluate``: one token per step (or k) with the ``low_confidence`` sampler, greedy; examples from
 all tasks that share an answer length are decoded in one call (prompts left-padded; exact in
@@ -29,8 +30,7 @@ import torch
 from dllm import tasks as T
 from dllm.inputs import model_device
 from dllm.options import check_int
-from dllm.registry import parse_spec
-from dllm.samplers import samplers
+from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
 
 
 @lru_cache(maxsize=None)
@@ -56,18 +56,30 @@ def c0_of(task_names: Iterable[str]) -> tuple[str, ...]:
     return tuple(t for s in suites for t in c0_tasks(suite=s) if t in names)
 
 
-def check_tokens_per_step(sampler: str, k: Optional[int], label: Optional[str] = None) -> None:
-    """``sampler`` is registered and ``k`` (tokens per step) is None, or an integer >= 1 for a
-    fixed-step sampler (an adaptive sampler chooses how many tokens each step commits, so a k would
-    be ignored)."""
-    name, _ = parse_spec(sampler, "sampler")
-    cls = samplers.get(name)  # an unknown name fails here, listing the valid ones
-    if k is None:
-        return
-    check_int("tokens_per_step", k, 1)
-    if not cls.fixed_steps:
-        raise ValueError(f"sampler {label or sampler!r}: k applies to fixed-step samplers only "
-                         f"({name!r} is adaptive: it chooses how many tokens each step commits)")
+@dataclass(frozen=True)
+class Outcome:
+    """One example's decode (``decode_and_score(record=True)``)."""
+
+    correct: bool
+    forwards: float  # the steps that changed its row x forwards per step of its call: its forwards alone
+    content: int  # generated tokens before the first EOS (all of them without one)
+    trace: list[int]  # per generated position, the step that committed it
+
+
+class RowSteps:
+    """A ``generate`` callback counting, per row, the sampler steps that changed its canvas row."""
+
+    def __init__(self) -> None:
+        self.prev: Optional[torch.Tensor] = None  # [B, G] the generated region after the last step
+        self.steps: Optional[torch.Tensor] = None  # [B] long
+
+    def __call__(self, state) -> None:
+        gen = state.generated  # [B, G]
+        if self.prev is None:
+            self.prev = torch.full_like(gen, state.mask_id)
+            self.steps = torch.zeros(gen.shape[0], dtype=torch.long, device=gen.device)
+        self.steps += (gen != self.prev).any(dim=1)
+        self.prev = gen.clone()
 
 
 @dataclass
@@ -83,6 +95,7 @@ class Tally:
     content_tokens: int = 0  # generated tokens up to EOS
     seconds: float = 0.0
     solved: dict[int, bool] = field(default_factory=dict)  # index in the examples given -> exact match
+    outcomes: dict[int, "Outcome"] = field(default_factory=dict)  # index -> outcome (``record=True`` only)
 
     @property
     def examples(self) -> int:
@@ -123,7 +136,7 @@ def length_batches(group: Sequence[T.Example], max_batch: int, by_length: bool =
 def decode_and_score(
     model,
     examples: Sequence[T.Example],
-    sampler: str = "low_confidence",
+    sampler: "str | DecodeSetting" = "low_confidence",
     *,
     tokens_per_step: Optional[int] = None,
     block_length: Optional[int] = None,
@@ -132,22 +145,29 @@ def decode_and_score(
     by_length: bool = True,
     autocast_bf16: bool = False,
     progress: Any = None,
+    seed: Optional[int] = None,
+    record: bool = False,
     **options: Any,
 ) -> Tally:
     """Decode every example as ``L_ans`` generated positions and score it with ``T.score``.
 
-    tokens_per_step: k, fixed-step samplers only: ``ceil(block / k)`` steps per block (LLaDA's
-        schedule spreads a remainder over the first steps); None: the sampler's own steps (one
-        token per step for a fixed-step sampler).
-    block_length: blocks of at most this length (None: one block of ``L_ans``).
+    sampler: a ``DecodeSetting``, or a sampler spec (``DecodeSetting.parse``) completed by
+        ``tokens_per_step`` (k, fixed-step samplers only: ``ceil(block / k)`` steps per block; None:
+        the sampler's own steps, one token per step for a fixed-step sampler), ``block_length``
+        (blocks of at most this length; None: one block of ``L_ans``) and ``options`` (the rest of
+        ``generate``'s keyword arguments: sampler options, ``cache=...``).
     by_task: one batch per (task, ``L_ans``) instead of per ``L_ans``: an adaptive sampler's forwards
         are shared by the rows of a batch, so mixing easy and hard tasks would charge the easy ones
         for the hard ones.
     by_length: long prompts are batched with prompts of similar length (``length_batches``).
     progress: anything with ``update(n)`` (a tqdm bar), advanced by the rows of each batch.
-    options: the rest of ``generate``'s keyword arguments (sampler options, ``cache=...``).
+    seed: ``generate``'s seed for every call (None: its default).
+    record: also keep every example's ``Outcome`` (``Tally.outcomes``): the forwards it takes
+        decoded alone (the steps that changed its row, ``RowSteps``, times the forwards per step of
+        its call), its content tokens and its unmasking trace.
     """
-    check_tokens_per_step(sampler, tokens_per_step)
+    setting = DecodeSetting.of(sampler, k=tokens_per_step, block_length=block_length, options=options)
+    setting.check()
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.engine import generate
 
@@ -157,31 +177,39 @@ def decode_and_score(
         groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size))].append(ex)
         index[id(ex)].append(i)
     tally = Tally(defaultdict(int), defaultdict(int))
+    extra: dict[str, Any] = {} if seed is None else {"seed": seed}
+    eos = T.word_id(T.EOS)
     device_type = model_device(model).type
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
     try:
         for (_, la), group in sorted(groups.items()):
-            bl = min(block_length or la, la)
-            steps = None
-            if tokens_per_step is not None:
-                steps = -(-la // bl) * min(-(-bl // tokens_per_step), bl)  # blocks x steps per block
+            bl = min(setting.block_length or la, la)
+            steps = setting.steps(la, bl)
             for chunk in length_batches(group, max_batch, by_length):
                 prompts = [T.prompt_ids(ex) for ex in chunk]
+                counter = RowSteps() if record else None
+                if record:
+                    extra.update(return_trace=True, callback=counter)
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
-                    out = generate(model, prompts, sampler, gen_length=la, block_length=bl, steps=steps,
-                                   **options)
+                    out = generate(model, prompts, setting.name, gen_length=la, block_length=bl, steps=steps,
+                                   **setting.options, **extra)
                 tally.forwards += out.nfe
                 tally.row_forwards += out.nfe * len(chunk)
                 tally.forwarded_tokens += out.forwarded_tokens
                 tally.generated_tokens += out.generated_tokens
                 tally.content_tokens += out.content_tokens
-                for ex, row in zip(chunk, out.generated.tolist()):
+                per_step = out.nfe / max(out.steps, 1)  # forwards per sampler step (1 unless verification forwards)
+                for r, (ex, row) in enumerate(zip(chunk, out.generated.tolist())):
                     ok = bool(T.score(ex, T.words_of(row)))
                     tally.correct[ex.task] += ok
                     tally.counts[ex.task] += 1
-                    tally.solved[index[id(ex)].pop(0)] = ok
+                    i = index[id(ex)].pop(0)
+                    tally.solved[i] = ok
+                    if record:
+                        tally.outcomes[i] = Outcome(ok, int(counter.steps[r]) * per_step,
+                                                    row.index(eos) if eos in row else la, out.trace[r].tolist())
                 if progress is not None:
                     progress.update(len(chunk))
     finally:
@@ -264,5 +292,5 @@ def evaluate(
     return EvalResult(tally.accuracy, dict(tally.counts), c0, tally.forwards, tally.seconds)
 
 
-__all__ = ["EvalResult", "Tally", "c0_of", "c0_tasks", "check_test_range", "check_tokens_per_step", "decode_and_score",
-           "eval_examples", "evaluate", "load_model"]
+__all__ = ["DecodeSetting", "EvalResult", "Outcome", "RowSteps", "Tally", "c0_of", "c0_tasks", "check_test_range",
+           "check_tokens_per_step", "decode_and_score", "eval_examples", "evaluate", "load_model"]

@@ -112,7 +112,7 @@ def cannot_run(model, spec: str) -> Optional[str]:
     from dllm.samplers import make_sampler
 
     parsed = SamplerSpec.parse(spec)
-    sampler = make_sampler(parsed.name, **parsed.options)
+    sampler = make_sampler(parsed.name, **parsed.sampler_options)
     if sampler.attention_layers and not getattr(model, "supports_kv_cache", True):
         return f"{sampler.name} reads attention probabilities; {type(model).__name__} has none"
     return None

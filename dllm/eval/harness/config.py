@@ -3,6 +3,13 @@
 ``split_model_args`` separates the harness's own keys (``HarnessConfig``) from the sampler's
 options: every other key must be a field of the chosen sampler's Config, and an unknown key is an
 error that lists both the harness keys and the sampler's options.
+
+lm-eval splits ``model_args`` at every comma, so a cache policy with several options is written
+either with semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or as one key per
+option, ``cache=dual,cache_look_back=16,cache_look_ahead=16`` (``cache_<option>``); a sampler's
+options are keys of their own (``sampler=threshold,threshold=0.8``). ``decode_setting`` gives the
+one ``DecodeSetting`` (``dllm.scoring.setting``) the model decodes with; an option given twice (in
+the sampler spec and as a key, or in the cache spec and as ``cache_<option>``) is an error.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any, Optional
 from dllm.options import check_bool, check_int, check_number, check_optional_int
 
 IGNORED_KEYS = ("max_batch_size",)  # passed by lm-eval's evaluator; batches here are fixed
+CACHE_PREFIX = "cache_"  # ``cache_<option>=value``: one option of the cache policy
 
 
 def default_device() -> str:
@@ -27,7 +35,7 @@ def default_device() -> str:
 class HarnessConfig:
     pretrained: str  # embedded name (tiny-llada), local directory, Hub id, or "oracle"
     sampler: str = "low_confidence"  # registered sampler or spec "name:key=value"; options may also be keys
-    cache: str = "none"  # cache policy spec ("dual", "dual:refresh=4")
+    cache: str = "none"  # cache policy spec ("dual", "dual:refresh=4", "dual:look_back=16;look_ahead=16")
     gen_length: int = 256  # generated positions; a request's max_gen_toks lowers it
     block_length: Optional[int] = None  # semi-autoregressive blocks (None: one block of gen_length)
     tokens_per_step: Optional[int] = None  # k for fixed-step samplers (None: one token per step)
@@ -76,41 +84,74 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+def _with_cache_keys(cache: str, keys: dict[str, Any]) -> str:
+    """``cache`` (semicolons allowed between its options) with the ``cache_<option>`` keys added:
+    ``("dual", {"cache_look_back": 16})`` -> ``"dual:look_back=16"``. ValueError for an option set twice."""
+    from dllm.registry import format_spec, parse_spec
+    from dllm.scoring.setting import cache_spec
+
+    try:
+        name, options = parse_spec(cache_spec(cache), "cache policy")
+    except ValueError as err:
+        raise ValueError(f"model_args cache={cache!r}: {err}") from None
+    extra = {k[len(CACHE_PREFIX):]: v for k, v in keys.items()}
+    twice = sorted(set(extra) & set(options))
+    if twice:
+        raise ValueError(f"model_args: cache option(s) {twice} set twice (in cache={cache!r} and as "
+                         f"{', '.join(CACHE_PREFIX + k for k in twice)}); give each once")
+    return format_spec(name, {**options, **extra}) if extra else cache_spec(cache)
+
+
 def split_model_args(model_args: dict[str, Any]) -> tuple[HarnessConfig, dict[str, Any]]:
-    """(HarnessConfig, sampler options) from lm-eval's model_args, both validated.
+    """(HarnessConfig, sampler options) from lm-eval's model_args, both validated; the config's
+    ``cache`` is the whole cache spec (``cache_<option>`` keys and semicolons folded in).
 
     Raises ValueError for an unknown sampler or cache name (listing the valid ones), for a key that
     is neither a harness key nor an option of the sampler (listing both), and for bad values."""
-    from dllm.cache import make_cache
-    from dllm.scoring.exact_match import check_tokens_per_step
-    from dllm.registry import parse_spec
     from dllm.samplers import make_sampler, samplers
 
     args = {k: _coerce(k, v) for k, v in model_args.items() if k not in IGNORED_KEYS}
     own = {k: v for k, v in args.items() if k in HARNESS_KEYS}
-    extra = {k: v for k, v in args.items() if k not in HARNESS_KEYS}
+    cache_keys = {k: v for k, v in args.items() if k.startswith(CACHE_PREFIX) and k not in HARNESS_KEYS}
+    extra = {k: v for k, v in args.items() if k not in HARNESS_KEYS and k not in cache_keys}
     if "pretrained" not in own:
         raise ValueError("model_args needs pretrained=NAME (e.g. pretrained=tiny-llada)")
     config = HarnessConfig(**own)
+    config = dataclasses.replace(config, cache=_with_cache_keys(config.cache, cache_keys))
     try:
-        name, _ = parse_spec(config.sampler, "sampler")
-        cls = samplers.get(name)
+        setting = decode_setting(config, {})
+        cls = samplers.get(setting.name)
     except (KeyError, ValueError) as err:
         raise ValueError(f"model_args sampler={config.sampler!r}: {err}") from None
     valid = [f.name for f in dataclasses.fields(cls.Config)]
     unknown = sorted(set(extra) - set(valid))
     if unknown:
         raise ValueError(
-            f"unknown model_args key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(HARNESS_KEYS)}; "
-            f"and the options of sampler {name!r}: {', '.join(valid) if valid else '(none)'}"
+            f"unknown model_args key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(HARNESS_KEYS)}, "
+            f"{CACHE_PREFIX}<option> (an option of the cache policy); and the options of sampler {setting.name!r}: "
+            f"{', '.join(valid) if valid else '(none)'}"
         )
     try:
-        make_sampler(config.sampler, **extra)
-        check_tokens_per_step(config.sampler, config.tokens_per_step)
-        make_cache(config.cache)
+        setting = decode_setting(config, extra)
+        make_sampler(setting.name, **setting.sampler_options)
+        setting.check()
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"model_args: {err}") from None
     return config, extra
 
 
-__all__ = ["default_device", "HARNESS_KEYS", "HarnessConfig", "split_model_args"]
+def decode_setting(config: HarnessConfig, sampler_options: dict[str, Any]):
+    """The ``DecodeSetting`` of ``config`` plus the sampler options given as keys (``split_model_args``):
+    ValueError for an option the sampler spec sets too, or a k in the spec beside ``tokens_per_step``."""
+    from dllm.scoring.setting import DecodeSetting
+
+    setting = DecodeSetting.parse(config.sampler, k=config.tokens_per_step,
+                                  cache=None if config.cache == "none" else config.cache,
+                                  block_length=config.block_length, kind="model_args sampler")
+    twice = sorted(set(sampler_options) & set(setting.sampler_options))
+    if twice:
+        raise ValueError(f"model_args sets {twice} twice (in sampler={config.sampler!r} and as keys); give each once")
+    return dataclasses.replace(setting, sampler_options={**setting.sampler_options, **sampler_options})
+
+
+__all__ = ["CACHE_PREFIX", "default_device", "HARNESS_KEYS", "HarnessConfig", "decode_setting", "split_model_args"]

@@ -16,6 +16,12 @@ Config): ``pretrained`` (embedded name, local directory or Hub id, ``oracle``), 
 ``--device``, which lm-eval always passes (defaults 1 and ``cuda:0``); a ``--device`` this machine
 lacks falls back to the best available device with a warning.
 
+lm-eval splits ``model_args`` at every comma, so a cache policy with several options is written with
+semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or one key per option,
+``cache=dual,cache_look_back=16,cache_look_ahead=16``; a k in the sampler spec
+(``sampler=low_confidence:k=2``) is ``tokens_per_step``. Setting one option twice is an error
+(``harness.config``).
+
 - ``generate_until``: requests are grouped by generation settings and decoded in batched
   ``dllm.generate`` calls of ``batch_size`` left-padded rows (the engine decodes a row alike alone
   or in a batch). A request's ``max_gen_toks`` caps the canvas (``gen_length``). The text is cut at
@@ -46,10 +52,11 @@ from typing import Any, Optional, Sequence
 import torch
 from lm_eval.api.model import LM
 
-from dllm.eval.harness.config import default_device, split_model_args
+from dllm.eval.harness.config import decode_setting, default_device, split_model_args
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.tokenizer import encode_text
+from dllm.scoring.setting import steps_for  # noqa: F401  (k -> steps, re-exported for the harness's users)
 
 log = logging.getLogger(__name__)
 MODEL_NAME = "dllm"
@@ -73,19 +80,13 @@ def cut_at_stops(text: str, until: Sequence[str]) -> str:
     return text[:min(cuts)] if cuts else text
 
 
-def steps_for(gen_length: int, block_length: int, tokens_per_step: Optional[int]) -> Optional[int]:
-    """Total steps for k tokens per step (``dllm eval-tasks``' rule): blocks x ceil(block / k)."""
-    if tokens_per_step is None:
-        return None
-    return -(-gen_length // block_length) * min(-(-block_length // tokens_per_step), block_length)
-
-
 class DllmLM(LM):
     """lm-eval ``LM`` over a dllm model (module docstring)."""
 
     def __init__(self, **model_args: Any) -> None:
         super().__init__()
         self.config, self.sampler_options = split_model_args(model_args)
+        self.setting = decode_setting(self.config, self.sampler_options)  # sampler + cache + k + block length
         cfg = self.config
         self.accelerator = _accelerator()
         if self.accelerator is not None:
@@ -283,12 +284,12 @@ class DllmLM(LM):
         """Generated ids [len(rows)][gen_length] of one batched ``dllm.generate`` call."""
         from dllm.engine import generate
 
-        cfg = self.config
-        bl = min(cfg.block_length or gen_length, gen_length)
-        out = generate(self.model, rows, cfg.sampler, gen_length=gen_length, block_length=bl,
-                       steps=steps_for(gen_length, bl, cfg.tokens_per_step), temperature=temperature,
-                       cfg_scale=cfg.cfg_scale, seed=cfg.seed, stop_at_eos=cfg.stop_at_eos, cache=cfg.cache,
-                       **self.sampler_options)
+        cfg, setting = self.config, self.setting
+        bl = min(setting.block_length or gen_length, gen_length)
+        out = generate(self.model, rows, setting.name, gen_length=gen_length, block_length=bl,
+                       steps=setting.steps(gen_length, bl), temperature=temperature, cfg_scale=cfg.cfg_scale,
+                       seed=cfg.seed, stop_at_eos=cfg.stop_at_eos, cache=setting.cache or "none",
+                       **setting.sampler_options)
         return out.generated.tolist()
 
     def region_text(self, row: list[int], plan: GenRequest) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Optional, Sequence
 
-from dllm.scoring.exact_match import check_tokens_per_step
+from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
 from dllm.options import check_int
 from dllm.registry import format_spec, parse_spec, parse_value
 from dllm.samplers import make_sampler, samplers
@@ -75,6 +75,11 @@ class Setting:
         """The sampler spec with k, as ``dllm compare`` reads it."""
         extra = {} if self.k is None else {TOKENS_PER_STEP: self.k}
         return format_spec(self.sampler, {**dict(self.options), **extra})
+
+    @property
+    def decode_setting(self) -> DecodeSetting:
+        """The setting as ``decode_and_score`` takes it (block length 0: one block of the answer)."""
+        return DecodeSetting(self.spec, self.sampler, dict(self.options), None, self.k, self.block_length or None)
 
     @property
     def curve(self) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.scoring.exact_match import eval_examples, load_model
+from dllm.scoring.exact_match import RowSteps, decode_and_score, eval_examples, load_model
 from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
 from dllm.eval.stress.metrics import Cell, unmasking_tau
 from dllm.options import check_int
@@ -83,70 +82,30 @@ def cell_seed(key: str) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
-class RowSteps:
-    """A ``generate`` callback counting, per row, the sampler steps that changed its canvas row."""
-
-    def __init__(self) -> None:
-        self.prev: Optional[torch.Tensor] = None  # [B, G] the generated region after the last step
-        self.steps: Optional[torch.Tensor] = None  # [B] long
-
-    def __call__(self, state) -> None:
-        gen = state.generated  # [B, G]
-        if self.prev is None:
-            self.prev = torch.full_like(gen, state.mask_id)
-            self.steps = torch.zeros(gen.shape[0], dtype=torch.long, device=gen.device)
-        self.steps += (gen != self.prev).any(dim=1)
-        self.prev = gen.clone()
-
-
 @torch.no_grad()
 def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example], *, max_batch: int = 64,
                 seed: int = 0) -> Cell:
-    """Decode ``examples`` (one task) with one setting, greedily, in batches of one answer length.
+    """Decode ``examples`` (one task) with one setting, greedily, in batches of one answer length
+    (``decode_and_score`` with ``record=True``, batches cut in the examples' order).
 
     A sample's forwards (``Cell.nfe``) are the steps that changed its row (``RowSteps``) times the
     forwards per step of its call: the forwards it takes decoded alone, since every sampler decides
     per row (samplers with verification forwards run one row per call for that reason).
     """
-    from dllm.engine import generate
-
-    eos = T.word_id(T.EOS)
     if hasattr(model, "reseed") and getattr(model, "noise_std", 0) > 0:
         model.reseed(seed)  # the oracle's logit noise: the same draws whatever ran before
-    by_length: dict[int, list[int]] = {}
-    for i, ex in enumerate(examples):
-        by_length.setdefault(T.answer_length(ex.task, ex.size), []).append(i)
-    n = len(examples)
-    correct, nfe, tokens, content = [False] * n, [0.0] * n, [0] * n, [0] * n
-    tau: list[Optional[float]] = [None] * n
-    forwards = 0
     # a sampler that verifies drafts in extra forwards skips them when no row of the batch needs
     # them: one row per call keeps every sample's forward count its own
     per_call = 1 if samplers.get(setting.sampler).needs_variants else max_batch
-    t0 = time.perf_counter()
-    for la, idx in sorted(by_length.items()):
-        bl = min(setting.block_length or la, la)
-        steps = None
-        if setting.k is not None:  # blocks x steps per block (LLaDA's schedule inside a block)
-            steps = -(-la // bl) * min(-(-bl // setting.k), bl)
-        for i0 in range(0, len(idx), per_call):
-            rows = idx[i0:i0 + per_call]
-            counter = RowSteps()
-            out = generate(model, [T.prompt_ids(examples[i]) for i in rows], setting.sampler, gen_length=la,
-                           block_length=bl, steps=steps, seed=seed, return_trace=True, callback=counter,
-                           **dict(setting.options))
-            forwards += out.nfe
-            per_step = out.nfe / max(out.steps, 1)  # forwards per sampler step (1 unless one row per call)
-            for r, (i, ids, trace) in enumerate(zip(rows, out.generated.tolist(), out.trace.tolist())):
-                region = T.words_of(ids)
-                correct[i] = bool(T.score(examples[i], region))
-                nfe[i] = int(counter.steps[r]) * per_step
-                tokens[i] = la
-                content[i] = ids.index(eos) if eos in ids else la
-                t = unmasking_tau(trace)
-                tau[i] = None if t is None else round(t, 6)  # stored as is: a resumed cell compares equal
-    return Cell(setting.label, task, [ex.size for ex in examples], correct, nfe, tokens, content, tau,
-                forwards, time.perf_counter() - t0)
+    tally = decode_and_score(model, examples, setting.decode_setting, max_batch=per_call, by_length=False, seed=seed,
+                             record=True)
+    out = [tally.outcomes[i] for i in range(len(examples))]
+    lengths = [T.answer_length(ex.task, ex.size) for ex in examples]
+    taus = [unmasking_tau(o.trace) for o in out]
+    return Cell(setting.label, task, [ex.size for ex in examples], [o.correct for o in out],
+                [o.forwards for o in out], lengths, [o.content for o in out],
+                [None if t is None else round(t, 6) for t in taus],  # stored as is: a resumed cell compares equal
+                tally.forwards, tally.seconds)
 
 
 # ---- the resume file ----------------------------------------------------------------------------------
