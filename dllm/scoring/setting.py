@@ -88,7 +88,7 @@ class DecodeSetting:
         spec_k = options.pop(TOKENS_PER_STEP, None)
         if spec_k is not None:
             try:
-                check_int("k", spec_k, 1, hint=" (tokens per step)")
+                check_int("k", spec_k, 1)
             except ValueError as err:
                 raise ValueError(f"{kind} {text!r}: {err}") from None
         spec_cache = options.pop(CACHE, None)

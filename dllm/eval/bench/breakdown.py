@@ -37,6 +37,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
+from dllm.eval.interrupt import finished, until_interrupted
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
 COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
@@ -265,32 +266,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    from dllm.models.loading import resolve_device
+
+    try:
+        device = resolve_device(args.device)  # cuda without a GPU: the error names the available devices
+    except ValueError as err:
+        p.error(f"--device: {err}")
     modes = ["eager"] + ([args.compile] if args.compile else [])
     if args.compile:
         from dllm.models.compile import check_backend
         check_backend(args.compile, device)
-    rows = []
-    for dtype in dtypes:
-        model = build_model(args.layers, getattr(torch, dtype), args.device)
-        for mode in modes:
-            if mode != "eager":
-                from dllm.models.compile import compile_model
-                compile_model(model, mode)
-            for cache in caches:
-                r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
-                             block_length=args.block_length, steps=args.steps, device=device)
-                rows.append({"dtype": dtype, "compile": mode, **r})
-                print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
-        del model
-    result = {"device": str(device), "threads": torch.get_num_threads(), "layers": args.layers,
-              "shapes": LLADA_8B, "prompt_length": args.prompt_length, "block_length": args.block_length,
-              "sampler": args.sampler, "rows": rows}
-    print(format_rows(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    rows: list[dict[str, Any]] = []
+
+    def run() -> int:
+        for dtype in dtypes:
+            model = build_model(args.layers, getattr(torch, dtype), args.device)
+            for mode in modes:
+                if mode != "eager":
+                    from dllm.models.compile import compile_model
+                    compile_model(model, mode)
+                for cache in caches:
+                    r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
+                                 block_length=args.block_length, steps=args.steps, device=device)
+                    rows.append({"dtype": dtype, "compile": mode, **r})
+                    print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+            del model
+        write()
+        return 0
+
+    def write() -> None:
+        result = {"device": str(device), "threads": torch.get_num_threads(), "layers": args.layers,
+                  "shapes": LLADA_8B, "prompt_length": args.prompt_length, "block_length": args.block_length,
+                  "sampler": args.sampler, "rows": rows}
+        print(format_rows(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+
+    def keep() -> str:
+        if rows:
+            write()
+        return finished(len(rows), "row", args.json if rows and args.json else None)
+
+    return until_interrupted(run, keep)
 
 
 if __name__ == "__main__":

@@ -194,10 +194,14 @@ def run_kernel_bench(
 ) -> list[dict[str, Any]]:
     """Time every backend on every shape (default: ``default_shapes(device)``); one dict per pair.
 
-    device: default CUDA when available, else CPU. A backend that cannot run here yields a row with
-    ``ms=None`` and the reason in ``note``, so the bench runs everywhere.
+    device: default CUDA when available, else CPU; a device this machine lacks (``cuda`` without a
+        GPU) is a ValueError naming it and the available devices, before anything runs. A backend
+        that cannot run here yields a row with ``ms=None`` and the reason in ``note``, so the bench
+        runs everywhere.
     """
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from dllm.models.loading import resolve_device
+
+    dev = resolve_device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = list(shapes) if shapes is not None else default_shapes(dev)
     interpreted = _interpreted()
     results: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ each example is decoded as exactly L_ans positions, as ``dllm eval-tasks`` does.
 whole generated region with its special tokens (``keep_special_tokens``), and ``score_region``
 scores it with the task's own exact scorer ``dllm.tasks.score`` (EOS cut, EOS-only padding, validity).
 
-The YAMLs are generated (``render_lm_tasks``); ``tests/eval/test_harness_tasks.py`` checks that the
+The YAMLs are generated (``render_lm_tasks``); ``tests/eval/harness/test_harness_tasks.py`` checks that the
 committed ones are up to date. This module imports no lm-eval (``lm_tasks/stress_utils.py`` does).
 """
 

@@ -14,6 +14,12 @@ convention: our prefill is no round, transformers' first forward is one, it veri
 (transformers' counted by forward pre-hooks); tokens/s; wall time; ``speedup`` (tokens/s over
 ``generate``'s); exact-match ``accuracy``; at T = 0 ``greedy_match`` (outputs token-identical to
 ``generate``'s; every method is lossless). A method that cannot run is skipped, with the reason.
+
+By default a quick run (``QUICK``: greedy only, one prompt per task size, about 2 minutes on 2 CPU
+cores); ``--full`` is the whole table (``FULL``: T = 0 and 1, 4 prompts per size). A flag given
+explicitly wins over either. A drafter or model flag naming no checkpoint is refused before the
+target loads. Ctrl-C ends the run with the finished temperatures' rows printed and, with ``--out``,
+written (``dllm.eval.interrupt``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from dllm import tasks as T
+from dllm.eval.interrupt import finished, until_interrupted
 from dllm.eval.spec.flags import check_common_args, check_temperatures, failure_reason, split_list
 from dllm.eval.spec.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table, summarize,
                                    task_vocab)
@@ -34,6 +41,9 @@ from dllm.eval.spec.runners import (METHODS, Method, Runner, Sample, commits_fro
                                     hf_runner, loop_runner, make_runner)
 
 WARMUP_TOKENS = 8
+QUICK = {"n": 1, "temperatures": ["0"]}  # the default: greedy, one prompt per task size
+FULL = {"n": 4, "temperatures": ["0,1"]}  # --full: the whole table
+MODEL_FLAGS = {"dflash": "dflash", "assisted": "assistant", "dlm": "dlm"}  # method -> the flag naming its model
 
 
 def check_methods(names: Sequence[str]) -> None:
@@ -53,11 +63,14 @@ def run_bench(
     progress: bool = True,
     block_size: Union[int, str] = 16,
     warmup: bool = True,
+    rows_out: Optional[list[Row]] = None,
 ) -> list[Row]:
     """Decode every example with every method at every temperature: one ``Row`` per (T, method), in
     that order. ``max_new_tokens``: default each example's answer length (answer words + EOS). Prompt
     i is seeded with ``seed + i`` (torch.manual_seed before a transformers call, ``seed=`` for ours).
-    ``warmup``: one untimed short greedy call per method first (where most failures surface)."""
+    ``warmup``: one untimed short greedy call per method first (where most failures surface).
+    ``rows_out``: a list extended with each temperature's rows as soon as they are finished (what an
+    interrupted run keeps)."""
     from tqdm.auto import tqdm
 
     methods = [m if isinstance(m, Method) else Method(m) for m in methods]
@@ -73,7 +86,7 @@ def run_bench(
     prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
     budgets = [max_new_tokens or T.answer_length(ex.task, ex.size) for ex in examples]
     runners, skipped = _prepare(target, methods, prompts[0], block_size, warmup)
-    rows: list[Row] = []
+    rows: list[Row] = [] if rows_out is None else rows_out
     bar = tqdm(total=len(temperatures) * len(examples), disable=not progress, desc="bench spec", unit="prompt")
     for temp in temperatures:
         samples: dict[str, list[Sample]] = {name: [] for name in runners}
@@ -135,11 +148,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--dlm-steps", type=int, default=4, help="denoising forwards per dlm draft")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"comma/space separated: {','.join(METHODS)}")
     ap.add_argument("--tasks", nargs="+", default=None, help="task names (default: the long-answer suite)")
-    ap.add_argument("--n", type=int, default=4, help="test examples per task size")
+    ap.add_argument("--n", type=int, default=None, help=f"test examples per task size (default {QUICK['n']}; "
+                                                        f"--full: {FULL['n']})")
+    ap.add_argument("--full", action="store_true", help="the whole table: T = 0 and 1, 4 prompts per task size "
+                                                        "(default: a quick greedy run, one prompt per size)")
     ap.add_argument("--block-size", type=lambda v: v if v == "auto" else int(v), default=16,
                     help="B for dflash / ngram / dlm (K = B - 1 drafts), or 'auto': per prompt from the drafter's "
                          "block head (--dflash tiny-ar-dflash-wide; methods without one are skipped)")
-    ap.add_argument("--temperatures", nargs="+", default=["0,1"], help="comma/space separated, >= 0")
+    ap.add_argument("--temperatures", nargs="+", default=None,
+                    help="comma/space separated, >= 0 (default 0; --full: 0,1)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each example's answer length")
     ap.add_argument("--seed", type=int, default=0, help="prompt i is seeded with seed + i")
     ap.add_argument("--device", default=None, help="where the target loads (default CPU)")
@@ -147,9 +164,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    for key, value in (FULL if args.full else QUICK).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.methods = split_list(args.methods)
     check_methods(args.methods)
+    check_models(args)
     return check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
+
+
+def check_models(args: argparse.Namespace) -> None:
+    """Every model a chosen method loads names a checkpoint (``--dflash``, ``--assistant``, ``--dlm``;
+    the target is checked by its own loader first): ValueError naming the flag, before anything loads."""
+    from dllm.models.loading import ModelNotFoundError, locate
+
+    for method, flag in MODEL_FLAGS.items():
+        name = getattr(args, flag)
+        if method not in args.methods or name is None:
+            continue
+        try:
+            locate(name)
+        except ModelNotFoundError as err:
+            raise ValueError(f"--{flag} {name!r} (for the {method} method): {err}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -170,23 +206,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     opts = {"dlm": {"sampler": args.dlm_sampler, "steps": args.dlm_steps}}
     names = args.methods if "generate" in args.methods else ["generate", *args.methods]  # the baseline always runs
     methods = [Method(n, models.get(n), opts.get(n, {})) for n in names]
-    examples = [ex for t in args.tasks for ex in T.testsplit_list(t, None, n=args.n)]
-    rows = run_bench(target, methods, examples, temperatures=args.temperatures, seed=args.seed,
-                     max_new_tokens=args.max_new_tokens, progress=not args.no_progress, block_size=args.block_size)
-    print(f"target {args.target}: {len(examples)} prompts ({', '.join(args.tasks)}; n = {args.n} per size), "
-          f"batch 1, block size {args.block_size}, {torch.get_num_threads()} threads, {device_of(target)}")
-    print(format_table(rows))
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"target": args.target, "models": models, "tasks": args.tasks, "n_per_size": args.n,
-                   "prompts": len(examples), "block_size": args.block_size, "temperatures": args.temperatures,
-                   "seed": args.seed, "threads": torch.get_num_threads(), "device": str(device_of(target)),
-                   "rows": [r.to_json() for r in rows]}
-        out.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {out}")
-    return 0
+    examples = [ex for t in args.tasks for ex in T.test_split(t, None, n=args.n)]
+    rows: list[Row] = []
 
+    def report() -> None:
+        print(f"target {args.target}: {len(examples)} prompts ({', '.join(args.tasks)}; n = {args.n} per size), "
+              f"batch 1, block size {args.block_size}, {torch.get_num_threads()} threads, {device_of(target)}")
+        print(format_table(rows))
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"target": args.target, "models": models, "tasks": args.tasks, "n_per_size": args.n,
+                       "prompts": len(examples), "block_size": args.block_size, "temperatures": args.temperatures,
+                       "seed": args.seed, "threads": torch.get_num_threads(), "device": str(device_of(target)),
+                       "rows": [r.to_json() for r in rows]}
+            out.write_text(json.dumps(payload, indent=2) + "\n")
+            print(f"wrote {out}")
+
+    def run() -> int:
+        run_bench(target, methods, examples, temperatures=args.temperatures, seed=args.seed,
+                  max_new_tokens=args.max_new_tokens, progress=not args.no_progress, block_size=args.block_size,
+                  rows_out=rows)
+        report()
+        return 0
+
+    def keep() -> str:
+        if rows:
+            report()
+        return finished(len(rows), "row", args.out if rows and args.out else None)
+
+    return until_interrupted(run, keep)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -83,13 +83,13 @@ def check_budgets(budgets: Sequence[Any]) -> None:
 # ---- the splits ----------------------------------------------------------------------------------
 def reported_examples(tasks: Sequence[str], n: int) -> list[T.Example]:
     """Test instances 0..n-1 of every default size of every task (what ``bench spec`` reports on)."""
-    return [ex for t in tasks for ex in T.testsplit_list(t, None, n=n)]
+    return [ex for t in tasks for ex in T.test_split(t, None, n=n)]
 
 
 def held_out_examples(tasks: Sequence[str], n: int) -> list[T.Example]:
     """Test instances n..2n-1 of every default size of every task: disjoint from ``reported_examples``
     (``test_split`` lists sizes one after another, so the slice is taken per size)."""
-    return [ex for t in tasks for s in T.get_task(t).default_sizes for ex in T.testsplit_list(t, s, n=2 * n)[n:]]
+    return [ex for t in tasks for s in T.get_task(t).default_sizes for ex in T.test_split(t, s, n=2 * n)[n:]]
 
 
 def choose_budgets(rows: Sequence[TreeRow]) -> dict[str, TreeRow]:
@@ -132,9 +132,9 @@ def run_trees(
         raise ValueError(f"the held-out and reported splits share {len(overlap)} prompt(s); they must be disjoint")
     configs = configs_for(builders, budgets)
     kw = dict(seed=seed, max_new_tokens=max_new_tokens, block_size=block_size, progress=progress)
-    held = runsplit_list(target, drafter, configs, held_out, split="held-out", temperatures=(0.0,), **kw)
+    held = run_split(target, drafter, configs, held_out, split="held-out", temperatures=(0.0,), **kw)
     chosen = choose_budgets(held)
-    rep = runsplit_list(target, drafter, configs, reported, split="reported", temperatures=temperatures, **kw)
+    rep = run_split(target, drafter, configs, reported, split="reported", temperatures=temperatures, **kw)
     for r in held + rep:
         r.chosen = r.builder in chosen and r.budget == chosen[r.builder].budget
     return TreeBench(held, rep, chosen)

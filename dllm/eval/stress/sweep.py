@@ -29,6 +29,7 @@ import torch
 
 from dllm import tasks as T
 from dllm.scoring.exact_match import RowSteps, decode_and_score, eval_examples, load_model
+from dllm.eval.interrupt import finished, until_interrupted
 from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
 from dllm.eval.stress.metrics import Cell, unmasking_tau
 from dllm.options import check_int
@@ -267,10 +268,8 @@ def load_stress_model(name: str, dtype: Optional[str] = None, device: Optional[s
 
 
 def run_stress_cli(args) -> int:
-    """``dllm stress``: check everything, load the model, sweep, print and save the tables and plots."""
-    from dllm.eval.stress.report import format_report, summarize
-    from dllm.eval.stress.plots import plot_all
-
+    """``dllm stress``: check everything, load the model, sweep, print and save the tables and plots.
+    Ctrl-C: the finished cells stay in ``stress.json`` (``--resume`` continues), status 130."""
     config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
                           block_lengths=parse_block_lengths(args.block_lengths),
                           tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size)
@@ -280,13 +279,19 @@ def run_stress_cli(args) -> int:
                          f"stress.txt and PNGs into it)")
     path = out / RESULT_FILE
     StressStore.open(path, config.header(), resume=args.resume)  # refuse a mismatch before loading
-    model = load_stress_model(args.model, args.dtype, args.device)
-    try:
-        result = run_stress(model, config, path, resume=args.resume, progress=not args.no_progress)
-    except KeyboardInterrupt:
+    def saved() -> str:
         done = len(json.loads(path.read_text())["cells"]) if path.exists() else 0
-        print(f"interrupted: {done} finished cells are saved in {path}; rerun with --resume to continue")
-        return 130
+        return finished(done, "cell", str(path), "; rerun with --resume to continue")
+
+    return until_interrupted(lambda: _sweep_and_report(args, config, out, path), saved)
+
+
+def _sweep_and_report(args, config: StressConfig, out: Path, path: Path) -> int:
+    from dllm.eval.stress.plots import plot_all
+    from dllm.eval.stress.report import format_report, summarize
+
+    model = load_stress_model(args.model, args.dtype, args.device)
+    result = run_stress(model, config, path, resume=args.resume, progress=not args.no_progress)
     summary = summarize(config, result.cells)
     text = format_report(config, summary)
     print(text)

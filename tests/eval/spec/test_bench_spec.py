@@ -108,9 +108,21 @@ def test_bad_arguments_to_run_bench(models):
 
 
 def test_defaults():
-    args = parse_args([])
-    assert args.methods == list(METHODS) and args.temperatures == [0.0, 1.0]
+    args = parse_args([])  # the quick run: greedy, one prompt per task size
+    assert args.methods == list(METHODS) and args.temperatures == [0.0] and args.n == 1
     assert args.tasks == list(T.suite_task_names("long-answer")) and args.block_size == 16
+    full = parse_args(["--full"])  # the whole table
+    assert full.temperatures == [0.0, 1.0] and full.n == 4
+    assert parse_args(["--full", "--n", "2"]).n == 2  # an explicit flag wins over either
+
+
+def test_a_drafter_that_is_not_there_is_refused_before_the_run(tmp_path):
+    with pytest.raises(ValueError, match=r"--dflash '/nonexistent' \(for the dflash method\): .*Embedded models: "):
+        parse_args(["--dflash", "/nonexistent"])
+    with pytest.raises(ValueError, match="--assistant .* is a file"):
+        (tmp_path / "f").write_text("")
+        parse_args(["--assistant", str(tmp_path / "f")])
+    parse_args(["--methods", "generate,ngram", "--dflash", "/nonexistent"])  # dflash not run: not checked
 
 
 def test_main_writes_json(models, tmp_path, capsys):
