@@ -63,3 +63,37 @@ def test_the_cli_hands_its_flags_to_the_bench(capsys):
     with pytest.raises(SystemExit):
         cli(["bench", "breakdown", "--layers", "0"])
     assert "dllm bench breakdown: error: --layers must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the first case: its row printed and written to --json, one line said, status 130."""
+    import json
+
+    from dllm.eval.bench import breakdown as B
+
+    real = B.run_case
+    calls = []
+
+    def interrupt_second(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(B, "build_model", lambda layers, dtype, device: _model(1).to(dtype))
+    monkeypatch.setattr(B, "run_case", interrupt_second)
+    out = tmp_path / "b.json"
+    assert main(["--dtypes", "float32", "--caches", "none,dual", "--prompt-length", "8", "--block-length", "4",
+                 "--steps", "1", "--device", "cpu", "--json", str(out)]) == 130
+    assert [r["cache"] for r in json.loads(out.read_text())["rows"]] == ["none"]
+    assert f"interrupted: 1 finished row is saved in {out}" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_refused_before_a_model_is_built(monkeypatch, capsys):
+    from dllm.eval.bench import breakdown as B
+
+    monkeypatch.setattr(B, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(SystemExit):
+        main(["--device", "cuda"])
+    assert "--device: device 'cuda': CUDA is not available" in capsys.readouterr().err

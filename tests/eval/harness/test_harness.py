@@ -127,6 +127,36 @@ def test_model_args_split_between_harness_and_sampler():
     assert (cfg.sampler, cfg.batch_size, cfg.temperature, opts) == ("threshold", 4, 0.0, {"threshold": 0.8})
 
 
+def test_multi_option_cache_through_lm_evals_model_args(model):
+    """lm-eval splits model_args at commas: a cache with several options is written with semicolons or
+    as cache_<option> keys; both decode exactly as generate with the comma spec does."""
+    from dllm.engine import generate
+
+    want = "dual:look_back=16,look_ahead=16"
+    for arg in ("cache=dual:look_back=16;look_ahead=16", "cache=dual,cache_look_back=16,cache_look_ahead=16"):
+        lm = H.DllmLM.create_from_arg_string(f"pretrained=tiny-llada,dtype=float32,device=cpu,block_length=4,{arg}")
+        assert lm.config.cache == want and lm.setting.cache == want
+    rows = [T.prompt_ids(ex) for ex in T.test_split("copy", 4, n=2)]
+    ref = generate(model, rows, "low_confidence", gen_length=8, block_length=4, cache=want)
+    assert lm.decode(rows, 8, 0.0) == ref.generated.tolist()
+    with pytest.raises(ValueError, match="look_ahead") as err:  # the comma form: lm-eval cut it in two
+        H.DllmLM.create_from_arg_string("pretrained=tiny-llada,cache=dual:look_back=16,look_ahead=16")
+    assert "cache_<option>" in str(err.value)
+    with pytest.raises(ValueError, match=r"cache option\(s\) \['look_back'\] set twice"):
+        H.DllmLM.create_from_arg_string("pretrained=tiny-llada,cache=dual:look_back=16,cache_look_back=8")
+    with pytest.raises(ValueError, match="Unknown option.*'bogus' for cache policy 'dual'"):
+        H.DllmLM.create_from_arg_string("pretrained=tiny-llada,cache=dual:look_back=16;bogus=1")
+
+
+def test_an_option_in_the_spec_and_as_a_key_is_an_error():
+    with pytest.raises(ValueError, match=r"sets \['threshold'\] twice"):
+        split_model_args({"pretrained": "tiny-llada", "sampler": "threshold:threshold=0.9", "threshold": 0.8})
+    with pytest.raises(ValueError, match="sets k=2 and k=4 is given too"):
+        split_model_args({"pretrained": "tiny-llada", "sampler": "low_confidence:k=2", "tokens_per_step": 4})
+    cfg, opts = split_model_args({"pretrained": "tiny-llada", "sampler": "low_confidence:k=2"})
+    assert opts == {} and cfg.sampler == "low_confidence:k=2"
+
+
 def test_unknown_model_args_key_lists_valid_keys():
     with pytest.raises(ValueError, match="unknown model_args key") as err:
         H.DllmLM.create_from_arg_string("pretrained=tiny-llada,sampler=threshold,treshold=0.8")

@@ -128,8 +128,11 @@ def test_a_drafter_that_is_not_there_is_refused_before_the_run(tmp_path):
 def test_main_writes_json(models, tmp_path, capsys):
     _, paths = models
     out = tmp_path / "spec.json"
+    broken = tmp_path / "broken-dlm"  # a checkpoint directory that fails to load: the method is skipped
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
     rc = main(["--target", paths["target"], "--dflash", paths["dflash"], "--assistant", paths["assistant"],
-               "--dlm", "/no/such/model", "--methods", "ar,dflash,dlm", "--tasks", "copy_long", "--n", "1",
+               "--dlm", str(broken), "--methods", "ar,dflash,dlm", "--tasks", "copy_long", "--n", "1",
                "--max-new-tokens", "5", "--temperatures", "0", "--block-size", "8", "--no-progress",
                "--out", str(out)])
     assert rc == 0
@@ -163,3 +166,31 @@ def test_block_size_auto_runs_drafters_with_a_head_and_skips_the_others(models, 
     assert len(by["dflash"].acceptance) <= 3  # columns up to the most committed in a round (<= 4 here)
     assert by["ngram"].status == "skipped" and "has none" in by["ngram"].reason
     assert parse_args(["--block-size", "auto"]).block_size == "auto"
+
+
+def test_ctrl_c_keeps_the_finished_temperatures(models, tmp_path, monkeypatch, capsys):
+    """Ctrl-C during T = 1: the T = 0 rows printed and written, one line said, status 130."""
+    from dllm.eval.spec import runners
+
+    _, paths = models
+    real = runners.loop_runner
+
+    def interrupting(*args, **kw):
+        run = real(*args, **kw)
+
+        def call(prompt, temperature, budget, seed):
+            if temperature > 0:
+                raise KeyboardInterrupt
+            return run(prompt, temperature, budget, seed)
+
+        return call
+
+    monkeypatch.setattr(runners, "loop_runner", interrupting)
+    out = tmp_path / "spec.json"
+    rc = main(["--target", paths["target"], "--methods", "ar", "--tasks", "copy_long", "--n", "1",
+               "--max-new-tokens", "5", "--temperatures", "0,1", "--no-progress", "--out", str(out)])
+    assert rc == 130
+    printed = capsys.readouterr().out
+    assert f"interrupted: 2 finished rows are saved in {out}" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["temperature"], r["status"]) for r in rows] == [("generate", 0.0, "ok"), ("ar", 0.0, "ok")]
