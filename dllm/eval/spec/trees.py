@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dllm import tasks as T
+from dllm.eval.interrupt import until_interrupted
 from dllm.eval.spec.flags import check_common_args, check_temperatures, split_list
 from dllm.eval.spec.report import format_table
 from dllm.eval.spec.runners import device_of
@@ -176,10 +177,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``dllm bench spec --trees ... [flags]``: print the tables, write ``--out`` JSON and ``--png``."""
+    """``dllm bench spec --trees ... [flags]``: print the tables, write ``--out`` JSON and ``--png``.
+    Ctrl-C: status 130 and one line (the budgets are chosen on the whole held-out split, so no row is
+    final before both splits are: nothing is written)."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    return until_interrupted(lambda: _run(args), lambda: "the tree benchmark's rows are final only when both "
+                             "splits are decoded; nothing written (fewer --budgets or a smaller --n run sooner)")
+
+
+def _run(args: argparse.Namespace) -> int:
     from dllm.drafters.base import make_drafter
     from dllm.drafters.loading import load_target
 

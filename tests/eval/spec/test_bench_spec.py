@@ -108,11 +108,11 @@ def test_bad_arguments_to_run_bench(models):
 
 
 def test_defaults():
-    args = parse_args([])  # the quick run: greedy, one prompt per task size
+    args = parse_args([])  # the quick run: greedy, one prompt per size of copy_long
     assert args.methods == list(METHODS) and args.temperatures == [0.0] and args.n == 1
-    assert args.tasks == list(T.suite_task_names("long-answer")) and args.block_size == 16
+    assert args.tasks == ["copy_long"] and args.block_size == 16
     full = parse_args(["--full"])  # the whole table
-    assert full.temperatures == [0.0, 1.0] and full.n == 4
+    assert full.temperatures == [0.0, 1.0] and full.n == 4 and full.tasks == list(T.suite_task_names("long-answer"))
     assert parse_args(["--full", "--n", "2"]).n == 2  # an explicit flag wins over either
 
 
