@@ -67,10 +67,11 @@ class CacheVerdict:
 
 
 def label(cache: str) -> str:
-    """The compare label of the recommended sampler on ``cache``."""
-    if cache == "none":
-        return SAMPLER
-    return f"{SAMPLER}:cache=({cache})" if "," in cache else f"{SAMPLER}:cache={cache}"
+    """The compare label of the recommended sampler on ``cache``: ``fast:cache=(dual:look_back=16,...)``
+    (``DecodeSetting.spec``)."""
+    from dllm.scoring.setting import DecodeSetting
+
+    return SAMPLER if cache == "none" else DecodeSetting(SAMPLER, SAMPLER, cache=cache).spec
 
 
 def judge(cache: str, accuracy: Mapping[str, Mapping[str, float]], speedup: Mapping[str, Mapping[str, float]], *,

@@ -1,4 +1,4 @@
-"""Timing and peak memory for the benchmarks (``bench_caches``, ``bench_kernels``, ``bench_throughput``).
+"""Timing and peak memory for the benchmarks (``bench.caches``, ``bench.kernels``, ``bench.throughput``).
 
 - ``sync(device)``: wait for queued CUDA work, so that a wall clock measures it (no-op on CPU).
 - ``reset_peak_memory(device)`` / ``peak_memory_mb(device)``: CUDA: ``max_memory_allocated`` since

@@ -45,7 +45,7 @@ def configs_for(builders: Sequence[str], budgets: Sequence[int], baselines: bool
 
 @dataclass
 class TreeRow(Row):
-    """A ``spec_report.Row`` (``method`` = the configuration's label) of one split."""
+    """A ``report.Row`` (``method`` = the configuration's label) of one split."""
 
     split: str = ""
     builder: str = ""
@@ -59,7 +59,7 @@ class TreeRow(Row):
 
 # ---- runners -------------------------------------------------------------------------------------
 def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
-    """``speculative_generate(..., tree=tree)`` at batch 1 (``spec_runners.loop_runner`` with a tree)."""
+    """``speculative_generate(..., tree=tree)`` at batch 1 (``runners.loop_runner`` with a tree)."""
     from dllm.drafters.loop import speculative_generate
     from dllm.drafters.tree import make_tree_builder
     from dllm.models.task_tokenizer import task_tokenizer

@@ -1,4 +1,4 @@
-"""PNGs of ``dllm stress`` (from ``stress_report.summarize``'s data; matplotlib, Agg backend).
+"""PNGs of ``dllm stress`` (from ``stress.report.summarize``'s data; matplotlib, Agg backend).
 
 - ``plot_curves``: one panel per task, accuracy (%) vs tokens per step (log2 axis), one line per
   curve (sampler family at a block length), points in TPS order: ParallelBench's per-task plots

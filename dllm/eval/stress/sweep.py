@@ -1,12 +1,12 @@
 """``dllm stress``: a ParallelBench-style sweep (arXiv 2510.04767) of samplers x parallelism x tasks.
 
-For every setting of the grid (``stress_grid``: a sampler, its options, k tokens per step for
+For every setting of the grid (``stress.grid``: a sampler, its options, k tokens per step for
 fixed-step samplers, a block length) and every task, the first ``per_size`` test examples of each
 of the task's sizes are decoded greedily, one batch per answer length, and scored exactly; each
-(setting, task) is one *cell* with per-sample outcomes (``stress_metrics.Cell``: correct, forwards,
-tokens, content tokens, Kendall tau of the unmasking order). The summary (``stress_report``) gives
+(setting, task) is one *cell* with per-sample outcomes (``stress.metrics.Cell``: correct, forwards,
+tokens, content tokens, Kendall tau of the unmasking order). The summary (``stress.report``) gives
 the leaderboard (max tokens per step at >= 80 / 75 / 70 % mean accuracy), the parallelizability
-centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``stress_plots`` draws
+centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``stress.plots`` draws
 accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
 
 Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
@@ -46,7 +46,7 @@ class StressConfig:
     """What a sweep decodes; everything but ``max_batch`` must match for a resume."""
 
     model: str  # the model's name, as recorded (``oracle``, ``tiny-llada``, a path)
-    grid: tuple[str, ...] = DEFAULT_GRID  # ``--grid`` entries (``stress_grid``)
+    grid: tuple[str, ...] = DEFAULT_GRID  # ``--grid`` entries (``stress.grid``)
     block_lengths: tuple[int, ...] = (0,)  # 0: one block of the answer length
     tasks: Optional[tuple[str, ...]] = None  # None: the PB-mini suite
     per_size: int = 4  # test examples per task size

@@ -1,4 +1,4 @@
-"""The auto-cache rule (dllm/eval/choose_cache.py) and the end-to-end verdict (dllm/eval/e2e.py)."""
+"""The auto-cache rule (dllm/eval/bench/choose_cache.py) and the end-to-end verdict (dllm/eval/bench/e2e.py)."""
 
 import pytest
 
