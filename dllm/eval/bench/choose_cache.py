@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from dllm.eval.interrupt import finished, until_interrupted
+
 SAMPLER = "fast"
 PAIRS = (("tiny-llada", "pb-mini", 4), ("tiny-dream", "pb-mini", 4),
          ("tiny-llada-long", "long-prompt", 4), ("tiny-dream-long", "long-prompt", 4))  # (model, suite, block)
@@ -192,6 +194,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     partial = out.with_name(out.stem + ".partial.json")
     merged = [(path, json.loads(Path(path).read_text())) for path in args.merge or ()]  # before the run rewrites any
+
+    def kept() -> str:  # measure_accuracy writes the partial file after every pair
+        done = len(json.loads(partial.read_text()).get("accuracy", {})) if partial.exists() else 0
+        return finished(done, "pair", str(partial) if done else None,
+                        f"; --merge {partial} reuses them" if done else "")
+
+    return until_interrupted(lambda: _measure_and_choose(args, pairs, speed_models, out, partial, merged, ap), kept)
+
+
+def _measure_and_choose(args, pairs, speed_models, out: Path, partial: Path, merged, ap) -> int:
     accuracy, acc_rows = measure_accuracy(pairs, args.candidates, args.n, not args.no_progress, partial)
     speedup, speed_rows = measure_speed(speed_models, args.candidates, args.repeats, not args.no_progress)
     for path, old in merged:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dllm.eval.bench.choose_cache import label, resolving_n, select_pairs
+from dllm.eval.interrupt import finished, until_interrupted
 
 FASTDLLM = "threshold:cache=dual"
 
@@ -140,31 +141,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(old.get("n_per_task"), dict):  # before session 12 one number for every pair
             n_per_task.update(old["n_per_task"])
     out = Path(args.out)
-    for model_name, suite, block in pairs:
-        try:
-            model = load_model(model_name, device=args.device)
-        except ValueError as err:  # a bad --device names the valid ones
-            ap.error(str(err))
-        names = T.suite_task_names(suite)
-        key = f"{model_name}/{suite}"
-        n_per_task[key] = resolving_n(args.n, len(names))
-        rows = compare(model, specs(cache), names, n_per_task[key], block_length=block,
-                       show_progress=not args.no_progress, repeats=args.repeats)
-        print(f"\n== {key} (blocks of {block}, n = {n_per_task[key]} per task, median of {args.repeats} timed runs)\n"
-              f"{format_results(rows)}")
-        results[key] = {r.label: asdict(r) for r in rows}
-        verdicts[key] = verdict(results[key], ours)
-        v = verdicts[key]
-        every, paired = v["faster_every_round"], v["paired"]
-        discordant = "" if not paired else (f", solved by ours only {paired['only_ours']}, by theirs only "
-                                            f"{paired['only_theirs']} (sign test p = {paired['sign_test_p']:.2g})")
-        print(f"{ours} vs {FASTDLLM}: accuracy {v['accuracy_delta_pt']:+.1f} pt, tokens/s x{v['speed_ratio']:.2f}, "
-              f"TPF x{v['tpf_ratio']:.2f}, forwarded tokens x{v['forwarded_ratio']:.2f}"
-              f"{'' if every is None else f', faster in every round: {every}'}{discordant}: "
-              f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
-        write(out, ours, n_per_task, args.repeats, verdicts, results)  # after every pair: a timeout keeps the done ones
-    print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
-    return 0
+
+    def run() -> int:
+        for model_name, suite, block in pairs:
+            try:
+                model = load_model(model_name, device=args.device)
+            except ValueError as err:  # a bad --device names the valid ones
+                ap.error(str(err))
+            names = T.suite_task_names(suite)
+            key = f"{model_name}/{suite}"
+            n_per_task[key] = resolving_n(args.n, len(names))
+            rows = compare(model, specs(cache), names, n_per_task[key], block_length=block,
+                           show_progress=not args.no_progress, repeats=args.repeats)
+            print(f"\n== {key} (blocks of {block}, n = {n_per_task[key]} per task, median of {args.repeats} "
+                  f"timed runs)\n{format_results(rows)}")
+            results[key] = {r.label: asdict(r) for r in rows}
+            verdicts[key] = verdict(results[key], ours)
+            v = verdicts[key]
+            every, paired = v["faster_every_round"], v["paired"]
+            discordant = "" if not paired else (f", solved by ours only {paired['only_ours']}, by theirs only "
+                                                f"{paired['only_theirs']} (sign test p = {paired['sign_test_p']:.2g})")
+            print(f"{ours} vs {FASTDLLM}: accuracy {v['accuracy_delta_pt']:+.1f} pt, "
+                  f"tokens/s x{v['speed_ratio']:.2f}, TPF x{v['tpf_ratio']:.2f}, "
+                  f"forwarded tokens x{v['forwarded_ratio']:.2f}"
+                  f"{'' if every is None else f', faster in every round: {every}'}{discordant}: "
+                  f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
+            write(out, ours, n_per_task, args.repeats, verdicts, results)  # after every pair: a kill keeps them
+        print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
+        return 0
+
+    def kept() -> str:  # every finished pair was written when it finished
+        return finished(len(verdicts), "pair", str(out / "e2e.json") if verdicts else None,
+                        "; --merge that file to measure only the missing pairs")
+
+    return until_interrupted(run, kept)
 
 
 def write(out: Path, ours: str, n_per_task: dict, repeats: int, verdicts: dict, results: dict) -> None:

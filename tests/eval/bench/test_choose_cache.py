@@ -72,10 +72,11 @@ def test_a_run_that_dies_keeps_its_measured_pairs_for_merge(tmp_path, monkeypatc
     monkeypatch.setattr(compare_mod, "compare", fake_compare)
     monkeypatch.setattr(exact_match, "load_model", lambda name, device=None: name)
     out = tmp_path / "choice.json"
-    with pytest.raises(KeyboardInterrupt):
-        C.main(["--pairs", "tiny-llada-long/long-prompt", "tiny-dream/pb-mini", "--candidates", "dual",
-                "--speed-models", "none", "--no-progress", "--out", str(out)])
+    assert C.main(["--pairs", "tiny-llada-long/long-prompt", "tiny-dream/pb-mini", "--candidates", "dual",
+                   "--speed-models", "none", "--no-progress", "--out", str(out)]) == 130  # Ctrl-C: one line
     partial = tmp_path / "choice.partial.json"
+    assert f"interrupted: 1 finished pair is saved in {partial}; --merge {partial} reuses them" in (
+        capsys.readouterr().out)
     kept = json.loads(partial.read_text())
     assert calls == [("tiny-llada-long", 50), ("tiny-dream", 8)] and not out.exists()
     assert kept["accuracy"] == {"tiny-llada-long/long-prompt": {"none": 0.9, "dual": 0.89}}
@@ -162,9 +163,9 @@ def test_e2e_writes_each_pair_as_it_finishes(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(compare_mod, "compare", fake_compare)
     monkeypatch.setattr(exact_match, "load_model", lambda name, device=None: name)
-    with pytest.raises(KeyboardInterrupt):
-        e2e.main(["--pairs", "tiny-llada/pb-mini", "tiny-llada-long/long-prompt", "--no-progress",
-                  "--out", str(tmp_path)])
+    assert e2e.main(["--pairs", "tiny-llada/pb-mini", "tiny-llada-long/long-prompt", "--no-progress",
+                     "--out", str(tmp_path)]) == 130  # Ctrl-C: the finished pair kept, one line
+    assert f"interrupted: 1 finished pair is saved in {tmp_path / 'e2e.json'}" in capsys.readouterr().out
     assert calls == [("tiny-llada", 8), ("tiny-llada-long", 50)]  # long suite: the resolving sample
     out = json.loads((tmp_path / "e2e.json").read_text())
     assert list(out["results"]) == ["tiny-llada/pb-mini"] and out["n_per_task"] == {"tiny-llada/pb-mini": 8}
