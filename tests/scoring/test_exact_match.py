@@ -77,3 +77,30 @@ def test_length_batches_decode_like_one_batch(oracle):
     assert tally.counts == {"count_long": 6} and tally.accuracy == {"count_long": 1.0}
     with pytest.raises(ValueError, match="max_batch"):
         decode_and_score(oracle, exs, max_batch=0)
+
+
+def test_a_setting_and_its_keyword_form_decode_alike(oracle):
+    from dllm.scoring.setting import DecodeSetting
+
+    exs = [*T.test_split("shuffle", 4, n=3), *T.test_split("copy", 4, n=2)]
+    setting = DecodeSetting.parse("low_confidence:k=2", block_length=2)
+    a = decode_and_score(oracle, exs, setting)
+    b = decode_and_score(oracle, exs, "low_confidence", tokens_per_step=2, block_length=2)
+    assert (a.solved, a.forwards, a.forwarded_tokens) == (b.solved, b.forwards, b.forwarded_tokens)
+    la = T.answer_length("copy", 4)  # = shuffle's at size 4: one batch
+    assert la == 5 and a.forwards == 3  # blocks of 2, 2 and 1 positions, one step (k = 2) each
+    with pytest.raises(ValueError, match="give a DecodeSetting alone"):
+        decode_and_score(oracle, exs, setting, tokens_per_step=2)
+
+
+def test_record_keeps_each_examples_own_outcome(oracle):
+    exs = [*T.test_split("shuffle", 4, n=3), *T.test_split("copy", 4, n=2)]
+    tally = decode_and_score(oracle, exs, "low_confidence", tokens_per_step=2, record=True)
+    la = T.answer_length("copy", 4)
+    assert sorted(tally.outcomes) == list(range(len(exs)))
+    assert [tally.outcomes[i].correct for i in range(len(exs))] == [tally.solved[i] for i in range(len(exs))]
+    for o in tally.outcomes.values():
+        assert o.forwards == -(-la // 2)  # every step changed every row: ceil(la / k) forwards each
+        assert len(o.trace) == la and max(o.trace) == o.forwards - 1  # the step that committed each position
+        assert 0 <= o.content <= la
+    assert decode_and_score(oracle, exs).outcomes == {}  # kept only when asked
