@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Optional, Sequence
 
-from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
+from dllm.scoring.setting import TOKENS_PER_STEP, DecodeSetting, check_tokens_per_step  # k: not a sampler option
 from dllm.options import check_int
 from dllm.registry import format_spec, parse_spec, parse_value
 from dllm.samplers import make_sampler, samplers
@@ -37,7 +37,6 @@ DEFAULT_GRID = (
     "low_confidence:k=1,2,4,8", "random:k=1,2,4,8", "threshold:threshold=0.5,0.7,0.9,0.99",
     "factor:factor=0.7,1.0,1.9", "fast",
 )  # fmt: skip
-TOKENS_PER_STEP = "k"  # the grid option that is not a sampler option
 
 
 @dataclass(frozen=True)
