@@ -224,7 +224,8 @@ def test_the_cycle_finder_sees_a_planted_cycle(tmp_path, monkeypatch):
     (pkg / "eval" / "b.py").write_text("from dllm.eval import c\n")
     (pkg / "eval" / "c.py").write_text("def g():\n    import dllm.eval.a\n")
     (pkg / "eval" / "d.py").write_text("from dllm.eval.a import x\n")  # imports the cycle, is not in it
-    (pkg / "eval" / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dllm.eval.f\n")  # type-only: no cycle
+    type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dllm.eval.f\n"  # never runs: no cycle
+    (pkg / "eval" / "e.py").write_text(type_only)
     (pkg / "eval" / "f.py").write_text("import dllm.eval.e\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
     assert import_cycles(pkg) == [["dllm.eval.a", "dllm.eval.b", "dllm.eval.c"]]

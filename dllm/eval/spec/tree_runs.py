@@ -225,5 +225,5 @@ class TreeBench:
                     "held_out_tokens_per_s": r.tokens_per_s} for b, r in self.chosen.items()}
 
 
-__all__ = ["BASELINES", "SPLITS", "Config", "TreeBench", "TreeRow", "configs_for", "greedy_diffs", "make_runner", "run_split",
-           "tree_runner", "widths"]
+__all__ = ["BASELINES", "SPLITS", "Config", "TreeBench", "TreeRow", "configs_for", "greedy_diffs", "make_runner",
+           "run_split", "tree_runner", "widths"]

@@ -48,8 +48,8 @@ from dllm.eval.spec.flags import check_common_args, check_temperatures, split_li
 from dllm.eval.spec.report import format_table
 from dllm.eval.spec.runners import device_of
 from dllm.eval.spec.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
-from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeBench, TreeRow, configs_for, greedy_diffs, run_split, tree_runner,
-                                 widths)
+from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeBench, TreeRow, configs_for, greedy_diffs, run_split,
+                                      tree_runner, widths)
 from dllm.eval.spec.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
                                     paired_rows, plot_trees)
 
