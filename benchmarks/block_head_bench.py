@@ -30,7 +30,7 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
-from dllm.eval.exact_match import eval_examples
+from dllm.scoring.exact_match import eval_examples
 from dllm.train.block_head_train import plan_label
 
 

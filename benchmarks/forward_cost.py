@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from dllm.eval.exact_match import load_model
+from dllm.scoring.exact_match import load_model
 
 GRID_ROWS = (8, 16, 24)
 GRID_COLS = (4, 12, 23, 36)

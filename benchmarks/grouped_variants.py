@@ -11,7 +11,7 @@ its own copy of its row's keys and values) is patched in for the comparison; tok
 import torch
 
 import dllm
-from dllm.eval.exact_match import load_model
+from dllm.scoring.exact_match import load_model
 from dllm.models import kv as KV
 
 

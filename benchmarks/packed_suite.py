@@ -20,8 +20,8 @@ import statistics
 import torch
 
 from dllm import tasks as T
-from dllm.eval.compare import _examples
-from dllm.eval.exact_match import decode_and_score, load_model
+from dllm.eval.compare import task_examples as _examples
+from dllm.scoring.exact_match import decode_and_score, load_model
 
 
 def main() -> None:

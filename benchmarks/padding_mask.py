@@ -17,7 +17,7 @@ import time
 import torch
 
 from dllm import tasks as T
-from dllm.eval.exact_match import load_model
+from dllm.scoring.exact_match import load_model
 from dllm.inputs import init_state
 from dllm.models.base import padding_attn_mask, square_padding_mask
 

@@ -15,7 +15,7 @@ import torch
 from dllm import tasks as T
 from dllm.drafters.dflash_io import load_dflash
 from dllm.drafters.loading import load_target
-from dllm.eval.exact_match import eval_examples
+from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
 from dllm.train.path_head_train import PathHeadRecipe, collect, encode, teacher_forced_taus, train_path_head

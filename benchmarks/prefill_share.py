@@ -7,7 +7,7 @@ one block, so every setting starts it with one forward over the whole canvas (pr
 rest): the prompt's keys and values depend on the masked answer positions (bidirectional attention),
 so no cache can serve them before it. Whatever a setting does after that (its steps) is all a
 sampler or a cache can make cheaper. This times every model call of Fast-dLLM's setting
-(``threshold`` + ``dual``) and ours (``fast`` + ``auto``) on both long pairs (``dllm.eval.e2e``'s
+(``threshold`` + ``dual``) and ours (``fast`` + ``auto``) on both long pairs (``dllm.eval.bench.e2e``'s
 examples), splits the wall into calls over >= ``FULL_COLUMNS`` columns (the block-start forwards:
 the shortest long prompt has 256 words; a step forwards at most a few variants x 36 columns) and the
 rest, and prints the bound it implies: a setting that skipped every step entirely would be at most
@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from dllm import tasks as T
-from dllm.eval.choose_cache import PAIRS
-from dllm.eval.compare import SamplerSpec, _examples
-from dllm.eval.exact_match import decode_and_score, load_model
-from dllm.eval.e2e import FASTDLLM
+from dllm.eval.bench.choose_cache import PAIRS
+from dllm.eval.compare import SamplerSpec
+from dllm.eval.compare import task_examples as _examples
+from dllm.scoring.exact_match import decode_and_score, load_model
+from dllm.eval.bench.e2e import FASTDLLM
 
 FULL_COLUMNS = 128  # a call over at least this many query columns is a block-start full forward
 OURS = "fast:cache=auto"
@@ -73,7 +74,7 @@ def run(model, examples, spec: str, block: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=8, help="examples per task (as dllm.eval.e2e)")
+    ap.add_argument("--n", type=int, default=8, help="examples per task (as dllm.eval.bench.e2e)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()

@@ -24,7 +24,7 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target
 from dllm.drafters.loop import speculative_generate
-from dllm.eval.exact_match import eval_examples
+from dllm.scoring.exact_match import eval_examples
 
 from block_head_bench import speed_interval  # benchmarks/ is on sys.path when run as a script
 

@@ -165,7 +165,7 @@ def test_bench_caches_progress_on_stderr(capsys, flag):
 
 def test_bench_kernels_ctrl_c_keeps_the_finished_shapes(capsys, monkeypatch, tmp_path):
     """Ctrl-C during the second shape: the first shape's rows are printed and written, one line, 130."""
-    import dllm.eval.bench_kernels as bench
+    import dllm.eval.bench.kernels as bench
 
     real, calls = bench.run_kernel_bench, []
 

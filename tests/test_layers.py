@@ -6,9 +6,10 @@
     2  models                                       (DiffusionLM, checkpoints, the K/V buffers, oracles)
     3  samplers, cache                              (step rules; cache policies)
     4  engine                                       (the one decode loop)
+    4.5 scoring                                     (decode settings, exact-match decode-and-score loop)
     5  drafters                                     (speculative decoding for AR targets)
-    6  eval                                         (exact-match evaluation, compare, benchmarks)
-    7  train                                        (imports eval's exact-match evaluation)
+    6  eval                                         (compare, stress, lm-eval harness, benchmarks)
+    7  train                                        (imports scoring's exact-match evaluation, never eval)
     8  cli
     9  the package root ``dllm`` (lazy public API)
 
@@ -29,6 +30,7 @@ LAYERS: dict[str, int] = {
     "models": 2,
     "samplers": 3, "cache": 3,
     "engine": 4,
+    "scoring": 4.5,
     "drafters": 5,
     "eval": 6,
     "train": 7,
@@ -109,3 +111,131 @@ def test_the_walk_sees_a_planted_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
     bad = upward_imports()
     assert len(bad) == 1 and "models/bad.py:2" in bad[0] and "dllm.engine" in bad[0]
+
+
+# ---- import cycles ------------------------------------------------------------------------------------
+def _modules(root: Path) -> dict[str, Path]:
+    """Every module of the package under ``root``: dotted name -> file."""
+    return {_module_name(p): p for p in sorted(root.rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (never executed: annotations only)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _targets(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ``dllm`` modules a file imports (lazy imports included): ``from a.b import c`` names the module
+    ``a.b.c`` where that is a module, else ``a.b``; ``import a.b.c`` the longest prefix that is a module."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "dllm":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                while parts and ".".join(parts) not in modules:
+                    parts.pop()
+                if parts and parts[0] == "dllm":
+                    out.add(".".join(parts))
+    out.discard(name)
+    return {t for t in out if t in modules}
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected components of more than one module in the import graph of the package
+    under ``root`` (Tarjan's algorithm), each sorted; an empty list when the graph has no cycle."""
+    modules = _modules(root)
+    graph = {m: sorted(_targets(p, modules)) for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # iterative depth-first search (the graph is deep enough for recursion limits)
+        work = [(v, iter(graph[v]))]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, edges = work[-1]
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                    break
+                if w in on_stack:
+                    low[node] = min(low[node], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+
+    for m in graph:
+        if m not in index:
+            visit(m)
+    return sorted(found)
+
+
+def test_no_import_cycles_anywhere_in_dllm():
+    """No two modules of ``dllm`` import each other, directly or through others. Imports inside functions
+    count (a lazy import is still a dependency); imports under ``if TYPE_CHECKING:`` do not (never run)."""
+    cycles = import_cycles(ROOT)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_sees_a_planted_cycle(tmp_path, monkeypatch):
+    """The checker itself: a three-module cycle through a lazy import is one component; a chain is none."""
+    pkg = tmp_path / "dllm"
+    (pkg / "eval").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "eval" / "__init__.py").write_text("")
+    (pkg / "eval" / "a.py").write_text("from dllm.eval.b import f\n")
+    (pkg / "eval" / "b.py").write_text("from dllm.eval import c\n")
+    (pkg / "eval" / "c.py").write_text("def g():\n    import dllm.eval.a\n")
+    (pkg / "eval" / "d.py").write_text("from dllm.eval.a import x\n")  # imports the cycle, is not in it
+    type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dllm.eval.f\n"  # never runs: no cycle
+    (pkg / "eval" / "e.py").write_text(type_only)
+    (pkg / "eval" / "f.py").write_text("import dllm.eval.e\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    assert import_cycles(pkg) == [["dllm.eval.a", "dllm.eval.b", "dllm.eval.c"]]
+    (pkg / "eval" / "c.py").write_text("def g():\n    pass\n")
+    assert import_cycles(pkg) == []
+
+
+def test_train_does_not_import_eval():
+    """Training's evaluation is ``dllm.scoring``'s; ``dllm.train`` never imports ``dllm.eval``."""
+    bad = [f"{p.relative_to(ROOT.parent)}:{line} imports {t}" for p in sorted((ROOT / "train").rglob("*.py"))
+           for line, t in _imports(p) if _unit(t) == "eval"]
+    assert not bad, "\n".join(bad)

@@ -44,7 +44,7 @@ def caches_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_caches(args) -> int:
-    from dllm.eval.bench_caches import format_table, run_cache_bench
+    from dllm.eval.bench.caches import format_table, run_cache_bench
     from dllm.models import load, tiny
 
     if args.model.startswith("tiny-random-") and args.layers:
@@ -95,7 +95,7 @@ def run_kernels(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from dllm.eval.bench_kernels import default_shapes, format_table, run_kernel_bench
+    from dllm.eval.bench.kernels import default_shapes, format_table, run_kernel_bench
 
     device = checked_device(args.device)
     shapes = default_shapes(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))

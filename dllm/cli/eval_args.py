@@ -33,7 +33,7 @@ def stress_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", action="append", default=None, metavar="SPEC",
                    help="repeatable; one sampler family: SAMPLER[:OPTION=V1,V2,...,OPTION=V,...], k = tokens "
                         "per step (low_confidence:k=1,2,4,8 threshold:threshold=0.5,0.7,0.9); default: sweeps "
-                        "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress_grid)")
+                        "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress.grid)")
     p.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
     p.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")

@@ -36,7 +36,7 @@ COMMANDS = (
             build=f"{_EVAL_ARGS}:compare_args", target="dllm.eval.compare:run_compare", aliases=("eval compare",)),
     Command("", "stress", "ParallelBench-style sweep: samplers x parallelism x tasks, accuracy vs tokens per step "
                           "(resumable)",
-            build=f"{_EVAL_ARGS}:stress_args", target="dllm.eval.stress:run_stress_cli", aliases=("eval stress",)),
+            build=f"{_EVAL_ARGS}:stress_args", target="dllm.eval.stress.sweep:run_stress_cli", aliases=("eval stress",)),
     Command("", "spec", "lossless speculative decoding: an autoregressive target, a drafter",
             build=f"{_CORE}:spec_args", target="dllm.cli_spec:cmd_spec"),
     Command("", "samplers", "list the registered samplers",
@@ -48,30 +48,30 @@ COMMANDS = (
             target=f"{_CORE}:run_info"),
     # dllm bench
     Command("bench", "spec", "speculative decoding of an AR target: drafters vs target.generate, assisted "
-                             "generation, prompt lookup", target="dllm.eval.bench_spec:main"),
+                             "generation, prompt lookup", target="dllm.eval.spec.bench:main"),
     Command("bench", "trees", "draft trees vs their budget (= dllm bench spec --trees ...)",
-            target="dllm.eval.bench_trees:main"),
+            target="dllm.eval.spec.trees:main"),
     Command("bench", "e2e", "end to end: the recommended setting against Fast-dLLM's on the accuracy / "
-                            "tokens-per-second plane", target="dllm.eval.e2e:main"),
+                            "tokens-per-second plane", target="dllm.eval.bench.e2e:main"),
     Command("bench", "breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, head, "
-                                  "statistics, engine)", target="dllm.eval.bench_breakdown:main"),
+                                  "statistics, engine)", target="dllm.eval.bench.breakdown:main"),
     Command("bench", "kernels", "attention backends and the fused vocabulary-statistics kernel vs sdpa / the "
                                 "reference", build=f"{_BENCH}:kernels_args", target=f"{_BENCH}:run_kernels",
-            stands_for="dllm.eval.bench_kernels"),
+            stands_for="dllm.eval.bench.kernels"),
     Command("bench", "caches", "cache policies x samplers on a long prompt, side by side",
             build=f"{_BENCH}:caches_args", target=f"{_BENCH}:run_caches"),
     Command("bench", "throughput", "forward and generate throughput of a model",
-            build=f"{_BENCH}:throughput_args", target="dllm.eval.bench_throughput:run_throughput"),
+            build=f"{_BENCH}:throughput_args", target="dllm.eval.bench.throughput:run_throughput"),
     Command("bench", "choose-fast", "choose the `fast` sampler alias by measurement",
-            target="dllm.eval.choose_fast:main"),
+            target="dllm.eval.bench.choose_fast:main"),
     Command("bench", "choose-cache", "choose the `auto` cache policy by measurement",
-            target="dllm.eval.choose_cache:main"),
+            target="dllm.eval.bench.choose_cache:main"),
     # dllm eval
     Command("eval", "tasks", "exact match on the stress-task test split at k tokens per step",
             build=f"{_EVAL_ARGS}:eval_tasks_args", target="dllm.eval.task_eval:run_eval_tasks",
             aliases=("eval-tasks",)),
     Command("eval", "harness-tasks", "write the stress tasks' JSONL files for lm-evaluation-harness",
-            target="dllm.eval.harness_tasks:main"),
+            target="dllm.eval.harness.tasks:main"),
     Command("eval", "harness", "lm-evaluation-harness with the dllm model and the stress tasks (lm-eval's "
                                "flags)", target="dllm.eval.harness:main"),
     # dllm train

@@ -10,10 +10,12 @@ sampler timed ``repeats`` times in interleaved rounds, the median wall time repo
 ``extra["wall_times"]``). Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
 with the Pareto front marked.
 
-A sampler spec is the registry's ``name`` or ``name:key=value,key=value`` (``parse_spec``); its
-options go to ``generate`` (sampler options, ``cache=...``), except the key ``k`` (fixed-step
-samplers only), which sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step. Examples:
-``low_confidence`` (one token per step), ``low_confidence:k=2``, ``threshold:threshold=0.8``.
+A sampler spec is a ``DecodeSetting`` (``dllm.scoring.setting``): the registry's ``name`` or
+``name:key=value,key=value``; its options go to ``generate`` (sampler options), except ``k``
+(fixed-step samplers only), which sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step, and
+``cache`` (a cache policy spec; several options in parentheses). Examples: ``low_confidence`` (one
+token per step), ``low_confidence:k=2``, ``threshold:threshold=0.8``,
+``fast:cache=(dual:look_back=16,look_ahead=16)``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dllm import tasks as T
-from dllm.eval.exact_match import check_tokens_per_step, decode_and_score, load_model
 from dllm.options import check_int, check_optional_int
-from dllm.registry import parse_spec
+from dllm.scoring.exact_match import decode_and_score, load_model
+from dllm.scoring.setting import DecodeSetting
 
 DEFAULT_SAMPLERS = (
     "low_confidence", "low_confidence:k=2", "threshold", "fast", "factor", "eb:gamma=0.1", "localleap",
@@ -36,27 +38,7 @@ DEFAULT_SAMPLERS = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class SamplerSpec:
-    label: str
-    name: str
-    options: dict[str, Any]
-    k: Optional[int]  # tokens per step for fixed-step samplers
-
-    @classmethod
-    def parse(cls, text: str) -> "SamplerSpec":
-        name, options = parse_spec(text, "sampler spec")
-        k = options.pop("k", None)
-        if k is not None:
-            try:
-                check_int("k", k, 1)
-            except ValueError as err:
-                raise ValueError(f"sampler spec {text!r}: {err}") from None
-        return cls(text, name, options, k)
-
-    def check(self) -> None:
-        """Fail before any decoding: an unknown sampler, or k with an adaptive one."""
-        check_tokens_per_step(self.name, self.k, self.label)
+SamplerSpec = DecodeSetting  # a compare row's setting: ``SamplerSpec.parse("low_confidence:k=2")``
 
 
 @dataclass
@@ -71,14 +53,16 @@ class SamplerResult:
     content_tokens_per_forward: float
     tokens_per_second: float
     wall_time: float
-    # peak memory of the run (dllm.eval.timing: CUDA allocations, or on CPU the process's peak resident
+    # peak memory of the run (dllm.eval.bench.timing: CUDA allocations, or on CPU the process's peak resident
     # set, model and interpreter included); None where it cannot be measured
     peak_memory_mb: Optional[float] = None
     pareto: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
+def task_examples(task_names: Sequence[str], n: int) -> list[T.Example]:
+    """The first ``n`` test examples of each task, taken round-robin over its default sizes (so that
+    ``n`` examples cover the size range), tasks in the given order."""
     out = []
     for name in task_names:
         task = T.get_task(name)
@@ -98,16 +82,16 @@ def _examples(task_names: Sequence[str], n: int) -> list[T.Example]:
     return out
 
 
-def run_sampler(model, spec: SamplerSpec, examples: Sequence[T.Example], *, block_length: Optional[int],
+def run_sampler(model, spec: DecodeSetting, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
-    from dllm.eval.timing import peak_memory_mb, reset_peak_memory
+    from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory
     from dllm.inputs import model_device
 
     device = model_device(model)
     can_peak = reset_peak_memory(device)
     # one batch per (task, answer length): see decode_and_score's ``by_task``
-    tally = decode_and_score(model, examples, spec.name, tokens_per_step=spec.k, block_length=block_length,
-                             by_task=True, max_batch=max_batch, progress=progress, **spec.options)
+    setting = replace(spec, block_length=block_length) if block_length is not None else spec
+    tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress)
     peak = peak_memory_mb(device) if can_peak else None
     total, rows, wall = tally.examples, tally.row_forwards, tally.seconds
     return SamplerResult(
@@ -130,11 +114,11 @@ def mark_pareto(results: list[SamplerResult]) -> None:
         )
 
 
-def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[SamplerSpec]:
+def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[DecodeSetting]:
     """The parsed specs; raises ValueError on anything that would fail later in the run."""
     check_int("n", n, 1, hint=" (test examples per task)")
     check_optional_int("block_length", block_length, 1)
-    parsed = [SamplerSpec.parse(s) for s in specs]
+    parsed = [DecodeSetting.parse(s) for s in specs]
     for spec in parsed:
         spec.check()
     return parsed
@@ -167,7 +151,7 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
     check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
     parsed = check_compare(specs, n, block_length)
     names = list(task_names) if task_names else list(T.suite_task_names())
-    examples = _examples(names, n)
+    examples = task_examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first
     run_sampler(model, parsed[0], examples, block_length=block_length)

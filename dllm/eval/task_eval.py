@@ -3,30 +3,52 @@
 Each example is decoded as one block of its answer length with a fixed-step sampler
 (``low_confidence`` by default, i.e. top-k confidence) and ``steps = ceil(L_ans / k)``; the table
 has one row per task and one column per k, plus the mean over the C(Y|X) = 0 tasks (``c0``, see
-``dllm.eval.exact_match``). An adaptive sampler chooses its own steps: it gets one column,
+``dllm.scoring.exact_match``). An adaptive sampler chooses its own steps: it gets one column,
 ``adaptive``, and no k.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_of, check_test_range, check_tokens_per_step, eval_examples, evaluate, load_model
-from dllm.samplers import make_sampler
+from dllm.scoring.exact_match import c0_of, check_test_range, eval_examples, evaluate, load_model
+from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
 
 Column = Union[int, str]  # k, or "adaptive"
 
 
 def columns(sampler: str, ks: Optional[Sequence[int]]) -> list[Column]:
     """The table's columns: ``ks`` (default [1]) for a fixed-step sampler, ["adaptive"] for an
-    adaptive one; raises ValueError (before any decoding) for a k that does not apply."""
+    adaptive one; raises ValueError (before any decoding) for a k that does not apply, or a k written
+    in the sampler spec (the columns' k come from ``--k``)."""
+    from dllm.samplers import samplers
+
+    setting = DecodeSetting.parse(sampler)
+    if setting.k is not None:
+        raise ValueError(f"sampler spec {sampler!r} sets k={setting.k}; give tokens per step with --k "
+                         f"(one column per value), e.g. --k {setting.k}")
+    setting.check()
     for k in ks or ():
-        check_tokens_per_step(sampler, k)
-    if not make_sampler(sampler).fixed_steps:
+        check_tokens_per_step(setting.name, k, sampler)
+    if not samplers.get(setting.name).fixed_steps:
         return ["adaptive"]
     return list(ks or [1])
+
+
+def check_json_path(path: Optional[str]) -> None:
+    """ValueError (before the model loads) unless ``path`` is None or names a file that can be written:
+    not a directory, and its parent, where it exists, a directory."""
+    if path is None:
+        return
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"--json {str(out)!r} is a directory; give a file path, e.g. {str(out / 'eval-tasks.json')!r}")
+    parent = next((q for q in out.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--json {str(out)!r}: {str(parent)!r} is a file, not a directory")
 
 
 def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[Column], per_size: int,
@@ -62,11 +84,13 @@ def format_table(result: dict, ks: Sequence[Column]) -> str:
 def run_eval_tasks(args) -> dict:
     ks = columns(args.sampler, args.k)
     check_test_range(args.per_size, args.skip)  # a bad range fails before the model loads
+    check_json_path(args.json)
     model = load_model(args.model, args.dtype, args.device)
     result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, args.skip)
     result["model"] = args.model
     print(format_table(result, ks))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return result

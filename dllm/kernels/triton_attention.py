@@ -38,7 +38,7 @@ Notes:
   bits (triton-lang/triton#11584), so bf16 is refused there; fp32/fp16 are exact enough to test.
 - A query row with no allowed key returns 0 (and lse -inf) instead of NaN.
 - Tested on CPU under the interpreter only so far: GPU compilation, bf16, tile sizes / num_warps and
-  the split heuristic still need a GPU run (``pytest tests/kernels`` and ``python -m dllm.eval.bench_kernels``).
+  the split heuristic still need a GPU run (``pytest tests/kernels`` and ``dllm bench kernels``).
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def flash_attention(
         lse = torch.empty((num_splits, bsz, h, tq), dtype=torch.float32, device=q.device)
     o_strides = out.stride()[-4:]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    # GPU launch settings are first guesses (untuned): tune with ``python -m dllm.eval.bench_kernels``
+    # GPU launch settings are first guesses (untuned): tune with ``dllm bench kernels``
     launch = {} if interp else {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 3 if block_d <= 128 else 2}
     _attn_fwd_kernel[(m_tiles, bsz * h, num_splits)](
         q, k, v, out, lse, kp, qa, ke,

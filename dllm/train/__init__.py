@@ -2,7 +2,7 @@
 
 - ``objective``: ``mask_answer``, ``sft_loss``, ``diffusion_loss`` (masked-diffusion SFT loss);
 - ``data``: ``MixtureConfig``, ``TaskMixture`` (deterministic multi-task batches), ``Batch``;
-- evaluation during training: ``dllm.eval.exact_match.evaluate`` (exact match on the test split);
+- evaluation during training: ``dllm.scoring.exact_match.evaluate`` (exact match on the test split);
 - ``recipes``: ``Recipe`` (model + ``TrainConfig``), ``build_model``, and ``curricula``: every shipped
   diffusion model's training as a chain of stages (``Curriculum`` / ``Stage``);
 - ``runner``: runs a curriculum end to end (resumable), then exports it;

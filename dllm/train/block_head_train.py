@@ -40,7 +40,7 @@ import torch
 from dllm import tasks as T
 from dllm.drafters.block_head import BlockHead, prompt_features
 from dllm.drafters.dflash_model import extract_context_feature
-from dllm.eval.exact_match import eval_examples
+from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
 from dllm.train.dflash_train import ANSWER_TOKENS, block_loss, regenerate

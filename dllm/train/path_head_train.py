@@ -33,7 +33,7 @@ from dllm import tasks as T
 from dllm.drafters.dflash_model import DFlashDrafter, target_embedding, target_head
 from dllm.drafters.path_head import PathHead, PathScorer
 from dllm.drafters.tree import Tree, make_tree_builder, on_path
-from dllm.eval.exact_match import eval_examples
+from dllm.scoring.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture

@@ -46,7 +46,7 @@ def probe(model_name: str, cases: Sequence[str] = DEFAULT_CASES, n: int = 16, th
           log: Callable[[str], None] = print) -> list[tuple[str, float]]:
     """Exact match (one token per step) of ``model_name`` on each ``TASK:SIZE`` case, ``n`` examples each;
     every case is checked before the model loads. Returns (case, percent) pairs and logs one line each."""
-    from dllm.eval.exact_match import decode_and_score, load_model
+    from dllm.scoring.exact_match import decode_and_score, load_model
 
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"probe: n must be an integer >= 1, got {n!r}")

@@ -39,7 +39,7 @@ from typing import Any, Optional, Union
 import torch
 
 from dllm.train.data import Batch, TaskMixture
-from dllm.eval.exact_match import EvalResult, eval_examples, evaluate
+from dllm.scoring.exact_match import EvalResult, eval_examples, evaluate
 from dllm.train.objective import diffusion_loss
 from dllm.train.recipes import Recipe, build_model, count_parameters
 from dllm.train.schedule import check_phases, lr_factor, phase_index, scheduled_lr_factor

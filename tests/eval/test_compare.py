@@ -46,7 +46,7 @@ def test_compare_on_oracle_writes_table_json_and_plot(tmp_path, capsys):
     assert res["threshold"]["accuracy"] == 1.0
     assert res["threshold"]["nfe_per_example"] < res["low_confidence"]["nfe_per_example"]
     assert (out / "compare.png").stat().st_size > 1000
-    from dllm.eval.timing import reset_peak_memory
+    from dllm.eval.bench.timing import reset_peak_memory
 
     if reset_peak_memory(torch.device("cpu")):  # Linux: the peak resident set of the run, model included
         assert all(r["peak_memory_mb"] > 10 for r in data["results"]) and "peak MiB" in table

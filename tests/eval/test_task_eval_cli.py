@@ -31,7 +31,7 @@ def test_eval_tasks_rejects_bad_k(capsys):
 
 
 def test_skip_gives_the_later_instances_disjoint_from_the_first():
-    from dllm.eval.exact_match import eval_examples
+    from dllm.scoring.exact_match import eval_examples
 
     tasks = ["copy", "lookup_long"]
     first, later, both = (eval_examples(tasks, per_size=p, skip=s) for p, s in ((3, 0), (2, 3), (5, 0)))
@@ -54,10 +54,33 @@ def test_eval_tasks_records_skip_and_rejects_instances_outside_the_split(capsys,
 def test_solved_follows_the_order_of_the_examples_given():
     """decode_and_score batches by task; ``solved`` maps back to the caller's order (oracle, k = 2:
     copy is solved, shuffle with tied exact marginals never is)."""
-    from dllm.eval.exact_match import decode_and_score, eval_examples
+    from dllm.scoring.exact_match import decode_and_score, eval_examples
     from dllm.models.oracle import OracleLM
 
     copy, shuffle = eval_examples(["copy"], per_size=1), eval_examples(["shuffle"], per_size=1)
     mixed = [ex for pair in zip(copy, shuffle) for ex in pair]
     tally = decode_and_score(OracleLM(), mixed, "low_confidence", tokens_per_step=2, by_task=True)
     assert [tally.solved[i] for i in range(len(mixed))] == [True, False] * len(mixed[::2])
+
+
+def test_eval_tasks_json_on_a_directory_is_refused_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    import dllm.models
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before --json was checked")
+
+    monkeypatch.setattr(dllm.models, "load", load)
+    assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--json", str(tmp_path)]) == 2
+    assert f"--json '{tmp_path}' is a directory; give a file path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_tasks_k_belongs_to_the_k_flag(capsys):
+    assert main(["eval-tasks", "--model", "oracle", "--sampler", "low_confidence:k=2", "--tasks", "copy"]) == 2
+    assert "sets k=2; give tokens per step with --k" in capsys.readouterr().err
+
+
+def test_eval_tasks_json_parent_is_created(tmp_path):
+    path = tmp_path / "new" / "r.json"
+    assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--per-size", "1", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["tasks"]["copy"] == {"1": 1.0}

@@ -1,8 +1,8 @@
-"""``dllm.eval.bench_kernels``: one row per (shape, backend), errors measured, refusals reported."""
+"""``dllm.eval.bench.kernels``: one row per (shape, backend), errors measured, refusals reported."""
 
 from __future__ import annotations
 
-from dllm.eval.bench_kernels import COLUMNS, AttnShape, StatsShape, default_shapes, format_table, run_kernel_bench
+from dllm.eval.bench.kernels import COLUMNS, AttnShape, StatsShape, default_shapes, format_table, run_kernel_bench
 
 from .conftest import DEVICE, INTERPRETED
 

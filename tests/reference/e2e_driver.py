@@ -11,7 +11,7 @@ one shorter where 4 does not divide ``L_ans`` (the driver's ``partial_last_block
 asserts ``gen_length % block_length == 0``, and rounding ``gen_length`` up instead breaks the tiny
 models, which read the answer length from the canvas: 19% against 77% on the short suite's first
 example per task). Scored exactly like ``dllm compare`` (``dllm.tasks.score``), on the same examples
-as ``python -m dllm.eval.e2e`` (the LLaDA pairs: the transcription is of the LLaDA driver; Fast-dLLM's
+as ``python -m dllm.eval.bench.e2e`` (the LLaDA pairs: the transcription is of the LLaDA driver; Fast-dLLM's
 Dream dual cache is not transcribed). Each setting is timed ``--repeats`` times in interleaved
 rounds, the median wall reported; tokens/s counts the generated positions. The transcription's
 tokens are checked against ``threshold:cache=dual``'s: the share of examples that agree is printed
@@ -37,8 +37,8 @@ from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache 
 
 import dllm  # noqa: E402
 from dllm import tasks as T  # noqa: E402
-from dllm.eval.compare import _examples  # noqa: E402
-from dllm.eval.exact_match import load_model  # noqa: E402
+from dllm.eval.compare import task_examples as _examples  # noqa: E402
+from dllm.scoring.exact_match import load_model  # noqa: E402
 
 PAIRS = (("tiny-llada", "pb-mini"), ("tiny-llada-long", "long-prompt"))
 DRIVER = "Fast-dLLM driver (dual, threshold 0.9)"

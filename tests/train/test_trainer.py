@@ -18,7 +18,7 @@ from dllm.models import load
 from dllm.train import build_model, diffusion_loss
 from dllm.train.__main__ import main
 from dllm import tasks as T
-from dllm.eval.exact_match import c0_tasks
+from dllm.scoring.exact_match import c0_tasks
 from dllm.train.recipes import C0_TASKS, get_recipe
 from dllm.train.trainer import Trainer, checkpoints, lr_factor
 from .helpers import small_batch, small_recipe
@@ -110,7 +110,7 @@ def test_c0_tasks_from_total_correlation():
     }
     assert tuple(c0_tasks()) == C0_TASKS  # the recipes' up-weighted tasks
     # other suites on request; an evaluation marks the C = 0 tasks of whatever suites it covers
-    from dllm.eval.exact_match import c0_of
+    from dllm.scoring.exact_match import c0_of
 
     assert set(c0_tasks(suite="long-prompt")) == {"count_long", "lookup_long", "span_copy_far"}
     assert set(c0_of(["lookup_any", "lookup_long", "copy", "pick_pair"])) == {"lookup_long", "copy"}

@@ -44,7 +44,7 @@ from dllm.train.schedule import Phase
 _COMMON = dict(vocab_size=80, d_model=128, n_layers=6, n_heads=4, mlp_hidden=344, max_positions=2048,
                rope_theta=10000.0, tie_embeddings=False)
 
-# the C(Y|X) = 0 tasks of the test split (``dllm.eval.exact_match.c0_tasks()``; a test checks it)
+# the C(Y|X) = 0 tasks of the test split (``dllm.scoring.exact_match.c0_tasks()``; a test checks it)
 C0_TASKS = (
     "add_lsb", "add_msb", "copy", "copy_2tok", "cumsum", "insert_index", "insert_index_2tok",
     "remove_index", "remove_index_2tok", "replace_index", "replace_index_2tok", "reverse",

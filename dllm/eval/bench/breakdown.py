@@ -1,0 +1,315 @@
+"""Where a decode step's time goes, at LLaDA-8B width: per layer, head, statistics, engine.
+
+    dllm bench breakdown --layers 2 --dtypes float32,bfloat16 --caches none,dual
+
+A random LLaDA-format model with LLaDA-8B's shapes (hidden 4096, 32 heads, MLP 12,288, vocabulary
+126,464) but only ``--layers`` layers decodes one block of ``--block-length`` after a prompt of
+``--prompt-length`` with ``dllm.generate``; the first ``--steps`` steps are timed (the prefill of a
+cached run is not). Forward hooks time every transformer layer, the final norm + LM head, and the
+embedding; a wrapper times the sampler's ``step`` (minus any forward it makes itself): that is
+"statistics". "engine" is the rest of the step (the block loop, the cache policy, the writes).
+
+Projection to the real model: ``step(32) = 32 x mean layer + embedding + head + statistics +
+engine`` (layers are identical in shape, so their time scales with their count).
+
+The reference drivers' projection: the same layers (LLaDA's and Fast-dLLM's drivers forward the same
+query rows as our cache policies do), then what they do after the last layer, timed on this step's
+last hidden states: the final norm and LM head over EVERY forwarded row (ours: the block's rows for
+a ``reads_block_only`` sampler such as ``threshold``) and Fast-dLLM ``get_transfer_index`` at T = 0
+(arg-max and a float64 softmax over ``[B, Q, V]``). Their Python loop is not counted, so the
+reference column is a lower bound on its step time.
+
+``--compile [BACKEND]`` times every case a second time with the layers compiled
+(``dllm.models.compile_model``; default backend inductor) on the same model: the "compile" column.
+
+Peak memory is the process's peak over the timed steps (CPU: peak RSS, model included; CUDA:
+``max_memory_allocated``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from typing import Any, Optional, Sequence
+
+import torch
+
+from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
+from dllm.eval.interrupt import finished, until_interrupted
+
+LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
+COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
+
+
+class _Stop(Exception):
+    """Raised by the step callback once the timed steps are done."""
+
+
+class StepClock:
+    """Accumulates wall time per component over the timed steps of one ``generate`` call."""
+
+    def __init__(self, model, sampler, device: torch.device, steps: int) -> None:
+        self.device, self.steps = device, steps
+        self.total: dict[str, float] = defaultdict(float)
+        self.layer_calls = 0
+        self.started: Optional[float] = None  # wall clock of the current step's start
+        self.step_times: list[float] = []
+        self.logits_rows: list[int] = []
+        self._open: dict[int, float] = {}
+        self._in_stats = False
+        self._forward_in_stats = 0.0
+        tr = model.transformer
+        self._hooks = []
+        for layer in tr.layers:
+            self._time_module(layer, "layer")
+        self._time_module(tr.embed, "embedding")
+        self._time_module(tr.norm, "head")
+        if tr.lm_head is not None:
+            self._time_module(tr.lm_head, "head")
+        self._wrap_sampler(sampler)
+
+    def _now(self) -> float:
+        sync(self.device)
+        return time.perf_counter()
+
+    def _time_module(self, module, name: str) -> None:
+        def pre(mod, args):
+            self._open[id(mod)] = self._now()
+
+        def post(mod, args, out):
+            spent = self._now() - self._open.pop(id(mod))
+            if self.started is None:
+                return
+            if self._in_stats:  # a forward the sampler makes itself (verification variants)
+                self._forward_in_stats += spent
+            self.total[name] += spent
+            if name == "layer":
+                self.layer_calls += 1
+            if mod is getattr(self, "_last_head", None):
+                self.logits_rows.append(int(out.shape[1]))
+
+        self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        if name == "head":
+            self._last_head = module
+
+    def _wrap_sampler(self, sampler) -> None:
+        inner = sampler.step
+
+        def step(inp, state):
+            if self.started is None:
+                return inner(inp, state)
+            self._in_stats, self._forward_in_stats = True, 0.0
+            t0 = self._now()
+            try:
+                return inner(inp, state)
+            finally:
+                self.total["statistics"] += self._now() - t0 - self._forward_in_stats
+                self._in_stats = False
+
+        sampler.step = step
+
+    def begin(self) -> None:
+        self.started = self._now()
+
+    def end_step(self, state) -> None:
+        if self.started is None:
+            return
+        now = self._now()
+        self.step_times.append(now - self.started)
+        self.started = now
+        if len(self.step_times) >= self.steps:
+            raise _Stop
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+    def per_step(self, n_layers: int) -> dict[str, float]:
+        """Mean seconds per step: one layer, embedding, head, statistics, engine, step."""
+        n = max(1, len(self.step_times))
+        step = sum(self.step_times) / n
+        layers = self.total["layer"] / n
+        out = {"layer": layers / n_layers, "embedding": self.total["embedding"] / n,
+               "head": self.total["head"] / n, "statistics": self.total["statistics"] / n}
+        out["engine"] = max(0.0, step - layers - out["embedding"] - out["head"] - out["statistics"])
+        out["step"] = step
+        return out
+
+
+def reference_statistics_seconds(logits: torch.Tensor, repeats: int = 1) -> float:
+    """Fast-dLLM ``get_transfer_index`` at T = 0 on ``logits`` [B, Q, V]: arg-max and the float64
+    softmax probability of it over every row (NVlabs/Fast-dLLM ``llada/generate.py``); median of
+    ``repeats`` timed calls."""
+
+    def stats() -> None:
+        x0 = torch.argmax(logits, dim=-1)  # [B, Q]
+        p = torch.softmax(logits.to(torch.float64), dim=-1)  # [B, Q, V] float64
+        torch.gather(p, -1, x0.unsqueeze(-1))
+
+    return timed(stats, logits.device, repeats=repeats).seconds
+
+
+def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0):
+    from dllm.models.tiny import tiny
+
+    model = tiny("llada", tokenizer=False, n_layers=layers, max_positions=8192, seed=seed, **LLADA_8B)
+    return model.to(dtype=dtype, device=device).eval()
+
+
+def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
+             device: torch.device) -> dict[str, Any]:
+    from dllm.engine import generate
+    from dllm.samplers import make_sampler
+
+    gen = torch.Generator().manual_seed(0)
+    high = min(1000, model.config.vocab_size)  # ids past the special tokens, within the vocabulary
+    prompt = torch.randint(10, high, (1, prompt_length), generator=gen).to(device)
+    smp = make_sampler(sampler)
+    clock = StepClock(model, smp, device, steps)
+    captured: dict[str, torch.Tensor] = {}
+    last = model.transformer.layers[-1]  # its output: the step's hidden states of every query row
+    grab = last.register_forward_hook(lambda m, a, out: captured.__setitem__(
+        "hidden", (out[0] if isinstance(out, tuple) else out).detach()))
+
+    # the prefill (cached runs) and the first step (warm-up) are outside the clock: it starts at the
+    # first callback, then times `steps` steps
+    def callback(state):
+        if clock.started is None:
+            reset_peak_memory(device)
+            clock.begin()
+        else:
+            clock.end_step(state)
+
+    try:
+        with torch.inference_mode():
+            generate(model, prompt, sampler=smp, gen_length=block_length, block_length=block_length,
+                     cache=cache, callback=callback)
+    except _Stop:
+        pass
+    finally:
+        clock.close()
+        grab.remove()
+    peak = peak_memory_mb(device)
+    n_layers = len(model.transformer.layers)
+    parts = clock.per_step(n_layers)
+    ref_head, ref_logits = reference_head_seconds(model, captured["hidden"], device)
+    ref_stats = reference_statistics_seconds(ref_logits)
+    query_rows = ref_logits.shape[1]
+    del ref_logits
+    forward = parts["layer"] * n_layers + parts["embedding"] + parts["head"]
+    base = 32 * parts["layer"] + parts["embedding"]
+    return {
+        "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times),
+        "query_rows": query_rows, "logits_rows": clock.logits_rows[-1] if clock.logits_rows else 0,
+        **{f"{k}_s": v for k, v in parts.items()},
+        "forward_s": forward, "engine_share": parts["engine"] / parts["step"] if parts["step"] else 0.0,
+        "reference_head_s": ref_head, "reference_statistics_s": ref_stats, "peak_mb": peak,
+        "projected_step_32_s": base + parts["head"] + parts["statistics"] + parts["engine"],
+        "reference_projected_step_32_s": base + ref_head + ref_stats,
+    }
+
+
+def reference_head_seconds(model, hidden: torch.Tensor, device: torch.device) -> tuple[float, torch.Tensor]:
+    """The final norm and LM head over every row of ``hidden`` [B, Q, D], as the reference drivers
+    run them (``model(x).logits``); returns (seconds, logits [B, Q, V])."""
+    tr = model.transformer
+
+    def head() -> torch.Tensor:
+        h = tr.norm(hidden)
+        return tr.lm_head(h) if tr.lm_head is not None else torch.nn.functional.linear(h, tr.embed.weight)
+
+    with torch.inference_mode():
+        run = timed(head, device)
+    return run.seconds, run.result
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    head = (f"{'dtype':<9}{'compile':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
+            f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
+        lines.append(
+            f"{r['dtype']:<9}{r.get('compile', 'eager'):<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
+            f"{1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}{1e3 * r['reference_head_s']:>9.1f}"
+            f"{1e3 * r['statistics_s']:>9.2f}{1e3 * r['reference_statistics_s']:>10.2f}{1e3 * r['engine_s']:>10.2f}"
+            f"{100 * r['engine_share']:>8.1f}%{1e3 * r['step_s']:>9.1f}{1e3 * r['projected_step_32_s']:>9.0f}"
+            f"{1e3 * r['reference_projected_step_32_s']:>9.0f}{peak:>9}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="dllm bench breakdown", description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--caches", default="none,dual")
+    p.add_argument("--sampler", default="threshold")
+    p.add_argument("--prompt-length", type=int, default=1024)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per case (after one untimed)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="also time every case with the layers torch.compile'd (default backend: inductor)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1)):
+        value = getattr(args, name[2:].replace("-", "_"))
+        if value < low:
+            p.error(f"{name} must be >= {low}, got {value}")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
+    if bad:
+        p.error(f"--dtypes: {bad} not valid; choose from float32, bfloat16, float16")
+    caches = [c.strip() for c in args.caches.split(",") if c.strip()]
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from dllm.models.loading import resolve_device
+
+    try:
+        device = resolve_device(args.device)  # cuda without a GPU: the error names the available devices
+    except ValueError as err:
+        p.error(f"--device: {err}")
+    modes = ["eager"] + ([args.compile] if args.compile else [])
+    if args.compile:
+        from dllm.models.compile import check_backend
+        check_backend(args.compile, device)
+    rows: list[dict[str, Any]] = []
+
+    def run() -> int:
+        for dtype in dtypes:
+            model = build_model(args.layers, getattr(torch, dtype), args.device)
+            for mode in modes:
+                if mode != "eager":
+                    from dllm.models.compile import compile_model
+                    compile_model(model, mode)
+                for cache in caches:
+                    r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
+                                 block_length=args.block_length, steps=args.steps, device=device)
+                    rows.append({"dtype": dtype, "compile": mode, **r})
+                    print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+            del model
+        write()
+        return 0
+
+    def write() -> None:
+        result = {"device": str(device), "threads": torch.get_num_threads(), "layers": args.layers,
+                  "shapes": LLADA_8B, "prompt_length": args.prompt_length, "block_length": args.block_length,
+                  "sampler": args.sampler, "rows": rows}
+        print(format_rows(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+
+    def keep() -> str:
+        if rows:
+            write()
+        return finished(len(rows), "row", args.json if rows and args.json else None)
+
+    return until_interrupted(run, keep)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

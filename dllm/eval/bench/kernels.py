@@ -1,0 +1,260 @@
+"""Kernel benchmark: the Triton kernels against the PyTorch paths they replace, shape by shape.
+
+``run_kernel_bench(shapes, backends)`` returns one dict per (shape, backend):
+
+- ``kind``: "attention" (a cached step: a query block against the whole key set, LLaDA/Dream
+  heads, a key-padding mask) or "stats" (per-row vocabulary statistics over [N, V] logits);
+- ``shape``: a readable label, e.g. ``B1-H32-Hkv32-Tq32-Tk2048-D128-bf16-pad16``;
+- ``backend``: an attention backend name (``triton``, ``sdpa``, ``reference``) or, for stats,
+  ``triton`` (``triton_stats.vocab_stats``) / ``reference`` (the float64 PyTorch computation the
+  samplers do today, ``reference.vocab_stats_reference``);
+- ``ms``: median wall time per call over ``repeats`` (after ``warmup`` calls), device-synchronised;
+  None when the backend cannot run here (``note`` says why);
+- ``speedup``: baseline ms / this ms, baseline = sdpa for attention (reference when sdpa is not
+  run) and reference for stats;
+- ``max_abs_err``: against the reference backend on the same inputs (attention output; stats:
+  the largest error over the float fields, and ``argmax`` agreement in ``note``);
+- ``interpreted``: the Triton kernels ran under TRITON_INTERPRET=1 (CPU): timings are meaningless.
+
+``default_shapes(device)`` gives realistic shapes on a GPU (LLaDA-8B: H 32, D 128; Dream-7B GQA:
+H 28 / Hkv 4; prompts 1k-4k, block 32; vocabulary 126,464) and small ones on CPU, so the command
+keeps working everywhere. ``format_table(rows)`` renders Markdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from dllm.eval.bench.timing import timed
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """A cached step: ``q_len`` queries (the block) against ``kv_len`` keys, ``pad`` of them padding."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str = "bf16"
+    pad: int = 0  # left-padded keys per row (a key-padding mask is passed when > 0)
+
+    @property
+    def label(self) -> str:
+        return (f"B{self.batch}-H{self.heads}-Hkv{self.kv_heads}-Tq{self.q_len}-Tk{self.kv_len}-"
+                f"D{self.head_dim}-{self.dtype}" + (f"-pad{self.pad}" if self.pad else ""))
+
+
+@dataclass(frozen=True)
+class StatsShape:
+    """``rows`` positions (the block window of every batch row) over a ``vocab``-wide vocabulary."""
+
+    rows: int
+    vocab: int
+    dtype: str = "bf16"
+    temperature: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"N{self.rows}-V{self.vocab}-{self.dtype}" + (f"-T{self.temperature:g}" if self.temperature else "")
+
+
+Shape = Union[AttnShape, StatsShape]
+
+
+def default_shapes(device: torch.device) -> list[Shape]:
+    if device.type == "cuda":
+        return [
+            *(AttnShape(1, 32, 32, 32, tk, 128, "bf16", pad=16) for tk in (1024, 2048, 4096)),  # LLaDA-8B
+            AttnShape(8, 32, 32, 32, 2048, 128, "bf16", pad=64),
+            AttnShape(1, 28, 4, 32, 2048, 128, "bf16", pad=16),  # Dream-7B (GQA 7:1)
+            AttnShape(1, 32, 32, 256, 2048, 128, "bf16"),  # prefix policy: block + everything right of it
+            StatsShape(32, 126464, "bf16"),
+            StatsShape(32, 126464, "bf16", temperature=1.0),
+            StatsShape(256, 126464, "bf16"),
+        ]
+    return [  # CPU: small enough for the Triton interpreter (~2.5 ms per program and tile)
+        AttnShape(1, 4, 4, 32, 256, 64, "fp32", pad=16),
+        AttnShape(1, 4, 2, 32, 256, 64, "fp16"),
+        StatsShape(8, 4096, "fp32"),
+        StatsShape(8, 4096, "fp32", temperature=1.0),
+    ]
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int) -> float:
+    return timed(fn, device, repeats=repeats, warmup=warmup).seconds * 1e3
+
+
+def _triton_refusal() -> Optional[str]:
+    from dllm.kernels.attention import backends
+
+    return backends.get("triton").refusal(need_probs=False)
+
+
+def _interpreted() -> bool:
+    if _triton_refusal() is not None:
+        return False
+    from dllm.kernels.triton_attention import _attn_fwd_kernel, _interpreted as interp
+
+    return interp(_attn_fwd_kernel)
+
+
+def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.device, repeats: int,
+                    warmup: int, seed: int) -> list[dict[str, Any]]:
+    from dllm.kernels.attention import backends as registry
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = _DTYPES[shape.dtype]
+    q = torch.randn(shape.batch, shape.heads, shape.q_len, shape.head_dim, generator=g, device=device).to(dt)
+    k = torch.randn(shape.batch, shape.kv_heads, shape.kv_len, shape.head_dim, generator=g, device=device).to(dt)
+    v = torch.randn(shape.batch, shape.kv_heads, shape.kv_len, shape.head_dim, generator=g, device=device).to(dt)
+    mask = None
+    if shape.pad:
+        real = torch.ones(shape.batch, shape.kv_len, dtype=torch.bool, device=device)
+        real[:, : shape.pad] = False
+        mask = real[:, None, None, :]  # [B, 1, 1, Tk]
+    ref_out = registry.get("reference").fn(q, k, v, mask, False)[0].float()
+    rows: list[dict[str, Any]] = []
+    for name in backends:
+        row: dict[str, Any] = {"kind": "attention", "shape": shape.label, "backend": name, "ms": None,
+                               "speedup": None, "max_abs_err": None, "note": ""}
+        backend = registry.get(name)
+        reason = backend.refusal(need_probs=False)
+        if reason is None and name == "triton" and _interpreted() and dt == torch.bfloat16:
+            reason = "triton: bf16 is not supported by the interpreter"
+        if reason is not None:
+            row["note"] = reason
+        else:
+            fn = backend.fn
+            out = fn(q, k, v, mask, False)[0]
+            row["max_abs_err"] = float((out.float() - ref_out).abs().max())
+            row["ms"] = round(_time_ms(lambda: fn(q, k, v, mask, False), device, repeats, warmup), 4)
+        rows.append(row)
+    return rows
+
+
+def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device, repeats: int,
+                warmup: int, seed: int, mask_id: int = 126336) -> list[dict[str, Any]]:
+    from dllm.kernels.reference import vocab_stats_reference
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = _DTYPES[shape.dtype]
+    logits = (4 * torch.randn(shape.rows, shape.vocab, generator=g, device=device)).to(dt)
+    banned = mask_id if mask_id < shape.vocab else shape.vocab - 1
+    temp = shape.temperature
+    uniforms = torch.rand(shape.rows, shape.vocab, generator=g, device=device, dtype=torch.float64) if temp else None
+    ref = vocab_stats_reference(logits, banned, temp, uniforms)
+    rows: list[dict[str, Any]] = []
+    for name in backends:
+        row: dict[str, Any] = {"kind": "stats", "shape": shape.label, "backend": name, "ms": None,
+                               "speedup": None, "max_abs_err": None, "note": ""}
+        if name == "reference":
+            fn: Callable[[], Any] = lambda: vocab_stats_reference(logits, banned, temp, uniforms)
+        elif name == "triton":
+            reason = _triton_refusal()
+            if reason is None and _interpreted() and dt == torch.bfloat16:
+                reason = "triton: bf16 is not supported by the interpreter"
+            if reason is not None:
+                row["note"] = reason
+                rows.append(row)
+                continue
+            from dllm.kernels.triton_stats import vocab_stats
+
+            fn = lambda: vocab_stats(logits, banned=banned, temperature=temp, uniforms=uniforms)
+        else:
+            continue  # attention-only backends (sdpa) have no stats path
+        st = fn()
+        errs = [float((getattr(st, f).double() - getattr(ref, f)).abs().max())
+                for f in ("top1_prob", "margin", "entropy", "gap", "lse") if getattr(st, f) is not None]
+        row["max_abs_err"] = max(errs)
+        same = float((st.argmax == ref.argmax).float().mean())
+        row["note"] = f"argmax agree {same:.4f}"
+        if temp:
+            row["note"] += f", sample agree {float((st.sample == ref.sample).float().mean()):.4f}"
+        row["ms"] = round(_time_ms(fn, device, repeats, warmup), 4)
+        rows.append(row)
+    return rows
+
+
+def run_kernel_bench(
+    shapes: Optional[Sequence[Shape]] = None,
+    backends: Sequence[str] = ("triton", "sdpa", "reference"),
+    *,
+    device: Union[str, torch.device, None] = None,
+    repeats: int = 10,
+    warmup: int = 2,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Time every backend on every shape (default: ``default_shapes(device)``); one dict per pair.
+
+    device: default CUDA when available, else CPU; a device this machine lacks (``cuda`` without a
+        GPU) is a ValueError naming it and the available devices, before anything runs. A backend
+        that cannot run here yields a row with ``ms=None`` and the reason in ``note``, so the bench
+        runs everywhere.
+    """
+    from dllm.models.loading import resolve_device
+
+    dev = resolve_device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = list(shapes) if shapes is not None else default_shapes(dev)
+    interpreted = _interpreted()
+    results: list[dict[str, Any]] = []
+    for shape in shapes:
+        if isinstance(shape, AttnShape):
+            rows = _attention_rows(shape, backends, dev, repeats, warmup, seed)
+            base = next((r["ms"] for r in rows if r["backend"] == "sdpa" and r["ms"]), None)
+            base = base or next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
+        else:
+            rows = _stats_rows(shape, backends, dev, repeats, warmup, seed)
+            base = next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
+        for r in rows:
+            if base and r["ms"]:
+                r["speedup"] = round(base / r["ms"], 2)
+            r["interpreted"] = interpreted and r["backend"] == "triton"
+        results.extend(rows)
+    return results
+
+
+COLUMNS = ("kind", "shape", "backend", "ms", "speedup", "max_abs_err", "interpreted", "note")
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """Markdown table of ``run_kernel_bench`` rows."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float) and v and abs(v) < 1e-3:
+            return f"{v:.2e}"
+        return str(v)
+
+    head = "| " + " | ".join(columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join([head, rule, *body])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m dllm.eval.bench.kernels [--device cuda] [--repeats 10]``: print the default table."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--backends", default="triton,sdpa,reference")
+    args = ap.parse_args(argv)
+    rows = run_kernel_bench(backends=args.backends.split(","), device=args.device, repeats=args.repeats)
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["run_kernel_bench", "format_table", "default_shapes", "AttnShape", "StatsShape", "COLUMNS"]

@@ -1,0 +1,35 @@
+"""Ctrl-C in a long evaluation command: the finished part written, one line said, exit status 130.
+
+``until_interrupted(body, finish)`` runs ``body()``; a KeyboardInterrupt anywhere in it (a progress
+bar, a decode, a model load) calls ``finish()``, which writes what is finished and returns where it
+went, prints ``interrupted: ...`` as one line and returns 130 (the shell's status for SIGINT).
+``dllm stress``, ``dllm bench spec`` (and ``--trees``) and ``dllm bench breakdown`` end this way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+INTERRUPTED = 130  # 128 + SIGINT
+
+
+def until_interrupted(body: Callable[[], int], finish: Callable[[], str]) -> int:
+    """``body()``'s status, or, on Ctrl-C, 130 after ``finish()`` (it saves the finished part and
+    returns a short clause saying what and where) is printed as ``interrupted: <clause>``."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"interrupted: {finish()}", flush=True)
+        return INTERRUPTED
+
+
+def finished(count: int, unit: str, where: str | None, hint: str = "") -> str:
+    """``"3 finished rows are saved in out.json"`` (``where`` None: "... printed above; give --out to
+    keep them"), then ``hint`` (e.g. "; rerun with --resume to continue")."""
+    plural = unit if count == 1 else unit + "s"
+    verb = "is" if count == 1 else "are"
+    place = f"saved in {where}" if where else "printed above (nothing written: no output file was given)"
+    return f"{count} finished {plural} {verb} {place}{hint}"
+
+
+__all__ = ["INTERRUPTED", "finished", "until_interrupted"]

@@ -1,0 +1,191 @@
+"""The sweep grid of ``dllm stress``: sampler families x parallelism values x block lengths.
+
+One ``--grid`` entry is one sampler *family* (one line in the accuracy / tokens-per-step plots):
+
+    SAMPLER[:OPTION=VALUE[,VALUE...][,OPTION=VALUE[,VALUE...]]...]
+
+the spec grammar of ``dllm.registry.parse_spec`` in which an option may list several values: a
+comma-separated item without ``=`` adds a value to the option before it. Every combination of the
+listed values is one *setting*. The option ``k`` is the number of tokens per step of a fixed-step
+sampler (``steps = ceil(block / k)`` per block, LLaDA's schedule); every other option goes to the
+sampler's ``Config``. Examples::
+
+    low_confidence:k=1,2,4,8          top-k by confidence, 4 settings
+    random:k=1,2,4,ties=first         k swept, ties fixed (part of the family's name)
+    threshold:threshold=0.5,0.7,0.9   Fast-dLLM confidence threshold
+    factor:factor=0.7,1.0,1.9         Fast-dLLM factor rule
+    fast                              one setting, the sampler's defaults
+
+A fixed-step sampler without ``k`` runs one token per step. Block lengths (``--block-lengths
+0,4``; 0 = one block of the whole answer) cross every setting. Everything is checked here, before
+any decoding: unknown samplers and options list the valid ones, and each setting's sampler is
+built once, so an out-of-range value (``threshold=1.5``, ``k=0``) fails with the Config's message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Any, Optional, Sequence
+
+from dllm.scoring.setting import TOKENS_PER_STEP, DecodeSetting, check_tokens_per_step  # k: not a sampler option
+from dllm.options import check_int
+from dllm.registry import format_spec, parse_spec, parse_value
+from dllm.samplers import make_sampler, samplers
+
+DEFAULT_GRID = (
+    "low_confidence:k=1,2,4,8", "random:k=1,2,4,8", "threshold:threshold=0.5,0.7,0.9,0.99",
+    "factor:factor=0.7,1.0,1.9", "fast",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GridEntry:
+    """One ``--grid`` entry: a sampler and, per option, the values to sweep (in the given order)."""
+
+    text: str
+    sampler: str  # the name as written (an alias stays an alias in the labels)
+    values: tuple[tuple[str, tuple[Any, ...]], ...]  # (option, values) in the given order
+
+    @property
+    def family(self) -> str:
+        """The sampler and its single-valued options but k: the family's label."""
+        return format_spec(self.sampler, {k: v[0] for k, v in self.values if len(v) == 1 and k != TOKENS_PER_STEP})
+
+    @property
+    def swept(self) -> tuple[str, ...]:
+        """The options with several values."""
+        return tuple(k for k, v in self.values if len(v) > 1)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the sweep: a sampler with its options, k (fixed-step samplers) and a block length."""
+
+    family: str
+    sampler: str
+    options: tuple[tuple[str, Any], ...]  # sampler Config options
+    k: Optional[int]  # tokens per step (fixed-step samplers); None: adaptive
+    block_length: int  # 0: one block of the task's answer length
+    point: str  # the swept values, e.g. "k=2" ("" for a one-setting family)
+
+    @property
+    def spec(self) -> str:
+        """The sampler spec with k, as ``dllm compare`` reads it."""
+        extra = {} if self.k is None else {TOKENS_PER_STEP: self.k}
+        return format_spec(self.sampler, {**dict(self.options), **extra})
+
+    @property
+    def decode_setting(self) -> DecodeSetting:
+        """The setting as ``decode_and_score`` takes it (block length 0: one block of the answer)."""
+        return DecodeSetting(self.spec, self.sampler, dict(self.options), None, self.k, self.block_length or None)
+
+    @property
+    def curve(self) -> str:
+        """The family at this block length: one line of the accuracy vs tokens-per-step plot."""
+        return self.family + block_suffix(self.block_length)
+
+    @property
+    def label(self) -> str:
+        """Unique within a grid: the spec and the block length."""
+        return self.spec + block_suffix(self.block_length)
+
+
+def cell_key(setting: Setting, task: str) -> str:
+    """The name of one cell (setting x task) in the result file."""
+    return f"{setting.label} | {task}"
+
+
+def block_suffix(block_length: int) -> str:
+    return f" block={block_length}" if block_length else ""
+
+
+def parse_grid_entry(text: str) -> GridEntry:
+    """``"low_confidence:k=1,2,4"`` -> ``GridEntry("low_confidence", (("k", (1, 2, 4)),))``; raises
+    ValueError naming the entry for a malformed one."""
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    parse_spec(name, "grid entry")  # the name's own syntax
+    values: list[tuple[str, list[Any]]] = []
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if sep:
+            key = key.strip()
+            if not key:
+                raise ValueError(f"grid entry {text!r}: {item!r} has no option name; expected OPTION=VALUE")
+            if any(k == key for k, _ in values):
+                raise ValueError(f"grid entry {text!r} sets option {key!r} twice; list its values once: "
+                                 f"{key}=V1,V2,...")
+            values.append((key, [parse_value(value)]))
+        elif not values:
+            raise ValueError(f"grid entry {text!r}: value {item!r} comes before any OPTION=; expected "
+                             f"SAMPLER:OPTION=V1,V2,... (e.g. low_confidence:k=1,2,4)")
+        else:
+            key, seen = values[-1]
+            value = parse_value(item)
+            if value in seen:
+                raise ValueError(f"grid entry {text!r} lists {key}={value!r} twice")
+            seen.append(value)
+    return GridEntry(text, name, tuple((k, tuple(v)) for k, v in values))
+
+
+def parse_block_lengths(text: "str | Sequence[int]") -> tuple[int, ...]:
+    """``"0,4"`` -> (0, 4): integers >= 0 (0 = one block of the answer), each once."""
+    items = [parse_value(p) for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
+    if not items:
+        raise ValueError(f"block lengths: give at least one (0 = one block of the answer), got {text!r}")
+    for b in items:
+        check_int("block length", b, 0, hint=" (0 = one block of the answer)")
+    if len(set(items)) != len(items):
+        raise ValueError(f"block lengths list a value twice: {items}")
+    return tuple(items)
+
+
+def expand(entry: GridEntry, block_lengths: Sequence[int]) -> list[Setting]:
+    """Every setting of one entry (block length outermost), each checked by building its sampler."""
+    try:
+        cls = samplers.get(entry.sampler)
+    except KeyError as err:
+        raise ValueError(f"grid entry {entry.text!r}: {err}") from None
+    keys = [k for k, _ in entry.values]
+    out = []
+    for bl in block_lengths:
+        for combo in product(*(v for _, v in entry.values)):
+            chosen = dict(zip(keys, combo))
+            point = ",".join(f"{key}={chosen[key]}" for key in entry.swept)
+            k = chosen.pop(TOKENS_PER_STEP, None)
+            if k is None and cls.fixed_steps:
+                k = 1  # a fixed-step sampler without k: one token per step
+            setting = Setting(entry.family, entry.sampler, tuple(chosen.items()), k, bl, point)
+            check_setting(entry, setting)
+            out.append(setting)
+    return out
+
+
+def check_setting(entry: GridEntry, setting: Setting) -> None:
+    """Build the setting's sampler (its Config validates every option); ValueError naming the entry."""
+    try:
+        if setting.k is not None:
+            check_int(TOKENS_PER_STEP, setting.k, 1, hint=" (tokens per step)")
+            check_tokens_per_step(setting.sampler, setting.k, entry.text)
+        make_sampler(setting.sampler, **dict(setting.options))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"grid entry {entry.text!r}, setting {setting.label!r}: {err}") from None
+
+
+def build_grid(texts: Sequence[str], block_lengths: Sequence[int]) -> list[Setting]:
+    """All settings of the grid, in order; raises ValueError (before any decoding) for anything invalid."""
+    if not texts:
+        raise ValueError(f"the grid is empty; give at least one entry, e.g. {DEFAULT_GRID[0]!r}")
+    entries = [parse_grid_entry(t) for t in texts]
+    families: dict[str, str] = {}
+    for e in entries:
+        if e.family in families:
+            raise ValueError(f"grid entries {families[e.family]!r} and {e.text!r} are the same family "
+                             f"{e.family!r}; list all its values in one entry (OPTION=V1,V2,...)")
+        families[e.family] = e.text
+    return [s for e in entries for s in expand(e, block_lengths)]
+
+
+__all__ = ["DEFAULT_GRID", "GridEntry", "Setting", "build_grid", "cell_key", "expand", "parse_block_lengths",
+           "parse_grid_entry"]

@@ -1,0 +1,314 @@
+"""``dllm stress``: a ParallelBench-style sweep (arXiv 2510.04767) of samplers x parallelism x tasks.
+
+For every setting of the grid (``stress.grid``: a sampler, its options, k tokens per step for
+fixed-step samplers, a block length) and every task, the first ``per_size`` test examples of each
+of the task's sizes are decoded greedily, one batch per answer length, and scored exactly; each
+(setting, task) is one *cell* with per-sample outcomes (``stress.metrics.Cell``: correct, forwards,
+tokens, content tokens, Kendall tau of the unmasking order). The summary (``stress.report``) gives
+the leaderboard (max tokens per step at >= 80 / 75 / 70 % mean accuracy), the parallelizability
+centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``stress.plots`` draws
+accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
+
+Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
+only the cell in progress; a rerun with ``resume=True`` and the same model, tasks, examples and grid
+skips the finished cells, and any other file is refused with the differences named. Each cell
+seeds its own randomness from its name (``cell_seed``), so a resumed run equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from dllm import tasks as T
+from dllm.scoring.exact_match import RowSteps, decode_and_score, eval_examples, load_model
+from dllm.eval.interrupt import finished, until_interrupted
+from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
+from dllm.eval.stress.metrics import Cell, unmasking_tau
+from dllm.options import check_int
+from dllm.registry import parse_spec
+from dllm.samplers import samplers
+
+FORMAT = "dllm-stress/1"  # the resume file's format tag
+RESULT_FILE = "stress.json"  # header + every cell with its per-sample outcomes (the resume file) + summary
+SUMMARY_FILE = "stress-summary.json"  # header, grid and the summary's members, 4 decimals (small enough to keep)
+
+
+@dataclass(frozen=True)
+class StressConfig:
+    """What a sweep decodes; everything but ``max_batch`` must match for a resume."""
+
+    model: str  # the model's name, as recorded (``oracle``, ``tiny-llada``, a path)
+    grid: tuple[str, ...] = DEFAULT_GRID  # ``--grid`` entries (``stress.grid``)
+    block_lengths: tuple[int, ...] = (0,)  # 0: one block of the answer length
+    tasks: Optional[tuple[str, ...]] = None  # None: the PB-mini suite
+    per_size: int = 4  # test examples per task size
+    max_batch: int = 64  # rows per generate call (results do not depend on it)
+
+    def __post_init__(self) -> None:
+        check_int("per_size", self.per_size, 1, hint=" (test examples per task size)")
+        check_int("max_batch", self.max_batch, 1)
+        object.__setattr__(self, "block_lengths", parse_block_lengths(self.block_lengths))
+        names = self.tasks if self.tasks else T.suite_task_names()
+        resolved = tuple(T.get_task(n).name for n in names)  # unknown names list the valid ones
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(f"tasks list a task twice: {list(names)}")
+        object.__setattr__(self, "tasks", resolved)
+        self.settings  # noqa: B018 - build (and so check) the grid now, before any decoding
+
+    @cached_property
+    def settings(self) -> list[Setting]:
+        return build_grid(self.grid, self.block_lengths)
+
+    @cached_property
+    def examples(self) -> dict[str, list[T.Example]]:
+        return {t: eval_examples([t], per_size=self.per_size) for t in self.tasks}
+
+    def header(self) -> dict[str, Any]:
+        """The resume file's identity: a resume must match it exactly."""
+        return {"format": FORMAT, "model": self.model, "split_version": T.SPLIT_VERSION,
+                "tasks": list(self.tasks), "per_size": self.per_size,
+                "settings": [s.label for s in self.settings]}
+
+
+def cell_seed(key: str) -> int:
+    """A stable 31-bit seed per cell (SHA-256, not Python's salted hash)."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+@torch.no_grad()
+def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example], *, max_batch: int = 64,
+                seed: int = 0) -> Cell:
+    """Decode ``examples`` (one task) with one setting, greedily, in batches of one answer length
+    (``decode_and_score`` with ``record=True``, batches cut in the examples' order).
+
+    A sample's forwards (``Cell.nfe``) are the steps that changed its row (``RowSteps``) times the
+    forwards per step of its call: the forwards it takes decoded alone, since every sampler decides
+    per row (samplers with verification forwards run one row per call for that reason).
+    """
+    if hasattr(model, "reseed") and getattr(model, "noise_std", 0) > 0:
+        model.reseed(seed)  # the oracle's logit noise: the same draws whatever ran before
+    # a sampler that verifies drafts in extra forwards skips them when no row of the batch needs
+    # them: one row per call keeps every sample's forward count its own
+    per_call = 1 if samplers.get(setting.sampler).needs_variants else max_batch
+    tally = decode_and_score(model, examples, setting.decode_setting, max_batch=per_call, by_length=False, seed=seed,
+                             record=True)
+    out = [tally.outcomes[i] for i in range(len(examples))]
+    lengths = [T.answer_length(ex.task, ex.size) for ex in examples]
+    taus = [unmasking_tau(o.trace) for o in out]
+    return Cell(setting.label, task, [ex.size for ex in examples], [o.correct for o in out],
+                [o.forwards for o in out], lengths, [o.content for o in out],
+                [None if t is None else round(t, 6) for t in taus],  # stored as is: a resumed cell compares equal
+                tally.forwards, tally.seconds)
+
+
+# ---- the resume file ----------------------------------------------------------------------------------
+def _differences(found: dict, want: dict) -> list[str]:
+    out = []
+    for key in want:
+        a, b = found.get(key), want[key]
+        if a == b:
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            extra, missing = [x for x in a if x not in b], [x for x in b if x not in a]
+            detail = "; ".join(filter(None, [f"only in the file: {extra}" if extra else "",
+                                             f"only in this run: {missing}" if missing else ""]))
+            out.append(f"{key} differ ({detail or 'order'})")
+        else:
+            out.append(f"{key}: file {a!r}, this run {b!r}")
+    return out
+
+
+@dataclass
+class StressStore:
+    """The cells of one sweep, saved atomically to ``path`` (JSON) after every cell."""
+
+    path: Path
+    header: dict[str, Any]
+    cells: dict[str, Cell] = field(default_factory=dict)
+    summary: Optional[dict] = None
+    _lines: dict[str, str] = field(default_factory=dict, repr=False)  # cell key -> its JSON line
+
+    @classmethod
+    def open(cls, path: Path, header: dict[str, Any], *, resume: bool) -> "StressStore":
+        """A new store, or (``resume``) the finished cells of a matching file at ``path``."""
+        if not path.exists():
+            return cls(path, header)
+        if not resume:
+            raise ValueError(f"{str(path)!r} exists; pass --resume to continue that sweep (same model, tasks, "
+                             f"examples and grid) or choose another --out")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{str(path)!r} is not a stress result file (bad JSON: {err})") from None
+        found = data.get("header", {}) if isinstance(data, dict) else {}
+        diffs = _differences(found, header)
+        if diffs:
+            raise ValueError(f"cannot resume from {str(path)!r}: it was made by a different sweep: "
+                             f"{'; '.join(diffs)}. Rerun with the file's settings, or choose another --out")
+        cells = {k: Cell.from_json(v) for k, v in data.get("cells", {}).items()}
+        return cls(path, header, cells)
+
+    def add(self, key: str, cell: Cell) -> None:
+        self.cells[key] = cell
+        self.save()
+
+    def _line(self, key: str) -> str:
+        """One cell as one JSON line (kept: the file is rewritten after every cell)."""
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = f"{json.dumps(key)}: {json.dumps(self.cells[key].to_json())}"
+        return line
+
+    def save(self) -> None:
+        """Write to a temporary file beside ``path``, then rename it over ``path`` (atomic).
+        Layout: the header, one line per cell, the summary (indented)."""
+        cells = ",\n".join(map(self._line, self.cells))
+        parts = ['{"header": ' + json.dumps(self.header), '"cells": {\n' + cells + "\n}"]
+        if self.summary is not None:
+            parts.append('"summary": ' + json.dumps(self.summary, indent=1))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(",\n".join(parts) + "}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class StressResult:
+    config: StressConfig
+    cells: dict[str, Cell]  # cell_key -> cell
+    computed: int  # cells decoded by this call (the rest came from the resume file)
+
+    def cell(self, setting: Setting, task: str) -> Cell:
+        return self.cells[cell_key(setting, task)]
+
+
+def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool = False,
+               progress: bool = True, on_cell: Optional[Callable[[Cell], None]] = None) -> StressResult:
+    """Decode every cell of ``config`` not yet in ``path`` (with ``resume``), saving after each.
+
+    on_cell: called with each newly decoded cell after it is saved (a KeyboardInterrupt raised there
+        or anywhere else leaves every finished cell in the file).
+    """
+    from tqdm.auto import tqdm
+
+    from dllm.eval.bench.choose_fast import cannot_run
+
+    refused = {s.spec: why for s in config.settings if (why := cannot_run(model, s.spec)) is not None}
+    if refused:  # before any decoding, not at the first cell of such a sampler
+        raise ValueError("the grid has samplers this model cannot run: "
+                         + "; ".join(f"{spec}: {why}" for spec, why in refused.items()))
+    store = StressStore.open(Path(path), config.header(), resume=resume)
+    todo = [(s, t) for s in config.settings for t in config.tasks if cell_key(s, t) not in store.cells]
+    total = len(config.settings) * len(config.tasks)
+    computed = 0
+    if todo:  # warm-up, not recorded: first-call costs would otherwise go to the first cell's wall time
+        setting, task = todo[0]
+        decode_cell(model, setting, task, config.examples[task][:1], seed=0)
+    with tqdm(total=total, initial=total - len(todo), disable=not progress, desc="stress", unit="cell") as bar:
+        for setting, task in todo:
+            bar.set_postfix_str(f"{setting.label} | {task}")
+            key = cell_key(setting, task)
+            cell = decode_cell(model, setting, task, config.examples[task], max_batch=config.max_batch,
+                               seed=cell_seed(key))
+            store.add(key, cell)
+            computed += 1
+            bar.update(1)
+            if on_cell is not None:
+                on_cell(cell)
+    return StressResult(config, store.cells, computed)
+
+
+def rounded(obj: Any, digits: int = 4) -> Any:
+    """``obj`` with every float rounded to ``digits`` decimals (containers copied)."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def dump_two_levels(obj: dict) -> str:
+    """JSON with one line per entry of each top-level member (diff-friendly, a fraction of indent=1)."""
+    def member(value: Any) -> str:
+        if isinstance(value, dict) and value:
+            return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()) + "\n }"
+        if isinstance(value, list) and value:
+            return "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
+        return json.dumps(value)
+
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {member(v)}" for k, v in obj.items()) + "\n}\n"
+
+
+def load_stress_model(name: str, dtype: Optional[str] = None, device: Optional[str] = None):
+    """``load_model``, plus ``oracle:noise_std=S,seed=N``: the oracle with i.i.d. logit noise
+    (ParallelBench's unbiased model; ties then break at random per position)."""
+    if name.startswith("oracle:"):
+        from dllm.models.oracle import OracleLM
+
+        _, options = parse_spec(name, "oracle model")
+        try:
+            model = OracleLM(**options)
+        except TypeError as err:
+            raise ValueError(f"model {name!r}: {err}; valid oracle options: noise_std, seed, invalid") from None
+        return model.to(device) if device else model
+    return load_model(name, dtype, device)
+
+
+def run_stress_cli(args) -> int:
+    """``dllm stress``: check everything, load the model, sweep, print and save the tables and plots.
+    Ctrl-C: the finished cells stay in ``stress.json`` (``--resume`` continues), status 130."""
+    config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
+                          block_lengths=parse_block_lengths(args.block_lengths),
+                          tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; give a directory (stress writes {RESULT_FILE}, "
+                         f"stress.txt and PNGs into it)")
+    path = out / RESULT_FILE
+    StressStore.open(path, config.header(), resume=args.resume)  # refuse a mismatch before loading
+    def saved() -> str:
+        done = len(json.loads(path.read_text())["cells"]) if path.exists() else 0
+        return finished(done, "cell", str(path), "; rerun with --resume to continue")
+
+    return until_interrupted(lambda: _sweep_and_report(args, config, out, path), saved)
+
+
+def _sweep_and_report(args, config: StressConfig, out: Path, path: Path) -> int:
+    from dllm.eval.stress.plots import plot_all
+    from dllm.eval.stress.report import format_report, summarize
+
+    model = load_stress_model(args.model, args.dtype, args.device)
+    result = run_stress(model, config, path, resume=args.resume, progress=not args.no_progress)
+    summary = summarize(config, result.cells)
+    text = format_report(config, summary)
+    print(text)
+    store = StressStore(path, config.header(), result.cells, summary)
+    store.save()
+    (out / "stress.txt").write_text(text + "\n")
+    brief = {"header": config.header(), "grid": list(config.grid), "block_lengths": list(config.block_lengths),
+             **rounded(summary)}
+    (out / SUMMARY_FILE).write_text(dump_two_levels(brief))
+    written = [str(path), str(out / SUMMARY_FILE), str(out / "stress.txt")]
+    try:
+        written += [str(p) for p in plot_all(summary, out, title=args.model)]
+    except ImportError:
+        print("install matplotlib for the plots: pip install dllm[eval]")
+    print("wrote " + ", ".join(written))
+    return 0
+
+
+__all__ = ["FORMAT", "RowSteps", "StressConfig", "StressResult", "StressStore", "cell_key", "cell_seed",
+           "decode_cell", "dump_two_levels", "load_stress_model", "rounded", "run_stress", "run_stress_cli"]
