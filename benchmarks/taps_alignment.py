@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from dllm.drafters.tree import Tree, best_first_tree
+from dllm.drafters.trees import Tree, best_first_tree
 from teacher_forced import anchors_lp, split, tau as tree_tau
 
 SHIFTS = (0, -1, 1)

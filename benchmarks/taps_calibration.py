@@ -16,8 +16,8 @@ import math
 
 import torch
 
-import dllm.drafters.tree as tree_mod
-import dllm.drafters.tree_verify as verify_mod
+import dllm.drafters.trees as tree_mod
+import dllm.drafters.trees.verify as verify_mod
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loading import load_target

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from dllm.drafters.tree import Tree, best_first_tree
+from dllm.drafters.trees import Tree, best_first_tree
 from dllm.train.data import TaskMixture
 from dllm.train.dflash_train import dflash_recipes
 from teacher_forced import anchors_lp, encode, split, tau as tau_tree, tok

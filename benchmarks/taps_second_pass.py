@@ -19,7 +19,7 @@ import torch
 
 import teacher_forced
 from dllm.drafters.base import make_drafter
-from dllm.drafters.tree import Tree, best_first_tree
+from dllm.drafters.trees import Tree, best_first_tree
 from teacher_forced import split, tau
 
 # another DFlash checkpoint of tiny-ar as the argument (e.g. one trained with filled slots)

@@ -10,7 +10,7 @@ decay), then the best per-depth prior rho / power beta on the marginals, on both
 """
 import math
 
-from dllm.drafters.tree import best_first_tree, make_tree_builder
+from dllm.drafters.trees import best_first_tree, make_tree_builder
 from teacher_forced import anchors_lp, split, tau as tree_tau
 
 def tau(lp, truth, spec):

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.dflash_model import extract_context_feature, target_embedding, target_head
+from dllm.drafters.dflash.model import extract_context_feature, target_embedding, target_head
 from dllm.drafters.loading import load_target
-from dllm.drafters.tree import Tree
+from dllm.drafters.trees import Tree
 from dllm.train.dflash_train import ANSWER_TOKENS, block_layout, regenerate
 from dllm.train.path_head_train import nodes_on_path
 

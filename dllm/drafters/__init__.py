@@ -30,12 +30,12 @@ _LAZY = {
     "speculative_verify": ("dllm.drafters.verify", "speculative_verify"),
     "load_target": ("dllm.drafters.loading", "load_target"),
     "resolve_target": ("dllm.drafters.loading", "resolve_target"),
-    "Tree": ("dllm.drafters.tree", "Tree"),
-    "make_tree_builder": ("dllm.drafters.tree", "make_tree_builder"),
-    "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
-    "register_tree_builder": ("dllm.drafters.tree", "register_tree_builder"),
-    "PathHead": ("dllm.drafters.path_head", "PathHead"),
-    "load_path_head": ("dllm.drafters.path_head", "load_path_head"),
+    "Tree": ("dllm.drafters.trees.tree", "Tree"),
+    "make_tree_builder": ("dllm.drafters.trees.builders", "make_tree_builder"),
+    "list_tree_builders": ("dllm.drafters.trees.builders", "list_tree_builders"),
+    "register_tree_builder": ("dllm.drafters.trees.builders", "register_tree_builder"),
+    "PathHead": ("dllm.drafters.trees.path_head", "PathHead"),
+    "load_path_head": ("dllm.drafters.trees.path_head", "load_path_head"),
 }
 
 

@@ -67,7 +67,7 @@ def test_spec_json_equals_the_targets_greedy_generate(capsys, target_dir, drafte
 
 
 def test_spec_with_a_dflash_drafter_directory(capsys, target_dir, tmp_path):
-    from dllm.drafters.dflash_io import random_dflash, save_dflash
+    from dllm.drafters.dflash.io import random_dflash, save_dflash
 
     directory, model, tok = target_dir
     save_dflash(random_dflash(model.config, 1, block_size=4, mask_token_id=31), tmp_path)

@@ -1,4 +1,4 @@
-"""Per-request block size: the block head (``dllm.drafters.block_head``), ``block_size="auto"`` in the
+"""Per-request block size: the block head (``dllm.drafters.dflash.block_head``), ``block_size="auto"`` in the
 loop, and the label walk of its trainer (``dllm.train.block_head_train``)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.block_head import BlockHead, has_block_head, load_block_head, prompt_features
+from dllm.drafters.dflash.block_head import BlockHead, has_block_head, load_block_head, prompt_features
 from dllm.drafters.loop import speculative_generate
 from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
 from spec_helpers import long_answer_prompts

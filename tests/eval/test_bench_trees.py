@@ -19,7 +19,7 @@ BUDGETS = (4, 8)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.dflash_io import random_dflash, save_dflash
+    from dllm.drafters.dflash.io import random_dflash, save_dflash
 
     root = tmp_path_factory.mktemp("bench_trees")
     target = tiny_qwen3(seed=0)

@@ -106,22 +106,22 @@ class BlockHead(nn.Module):
 
 
 def has_block_head(directory: Union[str, Path]) -> bool:
-    return (Path(directory) / HEAD_CONFIG).is_file()
+    """Whether ``directory`` holds a block head (either file: a lone one is an error when read)."""
+    return (Path(directory) / HEAD_CONFIG).is_file() or (Path(directory) / HEAD_WEIGHTS).is_file()
 
 
 def load_block_head(directory: Union[str, Path]) -> BlockHead:
-    """The head saved in ``directory`` (FileNotFoundError naming the missing file)."""
-    from safetensors.torch import load_file
+    """The head saved in ``directory`` (FileNotFoundError naming a missing file; ValueError naming a
+    broken one: bad JSON, missing fields, truncated or mismatched weights)."""
+    from dllm.drafters.base import build_head, read_head_files
 
-    directory = Path(directory)
-    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"no block head in {str(directory)!r}: {name} is missing")
-    cfg: dict[str, Any] = json.loads((directory / HEAD_CONFIG).read_text())
-    meta = {k: v for k, v in cfg.items() if k not in ("sizes", "trees", "features", "hidden")}
-    head = BlockHead(cfg["sizes"], cfg["features"], cfg["hidden"], meta, cfg.get("trees"))
-    head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
-    return head.eval()
+    cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "block head")
+
+    def make(c: dict) -> BlockHead:
+        meta = {k: v for k, v in c.items() if k not in ("sizes", "trees", "features", "hidden")}
+        return BlockHead(c["sizes"], c["features"], c["hidden"], meta, c.get("trees"))
+
+    return build_head(make, cfg, tensors, directory, HEAD_CONFIG, HEAD_WEIGHTS, "block head")
 
 
 __all__ = ["BlockHead", "has_block_head", "load_block_head", "prompt_features"]

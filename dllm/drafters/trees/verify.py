@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from dllm.drafters.tree import Tree, ancestor_mask, on_path
+from dllm.drafters.trees.tree import Tree, ancestor_mask, on_path
 from dllm.drafters.verify import SamplingParams, next_tokens
 
 

@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.dflash_cache import DraftKVCache
-from dllm.drafters.dflash_config import DFlashConfig, tap_layer_ids
-from dllm.drafters.dflash_ops import (Rope, apply_rotary, attention_mask, next_positions, rope_frequencies,
+from dllm.drafters.dflash.cache import DraftKVCache
+from dllm.drafters.dflash.config import DFlashConfig, tap_layer_ids
+from dllm.drafters.dflash.ops import (Rope, apply_rotary, attention_mask, next_positions, rope_frequencies,
                                       rope_tables)
 from dllm.kernels.attention import sdpa_attention
 from dllm.models.transformer import RMSNorm
