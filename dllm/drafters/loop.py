@@ -56,7 +56,8 @@ from dllm.drafters.base import Draft, DraftContext, DraftSetup, DrafterSpec, mak
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
 from dllm.drafters.plan import Plan, RowPlans, head_row_plans, resolve_plan, shared_tree
 from dllm.drafters.prompts import Prompts, StopRule, stop_strings
-from dllm.drafters.target import Target, cache_length, compact, crop_to, select_rows
+from dllm.drafters.target import (Target, cache_length, check_positions, check_tokenizer, check_tree_room, compact,
+                                  crop_to, select_rows)
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
 from dllm.inputs import prompt_rows
 from dllm.models.tokenizer import encode_text
@@ -134,15 +135,15 @@ def speculative_generate(
         drafter_obj.block_size if the_plan.block_size is None else the_plan.block_size)
     check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto'")
     drafter_obj.check_target(tgt.info)
-    _check_tokenizer(tokenizer, tgt.info.vocab_size)
+    check_tokenizer(tokenizer, tgt.info.vocab_size)
     encode = None if tokenizer is None else partial(encode_text, tokenizer)
     rows = prompt_rows(prompts, encode, tgt.info.vocab_size)
     longest = max(len(r) for r in rows) + max_new_tokens
-    _check_positions(target, max(len(r) for r in rows), max_new_tokens)
+    check_positions(target, max(len(r) for r in rows), max_new_tokens)
     head_trees = {spec: make_tree_builder(spec) for spec in ([] if head is None else head.tree_specs)}
     for b in [builder, *head_trees.values()]:
         if b is not None:
-            _check_tree_room(b, target, longest)
+            check_tree_room(b, target, longest)
             b.check_drafter(drafter_obj)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
@@ -371,46 +372,6 @@ def _block_head(head: Any, drafter) -> Optional["BlockHead"]:
         raise ValueError(f"a block head reads the target's tapped prefill states; the {drafter.name!r} drafter "
                          f"taps no target layers")
     return head
-
-
-def _target_limit(target) -> Optional[int]:
-    config = getattr(target, "config", None)
-    limit = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
-                    "max_position_embeddings", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
-
-
-def _check_positions(target, longest_prompt: int, max_new_tokens: int) -> None:
-    """The longest prompt plus ``max_new_tokens`` must fit the target's positions (so a call with a
-    huge ``max_new_tokens`` and no EOS is refused here, not run without end)."""
-    limit = _target_limit(target)
-    if limit is not None and longest_prompt + max_new_tokens > limit:
-        raise ValueError(f"max_new_tokens {max_new_tokens} after a prompt of {longest_prompt} tokens needs "
-                         f"{longest_prompt + max_new_tokens} positions, more than the target's "
-                         f"max_position_embeddings {limit}; use max_new_tokens <= {max(limit - longest_prompt, 0)}")
-
-
-def _check_tokenizer(tokenizer, vocab_size: int) -> None:
-    """A tokenizer with tokens past the target's vocabulary is another model's: refuse it."""
-    if tokenizer is None:
-        return
-    from dllm.models.tokenizer import tokenizer_size
-
-    n = tokenizer_size(tokenizer)
-    if n > vocab_size:
-        raise ValueError(f"the tokenizer has {n} tokens but the target's vocabulary has {vocab_size}; pass the "
-                         f"target's own tokenizer (load_target returns it)")
-
-
-def _check_tree_room(builder, target, longest: int) -> None:
-    """A round holds the committed slots plus 1 + budget tree slots; refuse more than the target's
-    ``max_position_embeddings`` (the size a static cache of the model would have)."""
-    limit = _target_limit(target)
-    budget = builder.config.budget
-    if limit is not None and longest + 1 + budget > limit:
-        raise ValueError(f"a tree of {budget} nodes on top of {longest} tokens (the longest prompt + "
-                         f"max_new_tokens) needs {longest + 1 + budget} cache slots, more than the target's "
-                         f"max_position_embeddings {limit}; use a smaller budget or fewer tokens")
 
 
 def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
