@@ -20,14 +20,14 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
 
 def prompt_rows(prompts, encode_text: Optional[Callable[[str], list[int]]], vocab_size: int, *,
                 mask_id: Optional[int] = None, empty_text_ok: bool = False,
-                no_encoder: str = "string prompts need a tokenizer") -> list[list[int]]:
+                no_encoder: str = "string prompts need a tokenizer", vocab_name: str = "") -> list[list[int]]:
     """Turn the accepted prompt forms into a list of token-id lists (one per row), validated: the
     one prompt encoder of ``dllm.generate`` and ``dllm.speculative_generate``.
 
     Accepted: a string, a list of strings, a list of token-id lists, a LongTensor [B, Lp] (rows
     taken as unpadded) or [Lp]. Strings go through ``encode_text`` (None: a ValueError saying
     ``no_encoder``); it is where unknown words are refused. Token ids must be integers in
-    [0, vocab_size): a float (7.5, also 7.0) or a bool is a ValueError, never truncated; ``mask_id``
+    [0, vocab_size) (``vocab_name`` says whose, in the error): a float (7.5, also 7.0) or a bool is a ValueError, never truncated; ``mask_id``
     (a diffusion model's mask token) may not appear. A list mixing forms is a TypeError.
     """
     def text(p: str) -> list[int]:
@@ -66,7 +66,7 @@ def prompt_rows(prompts, encode_text: Optional[Callable[[str], list[int]]], voca
                              f"{row.index(mask_id)}; prompts must not contain masks")
         bad = [t for t in row if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"prompt {j} has token ids outside [0, {vocab_size}): {bad[:5]}")
+            raise ValueError(f"prompt {j} has token ids outside {vocab_name}[0, {vocab_size}): {bad[:5]}")
     return rows
 
 

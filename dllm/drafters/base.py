@@ -141,6 +141,8 @@ class Drafter(Configurable):
     kind: ClassVar[str] = "drafter"
     Config: ClassVar[type] = NoOptions
     default_block_size: ClassVar[int] = 8  # B used when the call gives no block_size
+    trims_last_block: ClassVar[bool] = False  # near max_new_tokens, draft only the tokens a row may still
+    #   emit (min(B - 1, left)): a block drafter whose reference does so (dflash); False: B - 1 always
     block_head: Any = None  # a block_head.BlockHead picking each row's B from the prefill (block_size="auto")
     path_head: Any = None  # a path_head.PathHead scoring tree nodes by their paths (the taps builder)
 

@@ -31,10 +31,11 @@ with an ancestor-only mask and walks it (``trees/verify.py``); a chain round for
 speculative sampling of a chain); both give an accepted path of node indices, and everything after
 (commit, cache rows, the drafter's next features) reads that path.
 
-Near ``max_new_tokens`` a row drafts only what it can still emit: K = min(B - 1, tokens left), as
-the ``dflash`` package's ``dflash_generate`` shortens its last block (so acceptance is equal round by
-round at batch 1; in a batch the round drafts the largest such K and each row's verification is
-capped at its own).
+Near ``max_new_tokens`` a ``dflash`` row drafts only what it can still emit: K = min(B - 1, tokens
+left), as the ``dflash`` package's ``dflash_generate`` shortens its last block (so acceptance is
+equal round by round at batch 1; in a batch the round drafts the largest such K and each row's
+verification is capped at its own). Other drafters (``Drafter.trims_last_block`` False) draft B - 1
+every round; drafts past the cap are never emitted.
 
 Host syncs (ours): one per round, on purpose: the accepted counts, the draft and the next tokens
 come back together (``tolist``) because the per-row bookkeeping (stops, stop strings, the crop
@@ -137,7 +138,7 @@ def speculative_generate(
     drafter_obj.check_target(tgt.info)
     check_tokenizer(tokenizer, tgt.info.vocab_size)
     encode = None if tokenizer is None else partial(encode_text, tokenizer)
-    rows = prompt_rows(prompts, encode, tgt.info.vocab_size)
+    rows = prompt_rows(prompts, encode, tgt.info.vocab_size, vocab_name="the target's vocabulary ")
     longest = max(len(r) for r in rows) + max_new_tokens
     check_positions(target, max(len(r) for r in rows), max_new_tokens)
     head_trees = {spec: make_tree_builder(spec) for spec in ([] if head is None else head.tree_specs)}
@@ -151,6 +152,7 @@ def speculative_generate(
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device, paths=wants_paths)
     run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
+    run.trim = drafter_obj.trims_last_block
     run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
     run.head, run.head_trees = head, head_trees
     with torch.inference_mode():
@@ -197,6 +199,7 @@ class _Run:
         self.plans = RowPlans(sizes=[block] * len(rows))  # what runs per row (replaced after a head's prefill)
         self.head = None  # a BlockHead: per-row plans (block size, tree or chain), chosen after the prefill
         self.head_trees: dict = {}  # the head's tree specs -> their builders
+        self.trim = False  # draft no more than a row can still emit (Drafter.trims_last_block)
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -285,9 +288,10 @@ class _Run:
 
     def _widths(self) -> tuple[int, Optional[list[int]]]:
         """K, the drafts of this round, and per running row the drafts it may accept (None: all K).
-        A row drafts min(its B - 1, tokens it may still emit) (the ``dflash`` package's last-block
-        rule); the round drafts the largest of these."""
-        left = [self.stops.max_new_tokens - len(self.generated[j]) for j in self.active]
+        A row drafts its B - 1, or, for a drafter that ``trims_last_block``, min(B - 1, tokens it may
+        still emit) (the ``dflash`` package's last-block rule); the round drafts the largest of these."""
+        left = [self.stops.max_new_tokens - len(self.generated[j]) if self.trim else self.block
+                for j in self.active]
         own = [min(self.plans.sizes[j] - 1, n) for j, n in zip(self.active, left)]
         k = max(own)
         return k, (None if min(own) == k else own)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from dllm.options import check_int
+
 PLAN_FORMS = "a Plan, 'auto', a BlockHead or a positive int block size"
 
 
@@ -69,17 +71,13 @@ def resolve_plan(plan: Any, block_size: Any, tree: Any) -> Plan:
     given; a keyword that disagrees with ``plan=`` is a ValueError naming both)."""
     from dllm.drafters.dflash.block_head import BlockHead
 
-    if isinstance(block_size, str) and block_size != "auto":
-        raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r}")
-    if block_size is None or isinstance(block_size, int) and not isinstance(block_size, bool):
-        if isinstance(block_size, int) and block_size < 1:
-            raise ValueError(f"block_size must be >= 1 (the anchor plus block_size - 1 drafts), or 'auto', "
-                             f"got {block_size}")
-        legacy_size, legacy_head = block_size, None
-    elif block_size == "auto" or isinstance(block_size, BlockHead):
+    if block_size == "auto" or isinstance(block_size, BlockHead):
         legacy_size, legacy_head = None, block_size
     else:
-        raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r:.80}")
+        if block_size is not None:
+            check_int("block_size", block_size, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto' "
+                                                        "or a BlockHead")
+        legacy_size, legacy_head = block_size, None
     if legacy_head is not None and tree is not None:
         raise ValueError("block_size='auto' (a block head) does not combine with a draft tree: the head picks "
                          "each row's tree; pass an int block_size with tree=")

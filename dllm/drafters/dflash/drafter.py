@@ -79,6 +79,7 @@ class DFlashBlockDrafter(Drafter):
     """DFlash: a block drafter conditioned on the target's hidden states (arXiv 2602.06036)."""
 
     Config = DFlashOptions
+    trims_last_block = True  # as dflash_generate: verify_size = min(block_size, max_length - start)
 
     def __init__(self, config: Optional[DFlashOptions] = None, *, model: Any = None, **options: Any) -> None:
         if isinstance(model, (str, Path)):
