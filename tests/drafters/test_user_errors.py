@@ -124,15 +124,7 @@ def test_a_broken_head_is_named_when_used_and_never_touched_by_chain_decoding(ar
     assert f"{head}." in str(err.value) and str(d) in str(err.value)
 
 
-def test_plan_and_the_older_keywords_agree_or_fail(ar):
+def test_a_seed_past_64_bits_is_refused(ar):
     target, tok = ar
-    prompt = "[BOS] copy_long A B C [SEP]"
-    with pytest.raises(ValueError, match=r"plan=8 and block_size=4 disagree"):
-        speculative_generate(target, "ngram", prompt, max_new_tokens=4, tokenizer=tok, plan=8, block_size=4)
-    with pytest.raises(ValueError, match=r"and tree='ddtree' disagree"):
-        speculative_generate(target, "ngram", prompt, max_new_tokens=4, tokenizer=tok, plan=Plan(block_size=8),
-                             tree="ddtree")
-    with pytest.raises(ValueError, match=r"plan must be a Plan, 'auto', a BlockHead or a positive int"):
-        speculative_generate(target, "ngram", prompt, max_new_tokens=4, tokenizer=tok, plan="big")
-    same = speculative_generate(target, "ngram", prompt, max_new_tokens=4, tokenizer=tok, plan=8, block_size=8)
-    assert same.block_size == 8
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\) or None, got 1180591620717411303424"):
+        speculative_generate(target, "ngram", "[BOS] copy_long A [SEP]", max_new_tokens=4, tokenizer=tok, seed=2**70)
