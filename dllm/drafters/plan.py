@@ -71,6 +71,8 @@ def resolve_plan(plan: Any, block_size: Any, tree: Any) -> Plan:
     given; a keyword that disagrees with ``plan=`` is a ValueError naming both)."""
     from dllm.drafters.dflash.block_head import BlockHead
 
+    if isinstance(block_size, str) and block_size != "auto":
+        raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r}")
     if block_size == "auto" or isinstance(block_size, BlockHead):
         legacy_size, legacy_head = None, block_size
     else:
