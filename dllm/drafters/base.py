@@ -97,6 +97,9 @@ class DraftContext:
     hidden: Optional[torch.Tensor] = None
     hidden_mask: Optional[torch.Tensor] = None  # [R, N] bool, True on real entries
     hidden_positions: Optional[torch.Tensor] = None  # [R, N] long, positions of those tokens
+    lengths: Optional[torch.Tensor] = None  # [R] long, drafts each row may use (its own K near
+    #   max_new_tokens, its own block size with per-row plans); None = all K. Drafts past a row's
+    #   length are never accepted; a block drafter may hide them (DFlash does, so a row drafts as alone)
 
     @property
     def batch_size(self) -> int:

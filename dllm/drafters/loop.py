@@ -229,7 +229,7 @@ class _Run:
         anchor = torch.tensor([self.tokens[j][-1] for j in self.active], dtype=torch.long, device=self.device)
         anchor_pos = torch.tensor([len(self.tokens[j]) - 1 for j in self.active], dtype=torch.long,
                                   device=self.device)  # [R]
-        draft = self._draft(anchor, anchor_pos, k) if k > 0 else Draft(
+        draft = self._draft(anchor, anchor_pos, k, lengths) if k > 0 else Draft(
             tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
         builder = self.plans.builder if k > 0 else None
         if builder is None:  # the chain [anchor, d_1..d_K]: its ancestor mask is the causal order of its slots
@@ -296,7 +296,7 @@ class _Run:
         k = max(own)
         return k, (None if min(own) == k else own)
 
-    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int) -> Draft:
+    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int, own: Optional[list[int]]) -> Draft:
         hidden = mask = pos = None
         if self.pending is not None:
             hidden, mask, pos = self.pending
@@ -305,6 +305,7 @@ class _Run:
             rows=torch.tensor(self.active, dtype=torch.long, device=self.device), anchor=anchor,
             anchor_position=anchor_pos, num_draft=k, round=self.rounds, params=self.params,
             generator=self.generator, hidden=hidden, hidden_mask=mask, hidden_positions=pos,
+            lengths=None if own is None else torch.tensor(own, dtype=torch.long, device=self.device),
         )
         draft = self.session.propose(ctx)
         _check_draft(draft, len(self.active), k, self.target.info.vocab_size)

@@ -61,3 +61,16 @@ def test_a_row_drafts_no_more_than_it_can_emit(tiny_pair):
     for k, emitted in zip(seen, out.acceptance[0]):
         assert k == min(15, left)
         left -= emitted
+
+
+def test_in_a_batch_each_row_drafts_its_own_last_block(tiny_pair):
+    """Rows of a batch reach the cap at different rounds; each row's drafter block is hidden past its
+    own length (``DraftContext.lengths``), so its acceptance per round is the one it has alone."""
+    target, tok, drafter = tiny_pair
+    _, ids = long_answer_prompts(tok)
+    ids = ids[:6]
+    batch = speculative_generate(target, drafter, ids, max_new_tokens=23)
+    for row, prompt in enumerate(ids):
+        alone = speculative_generate(target, drafter, [prompt], max_new_tokens=23)
+        assert batch.generated[row] == alone.generated[0]
+        assert batch.acceptance[row] == alone.acceptance[0], row

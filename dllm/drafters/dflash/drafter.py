@@ -196,6 +196,9 @@ class DFlashSession(DraftSession):
         k = ctx.num_draft
         block = make_block(ctx.anchor, k + 1, self.model.mask_token_id)  # [R, K+1] = [anchor, MASK x K]
         positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
+        valid = None  # [R, K+1]: each row's own block [anchor, MASK x K_r] (rows with fewer drafts than K)
+        if ctx.lengths is not None:
+            valid = torch.arange(k + 1, device=ctx.anchor.device)[None, :] <= ctx.lengths.to(ctx.anchor.device)[:, None]
         # features ctx.hidden [R, N, L*D] of the tokens committed since the last propose, mask / positions [R, N]
         if isinstance(self.model, DFlash2Drafter):  # DFlash 2: the candidate selector picks a coherent path
             greedy = ctx.params.greedy or not self.sample
@@ -203,7 +206,7 @@ class DFlashSession(DraftSession):
                                 lm_head=self.head,  # type: ignore[arg-type]
                                 temperature=0.0 if greedy else ctx.params.temperature, generator=ctx.generator,
                                 feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
-                                block_positions=positions)
+                                block_positions=positions, block_valid=valid)
             # sampled paths: the selector's distribution over its K candidates, spread to [R, K, V]
             if greedy:
                 return Draft(tokens=out2.tokens, logits=out2.logits)
@@ -211,7 +214,7 @@ class DFlashSession(DraftSession):
         out = draft_block(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
                           lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
                           feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
-                          block_positions=positions)  # out.tokens [R, K], out.logits [R, K, V]
+                          block_positions=positions, block_valid=valid)  # out.tokens [R, K], out.logits [R, K, V]
         head = self.path_head
         paths = None if head is None else PathScorer(head, out.hidden, ctx.anchor, self.embed,
                                                      lambda h: self.model.compute_logits(h, self.head))

@@ -260,6 +260,7 @@ def draft_block2(
     feature_mask: Optional[torch.Tensor] = None,
     feature_positions: Optional[torch.Tensor] = None,
     block_positions: Optional[torch.Tensor] = None,
+    block_valid: Optional[torch.Tensor] = None,
 ) -> DraftBlock2:
     """Draft one DFlash 2 block: ``draft_block`` (same arguments, same cache use), then the selector's
     left-to-right choice among each position's top-K, starting from the anchor ``block_ids[:, 0]``.
@@ -272,7 +273,7 @@ def draft_block2(
     check_number("temperature", temperature, low=0.0, finite=True, hint=" (0 = greedy)")
     base = draft_block(drafter, cache, features, block_ids, embed_tokens=embed_tokens, lm_head=lm_head,
                        feature_mask=feature_mask, feature_positions=feature_positions,
-                       block_positions=block_positions)
+                       block_positions=block_positions, block_valid=block_valid)
     tokens, cand, probs = drafter.candidate_selector.walk(base.hidden, base.logits, block_ids[:, 0],
                                                           temperature, generator)
     return DraftBlock2(tokens=tokens, logits=base.logits, hidden=base.hidden, candidates=cand, probs=probs)
