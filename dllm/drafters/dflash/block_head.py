@@ -8,7 +8,7 @@ tokens concatenated with the last token's (``prompt_features``). A two-layer MLP
 score per candidate *plan* (``BlockHead``): a block size, with or without a draft tree (``trees``,
 a tree builder spec per plan); the row's plan is the arg-max (``pick``). The rows of one call share
 the tree setting (a round is a tree round or a chain round): the one most rows picked
-(``loop.shared_tree``); each keeps its own block size in chain rounds.
+(``plan.shared_tree``); each keeps its own block size in chain rounds, all run the largest in tree ones.
 
 Training (``dllm.train.block_head_train``): at T = 0 the committed tokens are the target's greedy
 answer, so the rounds a chain plan takes are a walk over the drafter's teacher-forced accepted
@@ -16,7 +16,7 @@ prefixes (a tree plan's come from one real greedy call); with the measured round
 training prompt has a time per plan, and the head minimises the expected time under its softmax.
 
 Files, beside a drafter checkpoint: ``block_head.json`` (sizes, feature and hidden widths, and how it
-was made) and ``block_head.safetensors``. ``speculative_generate(..., block_size="auto")`` uses the
+was made) and ``block_head.safetensors``. ``speculative_generate(..., plan="auto")`` uses the
 drafter's head (``DFlashBlockDrafter.block_head``); a ``BlockHead`` may also be passed directly.
 """
 
