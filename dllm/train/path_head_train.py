@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from dllm import tasks as T
 from dllm.drafters.dflash.model import DFlashDrafter, target_embedding, target_head
-from dllm.drafters.trees.path_head import PathHead, PathScorer
 from dllm.drafters.trees import Tree, make_tree_builder, on_path
+from dllm.drafters.trees.path_head import PathHead, PathScorer
 from dllm.eval.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
