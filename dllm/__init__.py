@@ -23,7 +23,7 @@ _LAZY = {
     "make_drafter": ("dllm.drafters.base", "make_drafter"),
     "list_drafters": ("dllm.drafters.base", "list_drafters"),
     "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),
-    "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
+    "list_tree_builders": ("dllm.drafters.trees.builders", "list_tree_builders"),
 }
 
 

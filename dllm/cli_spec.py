@@ -19,11 +19,14 @@ def add_spec_command(sub, positive: Callable[[str], int], add_threads: Callable[
     sp.add_argument("--drafter", default="ngram", help="drafter spec (see `dllm drafters`): ngram:max_ngram=3, "
                                                        "dlm:model=tiny-llada, dflash:model=DIR")
     sp.add_argument("--prompt", required=True, nargs="+", action="extend",
-                    help="one or more prompts (token ids '5 6 7' for a target without a tokenizer)")
-    sp.add_argument("--max-new-tokens", type=positive, default=64)
+                    help="one or more prompts (token ids '5 6 7' for a target without a tokenizer); words the "
+                         "tokenizer does not know (a literal '...' with a word-level one) are an error")
+    sp.add_argument("--max-new-tokens", type=positive, default=64,
+                    help="most tokens per prompt; the prompt plus this must fit the target's positions")
     sp.add_argument("--block-size", type=lambda v: v if v == "auto" else positive(v), default=None,
-                    help="tokens per verification forward (default: the drafter's), or 'auto': each prompt's size "
-                         "picked by the drafter's block head (dflash:model=tiny-ar-dflash-wide)")
+                    help="the plan's block size: tokens per verification forward (default: the drafter's), or "
+                         "'auto': each prompt's plan (block size, chain or tree) picked by the drafter's block "
+                         "head (dflash:model=tiny-ar-dflash-wide)")
     sp.add_argument("--temperature", type=float, default=0.0)
     sp.add_argument("--top-p", type=float, default=1.0)
     sp.add_argument("--top-k", type=int, default=0)

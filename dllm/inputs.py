@@ -4,7 +4,7 @@ state (the canvas), and the text of generated ids."""
 from __future__ import annotations
 
 import operator
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -12,12 +12,31 @@ from dllm.state import DecodeState
 
 
 def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
-    """Turn the accepted prompt forms into a list of token-id lists (one per row), validated.
+    """``prompt_rows`` for a dllm model: strings through ``model.generation_prompt`` (unknown words a
+    ValueError naming them), ids checked against the model's vocabulary and its mask token."""
+    return prompt_rows(prompts, lambda text: _encode_text(model, text, chat), model.config.vocab_size,
+                       mask_id=model.mask_id, empty_text_ok=chat)
+
+
+def prompt_rows(prompts, encode_text: Optional[Callable[[str], list[int]]], vocab_size: int, *,
+                mask_id: Optional[int] = None, empty_text_ok: bool = False,
+                no_encoder: str = "string prompts need a tokenizer", vocab_name: str = "") -> list[list[int]]:
+    """Turn the accepted prompt forms into a list of token-id lists (one per row), validated: the
+    one prompt encoder of ``dllm.generate`` and ``dllm.speculative_generate``.
 
     Accepted: a string, a list of strings, a list of token-id lists, a LongTensor [B, Lp] (rows
-    taken as unpadded) or [Lp]. Token ids must be integers: a float (7.5, also 7.0) or a bool is a
-    ValueError, never truncated.
+    taken as unpadded) or [Lp]. Strings go through ``encode_text`` (None: a ValueError saying
+    ``no_encoder``); it is where unknown words are refused. Token ids must be integers in
+    [0, vocab_size) (``vocab_name`` says whose, in the error): a float (7.5, also 7.0) or a bool is a ValueError, never truncated; ``mask_id``
+    (a diffusion model's mask token) may not appear. A list mixing forms is a TypeError.
     """
+    def text(p: str) -> list[int]:
+        if encode_text is None:
+            raise ValueError(f"{no_encoder}: pass tokenizer=..., or token-id lists")
+        if not p.strip() and not empty_text_ok:
+            raise ValueError("prompt is empty; every prompt needs at least one token")
+        return list(encode_text(p))
+
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
@@ -27,10 +46,10 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
                              f"got dtype {prompts.dtype} shape {tuple(prompts.shape)}")
         rows = [list(map(int, r)) for r in prompts.tolist()]
     elif isinstance(prompts, str):
-        rows = [_encode_text(model, prompts, chat)]
+        rows = [text(prompts)]
     elif isinstance(prompts, Sequence) and len(prompts) > 0:
         if all(isinstance(p, str) for p in prompts):
-            rows = [_encode_text(model, p, chat) for p in prompts]
+            rows = [text(p) for p in prompts]
         elif all(isinstance(p, (list, tuple)) for p in prompts):
             rows = [_token_ids(j, p) for j, p in enumerate(prompts)]
         else:
@@ -39,16 +58,15 @@ def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
                             f"{sorted({type(p).__name__ for p in prompts})}")
     else:
         raise ValueError(f"prompts must be a non-empty string, list or tensor, got {prompts!r}")
-    vocab = model.config.vocab_size
     for j, row in enumerate(rows):
         if len(row) == 0:
             raise ValueError(f"prompt {j} is empty; every prompt needs at least one token")
-        if model.mask_id in row:
-            raise ValueError(f"prompt {j} contains the mask token (id {model.mask_id}) at position "
-                             f"{row.index(model.mask_id)}; prompts must not contain masks")
-        bad = [t for t in row if not 0 <= t < vocab]
+        if mask_id is not None and mask_id in row:
+            raise ValueError(f"prompt {j} contains the mask token (id {mask_id}) at position "
+                             f"{row.index(mask_id)}; prompts must not contain masks")
+        bad = [t for t in row if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"prompt {j} has token ids outside [0, {vocab}): {bad[:5]}")
+            raise ValueError(f"prompt {j} has token ids outside {vocab_name}[0, {vocab_size}): {bad[:5]}")
     return rows
 
 

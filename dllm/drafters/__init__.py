@@ -5,6 +5,12 @@
 >>> out = speculative_generate(target, "ngram:max_ngram=3", "Once upon a time", max_new_tokens=64, tokenizer=tok)
 >>> out.texts[0], out.tau, out.summary()
 
+Layout: ``loop.py`` (the one round body), ``plan.py`` (a Plan: block size + tree, or "auto"),
+``verify.py`` (chain verification), ``base.py`` (the drafter protocol and registry), ``ngram.py`` /
+``dlm.py`` (drafters), ``target.py`` / ``loading.py`` (the transformers target), ``prompts.py`` /
+``output.py``; ``dflash/`` (DFlash and DFlash 2 checkpoints, the block head) and ``trees/`` (tree
+structure, builders, budget rule, path head, tree verification).
+
 The names below resolve lazily (importing ``dllm.drafters`` loads nothing; each name imports its
 own module on first use), so a submodule may import any other without cycles through this file.
 The verification rules are ``greedy_verify`` / ``speculative_verify``; the dispatching ``verify``
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 _LAZY = {
     "speculative_generate": ("dllm.drafters.loop", "speculative_generate"),
+    "Plan": ("dllm.drafters.plan", "Plan"),
     "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),
     "make_drafter": ("dllm.drafters.base", "make_drafter"),
     "list_drafters": ("dllm.drafters.base", "list_drafters"),
@@ -30,12 +37,12 @@ _LAZY = {
     "speculative_verify": ("dllm.drafters.verify", "speculative_verify"),
     "load_target": ("dllm.drafters.loading", "load_target"),
     "resolve_target": ("dllm.drafters.loading", "resolve_target"),
-    "Tree": ("dllm.drafters.tree", "Tree"),
-    "make_tree_builder": ("dllm.drafters.tree", "make_tree_builder"),
-    "list_tree_builders": ("dllm.drafters.tree", "list_tree_builders"),
-    "register_tree_builder": ("dllm.drafters.tree", "register_tree_builder"),
-    "PathHead": ("dllm.drafters.path_head", "PathHead"),
-    "load_path_head": ("dllm.drafters.path_head", "load_path_head"),
+    "Tree": ("dllm.drafters.trees.tree", "Tree"),
+    "make_tree_builder": ("dllm.drafters.trees.builders", "make_tree_builder"),
+    "list_tree_builders": ("dllm.drafters.trees.builders", "list_tree_builders"),
+    "register_tree_builder": ("dllm.drafters.trees.builders", "register_tree_builder"),
+    "PathHead": ("dllm.drafters.trees.path_head", "PathHead"),
+    "load_path_head": ("dllm.drafters.trees.path_head", "load_path_head"),
 }
 
 

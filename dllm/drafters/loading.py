@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from dllm.models.checkpoint import INDEX_FILE, open_checkpoint
 from dllm.models.families import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
                                  resolve_device, resolve_dtype)
@@ -103,6 +104,28 @@ def resolve_target(name_or_path: PathLike) -> TargetSource:
     return TargetSource(name, None, hf)
 
 
+VOCAB_KEYS = ("embed_tokens.weight", "lm_head.weight", "wte.weight")  # [vocab_size, D] in a causal LM
+
+
+def check_local_weights(directory: Path, hf: dict) -> None:
+    """A local target's safetensors before transformers reads them: every file readable (a
+    ``CheckpointError`` naming a truncated or corrupted one) and the vocabulary rows of the embedding
+    and LM head equal to config.json's ``vocab_size`` (a ValueError naming the keys)."""
+    directory = Path(directory)
+    if not any(directory.glob("*.safetensors")) and not (directory / INDEX_FILE).is_file():
+        return  # .bin or other formats: transformers reads them
+    reader = open_checkpoint(directory)
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    vocab = text.get("vocab_size")
+    if not isinstance(vocab, int):
+        return
+    bad = [f"{k} {list(shape)}" for k, shape in sorted(reader.shapes.items())
+           if k.endswith(VOCAB_KEYS) and len(shape) == 2 and shape[0] != vocab]
+    if bad:
+        raise ValueError(f"target {str(directory)!r}: config.json says vocab_size {vocab}, but the weights have "
+                         f"{', '.join(bad)} (rows = vocabulary); make config.json's vocab_size match the weights")
+
+
 def _dtype_keyword() -> str:
     """``from_pretrained``'s dtype keyword: ``dtype`` since transformers 4.56, ``torch_dtype`` before."""
     import transformers
@@ -146,8 +169,15 @@ def load_target(
     want = resolve_dtype(dtype, found.config, None)
     from transformers import AutoModelForCausalLM
 
-    model, info = AutoModelForCausalLM.from_pretrained(
-        found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want})
+    if found.directory is not None:
+        check_local_weights(found.directory, found.config)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want})
+    except RuntimeError as err:  # e.g. shapes that disagree with config.json
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise ValueError(f"cannot load target {found.source!r}: its weights do not fit its config.json "
+                         f"({first})") from None
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise ValueError(f"target {found.source!r}: the checkpoint lacks {len(missing)} weight(s) of "
@@ -163,4 +193,4 @@ def load_target(
     return model.eval(), tokenizer
 
 
-__all__ = ["TargetSource", "check_causal_lm_config", "load_target", "resolve_target"]
+__all__ = ["TargetSource", "check_causal_lm_config", "check_local_weights", "load_target", "resolve_target"]

@@ -21,9 +21,21 @@ row's own order. Cost: slots that are holes in a row still take memory and atten
 cache grows by the round's longest advance, not each row's. When the columns that are holes in
 every row exceed a quarter of the cache (and a block), ``compact`` gathers each row's valid slots to
 the right (one pass over the cache). Finished rows leave the batch (``batch_select_indices``).
-Batch size 1 has no holes at all. With per-row block sizes (``block_size="auto"``, a block head
-picking each row's B after the prefill) a round forwards the largest B of its running rows and
+Batch size 1 has no holes at all. With per-row block sizes (``plan="auto"``, a block head picking
+each row's B after the prefill; ``plan.py``) a round forwards the largest B of its running rows and
 verifies each row's own ``B - 1`` drafts (``verify``'s per-row lengths), so a row alone runs its own B.
+
+One round body: a chain of K drafts is the width-1 tree. A tree round forwards ``[anchor, nodes]``
+with an ancestor-only mask and walks it (``trees/verify.py``); a chain round forwards
+``[anchor, d_1..d_K]`` under the causal order of its slots and verifies with ``verify.py`` (exact
+speculative sampling of a chain); both give an accepted path of node indices, and everything after
+(commit, cache rows, the drafter's next features) reads that path.
+
+Near ``max_new_tokens`` a ``dflash`` row drafts only what it can still emit: K = min(B - 1, tokens
+left), as the ``dflash`` package's ``dflash_generate`` shortens its last block (so acceptance is
+equal round by round at batch 1; in a batch the round drafts the largest such K and each row's
+verification is capped at its own). Other drafters (``Drafter.trims_last_block`` False) draft B - 1
+every round; drafts past the cap are never emitted.
 
 Host syncs (ours): one per round, on purpose: the accepted counts, the draft and the next tokens
 come back together (``tolist``) because the per-row bookkeeping (stops, stop strings, the crop
@@ -36,19 +48,24 @@ runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
 from dllm.drafters.base import Draft, DraftContext, DraftSetup, DrafterSpec, make_drafter
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
-from dllm.drafters.prompts import Prompts, StopRule, encode_prompts, stop_strings
-from dllm.drafters.target import Target, cache_length, compact, crop_to, select_rows
+from dllm.drafters.plan import Plan, RowPlans, head_row_plans, resolve_plan, shared_tree
+from dllm.drafters.prompts import Prompts, StopRule, stop_strings
+from dllm.drafters.target import (Target, cache_length, check_positions, check_tokenizer, check_tree_room, compact,
+                                  crop_to, select_rows)
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
+from dllm.inputs import prompt_rows
+from dllm.models.tokenizer import encode_text
 from dllm.options import check_bool, check_int
 
 if TYPE_CHECKING:
-    from dllm.drafters.block_head import BlockHead
+    from dllm.drafters.dflash.block_head import BlockHead
 
 
 def speculative_generate(
@@ -60,6 +77,7 @@ def speculative_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    plan: Union[Plan, int, str, "BlockHead", None] = None,
     block_size: Union[int, str, "BlockHead", None] = None,
     stop: Union[str, Sequence[str], None] = None,
     seed: Optional[int] = None,
@@ -75,58 +93,68 @@ def speculative_generate(
             cache is a croppable ``DynamicCache``.
         drafter: a registered drafter name, spec string (``"ngram:max_ngram=4"``), mapping or
             ``Drafter`` instance (``dllm.drafters.list_drafters()``).
-        prompts: a string, a list of strings (need a tokenizer), a list of token-id lists (ragged),
-            or a LongTensor [B, Lp] (rows taken as unpadded) / [Lp].
-        max_new_tokens: most generated tokens per row (a stop token included).
+        prompts: a string, a list of strings (need a tokenizer; words it does not know are an error,
+            as in ``dllm.generate``), a list of token-id lists (ragged), or a LongTensor [B, Lp]
+            (rows taken as unpadded) / [Lp].
+        max_new_tokens: most generated tokens per row (a stop token included); the longest prompt
+            plus this must fit the target's ``max_position_embeddings``.
         temperature, top_p, top_k: the target's sampling settings, applied as transformers does
             (temperature, then top-k, then top-p); temperature 0 is greedy.
-        block_size: B, tokens per verification forward (the anchor and K = B - 1 drafts); default
-            the drafter's. B = 1 is plain autoregressive decoding through the same loop. ``"auto"``:
-            each row's B is picked after the prefill by the drafter's block head (``block_head.py``;
-            a DFlash checkpoint with ``block_head.json``), or pass a ``BlockHead``; a round then
-            forwards the largest B of its rows and verifies each row's own ``B - 1`` drafts. A head
-            whose plans include draft trees also picks chain or tree; the call's rows share the one
-            most of them picked (tree rounds use the round's largest B for every row).
+        plan: what a round verifies (``plan.py``): a ``Plan(block_size=, tree=)``, an int block size
+            B (the anchor and K = B - 1 drafts; default the drafter's; B = 1 is plain autoregressive
+            decoding through the same loop), ``"auto"`` (each row's plan picked after the prefill by
+            the drafter's block head, a DFlash checkpoint with ``block_head.json``) or a
+            ``BlockHead``. A head whose plans include draft trees also picks chain or tree; the
+            call's rows share the one most of them picked (its rows then run the largest picked B).
+        block_size: the plan's block size (int, ``"auto"`` or a ``BlockHead``), as before ``plan=``.
         stop: stop string(s); a row ends with the token that completes one (needs a tokenizer).
         seed: seeds a private ``torch.Generator`` for every random draw (None: the global RNG).
         eos_token_id: id(s) that end a row (default None: the target's generation config, then its
             config; [] = none).
-        tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``).
+        tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``);
+            its tokens must fit the target's vocabulary.
         return_stats: True returns a ``SpeculativeOutput``; False only its ``sequences`` [B, Lp + G].
-        tree: a registered tree builder (``"ddtree:budget=32"``, ``dllm.drafters.tree``): verify a
+        tree: the plan's tree builder (``"ddtree:budget=32"``, ``dllm.drafters.trees``): verify a
             draft tree built from the drafter's per-position distributions in one forward
-            (``tree_verify.py``) instead of the drafted chain; None = the chain.
+            (``trees/verify.py``) instead of the drafted chain; None = the chain.
     """
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
     check_int("max_new_tokens", max_new_tokens, 1)
     check_bool("return_stats", return_stats)
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
+        raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
+    the_plan = resolve_plan(plan, block_size, tree)
     drafter_obj = make_drafter(drafter)
-    from dllm.drafters.tree import make_tree_builder
+    from dllm.drafters.trees.builders import make_tree_builder
 
-    builder = None if tree is None else make_tree_builder(tree)
+    builder = None if the_plan.tree is None else make_tree_builder(the_plan.tree)
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     tgt = Target(target, taps=drafter_obj.target_layers, eos_token_id=eos_token_id, tokenizer=tokenizer)
-    head = _block_head(block_size, drafter_obj, builder)
-    block = max(head.sizes) if head is not None else drafter_obj.block_size if block_size is None else block_size
+    head = _block_head(the_plan.head, drafter_obj)
+    block = max(head.sizes) if head is not None else (
+        drafter_obj.block_size if the_plan.block_size is None else the_plan.block_size)
     check_int("block_size", block, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto'")
     drafter_obj.check_target(tgt.info)
-    rows = encode_prompts(prompts, tokenizer, tgt.info.vocab_size)
-    head_trees = {}  # tree spec -> builder, for a head whose plans include trees
-    for spec in [] if head is None else head.tree_specs:
-        head_trees[spec] = make_tree_builder(spec)
+    check_tokenizer(tokenizer, tgt.info.vocab_size)
+    encode = None if tokenizer is None else partial(encode_text, tokenizer)
+    rows = prompt_rows(prompts, encode, tgt.info.vocab_size, vocab_name="the target's vocabulary ")
+    longest = max(len(r) for r in rows) + max_new_tokens
+    check_positions(target, max(len(r) for r in rows), max_new_tokens)
+    head_trees = {spec: make_tree_builder(spec) for spec in ([] if head is None else head.tree_specs)}
     for b in [builder, *head_trees.values()]:
         if b is not None:
-            _check_tree_room(b, target, max(len(r) for r in rows) + max_new_tokens)
+            check_tree_room(b, target, longest)
             b.check_drafter(drafter_obj)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)
     generator = None if seed is None else torch.Generator(device=tgt.device).manual_seed(seed)
+    wants_paths = any(getattr(b, "uses_paths", False) for b in [builder, *head_trees.values()] if b is not None)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
-                       generator=generator, device=tgt.device)
+                       generator=generator, device=tgt.device, paths=wants_paths)
     run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
-    run.tree, run.head, run.head_trees = builder, head, head_trees
+    run.trim = drafter_obj.trims_last_block
+    run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
+    run.head, run.head_trees = head, head_trees
     with torch.inference_mode():
         run.prefill()
         while run.active:
@@ -137,10 +165,12 @@ def speculative_generate(
     texts = None
     if tokenizer is not None:
         texts = [tokenizer.decode(g, skip_special_tokens=True) for g in run.generated]
+    picked = head is not None
     return SpeculativeOutput(
         sequences=sequences, prompt_length=lp, generated=run.generated, texts=texts,
-        stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block, row_block_sizes=run.row_block,
-        row_trees=run.row_tree,
+        stop_reasons=run.reasons, acceptance=run.acceptance, block_size=block,
+        row_block_sizes=list(run.plans.sizes) if picked else None,
+        row_trees=[run.plans.tree] * len(rows) if picked else None,
         target_forwards=run.target_forwards, drafter_forwards=run.drafter_forwards, rounds=run.rounds,
         wall_time=time.perf_counter() - t_start,
     )
@@ -166,11 +196,10 @@ class _Run:
         self.kv_len: list[int] = []  # per running row: valid slots (host copy of valid.sum(1))
         self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
         self.target_forwards = self.drafter_forwards = self.rounds = 0
-        self.tree = None  # a TreeBuilder: verify trees (tree_verify.py) instead of chains
+        self.plans = RowPlans(sizes=[block] * len(rows))  # what runs per row (replaced after a head's prefill)
         self.head = None  # a BlockHead: per-row plans (block size, tree or chain), chosen after the prefill
         self.head_trees: dict = {}  # the head's tree specs -> their builders
-        self.row_block: Optional[list[int]] = None  # per call row, with a head
-        self.row_tree: Optional[list[Optional[str]]] = None  # per call row, the picked plan's tree (None: chain)
+        self.trim = False  # draft no more than a row can still emit (Drafter.trims_last_block)
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -185,79 +214,64 @@ class _Run:
         self.valid, self.kv_len = valid, [len(t) for t in self.tokens]
         if hidden is not None:
             self.pending = (hidden, valid, positions)
-        if self.head is not None:  # BlockPilot-style: the prefill picks each row's block size
-            from dllm.drafters.block_head import prompt_features
+        if self.head is not None:  # BlockPilot-style: the prefill picks each row's plan
+            from dllm.drafters.dflash.block_head import prompt_features
 
-            picks = self.head.pick(prompt_features(hidden, valid))
-            self.row_block = [self.head.sizes[i] for i in picks]
-            self.row_tree = [self.head.trees[i] for i in picks]
-            spec = shared_tree(picks, self.head.trees)
-            self.tree = None if spec is None else self.head_trees[spec]
+            self.plans = head_row_plans(self.head.pick(prompt_features(hidden, valid)), self.head, self.head_trees)
         for r, j in enumerate(self.active):
             self._commit(j, [first[r]])
         self._drop_finished()
 
     def round(self) -> None:
-        block = self.block if self.row_block is None else max(self.row_block[j] for j in self.active)
-        r_rows, k = len(self.active), block - 1
+        """One draft-then-verify round over the running rows (a chain is the width-1 tree)."""
+        k, lengths = self._widths()
+        r_rows = len(self.active)
         anchor = torch.tensor([self.tokens[j][-1] for j in self.active], dtype=torch.long, device=self.device)
         anchor_pos = torch.tensor([len(self.tokens[j]) - 1 for j in self.active], dtype=torch.long,
                                   device=self.device)  # [R]
-        draft = self._draft(anchor, anchor_pos, k) if k > 0 else Draft(
+        draft = self._draft(anchor, anchor_pos, k, lengths) if k > 0 else Draft(
             tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
-        if self.tree is not None and k > 0:
-            return self._tree_round(anchor, anchor_pos, draft, k)
-        ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, B]
-        positions = anchor_pos[:, None] + torch.arange(block, device=self.device)  # [R, B]
-        mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S + B]
-        s = cache_length(self.cache)
-        logits, hidden = self.target.forward(ids, mask, positions, self.cache)  # [R, B, V]
-        self.target_forwards += 1
-        self.rounds += 1
-        accepted, nxt = verify(draft.tokens, logits, self.params, q=draft.probs, generator=self.generator,
-                               lengths=self._draft_lengths(draft, k))
-        # host sync (one per round): accepted counts, next tokens and drafts together
-        back = torch.cat([accepted[:, None], nxt[:, None], draft.tokens], dim=1).tolist()
-        for r, j in enumerate(self.active):
-            acc = back[r][0]
-            emitted = self._commit(j, back[r][2:2 + acc] + [back[r][1]])
-            self.acceptance[j].append(emitted)
-        adv = [row[0] + 1 for row in back]  # slots with K/V per row: the anchor and the accepted drafts
-        advance = max(adv)
-        crop_to(self.cache, s + advance)  # roll back what no row accepted
-        new_valid = torch.arange(advance, device=self.device)[None, :] < (accepted[:, None] + 1)  # [R, advance]
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.kv_len = [n + a for n, a in zip(self.kv_len, adv)]
-        if hidden is not None:
-            self.pending = (hidden[:, :advance], new_valid, positions[:, :advance])
-        self._drop_finished()
-        self._maybe_compact()
+        builder = self.plans.builder if k > 0 else None
+        if builder is None:  # the chain [anchor, d_1..d_K]: its ancestor mask is the causal order of its slots
+            ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, 1+K]
+            positions = anchor_pos[:, None] + torch.arange(k + 1, device=self.device)  # [R, 1+K]
+            mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S+1+K]
+        else:
+            from dllm.drafters.trees.verify import tree_inputs
 
-    def _tree_round(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, draft: Draft, k: int) -> None:
-        """One round over a draft tree (``tree_verify.py``): root + N nodes in one forward, a walk,
-        the accepted path's slots kept valid, the other tree slots left as holes."""
-        from dllm.drafters.tree_verify import tree_inputs, walk_tree
-
-        if draft.logits is None:
-            raise ValueError(f"tree builder {self.tree.spec!r} builds trees from the drafter's per-position "
-                             f"distributions, but this drafter returns tokens only (Draft.logits is None); "
-                             f"use a drafter that gives them (dflash) or no tree")
-        tree = self.tree.tree_for(torch.log_softmax(draft.logits.float(), dim=-1), draft.paths)  # nodes [R, N]
-        ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N], [R, 1+N], [R, 1+N, 1+N]
-        r, t = ids.shape
-        mask = torch.cat([self.valid[:, None, :].expand(r, t, -1), inner], dim=2)[:, None]  # [R, 1, 1+N, S+1+N]
+            tree = builder.tree_for(torch.log_softmax(_draft_logits(draft, builder).float(), dim=-1),
+                                    draft.paths)  # nodes [R, N]
+            ids, positions, inner = tree_inputs(anchor, anchor_pos, tree)  # [R, 1+N] x2, [R, 1+N, 1+N]
+            mask = torch.cat([self.valid[:, None, :].expand(r_rows, ids.shape[1], -1), inner],
+                             dim=2)[:, None]  # [R, 1, 1+N, S+1+N]
         s = cache_length(self.cache)
         logits, hidden = self.target.forward(ids, mask, positions, self.cache)  # [R, 1+N, V]
         self.target_forwards += 1
         self.rounds += 1
-        path, accepted, nxt = walk_tree(logits, tree, self.params, k, self.generator)  # [R, K], [R], [R]
+        if builder is None:
+            accepted, nxt = verify(draft.tokens, logits, self.params, q=draft.probs, generator=self.generator,
+                                   lengths=_cap(draft.lengths, lengths))
+            steps = torch.arange(1, k + 1, device=self.device)[None, :]  # [1, K]
+            path = torch.where(steps <= accepted[:, None], steps, torch.zeros_like(steps))  # [R, K]
+        else:
+            from dllm.drafters.trees.verify import walk_tree
+
+            path, accepted, nxt = walk_tree(logits, tree, self.params, k, self.generator)  # [R, K], [R], [R]
+        self._accept(path, accepted, nxt, ids, hidden, anchor_pos, s)
+
+    def _accept(self, path: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor, ids: torch.Tensor,
+                hidden: Optional[torch.Tensor], anchor_pos: torch.Tensor, s: int) -> None:
+        """Commit each row's accepted path (``path`` [R, K]: node indices into ``[root, nodes]``, 0
+        after the row's last) and its next token; keep the path's slots valid, the rest as holes."""
+        r, t = ids.shape
+        k = path.shape[1]
         path_tokens = ids.gather(1, path)  # [R, K] (the root's token after the path: never read)
         back = torch.cat([accepted[:, None], nxt[:, None], path_tokens, path], dim=1).tolist()  # host sync
         for row, j in enumerate(self.active):
             acc = back[row][0]
             self.acceptance[j].append(self._commit(j, back[row][2:2 + acc] + [back[row][1]]))
-        advance = 1 + max(max(row[2 + k:]) for row in back)  # past the deepest accepted slot of any row
-        crop_to(self.cache, s + advance)
+        advance = 1 + max(max(row[2 + k:], default=0) for row in back)  # past the deepest accepted slot
+        crop_to(self.cache, s + advance)  # roll back what no row accepted
         new_valid = torch.zeros((r, t), dtype=torch.bool, device=self.device)
         new_valid.scatter_(1, path, path > 0)  # the path's nodes (its 0 entries write False onto the root)
         new_valid[:, 0] = True  # the root (the anchor) is always committed
@@ -272,7 +286,17 @@ class _Run:
         self._drop_finished()
         self._maybe_compact()
 
-    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int) -> Draft:
+    def _widths(self) -> tuple[int, Optional[list[int]]]:
+        """K, the drafts of this round, and per running row the drafts it may accept (None: all K).
+        A row drafts its B - 1, or, for a drafter that ``trims_last_block``, min(B - 1, tokens it may
+        still emit) (the ``dflash`` package's last-block rule); the round drafts the largest of these."""
+        left = [self.stops.max_new_tokens - len(self.generated[j]) if self.trim else self.block
+                for j in self.active]
+        own = [min(self.plans.sizes[j] - 1, n) for j, n in zip(self.active, left)]
+        k = max(own)
+        return k, (None if min(own) == k else own)
+
+    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int, own: Optional[list[int]]) -> Draft:
         hidden = mask = pos = None
         if self.pending is not None:
             hidden, mask, pos = self.pending
@@ -281,6 +305,7 @@ class _Run:
             rows=torch.tensor(self.active, dtype=torch.long, device=self.device), anchor=anchor,
             anchor_position=anchor_pos, num_draft=k, round=self.rounds, params=self.params,
             generator=self.generator, hidden=hidden, hidden_mask=mask, hidden_positions=pos,
+            lengths=None if own is None else torch.tensor(own, dtype=torch.long, device=self.device),
         )
         draft = self.session.propose(ctx)
         _check_draft(draft, len(self.active), k, self.target.info.vocab_size)
@@ -289,17 +314,6 @@ class _Run:
         draft.lengths = None if draft.lengths is None else draft.lengths.to(self.device)
         self.drafter_forwards += int(draft.forwards)
         return draft
-
-    def _draft_lengths(self, draft: Draft, k: int) -> Optional[torch.Tensor]:
-        """Drafts each row may have accepted: the drafter's lengths, capped by the row's own block size
-        when rows of one round chose different sizes (the round forwards the largest)."""
-        if self.row_block is None:
-            return draft.lengths
-        cap = [self.row_block[j] - 1 for j in self.active]
-        if min(cap) == k:
-            return draft.lengths
-        cap_t = torch.tensor(cap, dtype=torch.long, device=self.device)  # [R]
-        return cap_t if draft.lengths is None else torch.minimum(draft.lengths, cap_t)
 
     def _commit(self, j: int, new: list[int]) -> int:
         emitted, reason = self.stops.extend(self.generated[j], new)
@@ -332,53 +346,37 @@ class _Run:
             self.valid = compact(self.cache, self.valid, max(self.kv_len))
 
 
-def shared_tree(picks: Sequence[int], trees: Sequence[Optional[str]]) -> Optional[str]:
-    """The tree setting a call's rows share (a round is a tree round or a chain round for every row):
-    the one most rows picked, ties to the plan listed first."""
-    counts: dict[Optional[str], int] = {}
-    for i in picks:
-        counts[trees[i]] = counts.get(trees[i], 0) + 1
-    first = {t: min(i for i in picks if trees[i] == t) for t in counts}
-    return max(counts, key=lambda t: (counts[t], -first[t]))
+def _cap(lengths: Optional[torch.Tensor], own: Optional[list[int]]) -> Optional[torch.Tensor]:
+    """The drafter's per-row lengths capped by each row's own draft count (None: no cap)."""
+    if own is None:
+        return lengths
+    cap = torch.tensor(own, dtype=torch.long, device=lengths.device if lengths is not None else None)
+    return cap if lengths is None else torch.minimum(lengths, cap.to(lengths.device))
 
 
-def _block_head(block_size: Any, drafter, tree) -> Optional["BlockHead"]:
-    """The block head of ``block_size="auto"`` (the drafter's) or a given ``BlockHead``; None for an
-    int or None. Clear errors for a drafter without a head, or one it cannot read."""
-    from dllm.drafters.block_head import BlockHead
+def _draft_logits(draft: Draft, builder) -> torch.Tensor:
+    if draft.logits is None:
+        raise ValueError(f"tree builder {builder.spec!r} builds trees from the drafter's per-position "
+                         f"distributions, but this drafter returns tokens only (Draft.logits is None); "
+                         f"use a drafter that gives them (dflash) or no tree")
+    return draft.logits
 
-    if isinstance(block_size, BlockHead):
-        head = block_size
-    elif isinstance(block_size, str):
-        if block_size != "auto":
-            raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r}")
+
+def _block_head(head: Any, drafter) -> Optional["BlockHead"]:
+    """The block head of a plan: the drafter's for ``"auto"``, or the given ``BlockHead``; None for
+    no head. Clear errors for a drafter without a head, or one it cannot read."""
+    if head is None:
+        return None
+    if isinstance(head, str):  # "auto" (resolve_plan refused any other string)
         head = getattr(drafter, "block_head", None)
         if head is None:
-            raise ValueError(f"block_size='auto' needs a drafter with a block head (a DFlash checkpoint with "
-                             f"block_head.json, e.g. dflash:model=tiny-ar-dflash-wide); the {drafter.name!r} "
-                             f"drafter has none: pass an int block_size")
-    else:  # None or an int (checked by the caller)
-        return None
+            raise ValueError(f"plan 'auto' (block_size='auto') needs a drafter with a block head (a DFlash "
+                             f"checkpoint with block_head.json, e.g. dflash:model=tiny-ar-dflash-wide); the "
+                             f"{drafter.name!r} drafter has none: pass an int block_size")
     if not drafter.target_layers:
         raise ValueError(f"a block head reads the target's tapped prefill states; the {drafter.name!r} drafter "
                          f"taps no target layers")
-    if tree is not None:
-        raise ValueError("block_size='auto' (a block head) does not combine with a draft tree: a tree's budget "
-                         "already sets the verified tokens; pass an int block_size with tree=")
     return head
-
-
-def _check_tree_room(builder, target, longest: int) -> None:
-    """A round holds the committed slots plus 1 + budget tree slots; refuse more than the target's
-    ``max_position_embeddings`` (the size a static cache of the model would have)."""
-    config = getattr(target, "config", None)
-    limit = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
-                    "max_position_embeddings", None)
-    budget = builder.config.budget
-    if isinstance(limit, int) and longest + 1 + budget > limit:
-        raise ValueError(f"a tree of {budget} nodes on top of {longest} tokens (the longest prompt + "
-                         f"max_new_tokens) needs {longest + 1 + budget} cache slots, more than the target's "
-                         f"max_position_embeddings {limit}; use a smaller budget or fewer tokens")
 
 
 def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
@@ -394,4 +392,4 @@ def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
         raise ValueError(f"the drafter returned lengths {list(draft.lengths.shape)}; expected [{rows}] or None")
 
 
-__all__ = ["Prompts", "StopRule", "encode_prompts", "speculative_generate"]
+__all__ = ["Plan", "Prompts", "StopRule", "shared_tree", "speculative_generate"]

@@ -24,14 +24,16 @@ class SpeculativeOutput:
     texts: Optional[list[str]]  # per row, the generated text (special tokens skipped), with a tokenizer
     stop_reasons: list[str]  # per row: "eos" | "stop" (a stop string) | "length" (max_new_tokens)
     acceptance: list[list[int]]  # per row, per round: tokens committed (1 .. block_size)
-    block_size: int  # B (K = B - 1 drafts per round); with block_size="auto" the largest of the rows'
+    block_size: int  # B (K = B - 1 drafts per round); with plan="auto" the largest of the head's sizes;
+    #   a row's last rounds draft fewer when fewer tokens are left (the dflash package's rule)
     target_forwards: int  # batched target forwards, the prefill included
     drafter_forwards: int  # drafter forwards (as the drafter counts them; 0 for model-free drafters)
     rounds: int  # verification rounds (= target_forwards - 1)
     wall_time: float  # seconds, prompt encoding to the last token
-    row_block_sizes: Optional[list[int]] = None  # per row, the block size a block head chose ("auto")
-    row_trees: Optional[list[Optional[str]]] = None  # per row, the tree of the head's plan (None: the chain);
-    #   the rows of one call share one: the one most rows picked
+    row_block_sizes: Optional[list[int]] = None  # with a block head (plan="auto"): per row, the block size
+    #   that ran (its pick in chain rounds; the largest picked in tree rounds); None without a head
+    row_trees: Optional[list[Optional[str]]] = None  # with a block head: per row, the tree that ran (None: the
+    #   chain); the rows of one call share one, the one most rows picked, so a row's own pick may differ
 
     @property
     def generated_tokens(self) -> int:

@@ -194,4 +194,48 @@ def _gather_slots(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return t.gather(2, idx[:, None, :, None].expand(r, h, idx.shape[1], d).to(t.device))
 
 
-__all__ = ["Target", "cache_length", "compact", "crop_to", "select_rows"]
+
+# ---- what a call may ask of the target ------------------------------------------------------------
+def position_limit(target) -> Optional[int]:
+    """The target's ``max_position_embeddings`` (of its text config), or None when it states none."""
+    config = getattr(target, "config", None)
+    limit = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                    "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def check_positions(target, longest_prompt: int, max_new_tokens: int) -> None:
+    """The longest prompt plus ``max_new_tokens`` must fit the target's positions (so a call with a
+    huge ``max_new_tokens`` and no EOS is refused here, not run without end)."""
+    limit = position_limit(target)
+    if limit is not None and longest_prompt + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens {max_new_tokens} after a prompt of {longest_prompt} tokens needs "
+                         f"{longest_prompt + max_new_tokens} positions, more than the target's "
+                         f"max_position_embeddings {limit}; use max_new_tokens <= {max(limit - longest_prompt, 0)}")
+
+
+def check_tokenizer(tokenizer, vocab_size: int) -> None:
+    """A tokenizer with tokens past the target's vocabulary is another model's: refuse it."""
+    if tokenizer is None:
+        return
+    from dllm.models.tokenizer import tokenizer_size
+
+    n = tokenizer_size(tokenizer)
+    if n > vocab_size:
+        raise ValueError(f"the tokenizer has {n} tokens but the target's vocabulary has {vocab_size}; pass the "
+                         f"target's own tokenizer (load_target returns it)")
+
+
+def check_tree_room(builder, target, longest: int) -> None:
+    """A round holds the committed slots plus 1 + budget tree slots; refuse more than the target's
+    ``max_position_embeddings`` (the size a static cache of the model would have)."""
+    limit = position_limit(target)
+    budget = builder.config.budget
+    if limit is not None and longest + 1 + budget > limit:
+        raise ValueError(f"a tree of {budget} nodes on top of {longest} tokens (the longest prompt + "
+                         f"max_new_tokens) needs {longest + 1 + budget} cache slots, more than the target's "
+                         f"max_position_embeddings {limit}; use a smaller budget or fewer tokens")
+
+
+__all__ = ["Target", "cache_length", "check_positions", "check_tokenizer", "check_tree_room", "compact", "crop_to",
+           "position_limit", "select_rows"]

@@ -1,4 +1,4 @@
-"""Train a block head (``dllm.drafters.block_head``): which plan is fastest for this prompt?
+"""Train a block head (``dllm.drafters.dflash.block_head``): which plan is fastest for this prompt?
 
     python -m dllm.train.block_head_train --drafter tiny-ar-dflash-wide --out runs/block-head \
         --trees 16/ddtree:budget=16 32/ddtree:budget=16 32/ddtree:budget=32
@@ -38,8 +38,8 @@ from typing import Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.drafters.block_head import BlockHead, prompt_features
-from dllm.drafters.dflash_model import extract_context_feature
+from dllm.drafters.dflash.block_head import BlockHead, prompt_features
+from dllm.drafters.dflash.model import extract_context_feature
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
@@ -184,9 +184,9 @@ def evaluate(head: BlockHead, feats: torch.Tensor, times: torch.Tensor) -> dict[
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.dflash_io import load_dflash
+    from dllm.drafters.dflash.io import load_dflash
     from dllm.drafters.loading import load_target
-    from dllm.drafters.tree import make_tree_builder
+    from dllm.drafters.trees import make_tree_builder
 
     ap = argparse.ArgumentParser(prog="python -m dllm.train.block_head_train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=HeadRecipe.drafter)

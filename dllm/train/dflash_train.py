@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from dllm import tasks as T
-from dllm.drafters.dflash_io import random_dflash, save_dflash
-from dllm.drafters.dflash_model import DFlashDrafter, extract_context_feature, target_embedding, target_head
+from dllm.drafters.dflash.io import random_dflash, save_dflash
+from dllm.drafters.dflash.model import DFlashDrafter, extract_context_feature, target_embedding, target_head
 from dllm.options import check_int, check_unit
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, PAD, word_id

@@ -1,4 +1,4 @@
-"""Train a path head (``dllm.drafters.path_head``) for a DFlash drafter: the ``taps`` tree builder's
+"""Train a path head (``dllm.drafters.trees.path_head``) for a DFlash drafter: the ``taps`` tree builder's
 path-conditioned acceptance estimates.
 
     python -m dllm.train.path_head_train --drafter tiny-ar-dflash --out runs/path-head --threads 2
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from dllm import tasks as T
-from dllm.drafters.dflash_model import DFlashDrafter, target_embedding, target_head
-from dllm.drafters.path_head import PathHead, PathScorer
-from dllm.drafters.tree import Tree, make_tree_builder, on_path
+from dllm.drafters.dflash.model import DFlashDrafter, target_embedding, target_head
+from dllm.drafters.trees import Tree, make_tree_builder, on_path
+from dllm.drafters.trees.path_head import PathHead, PathScorer
 from dllm.scoring.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
@@ -154,7 +154,7 @@ def encode(target, examples_: Sequence[T.Example]) -> tuple[list[list[int]], lis
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dllm.drafters.dflash_io import load_dflash
+    from dllm.drafters.dflash.io import load_dflash
     from dllm.drafters.loading import load_target
 
     ap = argparse.ArgumentParser(prog="python -m dllm.train.path_head_train", description=__doc__.split("\n\n")[0])

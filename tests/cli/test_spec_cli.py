@@ -67,7 +67,7 @@ def test_spec_json_equals_the_targets_greedy_generate(capsys, target_dir, drafte
 
 
 def test_spec_with_a_dflash_drafter_directory(capsys, target_dir, tmp_path):
-    from dllm.drafters.dflash_io import random_dflash, save_dflash
+    from dllm.drafters.dflash.io import random_dflash, save_dflash
 
     directory, model, tok = target_dir
     save_dflash(random_dflash(model.config, 1, block_size=4, mask_token_id=31), tmp_path)
@@ -172,3 +172,13 @@ def test_spec_with_a_draft_tree_on_the_embedded_pair(capsys):
     assert tree["generated"] == chain["generated"] and tree["tau"] >= chain["tau"]
     assert main(["spec", "--target", "tiny-ar", "--drafter", "ngram", "--prompt", prompt, "--tree", "ddtree"]) == 2
     assert "returns tokens only" in capsys.readouterr().err
+
+
+def test_spec_refuses_the_unknown_word_of_the_readme_example(capsys):
+    """The README's example with a literal '...' (not a word of the task vocabulary) was decoded as the
+    pad token and printed garbage; it is refused with the message dllm.generate gives."""
+    prompt = "[BOS] copy_long A B C ... [SEP]"
+    assert main(["spec", "--target", "tiny-ar", "--drafter", "dflash:model=tiny-ar-dflash", "--prompt", prompt,
+                 "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dllm spec: error: the prompt has 1 word(s) the tokenizer does not know: '...'"), err

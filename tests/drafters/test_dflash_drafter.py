@@ -11,8 +11,8 @@ import torch
 from transformers import Qwen3Config
 
 from dllm.drafters.base import Draft, DraftContext, DraftSetup, list_drafters, make_drafter
-from dllm.drafters.dflash import DFlashBlockDrafter
-from dllm.drafters.dflash_io import random_dflash, save_dflash
+from dllm.drafters.dflash.drafter import DFlashBlockDrafter
+from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.target import Target
 from dllm.drafters.verify import SamplingParams
@@ -66,7 +66,7 @@ def test_low_precision_drafter_is_still_lossless():
 @pytest.mark.parametrize("block_size, max_new", CASES)  # the second case cuts the last round short
 def test_matches_reference_dflash_generate(block_size, max_new, tmp_path, monkeypatch):
     reference = pytest.importorskip("dflash.model", reason=NEEDS_REFERENCE)
-    import dllm.drafters.dflash as dflash_module
+    import dllm.drafters.dflash.drafter as dflash_module
 
     target, drafter = pair(block_size)
     save_dflash(drafter, tmp_path)

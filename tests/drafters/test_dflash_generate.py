@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from dllm.drafters.dflash_io import random_dflash, save_dflash
-from dllm.drafters.dflash_model import (DraftKVCache, draft_block, extract_context_feature, make_block,
+from dllm.drafters.dflash.io import random_dflash, save_dflash
+from dllm.drafters.dflash.model import (DraftKVCache, draft_block, extract_context_feature, make_block,
                                         target_embedding, target_head)
 from dllm.drafters.target import crop_to
 

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dllm.drafters.dflash_io import check_target, config_from_hf, load_dflash, random_dflash, save_dflash
-from dllm.drafters.dflash_model import DraftKVCache, draft_block, make_block
+from dllm.drafters.dflash.io import check_target, config_from_hf, load_dflash, random_dflash, save_dflash
+from dllm.drafters.dflash.model import DraftKVCache, draft_block, make_block
 from dllm.models.checkpoint import CheckpointError, write_safetensors
 from dllm.models.loading import ModelNotFoundError
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 
-from dllm.drafters.dflash_config import SLIDING_ATTENTION, DFlashConfig, tap_layer_ids
-from dllm.drafters.dflash_io import random_dflash, save_dflash
-from dllm.drafters.dflash_model import (DFlashDrafter, DraftKVCache, draft_block, extract_context_feature,
+from dllm.drafters.dflash.config import SLIDING_ATTENTION, DFlashConfig, tap_layer_ids
+from dllm.drafters.dflash.io import random_dflash, save_dflash
+from dllm.drafters.dflash.model import (DFlashDrafter, DraftKVCache, draft_block, extract_context_feature,
                                         make_block)
 
 from spec_helpers import dflash_target

@@ -144,14 +144,14 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
         tree = "taps:estimator=head,budget=5" if builder == "taps-head" else f"{builder}:budget=5"
     if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
         from dllm.drafters.base import make_drafter
-        from dllm.drafters.dflash2_io import random_dflash2
-        from dllm.drafters.dflash_io import random_dflash
+        from dllm.drafters.dflash.io2 import random_dflash2
+        from dllm.drafters.dflash.io import random_dflash
 
         build = random_dflash if drafter == "dflash" else functools.partial(
             random_dflash2, conv_kernel_size=2, conv_group_size=16, selector_top_k=4, selector_rank=4)
         d = make_drafter("dflash", model=build(small_target.config, 1, 3, E2E_V - 1, seed=5))
         if tree is not None and "estimator=head" in tree:  # taps with a (random, non-zero) path head
-            from dllm.drafters.path_head import PathHead
+            from dllm.drafters.trees.path_head import PathHead
 
             d.path_head = PathHead(small_target.config.hidden_size, width=16).eval()
             torch.nn.init.normal_(d.path_head.fc2.weight, std=1.0, generator=torch.Generator().manual_seed(2))

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from dllm.drafters.path_head import PathHead, PathScorer, has_path_head, load_path_head, path_inputs
-from dllm.drafters.tree import (Tree, best_first_tree, make_tree_builder, path_reduce, path_reduce_reference,
+from dllm.drafters.trees.path_head import PathHead, PathScorer, has_path_head, load_path_head, path_inputs
+from dllm.drafters.trees import (Tree, best_first_tree, make_tree_builder, path_reduce, path_reduce_reference,
                                 path_scores, select_subtree)
 
 

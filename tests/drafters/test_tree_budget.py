@@ -4,8 +4,8 @@ cut is the builder's own tree at that budget, and decoding stays lossless."""
 import pytest
 import torch
 
-from dllm.drafters.tree import make_tree_builder
-from dllm.drafters.tree_budget import best_sizes, node_path_probs, prune_for_cost
+from dllm.drafters.trees import make_tree_builder
+from dllm.drafters.trees.budget import best_sizes, node_path_probs, prune_for_cost
 
 
 def random_log_probs(seed: int, r: int = 3, k: int = 5, v: int = 7) -> torch.Tensor:
@@ -45,7 +45,7 @@ def test_cost_option_is_validated_and_reaches_the_loop():
     with pytest.raises(ValueError, match="cost_per_node"):
         make_tree_builder("ddtree:cost_per_node=-1")
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.dflash_io import random_dflash
+    from dllm.drafters.dflash.io import random_dflash
     from dllm.drafters.loop import speculative_generate
     from spec_helpers import tiny_target
 

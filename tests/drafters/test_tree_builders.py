@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dllm.drafters.tree import (Tree, TreeBuilder, ancestor_mask, best_first_tree, chain_tree, expected_accepted,
+from dllm.drafters.trees import (Tree, TreeBuilder, ancestor_mask, best_first_tree, chain_tree, expected_accepted,
                                 list_tree_builders, make_tree_builder)
 
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dllm.drafters.base import make_drafter
-from dllm.drafters.dflash_io import random_dflash
+from dllm.drafters.dflash.io import random_dflash
 from dllm.drafters.loop import speculative_generate
-from dllm.drafters.tree import Tree
-from dllm.drafters.tree_verify import tree_inputs, walk_tree
+from dllm.drafters.trees import Tree
+from dllm.drafters.trees.verify import tree_inputs, walk_tree
 from dllm.drafters.verify import SamplingParams
 from spec_helpers import tiny_target
 
@@ -90,8 +90,8 @@ def test_a_tree_needs_a_drafter_with_distributions():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_vectorised_walk_equals_the_reference_walk(seed):
-    from dllm.drafters.tree import make_tree_builder
-    from dllm.drafters.tree_verify import walk_tree_reference
+    from dllm.drafters.trees import make_tree_builder
+    from dllm.drafters.trees.verify import walk_tree_reference
 
     g = torch.Generator().manual_seed(seed)
     r, k, v = 4, 5, 6

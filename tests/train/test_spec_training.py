@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.drafters.dflash_io import load_dflash
+from dllm.drafters.dflash.io import load_dflash
 from dllm.tasks.vocab import EOS, word_id
 from dllm.train.ar import LONG_MIXTURE, ARPhase, ar_recipes, answer_targets, build_ar_model, train_ar
 from dllm.train.data import Batch, collate
@@ -117,7 +117,7 @@ def test_a_mixed_run_reports_tau_per_block_size(tmp_path):
 
 
 def test_filled_slots_are_inputs_not_labels():
-    from dllm.drafters.dflash_io import random_dflash
+    from dllm.drafters.dflash.io import random_dflash
     from dllm.train.dflash_train import block_loss
 
     target = build_ar_model(small_ar()).eval()

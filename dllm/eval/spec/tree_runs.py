@@ -61,7 +61,7 @@ class TreeRow(Row):
 def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
     """``speculative_generate(..., tree=tree)`` at batch 1 (``runners.loop_runner`` with a tree)."""
     from dllm.drafters.loop import speculative_generate
-    from dllm.drafters.tree import make_tree_builder
+    from dllm.drafters.trees import make_tree_builder
     from dllm.models.task_tokenizer import task_tokenizer
 
     make_tree_builder(tree)  # a bad spec fails here, not inside the first timed call

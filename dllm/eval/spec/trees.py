@@ -1,6 +1,6 @@
 """``dllm bench spec --trees chain,ddtree,taps --budgets 16,32,64,128``: draft trees vs their budget.
 
-DFlash drafts K = B - 1 positions per round; a tree builder (``dllm.drafters.tree``) turns its
+DFlash drafts K = B - 1 positions per round; a tree builder (``dllm.drafters.trees``) turns its
 per-position distributions into a tree of ``budget`` nodes that the target verifies in one forward
 (``tree=`` of ``speculative_generate``). A bigger tree accepts more per round and costs a wider
 forward; this benchmark measures that trade-off at batch 1 and picks a budget per builder without
@@ -58,7 +58,7 @@ DEFAULT_BUDGETS: tuple[int, ...] = (16, 32, 64, 128)
 
 
 def tree_builder_names() -> list[str]:
-    from dllm.drafters.tree import tree_builders
+    from dllm.drafters.trees import tree_builders
 
     return tree_builders.names()
 
@@ -146,7 +146,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The flags of ``dllm bench spec --trees``; ValueError (naming the valid values) for bad ones."""
     ap = argparse.ArgumentParser(prog="dllm bench spec --trees", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", nargs="+", default=[",".join(DEFAULT_BUILDERS)],
-                    help="tree builders, comma/space separated (dllm.drafters.tree)")
+                    help="tree builders, comma/space separated (dllm.drafters.trees)")
     ap.add_argument("--budgets", nargs="+", default=[",".join(map(str, DEFAULT_BUDGETS))],
                     help="draft nodes per tree, comma/space separated")
     ap.add_argument("--target", default="tiny-ar", help="transformers causal LM (embedded name, directory, Hub id)")

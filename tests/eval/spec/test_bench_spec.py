@@ -18,7 +18,7 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from dllm.drafters.dflash_io import random_dflash, save_dflash
+    from dllm.drafters.dflash.io import random_dflash, save_dflash
 
     root = tmp_path_factory.mktemp("bench_spec")
     target, assistant = tiny_qwen3(2, 0), tiny_qwen3(1, 1)
@@ -152,7 +152,7 @@ def test_block_size_auto_runs_drafters_with_a_head_and_skips_the_others(models, 
     import shutil
 
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.block_head import BlockHead
+    from dllm.drafters.dflash.block_head import BlockHead
 
     target, paths = models
     head_dir = tmp_path / "dflash-with-head"

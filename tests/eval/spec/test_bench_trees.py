@@ -19,7 +19,7 @@ BUDGETS = (4, 8)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.dflash_io import random_dflash, save_dflash
+    from dllm.drafters.dflash.io import random_dflash, save_dflash
 
     root = tmp_path_factory.mktemp("bench_trees")
     target = tiny_qwen3(seed=0)
@@ -65,10 +65,11 @@ def test_run_trees_chooses_on_held_out(models, monkeypatch):
         assert r.greedy_diffs == []
         assert r.speedup is not None
     by = {(r.builder, r.budget, r.temperature): r for r in bench.reported}
-    assert by[("generate", None, 0.0)].width == 1.0 and by[("no-tree", None, 0.0)].width == 8.0
-    for n in BUDGETS:  # the forward's width: 1 + nodes (chain: min(budget, K = 7))
+    # near max_new_tokens the dflash drafter's last blocks are shorter (the dflash package's rule)
+    assert by[("generate", None, 0.0)].width == 1.0 and 1.0 < by[("no-tree", None, 0.0)].width <= 8.0
+    for n in BUDGETS:  # the forward's width: 1 + nodes (chain: min(budget, K = 7), K shorter near the cap)
         assert by[("ddtree", n, 0.0)].width == by[("taps", n, 0.0)].width == 1 + n
-        assert by[("chain", n, 0.0)].width == 1 + min(n, 7)
+        assert 1.0 < by[("chain", n, 0.0)].width <= 1 + min(n, 7)
     # the choice: each builder's best held-out tokens/s, marked on both splits' rows of that budget
     assert set(bench.chosen) == {"chain", "ddtree", "taps"}
     for b, row in bench.chosen.items():

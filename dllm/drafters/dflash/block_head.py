@@ -8,7 +8,7 @@ tokens concatenated with the last token's (``prompt_features``). A two-layer MLP
 score per candidate *plan* (``BlockHead``): a block size, with or without a draft tree (``trees``,
 a tree builder spec per plan); the row's plan is the arg-max (``pick``). The rows of one call share
 the tree setting (a round is a tree round or a chain round): the one most rows picked
-(``loop.shared_tree``); each keeps its own block size in chain rounds.
+(``plan.shared_tree``); each keeps its own block size in chain rounds, all run the largest in tree ones.
 
 Training (``dllm.train.block_head_train``): at T = 0 the committed tokens are the target's greedy
 answer, so the rounds a chain plan takes are a walk over the drafter's teacher-forced accepted
@@ -16,7 +16,7 @@ prefixes (a tree plan's come from one real greedy call); with the measured round
 training prompt has a time per plan, and the head minimises the expected time under its softmax.
 
 Files, beside a drafter checkpoint: ``block_head.json`` (sizes, feature and hidden widths, and how it
-was made) and ``block_head.safetensors``. ``speculative_generate(..., block_size="auto")`` uses the
+was made) and ``block_head.safetensors``. ``speculative_generate(..., plan="auto")`` uses the
 drafter's head (``DFlashBlockDrafter.block_head``); a ``BlockHead`` may also be passed directly.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -106,22 +106,22 @@ class BlockHead(nn.Module):
 
 
 def has_block_head(directory: Union[str, Path]) -> bool:
-    return (Path(directory) / HEAD_CONFIG).is_file()
+    """Whether ``directory`` holds a block head (either file: a lone one is an error when read)."""
+    return (Path(directory) / HEAD_CONFIG).is_file() or (Path(directory) / HEAD_WEIGHTS).is_file()
 
 
 def load_block_head(directory: Union[str, Path]) -> BlockHead:
-    """The head saved in ``directory`` (FileNotFoundError naming the missing file)."""
-    from safetensors.torch import load_file
+    """The head saved in ``directory`` (FileNotFoundError naming a missing file; ValueError naming a
+    broken one: bad JSON, missing fields, truncated or mismatched weights)."""
+    from dllm.drafters.base import build_head, read_head_files
 
-    directory = Path(directory)
-    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"no block head in {str(directory)!r}: {name} is missing")
-    cfg: dict[str, Any] = json.loads((directory / HEAD_CONFIG).read_text())
-    meta = {k: v for k, v in cfg.items() if k not in ("sizes", "trees", "features", "hidden")}
-    head = BlockHead(cfg["sizes"], cfg["features"], cfg["hidden"], meta, cfg.get("trees"))
-    head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
-    return head.eval()
+    cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "block head")
+
+    def make(c: dict) -> BlockHead:
+        meta = {k: v for k, v in c.items() if k not in ("sizes", "trees", "features", "hidden")}
+        return BlockHead(c["sizes"], c["features"], c["hidden"], meta, c.get("trees"))
+
+    return build_head(make, cfg, tensors, directory, HEAD_CONFIG, HEAD_WEIGHTS, "block head")
 
 
 __all__ = ["BlockHead", "has_block_head", "load_block_head", "prompt_features"]

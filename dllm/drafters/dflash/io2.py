@@ -1,7 +1,7 @@
 """DFlash 2 drafter checkpoints: load the official z-lab format unchanged, save it back, build random ones.
 
 Source: z-lab/dflash ``dflash/model.py`` (``DFlash2DraftModel``, package ``dflash`` 0.1.0), no paper.
-The format is DFlash's (``dflash_io.py``) with ``architectures: ["DFlash2DraftModel"]``, four more
+The format is DFlash's (``io.py``) with ``architectures: ["DFlash2DraftModel"]``, four more
 drafter fields (read from ``dflash_config`` first, then the top level, as the reference reads them):
 ``conv_kernel_size``, ``conv_group_size``, ``selector_top_k``, ``selector_rank``, and more weights:
 
@@ -24,12 +24,12 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from dllm.drafters.dflash2_model import DFlash2Config, DFlash2Drafter
-from dllm.drafters.dflash_config import DFlashConfig
-from dllm.drafters.dflash_io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
+from dllm.drafters.dflash.model2 import DFlash2Config, DFlash2Drafter
+from dllm.drafters.dflash.config import DFlashConfig
+from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
                                      config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash,
                                      save_drafter_checkpoint)
-from dllm.drafters.dflash_model import DFlashDrafter
+from dllm.drafters.dflash.model import DFlashDrafter
 from dllm.models.loading import locate, read_config
 
 PathLike = Union[str, Path]
@@ -62,7 +62,7 @@ def config_from_hf2(hf: Mapping[str, Any], source: str = "config.json") -> DFlas
     """Translate a DFlash 2 ``config.json`` dict; ValueError naming every missing or invalid field."""
     if dflash_version(hf, source) != 2:
         raise ValueError(f"{source} is a DFlash (v1) config ({ARCHITECTURE!r}), not DFlash 2: load it with "
-                         "dllm.drafters.dflash_io.load_dflash (or load_any_dflash)")
+                         "dllm.drafters.dflash.io.load_dflash (or load_any_dflash)")
     missing = [f"dflash_config.{n}" for n in V2_FIELDS if _draft_value(hf, n) is None]
     try:  # the DFlash fields, translated as for a DFlash checkpoint
         base: Optional[DFlashConfig] = config_from_hf({**hf, "architectures": [ARCHITECTURE]}, source)
@@ -110,7 +110,7 @@ def load_dflash2(
 ) -> DFlash2Drafter:
     """Load an official DFlash 2 checkpoint (local directory, embedded name or Hub id) unchanged.
 
-    Arguments and errors as ``dflash_io.load_dflash``: ValueError for a config that is not DFlash 2
+    Arguments and errors as ``io.load_dflash``: ValueError for a config that is not DFlash 2
     (naming the missing fields), ``CheckpointError`` listing missing / unexpected / mis-shaped keys
     (official names) or non-finite weights.
     """

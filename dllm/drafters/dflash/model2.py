@@ -1,7 +1,7 @@
 """The DFlash 2 block drafter: DFlash plus grouped dynamic causal convolutions and a candidate selector.
 
 Source: z-lab/dflash ``dflash/model.py`` (``DFlash2DraftModel``, package ``dflash`` 0.1.0), no paper.
-DFlash 2 keeps the whole DFlash (v1) drafter of ``dflash_model.py`` -- tapped target features fused by
+DFlash 2 keeps the whole DFlash (v1) drafter of ``model.py`` -- tapped target features fused by
 ``fc`` + ``hidden_norm``, KV-injection layers, the target's embedding and LM head -- and adds:
 
 1. Around attention and around the MLP of every layer, a causal convolution along the block's
@@ -28,10 +28,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.dflash_cache import DraftKVCache
-from dllm.drafters.dflash_config import DFlashConfig
-from dllm.drafters.dflash_model import DFlashDrafter, DFlashLayer, DraftBlock, JoinKV, draft_block
-from dllm.drafters.dflash_ops import Rope
+from dllm.drafters.dflash.cache import DraftKVCache
+from dllm.drafters.dflash.config import DFlashConfig
+from dllm.drafters.dflash.model import DFlashDrafter, DFlashLayer, DraftBlock, JoinKV, draft_block
+from dllm.drafters.dflash.ops import Rope
 from dllm.drafters.verify import sample_categorical
 from dllm.options import check_int, check_number
 
@@ -260,6 +260,7 @@ def draft_block2(
     feature_mask: Optional[torch.Tensor] = None,
     feature_positions: Optional[torch.Tensor] = None,
     block_positions: Optional[torch.Tensor] = None,
+    block_valid: Optional[torch.Tensor] = None,
 ) -> DraftBlock2:
     """Draft one DFlash 2 block: ``draft_block`` (same arguments, same cache use), then the selector's
     left-to-right choice among each position's top-K, starting from the anchor ``block_ids[:, 0]``.
@@ -272,7 +273,7 @@ def draft_block2(
     check_number("temperature", temperature, low=0.0, finite=True, hint=" (0 = greedy)")
     base = draft_block(drafter, cache, features, block_ids, embed_tokens=embed_tokens, lm_head=lm_head,
                        feature_mask=feature_mask, feature_positions=feature_positions,
-                       block_positions=block_positions)
+                       block_positions=block_positions, block_valid=block_valid)
     tokens, cand, probs = drafter.candidate_selector.walk(base.hidden, base.logits, block_ids[:, 0],
                                                           temperature, generator)
     return DraftBlock2(tokens=tokens, logits=base.logits, hidden=base.hidden, candidates=cand, probs=probs)

@@ -1,6 +1,6 @@
 """The math of the DFlash drafter as free functions: RoPE tables, attention masks, round positions.
 
-Used by ``dflash_model.py`` (DFlash: arXiv 2602.06036; reference z-lab/dflash ``dflash/model.py``).
+Used by ``model.py`` (DFlash: arXiv 2602.06036; reference z-lab/dflash ``dflash/model.py``).
 Masks and positions are computed from explicit integer positions, so rows of a batch may hold
 different numbers of real tokens (padding slots are masked out).
 """
@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from dllm.drafters.dflash_config import DFlashConfig
+from dllm.drafters.dflash.config import DFlashConfig
 from dllm.models.transformer import rope_inv_freq, rotate_half
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, 1, T, hd] in the activation dtype

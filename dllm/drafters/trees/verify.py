@@ -1,6 +1,6 @@
 """Verifying a draft tree in one target forward (DDTree, arXiv 2604.12989; SpecInfer / EAGLE-2 trees).
 
-The round of ``loop.py`` with ``tree=``: a registered tree builder (``tree.py``) turns the drafter's
+The round of ``loop.py`` with a tree plan: a registered tree builder (``builders.py``) turns the drafter's
 per-position distributions into a tree of N nodes under the row's anchor (the root: the last
 committed token, which has no K/V yet), and the target reads ``[root, n_1..n_N]`` in one forward:
 
@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from dllm.drafters.tree import Tree, ancestor_mask, on_path
+from dllm.drafters.trees.tree import Tree, ancestor_mask, on_path
 from dllm.drafters.verify import SamplingParams, next_tokens
 
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.tree import Tree, path_reduce
+from dllm.drafters.trees.tree import Tree, path_reduce
 
 HEAD_CONFIG = "path_head.json"
 HEAD_WEIGHTS = "path_head.safetensors"
@@ -81,22 +81,21 @@ class PathHead(nn.Module):
 
 
 def has_path_head(directory: Union[str, Path]) -> bool:
-    return (Path(directory) / HEAD_CONFIG).is_file() and (Path(directory) / HEAD_WEIGHTS).is_file()
+    """Whether ``directory`` holds a path head (either file: a lone one is an error when read)."""
+    return (Path(directory) / HEAD_CONFIG).is_file() or (Path(directory) / HEAD_WEIGHTS).is_file()
 
 
 def load_path_head(directory: Union[str, Path]) -> PathHead:
-    """The path head saved in ``directory`` (FileNotFoundError naming the missing file)."""
-    from safetensors.torch import load_file
+    """The path head saved in ``directory`` (FileNotFoundError naming a missing file, e.g. train one
+    with python -m dllm.train.path_head_train; ValueError naming a broken one)."""
+    from dllm.drafters.base import build_head, read_head_files
 
-    directory = Path(directory)
-    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"no path head in {directory}: {name} is missing (train one with "
-                                    f"python -m dllm.train.path_head_train)")
-    cfg: dict[str, Any] = json.loads((directory / HEAD_CONFIG).read_text())
-    head = PathHead(int(cfg["hidden_size"]), int(cfg["width"]), int(cfg["max_deviations"]), meta=cfg.get("meta"))
-    head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
-    return head.eval()
+    cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "path head")
+
+    def make(c: dict) -> PathHead:
+        return PathHead(int(c["hidden_size"]), int(c["width"]), int(c["max_deviations"]), meta=c.get("meta"))
+
+    return build_head(make, cfg, tensors, directory, HEAD_CONFIG, HEAD_WEIGHTS, "path head")
 
 
 def path_inputs(tree: Tree, top: torch.Tensor, anchor: torch.Tensor,

@@ -1,6 +1,6 @@
 """``dflash``: DFlash block drafting (arXiv 2602.06036; reference z-lab/dflash ``dflash/model.py``).
 
-A small drafter (``dflash_model.DFlashDrafter``) drafts the whole block ``[anchor, MASK x K]`` in
+A small drafter (``model.DFlashDrafter``) drafts the whole block ``[anchor, MASK x K]`` in
 one forward, conditioned on hidden states tapped from the target (``target_layers`` = the
 checkpoint's ``target_layer_ids``) and reading the target's own embedding table and LM head. Per
 call, the session keeps the drafter's context K/V (``DraftKVCache``): each ``propose`` projects only
@@ -24,8 +24,10 @@ Options (``DFlashOptions``):
 The default block size of a call is the checkpoint's trained ``block_size``; a larger one is refused
 (the drafter never saw those positions), a smaller one runs (the reference shortens the last block
 the same way). A checkpoint directory that also holds a block head (``block_head.py``) gives the
-drafter its ``block_head``, used by ``block_size="auto"``; a path head (``path_head.py``) beside it
-gives every ``Draft`` a ``PathScorer``, used by the ``taps`` tree builder (DFlash checkpoints only: a DFlash
+drafter its ``block_head``, used by ``plan="auto"``; a path head (``trees/path_head.py``) beside it
+gives every ``Draft`` a ``PathScorer``, used by the ``taps`` tree builder. Both are read on first use,
+never by plain chain decoding with a fixed block size (a broken head file is an error naming it
+then) (DFlash checkpoints only: a DFlash
 2 drafter's candidate selector picks its paths its own way, and its drafts carry none). No host syncs in
 ``propose``.
 """
@@ -40,12 +42,12 @@ import torch
 import torch.nn as nn
 
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
-from dllm.drafters.block_head import has_block_head, load_block_head
-from dllm.drafters.dflash_cache import DraftKVCache
-from dllm.drafters.dflash2_io import load_any_dflash
-from dllm.drafters.dflash2_model import DFlash2Drafter, draft_block2
-from dllm.drafters.dflash_model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
-from dllm.drafters.path_head import PathScorer, has_path_head, load_path_head
+from dllm.drafters.dflash.block_head import has_block_head, load_block_head
+from dllm.drafters.dflash.cache import DraftKVCache
+from dllm.drafters.dflash.io2 import load_any_dflash
+from dllm.drafters.dflash.model2 import DFlash2Drafter, draft_block2
+from dllm.drafters.dflash.model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
+from dllm.drafters.trees.path_head import PathScorer, has_path_head, load_path_head
 from dllm.drafters.verify import sample_categorical, target_probs
 from dllm.models.loading import locate, resolve_device, resolve_dtype
 from dllm.options import check_bool
@@ -77,6 +79,7 @@ class DFlashBlockDrafter(Drafter):
     """DFlash: a block drafter conditioned on the target's hidden states (arXiv 2602.06036)."""
 
     Config = DFlashOptions
+    trims_last_block = True  # as dflash_generate: verify_size = min(block_size, max_length - start)
 
     def __init__(self, config: Optional[DFlashOptions] = None, *, model: Any = None, **options: Any) -> None:
         if isinstance(model, (str, Path)):
@@ -88,13 +91,11 @@ class DFlashBlockDrafter(Drafter):
             if cfg.model is None:
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
-            directory = locate(cfg.model)  # once: the weights and a block head beside them
+            directory = locate(cfg.model)  # once: the weights, and heads beside them (read when used)
             model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
-            self.block_head = load_block_head(directory) if has_block_head(directory) else None
-            if has_path_head(directory) and not isinstance(model, DFlash2Drafter):
-                self.path_head = load_path_head(directory)
+            self._directory = Path(directory)
         elif not isinstance(model, DFlashDrafter):
-            raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash_io."
+            raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash.io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")
         else:
             if cfg.dtype not in (None, "auto"):
@@ -102,6 +103,40 @@ class DFlashBlockDrafter(Drafter):
             if cfg.device is not None:
                 model.to(device=resolve_device(cfg.device))
         self.model: DFlashDrafter = model.eval()
+
+    _directory: Optional[Path] = None  # the checkpoint directory (None: a model passed as model=)
+    _heads: dict  # "block" / "path" -> the head read from the directory (or None), on first use
+
+    def _head(self, kind: str) -> Any:
+        heads = self.__dict__.setdefault("_heads", {})
+        if kind not in heads:
+            d = self._directory
+            if kind == "block":
+                heads[kind] = load_block_head(d) if d is not None and has_block_head(d) else None
+            else:  # a DFlash 2 drafter's candidate selector picks its paths its own way
+                usable = d is not None and not isinstance(self.model, DFlash2Drafter)
+                heads[kind] = load_path_head(d) if usable and has_path_head(d) else None
+        return heads[kind]
+
+    @property
+    def block_head(self) -> Any:
+        """The checkpoint's block head (``block_head.json`` / ``.safetensors``), read on first use
+        (``plan="auto"``); None when the checkpoint has none. A broken head is an error naming the file."""
+        return self._head("block")
+
+    @block_head.setter
+    def block_head(self, head: Any) -> None:
+        self.__dict__.setdefault("_heads", {})["block"] = head
+
+    @property
+    def path_head(self) -> Any:
+        """The checkpoint's path head (``path_head.json`` / ``.safetensors``), read on first use (a
+        ``taps`` tree); None when there is none (or for DFlash 2)."""
+        return self._head("path")
+
+    @path_head.setter
+    def path_head(self, head: Any) -> None:
+        self.__dict__.setdefault("_heads", {})["path"] = head
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -132,8 +167,9 @@ class DFlashBlockDrafter(Drafter):
                              f"{self.block_size}; use block_size <= {self.block_size}")
         if _param(self.model).device != torch.device(setup.device):
             self.model.to(setup.device)
-        if self.path_head is not None and _param(self.path_head).device != torch.device(setup.device):
-            self.path_head.to(setup.device)
+        head = self.path_head if setup.paths else None  # read only when a tree builder uses it
+        if head is not None and _param(head).device != torch.device(setup.device):
+            head.to(setup.device)
         return DFlashSession(self, setup)
 
 
@@ -144,6 +180,7 @@ class DFlashSession(DraftSession):
         super().__init__(drafter, setup)
         self.model = drafter.model
         self.sample = drafter.config.sample
+        self.path_head = drafter.path_head if setup.paths else None  # [a PathHead] for the taps builder
         self.cache = DraftKVCache(self.model.config.num_layers)
         self.embed = target_embedding(setup.target)  # [V, D], read raw
         head = target_head(setup.target)
@@ -159,6 +196,9 @@ class DFlashSession(DraftSession):
         k = ctx.num_draft
         block = make_block(ctx.anchor, k + 1, self.model.mask_token_id)  # [R, K+1] = [anchor, MASK x K]
         positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
+        valid = None  # [R, K+1]: each row's own block [anchor, MASK x K_r] (rows with fewer drafts than K)
+        if ctx.lengths is not None:
+            valid = torch.arange(k + 1, device=ctx.anchor.device)[None, :] <= ctx.lengths.to(ctx.anchor.device)[:, None]
         # features ctx.hidden [R, N, L*D] of the tokens committed since the last propose, mask / positions [R, N]
         if isinstance(self.model, DFlash2Drafter):  # DFlash 2: the candidate selector picks a coherent path
             greedy = ctx.params.greedy or not self.sample
@@ -166,7 +206,7 @@ class DFlashSession(DraftSession):
                                 lm_head=self.head,  # type: ignore[arg-type]
                                 temperature=0.0 if greedy else ctx.params.temperature, generator=ctx.generator,
                                 feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
-                                block_positions=positions)
+                                block_positions=positions, block_valid=valid)
             # sampled paths: the selector's distribution over its K candidates, spread to [R, K, V]
             if greedy:
                 return Draft(tokens=out2.tokens, logits=out2.logits)
@@ -174,8 +214,8 @@ class DFlashSession(DraftSession):
         out = draft_block(self.model, self.cache, ctx.hidden, block, embed_tokens=self.embed,
                           lm_head=self.head,  # type: ignore[arg-type]  # a module or a casting callable
                           feature_mask=ctx.hidden_mask, feature_positions=ctx.hidden_positions,
-                          block_positions=positions)  # out.tokens [R, K], out.logits [R, K, V]
-        head = self.drafter.path_head  # type: ignore[attr-defined]
+                          block_positions=positions, block_valid=valid)  # out.tokens [R, K], out.logits [R, K, V]
+        head = self.path_head
         paths = None if head is None else PathScorer(head, out.hidden, ctx.anchor, self.embed,
                                                      lambda h: self.model.compute_logits(h, self.head))
         if ctx.params.greedy or not self.sample:

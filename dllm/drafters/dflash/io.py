@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
-from dllm.drafters.dflash_config import FULL_ATTENTION, SLIDING_ATTENTION, DFlashConfig, tap_layer_ids
-from dllm.drafters.dflash_model import DFlashDrafter
+from dllm.drafters.dflash.config import FULL_ATTENTION, SLIDING_ATTENTION, DFlashConfig, tap_layer_ids
+from dllm.drafters.dflash.model import DFlashDrafter
 from dllm.models.checkpoint import (CheckpointError, check_keys, nonfinite_counts, open_checkpoint,
                                     write_safetensors)
 from dllm.models.loading import locate, read_config, resolve_device, resolve_dtype
@@ -73,7 +73,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> DFlash
     archs = hf.get("architectures") or []
     if ARCHITECTURE_V2 in archs:
         raise ValueError(f"{source}: a DFlash 2 checkpoint ({ARCHITECTURE_V2}: grouped dynamic convolutions and a "
-                         f"candidate selector); load it with dllm.drafters.dflash2_io.load_dflash2 (or "
+                         f"candidate selector); load it with dllm.drafters.dflash.io2.load_dflash2 (or "
                          f"load_any_dflash, which picks the architecture)")
     problems = _not_a_drafter(hf, source)
     if problems:

@@ -3,8 +3,8 @@
 DFlash ("DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036;
 code z-lab/dflash ``dflash/model.py``) drafts a block ``[anchor, MASK x (B-1)]`` with a small
 Qwen3-style transformer conditioned on hidden states tapped from the target. This file holds the
-frozen description of one drafter; ``dflash_io.py`` translates it from / to the checkpoint's
-``config.json`` and ``dflash_model.py`` builds the network from it.
+frozen description of one drafter; ``io.py`` translates it from / to the checkpoint's
+``config.json`` and ``model.py`` builds the network from it.
 """
 
 from __future__ import annotations

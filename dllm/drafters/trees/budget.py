@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dllm.drafters.tree import Tree, path_probs
+from dllm.drafters.trees.tree import Tree, path_probs
 
 
 def node_path_probs(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.dflash_cache import DraftKVCache
-from dllm.drafters.dflash_config import DFlashConfig, tap_layer_ids
-from dllm.drafters.dflash_ops import (Rope, apply_rotary, attention_mask, next_positions, rope_frequencies,
+from dllm.drafters.dflash.cache import DraftKVCache
+from dllm.drafters.dflash.config import DFlashConfig, tap_layer_ids
+from dllm.drafters.dflash.ops import (Rope, apply_rotary, attention_mask, next_positions, rope_frequencies,
                                       rope_tables)
 from dllm.kernels.attention import sdpa_attention
 from dllm.models.transformer import RMSNorm
@@ -206,6 +206,7 @@ class DFlashDrafter(nn.Module):
         feature_positions: Optional[torch.Tensor] = None,  # [B, N] long
         block_positions: Optional[torch.Tensor] = None,  # [B, T] long
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, T, S+N+T]: replaces the built masks
+        block_valid: Optional[torch.Tensor] = None,  # [B, T] bool: block positions that exist per row
     ) -> torch.Tensor:
         """Final-norm block states [B, T, D]; appends this round's context K/V to ``cache``.
 
@@ -215,7 +216,8 @@ class DFlashDrafter(nn.Module):
         the context is attended once and dropped. ``attn_mask`` (True = attend; keys ordered
         cached context, new context, block) overrides the padding / causal / window masks of every
         layer, e.g. to train several blocks in one forward (each sees only the context before its
-        anchor and itself).
+        anchor and itself). ``block_valid`` hides a row's block positions past its own length from
+        every query (a row with a shorter block in a batch drafts as it would alone).
         """
         b, t, _ = block_embeds.shape
         if features.dim() != 3 or features.shape[0] != b:
@@ -238,8 +240,12 @@ class DFlashDrafter(nn.Module):
         rope_ctx = self._rope_tables(feature_positions, dtype)
         ctx_pos, ctx_valid = cache.slot_meta(feature_positions, feature_mask)  # [B, S+N]
         key_pos = torch.cat([ctx_pos, block_positions], dim=1)  # [B, S+N+T]
-        key_valid = None if ctx_valid is None else torch.cat(
-            [ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
+        key_valid = None
+        if ctx_valid is not None or block_valid is not None:
+            ctx_part = ctx_valid if ctx_valid is not None else torch.ones_like(ctx_pos, dtype=torch.bool)
+            blk_part = (block_valid.to(device=block_positions.device, dtype=torch.bool) if block_valid is not None
+                        else torch.ones_like(block_positions, dtype=torch.bool))
+            key_valid = torch.cat([ctx_part, blk_part], dim=1)  # [B, S+N+T]
         masks: dict[tuple[bool, Optional[int]], Optional[torch.Tensor]] = {}
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -310,6 +316,7 @@ def draft_block(
     feature_mask: Optional[torch.Tensor] = None,
     feature_positions: Optional[torch.Tensor] = None,
     block_positions: Optional[torch.Tensor] = None,
+    block_valid: Optional[torch.Tensor] = None,
 ) -> DraftBlock:
     """Draft one block: logits and arg-max tokens for block positions 1..T-1.
 
@@ -317,8 +324,8 @@ def draft_block(
     committed since the last call (the whole prompt on the first call); appended to ``cache``.
     block_ids: [B, T] ``[anchor, MASK, ...]``, T >= 2 (T may be below the trained block size).
     embed_tokens / lm_head: the target's embedding (module with ``.weight`` or [V, D] matrix,
-    read raw) and LM head (module or [V, D] matrix). feature_mask / positions: see
-    ``DFlashDrafter.forward`` (defaults: right after each row's cached tokens).
+    read raw) and LM head (module or [V, D] matrix). feature_mask / positions / block_valid: see
+    ``DFlashDrafter.forward`` (defaults: right after each row's cached tokens; every block position).
     """
     weight = embed_tokens if isinstance(embed_tokens, torch.Tensor) else embed_tokens.weight
     cfg = drafter.config
@@ -332,7 +339,8 @@ def draft_block(
     if cfg.input_embedding_scale != 1.0:
         embeds = embeds * cfg.input_embedding_scale
     hidden = drafter(embeds, features, cache=cache, feature_mask=feature_mask,
-                     feature_positions=feature_positions, block_positions=block_positions)[:, 1:]
+                     feature_positions=feature_positions, block_positions=block_positions,
+                     block_valid=block_valid)[:, 1:]
     logits = drafter.compute_logits(hidden, lm_head)  # [B, T-1, V]
     return DraftBlock(tokens=logits.argmax(dim=-1), logits=logits, hidden=hidden)
 

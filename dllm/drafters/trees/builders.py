@@ -1,4 +1,4 @@
-"""Draft trees for tree verification: the ``Tree`` structure and the registered tree builders.
+"""The registered tree builders: per-depth draft distributions -> a ``Tree`` (``tree.py``).
 
 A block drafter (DFlash) gives per-position log-marginals ``log_probs`` [R, K, V] for the K
 positions after each row's anchor (depth d = index d - 1). A tree builder turns them into a
@@ -32,88 +32,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional, Union
 
 import torch
 
+from dllm.drafters.trees.tree import Tree, chain_tree, path_jumps, select_subtree
 from dllm.options import check_int, check_number
 from dllm.registry import Configurable, Registry
 
 if TYPE_CHECKING:
-    from dllm.drafters.path_head import PathScorer
+    from dllm.drafters.trees.path_head import PathScorer
 
 TAPS_ESTIMATORS = ("auto", "head", "marginal")
 
 
-@dataclass
-class Tree:
-    """N draft nodes per row (R rows). Nodes are in topological order (a parent's index < its
-    child's); a row may use fewer than N nodes: its padding nodes come last, with ``valid`` False,
-    token 0, parent -1 and depth 0 (so ``depths > 0`` equals ``valid``)."""
-
-    tokens: torch.Tensor  # [R, N] long, node tokens
-    parents: torch.Tensor  # [R, N] long, parent node index in 0..N-1, or -1 for a child of the root (the anchor)
-    depths: torch.Tensor  # [R, N] long, 1 = child of the root; a node's depth = its parent's + 1
-    valid: torch.Tensor  # [R, N] bool, False on padding nodes
-
-    @property
-    def size(self) -> int:
-        """N, the node slots per row (padding included)."""
-        return self.tokens.shape[1]
-
-
-def ancestor_mask(tree: Tree) -> torch.Tensor:
-    """bool [R, N, N]: ``[r, i, j]`` True iff node j is node i or an ancestor of i (a padding node:
-    only itself). Pointer doubling, ceil(log2 N) gathers and no host sync: after step t, ``mask``
-    holds the ancestors at distance < 2^t and ``jump`` the ancestor at distance 2^t (-1 past the root)."""
-    parents, valid = tree.parents, tree.valid
-    r, n = parents.shape
-    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(r, n, n).clone()  # [R, N, N]
-    jump = torch.where(valid, parents, torch.full_like(parents, -1))  # [R, N]
-    reach = 1
-    while reach < n:  # a depth is at most N, so distances < N cover every ancestor
-        has = jump >= 0  # [R, N]
-        idx = jump.clamp(min=0)  # [R, N]
-        far = mask.gather(1, idx.unsqueeze(-1).expand(r, n, n))  # [R, N, N]: mask row of node jump[i]
-        mask |= far & has.unsqueeze(-1)
-        jump = torch.where(has, jump.gather(1, idx), jump)  # -1 stays -1
-        reach *= 2
-    return mask
-
-
-def chain_tree(tokens: torch.Tensor) -> Tree:
-    """The path ``anchor -> tokens[:, 0] -> ... -> tokens[:, K-1]`` as a Tree (tokens [R, K] long)."""
-    r, k = tokens.shape
-    steps = torch.arange(k, dtype=torch.long, device=tokens.device)  # [K]
-    return Tree(tokens=tokens.long(), parents=(steps - 1).expand(r, k).clone(),
-                depths=(steps + 1).expand(r, k).clone(),
-                valid=torch.ones((r, k), dtype=torch.bool, device=tokens.device))
-
-
-def on_path(tree: Tree, match: torch.Tensor) -> torch.Tensor:
-    """bool [R, N]: the valid nodes whose whole path (the node and its ancestors) has ``match`` [R, N]
-    True: the nodes a walk accepts when ``match`` marks the nodes carrying the target's token."""
-    return ~(ancestor_mask(tree) & ~match[:, None, :]).any(dim=-1) & tree.valid
-
-
-def path_probs(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
-    """float32 [R, N]: per node the product of the drafter's marginals along its path,
-    ``exp(sum_{a in path} log_probs[r, depth(a) - 1, token(a)])`` (0 on padding)."""
-    r, k, v = log_probs.shape
-    depth_idx = (tree.depths - 1).clamp(min=0)  # [R, N]; padding reads depth 1, masked below
-    node_lp = log_probs.reshape(r, k * v).gather(1, depth_idx * v + tree.tokens).float()  # [R, N]
-    path_lp = path_reduce_reference(tree, node_lp, "sum")  # [R, N]
-    return torch.where(tree.valid, path_lp.exp(), torch.zeros_like(path_lp))
-
-
-def expected_accepted(tree: Tree, log_probs: torch.Tensor) -> torch.Tensor:
-    """float32 [R]: sum over the valid nodes of ``path_probs`` -- the expected number of accepted
-    drafts if the marginals were the target's path-conditioned acceptance probabilities (a round
-    then commits 1 + this many tokens). The surrogate ``ddtree`` maximises."""
-    return path_probs(tree, log_probs).sum(-1)
-
-
-# ---- builders ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TreeConfig:
     budget: int = 32  # draft nodes per row (the root/anchor not counted)
-    # the budget rule (tree_budget.py): a node's verification cost relative to a round with an empty
+    # the budget rule (budget.py): a node's verification cost relative to a round with an empty
     # tree; > 0 cuts each row's tree where expected tokens per unit of cost peak (0 = always `budget`)
     cost_per_node: float = 0.0
 
@@ -151,6 +83,11 @@ class TreeBuilder(Configurable):
     kind: ClassVar[str] = "tree builder"
     Config: ClassVar[type] = TreeConfig
 
+    @property
+    def uses_paths(self) -> bool:
+        """Whether ``build`` reads the drafter's path estimates (so the drafter loads its path head)."""
+        return False
+
     def build(self, log_probs: torch.Tensor, paths: Optional["PathScorer"] = None) -> Tree:
         raise NotImplementedError(f"{type(self).__name__} must implement build")
 
@@ -161,7 +98,7 @@ class TreeBuilder(Configurable):
         """``build``, then the budget rule when ``cost_per_node`` > 0 (what the loop calls)."""
         tree = self.build(log_probs, paths)
         if self.config.cost_per_node > 0:
-            from dllm.drafters.tree_budget import prune_for_cost
+            from dllm.drafters.trees.budget import prune_for_cost
 
             tree = prune_for_cost(tree, log_probs, self.config.cost_per_node)
         return tree
@@ -276,78 +213,6 @@ class DDTreeBuilder(TreeBuilder):
         return best_first_tree(log_probs, self.config.budget)
 
 
-def path_jumps(tree: Tree, max_depth: Optional[int] = None) -> list[torch.Tensor]:
-    """Pointer-doubling tables of ``tree``: entry t is [R, N + 1] long, each node's ancestor at
-    distance 2^t, or N past the root and on padding; column N is a sentinel pointing to itself.
-    ceil(log2(max_depth)) entries, where ``max_depth`` bounds the tree's depth (default N). One
-    table serves every ``path_reduce``."""
-    r, n = tree.parents.shape
-    sentinel = torch.full((r, 1), n, dtype=torch.long, device=tree.parents.device)
-    jump = torch.cat([torch.where(tree.valid & (tree.parents >= 0), tree.parents, sentinel), sentinel], dim=1)
-    jumps, reach, depth = [], 1, n if max_depth is None else max(1, min(max_depth, n))
-    while reach < depth:
-        jumps.append(jump)  # [R, N + 1]
-        jump = jump.gather(1, jump)  # the ancestor 2^(t+1) up
-        reach *= 2
-    return jumps
-
-
-def path_reduce(tree: Tree, values: torch.Tensor, op: str, max_depth: Optional[int] = None,
-                jumps: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
-    """[R, N]: ``values`` [R, N] reduced over each node's path (itself and its ancestors), ``op``
-    "sum" or "min" (float values for "min"); padding nodes keep their own value. Pointer doubling
-    (``path_jumps``, or pass ``jumps``): after step t, ``acc`` covers the ancestors at distance
-    < 2^t, so ceil(log2(max_depth)) gathers (no [R, N, N] mask, no host sync).
-    ``path_reduce_reference`` is the mask version."""
-    if op not in ("sum", "min"):
-        raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
-    combine = torch.add if op == "sum" else torch.minimum
-    neutral = torch.full((values.shape[0], 1), 0 if op == "sum" else math.inf, dtype=values.dtype,
-                         device=values.device)
-    acc = torch.cat([values, neutral], dim=1)  # [R, N + 1]: the sentinel column holds the neutral value
-    for jump in path_jumps(tree, max_depth) if jumps is None else jumps:
-        acc = combine(acc, acc.gather(1, jump))
-    return acc[:, :-1]
-
-
-def path_reduce_reference(tree: Tree, values: torch.Tensor, op: str) -> torch.Tensor:
-    """``path_reduce`` through the [R, N, N] ``ancestor_mask`` (the reference of the doubling)."""
-    mask = ancestor_mask(tree)  # [R, N, N]
-    if op == "sum":
-        return torch.where(mask, values[:, None, :], torch.zeros_like(values)[:, None, :]).sum(-1)
-    return torch.where(mask, values[:, None, :], torch.full_like(values, math.inf)[:, None, :]).amin(-1)
-
-
-def path_scores(tree: Tree, node_lp: torch.Tensor, jumps: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
-    """float32 [R, N]: log P(node) = sum of ``node_lp`` [R, N] over the node's path (itself and its
-    ancestors), then the minimum over the path, so that a child never scores above its parent even
-    by a rounding step (with node_lp <= 0 the sums already decrease down a path); padding nodes
-    -inf. ``jumps``: ``path_jumps(tree)`` when the caller has them. No host sync."""
-    jumps = path_jumps(tree) if jumps is None else jumps
-    score = path_reduce(tree, path_reduce(tree, node_lp.float(), "sum", jumps=jumps), "min", jumps=jumps)
-    return torch.where(tree.valid, score, torch.full_like(score, -math.inf))
-
-
-def select_subtree(tree: Tree, node_lp: torch.Tensor, budget: int, jumps: Optional[list[torch.Tensor]] = None) -> Tree:
-    """The ``budget`` nodes of ``tree`` with the largest log P(node) (``path_scores``), as a Tree in
-    the same topological order. With ``node_lp`` <= 0 a parent scores at least as high as its child
-    and, on a tie, comes first (a stable sort; parents precede children), so the top ``budget`` are
-    prefix-closed: the best subtree of the candidates under the budget. No host sync."""
-    r, n = tree.tokens.shape
-    budget = min(budget, n)
-    score = path_scores(tree, node_lp, jumps)  # [R, N]
-    order = torch.sort(-score, dim=1, stable=True).indices[:, :budget]  # [R, B] the best, by score
-    keep = order.sort(dim=1).values  # [R, B] back in topological order
-    valid = tree.valid.gather(1, keep)  # [R, B]
-    new_index = torch.full((r, n), -1, dtype=torch.long, device=tree.tokens.device)
-    new_index.scatter_(1, keep, torch.arange(budget, device=tree.tokens.device).expand(r, budget).contiguous())
-    old_parent = tree.parents.gather(1, keep)  # [R, B]
-    parents = torch.where(old_parent >= 0, new_index.gather(1, old_parent.clamp(min=0)), old_parent)
-    return Tree(tokens=torch.where(valid, tree.tokens.gather(1, keep), torch.zeros_like(keep)),
-                parents=torch.where(valid, parents, torch.full_like(parents, -1)),
-                depths=torch.where(valid, tree.depths.gather(1, keep), torch.zeros_like(keep)), valid=valid)
-
-
 @register_tree_builder("taps")
 class TapsBuilder(TreeBuilder):
     """TAPS (arXiv 2606.00487): path-conditioned acceptance estimates, the best prefix-closed subtree
@@ -383,6 +248,10 @@ class TapsBuilder(TreeBuilder):
                "beside its checkpoint; train one with python -m dllm.train.path_head_train), and this drafter "
                "has none; use taps:estimator=marginal or ddtree")
 
+    @property
+    def uses_paths(self) -> bool:
+        return self.config.estimator != "marginal"
+
     def check_drafter(self, drafter: Any) -> None:
         if self.config.estimator == "head" and getattr(drafter, "path_head", None) is None:
             raise ValueError(self.NO_HEAD)
@@ -398,7 +267,6 @@ class TapsBuilder(TreeBuilder):
         return select_subtree(candidates, paths.node_log_accept(candidates, log_probs, jumps), cfg.budget, jumps)
 
 
-__all__ = ["ChainBuilder", "DDTreeBuilder", "TapsBuilder", "TapsConfig", "Tree", "TreeBuilder", "TreeBuilderSpec",
-           "TreeConfig", "ancestor_mask", "best_first_tree", "chain_tree", "expected_accepted", "list_tree_builders",
-           "make_tree_builder", "on_path", "path_jumps", "path_probs", "path_reduce", "path_reduce_reference",
-           "path_scores", "register_tree_builder", "select_subtree", "tree_builders"]
+__all__ = ["ChainBuilder", "DDTreeBuilder", "TAPS_ESTIMATORS", "TapsBuilder", "TapsConfig", "TreeBuilder",
+           "TreeBuilderSpec", "TreeConfig", "best_first_tree", "list_tree_builders", "make_tree_builder",
+           "register_tree_builder", "tree_builders"]

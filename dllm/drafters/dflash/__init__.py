@@ -1,0 +1,46 @@
+"""DFlash and DFlash 2 block drafters (arXiv 2602.06036; reference z-lab/dflash).
+
+    config.py   DFlashConfig: the drafter's shape and the target layers it taps
+    ops.py      rotary tables, the block attention mask, positions
+    cache.py    DraftKVCache: the drafter's context K/V per call
+    model.py    DFlashDrafter (the network) and draft_block (one drafted block)
+    model2.py   DFlash 2: the candidate selector and grouped dynamic convolution
+    io.py       official checkpoints <-> DFlashDrafter (load_dflash, save_dflash, random_dflash)
+    io2.py      DFlash 2 checkpoints, and load_any_dflash (the architecture from config.json)
+    block_head.py  the per-request plan head read by ``plan="auto"`` (block_head.json beside a checkpoint)
+    drafter.py  the registered ``dflash`` drafter (speculative_generate's ``drafter="dflash:model=..."``)
+
+The names below resolve lazily (importing this package loads no module), so each module imports
+its siblings directly and this file adds no import edge.
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "DFlashBlockDrafter": "drafter", "DFlashOptions": "drafter", "DFlashSession": "drafter",
+    "DFlashConfig": "config", "tap_layer_ids": "config",
+    "DraftKVCache": "cache",
+    "DFlashDrafter": "model", "draft_block": "model",
+    "DFlash2Config": "model2", "DFlash2Drafter": "model2", "draft_block2": "model2",
+    "load_dflash": "io", "save_dflash": "io", "random_dflash": "io",
+    "load_dflash2": "io2", "save_dflash2": "io2", "random_dflash2": "io2", "load_any_dflash": "io2",
+    "dflash_version": "io2",
+    "BlockHead": "block_head", "load_block_head": "block_head", "has_block_head": "block_head",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)
