@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dllm.models import CheckpointError, Dream, LLaDA, ModelNotFoundError, embedded_names, load, tiny
+from dllm.models.loading import EMBEDDED_DIR
 
 from .helpers import random_ids
 
@@ -57,6 +58,16 @@ def test_embedded_files_are_small_and_match_the_generator(tmp_path):
             assert (shipped / f).read_text() == (fresh / f).read_text(), f
         a, b = load_file(str(shipped / "model.safetensors")), load_file(str(fresh / "model.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", [n for n in embedded_names() if (EMBEDDED_DIR / n / "tokenizer_config.json").is_file()])
+def test_embedded_tokenizer_configs_load_on_transformers_4_and_5(name):
+    """transformers 5 writes ``TokenizersBackend`` and a list of ``extra_special_tokens``, which 4.x
+    (allowed by the dependency floor) does not know: ``load_target("tiny-ar")`` failed on 4.57.6.
+    The shipped files name ``PreTrainedTokenizerFast`` (both read it) and ``additional_special_tokens``."""
+    cfg = json.loads((EMBEDDED_DIR / name / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert not isinstance(cfg.get("extra_special_tokens"), list)
 
 
 def test_device_map_auto_on_cpu():
