@@ -19,6 +19,7 @@ same tokens alone or in a batch (float32).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional, Sequence, Union
 
@@ -28,12 +29,14 @@ from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
+from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
-from dllm.options import check_number
+from dllm.options import check_bool, check_number
 from dllm.schedule import BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
 
 
 def generate(
@@ -70,8 +73,10 @@ def generate(
         temperature: 0 = greedy proposals; > 0 samples (how: the sampler's docstring).
         cfg_scale: classifier-free guidance as in LLaDA (``un + (s + 1)(cond - un)``, the
             unconditional branch has the prompt masked); one forward on the doubled batch.
-        seed: seeds a private ``torch.Generator`` used for every random draw (None: the global one).
-        chat: apply the model family's chat template to string prompts.
+        seed: seeds a private ``torch.Generator`` used for every random draw (None: the global one);
+            an integer in [0, 2**64 - 1], the generator's range (a larger one is refused, not reduced).
+        chat: apply the model's chat template to string prompts (its tokenizer's, else the family's
+            default; a model whose vocabulary lacks the template's tokens is refused, naming it).
         stop_at_eos: after each block, rows that produced EOS/EoT are finished (their remaining
             positions become EOS); generation stops when every row is finished.
         cache: KV-cache policy (``dllm.cache``): ``"none"`` recomputes the whole canvas every step;
@@ -80,12 +85,20 @@ def generate(
             (``{"name": "dual", "refresh": 4}``) or a policy instance (``DualCache(refresh=4)``).
         return_trace: also return, per generated position, the step at which it was committed.
         callback: called with the ``DecodeState`` after every step (live views).
-        **sampler_options: the sampler's Config fields (unknown names list the valid ones).
+        **sampler_options: the sampler's Config fields (unknown names list the valid ones). An option
+            given both here and in a ``sampler`` spec string or mapping is refused (no silent winner).
+        ``chat``, ``stop_at_eos`` and ``return_trace`` are True or False only (a string such as
+        ``"no"`` is refused, never read as true).
     """
     t_start = time.perf_counter()
     check_call(model, seed, callback)
-    sampler_obj = make_sampler(sampler, **sampler_options)
+    if seed is not None and not 0 <= seed <= SEED_MAX:  # check_call: an int >= 0
+        raise ValueError(f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range) or None, "
+                         f"got {seed!r}")
+    for name, flag in (("chat", chat), ("stop_at_eos", stop_at_eos), ("return_trace", return_trace)):
+        check_bool(name, flag)
     policy = make_cache(cache)
+    sampler_obj = _make_sampler(sampler, sampler_options, policy)
     check_number("temperature", temperature, low=0.0, finite=True)
     check_number("cfg_scale", cfg_scale, low=0.0, finite=True)
     rows = encode_prompts(model, prompts, chat=chat)
@@ -319,6 +332,24 @@ class Decode:
         state.step += 1
         if self.callback is not None:
             self.callback(state)
+
+
+def _make_sampler(sampler: Union[str, Sampler], options: dict[str, Any], policy: CachePolicy) -> Sampler:
+    """``make_sampler``; a keyword option the sampler does not know but the cache policy does
+    (``generate(..., cache="dual", refresh=4)``) is refused with a pointer to the cache spec."""
+    try:
+        return make_sampler(sampler, **options)
+    except TypeError as err:
+        cache_options = parse_spec(policy.spec)[1]  # the policy's options that differ from its defaults
+        misplaced = [k for k in options if k in {f.name for f in dataclasses.fields(policy.config)}]
+        if not misplaced or not str(err).startswith("Unknown option"):
+            raise
+        k = misplaced[0]
+        where = (f"cache={policy.spec!r} already sets {k}={cache_options[k]!r}; give it once, in the cache spec"
+                 if k in cache_options else
+                 f"give it in the cache spec: cache={format_spec(policy.name, {**cache_options, k: options[k]})!r}")
+        raise ValueError(f"{err}. {k!r} is an option of cache policy {policy.name!r}, not of the sampler: "
+                         f"{where}") from None
 
 
 def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

@@ -94,7 +94,8 @@ class Registry(Generic[T]):
     def make(self, spec: Any, **options: Any) -> Any:
         """An instance of a registered ``Configurable`` class from a name (``"dual"``), a spec string
         (``"dual:refresh=4"``), a mapping (``{"name": "dual", "refresh": 4}``) or an instance of the
-        registry's base class (returned as is; no options then). Keyword options override the spec's.
+        registry's base class (returned as is; no options then). Keyword options add to the spec's;
+        an option given both ways is a ValueError naming both values (no silent winner).
         """
         if self.base is not None and isinstance(spec, self.base):
             if options:
@@ -106,13 +107,24 @@ class Registry(Generic[T]):
             if "name" not in fields:
                 raise ValueError(f"a {self.kind} mapping needs a 'name' key, got keys {sorted(fields)}")
             name = fields.pop("name")
-            return self.make(name, **{**fields, **options})
+            self._check_given_once(fields, options, f"the mapping {dict(spec)!r}")
+            return self.make(name, **fields, **options)
         if not isinstance(spec, str):
             base = f", a {self.base.__name__}" if self.base is not None else ""
             raise TypeError(f"{self.kind} must be a registered name, a spec string 'name:key=value,...', "
                             f"a mapping{base}; got {type(spec).__name__} {spec!r}")
         name, parsed = parse_spec(spec, self.kind)
-        return self.get(name)(**{**parsed, **options})
+        cls = self.get(name)
+        self._check_given_once(parsed, options, f"the spec {spec!r}")
+        return cls(**parsed, **options)
+
+    def _check_given_once(self, given: Mapping[str, Any], options: Mapping[str, Any], where: str) -> None:
+        """ValueError when an option is in both the spec (or mapping) and the keyword options."""
+        both = [k for k in given if k in options]
+        if both:
+            pairs = "; ".join(f"{k!r}: {given[k]!r} in {where} and {options[k]!r} as a keyword" for k in both)
+            raise ValueError(f"{self.kind} option(s) given twice ({pairs}); give each option once, in the "
+                             f"spec or as a keyword")
 
     def describe(self) -> list[tuple[str, str]]:
         """(name, one-line description) of every entry, aliases noted."""

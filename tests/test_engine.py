@@ -169,10 +169,37 @@ def test_prompt_forms_agree(model):
     (dict(gen_length=4, callback=5), TypeError, r"callback must be callable .* got int 5"),
     (dict(gen_length=4, sampler=3), TypeError, r"sampler must be a registered name, a spec string"),
     (dict(gen_length=4, sampler="threshold:threshold=1.5"), ValueError, r"threshold must be .*\(0, 1\].* got 1.5"),
+    # seeds past torch.Generator's uint64 (a raw "Overflow when unpacking long long" before)
+    (dict(gen_length=4, seed=2**70), ValueError,
+     r"seed must be an integer in \[0, 2\*\*64 - 1\] \(torch.Generator's range\) or None, got 1180591620717411303424"),
+    (dict(gen_length=4, seed=2**64), ValueError, r"seed must be an integer in \[0, 2\*\*64 - 1\].* got 18446744073709551616"),
+    (dict(gen_length=4, seed=-1), ValueError, r"seed must be .* got -1"),
+    # flags are booleans: "no" is not read as true
+    (dict(gen_length=4, stop_at_eos="no"), ValueError, r"stop_at_eos must be True or False, got 'no'"),
+    (dict(gen_length=4, return_trace="no"), ValueError, r"return_trace must be True or False, got 'no'"),
+    (dict(gen_length=4, chat="no"), ValueError, r"chat must be True or False, got 'no'"),
+    (dict(gen_length=4, stop_at_eos=1), ValueError, r"stop_at_eos must be True or False, got 1"),
+    # one option given twice: an error naming both values, not "the keyword wins"
+    (dict(gen_length=4, sampler="threshold:threshold=0.8", threshold=0.9), ValueError,
+     r"sampler option\(s\) given twice \('threshold': 0.8 in the spec 'threshold:threshold=0.8' and 0.9 as a keyword\)"),
+    (dict(gen_length=4, sampler={"name": "threshold", "threshold": 0.8}, threshold=0.9), ValueError,
+     r"given twice \('threshold': 0.8 in the mapping .* and 0.9 as a keyword\)"),
+    (dict(gen_length=4, cache="dual:refresh=4", refresh=2), ValueError,
+     r"'refresh' is an option of cache policy 'dual', not of the sampler: cache='dual:refresh=4' already sets "
+     r"refresh=4; give it once, in the cache spec"),
+    (dict(gen_length=4, cache="dual", refresh=2), ValueError,
+     r"Unknown option\(s\) 'refresh' for sampler 'low_confidence'.*'refresh' is an option of cache policy 'dual'.*"
+     r"give it in the cache spec: cache='dual:refresh=2'"),
 ])
 def test_bad_settings(model, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         dllm.generate(model, [_ids(model, 4)], **kwargs)
+
+
+def test_the_largest_seed_runs_and_reproduces(model):
+    kw = dict(sampler="low_confidence", gen_length=4, temperature=1.0, seed=2**64 - 1)
+    a = dllm.generate(model, [_ids(model, 4)], **kw)
+    assert torch.equal(a.sequences, dllm.generate(model, [_ids(model, 4)], **kw).sequences)
 
 
 def test_model_none_is_a_clear_error():

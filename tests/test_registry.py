@@ -111,7 +111,16 @@ def test_configurable_make_from_every_form():
 
     assert W.name == "w"
     assert reg.make("w:size=3").config == Cfg(3) == reg.make({"name": "ww", "size": 3}).config
-    assert reg.make("w:size=3", size=4).config.size == 4  # keyword options override the spec
+    assert reg.make("w", size=4).config.size == 4 == reg.make({"name": "w"}, size=4).config.size
+    assert reg.make("w:size=3", name_="y").config == Cfg(3, "y")  # keywords add to the spec's options
+    # an option in both the spec (or mapping) and the keywords: an error naming both, no winner
+    with pytest.raises(ValueError, match=r"widget option\(s\) given twice \('size': 3 in the spec 'w:size=3' "
+                                         r"and 4 as a keyword\); give each option once"):
+        reg.make("w:size=3", size=4)
+    with pytest.raises(ValueError, match=r"'size': 3 in the mapping \{'name': 'w', 'size': 3\} and 4 as a keyword"):
+        reg.make({"name": "w", "size": 3}, size=4)
+    with pytest.raises(ValueError, match=r"'size': 3 in the spec 'w:size=3' and 4 as a keyword"):
+        reg.make({"name": "w:size=3"}, size=4)
     inst = W(size=5)
     assert reg.make(inst) is inst and inst.spec == "w:size=5" and W().spec == "w"
     with pytest.raises(TypeError, match=r"Unknown option\(s\) 'colour' for widget 'w'\. Valid options: size, name_"):

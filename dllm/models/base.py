@@ -11,6 +11,7 @@ the weight-backed implementation shared by LLaDA and Dream.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
@@ -106,6 +107,7 @@ class DiffusionLM(nn.Module):
         self.special = special
         self.hf_config: dict[str, Any] = dict(hf_config or {})
         self.tokenizer = tokenizer
+        self.name_or_path = ""  # what ``dllm.load`` was given (for messages); "" when built in code
 
     # ---- special ids -------------------------------------------------------------------------
     @property
@@ -383,13 +385,31 @@ class DiffusionLM(nn.Module):
                              "token ids, or load a checkpoint that ships tokenizer files")
         return self.tokenizer
 
+    @property
+    def display_name(self) -> str:
+        """``model 'tiny-llada'`` for a loaded model, else ``this llada model``."""
+        return f"model {self.name_or_path!r}" if self.name_or_path else f"this {self.family or type(self).__name__} model"
+
     def render_chat(self, messages: Messages) -> str:
-        """Chat messages -> the templated prompt string, ending with the assistant header."""
+        """Chat messages -> the templated prompt string, ending with the assistant header.
+
+        ValueError naming the model when it has no usable template: its tokenizer ships none and
+        the family defines none, or the family's default needs special tokens (``<|im_start|>``,
+        ...) that the tokenizer's vocabulary lacks (the embedded task models' word vocabularies),
+        where rendering it would only give words the tokenizer does not know."""
         tok = self._require_tokenizer()
         template = self.chat_template
         if template is None:
-            raise ValueError(f"no chat template: the tokenizer has none and family "
-                             f"{self.family!r} defines no default")
+            raise ValueError(f"{self.display_name} has no chat template: its tokenizer has none and family "
+                             f"{self.family!r} defines no default; pass chat=False and a raw prompt")
+        if template is self.default_chat_template:
+            vocab = tok.get_vocab()
+            missing = [t for t in dict.fromkeys(re.findall(r"<\|[^|<>]+\|>", template)) if t not in vocab]
+            if missing:
+                raise ValueError(
+                    f"{self.display_name} has no chat template: its tokenizer has none, and the {self.family} "
+                    f"default template needs the tokens {', '.join(map(repr, missing))}, which its "
+                    f"{len(vocab)}-entry vocabulary lacks; pass chat=False and a raw prompt")
         return tok.apply_chat_template(list(messages), chat_template=template, tokenize=False,
                                        add_generation_prompt=True)
 

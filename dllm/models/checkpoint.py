@@ -170,12 +170,17 @@ def nonfinite_counts(t: torch.Tensor) -> Optional[tuple[int, int]]:
 
     Screened by ``aminmax``: NaN propagates through min/max and inf is an extreme, so one reduction
     at memory speed with no temporary of the tensor's size (``isfinite().all()`` is ~10x slower on
-    CPU for bf16); only a tensor that fails the screen is counted exactly.
+    CPU for bf16); only a tensor that fails the screen is counted exactly. torch 2.1 has no CPU
+    ``aminmax`` for float16: there the screen is ``isfinite().all()``.
     """
     if t.numel() == 0:
         return None
-    lo, hi = torch.aminmax(t.detach())
-    if bool(torch.isfinite(lo) & torch.isfinite(hi)):  # one host sync per tensor, on purpose
+    try:
+        lo, hi = torch.aminmax(t.detach())
+        finite = bool(torch.isfinite(lo) & torch.isfinite(hi))  # one host sync per tensor, on purpose
+    except RuntimeError:  # "aminmax_cpu" not implemented for 'Half' (torch 2.1)
+        finite = bool(torch.isfinite(t).all())
+    if finite:
         return None
     return int(t.isnan().sum()), int(t.isinf().sum())
 

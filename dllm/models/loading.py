@@ -68,8 +68,17 @@ def _first_line(e: BaseException) -> str:
 
 
 def locate(name_or_path: Union[str, Path]) -> Path:
-    """The checkpoint directory for a local path, an embedded name, or a Hub id (downloaded)."""
+    """The checkpoint directory for a local path, an embedded name, or a Hub id (downloaded).
+    An empty or whitespace-only name is refused before anything is looked up (``Path("")`` would
+    be the current directory)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a model name or a path, got {type(name_or_path).__name__} "
+                        f"{name_or_path!r:.80}")
     name = str(name_or_path)
+    if not name.strip():
+        raise ModelNotFoundError(
+            f"the model name is empty ({name!r}); give an embedded model ({', '.join(embedded_names()) or 'none'}), "
+            f"a local checkpoint directory with config.json, or a Hugging Face Hub id")
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -222,6 +231,7 @@ def load(
     if (directory / GENERATION_CONFIG).is_file():
         model.hf_generation_config = read_config(directory, GENERATION_CONFIG)
     model.eval()
+    model.name_or_path = str(name_or_path)
     if device_map is not None:
         model = _dispatch(model, device_map, target)
     return model

@@ -147,9 +147,13 @@ def save_tokenizer(tokenizer: Any, directory: Union[str, Path]) -> None:
     if not config_path.is_file():
         return
     cfg = json.loads(config_path.read_text())
-    if cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        # transformers 5 writes "TokenizersBackend" and "extra_special_tokens"; 4.x knows neither.
+    plain = ("TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer")
+    if cfg.get("tokenizer_class") in plain and getattr(tokenizer, "is_fast", False):
+        # transformers 5 writes "TokenizersBackend" and "extra_special_tokens", 4.x knows neither;
+        # 4.x writes "PreTrainedTokenizer" (its "Fast" suffix dropped) and a special_tokens_map.json
+        # that 5.x does not write: one layout from either.
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        (directory / "special_tokens_map.json").unlink(missing_ok=True)
         extra = cfg.pop("extra_special_tokens", None)
         if isinstance(extra, list):
             cfg["additional_special_tokens"] = extra

@@ -39,19 +39,22 @@ def stream_chunkable(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Optional[int] = None) -> torch.Tensor:
-    """``softmax(logits.to(float64), -1)`` gathered at ``tokens``, a chunk of rows at a time.
+def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Optional[int] = None,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``softmax(logits.to(dtype), -1)`` gathered at ``tokens``, a chunk of rows at a time.
 
-    logits [..., V], tokens [...] long -> [...] float64, bit-equal to the one-piece computation.
+    logits [..., V], tokens [...] long -> [...] ``dtype`` (float64 as LLaDA and Fast-dLLM's LLaDA
+    drivers; the logits' own dtype as Dream's ``sample_tokens``), bit-equal to the one-piece
+    computation.
     """
     v = logits.shape[-1]
     flat = logits.reshape(-1, v)  # [N, V]
     idx = tokens.reshape(-1, 1)  # [N, 1]
     step = rows_per_chunk(v, chunk_elements)
     if flat.shape[0] <= step:
-        out = torch.softmax(flat.to(torch.float64), dim=-1).gather(-1, idx)
+        out = torch.softmax(flat.to(dtype), dim=-1).gather(-1, idx)
     else:
-        out = torch.cat([torch.softmax(part.to(torch.float64), dim=-1).gather(-1, i)
+        out = torch.cat([torch.softmax(part.to(dtype), dim=-1).gather(-1, i)
                          for part, i in zip(flat.split(step), idx.split(step))])
     return out.reshape(tokens.shape)
 

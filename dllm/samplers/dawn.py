@@ -25,9 +25,12 @@ Gumbel-max at T > 0, never the mask id):
 5. Commit ``S_high | S_ind | S_mis``; a row that chose nothing commits its most confident mask
    (the engine's progress rule does this from ``score``).
 
-Defaults (LLaDA, GSM8K/MATH): tau_sink 0.01, tau_edge 0.07, tau_induce 0.7, tau_low 0.75 (0.8 for
-HumanEval, 0.7 for MBPP); tau_high 0.9. Dream's published values: tau_sink 0.03, tau_edge 0.10,
-tau_induce 0.75, tau_low 0.8 (pass them as options).
+Defaults: those of the official ``generate()`` (and ``get_transfer_index_dawn``): tau_sink 0.01,
+tau_edge 0.07, tau_induce 0.7, tau_low 0.7; tau_high 0.9. The published LLaDA evaluation scripts
+(``llada/eval_instruct.sh``) pass tau_low 0.75 for GSM8K and MATH, 0.8 for HumanEval, 0.7 for MBPP
+(``dawn:tau_low=0.75``); the Dream scripts tau_sink 0.03, tau_edge 0.10, tau_induce 0.75, tau_low 0.8
+(pass them as options). Until 2026-12-03 the default tau_low was 0.75 (the GSM8K value), so
+measurements of ``dawn`` dated before then are of ``dawn:tau_low=0.75``.
 
 Decisions:
 - Batched: every set is a bool tensor [B, Q]; the greedy MIS is sequential over candidates, so it
@@ -67,7 +70,7 @@ class DawnConfig:
     tau_sink: float = 0.01  # key j is an attention sink if its column mean > this, in [0, 1]
     tau_edge: float = 0.07  # edge i <- j iff A[i, j] >= this, in (0, 1]
     tau_induce: float = 0.7  # a mask attending to a confident anchor is committed if c >= this
-    tau_low: float = 0.75  # candidates of the independent set need c >= this, in [0, 1]
+    tau_low: float = 0.7  # candidates of the independent set need c >= this, in [0, 1] (DAWN's generate())
     tau_high: float = 0.9  # S_high and anchor confidence (hard-coded 0.9 upstream), in [0, 1]
     layers: int = 4  # read the attention of the last `layers` layers (DAWN: 4), >= 1
 

@@ -15,14 +15,27 @@ the fused Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
   ``n_i = m // S + (i < m % S)`` (Fast-dLLM requires ``m % S == 0``: ``m / S`` each), and a step may
   commit at most its quota plus what earlier steps left (the threshold's rejects carry over), i.e.
   ``cap_i = masks left - (n_{i+1} + ... + n_{S-1})``: of the top ``cap_i`` masks by confidence, the
-  ones with ``c >= tau``, and always the top-1. From step S - 1 on the cap is every remaining mask
-  (plain ``threshold``); Fast-dLLM then adds steps until the block is full, as the adaptive loop
-  does. ``generate``'s ``steps`` does not reach an adaptive sampler, hence the option. With one block
-  (Fast-dLLM's Dream has no blocks; batch 1), no cache and T = 0 this reproduces that decoder token
-  for token, up to two details: the confidence is the float64 softmax here (Fast-dLLM's Dream: the
-  logits dtype), and equal confidences at the cap are taken lowest index first, sync-free
-  (``torch.topk`` on CUDA keeps the first equal ones too; on CPU its order among them is
-  unspecified).
+  ones with ``c >= tau``, and always the top-1. From step S - 1 on the cap is every remaining mask;
+  Fast-dLLM then adds steps until the block is full, as the adaptive loop does. ``generate``'s
+  ``steps`` does not reach an adaptive sampler, hence the option. How the capped set is picked
+  (``ties``, read only with ``schedule_steps``):
+
+  - ``reference`` (default): as Fast-dLLM's Dream does it -- the confidence is ``p(x0)`` from a
+    softmax in the logits' dtype (Dream's ``sample_tokens``), and every step (capped or not) takes
+    ``torch.topk`` of that confidence over the [B, L] canvas (-inf off the block's masks) with
+    ``cap_i`` entries: rank 0 always, every later rank with ``c >= tau``. Where float32
+    confidences saturate at exactly 1.0 (peaked logits) many masks tie at the cut, and which of
+    them ``topk`` returns is the device's order (CUDA: lowest index first; the CPU kernel: its
+    own); this option resolves them as the reference does on the same device. Before it
+    (``ties=first``) 20 of 20 prompts of a random tiny Dream with logits x100 differed from the
+    transcription at S = 4 and S = 8. It reads each row's cap on the host (one sync per step), and
+    a row's ties depend on its canvas, so in a left-padded batch a saturated row may resolve them
+    otherwise than alone (Fast-dLLM's Dream decodes batch 1).
+  - ``first``: ``p(x0)`` as ``stats`` computes it (float64 with ``stats=torch``), equal
+    confidences at the cap taken lowest index first (a stable sort), sync-free, batch-invariant.
+
+  With one block (Fast-dLLM's Dream has no blocks; batch 1), no cache and T = 0, ``ties=reference``
+  reproduces that decoder token for token and NFE for NFE.
 - ``factor`` (f, default 1.0): sort active confidences ``c_(1) >= c_(2) >= ...``; commit the top
   ``n`` where ``n`` is the longest prefix with ``(k + 1)(1 - c_(k)) <= f`` for k = 2..n (top-1
   always). We do NOT reproduce the official quirk that commits all N when the first failure is at
@@ -45,14 +58,17 @@ from typing import Optional
 
 import torch
 
-from dllm.options import check_number, check_optional_int, check_unit
+from dllm.options import check_choice, check_number, check_optional_int, check_unit
 from dllm.samplers._ops import (
+    TIES,
+    expand_window,
     propose_with_confidence,
     ranks_of,
     take_top_k,
     threshold_commit,
     transfer_schedule,
 )
+from dllm.samplers.chunked import softmax_prob
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -66,11 +82,14 @@ class ThresholdConfig:
     stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
     schedule_steps: Optional[int] = None  # S: cap each step by the quotas of S steps per block
     #   (Fast-dLLM's Dream confidence_threshold with steps = S); None: no cap
+    ties: str = "reference"  # with schedule_steps, how the capped set is picked: reference (Fast-dLLM's
+    #   Dream: logits-dtype confidences, torch.topk over the canvas) | first (lowest index among equals)
 
     def __post_init__(self) -> None:
         check_unit("threshold", self.threshold, low_open=True)
         check_stats(self.stats)
         check_optional_int("schedule_steps", self.schedule_steps, 1)
+        check_choice("ties", self.ties, TIES)
 
 
 def later_quotas(masks_at_start: torch.Tensor, steps: int) -> torch.Tensor:
@@ -78,6 +97,30 @@ def later_quotas(masks_at_start: torch.Tensor, steps: int) -> torch.Tensor:
     ``n_j = m // S + (j < m % S)``, the masks step i must leave for the steps after it."""
     quotas = transfer_schedule(masks_at_start, steps)  # [B, S]
     return quotas.flip(1).cumsum(1).flip(1) - quotas
+
+
+def capped_threshold_as_reference(conf: torch.Tensor, caps: list[int], eligible: torch.Tensor, tau: float,
+                                  width: int, start: int) -> torch.Tensor:
+    """Fast-dLLM's Dream step rule, per row j: ``torch.topk`` of the confidence over the canvas
+    with ``caps[j]`` entries, rank 0 always committed and every later rank with ``c >= tau``.
+
+    conf, eligible: [B, Q] (query coordinates, canvas columns ``start..start + Q``); caps: B host
+    ints (at most the row's eligible count; 0 commits nothing); width: the canvas length L.
+    The [B, L] tensor handed to ``topk`` holds -inf off the eligible masks, as the reference's
+    ``full_conf`` does, so that equal confidences resolve as there. Rows with the same cap share
+    one call. Returns [B, Q] bool.
+    """
+    q = conf.shape[1]
+    full = conf.new_full((conf.shape[0], width), float("-inf"))  # [B, L]
+    full[:, start:start + q] = conf.masked_fill(~eligible, float("-inf"))
+    commit = torch.zeros(full.shape, dtype=torch.bool, device=conf.device)  # [B, L]
+    for k in sorted(set(caps) - {0}):
+        rows = torch.tensor([j for j, c in enumerate(caps) if c == k], device=conf.device)  # [R]
+        values, idx = torch.topk(full[rows], k, dim=-1)  # [R, k]
+        keep = values >= tau
+        keep[:, 0] = True  # rank 0 always
+        commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, keep)
+    return commit[:, start:start + q] & eligible
 
 
 @register_sampler("threshold")
@@ -97,12 +140,23 @@ class Threshold(Sampler):
         tokens, conf = propose_with_confidence(inp, self.config.stats)
         eligible = inp.active  # [B, Q]
         steps = self.config.schedule_steps
-        if steps is not None and inp.step < steps - 1:
-            reserve = state.extras[RESERVE_KEY][:, inp.step]  # [B]
-            cap = eligible.sum(dim=1) - reserve  # [B]; >= 1 unless the quotas run out (m < S)
-            eligible = take_top_k(conf, cap, eligible)  # the cap's most confident masks
+        if steps is None:
+            return StepOutput(commit=threshold_commit(conf, eligible, self.config.threshold), tokens=tokens,
+                              score=conf)
+        cap = eligible.sum(dim=1)  # [B]; from step S - 1 on: every remaining mask
+        if inp.step < steps - 1:
+            cap = (cap - state.extras[RESERVE_KEY][:, inp.step]).clamp_min(0)  # >= 1 unless m < S
         # a row whose cap is 0 commits nothing here: the engine adds its most confident mask
-        commit = threshold_commit(conf, eligible, self.config.threshold)
+        if self.config.ties == "reference":
+            ws, we = inp.window
+            x0 = tokens[:, ws:we]  # [B, W]
+            logits = inp.logits[:, ws:we]  # [B, W, V]
+            conf = expand_window(softmax_prob(logits, x0, dtype=logits.dtype), inp.window, conf.shape[1],
+                                 float("-inf"))  # Dream's p(x0): the logits' dtype
+            commit = capped_threshold_as_reference(conf, cap.tolist(), eligible, self.config.threshold,
+                                                   state.x.shape[1], inp.query_start)  # host read: caps
+        else:
+            commit = threshold_commit(conf, take_top_k(conf, cap, eligible), self.config.threshold)
         return StepOutput(commit=commit, tokens=tokens, score=conf)
 
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from dllm import tasks as T
 from dllm.models.task_tokenizer import task_tokenizer
+from dllm.models.tokenizer import save_tokenizer
 from dllm.registry import Registry
 from dllm.tasks.vocab import BOS, EOS, PAD, word_id
 from dllm.train.data import Batch, MixtureConfig, TaskMixture
@@ -184,7 +185,7 @@ def save_ar(model, directory: Union[str, Path], extra: Optional[dict] = None) ->
     """``save_pretrained`` + the task tokenizer + ``training.json`` (recipe and evaluation)."""
     directory = Path(directory)
     model.save_pretrained(directory, safe_serialization=True)
-    hf_tokenizer().save_pretrained(directory)
+    save_tokenizer(hf_tokenizer(), directory)  # PreTrainedTokenizerFast files: load on transformers 4.x and 5.x
     if extra is not None:
         (directory / "training.json").write_text(json.dumps(extra, indent=2, sort_keys=True, default=str) + "\n")
     return directory

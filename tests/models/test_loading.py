@@ -1,6 +1,7 @@
 """load(): embedded names, local directories, Hub ids offline, dtype/device_map, and clear errors."""
 
 import json
+import re
 import time
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dllm.models import CheckpointError, Dream, LLaDA, ModelNotFoundError, embedded_names, load, tiny
+from dllm.models.loading import EMBEDDED_DIR
 
 from .helpers import random_ids
 
@@ -56,6 +58,16 @@ def test_embedded_files_are_small_and_match_the_generator(tmp_path):
             assert (shipped / f).read_text() == (fresh / f).read_text(), f
         a, b = load_file(str(shipped / "model.safetensors")), load_file(str(fresh / "model.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", [n for n in embedded_names() if (EMBEDDED_DIR / n / "tokenizer_config.json").is_file()])
+def test_embedded_tokenizer_configs_load_on_transformers_4_and_5(name):
+    """transformers 5 writes ``TokenizersBackend`` and a list of ``extra_special_tokens``, which 4.x
+    (allowed by the dependency floor) does not know: ``load_target("tiny-ar")`` failed on 4.57.6.
+    The shipped files name ``PreTrainedTokenizerFast`` (both read it) and ``additional_special_tokens``."""
+    cfg = json.loads((EMBEDDED_DIR / name / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert not isinstance(cfg.get("extra_special_tokens"), list)
 
 
 def test_device_map_auto_on_cpu():
@@ -131,6 +143,32 @@ def test_unknown_hub_id_without_offline_flag_fails_cleanly(monkeypatch):
     with pytest.raises(ModelNotFoundError, match="Embedded models"):
         load("nobody/no-such-model-xyz")
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("name", ["", " ", "\t\n"])
+def test_empty_name_is_refused_before_any_lookup(monkeypatch, name):
+    """``Path("")`` is the current directory: an empty name used to read as "directory '' exists
+    but has no config.json" (or to be looked up on the Hub when only blanks)."""
+    import dllm
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the refusal must not depend on the Hub
+    start = time.perf_counter()
+    pattern = rf"the model name is empty \({re.escape(repr(name))}\); give an embedded model \(.*tiny-llada.*\), a local checkpoint"
+    with pytest.raises(ModelNotFoundError, match=pattern):
+        load(name)
+    with pytest.raises(ModelNotFoundError, match=pattern):
+        dllm.load_target(name)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("value", [None, 5])
+def test_a_name_that_is_not_text_is_a_type_error(value):
+    with pytest.raises(TypeError, match=rf"name_or_path must be a model name or a path, got {type(value).__name__}"):
+        load(value)
+
+
+def test_loaded_models_know_their_name():
+    assert load("tiny-llada").name_or_path == "tiny-llada" and tiny("llada").name_or_path == ""
 
 
 def test_directory_without_config(tmp_path):

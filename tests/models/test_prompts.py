@@ -1,6 +1,7 @@
 """generation_prompt: family chat templates (LLaDA-8B-Instruct, Dream-v0-Instruct-7B), raw prompts, word
 tokenizer, unknown words; encode_prompts: the accepted prompt forms and integer token ids."""
 
+import re
 import warnings
 
 import numpy as np
@@ -61,6 +62,39 @@ def test_raw_prompt_and_errors():
         model.generation_prompt([{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="has no tokenizer"):
         tiny("dream", tokenizer=False).generation_prompt("hi", chat=True)
+
+
+@pytest.mark.parametrize("name,tokens", [
+    ("tiny-llada", "'<|startoftext|>', '<|start_header_id|>', '<|end_header_id|>', '<|eot_id|>'"),
+    ("tiny-dream", "'<|im_start|>', '<|im_end|>'"),
+])
+def test_chat_on_a_model_without_a_chat_template_names_the_model(name, tokens):
+    """The embedded task models' word vocabularies ship no template and lack the family default's
+    tokens: chat=True says so, naming the model (it used to list the template's pieces as unknown
+    words)."""
+    model = load(name)
+    pattern = (rf"model '{name}' has no chat template: its tokenizer has none, and the {model.family} default "
+               rf"template needs the tokens {re.escape(tokens)}, which its \d+-entry vocabulary lacks; pass "
+               rf"chat=False and a raw prompt")
+    with pytest.raises(ValueError, match=pattern):
+        dllm.generate(model, "[BOS] copy A B [SEP]", gen_length=4, chat=True)
+    with pytest.raises(ValueError, match=pattern):
+        model.generation_prompt([{"role": "user", "content": "A"}], chat=True)
+    assert dllm.generate(model, "[BOS] copy A B [SEP]", gen_length=4).nfe == 4  # chat=False works
+
+
+def test_no_template_at_all_names_the_model(monkeypatch):
+    model = load("tiny-random-llada")
+    monkeypatch.setattr(model.tokenizer, "chat_template", None)
+    monkeypatch.setattr(type(model), "default_chat_template", None)
+    with pytest.raises(ValueError, match=r"model 'tiny-random-llada' has no chat template: its tokenizer has none and "
+                                         r"family 'llada' defines no default; pass chat=False"):
+        model.generation_prompt("hi", chat=True)
+    model = tiny("dream")
+    monkeypatch.setattr(model.tokenizer, "chat_template", None)
+    monkeypatch.setattr(type(model), "default_chat_template", None)
+    with pytest.raises(ValueError, match=r"this dream model has no chat template"):
+        model.generation_prompt("hi", chat=True)
 
 
 def test_tokenizer_template_takes_precedence():

@@ -170,3 +170,13 @@ def test_oracle_has_no_attention_maps():
     exs = T.test_split("copy", 4, 2)
     with pytest.raises(ValueError, match=r"sampler .dawn. reads the model.s attention probabilities .* OracleLM has no transformer layers"):
         dllm.generate(OracleLM(), oracle_prompts(exs), sampler="dawn", gen_length=4)
+
+
+def test_defaults_are_those_of_dawns_generate():
+    """lizhuo-luo/DAWN ``llada/generate.py``: ``generate(..., tau_sink=0.01, tau_edge=0.07,
+    tau_induce=0.7, tau_low=0.7)`` (and ``get_transfer_index_dawn``'s, the same); tau_high is the
+    hard-coded 0.9. tau_low was 0.75 (the GSM8K script's value) until 2026-12-03."""
+    from dataclasses import asdict
+
+    assert asdict(make_sampler("dawn").config) == dict(tau_sink=0.01, tau_edge=0.07, tau_induce=0.7, tau_low=0.7,
+                                                       tau_high=0.9, layers=4)

@@ -94,18 +94,19 @@ def test_the_cap_takes_the_most_confident_of_the_confident_and_carries_the_rest(
     from types import SimpleNamespace
 
     rows = [_row(0.95, 1), _row(0.5, 2), _row(0.97, 3), _row(0.92, 4)]
-    sampler = make_sampler("threshold", threshold=0.9, schedule_steps=2)  # quotas 2, 2
-    state = SimpleNamespace(extras={}, block_masks_at_start=torch.tensor([4]))
-    sampler.begin_block(state)
-    inp = _input(rows)
-    assert sampler.step(inp, state).commit[0].tolist() == [True, False, True, False]  # cap 4 - 2 = 2
-    inp.step = 1  # the last scheduled step: no cap, the plain threshold rule
-    assert sampler.step(inp, state).commit[0].tolist() == [True, False, True, True]
+    for ties in ("reference", "first"):
+        sampler = make_sampler("threshold", threshold=0.9, schedule_steps=2, ties=ties)  # quotas 2, 2
+        state = SimpleNamespace(extras={}, block_masks_at_start=torch.tensor([4]), x=torch.zeros(1, 6))
+        sampler.begin_block(state)
+        inp = _input(rows)
+        assert sampler.step(inp, state).commit[0].tolist() == [True, False, True, False], ties  # cap 4 - 2 = 2
+        inp.step = 1  # the last scheduled step: no cap, the plain threshold rule
+        assert sampler.step(inp, state).commit[0].tolist() == [True, False, True, True], ties
     assert make_sampler("threshold", threshold=0.9).step(_input(rows), state).commit[0].tolist() == [
         True, False, True, True]
 
 
-def _fastdllm_dream_pairs(model, gen, steps, tau, cap=True):
+def _fastdllm_dream_pairs(model, gen, steps, tau, cap=True, **options):
     """(dllm output, reference canvas, reference NFE) over 20 prompts, skipping the ones where the
     reference commits the mask id."""
     import pathlib
@@ -128,8 +129,8 @@ def _fastdllm_dream_pairs(model, gen, steps, tau, cap=True):
                 steps=steps, threshold=tau, mask_id=model.mask_id, forbid_mask_commit=True)
         except MaskCommitError:
             continue
-        options = {"schedule_steps": steps} if cap else {}
-        out = dllm.generate(model, prompt, sampler="threshold", gen_length=gen, threshold=tau, **options)
+        capped = {"schedule_steps": steps, **options} if cap else {}
+        out = dllm.generate(model, prompt, sampler="threshold", gen_length=gen, threshold=tau, **capped)
         pairs.append((out, ref, nfe))
     assert len(pairs) >= 15
     return pairs
@@ -155,6 +156,42 @@ def test_without_the_cap_threshold_differs_from_fastdllm_dream():
     assert sum(torch.equal(out.sequences, ref) for out, ref, _ in pairs) < len(pairs) // 2
 
 
+def _saturated_dream():
+    """The random tiny Dream with its LM head x100: float32 softmaxes saturate at exactly 1.0, so
+    many masks tie at the cap."""
+    model = tiny("dream", seed=0)
+    with torch.no_grad():
+        model.transformer.lm_head.weight.mul_(100)
+    return model
+
+
+@pytest.mark.parametrize("gen,steps,tau", [(16, 4, 0.9), (32, 8, 0.3)])
+def test_schedule_steps_reproduces_fastdllm_dream_when_confidences_saturate(gen, steps, tau):
+    """Saturated confidences (logits x100): the capped set is Fast-dLLM's ``torch.topk`` over the
+    canvas of logits-dtype confidences (``ties=reference``, the default), token for token and NFE
+    for NFE on 20 prompts at S = 4 and S = 8."""
+    model = _saturated_dream()
+    pairs = _fastdllm_dream_pairs(model, gen, steps, tau)
+    canvas = pairs[0][0].sequences.clone()
+    canvas[:, 6:] = model.mask_id  # the first step's canvas
+    top = torch.softmax(model.raw_logits(canvas), dim=-1).max(dim=-1).values  # float32
+    assert (top == 1.0).float().mean() > 0.5  # the setting really saturates
+    for out, ref, nfe in pairs:
+        assert torch.equal(out.sequences, ref) and out.nfe == nfe
+
+
+def test_saturated_ties_taken_lowest_index_first_differ_from_fastdllm_dream():
+    """``ties=first`` (lowest index among equal confidences, float64) is what the option changes:
+    on the saturated model it differs from the reference on most prompts (20 of 20 when written)."""
+    pairs = _fastdllm_dream_pairs(_saturated_dream(), 16, 4, 0.5, ties="first")
+    assert sum(torch.equal(out.sequences, ref) and out.nfe == nfe for out, ref, nfe in pairs) < len(pairs) // 2
+
+
+def test_ties_must_be_a_known_choice():
+    with pytest.raises(ValueError, match=r"ties must be one of 'reference', 'first', got 'lowest'"):
+        make_sampler("threshold", schedule_steps=4, ties="lowest")
+
+
 @pytest.mark.parametrize("steps", [0, 2.0, True])
 def test_schedule_steps_out_of_range(steps):
     with pytest.raises(ValueError, match=r"schedule_steps must be an integer >= 1 \(or None\), got"):
@@ -163,11 +200,12 @@ def test_schedule_steps_out_of_range(steps):
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 @pytest.mark.parametrize("schedule_steps", [2, 6])  # 6 > block length 4: quotas of 0 at the end
-def test_schedule_steps_with_blocks_batches_and_caches(cache, schedule_steps):
+@pytest.mark.parametrize("ties", ["reference", "first"])
+def test_schedule_steps_with_blocks_batches_and_caches(cache, schedule_steps, ties):
     model = tiny("llada", seed=1)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     kw = dict(sampler="threshold", threshold=0.3, schedule_steps=schedule_steps, gen_length=8,
-              block_length=4, cache=cache)
+              block_length=4, cache=cache, ties=ties)
     batch = dllm.generate(model, prompts, return_trace=True, **kw)
     assert (batch.generated != model.mask_id).all()
     for j, p in enumerate(prompts):
