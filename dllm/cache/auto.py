@@ -9,12 +9,12 @@ The choice follows the rule of ``dllm.eval.choose_cache``: with the ``fast`` sam
 suite (both long-prompt models), each suite on enough examples that one weighs at most half a point,
 and at least 3x the wall-clock speed of ``none`` at prompt 1,024 + 256 generated; the fastest candidate
 that passes wins. When no candidate passes, ``CHOICE`` is None and ``auto`` is not registered (asking
-for it lists the valid policies). Today (2026-12-03, ``benchmarks/cache-choice-2026-12-03b.json``) the
+for it lists the valid policies). Today (``benchmarks/results/cache-choice.json``) the
 only candidate that passes is dInfer's vicinity refresh ``dual:look_back=16,look_ahead=16``: within
 0.4 / 0.8 points of ``none`` on the short suite (tiny-llada / tiny-dream), +1.0 / -0.5 on the long
 one, 9.7x / 5.6x ``none``'s speed at 1,024 + 256. Re-run the choice when the embedded models change:
 
-    python -m dllm.eval.choose_cache --threads 2 --repeats 3
+    dllm bench choose-cache --threads 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def register_auto(choice: Optional[tuple[str, dict[str, Any]]] = CHOICE) -> Opti
     base_name, defaults = choice
     spec = format_spec(base_name, defaults)
     cls = preset_class(caches, "auto", base_name, defaults, f"Recommended cache policy: {spec}, chosen by measurement.")
-    description = f"the recommended cache policy = {spec}, chosen by measurement (dllm.eval.choose_cache)"
+    description = f"the recommended cache policy = {spec}, chosen by measurement (dllm bench choose-cache)"
     return register_cache("auto", description=description)(cls)
 
 

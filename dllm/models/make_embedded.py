@@ -1,6 +1,6 @@
 """Regenerate the tiny random checkpoints shipped in ``dllm/models/embedded/``.
 
-    python -m dllm.models.make_embedded [--out DIR]
+    dllm models make-embedded [--out DIR]
 
 Deterministic: the same torch version writes the same tensors, config and tokenizer files.
 """
@@ -37,7 +37,7 @@ def write_embedded(out: Path = EMBEDDED_DIR) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="dllm models make-embedded", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=EMBEDDED_DIR,
                         help="parent directory (default: the package's)")

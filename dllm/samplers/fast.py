@@ -4,13 +4,13 @@
 its own name so that ``dllm.generate(model, prompt, sampler="fast")`` needs no options. Options
 given by the caller still override the preset's defaults.
 
-The choice follows the rule of ``dllm.eval.choose_fast``: over the whole stress suite, on every
+The choice follows the rule of ``dllm bench choose-fast`` (``dllm.eval.bench.choose_fast``): over the whole stress suite, on every
 embedded model and on the oracle, a candidate must keep the accuracy of the one-token-per-step
 reference (``low_confidence``) within 1 point, be at least as accurate as ``threshold`` (0.9), and
 commit at least 1.2x its tokens per forward; among the candidates that pass, the one that forwards
 the fewest tokens wins (the bar already guarantees the gain in forwards; above it, the least compute).
-Today (2026-12-02, second choice: the 2026-12-01 run merged with a run of two more candidates,
-``benchmarks/fast-choice-2026-12-02b.json``) that is ``lopa`` with 3 branches and ``reuse``
+Today (``benchmarks/results/fast-choice.json``: a first run merged with a run of two more
+candidates) that is ``lopa`` with 3 branches and ``reuse``
 (LoPA's lookahead variants, arXiv 2512.16229, with the winner's logits handed to the next step as
 in the paper's loop): 1.41x / 1.44x / 1.42x threshold's tokens per forward on tiny-llada /
 tiny-dream / the oracle at 91.1% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% / 100%), for
@@ -22,9 +22,9 @@ with 8 branches (1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equa
 ``threshold``, 1.13x).
 Re-run the choice when the embedded models change:
 
-    python -m dllm.eval.choose_fast --threads 1
+    dllm bench choose-fast --threads 1
 
-The measurements behind the current choice are in the README and in ``benchmarks/fast-choice-*.json``.
+The measurements behind the current choice are in ``benchmarks/results/fast-choice.json``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _register_fast() -> type[Sampler]:
     opts = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
     spec = f"{base_name}({opts})" if opts else base_name
     cls = preset("fast", base_name, defaults, f"Recommended parallel sampler: {spec}, chosen by measurement.")
-    description = f"the recommended parallel sampler = {spec}, chosen by measurement (dllm.eval.choose_fast)"
+    description = f"the recommended parallel sampler = {spec}, chosen by measurement (dllm bench choose-fast)"
     return register_sampler("fast", description=description)(cls)
 
 

@@ -118,7 +118,7 @@ def length_batches(group: Sequence[T.Example], max_batch: int, by_length: bool =
     more than ``BUCKET_RATIO`` times the length of its shortest: left padding to the longest row
     would otherwise make every short prompt pay for the long ones (a long-prompt suite batch of
     256- to 2,040-word prompts decodes 1.8x slower with packed attention than the same prompts one
-    at a time: benchmarks/packed-suite-2026-12-02.txt)."""
+    at a time: benchmarks/results/packed-suite.txt)."""
     lengths = [len(T.prompt_ids(ex)) for ex in group]
     if not by_length or max(lengths, default=0) < BUCKET_MIN_LEN:
         return [list(group[i:i + max_batch]) for i in range(0, len(group), max_batch)]

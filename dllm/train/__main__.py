@@ -21,7 +21,7 @@ from its newest checkpoint (safe on every restart); Ctrl-C keeps the finished st
 line. ``--threads`` / ``--device`` apply to every stage (default: each stage's as run; another thread
 count gives other float sums). The AR target / AR draft / DFlash drafters are single runs
 (``dllm/train/ar.py``, ``dllm/train/dflash_train.py``); their path / block heads are trained by
-``python -m dllm.train.path_head_train`` / ``block_head_train`` (their ``*.json`` say how).
+``dllm train path-head`` / ``dllm train block-head`` (their ``*.json`` say how).
 
 Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
 reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``, ``--save-every``,
@@ -54,7 +54,7 @@ def recipe_table() -> list[tuple[str, str]]:
 def build_parser() -> argparse.ArgumentParser:
     rows = recipe_table()
     epilog = "recipes:\n" + "\n".join(f"  {n:<22} {d}" for n, d in rows)
-    ap = argparse.ArgumentParser(prog="python -m dllm.train", description=__doc__.split("\n\n")[0], epilog=epilog,
+    ap = argparse.ArgumentParser(prog="dllm train", description=__doc__.split("\n\n")[0], epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=[n for n, _ in rows], metavar="NAME", help="the recipe to train (below)")
     ap.add_argument("--list-recipes", action="store_true", help="list the recipes and exit")

@@ -1,6 +1,6 @@
 """Train a block head (``dllm.drafters.dflash.block_head``): which plan is fastest for this prompt?
 
-    python -m dllm.train.block_head_train --drafter tiny-ar-dflash-wide --out runs/block-head \
+    dllm train block-head --drafter tiny-ar-dflash-wide --out runs/block-head \
         --trees 16/ddtree:budget=16 32/ddtree:budget=16 32/ddtree:budget=32
 
 BlockPilot (arXiv 2606.31315) trains an MLP on the prefill representation to pick the block size of
@@ -188,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.drafters.loading import load_target
     from dllm.drafters.trees import make_tree_builder
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.train.block_head_train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm train block-head", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=HeadRecipe.drafter)
     ap.add_argument("--prompts", type=int, default=HeadRecipe.prompts)
     ap.add_argument("--eval-from", type=int, default=8, help="first test instance per size of the evaluation")

@@ -1,6 +1,6 @@
 """Copy a trained checkpoint into the package as an embedded model.
 
-    python -m dllm.train.export --run runs/tiny-llada --name tiny-llada [--checkpoint best] [--dtype bfloat16]
+    dllm train export --run runs/tiny-llada --name tiny-llada [--checkpoint best] [--dtype bfloat16]
         [--note "how the run started, e.g. the earlier stages it continues"]
 
 Writes ``dllm/models/embedded/<name>/`` (official config.json, model.safetensors, tokenizer files)
@@ -67,7 +67,7 @@ def readable_json(obj: Any, indent: int = 2, level: int = 0) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dllm.train.export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dllm train export", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path)
     p.add_argument("--name", required=True)
     p.add_argument("--checkpoint", default="best")

@@ -1,7 +1,7 @@
 """Train a path head (``dllm.drafters.trees.path_head``) for a DFlash drafter: the ``taps`` tree builder's
 path-conditioned acceptance estimates.
 
-    python -m dllm.train.path_head_train --drafter tiny-ar-dflash --out runs/path-head --threads 2
+    dllm train path-head --drafter tiny-ar-dflash --out runs/path-head --threads 2
 
 1. Data: prompts from the long-answer mixture (test split held out), answers the target's own greedy
    continuations (``dflash_train.regenerate``); every answer position is an anchor, and one drafter
@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.drafters.dflash.io import load_dflash
     from dllm.drafters.loading import load_target
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.train.path_head_train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm train path-head", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=PathHeadRecipe.drafter, help="DFlash checkpoint (embedded name or directory)")
     ap.add_argument("--target", default=PathHeadRecipe.target)
     ap.add_argument("--prompts", type=int, default=PathHeadRecipe.prompts)

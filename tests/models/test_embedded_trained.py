@@ -83,8 +83,8 @@ def _right_at_one_token_per_step(name: str, task: str, size: int, n: int) -> int
 
 
 def test_long_llada_model_finds_a_three_item_key_in_a_long_table():
-    """tiny-llada-long (trained with the key-width curriculum, benchmarks/long-keys.sh, then the
-    count curriculum, benchmarks/long-count.sh) reads the value of a three-item key out of a 42-row
+    """tiny-llada-long (trained with the key-width curriculum, then the count curriculum: the
+    stages of the ``tiny-llada-long`` recipe, dllm/train/recipes/llada_long.py) reads the value of a three-item key out of a 42-row
     table (258-word prompt) at one token per step. The first training was at chance here (a random
     row's value is right 1 time in 42)."""
     right = _right_at_one_token_per_step("tiny-llada-long", "lookup_long", 42, n=8)
@@ -92,7 +92,7 @@ def test_long_llada_model_finds_a_three_item_key_in_a_long_table():
 
 
 def test_long_llada_model_counts_over_a_list():
-    """tiny-llada-long's third training (the count curriculum, benchmarks/long-count.sh: lists of
+    """tiny-llada-long's third training (the count curriculum of the ``tiny-llada-long`` recipe: lists of
     4-12 items first, then a doubling at a time) counts an item's occurrences in a 127-item list at
     one token per step: 7 of these 16 right when it was shipped; the model before it got 1."""
     right = _right_at_one_token_per_step("tiny-llada-long", "count_long", 127, n=16)

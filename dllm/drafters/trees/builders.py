@@ -245,7 +245,7 @@ class TapsBuilder(TreeBuilder):
     Config = TapsConfig
 
     NO_HEAD = ("taps:estimator=head needs a drafter with a path head (path_head.json and path_head.safetensors "
-               "beside its checkpoint; train one with python -m dllm.train.path_head_train), and this drafter "
+               "beside its checkpoint; train one with dllm train path-head), and this drafter "
                "has none; use taps:estimator=marginal or ddtree")
 
     @property

@@ -14,7 +14,7 @@ then the drafter's own LM-head read-out:
   path deviated from the drafter's guess just above the node, and from which token to which;
 - ``deviations``: how many of the node's ancestors are not the arg-max at their depth (0, 1, 2+).
 
-Trained (``python -m dllm.train.path_head_train``) on the target's own greedy answers, teacher-forced:
+Trained (``dllm train path-head``) on the target's own greedy answers, teacher-forced:
 at every depth the parent is the target's token, exactly the condition under which the walk reaches
 a node. W2 starts at zero (the head starts as the drafter's marginals).
 
@@ -87,7 +87,7 @@ def has_path_head(directory: Union[str, Path]) -> bool:
 
 def load_path_head(directory: Union[str, Path]) -> PathHead:
     """The path head saved in ``directory`` (FileNotFoundError naming a missing file, e.g. train one
-    with python -m dllm.train.path_head_train; ValueError naming a broken one)."""
+    with dllm train path-head; ValueError naming a broken one)."""
     from dllm.drafters.base import build_head, read_head_files
 
     cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "path head")

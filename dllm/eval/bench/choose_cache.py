@@ -1,6 +1,6 @@
 """Choose the ``auto`` cache policy by measurement.
 
-    python -m dllm.eval.bench.choose_cache --threads 1 --out benchmarks/cache-choice.json
+    dllm bench choose-cache --threads 1 --out benchmarks/results/cache-choice.json
 
 The rule of the speed issue, applied to every candidate policy with the recommended sampler
 (``fast``), and measured side by side with ``cache="none"`` in the same run:
@@ -153,7 +153,7 @@ def measure_speed(models: Sequence[str], candidates: Sequence[str], repeats: int
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.choose_cache", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm bench choose-cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
     ap.add_argument("--n", type=int, default=8,
                     help="test examples per task (accuracy), at least; raised per suite by resolving_n")

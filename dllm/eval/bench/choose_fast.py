@@ -1,8 +1,8 @@
 """Choose the ``fast`` sampler alias by measurement.
 
-    python -m dllm.eval.bench.choose_fast --models tiny-llada tiny-dream oracle --n 8 --out benchmarks/fast-choice.json
-    python -m dllm.eval.bench.choose_fast --results A/compare.json B/compare.json   # judge finished runs
-    python -m dllm.eval.bench.choose_fast --results old.json new.json   # merge runs: rows per model, by label
+    dllm bench choose-fast --models tiny-llada tiny-dream oracle --n 8 --out benchmarks/results/fast-choice.json
+    dllm bench choose-fast --results A/compare.json B/compare.json   # judge finished runs
+    dllm bench choose-fast --results old.json new.json   # merge runs: rows per model, by label
 
 Runs ``dllm compare`` (``dllm.eval.compare``) on each model over the full stress suite with the
 reference ``low_confidence`` at one token per step, the baseline ``threshold`` (0.9) and the
@@ -132,7 +132,7 @@ def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.scoring.exact_match import load_model
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.choose_fast", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm bench choose-fast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-llada", "tiny-dream", "oracle"])
     ap.add_argument("--candidates", nargs="+", default=None,
                     help="default: CANDIDATES, or with --results every other sampler in them")

@@ -1,6 +1,6 @@
 """End to end: the recommended setting against Fast-dLLM's, on the accuracy / tokens-per-second plane.
 
-    python -m dllm.eval.bench.e2e --n 8 --threads 2 --out benchmarks/e2e-2026-12-01
+    dllm bench e2e --n 8 --threads 2 --out benchmarks/results/e2e
 
 For every (model, suite) pair of ``dllm.eval.bench.choose_cache.PAIRS`` (the PB-mini models on the short
 suite, the long-prompt models on the long suite, blocks of 4), one ``dllm compare`` run decodes the
@@ -103,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.eval.compare import compare, format_results
     from dllm.scoring.exact_match import load_model
 
-    ap = argparse.ArgumentParser(prog="python -m dllm.eval.bench.e2e", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dllm bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8,
                     help="test examples per task, at least; raised per suite by choose_cache.resolving_n")

@@ -241,7 +241,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMN
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m dllm.eval.bench.kernels [--device cuda] [--repeats 10]``: print the default table."""
+    """``dllm bench kernels [--device cuda] [--repeats 10]``: print the default table."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

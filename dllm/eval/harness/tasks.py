@@ -11,7 +11,7 @@ instances of every default size: the examples ``dllm eval-tasks --per-size N`` d
 ``resolve_data_files`` finds them in ``data_dir()`` = ``$DLLM_TASK_DATA``, else
 ``$XDG_CACHE_HOME/dllm/lm_tasks`` (``~/.cache/dllm/lm_tasks``). Write them with
 
-    python -m dllm.eval.harness.tasks --per-size 4 [--dir DIR]
+    dllm eval harness-tasks --per-size 4 [--dir DIR]
 
 A document holds the prompt text (``[BOS] <task> <args...> [SEP]``, words joined by spaces), the
 reference answer (for the logs), and ``answer_length`` = L_ans: the request's ``max_gen_toks``, so
@@ -38,7 +38,7 @@ LM_TASKS_DIR = Path(__file__).resolve().parent / "lm_tasks"  # the include_path 
 DATA_ENV = "DLLM_TASK_DATA"
 MANIFEST = "manifest.json"
 TASK_PREFIX = "stress_"
-WRITE_COMMAND = "python -m dllm.eval.harness.tasks --per-size 4"
+WRITE_COMMAND = "dllm eval harness-tasks --per-size 4"
 
 
 def lm_task_name(task: str) -> str:
@@ -188,7 +188,7 @@ def render_lm_tasks(directory: Union[str, Path] = LM_TASKS_DIR) -> list[Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
-    p = argparse.ArgumentParser(prog="python -m dllm.eval.harness.tasks",
+    p = argparse.ArgumentParser(prog="dllm eval harness-tasks",
                                 description="write the stress tasks' JSONL files for lm-eval")
     p.add_argument("--dir", default=None, help=f"output directory (default: ${DATA_ENV} or {data_dir()})")
     p.add_argument("--per-size", type=int, default=4, help="test examples per task size (as dllm eval-tasks)")

@@ -15,12 +15,12 @@ from dllm.scoring.exact_match import eval_examples  # noqa: E402
 
 
 def test_committed_yamls_match_the_task_registry():
-    """Registering a task needs its YAML: regenerate with ``python -m dllm.eval.harness.tasks --yaml``."""
+    """Registering a task needs its YAML: regenerate with ``dllm eval harness-tasks --yaml``."""
     want = HT.lm_task_files()
     on_disk = {p.name for p in HT.LM_TASKS_DIR.iterdir() if p.suffix == ".yaml" or p.name == HT.TEMPLATE}
-    assert on_disk == set(want), "stale or missing YAMLs: run python -m dllm.eval.harness.tasks --yaml"
+    assert on_disk == set(want), "stale or missing YAMLs: run dllm eval harness-tasks --yaml"
     for name, text in want.items():
-        assert (HT.LM_TASKS_DIR / name).read_text() == text, f"stale {name}: python -m dllm.eval.harness.tasks --yaml"
+        assert (HT.LM_TASKS_DIR / name).read_text() == text, f"stale {name}: dllm eval harness-tasks --yaml"
     assert {HT.group_name(s) + ".yaml" for s in T.SUITES} <= set(want)
 
 
@@ -57,7 +57,7 @@ def test_missing_file_names_the_path_and_the_command(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as err:
         _load(task_manager(include_defaults=False), ["stress_copy"])
     msg = str(err.value)
-    assert str(tmp_path / "nowhere" / "copy.jsonl") in msg and "python -m dllm.eval.harness.tasks --per-size" in msg
+    assert str(tmp_path / "nowhere" / "copy.jsonl") in msg and "dllm eval harness-tasks --per-size" in msg
 
 
 def test_stale_files_are_refused(tmp_path, monkeypatch):
