@@ -193,6 +193,7 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(command, t
         main([*command, "--json", str(tmp_path)])
     assert exit_.value.code == 2
     assert f"argument --json: '{tmp_path}' is a directory; give a file path" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(SystemExit):
-        main([*command, "--json", str(tmp_path / "no-such-dir" / "r.json")])
-    assert f"the directory '{tmp_path / 'no-such-dir'}' does not exist" in capsys.readouterr().err
+        main([*command, "--json", str(tmp_path / "a-file" / "r.json")])
+    assert f"'{tmp_path / 'a-file'}' is a file, not a directory" in capsys.readouterr().err

@@ -41,12 +41,13 @@ POSITIVE = at_least(1)
 
 def output_file(text: str) -> str:
     """An argparse type: a file the command writes after its run, refused before the run when it cannot be
-    (a directory, or a file in a directory that does not exist)."""
+    (a directory, or a path under an existing file); missing parent directories are made by the command."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path ({path / 'results.json'})")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r}: the directory {str(path.parent)!r} does not exist")
+    parent = next((q for q in path.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a directory")
     return text
 
 

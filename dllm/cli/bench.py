@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads, output_file
 
 
 def _write_json(path, rows) -> None:
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             json.dump(rows, f, indent=2, default=str)
 

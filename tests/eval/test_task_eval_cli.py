@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from dllm.cli import main
 
 
@@ -70,8 +72,10 @@ def test_eval_tasks_json_on_a_directory_is_refused_before_the_model_loads(capsys
         raise AssertionError("a model was loaded before --json was checked")
 
     monkeypatch.setattr(dllm.models, "load", load)
-    assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--json", str(tmp_path)]) == 2
-    assert f"--json '{tmp_path}' is a directory; give a file path" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse refuses it (dllm.cli.args.output_file)
+        main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--json", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert f"--json: '{tmp_path}' is a directory; give a file path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

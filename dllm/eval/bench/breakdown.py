@@ -32,6 +32,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
@@ -300,6 +301,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "sampler": args.sampler, "rows": rows}
         print(format_rows(rows))
         if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
 

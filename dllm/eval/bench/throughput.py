@@ -9,6 +9,7 @@ wall time, peak memory of the ``generate`` runs). Median over ``--repeats`` runs
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -49,6 +50,7 @@ def run_throughput(args) -> dict:
     for k, v in result.items():
         print(f"{k:<{width}}  {v}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return result
