@@ -24,9 +24,9 @@ def _generate(model, prompts, sampler, stats, options=None, **kw):
     return dllm.generate(model, prompts, sampler=sampler, stats=stats, **(options or {}), **kw)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["T0", "T1"])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(1.0, marks=pytest.mark.slow)], ids=["T0", "T1"])
 @pytest.mark.parametrize("sampler, options", SAMPLERS, ids=["low_confidence", "threshold", "threshold-0.5", "factor"])
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", pytest.param("dream", marks=pytest.mark.slow)])  # the rest under -m slow
 def test_fused_stats_give_the_reference_tokens(family, sampler, options, temperature):
     model = tiny(family, seed=3).to(DEVICE)
     kw = dict(gen_length=12, block_length=4, temperature=temperature, seed=7)

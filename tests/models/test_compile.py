@@ -38,7 +38,8 @@ def test_halves_compose_the_layer_exactly():
     torch.testing.assert_close(out, layer.residual_out(h, att), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.slow  # torch.compile traces for seconds per model
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_logits_and_tokens_match_eager(model, backend):
     if backend == "inductor" and model.logit_shift:
         pytest.skip("inductor once (LLaDA) is enough: the halves are the same code for both families")
