@@ -153,3 +153,62 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     if proc.returncode != 0:
         pytest.fail(f"{block.id}: exit {proc.returncode}\n--- code\n{block.code}--- stdout (tail)\n"
                     f"{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-3000:]}")
+
+
+README_MAX_LINES = 300
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+DLLM_WORDS = re.compile(r"(?:^|[\s(;|&])dllm((?: +[^\s`#]+){0,3})")
+PYTHON_M = re.compile(r"(?:python3? )?-m (dllm[\w.]*)")
+PYTHON_M_ALLOWED = {"dllm", "dllm.train", "dllm.eval.harness"}  # the CLI itself, its train alias, lm-eval's own CLI
+
+
+def test_readme_is_short() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
+
+
+def _code_texts(page: Path) -> list[str]:
+    """The page's shell text: every fenced bash block and every inline code span."""
+    text = page.read_text(encoding="utf-8")
+    return [b.code for b in extract_blocks(page) if b.lang == "bash"] + INLINE_CODE.findall(text)
+
+
+def test_every_dllm_command_shown_is_registered() -> None:
+    """Each ``dllm <words>`` in the pages' commands names a command of the registry (``dllm/cli/table.py``),
+    and ``python -m`` appears only for lm-eval's harness, ``dllm.train`` and ``dllm`` itself: a command that
+    moves or is renamed fails here, not in a reader's shell."""
+    from dllm.cli.registry import UsageError
+    from dllm.cli.table import REGISTRY
+
+    bad = []
+    for page in PAGES:
+        for text in _code_texts(page):
+            for line in text.splitlines():
+                line = line.split(" #", 1)[0]
+                for m in DLLM_WORDS.finditer(line):
+                    raw = m[1].split()
+                    if not raw or raw[0].startswith(("-", "<", "$", "...")):
+                        continue  # `dllm --help`, `dllm <group> <command>`, `--model dllm ...`
+                    words = [w.rstrip(":;,.)") for w in raw]
+                    if words[0] in REGISTRY.groups and (len(words) == 1 or words[1] in ("-h", "--help")):
+                        continue  # `dllm bench`, `dllm bench --help`: the group's list of commands
+                    try:
+                        REGISTRY.find(words)
+                    except UsageError as err:
+                        bad.append(f"{page.relative_to(ROOT)}: {line.strip()!r}: {err}")
+                for target in PYTHON_M.findall(line):
+                    if target not in PYTHON_M_ALLOWED:
+                        bad.append(f"{page.relative_to(ROOT)}: {line.strip()!r}: python -m {target} "
+                                   f"(show the dllm command)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_command_check_sees_a_stale_command(tmp_path: Path, monkeypatch) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("Run `dllm eval-tasks --k 1` and `dllm bench nonsense`, or `python -m dllm.eval.choose_fast`.\n")
+    monkeypatch.setattr(sys.modules[__name__], "PAGES", [page])
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError) as err:
+        test_every_dllm_command_shown_is_registered()
+    message = str(err.value)
+    assert "bench nonsense" in message and "dllm.eval.choose_fast" in message and "eval-tasks" not in message
