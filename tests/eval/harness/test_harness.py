@@ -185,3 +185,16 @@ def test_cli_device_falls_back_but_model_args_device_is_strict():
     assert lm.device.type in ("cpu", "cuda") and lm.config.batch_size == 1
     with pytest.raises(ValueError, match="device 'cuda:7'"):
         H.DllmLM.create_from_arg_obj({"pretrained": "tiny-llada", "device": "cuda:7"}, {})
+
+
+@pytest.mark.slow  # lm-eval indexes its own task folder first: tens of seconds
+def test_command_line_bad_model_args_is_one_line_and_status_2():
+    """A bad ``model_args`` value through ``python -m dllm.eval.harness``: one line naming it, exit 2."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "dllm.eval.harness", "--model", "dllm", "--model_args",
+                           "pretrained=oracle,sampler=nope", "--tasks", "stress_copy", "--limit", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: model_args sampler='nope': Unknown sampler 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
