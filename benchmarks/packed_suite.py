@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from dllm import tasks as T
-from dllm.eval.compare import task_examples as _examples
+from dllm.eval.compare import task_examples
 from dllm.scoring.exact_match import decode_and_score, load_model
 
 
@@ -37,7 +37,7 @@ def main() -> None:
         ap.error(f"--n, --repeats and --threads must be >= 1, got {args.n}, {args.repeats}, {args.threads}")
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    examples = _examples(list(T.suite_task_names("long-prompt")), args.n)
+    examples = task_examples(list(T.suite_task_names("long-prompt")), args.n)
     # (attention backend, max batch, batches by length, full forwards per group of rows: packs_padded_rows)
     variants = {"one batch per task, sdpa_plain": ("sdpa_plain", 64, False, False),
                 "one batch per task, sdpa": ("sdpa", 64, False, False),

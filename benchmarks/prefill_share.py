@@ -27,7 +27,7 @@ import torch
 from dllm import tasks as T
 from dllm.eval.bench.choose_cache import PAIRS
 from dllm.eval.compare import SamplerSpec
-from dllm.eval.compare import task_examples as _examples
+from dllm.eval.compare import task_examples
 from dllm.scoring.exact_match import decode_and_score, load_model
 from dllm.eval.bench.e2e import FASTDLLM
 
@@ -88,7 +88,7 @@ def main() -> None:
         if suite != "long-prompt":
             continue
         model = load_model(model_name)
-        examples = _examples(T.suite_task_names(suite), args.n)
+        examples = task_examples(T.suite_task_names(suite), args.n)
         runs: dict[str, list[dict]] = {FASTDLLM: [], OURS: []}
         for spec in runs:  # warm-up
             run(model, examples[:4], spec, block)
