@@ -77,12 +77,18 @@ def task_docs(task: str, per_size: int) -> list[dict[str, Any]]:
     return docs
 
 
+def suite_entries() -> list:
+    """The registered tasks of the suites (``T.SUITES``); training-only curriculum variants, registered
+    when a training recipe loads them (``dllm.train.recipes.narrow_tasks``), are not lm-eval tasks."""
+    return [e for e in T.tasks if e.obj.suite in T.SUITES]
+
+
 def write_task_files(directory: Union[str, Path, None] = None, per_size: int = 4,
                      tasks: Optional[Sequence[str]] = None) -> list[Path]:
-    """Write ``<task>.jsonl`` for each task (default: every registered task) and ``manifest.json``
+    """Write ``<task>.jsonl`` for each task (default: every task of the suites) and ``manifest.json``
     into ``directory`` (default ``data_dir()``); returns the JSONL paths."""
     out_dir = Path(directory).expanduser() if directory is not None else data_dir()
-    names = [T.get_task(t).name for t in tasks] if tasks else [e.name for e in T.tasks]
+    names = [T.get_task(t).name for t in tasks] if tasks else [e.name for e in suite_entries()]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in names:
@@ -163,7 +169,7 @@ metadata:
 def lm_task_files() -> dict[str, str]:
     """File name -> text of every YAML of ``lm_tasks/``: the template, one per task, one per suite."""
     files = {TEMPLATE: _TEMPLATE_TEXT}
-    for entry in T.tasks:
+    for entry in suite_entries():
         files[f"{lm_task_name(entry.name)}.yaml"] = (
             f"{_HEADER}include: {TEMPLATE}\ntask: {lm_task_name(entry.name)}\n"
             f"dataset_kwargs:\n  data_files:\n    test: {entry.name}.jsonl\n")

@@ -14,6 +14,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+import dllm  # noqa: E402
 from dllm import tasks as T  # noqa: E402
 from dllm.eval import harness as H  # noqa: E402
 from dllm.scoring.exact_match import decode_and_score, eval_examples  # noqa: E402
@@ -112,12 +113,20 @@ def test_cut_at_stops_and_steps():
     assert H.steps_for(10, 4, 2) == 3 * 2 and H.steps_for(10, 4, None) is None
 
 
-def test_chat_template(model):
-    lm = H.DllmLM(pretrained="tiny-llada", dtype="float32", device="cpu")
-    text = lm.apply_chat_template([{"role": "user", "content": "copy A B"}])
-    assert text == model.render_chat([{"role": "user", "content": "copy A B"}])
-    assert lm.chat_template(True) == model.chat_template and lm.chat_template(False) is None
+def test_chat_template():
+    """lm-eval's --apply_chat_template renders the model's template (the random LLaDA's tokenizer has
+    LLaDA's chat tokens); the word-level task models have none and say so instead of rendering words
+    their tokenizer does not know."""
+    chat = [{"role": "user", "content": "copy A B"}]
+    random_llada = dllm.load("tiny-random-llada", dtype="float32")
+    lm = H.DllmLM(pretrained="tiny-random-llada", dtype="float32", device="cpu")
+    text = lm.apply_chat_template(chat)
+    assert text == random_llada.render_chat(chat) and text.startswith("<|startoftext|><|start_header_id|>user")
+    assert lm.chat_template(True) == random_llada.chat_template and lm.chat_template(False) is None
     assert lm.tokenizer_name and "/" not in lm.tokenizer_name
+    task_lm = H.DllmLM(pretrained="tiny-llada", dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="model 'tiny-llada' has no chat template"):
+        task_lm.apply_chat_template(chat)
 
 
 # ---- model_args ----------------------------------------------------------------------------------------

@@ -86,3 +86,15 @@ def _load(manager, names):
     from lm_eval.tasks import get_task_dict
 
     return get_task_dict(names, manager)
+
+
+def test_training_only_tasks_are_not_lm_eval_tasks():
+    """A training recipe registers curriculum variants (``lookup_k1``, ``count_c8``); they are not
+    suite tasks, so the YAMLs and the default task files stay the suites' (whatever ran before)."""
+    from dllm.train.recipes import narrow_tasks
+
+    before = HT.lm_task_files()
+    names = [narrow_tasks.narrow_lookup(1), narrow_tasks.narrow_count(8)]
+    assert all(n in T.tasks for n in names)
+    assert HT.lm_task_files() == before
+    assert not {e.name for e in HT.suite_entries()} & set(names)
