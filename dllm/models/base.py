@@ -390,13 +390,11 @@ class DiffusionLM(nn.Module):
         """``model 'tiny-llada'`` for a loaded model, else ``this llada model``."""
         return f"model {self.name_or_path!r}" if self.name_or_path else f"this {self.family or type(self).__name__} model"
 
-    def render_chat(self, messages: Messages) -> str:
-        """Chat messages -> the templated prompt string, ending with the assistant header.
-
-        ValueError naming the model when it has no usable template: its tokenizer ships none and
-        the family defines none, or the family's default needs special tokens (``<|im_start|>``,
-        ...) that the tokenizer's vocabulary lacks (the embedded task models' word vocabularies),
-        where rendering it would only give words the tokenizer does not know."""
+    def usable_chat_template(self) -> str:
+        """The chat template, or a ValueError naming the model when it has no usable one: its tokenizer
+        ships none and the family defines none, or the family's default needs special tokens
+        (``<|im_start|>``, ...) that the tokenizer's vocabulary lacks (the embedded task models' word
+        vocabularies), where rendering it would only give words the tokenizer does not know."""
         tok = self._require_tokenizer()
         template = self.chat_template
         if template is None:
@@ -410,6 +408,13 @@ class DiffusionLM(nn.Module):
                     f"{self.display_name} has no chat template: its tokenizer has none, and the {self.family} "
                     f"default template needs the tokens {', '.join(map(repr, missing))}, which its "
                     f"{len(vocab)}-entry vocabulary lacks; pass chat=False and a raw prompt")
+        return template
+
+    def render_chat(self, messages: Messages) -> str:
+        """Chat messages -> the templated prompt string, ending with the assistant header
+        (ValueError naming the model when it has no usable template: ``usable_chat_template``)."""
+        tok = self._require_tokenizer()
+        template = self.usable_chat_template()
         return tok.apply_chat_template(list(messages), chat_template=template, tokenize=False,
                                        add_generation_prompt=True)
 

@@ -142,10 +142,10 @@ class DllmLM(LM):
         return self.model.chat_template if chat_template else None
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        template = self.model.chat_template
-        if template is None:
-            raise ValueError(f"model {self.config.pretrained!r} has no chat template (neither its tokenizer "
-                             f"nor family {self.model.family!r} defines one); run without --apply_chat_template")
+        try:
+            template = self.model.usable_chat_template()
+        except ValueError as err:
+            raise ValueError(f"{err} (lm-eval: run without --apply_chat_template)") from None
         kwargs = dict(chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
                       continue_final_message=not add_generation_prompt)
         try:
