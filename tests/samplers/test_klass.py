@@ -263,7 +263,8 @@ _SLOW = pytest.mark.slow  # the embedded trained model: seconds per case
 
 
 @pytest.mark.parametrize("kind,block,options", [
-    ("random", 8, (0.6, 0.015, 2)), ("random", 8, (0.3, 0.05, 1)), ("random", 4, (0.3, 0.05, 3)),
+    ("random", 8, (0.6, 0.015, 2)), pytest.param("random", 8, (0.3, 0.05, 1), marks=_SLOW),
+    pytest.param("random", 4, (0.3, 0.05, 3), marks=_SLOW),
     pytest.param("trained", 8, (0.6, 0.015, 2), marks=_SLOW), pytest.param("trained", 8, (0.3, 0.05, 1), marks=_SLOW),
 ])
 def test_matches_the_authors_decoder_across_blocks(kind, block, options):
