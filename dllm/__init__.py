@@ -8,6 +8,8 @@ autoregressive targets: ``speculative_generate``, ``load_target``, ``make_drafte
 
 from __future__ import annotations
 
+from dllm.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -27,13 +29,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'dllm' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = list(_LAZY)

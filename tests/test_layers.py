@@ -25,7 +25,7 @@ from pathlib import Path
 import dllm
 
 LAYERS: dict[str, int] = {
-    "registry": 0, "options": 0, "state": 0, "schedule": 0, "inputs": 0.5, "outputs": 0.6,
+    "registry": 0, "lazy": 0, "options": 0, "state": 0, "schedule": 0, "inputs": 0.5, "outputs": 0.6,
     "tasks": 1, "kernels": 1,
     "models": 2,
     "samplers": 3, "cache": 3,

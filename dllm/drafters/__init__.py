@@ -19,6 +19,8 @@ function stays in ``dllm.drafters.verify`` (that name is the submodule here).
 
 from __future__ import annotations
 
+from dllm.lazy import lazy_exports
+
 _LAZY = {
     "speculative_generate": ("dllm.drafters.loop", "speculative_generate"),
     "Plan": ("dllm.drafters.plan", "Plan"),
@@ -46,19 +48,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value  # resolved once
-        return value
-    raise AttributeError(f"module 'dllm.drafters' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)

@@ -291,7 +291,7 @@ def test_help_imports_no_torch():
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split() == ["dllm", "dllm.cli", "dllm.cli.registry", "dllm.cli.table"]
+    assert out.split() == ["dllm", "dllm.cli", "dllm.cli.registry", "dllm.cli.table", "dllm.lazy"]
 
 
 def test_python_m_dllm_is_the_command():

@@ -16,6 +16,8 @@ its siblings directly and this file adds no import edge.
 
 from __future__ import annotations
 
+from dllm.lazy import lazy_exports
+
 _LAZY = {
     "DFlashBlockDrafter": "drafter", "DFlashOptions": "drafter", "DFlashSession": "drafter",
     "DFlashConfig": "config", "tap_layer_ids": "config",
@@ -29,18 +31,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)

@@ -12,6 +12,8 @@ this package loads no module), so each module imports its siblings directly.
 
 from __future__ import annotations
 
+from dllm.lazy import lazy_exports
+
 _LAZY = {
     **dict.fromkeys(["Tree", "ancestor_mask", "chain_tree", "expected_accepted", "on_path", "path_jumps",
                      "path_probs", "path_reduce", "path_reduce_reference", "path_scores", "select_subtree"], "tree"),
@@ -24,18 +26,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)
