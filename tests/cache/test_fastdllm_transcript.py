@@ -15,8 +15,6 @@ seeds).
 from __future__ import annotations
 
 import functools
-import pathlib
-import sys
 
 import pytest
 import torch
@@ -24,17 +22,13 @@ import torch
 import dllm
 from dllm.models import tiny
 
-_TESTS_DIR = str(pathlib.Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-from reference.fastdllm_generate import (  # noqa: E402
+from tests.reference.fastdllm_generate import (  # noqa: E402
     FastDLLMLLaDA,
     fastdllm_generate,
     generate_with_dual_cache,
     generate_with_prefix_cache,
 )
-from reference.llada_generate import MaskCommitError  # noqa: E402
+from tests.reference.llada_generate import MaskCommitError  # noqa: E402
 
 DRIVERS = {"none": fastdllm_generate, "prefix": generate_with_prefix_cache, "dual": generate_with_dual_cache}
 SEEDS = range(4)

@@ -231,11 +231,8 @@ def _authors_pairs(model, gen, block, options, reset=False):
     import pathlib
     import sys
 
-    tests_dir = str(pathlib.Path(__file__).resolve().parents[1])
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    from reference.klass_generate import klass_generate
-    from reference.llada_generate import MaskCommitError
+    from tests.reference.klass_generate import klass_generate
+    from tests.reference.llada_generate import MaskCommitError
 
     conf, kappa, h = options
     pairs = []

@@ -47,18 +47,12 @@ decides among equal confidences, which dllm reproduces by making the same ``torc
 from __future__ import annotations
 
 import functools
-import pathlib
-import sys
 
 import pytest
 import torch
 
-_TESTS_DIR = str(pathlib.Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-from reference.dream_generate import dream_generate  # noqa: E402
-from reference.llada_generate import AmbiguousTieError, MaskCommitError, llada_generate  # noqa: E402
+from tests.reference.dream_generate import dream_generate  # noqa: E402
+from tests.reference.llada_generate import AmbiguousTieError, MaskCommitError, llada_generate  # noqa: E402
 
 CANDIDATE_SEEDS = range(16)
 _REJECT = (MaskCommitError, AmbiguousTieError)

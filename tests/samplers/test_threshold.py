@@ -112,11 +112,8 @@ def _fastdllm_dream_pairs(model, gen, steps, tau, cap=True, **options):
     import pathlib
     import sys
 
-    tests_dir = str(pathlib.Path(__file__).resolve().parents[1])
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    from reference.fastdllm_dream_generate import fastdllm_dream_threshold_generate
-    from reference.llada_generate import MaskCommitError
+    from tests.reference.fastdllm_dream_generate import fastdllm_dream_threshold_generate
+    from tests.reference.llada_generate import MaskCommitError
 
     special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
     pool = torch.tensor([t for t in range(model.config.vocab_size) if t not in special])

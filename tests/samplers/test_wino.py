@@ -1,8 +1,5 @@
 """WINO (``dllm/samplers/wino.py``) and the shadow-block forward it reads (``dllm/models/shadow.py``)."""
 
-import pathlib
-import sys
-
 import pytest
 import torch
 
@@ -12,10 +9,8 @@ from dllm.models.base import DiffusionLM
 from dllm.samplers import make_sampler
 from dllm.samplers._ops import ranks_of
 from dllm.samplers.wino import narrow_out, wide_in
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from reference.llada_generate import MaskCommitError  # noqa: E402
-from reference.wino_generate import wino_generate  # noqa: E402
+from tests.reference.llada_generate import MaskCommitError
+from tests.reference.wino_generate import wino_generate
 
 
 # ---- the shadow forward ----------------------------------------------------------------------
