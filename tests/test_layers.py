@@ -20,6 +20,7 @@ functions count too: a lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import dllm
@@ -108,7 +109,7 @@ def test_the_walk_sees_a_planted_upward_import(tmp_path, monkeypatch):
     (pkg / "models" / "__init__.py").write_text("")
     (pkg / "models" / "bad.py").write_text("def f():\n    from dllm.engine import generate\n")
     (pkg / "models" / "good.py").write_text("from dllm.kernels.attention import backends\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
     bad = upward_imports()
     assert len(bad) == 1 and "models/bad.py:2" in bad[0] and "dllm.engine" in bad[0]
 
@@ -228,7 +229,7 @@ def test_the_cycle_finder_sees_a_planted_cycle(tmp_path, monkeypatch):
     type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dllm.eval.f\n"  # never runs: no cycle
     (pkg / "eval" / "e.py").write_text(type_only)
     (pkg / "eval" / "f.py").write_text("import dllm.eval.e\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
     assert import_cycles(pkg) == [["dllm.eval.a", "dllm.eval.b", "dllm.eval.c"]]
     (pkg / "eval" / "c.py").write_text("def g():\n    pass\n")
     assert import_cycles(pkg) == []
