@@ -197,6 +197,7 @@ def test_examples_follow_the_target_path():
     assert deviations.tolist() == [0, 0, 1] and states[:, 0].tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_the_trainer_end_to_end(tmp_path):
     from dllm.train.path_head_train import main
 

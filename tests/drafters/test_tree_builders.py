@@ -129,6 +129,7 @@ def test_ddtree_hand_example():
     assert expected_accepted(five, two_depth_example()).item() == pytest.approx(0.7 + 0.42 + 0.21 + 0.2 + 0.12)
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_ddtree_is_the_best_prefix_closed_subtree_by_brute_force():
     k, v, budget = 3, 3, 5
     for seed in range(5):

@@ -183,6 +183,7 @@ def test_backend_registration():
         resolve_backend("triton", need_probs=True)
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 @pytest.mark.skipif(not INTERPRETED, reason="checks the CPU refusal")
 def test_refusal_without_interpreter_on_cpu():
     code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"

@@ -39,6 +39,7 @@ def test_tiny_model_forward_matches_reference_backend(family, overrides, padded)
     assert_close(f"{family}-{'pad' if padded else 'nopad'}/logits", ref, fast, 1e-5)
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 @pytest.mark.parametrize("cache", ["dual", "prefix"])
 def test_cached_generate_matches_sdpa(cache):
     prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]  # left-padded into one batch

@@ -118,6 +118,7 @@ def test_philox_draws_are_reproducible_and_tile_invariant():
     assert torch.allclose(a.sample_prob.double(), p.gather(-1, a.sample[:, None]).squeeze(-1), atol=1e-6)
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_philox_draws_follow_the_tempered_softmax():
     n, vocab, temperature = 96 if INTERPRETED else 20000, 8, 1.0  # Philox is slow in the interpreter
     logits = torch.tensor([1.0, 0.5, 0.0, -0.5, 0.8, 0.2, -0.2, 3.0])  # every allowed p >= 7%

@@ -496,6 +496,7 @@ PEAKED_DREAM_CASES = [
 ]
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 @pytest.mark.parametrize("alg,scale,gen,steps,batch", PEAKED_DREAM_CASES)
 def test_dream_peaked_ties_equal_reference(alg, scale, gen, steps, batch):
     """Dream's ``torch.topk`` over tied confidences: dllm makes the same call, so the same choice.
@@ -528,6 +529,7 @@ PEAKED_LLADA_CASES = [
 ]
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 @pytest.mark.parametrize("temperature,scale,shape,batch", PEAKED_LLADA_CASES)
 def test_llada_peaked_ties_equal_reference(temperature, scale, shape, batch):
     """LLaDA's softmax runs in the logits dtype (float32 here): p(x0) saturates to 1.0 and its

@@ -67,6 +67,7 @@ def test_every_task_has_its_own_token():
         assert name in vocab, f"task {name} has no task token"
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 @pytest.mark.parametrize("name", ALL)
 def test_lengths_fit_the_budget_at_every_size(name):
     task = T.get_task(name)

@@ -49,6 +49,7 @@ def same(ours, theirs, where: str = "") -> list[str]:
     return [] if ours == theirs else [f"{where}: ours {str(ours)[:60]} != shipped {str(theirs)[:60]}"]
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_import_registers_no_task_and_every_recipe_is_listed():
     code = ("import re, dllm.train, dllm.train.runner, dllm.train.__main__, dllm.tasks as T; "
             "print([n for n in T.tasks.names() if re.fullmatch('(lookup_k|count_c)[0-9]+', n)])")
@@ -213,6 +214,7 @@ def test_probe_scores_curriculum_cases(capsys: pytest.CaptureFixture[str]):
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_time_limit_checkpoints_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """--time-limit: the step reached is checkpointed, the chain stops there and exports it."""
     assert main(["--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--time-limit", "2", "--out",

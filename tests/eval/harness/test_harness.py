@@ -66,6 +66,7 @@ def test_harness_accuracy_equals_exact_match(data_dir, manager, model, sampler, 
     assert 0 < sum(got.values()) < len(TASKS)  # some tasks right, some wrong: equality says something
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_command_line_writes_results(data_dir, tmp_path, monkeypatch):
     """``python -m dllm.eval.harness`` = lm-eval's CLI with the model and the task dir (lm-eval's own
     tasks are not indexed here: that takes seconds and is lm-eval's business)."""

@@ -32,6 +32,7 @@ def examples(n: int = 2) -> list[T.Example]:
     return T.test_split("copy_long", 32, n=n)
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_every_method_side_by_side(models):
     target, paths = models
     methods = [Method("generate"), "ar", Method("dflash", paths["dflash"]), Method("assisted", paths["assistant"]),

@@ -38,6 +38,7 @@ def test_splits_are_disjoint_and_per_size():
     assert held == [e for s in sizes for e in T.test_split("copy_long", s, n=4)[2:]]
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_run_trees_chooses_on_held_out(models, monkeypatch):
     target, drafter, _ = models
     held, rep = T.test_split("copy_long", 32, n=2)[1:], T.test_split("copy_long", 32, n=1)
@@ -124,6 +125,7 @@ def test_cost_curve(models):
         B.fit_line([3, 3], [1.0, 2.0])
 
 
+@pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_main_via_bench_spec(models, tmp_path, capsys):
     _, _, paths = models
     out, png = tmp_path / "trees.json", tmp_path / "trees.png"
