@@ -1,0 +1,200 @@
+"""What a served request is and what it yields: the settings, the job handle and its events.
+
+The HTTP layer (``dllm.serve.app``) turns an OpenAI-style body into a ``JobRequest``, hands it to an
+engine (``dllm.serve.diffusion.DiffusionEngine`` or ``dllm.serve.speculative.SpecEngine``) and reads the
+job's events: ``Delta`` (text that is final: a committed left prefix, never revised), ``Step`` (one
+per denoising step when the request asked for ``step_events``), then exactly one ``Done`` or
+``Failed``. Engines run jobs on their own threads; a job's events are read from any thread
+(``Job.events``) or from an asyncio loop (``Job.aevents``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Optional, Union
+
+
+@dataclass(frozen=True)
+class DiffusionSettings:
+    """How one diffusion request decodes (the keywords of ``dllm.generate``)."""
+
+    sampler: str = "low_confidence"  # a registered sampler spec: "threshold:threshold=0.8"
+    cache: str = "none"  # a registered cache spec: "dual:refresh=4"
+    block_length: Optional[int] = None
+    steps: Optional[int] = None
+    temperature: float = 0.0
+    seed: Optional[int] = None
+    options: tuple[tuple[str, Any], ...] = ()  # sampler options given as separate fields, sorted by name
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``dllm.generate`` (without prompt and gen_length)."""
+        kw: dict[str, Any] = dict(sampler=self.sampler, cache=self.cache, block_length=self.block_length,
+                                  steps=self.steps, temperature=self.temperature, seed=self.seed)
+        kw.update(dict(self.options))
+        return kw
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """How one speculative request decodes (the keywords of ``dllm.speculative_generate``)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+
+
+Settings = Union[DiffusionSettings, SpecSettings]
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One completion: the prompt's token ids, how many tokens at most, stops and settings."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    settings: Settings
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (not included)
+    step_events: bool = False  # also one ``Step`` event per denoising step (diffusion only)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New final text: ``text`` extends what earlier deltas sent; ``token_ids`` are the tokens it came from."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One denoising step of a diffusion request: the generated region after it.
+
+    ``tokens[i]`` is the text piece of generated position i, None while masked; ``trace[i]`` the step
+    that committed it (-1 while masked); ``committed`` the positions committed by this step."""
+
+    step: int
+    block: int
+    nfe: int
+    tokens: tuple[Optional[str], ...]
+    trace: tuple[int, ...]
+    committed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    """The finished request. ``text`` equals the concatenated deltas. ``finish_reason`` is "stop"
+    (EOS or a stop string) or "length" (max_tokens reached)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    nfe: int  # model forwards (diffusion) or target forwards (speculative)
+    forwarded_tokens: int = 0
+    queue_s: float = 0.0  # submitted -> started
+    ttft_s: Optional[float] = None  # submitted -> first non-empty delta
+    wall_s: float = 0.0  # submitted -> done
+    acceptance: Optional[float] = None  # speculative: mean tokens per round (accepted + bonus)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.completion_tokens / self.nfe if self.nfe else 0.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed after it was accepted (cancelled, or an error in the decode loop)."""
+
+    message: str
+    status: int = 500  # 499: cancelled by the client; 503: the engine shut down before it ran
+
+
+Event = Union[Delta, Step, Done, Failed]
+
+
+class QueueFull(Exception):
+    """The engine's queue is full; retry after ``retry_after`` seconds (HTTP 429 + Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineClosed(Exception):
+    """The engine is shutting down and takes no new requests (HTTP 503)."""
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Job:
+    """A submitted request: its events arrive in order, ending with one ``Done`` or ``Failed``."""
+
+    request: JobRequest
+    id: int = field(default_factory=lambda: next(_ids))
+    submitted: float = field(default_factory=time.perf_counter)
+    _queue: "queue.Queue[Event]" = field(default_factory=queue.Queue, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _final: Optional[Event] = field(default=None, repr=False)
+
+    # ---- the engine's side ----
+    def emit(self, event: Event) -> None:
+        if self._final is not None:
+            return  # nothing after Done/Failed
+        if isinstance(event, (Done, Failed)):
+            self._final = event
+        self._queue.put(event)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self._final is not None
+
+    # ---- the reader's side ----
+    def cancel(self) -> None:
+        """Ask the engine to drop this job (a client that went away): its row leaves the batch at
+        the next step and the job ends with ``Failed(status=499)``."""
+        self._cancel.set()
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
+        """The events in order, ending with the final one (blocking; ``timeout`` per event)."""
+        while True:
+            event = self._queue.get(timeout=timeout)
+            yield event
+            if isinstance(event, (Done, Failed)):
+                return
+
+    async def aevents(self, poll_s: float = 0.005) -> AsyncIterator[Event]:
+        """``events`` for an asyncio loop (polls the thread-safe queue without blocking the loop)."""
+        while True:
+            try:
+                event = self._queue.get_nowait()
+            except queue.Empty:
+                await asyncio.sleep(poll_s)
+                continue
+            yield event
+            if isinstance(event, (Done, Failed)):
+                return
+
+    def result(self, timeout: Optional[float] = None) -> Union[Done, Failed]:
+        """Block until the job ends; its final event."""
+        last: Optional[Event] = None
+        for last in self.events(timeout=timeout):
+            pass
+        assert isinstance(last, (Done, Failed))
+        return last
+
+
+__all__ = ["DiffusionSettings", "SpecSettings", "Settings", "JobRequest", "Delta", "Step", "Done", "Failed",
+           "Event", "Job", "QueueFull", "EngineClosed"]
