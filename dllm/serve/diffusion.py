@@ -139,6 +139,26 @@ class DiffusionEngine(ThreadedEngine):
         else:
             self._start_workers(self.scheduler.max_running)
 
+    def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
+                         block_length: Optional[int] = None, steps: Optional[int] = None,
+                         temperature: Optional[float] = None, seed: Optional[int] = None,
+                         options: Optional[dict] = None) -> DiffusionSettings:
+        """A request's settings: its own fields over the server's defaults. The default sampler's
+        options apply only when the request keeps the default sampler; a default block length longer
+        than the request's ``max_tokens`` becomes ``max_tokens`` (one block), as ``generate`` needs
+        ``block_length <= gen_length``. Unchecked (``check`` does that)."""
+        d = self.defaults
+        opts = dict(d.options) if sampler is None else {}
+        opts.update(options or {})
+        if block_length is None and d.block_length is not None and isinstance(max_tokens, int):
+            block_length = min(d.block_length, max_tokens) if max_tokens >= 1 else d.block_length
+        return DiffusionSettings(
+            sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
+            block_length=block_length if block_length is not None else d.block_length,
+            steps=d.steps if steps is None else steps,
+            temperature=d.temperature if temperature is None else temperature,
+            seed=d.seed if seed is None else seed, options=tuple(sorted(opts.items())))
+
     # ---- prompts ----
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
         return text_ids(lambda p: encode_prompts(self.model, [p])[0], prompt)

@@ -93,6 +93,13 @@ class SpecEngine(ThreadedEngine):
                                          max_running_tokens=max_running_tokens))
         self._start_workers(max_running)
 
+    def resolve_settings(self, *, max_tokens: int, temperature: Optional[float] = None,
+                         top_p: Optional[float] = None, top_k: Optional[int] = None,
+                         seed: Optional[int] = None) -> SpecSettings:
+        """A request's settings (OpenAI's defaults where it gives none: greedy unless asked)."""
+        return SpecSettings(temperature=0.0 if temperature is None else temperature,
+                            top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k, seed=seed)
+
     # ---- prompts ----
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
         from dllm.inputs import prompt_rows
