@@ -56,6 +56,7 @@ class _Row:
     pieces: dict[int, str]
     nfe: int = 0
     forwarded: int = 0
+    final: int = 0  # length of the final prefix sent through the stream
     first_delta: Optional[float] = None
 
     def observe(self, state) -> bool:
@@ -68,7 +69,9 @@ class _Row:
         else:
             final = next((i for i, t in enumerate(g) if t == mask), len(g))
         self.nfe, self.forwarded = state.nfe, state.forwarded_tokens  # the call's (a static batch's: shared)
-        self._send(g[:final], complete=False)
+        if final != self.final:  # decode only when the final prefix grew
+            self.final = final
+            self._send(g[:final], complete=False)
         if self.job.request.step_events:
             trace = state.trace[self.r].tolist()
             self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,
@@ -128,7 +131,7 @@ class DiffusionEngine(ThreadedEngine):
         self.max_tokens_limit = int(limit)
         super().__init__(SchedulerConfig(max_running=1 if mode == "serial" else max_running,
                                          max_queue=max_queue, max_running_tokens=max_running_tokens))
-        self.check_settings(defaults, where="defaults")
+        self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
         self._pieces: dict[int, str] = {}
         self._tok_lock = threading.Lock()
         self.batcher = ForwardBatcher(model, batcher) if mode == "continuous" else None
@@ -177,7 +180,7 @@ class DiffusionEngine(ThreadedEngine):
             return decode_answer(self.tokenizer, ids, (), self.model.mask_id)
 
     # ---- checks (nothing reaches the decode loop unchecked) ----
-    def check_settings(self, s: DiffusionSettings, *, where: str = "request", gen_length: int = 1) -> None:
+    def check_settings(self, s: DiffusionSettings, *, gen_length: int = 1) -> None:
         try:
             policy = make_cache(s.cache)
         except (ValueError, TypeError, KeyError) as err:
