@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -95,6 +96,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 def refusal(err: Exception) -> ApiError:
     """An error raised while a request was read, checked or queued: ValueError / TypeError / KeyError
     from the engine's encode or check are bad input too (400), not server faults."""
+    if isinstance(err, ClientDisconnect):  # gone while its body was read: nobody reads the reply
+        return ApiError(499, "the client disconnected", code="cancelled")
     if isinstance(err, (ApiError, BadRequest)) or not isinstance(err, (ValueError, TypeError, KeyError)):
         return from_exception(err)
     return bad_request(None, str(err))
