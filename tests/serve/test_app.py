@@ -253,6 +253,8 @@ def test_speculative_server_refuses_diffusion_fields():
         out = client(s).completions.create(model="fake", prompt="1", max_tokens=2, top_p=0.5, extra_body={"top_k": 3})
         assert out.choices[0].model_extra["dllm"]["acceptance"] == 2.0
         assert engine.checked[-1].settings.top_p == 0.5 and engine.checked[-1].settings.top_k == 3
+        opts = httpx.get(s.url + "/v1/dllm/options").json()
+        assert opts["kind"] == "speculative" and opts["samplers"] == [] and opts["defaults"]["temperature"] == 0.0
 
 
 # ---- auth, limits, faults ----
@@ -352,3 +354,16 @@ def test_drain_refuses_new_requests_and_lets_running_ones_finish():
     finally:
         s.stop()
     assert not s.thread.is_alive() and engine.closed  # the app closed the engine on shutdown
+
+
+def test_the_page_and_its_static_files_are_served(tmp_path):
+    (tmp_path / "index.html").write_text("<html>dllm page</html>")
+    (tmp_path / "page.js").write_text("console.log('x')")
+    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path)) as s:
+        r = httpx.get(s.url + "/")
+        assert r.status_code == 200 and r.text == "<html>dllm page</html>" and "text/html" in r.headers["content-type"]
+        assert httpx.get(s.url + "/static/page.js").text == "console.log('x')"
+        assert httpx.get(s.url + "/static/nope.js").status_code == 404
+    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path / "missing")) as s:
+        r = httpx.get(s.url + "/")
+        assert r.status_code == 404 and "index.html is missing" in r.json()["error"]["message"]
