@@ -97,6 +97,22 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
 
 
+def check_specs(args: argparse.Namespace) -> None:
+    """The default sampler, its options and the cache policy, built once without a model (cheap), so
+    a typo is refused before the model loads; the engine checks them against the model again."""
+    if args.model is None:
+        return
+    from dllm.cache import make_cache
+    from dllm.samplers import make_sampler
+
+    for flag, make in (("--sampler", lambda: make_sampler(args.sampler or "low_confidence", **dict(args.option))),
+                       ("--cache", lambda: make_cache(args.cache or "none"))):
+        try:
+            make()
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{flag}: {err}") from None
+
+
 def read_chat_template(path: Optional[str]) -> Optional[str]:
     if path is None:
         return None
@@ -160,6 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dllm.serve.app import begin_drain, create_app
 
     check_args(args)
+    check_specs(args)
     chat_template = read_chat_template(args.chat_template)
     sock = bind(args.host, args.port)
     if args.host not in LOOPBACK and args.api_key is None:
@@ -187,4 +204,4 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["build_engine", "check_args", "read_chat_template", "run_serve", "serve_args"]
+__all__ = ["build_engine", "check_args", "check_specs", "read_chat_template", "run_serve", "serve_args"]

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--model", "tiny-llada", "--port", "70000"], "--port must be in [0, 65535]"),
     (["--model", "tiny-llada", "--api-key", " "], "--api-key is empty"),
     (["--model", "tiny-llada", "--temperature", "-1"], "--temperature must be"),
+    (["--model", "tiny-llada", "--sampler", "nope"], "--sampler: Unknown sampler 'nope'. Valid samplers:"),
+    (["--model", "tiny-llada", "--sampler", "threshold", "-o", "treshold=0.5"], "--sampler: Unknown option(s)"),
+    (["--model", "tiny-llada", "--cache", "dual:refresh=-1"], "--cache: "),
 ])
 def test_bad_flags_are_refused_before_loading(argv, says, capsys):
     assert REGISTRY.main(["serve", *argv]) == 2
