@@ -45,10 +45,12 @@ def server(shared, engine):
     return shared[0]
 
 
-def post(server: LiveServer, path: str, body, **kw) -> httpx.Response:
+HTTP = httpx.Client(timeout=30)  # one connection pool for the module's raw requests
+
+
+def post(server: LiveServer, path: str, body) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
-                      timeout=30, **kw)
+    return HTTP.post(server.url + path, content=content, headers={"Content-Type": "application/json"})
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:
