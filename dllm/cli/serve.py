@@ -23,7 +23,8 @@ from typing import Any, Optional
 from dllm.cli.args import POSITIVE, add_threads, at_least, option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode")
+DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
+                  "max_batch_rows", "max_batch_tokens")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -44,6 +45,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--mode", choices=("continuous", "static", "serial"), default=None,
                    help="batching: continuous (default; requests join and leave the running batch), static "
                         "(a batch runs to its end), serial (one at a time)")
+    d.add_argument("--max-batch-rows", type=POSITIVE, default=None,
+                   help="continuous mode: rows in one merged forward (default 64)")
+    d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
+                   help="continuous mode: rows x padded length of one merged forward (default 65536)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
@@ -156,6 +161,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                           max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
                           max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
     from dllm.models import load
+    from dllm.serve.batcher import BatcherConfig
     from dllm.serve.diffusion import DiffusionEngine
     from dllm.serve.jobs import DiffusionSettings
 
@@ -163,11 +169,13 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                                  block_length=args.block_length, steps=args.steps,
                                  temperature=args.temperature or 0.0, seed=args.seed,
                                  options=tuple(sorted(dict(args.option).items())))
+    batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
+                                                  ("max_tokens", args.max_batch_tokens)) if v is not None})
     model = load(args.model, dtype=args.dtype, device=args.device)
     return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
                            max_running=args.max_running or 32, max_queue=args.max_queue,
                            max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
-                           chat_template=chat_template)
+                           chat_template=chat_template, batcher=batcher)
 
 
 def run_serve(args: argparse.Namespace) -> int:
