@@ -265,11 +265,11 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     async def chat_completions(request: Request) -> Response:
         return await complete(request, ChatBody, "chat")
 
+    created = int(time.time())
+
     def model_card() -> dict[str, Any]:
         return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "dllm",
                 "kind": engine.kind, "max_model_len": engine.max_positions}
-
-    created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
