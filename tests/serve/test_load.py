@@ -1,7 +1,8 @@
 """Under load: >= 64 concurrent requests (mixed tasks, lengths, samplers, caches, completions and chat,
 streamed and not, some clients leaving mid-stream) against a live server; every greedy reply equals
 the offline ``dllm.generate`` (tiny-llada, tiny-dream) / ``dllm.speculative_generate`` (tiny-ar +
-DFlash) of its prompt alone, and the forwards really were batched. Slow: each test runs well under a minute on a quiet 2-core machine."""
+DFlash) of its prompt alone, and the forwards really were batched. Slow: each test runs well under
+a minute on a quiet 2-core machine."""
 
 from __future__ import annotations
 
