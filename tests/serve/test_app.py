@@ -191,6 +191,9 @@ BAD = [
      "invalid_value"),
     ({"model": "fake", "prompt": "1", "top_p": 0.5}, "top_p", "invalid_value"),  # low_confidence has no top_p
     ({"model": "fake", "prompt": "1", "samplr": "threshold"}, "samplr", "unknown_field"),
+    ({"model": "fake", "prompt": "1", "stream_options": 1}, "stream_options", "invalid_value"),
+    ({"model": "fake", "prompt": "1", "stream": True, "stream_options": {"usage": True}}, "stream_options.usage",
+     "unknown_field"),
     ({"model": "fake", "prompt": "1", "logprobs": 2}, "logprobs", "unsupported"),
     ({"model": "fake", "prompt": "1", "echo": True}, "echo", "unsupported"),
     ({"model": "fake", "prompt": "1", "presence_penalty": 0.5}, "presence_penalty", "unsupported"),
