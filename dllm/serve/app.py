@@ -72,6 +72,21 @@ class ApiKeyAuth:
         await self.app(scope, receive, send)
 
 
+class JobStream(StreamingResponse):
+    """A streamed reply that cancels its jobs however it ends, even when the client left before the
+    first chunk (an async generator that never started runs no ``finally``)."""
+
+    def __init__(self, content: Any, jobs: Sequence[Job], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.jobs = jobs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            cancel_unfinished(self.jobs)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused (400, nothing more read) once it passes ``limit`` bytes."""
     def too_large(size: str) -> ApiError:
@@ -245,8 +260,8 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             events = stream(jobs, reply, n=body.n, include_usage=include_usage, on_done=metrics.observe,
                             step_events=any(r.step_events for r in requests))
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return JobStream(events, jobs, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             dones = await wait_all(jobs, request)
         except ApiError as e:
@@ -310,5 +325,5 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     return app
 
 
-__all__ = ["ApiKeyAuth", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
+__all__ = ["ApiKeyAuth", "JobStream", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
            "read_body", "refusal", "submit_all", "wait_all"]

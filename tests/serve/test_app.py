@@ -372,3 +372,16 @@ def test_the_page_and_its_static_files_are_served(tmp_path):
     with LiveServer(create_app(FakeEngine(), static_dir=tmp_path / "missing")) as s:
         r = httpx.get(s.url + "/")
         assert r.status_code == 404 and "index.html is missing" in r.json()["error"]["message"]
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(server, engine):
+    def chunks():
+        yield b'{"model": "fake", "prompt": "'
+        for _ in range(100):
+            yield b"1 " * 50  # 10 kB in all, past the 4 kB limit, with no Content-Length
+        yield b'"}'
+
+    r = HTTP.post(server.url + "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body", r.text
+    assert engine.jobs == []
