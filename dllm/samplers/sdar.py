@@ -32,6 +32,8 @@ Differences from the original, on purpose:
   tests/samplers/test_sdar_generate.py compares both token for token and counts where they differ;
 - ``entropy_bounded`` is not offered: the official branch reads ``transfer_index`` before assigning
   it (a NameError) and sums entropies of the sampled probabilities over the block;
+- on a bidirectional model (LLaDA, Dream) the same rule runs inside the call's blocks
+  (``block_length``), which start at the generated region, with quotas from ``block_length``;
 - the last block may be shorter than ``bs`` (``gen_length`` not reaching a grid boundary); the
   official loop extends the canvas with masks to the boundary instead.
 """
@@ -132,6 +134,12 @@ def choose(conf: torch.Tensor, masks: torch.Tensor, n: int, strategy: str, thres
     return torch.where(use_high, high, top) & masks
 
 
+def block_of(state: DecodeState) -> int:
+    """The block whose quotas a step follows: the block-causal model's trained block, else the call's
+    nominal ``block_length`` (a bidirectional model then runs SDAR's rule inside LLaDA-style blocks)."""
+    return int(state.extras.get(BLOCK_SIZE_KEY) or state.block_length)
+
+
 @register_sampler("sdar")
 class SDARSampler(Sampler):
     """SDAR generate.py: per grid block, up to denoising_steps steps of threshold / top-k unmasking."""
@@ -140,13 +148,10 @@ class SDARSampler(Sampler):
     fixed_steps = False
 
     def begin_block(self, state: DecodeState) -> None:
-        bs = state.extras.get(BLOCK_SIZE_KEY)
-        if bs is None:
-            raise ValueError("sampler 'sdar' decodes block-causal models (SDAR) only: it unmasks the model's "
-                             "grid blocks; this model attends bidirectionally (use e.g. 'threshold')")
+        bs = block_of(state)
         if self.config.denoising_steps > bs:
             raise ValueError(f"sampler 'sdar': denoising_steps={self.config.denoising_steps} exceeds the "
-                             f"model's block_size {bs}; a step must be able to commit a token (valid: 1 .. {bs})")
+                             f"block size {bs}; a step must be able to commit a token (valid: 1 .. {bs})")
 
     def max_block_steps(self, block_len: int) -> int:
         return self.config.denoising_steps
@@ -154,14 +159,15 @@ class SDARSampler(Sampler):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
         s, e = state.block_start, state.block_end
-        g = grid_start(state, s)  # the grid block [g, e) holds the prompt tail in the first block
+        # block-causal: the grid block [g, e) holds the prompt tail in the first block; else the block
+        g = grid_start(state, s) if BLOCK_SIZE_KEY in state.extras else s
         a, b = g - inp.query_start, e - inp.query_start  # its rows in query coordinates
         if a < 0:
             raise ValueError(f"sampler 'sdar' needs the logits of the whole grid block [{g}, {e}) but the "
                              f"step's query starts at column {inp.query_start}; use cache 'none' or 'block'")
         x0, conf = propose(inp.logits[:, a:b], inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
         masks = inp.active[:, a:b]  # [B, W] the block's masks (the prompt tail is never active)
-        quotas = transfer_counts(state.extras[BLOCK_SIZE_KEY], cfg.denoising_steps)
+        quotas = transfer_counts(block_of(state), cfg.denoising_steps)
         n = quotas[min(inp.step, cfg.denoising_steps - 1)]
         commit = torch.zeros_like(inp.active)
         commit[:, a:b] = choose(conf, masks, n, cfg.strategy, cfg.threshold)

@@ -131,9 +131,18 @@ def test_transfer_counts_match_the_official_schedule():
 
 def test_bad_options_and_models():
     model = tiny("sdar", seed=1)
-    with pytest.raises(ValueError, match="denoising_steps=8 exceeds the model's block_size 4"):
+    with pytest.raises(ValueError, match="denoising_steps=8 exceeds the block size 4"):
         dllm.generate(model, [[5, 6, 7]], "sdar", gen_length=5, denoising_steps=8)
     with pytest.raises(ValueError, match="strategy must be one of"):
         dllm.generate(model, [[5, 6, 7]], "sdar", gen_length=5, strategy="entropy_bounded")
-    with pytest.raises(ValueError, match="block-causal models"):
-        dllm.generate(tiny("llada", seed=1), [[5, 6, 7]], "sdar", gen_length=8, block_length=4)
+    with pytest.raises(ValueError, match="denoising_steps=4 exceeds the block size 2"):
+        dllm.generate(tiny("llada", seed=1), [[5, 6, 7]], "sdar", gen_length=8, block_length=2)
+
+
+def test_bidirectional_model_runs_the_rule_inside_its_blocks():
+    """On LLaDA the rule runs inside the call's blocks: at T = 0, denoising_steps = block_length and a
+    threshold above every confidence, one token per step, the most confident first = low_confidence."""
+    model = tiny("llada", seed=2)
+    ours = dllm.generate(model, [[5, 6, 7]], "sdar", gen_length=8, block_length=4, threshold=1.0)
+    ref = dllm.generate(model, [[5, 6, 7]], "low_confidence", gen_length=8, block_length=4, steps=8)
+    assert torch.equal(ours.sequences, ref.sequences) and ours.nfe == 8
