@@ -273,3 +273,19 @@ def test_long_ragged_batch_runs_per_row_group_with_the_block_mask(monkeypatch):
         alone = model(ids[:1, 120:]).logits
     assert torch.allclose(packed[real], padded[real], atol=1e-5, rtol=0)
     assert torch.allclose(packed[0, 120:], alone[0], atol=1e-5, rtol=0)
+
+
+def test_embedded_tiny_random_sdar_is_the_regenerated_checkpoint():
+    """dllm/models/embedded/tiny-random-sdar is what ``dllm models make-embedded`` writes (tiny("sdar",
+    seed=2)), loads offline as SDAR, and decodes with the exact block cache."""
+    import dllm
+    from dllm.models import embedded_names
+
+    assert "tiny-random-sdar" in embedded_names()
+    model = load("tiny-random-sdar")
+    assert isinstance(model, SDAR) and model.config.block_size == 4
+    ids = random_ids(model, 1, 10)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, tiny("sdar", seed=2)(ids).logits)
+    out = dllm.generate(model, "what is the sum of 2 and 3 ?", "sdar", chat=True, cache="block", gen_length=8)
+    assert out.sequences.shape[1] == out.prompt_length + 8 and out.texts[0] is not None
