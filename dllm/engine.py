@@ -27,7 +27,7 @@ import torch
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal
+from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal, policy_for_block_causal
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
@@ -106,6 +106,7 @@ def generate(
     if block_size_of(model) is None:
         plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
     else:  # block-causal (SDAR): the model's block grid, its block size, an exact cache policy
+        policy = policy_for_block_causal(policy)  # "auto" is "block" here
         plan = plan_block_causal(model, rows, gen_length, block_length, steps,
                                  fixed_steps=sampler_obj.fixed_steps, policy=policy)
     policy.check(model, block_length=plan.block_length, gen_length=gen_length)

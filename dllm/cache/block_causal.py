@@ -24,9 +24,10 @@ the finished block before the next one starts); here it rides in the next block'
 so each block costs its steps only. Cost per row: ``e - g_prev`` query rows at a block start, ``e -
 g`` at a later step, against ``L`` (``none``) or ``L`` at a block start plus ``e - s`` (``dual``).
 
-The approximate policies (``prefix``, ``dual``, ``window``, ``drift`` and ``auto``) are refused for
-block-causal models, with the reason: they would serve the prompt tail's stale keys in the first
-block and pay full forwards for keys that are exact anyway.
+The approximate policies (``prefix``, ``dual``, ``window``, ``drift``, and ``auto`` with options) are
+refused for block-causal models, with the reason: they would serve the prompt tail's stale keys in the
+first block and pay full forwards for keys that are exact anyway. ``auto`` without options, the
+recommended policy, is ``block`` for these models.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class BlockCausalCache(CachePolicy):
 
 
 EXACT_FOR_BLOCK_CAUSAL = ("none", "block")
+
+
+def policy_for_block_causal(policy: CachePolicy) -> CachePolicy:
+    """``auto`` without options (the recommended policy) is ``block`` for a block-causal model: exact,
+    and the fewest rows forwarded; every other policy is returned as given (``refuse_policy`` judges it)."""
+    if policy.name == "auto" and policy.spec == "auto":
+        return BlockCausalCache()
+    return policy
 
 
 def refuse_policy(model: Any, policy: CachePolicy) -> None:
@@ -143,4 +152,5 @@ def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int
     return BlockPlan(gen_length, bs, tuple((s, e, n) for (s, e), n in zip(bounds, per_block)))
 
 
-__all__ = ["BLOCK_SIZE_KEY", "BlockCausalCache", "block_size_of", "grid_start", "plan_block_causal", "refuse_policy"]
+__all__ = ["BLOCK_SIZE_KEY", "BlockCausalCache", "block_size_of", "grid_start", "plan_block_causal",
+           "policy_for_block_causal", "refuse_policy"]

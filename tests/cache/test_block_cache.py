@@ -109,11 +109,18 @@ def test_fewer_forwarded_tokens_than_dual_on_long_prompts(prompt_length):
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual", "dual:look_back=16,look_ahead=16", "window", "drift",
-                                   "auto", "dual:refresh=1"])
+                                   "auto:look_back=4", "dual:refresh=1"])
 def test_approximate_policies_refused_with_the_reason(model, cache):
     with pytest.raises(ValueError, match=r"refused for .*block-causally \(block 4\).*Valid for this model: "
                                          r"none, block"):
         dllm.generate(model, PROMPTS, "low_confidence", gen_length=8, cache=cache)
+
+
+def test_auto_is_block_for_block_causal_models(model):
+    auto = dllm.generate(model, PROMPTS, "threshold", gen_length=9, cache="auto", return_trace=True)
+    block = dllm.generate(model, PROMPTS, "threshold", gen_length=9, cache="block", return_trace=True)
+    assert torch.equal(auto.sequences, block.sequences)
+    assert (auto.nfe, auto.forwarded_tokens) == (block.nfe, block.forwarded_tokens)
 
 
 def test_block_cache_refused_for_bidirectional_models():
