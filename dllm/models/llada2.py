@@ -234,7 +234,9 @@ class LLaDA2(TransformerLM):
             internal = self.keymap.to_internal(key)
             assert internal is not None  # check_keys reported every unknown key
             stored = reader.get(key)
-            tensor = stored.to(device=device or "cpu", dtype=dtype)
+            # copy=True: a fresh (aligned) buffer, not the file's mapping; a one-row expert matmul
+            # (matrix-vector) sums in another order on a misaligned weight
+            tensor = stored.to(device=device or "cpu", dtype=dtype, copy=True)
             counts = nonfinite_counts(tensor)
             if counts is not None:
                 bad.append(f"  {key}: {counts[0]} NaN, {counts[1]} inf of {stored.numel()} values")
