@@ -8,8 +8,10 @@ partial_rotary_factor``, cos/sin in the activation dtype), an explicit ``head_di
 ``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.moe.SparseMoE``
 (swapped in after the transformer is built). Logits are not shifted.
 
-Checkpoint layout (model_type ``llada2_moe``, the Hugging Face release; the keys dFactory's
-``scripts/moe_convertor.py`` splits back to): ``model.word_embeddings``, ``model.layers.N.
+Checkpoint layouts: model_type ``llada2_moe`` (the Hugging Face release; the keys dFactory's
+``scripts/moe_convertor.py`` splits back to) and ``llada2_moe_veomni`` (dFactory's training layout:
+the experts of a layer stacked, ``mlp.experts.gate_proj`` [E, F, D] ...); a model is saved in the
+layout it was loaded from. Keys: ``model.word_embeddings``, ``model.layers.N.
 input_layernorm``, ``attention.query_key_value`` (q, k, v rows fused: split on load, fused on save),
 ``attention.query_layernorm`` / ``key_layernorm``, ``attention.dense``, ``post_attention_layernorm``,
 ``mlp.{gate,up,down}_proj`` (dense layers) or ``mlp.gate.weight`` + ``mlp.gate.expert_bias`` +
@@ -21,6 +23,7 @@ Sources: inclusionAI/dFactory ``models/llada2_moe/modeling_llada2_moe.py``,
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional, Union
 
 import torch
@@ -32,7 +35,11 @@ from dllm.models.keymap import INTERNAL_LAYER_PREFIX, KeyMap
 from dllm.models.moe import MoEConfig, SparseMoE
 from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
 
-LLADA2_MODEL_TYPES = ("llada2_moe",)
+LLADA2_MODEL_TYPES = ("llada2_moe", "llada2_moe_veomni")
+VEOMNI = "llada2_moe_veomni"  # dFactory's training layout: each layer's experts stacked in one tensor per projection
+# a stacked expert tensor of the veomni layout: [E, F, D] (gate, up) or [E, D, F] (down)
+_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 LLADA2_BLOCK = 32  # dFactory's block_size (configs/sft/*_bd_sft.yaml) and generate()'s block_length
 QKV = "attention.query_key_value"  # the fused official projection: rows [q (H*hd); k (Hkv*hd); v (Hkv*hd)]
 
@@ -127,6 +134,7 @@ class LLaDA2(TransformerLM):
         if moe.first_dense > config.n_layers:
             raise ValueError(f"first_k_dense_replace {moe.first_dense} exceeds num_hidden_layers {config.n_layers}")
         self.moe_config = moe
+        self.stacked_experts = bool(hf_config) and hf_config.get("model_type") == VEOMNI
         if not hf_config:
             hf_config = {**self.to_hf_config(config, special, torch.get_default_dtype()), **moe_to_hf(moe)}
         super().__init__(config, special, hf_config=hf_config, **kwargs)
@@ -189,7 +197,8 @@ class LLaDA2(TransformerLM):
         }
 
     def official_config(self) -> dict[str, Any]:
-        return {**super().official_config(), **moe_to_hf(self.moe_config)}
+        out = {**super().official_config(), **moe_to_hf(self.moe_config)}
+        return {**out, "model_type": VEOMNI} if self.stacked_experts else out
 
     # ---- the fused q/k/v projection ---------------------------------------------------------------
     def _qkv_sizes(self) -> list[int]:
@@ -207,6 +216,15 @@ class LLaDA2(TransformerLM):
                     state[f"{pre}qkv.{kind}"] = torch.cat(parts, dim=0)  # [(H + 2 Hkv) * hd, ...]
         return state
 
+    def _stack_groups(self, keys) -> dict[str, list[str]]:
+        """veomni layout: stacked key -> the per-expert official keys it holds, in expert order."""
+        groups: dict[str, dict[int, str]] = {}
+        for k in keys:
+            m = _PER_EXPERT.match(k)
+            if m is not None:
+                groups.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = k
+        return {k: [d[e] for e in sorted(d)] for k, d in groups.items()}
+
     def official_shapes(self) -> dict[str, Shape]:
         shapes = {}
         for k, v in self.transformer.state_dict().items():
@@ -217,21 +235,36 @@ class LLaDA2(TransformerLM):
                 shapes[self.keymap.to_official(k.replace("q_proj", "qkv"))] = (rows,) + tuple(v.shape[1:])
             else:
                 shapes[self.keymap.to_official(k)] = tuple(v.shape)
+        if self.stacked_experts:
+            for stacked, keys in self._stack_groups(list(shapes)).items():
+                shapes[stacked] = (len(keys),) + tuple(shapes[keys[0]])
+                for k in keys:
+                    del shapes[k]
         return shapes
 
     def official_state_dict(self) -> dict[str, torch.Tensor]:
-        return {self.keymap.to_official(k): v for k, v in self._internal_state().items()}
+        state = {self.keymap.to_official(k): v for k, v in self._internal_state().items()}
+        if self.stacked_experts:
+            for stacked, keys in self._stack_groups(list(state)).items():
+                state[stacked] = torch.stack([state.pop(k) for k in keys])  # [E, ...]
+        return state
 
     def load_official(self, reader: CheckpointReader, *, dtype: torch.dtype,
                       device: Union[str, torch.device, None] = None) -> None:
         """As ``TransformerLM.load_official`` (one error listing every missing / unexpected / mis-shaped
-        key, non-finite weights refused), splitting each fused ``query_key_value`` into q, k, v."""
+        key, non-finite weights refused), splitting each fused ``query_key_value`` into q, k, v and (veomni
+        layout) each stacked expert tensor into its experts."""
         found = {k: s for k, s in reader.shapes.items() if not self.keymap.is_ignored(k)}
         check_keys(self.official_shapes(), found, repr(str(reader.directory)))
         state: dict[str, torch.Tensor] = {}
         bad: list[str] = []
         for key in found:
-            internal = self.keymap.to_internal(key)
+            stacked = _STACKED.match(key)
+            if stacked is not None:  # model.layers.L.mlp.experts.up_proj -> layers.L.mlp.experts.{e}.up_proj.weight
+                one = self.keymap.to_internal(f"{stacked.group(1)}.0.{stacked.group(2)}.weight")
+                internal = None if one is None else one.replace(".experts.0.", ".experts.{e}.")
+            else:
+                internal = self.keymap.to_internal(key)
             assert internal is not None  # check_keys reported every unknown key
             stored = reader.get(key)
             # copy=True: a fresh (aligned) buffer, not the file's mapping; a one-row expert matmul
@@ -240,7 +273,10 @@ class LLaDA2(TransformerLM):
             counts = nonfinite_counts(tensor)
             if counts is not None:
                 bad.append(f"  {key}: {counts[0]} NaN, {counts[1]} inf of {stored.numel()} values")
-            if ".attn.qkv." in internal:
+            if stacked is not None:  # veomni: [E, ...] -> one tensor per expert
+                for e, part in enumerate(tensor.unbind(0)):
+                    state[internal.format(e=e)] = part.contiguous()
+            elif ".attn.qkv." in internal:
                 for p, part in zip("qkv", tensor.split(self._qkv_sizes(), dim=0)):
                     state[internal.replace(".qkv.", f".{p}_proj.")] = part.contiguous()
             else:

@@ -78,6 +78,38 @@ def test_saved_by_dllm_loads_in_official_code(tmp_path):
         assert torch.equal(again(ids).logits, model(ids).logits)
 
 
+def test_veomni_layout_loads_and_saves_back(tmp_path):
+    """dFactory's training layout (model_type llada2_moe_veomni: a layer's experts stacked per
+    projection, as scripts/moe_convertor.py --mode merge writes them) loads to the same model, and
+    is saved back in that layout."""
+    from safetensors.torch import load_file, save_file
+
+    path, ref = official_dir(tmp_path, seed=9)
+    state, merged = load_file(str(path / "model.safetensors")), {}
+    for layer in (1, 2):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            keys = [f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight" for e in range(16)]
+            merged[f"model.layers.{layer}.mlp.experts.{proj}"] = torch.stack([state.pop(k) for k in keys])
+    veomni = tmp_path / "veomni"
+    veomni.mkdir()
+    save_file({**state, **merged}, str(veomni / "model.safetensors"))
+    cfg = json.loads((path / "config.json").read_text())
+    (veomni / "config.json").write_text(json.dumps({**cfg, "model_type": "llada2_moe_veomni"}))
+    model = load(veomni)
+    ids = torch.randint(0, 94, (2, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids, attention_mask=block_mask(9, 4)).logits)
+    model.save_pretrained(tmp_path / "again")
+    saved = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert set(saved) == set(state) | set(merged)
+    assert all(torch.equal(saved[k], v) for k, v in merged.items())
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["model_type"] == "llada2_moe_veomni"
+    del saved["model.layers.2.mlp.experts.up_proj"]
+    save_file(saved, str(tmp_path / "again" / "model.safetensors"))
+    with pytest.raises(Exception, match="missing keys.*model.layers.2.mlp.experts.up_proj"):
+        load(tmp_path / "again")
+
+
 def test_bfloat16_within_rounding(tmp_path):
     path, _ = official_dir(tmp_path, seed=5)
     ref = RefLLaDA2MoeModelLM.from_pretrained(path, torch.bfloat16)

@@ -114,9 +114,13 @@ def test_int8_ar_target_and_drafter() -> None:
         assert out.generated[0] == want
 
 
-def test_dflash_drafter_option_names_valid_methods() -> None:
+def test_drafter_options_quantize_and_name_valid_methods() -> None:
     with pytest.raises(QuantizationError, match="unknown quantization 'int2'; valid: none, int8, int4, nf4"):
         dllm.make_drafter("dflash:model=tiny-ar-dflash,quantization=int2")
+    with pytest.raises(QuantizationError, match="unknown quantization 'fp8'; valid: none, int8, int4, nf4"):
+        dllm.make_drafter("dlm:model=tiny-llada,quantization=fp8")
+    assert dllm.make_drafter("dflash:model=tiny-ar-dflash,quantization=int8").model.quantization == "int8"
+    assert dllm.make_drafter("dlm:model=tiny-llada,quantization=int4").model.quantization == "int4"
 
 
 def test_nf4_layer_answers_weight_in_the_model_dtype() -> None:
