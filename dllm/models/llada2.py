@@ -3,7 +3,7 @@ the MoE feed-forward, block-causal attention.
 
 The network is the shared transformer (``transformer.py``) with the switches LLaDA 2 needs: block-
 causal attention (``attention = "block_causal"``; trained and decoded in blocks of 32), per-head
-RMSNorm of q and k before RoPE (``qk_norm``), partial rotary (``rope_dim = head_dim *
+RMSNorm of q and k before RoPE (``qk_norm``; ``use_qk_norm``, absent = true as dFactory), partial rotary (``rope_dim = head_dim *
 partial_rotary_factor``, cos/sin in the activation dtype), an explicit ``head_dim``; its first
 ``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.moe.SparseMoE``
 (swapped in after the transformer is built). Logits are not shifted.
@@ -144,8 +144,8 @@ class LLaDA2(TransformerLM):
 
     @classmethod
     def check_config(cls, config: TransformerConfig) -> None:
-        if not (config.qk_norm and config.block_causal):
-            raise ValueError("LLaDA2 needs qk_norm=True and attention='block_causal'")
+        if not config.block_causal:
+            raise ValueError("LLaDA2 needs attention='block_causal'")
 
     @classmethod
     def from_hf_config(cls, hf: Mapping[str, Any], tokenizer: Any = None) -> tuple[TransformerConfig, SpecialIds]:
@@ -169,7 +169,9 @@ class LLaDA2(TransformerLM):
             max_positions=hf["max_position_embeddings"], qkv_bias=bool(hf.get("use_qkv_bias", False)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             rope_fp32=False,  # cos/sin cast to the activation dtype, rotation in that dtype
-            attn_head_dim=head_dim, qk_norm=True, attention="block_causal",
+            # dFactory's attention always normalises q and k; the Hugging Face release's gates it on
+            # use_qk_norm (true in the released configs)
+            attn_head_dim=head_dim, qk_norm=bool(hf.get("use_qk_norm", True)), attention="block_causal",
             block_size=int(hf.get("block_size") or LLADA2_BLOCK), rope_dim=rope_dim if rope_dim < head_dim else None,
         )
         special = resolve_special(hf, tokenizer, defaults=cls.default_special, vocab_rows=hf["vocab_size"],
@@ -186,7 +188,7 @@ class LLaDA2(TransformerLM):
             "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim,
             "partial_rotary_factor": (config.rope_dim or config.head_dim) / config.head_dim,
             "rotary_dim": config.rope_dim or config.head_dim, "hidden_act": "silu",
-            "use_qkv_bias": config.qkv_bias, "use_bias": False, "use_rmsnorm": True, "norm_head": False,
+            "use_qkv_bias": config.qkv_bias, "use_qk_norm": config.qk_norm, "use_bias": False, "use_rmsnorm": True, "norm_head": False,
             "rms_norm_eps": config.rms_eps, "rope_theta": config.rope_theta, "rope_scaling": None,
             "max_position_embeddings": config.max_positions, "vocab_size": config.vocab_size,
             "tie_word_embeddings": config.tie_embeddings, "use_sliding_window": False, "use_cache": False,

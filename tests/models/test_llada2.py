@@ -47,7 +47,7 @@ def official_dir(tmp_path, seed=0, **changes):
 
 CASES = [{}, {"tie_word_embeddings": True}, {"num_key_value_heads": 4}, {"num_experts_per_tok": 1},
          {"num_shared_experts": None}, {"partial_rotary_factor": 1.0}, {"first_k_dense_replace": 0},
-         {"n_group": 1, "topk_group": 1}]
+         {"n_group": 1, "topk_group": 1}, {"use_qk_norm": False}]
 
 
 @pytest.mark.parametrize("changes", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "mini")

@@ -13,7 +13,8 @@ Kept as in the original (what can change a logit):
   partial_rotary_factor)`` (transformers' default rope init), angles from the matmul
   ``inv_freq[:, None] @ positions[None]`` in float32, cos/sin cast to the activation dtype;
 * attention (``LLaDA2MoeSdpaAttention``): fused ``query_key_value`` viewed as [B, T, H + 2 Hkv, hd] and
-  split; ``query_layernorm`` / ``key_layernorm`` per head after the transpose and BEFORE RoPE; RoPE on
+  split; ``query_layernorm`` / ``key_layernorm`` per head after the transpose and BEFORE RoPE (the
+  Hugging Face release's copy of the file gates them on ``use_qk_norm``; dFactory's always applies them); RoPE on
   the first ``rd`` channels only (``apply_rotary_pos_emb``: rotate ``[..., :rd]``, concatenate the
   rest); ``repeat_kv``; ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` with the caller's
   4-D mask (transformers' ``_prepare_4d_causal_attention_mask_for_sdpa`` passes a 4-D mask through);
@@ -105,8 +106,10 @@ class RefAttention(nn.Module):
         self.head_dim = _head_dim(cfg)
         self.query_key_value = nn.Linear(cfg["hidden_size"], (self.num_heads + 2 * self.num_kv) * self.head_dim,
                                          bias=cfg.get("use_qkv_bias", False))
-        self.query_layernorm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
-        self.key_layernorm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
+        self.qk_norm = cfg.get("use_qk_norm", True)  # the HF release's switch; dFactory always normalises
+        if self.qk_norm:
+            self.query_layernorm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
+            self.key_layernorm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
         self.dense = nn.Linear(self.num_heads * self.head_dim, cfg["hidden_size"], bias=cfg.get("use_bias", True))
 
     def forward(self, hidden_states, attention_mask, position_embeddings):
@@ -114,8 +117,9 @@ class RefAttention(nn.Module):
         qkv = self.query_key_value(hidden_states).view(bsz, q_len, self.num_heads + 2 * self.num_kv, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=-2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = self.query_layernorm(q)
-        k = self.key_layernorm(k)
+        if self.qk_norm:
+            q = self.query_layernorm(q)
+            k = self.key_layernorm(k)
         cos, sin = position_embeddings
         q, k = _apply_rotary(q, k, cos, sin)
         k = _repeat_kv(k, self.num_heads // self.num_kv)
