@@ -194,3 +194,21 @@ def test_bad_sizes_are_named(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="missing required field.*moe_intermediate_size"):
         load(path)
+
+
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold", "sdar"])
+def test_block_cache_decodes_like_recompute_with_fewer_experts(sampler):
+    """The exact block cache (dllm.cache 'block') on a MoE model: the tokens of recomputing
+    everything, from forwards of fewer rows, which route to fewer distinct experts."""
+    import dllm
+
+    model = tiny_llada2(seed=1)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    runs = {}
+    for cache in ("none", "block"):
+        with count_experts(model) as counter:
+            out = dllm.generate(model, prompts, gen_length=12, block_length=4, sampler=sampler, cache=cache)
+        runs[cache] = (out.sequences, counter.mean_tokens(), counter.mean_distinct())
+    assert torch.equal(runs["none"][0], runs["block"][0])
+    assert runs["block"][1] < runs["none"][1] / 2  # rows routed per forward
+    assert runs["block"][2] < runs["none"][2]  # distinct experts per layer per forward
