@@ -17,8 +17,9 @@ input_layernorm``, ``attention.query_key_value`` (q, k, v rows fused: split on l
 ``mlp.{gate,up,down}_proj`` (dense layers) or ``mlp.gate.weight`` + ``mlp.gate.expert_bias`` +
 ``mlp.experts.E.{gate,up,down}_proj`` + ``mlp.shared_experts.*``, ``model.norm``, ``lm_head``.
 Sources: inclusionAI/dFactory ``models/llada2_moe/modeling_llada2_moe.py``,
-``configuration_llada2_moe.py``, ``configs/model_configs/llada2_mini/config.json``; LLaDA 2.0
-(arXiv 2512.15745). Loaded without ``trust_remote_code``.
+``configuration_llada2_moe.py``, ``configs/model_configs/llada2_mini/config.json``; the LLaDA 2.0
+tech report ("Scaling Up Diffusion Language Models to 100B", inclusionAI/LLaDA2.0 ``tech_report.pdf``).
+Loaded without ``trust_remote_code``.
 """
 
 from __future__ import annotations
