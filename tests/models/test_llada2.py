@@ -4,6 +4,7 @@ config fields dllm does not implement are named."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -150,8 +151,8 @@ def test_experts_counted_per_forward():
     assert all(u.distinct > 2 for u in many)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 def test_quantized_llada2_runs(tmp_path):
-    pytest.importorskip("torchao")
     from dllm.models.quantize import weight_bytes
 
     path, _ = official_dir(tmp_path, seed=8)
