@@ -213,3 +213,12 @@ def test_tied_head_stays_float() -> None:
     assert model.head.weight is model.embed.weight and type(model.head.weight) is nn.Parameter
     assert type(model.proj.weight).__name__ == "Int8Tensor"
     assert [n for n, _ in quantizable_linears(model)] == ["proj"]
+
+
+@TORCHAO
+def test_old_library_names_the_version_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchao
+
+    monkeypatch.setattr(torchao, "__version__", "0.10.0")
+    with pytest.raises(QuantizationError, match=r"needs torchao >= 0.15, found 0.10.0; pip install 'torchao>=0.15'"):
+        dllm.load("tiny-random-llada", quantization="int4")
