@@ -34,11 +34,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dllm.cache.base import CachePolicy, Query, register_cache
-from dllm.schedule import BlockPlan, _preview
+from dllm.schedule import BLOCK_SIZE_KEY, BlockPlan, _preview, grid_start
 from dllm.state import DecodeState
-
-
-BLOCK_SIZE_KEY = "block_size"  # state.extras: the block-causal model's block (set by the engine), else absent
 
 
 def block_size_of(model: Any) -> Optional[int]:
@@ -47,13 +44,6 @@ def block_size_of(model: Any) -> Optional[int]:
     if not getattr(config, "block_causal", False):
         return None
     return int(config.block_size)
-
-
-def grid_start(state: DecodeState, column: int) -> int:
-    """Canvas column where the model's grid block holding ``column`` starts (rows share the grid:
-    ``plan_block_causal`` refuses batches that do not)."""
-    bs = state.extras.get(BLOCK_SIZE_KEY) or state.block_length
-    return column - int(state.positions[0, column]) % bs  # one host read per call
 
 
 @register_cache("block", description="exact cache of block-causal models (SDAR): finished blocks' "

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dllm.cache.block_causal import BLOCK_SIZE_KEY, grid_start
+from dllm.schedule import BLOCK_SIZE_KEY, grid_start
 from dllm.options import check_choice, check_int, check_unit
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput

@@ -145,3 +145,13 @@ def test_block_plan():
     assert [(s, e, n) for s, e, n in aligned.blocks] == [(0, 4, 3), (4, 6, 2)]  # 3 steps / block, last 2
     with pytest.raises(ValueError, match="steps=5 cannot be split evenly over the 2 blocks"):
         plan_block_causal(model, [[1] * 8], 6, None, 5, fixed_steps=True, policy=policy)
+
+
+@pytest.mark.parametrize("cache", ["none", "block"])
+@pytest.mark.parametrize("sampler", ["sdar", "threshold", "low_confidence"])
+def test_left_padded_batch_decodes_as_each_prompt_alone(model, sampler, cache):
+    prompts = PROMPTS + [[20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]  # lengths 7, 3, 11: offset 1 in blocks of 4
+    batch = dllm.generate(model, prompts, sampler, gen_length=13, cache=cache)
+    for i, p in enumerate(prompts):
+        alone = dllm.generate(model, [p], sampler, gen_length=13, cache=cache)
+        assert torch.equal(batch.generated[i], alone.generated[0])

@@ -129,18 +129,22 @@ def test_save_reload_official_layout(tmp_path):
     assert again.generation_prompt("hello", chat=True)[:1] == [again.tokenizer.convert_tokens_to_ids("<|im_start|>")]
 
 
-def test_bfloat16_within_rounding(tmp_path):
+def test_bfloat16_bit_identical_too(tmp_path):
+    """bfloat16 (the released checkpoints' dtype): bit-identical with the 4-D mask as well; the 3-D call
+    of generate.py (another CPU kernel) within bf16 rounding."""
     model = tiny("sdar", seed=8)
     model.save_pretrained(tmp_path)
     official = _official(tmp_path, torch.bfloat16)
     ours = load(tmp_path, dtype=torch.bfloat16)
-    ids = random_ids(ours, 1, 12)
-    ref = official(ids, attention_mask=_block_mask(12, 4), position_ids=torch.arange(12)[None]).logits
+    ids = random_ids(ours, 2, 12)
+    pos = torch.arange(12)[None]
+    ref = official(ids, attention_mask=_four_d(_block_mask(12, 4)), position_ids=pos).logits
+    ref3 = official(ids, attention_mask=_block_mask(12, 4), position_ids=pos).logits
     with torch.no_grad():
         mine = ours(ids).logits
     assert mine.dtype == torch.bfloat16
-    scale = ref.float().abs().max()
-    assert (mine.float() - ref.float()).abs().max() <= 0.05 * scale
+    assert torch.equal(mine, ref)
+    assert (ref3.float() - ref.float()).abs().max() <= 0.02 * ref.float().abs().max()
 
 
 def _config(tmp_path, **changes) -> None:
@@ -187,3 +191,101 @@ def test_config_checks():
                           block_size=4)
     with pytest.raises(ValueError, match="cannot express.*block_causal"):
         tiny("sdar", attention="bidirectional", block_size=None)
+
+
+# SDAR-4B-Chat's config.json fields at tiny sizes (training switches, auto_map and all), as the
+# official classes write them
+OFFICIAL_CONFIG = {
+    "architectures": ["SDARForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                 "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+    "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
+    "bos_token_id": 90, "debug": False, "eos_token_id": 90, "block_size": 4, "mask_token_id": 95,
+    "ep_size": 1, "fuse_cross_entropy": True, "head_dim": 16, "hidden_act": "silu", "hidden_size": 48,
+    "initializer_range": 0.02, "intermediate_size": 96, "max_position_embeddings": 256,
+    "max_window_layers": 3, "micro_forward": False, "model_type": "sdar", "num_attention_heads": 6,
+    "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000, "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False,
+    "use_sliding_window": False, "vocab_size": 100,
+}
+
+
+def test_checkpoint_made_by_the_official_classes_loads(tmp_path):
+    """A random checkpoint written from the official module tree (its state_dict, its config.json,
+    split in two shards with an index as the released checkpoints are): dllm loads it, with no
+    tokenizer, and its logits are the official ones bit for bit."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    official = RefSDARForCausalLM(OFFICIAL_CONFIG)
+    with torch.no_grad():
+        for p in official.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5) + (1.0 if p.dim() == 1 else 0))
+    (tmp_path / "config.json").write_text(json.dumps(OFFICIAL_CONFIG))
+    state = {k: v.contiguous() for k, v in official.state_dict().items()}
+    keys = sorted(state)
+    half = len(keys) // 2
+    index = {"metadata": {"total_size": sum(v.numel() * 4 for v in state.values())}, "weight_map": {}}
+    for n, part in enumerate((keys[:half], keys[half:]), start=1):
+        name = f"model-0000{n}-of-00002.safetensors"
+        save_file({k: state[k] for k in part}, str(tmp_path / name), metadata={"format": "pt"})
+        index["weight_map"].update({k: name for k in part})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = load(tmp_path)
+    assert model.config.head_dim == 16 and model.config.d_model == 48 and model.mask_id == 95
+    assert model.eos_id == 90 and model.tokenizer is None
+    ids = torch.randint(0, 90, (2, 11), generator=torch.Generator().manual_seed(1))
+    ref = official(ids, attention_mask=_four_d(_block_mask(11, 4)), position_ids=torch.arange(11)[None]).logits
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+
+
+def test_sharded_save_loads_in_the_official_code(tmp_path):
+    model = tiny("sdar", seed=9)
+    model.save_pretrained(tmp_path, max_shard_size=20_000)
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    official = _official(tmp_path)
+    ids = random_ids(model, 1, 9)
+    ref = official(ids, attention_mask=_four_d(_block_mask(9, 4)), position_ids=torch.arange(9)[None]).logits
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+
+
+def test_long_ragged_batch_runs_per_row_group_with_the_block_mask(monkeypatch):
+    """A long left-padded batch takes the packed-rows path (dllm.models.packed_rows), which runs each
+    group of rows unmasked over its real columns: the block-causal mask still applies (it comes from
+    the positions), and the logits match the padded forward."""
+    import dllm.models.base as base
+
+    taken = []
+    real_fn = base.packed_rows_logits
+    monkeypatch.setattr(base, "packed_rows_logits", lambda *a: taken.append(real_fn(*a)) or taken[-1])
+    model = tiny("sdar", seed=10)
+    ids = random_ids(model, 2, 300)
+    real = torch.ones(2, 300, dtype=torch.bool)
+    real[0, :120] = False
+    with torch.no_grad():
+        packed = model(ids, key_padding_mask=real).logits
+        assert taken and taken[0] is not None  # the packed path ran
+        model.packs_padded_rows = False
+        padded = model(ids, key_padding_mask=real).logits
+        alone = model(ids[:1, 120:]).logits
+    assert torch.allclose(packed[real], padded[real], atol=1e-5, rtol=0)
+    assert torch.allclose(packed[0, 120:], alone[0], atol=1e-5, rtol=0)
+
+
+def test_embedded_tiny_random_sdar_is_the_regenerated_checkpoint():
+    """dllm/models/embedded/tiny-random-sdar is what ``dllm models make-embedded`` writes (tiny("sdar",
+    seed=2)), loads offline as SDAR, and decodes with the exact block cache."""
+    import dllm
+    from dllm.models import embedded_names
+
+    assert "tiny-random-sdar" in embedded_names()
+    model = load("tiny-random-sdar")
+    assert isinstance(model, SDAR) and model.config.block_size == 4
+    ids = random_ids(model, 1, 10)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, tiny("sdar", seed=2)(ids).logits)
+    out = dllm.generate(model, "what is the sum of 2 and 3 ?", "sdar", chat=True, cache="block", gen_length=8)
+    assert out.sequences.shape[1] == out.prompt_length + 8 and out.texts[0] is not None

@@ -223,4 +223,8 @@ class RefSDARForCausalLM(nn.Module):
         if cfg.get("tie_word_embeddings"):
             state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
         model.load_state_dict(state, strict=True)
-        return model.to(dtype).eval()
+        model = model.to(dtype).eval()
+        # transformers' from_pretrained(torch_dtype=...) builds the model in that dtype, but the RoPE
+        # init computes inv_freq with an explicit .float(): the buffer stays float32 (.to() would round it)
+        model.model.rotary_emb.inv_freq = RefRotary(cfg["head_dim"], float(cfg["rope_theta"])).inv_freq
+        return model

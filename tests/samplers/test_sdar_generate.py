@@ -23,7 +23,8 @@ EOT_SCALE = 5.0
 STOPS: list[int] = []  # per comparison: runs where the official stop test ended the loop early
 
 
-@pytest.fixture(scope="module", params=[4, 8], ids=lambda bs: f"bs{bs}")
+# the fast suite runs block size 4 and one setting of the grid below; `pytest -m slow` runs all of it
+@pytest.fixture(scope="module", params=[4, pytest.param(8, marks=pytest.mark.slow)], ids=lambda bs: f"bs{bs}")
 def pair(request, tmp_path_factory):
     bs = request.param
     path = tmp_path_factory.mktemp(f"sdar-bs{bs}")
@@ -68,10 +69,15 @@ def _compare(ref, ours, strategy, threshold, temperature, steps, cache="block", 
     return equal, skipped
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("strategy,threshold", [("low_confidence_dynamic", 0.85), ("low_confidence_dynamic", 0.3),
-                                                ("low_confidence_dynamic", 0.99), ("low_confidence_static", 0.85),
-                                                ("sequential", 0.85)])
+GRID = [(strategy, threshold, temperature)
+        for strategy, threshold in [("low_confidence_dynamic", 0.85), ("low_confidence_dynamic", 0.3),
+                                    ("low_confidence_dynamic", 0.99), ("low_confidence_static", 0.85),
+                                    ("sequential", 0.85)]
+        for temperature in (1.0, 0.7)]
+
+
+@pytest.mark.parametrize("strategy,threshold,temperature",
+                         [pytest.param(*g, marks=() if i == 0 else pytest.mark.slow) for i, g in enumerate(GRID)])
 def test_token_equal_one_token_per_step(pair, strategy, threshold, temperature):
     """denoising_steps == block_size (the released setting): every run equal, none skipped."""
     equal, skipped = _compare(*pair, strategy, threshold, temperature, steps=None)
