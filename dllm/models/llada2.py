@@ -291,7 +291,7 @@ class LLaDA2(TransformerLM):
 
 
 def tiny_llada2(seed: int = 0, *, moe: Optional[MoEConfig] = None, dtype: torch.dtype = torch.float32,
-                **overrides: Any) -> LLaDA2:
+                attn_backend: str = "auto", **overrides: Any) -> LLaDA2:
     """A small random LLaDA 2 MoE model (no tokenizer): d 64, 3 layers (the first dense), 4 heads of
     16 (2 KV heads), RoPE on 8 of 16 channels, 8 experts in 4 groups, top-2 from 2 groups, one
     shared expert, block 4, vocab 96 (mask 95, EOS/pad 94). ``overrides``: TransformerConfig fields."""
@@ -300,12 +300,16 @@ def tiny_llada2(seed: int = 0, *, moe: Optional[MoEConfig] = None, dtype: torch.
     fields: dict[str, Any] = dict(vocab_size=96, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=96,
                                   rope_theta=600000.0, rms_eps=1e-6, max_positions=512, attn_head_dim=16,
                                   qk_norm=True, attention="block_causal", block_size=4, rope_dim=8, rope_fp32=False)
+    unknown = sorted(set(overrides) - set(TransformerConfig.field_names()))
+    if unknown:
+        raise ValueError(f"tiny_llada2(): unknown override(s) {unknown}; valid: TransformerConfig fields "
+                         f"({', '.join(TransformerConfig.field_names())}) and moe=MoEConfig(...)")
     fields.update(overrides)
     config = TransformerConfig(**fields)
     moe = moe or MoEConfig(n_experts=8, top_k=2, expert_hidden=32, n_shared=1, n_group=4, topk_group=2,
                            routed_scaling=2.5, first_dense=1)
     special = SpecialIds(mask_id=config.vocab_size - 1, eos_id=config.vocab_size - 2, pad_id=config.vocab_size - 2)
-    model = LLaDA2(config, special, moe=moe)
+    model = LLaDA2(config, special, moe=moe, attn_backend=attn_backend)
     init_weights(model, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -213,3 +213,12 @@ def test_block_cache_decodes_like_recompute_with_fewer_experts(sampler):
     assert torch.equal(runs["none"][0], runs["block"][0])
     assert runs["block"][1] < runs["none"][1] / 2  # rows routed per forward
     assert runs["block"][2] < runs["none"][2]  # distinct experts per layer per forward
+
+
+def test_tiny_builds_llada2_and_names_bad_overrides():
+    from dllm.models import tiny
+
+    model = tiny("llada2", seed=2, block_size=8)
+    assert isinstance(model, LLaDA2) and model.config.block_size == 8
+    with pytest.raises(ValueError, match=r"unknown override\(s\) \['foo'\]"):
+        tiny("llada2", foo=1)
