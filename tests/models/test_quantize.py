@@ -222,3 +222,14 @@ def test_old_library_names_the_version_needed(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torchao, "__version__", "0.10.0")
     with pytest.raises(QuantizationError, match=r"needs torchao >= 0.15, found 0.10.0; pip install 'torchao>=0.15'"):
         dllm.load("tiny-random-llada", quantization="int4")
+
+
+@pytest.mark.parametrize("method", [pytest.param("int8", marks=TORCHAO), pytest.param("nf4", marks=BNB)])
+def test_bfloat16_model_stays_bfloat16(method: str) -> None:
+    ref = dllm.load("tiny-llada", dtype="bfloat16")
+    model = dllm.load("tiny-llada", dtype="bfloat16", quantization=method)
+    ids = torch.randint(5, 70, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = ref(ids).logits, model(ids).logits
+    assert b.dtype == torch.bfloat16 and model.transformer.layers[0].attn.q_proj.weight.dtype == torch.bfloat16
+    assert ((a.float() - b.float()).norm() / a.float().norm()) < {"int8": 0.05, "nf4": 0.3}[method]
