@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -107,7 +108,9 @@ def import_library(method: Method) -> Any:
     hint = f"pip install '{method.library}>={method.min_version}'"
     sink = io.StringIO()
     try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _quiet_loggers():
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _quiet_loggers(), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method inside the library
             module = __import__(method.library)
     except ImportError as e:
         raise QuantizationError(f"quantization {method.name!r} needs {method.library}, which is not installed "
