@@ -26,6 +26,7 @@ import torch
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
 from dllm.engine import generate
 from dllm.models import load
+from dllm.models.quantize import check_quantization
 from dllm.options import check_bool, check_number, check_optional_int
 from dllm.samplers import make_sampler
 
@@ -40,6 +41,7 @@ class DLMConfig:
     max_context: Optional[int] = None  # read at most the last max_context committed tokens (None: all that fit)
     marginals: bool = False  # also return the per-position logits of [context, MASK x K] (one more
     #   forward per round), so draft trees (tree=) can be built from a diffusion model's marginals
+    quantization: Optional[str] = None  # "int8" | "int4" | "nf4": weight-only (dllm.models.quantize)
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
@@ -50,6 +52,7 @@ class DLMConfig:
         check_number("temperature", self.temperature, low=0.0, finite=True)
         check_optional_int("max_context", self.max_context, 1)
         check_bool("marginals", self.marginals)
+        check_quantization(self.quantization)  # QuantizationError naming the valid methods
 
 
 @register_drafter("dlm")
@@ -67,7 +70,7 @@ class DLMDrafter(Drafter):
             if self.config.model is None:
                 raise ValueError("the dlm drafter needs a diffusion model: model=<dllm DiffusionLM> or a name/path "
                                  "(dlm:model=tiny-random-llada)")
-            model = load(self.config.model)
+            model = load(self.config.model, quantization=self.config.quantization)
         if not hasattr(model, "mask_id") or not callable(model):
             raise TypeError(f"the dlm drafter's model must be a dllm DiffusionLM (dllm.models.load / tiny), got "
                             f"{type(model).__name__}")

@@ -22,6 +22,7 @@ from dllm.models.checkpoint import INDEX_FILE, open_checkpoint
 from dllm.models.families import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
                                  resolve_device, resolve_dtype)
+from dllm.models.quantize import check_quantization, quantize_model
 from dllm.models.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
 
 PathLike = Union[str, Path]
@@ -150,6 +151,7 @@ def load_target(
     *,
     dtype: Union[torch.dtype, str, None] = None,
     device: Union[str, torch.device, None] = None,
+    quantization: Optional[str] = None,
 ) -> tuple[Any, Any]:
     """Load a transformers causal LM to serve as the target of ``speculative_generate``.
 
@@ -157,6 +159,8 @@ def load_target(
     config.json, or a Hub id (passed to ``from_pretrained``); or a ``resolve_target`` result.
     dtype: a floating torch dtype or name ("float32", "bfloat16", ...; None / "auto": the
     config's dtype, else float32). device: one device (ValueError listing those that exist).
+    quantization: "int8" | "int4" | "nf4": weight-only quantization of the linear layers
+    (``dllm.models.quantize``; a tied LM head stays float).
 
     Returns ``(model, tokenizer)``: the model in eval mode, and the tokenizer shipped with it
     (``AutoTokenizer``, else ``PreTrainedTokenizerFast`` from tokenizer.json), or None when there is
@@ -164,6 +168,7 @@ def load_target(
     config is not a causal LM (a dllm diffusion model, a DFlash drafter), when weights are missing
     from the checkpoint, or when the tokenizer has more tokens than the model's embedding rows.
     """
+    check_quantization(quantization)
     device = resolve_device(device)
     found = name_or_path if isinstance(name_or_path, TargetSource) else resolve_target(name_or_path)
     want = resolve_dtype(dtype, found.config, None)
@@ -190,7 +195,7 @@ def load_target(
                          f"{tokenizer_size(tokenizer)} tokens but the model's embedding has {rows} rows")
     if device is not None:
         model = model.to(device)
-    return model.eval(), tokenizer
+    return quantize_model(model.eval(), quantization), tokenizer
 
 
 __all__ = ["TargetSource", "check_causal_lm_config", "check_local_weights", "load_target", "resolve_target"]

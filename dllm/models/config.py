@@ -41,6 +41,9 @@ class TransformerConfig:
     # p sees position p' iff p' // block_size <= p // block_size (block ids from the RoPE positions)
     attention: str = "bidirectional"
     block_size: Optional[int] = None  # the trained block of a block-causal model; None otherwise
+    # LLaDA 2.x (partial_rotary_factor): RoPE rotates only the first rope_dim channels of each head
+    # (inv_freq over rope_dim), the rest pass through; None = all head_dim channels
+    rope_dim: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden",
@@ -66,6 +69,11 @@ class TransformerConfig:
         hd = self.attn_head_dim
         if hd is not None and (not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0):
             raise ValueError(f"TransformerConfig.attn_head_dim must be a positive int or None, got {hd!r}")
+        rd = self.rope_dim
+        if rd is not None and (not isinstance(rd, int) or isinstance(rd, bool) or rd <= 0 or rd % 2
+                               or rd > self.head_dim):
+            raise ValueError(f"TransformerConfig.rope_dim must be an even int in 2 .. head_dim "
+                             f"({self.head_dim}) or None, got {rd!r}")
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"TransformerConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads "

@@ -18,6 +18,7 @@ import torch
 from dllm.models.checkpoint import open_checkpoint
 from dllm.models.families import class_for_model_type
 from dllm.models.pretrained import GENERATION_CONFIG, TransformerLM
+from dllm.models.quantize import QuantizationError, check_quantization, quantize_model
 from dllm.models.tokenizer import load_tokenizer, tokenizer_size
 from dllm.models.transformer import TransformerBlock
 
@@ -196,6 +197,7 @@ def load(
     device: Union[str, torch.device, None] = None,
     device_map: Union[str, dict[str, Any], None] = None,
     attn_backend: str = "auto",
+    quantization: Optional[str] = None,
 ) -> TransformerLM:
     """Load a LLaDA, Dream or SDAR checkpoint in the official layout (the family from config.json's
     ``model_type``; SDAR's block-causal attention and ``block_size`` come with it).
@@ -205,12 +207,20 @@ def load(
     dtype: a floating torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
     checkpoint's torch_dtype). device: one device (ValueError when it does not exist here, listing
     those that do); device_map: "auto" or a dict, through accelerate. Weights with NaN or inf are
-    refused (``CheckpointError`` naming the tensors).
+    refused (``CheckpointError`` naming the tensors). quantization: "int8" | "int4" | "nf4"
+    (weight-only, ``dllm.models.quantize``; one device, not with device_map).
     """
     if device is not None and device_map is not None:
         raise ValueError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    method = check_quantization(quantization)
+    if method is not None and device_map is not None:
+        raise QuantizationError(f"quantization={quantization!r} needs the model on one device; pass device= "
+                                f"instead of device_map={device_map!r}")
     device = resolve_device(device)
     if str(name_or_path) == ORACLE_NAME:
+        if method is not None:
+            raise QuantizationError(f"the {ORACLE_NAME!r} model has no weights to quantize "
+                                    f"(quantization={quantization!r})")
         from dllm.models.oracle import OracleLM
 
         return OracleLM().to(device)  # exact posterior marginals of the stress tasks; no weights
@@ -233,6 +243,7 @@ def load(
         model.hf_generation_config = read_config(directory, GENERATION_CONFIG)
     model.eval()
     model.name_or_path = str(name_or_path)
+    quantize_model(model, method.name if method is not None else None)
     if device_map is not None:
         model = _dispatch(model, device_map, target)
     return model

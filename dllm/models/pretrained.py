@@ -262,6 +262,9 @@ class TransformerLM(DiffusionLM):
         """Write the official layout: config.json, generation_config.json (the official Dream loader
         refuses a directory without one), model.safetensors (or shards + index when
         ``max_shard_size`` bytes is given and exceeded), and the tokenizer files when present."""
+        from dllm.models.quantize import refuse_quantized_save
+
+        refuse_quantized_save(self)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         config = self.official_config()

@@ -114,9 +114,14 @@ def tiny(
 
     overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
     (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny
-    tokenizer's and vocab_size is its size rounded up to a multiple of 8.
+    tokenizer's and vocab_size is its size rounded up to a multiple of 8. "llada2" (MoE, no tokenizer):
+    ``dllm.models.llada2.tiny_llada2`` (overrides: TransformerConfig fields, or ``moe=MoEConfig``).
     """
     cls = family_class(family)
+    if family == "llada2":
+        from dllm.models.llada2 import tiny_llada2
+
+        return tiny_llada2(seed, dtype=dtype, attn_backend=attn_backend, **overrides)
     valid = set(TransformerConfig.field_names()) | set(_SPECIAL_NAMES)
     unknown = sorted(set(overrides) - valid)
     if unknown:

@@ -89,7 +89,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: b
 
     fp32=True (LLaDA ``rope_full_precision``): rotate in float32 and cast back.
     fp32=False (Dream / HF Qwen2): cast cos/sin to x's dtype and rotate in that dtype.
+    Partial rotary (LLaDA 2.x): cos/sin narrower than hd rotate x's first channels only.
     """
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:  # rotate [..., :rd], pass [..., rd:] through, as the official apply_rotary_pos_emb
+        return torch.cat((apply_rope(x[..., :rd], cos, sin, fp32=fp32), x[..., rd:]), dim=-1)
     if fp32:
         x32 = x.float()
         return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
@@ -283,7 +287,8 @@ class Transformer(nn.Module):
         attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")
         hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers")
         probs_fn = backends.get("reference").fn
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)  # [B, 1, T, hd]
+        rope_dim = self.config.rope_dim or self.config.head_dim  # partial rotary: rope_dim < hd
+        cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
             assert self.config.block_size is not None
             k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]

@@ -50,6 +50,7 @@ from dllm.drafters.dflash.model import DFlashDrafter, draft_block, make_block, t
 from dllm.drafters.trees.path_head import PathScorer, has_path_head, load_path_head
 from dllm.drafters.verify import sample_categorical, target_probs
 from dllm.models.loading import locate, resolve_device, resolve_dtype
+from dllm.models.quantize import check_quantization
 from dllm.options import check_bool
 
 
@@ -59,6 +60,7 @@ class DFlashOptions:
     dtype: Optional[str] = None  # "float32", "bfloat16", "float16", "auto"; None = the checkpoint's
     device: Optional[str] = None  # load device (None: CPU); calls move the drafter to the target's device
     sample: bool = True  # T > 0: draw drafts from the warped draft distribution (else arg-max drafts)
+    quantization: Optional[str] = None  # "int8" | "int4" | "nf4": weight-only (dllm.models.quantize)
 
     def __post_init__(self) -> None:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
@@ -68,6 +70,7 @@ class DFlashOptions:
             resolve_dtype(self.dtype, {}, None)  # ValueError naming the valid dtypes
         resolve_device(self.device)  # ValueError naming the available devices
         check_bool("sample", self.sample)
+        check_quantization(self.quantization)  # QuantizationError naming the valid methods
 
 
 def _param(model: nn.Module) -> torch.Tensor:
@@ -92,7 +95,8 @@ class DFlashBlockDrafter(Drafter):
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
             directory = locate(cfg.model)  # once: the weights, and heads beside them (read when used)
-            model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device)  # DFlash or DFlash 2
+            model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device,  # DFlash or DFlash 2
+                                    quantization=cfg.quantization)
             self._directory = Path(directory)
         elif not isinstance(model, DFlashDrafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash.io."

@@ -29,6 +29,7 @@ from dllm.models.checkpoint import (CheckpointError, check_keys, nonfinite_count
                                     write_safetensors)
 from dllm.models.loading import locate, read_config, resolve_device, resolve_dtype
 from dllm.models.pretrained import DTYPE_NAMES
+from dllm.models.quantize import check_quantization, quantize_model, refuse_quantized_save
 
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURE_V2 = "DFlash2DraftModel"
@@ -192,16 +193,19 @@ def load_dflash(
     dtype: Union[torch.dtype, str, None] = None,
     device: Union[str, torch.device, None] = None,
     target: Any = None,
+    quantization: Optional[str] = None,
 ) -> DFlashDrafter:
     """Load an official DFlash checkpoint (local directory, embedded name or Hub id) unchanged.
 
     dtype: a floating dtype or name ("auto"/None: the config's dtype, else the stored one).
     target: optional transformers model or config to check the drafter against (``check_target``).
+    quantization: "int8" | "int4" | "nf4": weight-only quantization of its linear layers
+    (``dllm.models.quantize``).
     Errors: ValueError for a config that is not a DFlash drafter (naming what is missing);
     ``CheckpointError`` listing missing / unexpected / mis-shaped keys or non-finite weights.
     """
     return load_drafter_checkpoint(name_or_path, config_from_hf, DFlashDrafter, dtype=dtype, device=device,
-                                   target=target)
+                                   target=target, quantization=quantization)
 
 
 def load_drafter_checkpoint(
@@ -213,6 +217,7 @@ def load_drafter_checkpoint(
     device: Union[str, torch.device, None] = None,
     target: Any = None,
     stored_name: Callable[[str, Mapping[str, Any]], str] = lambda key, shapes: key,
+    quantization: Optional[str] = None,
 ):
     """The loading steps every DFlash architecture shares: locate the directory, parse its config
     (``parse_config(hf, source=...)``), check it against ``target``, build ``model_class`` on the meta
@@ -243,7 +248,7 @@ def load_drafter_checkpoint(
     if bad:
         raise CheckpointError(f"checkpoint {str(directory)!r} has non-finite weights: " + ", ".join(bad))
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return quantize_model(model.eval(), quantization)
 
 
 def save_dflash(model: DFlashDrafter, directory: PathLike, *, max_shard_size: Optional[int] = None) -> Path:
@@ -256,6 +261,7 @@ def save_drafter_checkpoint(model: nn.Module, directory: PathLike, state: Mappin
                             to_hf: Callable[..., dict], max_shard_size: Optional[int] = None) -> Path:
     """Write ``state`` (official key names) as safetensors and ``to_hf(config, hf_config, dtype)`` as
     ``config.json``: the saving steps every DFlash architecture shares."""
+    refuse_quantized_save(model)
     directory = Path(directory)
     meta = [k for k, v in state.items() if v.is_meta]
     if meta:

@@ -107,6 +107,7 @@ def load_dflash2(
     dtype: Union[torch.dtype, str, None] = None,
     device: Union[str, torch.device, None] = None,
     target: Any = None,
+    quantization: Optional[str] = None,
 ) -> DFlash2Drafter:
     """Load an official DFlash 2 checkpoint (local directory, embedded name or Hub id) unchanged.
 
@@ -115,7 +116,7 @@ def load_dflash2(
     (official names) or non-finite weights.
     """
     return load_drafter_checkpoint(name_or_path, config_from_hf2, DFlash2Drafter, dtype=dtype, device=device,
-                                   target=target, stored_name=_stored_name)
+                                   target=target, stored_name=_stored_name, quantization=quantization)
 
 
 def save_dflash2(model: DFlash2Drafter, directory: PathLike, *, max_shard_size: Optional[int] = None) -> Path:
@@ -130,12 +131,13 @@ def load_any_dflash(
     dtype: Union[torch.dtype, str, None] = None,
     device: Union[str, torch.device, None] = None,
     target: Any = None,
+    quantization: Optional[str] = None,
 ) -> DFlashDrafter:
     """``load_dflash`` or ``load_dflash2``, by the checkpoint's ``architectures`` (ValueError for neither)."""
     directory = locate(name_or_path)
     version = dflash_version(read_config(directory), repr(str(directory / "config.json")))
     load = load_dflash2 if version == 2 else load_dflash
-    return load(directory, dtype=dtype, device=device, target=target)
+    return load(directory, dtype=dtype, device=device, target=target, quantization=quantization)
 
 
 def random_dflash2(

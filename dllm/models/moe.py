@@ -1,0 +1,244 @@
+"""The mixture-of-experts feed-forward of LLaDA 2.x (sigmoid router with expert bias, group-limited
+top-k, normalised and scaled weights, shared experts), and a count of the experts each forward uses.
+
+Routing follows ``LLaDA2MoeGate`` of inclusionAI/dFactory ``models/llada2_moe/modeling_llada2_moe.py``
+(the DeepSeek-V3 scheme, arXiv 2412.19437), for N tokens x [N, D] and E experts in G groups:
+
+1. ``logits = x @ W^T`` in float32 [N, E]; ``scores = sigmoid(logits)``;
+2. experts are chosen on ``scores + expert_bias`` (the bias steers load balancing, never the weights):
+   each group scores the sum of its two best, the ``topk_group`` best groups stay, the ``top_k`` best
+   experts among them are taken (``route``);
+3. the weights are the chosen experts' UNbiased scores, divided by their sum (when top_k > 1) and
+   multiplied by ``routed_scaling_factor``;
+4. ``y = sum_k w_k * expert_k(x) + shared(x)`` (the sum in float32, as the official ``moe_infer``).
+
+``SparseMoE.forward`` is batched over experts: assignments are sorted by expert and every expert runs
+once on all of its tokens (one host sync per layer for the per-expert counts, which size the slices;
+no per-token Python loop). ``moe_reference`` is the literal per-token loop, kept for the tests.
+
+"Expert explosion": one diffusion step forwards many positions at once, and the distinct experts a
+forward touches grow with them. ``ExpertCounter`` records, per forward and MoE layer, the tokens and
+the distinct experts they activate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROUTER_SCORES = ("sigmoid",)  # LLaDA 2.x (score_function); others are refused by the config check
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes and routing switches of one MoE feed-forward (LLaDA2MoeConfig names in comments)."""
+
+    n_experts: int  # num_experts E
+    top_k: int  # num_experts_per_tok K
+    expert_hidden: int  # moe_intermediate_size F (each expert's SwiGLU width)
+    n_shared: int = 0  # num_shared_experts: one SwiGLU of width n_shared * F beside the routed ones
+    n_group: int = 1  # n_group G: experts in G equal groups
+    topk_group: int = 1  # topk_group: groups kept per token
+    routed_scaling: float = 1.0  # routed_scaling_factor
+    score_fn: str = "sigmoid"  # score_function
+    first_dense: int = 0  # first_k_dense_replace: layers 0 .. first_dense-1 keep a dense MLP
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "top_k", "expert_hidden", "n_group", "topk_group"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MoEConfig.{name} must be a positive int, got {value!r}")
+        for name in ("n_shared", "first_dense"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"MoEConfig.{name} must be a non-negative int, got {value!r}")
+        if self.score_fn not in ROUTER_SCORES:
+            raise NotImplementedError(f"router score_function {self.score_fn!r} is not supported "
+                                      f"(supported: {', '.join(ROUTER_SCORES)})")
+        if self.n_experts % self.n_group:
+            raise ValueError(f"MoEConfig: num_experts {self.n_experts} is not a multiple of n_group {self.n_group}")
+        if self.n_experts // self.n_group < 2:
+            raise ValueError(f"MoEConfig: a group must hold >= 2 experts (its score is the sum of its best "
+                             f"two); num_experts {self.n_experts} / n_group {self.n_group}")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"MoEConfig: topk_group {self.topk_group} exceeds n_group {self.n_group}")
+        if self.top_k > self.topk_group * (self.n_experts // self.n_group):
+            raise ValueError(f"MoEConfig: num_experts_per_tok {self.top_k} exceeds the experts of the "
+                             f"{self.topk_group} kept group(s) ({self.topk_group * (self.n_experts // self.n_group)})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Routing (the math)
+
+
+def group_limited_topk(scores: torch.Tensor, n_group: int, topk_group: int, top_k: int) -> torch.Tensor:
+    """scores [N, E] -> expert ids [N, K]: the K best experts inside the ``topk_group`` groups whose
+    best two sum highest (the official ``group_limited_topk``)."""
+    n, e = scores.shape
+    group_scores = scores.view(n, n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)  # [N, G]
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]  # [N, topk_group]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)  # [N, G]
+    score_mask = group_mask.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)  # [N, E]
+    masked = scores.masked_fill(~score_mask.bool(), float("-inf"))
+    return torch.topk(masked, k=top_k, dim=-1)[1]  # [N, K], best first
+
+
+def route(logits: torch.Tensor, expert_bias: Optional[torch.Tensor], cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] float32 -> (expert ids [N, K] long, weights [N, K] float32)."""
+    scores = torch.sigmoid(logits.float()).type_as(logits)  # [N, E]
+    biased = scores if expert_bias is None else scores + expert_bias
+    idx = group_limited_topk(biased, cfg.n_group, cfg.topk_group, cfg.top_k)
+    weights = torch.gather(scores, dim=1, index=idx).type_as(logits)  # the unbiased scores
+    if cfg.top_k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return idx, weights * cfg.routed_scaling
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+
+
+class ExpertMLP(nn.Module):
+    """One SwiGLU expert: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """The gate: ``weight`` [E, D] (applied in float32) and the load-balancing ``expert_bias`` [E]."""
+
+    def __init__(self, d_model: int, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.n_experts, d_model))
+        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> (expert ids [N, K], weights [N, K] float32)."""
+        logits = F.linear(x.float(), self.weight.float())  # [N, E]
+        return route(logits, self.expert_bias, self.cfg)
+
+
+@dataclass
+class ExpertUse:
+    """One MoE layer's routing in one forward."""
+
+    layer: int
+    tokens: int  # rows routed (batch x query positions)
+    distinct: int  # experts that received at least one token
+
+
+class SparseMoE(nn.Module):
+    """Routed experts + shared experts: the feed-forward of a LLaDA 2.x MoE layer. [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, d_model: int, cfg: MoEConfig, layer: int = -1) -> None:
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.gate = Router(d_model, cfg)
+        self.experts = nn.ModuleList(ExpertMLP(d_model, cfg.expert_hidden) for _ in range(cfg.n_experts))
+        self.shared_experts = ExpertMLP(d_model, cfg.expert_hidden * cfg.n_shared) if cfg.n_shared else None
+        self.log: Optional[list[ExpertUse]] = None  # set by ExpertCounter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        flat = x.reshape(-1, d)  # [N, D]
+        idx, weights = self.gate(flat)  # [N, K], [N, K] f32
+        y = combine_experts(self.experts, flat, idx, weights, self.log, self.layer).view(b, t, d)
+        return y if self.shared_experts is None else y + self.shared_experts(x)
+
+
+def combine_experts(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
+                    log: Optional[list[ExpertUse]] = None, layer: int = -1) -> torch.Tensor:
+    """sum_k weights[:, k] * experts[idx[:, k]](x), batched over experts.
+
+    x [N, D], idx [N, K] long, weights [N, K] float32 -> [N, D] in x's dtype. The assignments are
+    sorted by expert (the official ``moe_infer`` order) and each expert runs once on its rows."""
+    n, k = idx.shape
+    flat_idx = idx.reshape(-1)  # [N*K]
+    order = flat_idx.argsort()  # assignments grouped by expert
+    rows = x[order // k]  # [N*K, D]: the token of each sorted assignment
+    counts = torch.bincount(flat_idx, minlength=len(experts)).tolist()  # host sync: sizes the slices
+    if log is not None:
+        log.append(ExpertUse(layer, n, sum(c > 0 for c in counts)))
+    outs, start = [], 0
+    for e, c in enumerate(counts):  # over experts (not tokens); empty experts are skipped
+        if c:
+            outs.append(experts[e](rows[start:start + c]))
+            start += c
+    sorted_out = torch.cat(outs, dim=0) if outs else rows.new_empty(0, x.shape[-1])  # [N*K, D]
+    out = torch.empty_like(sorted_out)
+    out[order] = sorted_out  # back to (token, k) order
+    return out.view(n, k, -1).type(weights.dtype).mul_(weights.unsqueeze(-1)).sum(dim=1).type(x.dtype)
+
+
+def moe_reference(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """The per-token loop: for each token, each of its K experts on that token alone, weighted and
+    summed in float32, plus the shared experts. x [B, T, D] -> [B, T, D]. Tests only (slow)."""
+    b, t, d = x.shape
+    flat = x.reshape(-1, d)
+    idx, weights = moe.gate(flat)
+    rows = []
+    for n in range(flat.shape[0]):
+        acc = torch.zeros(d, dtype=weights.dtype, device=x.device)
+        for j in range(idx.shape[1]):
+            acc = acc + moe.experts[int(idx[n, j])](flat[n:n + 1])[0].to(weights.dtype) * weights[n, j]
+        rows.append(acc.to(x.dtype))
+    y = torch.stack(rows).view(b, t, d)
+    return y if moe.shared_experts is None else y + moe.shared_experts(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert use per forward
+
+
+@dataclass
+class ExpertCounter:
+    """Collects ``ExpertUse`` from every ``SparseMoE`` of a model while active (``count_experts``)."""
+
+    uses: list[ExpertUse] = field(default_factory=list)
+
+    def forwards(self) -> int:
+        """Model forwards seen (each forward logs once per MoE layer)."""
+        layers = {u.layer for u in self.uses}
+        return len(self.uses) // max(len(layers), 1)
+
+    def mean_distinct(self) -> float:
+        """Distinct experts per MoE layer per forward, averaged over layers and forwards."""
+        return sum(u.distinct for u in self.uses) / max(len(self.uses), 1)
+
+    def mean_tokens(self) -> float:
+        """Routed tokens per forward (batch rows x query positions)."""
+        return sum(u.tokens for u in self.uses) / max(len(self.uses), 1)
+
+
+@contextlib.contextmanager
+def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
+    """``with count_experts(model) as c: ...`` -> ``c.mean_distinct()`` experts per layer per forward
+    (ValueError for a model without MoE layers)."""
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no mixture-of-experts layer to count experts of")
+    counter = ExpertCounter()
+    for m in layers:
+        m.log = counter.uses
+    try:
+        yield counter
+    finally:
+        for m in layers:
+            m.log = None
+
+
+__all__ = ["ExpertCounter", "ExpertMLP", "ExpertUse", "MoEConfig", "Router", "SparseMoE", "combine_experts",
+           "count_experts", "group_limited_topk", "moe_reference", "route"]
