@@ -115,6 +115,16 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     return x0.view(b, w), torch.gather(probs, -1, x0).view(b, w)
 
 
+def never_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """x0 [B, W] with every drawn mask token replaced by the best other token of its row (logits
+    [B, W, V]). The official loop can draw the mask token itself at T > 0 and "commit" it, leaving
+    the position masked for a later step; here a commit must unmask, or the block never finishes.
+    Draws of any other token are unchanged, so runs that never draw the mask are token-equal."""
+    other = logits.clone()
+    other[..., mask_id] = float("-inf")
+    return torch.where(x0 == mask_id, other.argmax(dim=-1), x0)
+
+
 def choose(conf: torch.Tensor, masks: torch.Tensor, n: int, strategy: str, threshold: float) -> torch.Tensor:
     """conf [B, W] p(x0), masks [B, W] bool, this step's quota n -> [B, W] bool, masks to commit."""
     w = conf.shape[1]
@@ -166,6 +176,7 @@ class SDARSampler(Sampler):
             raise ValueError(f"sampler 'sdar' needs the logits of the whole grid block [{g}, {e}) but the "
                              f"step's query starts at column {inp.query_start}; use cache 'none' or 'block'")
         x0, conf = propose(inp.logits[:, a:b], inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
+        x0 = never_mask(x0, inp.logits[:, a:b], inp.mask_id)
         masks = inp.active[:, a:b]  # [B, W] the block's masks (the prompt tail is never active)
         quotas = transfer_counts(block_of(state), cfg.denoising_steps)
         n = quotas[min(inp.step, cfg.denoising_steps - 1)]
@@ -178,4 +189,4 @@ class SDARSampler(Sampler):
         return StepOutput(commit=commit, tokens=tokens, score=score)
 
 
-__all__ = ["SDARConfig", "SDARSampler", "choose", "propose", "transfer_counts"]
+__all__ = ["SDARConfig", "SDARSampler", "choose", "never_mask", "propose", "transfer_counts"]

@@ -122,7 +122,7 @@ def test_e2e_verdict_and_plot(tmp_path):
 def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     import json
 
-    assert e2e.main(["--pairs", "tiny-llada/pb-mini", "--n", "1", "--repeats", "2", "--device", "cpu", "--no-progress",
+    assert e2e.main(["--pairs", "tiny-llada/pb-mini", "--n", "1", "--repeats", "1", "--device", "cpu", "--no-progress",
                      "--out", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "e2e.json").read_text())
     rows = out["results"]["tiny-llada/pb-mini"]
