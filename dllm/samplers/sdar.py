@@ -117,9 +117,11 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
 
 def never_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     """x0 [B, W] with every drawn mask token replaced by the best other token of its row (logits
-    [B, W, V]). The official loop can draw the mask token itself at T > 0 and "commit" it, leaving
-    the position masked for a later step; here a commit must unmask, or the block never finishes.
-    Draws of any other token are unchanged, so runs that never draw the mask are token-equal."""
+    [B, W, V]). The official loop can draw the mask token itself at T > 0 and "commit" it: the
+    position stays masked and a later step decides it, which the engine reproduces as is; but at the
+    block's last step it would leave the block unfinished (the official canvas keeps a mask there), so
+    the sampler applies this on that step only. Runs whose blocks end without a mask stay
+    token-equal to the official loop."""
     other = logits.clone()
     other[..., mask_id] = float("-inf")
     return torch.where(x0 == mask_id, other.argmax(dim=-1), x0)
@@ -176,7 +178,8 @@ class SDARSampler(Sampler):
             raise ValueError(f"sampler 'sdar' needs the logits of the whole grid block [{g}, {e}) but the "
                              f"step's query starts at column {inp.query_start}; use cache 'none' or 'block'")
         x0, conf = propose(inp.logits[:, a:b], inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
-        x0 = never_mask(x0, inp.logits[:, a:b], inp.mask_id)
+        if inp.step >= cfg.denoising_steps - 1:  # the block's last step: a drawn mask would stay masked
+            x0 = never_mask(x0, inp.logits[:, a:b], inp.mask_id)
         masks = inp.active[:, a:b]  # [B, W] the block's masks (the prompt tail is never active)
         quotas = transfer_counts(block_of(state), cfg.denoising_steps)
         n = quotas[min(inp.step, cfg.denoising_steps - 1)]

@@ -8,9 +8,9 @@ schedule, sampled proposals over the grid block's rows, ``> threshold`` else the
 masks. Two conventions of the original are mapped, not copied: its ``temperature=0`` samples at 1
 (the division is skipped, ``multinomial`` still draws), so it is compared with dllm's
 ``temperature=1.0``; and it may sample the mask id itself, leaving the position masked at the end of
-a block -- those runs are detected (on the official final canvas) and excluded: dllm's engine, which
-requires a block free of masks after its steps, raises on them (reported to the sampler's owner);
-the rest must all be equal."""
+a block -- those runs are detected (on the official final canvas) and excluded: dllm's engine
+requires a block free of masks after its steps, so on a block's last step the sampler replaces a
+drawn mask with the row's best other token (``never_mask``); the rest must all be equal."""
 
 from __future__ import annotations
 
