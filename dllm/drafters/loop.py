@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -85,6 +85,7 @@ def speculative_generate(
     tokenizer: Any = None,
     return_stats: bool = True,
     tree: Any = None,
+    callback: Optional[Callable[[list[list[int]]], None]] = None,
 ) -> Union[SpeculativeOutput, torch.Tensor]:
     """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
 
@@ -117,6 +118,8 @@ def speculative_generate(
         tree: the plan's tree builder (``"ddtree:budget=32"``, ``dllm.drafters.trees``): verify a
             draft tree built from the drafter's per-position distributions in one forward
             (``trees/verify.py``) instead of the drafted chain; None = the chain.
+        callback: called after every round with each row's generated ids so far (a list per prompt;
+            accepted tokens are final, so a server streams them); an exception it raises ends the call.
     """
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
@@ -155,10 +158,15 @@ def speculative_generate(
     run.trim = drafter_obj.trims_last_block
     run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
     run.head, run.head_trees = head, head_trees
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (called with each row's generated ids after every round) "
+                        f"or None, got {type(callback).__name__}")
     with torch.inference_mode():
         run.prefill()
         while run.active:
             run.round()
+            if callback is not None:
+                callback(run.generated)
     sequences, lp = pack_sequences(rows, run.generated, tgt.info.pad_id)
     if not return_stats:
         return sequences

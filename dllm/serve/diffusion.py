@@ -1,0 +1,344 @@
+"""Serving a diffusion model: every request is ``dllm.generate`` on its prompt alone.
+
+Modes (``DiffusionEngine(mode=...)``):
+
+- ``continuous`` (default): ``max_running`` requests decode at once, each in its own thread with the
+  real ``generate``, and their forwards are merged step by step (``dllm.serve.batcher``): a request
+  joins the running batch at its first forward and leaves after its last, whatever block or step
+  the others are at, with its own length, stops, sampler, cache and seed.
+- ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
+  and length run as one ``generate`` batch; later requests wait for the whole batch to finish.
+- ``serial``: one request at a time.
+
+Streaming: after every step the row's final left prefix (committed, never revised: the leftmost
+run of committed positions, or for a sampler that re-masks the positions left of its current
+block) becomes text deltas (``dllm.serve.stream.TextStream``). Once that prefix holds an EOS or a stop
+string the answer is final and the row leaves at once (continuous/serial), with the text the whole
+decode would give. ``step_events`` requests also get one ``Step`` event per denoising step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from dllm.cache import make_cache
+from dllm.engine import SEED_MAX, generate
+from dllm.inputs import decode_answer, encode_prompts, fit_layers
+from dllm.samplers import make_sampler
+from dllm.schedule import plan_blocks
+from dllm.serve.base import BadRequest
+from dllm.serve.batcher import BatchedModel, BatcherConfig, ForwardBatcher, run_registered
+from dllm.serve.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
+from dllm.serve.prompts import chat_ids, text_ids
+from dllm.serve.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.stream import TextStream
+
+MODES = ("continuous", "static", "serial")
+
+
+class _Leave(Exception):
+    """Raised from the step callback: the row is done (its answer is final) or was cancelled."""
+
+
+@dataclass
+class _Row:
+    """One job's row in a decode (row ``r`` of the call's state): its text stream and step events."""
+
+    job: Job
+    r: int
+    stream: TextStream
+    revises: bool
+    pieces: dict[int, str]
+    nfe: int = 0
+    forwarded: int = 0
+    first_delta: Optional[float] = None
+
+    def observe(self, state) -> bool:
+        """After a step: send the new final text (and the Step event); True when the answer is final."""
+        gen = state.generated[self.r]  # [G] (a view of the canvas)
+        g = gen.tolist()
+        mask = state.mask_id
+        if self.revises:
+            final = max(0, state.block_start - state.prompt_length)
+        else:
+            final = next((i for i, t in enumerate(g) if t == mask), len(g))
+        self.nfe, self.forwarded = state.nfe, state.forwarded_tokens  # the call's (a static batch's: shared)
+        self._send(g[:final], complete=False)
+        if self.job.request.step_events:
+            trace = state.trace[self.r].tolist()
+            self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,
+                               tokens=tuple(None if t == mask else self._piece(t) for t in g),
+                               trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace)
+                                                                   if s == state.step - 1)))
+        return self.stream.ended is not None
+
+    def _piece(self, t: int) -> str:
+        if t not in self.pieces:
+            self.pieces[t] = self.stream.decode([t])
+        return self.pieces[t]
+
+    def _send(self, prefix: list[int], complete: bool) -> None:
+        text, ids = self.stream.update(prefix, complete=complete)
+        if text:
+            if self.first_delta is None:
+                self.first_delta = time.perf_counter()
+            self.job.emit(Delta(text, ids))
+
+    def finish(self, generated: Optional[list[int]], max_tokens: int, started: float) -> None:
+        """The decode ended (``generated``: the row's whole answer) or the answer became final early."""
+        if generated is not None and self.stream.ended is None:
+            self._send(generated, complete=True)
+        elif self.stream.ended is not None and self.stream.text != self.stream.sent:
+            self._send(self.stream.answer_ids, complete=True)
+        s, job = self.stream, self.job
+        reason = "stop" if s.ended is not None else "length"
+        now = time.perf_counter()
+        job.emit(Done(text=s.text, token_ids=tuple(s.answer_ids), finish_reason=reason,
+                      prompt_tokens=len(job.request.prompt_ids), completion_tokens=len(s.answer_ids),
+                      nfe=self.nfe, forwarded_tokens=self.forwarded, queue_s=started - job.submitted,
+                      ttft_s=None if self.first_delta is None else self.first_delta - job.submitted,
+                      wall_s=now - job.submitted))
+
+
+class DiffusionEngine(ThreadedEngine):
+    """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.app``)."""
+
+    kind = "diffusion"
+
+    def __init__(self, model, *, name: str, defaults: DiffusionSettings = DiffusionSettings(),
+                 mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
+                 max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
+                 chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig()) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if not hasattr(model, "mask_id"):
+            raise TypeError(f"DiffusionEngine serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
+        self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.max_positions = getattr(model, "max_positions", None)
+        self.chat_template = chat_template
+        self.eos_ids = frozenset(getattr(model, "eos_ids", ()) or ())
+        limit = max_tokens_limit if max_tokens_limit is not None else (
+            self.max_positions - 1 if self.max_positions else 4096)
+        self.max_tokens_limit = int(limit)
+        super().__init__(SchedulerConfig(max_running=1 if mode == "serial" else max_running,
+                                         max_queue=max_queue, max_running_tokens=max_running_tokens))
+        self.check_settings(defaults, where="defaults")
+        self._pieces: dict[int, str] = {}
+        self._tok_lock = threading.Lock()
+        self.batcher = ForwardBatcher(model, batcher) if mode == "continuous" else None
+        self._served = BatchedModel(model, self.batcher) if self.batcher is not None else model
+        self._direct = _CountingModel(model) if self.batcher is None else None
+        if mode == "static":
+            threading.Thread(target=self._static_loop, name="dllm-serve-static", daemon=True).start()
+        else:
+            self._start_workers(self.scheduler.max_running)
+
+    def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
+                         block_length: Optional[int] = None, steps: Optional[int] = None,
+                         temperature: Optional[float] = None, seed: Optional[int] = None,
+                         options: Optional[dict] = None) -> DiffusionSettings:
+        """A request's settings: its own fields over the server's defaults. The default sampler's
+        options apply only when the request keeps the default sampler; a default block length longer
+        than the request's ``max_tokens`` becomes ``max_tokens`` (one block), as ``generate`` needs
+        ``block_length <= gen_length``. Unchecked (``check`` does that)."""
+        d = self.defaults
+        opts = dict(d.options) if sampler is None else {}
+        opts.update(options or {})
+        if block_length is None and d.block_length is not None and isinstance(max_tokens, int):
+            block_length = min(d.block_length, max_tokens) if max_tokens >= 1 else d.block_length
+        return DiffusionSettings(
+            sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
+            block_length=block_length if block_length is not None else d.block_length,
+            steps=d.steps if steps is None else steps,
+            temperature=d.temperature if temperature is None else temperature,
+            seed=d.seed if seed is None else seed, options=tuple(sorted(opts.items())))
+
+    # ---- prompts ----
+    def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
+        return text_ids(lambda p: encode_prompts(self.model, [p])[0], prompt)
+
+    def encode_chat(self, messages: Sequence[dict]) -> tuple[int, ...]:
+        template = self.chat_template
+        if template is None:
+            try:
+                template = self.model.usable_chat_template()
+            except ValueError as err:
+                raise BadRequest("messages", f"{err}; start the server with --chat-template FILE") from None
+        return chat_ids(self.tokenizer, template, messages, self.encode_prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:  # a tokenizer is not guaranteed thread-safe
+            return decode_answer(self.tokenizer, ids, (), self.model.mask_id)
+
+    # ---- checks (nothing reaches the decode loop unchecked) ----
+    def check_settings(self, s: DiffusionSettings, *, where: str = "request", gen_length: int = 1) -> None:
+        try:
+            policy = make_cache(s.cache)
+        except (ValueError, TypeError, KeyError) as err:
+            raise BadRequest("cache", str(err)) from None
+        try:
+            sampler = make_sampler(s.sampler, **dict(s.options))
+        except (ValueError, TypeError, KeyError) as err:
+            raise BadRequest("sampler_options" if s.options and "option" in str(err).lower() else "sampler",
+                             str(err)) from None
+        try:
+            plan = plan_blocks(gen_length, s.block_length, s.steps, fixed_steps=sampler.fixed_steps)
+        except ValueError as err:
+            raise BadRequest("steps" if "steps" in str(err).split(" ")[0] else "block_length", str(err)) from None
+        try:
+            policy.check(self.model, block_length=plan.block_length, gen_length=gen_length)
+        except ValueError as err:
+            raise BadRequest("cache", str(err)) from None
+        refusal = policy.sampler_refusal(sampler)
+        if refusal is not None:
+            raise BadRequest("cache", f"sampler {sampler.name!r} {refusal}")
+        if fit_layers(sampler.attention_layers, self.model) and not getattr(self.model, "supports_kv_cache", True):
+            raise BadRequest("sampler", f"sampler {sampler.name!r} reads attention maps, which this model lacks")
+        t = s.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= float(t) < float("inf"):
+            raise BadRequest("temperature", f"temperature must be a finite number >= 0, got {t!r}")
+        if sampler.greedy_only and t > 0:
+            raise BadRequest("temperature", f"sampler {sampler.name!r} is greedy only; got temperature={t}")
+        if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int)
+                                   or not 0 <= s.seed <= SEED_MAX):
+            raise BadRequest("seed", f"seed must be an integer in [0, 2**64 - 1], got {s.seed!r}")
+
+    def check(self, request: JobRequest) -> None:
+        if not isinstance(request.settings, DiffusionSettings):
+            raise BadRequest(None, f"a diffusion engine takes DiffusionSettings, got {type(request.settings).__name__}")
+        n = request.max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens_limit:
+            raise BadRequest("max_tokens", f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {n!r}")
+        if not request.prompt_ids:
+            raise BadRequest("prompt", "the prompt is empty")
+        lp = len(request.prompt_ids)
+        if self.max_positions is not None and lp + n > self.max_positions:
+            raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
+                             f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the model's "
+                             f"{self.max_positions} positions")
+        self.check_settings(request.settings, gen_length=n)
+
+    # ---- decoding ----
+    def _new_row(self, job: Job, r: int, revises: bool) -> _Row:
+        return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
+
+    def _run_job(self, job: Job) -> None:
+        """Continuous and serial: ``generate`` on this prompt alone, forwards through the batcher."""
+        req, started = job.request, time.perf_counter()
+        sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
+        row = self._new_row(job, 0, sampler.revises)
+
+        def on_step(state) -> None:
+            if job.cancelled or row.observe(state):
+                raise _Leave
+
+        def decode():
+            return generate(self._served if self._direct is None else self._direct, [list(req.prompt_ids)],
+                            gen_length=req.max_tokens, stop_at_eos=True, callback=on_step,
+                            **req.settings.generate_kwargs())
+
+        try:
+            out = run_registered(self.batcher, decode) if self.batcher is not None else decode()
+        except _Leave:
+            if job.cancelled:
+                job.emit(Failed("cancelled by the client", 499))
+                return
+            row.finish(None, req.max_tokens, started)
+            return
+        row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
+        row.finish(out.sequences[0, out.prompt_length:].tolist(), req.max_tokens, started)
+
+    def _forwards(self) -> tuple[int, int]:
+        src = self.batcher if self.batcher is not None else self._direct
+        return (src.forwards, src.forwarded_rows) if src is not None else (0, 0)
+
+    def _shutdown(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+
+    # ---- static batching ----
+    def _static_loop(self) -> None:
+        while True:
+            batch = self._take_static()
+            if batch is None:
+                return
+            try:
+                self._run_static(batch)
+            except BaseException as err:  # noqa: BLE001
+                for job in batch:
+                    job.emit(Failed(f"{type(err).__name__}: {err}", 500))
+            finally:
+                with self._cond:
+                    for job in batch:
+                        self._running.pop(job.id, None)
+                        self.completed += 1
+                    self._cond.notify_all()
+
+    def _take_static(self) -> Optional[list[Job]]:
+        """The head job and every queued job with its settings and length, up to max_running."""
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            head = self._queue.popleft()
+            key = (head.request.settings, head.request.max_tokens, head.request.stop)
+            batch, rest = [head], []
+            for job in self._queue:
+                if len(batch) < self.scheduler.max_running and (
+                        job.request.settings, job.request.max_tokens, job.request.stop) == key:
+                    batch.append(job)
+                else:
+                    rest.append(job)
+            self._queue.clear()
+            self._queue.extend(rest)
+            for job in batch:
+                self._running[job.id] = job
+            return batch
+
+    def _run_static(self, batch: list[Job]) -> None:
+        req, started = batch[0].request, time.perf_counter()
+        sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
+        rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(batch)]
+
+        def on_step(state) -> None:
+            for row in rows:
+                if not row.job.cancelled and row.stream.ended is None:
+                    row.observe(state)
+
+        out = generate(self._direct, [list(j.request.prompt_ids) for j in batch], gen_length=req.max_tokens,
+                       stop_at_eos=True, callback=on_step, **req.settings.generate_kwargs())
+        for row in rows:
+            if row.job.cancelled:
+                row.job.emit(Failed("cancelled by the client", 499))
+                continue
+            row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
+            row.finish(out.sequences[row.r, out.prompt_length:].tolist(), req.max_tokens, started)
+
+
+class _CountingModel(BatchedModel):
+    """The model itself, counting forwards for the stats (serial and static modes)."""
+
+    def __init__(self, model) -> None:
+        self.__dict__["_model"] = model
+        self.__dict__["forwards"] = 0
+        self.__dict__["forwarded_rows"] = 0
+
+    def __call__(self, input_ids: torch.Tensor, **kwargs: Any):
+        self.__dict__["forwards"] += 1
+        self.__dict__["forwarded_rows"] += int(input_ids.shape[0])
+        return self._model(input_ids, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+__all__ = ["DiffusionEngine", "MODES"]

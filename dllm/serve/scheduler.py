@@ -1,0 +1,154 @@
+"""The queue and the worker threads every engine shares: admission, fairness, limits, shutdown.
+
+Jobs wait in one FIFO queue (first come, first served: a request is never overtaken by a later
+one). ``max_running`` worker threads take jobs from its head; a job starts only while the running
+jobs' token budget (prompt + max_tokens, summed) leaves room for it, so a long request waits at the
+head instead of being overtaken forever. A full queue refuses new jobs (``QueueFull``: HTTP 429 with
+Retry-After); ``close`` refuses new ones and lets the others finish (or cancels them).
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from dllm.serve.base import Engine, EngineStats
+from dllm.serve.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running: int = 32  # jobs decoding at once (rows of the running batch)
+    max_queue: int = 256  # jobs waiting; more are refused (429)
+    max_running_tokens: int = 1 << 20  # prompt + max_tokens summed over running jobs
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_queue", "max_running_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class ThreadedEngine(Engine):
+    """An engine whose jobs run on ``max_running`` worker threads (``_run_job`` in subclasses)."""
+
+    def __init__(self, scheduler: SchedulerConfig) -> None:
+        self.scheduler = scheduler
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._running: dict[int, Job] = {}
+        self._running_tokens = 0
+        self._closed = False
+        self._workers: list[threading.Thread] = []
+        self.completed = 0
+
+    def _start_workers(self, n: int) -> None:
+        for i in range(n):
+            t = threading.Thread(target=self._work, name=f"dllm-serve-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    # ---- Engine ----
+    def submit(self, request: JobRequest) -> Job:
+        self.check(request)
+        job = Job(request)
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("the server is shutting down and takes no new requests")
+            if len(self._queue) >= self.scheduler.max_queue:
+                raise QueueFull(f"the queue is full ({self.scheduler.max_queue} requests waiting); retry later",
+                                retry_after=self.scheduler.retry_after_s)
+            self._queue.append(job)
+            self._cond.notify_all()
+        return job
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return EngineStats(queued=len(self._queue), running=len(self._running),
+                               max_running=self.scheduler.max_running, max_queue=self.scheduler.max_queue,
+                               forwards=self._forwards()[0], forwarded_rows=self._forwards()[1],
+                               closed=self._closed)
+
+    def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._closed = True
+            if not drain:
+                while self._queue:
+                    self._queue.popleft().emit(Failed("the server shut down before this request ran", 503))
+                for job in self._running.values():
+                    job.cancel()
+            self._cond.notify_all()
+            while self._queue or self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(timeout=left)
+            self._cond.notify_all()
+        for t in self._workers:
+            t.join(timeout=1.0)
+        self._shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- subclasses ----
+    @abc.abstractmethod
+    def _run_job(self, job: Job) -> None:
+        """Decode one job, emitting its events (a Done or Failed last)."""
+
+    def _forwards(self) -> tuple[int, int]:
+        return 0, 0
+
+    def _shutdown(self) -> None:
+        pass
+
+    # ---- workers ----
+    def _cost(self, job: Job) -> int:
+        return len(job.request.prompt_ids) + job.request.max_tokens
+
+    def _next(self) -> Optional[Job]:
+        """The head job once it fits the token budget (None: closed and nothing left)."""
+        with self._cond:
+            while True:
+                if self._queue:
+                    job = self._queue[0]
+                    cost = self._cost(job)
+                    if not self._running or self._running_tokens + cost <= self.scheduler.max_running_tokens:
+                        self._queue.popleft()
+                        self._running[job.id] = job
+                        self._running_tokens += cost
+                        return job
+                elif self._closed:
+                    return None
+                self._cond.wait()
+
+    def _work(self) -> None:
+        while True:
+            job = self._next()
+            if job is None:
+                return
+            try:
+                if job.cancelled:
+                    job.emit(Failed("cancelled by the client", 499))
+                else:
+                    self._run_job(job)
+            except BaseException as err:  # noqa: BLE001 - a failed job must not kill the worker
+                job.emit(Failed(f"{type(err).__name__}: {err}", 500))
+            finally:
+                if not job.finished:
+                    job.emit(Failed("the decode ended without a result", 500))
+                with self._cond:
+                    self._running.pop(job.id, None)
+                    self._running_tokens -= self._cost(job)
+                    self.completed += 1
+                    self._cond.notify_all()
+
+
+__all__ = ["SchedulerConfig", "ThreadedEngine"]

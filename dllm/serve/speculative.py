@@ -1,0 +1,202 @@
+"""Serving an autoregressive target with speculative decoding (``dllm.speculative_generate``).
+
+Every request runs the real ``speculative_generate`` on its prompt alone, in its own thread, so a
+greedy served request returns exactly the offline tokens. The running requests take turns round by
+round (a first-come, first-served lock handed over after every verification round): a request joins
+at its prefill and leaves after its last round, and each round's accepted tokens are final, so they
+stream as one delta per round. Rounds of different requests are not merged into one forward (their
+caches differ in length); the turn-taking keeps one forward on the machine at a time.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Optional, Sequence, Union
+
+from dllm.drafters.base import make_drafter
+from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import resolve_plan
+from dllm.drafters.target import Target
+from dllm.serve.base import BadRequest
+from dllm.serve.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
+from dllm.serve.prompts import chat_ids, text_ids
+from dllm.serve.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.stream import TextStream
+
+
+class FifoLock:
+    """A lock granted in request order (``threading.Lock`` lets the releasing thread take it again at
+    once, which would starve the other requests)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[int] = collections.deque()
+        self._held = False
+        self._tickets = 0
+
+    def acquire(self) -> None:
+        with self._cond:
+            ticket = self._tickets
+            self._tickets += 1
+            self._waiting.append(ticket)
+            while self._held or self._waiting[0] != ticket:
+                self._cond.wait()
+            self._waiting.popleft()
+            self._held = True
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    def yield_turn(self) -> None:
+        """Let every request already waiting run one turn, then continue."""
+        self.release()
+        self.acquire()
+
+
+class _Leave(Exception):
+    pass
+
+
+class SpecEngine(ThreadedEngine):
+    """Serves a transformers causal LM with a drafter (``dllm.load_target`` + a drafter spec)."""
+
+    kind = "speculative"
+
+    def __init__(self, target, tokenizer, *, drafter: Any, name: str, plan: Any = None,
+                 max_running: int = 8, max_queue: int = 256, max_running_tokens: int = 1 << 20,
+                 max_tokens_limit: Optional[int] = None, chat_template: Optional[str] = None) -> None:
+        if tokenizer is None:
+            raise ValueError("a served target needs its tokenizer (dllm.load_target returns it)")
+        self.target, self.tokenizer, self.model_name = target, tokenizer, name
+        self.plan = resolve_plan(plan, None, None)
+        self.drafter = make_drafter(drafter)  # loaded once, shared (each call begins its own session)
+        info = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer).info
+        self.drafter.check_target(info)
+        self.eos_ids = frozenset(info.eos_ids)
+        self.vocab_size = info.vocab_size
+        cfg = getattr(target, "config", None)
+        self.max_positions = getattr(cfg, "max_position_embeddings", None)
+        limit = max_tokens_limit if max_tokens_limit is not None else (
+            self.max_positions - 1 if self.max_positions else 4096)
+        self.max_tokens_limit = int(limit)
+        self.chat_template = chat_template
+        self._turns = FifoLock()
+        self._tok_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self.target_forwards = 0
+        self.rounds_run = 0
+        super().__init__(SchedulerConfig(max_running=max_running, max_queue=max_queue,
+                                         max_running_tokens=max_running_tokens))
+        self._start_workers(max_running)
+
+    def resolve_settings(self, *, max_tokens: int, temperature: Optional[float] = None,
+                         top_p: Optional[float] = None, top_k: Optional[int] = None,
+                         seed: Optional[int] = None) -> SpecSettings:
+        """A request's settings (OpenAI's defaults where it gives none: greedy unless asked)."""
+        return SpecSettings(temperature=0.0 if temperature is None else temperature,
+                            top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k, seed=seed)
+
+    # ---- prompts ----
+    def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
+        from dllm.inputs import prompt_rows
+        from dllm.models.tokenizer import encode_text
+
+        def encode(p):
+            with self._tok_lock:
+                return prompt_rows([p], lambda t: encode_text(self.tokenizer, t), self.vocab_size,
+                                   vocab_name="the target's vocabulary ")[0]
+
+        return text_ids(encode, prompt)
+
+    def encode_chat(self, messages: Sequence[dict]) -> tuple[int, ...]:
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise BadRequest("messages", f"target {self.model_name!r} has no chat template (its tokenizer ships "
+                                         f"none); start the server with --chat-template FILE")
+        return chat_ids(self.tokenizer, template, messages, self.encode_prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- checks ----
+    def check(self, request: JobRequest) -> None:
+        s = request.settings
+        if not isinstance(s, SpecSettings):
+            raise BadRequest(None, "a speculative server takes no diffusion settings (sampler, cache, "
+                                   "block_length, steps, sampler_options)")
+        n = request.max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens_limit:
+            raise BadRequest("max_tokens", f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {n!r}")
+        if not request.prompt_ids:
+            raise BadRequest("prompt", "the prompt is empty")
+        lp = len(request.prompt_ids)
+        if self.max_positions is not None and lp + n > self.max_positions:
+            raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
+                             f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the target's "
+                             f"{self.max_positions} positions")
+        for name, value, low, high in (("temperature", s.temperature, 0.0, float("inf")),
+                                       ("top_p", s.top_p, 0.0, 1.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high \
+                    or value != value or value == float("inf"):
+                raise BadRequest(name, f"{name} must be a number in [{low}, {high}], got {value!r}")
+        if s.top_p == 0:
+            raise BadRequest("top_p", "top_p must be > 0")
+        if isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 0:
+            raise BadRequest("top_k", f"top_k must be an integer >= 0, got {s.top_k!r}")
+        if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int) or not 0 <= s.seed < 2**64):
+            raise BadRequest("seed", f"seed must be an integer in [0, 2**64), got {s.seed!r}")
+
+    # ---- decoding ----
+    def _run_job(self, job: Job) -> None:
+        req, s, started = job.request, job.request.settings, time.perf_counter()
+        stream = TextStream(self.decode, self.eos_ids, req.stop)
+        first: list[float] = []
+
+        def send(ids: list[int], complete: bool) -> None:
+            text, new = stream.update(ids, complete=complete)
+            if text:
+                if not first:
+                    first.append(time.perf_counter())
+                job.emit(Delta(text, new))
+
+        def on_round(generated: list[list[int]]) -> None:
+            if job.cancelled:
+                raise _Leave
+            send(generated[0], complete=False)
+            self._turns.yield_turn()
+
+        self._turns.acquire()
+        try:
+            out = speculative_generate(self.target, self.drafter, [list(req.prompt_ids)],
+                                       max_new_tokens=req.max_tokens, temperature=float(s.temperature),
+                                       top_p=float(s.top_p), top_k=int(s.top_k), seed=s.seed,
+                                       plan=self.plan, stop=list(req.stop) or None, tokenizer=self.tokenizer,
+                                       callback=on_round)
+        except _Leave:
+            job.emit(Failed("cancelled by the client", 499))
+            return
+        finally:
+            self._turns.release()
+        send(out.generated[0], complete=True)
+        with self._count_lock:
+            self.target_forwards += out.target_forwards
+            self.rounds_run += out.rounds
+        accepted = out.acceptance[0]
+        now = time.perf_counter()
+        job.emit(Done(text=stream.text, token_ids=tuple(stream.answer_ids),
+                      finish_reason="length" if out.stop_reasons[0] == "length" and stream.ended is None else "stop",
+                      prompt_tokens=len(req.prompt_ids), completion_tokens=len(stream.answer_ids),
+                      nfe=out.target_forwards, queue_s=started - job.submitted,
+                      ttft_s=first[0] - job.submitted if first else None, wall_s=now - job.submitted,
+                      acceptance=sum(accepted) / len(accepted) if accepted else None))
+
+    def _forwards(self) -> tuple[int, int]:
+        return self.target_forwards, self.target_forwards
+
+
+__all__ = ["FifoLock", "SpecEngine"]
