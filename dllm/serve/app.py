@@ -1,0 +1,311 @@
+"""The OpenAI-compatible HTTP app over one engine (FastAPI; run by uvicorn, ``dllm serve``).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed over SSE with
+``stream: true``, see ``dllm.serve.sse``), ``GET /v1/models``, ``GET /v1/dllm/options`` (the registered
+samplers and caches with their option fields, and the server's defaults: the page's pickers),
+``GET /health``, ``GET /metrics`` (Prometheus), ``GET /`` (the page, ``dllm/serve/static/index.html``)
+and ``/static/...``.
+
+A request is read (at most ``max_body_bytes``), validated (``dllm.serve.protocol``), turned into one
+``JobRequest`` per choice and checked by the engine (``dllm.serve.translate``) before any job is
+queued: every refusal is an OpenAI-style error body naming the field (400), 401 without the API key
+(``api_key``: ``Authorization: Bearer KEY`` on ``/v1/...``), 429 + Retry-After when the engine's
+queue is full, 503 + Retry-After once the server drains (``begin_drain``: SIGTERM under ``dllm
+serve``) or the engine is closed. A client that disconnects has its jobs cancelled at once
+(``Job.cancel``: the row leaves the batch). On shutdown the app closes the engine, letting queued and
+running jobs finish (``engine.close(drain=True)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dllm.serve.base import BadRequest, Engine
+from dllm.serve.errors import ApiError, bad_request, from_exception, from_failed
+from dllm.serve.jobs import Done, Failed, Job, JobRequest
+from dllm.serve.metrics import CONTENT_TYPE, Metrics
+from dllm.serve.protocol import ChatBody, CompletionBody, parse_body
+from dllm.serve.replies import Reply
+from dllm.serve.sse import cancel_unfinished, merged, stream
+from dllm.serve.translate import job_requests
+
+STATIC_DIR = Path(__file__).with_name("static")
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the models' positions allow
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class ApiKeyAuth:
+    """``Authorization: Bearer KEY`` on every ``/v1/`` path (as vLLM's ``--api-key``); /health,
+    /metrics and the page stay open. Compared in constant time."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                what = "no Authorization header" if not given else "a wrong API key"
+                err = ApiError(401, f"{what}; send 'Authorization: Bearer <the server's --api-key>'",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (400, nothing more read) once it passes ``limit`` bytes."""
+    def too_large(size: str) -> ApiError:
+        return bad_request("body", f"the request body is {size} bytes; at most {limit} (--max-body-bytes)",
+                           code="body_too_large")
+
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise bad_request("body", f"Content-Length {length!r} is not a byte count", code="invalid_header")
+        if int(length) > limit:
+            raise too_large(length)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def refusal(err: Exception) -> ApiError:
+    """An error raised while a request was read, checked or queued: ValueError / TypeError / KeyError
+    from the engine's encode or check are bad input too (400), not server faults."""
+    if isinstance(err, (ApiError, BadRequest)) or not isinstance(err, (ValueError, TypeError, KeyError)):
+        return from_exception(err)
+    return bad_request(None, str(err))
+
+
+def submit_all(engine: Engine, requests: Sequence[JobRequest]) -> list[Job]:
+    """Queue every choice, or none: a QueueFull midway cancels those already queued."""
+    jobs: list[Job] = []
+    try:
+        for req in requests:
+            jobs.append(engine.submit(req))
+    except BaseException:
+        cancel_unfinished(jobs)
+        raise
+    return jobs
+
+
+async def wait_all(jobs: Sequence[Job], request: Request) -> list[Done]:
+    """Every job's ``Done`` in order; a ``Failed`` is raised as its HTTP error. A client that goes
+    away meanwhile has its jobs cancelled."""
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        cancel_unfinished(jobs)
+
+    watcher = asyncio.create_task(watch())
+    dones: list[Optional[Done]] = [None] * len(jobs)
+    try:
+        async for i, ev in merged(jobs):
+            if isinstance(ev, Done):
+                dones[i] = ev
+            elif isinstance(ev, Failed):
+                raise from_failed(ev.message, ev.status)
+    finally:
+        watcher.cancel()
+        cancel_unfinished(jobs)
+    return [d for d in dones if d is not None]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def registry_rows(registry: Any) -> list[dict[str, Any]]:
+    """Each registered class: name, aliases, description, option fields (name, type, default)."""
+    rows = []
+    for entry in registry:
+        fields = []
+        config = getattr(entry.obj, "Config", None)
+        if config is not None and dataclasses.is_dataclass(config):
+            for f in dataclasses.fields(config):
+                default = f.default if f.default is not dataclasses.MISSING else None
+                fields.append({"name": f.name, "type": str(f.type), "default": _jsonable(default)})
+        rows.append({"name": entry.name, "aliases": list(entry.aliases), "description": entry.description,
+                     "options": fields})
+    return rows
+
+
+def options_body(engine: Engine, default_max_tokens: int) -> dict[str, Any]:
+    """``GET /v1/dllm/options``."""
+    from dllm.cache import caches
+    from dllm.samplers import samplers
+
+    defaults = getattr(engine, "defaults", None)
+    body: dict[str, Any] = {
+        "model": engine.model_name, "kind": engine.kind, "max_tokens_limit": engine.max_tokens_limit,
+        "max_positions": engine.max_positions, "default_max_tokens": default_max_tokens,
+        "defaults": _jsonable_dict(dataclasses.asdict(defaults)) if dataclasses.is_dataclass(defaults) else {},
+        "samplers": registry_rows(samplers) if engine.kind == "diffusion" else [],
+        "caches": registry_rows(caches) if engine.kind == "diffusion" else []}
+    return body
+
+
+def _jsonable_dict(d: dict[str, Any]) -> dict[str, Any]:
+    out = {k: _jsonable(v) for k, v in d.items()}
+    if "options" in d:
+        out["options"] = {k: _jsonable(v) for k, v in d["options"]}
+    return out
+
+
+def begin_drain(app: FastAPI) -> None:
+    """Refuse new requests (503 + Retry-After) while those in flight finish (``dllm serve`` calls this
+    on SIGTERM, before uvicorn's graceful shutdown)."""
+    app.state.draining = True
+
+
+def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES,
+               default_max_tokens: int = 16, close_engine: bool = True, drain_timeout: Optional[float] = None,
+               static_dir: Path = STATIC_DIR) -> FastAPI:
+    """The app serving ``engine``. ``close_engine``: close it (draining) when the app shuts down."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    if default_max_tokens < 1:
+        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty (leave it out to serve without one)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        app.state.draining = True
+        if close_engine:
+            await asyncio.to_thread(engine.close, True, drain_timeout)
+
+    app = FastAPI(title="dllm serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    app.state.draining = False
+    metrics = Metrics(engine)
+    app.state.metrics = metrics
+    if api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=api_key)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        what = {404: f"no route {request.method} {request.url.path}", 405: f"{request.method} is not allowed on "
+                f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error_response(ApiError(exc.status_code, what, code="not_found" if exc.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def any_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(from_exception(exc))
+
+    async def complete(request: Request, body_model: type, endpoint: str) -> Response:
+        chat = body_model is ChatBody
+        try:
+            if app.state.draining:
+                raise ApiError(503, "the server is shutting down and takes no new requests", code="shutting_down",
+                               headers={"Retry-After": "5"})
+            body = parse_body(await read_body(request, max_body_bytes), body_model)
+            requests = job_requests(body, engine, default_max_tokens=default_max_tokens)
+            jobs = submit_all(engine, requests)
+        except Exception as err:  # noqa: BLE001  (every refusal becomes an error body)
+            e = refusal(err)
+            metrics.count(endpoint, e.status)
+            return error_response(e)
+        reply = Reply(model=engine.model_name, chat=chat)
+        if body.stream:
+            metrics.count(endpoint, 200)
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = stream(jobs, reply, n=body.n, include_usage=include_usage, on_done=metrics.observe,
+                            step_events=any(r.step_events for r in requests))
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            dones = await wait_all(jobs, request)
+        except ApiError as e:
+            metrics.count(endpoint, e.status)
+            return error_response(e)
+        for d in dones:
+            metrics.observe(d)
+        metrics.count(endpoint, 200)
+        return JSONResponse(reply.final(dones, body.n))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, CompletionBody, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, ChatBody, "chat")
+
+    def model_card() -> dict[str, Any]:
+        return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "dllm",
+                "kind": engine.kind, "max_model_len": engine.max_positions}
+
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> Response:
+        if name != engine.model_name:
+            return error_response(ApiError(404, f"unknown model {name!r}; this server serves {engine.model_name!r}",
+                                           param="model", code="model_not_found"))
+        return JSONResponse(model_card())
+
+    @app.get("/v1/dllm/options")
+    async def options() -> dict[str, Any]:
+        return options_body(engine, default_max_tokens)
+
+    @app.get("/health")
+    async def health() -> Response:
+        s = engine.stats()
+        ok = not (app.state.draining or s.closed)
+        body = {"status": "ok" if ok else "draining", "model": engine.model_name, "kind": engine.kind,
+                "queued": s.queued, "running": s.running, "max_running": s.max_running, "max_queue": s.max_queue}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/")
+    async def page() -> Response:
+        index = static_dir / "index.html"
+        if not index.is_file():
+            return error_response(ApiError(404, f"the page is not installed ({index} is missing)", code="not_found"))
+        return FileResponse(index)
+
+    if static_dir.is_dir():
+        app.mount("/static", StaticFiles(directory=static_dir), name="static")
+    return app
+
+
+__all__ = ["ApiKeyAuth", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
+           "read_body", "refusal", "submit_all", "wait_all"]

@@ -1,0 +1,236 @@
+"""The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, validated before anything
+reaches an engine.
+
+Fields are OpenAI's (https://platform.openai.com/docs/api-reference/completions/create and
+.../chat/create) plus dllm's own, read from the same JSON object (the ``openai`` client sends them with
+``extra_body=``): ``sampler``, ``cache`` (spec strings), ``block_length``, ``steps``, ``sampler_options``
+(an object of the sampler's Config fields) and ``dllm_events`` (per-step events when streaming).
+
+Every refusal is an ``ApiError`` 400 whose ``param`` names the field ("max_tokens",
+"messages[1].content", "sampler_options.threshold"): malformed JSON, a wrong type, a value out of
+range, an unknown field (the message lists the valid ones), an OpenAI feature dllm does not implement
+at a non-neutral value (``logprobs``, ``echo``, penalties ...), a diffusion field sent to a speculative
+server. The engine's own ``check`` (sampler, cache and options against the registries, max_tokens
+against the limit, prompt + max_tokens against the positions) runs after this, in ``dllm.serve.app``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from dllm.serve.errors import ApiError, bad_request
+
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # prompts x n per request
+MAX_STOP = 16  # stop strings per request
+ROLES = ("system", "developer", "user", "assistant", "tool")
+DIFFUSION_FIELDS = ("sampler", "cache", "block_length", "steps", "sampler_options", "dllm_events")
+
+OptionValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False  # one last chunk with ``usage`` and no choices
+
+
+class _Common(_Strict):
+    """The fields both endpoints take."""
+
+    model: str
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=0)  # vLLM's extension; 0 = off
+    seed: Optional[int] = Field(default=None, ge=-(2 ** 63), lt=2 ** 64)
+    stop: Any = None  # str or list of str: ``stop_strings``
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None  # accepted, unused
+    presence_penalty: Optional[float] = None  # only 0
+    frequency_penalty: Optional[float] = None  # only 0
+    logit_bias: Optional[dict[str, float]] = None  # only empty
+    # dllm's own (diffusion servers only)
+    sampler: Optional[str] = None
+    cache: Optional[str] = None
+    block_length: Optional[int] = Field(default=None, ge=1)
+    steps: Optional[int] = Field(default=None, ge=1)
+    sampler_options: Optional[dict[str, OptionValue]] = None
+    dllm_events: bool = False
+
+
+class CompletionBody(_Common):
+    prompt: Any  # str, [str], [int] or [[int]]: ``prompts``
+    echo: bool = False  # only false
+    logprobs: Optional[int] = None  # only null
+    best_of: Optional[int] = None  # only null or n
+    suffix: Optional[str] = None  # only null
+
+
+class ChatBody(_Common):
+    messages: Any  # [{"role", "content", "name"?}]: ``chat_messages``
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: Optional[bool] = None  # only false
+    top_logprobs: Optional[int] = None  # only null
+
+
+Body = Union[CompletionBody, ChatBody]
+
+
+# ---- parsing ----
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 for bytes that are not UTF-8 JSON (NaN/Infinity included)."""
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as err:
+        raise bad_request(None, f"the request body is not UTF-8 ({err.reason} at byte {err.start})",
+                          code="invalid_json") from None
+    except ValueError as err:
+        raise bad_request(None, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(None, f"the request body must be a JSON object, got {type(data).__name__}",
+                          code="invalid_json")
+    return data
+
+
+def param_path(loc: Sequence[Union[str, int]]) -> str:
+    """A pydantic location as OpenAI names a field: ("messages", 0, "content") -> "messages[0].content"."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def from_validation_error(err: ValidationError, model: type[BaseModel]) -> ApiError:
+    """The first pydantic error as a 400 naming its field, what was given and what is valid."""
+    first = err.errors()[0]
+    loc = first["loc"]
+    param = param_path(loc)
+    if first["type"] == "extra_forbidden":
+        where = model if len(loc) == 1 else None
+        valid = f"; valid fields: {', '.join(where.model_fields)}" if where is not None else ""
+        return bad_request(param, f"unknown field {param!r}{valid}", code="unknown_field")
+    if first["type"] == "missing":
+        return bad_request(param, f"{param!r} is required", code="missing_field")
+    return bad_request(param, f"{param}: {first['msg'].lower()}, got {_short(first.get('input'))}")
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """``raw`` parsed and validated as ``model`` (``CompletionBody`` or ``ChatBody``)."""
+    data = parse_json(raw)
+    try:
+        body = model.model_validate(data)
+    except ValidationError as err:
+        raise from_validation_error(err, model) from None
+    _check_unsupported(body)
+    return body
+
+
+def _check_unsupported(body: Body) -> None:
+    """OpenAI fields dllm accepts only at their neutral value."""
+    neutral = {"presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+               "echo": (False,), "logprobs": (None, False, 0), "suffix": (None,), "top_logprobs": (None,)}
+    for name, ok in neutral.items():
+        if name in type(body).model_fields and getattr(body, name) not in ok:
+            raise bad_request(name, f"{name}={_short(getattr(body, name))} is not supported by dllm serve "
+                                    f"(accepted: {' or '.join(json.dumps(v) for v in ok)})", code="unsupported")
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of != body.n:
+        raise bad_request("best_of", f"best_of={best_of} is not supported by dllm serve (accepted: null or n={body.n})",
+                          code="unsupported")
+
+
+# ---- the fields typed by hand (unions whose pydantic errors would not name the field clearly) ----
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop``: null, a string, or a list of up to MAX_STOP non-empty strings."""
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad_request("stop", f"stop must be a string or a list of strings, got {_short(stop)}")
+    if len(items) > MAX_STOP:
+        raise bad_request("stop", f"stop takes at most {MAX_STOP} strings, got {len(items)}")
+    if any(s == "" for s in items):
+        raise bad_request("stop", "stop strings must not be empty")
+    return tuple(items)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def prompts(prompt: Any) -> list[Union[str, list[int]]]:
+    """``prompt``: a string, a list of strings, a list of token ids, or a list of token-id lists."""
+    what = "a string, a list of strings, a list of token ids or a list of token-id lists"
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad_request("prompt", f"prompt must be {what}, got {_short(prompt)}")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(_is_int(t) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise bad_request("prompt", f"prompt must be {what} (no mixing, no empty lists), got {_short(prompt)}")
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """``messages``: a non-empty list of {"role", "content", "name"?}; content a string or a list of
+    text parts ({"type": "text", "text": ...}, joined). Returns [{"role", "content"}]."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", f"messages must be a non-empty list of objects, got {_short(messages)}")
+    out = []
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(at, f"{at} must be an object with 'role' and 'content', got {_short(m)}")
+        unknown = sorted(set(m) - {"role", "content", "name"})
+        if unknown:
+            raise bad_request(f"{at}.{unknown[0]}", f"unknown field {unknown[0]!r} in {at}; valid: role, content, "
+                                                    f"name (dllm serve has no tools or images)", code="unknown_field")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{at}.role", f"{at}.role must be one of {', '.join(ROLES)}, got {_short(role)}")
+        if "name" in m and not isinstance(m["name"], str):
+            raise bad_request(f"{at}.name", f"{at}.name must be a string, got {_short(m['name'])}")
+        out.append({"role": role, "content": _content(m.get("content"), f"{at}.content")})
+    return out
+
+
+def _content(content: Any, at: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                    and set(part) <= {"type", "text"}):
+                raise bad_request(f"{at}[{j}]", f"{at}[{j}] must be {{'type': 'text', 'text': str}} (dllm serve "
+                                                f"takes text only), got {_short(part)}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(at, f"{at} must be a string or a non-empty list of text parts, got {_short(content)}")
+
+
+__all__ = ["Body", "ChatBody", "CompletionBody", "DIFFUSION_FIELDS", "MAX_CHOICES", "MAX_N", "StreamOptions",
+           "chat_messages", "from_validation_error", "param_path", "parse_body", "parse_json", "prompts",
+           "stop_strings"]

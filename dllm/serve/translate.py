@@ -1,0 +1,141 @@
+"""A validated request body -> the engine's ``JobRequest``s (one per prompt and choice).
+
+Fields the body leaves out take the server's defaults (``engine.defaults``: the ``dllm serve`` flags),
+not OpenAI's: ``temperature`` defaults to the server's (0, greedy, unless ``--temperature`` says
+otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k`` of a diffusion request are
+the sampler's options of those names (the ``dream`` sampler has them); 1.0 / 0 mean "off" and are
+dropped, so a client that always sends ``top_p=1`` works with every sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+from dllm.serve.base import BadRequest, Engine
+from dllm.serve.errors import bad_request
+from dllm.serve.jobs import DiffusionSettings, JobRequest, Settings, SpecSettings
+from dllm.serve.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
+                                 stop_strings)
+
+
+def check_model(body: Body, engine: Engine) -> None:
+    if body.model != engine.model_name:
+        raise bad_request("model", f"unknown model {body.model!r}; this server serves {engine.model_name!r} "
+                                   f"(GET /v1/models)", code="model_not_found")
+
+
+def max_tokens(body: Body, default: int) -> int:
+    """``max_tokens`` (or chat's ``max_completion_tokens``; both given must agree), else ``default``."""
+    given = body.max_tokens
+    other = getattr(body, "max_completion_tokens", None)
+    if given is not None and other is not None and given != other:
+        raise bad_request("max_completion_tokens", f"max_tokens={given} and max_completion_tokens={other} "
+                                                   f"disagree; give one")
+    value = given if given is not None else other
+    return value if value is not None else default
+
+
+def _sampler_fields(spec: str) -> Union[set[str], None]:
+    """The option names of the sampler ``spec`` names (None when it is not registered: the engine's
+    check reports that)."""
+    from dllm.registry import parse_spec
+    from dllm.samplers import samplers
+
+    try:
+        name, _ = parse_spec(spec, "sampler")
+        cls = samplers.get(name)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return {f.name for f in dataclasses.fields(cls.Config)}
+
+
+def diffusion_settings(body: Body, defaults: DiffusionSettings) -> DiffusionSettings:
+    """The request's decode settings over the server's ``defaults``. The defaults' sampler options
+    apply only when the request keeps the default sampler."""
+    sampler = body.sampler if body.sampler is not None else defaults.sampler
+    options: dict[str, Any] = dict(defaults.options) if body.sampler is None else {}
+    options.update(body.sampler_options or {})
+    nucleus = {"top_p": body.top_p if body.top_p not in (None, 1.0) else None,
+               "top_k": body.top_k if body.top_k not in (None, 0) else None}
+    for name, value in nucleus.items():
+        if value is None:
+            continue
+        fields = _sampler_fields(sampler)
+        if fields is not None and name not in fields:
+            raise bad_request(name, f"{name}={value}: sampler {sampler!r} has no {name} option (the 'dream' "
+                                    f"sampler has one); leave {name} out or pick such a sampler")
+        if name in options and options[name] != value:
+            raise bad_request(name, f"{name}={value} and sampler_options.{name}={options[name]} disagree; give one")
+        options[name] = value
+    return DiffusionSettings(
+        sampler=sampler, cache=body.cache if body.cache is not None else defaults.cache,
+        block_length=body.block_length if body.block_length is not None else defaults.block_length,
+        steps=body.steps if body.steps is not None else defaults.steps,
+        temperature=body.temperature if body.temperature is not None else defaults.temperature,
+        seed=body.seed if body.seed is not None else defaults.seed,
+        options=tuple(sorted(options.items())))
+
+
+def spec_settings(body: Body, defaults: SpecSettings) -> SpecSettings:
+    """A speculative request's settings; the diffusion fields are refused by name."""
+    given = body.model_fields_set
+    for name in DIFFUSION_FIELDS:
+        if name in given and getattr(body, name) not in (None, False):
+            raise bad_request(name, f"{name!r} is a diffusion setting; this server runs an autoregressive target "
+                                    f"with speculative decoding (fields: temperature, top_p, top_k, seed)")
+    return SpecSettings(
+        temperature=body.temperature if body.temperature is not None else defaults.temperature,
+        top_p=body.top_p if body.top_p is not None else defaults.top_p,
+        top_k=body.top_k if body.top_k is not None else defaults.top_k,
+        seed=body.seed if body.seed is not None else defaults.seed)
+
+
+def settings(body: Body, engine: Engine) -> Settings:
+    if engine.kind == "speculative":
+        return spec_settings(body, getattr(engine, "defaults", None) or SpecSettings())
+    return diffusion_settings(body, getattr(engine, "defaults", None) or DiffusionSettings())
+
+
+def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
+    """The token ids of each prompt (chat: one, through the chat template)."""
+    if isinstance(body, ChatBody):
+        return [engine.encode_chat(chat_messages(body.messages))]
+    out = []
+    for i, p in enumerate(prompts(body.prompt)):
+        try:
+            out.append(engine.encode_prompt(p))
+        except BadRequest as err:
+            raise bad_request("prompt", str(err) if len(body.prompt) == 1 or isinstance(body.prompt, str)
+                              else f"prompt[{i}]: {err}") from None
+    return out
+
+
+def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list[JobRequest]:
+    """One ``JobRequest`` per choice (prompt-major: choice index = prompt index * n + j), each checked
+    by the engine, so a request is refused whole before any of it is queued."""
+    check_model(body, engine)
+    if getattr(body, "dllm_events", False) and not body.stream:
+        raise bad_request("dllm_events", "dllm_events=true needs stream=true (the events are SSE events)")
+    chosen = settings(body, engine)
+    stop = stop_strings(body.stop)
+    limit = max_tokens(body, default_max_tokens)
+    ids = prompt_ids(body, engine)
+    if len(ids) * body.n > MAX_CHOICES:
+        raise bad_request("n", f"{len(ids)} prompts x n={body.n} = {len(ids) * body.n} choices; at most "
+                               f"{MAX_CHOICES} per request")
+    seeded = chosen.seed is not None and body.n > 1
+    requests = []
+    for p in ids:
+        for j in range(body.n):
+            # n > 1 with a seed: choice j draws with seed + j, so the choices differ yet reproduce
+            s = dataclasses.replace(chosen, seed=chosen.seed + j) if seeded else chosen
+            req = JobRequest(prompt_ids=tuple(p), max_tokens=limit, settings=s, stop=stop,
+                             step_events=bool(body.stream and getattr(body, "dllm_events", False)))
+            engine.check(req)
+            requests.append(req)
+    return requests
+
+
+__all__ = ["check_model", "diffusion_settings", "job_requests", "max_tokens", "prompt_ids", "settings",
+           "spec_settings"]
