@@ -86,7 +86,7 @@ async function loadServer() {
     server.kind = options.kind || server.kind;
     server.samplers = entries(options.samplers);
     server.caches = entries(options.caches);
-    server.defaults = options.defaults || {};
+    server.defaults = { max_tokens: options.default_max_tokens, ...(options.defaults || {}) };
   } catch (err) {
     showError($("#watch-run"), `could not read the sampler and cache lists: ${err.message}`);
   }
@@ -101,7 +101,7 @@ function fillSelect(select, items, chosen) {
   for (const item of items) {
     const option = document.createElement("option");
     option.value = option.textContent = item.name;
-    if (item.help) option.title = item.help;
+    if (item.help || item.description) option.title = item.help || item.description;
     select.append(option);
   }
   const names = items.map((i) => i.name);
@@ -174,7 +174,7 @@ class RunView {
     this.canvas.replaceChildren();
     this.text.textContent = "";
     this.error.textContent = "";
-    for (const name of ["step", "nfe", "tpf", "tps", "ttft"]) this.stat(name, "–");
+    for (const name of ["steps", "nfe", "tpf", "tps", "ttft"]) this.stat(name, "–");
     this.setState("running");
   }
 
@@ -198,14 +198,15 @@ class RunView {
       const cell = this.canvas.children[i];
       const masked = token === null || trace[i] < 0;
       done += masked ? 0 : 1;
-      cell.className = "cell" + (masked ? " masked" : "") + (fresh.has(i) ? " fresh" : "")
-        + (!masked && /^\[.*\]$|^<.*>$/.test(token.trim()) ? " special" : "");
-      cell.textContent = masked ? "·" : (token.trim() || "␣");
+      // a special token (EOS, padding) decodes to "" or to its bracketed name
+      const special = !masked && (token === "" || /^\[.*\]$|^<.*>$/.test(token.trim()));
+      cell.className = "cell" + (masked ? " masked" : "") + (fresh.has(i) ? " fresh" : "") + (special ? " special" : "");
+      cell.textContent = masked ? "·" : token === "" ? "∎" : (token.trim() || "␣");
       cell.style.background = masked ? "" : stepColour(trace[i] / last);
       cell.title = masked ? `position ${i}: masked` : `position ${i}: committed at step ${trace[i]}`;
     });
     const seconds = (performance.now() - this.started) / 1000;
-    this.stat("step", event.step);
+    this.stat("steps", event.step + 1);
     this.stat("nfe", event.nfe);
     this.stat("tpf", event.nfe ? (done / event.nfe).toFixed(2) : "–");
     this.stat("tps", seconds > 0 ? (done / seconds).toFixed(1) : "–");
