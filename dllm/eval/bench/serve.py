@@ -1,0 +1,370 @@
+"""``dllm bench serve``: a load generator against ``dllm serve``, in the manner of vLLM's serving benchmark.
+
+    dllm bench serve --model tiny-llada --n 128 --rates 32 inf --modes continuous static serial \\
+        --threads 1 --out runs/serve
+
+For each serving mode (``continuous``: requests join and leave the running batch at every step;
+``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
+at a time) the bench starts one server, the real app (``dllm.serve.app.create_app``) on a
+``DiffusionEngine`` in that mode, on 127.0.0.1 in a background thread, and for each rate sends the
+same N requests built from the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer
+lengths, ``max_tokens`` = the task's answer length) with Poisson arrivals at that rate (exponential
+gaps of mean 1/rate; ``inf`` sends them all at once), streaming, over loopback. A run is bounded in
+count (N) and in time (``--max-seconds``: no request is sent after it; ``--request-timeout`` per
+request). One row per (mode, rate): completed and failed requests, requests/s and output tokens/s
+(over the time from the first request sent to the last one finished), time to first token (the first
+non-empty text delta) and end-to-end latency, p50 and p99. It prints the table and the verdict
+(continuous against serial and static at each rate: the ratio of requests/s and of p99 latency),
+writes ``serve.json`` and draws ``serve.png``. Ctrl-C keeps the finished rows (written after each).
+
+vLLM's benchmark: benchmarks/benchmark_serving.py (vllm-project/vllm); continuous batching: Orca,
+Yu et al., OSDI 2022.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from dllm.eval.interrupt import finished, until_interrupted
+
+MODES = ("continuous", "static", "serial")
+COLUMNS = ("mode", "rate", "completed", "failed", "duration_s", "requests_per_s", "output_tokens_per_s",
+           "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "mean_batch")
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of the load: a stress-task prompt and its answer length."""
+
+    task: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one request measured (seconds from the moment it was sent)."""
+
+    ok: bool
+    ttft_s: Optional[float] = None  # first non-empty text delta
+    latency_s: float = 0.0  # sent -> the stream's end
+    output_tokens: int = 0
+    error: str = ""
+
+
+def stress_requests(n: int, tasks: Optional[Sequence[str]] = None, seed: int = 0) -> list[BenchRequest]:
+    """``n`` requests drawn (with ``seed``) from the test split of ``tasks`` (default: the pb-mini
+    suite), every default size: mixed prompt and answer lengths."""
+    from dllm import tasks as T
+
+    names = tuple(tasks) if tasks else T.suite_task_names()
+    pool = [BenchRequest(name, " ".join(T.prompt_words(ex)), T.answer_length(name, ex.size))
+            for name in names for ex in T.test_split(name, n=4)]
+    rng = random.Random(seed)
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Send times (s from the start) of ``n`` Poisson arrivals at ``rate`` requests/s: cumulative
+    exponential gaps of mean 1/rate; ``rate`` = inf sends every request at 0."""
+    if not rate > 0:
+        raise ValueError(f"a request rate must be > 0 requests/s (or inf), got {rate}")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, times = 0.0, []
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's
+    default); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+async def _send(session, url: str, model: str, req: BenchRequest, extra: dict, timeout: float,
+                count_tokens: Callable[[str], int]) -> Outcome:
+    import aiohttp
+
+    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, **extra}
+    start = time.perf_counter()
+    ttft, text, usage = None, [], None
+    try:
+        async with session.post(url + "/v1/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as reply:
+            if reply.status != 200:
+                return Outcome(False, latency_s=time.perf_counter() - start,
+                               error=f"HTTP {reply.status}: {(await reply.text())[:200]}")
+            async for raw in reply.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    return Outcome(False, latency_s=time.perf_counter() - start, error=str(chunk["error"])[:200])
+                usage = chunk.get("usage") or usage
+                piece = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+                if piece and ttft is None:
+                    ttft = time.perf_counter() - start
+                text.append(piece)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        return Outcome(False, latency_s=time.perf_counter() - start, error=f"{type(err).__name__}: {err}"[:200])
+    tokens = usage["completion_tokens"] if usage else count_tokens("".join(text))
+    return Outcome(True, ttft, time.perf_counter() - start, tokens)
+
+
+async def run_load(url: str, model: str, requests: Sequence[BenchRequest], rate: float, *, extra: dict,
+                   max_seconds: float, request_timeout: float, count_tokens: Callable[[str], int],
+                   seed: int = 0, progress: Optional[Callable[[], None]] = None) -> tuple[list[Outcome], float]:
+    """Send ``requests`` at Poisson ``rate`` (none after ``max_seconds``); their outcomes in order of
+    the list (requests never sent are left out) and the seconds from the first send to the last end."""
+    import aiohttp
+
+    times = arrival_times(len(requests), rate, seed)
+    start = time.perf_counter()
+    ends: list[float] = []
+
+    async def one(req: BenchRequest, at: float) -> Optional[Outcome]:
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
+        if time.perf_counter() - start > max_seconds:
+            return None
+        outcome = await _send(session, url, model, req, extra, request_timeout, count_tokens)
+        ends.append(time.perf_counter())
+        if progress:
+            progress()
+        return outcome
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        outcomes = await asyncio.gather(*(one(r, t) for r, t in zip(requests, times)))
+    duration = (max(ends) - start) if ends else 0.0
+    return [o for o in outcomes if o is not None], duration
+
+
+def summarize(mode: str, rate: float, outcomes: Sequence[Outcome], duration: float,
+              mean_batch: Optional[float] = None) -> dict:
+    """One table row of a (mode, rate) run."""
+    ok = [o for o in outcomes if o.ok]
+    ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
+    lat = [o.latency_s for o in ok]
+    r = lambda x, d=4: None if x is None else round(x, d)  # noqa: E731
+    row = {"mode": mode, "rate": "inf" if math.isinf(rate) else rate, "completed": len(ok),
+           "failed": len(outcomes) - len(ok), "duration_s": r(duration, 3),
+           "requests_per_s": r(len(ok) / duration if duration > 0 else 0.0, 3),
+           "output_tokens_per_s": r(sum(o.output_tokens for o in ok) / duration if duration > 0 else 0.0, 2),
+           "ttft_p50_s": r(percentile(ttfts, 50)), "ttft_p99_s": r(percentile(ttfts, 99)),
+           "e2e_p50_s": r(percentile(lat, 50)), "e2e_p99_s": r(percentile(lat, 99)),
+           "mean_batch": r(mean_batch, 2)}
+    errors = sorted({o.error for o in outcomes if not o.ok})
+    if errors:
+        row["errors"] = errors[:5]
+    return row
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A markdown table of the rows (``COLUMNS``)."""
+    cell = lambda v: "-" if v is None else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdicts(rows: Sequence[dict]) -> list[dict]:
+    """At each rate with a continuous row: requests/s of continuous over serial and over static, and
+    whether continuous's p99 end-to-end latency is no worse than static's."""
+    out = []
+    for row in rows:
+        if row["mode"] != "continuous":
+            continue
+        same = {r["mode"]: r for r in rows if r["rate"] == row["rate"]}
+        v: dict = {"rate": row["rate"]}
+        for other in ("serial", "static"):
+            o = same.get(other)
+            if o and o["requests_per_s"]:
+                v[f"x_{other}"] = round(row["requests_per_s"] / o["requests_per_s"], 2)
+                if o["e2e_p99_s"] and row["e2e_p99_s"]:
+                    v[f"p99_vs_{other}"] = round(row["e2e_p99_s"] / o["e2e_p99_s"], 2)
+        out.append(v)
+    return out
+
+
+def verdict_line(v: dict) -> str:
+    parts = [f"continuous @ {v['rate']}/s:"]
+    for other in ("serial", "static"):
+        if f"x_{other}" in v:
+            p99 = v.get(f"p99_vs_{other}")
+            parts.append(f"x{v[f'x_{other}']:.2f} the requests/s of {other}"
+                         + ("" if p99 is None else f" at {p99:.2f}x its p99 latency"))
+    return " ".join(parts[:1]) + " " + "; ".join(parts[1:])
+
+
+def plot(rows: Sequence[dict], path: Path) -> None:
+    """serve.png: requests/s, p99 end-to-end latency and p50 TTFT per mode (bars) at each rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(dict.fromkeys(str(r["rate"]) for r in rows))
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    panels = (("requests_per_s", "requests / s"), ("e2e_p99_s", "p99 end-to-end latency (s)"),
+              ("ttft_p50_s", "p50 time to first token (s)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    width = 0.8 / max(1, len(modes))
+    for ax, (key, title) in zip(axes, panels):
+        for j, mode in enumerate(modes):
+            by_rate = {str(r["rate"]): r.get(key) for r in rows if r["mode"] == mode}
+            xs = [i + j * width for i in range(len(rates))]
+            ax.bar(xs, [by_rate.get(rate) or 0 for rate in rates], width, label=mode)
+        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(rates))], [f"{x}/s" for x in rates])
+        ax.set_xlabel("arrival rate (requests / s)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(out: Path, meta: dict, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps({**meta, "rows": rows, "verdicts": verdicts(rows)}, indent=2))
+    if rows:
+        plot(rows, out / "serve.png")
+
+
+def parse_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a rate is a number of requests/s or inf, got {text!r}") from None
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"a rate must be > 0 requests/s (or inf), got {text!r}")
+    return rate
+
+
+def parser() -> argparse.ArgumentParser:
+    from dllm.cli.args import POSITIVE
+
+    ap = argparse.ArgumentParser(prog="dllm bench serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-llada", help="a diffusion model name or directory")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--rates", nargs="+", type=parse_rate, default=[math.inf], metavar="RATE",
+                    help="Poisson arrival rates in requests/s (inf: all at once); one row per mode and rate")
+    ap.add_argument("--n", type=POSITIVE, default=128, help="requests per (mode, rate)")
+    ap.add_argument("--tasks", nargs="+", default=None, help="stress tasks the prompts come from (default: pb-mini)")
+    ap.add_argument("--sampler", default="low_confidence", help="sampler spec of every request")
+    ap.add_argument("--cache", default="none", help="cache spec of every request")
+    ap.add_argument("--block-length", type=POSITIVE, default=None)
+    ap.add_argument("--max-running", type=POSITIVE, default=32, help="rows in the running batch at most")
+    ap.add_argument("--max-seconds", type=float, default=300.0, help="no request is sent after this many seconds")
+    ap.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
+    ap.add_argument("--seed", type=int, default=0, help="the draw of the requests and of the arrival gaps")
+    ap.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default="runs/serve", help="folder of serve.json and serve.png")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if not (args.max_seconds > 0 and args.request_timeout > 0):
+        ap.error(f"--max-seconds and --request-timeout must be > 0, got {args.max_seconds} and {args.request_timeout}")
+    from dllm import tasks as T
+
+    unknown = [t for t in args.tasks or () if t not in dict(T.list_tasks())]
+    if unknown:
+        ap.error(f"unknown task(s) {unknown}; valid: {sorted(dict(T.list_tasks()))}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    import dllm
+
+    model = dllm.load(args.model, device=args.device)
+    requests = stress_requests(args.n, args.tasks, args.seed)
+    extra = {"sampler": args.sampler, "cache": args.cache}
+    if args.block_length:
+        extra["block_length"] = args.block_length
+    out = Path(args.out)
+    meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini", "settings": extra,
+            "max_running": args.max_running, "seed": args.seed, "argv": list(argv) if argv is not None else None}
+    rows: list[dict] = []
+
+    def body() -> int:
+        for mode in args.modes:
+            rows.extend(bench_mode(model, args.model, mode, requests, args.rates, extra=extra, args=args))
+            write(out, meta, rows)
+        print(format_table(rows))
+        for v in verdicts(rows):
+            print(verdict_line(v))
+        print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")
+        return 0
+
+    def kept() -> str:
+        if rows:
+            print(format_table(rows))
+            write(out, meta, rows)
+        return finished(len(rows), "row", str(out / "serve.json") if rows else None)
+
+    return until_interrupted(body, kept)
+
+
+def bench_mode(model, name: str, mode: str, requests: Sequence[BenchRequest], rates: Sequence[float], *,
+               extra: dict, args: argparse.Namespace) -> list[dict]:
+    """One server in ``mode`` (the real app on a DiffusionEngine, 127.0.0.1), one row per rate."""
+    from tqdm import tqdm
+
+    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.serve.app import create_app
+    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.jobs import DiffusionSettings
+
+    engine = DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode,
+                             max_running=args.max_running, max_queue=max(256, 2 * len(requests)))
+    tokenizer = model.tokenizer
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    rows = []
+    try:
+        with serve_in_thread(create_app(engine), ready_path="/health") as server:
+            warm = dict(extra=extra, max_seconds=args.max_seconds, request_timeout=args.request_timeout,
+                        count_tokens=count)
+            asyncio.run(run_load(server.url, name, requests[:2], math.inf, **warm))  # first forwards, threads
+            for rate in rates:
+                before = engine.stats()
+                with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req",
+                          disable=args.no_progress) as bar:
+                    outcomes, duration = asyncio.run(run_load(server.url, name, requests, rate, seed=args.seed,
+                                                              progress=lambda: bar.update(1), **warm))
+                after = engine.stats()
+                forwards = after.forwards - before.forwards
+                batch = (after.forwarded_rows - before.forwarded_rows) / forwards if forwards else None
+                rows.append(summarize(mode, rate, outcomes, duration, batch))
+    finally:
+        engine.close(drain=False)
+    return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
