@@ -1,0 +1,126 @@
+"""``dllm bench serve`` (dllm/eval/bench/serve.py): arrivals, percentiles, the requests, the rows, the
+verdict, bad flags, Ctrl-C, and one real run against live servers on 127.0.0.1 with tiny-llada."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from dllm.eval.bench import serve as bench
+from dllm.eval.bench.serve import Outcome
+
+
+def test_arrivals_are_poisson_at_the_rate():
+    times = bench.arrival_times(4000, 20.0, seed=1)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert sum(gaps) / len(gaps) == pytest.approx(1 / 20, rel=0.05)
+    # exponential gaps: the standard deviation equals the mean
+    mean = sum(gaps) / len(gaps)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    assert sd == pytest.approx(mean, rel=0.1)
+    assert bench.arrival_times(5, math.inf) == [0.0] * 5
+    assert bench.arrival_times(50, 3.0, seed=7) == bench.arrival_times(50, 3.0, seed=7)
+
+
+@pytest.mark.parametrize("rate", [0.0, -2.0, math.nan])
+def test_a_rate_that_is_not_positive_is_refused(rate):
+    with pytest.raises(ValueError, match=f"got {rate}"):
+        bench.arrival_times(3, rate)
+
+
+def test_percentile_is_numpys_linear_one():
+    np = pytest.importorskip("numpy")
+    rng = random.Random(0)
+    xs = [rng.random() for _ in range(37)]
+    for q in (0, 1, 50, 90, 99, 100):
+        assert bench.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert bench.percentile([], 50) is None
+
+
+def test_stress_requests_mix_tasks_and_lengths():
+    from dllm import tasks as T
+
+    reqs = bench.stress_requests(64, seed=3)
+    assert reqs == bench.stress_requests(64, seed=3) and len(reqs) == 64
+    assert len({r.max_tokens for r in reqs}) >= 4 and len({r.task for r in reqs}) >= 8
+    for r in reqs:
+        words = r.prompt.split()
+        assert words[0] == T.BOS and words[-1] == T.SEP and words[1] == T.get_task(r.task).task_word
+        size = T.parse_prompt(words).size
+        assert r.max_tokens == T.answer_length(r.task, size)
+    only_sort = bench.stress_requests(5, tasks=["sort"])
+    assert {r.task for r in only_sort} == {"sort"}
+
+
+def test_summarize_and_verdicts():
+    ok = [Outcome(True, ttft_s=0.1 * i, latency_s=0.2 * i, output_tokens=5) for i in range(1, 11)]
+    row = bench.summarize("continuous", math.inf, ok + [Outcome(False, error="HTTP 429: full")], duration=2.0,
+                          mean_batch=4.0)
+    assert row["completed"] == 10 and row["failed"] == 1 and row["errors"] == ["HTTP 429: full"]
+    assert row["requests_per_s"] == 5.0 and row["output_tokens_per_s"] == 25.0 and row["rate"] == "inf"
+    assert row["ttft_p50_s"] == pytest.approx(0.55) and row["e2e_p99_s"] == pytest.approx(1.982)
+    serial = bench.summarize("serial", math.inf, ok[:4], duration=2.0)
+    static = bench.summarize("static", math.inf, ok[:8], duration=2.0)
+    other_rate = bench.summarize("serial", 4.0, ok[:1], duration=2.0)
+    (v,) = bench.verdicts([row, serial, static, other_rate])
+    assert v["x_serial"] == 2.5 and v["x_static"] == 1.25
+    assert v["p99_vs_static"] == pytest.approx(round(1.982 / static["e2e_p99_s"], 2))
+    assert "x2.50 the requests/s of serial" in bench.verdict_line(v)
+    table = bench.format_table([row, serial])
+    assert table.count("\n") == 3 and table.startswith("| mode | rate |")
+
+
+@pytest.mark.parametrize("argv, named", [(["--rates", "0"], "'0'"), (["--rates", "fast"], "'fast'"),
+                                         (["--modes", "dynamic"], "dynamic"), (["--n", "0"], "0"),
+                                         (["--tasks", "no_such_task"], "no_such_task"),
+                                         (["--max-seconds", "-1"], "-1")])
+def test_bad_flags_are_refused_naming_the_value(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
+    """The first mode's rows are written; Ctrl-C in the second exits 130 saying where they are."""
+    def fake_mode(model, name, mode, requests, rates, **kw):
+        if mode == "static":
+            raise KeyboardInterrupt
+        return [bench.summarize(mode, r, [Outcome(True, 0.1, 0.2, 3)] * len(requests), 1.0) for r in rates]
+
+    monkeypatch.setattr(bench, "bench_mode", fake_mode)
+    status = bench.main(["--n", "4", "--rates", "2", "inf", "--modes", "continuous", "static", "--out",
+                         str(tmp_path), "--no-progress"])
+    assert status == 130
+    saved = json.loads((tmp_path / "serve.json").read_text())
+    assert [(r["mode"], r["rate"]) for r in saved["rows"]] == [("continuous", 2.0), ("continuous", "inf")]
+    assert f"interrupted: 2 finished rows are saved in {tmp_path / 'serve.json'}" in capsys.readouterr().out
+    assert (tmp_path / "serve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_real_run_against_live_servers(tmp_path, capsys):
+    """Every request of every (mode, rate) completes against the real app; the rows add up."""
+    status = bench.main(["--n", "8", "--rates", "40", "inf", "--modes", "continuous", "serial", "--tasks", "sort",
+                         "copy", "--threads", "1", "--out", str(tmp_path), "--no-progress"])
+    assert status == 0
+    saved = json.loads((tmp_path / "serve.json").read_text())
+    rows = saved["rows"]
+    assert [(r["mode"], r["rate"]) for r in rows] == [("continuous", 40.0), ("continuous", "inf"),
+                                                      ("serial", 40.0), ("serial", "inf")]
+    for r in rows:
+        assert r["completed"] == 8 and r["failed"] == 0, r.get("errors")
+        assert r["requests_per_s"] == pytest.approx(8 / r["duration_s"], rel=0.01)
+        assert 0 < r["ttft_p50_s"] <= r["e2e_p50_s"] <= r["e2e_p99_s"] <= r["duration_s"]
+        assert r["output_tokens_per_s"] > r["requests_per_s"]  # every answer has more than one token
+    # the Poisson run cannot end before its last arrival (8 requests at 40/s: ~0.2 s in expectation)
+    assert rows[0]["duration_s"] >= bench.arrival_times(8, 40.0)[-1]
+    assert rows[2]["mean_batch"] == 1.0 and rows[0]["mean_batch"] >= 1.0  # serial runs one row at a time
+    assert len(saved["verdicts"]) == 2 and "x_serial" in saved["verdicts"][0]
+    out = capsys.readouterr().out
+    assert "| continuous | inf | 8 | 0 |" in out and "the requests/s of serial" in out
+    assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"
