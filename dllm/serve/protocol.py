@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dllm.serve.errors import ApiError, bad_request
 
@@ -28,8 +28,6 @@ MAX_CHOICES = 64  # prompts x n per request
 MAX_STOP = 16  # stop strings per request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DIFFUSION_FIELDS = ("sampler", "cache", "block_length", "steps", "sampler_options", "dllm_events")
-
-OptionValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
 
 
 class _Strict(BaseModel):
@@ -62,7 +60,7 @@ class _Common(_Strict):
     cache: Optional[str] = None
     block_length: Optional[int] = Field(default=None, ge=1)
     steps: Optional[int] = Field(default=None, ge=1)
-    sampler_options: Optional[dict[str, OptionValue]] = None
+    sampler_options: Any = None  # {name: number | string | bool | null}: ``check_sampler_options``
     dllm_events: bool = False
 
 
@@ -140,7 +138,22 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     except ValidationError as err:
         raise from_validation_error(err, model) from None
     _check_unsupported(body)
+    check_sampler_options(body.sampler_options)
     return body
+
+
+def check_sampler_options(options: Any) -> None:
+    """``sampler_options``: null or an object of scalar values (the sampler's Config checks names and
+    ranges: the engine's check)."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise bad_request("sampler_options", f"sampler_options must be an object of the sampler's options "
+                                             f"({{\"threshold\": 0.8}}), got {_short(options)}")
+    for name, value in options.items():
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise bad_request(f"sampler_options.{name}", f"sampler_options.{name} must be a number, string, "
+                                                         f"boolean or null, got {_short(value)}")
 
 
 def _check_unsupported(body: Body) -> None:
@@ -232,5 +245,5 @@ def _content(content: Any, at: str) -> str:
 
 
 __all__ = ["Body", "ChatBody", "CompletionBody", "DIFFUSION_FIELDS", "MAX_CHOICES", "MAX_N", "StreamOptions",
-           "chat_messages", "from_validation_error", "param_path", "parse_body", "parse_json", "prompts",
+           "chat_messages", "check_sampler_options", "from_validation_error", "param_path", "parse_body", "parse_json", "prompts",
            "stop_strings"]

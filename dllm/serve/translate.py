@@ -1,8 +1,8 @@
 """A validated request body -> the engine's ``JobRequest``s (one per prompt and choice).
 
-Fields the body leaves out take the server's defaults (``engine.defaults``: the ``dllm serve`` flags),
-not OpenAI's: ``temperature`` defaults to the server's (0, greedy, unless ``--temperature`` says
-otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k`` of a diffusion request are
+Fields the body leaves out take the server's defaults (``engine.resolve_settings``: the ``dllm serve``
+flags), not OpenAI's: ``temperature`` defaults to the server's (0, greedy, unless ``--temperature``
+says otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k`` of a diffusion request are
 the sampler's options of those names (the ``dream`` sampler has them); 1.0 / 0 mean "off" and are
 dropped, so a client that always sends ``top_p=1`` works with every sampler.
 """
@@ -25,7 +25,7 @@ def check_model(body: Body, engine: Engine) -> None:
                                    f"(GET /v1/models)", code="model_not_found")
 
 
-def max_tokens(body: Body, default: int) -> int:
+def requested_max_tokens(body: Body, default: int) -> int:
     """``max_tokens`` (or chat's ``max_completion_tokens``; both given must agree), else ``default``."""
     given = body.max_tokens
     other = getattr(body, "max_completion_tokens", None)
@@ -50,12 +50,9 @@ def _sampler_fields(spec: str) -> Union[set[str], None]:
     return {f.name for f in dataclasses.fields(cls.Config)}
 
 
-def diffusion_settings(body: Body, defaults: DiffusionSettings) -> DiffusionSettings:
-    """The request's decode settings over the server's ``defaults``. The defaults' sampler options
-    apply only when the request keeps the default sampler."""
-    sampler = body.sampler if body.sampler is not None else defaults.sampler
-    options: dict[str, Any] = dict(defaults.options) if body.sampler is None else {}
-    options.update(body.sampler_options or {})
+def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
+    """``sampler_options`` plus ``top_p`` / ``top_k`` as the options of those names (1.0 / 0: off)."""
+    options: dict[str, Any] = dict(body.sampler_options or {})
     nucleus = {"top_p": body.top_p if body.top_p not in (None, 1.0) else None,
                "top_k": body.top_k if body.top_k not in (None, 0) else None}
     for name, value in nucleus.items():
@@ -68,46 +65,44 @@ def diffusion_settings(body: Body, defaults: DiffusionSettings) -> DiffusionSett
         if name in options and options[name] != value:
             raise bad_request(name, f"{name}={value} and sampler_options.{name}={options[name]} disagree; give one")
         options[name] = value
-    return DiffusionSettings(
-        sampler=sampler, cache=body.cache if body.cache is not None else defaults.cache,
-        block_length=body.block_length if body.block_length is not None else defaults.block_length,
-        steps=body.steps if body.steps is not None else defaults.steps,
-        temperature=body.temperature if body.temperature is not None else defaults.temperature,
-        seed=body.seed if body.seed is not None else defaults.seed,
-        options=tuple(sorted(options.items())))
+    return options
 
 
-def spec_settings(body: Body, defaults: SpecSettings) -> SpecSettings:
+def diffusion_settings(body: Body, engine: Engine, max_tokens: int) -> DiffusionSettings:
+    """The request's decode settings over the server's defaults (``engine.resolve_settings``: the
+    defaults' sampler options apply only when the request keeps the default sampler)."""
+    sampler = body.sampler if body.sampler is not None else engine.defaults.sampler
+    return engine.resolve_settings(max_tokens=max_tokens, sampler=body.sampler, cache=body.cache,
+                                   block_length=body.block_length, steps=body.steps, temperature=body.temperature,
+                                   seed=body.seed, options=sampler_options(body, sampler))
+
+
+def spec_settings(body: Body, engine: Engine, max_tokens: int) -> SpecSettings:
     """A speculative request's settings; the diffusion fields are refused by name."""
-    given = body.model_fields_set
     for name in DIFFUSION_FIELDS:
-        if name in given and getattr(body, name) not in (None, False):
+        if name in body.model_fields_set and getattr(body, name) not in (None, False):
             raise bad_request(name, f"{name!r} is a diffusion setting; this server runs an autoregressive target "
                                     f"with speculative decoding (fields: temperature, top_p, top_k, seed)")
-    return SpecSettings(
-        temperature=body.temperature if body.temperature is not None else defaults.temperature,
-        top_p=body.top_p if body.top_p is not None else defaults.top_p,
-        top_k=body.top_k if body.top_k is not None else defaults.top_k,
-        seed=body.seed if body.seed is not None else defaults.seed)
+    return engine.resolve_settings(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                   top_k=body.top_k, seed=body.seed)
 
 
-def settings(body: Body, engine: Engine) -> Settings:
-    if engine.kind == "speculative":
-        return spec_settings(body, getattr(engine, "defaults", None) or SpecSettings())
-    return diffusion_settings(body, getattr(engine, "defaults", None) or DiffusionSettings())
+def settings(body: Body, engine: Engine, max_tokens: int) -> Settings:
+    make = spec_settings if engine.kind == "speculative" else diffusion_settings
+    return make(body, engine, max_tokens)
 
 
 def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
     """The token ids of each prompt (chat: one, through the chat template)."""
     if isinstance(body, ChatBody):
         return [engine.encode_chat(chat_messages(body.messages))]
+    given = prompts(body.prompt)
     out = []
-    for i, p in enumerate(prompts(body.prompt)):
+    for i, p in enumerate(given):
         try:
             out.append(engine.encode_prompt(p))
         except BadRequest as err:
-            raise bad_request("prompt", str(err) if len(body.prompt) == 1 or isinstance(body.prompt, str)
-                              else f"prompt[{i}]: {err}") from None
+            raise bad_request("prompt" if len(given) == 1 else f"prompt[{i}]", str(err)) from None
     return out
 
 
@@ -117,9 +112,9 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
     check_model(body, engine)
     if getattr(body, "dllm_events", False) and not body.stream:
         raise bad_request("dllm_events", "dllm_events=true needs stream=true (the events are SSE events)")
-    chosen = settings(body, engine)
+    limit = requested_max_tokens(body, default_max_tokens)
+    chosen = settings(body, engine, limit)
     stop = stop_strings(body.stop)
-    limit = max_tokens(body, default_max_tokens)
     ids = prompt_ids(body, engine)
     if len(ids) * body.n > MAX_CHOICES:
         raise bad_request("n", f"{len(ids)} prompts x n={body.n} = {len(ids) * body.n} choices; at most "
@@ -137,5 +132,5 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
     return requests
 
 
-__all__ = ["check_model", "diffusion_settings", "job_requests", "max_tokens", "prompt_ids", "settings",
+__all__ = ["check_model", "diffusion_settings", "sampler_options", "job_requests", "requested_max_tokens", "prompt_ids", "settings",
            "spec_settings"]
