@@ -106,7 +106,7 @@ def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
 def test_a_real_run_against_live_servers(tmp_path, capsys):
     """Every request of every (mode, rate) completes against the real app; the rows add up."""
     status = bench.main(["--n", "8", "--rates", "40", "inf", "--modes", "continuous", "serial", "--tasks", "sort",
-                         "copy", "--threads", "1", "--out", str(tmp_path), "--no-progress"])
+                         "copy", "--threads", "1", "--server", "thread", "--out", str(tmp_path), "--no-progress"])
     assert status == 0
     saved = json.loads((tmp_path / "serve.json").read_text())
     rows = saved["rows"]
@@ -124,3 +124,16 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| continuous | inf | 8 | 0 |" in out and "the requests/s of serial" in out
     assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_server_process_per_mode(tmp_path):
+    """--server process (the default): the server runs as ``python -m dllm.eval.bench.serve_worker``."""
+    status = bench.main(["--n", "4", "--modes", "static", "--tasks", "reverse", "--threads", "1", "--out",
+                         str(tmp_path), "--no-progress"])
+    assert status == 0
+    saved = json.loads((tmp_path / "serve.json").read_text())
+    (row,) = saved["rows"]
+    assert saved["server"] == "process" and row["mode"] == "static"
+    assert row["completed"] == 4 and row["failed"] == 0 and row["output_tokens_per_s"] > 0
+    assert row["mean_batch"] >= 1.0  # read from the server's /metrics

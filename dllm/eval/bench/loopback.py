@@ -63,11 +63,12 @@ def serve_in_thread(app: Any, *, port: int = 0, startup_timeout: float = 60.0,
         time.sleep(0.02)
     url = f"http://{LOOPBACK}:{port}"
     if ready_path:
-        _wait_ready(url + ready_path, deadline)
+        wait_ready(url + ready_path, deadline)
     return LoopbackServer(url, port, server, thread)
 
 
-def _wait_ready(url: str, deadline: float) -> None:
+def wait_ready(url: str, deadline: float) -> None:
+    """Poll ``url`` until it answers 200; RuntimeError after ``deadline`` (time.monotonic)."""
     import urllib.request
 
     while True:
@@ -82,4 +83,4 @@ def _wait_ready(url: str, deadline: float) -> None:
         time.sleep(0.05)
 
 
-__all__ = ["LOOPBACK", "LoopbackServer", "serve_in_thread"]
+__all__ = ["LOOPBACK", "LoopbackServer", "serve_in_thread", "wait_ready"]

@@ -6,7 +6,9 @@
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
 at a time) the bench starts one server, the real app (``dllm.serve.app.create_app``) on a
-``DiffusionEngine`` in that mode, on 127.0.0.1 in a background thread, and for each rate sends the
+``DiffusionEngine`` in that mode, on 127.0.0.1: its own process (``--server process``, the default:
+``dllm.eval.bench.serve_worker``; the load generator then shares no interpreter lock with the
+server) or a thread of this one (``--server thread``). For each rate it sends the
 same N requests built from the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer
 lengths, ``max_tokens`` = the task's answer length) with Poisson arrivals at that rate (exponential
 gaps of mean 1/rate; ``inf`` sends them all at once), streaming, over loopback. A run is bounded in
@@ -56,7 +58,7 @@ class Outcome:
     ok: bool
     ttft_s: Optional[float] = None  # first non-empty text delta
     latency_s: float = 0.0  # sent -> the stream's end
-    output_tokens: int = 0
+    output_tokens: Optional[int] = 0  # the reply's usage.completion_tokens (None: the server sent no usage)
     error: str = ""
 
 
@@ -99,7 +101,7 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 
 
 async def _send(session, url: str, model: str, req: BenchRequest, extra: dict, timeout: float,
-                count_tokens: Callable[[str], int]) -> Outcome:
+                count_tokens: Optional[Callable[[str], int]]) -> Outcome:
     import aiohttp
 
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
@@ -129,12 +131,12 @@ async def _send(session, url: str, model: str, req: BenchRequest, extra: dict, t
                 text.append(piece)
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         return Outcome(False, latency_s=time.perf_counter() - start, error=f"{type(err).__name__}: {err}"[:200])
-    tokens = usage["completion_tokens"] if usage else count_tokens("".join(text))
+    tokens = usage["completion_tokens"] if usage else (count_tokens("".join(text)) if count_tokens else None)
     return Outcome(True, ttft, time.perf_counter() - start, tokens)
 
 
 async def run_load(url: str, model: str, requests: Sequence[BenchRequest], rate: float, *, extra: dict,
-                   max_seconds: float, request_timeout: float, count_tokens: Callable[[str], int],
+                   max_seconds: float, request_timeout: float, count_tokens: Optional[Callable[[str], int]],
                    seed: int = 0, progress: Optional[Callable[[], None]] = None) -> tuple[list[Outcome], float]:
     """Send ``requests`` at Poisson ``rate`` (none after ``max_seconds``); their outcomes in order of
     the list (requests never sent are left out) and the seconds from the first send to the last end."""
@@ -170,7 +172,8 @@ def summarize(mode: str, rate: float, outcomes: Sequence[Outcome], duration: flo
     row = {"mode": mode, "rate": "inf" if math.isinf(rate) else rate, "completed": len(ok),
            "failed": len(outcomes) - len(ok), "duration_s": r(duration, 3),
            "requests_per_s": r(len(ok) / duration if duration > 0 else 0.0, 3),
-           "output_tokens_per_s": r(sum(o.output_tokens for o in ok) / duration if duration > 0 else 0.0, 2),
+           "output_tokens_per_s": None if any(o.output_tokens is None for o in ok) else
+           r(sum(o.output_tokens for o in ok) / duration if duration > 0 else 0.0, 2),
            "ttft_p50_s": r(percentile(ttfts, 50)), "ttft_p99_s": r(percentile(ttfts, 99)),
            "e2e_p50_s": r(percentile(lat, 50)), "e2e_p99_s": r(percentile(lat, 99)),
            "mean_batch": r(mean_batch, 2)}
@@ -276,6 +279,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cache", default="none", help="cache spec of every request")
     ap.add_argument("--block-length", type=POSITIVE, default=None)
     ap.add_argument("--max-running", type=POSITIVE, default=32, help="rows in the running batch at most")
+    ap.add_argument("--server", choices=("process", "thread"), default="process",
+                    help="where each mode's server runs: its own process (the load generator does not share "
+                         "an interpreter lock with it) or a thread of the bench's process")
+    ap.add_argument("--startup-timeout", type=float, default=300.0, help="seconds a server may take to start")
     ap.add_argument("--max-seconds", type=float, default=300.0, help="no request is sent after this many seconds")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="seconds one request may take")
     ap.add_argument("--seed", type=int, default=0, help="the draw of the requests and of the arrival gaps")
@@ -289,8 +296,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    if not (args.max_seconds > 0 and args.request_timeout > 0):
-        ap.error(f"--max-seconds and --request-timeout must be > 0, got {args.max_seconds} and {args.request_timeout}")
+    for flag in ("max_seconds", "request_timeout", "startup_timeout"):
+        if not getattr(args, flag) > 0:
+            ap.error(f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}")
     from dllm import tasks as T
 
     unknown = [t for t in args.tasks or () if t not in dict(T.list_tasks())]
@@ -302,14 +310,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     import dllm
 
-    model = dllm.load(args.model, device=args.device)
+    # the thread servers share one model; a process server loads its own
+    model = dllm.load(args.model, device=args.device) if args.server == "thread" else None
     requests = stress_requests(args.n, args.tasks, args.seed)
     extra = {"sampler": args.sampler, "cache": args.cache}
     if args.block_length:
         extra["block_length"] = args.block_length
     out = Path(args.out)
     meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini", "settings": extra,
-            "max_running": args.max_running, "seed": args.seed, "argv": list(argv) if argv is not None else None}
+            "max_running": args.max_running, "server": args.server, "seed": args.seed, "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []
 
     def body() -> int:
@@ -336,33 +345,27 @@ def bench_mode(model, name: str, mode: str, requests: Sequence[BenchRequest], ra
     """One server in ``mode`` (the real app on a DiffusionEngine, 127.0.0.1), one row per rate."""
     from tqdm import tqdm
 
-    from dllm.eval.bench.loopback import serve_in_thread
-    from dllm.serve.app import create_app
-    from dllm.serve.diffusion import DiffusionEngine
-    from dllm.serve.jobs import DiffusionSettings
-
-    engine = DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode,
-                             max_running=args.max_running, max_queue=max(256, 2 * len(requests)))
-    tokenizer = model.tokenizer
-    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = None
+    if model is not None and getattr(model, "tokenizer", None) is not None:
+        tok = model.tokenizer
+        count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    load = dict(extra=extra, max_seconds=args.max_seconds, request_timeout=args.request_timeout, count_tokens=count)
     rows = []
-    try:
-        with serve_in_thread(create_app(engine), ready_path="/health") as server:
-            warm = dict(extra=extra, max_seconds=args.max_seconds, request_timeout=args.request_timeout,
-                        count_tokens=count)
-            asyncio.run(run_load(server.url, name, requests[:2], math.inf, **warm))  # first forwards, threads
-            for rate in rates:
-                before = engine.stats()
-                with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req",
-                          disable=args.no_progress) as bar:
-                    outcomes, duration = asyncio.run(run_load(server.url, name, requests, rate, seed=args.seed,
-                                                              progress=lambda: bar.update(1), **warm))
-                after = engine.stats()
-                forwards = after.forwards - before.forwards
-                batch = (after.forwarded_rows - before.forwarded_rows) / forwards if forwards else None
-                rows.append(summarize(mode, rate, outcomes, duration, batch))
-    finally:
-        engine.close(drain=False)
+    from dllm.eval.bench.serve_worker import forward_counts, mode_server
+
+    with mode_server(model, name, mode, max_queue=max(256, 2 * len(requests)), args=args) as url:
+        asyncio.run(run_load(url, name, requests[:2], math.inf, **load))  # first forwards, threads started
+        for rate in rates:
+            before = forward_counts(url)
+            with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req",
+                      disable=args.no_progress) as bar:
+                outcomes, duration = asyncio.run(run_load(url, name, requests, rate, seed=args.seed,
+                                                          progress=lambda: bar.update(1), **load))
+            after = forward_counts(url)
+            batch = None
+            if before and after and after[0] > before[0]:
+                batch = (after[1] - before[1]) / (after[0] - before[0])
+            rows.append(summarize(mode, rate, outcomes, duration, batch))
     return rows
 
 
