@@ -128,7 +128,7 @@ class DiffusionEngine(ThreadedEngine):
         self.max_tokens_limit = int(limit)
         super().__init__(SchedulerConfig(max_running=1 if mode == "serial" else max_running,
                                          max_queue=max_queue, max_running_tokens=max_running_tokens))
-        self.check_settings(defaults, where="defaults")
+        self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
         self._pieces: dict[int, str] = {}
         self._tok_lock = threading.Lock()
         self.batcher = ForwardBatcher(model, batcher) if mode == "continuous" else None
@@ -177,7 +177,7 @@ class DiffusionEngine(ThreadedEngine):
             return decode_answer(self.tokenizer, ids, (), self.model.mask_id)
 
     # ---- checks (nothing reaches the decode loop unchecked) ----
-    def check_settings(self, s: DiffusionSettings, *, where: str = "request", gen_length: int = 1) -> None:
+    def check_settings(self, s: DiffusionSettings, *, gen_length: int = 1) -> None:
         try:
             policy = make_cache(s.cache)
         except (ValueError, TypeError, KeyError) as err:

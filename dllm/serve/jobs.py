@@ -65,7 +65,9 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class Delta:
-    """New final text: ``text`` extends what earlier deltas sent; ``token_ids`` are the tokens it came from."""
+    """New final text: ``text`` extends what earlier deltas sent; ``token_ids`` are the tokens made final
+    since the last delta (a tail held back from ``text``, which may still grow into a stop string,
+    comes with the tokens before it)."""
 
     text: str
     token_ids: tuple[int, ...]

@@ -1,0 +1,65 @@
+"""The merged forward (the fast path of continuous batching) against each call's own forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.serve.batcher import BatcherConfig, _Pending, merged_forward, plan_groups
+
+
+@pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
+def model(request):
+    return dllm.load(request.param)
+
+
+def calls(model):
+    g = torch.Generator().manual_seed(0)
+    v = model.config.vocab_size
+    shift = model.logit_shift
+    out = []
+    for b, t, rows in [(1, 9, None), (2, 14, (shift + 2, 8)), (1, 5, (shift, 5)), (3, 11, None)]:
+        ids = torch.randint(5, v, (b, t), generator=g)
+        kw = {"positions": torch.arange(t).expand(b, t), "key_padding_mask": None}
+        if rows is not None:
+            kw["logits_rows"] = rows
+        out.append(_Pending(ids, kw))
+    # a call that is itself left-padded (a generate batch), with its own mask and positions
+    ids = torch.randint(5, v, (2, 10), generator=g)
+    kpm = torch.ones(2, 10, dtype=torch.bool)
+    kpm[1, :3] = False
+    pos = (kpm.long().cumsum(1) - 1).clamp_min(0)
+    out.append(_Pending(ids, {"positions": pos, "key_padding_mask": kpm}))
+    return out
+
+
+def test_merged_forward_equals_each_forward(model):
+    items = calls(model)
+    with torch.inference_mode():
+        merged = merged_forward(model, items)
+        for item, got in zip(items, merged):
+            want = model(item.input_ids, **item.kwargs).logits
+            assert got.logits.shape == want.shape
+            kpm = item.kwargs.get("key_padding_mask")
+            if kpm is not None:  # pad columns' logits are meaningless in both
+                keep = kpm[:, -want.shape[1]:] if "logits_rows" not in item.kwargs else None
+                if keep is not None:
+                    got_l, want_l = got.logits[keep], want[keep]
+                    torch.testing.assert_close(got_l, want_l, rtol=1e-4, atol=1e-5)
+                    continue
+            torch.testing.assert_close(got.logits, want, rtol=1e-4, atol=1e-5)
+            assert torch.equal(got.logits.argmax(-1), want.argmax(-1))
+
+
+def test_plan_groups_bounds_and_order():
+    def item(b, t, **kw):
+        return _Pending(torch.zeros(b, t, dtype=torch.long), kw)
+
+    a, b, c = item(2, 10), item(3, 10), item(1, 40)
+    cached = item(1, 5, cache=object())
+    groups = plan_groups([a, cached, b, c], BatcherConfig(max_rows=4, max_tokens=1000))
+    assert groups == [[cached], [a], [b, c]]  # a + b = 5 rows > 4; a cached call runs alone
+    groups = plan_groups([a, b, c], BatcherConfig(max_rows=64, max_tokens=100))
+    assert groups == [[a, b], [c]]  # 6 rows x 40 columns > 100 tokens
+    assert not item(1, 4, want_attn_layers=(0,)).mergeable and not item(1, 4, want_hidden_layers=(1,)).mergeable

@@ -1,0 +1,85 @@
+"""SpecEngine: concurrent speculative requests, each equal to speculative_generate alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import dllm
+from dllm.serve.base import BadRequest
+from dllm.serve.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest, SpecSettings
+from dllm.serve.speculative import FifoLock, SpecEngine
+
+DRAFTER = "dflash:model=tiny-ar-dflash"
+PROMPTS = ["[BOS] copy_long G N J M O G G M P I A P M G O N H O G N L B E N C I L N N I I K [SEP]",
+           "[BOS] reverse_long J L D H C E E B A J O M N K G I H O F F C F O J D P P M O H L B [SEP]"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return dllm.load_target("tiny-ar")
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    target, tok = pair
+    eng = SpecEngine(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=4)
+    yield eng
+    eng.close()
+
+
+def test_concurrent_requests_equal_offline_and_stream_per_round(pair, engine):
+    target, tok = pair
+    spec = [(PROMPTS[i % 2], (12, 30)[i % 2]) for i in range(6)]
+    jobs = [(p, n, engine.submit(JobRequest(engine.encode_prompt(p), n, SpecSettings()))) for p, n in spec]
+    for p, n, job in jobs:
+        events = list(job.events(timeout=120))
+        done = events[-1]
+        assert isinstance(done, Done)
+        offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=n, tokenizer=tok)
+        deltas = [e for e in events if isinstance(e, Delta)]
+        assert done.text == offline.texts[0] == "".join(d.text for d in deltas)
+        assert len(deltas) >= 2  # one per verification round, not one chunk at the end
+        assert done.nfe == offline.target_forwards and done.acceptance > 1
+
+
+def test_stop_and_cancel(pair, engine):
+    target, tok = pair
+    full = dllm.speculative_generate(target, DRAFTER, [PROMPTS[0]], max_new_tokens=30, tokenizer=tok).texts[0]
+    stop = full.split()[5]
+    done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 30, SpecSettings(), stop=(stop,))).result(60)
+    assert done.text == full[:full.index(stop)] and done.finish_reason == "stop"
+    job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[1]), 60, SpecSettings()))
+    job.cancel()
+    final = job.result(60)
+    assert isinstance(final, Failed) and final.status == 499 or isinstance(final, Done)
+
+
+def test_bad_requests(engine):
+    ids = engine.encode_prompt(PROMPTS[0])
+    for settings, n, param in [(SpecSettings(temperature=-1.0), 5, "temperature"), (SpecSettings(top_p=1.5), 5, "top_p"),
+                               (SpecSettings(top_k=-2), 5, "top_k"), (SpecSettings(), 0, "max_tokens"),
+                               (DiffusionSettings(), 5, None)]:
+        with pytest.raises(BadRequest) as err:
+            engine.submit(JobRequest(ids, n, settings))
+        assert err.value.param == param
+    with pytest.raises(BadRequest) as err:
+        engine.encode_prompt("[BOS] copy_long NOTAWORD [SEP]")
+    assert err.value.param == "prompt"
+
+
+def test_fifo_lock_takes_turns():
+    lock, order = FifoLock(), []
+    lock.acquire()
+    threads = [threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release())) for i in range(3)]
+    for t in threads:
+        t.start()
+        while len(lock._waiting) < len(order) + threads.index(t) + 1:  # each queued before the next starts
+            pass
+    lock.yield_turn()  # the three waiting threads go first, in arrival order
+    order.append("main")
+    lock.release()
+    for t in threads:
+        t.join(5)
+    assert order == [0, 1, 2, "main"]
