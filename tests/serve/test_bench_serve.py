@@ -52,8 +52,21 @@ def test_stress_requests_mix_tasks_and_lengths():
         assert words[0] == T.BOS and words[-1] == T.SEP and words[1] == T.get_task(r.task).task_word
         size = T.parse_prompt(words).size
         assert r.max_tokens == T.answer_length(r.task, size)
-    only_sort = bench.stress_requests(5, tasks=["sort"])
+    only_sort = bench.stress_requests(5, tasks=["sort"], settings=[("low_confidence", "none"), ("fast", "dual")])
     assert {r.task for r in only_sort} == {"sort"}
+    assert [(r.sampler, r.cache) for r in only_sort[:3]] == [("low_confidence", "none"), ("fast", "dual"),
+                                                             ("low_confidence", "none")]
+    assert only_sort[1].body() == {"prompt": only_sort[1].prompt, "max_tokens": only_sort[1].max_tokens,
+                                   "sampler": "fast", "cache": "dual"}
+
+
+def test_settings_are_sampler_at_cache():
+    assert bench.parse_setting("threshold:threshold=0.8@dual:refresh=4") == ("threshold:threshold=0.8",
+                                                                             "dual:refresh=4")
+    assert bench.parse_setting("fast") == ("fast", "none")
+    for bad in ("@dual", "fast@"):
+        with pytest.raises(Exception, match=repr(bad)):
+            bench.parse_setting(bad)
 
 
 def test_summarize_and_verdicts():
@@ -77,7 +90,7 @@ def test_summarize_and_verdicts():
 @pytest.mark.parametrize("argv, named", [(["--rates", "0"], "'0'"), (["--rates", "fast"], "'fast'"),
                                          (["--modes", "dynamic"], "dynamic"), (["--n", "0"], "0"),
                                          (["--tasks", "no_such_task"], "no_such_task"),
-                                         (["--max-seconds", "-1"], "-1")])
+                                         (["--max-seconds", "-1"], "-1"), (["--settings", "@dual"], "'@dual'")])
 def test_bad_flags_are_refused_naming_the_value(argv, named, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
@@ -106,7 +119,8 @@ def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
 def test_a_real_run_against_live_servers(tmp_path, capsys):
     """Every request of every (mode, rate) completes against the real app; the rows add up."""
     status = bench.main(["--n", "8", "--rates", "40", "inf", "--modes", "continuous", "serial", "--tasks", "sort",
-                         "copy", "--threads", "1", "--server", "thread", "--out", str(tmp_path), "--no-progress"])
+                         "copy", "--settings", "low_confidence", "threshold@dual", "--threads", "1", "--server",
+                         "thread", "--out", str(tmp_path), "--no-progress"])
     assert status == 0
     saved = json.loads((tmp_path / "serve.json").read_text())
     rows = saved["rows"]
@@ -121,6 +135,7 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
     assert rows[0]["duration_s"] >= bench.arrival_times(8, 40.0)[-1]
     assert rows[2]["mean_batch"] == 1.0 and rows[0]["mean_batch"] >= 1.0  # serial runs one row at a time
     assert len(saved["verdicts"]) == 2 and "x_serial" in saved["verdicts"][0]
+    assert saved["settings"] == ["low_confidence@none", "threshold@dual"]
     out = capsys.readouterr().out
     assert "| continuous | inf | 8 | 0 |" in out and "the requests/s of serial" in out
     assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,7 +1,7 @@
 """``dllm bench serve``: a load generator against ``dllm serve``, in the manner of vLLM's serving benchmark.
 
-    dllm bench serve --model tiny-llada --n 128 --rates 32 inf --modes continuous static serial \\
-        --threads 1 --out runs/serve
+    dllm bench serve --model tiny-llada --n 128 --rates 8 inf --modes continuous static serial \\
+        --settings low_confidence@none threshold@dual --threads 1 --out runs/serve
 
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
@@ -10,7 +10,8 @@ at a time) the bench starts one server, the real app (``dllm.serve.app.create_ap
 ``dllm.eval.bench.serve_worker``; the load generator then shares no interpreter lock with the
 server) or a thread of this one (``--server thread``). For each rate it sends the
 same N requests built from the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer
-lengths, ``max_tokens`` = the task's answer length) with Poisson arrivals at that rate (exponential
+lengths, ``max_tokens`` = the task's answer length; ``--settings`` in turn: sampler and cache per
+request) with Poisson arrivals at that rate (exponential
 gaps of mean 1/rate; ``inf`` sends them all at once), streaming, over loopback. A run is bounded in
 count (N) and in time (``--max-seconds``: no request is sent after it; ``--request-timeout`` per
 request). One row per (mode, rate): completed and failed requests, requests/s and output tokens/s
@@ -44,11 +45,16 @@ COLUMNS = ("mode", "rate", "completed", "failed", "duration_s", "requests_per_s"
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request of the load: a stress-task prompt and its answer length."""
+    """One request of the load: a stress-task prompt, its answer length and how it decodes."""
 
     task: str
     prompt: str
     max_tokens: int
+    sampler: str = "low_confidence"
+    cache: str = "none"
+
+    def body(self) -> dict:
+        return {"prompt": self.prompt, "max_tokens": self.max_tokens, "sampler": self.sampler, "cache": self.cache}
 
 
 @dataclass(frozen=True)
@@ -62,16 +68,26 @@ class Outcome:
     error: str = ""
 
 
-def stress_requests(n: int, tasks: Optional[Sequence[str]] = None, seed: int = 0) -> list[BenchRequest]:
+def stress_requests(n: int, tasks: Optional[Sequence[str]] = None, seed: int = 0,
+                    settings: Sequence[tuple[str, str]] = (("low_confidence", "none"),)) -> list[BenchRequest]:
     """``n`` requests drawn (with ``seed``) from the test split of ``tasks`` (default: the pb-mini
-    suite), every default size: mixed prompt and answer lengths."""
+    suite), every default size: mixed prompt and answer lengths; request i decodes with
+    ``settings[i % len(settings)]`` (sampler spec, cache spec)."""
     from dllm import tasks as T
 
     names = tuple(tasks) if tasks else T.suite_task_names()
-    pool = [BenchRequest(name, " ".join(T.prompt_words(ex)), T.answer_length(name, ex.size))
+    pool = [(name, " ".join(T.prompt_words(ex)), T.answer_length(name, ex.size))
             for name in names for ex in T.test_split(name, n=4)]
     rng = random.Random(seed)
-    return [rng.choice(pool) for _ in range(n)]
+    return [BenchRequest(*rng.choice(pool), *settings[i % len(settings)]) for i in range(n)]
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """``--settings`` item: ``SAMPLER[@CACHE]`` (``threshold:threshold=0.8@dual``; cache default none)."""
+    sampler, _, cache = text.partition("@")
+    if not sampler or (_ and not cache):
+        raise argparse.ArgumentTypeError(f"a setting is SAMPLER[@CACHE] (threshold@dual), got {text!r}")
+    return sampler, cache or "none"
 
 
 def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
@@ -104,8 +120,8 @@ async def _send(session, url: str, model: str, req: BenchRequest, extra: dict, t
                 count_tokens: Optional[Callable[[str], int]]) -> Outcome:
     import aiohttp
 
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, **extra}
+    body = {"model": model, **req.body(), "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
     start = time.perf_counter()
     ttft, text, usage = None, [], None
     try:
@@ -275,8 +291,9 @@ def parser() -> argparse.ArgumentParser:
                     help="Poisson arrival rates in requests/s (inf: all at once); one row per mode and rate")
     ap.add_argument("--n", type=POSITIVE, default=128, help="requests per (mode, rate)")
     ap.add_argument("--tasks", nargs="+", default=None, help="stress tasks the prompts come from (default: pb-mini)")
-    ap.add_argument("--sampler", default="low_confidence", help="sampler spec of every request")
-    ap.add_argument("--cache", default="none", help="cache spec of every request")
+    ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
+                    metavar="SAMPLER[@CACHE]", help="how the requests decode, in turn (threshold@dual: a sampler "
+                                                    "spec, @, a cache spec; default low_confidence@none)")
     ap.add_argument("--block-length", type=POSITIVE, default=None)
     ap.add_argument("--max-running", type=POSITIVE, default=32, help="rows in the running batch at most")
     ap.add_argument("--server", choices=("process", "thread"), default="process",
@@ -312,12 +329,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # the thread servers share one model; a process server loads its own
     model = dllm.load(args.model, device=args.device) if args.server == "thread" else None
-    requests = stress_requests(args.n, args.tasks, args.seed)
-    extra = {"sampler": args.sampler, "cache": args.cache}
+    requests = stress_requests(args.n, args.tasks, args.seed, args.settings)
+    extra = {}
     if args.block_length:
         extra["block_length"] = args.block_length
     out = Path(args.out)
-    meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini", "settings": extra,
+    meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini",
+            "settings": ["@".join(s) for s in args.settings], "block_length": args.block_length,
             "max_running": args.max_running, "server": args.server, "seed": args.seed, "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []
 
