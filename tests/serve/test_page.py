@@ -35,19 +35,37 @@ BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1280,900")
 
 
+API_KEY = "page-test-key"
+
+
 @pytest.fixture(scope="module")
-def server():
+def engine():
     import dllm
-    from dllm.eval.bench.loopback import serve_in_thread
-    from dllm.serve.app import create_app
     from dllm.serve.diffusion import DiffusionEngine
     from dllm.serve.jobs import DiffusionSettings
 
     engine = DiffusionEngine(dllm.load(MODEL), name=MODEL, defaults=DiffusionSettings())
-    live = serve_in_thread(create_app(engine), ready_path="/health")
-    yield live
-    live.stop()
+    yield engine
     engine.close(drain=False)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.serve.app import create_app
+
+    with serve_in_thread(create_app(engine), ready_path="/health") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def keyed_server(engine):
+    """The same engine behind an app with ``api_key``: /v1/ needs ``Authorization: Bearer``."""
+    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.serve.app import create_app
+
+    with serve_in_thread(create_app(engine, api_key=API_KEY), ready_path="/health") as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +193,23 @@ def test_a_bad_option_shows_the_servers_error(server, browser):
     page = run_result(browser, "watch-run")
     assert page["state"] == "error"
     assert "400" in page["error"] and "no_such_option" in page["error"]
+
+
+def test_a_server_with_an_api_key_asks_for_it(keyed_server, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    browser.get(keyed_server.url + "/")
+    body = lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state")  # noqa: E731
+    WebDriverWait(browser, 30).until(lambda d: body(d) in ("ready", "error"))
+    assert body(browser) == "error" and "401" in page_error(browser)  # the page itself needs no key
+    key = browser.find_element(By.ID, "api-key")
+    key.send_keys(API_KEY, Keys.TAB)  # change event: the page asks again, with the key
+    WebDriverWait(browser, 30).until(lambda d: body(d) == "ready")
+    set_prompt(browser, "prompt", PROMPT)
+    set_settings(browser, "watch-settings", sampler="low_confidence", cache="none", max_tokens=6)
+    browser.find_element(By.ID, "run").click()
+    wait_finished(browser, ("watch-run",))
+    page = run_result(browser, "watch-run")
+    assert page["state"] == "done", page["error"]
+    client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    assert page["text"] == api_text(client, PROMPT, 6, "low_confidence", "none")
