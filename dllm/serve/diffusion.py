@@ -56,6 +56,7 @@ class _Row:
     pieces: dict[int, str]
     nfe: int = 0
     forwarded: int = 0
+    final: int = 0  # length of the final prefix sent through the stream
     first_delta: Optional[float] = None
 
     def observe(self, state) -> bool:
@@ -68,7 +69,9 @@ class _Row:
         else:
             final = next((i for i, t in enumerate(g) if t == mask), len(g))
         self.nfe, self.forwarded = state.nfe, state.forwarded_tokens  # the call's (a static batch's: shared)
-        self._send(g[:final], complete=False)
+        if final != self.final:  # decode only when the final prefix grew
+            self.final = final
+            self._send(g[:final], complete=False)
         if self.job.request.step_events:
             trace = state.trace[self.r].tolist()
             self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,

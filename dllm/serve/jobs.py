@@ -146,6 +146,8 @@ class Job:
     _queue: "queue.Queue[Event]" = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _final: Optional[Event] = field(default=None, repr=False)
+    _loop: Optional[asyncio.AbstractEventLoop] = field(default=None, repr=False)  # an aevents reader's loop
+    _wake: Optional[asyncio.Event] = field(default=None, repr=False)
 
     # ---- the engine's side ----
     def emit(self, event: Event) -> None:
@@ -154,6 +156,12 @@ class Job:
         if isinstance(event, (Done, Failed)):
             self._final = event
         self._queue.put(event)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)  # wake the asyncio reader now
+            except RuntimeError:  # its loop is closed: nobody is reading
+                pass
 
     @property
     def cancelled(self) -> bool:
@@ -177,13 +185,22 @@ class Job:
             if isinstance(event, (Done, Failed)):
                 return
 
-    async def aevents(self, poll_s: float = 0.005) -> AsyncIterator[Event]:
-        """``events`` for an asyncio loop (polls the thread-safe queue without blocking the loop)."""
+    async def aevents(self, poll_s: float = 1.0) -> AsyncIterator[Event]:
+        """``events`` for an asyncio loop: ``emit`` wakes the reader through its loop
+        (``call_soon_threadsafe``), so there is no polling; ``poll_s`` is only the longest wait
+        between two looks at the queue (a safety net)."""
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         while True:
             try:
                 event = self._queue.get_nowait()
             except queue.Empty:
-                await asyncio.sleep(poll_s)
+                self._wake.clear()
+                if self._queue.empty():  # an emit between get_nowait and clear set the event again
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=poll_s)
+                    except asyncio.TimeoutError:
+                        pass
                 continue
             yield event
             if isinstance(event, (Done, Failed)):

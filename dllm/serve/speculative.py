@@ -72,6 +72,7 @@ class SpecEngine(ThreadedEngine):
         if tokenizer is None:
             raise ValueError("a served target needs its tokenizer (dllm.load_target returns it)")
         self.target, self.tokenizer, self.model_name = target, tokenizer, name
+        self.defaults = SpecSettings()  # greedy unless a request asks
         self.plan = resolve_plan(plan, None, None)
         self.drafter = make_drafter(drafter)  # loaded once, shared (each call begins its own session)
         info = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer).info

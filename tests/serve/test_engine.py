@@ -231,3 +231,21 @@ def test_concurrent_submitters(llada):
         assert len(results) == 12
     finally:
         engine.close()
+
+
+def test_aevents_wakes_without_polling(llada):
+    import asyncio
+
+    engine = DiffusionEngine(llada, name="tiny-llada")
+
+    async def read():
+        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, DiffusionSettings(), step_events=True))
+        t0 = time.perf_counter()
+        events = [e async for e in job.aevents(poll_s=30.0)]  # a 30 s safety net: only emit's wakeups are fast
+        return events, time.perf_counter() - t0
+
+    try:
+        events, took = asyncio.run(read())
+    finally:
+        engine.close()
+    assert isinstance(events[-1], Done) and events[-1].text == "A B C D" and took < 20
