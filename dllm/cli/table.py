@@ -46,6 +46,9 @@ COMMANDS = (
     Command("", "tasks", "list the stress tasks", build=f"{_ARGS}:no_options", target=f"{_CORE}:run_tasks"),
     Command("", "info", "family, sizes and special ids of a model", build=f"{_CORE}:info_args",
             target=f"{_CORE}:run_info"),
+    Command("", "serve", "an OpenAI-compatible server (continuous batching, streaming, the page at /) for a "
+                         "diffusion model or an AR target with a drafter",
+            build="dllm.cli.serve:serve_args", target="dllm.cli.serve:run_serve"),
     # dllm bench
     Command("bench", "spec", "speculative decoding of an AR target: drafters vs target.generate, assisted "
                              "generation, prompt lookup", target="dllm.eval.spec.bench:main"),

@@ -97,6 +97,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
                           code="invalid_json") from None
     except ValueError as err:
         raise bad_request(None, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request(None, "the request body nests too deeply to be a request", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(None, f"the request body must be a JSON object, got {type(data).__name__}",
                           code="invalid_json")

@@ -30,7 +30,6 @@ from dllm.serve.jobs import Delta, Done, Event, Failed, Job, Step
 from dllm.serve.replies import Reply, choice_stats, step_data
 
 DONE = "data: [DONE]\n\n"
-POLL_S = 0.01  # how often a waiting stream looks at its jobs' queues
 
 
 def data(obj: Any) -> str:
@@ -41,17 +40,17 @@ def named(event: str, obj: Any) -> str:
     return f"event: {event}\n{data(obj)}"
 
 
-async def merged(jobs: Sequence[Job], poll_s: float = POLL_S) -> AsyncIterator[tuple[int, Event]]:
+async def merged(jobs: Sequence[Job]) -> AsyncIterator[tuple[int, Event]]:
     """The events of several jobs as they come, tagged with the job's index; ends when every job has
     sent its final event."""
     if len(jobs) == 1:
-        async for ev in jobs[0].aevents(poll_s=poll_s):
+        async for ev in jobs[0].aevents():
             yield 0, ev
         return
     q: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, job: Job) -> None:
-        async for ev in job.aevents(poll_s=poll_s):
+        async for ev in job.aevents():
             await q.put((i, ev))
 
     tasks = [asyncio.create_task(pump(i, j)) for i, j in enumerate(jobs)]
@@ -109,4 +108,4 @@ async def stream(jobs: Sequence[Job], reply: Reply, *, n: int, include_usage: bo
         cancel_unfinished(jobs)
 
 
-__all__ = ["DONE", "POLL_S", "cancel_unfinished", "data", "merged", "named", "stream"]
+__all__ = ["DONE", "cancel_unfinished", "data", "merged", "named", "stream"]

@@ -106,6 +106,19 @@ def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
     return out
 
 
+def check(engine: Engine, request: JobRequest, body: Body) -> None:
+    """``engine.check``; a refused option value that the engine reports under "sampler" is named
+    by its field (``sampler_options.threshold``) when the request gave it in ``sampler_options``."""
+    try:
+        engine.check(request)
+    except BadRequest as err:
+        given = body.sampler_options if isinstance(body.sampler_options, dict) else {}
+        name = next((k for k in given if str(err).startswith(f"{k} ") or f"option {k!r}" in str(err)), None)
+        if err.param == "sampler" and name is not None:
+            raise bad_request(f"sampler_options.{name}", str(err)) from None
+        raise
+
+
 def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list[JobRequest]:
     """One ``JobRequest`` per choice (prompt-major: choice index = prompt index * n + j), each checked
     by the engine, so a request is refused whole before any of it is queued."""
@@ -127,7 +140,7 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
             s = dataclasses.replace(chosen, seed=chosen.seed + j) if seeded else chosen
             req = JobRequest(prompt_ids=tuple(p), max_tokens=limit, settings=s, stop=stop,
                              step_events=bool(body.stream and getattr(body, "dllm_events", False)))
-            engine.check(req)
+            check(engine, req, body)
             requests.append(req)
     return requests
 

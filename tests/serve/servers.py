@@ -162,3 +162,34 @@ class FakeEngine(Engine):
         for j in list(self.jobs):
             while not j.finished:
                 time.sleep(0.01)
+
+
+# ---- offline references: what a greedy served request must equal ----
+
+CHAT_TEMPLATE = "[BOS] {% for m in messages %}{{ m['content'] }}{% endfor %} [SEP]"  # the tiny models' prompt shape
+
+
+def cut_at_stops(text: str, stops: Sequence[str]) -> str:
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[:min(found)] if found else text
+
+
+def offline_diffusion(model, prompt, max_tokens: int, stop: Sequence[str] = (), **settings) -> tuple[str, int]:
+    """``dllm.generate`` on ``prompt`` alone: (text cut at EOS and the first stop, tokens before EOS)."""
+    import dllm
+
+    out = dllm.generate(model, prompt, gen_length=max_tokens, stop_at_eos=True, **settings)
+    ids = out.sequences[0, out.prompt_length:].tolist()
+    eos = set(model.eos_ids)
+    n = next((i for i, t in enumerate(ids) if t in eos), len(ids))
+    return cut_at_stops(out.texts[0], stop), n
+
+
+def offline_spec(target, tokenizer, drafter: str, prompt, max_tokens: int, stop: Sequence[str] = (),
+                 **settings) -> str:
+    """``dllm.speculative_generate`` on ``prompt`` alone: its text cut at the first stop string."""
+    import dllm
+
+    out = dllm.speculative_generate(target, dllm.make_drafter(drafter), [prompt], max_new_tokens=max_tokens,
+                                    tokenizer=tokenizer, stop=list(stop) or None, **settings)
+    return cut_at_stops(out.texts[0], stop)

@@ -1,0 +1,190 @@
+"""``dllm serve``: an OpenAI-compatible server (``dllm.serve.app`` under uvicorn).
+
+    dllm serve --model tiny-llada [--sampler SPEC --cache SPEC --block-length N ...] [--port 8000]
+    dllm serve --target tiny-ar --drafter dflash:model=tiny-ar-dflash [--tree SPEC --block-size N|auto]
+
+Flags are checked, the chat template read and the port bound before any model loads (a taken port
+or a missing file is an error message and exit status 2, not a traceback after a minute of
+loading). The default bind is 127.0.0.1; another host without ``--api-key`` gets a warning.
+SIGTERM (or Ctrl-C): new requests are refused with 503, requests in flight finish, the engine closes,
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from dllm.cli.args import POSITIVE, add_threads, at_least, option
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode")
+SPEC_ONLY = ("drafter", "tree", "block_size")
+
+
+def serve_args(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="a diffusion model: local dir, hub id, or embedded name (tiny-llada)")
+    what.add_argument("--target", help="an autoregressive target for speculative decoding (tiny-ar); needs --drafter")
+    p.add_argument("--served-model-name", default=None, help="the model id of /v1/models (default: --model/--target)")
+    d = p.add_argument_group("diffusion defaults (a request's own fields override them)")
+    d.add_argument("--sampler", default=None, help="sampler spec (default low_confidence; see `dllm samplers`)")
+    d.add_argument("--cache", default=None, metavar="SPEC", help="cache policy spec (default none)")
+    d.add_argument("--block-length", type=POSITIVE, default=None)
+    d.add_argument("--steps", type=POSITIVE, default=None)
+    d.add_argument("--temperature", type=float, default=None, help="default temperature (default 0: greedy)")
+    d.add_argument("--seed", type=at_least(0), default=None)
+    d.add_argument("--option", "-o", action="append", type=option, default=[], metavar="NAME=VALUE",
+                   help="sampler option of the default sampler, repeatable")
+    d.add_argument("--mode", choices=("continuous", "static", "serial"), default=None,
+                   help="batching: continuous (default; requests join and leave the running batch), static "
+                        "(a batch runs to its end), serial (one at a time)")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
+    s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
+    s.add_argument("--block-size", type=lambda v: v if v == "auto" else POSITIVE(v), default=None,
+                   help="tokens per verification forward, or 'auto' (the drafter's block head)")
+    h = p.add_argument_group("server")
+    h.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    h.add_argument("--port", type=at_least(0), default=8000, help="0: any free port (printed)")
+    h.add_argument("--api-key", default=os.environ.get("DLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/... (default: $DLLM_API_KEY, else none)")
+    h.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file (as vLLM's), for models whose tokenizer has none")
+    h.add_argument("--max-running", type=POSITIVE, default=None, help="requests decoding at once (default 32; "
+                                                                      "speculative 8)")
+    h.add_argument("--max-queue", type=POSITIVE, default=256, help="waiting requests; more get 429")
+    h.add_argument("--max-running-tokens", type=POSITIVE, default=1 << 20,
+                   help="prompt + max_tokens summed over the running requests")
+    h.add_argument("--max-tokens-limit", type=POSITIVE, default=None,
+                   help="the largest max_tokens a request may ask for (default: the model's positions - 1)")
+    h.add_argument("--default-max-tokens", type=POSITIVE, default=16, help="max_tokens of a request that gives none")
+    h.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20, help="larger request bodies get 400")
+    h.add_argument("--drain-timeout", type=float, default=None,
+                   help="seconds in-flight requests get after SIGTERM (default: as long as they need)")
+    h.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--device", default=None)
+    add_threads(p)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Everything that can be refused before a model loads."""
+    given = lambda name: getattr(args, name) not in (None, [])  # noqa: E731
+    if args.target is not None:
+        if args.drafter is None:
+            raise ValueError("--target needs --drafter (dflash:model=tiny-ar-dflash, ngram, dlm:model=tiny-llada)")
+        wrong = [n for n in DIFFUSION_ONLY if given(n)]
+        if wrong:
+            raise ValueError(f"--{wrong[0].replace('_', '-')} is a diffusion setting; a --target server takes "
+                             f"--drafter, --tree, --block-size (a request's temperature, top_p, top_k, seed)")
+    else:
+        wrong = [n for n in SPEC_ONLY if given(n)]
+        if wrong:
+            raise ValueError(f"--{wrong[0].replace('_', '-')} is for --target (speculative decoding), not --model")
+    if args.temperature is not None and not 0 <= args.temperature < float("inf"):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.port > 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty; give a key or leave the flag out")
+    if args.drain_timeout is not None and not args.drain_timeout > 0:
+        raise ValueError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
+
+
+def read_chat_template(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--chat-template {path!r}: no such file (give a Jinja template file)")
+    text = file.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"--chat-template {path!r} is empty")
+    return text
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (a taken port is refused before the model loads)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
+    """The engine the flags describe (loads the model)."""
+    name = args.served_model_name or args.model or args.target
+    if args.target is not None:
+        from dllm.drafters.base import make_drafter
+        from dllm.drafters.loading import load_target, resolve_target
+        from dllm.drafters.plan import resolve_plan
+        from dllm.serve.speculative import SpecEngine
+
+        found = resolve_target(args.target)
+        drafter = make_drafter(args.drafter)
+        plan = resolve_plan(None, args.block_size, args.tree)
+        target, tok = load_target(found, dtype=args.dtype, device=args.device)
+        return SpecEngine(target, tok, drafter=drafter, plan=plan, name=name, max_running=args.max_running or 8,
+                          max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
+                          max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
+    from dllm.models import load
+    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.jobs import DiffusionSettings
+
+    defaults = DiffusionSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
+                                 block_length=args.block_length, steps=args.steps,
+                                 temperature=args.temperature or 0.0, seed=args.seed,
+                                 options=tuple(sorted(dict(args.option).items())))
+    model = load(args.model, dtype=args.dtype, device=args.device)
+    return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
+                           max_running=args.max_running or 32, max_queue=args.max_queue,
+                           max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
+                           chat_template=chat_template)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from dllm.serve.app import begin_drain, create_app
+
+    check_args(args)
+    chat_template = read_chat_template(args.chat_template)
+    sock = bind(args.host, args.port)
+    if args.host not in LOOPBACK and args.api_key is None:
+        print(f"dllm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
+              f"machine can use the server", file=sys.stderr)
+    engine = build_engine(args, chat_template)
+    app = create_app(engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                     default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT: refuse new requests, then uvicorn drains
+            begin_drain(app)
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a drained SIGTERM is a clean exit (0); uvicorn would re-raise it
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=(
+        None if args.drain_timeout is None else max(1, round(args.drain_timeout))))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"dllm serve: {engine.model_name} ({engine.kind}) on http://{shown}:{port} (OpenAI API under /v1, "
+          f"the page at /)", file=sys.stderr, flush=True)
+    Server(config).run(sockets=[sock])
+    print("dllm serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+__all__ = ["build_engine", "check_args", "read_chat_template", "run_serve", "serve_args"]
