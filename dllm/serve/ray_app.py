@@ -136,7 +136,15 @@ def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: O
     actor = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if isinstance(make_engine, DiffusionReplica) and make_engine.threads:
         actor["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(make_engine.threads)}}
-    cls = serve.ingress()(type("DllmReplica", (_Replica,), {"__module__": __name__}))
+    try:
+        ingress = serve.ingress()  # the app is built in the replica by __serve_build_asgi_app__
+    except TypeError:
+        import ray
+
+        raise ModuleNotFoundError(f"dllm.serve.ray_app needs a Ray Serve whose serve.ingress() builds the app "
+                                  f"inside the replica (tested with ray 2.60); ray {ray.__version__} is installed: "
+                                  f'pip install -U "ray[serve]"') from None
+    cls = ingress(type("DllmReplica", (_Replica,), {"__module__": __name__}))
     deployment = serve.deployment(cls, name=name, num_replicas=replicas, ray_actor_options=actor,
                                   max_ongoing_requests=max_ongoing_requests)
     return deployment.bind(make_engine, api_key, dict(app_options or {}))

@@ -143,7 +143,7 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_server_process_per_mode(tmp_path):
-    """--server process (the default): the server runs as ``python -m dllm.eval.bench.serve_worker``."""
+    """--server process (the default): each mode's server is ``dllm serve --mode MODE`` in its own process."""
     status = bench.main(["--n", "4", "--modes", "static", "--tasks", "reverse", "--threads", "1", "--out",
                          str(tmp_path), "--no-progress"])
     assert status == 0

@@ -6,9 +6,10 @@
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
 at a time) the bench starts one server, the real app (``dllm.serve.app.create_app``) on a
-``DiffusionEngine`` in that mode, on 127.0.0.1: its own process (``--server process``, the default:
-``dllm.eval.bench.serve_worker``; the load generator then shares no interpreter lock with the
-server) or a thread of this one (``--server thread``). For each rate it sends the
+``DiffusionEngine`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
+(``--server process``, the default; the load generator then shares no interpreter lock with the
+server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). For each rate it
+sends the
 same N requests built from the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer
 lengths, ``max_tokens`` = the task's answer length; ``--settings`` in turn: sampler and cache per
 request) with Poisson arrivals at that rate (exponential
@@ -369,7 +370,7 @@ def bench_mode(model, name: str, mode: str, requests: Sequence[BenchRequest], ra
         count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     load = dict(extra=extra, max_seconds=args.max_seconds, request_timeout=args.request_timeout, count_tokens=count)
     rows = []
-    from dllm.eval.bench.serve_worker import forward_counts, mode_server
+    from dllm.eval.bench.servers import forward_counts, mode_server
 
     with mode_server(model, name, mode, max_queue=max(256, 2 * len(requests)), args=args) as url:
         asyncio.run(run_load(url, name, requests[:2], math.inf, **load))  # first forwards, threads started
