@@ -311,6 +311,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def machine(args: argparse.Namespace) -> dict:
+    """Where the numbers come from: CPUs, torch threads, device, and the load average at the start
+    (a busy machine slows every mode, not equally)."""
+    import os
+    import platform
+
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
+            "device": args.device or "dllm.load's default", "load_average_1m": round(os.getloadavg()[0], 2)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -337,7 +347,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini",
             "settings": ["@".join(s) for s in args.settings], "block_length": args.block_length,
-            "max_running": args.max_running, "server": args.server, "seed": args.seed, "argv": list(argv) if argv is not None else None}
+            "max_running": args.max_running, "server": args.server, "seed": args.seed, "machine": machine(args),
+            "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []
 
     def body() -> int:
