@@ -90,7 +90,10 @@ def test_summarize_and_verdicts():
 @pytest.mark.parametrize("argv, named", [(["--rates", "0"], "'0'"), (["--rates", "fast"], "'fast'"),
                                          (["--modes", "dynamic"], "dynamic"), (["--n", "0"], "0"),
                                          (["--tasks", "no_such_task"], "no_such_task"),
-                                         (["--max-seconds", "-1"], "-1"), (["--settings", "@dual"], "'@dual'")])
+                                         (["--max-seconds", "-1"], "-1"), (["--settings", "@dual"], "'@dual'"),
+                                         (["--settings", "no_such_sampler"], "no_such_sampler"),
+                                         (["--settings", "threshold@no_such_cache"], "no_such_cache"),
+                                         (["--settings", "threshold:no_such_option=1"], "no_such_option")])
 def test_bad_flags_are_refused_naming_the_value(argv, named, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)

@@ -332,6 +332,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = [t for t in args.tasks or () if t not in dict(T.list_tasks())]
     if unknown:
         ap.error(f"unknown task(s) {unknown}; valid: {sorted(dict(T.list_tasks()))}")
+    from dllm.cache import make_cache
+    from dllm.samplers import make_sampler
+
+    for sampler, cache in args.settings:  # refused here, not as 128 failed requests per row
+        try:
+            make_sampler(sampler)
+            make_cache(cache)
+        except (ValueError, TypeError, KeyError) as err:
+            ap.error(f"--settings {sampler}@{cache}: {err}")
     if args.threads:
         import torch
 
