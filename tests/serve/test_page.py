@@ -87,6 +87,18 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def screenshot(browser, tmp_path: Path, name: str) -> Path:
+    """A PNG of the page in the test's tmp dir (and in $DLLM_PAGE_SCREENSHOTS when set: CI keeps them)."""
+    shot = tmp_path / name
+    assert browser.save_screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5_000
+    keep = os.environ.get("DLLM_PAGE_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / name)
+    return shot
+
+
 def api_reply(client, prompt: str, max_tokens: int, sampler: str, cache: str):
     return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                      extra_body={"sampler": sampler, "cache": cache})
@@ -148,9 +160,7 @@ def test_watch_tab_text_equals_the_api_and_canvas_is_filled(server, client, brow
     browser.find_element(By.ID, "run").click()
     wait_finished(browser, ("watch-run",))
     page = run_result(browser, "watch-run")
-    shot = tmp_path / "page-watch.png"
-    assert browser.save_screenshot(str(shot))
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5_000
+    screenshot(browser, tmp_path, "page-watch.png")
     assert page["state"] == "done", page["error"]
 
     reply = api_reply(client, PROMPT, 8, "low_confidence", "none")
@@ -174,8 +184,7 @@ def test_side_by_side_tab_runs_two_settings(server, client, browser, tmp_path):
     browser.find_element(By.ID, "cmp-run").click()
     wait_finished(browser, ("a-run", "b-run"))
     a, b = run_result(browser, "a-run"), run_result(browser, "b-run")
-    shot = tmp_path / "page-side-by-side.png"
-    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 5_000
+    screenshot(browser, tmp_path, "page-side-by-side.png")
     assert a["state"] == "done" and b["state"] == "done", (a["error"], b["error"])
 
     assert a["text"] == api_text(client, PROMPT, 8, "low_confidence", "none")
