@@ -23,7 +23,8 @@ from typing import Any, Optional
 from dllm.cli.args import POSITIVE, add_threads, at_least, option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode")
+DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
+                  "max_batch_rows", "max_batch_tokens")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -44,6 +45,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--mode", choices=("continuous", "static", "serial"), default=None,
                    help="batching: continuous (default; requests join and leave the running batch), static "
                         "(a batch runs to its end), serial (one at a time)")
+    d.add_argument("--max-batch-rows", type=POSITIVE, default=None,
+                   help="continuous mode: rows in one merged forward (default 64)")
+    d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
+                   help="continuous mode: rows x padded length of one merged forward (default 65536)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
@@ -97,6 +102,22 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
 
 
+def check_specs(args: argparse.Namespace) -> None:
+    """The default sampler, its options and the cache policy, built once without a model (cheap), so
+    a typo is refused before the model loads; the engine checks them against the model again."""
+    if args.model is None:
+        return
+    from dllm.cache import make_cache
+    from dllm.samplers import make_sampler
+
+    for flag, make in (("--sampler", lambda: make_sampler(args.sampler or "low_confidence", **dict(args.option))),
+                       ("--cache", lambda: make_cache(args.cache or "none"))):
+        try:
+            make()
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{flag}: {err}") from None
+
+
 def read_chat_template(path: Optional[str]) -> Optional[str]:
     if path is None:
         return None
@@ -140,6 +161,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                           max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
                           max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
     from dllm.models import load
+    from dllm.serve.batcher import BatcherConfig
     from dllm.serve.diffusion import DiffusionEngine
     from dllm.serve.jobs import DiffusionSettings
 
@@ -147,11 +169,13 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                                  block_length=args.block_length, steps=args.steps,
                                  temperature=args.temperature or 0.0, seed=args.seed,
                                  options=tuple(sorted(dict(args.option).items())))
+    batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
+                                                  ("max_tokens", args.max_batch_tokens)) if v is not None})
     model = load(args.model, dtype=args.dtype, device=args.device)
     return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
                            max_running=args.max_running or 32, max_queue=args.max_queue,
                            max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
-                           chat_template=chat_template)
+                           chat_template=chat_template, batcher=batcher)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -160,6 +184,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dllm.serve.app import begin_drain, create_app
 
     check_args(args)
+    check_specs(args)
     chat_template = read_chat_template(args.chat_template)
     sock = bind(args.host, args.port)
     if args.host not in LOOPBACK and args.api_key is None:
@@ -187,4 +212,4 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["build_engine", "check_args", "read_chat_template", "run_serve", "serve_args"]
+__all__ = ["build_engine", "check_args", "check_specs", "read_chat_template", "run_serve", "serve_args"]

@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -71,6 +72,21 @@ class ApiKeyAuth:
         await self.app(scope, receive, send)
 
 
+class JobStream(StreamingResponse):
+    """A streamed reply that cancels its jobs however it ends, even when the client left before the
+    first chunk (an async generator that never started runs no ``finally``)."""
+
+    def __init__(self, content: Any, jobs: Sequence[Job], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.jobs = jobs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            cancel_unfinished(self.jobs)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused (400, nothing more read) once it passes ``limit`` bytes."""
     def too_large(size: str) -> ApiError:
@@ -95,6 +111,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 def refusal(err: Exception) -> ApiError:
     """An error raised while a request was read, checked or queued: ValueError / TypeError / KeyError
     from the engine's encode or check are bad input too (400), not server faults."""
+    if isinstance(err, ClientDisconnect):  # gone while its body was read: nobody reads the reply
+        return ApiError(499, "the client disconnected", code="cancelled")
     if isinstance(err, (ApiError, BadRequest)) or not isinstance(err, (ValueError, TypeError, KeyError)):
         return from_exception(err)
     return bad_request(None, str(err))
@@ -242,8 +260,8 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             events = stream(jobs, reply, n=body.n, include_usage=include_usage, on_done=metrics.observe,
                             step_events=any(r.step_events for r in requests))
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return JobStream(events, jobs, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             dones = await wait_all(jobs, request)
         except ApiError as e:
@@ -262,11 +280,11 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     async def chat_completions(request: Request) -> Response:
         return await complete(request, ChatBody, "chat")
 
+    created = int(time.time())
+
     def model_card() -> dict[str, Any]:
         return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "dllm",
                 "kind": engine.kind, "max_model_len": engine.max_positions}
-
-    created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -307,5 +325,5 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     return app
 
 
-__all__ = ["ApiKeyAuth", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
+__all__ = ["ApiKeyAuth", "JobStream", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
            "read_body", "refusal", "submit_all", "wait_all"]

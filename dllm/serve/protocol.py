@@ -17,6 +17,7 @@ against the limit, prompt + max_tokens against the positions) runs after this, i
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -118,17 +119,33 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _nested_model(model: type[BaseModel], loc: Sequence[Union[str, int]]) -> Optional[type[BaseModel]]:
+    """The model class at ``loc`` inside ``model`` (through Optional fields), None if it is not one."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        kinds = [t for t in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not kinds:
+            return None
+        model = kinds[0]
+    return model
+
+
 def from_validation_error(err: ValidationError, model: type[BaseModel]) -> ApiError:
     """The first pydantic error as a 400 naming its field, what was given and what is valid."""
     first = err.errors()[0]
     loc = first["loc"]
     param = param_path(loc)
     if first["type"] == "extra_forbidden":
-        where = model if len(loc) == 1 else None
+        where = _nested_model(model, loc[:-1])
         valid = f"; valid fields: {', '.join(where.model_fields)}" if where is not None else ""
         return bad_request(param, f"unknown field {param!r}{valid}", code="unknown_field")
     if first["type"] == "missing":
         return bad_request(param, f"{param!r} is required", code="missing_field")
+    if first["type"] in ("model_type", "dict_type"):
+        return bad_request(param, f"{param} must be a JSON object, got {_short(first.get('input'))}")
     return bad_request(param, f"{param}: {first['msg'].lower()}, got {_short(first.get('input'))}")
 
 

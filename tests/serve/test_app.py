@@ -19,29 +19,38 @@ def client(server: LiveServer, key: str = "none") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=30)
 
 
-@pytest.fixture
-def engine():
-    return FakeEngine()
-
-
-@pytest.fixture
-def server(engine):
-    with LiveServer(create_app(engine, max_body_bytes=4096)) as s:
-        yield s
-
-
 @pytest.fixture(scope="module")
 def shared():
-    """One server for the refusal tables (nothing they send may queue a job)."""
+    """One fake engine and server for the module; ``engine`` resets it for each test."""
     engine = FakeEngine()
     with LiveServer(create_app(engine, max_body_bytes=4096)) as s:
         yield s, engine
 
 
-def post(server: LiveServer, path: str, body, **kw) -> httpx.Response:
+@pytest.fixture
+def engine(shared):
+    e = shared[1]
+    e.hold.set()
+    deadline = time.monotonic() + 10
+    while not all(j.finished for j in e.jobs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    e.jobs.clear()
+    e.checked.clear()
+    e.delay_s, e.fail_with, e.max_queue = 0.0, None, 4
+    return e
+
+
+@pytest.fixture
+def server(shared, engine):
+    return shared[0]
+
+
+HTTP = httpx.Client(timeout=30)  # one connection pool for the module's raw requests
+
+
+def post(server: LiveServer, path: str, body) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
-                      timeout=30, **kw)
+    return HTTP.post(server.url + path, content=content, headers={"Content-Type": "application/json"})
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:
@@ -124,7 +133,12 @@ def test_dllm_events_come_in_order_and_end_with_done(server):
     assert done["completion_tokens"] == 3 and done["nfe"] == 3 and "tokens_per_s" in done and "ttft_s" in done
 
 
-def test_models_health_metrics_options(server):
+def test_models_health_metrics_options():
+    with LiveServer(create_app(FakeEngine())) as server:
+        check_models_health_metrics_options(server)
+
+
+def check_models_health_metrics_options(server):
     c = client(server)
     assert [m.id for m in c.models.list().data] == ["fake"]
     assert httpx.get(server.url + "/v1/models/fake").json()["id"] == "fake"
@@ -177,6 +191,9 @@ BAD = [
      "invalid_value"),
     ({"model": "fake", "prompt": "1", "top_p": 0.5}, "top_p", "invalid_value"),  # low_confidence has no top_p
     ({"model": "fake", "prompt": "1", "samplr": "threshold"}, "samplr", "unknown_field"),
+    ({"model": "fake", "prompt": "1", "stream_options": 1}, "stream_options", "invalid_value"),
+    ({"model": "fake", "prompt": "1", "stream": True, "stream_options": {"usage": True}}, "stream_options.usage",
+     "unknown_field"),
     ({"model": "fake", "prompt": "1", "logprobs": 2}, "logprobs", "unsupported"),
     ({"model": "fake", "prompt": "1", "echo": True}, "echo", "unsupported"),
     ({"model": "fake", "prompt": "1", "presence_penalty": 0.5}, "presence_penalty", "unsupported"),
@@ -186,8 +203,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("body,param,code", BAD, ids=[str(i) for i in range(len(BAD))])
-def test_bad_completion_is_400_naming_the_field(shared, body, param, code):
-    server, engine = shared
+def test_bad_completion_is_400_naming_the_field(server, engine, body, param, code):
     r = post(server, "/v1/completions", body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -212,8 +228,7 @@ BAD_CHAT = [
 
 
 @pytest.mark.parametrize("body,param", BAD_CHAT, ids=[str(i) for i in range(len(BAD_CHAT))])
-def test_bad_chat_is_400_naming_the_field(shared, body, param):
-    server, engine = shared
+def test_bad_chat_is_400_naming_the_field(server, engine, body, param):
     r = post(server, "/v1/chat/completions", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
@@ -243,6 +258,8 @@ def test_speculative_server_refuses_diffusion_fields():
         out = client(s).completions.create(model="fake", prompt="1", max_tokens=2, top_p=0.5, extra_body={"top_k": 3})
         assert out.choices[0].model_extra["dllm"]["acceptance"] == 2.0
         assert engine.checked[-1].settings.top_p == 0.5 and engine.checked[-1].settings.top_k == 3
+        opts = httpx.get(s.url + "/v1/dllm/options").json()
+        assert opts["kind"] == "speculative" and opts["samplers"] == [] and opts["defaults"]["temperature"] == 0.0
 
 
 # ---- auth, limits, faults ----
@@ -283,45 +300,45 @@ def engine_request(engine: FakeEngine):
     return JobRequest(prompt_ids=(1,), max_tokens=1, settings=DiffusionSettings())
 
 
-def test_client_disconnect_mid_stream_cancels_its_job(engine):
+def test_client_disconnect_mid_stream_cancels_its_job(server, engine):
     engine.delay_s = 0.05
-    with LiveServer(create_app(engine)) as s:
-        body = {"model": "fake", "prompt": "1 2", "max_tokens": 30, "stream": True}
-        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: ") and '"text":"B"' in line:
-                    break
-        deadline = time.monotonic() + 5
-        while not engine.jobs[0].finished and time.monotonic() < deadline:
-            time.sleep(0.01)
-        final = engine.jobs[0]._final
-        assert final is not None and final.status == 499  # left at its next step, not after 30 tokens
-        assert time.monotonic() < deadline
+    s = server
+    body = {"model": "fake", "prompt": "1 2", "max_tokens": 30, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"text":"B"' in line:
+                break
+    deadline = time.monotonic() + 5
+    while not engine.jobs[0].finished and time.monotonic() < deadline:
+        time.sleep(0.01)
+    final = engine.jobs[0]._final
+    assert final is not None and final.status == 499  # left at its next step, not after 30 tokens
+    assert time.monotonic() < deadline
 
 
-def test_client_disconnect_while_waiting_cancels_its_job(engine):
+def test_client_disconnect_while_waiting_cancels_its_job(server, engine):
     engine.delay_s = 0.05
-    with LiveServer(create_app(engine)) as s:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(s.url + "/v1/completions", json={"model": "fake", "prompt": "1", "max_tokens": 30}, timeout=0.3)
-        deadline = time.monotonic() + 5
-        while not engine.jobs[0].finished and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert engine.jobs[0]._final.status == 499
+    s = server
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(s.url + "/v1/completions", json={"model": "fake", "prompt": "1", "max_tokens": 30}, timeout=0.3)
+    deadline = time.monotonic() + 5
+    while not engine.jobs[0].finished and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.jobs[0]._final.status == 499
 
 
-def test_failed_job_is_an_error_reply_and_an_error_chunk(engine):
+def test_failed_job_is_an_error_reply_and_an_error_chunk(server, engine):
     engine.fail_with = "RuntimeError: boom"
-    with LiveServer(create_app(engine)) as s:
-        r = post(s, "/v1/completions", {"model": "fake", "prompt": "1"})
-        assert r.status_code == 500 and r.json()["error"]["message"] == "RuntimeError: boom"
-        with pytest.raises(openai.APIError, match="boom"):
-            list(client(s).completions.create(model="fake", prompt="1", max_tokens=2, stream=True))
-        assert httpx.get(s.url + "/health").status_code == 200  # the server stays up
+    s = server
+    r = post(s, "/v1/completions", {"model": "fake", "prompt": "1"})
+    assert r.status_code == 500 and r.json()["error"]["message"] == "RuntimeError: boom"
+    with pytest.raises(openai.APIError, match="boom"):
+        list(client(s).completions.create(model="fake", prompt="1", max_tokens=2, stream=True))
+    assert httpx.get(s.url + "/health").status_code == 200  # the server stays up
 
 
-def test_drain_refuses_new_requests_and_lets_running_ones_finish(engine):
-    engine.delay_s = 0.02
+def test_drain_refuses_new_requests_and_lets_running_ones_finish():
+    engine = FakeEngine(delay_s=0.02)
     app = create_app(engine)
     s = LiveServer(app).__enter__()
     try:
@@ -342,3 +359,29 @@ def test_drain_refuses_new_requests_and_lets_running_ones_finish(engine):
     finally:
         s.stop()
     assert not s.thread.is_alive() and engine.closed  # the app closed the engine on shutdown
+
+
+def test_the_page_and_its_static_files_are_served(tmp_path):
+    (tmp_path / "index.html").write_text("<html>dllm page</html>")
+    (tmp_path / "page.js").write_text("console.log('x')")
+    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path)) as s:
+        r = httpx.get(s.url + "/")
+        assert r.status_code == 200 and r.text == "<html>dllm page</html>" and "text/html" in r.headers["content-type"]
+        assert httpx.get(s.url + "/static/page.js").text == "console.log('x')"
+        assert httpx.get(s.url + "/static/nope.js").status_code == 404
+    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path / "missing")) as s:
+        r = httpx.get(s.url + "/")
+        assert r.status_code == 404 and "index.html is missing" in r.json()["error"]["message"]
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(server, engine):
+    def chunks():
+        yield b'{"model": "fake", "prompt": "'
+        for _ in range(100):
+            yield b"1 " * 50  # 10 kB in all, past the 4 kB limit, with no Content-Length
+        yield b'"}'
+
+    r = HTTP.post(server.url + "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body", r.text
+    assert engine.jobs == []

@@ -90,6 +90,7 @@ def test_diffusion_refusals_name_the_field(llada, extra, param, says):
     assert server.server.started and httpx.get(server.url + "/health").json()["running"] == 0
 
 
+@pytest.mark.slow  # loading the transformers target takes seconds; tests/serve/test_load.py covers it under load too
 def test_speculative_server_equals_offline():
     import dllm
     from dllm.serve.speculative import SpecEngine

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--model", "tiny-llada", "--port", "70000"], "--port must be in [0, 65535]"),
     (["--model", "tiny-llada", "--api-key", " "], "--api-key is empty"),
     (["--model", "tiny-llada", "--temperature", "-1"], "--temperature must be"),
+    (["--model", "tiny-llada", "--sampler", "nope"], "--sampler: Unknown sampler 'nope'. Valid samplers:"),
+    (["--model", "tiny-llada", "--sampler", "threshold", "-o", "treshold=0.5"], "--sampler: Unknown option(s)"),
+    (["--model", "tiny-llada", "--cache", "dual:refresh=-1"], "--cache: "),
 ])
 def test_bad_flags_are_refused_before_loading(argv, says, capsys):
     assert REGISTRY.main(["serve", *argv]) == 2
@@ -100,3 +103,24 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_flags_build_the_engine(tmp_path):
+    import argparse
+
+    from dllm.cli.serve import build_engine, serve_args
+
+    p = argparse.ArgumentParser()
+    serve_args(p)
+    args = p.parse_args(["--model", "tiny-llada", "--sampler", "threshold", "-o", "threshold=0.7", "--cache", "dual",
+                         "--block-length", "4", "--max-running", "3", "--max-queue", "5", "--max-batch-rows", "6",
+                         "--max-tokens-limit", "32", "--served-model-name", "tl"])
+    engine = build_engine(args, chat_template=None)
+    try:
+        assert (engine.model_name, engine.mode, engine.max_tokens_limit) == ("tl", "continuous", 32)
+        assert engine.defaults.sampler == "threshold" and engine.defaults.options == (("threshold", 0.7),)
+        assert (engine.defaults.cache, engine.defaults.block_length) == ("dual", 4)
+        s = engine.stats()
+        assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.config.max_rows == 6
+    finally:
+        engine.close()

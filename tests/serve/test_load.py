@@ -1,7 +1,8 @@
 """Under load: >= 64 concurrent requests (mixed tasks, lengths, samplers, caches, completions and chat,
 streamed and not, some clients leaving mid-stream) against a live server; every greedy reply equals
-the offline ``dllm.generate`` / ``dllm.speculative_generate`` of its prompt alone, and the forwards
-really were batched. Slow: each test runs well under a minute on a quiet 2-core machine."""
+the offline ``dllm.generate`` (tiny-llada, tiny-dream) / ``dllm.speculative_generate`` (tiny-ar +
+DFlash) of its prompt alone, and the forwards really were batched. Slow: each test runs well under
+a minute on a quiet 2-core machine."""
 
 from __future__ import annotations
 
@@ -121,12 +122,13 @@ def settled(engine, timeout: float = 5.0):
     return s
 
 
-def test_diffusion_under_load_equals_offline():
+@pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
+def test_diffusion_under_load_equals_offline(name):
     import dllm
     from dllm.serve.diffusion import DiffusionEngine
 
-    model = dllm.load("tiny-llada")
-    engine = DiffusionEngine(model, name="tiny-llada", max_running=32, max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
+    model = dllm.load(name)
+    engine = DiffusionEngine(model, name=name, max_running=32, max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
     calls = []
     for i, (prompt, length) in enumerate(stress_prompts(18)):
         for j, setting in enumerate(DIFFUSION_SETTINGS):
@@ -140,7 +142,7 @@ def test_diffusion_under_load_equals_offline():
     assert len(calls) >= 64 + 4
     with LiveServer(create_app(engine)) as server, Peak(engine) as peak:
         t0 = time.perf_counter()
-        asyncio.run(run_all(server.url, "tiny-llada", calls))
+        asyncio.run(run_all(server.url, name, calls))
         wall = time.perf_counter() - t0
         stats = settled(engine)
     assert stats.running == 0 and stats.queued == 0  # the clients that left took their rows with them
