@@ -9,7 +9,7 @@ answered; /metrics and /health describe that replica only.
 
 One machine::
 
-    app = application(DiffusionReplica("tiny-llada"), replicas=2, num_cpus=1)
+    app = application(DiffusionReplica("tiny-llada"), replicas=2, num_cpus=1, threads=1)
     run(app, host="127.0.0.1", port=8000)        # blocks; Ctrl-C or SIGTERM shuts Serve down
 
 Many GPUs, many machines: start a Ray cluster (``ray start --head`` on one machine, ``ray start
@@ -58,16 +58,11 @@ class DiffusionReplica:
     name: Optional[str] = None  # the model id clients name (default: ``model``)
     device: Optional[str] = None
     dtype: Optional[str] = None
-    threads: Optional[int] = None  # torch CPU threads in the replica
 
     def __call__(self):
         import dllm
         from dllm.serve.diffusion import DiffusionEngine
 
-        if self.threads:
-            import torch
-
-            torch.set_num_threads(self.threads)
         model = dllm.load(self.model, device=self.device, dtype=self.dtype)
         return DiffusionEngine(model, name=self.name or self.model, defaults=self.defaults, mode=self.mode,
                                max_running=self.max_running, max_queue=self.max_queue,
@@ -99,7 +94,12 @@ def replica_tag() -> str:
 class _Replica:
     """One replica: builds the engine and the app when Ray starts it; closes the engine when Ray stops it."""
 
-    def __init__(self, make_engine: Callable[[], Any], api_key: Optional[str], options: dict) -> None:
+    def __init__(self, make_engine: Callable[[], Any], api_key: Optional[str], options: dict,
+                 threads: Optional[int]) -> None:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         self.engine = make_engine()
         self.api_key, self.options = api_key, options
 
@@ -117,11 +117,13 @@ class _Replica:
 
 
 def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: Optional[str] = None,
-                num_cpus: float = 1.0, num_gpus: float = 0.0, max_ongoing_requests: Optional[int] = None,
-                name: str = "dllm", app_options: Optional[dict] = None):
+                num_cpus: float = 1.0, num_gpus: float = 0.0, threads: Optional[int] = None,
+                max_ongoing_requests: Optional[int] = None, name: str = "dllm", app_options: Optional[dict] = None):
     """A Ray Serve application: ``replicas`` copies of the app, each on the engine ``make_engine()``
     builds (a picklable callable: ``DiffusionReplica``, or a ``functools.partial`` of a module-level
-    function for speculative engines). ``num_cpus`` / ``num_gpus`` are each replica's Ray resources;
+    function, e.g. ``partial(dllm.cli.serve.build_engine, args, chat_template)`` for exactly what
+    ``dllm serve``'s flags build, speculative targets included). ``num_cpus`` / ``num_gpus`` are each
+    replica's Ray resources, ``threads`` its torch CPU threads;
     ``max_ongoing_requests`` (default: the engine's running + queued bound when it is a
     ``DiffusionReplica``, else 256) is how many requests Ray lets a replica hold before it routes
     elsewhere or queues them in the proxy. ``app_options`` go to ``create_app`` (max_body_bytes ...)."""
@@ -133,9 +135,9 @@ def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: O
     if max_ongoing_requests is None:
         bound = getattr(make_engine, "max_running", 0) + getattr(make_engine, "max_queue", 0)
         max_ongoing_requests = bound or 256
-    actor = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-    if isinstance(make_engine, DiffusionReplica) and make_engine.threads:
-        actor["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(make_engine.threads)}}
+    actor: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    if threads:
+        actor["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
     try:
         ingress = serve.ingress()  # the app is built in the replica by __serve_build_asgi_app__
     except TypeError:
@@ -147,7 +149,7 @@ def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: O
     cls = ingress(type("DllmReplica", (_Replica,), {"__module__": __name__}))
     deployment = serve.deployment(cls, name=name, num_replicas=replicas, ray_actor_options=actor,
                                   max_ongoing_requests=max_ongoing_requests)
-    return deployment.bind(make_engine, api_key, dict(app_options or {}))
+    return deployment.bind(make_engine, api_key, dict(app_options or {}), threads)
 
 
 def run(app, *, host: str = "127.0.0.1", port: int = 8000, address: Optional[str] = None, name: str = "dllm",

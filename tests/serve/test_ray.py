@@ -36,7 +36,7 @@ def endpoint():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 1024 ** 2)
     try:
         port = free_port()
-        run(application(DiffusionReplica(MODEL, threads=1), replicas=2, num_cpus=1), host="127.0.0.1", port=port,
+        run(application(DiffusionReplica(MODEL), replicas=2, num_cpus=1, threads=1), host="127.0.0.1", port=port,
             blocking=False)
         yield f"http://127.0.0.1:{port}"
     finally:
