@@ -222,3 +222,43 @@ def test_a_server_with_an_api_key_asks_for_it(keyed_server, browser):
     assert page["state"] == "done", page["error"]
     client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     assert page["text"] == api_text(client, PROMPT, 6, "low_confidence", "none")
+
+
+@pytest.fixture(scope="module")
+def spec_server():
+    """tiny-ar with the DFlash drafter (speculative decoding): deltas per verification round."""
+    from dllm.drafters.base import make_drafter
+    from dllm.drafters.loading import load_target, resolve_target
+    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.serve.app import create_app
+    from dllm.serve.speculative import SpecEngine
+
+    target, tokenizer = load_target(resolve_target("tiny-ar"))
+    engine = SpecEngine(target, tokenizer, drafter=make_drafter("dflash:model=tiny-ar-dflash"), name="tiny-ar")
+    with serve_in_thread(create_app(engine), ready_path="/health") as live:
+        yield live
+    engine.close(drain=False)
+
+
+def test_a_speculative_server_shows_one_box_per_round(spec_server, browser, tmp_path):
+    open_page(browser, spec_server)
+    root = browser.find_element(By.ID, "watch-settings")
+    hidden = [name for name in ("sampler", "cache", "block_length", "options")
+              if not root.find_element(By.CSS_SELECTOR, f"[data-field={name}]").is_displayed()]
+    assert hidden == ["sampler", "cache", "block_length", "options"]  # a --target server takes none of them
+    set_prompt(browser, "prompt", PROMPT)
+    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
+    field.clear()
+    field.send_keys("12")
+    browser.find_element(By.ID, "run").click()
+    wait_finished(browser, ("watch-run",))
+    page = run_result(browser, "watch-run")
+    screenshot(browser, tmp_path, "page-speculative.png")
+    assert page["state"] == "done", page["error"]
+    client = openai.OpenAI(base_url=spec_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    reply = client.completions.create(model="tiny-ar", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert page["text"] == reply.choices[0].text and page["text"].strip()
+    # one box per round's delta, in order: together they are the text
+    assert 1 <= len(page["cells"]) <= reply.usage.completion_tokens
+    assert " ".join(page["cells"]) == " ".join(page["text"].split())
+    assert page["tpf"] == f"{reply.usage.completion_tokens / len(page['cells']):.2f}" and float(page["tps"]) > 0

@@ -145,6 +145,7 @@ function requestBody(container, prompt) {
   const value = (name) => $(`[data-field=${name}]`, container).value.trim();
   const body = { model: server.model, prompt, stream: true, max_tokens: Number(value("max_tokens")),
                  temperature: Number(value("temperature") || 0) };
+  if (server.kind !== "diffusion") body.stream_options = { include_usage: true };  // tokens/s from usage
   if (server.kind === "diffusion") {
     body.dllm_events = true;
     body.sampler = value("options") ? `${value("sampler")}:${value("options")}` : value("sampler");
@@ -164,6 +165,9 @@ class RunView {
     this.canvas = $("[data-role=canvas]", root);
     this.text = $("[data-role=text]", root);
     this.error = $("[data-role=error]", root);
+    if (server.kind !== "diffusion") {  // a speculative server streams one delta per verification round
+      $("[data-role=legend]", root).textContent = "one box per verification round; colour: the round (∎: end of text)";
+    }
   }
 
   stat(name, value) { $(`[data-stat=${name}]`, this.root).textContent = value; }
@@ -215,6 +219,21 @@ class RunView {
   delta(text) {
     if (text && this.firstText === null) this.firstText = (performance.now() - this.started) / 1000;
     this.text.textContent += text;
+    if (server.kind !== "diffusion" && text) this.round(text);
+  }
+
+  // Speculative decoding: the text a verification round accepted, one box per round.
+  round(text) {
+    const cell = document.createElement("span");
+    cell.textContent = text.trim() || "␣";
+    this.canvas.append(cell);
+    const rounds = this.canvas.children.length;
+    Array.from(this.canvas.children).forEach((c, i) => {
+      c.className = "cell" + (i === rounds - 1 ? " fresh" : "");
+      c.style.background = stepColour(i / Math.max(1, rounds - 1));
+      c.title = `round ${i + 1}`;
+    });
+    this.stat("steps", rounds);
   }
 
   done(event) {
@@ -223,6 +242,16 @@ class RunView {
     this.stat("tps", Number(event.tokens_per_s).toFixed(1));
     const ttft = event.ttft_s ?? this.firstText;
     this.stat("ttft", ttft === null || ttft === undefined ? "–" : `${(1000 * ttft).toFixed(0)} ms`);
+  }
+
+  // The usage chunk (speculative servers: no dllm.done event): tokens/s and tokens per round, one target
+  // forward verifying each round's draft.
+  usage(usage) {
+    const rounds = this.canvas.children.length;
+    const seconds = (performance.now() - this.started) / 1000;
+    if (server.kind === "diffusion" || !usage.completion_tokens) return;
+    this.stat("tps", (usage.completion_tokens / seconds).toFixed(1));
+    if (rounds) this.stat("tpf", (usage.completion_tokens / rounds).toFixed(2));
   }
 
   finish() {
@@ -263,6 +292,7 @@ async function run(view, body) {
       else if (event === "dllm.done") view.done(payload);
       else if (payload.error) throw new Error(payload.error.message || JSON.stringify(payload.error));
       else if (payload.choices && payload.choices.length) view.delta(payload.choices[0].text || "");
+      if (payload.usage) view.usage(payload.usage);
     }
     view.finish();
   } catch (err) {
