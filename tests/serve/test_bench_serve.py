@@ -102,20 +102,40 @@ def test_bad_flags_are_refused_naming_the_value(argv, named, capsys):
 
 
 def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
-    """The first mode's rows are written; Ctrl-C in the second exits 130 saying where they are."""
-    def fake_mode(model, name, mode, requests, rates, **kw):
-        if mode == "static":
-            raise KeyboardInterrupt
-        return [bench.summarize(mode, r, [Outcome(True, 0.1, 0.2, 3)] * len(requests), 1.0) for r in rates]
+    """Rows are written as they finish; Ctrl-C in the third exits 130 saying where the first two are."""
+    from contextlib import contextmanager
 
-    monkeypatch.setattr(bench, "bench_mode", fake_mode)
+    @contextmanager
+    def no_servers(model, requests, extra, args):
+        yield {mode: f"http://127.0.0.1:1/{mode}" for mode in args.modes}
+
+    calls = []
+
+    def fake_row(url, name, mode, requests, rate, **kw):
+        calls.append((mode, rate))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return bench.summarize(mode, rate, [Outcome(True, 0.1, 0.2, 3)] * len(requests), 1.0)
+
+    monkeypatch.setattr(bench, "open_servers", no_servers)
+    monkeypatch.setattr(bench, "bench_row", fake_row)
     status = bench.main(["--n", "4", "--rates", "2", "inf", "--modes", "continuous", "static", "--out",
                          str(tmp_path), "--no-progress"])
     assert status == 130
+    assert calls == [("continuous", 2.0), ("static", 2.0), ("continuous", math.inf)]  # interleaved modes
     saved = json.loads((tmp_path / "serve.json").read_text())
-    assert [(r["mode"], r["rate"]) for r in saved["rows"]] == [("continuous", 2.0), ("continuous", "inf")]
+    assert [(r["mode"], r["rate"], r["repeat"]) for r in saved["rows"]] == [("continuous", 2.0, 0), ("static", 2.0, 0)]
     assert f"interrupted: 2 finished rows are saved in {tmp_path / 'serve.json'}" in capsys.readouterr().out
     assert (tmp_path / "serve.png").stat().st_size > 1000
+
+
+def test_median_rows_fold_the_repeats():
+    rows = [bench.summarize("serial", 4.0, [Outcome(True, 0.1 * k, 0.2 * k, 3)] * 4, float(k)) for k in (1, 3, 2)]
+    rows.append(bench.summarize("static", 4.0, [Outcome(True, 0.1, 0.2, 3), Outcome(False)], 1.0))
+    serial, static = bench.median_rows(rows)
+    assert serial["repeats"] == 3 and serial["completed"] == 12 and serial["duration_s"] == 2.0
+    assert serial["requests_per_s"] == 2.0 and serial["e2e_p99_s"] == pytest.approx(0.4)
+    assert static["repeats"] == 1 and static["failed"] == 1 and static["requests_per_s"] == 1.0
 
 
 @pytest.mark.slow
@@ -127,8 +147,8 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
     assert status == 0
     saved = json.loads((tmp_path / "serve.json").read_text())
     rows = saved["rows"]
-    assert [(r["mode"], r["rate"]) for r in rows] == [("continuous", 40.0), ("continuous", "inf"),
-                                                      ("serial", 40.0), ("serial", "inf")]
+    assert [(r["mode"], r["rate"]) for r in rows] == [("continuous", 40.0), ("serial", 40.0),
+                                                      ("continuous", "inf"), ("serial", "inf")]
     for r in rows:
         assert r["completed"] == 8 and r["failed"] == 0, r.get("errors")
         assert r["requests_per_s"] == pytest.approx(8 / r["duration_s"], rel=0.01)
@@ -136,7 +156,7 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
         assert r["output_tokens_per_s"] > r["requests_per_s"]  # every answer has more than one token
     # the Poisson run cannot end before its last arrival (8 requests at 40/s: ~0.2 s in expectation)
     assert rows[0]["duration_s"] >= bench.arrival_times(8, 40.0)[-1]
-    assert rows[2]["mean_batch"] == 1.0 and rows[0]["mean_batch"] >= 1.0  # serial runs one row at a time
+    assert rows[1]["mean_batch"] == 1.0 and rows[0]["mean_batch"] >= 1.0  # serial runs one row at a time
     assert len(saved["verdicts"]) == 2 and "x_serial" in saved["verdicts"][0]
     assert saved["settings"] == ["low_confidence@none", "threshold@dual"]
     out = capsys.readouterr().out
@@ -147,11 +167,12 @@ def test_a_real_run_against_live_servers(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_server_process_per_mode(tmp_path):
     """--server process (the default): each mode's server is ``dllm serve --mode MODE`` in its own process."""
-    status = bench.main(["--n", "4", "--modes", "static", "--tasks", "reverse", "--threads", "1", "--out",
-                         str(tmp_path), "--no-progress"])
+    status = bench.main(["--n", "4", "--modes", "static", "--tasks", "reverse", "--repeats", "2", "--threads", "1",
+                         "--out", str(tmp_path), "--no-progress"])
     assert status == 0
     saved = json.loads((tmp_path / "serve.json").read_text())
-    (row,) = saved["rows"]
-    assert saved["server"] == "process" and row["mode"] == "static"
-    assert row["completed"] == 4 and row["failed"] == 0 and row["output_tokens_per_s"] > 0
+    assert saved["server"] == "process" and [r["repeat"] for r in saved["rows"]] == [0, 1]
+    (row,) = saved["table"]
+    assert row["mode"] == "static" and row["repeats"] == 2
+    assert row["completed"] == 8 and row["failed"] == 0 and row["output_tokens_per_s"] > 0
     assert row["mean_batch"] >= 1.0  # read from the server's /metrics

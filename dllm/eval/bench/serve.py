@@ -1,25 +1,27 @@
 """``dllm bench serve``: a load generator against ``dllm serve``, in the manner of vLLM's serving benchmark.
 
     dllm bench serve --model tiny-llada --n 128 --rates 8 inf --modes continuous static serial \\
-        --settings low_confidence@none threshold@dual --threads 1 --out runs/serve
+        --repeats 3 --threads 1 --out runs/serve
 
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
-at a time) the bench starts one server, the real app (``dllm.serve.app.create_app``) on a
+at a time) the bench starts a server, the real app (``dllm.serve.app.create_app``) on a
 ``DiffusionEngine`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
 (``--server process``, the default; the load generator then shares no interpreter lock with the
-server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). For each rate it
-sends the
-same N requests built from the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer
-lengths, ``max_tokens`` = the task's answer length; ``--settings`` in turn: sampler and cache per
-request) with Poisson arrivals at that rate (exponential
-gaps of mean 1/rate; ``inf`` sends them all at once), streaming, over loopback. A run is bounded in
-count (N) and in time (``--max-seconds``: no request is sent after it; ``--request-timeout`` per
-request). One row per (mode, rate): completed and failed requests, requests/s and output tokens/s
-(over the time from the first request sent to the last one finished), time to first token (the first
-non-empty text delta) and end-to-end latency, p50 and p99. It prints the table and the verdict
-(continuous against serial and static at each rate: the ratio of requests/s and of p99 latency),
-writes ``serve.json`` and draws ``serve.png``. Ctrl-C keeps the finished rows (written after each).
+server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). Every server is up
+before the first row, and the rows interleave: for each repeat, for each rate, each mode in turn, so
+that a machine whose load drifts slows every mode alike. A row sends the same N requests built from
+the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer lengths, ``max_tokens`` = the
+task's answer length; ``--settings`` in turn: sampler and cache per request) with Poisson arrivals at
+the rate (exponential gaps of mean 1/rate; ``inf`` sends them all at once), streaming, over loopback.
+A row is bounded in count (N) and in time (``--max-seconds``: no request is sent after it;
+``--request-timeout`` per request). It measures completed and failed requests, requests/s and output
+tokens/s (over the time from the first request sent to the last one finished), time to first token
+(the first non-empty text delta) and end-to-end latency, p50 and p99, and the mean batch (rows per
+model forward, from the server's /metrics). The table shows each (mode, rate)'s medians over
+``--repeats``, then the verdict (continuous against serial and static at each rate: the ratio of
+requests/s and of p99 latency); ``serve.json`` keeps every row and ``serve.png`` draws the table.
+Ctrl-C keeps the finished rows (written after each).
 
 vLLM's benchmark: benchmarks/benchmark_serving.py (vllm-project/vllm); continuous batching: Orca,
 Yu et al., OSDI 2022.
@@ -33,15 +35,13 @@ import json
 import math
 import random
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
+from dllm.eval.bench.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
 from dllm.eval.interrupt import finished, until_interrupted
-
-MODES = ("continuous", "static", "serial")
-COLUMNS = ("mode", "rate", "completed", "failed", "duration_s", "requests_per_s", "output_tokens_per_s",
-           "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "mean_batch")
 
 
 @dataclass(frozen=True)
@@ -104,17 +104,6 @@ def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
         times.append(t)
         t += rng.expovariate(rate)
     return times
-
-
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's
-    default); None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 async def _send(session, url: str, model: str, req: BenchRequest, extra: dict, timeout: float,
@@ -200,76 +189,13 @@ def summarize(mode: str, rate: float, outcomes: Sequence[Outcome], duration: flo
     return row
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    """A markdown table of the rows (``COLUMNS``)."""
-    cell = lambda v: "-" if v is None else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def verdicts(rows: Sequence[dict]) -> list[dict]:
-    """At each rate with a continuous row: requests/s of continuous over serial and over static, and
-    whether continuous's p99 end-to-end latency is no worse than static's."""
-    out = []
-    for row in rows:
-        if row["mode"] != "continuous":
-            continue
-        same = {r["mode"]: r for r in rows if r["rate"] == row["rate"]}
-        v: dict = {"rate": row["rate"]}
-        for other in ("serial", "static"):
-            o = same.get(other)
-            if o and o["requests_per_s"]:
-                v[f"x_{other}"] = round(row["requests_per_s"] / o["requests_per_s"], 2)
-                if o["e2e_p99_s"] and row["e2e_p99_s"]:
-                    v[f"p99_vs_{other}"] = round(row["e2e_p99_s"] / o["e2e_p99_s"], 2)
-        out.append(v)
-    return out
-
-
-def verdict_line(v: dict) -> str:
-    parts = [f"continuous @ {v['rate']}/s:"]
-    for other in ("serial", "static"):
-        if f"x_{other}" in v:
-            p99 = v.get(f"p99_vs_{other}")
-            parts.append(f"x{v[f'x_{other}']:.2f} the requests/s of {other}"
-                         + ("" if p99 is None else f" at {p99:.2f}x its p99 latency"))
-    return " ".join(parts[:1]) + " " + "; ".join(parts[1:])
-
-
-def plot(rows: Sequence[dict], path: Path) -> None:
-    """serve.png: requests/s, p99 end-to-end latency and p50 TTFT per mode (bars) at each rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rates = list(dict.fromkeys(str(r["rate"]) for r in rows))
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
-    panels = (("requests_per_s", "requests / s"), ("e2e_p99_s", "p99 end-to-end latency (s)"),
-              ("ttft_p50_s", "p50 time to first token (s)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    width = 0.8 / max(1, len(modes))
-    for ax, (key, title) in zip(axes, panels):
-        for j, mode in enumerate(modes):
-            by_rate = {str(r["rate"]): r.get(key) for r in rows if r["mode"] == mode}
-            xs = [i + j * width for i in range(len(rates))]
-            ax.bar(xs, [by_rate.get(rate) or 0 for rate in rates], width, label=mode)
-        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(rates))], [f"{x}/s" for x in rates])
-        ax.set_xlabel("arrival rate (requests / s)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps({**meta, "rows": rows, "verdicts": verdicts(rows)}, indent=2))
+    table = median_rows(rows)
+    (out / "serve.json").write_text(json.dumps({**meta, "rows": rows, "table": table, "verdicts": verdicts(table)},
+                                               indent=2))
     if rows:
-        plot(rows, out / "serve.png")
+        plot(table, out / "serve.png")
 
 
 def parse_rate(text: str) -> float:
@@ -291,6 +217,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rates", nargs="+", type=parse_rate, default=[math.inf], metavar="RATE",
                     help="Poisson arrival rates in requests/s (inf: all at once); one row per mode and rate")
     ap.add_argument("--n", type=POSITIVE, default=128, help="requests per (mode, rate)")
+    ap.add_argument("--repeats", type=POSITIVE, default=1,
+                    help="rounds over rates x modes, interleaved; the table shows each measure's median")
     ap.add_argument("--tasks", nargs="+", default=None, help="stress tasks the prompts come from (default: pb-mini)")
     ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
                     metavar="SAMPLER[@CACHE]", help="how the requests decode, in turn (threshold@dual: a sampler "
@@ -356,56 +284,78 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini",
             "settings": ["@".join(s) for s in args.settings], "block_length": args.block_length,
-            "max_running": args.max_running, "server": args.server, "seed": args.seed, "machine": machine(args),
+            "max_running": args.max_running, "server": args.server, "seed": args.seed, "repeats": args.repeats,
+            "machine": machine(args),
             "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []
 
     def body() -> int:
-        for mode in args.modes:
-            rows.extend(bench_mode(model, args.model, mode, requests, args.rates, extra=extra, args=args))
-            write(out, meta, rows)
-        print(format_table(rows))
-        for v in verdicts(rows):
+        with open_servers(model, requests, extra, args) as urls:
+            for repeat in range(args.repeats):  # interleaved: a load that drifts hits every mode alike
+                for rate in args.rates:
+                    for mode in args.modes:
+                        row = bench_row(urls[mode], args.model, mode, requests, rate, extra=extra, args=args,
+                                        count_tokens=token_counter(model))
+                        rows.append({**row, "repeat": repeat})
+                        write(out, meta, rows)
+        table = median_rows(rows)
+        print(format_table(table))
+        for v in verdicts(table):
             print(verdict_line(v))
         print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")
         return 0
 
     def kept() -> str:
         if rows:
-            print(format_table(rows))
+            print(format_table(median_rows(rows)))
             write(out, meta, rows)
         return finished(len(rows), "row", str(out / "serve.json") if rows else None)
 
     return until_interrupted(body, kept)
 
 
-def bench_mode(model, name: str, mode: str, requests: Sequence[BenchRequest], rates: Sequence[float], *,
-               extra: dict, args: argparse.Namespace) -> list[dict]:
-    """One server in ``mode`` (the real app on a DiffusionEngine, 127.0.0.1), one row per rate."""
+def token_counter(model) -> Optional[Callable[[str], int]]:
+    """Tokens of a reply's text (when the server sends no usage): the model's tokenizer, if loaded here."""
+    tok = getattr(model, "tokenizer", None) if model is not None else None
+    if tok is None:
+        return None
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+@contextmanager
+def open_servers(model, requests: Sequence[BenchRequest], extra: dict, args: argparse.Namespace) -> Iterator[dict]:
+    """Every mode's server (``dllm.eval.bench.servers.mode_server``), each warmed by two requests:
+    {mode: url}; all stopped on exit."""
+    from dllm.eval.bench.servers import mode_server
+
+    with ExitStack() as stack:
+        urls = {}
+        for mode in args.modes:
+            urls[mode] = stack.enter_context(mode_server(model, args.model, mode,
+                                                         max_queue=max(256, 2 * len(requests)), args=args))
+            asyncio.run(run_load(urls[mode], args.model, requests[:2], math.inf, extra=extra,
+                                 max_seconds=args.max_seconds, request_timeout=args.request_timeout,
+                                 count_tokens=None))  # first forwards, threads started
+        yield urls
+
+
+def bench_row(url: str, name: str, mode: str, requests: Sequence[BenchRequest], rate: float, *, extra: dict,
+              args: argparse.Namespace, count_tokens: Optional[Callable[[str], int]] = None) -> dict:
+    """The requests at ``rate`` against the server at ``url``: one table row."""
     from tqdm import tqdm
 
-    count = None
-    if model is not None and getattr(model, "tokenizer", None) is not None:
-        tok = model.tokenizer
-        count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    load = dict(extra=extra, max_seconds=args.max_seconds, request_timeout=args.request_timeout, count_tokens=count)
-    rows = []
-    from dllm.eval.bench.servers import forward_counts, mode_server
+    from dllm.eval.bench.servers import forward_counts
 
-    with mode_server(model, name, mode, max_queue=max(256, 2 * len(requests)), args=args) as url:
-        asyncio.run(run_load(url, name, requests[:2], math.inf, **load))  # first forwards, threads started
-        for rate in rates:
-            before = forward_counts(url)
-            with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req",
-                      disable=args.no_progress) as bar:
-                outcomes, duration = asyncio.run(run_load(url, name, requests, rate, seed=args.seed,
-                                                          progress=lambda: bar.update(1), **load))
-            after = forward_counts(url)
-            batch = None
-            if before and after and after[0] > before[0]:
-                batch = (after[1] - before[1]) / (after[0] - before[0])
-            rows.append(summarize(mode, rate, outcomes, duration, batch))
-    return rows
+    before = forward_counts(url)
+    with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req", disable=args.no_progress) as bar:
+        outcomes, duration = asyncio.run(run_load(url, name, requests, rate, extra=extra, seed=args.seed,
+                                                  max_seconds=args.max_seconds, request_timeout=args.request_timeout,
+                                                  count_tokens=count_tokens, progress=lambda: bar.update(1)))
+    after = forward_counts(url)
+    batch = None
+    if before and after and after[0] > before[0]:
+        batch = (after[1] - before[1]) / (after[0] - before[0])
+    return summarize(mode, rate, outcomes, duration, batch)
 
 
 if __name__ == "__main__":
