@@ -306,10 +306,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     def kept() -> str:
-        if rows:
-            print(format_table(median_rows(rows)))
-            write(out, meta, rows)
-        return finished(len(rows), "row", str(out / "serve.json") if rows else None)
+        if not rows:
+            return "no row had finished; nothing was written"
+        print(format_table(median_rows(rows)))
+        write(out, meta, rows)
+        return finished(len(rows), "row", str(out / "serve.json"))
 
     return until_interrupted(body, kept)
 
