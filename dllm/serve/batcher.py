@@ -32,7 +32,7 @@ from dllm.models.base import ModelOutput, default_positions
 class BatcherConfig:
     max_rows: int = 64  # rows in one merged forward (a request's call may bring several: CFG, variants)
     max_tokens: int = 65536  # rows x padded length of one merged forward
-    max_wait_s: float = 0.002  # how long the first pending forward waits for the others
+    max_wait_s: float = 0.05  # the longest the first pending forward waits for the other running rows
 
 
 @dataclass
