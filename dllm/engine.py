@@ -27,6 +27,7 @@ import torch
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
+from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal, policy_for_block_causal
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
@@ -102,7 +103,12 @@ def generate(
     check_number("temperature", temperature, low=0.0, finite=True)
     check_number("cfg_scale", cfg_scale, low=0.0, finite=True)
     rows = encode_prompts(model, prompts, chat=chat)
-    plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
+    if block_size_of(model) is None:
+        plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
+    else:  # block-causal (SDAR): the model's block grid, its block size, an exact cache policy
+        policy = policy_for_block_causal(policy)  # "auto" is "block" here
+        plan = plan_block_causal(model, rows, gen_length, block_length, steps,
+                                 fixed_steps=sampler_obj.fixed_steps, policy=policy)
     policy.check(model, block_length=plan.block_length, gen_length=gen_length)
     longest = max(len(r) for r in rows)
     max_positions = getattr(model, "max_positions", None)
@@ -118,6 +124,8 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(seed)
     state = init_state(model, rows, gen_length, temperature, generator, device)
     state.extras["eos_ids"] = tuple(getattr(model, "eos_ids", ()) or ())
+    if block_size_of(model) is not None:
+        state.extras[BLOCK_SIZE_KEY] = block_size_of(model)
     state.block_length = plan.block_length
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])

@@ -60,3 +60,18 @@ def plan_blocks(gen_length: int, block_length: Optional[int], steps: Optional[in
 def _preview(values: list[int], n: int = 6) -> str:
     shown = ", ".join(str(v) for v in values[:n])
     return shown + (", ..." if len(values) > n else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# Block-causal models (SDAR): the model's block grid starts at position 0 of the prompt
+
+BLOCK_SIZE_KEY = "block_size"  # DecodeState.extras: a block-causal model's trained block (set by the engine)
+
+
+def grid_start(state, column: int) -> int:
+    """Canvas column where the model's grid block holding ``column`` starts: ``column - position %
+    block_size`` (the block of ``state.extras[BLOCK_SIZE_KEY]``, else ``state.block_length``). The rows
+    of a call share the grid (``dllm.cache.block_causal.plan_block_causal`` refuses batches that do not),
+    so row 0 tells; one host read."""
+    bs = state.extras.get(BLOCK_SIZE_KEY) or state.block_length
+    return column - int(state.positions[0, column]) % bs

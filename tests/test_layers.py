@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "engine": 4,
     "scoring": 4.5,
     "drafters": 5,
+    "serve": 5.5,  # the server: over the engine and the drafters, under eval (dllm bench serve) and cli
     "eval": 6,
     "train": 7,
     "cli_spec": 7.5,  # dllm spec, added to the command by cli.py

@@ -1,4 +1,4 @@
-"""Models: the DiffusionLM interface, one shared transformer, LLaDA and Dream checkpoint formats,
+"""Models: the DiffusionLM interface, one shared transformer, LLaDA, Dream and SDAR checkpoint formats,
 loading (embedded name, local directory or Hub id) and tiny random models.
 
 >>> from dllm.models import load, tiny
@@ -14,6 +14,7 @@ from dllm.models.dream import Dream
 from dllm.models.llada import LLaDA
 from dllm.models.loading import ModelNotFoundError, embedded_names, load
 from dllm.models.pretrained import TransformerLM
+from dllm.models.sdar import SDAR
 from dllm.models.tiny import tiny
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "LLaDA",
     "ModelNotFoundError",
     "ModelOutput",
+    "SDAR",
     "SpecialIds",
     "TransformerConfig",
     "TransformerLM",

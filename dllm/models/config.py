@@ -2,12 +2,18 @@
 
 LLaDA and Dream are the same network (pre-norm bidirectional transformer: RMSNorm, rotate-half
 RoPE, grouped-query attention, SwiGLU MLP); they differ in sizes, a few switches below, their
-checkpoint key names (``llada.py`` / ``dream.py``) and Dream's one-position logit shift.
+checkpoint key names (``llada.py`` / ``dream.py``) and Dream's one-position logit shift. SDAR
+(``sdar.py``, a Qwen3 network) adds three switches: an explicit ``head_dim``, per-head RMSNorm of
+q and k before RoPE (``qk_norm``), and block-causal attention (``attention = "block_causal"``:
+bidirectional inside a block of ``block_size`` positions, causal across blocks; SDAR, arXiv 2510.06303).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
+
+ATTENTION_KINDS = ("bidirectional", "block_causal")
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,13 @@ class TransformerConfig:
     # LLaDA (rope_full_precision) rotates q/k in float32 then casts back; Dream casts cos/sin to the
     # activation dtype and rotates in that dtype. Identical in float32, different bits in bf16.
     rope_fp32: bool = True
+    # Qwen3 / SDAR: the attention head width when it is not d_model / n_heads (q_proj: D -> H * hd)
+    attn_head_dim: Optional[int] = None
+    qk_norm: bool = False  # RMSNorm over each head's q and k (weights [hd]) before RoPE (Qwen3)
+    # "bidirectional" (LLaDA, Dream: every position sees every position) or "block_causal": position
+    # p sees position p' iff p' // block_size <= p // block_size (block ids from the RoPE positions)
+    attention: str = "bidirectional"
+    block_size: Optional[int] = None  # the trained block of a block-causal model; None otherwise
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden",
@@ -39,12 +52,26 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be a positive number, got {value!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"TransformerConfig.attention must be one of {', '.join(ATTENTION_KINDS)}, "
+                             f"got {self.attention!r}")
+        if self.attention == "block_causal":
+            bs = self.block_size
+            if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
+                raise ValueError(f"TransformerConfig.block_size must be a positive int for block-causal "
+                                 f"attention, got {bs!r}")
+        elif self.block_size is not None:
+            raise ValueError(f"TransformerConfig.block_size={self.block_size!r} needs "
+                             f"attention='block_causal' (a bidirectional model has no blocks)")
+        hd = self.attn_head_dim
+        if hd is not None and (not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0):
+            raise ValueError(f"TransformerConfig.attn_head_dim must be a positive int or None, got {hd!r}")
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"TransformerConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
                 f"({self.n_kv_heads})"
             )
-        if self.d_model % self.n_heads != 0:
+        if hd is None and self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"TransformerConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
@@ -56,7 +83,11 @@ class TransformerConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.attn_head_dim if self.attn_head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def block_causal(self) -> bool:
+        return self.attention == "block_causal"
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dllm.models.dream import Dream
 from dllm.models.llada import LLaDA
 from dllm.models.pretrained import TransformerLM
+from dllm.models.sdar import SDAR
 
-FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream}
+FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream, "sdar": SDAR}
 
 MODEL_TYPES: dict[str, type[TransformerLM]] = {
     model_type: cls for cls in FAMILIES.values() for model_type in cls.model_types
@@ -14,7 +15,7 @@ MODEL_TYPES: dict[str, type[TransformerLM]] = {
 
 
 def family_class(family: str) -> type[TransformerLM]:
-    """Family name ("llada" | "dream") -> its model class."""
+    """Family name ("llada" | "dream" | "sdar") -> its model class."""
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; valid families: {', '.join(FAMILIES)}")
     return FAMILIES[family]

@@ -45,6 +45,9 @@ class KVCache:
         self.k = list(k)
         self.v = list(v)
         self.drift_probe: Optional["DriftProbe"] = None  # set by a policy that measures K drift
+        # [R, L] long: the RoPE position of every written column; block-causal models read the keys'
+        # positions from it (``CacheView.key_positions``). Allocated on the first write.
+        self.positions: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(
@@ -169,6 +172,16 @@ class CacheView:
         keys, values = self.update(layer, k, v)
         return attn_fn(q, keys, values, mask, return_probs)
 
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Record the query rows' positions [R, T] at their canvas columns (``kv.positions``) and
+        return the attended keys' positions [R, key_end] (a block-causal mask needs them)."""
+        store = self.kv.positions
+        if store is None or store.shape[0] != positions.shape[0] or store.device != positions.device:
+            store = torch.zeros((positions.shape[0], self.kv.length), dtype=torch.long, device=positions.device)
+            self.kv.positions = store
+        store[:, self.columns(positions.shape[1], positions.device)] = positions
+        return store[:, :self.key_end]
+
     def attn_mask(self, key_padding_mask: Optional[torch.Tensor], n_queries: int) -> Optional[torch.Tensor]:
         """bool [R, 1, 1, key_end] (True = attend, broadcast over the queries) from the canvas-wide
         padding mask [R, L]: every query attends to the real keys only, as
@@ -236,6 +249,19 @@ class RowsView(CacheView):
         variant = torch.arange(g * t, device=device) // t
         own = own.repeat(1, 1, g, g) & (variant[:, None] == variant[None, :])  # [n, 1, gT, gT]
         return torch.cat([shared.repeat(1, 1, g, 1), own], dim=3)
+
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The keys' positions [N, key_end] of the selected rows with the query rows' ``positions``
+        [N, T] written into a copy (the call's ``kv.positions`` stay untouched)."""
+        assert self.select is not None
+        t = positions.shape[1]
+        if self.is_full(t):
+            return positions
+        if self.kv.positions is None:
+            raise RuntimeError("a rows view over a KV cache that no forward has written")
+        store = self.kv.positions.index_select(0, self.select.to(self.kv.positions.device))[:, :self.key_end].clone()
+        store[:, self.columns(t, store.device)] = positions.to(store.device)
+        return store
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = k.shape[2]

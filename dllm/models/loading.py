@@ -197,7 +197,8 @@ def load(
     device_map: Union[str, dict[str, Any], None] = None,
     attn_backend: str = "auto",
 ) -> TransformerLM:
-    """Load a LLaDA or Dream checkpoint in the official layout.
+    """Load a LLaDA, Dream or SDAR checkpoint in the official layout (the family from config.json's
+    ``model_type``; SDAR's block-causal attention and ``block_size`` come with it).
 
     name_or_path: an embedded name (see ``embedded_names()``), a local directory with config.json,
     a Hub id, or ``"oracle"`` (the stress tasks' exact-posterior ``OracleLM``, weightless).

@@ -20,6 +20,7 @@ from dllm.models.tiny import tiny
 EMBEDDED: dict[str, tuple[str, int]] = {
     "tiny-random-llada": ("llada", 0),
     "tiny-random-dream": ("dream", 1),
+    "tiny-random-sdar": ("sdar", 2),  # block-causal (block 4), SDAR layout
 }
 
 

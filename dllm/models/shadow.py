@@ -91,6 +91,11 @@ class ShadowCacheView(CacheView):
     def check_queries(self, n_queries: int) -> None:
         super().check_queries(self.n_real)
 
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions [R, T + W] -> the attended keys' positions [R, K + W] (block-causal models)."""
+        n = self.n_real
+        return torch.cat([super().key_positions(positions[:, :n]), positions[:, n:]], dim=1)
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [R, Hkv, T + W, hd] -> attended keys/values [R, Hkv, K + W, hd]."""
         n = self.n_real

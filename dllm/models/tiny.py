@@ -1,6 +1,6 @@
-"""Tiny random models of either family, for tests and offline demos.
+"""Tiny random models of every family, for tests and offline demos.
 
-``tiny("llada")`` / ``tiny("dream")`` build a few-hundred-KB model with a word-level tokenizer
+``tiny("llada")`` / ``tiny("dream")`` / ``tiny("sdar")`` build a few-hundred-KB model with a word-level tokenizer
 holding the family's special tokens, so prompts, chat templates, saving and loading all work
 exactly as for the real checkpoints. Weights are random but deterministic under ``seed``, and the
 LM head is drawn with a large std so greedy decoding rarely meets ties.
@@ -19,6 +19,7 @@ from dllm.models.dream import DREAM_SPECIAL_TOKENS
 from dllm.models.families import family_class
 from dllm.models.llada import LLADA_SPECIAL_TOKENS
 from dllm.models.pretrained import TransformerLM
+from dllm.models.sdar import SDAR_SPECIAL_TOKENS
 from dllm.models.tokenizer import build_word_tokenizer, token_id, tokenizer_size
 
 DIGITS = tuple("0123456789")
@@ -45,14 +46,24 @@ _SPECIALS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         {"bos_token": DREAM_SPECIAL_TOKENS["eos"], "eos_token": DREAM_SPECIAL_TOKENS["eos"],
          "pad_token": DREAM_SPECIAL_TOKENS["eos"], "mask_token": DREAM_SPECIAL_TOKENS["mask"]},
     ),
+    "sdar": (
+        tuple(SDAR_SPECIAL_TOKENS[k] for k in ("eos", "im_start", "im_end", "mask")),
+        {"bos_token": SDAR_SPECIAL_TOKENS["eos"], "eos_token": SDAR_SPECIAL_TOKENS["eos"],
+         "pad_token": SDAR_SPECIAL_TOKENS["eos"], "mask_token": SDAR_SPECIAL_TOKENS["mask"]},
+    ),
 }
-_EOT_TOKEN = {"llada": LLADA_SPECIAL_TOKENS["eot"], "dream": DREAM_SPECIAL_TOKENS["im_end"]}
+_EOT_TOKEN = {"llada": LLADA_SPECIAL_TOKENS["eot"], "dream": DREAM_SPECIAL_TOKENS["im_end"],
+              "sdar": SDAR_SPECIAL_TOKENS["im_end"]}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "llada": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128, rope_theta=500000.0,
                   rms_eps=1e-5, max_positions=512, qkv_bias=False, tie_embeddings=False, rope_fp32=True),
     "dream": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
                   rms_eps=1e-6, max_positions=512, qkv_bias=True, tie_embeddings=False, rope_fp32=False),
+    # Qwen3 / SDAR: head_dim 32 != 64 / 4 (as SDAR-4B's 128 != 2560 / 32), q/k norms, block 4
+    "sdar": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
+                 rms_eps=1e-6, max_positions=512, qkv_bias=False, tie_embeddings=False, rope_fp32=False,
+                 attn_head_dim=32, qk_norm=True, attention="block_causal", block_size=4),
 }
 _SPECIAL_NAMES = ("mask_id", "eos_id", "pad_id", "eot_id", "bos_id")
 HEAD_STD = 0.5  # LM head std: normalised hidden (RMS 1) x 64 dims -> logit std ~4, peaked softmax
@@ -99,7 +110,7 @@ def tiny(
     attn_backend: str = "auto",
     **overrides: Any,
 ) -> TransformerLM:
-    """A small random model of ``family`` ("llada" | "dream").
+    """A small random model of ``family`` ("llada" | "dream" | "sdar").
 
     overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
     (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny

@@ -1,9 +1,13 @@
-"""The one bidirectional transformer behind every checkpoint family (LLaDA, Dream).
+"""The one transformer behind every checkpoint family (LLaDA, Dream: bidirectional; SDAR: block-causal).
 
 Pre-norm blocks: ``h += attn(rms(h))``, ``h += mlp(rms(h))``; rotate-half RoPE from explicit integer
 positions (so left-padded rows get the same positions as the prompt alone); grouped-query attention
 through a pluggable backend from ``dllm.kernels.attention``; SwiGLU MLP; final RMSNorm; LM head
-(or the tied embedding). No causal mask anywhere.
+(or the tied embedding). No causal mask for the bidirectional families; a block-causal model
+(``TransformerConfig.attention = "block_causal"``, SDAR arXiv 2510.06303) adds the mask
+``block(key) <= block(query)`` with ``block(p) = p // block_size`` of the RoPE positions
+(``block_causal_mask``), ANDed with the padding mask. Qwen3-style models (SDAR) also normalise each
+head's q and k (``qk_norm``) before RoPE and may have ``head_dim != d_model / n_heads``.
 
 Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``keymap.py`` and the family
 files translate them to the official checkpoint names.
@@ -93,6 +97,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: b
     return x * cos + rotate_half(x) * sin
 
 
+def block_causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Block-causal attention (SDAR, arXiv 2510.06303; official ``block_diffusion_generate`` builds the
+    same ``tril(ones(nb, nb))`` repeated per block): query at position p may attend to the key at
+    position p' iff ``p' // block_size <= p // block_size``.
+
+    q_positions [B, T], k_positions [B, K] int -> bool [B, 1, T, K] (True = attend).
+    """
+    qb = torch.div(q_positions, block_size, rounding_mode="floor")  # [B, T]
+    kb = torch.div(k_positions, block_size, rounding_mode="floor")  # [B, K]
+    return (kb[:, None, :] <= qb[:, :, None])[:, None]
+
+
+def combine_masks(a: Optional[torch.Tensor], b: torch.Tensor) -> torch.Tensor:
+    """Two bool masks broadcastable to [B, 1, T, K] -> their AND (a None = all True)."""
+    return b if a is None else a & b
+
+
 # ----------------------------------------------------------------------------------------------
 # Layers
 
@@ -106,18 +127,25 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.rope_fp32 = cfg.rope_fp32
         kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.qkv_bias)
+        q_dim = cfg.n_heads * cfg.head_dim  # d_model unless attn_head_dim says otherwise (Qwen3)
+        self.q_proj = nn.Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(q_dim, cfg.d_model, bias=False)
+        if cfg.qk_norm:  # Qwen3 / SDAR: RMSNorm over each head's hd channels, before RoPE
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, D] -> rotated q [B, H, T, hd], rotated k [B, Hkv, T, hd], v [B, Hkv, T, hd]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)  # [B, T, H|Hkv, hd], per head
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q = apply_rope(q, cos, sin, fp32=self.rope_fp32)
         k = apply_rope(k, cos, sin, fp32=self.rope_fp32)
@@ -247,13 +275,19 @@ class Transformer(nn.Module):
         Layers in ``want_attn_layers`` run on the ``reference`` backend, which returns probabilities.
         With ``cache`` (a ``CacheView``) the T rows are canvas columns ``[cache.start, cache.start + T)``
         and attend to K = ``cache.key_end`` cached keys (their own fresh ones written in first);
-        ``attn_mask`` is then [B, 1, T|1, K].
+        ``attn_mask`` is then [B, 1, T|1, K]. A block-causal model ANDs ``attn_mask`` with
+        ``block_causal_mask`` of the query positions and the keys' positions (the queries' own
+        without a cache, else ``cache.key_positions``).
         """
         n = self.config.n_layers
         attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")
         hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers")
         probs_fn = backends.get("reference").fn
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)  # [B, 1, T, hd]
+        if self.config.block_causal:
+            assert self.config.block_size is not None
+            k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]
+            attn_mask = combine_masks(attn_mask, block_causal_mask(positions, k_pos, self.config.block_size))
         h = self.embed(input_ids)  # [B, T, D]
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}

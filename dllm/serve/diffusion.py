@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from dllm.cache import make_cache
+from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for_block_causal
 from dllm.engine import SEED_MAX, generate
 from dllm.inputs import decode_answer, encode_prompts, fit_layers
 from dllm.samplers import make_sampler
@@ -126,6 +127,7 @@ class DiffusionEngine(ThreadedEngine):
         self.max_positions = getattr(model, "max_positions", None)
         self.chat_template = chat_template
         self.eos_ids = frozenset(getattr(model, "eos_ids", ()) or ())
+        self.block_size = block_size_of(model)  # block-causal models (SDAR): the trained block, else None
         limit = max_tokens_limit if max_tokens_limit is not None else (
             self.max_positions - 1 if self.max_positions else 4096)
         self.max_tokens_limit = int(limit)
@@ -153,7 +155,8 @@ class DiffusionEngine(ThreadedEngine):
         d = self.defaults
         opts = dict(d.options) if sampler is None else {}
         opts.update(options or {})
-        if block_length is None and d.block_length is not None and isinstance(max_tokens, int):
+        if (block_length is None and d.block_length is not None and isinstance(max_tokens, int)
+                and self.block_size is None):  # a block-causal model's block is its checkpoint's
             block_length = min(d.block_length, max_tokens) if max_tokens >= 1 else d.block_length
         return DiffusionSettings(
             sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
@@ -180,20 +183,30 @@ class DiffusionEngine(ThreadedEngine):
             return decode_answer(self.tokenizer, ids, (), self.model.mask_id)
 
     # ---- checks (nothing reaches the decode loop unchecked) ----
-    def check_settings(self, s: DiffusionSettings, *, gen_length: int = 1) -> None:
+    def check_settings(self, s: DiffusionSettings, *, gen_length: int = 1,
+                       prompt: Sequence[int] = (0,)) -> None:
         try:
             policy = make_cache(s.cache)
         except (ValueError, TypeError, KeyError) as err:
             raise BadRequest("cache", str(err)) from None
+        if self.block_size is not None:  # block-causal (SDAR): the checkpoint's block grid, exact caches only
+            policy = policy_for_block_causal(policy)
         try:
             sampler = make_sampler(s.sampler, **dict(s.options))
         except (ValueError, TypeError, KeyError) as err:
             raise BadRequest("sampler_options" if s.options and "option" in str(err).lower() else "sampler",
                              str(err)) from None
         try:
-            plan = plan_blocks(gen_length, s.block_length, s.steps, fixed_steps=sampler.fixed_steps)
+            if self.block_size is not None:
+                plan = plan_block_causal(self.model, [list(prompt)], gen_length, s.block_length, s.steps,
+                                         fixed_steps=sampler.fixed_steps, policy=policy)
+            else:
+                plan = plan_blocks(gen_length, s.block_length, s.steps, fixed_steps=sampler.fixed_steps)
         except ValueError as err:
-            raise BadRequest("steps" if "steps" in str(err).split(" ")[0] else "block_length", str(err)) from None
+            msg = str(err)
+            param = ("cache" if msg.startswith("cache policy") else
+                     "steps" if "steps" in msg.split(" ")[0] else "block_length")
+            raise BadRequest(param, msg) from None
         try:
             policy.check(self.model, block_length=plan.block_length, gen_length=gen_length)
         except ValueError as err:
@@ -225,7 +238,7 @@ class DiffusionEngine(ThreadedEngine):
             raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
                              f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the model's "
                              f"{self.max_positions} positions")
-        self.check_settings(request.settings, gen_length=n)
+        self.check_settings(request.settings, gen_length=n, prompt=request.prompt_ids)
 
     # ---- decoding ----
     def _new_row(self, job: Job, r: int, revises: bool) -> _Row:
@@ -291,11 +304,11 @@ class DiffusionEngine(ThreadedEngine):
                     return None
                 self._cond.wait()
             head = self._queue.popleft()
-            key = (head.request.settings, head.request.max_tokens, head.request.stop)
+            key = self._static_key(head)
             batch, rest = [head], []
             for job in self._queue:
                 if len(batch) < self.scheduler.max_running and (
-                        job.request.settings, job.request.max_tokens, job.request.stop) == key:
+                        self._static_key(job)) == key:
                     batch.append(job)
                 else:
                     rest.append(job)
@@ -304,6 +317,13 @@ class DiffusionEngine(ThreadedEngine):
             for job in batch:
                 self._running[job.id] = job
             return batch
+
+    def _static_key(self, job: Job) -> tuple:
+        """Jobs that can share one ``generate`` call: same settings, length and stops (and, for a
+        block-causal model, prompts ending at the same offset in a block: the rows share blocks)."""
+        r = job.request
+        offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
+        return r.settings, r.max_tokens, r.stop, offset
 
     def _run_static(self, batch: list[Job]) -> None:
         req, started = batch[0].request, time.perf_counter()

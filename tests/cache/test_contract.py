@@ -24,6 +24,10 @@ def model(request):
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_runs_with_every_cache(model, sampler, cache):
     cls = samplers.get(sampler)
+    if cache == "block":  # exact only for block-causal models (tests/cache/test_block_cache.py runs it)
+        with pytest.raises(ValueError, match="exact only for a block-causal model"):
+            dllm.generate(model, PROMPTS, sampler=sampler, cache=cache, gen_length=8, block_length=4)
+        return
     refused = (cls.needs_variants and "refresh" in cache) or (cls.shadow_block and cache.startswith("drift"))
     if refused and not cache.startswith("none"):
         # verifying samplers under mid-block refreshes, shadow blocks under drift's extra columns

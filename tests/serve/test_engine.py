@@ -249,3 +249,28 @@ def test_aevents_wakes_without_polling(llada):
     finally:
         engine.close()
     assert isinstance(events[-1], Done) and events[-1].text == "A B C D" and took < 20
+
+
+def test_block_causal_model_served_continuously_equals_offline():
+    """SDAR (block-causal): prompts ending at different offsets of the block grid share merged
+    forwards (the block mask comes from positions) and each equals generate alone; approximate
+    caches are refused before decoding, naming the cache."""
+    sdar = dllm.load("tiny-random-sdar")
+    bs = sdar.config.block_size
+    engine = DiffusionEngine(sdar, name="tiny-random-sdar", max_running=8)
+    try:
+        prompts = [[5 + (i * 7 + j) % 40 for j in range(3 + i)] for i in range(6)]  # lengths 3..8: every offset
+        settings = [DiffusionSettings(sampler="sdar", cache="block"), DiffusionSettings(sampler="low_confidence")]
+        jobs = [(p, s, engine.submit(JobRequest(tuple(p), 2 * bs, s))) for p in prompts for s in settings]
+        for p, s, job in jobs:
+            done = job.result(timeout=120)
+            assert isinstance(done, Done), done
+            out = dllm.generate(sdar, [p], gen_length=2 * bs, **s.generate_kwargs())
+            assert list(done.token_ids) == [t for t in out.sequences[0, out.prompt_length:].tolist()
+                                            if t not in sdar.eos_ids][:len(done.token_ids)]
+            assert done.text == out.texts[0]
+        with pytest.raises(BadRequest) as err:
+            engine.submit(JobRequest(tuple(prompts[0]), 2 * bs, DiffusionSettings(cache="dual")))
+        assert err.value.param == "cache" and "block" in str(err.value)
+    finally:
+        engine.close()

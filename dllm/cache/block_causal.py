@@ -1,0 +1,156 @@
+"""``block``: the exact cache of block-causal models (SDAR, arXiv 2510.06303), and the block plan
+and checks every ``generate`` call on such a model goes through.
+
+A block-causal model attends bidirectionally inside a block of ``bs`` positions (``block(p) = p //
+bs`` of the RoPE positions) and causally across blocks. The keys/values of a column depend only on
+the tokens of its own block and the blocks before it, so once a block holds no mask its K/V are
+final: reusing them is exact, not an approximation (unlike ``prefix`` / ``dual`` on a bidirectional
+model, whose keys drift as later tokens are committed).
+
+Blocks follow the model's grid, which starts at position 0 of the prompt: the prompt's last
+``n % bs`` tokens share a grid block with the first generated columns. The engine's first block is
+that partial block (``[0, (-n) % bs)`` of the generated region), then blocks of ``bs``; the last may
+be shorter. With block ``[s, e)`` of grid block ``[g, e)`` (``g <= s``: the prompt tail) the queries
+of the policy are:
+
+- the block's first step: columns ``[g_prev, e)`` where ``[g_prev, g)`` is the previous grid block,
+  now complete: one forward recomputes its K/V from its final tokens (exact from then on) and
+  decodes the new block; the call's first block queries ``[0, e)``, the prompt's prefill;
+- every later step: ``[g, e)`` (the whole grid block: the prompt tail's K/V change with the block's
+  tokens), attending to keys ``[0, e)``. Columns right of ``e`` are never attended (block-causal).
+
+``generate.py`` of SDAR does the same work with one more forward per block (``store_kv=True`` over
+the finished block before the next one starts); here it rides in the next block's first forward,
+so each block costs its steps only. Cost per row: ``e - g_prev`` query rows at a block start, ``e -
+g`` at a later step, against ``L`` (``none``) or ``L`` at a block start plus ``e - s`` (``dual``).
+
+The approximate policies (``prefix``, ``dual``, ``window``, ``drift``, and ``auto`` with options) are
+refused for block-causal models, with the reason: they would serve the prompt tail's stale keys in the
+first block and pay full forwards for keys that are exact anyway. ``auto`` without options, the
+recommended policy, is ``block`` for these models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from dllm.cache.base import CachePolicy, Query, register_cache
+from dllm.schedule import BLOCK_SIZE_KEY, BlockPlan, _preview, grid_start
+from dllm.state import DecodeState
+
+
+def block_size_of(model: Any) -> Optional[int]:
+    """The trained block of a block-causal model, None for a bidirectional one."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "block_causal", False):
+        return None
+    return int(config.block_size)
+
+
+@register_cache("block", description="exact cache of block-causal models (SDAR): finished blocks' "
+                "keys/values kept, the current grid block recomputed")
+class BlockCausalCache(CachePolicy):
+    """Exact for block-causal models: K/V of finished blocks reused, the current grid block recomputed."""
+
+    def check(self, model, *, block_length: int, gen_length: int) -> None:
+        if block_size_of(model) is None:
+            raise ValueError(
+                f"cache 'block' reuses the keys/values of finished blocks, which is exact only for a "
+                f"block-causal model (SDAR); {getattr(model, 'display_name', type(model).__name__)} attends "
+                f"bidirectionally, so its keys change whenever a later token is committed; use cache "
+                f"'none' (exact) or an approximate policy ('prefix', 'dual', 'window', 'drift')")
+        if getattr(model, "logit_shift", 0):
+            raise ValueError("cache 'block' needs unshifted logits (logit_shift 0)")
+
+    def query(self, state: DecodeState, block_step: int, shift: int) -> Query:
+        s, e = state.block_start, state.block_end
+        g = grid_start(state, s)
+        if block_step > 0:
+            return Query(g, e, e)
+        if state.block_index == 0:
+            return Query(0, e, e)  # the prefill: every prompt block, then the first block
+        assert state.block_length is not None
+        return Query(max(0, g - state.block_length), e, e)  # the finished grid block's final K/V, then ours
+
+    def cached_query(self, state: DecodeState, shift: int) -> Query:
+        """A later step of the block (what verification variants reproduce)."""
+        return Query(grid_start(state, state.block_start), state.block_end, state.block_end)
+
+
+EXACT_FOR_BLOCK_CAUSAL = ("none", "block")
+
+
+def policy_for_block_causal(policy: CachePolicy) -> CachePolicy:
+    """``auto`` without options (the recommended policy) is ``block`` for a block-causal model: exact,
+    and the fewest rows forwarded; every other policy is returned as given (``refuse_policy`` judges it)."""
+    if policy.name == "auto" and policy.spec == "auto":
+        return BlockCausalCache()
+    return policy
+
+
+def refuse_policy(model: Any, policy: CachePolicy) -> None:
+    """ValueError when ``policy`` is an approximate cache and ``model`` is block-causal."""
+    if isinstance(policy, BlockCausalCache) or not policy.uses_kv:
+        return
+    bs = block_size_of(model)
+    raise ValueError(
+        f"cache policy {policy.name!r} is refused for {getattr(model, 'display_name', 'this model')}: it "
+        f"attends block-causally (block {bs}), so the keys/values of finished blocks are exact and "
+        f"cache 'block' keeps them at no approximation; {policy.name!r} approximates a bidirectional "
+        f"model's drifting keys, would serve the prompt tail's stale keys inside the first block, and "
+        f"pays full forwards for keys that never change. Valid for this model: "
+        f"{', '.join(EXACT_FOR_BLOCK_CAUSAL)}")
+
+
+def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int, block_length: Optional[int],
+                      steps: Optional[int], *, fixed_steps: bool, policy: CachePolicy) -> BlockPlan:
+    """The engine's blocks for a block-causal model: the model's grid over the generated region.
+
+    ``block_length`` must be the checkpoint's block (None: that block); every prompt must end at the
+    same offset inside a block (``len % bs`` equal), since the rows share the engine's blocks.
+    Fixed-step samplers: ``steps`` split evenly over the blocks as ``plan_blocks`` does.
+    """
+    bs = block_size_of(model)
+    assert bs is not None
+    refuse_policy(model, policy)
+    if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0:
+        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
+    if block_length is not None and block_length != bs:
+        raise ValueError(
+            f"block_length={block_length!r} disagrees with the checkpoint's trained block: "
+            f"{getattr(model, 'display_name', 'this model')} attends block-causally with block_size {bs} "
+            f"(config.json); use block_length={bs} or None")
+    offsets = sorted({(-len(r)) % bs for r in rows})
+    if len(offsets) > 1:
+        lengths = sorted({len(r) for r in rows})
+        raise ValueError(
+            f"prompts of lengths {_preview(lengths)} end at different offsets inside the model's blocks of "
+            f"{bs} (lengths mod {bs}: {sorted({n % bs for n in lengths})}); a batch of a block-causal "
+            f"model shares its blocks, so batch prompts whose lengths agree mod {bs}, or decode them "
+            f"separately")
+    first = min(offsets[0], gen_length)
+    bounds = [(0, first)] if first else []
+    start = first
+    while start < gen_length:
+        bounds.append((start, min(start + bs, gen_length)))
+        start += bs
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not fixed_steps:
+        return BlockPlan(gen_length, bs, tuple((s, e, None) for s, e in bounds))
+    n_blocks = len(bounds)
+    if steps is None:
+        per_block = [e - s for s, e in bounds]
+    else:
+        if steps % n_blocks != 0 or steps // n_blocks > bs:
+            valid = [n_blocks * k for k in range(1, bs + 1)]
+            raise ValueError(
+                f"steps={steps} cannot be split evenly over the {n_blocks} blocks of this call (block_size "
+                f"{bs}, gen_length={gen_length}, the first block the prompt's partial one), at most {bs} "
+                f"per block; valid steps: {_preview(valid)}")
+        per_block = [min(steps // n_blocks, e - s) for s, e in bounds]
+    return BlockPlan(gen_length, bs, tuple((s, e, n) for (s, e), n in zip(bounds, per_block)))
+
+
+__all__ = ["BLOCK_SIZE_KEY", "BlockCausalCache", "block_size_of", "grid_start", "plan_block_causal",
+           "policy_for_block_causal", "refuse_policy"]

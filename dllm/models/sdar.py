@@ -1,0 +1,201 @@
+"""SDAR (JetLM/SDAR-*-Chat): config.json translation, Qwen3 key names, ChatML, block-causal attention.
+
+SDAR is Qwen3 (q/k per-head RMSNorm before RoPE, an explicit ``head_dim``, no biases) trained as a
+block-diffusion model: attention is bidirectional inside a block of ``block_size`` positions and
+causal across blocks (``TransformerConfig.attention = "block_causal"``), and a block is decoded by
+unmasking ``<|MASK|>`` tokens while the finished blocks' keys/values stay exact (``dllm.cache``
+``block``). Logits are not shifted: ``logits[:, i]`` predicts position i. Sources: JetAstra/SDAR
+``training/model/SDAR-4B-Chat/config.json``, ``configuration_sdar.py``, ``modeling_sdar.py``,
+``generation_config.json``, ``tokenizer_config.json`` and ``generate.py``; SDAR (arXiv 2510.06303).
+
+The official model is loaded here without ``trust_remote_code``: the checkpoint's tensors are mapped
+onto the shared transformer (``transformer.py``), whose logits equal the official modelling's
+(tests/models/test_sdar.py against the transcription in tests/reference/sdar_modeling.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from dllm.models.base import SpecialIds
+from dllm.models.config import TransformerConfig
+from dllm.models.keymap import KeyMap
+from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+
+SDAR_KEYMAP = KeyMap(
+    global_names=(
+        ("model.embed_tokens.weight", "embed.weight"),
+        ("model.norm.weight", "norm.weight"),
+        ("lm_head.weight", "lm_head.weight"),  # absent when tie_word_embeddings
+    ),
+    layer_prefix="model.layers.{i}.",
+    layer_names=(
+        ("input_layernorm.weight", "attn_norm.weight"),
+        ("self_attn.q_proj.weight", "attn.q_proj.weight"),
+        ("self_attn.k_proj.weight", "attn.k_proj.weight"),
+        ("self_attn.v_proj.weight", "attn.v_proj.weight"),
+        ("self_attn.o_proj.weight", "attn.o_proj.weight"),
+        ("self_attn.q_norm.weight", "attn.q_norm.weight"),
+        ("self_attn.k_norm.weight", "attn.k_norm.weight"),
+        ("post_attention_layernorm.weight", "mlp_norm.weight"),
+        ("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
+        ("mlp.up_proj.weight", "mlp.up_proj.weight"),
+        ("mlp.down_proj.weight", "mlp.down_proj.weight"),
+    ),
+    ignored=(r"\.rotary_emb\.inv_freq$",),
+)
+
+# ChatML as SDAR-4B-Chat's chat_template.jinja renders it without tools or reasoning content (written
+# for dllm): an optional first system turn, then every turn as <|im_start|>role\ncontent<|im_end|>\n,
+# and the assistant header when add_generation_prompt. No default system prompt (unlike Dream's).
+SDAR_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+SDAR_SPECIAL_TOKENS = {
+    "eos": "<|endoftext|>", "im_start": "<|im_start|>", "im_end": "<|im_end|>", "mask": "<|MASK|>",
+}
+
+SDAR_MODEL_TYPES = ("sdar",)
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta",
+             "max_position_embeddings", "block_size")
+
+
+def _check_supported(hf: Mapping[str, Any]) -> None:
+    """NotImplementedError naming the first config.json field whose value dllm does not implement."""
+    checks = (
+        ("hidden_act", hf.get("hidden_act", "silu"), lambda v: v == "silu", '"silu"'),
+        ("rope_scaling", hf.get("rope_scaling"), lambda v: v is None, "null"),
+        ("use_sliding_window", hf.get("use_sliding_window", False), lambda v: not v, "false"),
+        ("attention_bias", hf.get("attention_bias", False), lambda v: not v, "false"),
+    )
+    for name, value, ok, supported in checks:
+        if not ok(value):
+            raise NotImplementedError(f"SDAR config.json field {name} = {value!r} is not supported "
+                                      f"(supported: {supported})")
+    bs = hf["block_size"]
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
+        raise ValueError(f"SDAR config.json field block_size = {bs!r} must be a positive integer "
+                         "(the block the checkpoint was trained with, 4 for SDAR-*-Chat)")
+
+
+class SDAR(TransformerLM):
+    """SDAR: the shared transformer with q/k norms, an explicit head_dim and block-causal attention."""
+
+    family = "sdar"
+    model_types = SDAR_MODEL_TYPES
+    keymap = SDAR_KEYMAP
+    default_chat_template = SDAR_CHAT_TEMPLATE
+    default_special = SpecialIds(mask_id=151669, eos_id=151643, pad_id=151643, eot_id=151645, bos_id=151643)
+
+    @classmethod
+    def check_config(cls, config: TransformerConfig) -> None:
+        problems = []
+        if not config.block_causal:
+            problems.append(f"attention={config.attention!r} (SDAR is 'block_causal')")
+        if not config.qk_norm:
+            problems.append("qk_norm=False (SDAR normalises q and k per head)")
+        if config.qkv_bias:
+            problems.append("qkv_bias=True (SDAR's attention_bias is false)")
+        if config.rope_fp32:
+            problems.append("rope_fp32=True (SDAR applies RoPE in the activation dtype)")
+        if problems:
+            raise ValueError("the SDAR checkpoint format cannot express " + "; ".join(problems))
+
+    @property
+    def block_size(self) -> int:
+        """The block the checkpoint was trained with (config.json ``block_size``)."""
+        assert self.config.block_size is not None
+        return self.config.block_size
+
+    @classmethod
+    def from_hf_config(
+        cls, hf: Mapping[str, Any], tokenizer: Any = None
+    ) -> tuple[TransformerConfig, SpecialIds]:
+        """Official config.json dict -> (TransformerConfig, SpecialIds)."""
+        require_fields(hf, _REQUIRED, "SDAR")
+        _check_supported(hf)
+        config = TransformerConfig(
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=hf["num_attention_heads"],
+            n_kv_heads=hf["num_key_value_heads"],
+            mlp_hidden=hf["intermediate_size"],
+            rope_theta=float(hf["rope_theta"]),
+            rms_eps=float(hf["rms_norm_eps"]),
+            max_positions=hf["max_position_embeddings"],
+            qkv_bias=False,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # SDARConfig's default: false
+            rope_fp32=False,
+            attn_head_dim=hf["head_dim"],
+            qk_norm=True,
+            attention="block_causal",
+            block_size=hf["block_size"],
+        )
+        special = resolve_special(
+            hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="SDAR",
+            tokens={"mask_id": SDAR_SPECIAL_TOKENS["mask"], "eot_id": SDAR_SPECIAL_TOKENS["im_end"]},
+        )
+        return config, special
+
+    @classmethod
+    def to_hf_config(
+        cls, config: TransformerConfig, special: SpecialIds, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        """TransformerConfig + ids -> the fields of SDAR-4B-Chat's config.json (read by
+        ``configuration_sdar.SDARConfig``; the training-only switches keep the official values)."""
+        return {
+            "model_type": "sdar",
+            "architectures": ["SDARForCausalLM"],
+            "hidden_size": config.d_model,
+            "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layers,
+            "num_attention_heads": config.n_heads,
+            "num_key_value_heads": config.n_kv_heads,
+            "head_dim": config.head_dim,
+            "max_position_embeddings": config.max_positions,
+            "rms_norm_eps": config.rms_eps,
+            "rope_theta": config.rope_theta,
+            "rope_scaling": None,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": config.n_layers,
+            "tie_word_embeddings": config.tie_embeddings,
+            "vocab_size": config.vocab_size,
+            "block_size": config.block_size,
+            "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
+            "eos_token_id": special.eos_id,
+            "pad_token_id": special.pad_id,
+            "mask_token_id": special.mask_id,
+            "fuse_cross_entropy": True,
+            "use_cache": False,
+            "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+        }
+
+    @classmethod
+    def to_hf_generation_config(cls, special: SpecialIds) -> dict[str, Any]:
+        """The fields of SDAR-4B-Chat's generation_config.json: sampling at temperature 0.6, top-k 20,
+        top-p 0.95, and both end ids (``<|im_end|>``, then ``<|endoftext|>``) as stop tokens, which
+        ``generate.py`` reads as its ``stopping_criteria_idx``."""
+        eos = [special.eot_id, special.eos_id] if special.eot_id not in (None, special.eos_id) else special.eos_id
+        return {
+            "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
+            "do_sample": True,
+            "eos_token_id": eos,
+            "pad_token_id": special.pad_id,
+            "temperature": 0.6,
+            "top_k": 20,
+            "top_p": 0.95,
+        }
