@@ -65,6 +65,8 @@ COMMANDS = (
             build=f"{_BENCH}:caches_args", target=f"{_BENCH}:run_caches"),
     Command("bench", "throughput", "forward and generate throughput of a model",
             build=f"{_BENCH}:throughput_args", target="dllm.eval.bench.throughput:run_throughput"),
+    Command("bench", "serve", "a load generator against `dllm serve`: Poisson arrivals, requests/s, TTFT and "
+                              "latency p50/p99 for continuous, static and serial serving", target="dllm.eval.bench.serve:main"),
     Command("bench", "choose-fast", "choose the `fast` sampler alias by measurement",
             target="dllm.eval.bench.choose_fast:main"),
     Command("bench", "choose-cache", "choose the `auto` cache policy by measurement",

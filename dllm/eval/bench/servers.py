@@ -1,0 +1,105 @@
+"""The servers of ``dllm bench serve``: one model, one serving mode, on 127.0.0.1, in a thread or a process.
+
+``mode_server`` yields the URL of one: ``--server process`` (the default) runs ``dllm serve --model M
+--mode MODE --port P`` (the real command line, in its own process, so that the load generator does
+not share an interpreter lock with the server, as in vLLM's serving benchmark) and stops it with
+SIGTERM; ``--server thread`` serves the app (``dllm.serve.app.create_app`` on a ``DiffusionEngine``)
+from a thread of the bench's process, on the model the bench loaded. ``forward_counts`` reads the
+model forwards and the rows over them from the server's /metrics (their ratio is the mean batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+from dllm.eval.bench.loopback import LOOPBACK, serve_in_thread, wait_ready
+
+
+def build_engine(model, name: str, mode: str, max_running: int, max_queue: int):
+    """A ``DiffusionEngine`` in ``mode`` with the server's default settings."""
+    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.jobs import DiffusionSettings
+
+    return DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode, max_running=max_running,
+                           max_queue=max_queue)
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 that is free now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int) -> list[str]:
+    """``dllm serve`` for one mode of the bench (``python -m dllm.cli serve ...``)."""
+    cmd = [sys.executable, "-m", "dllm.cli", "serve", "--model", args.model, "--mode", mode, "--host", LOOPBACK,
+           "--port", str(port), "--max-running", str(args.max_running), "--max-queue", str(max_queue),
+           "--log-level", "warning"]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    cmd += ["--device", args.device] if args.device else []
+    return cmd
+
+
+@contextmanager
+def mode_server(model, name: str, mode: str, *, max_queue: int, args: argparse.Namespace) -> Iterator[str]:
+    """The URL of a server in ``mode`` (see the module docstring); stopped on exit."""
+    if args.server == "thread":
+        from dllm.serve.app import create_app
+
+        engine = build_engine(model, name, mode, args.max_running, max_queue)
+        try:
+            with serve_in_thread(create_app(engine), ready_path="/health") as live:
+                yield live.url
+        finally:
+            engine.close(drain=False)
+        return
+    port = free_port()
+    cmd = serve_command(args, mode, port, max_queue)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        deadline = time.monotonic() + args.startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {mode} server exited with status {proc.returncode}: {' '.join(cmd)}")
+            try:
+                wait_ready(url + "/health", min(deadline, time.monotonic() + 1.0))
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the {mode} server did not answer within {args.startup_timeout:.0f} s: "
+                                       f"{' '.join(cmd)}") from None
+        yield url
+    finally:
+        proc.terminate()  # SIGTERM: dllm serve drains and exits
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def forward_counts(url: str) -> Optional[tuple[float, float]]:
+    """(model forwards, rows over them) from the server's /metrics; None when it has none."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    values = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    forwards, rows = values.get("dllm_model_forwards_total"), values.get("dllm_forwarded_rows_total")
+    return None if forwards is None or rows is None else (forwards, rows)
+
+
+__all__ = ["build_engine", "forward_counts", "free_port", "mode_server", "serve_command"]
