@@ -1,4 +1,4 @@
-"""``dllm serve``: an OpenAI-compatible server (``dllm.serve.app`` under uvicorn).
+"""``dllm serve``: an OpenAI-compatible server (``dllm.serve.http.app`` under uvicorn).
 
     dllm serve --model tiny-llada [--sampler SPEC --cache SPEC --block-length N ...] [--port 8000]
     dllm serve --target tiny-ar --drafter dflash:model=tiny-ar-dflash [--tree SPEC --block-size N|auto]
@@ -151,7 +151,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
         from dllm.drafters.base import make_drafter
         from dllm.drafters.loading import load_target, resolve_target
         from dllm.drafters.plan import resolve_plan
-        from dllm.serve.speculative import SpecEngine
+        from dllm.serve.engines.speculative import SpecEngine
 
         found = resolve_target(args.target)
         drafter = make_drafter(args.drafter)
@@ -161,9 +161,9 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                           max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
                           max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
     from dllm.models import load
-    from dllm.serve.batcher import BatcherConfig
-    from dllm.serve.diffusion import DiffusionEngine
-    from dllm.serve.jobs import DiffusionSettings
+    from dllm.serve.engines.batcher import BatcherConfig
+    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.engines.jobs import DiffusionSettings
 
     defaults = DiffusionSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
                                  block_length=args.block_length, steps=args.steps,
@@ -181,7 +181,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from dllm.serve.app import begin_drain, create_app
+    from dllm.serve.http.app import begin_drain, create_app
 
     check_args(args)
     check_specs(args)

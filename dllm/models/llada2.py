@@ -295,7 +295,7 @@ def tiny_llada2(seed: int = 0, *, moe: Optional[MoEConfig] = None, dtype: torch.
     """A small random LLaDA 2 MoE model (no tokenizer): d 64, 3 layers (the first dense), 4 heads of
     16 (2 KV heads), RoPE on 8 of 16 channels, 8 experts in 4 groups, top-2 from 2 groups, one
     shared expert, block 4, vocab 96 (mask 95, EOS/pad 94). ``overrides``: TransformerConfig fields."""
-    from dllm.models.tiny import init_weights
+    from dllm.models.init import init_weights
 
     fields: dict[str, Any] = dict(vocab_size=96, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=96,
                                   rope_theta=600000.0, rms_eps=1e-6, max_positions=512, attn_head_dim=16,

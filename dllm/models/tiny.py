@@ -8,7 +8,6 @@ LM head is drawn with a large std so greedy decoding rarely meets ties.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from dllm.models.base import SpecialIds
 from dllm.models.config import TransformerConfig
 from dllm.models.dream import DREAM_SPECIAL_TOKENS
+from dllm.models.init import HEAD_STD, init_weights  # noqa: F401 (re-exported)
 from dllm.models.families import family_class
 from dllm.models.llada import LLADA_SPECIAL_TOKENS
 from dllm.models.pretrained import TransformerLM
@@ -66,7 +66,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  attn_head_dim=32, qk_norm=True, attention="block_causal", block_size=4),
 }
 _SPECIAL_NAMES = ("mask_id", "eos_id", "pad_id", "eot_id", "bos_id")
-HEAD_STD = 0.5  # LM head std: normalised hidden (RMS 1) x 64 dims -> logit std ~4, peaked softmax
 
 
 def tiny_tokenizer(family: str) -> Any:
@@ -76,29 +75,6 @@ def tiny_tokenizer(family: str) -> Any:
     return build_word_tokenizer(TINY_WORDS, specials, chat_template=template, **roles)
 
 
-def init_weights(model: TransformerLM, seed: int) -> None:
-    """Deterministic random init (independent of the global RNG).
-
-    Linear weights ~ N(0, 1/fan_in) so attention is far from uniform; embeddings ~ N(0, 1); biases
-    ~ N(0, 0.1); norm weights ~ 1 + N(0, 0.1) (not exactly one, so a swapped norm shows); LM head
-    (or tied embedding) ~ N(0, HEAD_STD^2).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    tied = model.config.tie_embeddings
-    with torch.no_grad():
-        for name, p in model.transformer.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name == "lm_head.weight" or (tied and name == "embed.weight"):
-                value = noise * HEAD_STD
-            elif name == "embed.weight":
-                value = noise
-            elif name.endswith("norm.weight"):
-                value = 1.0 + 0.1 * noise
-            elif name.endswith(".bias"):
-                value = 0.1 * noise
-            else:
-                value = noise / math.sqrt(p.shape[1])
-            p.copy_(value)
 
 
 def tiny(

@@ -1,7 +1,7 @@
 """Several replicas of ``dllm serve`` behind one endpoint, through Ray Serve (the optional extra ``dllm[ray]``).
 
 Each replica is a Ray actor that builds its own engine (a ``DiffusionEngine`` or ``SpecEngine``: continuous
-batching inside the replica) and serves the same app as ``dllm serve`` (``dllm.serve.app.create_app``:
+batching inside the replica) and serves the same app as ``dllm serve`` (``dllm.serve.http.app.create_app``:
 the OpenAI endpoints, streaming, /metrics, the page). Ray Serve's HTTP proxy is the one endpoint; it
 sends each request to a replica (its router prefers the less loaded of two random replicas) and streams
 the reply back. Every reply carries the header ``x-dllm-replica: <host>:<pid>`` of the replica that
@@ -29,7 +29,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dllm.serve.jobs import DiffusionSettings
+from dllm.serve.engines.jobs import DiffusionSettings
 
 REPLICA_HEADER = "x-dllm-replica"
 INSTALL = 'Ray Serve is not installed; pip install "dllm[ray]" (or pip install "ray[serve]")'
@@ -60,10 +60,10 @@ class DiffusionReplica:
     dtype: Optional[str] = None
 
     def __call__(self):
-        import dllm
-        from dllm.serve.diffusion import DiffusionEngine
+        from dllm.models.loading import load
+        from dllm.serve.engines.diffusion import DiffusionEngine
 
-        model = dllm.load(self.model, device=self.device, dtype=self.dtype)
+        model = load(self.model, device=self.device, dtype=self.dtype)
         return DiffusionEngine(model, name=self.name or self.model, defaults=self.defaults, mode=self.mode,
                                max_running=self.max_running, max_queue=self.max_queue,
                                max_tokens_limit=self.max_tokens_limit, chat_template=self.chat_template)
@@ -104,7 +104,7 @@ class _Replica:
         self.api_key, self.options = api_key, options
 
     def __serve_build_asgi_app__(self):
-        from dllm.serve.app import create_app
+        from dllm.serve.http.app import create_app
 
         app = create_app(self.engine, api_key=self.api_key, **self.options)
         app.add_middleware(ReplicaHeader, tag=replica_tag())

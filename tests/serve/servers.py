@@ -11,8 +11,8 @@ from typing import Optional, Sequence, Union
 
 import uvicorn
 
-from dllm.serve.base import BadRequest, Engine, EngineStats
-from dllm.serve.jobs import (Delta, DiffusionSettings, Done, EngineClosed, Failed, Job, JobRequest, QueueFull,
+from dllm.serve.engines.base import BadRequest, Engine, EngineStats
+from dllm.serve.engines.jobs import (Delta, DiffusionSettings, Done, EngineClosed, Failed, Job, JobRequest, QueueFull,
                              SpecSettings, Step)
 
 

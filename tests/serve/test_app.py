@@ -1,4 +1,4 @@
-"""dllm.serve.app over a fake engine: the HTTP layer alone (shapes, errors, auth, limits, streaming,
+"""dllm.serve.http.app over a fake engine: the HTTP layer alone (shapes, errors, auth, limits, streaming,
 disconnects, drain, metrics) against a live uvicorn on 127.0.0.1 with the official ``openai`` client.
 The real engines and models: test_app_models.py."""
 
@@ -11,7 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from dllm.serve.app import begin_drain, create_app
+from dllm.serve.http.app import begin_drain, create_app
 from tests.serve.servers import FakeEngine, LiveServer
 
 
@@ -295,7 +295,7 @@ def test_full_queue_is_429_with_retry_after(server, engine):
 
 
 def engine_request(engine: FakeEngine):
-    from dllm.serve.jobs import DiffusionSettings, JobRequest
+    from dllm.serve.engines.jobs import DiffusionSettings, JobRequest
 
     return JobRequest(prompt_ids=(1,), max_tokens=1, settings=DiffusionSettings())
 

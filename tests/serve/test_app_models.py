@@ -10,7 +10,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from dllm.serve.app import create_app
+from dllm.serve.http.app import create_app
 from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_spec
 from tests.serve.test_app import post, sse_events
 
@@ -22,7 +22,7 @@ DFLASH = "dflash:model=tiny-ar-dflash"
 @pytest.fixture(scope="module")
 def llada():
     import dllm
-    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.engines.diffusion import DiffusionEngine
 
     model = dllm.load("tiny-llada")
     engine = DiffusionEngine(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
@@ -93,7 +93,7 @@ def test_diffusion_refusals_name_the_field(llada, extra, param, says):
 @pytest.mark.slow  # loading the transformers target takes seconds; tests/serve/test_load.py covers it under load too
 def test_speculative_server_equals_offline():
     import dllm
-    from dllm.serve.speculative import SpecEngine
+    from dllm.serve.engines.speculative import SpecEngine
 
     target, tok = dllm.load_target("tiny-ar")
     engine = SpecEngine(target, tok, drafter=DFLASH, name="tiny-ar", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)

@@ -9,9 +9,9 @@ import time
 import pytest
 
 import dllm
-from dllm.serve.base import BadRequest
-from dllm.serve.diffusion import DiffusionEngine
-from dllm.serve.jobs import Delta, DiffusionSettings, Done, EngineClosed, Failed, JobRequest, QueueFull, Step
+from dllm.serve.engines.base import BadRequest
+from dllm.serve.engines.diffusion import DiffusionEngine
+from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, EngineClosed, Failed, JobRequest, QueueFull, Step
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
            "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]

@@ -13,7 +13,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from dllm.serve.app import create_app
+from dllm.serve.http.app import create_app
 from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ async def fire(url: str, bodies: list[tuple[str, bytes]]) -> list[httpx.Response
 
 def test_a_fuzz_leaves_the_server_up_and_correct():
     import dllm
-    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.engines.diffusion import DiffusionEngine
 
     model = dllm.load("tiny-llada")
     engine = DiffusionEngine(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import openai
 import pytest
 
-from dllm.serve.app import create_app
+from dllm.serve.http.app import create_app
 from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_spec
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def settled(engine, timeout: float = 5.0):
 @pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
 def test_diffusion_under_load_equals_offline(name):
     import dllm
-    from dllm.serve.diffusion import DiffusionEngine
+    from dllm.serve.engines.diffusion import DiffusionEngine
 
     model = dllm.load(name)
     engine = DiffusionEngine(model, name=name, max_running=32, max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
@@ -162,7 +162,7 @@ def test_diffusion_under_load_equals_offline(name):
 
 def test_speculative_under_load_equals_offline():
     import dllm
-    from dllm.serve.speculative import SpecEngine
+    from dllm.serve.engines.speculative import SpecEngine
 
     target, tok = dllm.load_target("tiny-ar")
     engine = SpecEngine(target, tok, drafter=DFLASH, name="tiny-ar", max_running=8, max_tokens_limit=64,

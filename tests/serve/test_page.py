@@ -1,4 +1,4 @@
-"""The live page (``dllm/serve/static``) in a real browser: Debian's headless Chromium driven by Selenium
+"""The live page (``dllm/serve/http/static``) in a real browser: Debian's headless Chromium driven by Selenium
 against a live ``dllm serve`` app on 127.0.0.1 with the embedded tiny-llada.
 
 The page streams /v1/completions with ``dllm_events``; its final text must equal what the API returns
@@ -41,8 +41,8 @@ API_KEY = "page-test-key"
 @pytest.fixture(scope="module")
 def engine():
     import dllm
-    from dllm.serve.diffusion import DiffusionEngine
-    from dllm.serve.jobs import DiffusionSettings
+    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.engines.jobs import DiffusionSettings
 
     engine = DiffusionEngine(dllm.load(MODEL), name=MODEL, defaults=DiffusionSettings())
     yield engine
@@ -52,7 +52,7 @@ def engine():
 @pytest.fixture(scope="module")
 def server(engine):
     from dllm.eval.bench.loopback import serve_in_thread
-    from dllm.serve.app import create_app
+    from dllm.serve.http.app import create_app
 
     with serve_in_thread(create_app(engine), ready_path="/health") as live:
         yield live
@@ -62,7 +62,7 @@ def server(engine):
 def keyed_server(engine):
     """The same engine behind an app with ``api_key``: /v1/ needs ``Authorization: Bearer``."""
     from dllm.eval.bench.loopback import serve_in_thread
-    from dllm.serve.app import create_app
+    from dllm.serve.http.app import create_app
 
     with serve_in_thread(create_app(engine, api_key=API_KEY), ready_path="/health") as live:
         yield live
@@ -230,8 +230,8 @@ def spec_server():
     from dllm.drafters.base import make_drafter
     from dllm.drafters.loading import load_target, resolve_target
     from dllm.eval.bench.loopback import serve_in_thread
-    from dllm.serve.app import create_app
-    from dllm.serve.speculative import SpecEngine
+    from dllm.serve.http.app import create_app
+    from dllm.serve.engines.speculative import SpecEngine
 
     target, tokenizer = load_target(resolve_target("tiny-ar"))
     engine = SpecEngine(target, tokenizer, drafter=make_drafter("dflash:model=tiny-ar-dflash"), name="tiny-ar")

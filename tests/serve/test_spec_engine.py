@@ -7,9 +7,9 @@ import threading
 import pytest
 
 import dllm
-from dllm.serve.base import BadRequest
-from dllm.serve.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest, SpecSettings
-from dllm.serve.speculative import FifoLock, SpecEngine
+from dllm.serve.engines.base import BadRequest
+from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest, SpecSettings
+from dllm.serve.engines.speculative import FifoLock, SpecEngine
 
 DRAFTER = "dflash:model=tiny-ar-dflash"
 PROMPTS = ["[BOS] copy_long G N J M O G G M P I A P M G O N H O G N L B E N C I L N N I I K [SEP]",

@@ -5,7 +5,7 @@
 
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
-at a time) the bench starts a server, the real app (``dllm.serve.app.create_app``) on a
+at a time) the bench starts a server, the real app (``dllm.serve.http.app.create_app``) on a
 ``DiffusionEngine`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
 (``--server process``, the default; the load generator then shares no interpreter lock with the
 server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). Every server is up
@@ -208,9 +208,21 @@ def parse_rate(text: str) -> float:
     return rate
 
 
-def parser() -> argparse.ArgumentParser:
-    from dllm.cli.args import POSITIVE
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
+
+POSITIVE = _positive
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dllm bench serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-llada", help="a diffusion model name or directory")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -273,10 +285,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    import dllm
+    from dllm.models.loading import load
 
     # the thread servers share one model; a process server loads its own
-    model = dllm.load(args.model, device=args.device) if args.server == "thread" else None
+    model = load(args.model, device=args.device) if args.server == "thread" else None
     requests = stress_requests(args.n, args.tasks, args.seed, args.settings)
     extra = {}
     if args.block_length:

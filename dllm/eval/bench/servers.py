@@ -3,7 +3,7 @@
 ``mode_server`` yields the URL of one: ``--server process`` (the default) runs ``dllm serve --model M
 --mode MODE --port P`` (the real command line, in its own process, so that the load generator does
 not share an interpreter lock with the server, as in vLLM's serving benchmark) and stops it with
-SIGTERM; ``--server thread`` serves the app (``dllm.serve.app.create_app`` on a ``DiffusionEngine``)
+SIGTERM; ``--server thread`` serves the app (``dllm.serve.http.app.create_app`` on a ``DiffusionEngine``)
 from a thread of the bench's process, on the model the bench loaded. ``forward_counts`` reads the
 model forwards and the rows over them from the server's /metrics (their ratio is the mean batch).
 """
@@ -23,8 +23,8 @@ from dllm.eval.bench.loopback import LOOPBACK, serve_in_thread, wait_ready
 
 def build_engine(model, name: str, mode: str, max_running: int, max_queue: int):
     """A ``DiffusionEngine`` in ``mode`` with the server's default settings."""
-    from dllm.serve.diffusion import DiffusionEngine
-    from dllm.serve.jobs import DiffusionSettings
+    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.engines.jobs import DiffusionSettings
 
     return DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode, max_running=max_running,
                            max_queue=max_queue)
@@ -51,7 +51,7 @@ def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int
 def mode_server(model, name: str, mode: str, *, max_queue: int, args: argparse.Namespace) -> Iterator[str]:
     """The URL of a server in ``mode`` (see the module docstring); stopped on exit."""
     if args.server == "thread":
-        from dllm.serve.app import create_app
+        from dllm.serve.http.app import create_app
 
         engine = build_engine(model, name, mode, args.max_running, max_queue)
         try:

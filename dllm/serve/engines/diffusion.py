@@ -3,7 +3,7 @@
 Modes (``DiffusionEngine(mode=...)``):
 
 - ``continuous`` (default): ``max_running`` requests decode at once, each in its own thread with the
-  real ``generate``, and their forwards are merged step by step (``dllm.serve.batcher``): a request
+  real ``generate``, and their forwards are merged step by step (``dllm.serve.engines.batcher``): a request
   joins the running batch at its first forward and leaves after its last, whatever block or step
   the others are at, with its own length, stops, sampler, cache and seed.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
@@ -12,7 +12,7 @@ Modes (``DiffusionEngine(mode=...)``):
 
 Streaming: after every step the row's final left prefix (committed, never revised: the leftmost
 run of committed positions, or for a sampler that re-masks the positions left of its current
-block) becomes text deltas (``dllm.serve.stream.TextStream``). Once that prefix holds an EOS or a stop
+block) becomes text deltas (``dllm.serve.engines.stream.TextStream``). Once that prefix holds an EOS or a stop
 string the answer is final and the row leaves at once (continuous/serial), with the text the whole
 decode would give. ``step_events`` requests also get one ``Step`` event per denoising step.
 """
@@ -32,12 +32,12 @@ from dllm.engine import SEED_MAX, generate
 from dllm.inputs import decode_answer, encode_prompts, fit_layers
 from dllm.samplers import make_sampler
 from dllm.schedule import plan_blocks
-from dllm.serve.base import BadRequest
-from dllm.serve.batcher import BatchedModel, BatcherConfig, ForwardBatcher, run_registered
-from dllm.serve.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
-from dllm.serve.prompts import chat_ids, text_ids
-from dllm.serve.scheduler import SchedulerConfig, ThreadedEngine
-from dllm.serve.stream import TextStream
+from dllm.serve.engines.base import BadRequest
+from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, ForwardBatcher, run_registered
+from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
+from dllm.serve.engines.prompts import chat_ids, text_ids
+from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.engines.stream import TextStream
 
 MODES = ("continuous", "static", "serial")
 
@@ -110,7 +110,7 @@ class _Row:
 
 
 class DiffusionEngine(ThreadedEngine):
-    """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.app``)."""
+    """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.http.app``)."""
 
     kind = "diffusion"
 

@@ -1,7 +1,7 @@
 """What a served request is and what it yields: the settings, the job handle and its events.
 
-The HTTP layer (``dllm.serve.app``) turns an OpenAI-style body into a ``JobRequest``, hands it to an
-engine (``dllm.serve.diffusion.DiffusionEngine`` or ``dllm.serve.speculative.SpecEngine``) and reads the
+The HTTP layer (``dllm.serve.http.app``) turns an OpenAI-style body into a ``JobRequest``, hands it to an
+engine (``dllm.serve.engines.diffusion.DiffusionEngine`` or ``dllm.serve.engines.speculative.SpecEngine``) and reads the
 job's events: ``Delta`` (text that is final: a committed left prefix, never revised), ``Step`` (one
 per denoising step when the request asked for ``step_events``), then exactly one ``Done`` or
 ``Failed``. Engines run jobs on their own threads; a job's events are read from any thread

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from dllm.serve.base import Engine, EngineStats
-from dllm.serve.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
+from dllm.serve.engines.base import Engine, EngineStats
+from dllm.serve.engines.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import resolve_plan
 from dllm.drafters.target import Target
-from dllm.serve.base import BadRequest
-from dllm.serve.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
-from dllm.serve.prompts import chat_ids, text_ids
-from dllm.serve.scheduler import SchedulerConfig, ThreadedEngine
-from dllm.serve.stream import TextStream
+from dllm.serve.engines.base import BadRequest
+from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
+from dllm.serve.engines.prompts import chat_ids, text_ids
+from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.engines.stream import TextStream
 
 
 class FifoLock:

@@ -25,9 +25,9 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-from dllm.serve.errors import from_failed
-from dllm.serve.jobs import Delta, Done, Event, Failed, Job, Step
-from dllm.serve.replies import Reply, choice_stats, step_data
+from dllm.serve.http.errors import from_failed
+from dllm.serve.engines.jobs import Delta, Done, Event, Failed, Job, Step
+from dllm.serve.http.replies import Reply, choice_stats, step_data
 
 DONE = "data: [DONE]\n\n"
 

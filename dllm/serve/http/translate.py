@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
-from dllm.serve.base import BadRequest, Engine
-from dllm.serve.errors import bad_request
-from dllm.serve.jobs import DiffusionSettings, JobRequest, Settings, SpecSettings
-from dllm.serve.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
+from dllm.serve.engines.base import BadRequest, Engine
+from dllm.serve.http.errors import bad_request
+from dllm.serve.engines.jobs import DiffusionSettings, JobRequest, Settings, SpecSettings
+from dllm.serve.http.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
                                  stop_strings)
 
 

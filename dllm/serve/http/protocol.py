@@ -11,7 +11,7 @@ Every refusal is an ``ApiError`` 400 whose ``param`` names the field ("max_token
 range, an unknown field (the message lists the valid ones), an OpenAI feature dllm does not implement
 at a non-neutral value (``logprobs``, ``echo``, penalties ...), a diffusion field sent to a speculative
 server. The engine's own ``check`` (sampler, cache and options against the registries, max_tokens
-against the limit, prompt + max_tokens against the positions) runs after this, in ``dllm.serve.app``.
+against the limit, prompt + max_tokens against the positions) runs after this, in ``dllm.serve.http.app``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dllm.serve.errors import ApiError, bad_request
+from dllm.serve.http.errors import ApiError, bad_request
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n per request

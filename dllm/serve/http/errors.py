@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dllm.serve.base import BadRequest
-from dllm.serve.jobs import EngineClosed, QueueFull
+from dllm.serve.engines.base import BadRequest
+from dllm.serve.engines.jobs import EngineClosed, QueueFull
 
 # status -> OpenAI's error ``type``
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",

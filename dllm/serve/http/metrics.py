@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dllm.serve.base import Engine
-from dllm.serve.jobs import Done
+from dllm.serve.engines.base import Engine
+from dllm.serve.engines.jobs import Done
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -6,7 +6,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from dllm.serve.jobs import Job, JobRequest
+from dllm.serve.engines.jobs import Job, JobRequest
 
 
 class BadRequest(ValueError):

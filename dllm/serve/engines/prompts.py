@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence, Union
 
-from dllm.serve.base import BadRequest
+from dllm.serve.engines.base import BadRequest
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 

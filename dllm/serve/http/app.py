@@ -1,13 +1,13 @@
 """The OpenAI-compatible HTTP app over one engine (FastAPI; run by uvicorn, ``dllm serve``).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed over SSE with
-``stream: true``, see ``dllm.serve.sse``), ``GET /v1/models``, ``GET /v1/dllm/options`` (the registered
+``stream: true``, see ``dllm.serve.http.sse``), ``GET /v1/models``, ``GET /v1/dllm/options`` (the registered
 samplers and caches with their option fields, and the server's defaults: the page's pickers),
-``GET /health``, ``GET /metrics`` (Prometheus), ``GET /`` (the page, ``dllm/serve/static/index.html``)
+``GET /health``, ``GET /metrics`` (Prometheus), ``GET /`` (the page, ``dllm/serve/http/static/index.html``)
 and ``/static/...``.
 
-A request is read (at most ``max_body_bytes``), validated (``dllm.serve.protocol``), turned into one
-``JobRequest`` per choice and checked by the engine (``dllm.serve.translate``) before any job is
+A request is read (at most ``max_body_bytes``), validated (``dllm.serve.http.protocol``), turned into one
+``JobRequest`` per choice and checked by the engine (``dllm.serve.http.translate``) before any job is
 queued: every refusal is an OpenAI-style error body naming the field (400), 401 without the API key
 (``api_key``: ``Authorization: Bearer KEY`` on ``/v1/...``), 429 + Retry-After when the engine's
 queue is full, 503 + Retry-After once the server drains (``begin_drain``: SIGTERM under ``dllm
@@ -34,14 +34,14 @@ from starlette.requests import ClientDisconnect
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dllm.serve.base import BadRequest, Engine
-from dllm.serve.errors import ApiError, bad_request, from_exception, from_failed
-from dllm.serve.jobs import Done, Failed, Job, JobRequest
-from dllm.serve.metrics import CONTENT_TYPE, Metrics
-from dllm.serve.protocol import ChatBody, CompletionBody, parse_body
-from dllm.serve.replies import Reply
-from dllm.serve.sse import cancel_unfinished, merged, stream
-from dllm.serve.translate import job_requests
+from dllm.serve.engines.base import BadRequest, Engine
+from dllm.serve.http.errors import ApiError, bad_request, from_exception, from_failed
+from dllm.serve.engines.jobs import Done, Failed, Job, JobRequest
+from dllm.serve.http.metrics import CONTENT_TYPE, Metrics
+from dllm.serve.http.protocol import ChatBody, CompletionBody, parse_body
+from dllm.serve.http.replies import Reply
+from dllm.serve.http.sse import cancel_unfinished, merged, stream
+from dllm.serve.http.translate import job_requests
 
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt the models' positions allow
