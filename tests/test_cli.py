@@ -197,3 +197,19 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(command, t
     with pytest.raises(SystemExit):
         main([*command, "--json", str(tmp_path / "a-file" / "r.json")])
     assert f"'{tmp_path / 'a-file'}' is a file, not a directory" in capsys.readouterr().err
+
+
+def test_generate_quantization_flag(capsys):
+    """--quantization int8 loads the model quantized; the tiny model still sorts; a bad value is one
+    line and status 2; the flag's choices are the quantization registry's."""
+    pytest.importorskip("torchao")
+    from dllm.cli.args import QUANTIZATION_CHOICES
+    from dllm.models.quantize import QUANTIZATIONS
+
+    assert tuple(QUANTIZATIONS) == QUANTIZATION_CHOICES
+    assert main(["generate", "--model", "tiny-llada", "--prompt", "[BOS] sort D A C B [SEP]", "--gen-length", "5",
+                 "--quantization", "int8", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.strip() == "A B C D"
+    with pytest.raises(SystemExit) as err:
+        main(["generate", "--model", "tiny-llada", "--prompt", "x", "--quantization", "int3"])
+    assert err.value.code == 2 and "int3" in capsys.readouterr().err

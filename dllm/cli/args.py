@@ -66,6 +66,16 @@ def add_model_place(p: argparse.ArgumentParser, dtype: str | None = None) -> Non
     p.add_argument("--device", default=None)
 
 
+QUANTIZATION_CHOICES = ("int8", "int4", "nf4")  # dllm.models.quantize.QUANTIZATIONS (not imported: torch-free)
+
+
+def add_quantization(p: argparse.ArgumentParser) -> None:
+    """``--quantization``: weight-only quantization of the loaded model (``dllm.load(quantization=)``)."""
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
+                   help="weight-only quantization of the model's linear layers (torchao int8/int4, "
+                        "bitsandbytes nf4; extra `quant`); default: none")
+
+
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     """The settings of one ``dllm.generate`` call: sampler, lengths, temperature, cache, options."""
     p.add_argument("--sampler", default="low_confidence",

@@ -12,18 +12,20 @@ import json
 import sys
 from typing import Any
 
-from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_threads
+from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_quantization, add_threads
 
 
 def load_model(args) -> Any:
     """The model ``args.model`` names, at ``--dtype`` / ``--device`` when the command has them."""
     from dllm.models import load
 
-    return load(args.model, dtype=getattr(args, "dtype", None), device=getattr(args, "device", None))
+    return load(args.model, dtype=getattr(args, "dtype", None), device=getattr(args, "device", None),
+                quantization=getattr(args, "quantization", None))
 
 
 def generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local dir, hub id, or embedded model name")
+    add_quantization(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--show", action="store_true", help="redraw the canvas as tokens get committed")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from dllm.cli.args import POSITIVE, add_threads, at_least, option
+from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
@@ -74,6 +74,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get after SIGTERM (default: as long as they need)")
     h.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--dtype", default=None)
+    add_quantization(p)
     p.add_argument("--device", default=None)
     add_threads(p)
 
@@ -156,7 +157,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
         found = resolve_target(args.target)
         drafter = make_drafter(args.drafter)
         plan = resolve_plan(None, args.block_size, args.tree)
-        target, tok = load_target(found, dtype=args.dtype, device=args.device)
+        target, tok = load_target(found, dtype=args.dtype, device=args.device, quantization=args.quantization)
         return SpecEngine(target, tok, drafter=drafter, plan=plan, name=name, max_running=args.max_running or 8,
                           max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
                           max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
@@ -171,7 +172,7 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                                  options=tuple(sorted(dict(args.option).items())))
     batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
                                                   ("max_tokens", args.max_batch_tokens)) if v is not None})
-    model = load(args.model, dtype=args.dtype, device=args.device)
+    model = load(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
     return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
                            max_running=args.max_running or 32, max_queue=args.max_queue,
                            max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
