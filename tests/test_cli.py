@@ -213,3 +213,22 @@ def test_generate_quantization_flag(capsys):
     with pytest.raises(SystemExit) as err:
         main(["generate", "--model", "tiny-llada", "--prompt", "x", "--quantization", "int3"])
     assert err.value.code == 2 and "int3" in capsys.readouterr().err
+
+
+def test_info_shows_block_causal_attention_and_moe(capsys):
+    assert main(["info", "tiny-random-sdar"]) == 0
+    fields = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert fields["attention"].strip() == "block_causal" and fields["block_size"].strip().isdigit()
+    assert main(["info", "tiny-random-llada"]) == 0
+    fields = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert fields["attention"].strip() == "bidirectional" and "block_size" not in fields and "n_experts" not in fields
+
+
+def test_info_shows_the_experts_of_a_moe_checkpoint(capsys, tmp_path):
+    from dllm.models.llada2 import tiny_llada2
+
+    tiny_llada2().save_pretrained(tmp_path / "m")
+    assert main(["info", str(tmp_path / "m")]) == 0
+    fields = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert fields["family"].strip() == "llada2" and fields["attention"].strip() == "block_causal"
+    assert (fields["n_experts"].strip(), fields["experts_per_token"].strip(), fields["shared_experts"].strip()) == ("8", "2", "1")

@@ -127,5 +127,11 @@ def run_info(args) -> int:
         "eot_id": model.eot_id, "pad_id": model.pad_id, "bos_id": model.bos_id,
         "tokenizer": type(model.tokenizer).__name__ if model.tokenizer is not None else None,
         "attn_backend": model.attn_backend,
+        "attention": c.attention,  # bidirectional, or block_causal (SDAR, LLaDA 2: with its trained block)
     }
+    if c.block_causal:
+        info["block_size"] = c.block_size
+    moe = getattr(model, "moe_config", None)
+    if moe is not None:  # LLaDA 2.x MoE: routed experts, top-k, shared experts
+        info.update(n_experts=moe.n_experts, experts_per_token=moe.top_k, shared_experts=moe.n_shared)
     return _print_rows([(k, str(v)) for k, v in info.items()])
