@@ -76,6 +76,13 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None)
     add_quantization(p)
     p.add_argument("--device", default=None)
+    r = p.add_argument_group("replicas (Ray Serve, extra dllm[ray])")
+    r.add_argument("--replicas", type=POSITIVE, default=None,
+                   help="serve N copies of the engine behind one endpoint through Ray Serve (default: one "
+                        "engine in this process)")
+    r.add_argument("--ray-address", default=None,
+                   help="join a running Ray cluster (e.g. auto); default: start a local Ray")
+    r.add_argument("--gpus-per-replica", type=float, default=0.0, help="each replica's Ray GPU share (default 0)")
     add_threads(p)
 
 
@@ -99,6 +106,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty; give a key or leave the flag out")
+    if args.replicas is not None and args.port == 0:
+        raise ValueError("--replicas needs a fixed --port (Ray Serve's proxy binds it; 0 = any port is not supported)")
+    if args.replicas is None and (args.ray_address is not None or args.gpus_per_replica):
+        raise ValueError("--ray-address and --gpus-per-replica go with --replicas N")
     if args.drain_timeout is not None and not args.drain_timeout > 0:
         raise ValueError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
 
@@ -187,6 +198,8 @@ def run_serve(args: argparse.Namespace) -> int:
     check_args(args)
     check_specs(args)
     chat_template = read_chat_template(args.chat_template)
+    if args.replicas is not None:
+        return run_replicas(args, chat_template)
     sock = bind(args.host, args.port)
     if args.host not in LOOPBACK and args.api_key is None:
         print(f"dllm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
@@ -213,4 +226,23 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["build_engine", "check_args", "check_specs", "read_chat_template", "run_serve", "serve_args"]
+def run_replicas(args: argparse.Namespace, chat_template: Optional[str]) -> int:
+    """``--replicas N``: N copies of exactly the engine the flags build (each replica loads its own
+    model) behind Ray Serve's proxy on ``--host:--port`` (``dllm.serve.ray_app``)."""
+    import functools
+
+    from dllm.serve import ray_app
+
+    app = ray_app.application(
+        functools.partial(build_engine, args, chat_template), replicas=args.replicas, api_key=args.api_key,
+        num_gpus=args.gpus_per_replica, threads=args.threads,
+        app_options=dict(max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
+                         drain_timeout=args.drain_timeout))
+    print(f"dllm serve: {args.replicas} replicas of {args.served_model_name or args.model or args.target} through "
+          f"Ray Serve on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    ray_app.run(app, host=args.host, port=args.port, address=args.ray_address)
+    print("dllm serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+__all__ = ["build_engine", "check_args", "check_specs", "read_chat_template", "run_replicas", "run_serve", "serve_args"]

@@ -124,3 +124,31 @@ def test_the_flags_build_the_engine(tmp_path):
         assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.config.max_rows == 6
     finally:
         engine.close()
+
+
+def test_replicas_flag_hands_the_flags_engine_to_ray_serve(monkeypatch):
+    """--replicas N: Ray Serve gets N copies of exactly the engine the flags build (a picklable
+    partial of build_engine), the server options, and Serve's proxy on --host:--port."""
+    import argparse
+    import functools
+    import pickle
+
+    from dllm.cli import serve as cli
+    from dllm.serve import ray_app
+
+    calls = {}
+    monkeypatch.setattr(ray_app, "application", lambda make, **kw: calls.setdefault("app", (make, kw)) and "APP")
+    monkeypatch.setattr(ray_app, "run", lambda app, **kw: calls.setdefault("run", (app, kw)))
+    p = argparse.ArgumentParser()
+    cli.serve_args(p)
+    args = p.parse_args(["--model", "tiny-llada", "--sampler", "fast", "--replicas", "3", "--port", "8199",
+                         "--api-key", "k", "--threads", "1", "--ray-address", "auto"])
+    assert cli.run_serve(args) == 0
+    make, kw = calls["app"]
+    assert isinstance(make, functools.partial) and make.func is cli.build_engine and make.args == (args, None)
+    pickle.dumps(make)  # Ray ships it to the replicas
+    assert kw["replicas"] == 3 and kw["api_key"] == "k" and kw["threads"] == 1
+    assert calls["run"] == ("APP", {"host": "127.0.0.1", "port": 8199, "address": "auto"})
+    for bad in (["--replicas", "2", "--port", "0"], ["--ray-address", "auto"]):
+        with pytest.raises(ValueError):
+            cli.check_args(p.parse_args(["--model", "tiny-llada", *bad]))
