@@ -254,6 +254,13 @@ def test_a_bad_table_is_refused_when_the_registry_is_built(groups, commands, mat
         Registry(groups, commands)
 
 
+def _foreground_sigint() -> None:
+    """In the child before exec: SIGINT delivered as in a foreground terminal. A test run started in
+    the background by a non-interactive shell inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the command would never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_real_ctrl_c_in_a_process_prints_one_line_and_exits_130(tmp_path):
     """SIGINT to a running command: one line on stderr, no traceback, status 130."""
     script = tmp_path / "slow.py"
@@ -270,7 +277,7 @@ def test_real_ctrl_c_in_a_process_prints_one_line_and_exits_130(tmp_path):
     """))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_foreground_sigint)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)

@@ -237,7 +237,8 @@ def test_ctrl_c_in_a_subprocess(tmp_path: Path):
     cmd = [sys.executable, "-m", "dllm.train", "--recipe", "tiny-llada", "--tiny", "--eval-every", "0", "--save-every",
            "1", "--out", str(out), "--no-progress", "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"),  # SIGINT as in a foreground terminal
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list((out / "tiny-llada").glob("checkpoint-0000002")) and time.monotonic() < deadline:
