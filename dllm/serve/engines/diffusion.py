@@ -36,7 +36,7 @@ from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, ForwardBatcher, run_registered
 from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
 from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine, max_tokens_limit as default_limit
 from dllm.serve.engines.stream import TextStream
 
 MODES = ("continuous", "static", "serial")
@@ -128,9 +128,7 @@ class DiffusionEngine(ThreadedEngine):
         self.chat_template = chat_template
         self.eos_ids = frozenset(getattr(model, "eos_ids", ()) or ())
         self.block_size = block_size_of(model)  # block-causal models (SDAR): the trained block, else None
-        limit = max_tokens_limit if max_tokens_limit is not None else (
-            self.max_positions - 1 if self.max_positions else 4096)
-        self.max_tokens_limit = int(limit)
+        self.max_tokens_limit = default_limit(max_tokens_limit, self.max_positions)
         super().__init__(SchedulerConfig(max_running=1 if mode == "serial" else max_running,
                                          max_queue=max_queue, max_running_tokens=max_running_tokens))
         self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
@@ -228,17 +226,8 @@ class DiffusionEngine(ThreadedEngine):
     def check(self, request: JobRequest) -> None:
         if not isinstance(request.settings, DiffusionSettings):
             raise BadRequest(None, f"a diffusion engine takes DiffusionSettings, got {type(request.settings).__name__}")
-        n = request.max_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens_limit:
-            raise BadRequest("max_tokens", f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {n!r}")
-        if not request.prompt_ids:
-            raise BadRequest("prompt", "the prompt is empty")
-        lp = len(request.prompt_ids)
-        if self.max_positions is not None and lp + n > self.max_positions:
-            raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
-                             f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the model's "
-                             f"{self.max_positions} positions")
-        self.check_settings(request.settings, gen_length=n, prompt=request.prompt_ids)
+        self.check_length(request, "model")
+        self.check_settings(request.settings, gen_length=request.max_tokens, prompt=request.prompt_ids)
 
     # ---- decoding ----
     def _new_row(self, job: Job, r: int, revises: bool) -> _Row:

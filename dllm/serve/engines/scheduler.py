@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from dllm.serve.engines.base import Engine, EngineStats
+from dllm.serve.engines.base import BadRequest, Engine, EngineStats
 from dllm.serve.engines.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
 
 
@@ -32,6 +32,12 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
+    """The largest max_tokens a request may ask for: ``given``, else the positions after a one-token
+    prompt, else 4096."""
+    return int(given if given is not None else (max_positions - 1 if max_positions else 4096))
 
 
 class ThreadedEngine(Engine):
@@ -97,6 +103,20 @@ class ThreadedEngine(Engine):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def check_length(self, request: JobRequest, what: str) -> None:
+        """max_tokens within the limit, a non-empty prompt, and prompt + max_tokens within the
+        positions of ``what`` ("model", "target"); BadRequest naming the field otherwise."""
+        n = request.max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens_limit:
+            raise BadRequest("max_tokens", f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {n!r}")
+        if not request.prompt_ids:
+            raise BadRequest("prompt", "the prompt is empty")
+        lp = len(request.prompt_ids)
+        if self.max_positions is not None and lp + n > self.max_positions:
+            raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
+                             f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the {what}'s "
+                             f"{self.max_positions} positions")
 
     # ---- subclasses ----
     @abc.abstractmethod

@@ -22,7 +22,7 @@ from dllm.drafters.target import Target
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
 from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine, max_tokens_limit as default_limit
 from dllm.serve.engines.stream import TextStream
 
 
@@ -81,9 +81,7 @@ class SpecEngine(ThreadedEngine):
         self.vocab_size = info.vocab_size
         cfg = getattr(target, "config", None)
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
-        limit = max_tokens_limit if max_tokens_limit is not None else (
-            self.max_positions - 1 if self.max_positions else 4096)
-        self.max_tokens_limit = int(limit)
+        self.max_tokens_limit = default_limit(max_tokens_limit, self.max_positions)
         self.chat_template = chat_template
         self._turns = FifoLock()
         self._tok_lock = threading.Lock()
@@ -130,16 +128,7 @@ class SpecEngine(ThreadedEngine):
         if not isinstance(s, SpecSettings):
             raise BadRequest(None, "a speculative server takes no diffusion settings (sampler, cache, "
                                    "block_length, steps, sampler_options)")
-        n = request.max_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens_limit:
-            raise BadRequest("max_tokens", f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {n!r}")
-        if not request.prompt_ids:
-            raise BadRequest("prompt", "the prompt is empty")
-        lp = len(request.prompt_ids)
-        if self.max_positions is not None and lp + n > self.max_positions:
-            raise BadRequest("prompt" if lp >= self.max_positions else "max_tokens",
-                             f"prompt ({lp} tokens) + max_tokens ({n}) = {lp + n} exceeds the target's "
-                             f"{self.max_positions} positions")
+        self.check_length(request, "target")
         for name, value, low, high in (("temperature", s.temperature, 0.0, float("inf")),
                                        ("top_p", s.top_p, 0.0, 1.0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high \
