@@ -256,6 +256,7 @@ def summarize_parallelbench(config, cells: dict[str, Cell], cfg: ParallelBenchCo
             continue
         by_task = {}
         for t in tasks:
+            # block length 0 (one block) and blocks past the answer count as the task's longest answer region
             la = max(T.answer_length(t, ex.size) for ex in config.examples[t])
             by_task[t] = order_preference([min(s.block_length or la, la) for s in members],
                                           [100 * per[s.label][t]["accuracy"] for s in members])

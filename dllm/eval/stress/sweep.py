@@ -92,6 +92,7 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
     A sample's forwards (``Cell.nfe``) are the steps that changed its row (``RowSteps``) times the
     forwards per step of its call: the forwards it takes decoded alone, since every sampler decides
     per row (samplers with verification forwards run one row per call for that reason).
+    keep_rows: also keep each sample's generated row and commit steps (``--metrics parallelbench``).
     """
     if hasattr(model, "reseed") and getattr(model, "noise_std", 0) > 0:
         model.reseed(seed)  # the oracle's logit noise: the same draws whatever ran before
