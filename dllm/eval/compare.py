@@ -20,14 +20,16 @@ token per step), ``low_confidence:k=2``, ``threshold:threshold=0.8``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from dllm import tasks as T
+from dllm.models.moe import ExpertCounter, count_experts, has_experts
 from dllm.options import check_int, check_optional_int
 from dllm.scoring.exact_match import decode_and_score, load_model
 from dllm.scoring.setting import DecodeSetting
@@ -56,6 +58,9 @@ class SamplerResult:
     # peak memory of the run (dllm.eval.bench.timing: CUDA allocations, or on CPU the process's peak resident
     # set, model and interpreter included); None where it cannot be measured
     peak_memory_mb: Optional[float] = None
+    # mixture-of-experts models (LLaDA 2): distinct experts per MoE layer per forward, averaged over layers
+    # and forwards (``dllm.models.moe.count_experts``); None for a dense model
+    experts_per_forward: Optional[float] = None
     pareto: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -91,7 +96,8 @@ def run_sampler(model, spec: DecodeSetting, examples: Sequence[T.Example], *, bl
     can_peak = reset_peak_memory(device)
     # one batch per (task, answer length): see decode_and_score's ``by_task``
     setting = replace(spec, block_length=block_length) if block_length is not None else spec
-    tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress)
+    with expert_counter(model) as experts:
+        tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress)
     peak = peak_memory_mb(device) if can_peak else None
     total, rows, wall = tally.examples, tally.row_forwards, tally.seconds
     return SamplerResult(
@@ -100,8 +106,19 @@ def run_sampler(model, spec: DecodeSetting, examples: Sequence[T.Example], *, bl
         tokens_per_forward=tally.generated_tokens / rows, content_tokens_per_forward=tally.content_tokens / rows,
         tokens_per_second=tally.generated_tokens / wall if wall > 0 else float("inf"), wall_time=wall,
         peak_memory_mb=None if peak is None else round(peak, 1),
+        experts_per_forward=None if experts is None else round(experts.mean_distinct(), 2),
         extra={"solved": "".join("1" if tally.solved[i] else "0" for i in range(total))},  # per example, in order
     )
+
+
+@contextlib.contextmanager
+def expert_counter(model) -> Iterator[Optional[ExpertCounter]]:
+    """``count_experts(model)`` for a mixture-of-experts model, None for a dense one."""
+    if not has_experts(model):
+        yield None
+        return
+    with count_experts(model) as counter:
+        yield counter
 
 
 def mark_pareto(results: list[SamplerResult]) -> None:
@@ -168,14 +185,19 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
 
 
 def format_results(results: Sequence[SamplerResult]) -> str:
+    """The compare table; a mixture-of-experts model's rows add ``experts/fwd`` (distinct experts per MoE
+    layer per forward) beside TPF, to show how many experts committing more tokens per step wakes."""
     width = max(len(r.label) for r in results) + 2
+    moe = any(r.experts_per_forward is not None for r in results)
     head = (f"{'sampler':<{width}}{'acc %':>7}{'NFE/ex':>8}{'fwd tokens':>12}{'TPF':>7}"
-            f"{'TPF(content)':>14}{'tok/s':>9}{'wall s':>8}{'peak MiB':>10}  front")
+            f"{'TPF(content)':>14}{'experts/fwd' if moe else '':>{13 if moe else 0}}{'tok/s':>9}{'wall s':>8}{'peak MiB':>10}  front")
     lines = [head, "-" * len(head)]
     for r in results:
+        experts = ("-" if r.experts_per_forward is None else f"{r.experts_per_forward:.2f}") if moe else ""
         lines.append(
             f"{r.label:<{width}}{100 * r.accuracy:7.1f}{r.nfe_per_example:8.2f}{r.forwarded_tokens:12d}"
-            f"{r.tokens_per_forward:7.2f}{r.content_tokens_per_forward:14.2f}{r.tokens_per_second:9.1f}"
+            f"{r.tokens_per_forward:7.2f}{r.content_tokens_per_forward:14.2f}{experts:>{13 if moe else 0}}"
+            f"{r.tokens_per_second:9.1f}"
             f"{r.wall_time:8.2f}{'-' if r.peak_memory_mb is None else f'{r.peak_memory_mb:.0f}':>10}"
             f"  {'*' if r.pareto else ''}"
         )

@@ -223,6 +223,11 @@ class ExpertCounter:
         return sum(u.tokens for u in self.uses) / max(len(self.uses), 1)
 
 
+def has_experts(model: nn.Module) -> bool:
+    """True when ``model`` holds a mixture-of-experts layer (``count_experts`` can count it)."""
+    return any(isinstance(m, SparseMoE) for m in model.modules())
+
+
 @contextlib.contextmanager
 def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
     """``with count_experts(model) as c: ...`` -> ``c.mean_distinct()`` experts per layer per forward
@@ -241,4 +246,4 @@ def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
 
 
 __all__ = ["ExpertCounter", "ExpertMLP", "ExpertUse", "MoEConfig", "Router", "SparseMoE", "combine_experts",
-           "count_experts", "group_limited_topk", "moe_reference", "route"]
+           "count_experts", "group_limited_topk", "has_experts", "moe_reference", "route"]

@@ -30,7 +30,7 @@ import torch
 from dllm import tasks as T
 from dllm.inputs import model_device
 from dllm.options import check_int
-from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
+from dllm.scoring.setting import DecodeSetting, check_tokens_per_step, grid_steps_for
 
 
 @lru_cache(maxsize=None)
@@ -172,10 +172,14 @@ def decode_and_score(
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.engine import generate
 
-    groups: dict[tuple[str, int], list[T.Example]] = defaultdict(list)
+    # a block-causal model (SDAR) decodes on its own grid: a batch shares its blocks, so its prompts
+    # must agree in length mod the block; blocks and steps come from the grid (``grid_steps_for``)
+    grid = model.config.block_size if getattr(model.config, "block_causal", False) else None
+    groups: dict[tuple[str, int, int], list[T.Example]] = defaultdict(list)
     index: dict[int, list[int]] = defaultdict(list)  # id(example) -> its positions in ``examples``
     for i, ex in enumerate(examples):
-        groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size))].append(ex)
+        offset = len(T.prompt_ids(ex)) % grid if grid else 0
+        groups[(ex.task if by_task else "", T.answer_length(ex.task, ex.size), offset)].append(ex)
         index[id(ex)].append(i)
     tally = Tally(defaultdict(int), defaultdict(int))
     extra: dict[str, Any] = {} if seed is None else {"seed": seed}
@@ -185,9 +189,12 @@ def decode_and_score(
     model.eval()
     t0 = time.perf_counter()
     try:
-        for (_, la), group in sorted(groups.items()):
-            bl = min(setting.block_length or la, la)
-            steps = setting.steps(la, bl)
+        for (_, la, offset), group in sorted(groups.items()):
+            if grid:
+                bl, steps = setting.block_length, grid_steps_for(la, offset, grid, setting.k)
+            else:
+                bl = min(setting.block_length or la, la)
+                steps = setting.steps(la, bl)
             for chunk in length_batches(group, max_batch, by_length):
                 prompts = [T.prompt_ids(ex) for ex in chunk]
                 counter = RowSteps() if record else None

@@ -40,6 +40,18 @@ def steps_for(gen_length: int, block_length: Optional[int], k: Optional[int]) ->
     return -(-gen_length // bl) * min(-(-bl // k), bl)
 
 
+def grid_steps_for(gen_length: int, prompt_length: int, block_size: int, k: Optional[int]) -> Optional[int]:
+    """``steps`` for k tokens per step on a block-causal model's grid (SDAR): the generated region
+    splits into the prompt's partial block (``-prompt_length % block_size`` positions, if any) and whole
+    blocks; ``ceil(block_size / k)`` steps each (``generate`` caps a short block at its size). None for
+    k None (the sampler's own steps: one token per step for a fixed-step sampler)."""
+    if k is None:
+        return None
+    first = min(-prompt_length % block_size, gen_length)
+    n_blocks = (1 if first else 0) + -(-(gen_length - first) // block_size)
+    return n_blocks * min(-(-block_size // k), block_size)
+
+
 def cache_spec(text: Optional[str]) -> Optional[str]:
     """A cache spec with its options separated by semicolons (``dual:look_back=16;look_ahead=16``), as
     lm-eval's comma-split ``model_args`` need, in the registry's comma form; other text unchanged."""

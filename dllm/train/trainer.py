@@ -40,7 +40,7 @@ import torch
 
 from dllm.train.data import Batch, TaskMixture
 from dllm.scoring.exact_match import EvalResult, eval_examples, evaluate
-from dllm.train.objective import diffusion_loss
+from dllm.train.block_objective import training_loss
 from dllm.train.recipes import Recipe, build_model, count_parameters
 from dllm.train.schedule import check_phases, lr_factor, phase_index, scheduled_lr_factor
 
@@ -100,6 +100,7 @@ class Trainer:
         random.seed(cfg.seed)
         self.device = torch.device(cfg.device)
         self.model = build_model(recipe).to(self.device).train()
+        self.loss_fn = training_loss(self.model)  # block diffusion for block-causal models
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=cfg.betas, fused=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -130,7 +131,7 @@ class Trainer:
         batch = batch.to(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            out = diffusion_loss(self.model, batch.input_ids, batch.answer_mask, batch.key_padding_mask,
+            out = self.loss_fn(self.model, batch.input_ids, batch.answer_mask, batch.key_padding_mask,
                                  batch.positions, mask_generator(cfg.seed, step), eps=cfg.mask_eps)
         out.loss.backward()
         max_norm = cfg.clip if cfg.clip > 0 else float("inf")

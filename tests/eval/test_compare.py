@@ -84,3 +84,25 @@ def test_repeats_report_the_median_wall_and_refuse_runs_that_differ(tmp_path):
         assert len(walls) == 3 and r["wall_time"] == sorted(walls)[1]
     with pytest.raises(SystemExit):
         main(["compare", "--model", "oracle", "--repeats", "0", "--out", str(out), "--no-progress"])
+
+
+def test_a_mixture_of_experts_model_gets_an_experts_per_forward_column():
+    """LLaDA 2 MoE (random tiny): each row counts the distinct experts its forwards woke, as
+    count_experts does over the same decode; a dense model has no such column."""
+    from dllm.eval.compare import compare, format_results, task_examples
+    from dllm.models import load
+    from dllm.models.moe import count_experts
+    from dllm.models.tiny import tiny
+    from dllm.scoring.exact_match import decode_and_score
+
+    moe = tiny("llada2")  # block-causal, block 4
+    specs = ["low_confidence:cache=block", "low_confidence:k=2,cache=block"]
+    results = compare(moe, specs, ["copy"], 3, show_progress=False)
+    assert all(r.experts_per_forward is not None and r.experts_per_forward > 0 for r in results)
+    with count_experts(moe) as counter:
+        decode_and_score(moe, task_examples(["copy"], 3), specs[0], by_task=True)
+    assert results[0].experts_per_forward == round(counter.mean_distinct(), 2)
+    table = format_results(results)
+    assert "experts/fwd" in table.splitlines()[0]
+    dense = compare(load("tiny-llada"), ["low_confidence"], ["copy"], 2, show_progress=False)
+    assert dense[0].experts_per_forward is None and "experts/fwd" not in format_results(dense)

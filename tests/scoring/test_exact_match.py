@@ -104,3 +104,37 @@ def test_record_keeps_each_examples_own_outcome(oracle):
         assert len(o.trace) == la and max(o.trace) == o.forwards - 1  # the step that committed each position
         assert 0 <= o.content <= la
     assert decode_and_score(oracle, exs).outcomes == {}  # kept only when asked
+
+
+def test_grid_steps_for_counts_the_prompts_partial_block():
+    from dllm.scoring.setting import grid_steps_for
+
+    assert grid_steps_for(9, 8, 4, None) is None
+    assert grid_steps_for(9, 8, 4, 1) == 3 * 4  # blocks [0,4) [4,8) [8,9): prompt ends on the grid
+    assert grid_steps_for(9, 7, 4, 1) == 3 * 4  # the prompt's block has one free position: 1 + 4 + 4
+    assert grid_steps_for(9, 7, 4, 2) == 3 * 2
+    assert grid_steps_for(10, 7, 4, 1) == 4 * 4  # 1 + 4 + 4 + 1
+    assert grid_steps_for(2, 5, 4, 1) == 1 * 4  # the whole answer fits the prompt's partial block
+
+
+@pytest.mark.parametrize("k", [None, 1, 2])
+def test_a_block_causal_model_decodes_on_its_grid_like_each_prompt_alone(k):
+    """tiny-random-sdar (block 4): prompts of every length mod 4 in one call are grouped by that offset
+    (a batch shares its blocks) and each decodes as it does alone on the model's grid."""
+    from dllm.engine import generate
+    from dllm.scoring.setting import grid_steps_for
+
+    model = load("tiny-random-sdar")
+    examples = [ex for n in ("copy", "reverse", "sort") for size in T.get_task(n).default_sizes
+                for ex in T.test_split(n, size, n=2)]
+    assert len({len(T.prompt_ids(ex)) % 4 for ex in examples}) > 1
+    together = decode_and_score(model, examples, "low_confidence", tokens_per_step=k, record=True)
+    for i, ex in enumerate(examples):
+        alone = decode_and_score(model, [ex], "low_confidence", tokens_per_step=k, record=True).outcomes[0]
+        got = together.outcomes[i]
+        assert (got.correct, got.content, got.trace) == (alone.correct, alone.content, alone.trace)
+        prompt, la = T.prompt_ids(ex), T.answer_length(ex.task, ex.size)
+        out = generate(model, [prompt], "low_confidence", gen_length=la, return_trace=True,
+                       steps=grid_steps_for(la, len(prompt), 4, k))
+        assert out.nfe == alone.forwards
+    assert sum(together.counts.values()) == len(examples)

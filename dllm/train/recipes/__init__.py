@@ -3,7 +3,8 @@
 - ``base``: ``Recipe`` (a model in an official checkpoint format + its ``TrainConfig``), ``build_model``;
 - ``stages``: ``Stage`` / ``Curriculum``: a shipped model's training as a chain of trainer runs, and
   the ``curricula`` registry (one per shipped diffusion model, plus experiments; loaded on first use);
-- one file per model family: ``pb_mini`` (``tiny-llada``, ``tiny-dream``), ``long_prompt`` (the first
+- one file per model family: ``pb_mini`` (``tiny-llada``, ``tiny-dream``), ``block_diffusion``
+  (``tiny-sdar``, converted from tiny-llada), ``long_prompt`` (the first
   long-prompt stage), ``llada_long`` (``tiny-llada-long``), ``dream_long`` (``tiny-dream-long``),
   ``gpu_long`` (GPU continuations, not shipped).
 
@@ -17,6 +18,7 @@ from dllm.train.recipes.base import (Recipe, TrainConfig, build_model, count_par
 from dllm.train.recipes.pb_mini import (C0_TASKS, FOCUS_TASKS, PHASE1_STEPS, focus_mixture, reweighted,
                                         sort_num_mixture, weighted_mixture)
 from dllm.train.recipes.stages import Curriculum, Stage, key_stage, mixture
+from dllm.train.recipes import block_diffusion  # noqa: F401  (registers tiny-sdar, after pb_mini)
 
 
 def __getattr__(name: str):

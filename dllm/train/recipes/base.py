@@ -128,14 +128,23 @@ def warm_start(model: TransformerLM, source: str) -> TransformerLM:
     """Copy the weights of ``source`` (an embedded model name or a checkpoint directory of the same
     family and layer shapes) into ``model``. A larger vocabulary is allowed: the embedding and LM
     head rows past the source's keep their fresh init (new task words). Anything else that differs
-    is a ValueError naming the tensor."""
+    is a ValueError naming the tensor.
+
+    Another family is a conversion (SDAR starts from Qwen3 AR checkpoints, arXiv 2510.06303): allowed
+    when the two differ only in norm weights the source lacks (SDAR's per-head q/k norms), which keep
+    their init of 1. The converted model computes a different function (the new norms rescale q and
+    k, the attention mask may differ), so it is a starting point for training, not a copy."""
     from dllm.models import load
 
     src = load(source)
-    if type(src) is not type(model):
-        raise ValueError(f"init_from={source!r} is a {type(src).__name__}, the recipe builds a {type(model).__name__}")
     theirs, ours = src.state_dict(), model.state_dict()
-    if set(theirs) != set(ours):
+    new = sorted(set(ours) - set(theirs))
+    if type(src) is not type(model) and (set(theirs) - set(ours)
+                                          or any(not n.endswith("norm.weight") for n in new)):
+        raise ValueError(f"init_from={source!r} is a {type(src).__name__}, the recipe builds a {type(model).__name__}; "
+                         f"a conversion may only add norm weights, tensors differ: "
+                         f"{sorted(set(theirs) ^ set(ours))[:4]}")
+    if type(src) is type(model) and set(theirs) != set(ours):
         raise ValueError(f"init_from={source!r}: tensors differ: {sorted(set(theirs) ^ set(ours))[:4]}")
     rows_grow = ("transformer.embed.weight", "transformer.lm_head.weight")
     with torch.no_grad():
