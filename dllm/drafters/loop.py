@@ -86,6 +86,7 @@ def speculative_generate(
     return_stats: bool = True,
     tree: Any = None,
     callback: Optional[Callable[[list[list[int]]], None]] = None,
+    fast_path: bool = True,
 ) -> Union[SpeculativeOutput, torch.Tensor]:
     """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
 
@@ -120,11 +121,15 @@ def speculative_generate(
             (``trees/verify.py``) instead of the drafted chain; None = the chain.
         callback: called after every round with each row's generated ids so far (a list per prompt;
             accepted tokens are final, so a server streams them); an exception it raises ends the call.
+        fast_path: one prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs the batch-1
+            round of ``fast_loop.py`` (a static KV buffer, one host sync per round; same tokens);
+            False always runs the general loop (the reference the fast path is tested against).
     """
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
     check_int("max_new_tokens", max_new_tokens, 1)
     check_bool("return_stats", return_stats)
+    check_bool("fast_path", fast_path)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
         raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
     the_plan = resolve_plan(plan, block_size, tree)
@@ -154,7 +159,13 @@ def speculative_generate(
     wants_paths = any(getattr(b, "uses_paths", False) for b in [builder, *head_trees.values()] if b is not None)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device, paths=wants_paths)
-    run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
+    run_cls, extra = _Run, {}
+    if fast_path:
+        from dllm.drafters.fast_loop import FastRun, fast_path_issue
+
+        if fast_path_issue(target, len(rows), builder, head) is None:
+            run_cls, extra = FastRun, {"length": longest + block}
+    run = run_cls(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops, **extra)
     run.trim = drafter_obj.trims_last_block
     run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
     run.head, run.head_trees = head, head_trees
