@@ -97,11 +97,12 @@ class StaticDraft:
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)  # [1, T, D]
-            # the context rows and the block rows through q/k/v at once (rows of a matmul are independent)
-            qkv = F.linear(torch.cat([ctx, x], dim=1), self.qkv[i]).view(1, n + t, hq + 2 * hk, self.head_dim)
-            q = attn.q_norm(qkv[:, n:, :hq]).transpose(1, 2)  # [1, H, T, hd]
-            k = attn.k_norm(qkv[:, :, hq:hq + hk]).transpose(1, 2)  # [1, Hkv, N + T, hd]
-            v = qkv[:, :, hq + hk:].transpose(1, 2)
+            # q/k/v of the block and k/v of the context: one matmul each (fused output rows)
+            qkv = F.linear(x, self.qkv[i]).view(1, t, hq + 2 * hk, self.head_dim)  # [1, T, H + 2 Hkv, hd]
+            kv = F.linear(ctx, self.qkv[i][hq * self.head_dim:]).view(1, n, 2 * hk, self.head_dim)
+            q = attn.q_norm(qkv[:, :, :hq]).transpose(1, 2)  # [1, H, T, hd]
+            k = attn.k_norm(torch.cat([kv[:, :, :hk], qkv[:, :, hq:hq + hk]], dim=1)).transpose(1, 2)  # [1, Hkv, N+T, hd]
+            v = torch.cat([kv[:, :, hk:], qkv[:, :, hq + hk:]], dim=1).transpose(1, 2)
             q = apply_rotary(q, (rope[0][:, :, n:], rope[1][:, :, n:]))
             keys, values = self.keys[i], self.values[i]
             keys[:, :, s:end] = apply_rotary(k, rope)  # context slots, then the block's (scratch)
