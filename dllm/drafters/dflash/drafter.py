@@ -213,7 +213,8 @@ class DFlashSession(DraftSession):
         if self.static is not None:
             if len(ctx.tokens) != 1 or ctx.hidden_mask is not None or ctx.lengths is not None:
                 raise RuntimeError("a call that began drafting one unmasked row passed a batch or a feature mask")
-            out = self.static.draft(ctx.hidden, block, self.embed, self.head)
+            out = draft_block(self.model, self.static, ctx.hidden, block, embed_tokens=self.embed,
+                              lm_head=self.head)  # type: ignore[arg-type]
             return self._draft(out, ctx, None)
         positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
         valid = None  # [R, K+1]: each row's own block [anchor, MASK x K_r] (rows with fewer drafts than K)
