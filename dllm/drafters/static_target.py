@@ -165,11 +165,9 @@ class StaticTarget:
         self.keys[i][:, :, start:end] = k
         self.values[i][:, :, start:end] = v.transpose(1, 2)
         keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]  # [1, Hkv, end, hd]
-        if self.groups > 1:  # transformers' repeat_kv
-            b, n, s, d = keys.shape
-            keys = keys[:, :, None].expand(b, n, self.groups, s, d).reshape(b, n * self.groups, s, d)
-            values = values[:, :, None].expand(b, n, self.groups, s, d).reshape(b, n * self.groups, s, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=0.0, scale=self.scaling)
+        # GQA inside sdpa: the same dot products as transformers' repeat_kv copies (tests: bit for bit)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=0.0, scale=self.scaling,
+                                             enable_gqa=self.groups > 1)
         out = out.transpose(1, 2).reshape(*x.shape[:-1], -1)
         x = x + attn.o_proj(out)
         h = norm(layer.post_attention_layernorm, x)

@@ -3,8 +3,12 @@
 ``DFlashDrafter.forward`` serves batches: per-row positions, validity masks over padded slots, and a
 ``DraftKVCache`` that concatenates every layer's stored context K/V with the round's new ones (and
 the block's) each round. For one row with every slot real none of that is needed: ``StaticDraft``
-runs the same layers (``model.py``: the layer modules themselves for norms and projections, the
-same ``apply_rotary`` and ``sdpa_attention``) with
+runs the same layers (``model.py``: the layer modules themselves for norms, the same
+``apply_rotary``; sdpa with GQA inside it where ``sdpa_attention`` expands K/V: the same dot
+products) with
+
+- q/k/v of the block in one matmul and k/v of the context in another (the projections' weights
+  stacked on the output dimension: each output is the same dot product);
 
 - one K/V buffer per layer ``[1, Hkv, C, hd]``: a round writes its N new context slots at
   ``[S, S + N)`` and the block's T slots right after them (scratch: the next round's context
@@ -28,7 +32,6 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
-from dllm.kernels.attention import sdpa_attention
 
 MIN_CAPACITY = 256  # slots allocated at the first round (doubled when outgrown)
 
@@ -107,7 +110,8 @@ class StaticDraft:
             keys, values = self.keys[i], self.values[i]
             keys[:, :, s:end] = apply_rotary(k, rope)  # context slots, then the block's (scratch)
             values[:, :, s:end] = v
-            out, _ = sdpa_attention(q, keys[:, :, :end], values[:, :, :end], None)  # [1, H, T, hd]
+            out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end],
+                                                 enable_gqa=hq != hk)  # [1, H, T, hd]; sdpa_attention's math
             out = out.transpose(1, 2).reshape(1, t, hq * self.head_dim)
             h = h + attn.o_proj(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
