@@ -43,6 +43,9 @@ length, the next round's inputs) is host-side Python; the prefill reads the firs
 way. Everything else the loop needs on the host (lengths, the compaction width) is kept there.
 Not ours: transformers' mask construction may read the mask back, and a drafter may sync (``dlm``
 runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
+
+One prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs ``fast_loop.FastRun`` instead
+(a static KV buffer, no slot mask, no crop; the same tokens and acceptance; ``fast_path=False`` opts out).
 """
 
 from __future__ import annotations
@@ -159,13 +162,11 @@ def speculative_generate(
     wants_paths = any(getattr(b, "uses_paths", False) for b in [builder, *head_trees.values()] if b is not None)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device, paths=wants_paths)
-    run_cls, extra = _Run, {}
-    if fast_path:
-        from dllm.drafters.fast_loop import FastRun, fast_path_issue
+    from dllm.drafters.fast_loop import FastRun, fast_path_issue
 
-        if fast_path_issue(target, len(rows), builder, head) is None:
-            run_cls, extra = FastRun, {"length": longest + block}
-    run = run_cls(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops, **extra)
+    fast = fast_path and fast_path_issue(target, len(rows), builder, head) is None
+    run = (FastRun(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops, length=longest + block)
+           if fast else _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops))
     run.trim = drafter_obj.trims_last_block
     run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
     run.head, run.head_trees = head, head_trees

@@ -135,3 +135,20 @@ def test_a_batch_takes_the_general_loop(tiny_pair, monkeypatch):
     monkeypatch.setattr(FastRun, "prefill", lambda self: made.append(self) or pytest.fail("FastRun ran a batch"))
     out = speculative_generate(target, drafter, ids[:2], max_new_tokens=8)
     assert not made and len(out.generated) == 2
+
+
+def test_fast_path_flag_must_be_a_bool(tiny_pair):
+    target, tok, drafter = tiny_pair
+    with pytest.raises((TypeError, ValueError), match="fast_path"):
+        speculative_generate(target, drafter, [[5, 6, 7]], max_new_tokens=2, fast_path="yes")
+
+
+def test_the_fast_path_streams_every_round(tiny_pair):
+    """callback= sees the same growing rows on both paths (a server streams from it)."""
+    target, tok, drafter = tiny_pair
+    _, ids = long_answer_prompts(tok)
+    seen: dict[bool, list] = {True: [], False: []}
+    for fast in (True, False):
+        speculative_generate(target, drafter, [ids[0]], max_new_tokens=40, fast_path=fast,
+                             callback=lambda rows, f=fast: seen[f].append([list(r) for r in rows]))
+    assert seen[True] == seen[False] and len(seen[True]) >= 2
