@@ -2,7 +2,8 @@
 
 ``loop._Run`` is general: a batch with ragged acceptance (a slot-validity mask, per-row holes,
 compaction), draft trees, per-row plans. One prompt with a chain plan needs none of it, and at
-small shapes the generality is most of a round's cost. ``FastRun`` is ``_Run`` with that round:
+small shapes the generality is most of a round's cost. ``FastRun`` shares ``_Run``'s host state and
+steps (``rounds.RoundState``) with this round instead:
 
     prefill: StaticTarget.forward(prompt, slot 0)         -> the first token (host sync), taps
     round:   draft = drafter.propose(ctx)                  (K = min(B - 1, tokens left) as _Run)
@@ -29,7 +30,7 @@ from typing import Optional
 import torch
 
 from dllm.drafters.base import Draft
-from dllm.drafters.loop import _Run
+from dllm.drafters.rounds import RoundState
 from dllm.drafters.static_target import StaticTarget, static_target_issue
 from dllm.drafters.verify import next_tokens, verify
 
@@ -43,8 +44,8 @@ def fast_path_issue(target, rows: int, tree: object, head: object) -> Optional[s
     return static_target_issue(target)
 
 
-class FastRun(_Run):
-    """``_Run`` for one prompt and a chain plan on a ``StaticTarget`` (module docstring)."""
+class FastRun(RoundState):
+    """The round of one prompt with a chain plan on a ``StaticTarget`` (module docstring)."""
 
     def __init__(self, *args, length: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -84,6 +85,9 @@ class FastRun(_Run):
         if hidden is not None:  # the drafter's next features: the anchor and the accepted drafts
             self.pending = (hidden[:, :acc + 1], None, self.steps[None, pos:pos + acc + 1])  # type: ignore[assignment]
         self._drop_finished()
+
+    def _select(self, keep: list[int]) -> None:
+        raise RuntimeError(f"the fast path runs one row; asked to keep rows {keep}")  # never: 1 row stops or not
 
 
 __all__ = ["FastRun", "fast_path_issue"]
