@@ -152,3 +152,21 @@ def test_the_fast_path_streams_every_round(tiny_pair):
         speculative_generate(target, drafter, [ids[0]], max_new_tokens=40, fast_path=fast,
                              callback=lambda rows, f=fast: seen[f].append([list(r) for r in rows]))
     assert seen[True] == seen[False] and len(seen[True]) >= 2
+
+
+def test_adapted_projections_keep_the_general_path():
+    """A projection that is not a plain nn.Linear (quantized, LoRA-wrapped) may compute anything: the
+    fused static weights would skip it, so neither static path takes such a model."""
+
+    class Wrapped(torch.nn.Linear):
+        pass
+
+    target = tiny_target("qwen3")
+    old = target.model.layers[0].self_attn.k_proj
+    target.model.layers[0].self_attn.k_proj = Wrapped(old.in_features, old.out_features, bias=False)
+    assert "nn.Linear" in static_target_issue(target)
+    assert "nn.Linear" in fast_path_issue(target, 1, None, None)
+    drafter = random_dflash(tiny_target("qwen3", layers=4, vocab=112).config, 2, 4, 111, seed=1)
+    old = drafter.layers[1].self_attn.v_proj
+    drafter.layers[1].self_attn.v_proj = Wrapped(old.in_features, old.out_features, bias=False)
+    assert "nn.Linear" in static_draft_issue(drafter)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
@@ -41,6 +42,9 @@ def static_draft_issue(model: DFlashDrafter) -> Optional[str]:
     if type(model) is not DFlashDrafter:
         return f"{type(model).__name__} (the static path drafts plain DFlash checkpoints)"
     cfg = model.config
+    names = ("q_proj", "k_proj", "v_proj")
+    if any(type(getattr(layer.self_attn, n)) is not nn.Linear for layer in model.layers for n in names):
+        return "projections that are not plain nn.Linear (quantized weights)"
     if cfg.attention_bias:
         return "attention biases (the static path fuses bias-free projections)"
     if any(cfg.layer_causal(i) or cfg.layer_window(i) is not None for i in range(cfg.num_layers)):
