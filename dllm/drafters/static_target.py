@@ -87,6 +87,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class StaticTarget:
     """One call's batch-1 forward state: K/V buffers, rotary tables, the causal mask (module docstring)."""
 
+    @torch.no_grad()  # fused weights and tables are constants of the call, never part of a graph
     def __init__(self, model, taps: tuple[int, ...], length: int) -> None:
         issue = static_target_issue(model)
         if issue is not None:
