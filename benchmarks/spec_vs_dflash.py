@@ -144,6 +144,7 @@ def summary(pairs: Sequence[Pair]) -> dict:
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ours_rounds": sum(p.ours_rounds for p in first), "theirs_rounds": sum(p.theirs_rounds for p in first),
         "round0_tokens": sum(p.tokens for p in first),
+        "rounds_equal": sum(p.ours_rounds == p.theirs_rounds for p in first), "round0_prompts": len(first),
     }
 
 
@@ -168,6 +169,7 @@ def report(args: argparse.Namespace, command: str, pairs: Sequence[Pair], prompt
         f"- speed ratio dllm / dflash: **{med}** (median of per-round ratios: {per_round}); "
         f"{s['ratio_overall']:.3f}x over all {s['rows']} rows",
         f"- tokens equal on {s['equal']} / {s['rows']} (round, prompt) rows; {s['tokens']} generated tokens",
+        f"- verification rounds equal (so the same acceptance) on {s['rounds_equal']} / {s['round0_prompts']} prompts",
     ]
     if len(pairs) < args.repeats * prompts:
         lines.append(f"- interrupted: {len(pairs)} of {args.repeats * prompts} rows finished")
