@@ -7,8 +7,8 @@ runs the same layers (``model.py``: the layer modules themselves for norms, the 
 ``apply_rotary``; sdpa with GQA inside it where ``sdpa_attention`` expands K/V: the same dot
 products) with
 
-- q/k/v of the block in one matmul and k/v of the context in another (the projections' weights
-  stacked on the output dimension: each output is the same dot product);
+- q/k/v of the block in one matmul, k/v of the context in another, gate/up of the MLP in a third
+  (the projections' weights stacked on the output dimension: each output is the same dot product);
 
 - one K/V buffer per layer ``[1, Hkv, C, hd]``: a round writes its N new context slots at
   ``[S, S + N)`` and the block's T slots right after them (scratch: the next round's context
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
+from dllm.models.transformer import rms_norm
 
 MIN_CAPACITY = 256  # slots allocated at the first round (doubled when outgrown)
 
@@ -42,14 +43,20 @@ def static_draft_issue(model: DFlashDrafter) -> Optional[str]:
     if type(model) is not DFlashDrafter:
         return f"{type(model).__name__} (the static path drafts plain DFlash checkpoints)"
     cfg = model.config
-    names = ("q_proj", "k_proj", "v_proj")
-    if any(type(getattr(layer.self_attn, n)) is not nn.Linear for layer in model.layers for n in names):
+    fused = [m for layer in model.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                    layer.self_attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj)]
+    if any(type(m) is not nn.Linear for m in fused):
         return "projections that are not plain nn.Linear (quantized weights)"
     if cfg.attention_bias:
         return "attention biases (the static path fuses bias-free projections)"
     if any(cfg.layer_causal(i) or cfg.layer_window(i) is not None for i in range(cfg.num_layers)):
         return "causal or sliding-window draft layers (the static path attends to every key)"
     return None
+
+
+def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An ``RMSNorm`` module's forward without the module call (``models.transformer.rms_norm``)."""
+    return rms_norm(x, norm.weight, norm.eps)
 
 
 class StaticDraft:
@@ -69,6 +76,7 @@ class StaticDraft:
         self.stored = 0  # S: context slots held (positions 0..S-1)
         self.qkv = [torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])
                     for l in model.layers]  # [(H + 2 Hkv) hd, D] per layer
+        self.gate_up = [torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]) for l in model.layers]  # [2 I, D]
 
     def _reserve(self, needed: int, device: torch.device, dtype: torch.dtype) -> None:
         if needed <= self.capacity:
@@ -103,12 +111,12 @@ class StaticDraft:
         hq, hk = self.heads, self.kv_heads
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)  # [1, T, D]
+            x = _norm(layer.input_layernorm, h)  # [1, T, D]
             # q/k/v of the block and k/v of the context: one matmul each (fused output rows)
             qkv = F.linear(x, self.qkv[i]).view(1, t, hq + 2 * hk, self.head_dim)  # [1, T, H + 2 Hkv, hd]
             kv = F.linear(ctx, self.qkv[i][hq * self.head_dim:]).view(1, n, 2 * hk, self.head_dim)
-            q = attn.q_norm(qkv[:, :, :hq]).transpose(1, 2)  # [1, H, T, hd]
-            k = attn.k_norm(torch.cat([kv[:, :, :hk], qkv[:, :, hq:hq + hk]], dim=1)).transpose(1, 2)  # [1, Hkv, N+T, hd]
+            q = _norm(attn.q_norm, qkv[:, :, :hq]).transpose(1, 2)  # [1, H, T, hd]
+            k = _norm(attn.k_norm, torch.cat([kv[:, :, :hk], qkv[:, :, hq:hq + hk]], dim=1)).transpose(1, 2)  # [1, Hkv, N+T, hd]
             v = torch.cat([kv[:, :, hk:], qkv[:, :, hq + hk:]], dim=1).transpose(1, 2)
             q = apply_rotary(q, (rope[0][:, :, n:], rope[1][:, :, n:]))
             keys, values = self.keys[i], self.values[i]
@@ -118,9 +126,11 @@ class StaticDraft:
                                                  enable_gqa=hq != hk)  # [1, H, T, hd]; sdpa_attention's math
             out = out.transpose(1, 2).reshape(1, t, hq * self.head_dim)
             h = h + attn.o_proj(out)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            mlp = layer.mlp  # DFlashMLP with gate and up in one matmul
+            gate, up = F.linear(_norm(layer.post_attention_layernorm, h), self.gate_up[i]).chunk(2, dim=-1)
+            h = h + mlp.down_proj(mlp.act(gate) * up)
         self.stored = mid
-        hidden = model.norm(h)[:, 1:]  # [1, T-1, D]
+        hidden = _norm(model.norm, h)[:, 1:]  # [1, T-1, D]
         logits = model.compute_logits(hidden, lm_head)  # [1, T-1, V]
         return DraftBlock(tokens=logits.argmax(dim=-1), logits=logits, hidden=hidden)
 
