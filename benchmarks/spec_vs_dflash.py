@@ -127,15 +127,14 @@ def timed(fn: Callable[[], tuple[list[int], int]]) -> tuple[list[int], int, floa
     return gen, rounds, time.perf_counter() - t0
 
 
-def summary(pairs: Sequence[Pair]) -> dict:
-    """Totals over every finished row and per-round ratios (rounds with all prompts only)."""
+def summary(pairs: Sequence[Pair], prompts: int) -> dict:
+    """Totals over every finished row and per-round ratios (rounds with all ``prompts`` only)."""
     tokens = sum(p.tokens for p in pairs)
     ours, theirs = sum(p.ours_s for p in pairs), sum(p.theirs_s for p in pairs)
     by_round: dict[int, list[Pair]] = {}
     for p in pairs:
         by_round.setdefault(p.round, []).append(p)
-    n_prompts = max((len(v) for v in by_round.values()), default=0)
-    ratios = [sum(p.theirs_s for p in v) / sum(p.ours_s for p in v) for v in by_round.values() if len(v) == n_prompts]
+    ratios = [sum(p.theirs_s for p in v) / sum(p.ours_s for p in v) for v in by_round.values() if len(v) == prompts]
     first = [p for p in pairs if p.round == 0]
     return {
         "rows": len(pairs), "tokens": tokens, "equal": sum(p.equal for p in pairs),
@@ -149,7 +148,7 @@ def summary(pairs: Sequence[Pair]) -> dict:
 
 
 def report(args: argparse.Namespace, command: str, pairs: Sequence[Pair], prompts: int) -> str:
-    s = summary(pairs)
+    s = summary(pairs, prompts)
     med = "n/a" if s["ratio_median"] is None else f"{s['ratio_median']:.3f}x"
     per_round = ", ".join(f"{r:.3f}" for r in s["ratio_per_round"]) or "none complete"
     tau = lambda rounds: f"{s['round0_tokens'] / rounds:.2f}" if rounds > 0 else "n/a"  # noqa: E731
@@ -183,30 +182,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     from tqdm.auto import tqdm
 
-    target, _ = load_target(TARGET)
-    eos = word_id(EOS)
-    theirs, ours = reference_runner(args.block_size, target, eos), ours_runner(args.block_size, target)
-    vocab = task_vocab()
     examples = long_answer_examples(args.n)
-    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
-    budgets = [T.answer_length(ex.task, ex.size) for ex in examples]
     pairs: list[Pair] = []
-    theirs_rounds = [theirs.stats(p, b)[1] for p, b in zip(prompts, budgets)]  # type: ignore[attr-defined]
-    ours(prompts[0], 8), theirs(prompts[0], 8)  # warm-up
 
     def write() -> Optional[str]:
-        text = report(args, command, pairs, len(prompts))
+        text = report(args, command, pairs, len(examples))
         print(text)
         if not args.out:
             return None
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        payload = {"command": command, "summary": summary(pairs), "rows": [asdict(p) for p in pairs]}
+        payload = {"command": command, "summary": summary(pairs, len(examples)), "rows": [asdict(p) for p in pairs]}
         out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
         return str(out)
 
     def body() -> int:
+        target, _ = load_target(TARGET)
+        theirs, ours = reference_runner(args.block_size, target, word_id(EOS)), ours_runner(args.block_size, target)
+        vocab = task_vocab()
+        prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
+        budgets = [T.answer_length(ex.task, ex.size) for ex in examples]
+        theirs_rounds = [theirs.stats(p, b)[1] for p, b in zip(prompts, budgets)]  # type: ignore[attr-defined]
+        ours(prompts[0], 8), theirs(prompts[0], 8)  # warm-up
         bar = tqdm(total=args.repeats * len(prompts), disable=args.no_progress, desc="spec vs dflash", unit="prompt")
         for r in range(args.repeats):
             for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
@@ -216,7 +214,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 (g_ours, n_ours, t_ours), (g_theirs, _, t_theirs) = results if first_ours else results[::-1]
                 pairs.append(Pair(r, i, examples[i].task, len(g_ours), t_ours, t_theirs, n_ours, theirs_rounds[i],
                                   g_ours == g_theirs))
-                s = summary(pairs)
+                s = summary(pairs, len(examples))
                 bar.set_postfix_str(f"x{s['ratio_overall']:.3f} equal {s['equal']}/{s['rows']}")
                 bar.update(1)
         bar.close()
