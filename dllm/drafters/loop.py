@@ -43,6 +43,9 @@ length, the next round's inputs) is host-side Python; the prefill reads the firs
 way. Everything else the loop needs on the host (lengths, the compaction width) is kept there.
 Not ours: transformers' mask construction may read the mask back, and a drafter may sync (``dlm``
 runs ``dllm.generate``; ``ngram`` builds its draft from the host lists).
+
+One prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs ``fast_loop.FastRun`` instead
+(a static KV buffer, no slot mask, no crop; the same tokens and acceptance; ``fast_path=False`` opts out).
 """
 
 from __future__ import annotations
@@ -53,10 +56,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from dllm.drafters.base import Draft, DraftContext, DraftSetup, DrafterSpec, make_drafter
+from dllm.drafters.base import Draft, DraftSetup, DrafterSpec, make_drafter
+from dllm.drafters.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
 from dllm.drafters.plan import Plan, RowPlans, head_row_plans, resolve_plan, shared_tree
 from dllm.drafters.prompts import Prompts, StopRule, stop_strings
+from dllm.drafters.rounds import RoundState
 from dllm.drafters.target import (Target, cache_length, check_positions, check_tokenizer, check_tree_room, compact,
                                   crop_to, select_rows)
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
@@ -86,6 +91,7 @@ def speculative_generate(
     return_stats: bool = True,
     tree: Any = None,
     callback: Optional[Callable[[list[list[int]]], None]] = None,
+    fast_path: bool = True,
 ) -> Union[SpeculativeOutput, torch.Tensor]:
     """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
 
@@ -120,11 +126,15 @@ def speculative_generate(
             (``trees/verify.py``) instead of the drafted chain; None = the chain.
         callback: called after every round with each row's generated ids so far (a list per prompt;
             accepted tokens are final, so a server streams them); an exception it raises ends the call.
+        fast_path: one prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs the batch-1
+            round of ``fast_loop.py`` (a static KV buffer, one host sync per round; same tokens);
+            False always runs the general loop (the reference the fast path is tested against).
     """
     t_start = time.perf_counter()
     params = SamplingParams(temperature, top_k, top_p)
     check_int("max_new_tokens", max_new_tokens, 1)
     check_bool("return_stats", return_stats)
+    check_bool("fast_path", fast_path)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
         raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
     the_plan = resolve_plan(plan, block_size, tree)
@@ -154,7 +164,9 @@ def speculative_generate(
     wants_paths = any(getattr(b, "uses_paths", False) for b in [builder, *head_trees.values()] if b is not None)
     setup = DraftSetup(target=target, info=tgt.info, block_size=block, batch_size=len(rows), params=params,
                        generator=generator, device=tgt.device, paths=wants_paths)
-    run = _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops)
+    fast = fast_path and fast_path_issue(target, len(rows), builder, head) is None
+    run = (FastRun(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops, length=longest + block)
+           if fast else _Run(tgt, drafter_obj.begin(setup), rows, block, params, generator, stops))
     run.trim = drafter_obj.trims_last_block
     run.plans = RowPlans(sizes=[block] * len(rows), tree=None, builder=builder)
     run.head, run.head_trees = head, head_trees
@@ -185,29 +197,15 @@ def speculative_generate(
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
-class _Run:
-    """One call's state. Python lists per call row (tokens, stops, statistics); tensors for the R
-    rows still running, in ``active`` order: the cache, its ``valid`` slot mask, pending features."""
+class _Run(RoundState):
+    """The general loop's state: ``RoundState`` plus the tensors of the R rows still running, in
+    ``active`` order: the cache, its ``valid`` slot mask, pending features."""
 
-    def __init__(self, target: Target, session, rows: list[list[int]], block: int, params: SamplingParams,
-                 generator: Optional[torch.Generator], stops: StopRule) -> None:
-        self.target, self.session, self.block, self.params = target, session, block, params
-        self.generator, self.stops = generator, stops
-        self.device = target.device
-        self.tokens = [list(r) for r in rows]  # committed ids per call row
-        self.generated: list[list[int]] = [[] for _ in rows]
-        self.reasons = ["" for _ in rows]
-        self.acceptance: list[list[int]] = [[] for _ in rows]
-        self.active = list(range(len(rows)))  # call rows still running, in cache-row order
-        self.cache = target.new_cache(len(rows))
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cache = self.target.new_cache(len(self.tokens))
         self.valid: Optional[torch.Tensor] = None  # [R, S] bool: slots holding each row's committed K/V
         self.kv_len: list[int] = []  # per running row: valid slots (host copy of valid.sum(1))
-        self.pending: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # features since the last draft
-        self.target_forwards = self.drafter_forwards = self.rounds = 0
-        self.plans = RowPlans(sizes=[block] * len(rows))  # what runs per row (replaced after a head's prefill)
-        self.head = None  # a BlockHead: per-row plans (block size, tree or chain), chosen after the prefill
-        self.head_trees: dict = {}  # the head's tree specs -> their builders
-        self.trim = False  # draft no more than a row can still emit (Drafter.trims_last_block)
 
     def prefill(self) -> None:
         width = max(len(t) for t in self.tokens)
@@ -294,49 +292,7 @@ class _Run:
         self._drop_finished()
         self._maybe_compact()
 
-    def _widths(self) -> tuple[int, Optional[list[int]]]:
-        """K, the drafts of this round, and per running row the drafts it may accept (None: all K).
-        A row drafts its B - 1, or, for a drafter that ``trims_last_block``, min(B - 1, tokens it may
-        still emit) (the ``dflash`` package's last-block rule); the round drafts the largest of these."""
-        left = [self.stops.max_new_tokens - len(self.generated[j]) if self.trim else self.block
-                for j in self.active]
-        own = [min(self.plans.sizes[j] - 1, n) for j, n in zip(self.active, left)]
-        k = max(own)
-        return k, (None if min(own) == k else own)
-
-    def _draft(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, k: int, own: Optional[list[int]]) -> Draft:
-        hidden = mask = pos = None
-        if self.pending is not None:
-            hidden, mask, pos = self.pending
-        ctx = DraftContext(
-            tokens=[self.tokens[j] for j in self.active],
-            rows=torch.tensor(self.active, dtype=torch.long, device=self.device), anchor=anchor,
-            anchor_position=anchor_pos, num_draft=k, round=self.rounds, params=self.params,
-            generator=self.generator, hidden=hidden, hidden_mask=mask, hidden_positions=pos,
-            lengths=None if own is None else torch.tensor(own, dtype=torch.long, device=self.device),
-        )
-        draft = self.session.propose(ctx)
-        _check_draft(draft, len(self.active), k, self.target.info.vocab_size)
-        draft.tokens = draft.tokens.to(self.device)  # a drafter on another device: no-op otherwise
-        draft.probs = None if draft.probs is None else draft.probs.to(self.device)
-        draft.lengths = None if draft.lengths is None else draft.lengths.to(self.device)
-        self.drafter_forwards += int(draft.forwards)
-        return draft
-
-    def _commit(self, j: int, new: list[int]) -> int:
-        emitted, reason = self.stops.extend(self.generated[j], new)
-        self.tokens[j].extend(self.generated[j][len(self.generated[j]) - emitted:])
-        if reason is not None:
-            self.reasons[j] = reason
-        return emitted
-
-    def _drop_finished(self) -> None:
-        keep = [r for r, j in enumerate(self.active) if not self.reasons[j]]
-        if len(keep) == len(self.active):
-            return
-        self.active = [self.active[r] for r in keep]
-        if not keep:
-            return
+    def _select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         select_rows(self.cache, idx)
         self.valid = self.valid[idx]
@@ -385,19 +341,6 @@ def _block_head(head: Any, drafter) -> Optional["BlockHead"]:
         raise ValueError(f"a block head reads the target's tapped prefill states; the {drafter.name!r} drafter "
                          f"taps no target layers")
     return head
-
-
-def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
-    """A drafter's output has the promised shapes (a broken drafter fails here, not in the target)."""
-    t = draft.tokens
-    if not isinstance(t, torch.Tensor) or t.shape != (rows, k) or t.dtype != torch.long:
-        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"the drafter returned tokens {got}; expected long [{rows}, {k}] (rows, block_size - 1)")
-    if draft.probs is not None and draft.probs.shape != (rows, k, vocab):
-        raise ValueError(f"the drafter returned probs {list(draft.probs.shape)}; expected [{rows}, {k}, {vocab}] "
-                         f"(rows, block_size - 1, the target's vocabulary) or None")
-    if draft.lengths is not None and draft.lengths.shape != (rows,):
-        raise ValueError(f"the drafter returned lengths {list(draft.lengths.shape)}; expected [{rows}] or None")
 
 
 __all__ = ["Plan", "Prompts", "StopRule", "shared_tree", "speculative_generate"]

@@ -46,7 +46,9 @@ from dllm.drafters.dflash.block_head import has_block_head, load_block_head
 from dllm.drafters.dflash.cache import DraftKVCache
 from dllm.drafters.dflash.io2 import load_any_dflash
 from dllm.drafters.dflash.model2 import DFlash2Drafter, draft_block2
-from dllm.drafters.dflash.model import DFlashDrafter, draft_block, make_block, target_embedding, target_head
+from dllm.drafters.dflash.model import (DFlashDrafter, DraftBlock, draft_block, make_block, target_embedding,
+                                        target_head)
+from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue
 from dllm.drafters.trees.path_head import PathScorer, has_path_head, load_path_head
 from dllm.drafters.verify import sample_categorical, target_probs
 from dllm.models.loading import locate, resolve_device, resolve_dtype
@@ -186,6 +188,10 @@ class DFlashSession(DraftSession):
         self.sample = drafter.config.sample
         self.path_head = drafter.path_head if setup.paths else None  # [a PathHead] for the taps builder
         self.cache = DraftKVCache(self.model.config.num_layers)
+        # one row, every feature real (the batch-1 fast loop): a preallocated buffer (static_draft.py),
+        # decided at the first propose and kept for the call
+        self.static: Optional[StaticDraft] = None
+        self.rounds = 0
         self.embed = target_embedding(setup.target)  # [V, D], read raw
         head = target_head(setup.target)
         head_dtype = _param(head).dtype
@@ -199,6 +205,17 @@ class DFlashSession(DraftSession):
                                f"layers {list(self.model.target_layer_ids)} (Drafter.target_layers)")
         k = ctx.num_draft
         block = make_block(ctx.anchor, k + 1, self.model.mask_token_id)  # [R, K+1] = [anchor, MASK x K]
+        if self.rounds == 0 and len(ctx.tokens) == 1 and ctx.hidden_mask is None and ctx.lengths is None \
+                and self.path_head is None \
+                and static_draft_issue(self.model) is None:
+            self.static = StaticDraft(self.model)
+        self.rounds += 1
+        if self.static is not None:
+            if len(ctx.tokens) != 1 or ctx.hidden_mask is not None or ctx.lengths is not None:
+                raise RuntimeError("a call that began drafting one unmasked row passed a batch or a feature mask")
+            out = draft_block(self.model, self.static, ctx.hidden, block, embed_tokens=self.embed,
+                              lm_head=self.head)  # type: ignore[arg-type]
+            return self._draft(out, ctx, None)
         positions = ctx.anchor_position[:, None] + torch.arange(k + 1, device=ctx.anchor.device)  # [R, K+1]
         valid = None  # [R, K+1]: each row's own block [anchor, MASK x K_r] (rows with fewer drafts than K)
         if ctx.lengths is not None:
@@ -222,6 +239,11 @@ class DFlashSession(DraftSession):
         head = self.path_head
         paths = None if head is None else PathScorer(head, out.hidden, ctx.anchor, self.embed,
                                                      lambda h: self.model.compute_logits(h, self.head))
+        return self._draft(out, ctx, paths)
+
+    def _draft(self, out: DraftBlock, ctx: DraftContext, paths: Optional[PathScorer]) -> Draft:
+        """The drafted block as the loop's ``Draft``: arg-max tokens, or at T > 0 (``sample``) tokens
+        drawn from the draft logits warped like the target's, with those distributions."""
         if ctx.params.greedy or not self.sample:
             return Draft(tokens=out.tokens, logits=out.logits, paths=paths)  # [R, K] arg-max, one-hot
         q = target_probs(out.logits, ctx.params)  # [R, K, V] the draft logits warped like the target's

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -35,6 +35,9 @@ from dllm.drafters.dflash.ops import (Rope, apply_rotary, attention_mask, next_p
                                       rope_tables)
 from dllm.kernels.attention import sdpa_attention
 from dllm.models.transformer import RMSNorm
+
+if TYPE_CHECKING:
+    from dllm.drafters.dflash.static_draft import StaticDraft
 
 # this round's context K/V [B, Hkv, N, hd] -> the layer's stored + new K/V [B, Hkv, S+N, hd]
 JoinKV = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -307,7 +310,7 @@ def make_block(anchor: torch.Tensor, size: int, mask_token_id: int) -> torch.Ten
 @torch.no_grad()
 def draft_block(
     drafter: DFlashDrafter,
-    cache: DraftKVCache,
+    cache: Union[DraftKVCache, "StaticDraft"],
     features: torch.Tensor,
     block_ids: torch.Tensor,
     *,
@@ -326,6 +329,8 @@ def draft_block(
     embed_tokens / lm_head: the target's embedding (module with ``.weight`` or [V, D] matrix,
     read raw) and LM head (module or [V, D] matrix). feature_mask / positions / block_valid: see
     ``DFlashDrafter.forward`` (defaults: right after each row's cached tokens; every block position).
+    ``cache`` may be a ``StaticDraft`` (one row on a preallocated buffer, ``static_draft.py``): it then
+    drafts, with the positions it keeps itself (masks and positions must be None).
     """
     weight = embed_tokens if isinstance(embed_tokens, torch.Tensor) else embed_tokens.weight
     cfg = drafter.config
@@ -335,6 +340,11 @@ def draft_block(
     if block_ids.dim() != 2 or block_ids.shape[1] < 2:
         raise ValueError(f"block_ids must be [B, T] with T >= 2 (anchor + drafted positions), "
                          f"got {tuple(block_ids.shape)}")
+    if not isinstance(cache, DraftKVCache):  # a StaticDraft
+        if any(a is not None for a in (feature_mask, feature_positions, block_positions, block_valid)):
+            raise ValueError("a StaticDraft keeps its own positions and drafts one unmasked row; pass no "
+                             "feature_mask / positions / block_valid")
+        return cache.draft(features, block_ids, weight, lm_head)
     embeds = F.embedding(block_ids, weight)  # [B, T, D]
     if cfg.input_embedding_scale != 1.0:
         embeds = embeds * cfg.input_embedding_scale
