@@ -17,8 +17,8 @@ from dllm.train.__main__ import main
 from dllm.train.runner import RunOptions, stage_recipe
 
 EMBEDDED = Path(__file__).resolve().parents[2] / "dllm" / "models" / "embedded"
-SHIPPED = ("tiny-llada", "tiny-dream", "tiny-llada-long", "tiny-dream-long")
-ALL = (*SHIPPED, "tiny-sdar", "tiny-llada-long-gpu", "tiny-dream-long-gpu")
+SHIPPED = ("tiny-llada", "tiny-dream", "tiny-llada-long", "tiny-dream-long", "tiny-sdar")
+ALL = (*SHIPPED, "tiny-llada-long-gpu", "tiny-dream-long-gpu")
 
 
 def chains():
