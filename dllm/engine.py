@@ -33,7 +33,7 @@ from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
 from dllm.options import check_bool, check_number
-from dllm.schedule import BlockPlan, plan_blocks
+from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
@@ -130,6 +130,7 @@ def generate(
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
     shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
+    state.extras[LOGIT_SHIFT_KEY] = shift
     if sampler_obj.greedy_only and temperature > 0:
         raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
                          f"(use temperature=0)")
