@@ -24,8 +24,9 @@ Differences from the original, on purpose:
 - the official loop ends a block early once its first ``<|im_end|>`` has no mask before it, and then
   stops; ``dllm.generate`` finishes the block (``stop_at_eos=True`` stops after it), so the tokens up
   to that stop token are the same, and the official output is cut there;
-- a drawn ``x0`` equal to the mask token is replaced by the best other token of its row (the
-  official loop would "commit" the mask, leaving the position masked, and at T = 0 could loop forever);
+- a drawn ``x0`` (or a block's first, greedy token) equal to the mask token is replaced by the best
+  other token of its row (the official loop would "commit" the mask, leaving the position masked,
+  and at T = 0 could loop forever);
 - when ``gen_length`` ends inside a grid block, the official canvas still runs to the block end; the
   last sub-block's draws then cover columns beyond the canvas (sampled, never committed), which
   keeps the stream of the columns inside it;
@@ -115,7 +116,9 @@ class FastDLLMv2Sampler(Sampler):
             commit = torch.zeros_like(inp.active)
             commit[:, s - q0] = inp.active[:, s - q0]
             tokens = inp.tokens.clone()
-            tokens[:, s - q0] = inp.logits[:, s - q0].argmax(dim=-1)
+            first_logits = inp.logits[:, s - q0].clone()  # [B, V]
+            first_logits[:, inp.mask_id] = float("-inf")  # never the mask itself (see the module docstring)
+            tokens[:, s - q0] = first_logits.argmax(dim=-1)
             return StepOutput(commit=commit, tokens=tokens)
         # the current sub-block of each row: the one holding its first mask of the block
         col = torch.arange(q, device=inp.logits.device)  # [Q] query rows
