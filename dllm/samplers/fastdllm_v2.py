@@ -54,7 +54,7 @@ from dllm.state import DecodeState, StepInput, StepOutput
 @dataclass(frozen=True)
 class FastDLLMv2Config:
     threshold: float = 0.9  # commit every mask of the sub-block with p(x0) > threshold (README / eval.py: 0.9)
-    small_block_size: int = 8  # sub-block width; must divide the block (README: 8)
+    small_block_size: int = 8  # sub-block width; divides the block, or is >= it (then the block) (README: 8)
     top_p: float = 0.95  # nucleus mass at T > 0 (generate's default)
 
     def __post_init__(self) -> None:
@@ -95,15 +95,15 @@ class FastDLLMv2Sampler(Sampler):
 
     def begin_block(self, state: DecodeState) -> None:
         bs, sbs = block_of(state), self.config.small_block_size
-        if sbs > bs or bs % sbs:
+        if sbs < bs and bs % sbs:
             valid = [d for d in range(1, bs + 1) if bs % d == 0]
             raise ValueError(f"sampler 'fastdllm_v2': small_block_size={sbs} must divide the block size {bs} "
-                             f"(valid: {', '.join(map(str, valid))})")
+                             f"(valid: {', '.join(map(str, valid))}, or any width >= {bs}, which is the whole block)")
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
         s, e = state.block_start, state.block_end
-        sbs, q0 = cfg.small_block_size, inp.query_start
+        sbs, q0 = min(cfg.small_block_size, block_of(state)), inp.query_start  # a wider sub-block is the block
         blocked = BLOCK_SIZE_KEY in state.extras
         g = grid_start(state, s) if blocked else s
         if g < q0:
