@@ -180,3 +180,19 @@ def test_every_block_starts_with_the_greedy_token_of_the_previous_block():
         assert int(seq[0, col]) == int(logits[0, col].argmax())
     trace = out.trace[0]
     assert int((trace == trace[8 - 6]).sum()) == 1 and int((trace == trace[16 - 6]).sum()) == 1
+
+
+def test_embedded_tiny_random_fastdllm_v2_is_the_regenerated_checkpoint():
+    """dllm/models/embedded/tiny-random-fastdllm-v2 is what ``dllm models make-embedded`` writes
+    (tiny("fastdllm_v2", seed=3)), loads offline, and decodes with the exact block cache."""
+    from dllm.models import embedded_names
+
+    assert "tiny-random-fastdllm-v2" in embedded_names()
+    model = load("tiny-random-fastdllm-v2")
+    assert isinstance(model, FastDLLMv2) and model.config.block_size == 8
+    ids = random_ids(model, 1, 10)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, tiny("fastdllm_v2", seed=3)(ids).logits)
+    out = dllm.generate(model, "what is the sum of 2 and 3 ?", "fastdllm_v2", chat=True, cache="block",
+                        gen_length=12, small_block_size=4)
+    assert out.sequences.shape[1] == out.prompt_length + 12 and out.texts[0] is not None
