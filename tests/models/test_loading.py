@@ -180,7 +180,7 @@ def test_directory_without_config(tmp_path):
 
 def test_unknown_model_type(saved):
     _edit_config(saved, model_type="gpt2")
-    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*Dream, dream, llada"):
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*Dream, Fast_dLLM_Qwen, dream, llada"):
         load(saved)
 
 
