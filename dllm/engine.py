@@ -309,7 +309,8 @@ class Decode:
         q_len = logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
-        active[:, s - q0:e - q0] = tokens[:, s - q0:e - q0] == state.mask_id
+        a0 = max(s - q0, 0)  # a query may start inside the block (cache 'subblock': no masks left of it)
+        active[:, a0:e - q0] = tokens[:, a0:e - q0] == state.mask_id
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_unit
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.sdar import block_of
-from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, grid_start
+from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -99,6 +99,7 @@ class FastDLLMv2Sampler(Sampler):
             valid = [d for d in range(1, bs + 1) if bs % d == 0]
             raise ValueError(f"sampler 'fastdllm_v2': small_block_size={sbs} must divide the block size {bs} "
                              f"(valid: {', '.join(map(str, valid))}, or any width >= {bs}, which is the whole block)")
+        state.extras[SUB_BLOCK_KEY] = min(sbs, bs)  # cache 'subblock' forwards this sub-block alone
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
@@ -106,9 +107,10 @@ class FastDLLMv2Sampler(Sampler):
         sbs, q0 = min(cfg.small_block_size, block_of(state)), inp.query_start  # a wider sub-block is the block
         blocked = BLOCK_SIZE_KEY in state.extras
         g = grid_start(state, s) if blocked else s
-        if g < q0:
-            raise ValueError(f"sampler 'fastdllm_v2' needs the logits of the grid block from column {g}, but the "
-                             f"step's query starts at column {q0}; use cache 'none' or 'block'")
+        if g < q0 and (q0 - g) % sbs:  # a query may start at a sub-block (cache 'subblock'), nowhere else
+            raise ValueError(f"sampler 'fastdllm_v2' needs the logits of the current sub-block of the grid block "
+                             f"from column {g}, but the step's query starts at column {q0}; use cache 'none', "
+                             f"'block' or 'subblock'")
         b, q, v = inp.logits.shape
         if blocked and state.extras.get(LOGIT_SHIFT_KEY, 0) and g == s and inp.step == 0:
             # the block's first column is generated: alone, greedy, from the previous block's last row
@@ -125,8 +127,8 @@ class FastDLLMv2Sampler(Sampler):
         first = torch.where(inp.active, col, q).min(dim=1).values  # [B] first mask (Q: none)
         k = (first.clamp(max=e - q0 - 1) - (g - q0)) // sbs  # [B] sub-block index in the grid block
         win = (g - q0) + k[:, None] * sbs + torch.arange(sbs, device=col.device)  # [B, sbs] query rows
-        inside = win < e - q0
-        rows = win.clamp(max=q - 1)
+        inside = (win >= 0) & (win < e - q0)
+        rows = win.clamp(0, q - 1)
         wl = inp.logits.gather(1, rows[..., None].expand(b, sbs, v))  # [B, sbs, V]
         x0, p = sample_with_top_p(wl, cfg.top_p, inp.temperature, inp.generator)
         other = wl.clone()

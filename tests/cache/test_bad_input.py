@@ -56,4 +56,5 @@ def test_spec_forms_agree():
     c = make_cache("dual", refresh=4)
     assert a.config == b.config == c.config == DualCache(refresh=4).config
     assert make_cache(WindowCache(buffer=8)).config.buffer == 8
-    assert {name for name, _ in list_caches()} == {"none", "prefix", "dual", "window", "drift", "auto", "block"}
+    assert {name for name, _ in list_caches()} == {"none", "prefix", "dual", "window", "drift", "auto", "block",
+                                                     "subblock"}

@@ -132,11 +132,13 @@ SETTINGS = [(0.0, 0.9, 4, 0.95), (0.0, 0.5, 8, 0.95), (0.0, 1.0, 2, 0.95), (1.0,
 LENGTHS = (3, 5, 7, 9, 11, 13, 16, 17, 19, 21, 23, 24, 26, 29, 31, 32, 33, 35, 37, 40)
 
 
-@pytest.mark.parametrize("cache", ["block", "none"])
+@pytest.mark.parametrize("cache", ["block", "none", "subblock"])
 @pytest.mark.parametrize("temperature, threshold, sbs, top_p", SETTINGS)
 def test_official_generate_token_equal(tmp_path, cache, temperature, threshold, sbs, top_p):
     """20 prompts per setting: dllm's tokens equal the official loop's up to and including its first
-    <|im_end|> (where the official output is cut), or all of them when it never appears."""
+    <|im_end|> (where the official output is cut), or all of them when it never appears. The official
+    loop runs with ``use_block_cache=False`` against dllm's exact caches ('block', 'none'), and with
+    ``use_block_cache=True`` (its sub-block cache, an approximation) against cache 'subblock'."""
     official, ours = _pair(tmp_path, 11)
     g = torch.Generator().manual_seed(int(threshold * 10) + sbs)
     stopped = 0
@@ -144,7 +146,8 @@ def test_official_generate_token_equal(tmp_path, cache, temperature, threshold, 
         prompt = torch.randint(5, ours.config.vocab_size - 8, (1, n), generator=g)
         torch.manual_seed(i)
         ref, _ = fastdllm_v2_generate(official, prompt, 24, ours.mask_id, ours.eot_id, threshold=threshold,
-                                      small_block_size=sbs, block_size=8, top_p=top_p, temperature=temperature)
+                                      small_block_size=sbs, block_size=8, top_p=top_p, temperature=temperature,
+                                      use_block_cache=cache == "subblock")
         out = dllm.generate(ours, prompt.tolist(), "fastdllm_v2", gen_length=official_length(n, 8, 24), cache=cache,
                             temperature=temperature, seed=i, threshold=threshold, small_block_size=sbs, top_p=top_p)
         mine = out.sequences[0, n:]
@@ -185,6 +188,28 @@ def test_block_cache_is_exact_for_the_shifted_model_with_every_sampler(sampler):
     out = dllm.generate(model, prompts, sampler, gen_length=13, cache="block", seed=7)
     assert torch.equal(out.sequences, ref.sequences) and out.nfe == ref.nfe
     assert out.forwarded_tokens < ref.forwarded_tokens
+
+
+def test_subblock_cache_is_an_approximation_for_fastdllm_v2_only():
+    """cache 'subblock' (the official use_block_cache) forwards fewer rows than 'block' and, stale
+    keys of the other sub-blocks being read, decodes other tokens on some prompts; other samplers,
+    which read logits outside the sub-block, are refused, and so are bidirectional models."""
+    model = tiny("fastdllm_v2", seed=11)
+    g = torch.Generator().manual_seed(13)
+    differ, rows = 0, [0, 0]
+    for i in range(8):
+        prompt = torch.randint(5, 90, (1, 9 + i), generator=g).tolist()
+        kw = dict(gen_length=25, temperature=0.0, threshold=0.9, small_block_size=4)
+        exact = dllm.generate(model, prompt, "fastdllm_v2", cache="block", **kw)
+        approx = dllm.generate(model, prompt, "fastdllm_v2", cache="subblock", **kw)
+        differ += not torch.equal(exact.sequences, approx.sequences)
+        rows[0] += exact.forwarded_tokens
+        rows[1] += approx.forwarded_tokens
+    assert rows[1] < rows[0] and differ > 0
+    with pytest.raises(ValueError, match="sampler 'threshold' reads logits outside the current sub-block"):
+        dllm.generate(model, [[5, 6, 7]], "threshold", gen_length=8, cache="subblock")
+    with pytest.raises(ValueError, match="cache 'subblock' is Fast-dLLM v2's sub-block cache"):
+        dllm.generate(tiny("dream", seed=1), [[5, 6, 7]], "fastdllm_v2", gen_length=8, cache="subblock")
 
 
 def test_every_block_starts_with_the_greedy_token_of_the_previous_block():
