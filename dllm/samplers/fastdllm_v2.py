@@ -19,6 +19,10 @@ tokens in the first one) the official loop:
    their sum, one ``torch.multinomial`` over the sub-block's rows, so a ``seed`` gives the official
    random stream), and commits every mask with ``p(x0) > threshold`` plus the most confident mask.
 
+Caches: ``none`` and ``block`` (exact) reproduce ``use_block_cache=False``; ``subblock``
+(``dllm/cache/subblock.py``) reproduces ``use_block_cache=True``, whose later steps forward the current
+sub-block alone (the query then starts at the sub-block: the step reads those rows only).
+
 Differences from the original, on purpose:
 
 - the official loop ends a block early once its first ``<|im_end|>`` has no mask before it, and then
