@@ -15,7 +15,7 @@ def model():
 
 
 @pytest.mark.parametrize("cache,exc,match", [
-    ("nope", ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: auto, block, drift, dual, none, prefix, window"),
+    ("nope", ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: auto, block, drift, dual, none, prefix, subblock, window"),
     ("window:buffer=2", ValueError, r"window buffer=2 is smaller than block_length=4"),
     ("prefix:refresh=0", ValueError, r"refresh must be an integer >= 1 .*got 0"),
     ("dual:refresh=-2", ValueError, r"refresh must be an integer >= 1 .*got -2"),
