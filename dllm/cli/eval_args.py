@@ -40,6 +40,10 @@ def stress_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
     p.add_argument("--out", default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
     p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
+    p.add_argument("--metrics", default="dllm", metavar="dllm|parallelbench[:OPTION=VALUE,...]",
+                   help="summary definitions: dllm (default) or ParallelBench's (nominal-k TPS, interpolated "
+                        "leaderboard, pooled oracle, its Kendall tau, order-preference slope); options eos=drop|cut, "
+                        "shuffle=strict|any, tau_pad=keep|drop, slope_k=N (dllm.eval.stress.parallelbench)")
     add_model_place(p, dtype="float32")
     p.add_argument("--no-progress", action="store_true")
     add_threads(p, "1 on a busy machine")

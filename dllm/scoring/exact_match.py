@@ -64,6 +64,7 @@ class Outcome:
     forwards: float  # the steps that changed its row x forwards per step of its call: its forwards alone
     content: int  # generated tokens before the first EOS (all of them without one)
     trace: list[int]  # per generated position, the step that committed it
+    row: list[int] = field(default_factory=list)  # the generated answer region's word ids
 
 
 class RowSteps:
@@ -216,7 +217,7 @@ def decode_and_score(
                     tally.solved[i] = ok
                     if record:
                         tally.outcomes[i] = Outcome(ok, int(counter.steps[r]) * per_step,
-                                                    row.index(eos) if eos in row else la, out.trace[r].tolist())
+                                                    row.index(eos) if eos in row else la, out.trace[r].tolist(), row)
                 if progress is not None:
                     progress.update(len(chunk))
     finally:

@@ -131,6 +131,8 @@ class Cell:
     tau: list[Optional[float]]
     forwards: int  # model forwards the batched decode ran (compute actually spent)
     seconds: float  # wall time of the cell's decode
+    rows: Optional[list[list[int]]] = None  # generated answer word ids, kept for --metrics parallelbench
+    traces: Optional[list[list[int]]] = None  # per position, the step that committed it (same)
 
     @property
     def examples(self) -> int:
@@ -159,7 +161,7 @@ class Cell:
         return mean(self.tau)
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        out = {k: v for k, v in asdict(self).items() if v is not None or k not in ("rows", "traces")}
         out["summary"] = {"accuracy": self.accuracy, "tps": self.tps, "tps_content": self.tps_content,
                           "nfe": self.mean_nfe, "tau": self.mean_tau}
         return out

@@ -151,4 +151,42 @@ def format_report(config, summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["HEATMAP_LEVEL", "format_report", "summarize"]
+# ---- --metrics parallelbench --------------------------------------------------------------------------
+def format_parallelbench(config, pb: dict[str, Any]) -> str:
+    """The text of ``dllm stress --metrics parallelbench`` (``stress.parallelbench.summarize_parallelbench``)."""
+    n_ex = sum(len(v) for v in config.examples.values())
+    opt = pb["options"]
+    out = [f"dllm stress (ParallelBench's metrics, arXiv 2510.04767): model {config.model}, {len(config.tasks)} "
+           f"tasks, {n_ex} examples per setting, {len(config.settings)} settings, greedy",
+           f"TPS: nominal k for top-k, mean of L_ans / forwards per sample otherwise; scoring: eos={opt['eos']}, "
+           f"shuffle={opt['shuffle']}; tau: sorted commit steps vs commit steps (tau_pad={opt['tau_pad']})"]
+    if pb["cells_without_rows"]:
+        out.append(f"note: {pb['cells_without_rows']} cells were decoded without --metrics parallelbench (resumed): "
+                   f"they keep dllm's scores and have no ParallelBench tau")
+    levels = pb["levels"]
+    out += ["", f"Leaderboard: max TPS at >= {'/'.join(levels)} % mean accuracy over tasks (0: never; top-k: "
+                "largest k reaching the level; adaptive: interpolated at the level)"]
+    rows = [[c["curve"], *(_num(c["leaderboard"][lv], 6) for lv in levels), c["rule"]] for c in pb["curves"]]
+    out += _table(["curve", *(f"TPS@{lv}" for lv in levels), "rule"], rows, 16)
+
+    out += ["", "Curves: centre of mass (TPS), per-sample oracle pooled over every sample of every task, Kendall tau"]
+    rows = [[c["curve"], _num(c["com"], 5), _num(c["oracle"]["accuracy"], 6, 1, 100), _num(c["oracle"]["tps"], 6),
+             _num(c["tau"], 5)] for c in pb["curves"]]
+    out += _table(["curve", "CoM", "oracle acc %", "oracle TPS", "tau"], rows, 16)
+
+    out += ["", "Settings: means over tasks"]
+    rows = [[s["label"], _num(s["accuracy"], 6, 1, 100), _num(s["tps"], 5), _num(s["tau"], 5)] for s in pb["settings"]]
+    out += _table(["setting", "acc %", "TPS", "tau"], rows, 16)
+
+    out += ["", f"Order preference: slope of accuracy (points) per halving of the block length, mean over tasks "
+                f"(> 0: shorter blocks score higher; top-k at k={opt['slope_k']})"]
+    if pb["order_preference"]:
+        rows = [[f"{o['family']}{' ' + o['point'] if o['point'] else ''}", _num(o["slope"], 6),
+                 ",".join(map(str, o["block_lengths"]))] for o in pb["order_preference"]]
+        out += _table(["setting", "slope", "block lengths"], rows, 16)
+    else:
+        out.append("(needs two or more --block-lengths)")
+    return "\n".join(out)
+
+
+__all__ = ["HEATMAP_LEVEL", "format_parallelbench", "format_report", "summarize"]

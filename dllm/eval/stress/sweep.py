@@ -85,13 +85,14 @@ def cell_seed(key: str) -> int:
 
 @torch.no_grad()
 def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example], *, max_batch: int = 64,
-                seed: int = 0) -> Cell:
+                seed: int = 0, keep_rows: bool = False) -> Cell:
     """Decode ``examples`` (one task) with one setting, greedily, in batches of one answer length
     (``decode_and_score`` with ``record=True``, batches cut in the examples' order).
 
     A sample's forwards (``Cell.nfe``) are the steps that changed its row (``RowSteps``) times the
     forwards per step of its call: the forwards it takes decoded alone, since every sampler decides
     per row (samplers with verification forwards run one row per call for that reason).
+    keep_rows: also keep each sample's generated row and commit steps (``--metrics parallelbench``).
     """
     if hasattr(model, "reseed") and getattr(model, "noise_std", 0) > 0:
         model.reseed(seed)  # the oracle's logit noise: the same draws whatever ran before
@@ -106,7 +107,8 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
     return Cell(setting.label, task, [ex.size for ex in examples], [o.correct for o in out],
                 [o.forwards for o in out], lengths, [o.content for o in out],
                 [None if t is None else round(t, 6) for t in taus],  # stored as is: a resumed cell compares equal
-                tally.forwards, tally.seconds)
+                tally.forwards, tally.seconds,
+                [list(o.row) for o in out] if keep_rows else None, [list(o.trace) for o in out] if keep_rows else None)
 
 
 # ---- the resume file ----------------------------------------------------------------------------------
@@ -194,11 +196,14 @@ class StressResult:
 
 
 def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool = False,
-               progress: bool = True, on_cell: Optional[Callable[[Cell], None]] = None) -> StressResult:
+               progress: bool = True, on_cell: Optional[Callable[[Cell], None]] = None,
+               keep_rows: bool = False) -> StressResult:
     """Decode every cell of ``config`` not yet in ``path`` (with ``resume``), saving after each.
 
     on_cell: called with each newly decoded cell after it is saved (a KeyboardInterrupt raised there
         or anywhere else leaves every finished cell in the file).
+    keep_rows: keep every sample's generated row and commit steps in the cells (``--metrics
+        parallelbench`` rescores and reorders from them).
     """
     from tqdm.auto import tqdm
 
@@ -220,7 +225,7 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
             bar.set_postfix_str(f"{setting.label} | {task}")
             key = cell_key(setting, task)
             cell = decode_cell(model, setting, task, config.examples[task], max_batch=config.max_batch,
-                               seed=cell_seed(key))
+                               seed=cell_seed(key), keep_rows=keep_rows)
             store.add(key, cell)
             computed += 1
             bar.update(1)
@@ -270,6 +275,9 @@ def load_stress_model(name: str, dtype: Optional[str] = None, device: Optional[s
 def run_stress_cli(args) -> int:
     """``dllm stress``: check everything, load the model, sweep, print and save the tables and plots.
     Ctrl-C: the finished cells stay in ``stress.json`` (``--resume`` continues), status 130."""
+    from dllm.eval.stress.parallelbench import parse_metrics
+
+    pb = parse_metrics(getattr(args, "metrics", "dllm"))  # checked before the model loads
     config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
                           block_lengths=parse_block_lengths(args.block_lengths),
                           tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size)
@@ -283,17 +291,24 @@ def run_stress_cli(args) -> int:
         done = len(json.loads(path.read_text())["cells"]) if path.exists() else 0
         return finished(done, "cell", str(path), "; rerun with --resume to continue")
 
-    return until_interrupted(lambda: _sweep_and_report(args, config, out, path), saved)
+    return until_interrupted(lambda: _sweep_and_report(args, config, out, path, pb), saved)
 
 
-def _sweep_and_report(args, config: StressConfig, out: Path, path: Path) -> int:
+def _sweep_and_report(args, config: StressConfig, out: Path, path: Path, pb=None) -> int:
     from dllm.eval.stress.plots import plot_all
     from dllm.eval.stress.report import format_report, summarize
 
     model = load_stress_model(args.model, args.dtype, args.device)
-    result = run_stress(model, config, path, resume=args.resume, progress=not args.no_progress)
+    result = run_stress(model, config, path, resume=args.resume, progress=not args.no_progress,
+                        keep_rows=pb is not None)
     summary = summarize(config, result.cells)
     text = format_report(config, summary)
+    if pb is not None:  # --metrics parallelbench: ParallelBench's definitions (stress.parallelbench)
+        from dllm.eval.stress.parallelbench import summarize_parallelbench
+        from dllm.eval.stress.report import format_parallelbench
+
+        summary["parallelbench"] = summarize_parallelbench(config, result.cells, pb)
+        text = format_parallelbench(config, summary["parallelbench"])
     print(text)
     store = StressStore(path, config.header(), result.cells, summary)
     store.save()

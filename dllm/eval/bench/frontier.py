@@ -1,0 +1,293 @@
+"""The accuracy / speed frontier against Fast-dLLM's settings.
+
+    dllm bench frontier --model tiny-llada --dev 2 --test 2 --repeats 3 --threads 1 --out runs/frontier
+
+Users pick a point on a curve, so one recommended setting against another answers the wrong
+question. This command sweeps both curves on the same examples:
+
+- **theirs**: Fast-dLLM's parallel decoding (Wu et al., arXiv 2505.22618; NVlabs/Fast-dLLM
+  ``llada/generate.py``): ``threshold`` at 0.5 - 0.95 and ``factor`` at 1.0 - 1.9, each with its
+  ``prefix`` and ``dual`` caches (``FASTDLLM_POINTS``, 18 points; the engine reproduces those
+  drivers token for token, tests/cache/test_fastdllm_transcript.py);
+- **ours**: the candidate grid (``candidate_grid``): every registered sampler that can decode the model,
+  a few option values of the adaptive ones and k = 1, 2 of the fixed-step ones, each without a cache
+  and with ``prefix`` / ``dual`` (``block`` for a block-causal model, whose only exact cache it is).
+
+Settings are **chosen on a dev split** (test instances ``0 .. --dev - 1`` of every size of every task
+of the suite) and **reported on disjoint test instances** (``--dev .. --dev + --test - 1``): for each of
+their points, ours is the dev-fastest candidate whose dev accuracy is at least the point's. On the
+test instances each chosen pair is timed in ``--repeats`` interleaved rounds, and the table gives,
+per point: both accuracies, the tokens/s ratio (median of the per-round ratios), the tokens-per-forward
+ratio and both forwarded-token counts (a win bought with more forwarded tokens shows). ``met``: ours
+at >= their test accuracy with >= ``--speed-bar`` (1.1x) their tokens/s and >= ``--tpf-bar`` (1.3x)
+their tokens per forward. Writes ``frontier.json``, ``frontier.txt`` and ``frontier.png`` (both
+frontiers on the accuracy / tokens-per-second plane, the dev sweep in grey); Ctrl-C keeps every
+finished row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dllm.eval.interrupt import finished, until_interrupted
+
+THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
+FACTORS = (1.0, 1.3, 1.6, 1.9)
+FASTDLLM_CACHES = ("prefix", "dual")
+FASTDLLM_POINTS = tuple([f"threshold:threshold={t},cache={c}" for c in FASTDLLM_CACHES for t in THRESHOLDS]
+                        + [f"factor:factor={f},cache={c}" for c in FASTDLLM_CACHES for f in FACTORS])
+
+# option values swept for the adaptive samplers (their defaults are always in the grid)
+SWEEPS: dict[str, tuple[str, ...]] = {
+    "threshold": ("threshold=0.6", "threshold=0.7", "threshold=0.8", "threshold=0.95"),
+    "factor": ("factor=1.3", "factor=1.9"),
+    "eb": ("gamma=0.01", "gamma=0.1", "gamma=1.0"),
+    "fast": ("tau_conf=0.7", "tau_conf=0.8"),
+    "localleap": (),
+    "klass": (),
+    "credit": (),
+    "hierarchy": (),
+}
+FIXED_STEP_K = (1, 2)
+SKIP = ("random", "origin")  # draw at random: no fixed accuracy to choose a point by
+
+
+@dataclass
+class Row:
+    """One setting measured on one split."""
+
+    setting: str
+    accuracy: float
+    tokens_per_second: float
+    tokens_per_forward: float
+    forwarded_tokens: int
+    wall_times: list[float]
+
+
+def candidate_grid(model, caches: Sequence[str]) -> list[str]:
+    """Our candidates for ``model``: every registered sampler that can decode it (defaults, the
+    ``SWEEPS`` values; k = 1, 2 for fixed-step samplers), each with every cache of ``caches``."""
+    from dllm.eval.bench.choose_fast import cannot_run
+    from dllm.samplers import make_sampler, samplers
+
+    out: list[str] = []
+    for name in samplers.names():
+        if name in SKIP or cannot_run(model, name):
+            continue
+        adaptive = not make_sampler(name).fixed_steps
+        variants = [""] + list(SWEEPS.get(name, ())) if adaptive else [f"k={k}" for k in FIXED_STEP_K]
+        for v in variants:
+            for c in caches:
+                opts = ",".join(o for o in (v, "" if c == "none" else f"cache={c}") if o)
+                out.append(f"{name}:{opts}" if opts else name)
+    return out
+
+
+def choose(points: dict[str, Row], candidates: dict[str, Row]) -> dict[str, Optional[str]]:
+    """For each of their points: our dev-fastest candidate at >= its dev accuracy (None if none)."""
+    picks: dict[str, Optional[str]] = {}
+    for label, ref in points.items():
+        ok = [c for c in candidates.values() if c.accuracy >= ref.accuracy]
+        picks[label] = max(ok, key=lambda c: c.tokens_per_second).setting if ok else None
+    return picks
+
+
+def pareto(rows: Sequence[Row]) -> list[Row]:
+    """Rows no other row beats in both accuracy and tokens/s, by tokens/s."""
+    front = [r for r in rows if not any(o.accuracy >= r.accuracy and o.tokens_per_second > r.tokens_per_second
+                                        or o.accuracy > r.accuracy and o.tokens_per_second >= r.tokens_per_second
+                                        for o in rows)]
+    return sorted(front, key=lambda r: r.tokens_per_second)
+
+
+def compare_pair(ours: Row, theirs: Row, speed_bar: float, tpf_bar: float) -> dict[str, Any]:
+    """The table's numbers for one of their points and our pick, on the test split."""
+    rounds = [t / o for o, t in zip(ours.wall_times, theirs.wall_times)]  # their wall / ours = our speed-up
+    speed = statistics.median(rounds) if rounds else float("nan")
+    tpf = ours.tokens_per_forward / theirs.tokens_per_forward
+    return {"accuracy_theirs": theirs.accuracy, "accuracy_ours": ours.accuracy,
+            "speed_ratio": round(speed, 3), "speed_ratio_rounds": [round(r, 3) for r in rounds],
+            "tpf_ratio": round(tpf, 3), "forwarded_theirs": theirs.forwarded_tokens,
+            "forwarded_ours": ours.forwarded_tokens,
+            "met": ours.accuracy >= theirs.accuracy and speed >= speed_bar and tpf >= tpf_bar}
+
+
+def measure(model, setting: str, examples, block_length: int) -> Row:
+    from dllm.eval.compare import run_sampler
+    from dllm.scoring.setting import DecodeSetting
+
+    r = run_sampler(model, DecodeSetting.parse(setting), examples, block_length=block_length)
+    return Row(setting, r.accuracy, r.tokens_per_second, r.tokens_per_forward, r.forwarded_tokens, [r.wall_time])
+
+
+def timed_rounds(model, settings: Sequence[str], examples, block_length: int, repeats: int, bar) -> dict[str, Row]:
+    """Every setting ``repeats`` times in interleaved rounds; the first round's counts, every wall time,
+    tokens/s from the median wall."""
+    rows: dict[str, Row] = {}
+    for _ in range(repeats):
+        for s in settings:
+            r = measure(model, s, examples, block_length)
+            if s in rows:
+                rows[s].wall_times += r.wall_times
+            else:
+                rows[s] = r
+            bar.update(1)
+    for r in rows.values():
+        wall = statistics.median(r.wall_times)
+        r.tokens_per_second = r.tokens_per_second * r.wall_times[0] / wall if wall > 0 else float("inf")
+    return rows
+
+
+def format_table(pairs: dict[str, dict[str, Any]], picks: dict[str, Optional[str]]) -> str:
+    head = (f"{'theirs (Fast-dLLM)':<36}{'acc %':>7}  {'ours (chosen on dev)':<40}{'acc %':>7}{'tok/s x':>9}"
+            f"{'TPF x':>7}{'fwd theirs':>11}{'fwd ours':>10}  met")
+    lines = [head, "-" * len(head)]
+    for ref, p in pairs.items():
+        if picks.get(ref) is None:
+            lines.append(f"{ref:<36}{100 * p['accuracy_theirs']:7.1f}  {'(no candidate as accurate on dev)':<40}")
+            continue
+        lines.append(f"{ref:<36}{100 * p['accuracy_theirs']:7.1f}  {picks[ref]:<40}{100 * p['accuracy_ours']:7.1f}"
+                     f"{p['speed_ratio']:9.2f}{p['tpf_ratio']:7.2f}{p['forwarded_theirs']:11d}"
+                     f"{p['forwarded_ours']:10d}  {'yes' if p['met'] else 'no'}")
+    met = sum(p.get("met", False) for p in pairs.values())
+    lines.append(f"met at {met} of {len(pairs)} points")
+    return "\n".join(lines)
+
+
+def plot(dev: dict[str, Row], test: dict[str, Row], picks: dict[str, Optional[str]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([r.tokens_per_second for r in dev.values()], [100 * r.accuracy for r in dev.values()], s=8,
+               color="0.8", label="dllm candidates (dev)")
+    for label, pts, colour in (("Fast-dLLM (test)", [test[p] for p in picks if p in test], "tab:blue"),
+                               ("dllm picks (test)", [test[c] for c in set(picks.values()) if c in test], "tab:red")):
+        front = pareto(pts)
+        ax.scatter([r.tokens_per_second for r in pts], [100 * r.accuracy for r in pts], s=24, color=colour, label=label)
+        ax.plot([r.tokens_per_second for r in front], [100 * r.accuracy for r in front], "--", color=colour)
+    ax.set_xlabel("tokens / s")
+    ax.set_ylabel("exact match %")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from tqdm.auto import tqdm
+
+    from dllm import tasks as T
+    from dllm.scoring.exact_match import check_test_range, eval_examples, load_model
+
+    ap = argparse.ArgumentParser(prog="dllm bench frontier", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-llada")
+    ap.add_argument("--suite", default=T.PB_MINI, help=f"task suite (valid: {', '.join(T.SUITES)})")
+    ap.add_argument("--block-length", type=int, default=4)
+    ap.add_argument("--dev", type=int, default=2, help="dev instances per size of every task (choosing)")
+    ap.add_argument("--test", type=int, default=2, help="test instances per size, after the dev ones (reporting)")
+    ap.add_argument("--candidates", nargs="+", default=None, metavar="SPEC",
+                    help="our settings (default: candidate_grid over the registered samplers)")
+    ap.add_argument("--points", nargs="+", default=None, metavar="SPEC",
+                    help="their settings (default: Fast-dLLM's 18 threshold / factor x prefix / dual points)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds on the test split")
+    ap.add_argument("--speed-bar", type=float, default=1.1)
+    ap.add_argument("--tpf-bar", type=float, default=1.3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default="runs/frontier")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.suite not in T.SUITES:
+        ap.error(f"--suite {args.suite!r}: valid suites are {', '.join(T.SUITES)}")
+    if args.repeats < 1 or args.dev < 1 or args.test < 1 or args.block_length < 1:
+        ap.error("--repeats, --dev, --test and --block-length must be >= 1")
+    try:
+        check_test_range(args.test, args.dev)
+        model = load_model(args.model, device=args.device)
+    except ValueError as err:
+        ap.error(str(err))
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    block_causal = getattr(model.config, "block_causal", False)
+    caches = ("none", "block") if block_causal else ("none", "prefix", "dual")
+    points = list(args.points or ([] if block_causal else FASTDLLM_POINTS))
+    if not points:
+        ap.error(f"{args.model} attends block-causally: Fast-dLLM's prefix / dual points do not apply; give --points")
+    candidates = list(args.candidates or candidate_grid(model, caches))
+    from dllm.samplers import make_sampler
+    from dllm.scoring.setting import DecodeSetting
+
+    for spec in points + candidates:
+        try:
+            parsed = DecodeSetting.parse(spec)
+            parsed.check()
+            make_sampler(parsed.name, **parsed.sampler_options)  # its options, before any decode
+        except (ValueError, TypeError) as err:
+            ap.error(f"{spec}: {err}")
+    names = T.suite_task_names(args.suite)
+    dev_ex = eval_examples(names, args.dev)
+    test_ex = eval_examples(names, args.test, skip=args.dev)
+    block = None if block_causal else args.block_length
+    out = Path(args.out)
+    state: dict[str, Any] = {"dev": {}, "test": {}, "picks": {}, "pairs": {}}
+
+    def save() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"command": "dllm bench frontier " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+               "model": args.model, "suite": args.suite, "dev_per_size": args.dev, "test_per_size": args.test,
+               "examples": {"dev": len(dev_ex), "test": len(test_ex)}, "repeats": args.repeats,
+               "points": points, "dev": {k: asdict(v) for k, v in state["dev"].items()},
+               "test": {k: asdict(v) for k, v in state["test"].items()}, "picks": state["picks"],
+               "pairs": state["pairs"]}
+        (out / "frontier.json").write_text(json.dumps(doc, indent=2))
+
+    def run() -> int:
+        measure(model, points[0], dev_ex[:8], block)  # warm-up (first-call allocations), not recorded
+        with tqdm(total=len(points) + len(candidates), disable=args.no_progress, desc="frontier dev", unit="setting") as bar:
+            for s in points + candidates:
+                bar.set_postfix_str(s[:40])
+                state["dev"][s] = measure(model, s, dev_ex, block)
+                bar.update(1)
+                if bar.n % 10 == 0:
+                    save()
+        save()
+        picks = choose({p: state["dev"][p] for p in points}, {c: state["dev"][c] for c in candidates})
+        state["picks"] = picks
+        chosen = list(dict.fromkeys([*points, *(c for c in picks.values() if c)]))
+        with tqdm(total=len(chosen) * args.repeats, disable=args.no_progress, desc="frontier test", unit="run") as bar:
+            state["test"] = timed_rounds(model, chosen, test_ex, block, args.repeats, bar)
+        state["pairs"] = {p: compare_pair(state["test"][c], state["test"][p], args.speed_bar, args.tpf_bar)
+                          for p, c in picks.items() if c}
+        state["pairs"].update({p: {"accuracy_theirs": state["test"][p].accuracy} for p, c in picks.items() if not c})
+        table = format_table({p: state["pairs"][p] for p in points}, picks)
+        print(table)
+        save()
+        (out / "frontier.txt").write_text(f"$ {json.loads((out / 'frontier.json').read_text())['command']}\n\n{table}\n")
+        plot(state["dev"], state["test"], picks, out / "frontier.png",
+             f"{args.model}, {args.suite}: Fast-dLLM's points vs dllm's picks")
+        print(f"wrote {out / 'frontier.json'}, {out / 'frontier.txt'} and {out / 'frontier.png'}")
+        return 0
+
+    def kept() -> str:
+        save()
+        return finished(len(state["dev"]), "dev row", str(out / "frontier.json"))
+
+    return until_interrupted(run, kept)
+
+
+__all__ = ["FASTDLLM_POINTS", "Row", "candidate_grid", "choose", "compare_pair", "format_table", "main", "pareto"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""dllm bench frontier (dllm/eval/bench/frontier.py): Fast-dLLM's points, our grid, the dev choice, the
+test-split ratios and the command's files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dllm.eval.bench.frontier import (FASTDLLM_POINTS, Row, candidate_grid, choose, compare_pair, format_table,
+                                      main, pareto)
+
+
+def row(setting: str, acc: float, tps: float, tpf: float = 1.0, fwd: int = 100, walls=(1.0,)) -> Row:
+    return Row(setting, acc, tps, tpf, fwd, list(walls))
+
+
+def test_fastdllm_points_are_threshold_and_factor_with_prefix_and_dual():
+    assert len(FASTDLLM_POINTS) == 18 == len(set(FASTDLLM_POINTS))
+    assert {p.split(":")[0] for p in FASTDLLM_POINTS} == {"threshold", "factor"}
+    assert sum(p.endswith("cache=dual") for p in FASTDLLM_POINTS) == 9
+
+
+def test_the_grid_covers_every_registered_sampler_with_each_cache():
+    from dllm.models import load
+    from dllm.samplers import samplers
+    from dllm.scoring.setting import DecodeSetting
+
+    grid = candidate_grid(load("tiny-llada"), ("none", "prefix", "dual"))
+    names = {DecodeSetting.parse(s).name for s in grid}
+    assert names == set(samplers.names()) - {"random", "origin"}
+    assert "threshold:threshold=0.8,cache=dual" in grid and "low_confidence:k=2,cache=prefix" in grid
+    for s in grid:
+        DecodeSetting.parse(s).check()
+    sdar = candidate_grid(load("tiny-random-sdar"), ("none", "block"))
+    assert all(DecodeSetting.parse(s).cache in (None, "block") for s in sdar)
+
+
+def test_choose_takes_the_fastest_candidate_at_least_as_accurate():
+    points = {"p1": row("p1", 0.8, 100.0), "p2": row("p2", 0.95, 50.0)}
+    cands = {"a": row("a", 0.79, 500.0), "b": row("b", 0.8, 120.0), "c": row("c", 0.9, 110.0)}
+    assert choose(points, cands) == {"p1": "b", "p2": None}
+
+
+def test_pareto_keeps_the_undominated_rows_by_speed():
+    rows = [row("a", 0.9, 10.0), row("b", 0.8, 20.0), row("c", 0.8, 15.0), row("d", 0.95, 5.0), row("e", 0.9, 10.0)]
+    assert [r.setting for r in pareto(rows)] == ["d", "a", "e", "b"]
+
+
+def test_compare_pair_uses_the_median_of_paired_rounds_and_both_bars():
+    theirs = row("t", 0.8, 0.0, tpf=1.0, fwd=900, walls=(2.0, 2.2, 1.8))
+    ours = row("o", 0.81, 0.0, tpf=1.4, fwd=700, walls=(1.0, 2.2, 1.5))
+    p = compare_pair(ours, theirs, 1.1, 1.3)
+    assert p["speed_ratio_rounds"] == [2.0, 1.0, 1.2] and p["speed_ratio"] == 1.2
+    assert p["tpf_ratio"] == 1.4 and p["met"]
+    assert not compare_pair(ours, theirs, 1.3, 1.3)["met"]  # speed bar
+    assert not compare_pair(row("o", 0.79, 0.0, tpf=2.0, walls=(1.0, 1.0, 1.0)), theirs, 1.1, 1.3)["met"]  # accuracy
+    table = format_table({"t": p, "u": {"accuracy_theirs": 0.99}}, {"t": "o", "u": None})
+    assert "met at 1 of 2 points" in table and "no candidate as accurate" in table
+
+
+def test_the_command_writes_its_table_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "f"
+    code = main(["--model", "oracle", "--dev", "1", "--test", "1", "--repeats", "2", "--no-progress",
+                 "--points", "threshold:threshold=0.9", "--candidates", "low_confidence:k=2",
+                 "low_confidence", "--out", str(out)])
+    assert code == 0
+    doc = json.loads((out / "frontier.json").read_text())
+    assert doc["examples"]["dev"] == doc["examples"]["test"] > 0
+    assert set(doc["dev"]) == {"threshold:threshold=0.9", "low_confidence:k=2", "low_confidence"}
+    pick = doc["picks"]["threshold:threshold=0.9"]
+    assert pick in doc["test"] and len(doc["test"][pick]["wall_times"]) == 2
+    assert doc["dev"][pick]["accuracy"] >= doc["dev"]["threshold:threshold=0.9"]["accuracy"]
+    assert (out / "frontier.png").stat().st_size > 0 and "met at" in (out / "frontier.txt").read_text()
+    assert "met at" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suite", "nope"], "--suite 'nope'"),
+    (["--dev", "40", "--test", "20"], "not in the test split"),
+    (["--points", "threshold:thresh=0.9"], "threshold:thresh=0.9"),
+    (["--model", "tiny-random-sdar"], "block-causally"),
+])
+def test_bad_arguments_are_refused_before_any_decode(argv, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(argv + ["--model", "oracle"] if "--model" not in argv else argv)
+    assert err.value.code == 2 and message in capsys.readouterr().err
