@@ -19,13 +19,18 @@ from tests.reference.fastdllm_v2_modeling import RefFastDLLMv2ForCausalLM
 from .helpers import random_ids
 
 
-def _pair(tmp_path, seed: int, **overrides):
+def _pair(tmp_path, seed: int, *, frequent_eot: bool = False, **overrides):
     """A tiny random Fast-dLLM v2 saved in the official layout, its official transcription, dllm's load.
     The mask token's head row is zeroed so that no proposal is the mask itself (the official loop
-    would "commit" it and, at T = 0, never finish)."""
+    would "commit" it and, at T = 0, never finish). ``frequent_eot``: <|im_end|>'s head row becomes
+    1.05 x that of the token the model generates most, so that runs end early (the official loop's stop)."""
     model = tiny("fastdllm_v2", seed=seed, **overrides)
+    head = model.transformer.head_weight()
     with torch.no_grad():
-        model.transformer.head_weight()[model.mask_id] = 0
+        head[model.mask_id] = 0
+        if frequent_eot:
+            out = dllm.generate(model, [[5, 6, 7, 8, 9, 10, 11, 12, 13]], "fastdllm_v2", gen_length=40)
+            head[model.eot_id] = 1.05 * head[int(torch.bincount(out.sequences[0, 9:]).argmax())]
     model.save_pretrained(tmp_path)
     return RefFastDLLMv2ForCausalLM.from_pretrained(tmp_path), load(tmp_path)
 
@@ -132,14 +137,16 @@ SETTINGS = [(0.0, 0.9, 4, 0.95), (0.0, 0.5, 8, 0.95), (0.0, 1.0, 2, 0.95), (1.0,
 LENGTHS = (3, 5, 7, 9, 11, 13, 16, 17, 19, 21, 23, 24, 26, 29, 31, 32, 33, 35, 37, 40)
 
 
+@pytest.mark.parametrize("frequent_eot", [False, True], ids=["long", "early_stops"])
 @pytest.mark.parametrize("cache", ["block", "none", "subblock"])
 @pytest.mark.parametrize("temperature, threshold, sbs, top_p", SETTINGS)
-def test_official_generate_token_equal(tmp_path, cache, temperature, threshold, sbs, top_p):
+def test_official_generate_token_equal(tmp_path, cache, temperature, threshold, sbs, top_p, frequent_eot):
     """20 prompts per setting: dllm's tokens equal the official loop's up to and including its first
     <|im_end|> (where the official output is cut), or all of them when it never appears. The official
     loop runs with ``use_block_cache=False`` against dllm's exact caches ('block', 'none'), and with
-    ``use_block_cache=True`` (its sub-block cache, an approximation) against cache 'subblock'."""
-    official, ours = _pair(tmp_path, 11)
+    ``use_block_cache=True`` (its sub-block cache, an approximation) against cache 'subblock'. With
+    ``frequent_eot`` most runs end early, on the official loop's stop test."""
+    official, ours = _pair(tmp_path, 11, frequent_eot=frequent_eot)
     g = torch.Generator().manual_seed(int(threshold * 10) + sbs)
     stopped = 0
     for i, n in enumerate(LENGTHS):
@@ -156,7 +163,10 @@ def test_official_generate_token_equal(tmp_path, cache, temperature, threshold, 
             mine = mine[:int(ends[0, 0]) + 1]
             stopped += 1
         assert mine.tolist() == ref[0, n:].tolist(), f"prompt length {n}"
-    assert stopped < len(LENGTHS)  # some runs decode every block
+    if frequent_eot:
+        assert stopped >= len(LENGTHS) // 4  # the stop path is exercised
+    else:
+        assert stopped < len(LENGTHS)  # some runs decode every block
 
 
 def test_block_cache_equals_recompute_and_forwards_fewer_rows():
