@@ -33,7 +33,7 @@ from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
 from dllm.options import check_bool, check_number
-from dllm.schedule import BlockPlan, plan_blocks
+from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
@@ -130,6 +130,7 @@ def generate(
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
     shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
+    state.extras[LOGIT_SHIFT_KEY] = shift
     if sampler_obj.greedy_only and temperature > 0:
         raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
                          f"(use temperature=0)")
@@ -308,7 +309,8 @@ class Decode:
         q_len = logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
         active = torch.zeros_like(tokens, dtype=torch.bool)
-        active[:, s - q0:e - q0] = tokens[:, s - q0:e - q0] == state.mask_id
+        a0 = max(s - q0, 0)  # a query may start inside the block (cache 'subblock': no masks left of it)
+        active[:, a0:e - q0] = tokens[:, a0:e - q0] == state.mask_id
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,

@@ -66,6 +66,8 @@ def _preview(values: list[int], n: int = 6) -> str:
 # Block-causal models (SDAR): the model's block grid starts at position 0 of the prompt
 
 BLOCK_SIZE_KEY = "block_size"  # DecodeState.extras: a block-causal model's trained block (set by the engine)
+LOGIT_SHIFT_KEY = "logit_shift"  # DecodeState.extras: the model's logit_shift (Dream, Fast-dLLM v2: 1)
+SUB_BLOCK_KEY = "small_block_size"  # DecodeState.extras: fastdllm_v2's sub-block width (read by cache 'subblock')
 
 
 def grid_start(state, column: int) -> int:

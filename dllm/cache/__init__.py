@@ -1,7 +1,8 @@
 """Cache policies: what each step recomputes and which keys/values it reuses.
 
 ``none`` (exact), ``prefix`` and ``dual`` (Fast-dLLM; ``dual`` with dInfer's vicinity options),
-``block`` (exact for block-causal models such as SDAR: finished blocks' K/V kept),
+``block`` (exact for block-causal models such as SDAR: finished blocks' K/V kept), ``subblock``
+(Fast-dLLM v2's sub-block cache on top of it, approximate),
 ``window`` (Window-Diffusion style far-field pruning), ``drift`` (a dual cache whose recomputed window
 follows the measured key drift). Choose one with
 ``dllm.generate(..., cache=...)``, which takes a name (``"dual"``), a spec string
@@ -16,6 +17,7 @@ from dllm.cache.block import DualCache, PrefixCache
 from dllm.cache.window import WindowCache
 from dllm.cache.drift import DriftCache
 from dllm.cache.block_causal import BlockCausalCache
+from dllm.cache.subblock import SubBlockCache
 from dllm.cache.auto import CHOICE as AUTO_CHOICE  # registers ``auto`` when a choice exists
 
 
@@ -24,5 +26,5 @@ def list_caches() -> list[tuple[str, str]]:
     return caches.describe()
 
 
-__all__ = ["AUTO_CHOICE", "BlockCausalCache", "CachePolicy", "CacheView", "DriftCache", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query",
+__all__ = ["AUTO_CHOICE", "BlockCausalCache", "CachePolicy", "CacheView", "DriftCache", "DualCache", "KVCache", "NoCache", "PrefixCache", "Query", "SubBlockCache",
            "WindowCache", "caches", "list_caches", "make_cache", "register_cache"]

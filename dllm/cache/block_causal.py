@@ -18,6 +18,9 @@ of the policy are:
   decodes the new block; the call's first block queries ``[0, e)``, the prompt's prefill;
 - every later step: ``[g, e)`` (the whole grid block: the prompt tail's K/V change with the block's
   tokens), attending to keys ``[0, e)``. Columns right of ``e`` are never attended (block-causal).
+  A shifted model (``logit_shift = 1``, Fast-dLLM v2, arXiv 2509.26328) predicts column g from the
+  row at g - 1, the previous block's last column, so its later steps query ``[g - 1, e)``: that
+  column's K/V are final, and recomputing them writes the same values.
 
 ``generate.py`` of SDAR does the same work with one more forward per block (``store_kv=True`` over
 the finished block before the next one starts); here it rides in the next block's first forward,
@@ -59,14 +62,12 @@ class BlockCausalCache(CachePolicy):
                 f"block-causal model (SDAR); {getattr(model, 'display_name', type(model).__name__)} attends "
                 f"bidirectionally, so its keys change whenever a later token is committed; use cache "
                 f"'none' (exact) or an approximate policy ('prefix', 'dual', 'window', 'drift')")
-        if getattr(model, "logit_shift", 0):
-            raise ValueError("cache 'block' needs unshifted logits (logit_shift 0)")
 
     def query(self, state: DecodeState, block_step: int, shift: int) -> Query:
         s, e = state.block_start, state.block_end
         g = grid_start(state, s)
-        if block_step > 0:
-            return Query(g, e, e)
+        if block_step > 0:  # a shifted model (Fast-dLLM v2) predicts column g from g - 1, whose K/V are final
+            return Query(max(0, g - shift), e, e)
         if state.block_index == 0:
             return Query(0, e, e)  # the prefill: every prompt block, then the first block
         assert state.block_length is not None
@@ -74,7 +75,7 @@ class BlockCausalCache(CachePolicy):
 
     def cached_query(self, state: DecodeState, shift: int) -> Query:
         """A later step of the block (what verification variants reproduce)."""
-        return Query(grid_start(state, state.block_start), state.block_end, state.block_end)
+        return Query(max(0, grid_start(state, state.block_start) - shift), state.block_end, state.block_end)
 
 
 EXACT_FOR_BLOCK_CAUSAL = ("none", "block")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dllm.models.dream import Dream
+from dllm.models.fastdllm_v2 import FastDLLMv2
 from dllm.models.llada import LLaDA
 from dllm.models.llada2 import LLaDA2
 from dllm.models.pretrained import TransformerLM
 from dllm.models.sdar import SDAR
 
-FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream, "sdar": SDAR, "llada2": LLaDA2}
+FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream, "sdar": SDAR, "llada2": LLaDA2,
+                                        "fastdllm_v2": FastDLLMv2}
 
 MODEL_TYPES: dict[str, type[TransformerLM]] = {
     model_type: cls for cls in FAMILIES.values() for model_type in cls.model_types
@@ -16,7 +18,7 @@ MODEL_TYPES: dict[str, type[TransformerLM]] = {
 
 
 def family_class(family: str) -> type[TransformerLM]:
-    """Family name ("llada" | "dream" | "sdar" | "llada2") -> its model class."""
+    """Family name ("llada" | "dream" | "sdar" | "llada2" | "fastdllm_v2") -> its model class."""
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; valid families: {', '.join(FAMILIES)}")
     return FAMILIES[family]

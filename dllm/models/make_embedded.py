@@ -21,6 +21,7 @@ EMBEDDED: dict[str, tuple[str, int]] = {
     "tiny-random-llada": ("llada", 0),
     "tiny-random-dream": ("dream", 1),
     "tiny-random-sdar": ("sdar", 2),  # block-causal (block 4), SDAR layout
+    "tiny-random-fastdllm-v2": ("fastdllm_v2", 3),  # block-causal (block 8) with the token shift, Fast-dLLM v2 layout
 }
 
 

@@ -20,6 +20,7 @@ from dllm.models.families import family_class
 from dllm.models.llada import LLADA_SPECIAL_TOKENS
 from dllm.models.pretrained import TransformerLM
 from dllm.models.sdar import SDAR_SPECIAL_TOKENS
+from dllm.models.fastdllm_v2 import FASTDLLM_V2_SPECIAL_TOKENS as _FD2
 from dllm.models.tokenizer import build_word_tokenizer, token_id, tokenizer_size
 
 DIGITS = tuple("0123456789")
@@ -51,9 +52,13 @@ _SPECIALS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         {"bos_token": SDAR_SPECIAL_TOKENS["eos"], "eos_token": SDAR_SPECIAL_TOKENS["eos"],
          "pad_token": SDAR_SPECIAL_TOKENS["eos"], "mask_token": SDAR_SPECIAL_TOKENS["mask"]},
     ),
+    "fastdllm_v2": (
+        tuple(_FD2[k] for k in ("pad", "im_start", "im_end", "mask")),
+        {"bos_token": _FD2["pad"], "eos_token": _FD2["im_end"], "pad_token": _FD2["pad"], "mask_token": _FD2["mask"]},
+    ),
 }
 _EOT_TOKEN = {"llada": LLADA_SPECIAL_TOKENS["eot"], "dream": DREAM_SPECIAL_TOKENS["im_end"],
-              "sdar": SDAR_SPECIAL_TOKENS["im_end"]}
+              "sdar": SDAR_SPECIAL_TOKENS["im_end"], "fastdllm_v2": _FD2["im_end"]}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "llada": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128, rope_theta=500000.0,
@@ -64,6 +69,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "sdar": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
                  rms_eps=1e-6, max_positions=512, qkv_bias=False, tie_embeddings=False, rope_fp32=False,
                  attn_head_dim=32, qk_norm=True, attention="block_causal", block_size=4),
+    # Fast-dLLM v2 (Qwen2.5, q/k/v biases, block-causal with the token shift): block 8, sub-blocks of 4 fit
+    "fastdllm_v2": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
+                        rms_eps=1e-6, max_positions=512, qkv_bias=True, tie_embeddings=False, rope_fp32=False,
+                        attention="block_causal", block_size=8),
 }
 _SPECIAL_NAMES = ("mask_id", "eos_id", "pad_id", "eot_id", "bos_id")
 

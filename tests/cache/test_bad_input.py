@@ -15,7 +15,7 @@ def model():
 
 
 @pytest.mark.parametrize("cache,exc,match", [
-    ("nope", ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: auto, block, drift, dual, none, prefix, window"),
+    ("nope", ValueError, r"Unknown cache policy 'nope'\. Valid cache policies: auto, block, drift, dual, none, prefix, subblock, window"),
     ("window:buffer=2", ValueError, r"window buffer=2 is smaller than block_length=4"),
     ("prefix:refresh=0", ValueError, r"refresh must be an integer >= 1 .*got 0"),
     ("dual:refresh=-2", ValueError, r"refresh must be an integer >= 1 .*got -2"),
@@ -56,4 +56,5 @@ def test_spec_forms_agree():
     c = make_cache("dual", refresh=4)
     assert a.config == b.config == c.config == DualCache(refresh=4).config
     assert make_cache(WindowCache(buffer=8)).config.buffer == 8
-    assert {name for name, _ in list_caches()} == {"none", "prefix", "dual", "window", "drift", "auto", "block"}
+    assert {name for name, _ in list_caches()} == {"none", "prefix", "dual", "window", "drift", "auto", "block",
+                                                     "subblock"}

@@ -126,7 +126,7 @@ def test_attn_backend_choice():
 def test_nonexistent_path_is_fast_and_clear(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    with pytest.raises(ModelNotFoundError, match=r"(?s)'/no/such/dir'.*tiny-random-dream, tiny-random-llada"):
+    with pytest.raises(ModelNotFoundError, match=r"(?s)'/no/such/dir'.*tiny-random-dream, tiny-random-fastdllm-v2, tiny-random-llada"):
         load("/no/such/dir")
     pattern = r"(?s)'nobody/no-such-model'.*HF_HUB_OFFLINE.*tiny-random-llada"
     with pytest.raises(ModelNotFoundError, match=pattern) as info:
@@ -180,7 +180,7 @@ def test_directory_without_config(tmp_path):
 
 def test_unknown_model_type(saved):
     _edit_config(saved, model_type="gpt2")
-    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*Dream, dream, llada"):
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2'.*Dream, Fast_dLLM_Qwen, dream, llada"):
         load(saved)
 
 
