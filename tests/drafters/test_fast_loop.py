@@ -170,3 +170,21 @@ def test_adapted_projections_keep_the_general_path():
     old = drafter.layers[1].self_attn.v_proj
     drafter.layers[1].self_attn.v_proj = Wrapped(old.in_features, old.out_features, bias=False)
     assert "nn.Linear" in static_draft_issue(drafter)
+
+
+def test_one_token_rounds_equal_target_generate_at_a_near_tie(tiny_pair):
+    """Block size 1 runs one-row forwards. On the 36th long-answer prompt (reverse_long) tiny-ar's two best
+    tokens at answer position 41 are 2e-5 apart: a fused q/k/v (or gate/up) matrix-vector product rounds
+    differently from transformers' separate ones and flipped it, so one-row forwards run those."""
+    from dllm import tasks as T
+    from dllm.drafters.base import make_drafter
+    from dllm.models.task_tokenizer import task_tokenizer
+
+    target = tiny_pair[0]
+    ex = [e for t in ("copy_long", "double_long", "reverse_long") for s in T.get_task(t).default_sizes
+          for e in T.test_split(t, s, n=4)][35]
+    prompt, budget = T.prompt_ids(ex), T.answer_length(ex.task, ex.size)
+    want = target.generate(torch.tensor([prompt]), max_new_tokens=budget, do_sample=False)[0, len(prompt):].tolist()
+    got = speculative_generate(target, make_drafter("ngram"), [prompt], max_new_tokens=budget, temperature=0.0,
+                               block_size=1, tokenizer=task_tokenizer())
+    assert list(got.generated[0]) == want
