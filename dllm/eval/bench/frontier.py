@@ -240,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     test_ex = eval_examples(names, args.test, skip=args.dev)
     block = None if block_causal else args.block_length
     out = Path(args.out)
-    state: dict[str, Any] = {"dev": {}, "test": {}, "picks": {}, "pairs": {}}
+    state: dict[str, Any] = {"dev": {}, "test": {}, "picks": {}, "pairs": {}, "skipped": {}}
 
     def save() -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -249,7 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "examples": {"dev": len(dev_ex), "test": len(test_ex)}, "repeats": args.repeats,
                "points": points, "dev": {k: asdict(v) for k, v in state["dev"].items()},
                "test": {k: asdict(v) for k, v in state["test"].items()}, "picks": state["picks"],
-               "pairs": state["pairs"]}
+               "pairs": state["pairs"], "skipped": state["skipped"]}
         (out / "frontier.json").write_text(json.dumps(doc, indent=2))
 
     def run() -> int:
@@ -257,12 +257,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with tqdm(total=len(points) + len(candidates), disable=args.no_progress, desc="frontier dev", unit="setting") as bar:
             for s in points + candidates:
                 bar.set_postfix_str(s[:40])
-                state["dev"][s] = measure(model, s, dev_ex, block)
+                try:
+                    state["dev"][s] = measure(model, s, dev_ex, block)
+                except ValueError as err:  # a candidate that cannot decode these examples: skipped, said why
+                    if s in points:
+                        raise
+                    state["skipped"][s] = str(err)
+                    print(f"skipped {s}: {err}", flush=True)
                 bar.update(1)
                 if bar.n % 10 == 0:
                     save()
         save()
-        picks = choose({p: state["dev"][p] for p in points}, {c: state["dev"][c] for c in candidates})
+        picks = choose({p: state["dev"][p] for p in points},
+                       {c: state["dev"][c] for c in candidates if c in state["dev"]})
         state["picks"] = picks
         chosen = list(dict.fromkeys([*points, *(c for c in picks.values() if c)]))
         with tqdm(total=len(chosen) * args.repeats, disable=args.no_progress, desc="frontier test", unit="run") as bar:

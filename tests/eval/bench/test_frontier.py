@@ -63,11 +63,12 @@ def test_the_command_writes_its_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "f"
     code = main(["--model", "oracle", "--dev", "1", "--test", "1", "--repeats", "2", "--no-progress",
                  "--points", "threshold:threshold=0.9", "--candidates", "low_confidence:k=2",
-                 "low_confidence", "--out", str(out)])
+                 "low_confidence", "sdar", "--out", str(out)])
     assert code == 0
     doc = json.loads((out / "frontier.json").read_text())
     assert doc["examples"]["dev"] == doc["examples"]["test"] > 0
     assert set(doc["dev"]) == {"threshold:threshold=0.9", "low_confidence:k=2", "low_confidence"}
+    assert "denoising_steps" in doc["skipped"]["sdar"]  # 4 steps per block; some answers are 3 long
     pick = doc["picks"]["threshold:threshold=0.9"]
     assert pick in doc["test"] and len(doc["test"][pick]["wall_times"]) == 2
     assert doc["dev"][pick]["accuracy"] >= doc["dev"]["threshold:threshold=0.9"]["accuracy"]
