@@ -33,6 +33,14 @@ import torch.nn.functional as F
 ARCHITECTURES = ("qwen3", "qwen2", "llama")
 
 
+def plain_linear(m) -> bool:
+    """An ``nn.Linear`` holding ordinary tensors: a quantized weight (torchao keeps the module an
+    ``nn.Linear`` and swaps its weight for a tensor subclass) cannot be concatenated into a fused one."""
+    if type(m) is not nn.Linear:
+        return False
+    return all(t is None or type(t.data) is torch.Tensor for t in (m.weight, m.bias))
+
+
 def static_target_issue(model) -> Optional[str]:
     """None when ``model`` runs on ``StaticTarget`` exactly as transformers runs it; else the reason."""
     cfg = getattr(model, "config", None)
@@ -57,8 +65,8 @@ def static_target_issue(model) -> Optional[str]:
     names = ("q_proj", "k_proj", "v_proj", "o_proj")
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if any(type(getattr(attn, n, None)) is not nn.Linear for n in names) or \
-                any(type(getattr(mlp, n, None)) is not nn.Linear for n in ("gate_proj", "up_proj", "down_proj")):
+        if not all(plain_linear(getattr(attn, n, None)) for n in names) or \
+                not all(plain_linear(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj")):
             return "projections that are not plain nn.Linear (quantized or adapted weights)"
         if (getattr(attn, "q_norm", None) is None) != (kind != "qwen3"):
             return "q_norm / k_norm where the architecture has none (or missing)"
@@ -129,7 +137,7 @@ class StaticTarget:
         end = start + t
         if end > self.length:
             raise ValueError(f"StaticTarget holds {self.length} slots; a forward to slot {end} does not fit")
-        x = F.embedding(ids, self.inner.embed_tokens.weight)  # [1, T, D]
+        x = self.inner.embed_tokens(ids)  # [1, T, D] (the module: its hooks see every forward, as in transformers)
         cos, sin = self.cos[:, :, start:end], self.sin[:, :, start:end]  # [1, 1, T, hd]
         mask = self.causal[start:end, :end][None, None]  # [1, 1, T, end]
         taps: list[Optional[torch.Tensor]] = [None] * len(self.taps)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
+from dllm.drafters.static_target import plain_linear
 from dllm.models.transformer import rms_norm
 
 MIN_CAPACITY = 256  # slots allocated at the first round (doubled when outgrown)
@@ -45,7 +46,7 @@ def static_draft_issue(model: DFlashDrafter) -> Optional[str]:
     cfg = model.config
     fused = [m for layer in model.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                                     layer.self_attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj)]
-    if any(type(m) is not nn.Linear for m in fused):
+    if not all(plain_linear(m) for m in fused):
         return "projections that are not plain nn.Linear (quantized weights)"
     if cfg.attention_bias:
         return "attention biases (the static path fuses bias-free projections)"

@@ -87,7 +87,9 @@ def make_runner(target, drafter, config: Config, block_size: int) -> Runner:
 
 @contextmanager
 def widths(module: torch.nn.Module) -> Iterator[list[int]]:
-    """Records the input width (tokens) of every forward call of ``module``."""
+    """Records the input width (tokens) of every forward of the causal LM ``module``, read at its input
+    embedding (``get_input_embeddings()``, called once per forward by transformers' forward and by the
+    speculative fast path's static forward alike)."""
     seen: list[int] = []
 
     def hook(m, args, kwargs) -> None:
@@ -95,7 +97,8 @@ def widths(module: torch.nn.Module) -> Iterator[list[int]]:
         if isinstance(ids, torch.Tensor):
             seen.append(int(ids.shape[-1]))
 
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else module
+    handle = embed.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         yield seen
     finally:
