@@ -101,12 +101,6 @@ class FastDLLMv2(TransformerLM):
         if problems:
             raise ValueError("the Fast-dLLM v2 checkpoint format cannot express " + "; ".join(problems))
 
-    @property
-    def block_size(self) -> int:
-        """The block the checkpoint was trained with (config.json ``bd_size``)."""
-        assert self.config.block_size is not None
-        return self.config.block_size
-
     @classmethod
     def from_hf_config(
         cls, hf: Mapping[str, Any], tokenizer: Any = None

@@ -131,6 +131,12 @@ class TransformerLM(DiffusionLM):
 
     # ---- attention backend -----------------------------------------------------------------------
     @property
+    def block_size(self) -> Optional[int]:
+        """The block a block-causal checkpoint was trained with (config.json ``block_size`` for SDAR,
+        ``bd_size`` for Fast-dLLM v2); None for a bidirectional model."""
+        return self.config.block_size if self.config.block_causal else None
+
+    @property
     def attn_backend(self) -> str:
         """Name of the resolved attention backend ("sdpa", "reference", ...)."""
         return self.transformer.attn_backend

@@ -109,12 +109,6 @@ class SDAR(TransformerLM):
         if problems:
             raise ValueError("the SDAR checkpoint format cannot express " + "; ".join(problems))
 
-    @property
-    def block_size(self) -> int:
-        """The block the checkpoint was trained with (config.json ``block_size``)."""
-        assert self.config.block_size is not None
-        return self.config.block_size
-
     @classmethod
     def from_hf_config(
         cls, hf: Mapping[str, Any], tokenizer: Any = None
