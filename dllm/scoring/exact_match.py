@@ -170,11 +170,12 @@ def decode_and_score(
     setting = DecodeSetting.of(sampler, k=tokens_per_step, block_length=block_length, options=options)
     setting.check()
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
+    from dllm.cache.block_causal import block_size_of
     from dllm.engine import generate
 
     # a block-causal model (SDAR) decodes on its own grid: a batch shares its blocks, so its prompts
     # must agree in length mod the block; blocks and steps come from the grid (``grid_steps_for``)
-    grid = model.config.block_size if getattr(model.config, "block_causal", False) else None
+    grid = block_size_of(model)
     groups: dict[tuple[str, int, int], list[T.Example]] = defaultdict(list)
     index: dict[int, list[int]] = defaultdict(list)  # id(example) -> its positions in ``examples``
     for i, ex in enumerate(examples):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -117,30 +118,36 @@ def compare_pair(ours: Row, theirs: Row, speed_bar: float, tpf_bar: float) -> di
             "met": ours.accuracy >= theirs.accuracy and speed >= speed_bar and tpf >= tpf_bar}
 
 
-def measure(model, setting: str, examples, block_length: int) -> Row:
+def run_setting(model, setting: str, examples, block_length: Optional[int]):
+    """One decode of ``examples`` with ``setting`` (``dllm.eval.compare.run_sampler``)."""
     from dllm.eval.compare import run_sampler
     from dllm.scoring.setting import DecodeSetting
 
-    r = run_sampler(model, DecodeSetting.parse(setting), examples, block_length=block_length)
-    return Row(setting, r.accuracy, r.tokens_per_second, r.tokens_per_forward, r.forwarded_tokens, [r.wall_time])
+    return run_sampler(model, DecodeSetting.parse(setting), examples, block_length=block_length)
 
 
-def timed_rounds(model, settings: Sequence[str], examples, block_length: int, repeats: int, bar) -> dict[str, Row]:
-    """Every setting ``repeats`` times in interleaved rounds; the first round's counts, every wall time,
-    tokens/s from the median wall."""
-    rows: dict[str, Row] = {}
+def as_row(setting: str, r) -> Row:
+    """A compare ``SamplerResult`` (one run, or ``median_wall`` of several) as a frontier row."""
+    walls = r.extra.get("wall_times", [r.wall_time])
+    return Row(setting, r.accuracy, r.tokens_per_second, r.tokens_per_forward, r.forwarded_tokens, list(walls))
+
+
+def measure(model, setting: str, examples, block_length: Optional[int]) -> Row:
+    return as_row(setting, run_setting(model, setting, examples, block_length))
+
+
+def timed_rounds(model, settings: Sequence[str], examples, block_length: Optional[int], repeats: int,
+                 bar) -> dict[str, Row]:
+    """Every setting ``repeats`` times in interleaved rounds, folded by ``compare.median_wall`` (the first
+    round's counts, every wall time, tokens/s from the median wall; runs that differ are an error)."""
+    from dllm.eval.compare import median_wall
+
+    runs: dict[str, list] = {s: [] for s in settings}
     for _ in range(repeats):
         for s in settings:
-            r = measure(model, s, examples, block_length)
-            if s in rows:
-                rows[s].wall_times += r.wall_times
-            else:
-                rows[s] = r
+            runs[s].append(run_setting(model, s, examples, block_length))
             bar.update(1)
-    for r in rows.values():
-        wall = statistics.median(r.wall_times)
-        r.tokens_per_second = r.tokens_per_second * r.wall_times[0] / wall if wall > 0 else float("inf")
-    return rows
+    return {s: as_row(s, median_wall(r) if len(r) > 1 else r[0]) for s, r in runs.items()}
 
 
 def format_table(pairs: dict[str, dict[str, Any]], picks: dict[str, Optional[str]]) -> str:
@@ -244,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def save() -> None:
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"command": "dllm bench frontier " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        doc = {"command": "dllm bench frontier " + " ".join(argv if argv is not None else sys.argv[1:]),
                "model": args.model, "suite": args.suite, "dev_per_size": args.dev, "test_per_size": args.test,
                "examples": {"dev": len(dev_ex), "test": len(test_ex)}, "repeats": args.repeats,
                "points": points, "dev": {k: asdict(v) for k, v in state["dev"].items()},
