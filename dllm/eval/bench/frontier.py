@@ -56,6 +56,29 @@ SWEEPS: dict[str, tuple[str, ...]] = {
 }
 FIXED_STEP_K = (1, 2)
 SKIP = ("random", "origin")  # draw at random: no fixed accuracy to choose a point by
+ANSWER = "answer"  # a block length: one block of the whole answer
+BLOCK_TAG = " @ block="  # a label's block length, when it is not the suite's
+
+
+def block_label(spec: str, block: "int | str", suite_block: int) -> str:
+    """The label of ``spec`` decoded in blocks of ``block`` (an int, or ``ANSWER``): the spec alone at
+    the suite's block length, else ``"SPEC @ block=8"`` / ``"SPEC @ block=answer"``."""
+    return spec if block == suite_block else f"{spec}{BLOCK_TAG}{block}"
+
+
+def parse_label(label: str, suite_block: Optional[int]) -> tuple[str, Optional[int]]:
+    """``block_label``'s inverse: ``(spec, block_length)``, None for one block of the answer (or the
+    model's own grid when ``suite_block`` is None)."""
+    spec, tag, block = label.partition(BLOCK_TAG)
+    if not tag:
+        return spec, suite_block
+    if suite_block is None:
+        raise ValueError(f"{label!r}: a block-causal model decodes on its own grid; no block length applies")
+    if block == ANSWER:
+        return spec, None
+    if not block.isdigit() or int(block) < 1:
+        raise ValueError(f"{label!r}: the block length must be an integer >= 1 or {ANSWER!r}, got {block!r}")
+    return spec, int(block)
 
 
 @dataclass
@@ -89,11 +112,13 @@ def candidate_grid(model, caches: Sequence[str]) -> list[str]:
     return out
 
 
-def choose(points: dict[str, Row], candidates: dict[str, Row]) -> dict[str, Optional[str]]:
-    """For each of their points: our dev-fastest candidate at >= its dev accuracy (None if none)."""
+def choose(points: dict[str, Row], candidates: dict[str, Row], margin: float = 0.0) -> dict[str, Optional[str]]:
+    """For each of their points: our dev-fastest candidate at >= its dev accuracy + ``margin`` (a
+    fraction; a margin keeps a pick chosen at the edge of the dev accuracy from falling below the point
+    on the test instances) -- None if none."""
     picks: dict[str, Optional[str]] = {}
     for label, ref in points.items():
-        ok = [c for c in candidates.values() if c.accuracy >= ref.accuracy]
+        ok = [c for c in candidates.values() if c.accuracy >= ref.accuracy + margin - 1e-12]
         picks[label] = max(ok, key=lambda c: c.tokens_per_second).setting if ok else None
     return picks
 
@@ -118,12 +143,14 @@ def compare_pair(ours: Row, theirs: Row, speed_bar: float, tpf_bar: float) -> di
             "met": ours.accuracy >= theirs.accuracy and speed >= speed_bar and tpf >= tpf_bar}
 
 
-def run_setting(model, setting: str, examples, block_length: Optional[int]):
-    """One decode of ``examples`` with ``setting`` (``dllm.eval.compare.run_sampler``)."""
+def run_setting(model, label: str, examples, suite_block: Optional[int]):
+    """One decode of ``examples`` with the setting ``label`` names (``dllm.eval.compare.run_sampler``;
+    ``parse_label`` gives its block length)."""
     from dllm.eval.compare import run_sampler
     from dllm.scoring.setting import DecodeSetting
 
-    return run_sampler(model, DecodeSetting.parse(setting), examples, block_length=block_length)
+    spec, block = parse_label(label, suite_block)
+    return run_sampler(model, DecodeSetting.parse(spec, block_length=block), examples, block_length=None)
 
 
 def as_row(setting: str, r) -> Row:
@@ -132,11 +159,11 @@ def as_row(setting: str, r) -> Row:
     return Row(setting, r.accuracy, r.tokens_per_second, r.tokens_per_forward, r.forwarded_tokens, list(walls))
 
 
-def measure(model, setting: str, examples, block_length: Optional[int]) -> Row:
-    return as_row(setting, run_setting(model, setting, examples, block_length))
+def measure(model, setting: str, examples, suite_block: Optional[int]) -> Row:
+    return as_row(setting, run_setting(model, setting, examples, suite_block))
 
 
-def timed_rounds(model, settings: Sequence[str], examples, block_length: Optional[int], repeats: int,
+def timed_rounds(model, settings: Sequence[str], examples, suite_block: Optional[int], repeats: int,
                  bar) -> dict[str, Row]:
     """Every setting ``repeats`` times in interleaved rounds, folded by ``compare.median_wall`` (the first
     round's counts, every wall time, tokens/s from the median wall; runs that differ are an error)."""
@@ -145,24 +172,30 @@ def timed_rounds(model, settings: Sequence[str], examples, block_length: Optiona
     runs: dict[str, list] = {s: [] for s in settings}
     for _ in range(repeats):
         for s in settings:
-            runs[s].append(run_setting(model, s, examples, block_length))
+            runs[s].append(run_setting(model, s, examples, suite_block))
             bar.update(1)
     return {s: as_row(s, median_wall(r) if len(r) > 1 else r[0]) for s, r in runs.items()}
 
 
-def format_table(pairs: dict[str, dict[str, Any]], picks: dict[str, Optional[str]]) -> str:
-    head = (f"{'theirs (Fast-dLLM)':<36}{'acc %':>7}  {'ours (chosen on dev)':<40}{'acc %':>7}{'tok/s x':>9}"
+def format_table(pairs: dict[str, dict[str, Any]], picks: dict[str, Optional[str]],
+                 groups: Optional[dict[str, Sequence[str]]] = None) -> str:
+    """The table, one line per point of ``pairs``; then how many points met the bars, per group of
+    ``groups`` (name -> its points; default one group of every point)."""
+    wt = max([len("theirs (Fast-dLLM)")] + [len(p) for p in pairs]) + 2
+    wo = max([len("ours (chosen on dev)")] + [len(c) for c in picks.values() if c]) + 2
+    head = (f"{'theirs (Fast-dLLM)':<{wt}}{'acc %':>7}  {'ours (chosen on dev)':<{wo}}{'acc %':>7}{'tok/s x':>9}"
             f"{'TPF x':>7}{'fwd theirs':>11}{'fwd ours':>10}  met")
     lines = [head, "-" * len(head)]
     for ref, p in pairs.items():
         if picks.get(ref) is None:
-            lines.append(f"{ref:<36}{100 * p['accuracy_theirs']:7.1f}  {'(no candidate as accurate on dev)':<40}")
+            lines.append(f"{ref:<{wt}}{100 * p['accuracy_theirs']:7.1f}  {'(no candidate as accurate on dev)':<{wo}}")
             continue
-        lines.append(f"{ref:<36}{100 * p['accuracy_theirs']:7.1f}  {picks[ref]:<40}{100 * p['accuracy_ours']:7.1f}"
+        lines.append(f"{ref:<{wt}}{100 * p['accuracy_theirs']:7.1f}  {picks[ref]:<{wo}}{100 * p['accuracy_ours']:7.1f}"
                      f"{p['speed_ratio']:9.2f}{p['tpf_ratio']:7.2f}{p['forwarded_theirs']:11d}"
                      f"{p['forwarded_ours']:10d}  {'yes' if p['met'] else 'no'}")
-    met = sum(p.get("met", False) for p in pairs.values())
-    lines.append(f"met at {met} of {len(pairs)} points")
+    for name, members in (groups or {"": list(pairs)}).items():
+        met = sum(pairs[p].get("met", False) for p in members if p in pairs)
+        lines.append(f"met at {met} of {len(members)} points{name}")
     return "\n".join(lines)
 
 
@@ -198,7 +231,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="dllm bench frontier", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-llada")
     ap.add_argument("--suite", default=T.PB_MINI, help=f"task suite (valid: {', '.join(T.SUITES)})")
-    ap.add_argument("--block-length", type=int, default=4)
+    ap.add_argument("--block-length", type=int, default=4, help="the suite's block length: their points run at it")
+    ap.add_argument("--candidate-blocks", nargs="+", default=None, metavar="N|answer",
+                    help="block lengths our candidates run at (default: --block-length and answer, one block of the "
+                         "whole answer); ignored for a block-causal model, which decodes on its own grid")
+    ap.add_argument("--point-blocks", nargs="+", default=None, metavar="N|answer",
+                    help="their points again at these block lengths too (reported beside the bar's, which stay at "
+                         "--block-length)")
+    ap.add_argument("--margin", type=float, default=0.0,
+                    help="pick a candidate only at >= the point's dev accuracy + this many points (0 - 100)")
     ap.add_argument("--dev", type=int, default=2, help="dev instances per size of every task (choosing)")
     ap.add_argument("--test", type=int, default=2, help="test instances per size, after the dev ones (reporting)")
     ap.add_argument("--candidates", nargs="+", default=None, metavar="SPEC",
@@ -217,6 +258,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error(f"--suite {args.suite!r}: valid suites are {', '.join(T.SUITES)}")
     if args.repeats < 1 or args.dev < 1 or args.test < 1 or args.block_length < 1:
         ap.error("--repeats, --dev, --test and --block-length must be >= 1")
+    if not 0 <= args.margin <= 100:
+        ap.error(f"--margin {args.margin}: give accuracy points between 0 and 100")
+    for flag, given in (("--candidate-blocks", args.candidate_blocks), ("--point-blocks", args.point_blocks)):
+        bad = [b for b in given or () if b != ANSWER and not (b.isdigit() and int(b) >= 1)]
+        if bad:
+            ap.error(f"{flag} {bad[0]!r}: give block lengths as integers >= 1 or {ANSWER!r}")
     try:
         check_test_range(args.test, args.dev)
         model = load_model(args.model, device=args.device)
@@ -228,20 +275,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     block_causal = getattr(model.config, "block_causal", False)
     caches = ("none", "block") if block_causal else ("none", "prefix", "dual")
-    points = list(args.points or ([] if block_causal else FASTDLLM_POINTS))
-    if not points:
+    bar_points = list(args.points or ([] if block_causal else FASTDLLM_POINTS))
+    if not bar_points:
         ap.error(f"{args.model} attends block-causally: Fast-dLLM's prefix / dual points do not apply; give --points")
-    candidates = list(args.candidates or candidate_grid(model, caches))
+    suite = args.block_length
+    as_block = lambda b: b if b == ANSWER else int(b)  # noqa: E731
+    cand_blocks = [suite] if block_causal else [as_block(b) for b in args.candidate_blocks or (suite, ANSWER)]
+    more_blocks = [] if block_causal else [as_block(b) for b in args.point_blocks or () if as_block(b) != suite]
+    groups = {f" at block {suite} (the bar)" if more_blocks else "": bar_points}
+    for b in dict.fromkeys(more_blocks):
+        groups[f" at block {b}"] = [block_label(p, b, suite) for p in bar_points]
+    points = [p for members in groups.values() for p in members]
+    candidates = list(dict.fromkeys(block_label(c, b, suite) for b in dict.fromkeys(cand_blocks)
+                                    for c in (args.candidates or candidate_grid(model, caches))))
     from dllm.samplers import make_sampler
     from dllm.scoring.setting import DecodeSetting
 
-    for spec in points + candidates:
+    for label in points + candidates:
         try:
+            spec, _ = parse_label(label, None if block_causal else suite)
             parsed = DecodeSetting.parse(spec)
             parsed.check()
             make_sampler(parsed.name, **parsed.sampler_options)  # its options, before any decode
         except (ValueError, TypeError) as err:
-            ap.error(f"{spec}: {err}")
+            ap.error(f"{label}: {err}")
     names = T.suite_task_names(args.suite)
     dev_ex = eval_examples(names, args.dev)
     test_ex = eval_examples(names, args.test, skip=args.dev)
@@ -254,7 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         doc = {"command": "dllm bench frontier " + " ".join(argv if argv is not None else sys.argv[1:]),
                "model": args.model, "suite": args.suite, "dev_per_size": args.dev, "test_per_size": args.test,
                "examples": {"dev": len(dev_ex), "test": len(test_ex)}, "repeats": args.repeats,
-               "points": points, "dev": {k: asdict(v) for k, v in state["dev"].items()},
+               "margin": args.margin, "points": points, "groups": groups, "dev": {k: asdict(v) for k, v in state["dev"].items()},
                "test": {k: asdict(v) for k, v in state["test"].items()}, "picks": state["picks"],
                "pairs": state["pairs"], "skipped": state["skipped"]}
         (out / "frontier.json").write_text(json.dumps(doc, indent=2))
@@ -276,7 +333,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     save()
         save()
         picks = choose({p: state["dev"][p] for p in points},
-                       {c: state["dev"][c] for c in candidates if c in state["dev"]})
+                       {c: state["dev"][c] for c in candidates if c in state["dev"]}, args.margin / 100)
         state["picks"] = picks
         chosen = list(dict.fromkeys([*points, *(c for c in picks.values() if c)]))
         with tqdm(total=len(chosen) * args.repeats, disable=args.no_progress, desc="frontier test", unit="run") as bar:
@@ -284,7 +341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         state["pairs"] = {p: compare_pair(state["test"][c], state["test"][p], args.speed_bar, args.tpf_bar)
                           for p, c in picks.items() if c}
         state["pairs"].update({p: {"accuracy_theirs": state["test"][p].accuracy} for p, c in picks.items() if not c})
-        table = format_table({p: state["pairs"][p] for p in points}, picks)
+        table = format_table({p: state["pairs"][p] for p in points}, picks, groups)
         print(table)
         save()
         (out / "frontier.txt").write_text(f"$ {json.loads((out / 'frontier.json').read_text())['command']}\n\n{table}\n")
@@ -300,7 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return until_interrupted(run, kept)
 
 
-__all__ = ["FASTDLLM_POINTS", "Row", "candidate_grid", "choose", "compare_pair", "format_table", "main", "pareto"]
+__all__ = ["ANSWER", "FASTDLLM_POINTS", "Row", "block_label", "candidate_grid", "choose", "compare_pair", "format_table", "main",
+           "pareto", "parse_label"]
 
 
 if __name__ == "__main__":

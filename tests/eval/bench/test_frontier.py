@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dllm.eval.bench.frontier import (FASTDLLM_POINTS, Row, candidate_grid, choose, compare_pair, format_table,
-                                      main, pareto)
+from dllm.eval.bench.frontier import (ANSWER, FASTDLLM_POINTS, Row, block_label, candidate_grid, choose,
+                                      compare_pair, format_table, main, pareto, parse_label)
 
 
 def row(setting: str, acc: float, tps: float, tpf: float = 1.0, fwd: int = 100, walls=(1.0,)) -> Row:
@@ -42,6 +42,27 @@ def test_choose_takes_the_fastest_candidate_at_least_as_accurate():
     assert choose(points, cands) == {"p1": "b", "p2": None}
 
 
+def test_a_margin_asks_the_pick_for_that_much_more_dev_accuracy():
+    points = {"p": row("p", 0.8, 100.0)}
+    cands = {"a": row("a", 0.81, 500.0), "b": row("b", 0.83, 120.0), "c": row("c", 0.9, 110.0)}
+    assert choose(points, cands) == {"p": "a"}
+    assert choose(points, cands, margin=0.03) == {"p": "b"}
+    assert choose(points, cands, margin=0.2) == {"p": None}
+
+
+def test_a_label_carries_its_block_length_unless_it_is_the_suites():
+    assert block_label("fast:cache=dual", 4, 4) == "fast:cache=dual"
+    assert block_label("fast:cache=dual", ANSWER, 4) == "fast:cache=dual @ block=answer"
+    assert parse_label("fast:cache=dual", 4) == ("fast:cache=dual", 4)
+    assert parse_label(block_label("fast", 8, 4), 4) == ("fast", 8)
+    assert parse_label(block_label("fast", ANSWER, 4), 4) == ("fast", None)
+    assert parse_label("sdar", None) == ("sdar", None)  # a block-causal model: its own grid
+    with pytest.raises(ValueError, match="own grid"):
+        parse_label("sdar @ block=8", None)
+    with pytest.raises(ValueError, match="integer >= 1 or 'answer'"):
+        parse_label("fast @ block=0", 4)
+
+
 def test_pareto_keeps_the_undominated_rows_by_speed():
     rows = [row("a", 0.9, 10.0), row("b", 0.8, 20.0), row("c", 0.8, 15.0), row("d", 0.95, 5.0), row("e", 0.9, 10.0)]
     assert [r.setting for r in pareto(rows)] == ["d", "a", "e", "b"]
@@ -57,22 +78,33 @@ def test_compare_pair_uses_the_median_of_paired_rounds_and_both_bars():
     assert not compare_pair(row("o", 0.79, 0.0, tpf=2.0, walls=(1.0, 1.0, 1.0)), theirs, 1.1, 1.3)["met"]  # accuracy
     table = format_table({"t": p, "u": {"accuracy_theirs": 0.99}}, {"t": "o", "u": None})
     assert "met at 1 of 2 points" in table and "no candidate as accurate" in table
+    grouped = format_table({"t": p, "u": {"accuracy_theirs": 0.99}}, {"t": "o", "u": None},
+                           {" at block 4": ["t"], " at block answer": ["u"]})
+    assert "met at 1 of 1 points at block 4" in grouped and "met at 0 of 1 points at block answer" in grouped
 
 
 def test_the_command_writes_its_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "f"
     code = main(["--model", "oracle", "--dev", "1", "--test", "1", "--repeats", "2", "--no-progress",
                  "--points", "threshold:threshold=0.9", "--candidates", "low_confidence:k=2",
-                 "low_confidence", "sdar", "--out", str(out)])
+                 "low_confidence", "sdar", "--point-blocks", "answer", "--out", str(out)])
     assert code == 0
     doc = json.loads((out / "frontier.json").read_text())
     assert doc["examples"]["dev"] == doc["examples"]["test"] > 0
-    assert set(doc["dev"]) == {"threshold:threshold=0.9", "low_confidence:k=2", "low_confidence"}
+    ours = {"low_confidence:k=2", "low_confidence"}
+    # our candidates at the suite's block (4) and as one block of the answer; their point at 4 only
+    theirs = {"threshold:threshold=0.9", "threshold:threshold=0.9 @ block=answer"}  # the bar's block, and answer
+    assert set(doc["dev"]) == theirs | ours | {f"{c} @ block=answer" for c in ours}
+    assert doc["groups"] == {" at block 4 (the bar)": ["threshold:threshold=0.9"],
+                             " at block answer": ["threshold:threshold=0.9 @ block=answer"]}
     assert "denoising_steps" in doc["skipped"]["sdar"]  # 4 steps per block; some answers are 3 long
+    one_block, blocks_of_4 = doc["dev"]["low_confidence:k=2 @ block=answer"], doc["dev"]["low_confidence:k=2"]
+    assert one_block["tokens_per_forward"] > blocks_of_4["tokens_per_forward"]  # ceil(L / 2) < ceil(L / 4) * 2
     pick = doc["picks"]["threshold:threshold=0.9"]
     assert pick in doc["test"] and len(doc["test"][pick]["wall_times"]) == 2
     assert doc["dev"][pick]["accuracy"] >= doc["dev"]["threshold:threshold=0.9"]["accuracy"]
-    assert (out / "frontier.png").stat().st_size > 0 and "met at" in (out / "frontier.txt").read_text()
+    assert (out / "frontier.png").stat().st_size > 0
+    assert "points at block 4 (the bar)" in (out / "frontier.txt").read_text()
     assert "met at" in capsys.readouterr().out
 
 
@@ -81,6 +113,9 @@ def test_the_command_writes_its_table_json_and_plot(tmp_path, capsys):
     (["--dev", "40", "--test", "20"], "not in the test split"),
     (["--points", "threshold:thresh=0.9"], "threshold:thresh=0.9"),
     (["--model", "tiny-random-sdar"], "block-causally"),
+    (["--candidate-blocks", "4", "0"], "--candidate-blocks '0'"),
+    (["--point-blocks", "whole"], "--point-blocks 'whole'"),
+    (["--margin", "200"], "--margin 200"),
 ])
 def test_bad_arguments_are_refused_before_any_decode(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
