@@ -85,12 +85,14 @@ def test_fixed_schedule_matches_fastdllm(cache, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 3], ids=["b1", "b3"])
-def test_dual_with_a_partial_last_block_matches_the_engine(batch):
-    """The driver's ``partial_last_block`` (used by tests/reference/e2e_driver.py on answers that are not a
-    multiple of the block) decodes 10 positions in blocks of 4, 4, 2 exactly as the engine does."""
-    _check("dual", batch, "threshold", threshold=0.5, gen_length=10, partial_last_block=True)
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_partial_last_block_matches_the_engine(cache, batch):
+    """The drivers' ``partial_last_block`` (used by tests/reference/e2e_driver.py and frontier_driver.py on
+    answers that are not a multiple of the block) decodes 10 positions in blocks of 4, 4, 2 exactly as
+    the engine does."""
+    _check(cache, batch, "threshold", threshold=0.5, gen_length=10, partial_last_block=True)
     with pytest.raises(AssertionError):  # the original's rule stays the default
-        _pair("dual", 0, 1, "threshold", threshold=0.5, gen_length=10)
+        _pair(cache, 0, 1, "threshold", threshold=0.5, gen_length=10)
 
 
 def test_the_comparison_is_not_vacuous():

@@ -277,19 +277,20 @@ def fastdllm_generate(model, prompt, steps=128, gen_length=128, block_length=128
 @torch.no_grad()
 def generate_with_prefix_cache(model, prompt, steps=128, gen_length=128, block_length=128, temperature=0.0,
                                remasking="low_confidence", mask_id=126336, threshold=None, *,
-                               forbid_mask_commit=False):
+                               forbid_mask_commit=False, partial_last_block=False):
     """Prefix cache: block-start full forward (first update), then ``x[:, s:]`` against K/V of
-    ``[0, s)`` frozen for the block. Returns ``(x, nfe)``."""
+    ``[0, s)`` frozen for the block. Returns ``(x, nfe)``. ``partial_last_block``: as in
+    ``generate_with_dual_cache`` (not in the original)."""
     guard = mask_id if forbid_mask_commit else None
     x = _canvas(model, prompt, gen_length, mask_id)
-    assert gen_length % block_length == 0
-    num_blocks = gen_length // block_length
+    assert partial_last_block or gen_length % block_length == 0
+    num_blocks = -(-gen_length // block_length)
     assert steps % num_blocks == 0
     steps_per_block = steps // num_blocks
     nfe = 0
     for num_block in range(num_blocks):
         start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
+        end = min(start + block_length, prompt.shape[1] + gen_length)
         num_transfer_tokens = get_num_transfer_tokens(x[:, start:end] == mask_id, steps_per_block)
 
         output = model(x, use_cache=True)

@@ -121,3 +121,27 @@ def test_bad_arguments_are_refused_before_any_decode(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
         main(argv + ["--model", "oracle"] if "--model" not in argv else argv)
     assert err.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
+    """tests/reference/frontier_driver.py: Fast-dLLM's driver (batch 1) against the frontier's pick, on
+    the frontier run's test instances; the driver and the engine agree on every verdict."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "f"
+    assert main(["--model", "tiny-llada", "--dev", "1", "--test", "1", "--repeats", "1", "--no-progress",
+                 "--points", "threshold:threshold=0.9,cache=dual", "factor:factor=1.0,cache=dual",
+                 "--candidates", "threshold:threshold=0.7", "--out", str(out)]) == 0
+    script = Path(__file__).resolve().parents[2] / "reference" / "frontier_driver.py"
+    run = subprocess.run([sys.executable, str(script), "--frontier", str(out / "frontier.json"), "--repeats", "1",
+                          "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((out / "frontier-driver.json").read_text())["rows"]
+    assert set(rows) == {"threshold:threshold=0.9,cache=dual"}  # factor: not in the transcription
+    row = rows["threshold:threshold=0.9,cache=dual"]
+    assert row["pick"].startswith("threshold:threshold=0.7")
+    assert row["accuracy_driver"] == row["accuracy_engine_point"] and row["same_verdicts_as_engine"] == 1.0
+    assert row["speed_ratio"] > 0 and "x driver" in (out / "frontier-driver.txt").read_text()
