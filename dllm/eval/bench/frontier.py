@@ -112,13 +112,17 @@ def candidate_grid(model, caches: Sequence[str]) -> list[str]:
     return out
 
 
-def choose(points: dict[str, Row], candidates: dict[str, Row], margin: float = 0.0) -> dict[str, Optional[str]]:
+def choose(points: dict[str, Row], candidates: dict[str, Row], margin: float = 0.0,
+           tpf_bar: Optional[float] = None) -> dict[str, Optional[str]]:
     """For each of their points: our dev-fastest candidate at >= its dev accuracy + ``margin`` (a
     fraction; a margin keeps a pick chosen at the edge of the dev accuracy from falling below the point
-    on the test instances) -- None if none."""
+    on the test instances), among those with >= ``tpf_bar`` x its dev tokens per forward when any has
+    (the bar asks for both) -- None if no candidate is accurate enough."""
     picks: dict[str, Optional[str]] = {}
     for label, ref in points.items():
         ok = [c for c in candidates.values() if c.accuracy >= ref.accuracy + margin - 1e-12]
+        if tpf_bar is not None:
+            ok = [c for c in ok if c.tokens_per_forward >= tpf_bar * ref.tokens_per_forward] or ok
         picks[label] = max(ok, key=lambda c: c.tokens_per_second).setting if ok else None
     return picks
 
@@ -252,6 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default="runs/frontier")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the dev rows of --out's frontier.json (same model, suite and --dev) and measure the rest")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.suite not in T.SUITES:
@@ -316,10 +322,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "pairs": state["pairs"], "skipped": state["skipped"]}
         (out / "frontier.json").write_text(json.dumps(doc, indent=2))
 
+    if args.resume and (out / "frontier.json").exists():
+        earlier = json.loads((out / "frontier.json").read_text())
+        same = {k: earlier.get(k) for k in ("model", "suite", "dev_per_size")}
+        if same != {"model": args.model, "suite": args.suite, "dev_per_size": args.dev}:
+            ap.error(f"--resume: {out / 'frontier.json'} is of {same}, not of this run's model, suite and --dev")
+        state["dev"] = {k: Row(**v) for k, v in earlier.get("dev", {}).items() if k in points or k in candidates}
+        state["skipped"] = {k: v for k, v in earlier.get("skipped", {}).items() if k in candidates}
+
     def run() -> int:
         measure(model, points[0], dev_ex[:8], block)  # warm-up (first-call allocations), not recorded
         with tqdm(total=len(points) + len(candidates), disable=args.no_progress, desc="frontier dev", unit="setting") as bar:
+            bar.update(len(state["dev"]) + len(state["skipped"]))
             for s in points + candidates:
+                if s in state["dev"] or s in state["skipped"]:
+                    continue
                 bar.set_postfix_str(s[:40])
                 try:
                     state["dev"][s] = measure(model, s, dev_ex, block)
@@ -333,7 +350,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     save()
         save()
         picks = choose({p: state["dev"][p] for p in points},
-                       {c: state["dev"][c] for c in candidates if c in state["dev"]}, args.margin / 100)
+                       {c: state["dev"][c] for c in candidates if c in state["dev"]}, args.margin / 100, args.tpf_bar)
         state["picks"] = picks
         chosen = list(dict.fromkeys([*points, *(c for c in picks.values() if c)]))
         with tqdm(total=len(chosen) * args.repeats, disable=args.no_progress, desc="frontier test", unit="run") as bar:

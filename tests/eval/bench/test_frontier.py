@@ -50,6 +50,15 @@ def test_a_margin_asks_the_pick_for_that_much_more_dev_accuracy():
     assert choose(points, cands, margin=0.2) == {"p": None}
 
 
+def test_the_pick_also_meets_the_tpf_bar_on_dev_when_a_candidate_can():
+    points = {"p": row("p", 0.8, 100.0, tpf=2.0)}
+    cands = {"a": row("a", 0.85, 500.0, tpf=2.2), "b": row("b", 0.81, 300.0, tpf=2.7), "c": row("c", 0.9, 200.0, tpf=3.0)}
+    assert choose(points, cands) == {"p": "a"}
+    assert choose(points, cands, tpf_bar=1.3) == {"p": "b"}
+    assert choose(points, cands, margin=0.05, tpf_bar=1.3) == {"p": "c"}
+    assert choose(points, {"a": cands["a"]}, tpf_bar=1.3) == {"p": "a"}  # none meets it: the fastest accurate one
+
+
 def test_a_label_carries_its_block_length_unless_it_is_the_suites():
     assert block_label("fast:cache=dual", 4, 4) == "fast:cache=dual"
     assert block_label("fast:cache=dual", ANSWER, 4) == "fast:cache=dual @ block=answer"
@@ -106,6 +115,21 @@ def test_the_command_writes_its_table_json_and_plot(tmp_path, capsys):
     assert (out / "frontier.png").stat().st_size > 0
     assert "points at block 4 (the bar)" in (out / "frontier.txt").read_text()
     assert "met at" in capsys.readouterr().out
+
+
+def test_resume_reuses_the_dev_rows_of_the_same_run(tmp_path, capsys):
+    out = tmp_path / "f"
+    base = ["--model", "oracle", "--dev", "1", "--test", "1", "--repeats", "1", "--no-progress",
+            "--candidate-blocks", "4", "--points", "threshold:threshold=0.9", "--out", str(out)]
+    assert main(base + ["--candidates", "low_confidence"]) == 0
+    first = json.loads((out / "frontier.json").read_text())["dev"]
+    assert main(base + ["--candidates", "low_confidence", "low_confidence:k=2", "--resume"]) == 0
+    again = json.loads((out / "frontier.json").read_text())["dev"]
+    assert set(again) == set(first) | {"low_confidence:k=2"}
+    assert all(again[k]["wall_times"] == first[k]["wall_times"] for k in first)  # not measured again
+    with pytest.raises(SystemExit):
+        main(base[:4] + ["2"] + base[5:] + ["--candidates", "low_confidence", "--resume"])  # --dev 2
+    assert "--resume" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
