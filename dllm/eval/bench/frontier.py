@@ -203,7 +203,10 @@ def format_table(pairs: dict[str, dict[str, Any]], picks: dict[str, Optional[str
     return "\n".join(lines)
 
 
-def plot(dev: dict[str, Row], test: dict[str, Row], picks: dict[str, Optional[str]], path: Path, title: str) -> None:
+def plot(dev: dict[str, Row], test: dict[str, Row], picks: dict[str, Optional[str]], path: Path, title: str,
+         groups: Optional[dict[str, Sequence[str]]] = None) -> None:
+    """Both frontiers on the accuracy / tokens-per-second plane: their points per group of ``groups``
+    (default one), our picks, the dev sweep in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,8 +215,12 @@ def plot(dev: dict[str, Row], test: dict[str, Row], picks: dict[str, Optional[st
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.scatter([r.tokens_per_second for r in dev.values()], [100 * r.accuracy for r in dev.values()], s=8,
                color="0.8", label="dllm candidates (dev)")
-    for label, pts, colour in (("Fast-dLLM (test)", [test[p] for p in picks if p in test], "tab:blue"),
-                               ("dllm picks (test)", [test[c] for c in set(picks.values()) if c in test], "tab:red")):
+    series = [(f"Fast-dLLM{name} (test)", [test[p] for p in members if p in test])
+              for name, members in (groups or {"": list(picks)}).items()]
+    series.append(("dllm picks (test)", [test[c] for c in dict.fromkeys(picks.values()) if c and c in test]))
+    colours = ["tab:blue", "tab:green", "tab:purple", "tab:orange"]
+    for i, (label, pts) in enumerate(series):
+        colour = "tab:red" if i == len(series) - 1 else colours[i % len(colours)]
         front = pareto(pts)
         ax.scatter([r.tokens_per_second for r in pts], [100 * r.accuracy for r in pts], s=24, color=colour, label=label)
         ax.plot([r.tokens_per_second for r in front], [100 * r.accuracy for r in front], "--", color=colour)
@@ -363,7 +370,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         save()
         (out / "frontier.txt").write_text(f"$ {json.loads((out / 'frontier.json').read_text())['command']}\n\n{table}\n")
         plot(state["dev"], state["test"], picks, out / "frontier.png",
-             f"{args.model}, {args.suite}: Fast-dLLM's points vs dllm's picks")
+             f"{args.model}, {args.suite}: Fast-dLLM's points vs dllm's picks", groups)
         print(f"wrote {out / 'frontier.json'}, {out / 'frontier.txt'} and {out / 'frontier.png'}")
         return 0
 
