@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: the transcriptions are imported as reference.*
 sys.path.insert(0, str(TESTS))
@@ -75,6 +76,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for frontier-driver.json / .txt")
+    ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
     doc = json.loads(Path(args.frontier).read_text())
     if args.repeats < 1:
@@ -93,6 +95,7 @@ def main() -> int:
         driver_pass(model, examples[:4], 0.9, "dual", args.block_length)  # warm-up, not recorded
         walls: dict[str, list[float]] = {k: [] for p in pairs for k in (p, "driver " + p)}
         first: dict[str, dict] = {}
+        bar = tqdm(total=args.repeats * len(pairs), desc="driver vs picks", unit="pair", disable=args.no_progress)
         for _ in range(args.repeats):  # interleaved rounds
             for p, c in pairs.items():
                 d = driver_pass(model, examples, *driver_point(p), args.block_length)
@@ -101,6 +104,8 @@ def main() -> int:
                 r = run_setting(model, c, examples, args.block_length)
                 first.setdefault(p, {"accuracy": r.accuracy})
                 walls[p].append(r.wall_time)
+                bar.update(1)
+        bar.close()
         engine_tokens = {p: run_setting(model, p, examples, args.block_length) for p in pairs}  # the same point, engine
     rows = {}
     lines = [f"{doc['model']}, {doc['suite']}: {len(examples)} test examples, driver at batch 1, ours batched; "

@@ -161,7 +161,8 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
                  "--candidates", "threshold:threshold=0.7", "--out", str(out)]) == 0
     script = Path(__file__).resolve().parents[2] / "reference" / "frontier_driver.py"
     run = subprocess.run([sys.executable, str(script), "--frontier", str(out / "frontier.json"), "--repeats", "1",
-                          "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+                          "--threads", "1", "--no-progress", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     rows = json.loads((out / "frontier-driver.json").read_text())["rows"]
     assert set(rows) == {"threshold:threshold=0.9,cache=dual"}  # factor: not in the transcription
