@@ -299,7 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for b in dict.fromkeys(more_blocks):
         groups[f" at block {b}"] = [block_label(p, b, suite) for p in bar_points]
     points = [p for members in groups.values() for p in members]
-    candidates = list(dict.fromkeys(block_label(c, b, suite) for b in dict.fromkeys(cand_blocks)
+    candidates = list(dict.fromkeys(c if BLOCK_TAG in c else block_label(c, b, suite)  # a label's own block stays
+                                    for b in dict.fromkeys(cand_blocks)
                                     for c in (args.candidates or candidate_grid(model, caches))))
     from dllm.samplers import make_sampler
     from dllm.scoring.setting import DecodeSetting

@@ -123,9 +123,9 @@ def test_resume_reuses_the_dev_rows_of_the_same_run(tmp_path, capsys):
             "--candidate-blocks", "4", "--points", "threshold:threshold=0.9", "--out", str(out)]
     assert main(base + ["--candidates", "low_confidence"]) == 0
     first = json.loads((out / "frontier.json").read_text())["dev"]
-    assert main(base + ["--candidates", "low_confidence", "low_confidence:k=2", "--resume"]) == 0
+    assert main(base + ["--candidates", "low_confidence", "low_confidence:k=2 @ block=8", "--resume"]) == 0
     again = json.loads((out / "frontier.json").read_text())["dev"]
-    assert set(again) == set(first) | {"low_confidence:k=2"}
+    assert set(again) == set(first) | {"low_confidence:k=2 @ block=8"}  # a label with its own block: once
     assert all(again[k]["wall_times"] == first[k]["wall_times"] for k in first)  # not measured again
     with pytest.raises(SystemExit):
         main(base[:4] + ["2"] + base[5:] + ["--candidates", "low_confidence", "--resume"])  # --dev 2
