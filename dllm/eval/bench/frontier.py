@@ -11,18 +11,22 @@ question. This command sweeps both curves on the same examples:
   drivers token for token, tests/cache/test_fastdllm_transcript.py);
 - **ours**: the candidate grid (``candidate_grid``): every registered sampler that can decode the model,
   a few option values of the adaptive ones and k = 1, 2 of the fixed-step ones, each without a cache
-  and with ``prefix`` / ``dual`` (``block`` for a block-causal model, whose only exact cache it is).
+  and with ``prefix`` / ``dual`` (``block`` for a block-causal model, whose only exact cache it is),
+  each at every block length of ``--candidate-blocks`` (the suite's and ``answer``, one block of the
+  whole answer: a label such as ``threshold:threshold=0.7 @ block=answer``). ``--point-blocks`` runs
+  their points at other block lengths too, counted apart from the bar's (``block_label``).
 
 Settings are **chosen on a dev split** (test instances ``0 .. --dev - 1`` of every size of every task
 of the suite) and **reported on disjoint test instances** (``--dev .. --dev + --test - 1``): for each of
-their points, ours is the dev-fastest candidate whose dev accuracy is at least the point's. On the
+their points, ours is the dev-fastest candidate whose dev accuracy is at least the point's plus
+``--margin``, among those at >= ``--tpf-bar`` x its dev tokens per forward when any is (``choose``). On the
 test instances each chosen pair is timed in ``--repeats`` interleaved rounds, and the table gives,
 per point: both accuracies, the tokens/s ratio (median of the per-round ratios), the tokens-per-forward
 ratio and both forwarded-token counts (a win bought with more forwarded tokens shows). ``met``: ours
 at >= their test accuracy with >= ``--speed-bar`` (1.1x) their tokens/s and >= ``--tpf-bar`` (1.3x)
 their tokens per forward. Writes ``frontier.json``, ``frontier.txt`` and ``frontier.png`` (both
 frontiers on the accuracy / tokens-per-second plane, the dev sweep in grey); Ctrl-C keeps every
-finished row.
+finished row, and ``--resume`` measures only the dev rows an earlier run did not leave.
 """
 
 from __future__ import annotations
