@@ -70,6 +70,15 @@ def block_label(spec: str, block: "int | str", suite_block: int) -> str:
     return spec if block == suite_block else f"{spec}{BLOCK_TAG}{block}"
 
 
+def parse_block(text: str) -> "int | str":
+    """A block length as written in a label or on the command line: an integer >= 1, or ``ANSWER``."""
+    if text == ANSWER:
+        return ANSWER
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"the block length must be an integer >= 1 or {ANSWER!r}, got {text!r}")
+    return int(text)
+
+
 def parse_label(label: str, suite_block: Optional[int]) -> tuple[str, Optional[int]]:
     """``block_label``'s inverse: ``(spec, block_length)``, None for one block of the answer (or the
     model's own grid when ``suite_block`` is None)."""
@@ -78,11 +87,11 @@ def parse_label(label: str, suite_block: Optional[int]) -> tuple[str, Optional[i
         return spec, suite_block
     if suite_block is None:
         raise ValueError(f"{label!r}: a block-causal model decodes on its own grid; no block length applies")
-    if block == ANSWER:
-        return spec, None
-    if not block.isdigit() or int(block) < 1:
-        raise ValueError(f"{label!r}: the block length must be an integer >= 1 or {ANSWER!r}, got {block!r}")
-    return spec, int(block)
+    try:
+        length = parse_block(block)
+    except ValueError as err:
+        raise ValueError(f"{label!r}: {err}") from None
+    return spec, None if length == ANSWER else length
 
 
 @dataclass
@@ -277,10 +286,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--repeats, --dev, --test and --block-length must be >= 1")
     if not 0 <= args.margin <= 100:
         ap.error(f"--margin {args.margin}: give accuracy points between 0 and 100")
+    blocks: dict[str, list] = {}
     for flag, given in (("--candidate-blocks", args.candidate_blocks), ("--point-blocks", args.point_blocks)):
-        bad = [b for b in given or () if b != ANSWER and not (b.isdigit() and int(b) >= 1)]
-        if bad:
-            ap.error(f"{flag} {bad[0]!r}: give block lengths as integers >= 1 or {ANSWER!r}")
+        blocks[flag] = []
+        for b in given or ():
+            try:
+                blocks[flag].append(parse_block(b))
+            except ValueError as err:
+                ap.error(f"{flag} {b!r}: {err}")
     try:
         check_test_range(args.test, args.dev)
         model = load_model(args.model, device=args.device)
@@ -296,16 +309,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not bar_points:
         ap.error(f"{args.model} attends block-causally: Fast-dLLM's prefix / dual points do not apply; give --points")
     suite = args.block_length
-    as_block = lambda b: b if b == ANSWER else int(b)  # noqa: E731
-    cand_blocks = [suite] if block_causal else [as_block(b) for b in args.candidate_blocks or (suite, ANSWER)]
-    more_blocks = [] if block_causal else [as_block(b) for b in args.point_blocks or () if as_block(b) != suite]
+    cand_blocks = [suite] if block_causal else blocks["--candidate-blocks"] or [suite, ANSWER]
+    more_blocks = [] if block_causal else [b for b in blocks["--point-blocks"] if b != suite]
     groups = {f" at block {suite} (the bar)" if more_blocks else "": bar_points}
     for b in dict.fromkeys(more_blocks):
         groups[f" at block {b}"] = [block_label(p, b, suite) for p in bar_points]
     points = [p for members in groups.values() for p in members]
+    specs = args.candidates or candidate_grid(model, caches)  # once, not once per block length
     candidates = list(dict.fromkeys(c if BLOCK_TAG in c else block_label(c, b, suite)  # a label's own block stays
-                                    for b in dict.fromkeys(cand_blocks)
-                                    for c in (args.candidates or candidate_grid(model, caches))))
+                                    for b in dict.fromkeys(cand_blocks) for c in specs))
     from dllm.samplers import make_sampler
     from dllm.scoring.setting import DecodeSetting
 
@@ -387,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 __all__ = ["ANSWER", "FASTDLLM_POINTS", "Row", "block_label", "candidate_grid", "choose", "compare_pair", "format_table", "main",
-           "pareto", "parse_label"]
+           "pareto", "parse_block", "parse_label"]
 
 
 if __name__ == "__main__":
