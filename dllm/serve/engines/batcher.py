@@ -1,15 +1,19 @@
 """Continuous batching by forwards: many ``generate`` calls, one batched model forward per step.
 
-Each running request decodes in its own thread with the real ``dllm.generate`` on its prompt alone;
-the model it is given is a ``BatchedModel``, whose forwards go to one ``ForwardBatcher``. The
-batcher's thread waits until every running request has a forward pending (or ``max_wait_s``
-passed), left-pads the pending forwards to one length (explicit positions, key-padding mask: the
-engine's own batching rule) and runs them as one forward, then hands each caller its rows.
+Each running decode (one ``dllm.generate`` call on a group of requests that share settings and length,
+often one request) runs as a greenlet on the ``StepLoop``'s one thread, with a ``BatchedModel`` as its
+model: a forward hands its inputs to the loop and switches back to it. Once every running decode has
+a forward pending (they all have, by construction: the loop resumes each in turn until it asks for
+its next forward or ends), the loop groups the pending forwards by neighbouring lengths
+(``dllm.serve.engines.packing``: padding against the cost of one more call), left-pads each group to
+one length (explicit positions, key-padding mask: the engine's own batching rule), runs it as one
+forward, and resumes every decode with its own rows. New decodes start between two such steps.
 
-A forward with a KV-cache view, attention maps or hidden states is not merged (its buffers belong to
-one call): it runs alone, on the same thread, so the model is only ever used from one thread. A
-request joins at its first forward and leaves after its last; nothing else is synchronised, so rows
-at different blocks, steps, lengths and settings share forwards.
+One thread runs the model and every decode's Python, so there is no lock handoff between a forward
+and the samplers' work, and the model is only ever used from one thread. A forward with a KV-cache
+view, attention maps or hidden states is not merged (its buffers belong to one call): it runs alone.
+A request joins at its first forward and leaves after its last; nothing else is synchronised, so
+rows at different blocks, steps, lengths and settings share forwards.
 
 Greedy requests decode to the tokens ``dllm.generate`` gives each prompt alone: the batch only
 changes which rows share a matmul (float32: equal logits up to summation order, the same tolerance
@@ -19,20 +23,28 @@ as ``generate`` on a padded batch).
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import greenlet
 import torch
 
 from dllm.models.base import ModelOutput, default_positions
+from dllm.serve.engines.packing import plan_merges
 
 
 @dataclass(frozen=True)
 class BatcherConfig:
     max_rows: int = 64  # rows in one merged forward (a request's call may bring several: CFG, variants)
     max_tokens: int = 65536  # rows x padded length of one merged forward
-    max_wait_s: float = 0.05  # the longest the first pending forward waits for the other running rows
+    call_cost_tokens: int = 128  # one call's cost beyond its tokens, in tokens (dllm.serve.engines.packing)
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_tokens", "call_cost_tokens"):
+            value = getattr(self, name)
+            low = 0 if name == "call_cost_tokens" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass
@@ -42,7 +54,6 @@ class _Pending:
     input_ids: torch.Tensor  # [b, T]
     kwargs: dict[str, Any]
     method: str = "forward"
-    done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: Optional[BaseException] = None
 
@@ -62,74 +73,70 @@ class _Pending:
         return int(self.input_ids.shape[1])
 
 
-class ForwardBatcher:
-    """Owns the model; runs every forward of the registered callers on its one thread."""
+class StepLoop:
+    """Owns the model; runs the decodes that ``admit`` hands it as greenlets on its one thread.
 
-    def __init__(self, model, config: BatcherConfig = BatcherConfig()) -> None:
-        self.model, self.config = model, config
-        self._cond = threading.Condition()
-        self._pending: list[_Pending] = []
-        self._callers = 0  # requests inside generate (registered), each waiting or about to forward
-        self._closed = False
+    ``admit(wait)`` returns the next decode to start (a callable run in its own greenlet), or ``[]``
+    when none can start now (``wait``: block until one can), or None when the engine is closed and has
+    nothing left; the loop ends once that is so and no decode runs."""
+
+    def __init__(self, model, config: BatcherConfig, admit: Callable[[bool], Any]) -> None:
+        self.model, self.config, self._admit = model, config, admit
+        self._main: Any = None  # the loop thread's own greenlet
         self.forwards = 0  # model calls run (merged ones count once)
         self.forwarded_rows = 0  # rows summed over those calls
-        self.merged_calls = 0  # caller forwards served by merged calls
-        self._thread = threading.Thread(target=self._run, name="dllm-forward-batcher", daemon=True)
+        self.merged_calls = 0  # decode forwards served by merged calls
+        self._thread = threading.Thread(target=self._run, name="dllm-step-loop", daemon=True)
         self._thread.start()
 
-    # ---- callers ----
-    def register(self) -> None:
-        with self._cond:
-            self._callers += 1
-
-    def unregister(self) -> None:
-        with self._cond:
-            self._callers -= 1
-            self._cond.notify_all()  # the others may now be all there is
-
     def call(self, method: str, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        """A decode's forward: hand it to the loop, resume with its result."""
         item = _Pending(input_ids, kwargs, method)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the forward batcher is closed")
-            self._pending.append(item)
-            self._cond.notify_all()
-        item.done.wait()
+        if self._main is None or greenlet.getcurrent() is self._main:
+            raise RuntimeError("a served model's forward runs inside a decode of the step loop")
+        self._main.switch(item)
         if item.error is not None:
             raise item.error
         return item.result
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=5)
+    def join(self, timeout: Optional[float] = None) -> None:
+        self._thread.join(timeout=timeout)
 
-    # ---- the batcher thread ----
-    def _take(self) -> Optional[list[_Pending]]:
-        """Wait for work; return the forwards to run now (None: closed and idle)."""
-        with self._cond:
-            while not self._pending:
-                if self._closed:
-                    return None
-                self._cond.wait()
-            deadline = time.monotonic() + self.config.max_wait_s
-            while len(self._pending) < self._callers and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(timeout=left)
-            taken, self._pending = self._pending, []
-            return taken
-
+    # ---- the loop thread ----
     def _run(self) -> None:
-        with torch.inference_mode():
+        self._main = greenlet.getcurrent()
+        pending: list[tuple[_Pending, Any]] = []
+        live = 0
+        with torch.inference_mode():  # held for the loop's life: the decodes' own guards nest inside it
             while True:
-                taken = self._take()
-                if taken is None:
+                while True:  # start what can start (block only when nothing runs)
+                    start = self._admit(live == 0 and not pending)
+                    if not start:
+                        break
+                    live += self._resume(greenlet.greenlet(start), None, pending, first=True)
+                if start is None and live == 0:
                     return
-                for group in plan_groups(taken, self.config):
+                if not pending:
+                    continue
+                taken, pending = pending, []
+                for group in plan_groups([item for item, _ in taken], self.config):
                     self._execute(group)
+                for item, decode in taken:
+                    live += self._resume(decode, item, pending) - 1
+
+    @staticmethod
+    def _resume(decode: Any, value: Any, pending: list, first: bool = False) -> int:
+        """Run ``decode`` until its next forward (queued in ``pending``) or its end; 1 if it still runs.
+        A decode ends its jobs itself (Done or Failed, ``ThreadedEngine._serve_group``); an error that
+        escapes it anyway ends only that decode, never the loop."""
+        try:
+            item = decode.switch() if first else decode.switch(value)
+        except BaseException:  # noqa: BLE001
+            return 0
+        if decode.dead:
+            return 0
+        pending.append((item, decode))
+        return 1
 
     def _execute(self, group: list[_Pending]) -> None:
         try:
@@ -146,32 +153,17 @@ class ForwardBatcher:
                 self.merged_calls += len(group)
             self.forwards += 1
             self.forwarded_rows += rows
-        except BaseException as err:  # noqa: BLE001 - handed to the callers, who raise it
+        except BaseException as err:  # noqa: BLE001 - handed to the decodes, which raise it
             for item in group:
                 item.error = err
-        for item in group:
-            item.done.set()
 
 
 def plan_groups(items: list[_Pending], config: BatcherConfig) -> list[list[_Pending]]:
-    """Pending forwards -> the calls to run: mergeable ones packed greedily, in arrival order, under
-    the row and token bounds; the others one by one."""
-    groups: list[list[_Pending]] = []
-    current: list[_Pending] = []
-    rows = longest = 0
-    for item in items:
-        if not item.mergeable:
-            groups.append([item])
-            continue
-        r, t = rows + item.rows, max(longest, item.length)
-        if current and (r > config.max_rows or r * t > config.max_tokens):
-            groups.append(current)
-            current, r, t = [], item.rows, item.length
-        current.append(item)
-        rows, longest = r, t
-    if current:
-        groups.append(current)
-    return groups
+    """Pending forwards -> the calls to run (``dllm.serve.engines.packing.plan_merges``): mergeable
+    ones grouped by neighbouring lengths at the least modelled cost, under the row and token bounds;
+    the others one by one."""
+    return plan_merges(items, max_rows=config.max_rows, max_tokens=config.max_tokens,
+                       fixed_cost=config.call_cost_tokens)
 
 
 def merged_forward(model, items: list[_Pending]) -> list[ModelOutput]:
@@ -210,12 +202,12 @@ def merged_forward(model, items: list[_Pending]) -> list[ModelOutput]:
 
 
 class BatchedModel:
-    """What a request's ``generate`` sees as the model: every attribute is the real model's, and every
-    forward (``__call__``, ``forward``, ``shadow_forward``) runs on the batcher's thread."""
+    """What a decode's ``generate`` sees as the model: every attribute is the real model's, and every
+    forward (``__call__``, ``forward``, ``shadow_forward``) goes through the step loop."""
 
     _forwarding = ("shadow_forward",)
 
-    def __init__(self, model, batcher: ForwardBatcher) -> None:
+    def __init__(self, model, batcher: StepLoop) -> None:
         self.__dict__["_model"] = model
         self.__dict__["_batcher"] = batcher
 
@@ -234,13 +226,4 @@ class BatchedModel:
         raise AttributeError(f"a served model is shared; set {name!r} on the engine's model before serving")
 
 
-def run_registered(batcher: ForwardBatcher, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` (one request's decode) as a registered caller of ``batcher``."""
-    batcher.register()
-    try:
-        return fn()
-    finally:
-        batcher.unregister()
-
-
-__all__ = ["BatcherConfig", "BatchedModel", "ForwardBatcher", "merged_forward", "plan_groups", "run_registered"]
+__all__ = ["BatcherConfig", "BatchedModel", "StepLoop", "merged_forward", "plan_groups"]

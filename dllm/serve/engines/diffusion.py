@@ -33,7 +33,7 @@ from dllm.inputs import decode_answer, encode_prompts, fit_layers
 from dllm.samplers import make_sampler
 from dllm.schedule import plan_blocks
 from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, ForwardBatcher, run_registered
+from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, StepLoop
 from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
 from dllm.serve.engines.prompts import chat_ids, text_ids
 from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine, max_tokens_limit as default_limit
@@ -117,9 +117,13 @@ class DiffusionEngine(ThreadedEngine):
     def __init__(self, model, *, name: str, defaults: DiffusionSettings = DiffusionSettings(),
                  mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
-                 chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig()) -> None:
+                 chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
+                 max_group: int = 16) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if isinstance(max_group, bool) or not isinstance(max_group, int) or max_group < 1:
+            raise ValueError(f"max_group must be an integer >= 1, got {max_group!r}")
+        self.max_group = max_group  # continuous: rows of one generate call (queued jobs of one static key)
         if not hasattr(model, "mask_id"):
             raise TypeError(f"DiffusionEngine serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
         self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
@@ -134,13 +138,13 @@ class DiffusionEngine(ThreadedEngine):
         self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
         self._pieces: dict[int, str] = {}
         self._tok_lock = threading.Lock()
-        self.batcher = ForwardBatcher(model, batcher) if mode == "continuous" else None
+        self.batcher = StepLoop(model, batcher, self._admit) if mode == "continuous" else None
         self._served = BatchedModel(model, self.batcher) if self.batcher is not None else model
         self._direct = _CountingModel(model) if self.batcher is None else None
         if mode == "static":
             threading.Thread(target=self._static_loop, name="dllm-serve-static", daemon=True).start()
-        else:
-            self._start_workers(self.scheduler.max_running)
+        elif mode == "serial":
+            self._start_workers(1)
 
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
                          block_length: Optional[int] = None, steps: Optional[int] = None,
@@ -233,31 +237,64 @@ class DiffusionEngine(ThreadedEngine):
     def _new_row(self, job: Job, r: int, revises: bool) -> _Row:
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
-    def _run_job(self, job: Job) -> None:
-        """Continuous and serial: ``generate`` on this prompt alone, forwards through the batcher."""
-        req, started = job.request, time.perf_counter()
+    def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
+        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key),
+        at most ``max_group`` rows in all; the other modes: none."""
+        if self.mode != "continuous":
+            return []
+        key, group, left = self._static_key(head), [], min(room, self.max_group - 1)
+        for job in self._queue:
+            if len(group) >= left:
+                break
+            if self._static_key(job) == key and self._cost(job) <= tokens:
+                group.append(job)
+                tokens -= self._cost(job)
+        for job in group:
+            self._queue.remove(job)
+        return group
+
+    def _admit(self, wait: bool):
+        """The step loop's admission (continuous): the next group's decode, ``[]`` or None (``_next``)."""
+        group = self._next(wait=wait)
+        if not group:
+            return group
+        return lambda: self._serve_group(group)
+
+    def _run_jobs(self, jobs: list[Job]) -> None:
+        """Continuous and serial: one ``generate`` call on the group's prompts (jobs of one static key);
+        continuous: a decode of the step loop, its forwards merged with the other decodes'."""
+        self._decode(jobs, self._direct if self.batcher is None else self._served)
+
+    def _decode(self, jobs: list[Job], model) -> None:
+        """``generate`` on the jobs' prompts as one batch (rows decode as they would alone). A row whose
+        answer is final (EOS or a stop string in its final prefix) is done at once, a cancelled one
+        fails at once; the call ends early when no row is left."""
+        req, started = jobs[0].request, time.perf_counter()
         sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
-        row = self._new_row(job, 0, sampler.revises)
+        rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(jobs)]
+        live = set(range(len(rows)))
 
         def on_step(state) -> None:
-            if job.cancelled or row.observe(state):
+            for r in list(live):
+                row = rows[r]
+                if row.job.cancelled:
+                    row.job.emit(Failed("cancelled by the client", 499))
+                    live.discard(r)
+                elif row.observe(state):
+                    row.finish(None, req.max_tokens, started)
+                    live.discard(r)
+            if not live:
                 raise _Leave
 
-        def decode():
-            return generate(self._served if self._direct is None else self._direct, [list(req.prompt_ids)],
-                            gen_length=req.max_tokens, stop_at_eos=True, callback=on_step,
-                            **req.settings.generate_kwargs())
-
         try:
-            out = run_registered(self.batcher, decode) if self.batcher is not None else decode()
+            out = generate(model, [list(j.request.prompt_ids) for j in jobs], gen_length=req.max_tokens,
+                           stop_at_eos=True, callback=on_step, **req.settings.generate_kwargs())
         except _Leave:
-            if job.cancelled:
-                job.emit(Failed("cancelled by the client", 499))
-                return
-            row.finish(None, req.max_tokens, started)
             return
-        row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
-        row.finish(out.sequences[0, out.prompt_length:].tolist(), req.max_tokens, started)
+        for r in sorted(live):
+            row = rows[r]
+            row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
+            row.finish(out.sequences[r, out.prompt_length:].tolist(), req.max_tokens, started)
 
     def _forwards(self) -> tuple[int, int]:
         src = self.batcher if self.batcher is not None else self._direct
@@ -265,7 +302,7 @@ class DiffusionEngine(ThreadedEngine):
 
     def _shutdown(self) -> None:
         if self.batcher is not None:
-            self.batcher.close()
+            self.batcher.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
 
     # ---- static batching ----
     def _static_loop(self) -> None:
@@ -274,7 +311,7 @@ class DiffusionEngine(ThreadedEngine):
             if batch is None:
                 return
             try:
-                self._run_static(batch)
+                self._decode(batch, self._direct)
             except BaseException as err:  # noqa: BLE001
                 for job in batch:
                     job.emit(Failed(f"{type(err).__name__}: {err}", 500))
@@ -313,25 +350,6 @@ class DiffusionEngine(ThreadedEngine):
         r = job.request
         offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
         return r.settings, r.max_tokens, r.stop, offset
-
-    def _run_static(self, batch: list[Job]) -> None:
-        req, started = batch[0].request, time.perf_counter()
-        sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
-        rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(batch)]
-
-        def on_step(state) -> None:
-            for row in rows:
-                if not row.job.cancelled and row.stream.ended is None:
-                    row.observe(state)
-
-        out = generate(self._direct, [list(j.request.prompt_ids) for j in batch], gen_length=req.max_tokens,
-                       stop_at_eos=True, callback=on_step, **req.settings.generate_kwargs())
-        for row in rows:
-            if row.job.cancelled:
-                row.job.emit(Failed("cancelled by the client", 499))
-                continue
-            row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
-            row.finish(out.sequences[row.r, out.prompt_length:].tolist(), req.max_tokens, started)
 
 
 class _CountingModel(BatchedModel):

@@ -9,7 +9,6 @@ Retry-After); ``close`` refuses new ones and lets the others finish (or cancels 
 
 from __future__ import annotations
 
-import abc
 import collections
 import threading
 import time
@@ -119,9 +118,20 @@ class ThreadedEngine(Engine):
                              f"{self.max_positions} positions")
 
     # ---- subclasses ----
-    @abc.abstractmethod
+    def _run_jobs(self, jobs: list[Job]) -> None:
+        """Decode a group of jobs (``_companions`` of the first), emitting each one's events (a Done or
+        Failed last). Default: the one job alone (``_run_job``)."""
+        (job,) = jobs
+        self._run_job(job)
+
     def _run_job(self, job: Job) -> None:
         """Decode one job, emitting its events (a Done or Failed last)."""
+        raise NotImplementedError
+
+    def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
+        """Queued jobs (not ``head``) to decode in one call with ``head``, at most ``room`` of them and
+        ``tokens`` prompt + max_tokens in all; default none (every job alone)."""
+        return []
 
     def _forwards(self) -> tuple[int, int]:
         return 0, 0
@@ -133,42 +143,62 @@ class ThreadedEngine(Engine):
     def _cost(self, job: Job) -> int:
         return len(job.request.prompt_ids) + job.request.max_tokens
 
-    def _next(self) -> Optional[Job]:
-        """The head job once it fits the token budget (None: closed and nothing left)."""
+    def _next(self, wait: bool = True) -> Optional[list[Job]]:
+        """The head job once it fits the token budget, with its companions; None once the engine is
+        closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False (else
+        it waits). The running jobs never exceed ``max_running`` nor the token budget (a lone job that
+        is over the budget runs when nothing else does)."""
+        cfg = self.scheduler
         with self._cond:
             while True:
-                if self._queue:
+                if self._queue and len(self._running) < cfg.max_running:
                     job = self._queue[0]
                     cost = self._cost(job)
-                    if not self._running or self._running_tokens + cost <= self.scheduler.max_running_tokens:
+                    if not self._running or self._running_tokens + cost <= cfg.max_running_tokens:
                         self._queue.popleft()
-                        self._running[job.id] = job
-                        self._running_tokens += cost
-                        return job
-                elif self._closed:
+                        group = [job] + self._companions(job, cfg.max_running - len(self._running) - 1,
+                                                         cfg.max_running_tokens - self._running_tokens - cost)
+                        for member in group:
+                            self._running[member.id] = member
+                            self._running_tokens += self._cost(member)
+                        return group
+                elif not self._queue and self._closed:
                     return None
+                if not wait:
+                    return []
                 self._cond.wait()
 
     def _work(self) -> None:
+        """A worker thread: groups from the queue, one after another, until the engine closes."""
         while True:
-            job = self._next()
-            if job is None:
+            group = self._next()
+            if group is None:
                 return
-            try:
+            self._serve_group(group)
+
+    def _serve_group(self, group: list[Job]) -> None:
+        """Decode a group taken by ``_next`` (cancelled jobs fail at once); every job ends with a Done
+        or a Failed, and leaves the running set."""
+        try:
+            live = [job for job in group if not job.cancelled]
+            for job in group:
                 if job.cancelled:
                     job.emit(Failed("cancelled by the client", 499))
-                else:
-                    self._run_job(job)
-            except BaseException as err:  # noqa: BLE001 - a failed job must not kill the worker
+            if live:
+                self._run_jobs(live)
+        except BaseException as err:  # noqa: BLE001 - a failed job must not kill the worker
+            for job in group:
                 job.emit(Failed(f"{type(err).__name__}: {err}", 500))
-            finally:
+        finally:
+            for job in group:
                 if not job.finished:
                     job.emit(Failed("the decode ended without a result", 500))
-                with self._cond:
+            with self._cond:
+                for job in group:
                     self._running.pop(job.id, None)
                     self._running_tokens -= self._cost(job)
                     self.completed += 1
-                    self._cond.notify_all()
+                self._cond.notify_all()
 
 
 __all__ = ["SchedulerConfig", "ThreadedEngine"]

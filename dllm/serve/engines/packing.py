@@ -1,0 +1,85 @@
+"""Which pending forwards share one model call: a cost model over rows and padded length.
+
+A merged call pads every row to its longest one, so merging a 12-column forward with a 36-column one
+triples the first one's work; running them apart costs one more call. The cost of a call is modelled
+as ``call_cost + rows x padded length`` (in forwarded tokens): ``call_cost`` is what one call costs
+beyond its tokens (kernel launches, the Python of the layers), large on a GPU, about a hundred tokens
+of a small model on a CPU core. The plan sorts the mergeable forwards by length and splits them into
+runs of neighbouring lengths with the least total cost (a dynamic programme over the runs of equal
+length), under the row and token bounds of one call. Forwards that cannot be merged run alone.
+
+The plan changes only which rows share a matmul, never a row's result (``merged_forward`` is tested
+equal to each call's own forward), so any plan gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, TypeVar
+
+
+class Forward(Protocol):
+    """What the plan reads of a pending forward."""
+
+    @property
+    def mergeable(self) -> bool: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def length(self) -> int: ...
+
+
+F = TypeVar("F", bound=Forward)
+
+
+def call_cost(rows: int, length: int, fixed: int) -> int:
+    """Modelled cost of one call of ``rows`` rows padded to ``length`` columns, in forwarded tokens."""
+    return fixed + rows * length
+
+
+def _runs(items: Sequence[F], max_rows: int, max_tokens: int) -> list[list[F]]:
+    """Items sorted by length -> runs of equal length, each cut to fit one call alone."""
+    runs: list[list[F]] = []
+    for item in items:
+        last = runs[-1] if runs else None
+        if (last is not None and last[0].length == item.length
+                and sum(i.rows for i in last) + item.rows <= max_rows
+                and (sum(i.rows for i in last) + item.rows) * item.length <= max_tokens):
+            last.append(item)
+        else:
+            runs.append([item])
+    return runs
+
+
+def plan_merges(items: Sequence[F], *, max_rows: int, max_tokens: int, fixed_cost: int) -> list[list[F]]:
+    """The calls to run for ``items`` (pending forwards): unmergeable ones alone, in arrival order;
+    the mergeable ones grouped by neighbouring lengths at the least modelled cost (``call_cost`` with
+    ``fixed_cost``), each call within ``max_rows`` rows and ``max_tokens`` rows x padded length.
+    A forward larger than the bounds runs alone."""
+    alone = [[item] for item in items if not item.mergeable]
+    merge = sorted((item for item in items if item.mergeable), key=lambda item: item.length)  # stable
+    runs = _runs(merge, max_rows, max_tokens)
+    n = len(runs)
+    rows = [sum(i.rows for i in run) for run in runs]
+    best = [0] + [None] * n  # best[k]: least cost of the first k runs
+    cut = [0] * (n + 1)  # cut[k]: where the last call of that plan starts
+    for k in range(1, n + 1):
+        length, total = runs[k - 1][0].length, 0  # the call's padded length: its longest run, the last
+        for j in range(k - 1, -1, -1):
+            total += rows[j]
+            if j < k - 1 and (total > max_rows or total * length > max_tokens):
+                break
+            cost = best[j] + call_cost(total, length, fixed_cost)
+            if best[k] is None or cost < best[k]:
+                best[k], cut[k] = cost, j
+    calls: list[list[F]] = []
+    k = n
+    while k > 0:
+        j = cut[k]
+        calls.append([item for run in runs[j:k] for item in run])
+        k = j
+    return alone + calls[::-1]
+
+
+__all__ = ["call_cost", "plan_merges"]
