@@ -24,7 +24,7 @@ from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, opt
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
-                  "max_batch_rows", "max_batch_tokens")
+                  "max_batch_rows", "max_batch_tokens", "max_group")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -49,6 +49,9 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="continuous mode: rows in one merged forward (default 64)")
     d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
                    help="continuous mode: rows x padded length of one merged forward (default 65536)")
+    d.add_argument("--max-group", type=POSITIVE, default=None,
+                   help="continuous mode: queued requests with the same settings and length start as one "
+                        "generate call of at most this many rows (default 16)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
@@ -187,7 +190,8 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
     return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
                            max_running=args.max_running or 32, max_queue=args.max_queue,
                            max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
-                           chat_template=chat_template, batcher=batcher)
+                           chat_template=chat_template, batcher=batcher,
+                           **({"max_group": args.max_group} if args.max_group is not None else {}))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -237,6 +237,8 @@ def parser() -> argparse.ArgumentParser:
                                                     "spec, @, a cache spec; default low_confidence@none)")
     ap.add_argument("--block-length", type=POSITIVE, default=None)
     ap.add_argument("--max-running", type=POSITIVE, default=32, help="rows in the running batch at most")
+    ap.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
+                    help="continuous mode: rows x padded length of one merged forward (default: the server's)")
     ap.add_argument("--server", choices=("process", "thread"), default="process",
                     help="where each mode's server runs: its own process (the load generator does not share "
                          "an interpreter lock with it) or a thread of the bench's process")
@@ -296,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini",
             "settings": ["@".join(s) for s in args.settings], "block_length": args.block_length,
-            "max_running": args.max_running, "server": args.server, "seed": args.seed, "repeats": args.repeats,
+            "max_running": args.max_running, "max_batch_tokens": args.max_batch_tokens, "server": args.server, "seed": args.seed, "repeats": args.repeats,
             "machine": machine(args),
             "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []

@@ -21,13 +21,16 @@ from typing import Iterator, Optional
 from dllm.eval.bench.loopback import LOOPBACK, serve_in_thread, wait_ready
 
 
-def build_engine(model, name: str, mode: str, max_running: int, max_queue: int):
+def build_engine(model, name: str, mode: str, max_running: int, max_queue: int,
+                 max_batch_tokens: Optional[int] = None):
     """A ``DiffusionEngine`` in ``mode`` with the server's default settings."""
+    from dllm.serve.engines.batcher import BatcherConfig
     from dllm.serve.engines.diffusion import DiffusionEngine
     from dllm.serve.engines.jobs import DiffusionSettings
 
+    batcher = BatcherConfig() if max_batch_tokens is None else BatcherConfig(max_tokens=max_batch_tokens)
     return DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode, max_running=max_running,
-                           max_queue=max_queue)
+                           max_queue=max_queue, batcher=batcher)
 
 
 def free_port() -> int:
@@ -43,6 +46,8 @@ def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int
            "--port", str(port), "--max-running", str(args.max_running), "--max-queue", str(max_queue),
            "--log-level", "warning"]
     cmd += ["--threads", str(args.threads)] if args.threads else []
+    if mode == "continuous" and getattr(args, "max_batch_tokens", None):
+        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
     cmd += ["--device", args.device] if args.device else []
     return cmd
 
@@ -53,7 +58,8 @@ def mode_server(model, name: str, mode: str, *, max_queue: int, args: argparse.N
     if args.server == "thread":
         from dllm.serve.http.app import create_app
 
-        engine = build_engine(model, name, mode, args.max_running, max_queue)
+        engine = build_engine(model, name, mode, args.max_running, max_queue,
+                              getattr(args, "max_batch_tokens", None) if mode == "continuous" else None)
         try:
             with serve_in_thread(create_app(engine), ready_path="/health") as live:
                 yield live.url
