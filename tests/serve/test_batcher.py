@@ -52,14 +52,25 @@ def test_merged_forward_equals_each_forward(model):
             assert torch.equal(got.logits.argmax(-1), want.argmax(-1))
 
 
-def test_plan_groups_bounds_and_order():
+def test_plan_groups_bounds_and_padding():
     def item(b, t, **kw):
         return _Pending(torch.zeros(b, t, dtype=torch.long), kw)
 
     a, b, c = item(2, 10), item(3, 10), item(1, 40)
     cached = item(1, 5, cache=object())
-    groups = plan_groups([a, cached, b, c], BatcherConfig(max_rows=4, max_tokens=1000))
-    assert groups == [[cached], [a], [b, c]]  # a + b = 5 rows > 4; a cached call runs alone
-    groups = plan_groups([a, b, c], BatcherConfig(max_rows=64, max_tokens=100))
+    groups = plan_groups([a, cached, b, c], BatcherConfig(max_rows=4, max_tokens=1000, call_cost_tokens=64))
+    assert groups == [[cached], [a], [b], [c]]  # a + b = 5 rows > 4; a cached call runs alone; c: 30 pad columns
+    groups = plan_groups([c, a, b], BatcherConfig(max_rows=64, max_tokens=1000, call_cost_tokens=64))
+    assert groups == [[a, b], [c]]  # neighbouring lengths, shortest first; padding a, b to 40 costs 150 > 64
+    groups = plan_groups([c, a, b], BatcherConfig(max_rows=64, max_tokens=1000, call_cost_tokens=200))
+    assert groups == [[a, b, c]]  # one more call would cost more than the padding
+    groups = plan_groups([a, b, c], BatcherConfig(max_rows=64, max_tokens=100, call_cost_tokens=10**6))
     assert groups == [[a, b], [c]]  # 6 rows x 40 columns > 100 tokens
     assert not item(1, 4, want_attn_layers=(0,)).mergeable and not item(1, 4, want_hidden_layers=(1,)).mergeable
+
+
+@pytest.mark.parametrize("field,value", [("max_rows", 0), ("max_tokens", -1), ("call_cost_tokens", -1),
+                                         ("max_rows", True), ("call_cost_tokens", 1.5)])
+def test_batcher_config_refuses_bad_bounds(field, value):
+    with pytest.raises(ValueError, match=field):
+        BatcherConfig(**{field: value})

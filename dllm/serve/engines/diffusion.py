@@ -2,10 +2,14 @@
 
 Modes (``DiffusionEngine(mode=...)``):
 
-- ``continuous`` (default): ``max_running`` requests decode at once, each in its own thread with the
-  real ``generate``, and their forwards are merged step by step (``dllm.serve.engines.batcher``): a request
-  joins the running batch at its first forward and leaves after its last, whatever block or step
-  the others are at, with its own length, stops, sampler, cache and seed.
+- ``continuous`` (default): up to ``max_running`` requests decode at once, each group of requests that
+  were queued together with the same settings and length (at most ``max_group`` rows; under light
+  load, one request) as one real ``generate`` call, every call a decode of the step loop
+  (``dllm.serve.engines.batcher``), whose forwards are merged step by step: a request joins the
+  running batch at its first forward and leaves after its last, whatever block or step the others
+  are at, with its own length, stops, sampler, cache and seed. A row of a group that is done early
+  (EOS, a stop string, a cancel) ends its request at once; its row stays in its group's forwards
+  until the group's call ends, and the other rows are unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
   and length run as one ``generate`` batch; later requests wait for the whole batch to finish.
 - ``serial``: one request at a time.

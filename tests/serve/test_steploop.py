@@ -1,0 +1,102 @@
+"""Continuous batching's step loop: queued jobs of one key decode as one call, the loop survives a
+failed decode, and a cancelled row of a group leaves the others' answers unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+import dllm
+from dllm.serve.engines.diffusion import DiffusionEngine
+from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest
+
+PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
+           "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
+SLOW = DiffusionSettings(sampler="low_confidence")  # one token per step
+
+
+@pytest.fixture(scope="module")
+def llada():
+    return dllm.load("tiny-llada")
+
+
+def recording(engine):
+    """Wrap the engine's decode: the size of every generate call it makes."""
+    sizes, decode = [], engine._decode
+
+    def wrapped(jobs, model):
+        sizes.append(len(jobs))
+        return decode(jobs, model)
+
+    engine._decode = wrapped
+    return sizes
+
+
+def submit_together(engine, specs):
+    """Queue every job before the loop can take any (it takes them under the same lock)."""
+    with engine._cond:
+        return [engine.submit(JobRequest(engine.encode_prompt(p), n, s, step_events=ev)) for p, n, s, ev in specs]
+
+
+def offline(model, prompt, n, settings=SLOW):
+    return dllm.generate(model, prompt, gen_length=n, **settings.generate_kwargs()).texts[0]
+
+
+def test_queued_jobs_of_one_key_decode_as_one_call(llada):
+    engine = DiffusionEngine(llada, name="tiny-llada", max_group=4, max_running=16)
+    sizes = recording(engine)
+    other = DiffusionSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
+    specs = ([(p, 8, SLOW, False) for p in PROMPTS]  # one key: 4 + 2 rows
+             + [(PROMPTS[0], 12, SLOW, False), (PROMPTS[1], 8, other, False)])  # other lengths or settings
+    try:
+        jobs = submit_together(engine, specs)
+        for (p, n, s, _), job in zip(specs, jobs):
+            done = job.result(timeout=120)
+            assert isinstance(done, Done) and done.text == offline(llada, p, n, s)
+    finally:
+        engine.close()
+    assert sizes == [4, 2, 1, 1]
+
+
+def test_a_cancelled_row_of_a_group_fails_alone(llada):
+    engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
+    sizes = recording(engine)
+    specs = [(PROMPTS[3], 24, SLOW, True)] + [(p, 24, SLOW, False) for p in (PROMPTS[0], PROMPTS[4], PROMPTS[5])]
+    try:
+        victim, *others = submit_together(engine, specs)
+        next(victim.events(timeout=60))  # the group is decoding
+        victim.cancel()
+        final = victim.result(timeout=60)
+        assert isinstance(final, Failed) and final.status == 499
+        for (p, n, s, _), job in zip(specs[1:], others):
+            events = list(job.events(timeout=120))
+            assert events[-1].text == offline(llada, p, n) == "".join(e.text for e in events if isinstance(e, Delta))
+    finally:
+        engine.close()
+    assert sizes == [4]
+
+
+def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
+    engine = DiffusionEngine(llada, name="tiny-llada")
+    decode, calls = engine._decode, []
+
+    def flaky(jobs, model):
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise RuntimeError("boom in the decode")
+        return decode(jobs, model)
+
+    engine._decode = flaky
+    try:
+        first = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 6, SLOW)).result(timeout=60)
+        assert isinstance(first, Failed) and first.status == 500 and "boom in the decode" in first.message
+        second = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[1]), 6, SLOW)).result(timeout=60)
+        assert isinstance(second, Done) and second.text == offline(llada, PROMPTS[1], 6)
+        assert engine.stats().running == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 1.5])
+def test_max_group_is_checked(llada, bad):
+    with pytest.raises(ValueError, match="max_group"):
+        DiffusionEngine(llada, name="tiny-llada", mode="serial", max_group=bad)
