@@ -96,6 +96,19 @@ def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
         engine.close()
 
 
+def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
+    import torch
+
+    engine = DiffusionEngine(llada, name="tiny-llada")
+    try:
+        with pytest.raises(RuntimeError, match="inside a decode of the engine's step loop"):
+            engine._served(torch.zeros(1, 4, dtype=torch.long))
+        done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[2]), 4, SLOW)).result(timeout=60)
+        assert isinstance(done, Done) and done.text == offline(llada, PROMPTS[2], 4)  # the loop is unharmed
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("bad", [0, -2, True, 1.5])
 def test_max_group_is_checked(llada, bad):
     with pytest.raises(ValueError, match="max_group"):

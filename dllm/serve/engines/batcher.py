@@ -92,8 +92,9 @@ class StepLoop:
     def call(self, method: str, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         """A decode's forward: hand it to the loop, resume with its result."""
         item = _Pending(input_ids, kwargs, method)
-        if self._main is None or greenlet.getcurrent() is self._main:
-            raise RuntimeError("a served model's forward runs inside a decode of the step loop")
+        if self._main is None or greenlet.getcurrent().parent is not self._main:
+            raise RuntimeError("a served model's forward runs only inside a decode of the engine's step loop "
+                               "(submit a request to the engine; for a forward of your own use the model itself)")
         self._main.switch(item)
         if item.error is not None:
             raise item.error
