@@ -11,6 +11,10 @@ from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobR
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
            "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
+SEVEN = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy P O N M [SEP]",
+         "[BOS] sort B C A D [SEP]", "[BOS] reverse E F G H [SEP]", "[BOS] copy K L M N [SEP]"]  # 7 tokens each
+TEN = ["[BOS] sort G F E D C B A [SEP]", "[BOS] reverse A B C D E F G [SEP]", "[BOS] copy A B C D E F G [SEP]",
+       "[BOS] sort P O N M L K J [SEP]"]  # 10 tokens each
 SLOW = DiffusionSettings(sampler="low_confidence")  # one token per step
 
 
@@ -41,12 +45,23 @@ def offline(model, prompt, n, settings=SLOW):
     return dllm.generate(model, prompt, gen_length=n, **settings.generate_kwargs()).texts[0]
 
 
-def test_queued_jobs_of_one_key_decode_as_one_call(llada):
+def test_prompts_have_the_lengths_the_tests_need(llada):
+    engine = DiffusionEngine(llada, name="tiny-llada", mode="serial")
+    try:
+        assert {len(engine.encode_prompt(p)) for p in SEVEN} == {7}
+        assert {len(engine.encode_prompt(p)) for p in TEN} == {10}
+        assert len(engine.encode_prompt(PROMPTS[2])) == 6
+    finally:
+        engine.close()
+
+
+def test_queued_jobs_of_one_key_and_prompt_length_decode_as_one_call(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4, max_running=16)
     sizes = recording(engine)
     other = DiffusionSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
-    specs = ([(p, 8, SLOW, False) for p in PROMPTS]  # one key: 4 + 2 rows
-             + [(PROMPTS[0], 12, SLOW, False), (PROMPTS[1], 8, other, False)])  # other lengths or settings
+    specs = ([(p, 8, SLOW, False) for p in SEVEN]  # one key, one prompt length: 4 + 2 rows
+             + [(PROMPTS[2], 8, SLOW, False)]  # the same key, a 6-token prompt: its own call
+             + [(SEVEN[0], 12, SLOW, False), (SEVEN[1], 8, other, False)])  # other lengths or settings
     try:
         jobs = submit_together(engine, specs)
         for (p, n, s, _), job in zip(specs, jobs):
@@ -54,13 +69,13 @@ def test_queued_jobs_of_one_key_decode_as_one_call(llada):
             assert isinstance(done, Done) and done.text == offline(llada, p, n, s)
     finally:
         engine.close()
-    assert sizes == [4, 2, 1, 1]
+    assert sizes == [4, 2, 1, 1, 1]
 
 
 def test_a_cancelled_row_of_a_group_fails_alone(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
     sizes = recording(engine)
-    specs = [(PROMPTS[3], 24, SLOW, True)] + [(p, 24, SLOW, False) for p in (PROMPTS[0], PROMPTS[4], PROMPTS[5])]
+    specs = [(TEN[0], 24, SLOW, True)] + [(p, 24, SLOW, False) for p in TEN[1:]]
     try:
         victim, *others = submit_together(engine, specs)
         next(victim.events(timeout=60))  # the group is decoding

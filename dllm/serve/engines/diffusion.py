@@ -2,10 +2,10 @@
 
 Modes (``DiffusionEngine(mode=...)``):
 
-- ``continuous`` (default): up to ``max_running`` requests decode at once, each group of requests that
-  were queued together with the same settings and length (at most ``max_group`` rows; under light
-  load, one request) as one real ``generate`` call, every call a decode of the step loop
-  (``dllm.serve.engines.batcher``), whose forwards are merged step by step: a request joins the
+- ``continuous`` (default): up to ``max_running`` requests decode at once, each group of requests
+  that were queued together with the same settings, length and prompt length (at most
+  ``max_group`` rows; under light load, one request) as one real ``generate`` call, every call a
+  decode of the step loop (``dllm.serve.engines.batcher``), whose forwards are merged step by step: a request joins the
   running batch at its first forward and leaves after its last, whatever block or step the others
   are at, with its own length, stops, sampler, cache and seed. A row of a group that is done early
   (EOS, a stop string, a cancel) ends its request at once; its row stays in its group's forwards
@@ -242,15 +242,18 @@ class DiffusionEngine(ThreadedEngine):
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
     def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
-        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key),
-        at most ``max_group`` rows in all; the other modes: none."""
+        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key)
+        and have its prompt length (so the call pads nothing: the step loop's packing handles rows of
+        other lengths), at most ``max_group`` rows in all; the other modes: none."""
         if self.mode != "continuous":
             return []
         key, group, left = self._static_key(head), [], min(room, self.max_group - 1)
+        n = len(head.request.prompt_ids)
         for job in self._queue:
             if len(group) >= left:
                 break
-            if self._static_key(job) == key and self._cost(job) <= tokens:
+            if (self._static_key(job) == key and len(job.request.prompt_ids) == n
+                    and self._cost(job) <= tokens):
                 group.append(job)
                 tokens -= self._cost(job)
         for job in group:
