@@ -72,6 +72,21 @@ def test_queued_jobs_of_one_key_and_prompt_length_decode_as_one_call(llada):
     assert sizes == [4, 2, 1, 1, 1]
 
 
+def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
+    engine = DiffusionEngine(llada, name="tiny-llada", max_group=8)
+    sizes = recording(engine)
+    dual = DiffusionSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
+    prompts = [SEVEN[0], TEN[0], PROMPTS[2], SEVEN[1]]  # 7, 10, 6 and 7 tokens
+    try:
+        jobs = submit_together(engine, [(p, 8, dual, False) for p in prompts])
+        for p, job in zip(prompts, jobs):
+            done = job.result(timeout=120)
+            assert isinstance(done, Done) and done.text == offline(llada, p, 8, dual)
+    finally:
+        engine.close()
+    assert sizes == [4]
+
+
 def test_a_cancelled_row_of_a_group_fails_alone(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
     sizes = recording(engine)

@@ -2,14 +2,14 @@
 
 Modes (``DiffusionEngine(mode=...)``):
 
-- ``continuous`` (default): up to ``max_running`` requests decode at once, each group of requests
-  that were queued together with the same settings, length and prompt length (at most
-  ``max_group`` rows; under light load, one request) as one real ``generate`` call, every call a
-  decode of the step loop (``dllm.serve.engines.batcher``), whose forwards are merged step by step: a request joins the
-  running batch at its first forward and leaves after its last, whatever block or step the others
-  are at, with its own length, stops, sampler, cache and seed. A row of a group that is done early
-  (EOS, a stop string, a cancel) ends its request at once; its row stays in its group's forwards
-  until the group's call ends, and the other rows are unchanged.
+- ``continuous`` (default): up to ``max_running`` requests decode at once. Requests queued together
+  with the same settings and length (and, without a cache, the same prompt length) start as one
+  real ``generate`` call of at most ``max_group`` rows (under light load, one request); every call
+  is a decode of the step loop (``dllm.serve.engines.batcher``), whose forwards are merged step by
+  step: a request joins the running batch at its first forward and leaves after its last, whatever
+  block or step the others are at, with its own length, stops, sampler, cache and seed. A row of a
+  group that is done early (EOS, a stop string, a cancel) ends its request at once; its row stays
+  in its group's forwards until the group's call ends, and the other rows are unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
   and length run as one ``generate`` batch; later requests wait for the whole batch to finish.
 - ``serial``: one request at a time.
@@ -242,17 +242,19 @@ class DiffusionEngine(ThreadedEngine):
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
     def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
-        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key)
-        and have its prompt length (so the call pads nothing: the step loop's packing handles rows of
-        other lengths), at most ``max_group`` rows in all; the other modes: none."""
+        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key),
+        at most ``max_group`` rows in all; the other modes: none. Without a cache they must also have
+        its prompt length, so the call pads nothing (its forwards merge with the other calls' in the
+        step loop, rows of other lengths too); with one (forwards that run alone), a call of fewer
+        rows would be one more forward per step, so prompts of other lengths are padded instead."""
         if self.mode != "continuous":
             return []
         key, group, left = self._static_key(head), [], min(room, self.max_group - 1)
-        n = len(head.request.prompt_ids)
+        n = len(head.request.prompt_ids) if make_cache(head.request.settings.cache).name == "none" else None
         for job in self._queue:
             if len(group) >= left:
                 break
-            if (self._static_key(job) == key and len(job.request.prompt_ids) == n
+            if (self._static_key(job) == key and n in (None, len(job.request.prompt_ids))
                     and self._cost(job) <= tokens):
                 group.append(job)
                 tokens -= self._cost(job)
