@@ -298,7 +298,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     meta = {"model": args.model, "n": args.n, "tasks": args.tasks or "pb-mini",
             "settings": ["@".join(s) for s in args.settings], "block_length": args.block_length,
-            "max_running": args.max_running, "max_batch_tokens": args.max_batch_tokens, "server": args.server, "seed": args.seed, "repeats": args.repeats,
+            "max_running": args.max_running, "max_batch_tokens": args.max_batch_tokens, "server": args.server,
+            "seed": args.seed, "repeats": args.repeats,
             "machine": machine(args),
             "argv": list(argv) if argv is not None else None}
     rows: list[dict] = []

@@ -145,9 +145,7 @@ class DiffusionEngine(ThreadedEngine):
         self.batcher = StepLoop(model, batcher, self._admit) if mode == "continuous" else None
         self._served = BatchedModel(model, self.batcher) if self.batcher is not None else model
         self._direct = _CountingModel(model) if self.batcher is None else None
-        if mode == "static":
-            threading.Thread(target=self._static_loop, name="dllm-serve-static", daemon=True).start()
-        elif mode == "serial":
+        if mode != "continuous":  # static and serial: one worker, one batch at a time
             self._start_workers(1)
 
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
@@ -242,15 +240,20 @@ class DiffusionEngine(ThreadedEngine):
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
     def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
-        """Continuous mode: the queued jobs that can share ``head``'s ``generate`` call (the static key),
-        at most ``max_group`` rows in all; the other modes: none. Without a cache they must also have
-        its prompt length, so the call pads nothing (its forwards merge with the other calls' in the
-        step loop, rows of other lengths too); with one (forwards that run alone), a call of fewer
-        rows would be one more forward per step, so prompts of other lengths are padded instead."""
-        if self.mode != "continuous":
+        """The queued jobs that share ``head``'s ``generate`` call: same static key, within ``room`` and
+        ``tokens``. Static: all of them (up to ``max_running`` rows in all). Continuous: at most
+        ``max_group`` rows in all, and without a cache only those of ``head``'s prompt length, so the
+        call pads nothing (its forwards merge with the other calls' in the step loop, rows of other
+        lengths too); with one (forwards that run alone), a call of fewer rows would be one more forward
+        per step, so prompts of other lengths are padded instead. Serial: none."""
+        if self.mode == "serial":
             return []
-        key, group, left = self._static_key(head), [], min(room, self.max_group - 1)
-        n = len(head.request.prompt_ids) if make_cache(head.request.settings.cache).name == "none" else None
+        key, group = self._static_key(head), []
+        n, left = None, room
+        if self.mode == "continuous":
+            left = min(room, self.max_group - 1)
+            if make_cache(head.request.settings.cache).name == "none":
+                n = len(head.request.prompt_ids)
         for job in self._queue:
             if len(group) >= left:
                 break
@@ -270,8 +273,8 @@ class DiffusionEngine(ThreadedEngine):
         return lambda: self._serve_group(group)
 
     def _run_jobs(self, jobs: list[Job]) -> None:
-        """Continuous and serial: one ``generate`` call on the group's prompts (jobs of one static key);
-        continuous: a decode of the step loop, its forwards merged with the other decodes'."""
+        """One ``generate`` call on the group's prompts (jobs of one static key); continuous: a decode
+        of the step loop, its forwards merged with the other decodes'."""
         self._decode(jobs, self._direct if self.batcher is None else self._served)
 
     def _decode(self, jobs: list[Job], model) -> None:
@@ -313,46 +316,7 @@ class DiffusionEngine(ThreadedEngine):
         if self.batcher is not None:
             self.batcher.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
 
-    # ---- static batching ----
-    def _static_loop(self) -> None:
-        while True:
-            batch = self._take_static()
-            if batch is None:
-                return
-            try:
-                self._decode(batch, self._direct)
-            except BaseException as err:  # noqa: BLE001
-                for job in batch:
-                    job.emit(Failed(f"{type(err).__name__}: {err}", 500))
-            finally:
-                with self._cond:
-                    for job in batch:
-                        self._running.pop(job.id, None)
-                        self.completed += 1
-                    self._cond.notify_all()
-
-    def _take_static(self) -> Optional[list[Job]]:
-        """The head job and every queued job with its settings and length, up to max_running."""
-        with self._cond:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._cond.wait()
-            head = self._queue.popleft()
-            key = self._static_key(head)
-            batch, rest = [head], []
-            for job in self._queue:
-                if len(batch) < self.scheduler.max_running and (
-                        self._static_key(job)) == key:
-                    batch.append(job)
-                else:
-                    rest.append(job)
-            self._queue.clear()
-            self._queue.extend(rest)
-            for job in batch:
-                self._running[job.id] = job
-            return batch
-
+    # ---- batching ----
     def _static_key(self, job: Job) -> tuple:
         """Jobs that can share one ``generate`` call: same settings, length and stops (and, for a
         block-causal model, prompts ending at the same offset in a block: the rows share blocks)."""
