@@ -31,6 +31,7 @@ from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_ca
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
+from dllm.rows import forward_held, forward_rows, held_mask
 from dllm.samplers import Sampler, make_sampler
 from dllm.options import check_bool, check_number
 from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan, plan_blocks
@@ -205,13 +206,17 @@ class Decode:
         rows = query.head_rows(rows)
         if rows is not None:
             kwargs["logits_rows"] = rows
-        out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
+        held = forward_rows(self.state, x.shape[0], cached="cache" in kwargs, wants_maps=bool(self.attn_layers))
+        if held is None:
+            out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
+        else:  # released rows (dllm.rows) are not computed
+            out = forward_held(self.model, x, kwargs, held)
         logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
         if self.cfg_scale > 0:
             b = self.state.batch_size
             logits = _guided(logits, self.cfg_scale)
             attn = {k: v[:b] for k, v in attn.items()}
-        self._count(x.shape[0] * query.length)  # honest compute count: rows x query length
+        self._count((x.shape[0] if held is None else held.numel()) * query.length)  # rows computed x query
         return logits, attn
 
     def shadow_forward(self, query: Query, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,6 +343,9 @@ class Decode:
             in_block = torch.zeros_like(active)
             in_block[:, s - q0:e - q0] = True
             remask = decision.remask & in_block & ~commit & (tokens != state.mask_id)
+            held_now = held_mask(state)  # [B] or None: a released row is never re-masked
+            if held_now is not None:
+                remask &= held_now[:, None]
             _write(state, remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
         state.step += 1
         if self.callback is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from dllm.inputs import decode_answer
+from dllm.rows import release_rows
 from dllm.state import DecodeState, GenerationOutput
 
 
@@ -25,9 +26,9 @@ def stop_finished_rows(state: DecodeState) -> bool:
     masked = (gen == state.mask_id).long()  # [B, G]
     masks_before = masked.cumsum(dim=1) - masked  # [B, G] masks strictly left of each position
     state.finished |= (is_eos & (masks_before == 0)).any(dim=1)  # [B]
-    fill = state.finished[:, None] & (gen == state.mask_id)
-    gen.copy_(torch.where(fill, torch.full_like(gen, eos_ids[0]), gen))
-    return bool(state.finished.all())
+    finished = state.finished.tolist()  # one host sync per block
+    release_rows(state, [r for r, done in enumerate(finished) if done])  # their masks -> EOS, forwards skip them
+    return all(finished)
 
 
 def finish_output(model, state: DecodeState, wall: float, return_trace: bool) -> GenerationOutput:

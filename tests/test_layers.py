@@ -1,7 +1,7 @@
 """Every import between subpackages of ``dllm`` points down the layers (DESIGN: layers, low to high).
 
-    0  registry, options, state, schedule, then inputs (which builds the initial DecodeState) and
-       outputs (EOS stops and the GenerationOutput)
+    0  registry, options, state, schedule, then inputs (which builds the initial DecodeState), rows
+       (rows released mid-call) and outputs (EOS stops and the GenerationOutput)
     1  tasks, kernels                               (pure Python stress tasks; attention/fused kernels)
     2  models                                       (DiffusionLM, checkpoints, the K/V buffers, oracles)
     3  samplers, cache                              (step rules; cache policies)
@@ -26,7 +26,7 @@ from pathlib import Path
 import dllm
 
 LAYERS: dict[str, int] = {
-    "registry": 0, "lazy": 0, "options": 0, "state": 0, "schedule": 0, "inputs": 0.5, "outputs": 0.6,
+    "registry": 0, "lazy": 0, "options": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
     "tasks": 1, "kernels": 1,
     "models": 2,
     "samplers": 3, "cache": 3,

@@ -1,5 +1,5 @@
 """Continuous batching's step loop: queued jobs of one key decode as one call, the loop survives a
-failed decode, and a cancelled row of a group leaves the others' answers unchanged."""
+failed decode, and a cancelled row of a group leaves its forwards and the others' answers unchanged."""
 
 from __future__ import annotations
 
@@ -103,6 +103,9 @@ def test_a_cancelled_row_of_a_group_fails_alone(llada):
     finally:
         engine.close()
     assert sizes == [4]
+    # the one call ran 24 forwards (one token per step); from the cancel on, they computed 3 rows, not 4
+    loop = engine.batcher
+    assert loop.forwards == 24 and 3 * 24 <= loop.forwarded_rows < 4 * 24
 
 
 def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):

@@ -8,10 +8,12 @@ Modes (``DiffusionEngine(mode=...)``):
   is a decode of the step loop (``dllm.serve.engines.batcher``), whose forwards are merged step by
   step: a request joins the running batch at its first forward and leaves after its last, whatever
   block or step the others are at, with its own length, stops, sampler, cache and seed. A row of a
-  group that is done early (EOS, a stop string, a cancel) ends its request at once; its row stays
-  in its group's forwards until the group's call ends, and the other rows are unchanged.
+  group that is done early (EOS, a stop string, a cancel) ends its request at once and is released
+  from its group's call (``dllm.rows``): its group's later forwards without a KV cache skip it
+  (cached forwards keep computing it until the call ends); the other rows are unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
-  and length run as one ``generate`` batch; later requests wait for the whole batch to finish.
+  and length run as one ``generate`` batch; later requests wait for the whole batch to finish (a
+  row done early is released from it as in a continuous group).
 - ``serial``: one request at a time.
 
 Streaming: after every step the row's final left prefix (committed, never revised: the leftmost
@@ -35,6 +37,7 @@ from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for
 from dllm.engine import SEED_MAX, generate
 from dllm.inputs import decode_answer, encode_prompts, fit_layers
 from dllm.samplers import make_sampler
+from dllm.rows import release_rows
 from dllm.schedule import plan_blocks
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, StepLoop
@@ -280,23 +283,28 @@ class DiffusionEngine(ThreadedEngine):
     def _decode(self, jobs: list[Job], model) -> None:
         """``generate`` on the jobs' prompts as one batch (rows decode as they would alone). A row whose
         answer is final (EOS or a stop string in its final prefix) is done at once, a cancelled one
-        fails at once; the call ends early when no row is left."""
+        fails at once, and either is released from the call (``dllm.rows.release_rows``: no later
+        forward without a KV cache computes it); the call ends early when no row is left."""
         req, started = jobs[0].request, time.perf_counter()
         sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
         rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(jobs)]
         live = set(range(len(rows)))
 
         def on_step(state) -> None:
+            left = []
             for r in list(live):
                 row = rows[r]
                 if row.job.cancelled:
                     row.job.emit(Failed("cancelled by the client", 499))
-                    live.discard(r)
+                    left.append(r)
                 elif row.observe(state):
                     row.finish(None, req.max_tokens, started)
-                    live.discard(r)
+                    left.append(r)
+            live.difference_update(left)
             if not live:
                 raise _Leave
+            if left:  # the call goes on without them: their rows leave its forwards (dllm.rows)
+                release_rows(state, left)
 
         try:
             out = generate(model, [list(j.request.prompt_ids) for j in jobs], gen_length=req.max_tokens,

@@ -1,0 +1,91 @@
+"""Rows that leave a running ``generate`` call before it ends.
+
+A batch row whose answer is no longer needed (its answer ended under ``stop_at_eos``; a served
+request that is done early or was cancelled, through ``release_rows`` in a step callback) is
+*released*: its remaining masks are filled (the model's first EOS id, else a non-mask token), so no
+sampler step commits or re-masks anything in it and no block waits for it, and from then on a plain
+forward without a KV cache computes only the rows still held (``forward_held``). The released rows'
+logits are zeros, which no sampler reads (they have no active position). The other rows decode to
+the same tokens: a row's logits never depend on the other rows of its batch.
+
+The reference path forwards every row (``SKIP_RELEASED = False``); tests compare the two. Forwards
+with K/V buffers (their views span the batch's rows), attention maps or a shadow block still run on
+every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Optional
+
+import torch
+
+from dllm.state import DecodeState
+
+SKIP_RELEASED = True  # False: the reference path, every row forwarded (tests compare the two)
+_HELD_MASK, _HELD_ROWS = "held_mask", "held_rows"  # DecodeState.extras keys
+
+
+def release_rows(state: DecodeState, rows: Iterable[int]) -> None:
+    """Release batch rows ``rows`` of a running decode (row indices in [0, B)); idempotent."""
+    b = state.batch_size
+    new = set()
+    for r in rows:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < b:
+            raise ValueError(f"a released row is a batch row index in [0, {b}), got {r!r}")
+        new.add(r)
+    new -= state.released
+    if not new:
+        return
+    state.released = state.released | frozenset(new)
+    eos_ids = state.extras.get("eos_ids", ())
+    fill_id = int(eos_ids[0]) if eos_ids else (1 if state.mask_id == 0 else 0)
+    device = state.x.device
+    released = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
+    released[sorted(state.released)] = True
+    gen = state.generated  # [B, G] view of the canvas
+    gen.masked_fill_(released[:, None] & (gen == state.mask_id), fill_id)
+    state.extras[_HELD_MASK] = ~released  # [B]
+    state.extras[_HELD_ROWS] = torch.tensor([r for r in range(b) if r not in state.released],
+                                            dtype=torch.long, device=device)  # [H]
+
+
+def held_mask(state: DecodeState) -> Optional[torch.Tensor]:
+    """[B] bool, False on released rows; None while every row is held."""
+    return state.extras.get(_HELD_MASK) if state.released else None
+
+
+def forward_rows(state: DecodeState, forward_rows_count: int, *, cached: bool,
+                 wants_maps: bool) -> Optional[torch.Tensor]:
+    """The forward-batch rows to compute ([R'] long) when some rows are released and the forward can
+    skip them, else None. ``forward_rows_count`` is the forward's batch: B, or 2B under
+    classifier-free guidance (the unconditional copies follow the conditional rows)."""
+    if not (SKIP_RELEASED and state.released) or cached or wants_maps:
+        return None
+    held = state.extras[_HELD_ROWS]  # [H]
+    if held.numel() == 0:  # every row released: the call ends; its last forwards run whole
+        return None
+    b = state.batch_size
+    if forward_rows_count == b:
+        return held
+    if forward_rows_count == 2 * b:
+        return torch.cat([held, held + b])
+    return None
+
+
+def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Tensor):
+    """``model(x, **kwargs)`` computed on the forward rows ``rows`` only; the other rows' logits are
+    zeros. x [R, Q]; positions [R, Q] or [1, Q]; key_padding_mask [R, L] or None."""
+    sub = dict(kwargs)
+    for name in ("positions", "key_padding_mask"):
+        value = sub.get(name)
+        if value is not None and value.shape[0] == x.shape[0] and x.shape[0] > 1:
+            sub[name] = value[rows]
+    out = model(x[rows], **sub)
+    part = out.logits  # [R', Q', V]
+    logits = part.new_zeros((x.shape[0],) + tuple(part.shape[1:]))  # [R, Q', V]
+    logits[rows] = part
+    return dataclasses.replace(out, logits=logits)
+
+
+__all__ = ["SKIP_RELEASED", "forward_held", "forward_rows", "held_mask", "release_rows"]
