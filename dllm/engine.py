@@ -206,7 +206,8 @@ class Decode:
         rows = query.head_rows(rows)
         if rows is not None:
             kwargs["logits_rows"] = rows
-        held = forward_rows(self.state, x.shape[0], cached="cache" in kwargs, wants_maps=bool(self.attn_layers))
+        held = forward_rows(self.state, x.shape[0], cache=kwargs.get("cache"),
+                            wants_maps=bool(self.attn_layers))
         if held is None:
             out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
         else:  # released rows (dllm.rows) are not computed

@@ -3,14 +3,16 @@
 A batch row whose answer is no longer needed (its answer ended under ``stop_at_eos``; a served
 request that is done early or was cancelled, through ``release_rows`` in a step callback) is
 *released*: its remaining masks are filled (the model's first EOS id, else a non-mask token), so no
-sampler step commits or re-masks anything in it and no block waits for it, and from then on a plain
-forward without a KV cache computes only the rows still held (``forward_held``). The released rows'
-logits are zeros, which no sampler reads (they have no active position). The other rows decode to
-the same tokens: a row's logits never depend on the other rows of its batch.
+sampler step commits or re-masks anything in it and no block waits for it, and from then on a
+forward computes only the rows still held (``forward_held``; with a KV cache, against the held rows
+of its buffers, their fresh K/V written back). The released rows' logits are zeros, which no
+sampler reads (they have no active position), and their buffers go stale, which nothing reads
+either. The other rows decode to the same tokens: a row's logits never depend on the other rows of
+its batch.
 
 The reference path forwards every row (``SKIP_RELEASED = False``); tests compare the two. Forwards
-with K/V buffers (their views span the batch's rows), attention maps or a shadow block still run on
-every row.
+with attention maps, with a shadow block, of verification variants (rows the sampler picks) and of
+a cache that measures key drift still run on every row they name.
 """
 
 from __future__ import annotations
@@ -55,12 +57,16 @@ def held_mask(state: DecodeState) -> Optional[torch.Tensor]:
     return state.extras.get(_HELD_MASK) if state.released else None
 
 
-def forward_rows(state: DecodeState, forward_rows_count: int, *, cached: bool,
+def forward_rows(state: DecodeState, forward_rows_count: int, *, cache: Any = None,
                  wants_maps: bool) -> Optional[torch.Tensor]:
     """The forward-batch rows to compute ([R'] long) when some rows are released and the forward can
     skip them, else None. ``forward_rows_count`` is the forward's batch: B, or 2B under
-    classifier-free guidance (the unconditional copies follow the conditional rows)."""
-    if not (SKIP_RELEASED and state.released) or cached or wants_maps:
+    classifier-free guidance (the unconditional copies follow the conditional rows; the K/V buffers
+    have the same rows). ``cache``: the forward's cache view, if any (one whose buffers measure key
+    drift, ``dllm.cache.drift``, keeps every row: its measure spans the batch)."""
+    if not (SKIP_RELEASED and state.released) or wants_maps:
+        return None
+    if cache is not None and getattr(cache.kv, "drift_probe", None) is not None:
         return None
     held = state.extras[_HELD_ROWS]  # [H]
     if held.numel() == 0:  # every row released: the call ends; its last forwards run whole
@@ -75,8 +81,12 @@ def forward_rows(state: DecodeState, forward_rows_count: int, *, cached: bool,
 
 def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Tensor):
     """``model(x, **kwargs)`` computed on the forward rows ``rows`` only; the other rows' logits are
-    zeros. x [R, Q]; positions [R, Q] or [1, Q]; key_padding_mask [R, L] or None."""
+    zeros. x [R, Q]; positions [R, Q] or [1, Q]; key_padding_mask [R, L] or None; a cache view
+    becomes the held rows' view of the same buffers (``KVCache.held_view``: their fresh K/V written)."""
     sub = dict(kwargs)
+    view = sub.get("cache")
+    if view is not None:
+        sub["cache"] = view.kv.held_view(rows, view.start, view.key_end, view.extra)
     for name in ("positions", "key_padding_mask"):
         value = sub.get(name)
         if value is not None and value.shape[0] == x.shape[0] and x.shape[0] > 1:

@@ -1,7 +1,7 @@
 """Released rows (dllm.rows): a row released mid-call leaves the forwards, and the other rows decode
 to the same tokens as on the reference path, which forwards every row (``SKIP_RELEASED = False``);
-over every registered sampler, both model families, with classifier-free guidance, and for rows that
-``stop_at_eos`` finishes."""
+over every registered sampler, both model families, with classifier-free guidance, with KV caches
+(the held rows' buffers written back), and for rows that ``stop_at_eos`` finishes."""
 
 import pytest
 
@@ -79,12 +79,44 @@ def test_classifier_free_guidance_skips_both_halves(model):
     assert ref.forwarded_tokens - fast.forwarded_tokens == steps_after * 2 * fast.sequences.shape[1]
 
 
-@pytest.mark.parametrize("cache", ["dual", "prefix"])
-def test_cached_forwards_keep_every_row(model, cache):
-    fast = _run(model, "low_confidence", skip=True, cache=cache)
-    ref = _run(model, "low_confidence", skip=False, cache=cache)
-    assert fast.sequences.tolist() == ref.sequences.tolist()
-    assert fast.forwarded_tokens == ref.forwarded_tokens
+@pytest.mark.parametrize("cache", ["prefix", "dual", "window", "drift"])
+@pytest.mark.parametrize("name", ["low_confidence", "threshold", "fast"])
+def test_cached_forwards_skip_released_rows_against_their_buffers(model, cache, name):
+    """The held rows' fresh K/V are written back into the call's buffers, so later cached steps see
+    the keys the reference path wrote; ``drift`` measures key drift over the batch: every row."""
+    try:
+        ref = _run(model, name, skip=False, cache=cache)
+    except ValueError as err:  # a sampler the policy refuses
+        pytest.skip(str(err))
+    fast = _run(model, name, skip=True, cache=cache)
+    assert fast.sequences[[0, 2]].tolist() == ref.sequences[[0, 2]].tolist()
+    assert fast.trace[[0, 2]].tolist() == ref.trace[[0, 2]].tolist()
+    assert fast.nfe == ref.nfe
+    if cache == "drift":
+        assert fast.forwarded_tokens == ref.forwarded_tokens
+    else:
+        assert fast.forwarded_tokens < ref.forwarded_tokens
+
+
+@pytest.mark.parametrize("cache,sampler", [("block", "low_confidence"), ("block", "sdar"),
+                                           ("subblock", "fastdllm_v2")])
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.5], ids=["plain", "cfg"])
+def test_block_causal_caches_skip_released_rows(cache, sampler, cfg_scale):
+    """SDAR's exact block cache reads the keys' positions from the buffers (HeldView.key_positions)."""
+    sdar = tiny("sdar", seed=3)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17]]
+    outs = {}
+    for skip in (True, False):
+        old = rows_mod.SKIP_RELEASED
+        rows_mod.SKIP_RELEASED = skip
+        try:
+            outs[skip] = dllm.generate(sdar, prompts, sampler, cache=cache, gen_length=13, cfg_scale=cfg_scale,
+                                       callback=lambda st: st.step == 1 and release_rows(st, [1]))
+        finally:
+            rows_mod.SKIP_RELEASED = old
+    fast, ref = outs[True], outs[False]
+    assert fast.sequences[[0, 2]].tolist() == ref.sequences[[0, 2]].tolist()
+    assert fast.forwarded_tokens < ref.forwarded_tokens
 
 
 def test_stop_at_eos_rows_leave_the_forwards():

@@ -104,6 +104,13 @@ class KVCache:
         then share one copy of their row (``RowsView.attend``)."""
         return RowsView(self, start, self.length if key_end is None else key_end, extra, rows, group)
 
+    def held_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
+                  extra: Optional[torch.Tensor] = None) -> "HeldView":
+        """``view`` for a forward of the buffer rows ``rows`` [N] only (distinct; the rows of a decode
+        still held, ``dllm.rows``): their fresh K/V are written into the call's buffers as ``view``
+        writes every row's; the other rows' buffers are left as they are."""
+        return HeldView(self, start, self.length if key_end is None else key_end, extra, rows)
+
 
 @dataclass(frozen=True)
 class CacheView:
@@ -276,6 +283,41 @@ class RowsView(CacheView):
         return keys, values
 
 
+@dataclass(frozen=True)
+class HeldView(RowsView):
+    """A forward of the buffer rows ``select`` [N] (distinct) that writes their fresh K/V and
+    positions into the call's buffers (``RowsView`` writes into copies): the same keys and values as
+    ``view`` gives those rows, for a batch whose other rows no longer need forwards."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.select is not None
+        kb, vb = self.kv.k[layer], self.kv.v[layer]
+        sel = self.select.to(kb.device)
+        keys = kb[:, :, :self.key_end].index_select(0, sel)  # [N, Hkv, key_end, hd]
+        values = vb[:, :, :self.key_end].index_select(0, sel)
+        self.write(keys, values, k, v)
+        kb[:, :, :self.key_end].index_copy_(0, sel, keys)  # back into the call's buffers
+        vb[:, :, :self.key_end].index_copy_(0, sel, values)
+        if self.is_full(k.shape[2]):
+            return k, v
+        return keys, values
+
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Record the held rows' query positions [N, T] in ``kv.positions`` [R, L]; their keys'
+        positions [N, key_end]."""
+        assert self.select is not None
+        store = self.kv.positions
+        if store is None or store.device != positions.device:
+            store = torch.zeros((self.kv.rows, self.kv.length), dtype=torch.long, device=positions.device)
+            self.kv.positions = store
+        sel = self.select.to(positions.device)
+        cols = self.columns(positions.shape[1], positions.device)
+        block = store[:, :self.key_end].index_select(0, sel)  # [N, key_end]
+        block[:, cols] = positions
+        store[:, :self.key_end].index_copy_(0, sel, block)
+        return block
+
+
 def stack_groups(x: torch.Tensor, g: int) -> torch.Tensor:
     """[n*g, H, T, hd] (runs of g variants) -> [n, H, g*T, hd]: each run's rows side by side."""
     ng, h, t, hd = x.shape
@@ -320,4 +362,4 @@ class DriftProbe:
             self.filled, self._acc = True, None
 
 
-__all__ = ["CacheView", "DriftProbe", "KVCache", "RowsView", "canvas_columns", "grouped_backend", "stack_groups"]
+__all__ = ["CacheView", "DriftProbe", "HeldView", "KVCache", "RowsView", "canvas_columns", "grouped_backend", "stack_groups"]

@@ -87,10 +87,12 @@ def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
     assert sizes == [4]
 
 
-def test_a_cancelled_row_of_a_group_fails_alone(llada):
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
     sizes = recording(engine)
-    specs = [(TEN[0], 24, SLOW, True)] + [(p, 24, SLOW, False) for p in TEN[1:]]
+    slow = DiffusionSettings(sampler="low_confidence", cache=cache)
+    specs = [(TEN[0], 24, slow, True)] + [(p, 24, slow, False) for p in TEN[1:]]
     try:
         victim, *others = submit_together(engine, specs)
         next(victim.events(timeout=60))  # the group is decoding
@@ -99,7 +101,7 @@ def test_a_cancelled_row_of_a_group_fails_alone(llada):
         assert isinstance(final, Failed) and final.status == 499
         for (p, n, s, _), job in zip(specs[1:], others):
             events = list(job.events(timeout=120))
-            assert events[-1].text == offline(llada, p, n) == "".join(e.text for e in events if isinstance(e, Delta))
+            assert events[-1].text == offline(llada, p, n, s) == "".join(e.text for e in events if isinstance(e, Delta))
     finally:
         engine.close()
     assert sizes == [4]

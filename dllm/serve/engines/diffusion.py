@@ -9,8 +9,8 @@ Modes (``DiffusionEngine(mode=...)``):
   step: a request joins the running batch at its first forward and leaves after its last, whatever
   block or step the others are at, with its own length, stops, sampler, cache and seed. A row of a
   group that is done early (EOS, a stop string, a cancel) ends its request at once and is released
-  from its group's call (``dllm.rows``): its group's later forwards without a KV cache skip it
-  (cached forwards keep computing it until the call ends); the other rows are unchanged.
+  from its group's call (``dllm.rows``): its group's later forwards skip it; the other rows are
+  unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
   and length run as one ``generate`` batch; later requests wait for the whole batch to finish (a
   row done early is released from it as in a continuous group).
@@ -284,7 +284,7 @@ class DiffusionEngine(ThreadedEngine):
         """``generate`` on the jobs' prompts as one batch (rows decode as they would alone). A row whose
         answer is final (EOS or a stop string in its final prefix) is done at once, a cancelled one
         fails at once, and either is released from the call (``dllm.rows.release_rows``: no later
-        forward without a KV cache computes it); the call ends early when no row is left."""
+        forward computes it); the call ends early when no row is left."""
         req, started = jobs[0].request, time.perf_counter()
         sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
         rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(jobs)]
