@@ -8,7 +8,9 @@ forward computes only the rows still held (``forward_held``; with a KV cache, ag
 of its buffers, their fresh K/V written back). The released rows' logits are zeros, which no
 sampler reads (they have no active position), and their buffers go stale, which nothing reads
 either. The other rows decode to the same tokens: a row's logits never depend on the other rows of
-its batch.
+its batch, except where a sampler couples the rows by design: Dream's fixed-step samplers count the
+masks over the held rows only (``dllm.samplers.dream``), and the batch-shaped random draws of
+``origin`` and ``random`` change with any batch (as they do between a batch and a row alone).
 
 The reference path forwards every row (``SKIP_RELEASED = False``); tests compare the two. Forwards
 with attention maps, with a shadow block, of verification variants (rows the sampler picks) and of
@@ -69,8 +71,8 @@ def forward_rows(state: DecodeState, forward_rows_count: int, *, cache: Any = No
     if cache is not None and getattr(cache.kv, "drift_probe", None) is not None:
         return None
     held = state.extras[_HELD_ROWS]  # [H]
-    if held.numel() == 0:  # every row released: the call ends; its last forwards run whole
-        return None
+    if held.numel() == 0:  # every row released (a caller that goes on anyway): compute one row only
+        held = held.new_zeros(1)
     b = state.batch_size
     if forward_rows_count == b:
         return held
@@ -81,7 +83,7 @@ def forward_rows(state: DecodeState, forward_rows_count: int, *, cache: Any = No
 
 def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Tensor):
     """``model(x, **kwargs)`` computed on the forward rows ``rows`` only; the other rows' logits are
-    zeros. x [R, Q]; positions [R, Q] or [1, Q]; key_padding_mask [R, L] or None; a cache view
+    zeros. x [R, Q]; positions [R, Q]; key_padding_mask [R, L] or None; a cache view
     becomes the held rows' view of the same buffers (``KVCache.held_view``: their fresh K/V written)."""
     sub = dict(kwargs)
     view = sub.get("cache")

@@ -290,17 +290,19 @@ class HeldView(RowsView):
     ``view`` gives those rows, for a batch whose other rows no longer need forwards."""
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the held rows' fresh k/v [N, Hkv, T, hd] at their columns of the call's buffers (only
+        those columns); return the keys and values they attend to ([N, Hkv, key_end, hd])."""
         assert self.select is not None
+        t = k.shape[2]
         kb, vb = self.kv.k[layer], self.kv.v[layer]
-        sel = self.select.to(kb.device)
-        keys = kb[:, :, :self.key_end].index_select(0, sel)  # [N, Hkv, key_end, hd]
-        values = vb[:, :, :self.key_end].index_select(0, sel)
-        self.write(keys, values, k, v)
-        kb[:, :, :self.key_end].index_copy_(0, sel, keys)  # back into the call's buffers
-        vb[:, :, :self.key_end].index_copy_(0, sel, values)
-        if self.is_full(k.shape[2]):
+        sel = self.select.to(kb.device)[:, None]  # [N, 1]
+        cols = self.columns(t, kb.device)
+        cols = torch.arange(cols.start, cols.stop, device=kb.device) if isinstance(cols, slice) else cols
+        kb[sel, :, cols[None, :]] = k.transpose(1, 2)  # advanced indices first: [N, T, Hkv, hd]
+        vb[sel, :, cols[None, :]] = v.transpose(1, 2)
+        if self.is_full(t):
             return k, v
-        return keys, values
+        return kb[:, :, :self.key_end].index_select(0, sel[:, 0]), vb[:, :, :self.key_end].index_select(0, sel[:, 0])
 
     def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Record the held rows' query positions [N, T] in ``kv.positions`` [R, L]; their keys'

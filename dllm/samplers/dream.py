@@ -50,6 +50,7 @@ from dllm.samplers._ops import (
     top_p_filter,
     top_two_margin,
 )
+from dllm.rows import held_mask
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -164,7 +165,11 @@ class _DreamConfidence(_DreamBase):
     def begin_block(self, state: DecodeState) -> None:
         super().begin_block(state)
         assert state.block_masks_at_start is not None
-        state.extras["dream_counts"] = planned_counts(state.block_masks_at_start, state.extras["dream_timesteps"])
+        masks = state.block_masks_at_start  # [B]
+        held = held_mask(state)  # released rows (dllm.rows) take no part in the batch's mean
+        if held is not None and bool(held.any()):
+            masks = masks[held]  # [H]
+        state.extras["dream_counts"] = planned_counts(masks, state.extras["dream_timesteps"])
 
     def _confidence(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
