@@ -20,7 +20,8 @@ a cache that measures key drift still run on every row they name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 
@@ -28,6 +29,17 @@ from dllm.state import DecodeState
 
 SKIP_RELEASED = True  # False: the reference path, every row forwarded (tests compare the two)
 _HELD_MASK, _HELD_ROWS = "held_mask", "held_rows"  # DecodeState.extras keys
+
+
+@contextmanager
+def skipping_released(enabled: bool) -> Iterator[None]:
+    """``SKIP_RELEASED = enabled`` inside the block (False: the reference path), restored after."""
+    global SKIP_RELEASED
+    old, SKIP_RELEASED = SKIP_RELEASED, bool(enabled)
+    try:
+        yield
+    finally:
+        SKIP_RELEASED = old
 
 
 def release_rows(state: DecodeState, rows: Iterable[int]) -> None:
@@ -90,9 +102,8 @@ def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Ten
     if view is not None:
         sub["cache"] = view.kv.held_view(rows, view.start, view.key_end, view.extra)
     for name in ("positions", "key_padding_mask"):
-        value = sub.get(name)
-        if value is not None and value.shape[0] == x.shape[0] and x.shape[0] > 1:
-            sub[name] = value[rows]
+        if sub.get(name) is not None:
+            sub[name] = sub[name][rows]
     out = model(x[rows], **sub)
     part = out.logits  # [R', Q', V]
     logits = part.new_zeros((x.shape[0],) + tuple(part.shape[1:]))  # [R, Q', V]
@@ -100,4 +111,4 @@ def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Ten
     return dataclasses.replace(out, logits=logits)
 
 
-__all__ = ["SKIP_RELEASED", "forward_held", "forward_rows", "held_mask", "release_rows"]
+__all__ = ["SKIP_RELEASED", "forward_held", "forward_rows", "held_mask", "release_rows", "skipping_released"]

@@ -289,35 +289,36 @@ class HeldView(RowsView):
     positions into the call's buffers (``RowsView`` writes into copies): the same keys and values as
     ``view`` gives those rows, for a batch whose other rows no longer need forwards."""
 
+    def fresh_index(self, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the held rows [N, 1], the canvas columns of the forward's ``t`` rows [1, T]): advanced
+        indices that write exactly the fresh entries of the call's buffers."""
+        assert self.select is not None
+        cols = self.columns(t, device)
+        cols = torch.arange(cols.start, cols.stop, device=device) if isinstance(cols, slice) else cols
+        return self.select.to(device)[:, None], cols[None, :]
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the held rows' fresh k/v [N, Hkv, T, hd] at their columns of the call's buffers (only
         those columns); return the keys and values they attend to ([N, Hkv, key_end, hd])."""
-        assert self.select is not None
         t = k.shape[2]
         kb, vb = self.kv.k[layer], self.kv.v[layer]
-        sel = self.select.to(kb.device)[:, None]  # [N, 1]
-        cols = self.columns(t, kb.device)
-        cols = torch.arange(cols.start, cols.stop, device=kb.device) if isinstance(cols, slice) else cols
-        kb[sel, :, cols[None, :]] = k.transpose(1, 2)  # advanced indices first: [N, T, Hkv, hd]
-        vb[sel, :, cols[None, :]] = v.transpose(1, 2)
+        sel, cols = self.fresh_index(t, kb.device)
+        kb[sel, :, cols] = k.transpose(1, 2)  # advanced indices first: [N, T, Hkv, hd]
+        vb[sel, :, cols] = v.transpose(1, 2)
         if self.is_full(t):
             return k, v
         return kb[:, :, :self.key_end].index_select(0, sel[:, 0]), vb[:, :, :self.key_end].index_select(0, sel[:, 0])
 
     def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """Record the held rows' query positions [N, T] in ``kv.positions`` [R, L]; their keys'
-        positions [N, key_end]."""
-        assert self.select is not None
+        """Record the held rows' query positions [N, T] in ``kv.positions`` [R, L] (only their
+        columns); their keys' positions [N, key_end]."""
         store = self.kv.positions
         if store is None or store.device != positions.device:
             store = torch.zeros((self.kv.rows, self.kv.length), dtype=torch.long, device=positions.device)
             self.kv.positions = store
-        sel = self.select.to(positions.device)
-        cols = self.columns(positions.shape[1], positions.device)
-        block = store[:, :self.key_end].index_select(0, sel)  # [N, key_end]
-        block[:, cols] = positions
-        store[:, :self.key_end].index_copy_(0, sel, block)
-        return block
+        sel, cols = self.fresh_index(positions.shape[1], positions.device)
+        store[sel, cols] = positions
+        return store[:, :self.key_end].index_select(0, sel[:, 0])
 
 
 def stack_groups(x: torch.Tensor, g: int) -> torch.Tensor:
