@@ -1,0 +1,265 @@
+"""What a decode step would launch on a GPU, counted on any device: ATen calls, kernel-like ops and
+host syncs, per transformer layer and per step, with the code line of every sync.
+
+On a GPU a small forward is nearly free and a step is bound by what Python issues: every ATen call
+costs host time, every op that is not a view launches a kernel, and every read of a device value
+(``.item()``, ``.tolist()``, ``bool(t)``, ``nonzero``, boolean-mask indexing, ``torch.tensor`` of a
+Python list) stalls the stream. ``torch.utils._python_dispatch.TorchDispatchMode`` sees exactly the
+ATen calls an eager forward issues, on the CPU as on the GPU, so these counts are measured here and
+kept in tests.
+
+    with DispatchCounter(model) as counter:
+        dllm.generate(model, prompt, callback=counter.step_done, ...)
+    print(counter.summary())
+
+Kinds of ATen call:
+- ``kernel``: an op that computes (launches a kernel on a GPU);
+- metadata: views (``OpOverload.is_view``), ``_unsafe_view``, allocations (``empty*``) and
+  ``_local_scalar_dense`` (the read itself, counted as a sync);
+- ``sync``: a read of device data by the host, at the dispatch level (``_local_scalar_dense``,
+  ``nonzero``, ``masked_select``, ``index`` with a boolean index, ``unique``, ``equal``, ...) or the
+  Python level (``Tensor.tolist``, ``Tensor.numpy``, ``torch.tensor`` of Python data: an upload).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_NOT_KERNELS = frozenset({"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
+                          "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
+                          "sym_numel", "sym_storage_offset", "detach", "alias", "_to_copy_noop"})
+_SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+                       "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose",
+                       "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})
+_PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
+_HERE = os.path.abspath(__file__)
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def op_name(func: Any) -> str:
+    """``aten.mm.default`` -> ``mm``."""
+    return getattr(func, "__name__", str(func)).split(".")[0]
+
+
+def _storages(x: Any) -> set[int]:
+    if isinstance(x, torch.Tensor):
+        return {x.untyped_storage().data_ptr()} if x.device.type != "meta" else set()
+    if isinstance(x, (tuple, list)):
+        return set().union(*(_storages(i) for i in x)) if x else set()
+    return set()
+
+
+def is_kernel(func: Any, args: tuple = (), out: Any = None) -> bool:
+    """An ATen call that computes something (a GPU launches a kernel for it): an in-place or ``out=``
+    op, or one whose result is new memory. Not a kernel: views and composite calls that returned
+    their input (``to`` of the same dtype, ``reshape`` or ``contiguous`` needing no copy), bare
+    allocations (``empty*``) and the scalar read of a sync."""
+    name = op_name(func)
+    if name in _NOT_KERNELS:
+        return False
+    if name.endswith("_") or getattr(func, "_overloadname", "") == "out":
+        return True
+    if out is None:
+        return not getattr(func, "is_view", False)
+    produced = _storages(out)
+    return bool(produced) and not produced <= _storages(args)
+
+
+def _is_sync(func: Any, args: tuple) -> bool:
+    name = op_name(func)
+    if name == "index":  # boolean-mask indexing: the result's size depends on the data
+        indices = args[1] if len(args) > 1 else ()
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+    if name == "repeat_interleave":  # repeats as a tensor: the result's size is read back
+        return getattr(func, "_overloadname", "") in ("Tensor", "self_Tensor")
+    return name in _SYNC_OPS
+
+
+def caller_line() -> str:
+    """``path:line`` of the innermost frame outside torch and this file (where the sync was issued)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path != _HERE and not path.startswith(_TORCH) and "/contextlib.py" not in path:
+            root = path.find("/dllm/")
+            short = path[root + 1:] if root >= 0 else os.path.basename(path)
+            return f"{short}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+@dataclass
+class StepCounts:
+    """One decode step's counts (or one forward's, outside ``generate``)."""
+
+    query_rows: int = 0  # the canvas columns the step's last forward computed per row (0: no forward)
+    layer_calls: int = 0  # transformer-layer forwards in the step
+    layer_aten: int = 0  # ATen calls inside layers
+    layer_kernels: int = 0  # kernel-like calls inside layers
+    outside_aten: int = 0  # ATen calls outside the layers (embedding, head, sampler, engine, cache)
+    outside_kernels: int = 0
+    syncs: list[str] = field(default_factory=list)  # one "kind @ file:line" per host sync
+    syncs_in_forward: int = 0
+    layer_ops: Counter = field(default_factory=Counter)  # op name -> calls inside layers
+
+    @property
+    def aten_per_layer(self) -> float:
+        return self.layer_aten / self.layer_calls if self.layer_calls else 0.0
+
+    @property
+    def kernels_per_layer(self) -> float:
+        return self.layer_kernels / self.layer_calls if self.layer_calls else 0.0
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, owner: "DispatchCounter") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.owner._record(func, args, out)
+        return out
+
+
+class _Function(TorchFunctionMode):
+    def __init__(self, owner: "DispatchCounter") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _PY_SYNCS and args and isinstance(args[0], torch.Tensor):
+            self.owner._sync(f"Tensor.{name}")
+        elif func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor):
+            self.owner._sync("upload torch.tensor(python data)")
+        return func(*args, **(kwargs or {}))
+
+
+class DispatchCounter:
+    """Counts ATen calls, kernel-like ops and host syncs, split into transformer layers and the rest,
+    per step (``step_done`` is a ``generate`` callback that closes a step). ``model``: a dllm model
+    whose ``transformer.layers`` (or ``layers``) are the layers to attribute; None counts everything
+    as "outside"."""
+
+    def __init__(self, model: Any = None) -> None:
+        self.steps: list[StepCounts] = []
+        self.current = StepCounts()
+        self._depth_layer = 0
+        self._depth_forward = 0
+        self._hooks: list[Any] = []
+        self._modes: list[Any] = []
+        core = getattr(model, "transformer", model)
+        layers = getattr(core, "layers", None)
+        if layers is not None:
+            for layer in layers:
+                self._hooks.append(layer.register_forward_pre_hook(self._enter_layer))
+                self._hooks.append(layer.register_forward_hook(self._leave_layer))
+        if isinstance(core, torch.nn.Module):
+            self._hooks.append(core.register_forward_pre_hook(self._enter_forward, with_kwargs=True))
+            self._hooks.append(core.register_forward_hook(self._leave_forward))
+
+    # ---- hooks -----------------------------------------------------------------------------------
+    def _enter_layer(self, module, args) -> None:
+        self._depth_layer += 1
+        self.current.layer_calls += 1
+
+    def _leave_layer(self, module, args, out) -> None:
+        self._depth_layer -= 1
+
+    def _enter_forward(self, module, args, kwargs) -> None:
+        self._depth_forward += 1
+        ids = args[0] if args else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            self.current.query_rows = ids.shape[1]
+
+    def _leave_forward(self, module, args, out) -> None:
+        self._depth_forward -= 1
+
+    # ---- recording ---------------------------------------------------------------------------------
+    def _record(self, func: Any, args: tuple, out: Any) -> None:
+        c = self.current
+        kernel = is_kernel(func, args, out)
+        if self._depth_layer:
+            c.layer_aten += 1
+            c.layer_kernels += kernel
+            c.layer_ops[op_name(func) + ("" if kernel else " (no kernel)")] += 1
+        else:
+            c.outside_aten += 1
+            c.outside_kernels += kernel
+        if _is_sync(func, args):
+            self._sync(op_name(func))
+
+    def _sync(self, what: str) -> None:
+        self.current.syncs.append(f"{what} @ {caller_line()}")
+        if self._depth_forward:
+            self.current.syncs_in_forward += 1
+
+    def step_done(self, state: Any = None) -> None:
+        """Close the current step (usable as ``generate``'s ``callback``)."""
+        self.steps.append(self.current)
+        self.current = StepCounts()
+
+    # ---- context -----------------------------------------------------------------------------------
+    def __enter__(self) -> "DispatchCounter":
+        self._modes = [_Function(self), _Dispatch(self)]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # ---- summaries ---------------------------------------------------------------------------------
+    def cached_steps(self, canvas: int) -> list[StepCounts]:
+        """Steps whose forward computed fewer than ``canvas`` columns per row (a cached forward)."""
+        return [s for s in self.steps if 0 < s.query_rows < canvas]
+
+    @staticmethod
+    def mean(steps: list[StepCounts]) -> dict[str, float]:
+        """Averages over ``steps``: per-layer calls and kernels, outside calls, syncs per step."""
+        n = max(len(steps), 1)
+        layer_calls = sum(s.layer_calls for s in steps)
+        return {
+            "steps": len(steps),
+            "aten_per_layer": sum(s.layer_aten for s in steps) / max(layer_calls, 1),
+            "kernels_per_layer": sum(s.layer_kernels for s in steps) / max(layer_calls, 1),
+            "aten_outside": sum(s.outside_aten for s in steps) / n,
+            "kernels_outside": sum(s.outside_kernels for s in steps) / n,
+            "syncs": sum(len(s.syncs) for s in steps) / n,
+            "syncs_in_forward": sum(s.syncs_in_forward for s in steps) / n,
+        }
+
+    @staticmethod
+    def sync_sites(steps: list[StepCounts]) -> Counter:
+        """``kind @ file:line`` -> how many times it synced over ``steps``."""
+        out: Counter = Counter()
+        for s in steps:
+            out.update(s.syncs)
+        return out
+
+
+def count_generate(model: Any, prompts: Any, **generate_kwargs: Any) -> DispatchCounter:
+    """Run ``dllm.generate`` under a ``DispatchCounter`` (one ``StepCounts`` per step)."""
+    from dllm.engine import generate
+
+    if "callback" in generate_kwargs:
+        raise ValueError("count_generate sets the step callback itself; do not pass callback")
+    with DispatchCounter(model) as counter:
+        generate(model, prompts, callback=counter.step_done, **generate_kwargs)
+    return counter
+
+
+__all__ = ["DispatchCounter", "StepCounts", "caller_line", "count_generate", "is_kernel", "op_name"]
