@@ -62,6 +62,12 @@ def _remove_old_weights(directory: Path) -> None:
             p.unlink()
 
 
+def _own_memory(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy when it is a slice of larger memory (a projection re-pointed into a fused
+    weight, ``dllm.models.fused``): safetensors refuses tensors that share memory."""
+    return t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t
+
+
 def write_safetensors(
     tensors: dict[str, torch.Tensor], directory: str | Path, max_shard_size: Optional[int] = None
 ) -> list[Path]:
@@ -70,7 +76,7 @@ def write_safetensors(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_old_weights(directory)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    tensors = {k: _own_memory(v.detach().to("cpu").contiguous()) for k, v in tensors.items()}
     meta = {"format": "pt"}
     shards = [list(tensors)] if max_shard_size is None else plan_shards(tensors, max_shard_size)
     if len(shards) == 1:

@@ -44,6 +44,10 @@ class TransformerConfig:
     # LLaDA 2.x (partial_rotary_factor): RoPE rotates only the first rope_dim channels of each head
     # (inv_freq over rope_dim), the rest pass through; None = all head_dim channels
     rope_dim: Optional[int] = None
+    # RMSNorm rounding: False = normalise in float32, cast, multiply by the weight (LLaDA, Qwen2);
+    # True = multiply by the weight in float32 and cast once (SDAR's flash-attn ``rms_norm_fn``).
+    # Identical in float32.
+    norm_round_once: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden",

@@ -133,6 +133,7 @@ class SDAR(TransformerLM):
             qk_norm=True,
             attention="block_causal",
             block_size=hf["block_size"],
+            norm_round_once=True,  # SDARRMSNorm is flash-attn's rms_norm_fn: weight in float32, one rounding
         )
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="SDAR",

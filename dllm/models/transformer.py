@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
+from dllm.models.fused import FusedWeight, RopeTable, fusable, rms_norm_one_op, rms_norm_reference, rope_rows
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
@@ -39,25 +40,28 @@ KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 # RMSNorm and RoPE as free functions (the math), wrapped by modules only where weights live
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in the official order: normalise in float32, cast back, THEN multiply by the weight.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool = False) -> torch.Tensor:
+    """RMSNorm in the official order: normalise in float32, cast back, THEN multiply by the weight
+    (LLaDA, Qwen2); ``round_once``: multiply in float32 and cast once (SDAR's flash-attn kernel).
 
     x: [..., D] any float dtype; weight: [D]. Returns x's dtype (times weight's promotion).
     """
-    dtype = x.dtype
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    return rms_norm_reference(x, weight, eps, round_once=round_once)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, round_once: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.round_once = round_once
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.round_once)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm in one ATen kernel (``dllm.models.fused.rms_norm_one_op``)."""
+        return rms_norm_one_op(x, self.weight, self.eps, round_once=self.round_once)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -137,8 +141,32 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.d_model, bias=False)
         if cfg.qk_norm:  # Qwen3 / SDAR: RMSNorm over each head's hd channels, before RoPE
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.norm_round_once)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.norm_round_once)
+        self._fused: Optional[FusedWeight] = None
+
+    def fused_qkv(self) -> Optional[FusedWeight]:
+        """q/k/v weights as one [H*hd + 2*Hkv*hd, D] matrix (fused on first use, again after a
+        parameter was replaced); None when the projections cannot be fused (quantized, hooked)."""
+        f = self._fused
+        if f is None or not f.valid():
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            f = self._fused = FusedWeight(projections) if fusable(projections) else None
+        return f
+
+    def qkv_fused(self, x: torch.Tensor, w: FusedWeight,
+                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qkv`` in one matmul and one rotation of q and k together: x [B, T, D] (normed),
+        ``cos_sin`` [B, T, 2, 1, hd] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views)."""
+        b, t, _ = x.shape
+        h, hk = self.n_heads, self.n_kv_heads
+        qkv = F.linear(x, w.weight, w.bias).view(b, t, h + 2 * hk, self.head_dim)  # [B, T, H + 2Hkv, hd]
+        if hasattr(self, "q_norm"):
+            qk = torch.cat((self.q_norm.fused(qkv[:, :, :h]), self.k_norm.fused(qkv[:, :, h:h + hk])), dim=2)
+        else:
+            qk = qkv[:, :, :h + hk]
+        qk = rope_rows(qk, cos_sin, fp32=self.rope_fp32)  # [B, T, H + Hkv, hd]
+        return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), qkv[:, :, h + hk:].transpose(1, 2)
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -173,16 +201,40 @@ class MLP(nn.Module):
         h = F.silu(self.gate_proj(x), inplace=True)  # [B, T, F]; in place: two fewer [B, T, F] allocations
         return self.down_proj(h.mul_(self.up_proj(x)))  # the same values bit for bit
 
+    def fused_gate_up(self) -> Optional[FusedWeight]:
+        """gate and up weights as one [2F, D] matrix (as ``Attention.fused_qkv``)."""
+        f = self.__dict__.get("_fused")
+        if f is None or not f.valid():
+            projections = (self.gate_proj, self.up_proj)
+            f = FusedWeight(projections) if fusable(projections) else None
+            self.__dict__["_fused"] = f
+        return f
+
+    def forward_fused(self, x: torch.Tensor, w: FusedWeight) -> torch.Tensor:
+        """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values."""
+        gate, up = F.linear(x, w.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
+        return F.linear(F.silu(gate).mul_(up), self.down_proj.weight)
+
 
 class TransformerBlock(nn.Module):
     """One pre-norm layer. Its class name is the unit accelerate must not split across devices."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.attn = Attention(cfg)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.mlp = MLP(cfg)
+
+    def fused_weights(self) -> Optional[tuple[FusedWeight, FusedWeight]]:
+        """(q/k/v, gate/up) fused weights, or None when this layer must run module by module."""
+        mlp = self.mlp
+        if type(mlp) is not MLP or mlp.down_proj._forward_hooks or type(mlp.down_proj) is not nn.Linear:
+            return None
+        qkv, gate_up = self.attn.fused_qkv(), mlp.fused_gate_up()
+        if qkv is None or gate_up is None or type(self.attn.o_proj) is not nn.Linear:
+            return None
+        return qkv, gate_up
 
     def forward(
         self,
@@ -195,22 +247,31 @@ class TransformerBlock(nn.Module):
         kv_attend: Optional[KVAttend] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.compile`` compiles)
-        around the K/V write and the attention backend, which stay eager."""
+        around the K/V write and the attention backend, which stay eager. ``sin`` None: the fused
+        path (``cos`` is then the [B, T, 2, 1, hd] table of ``dllm.models.fused.RopeTable``)."""
         q, k, v = self.qkv_rows(h, cos, sin)
         if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
             out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]
         else:
             out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, T, hd]
-        return self.residual_out(h, out), probs
+        return self.residual_out(h, out, sin is None), probs
 
-    def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor]):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
+        if sin is None:  # fused: weights fused once, cos = the rope table rows [B, T, 2, 1, hd]
+            weights = self.fused_weights()
+            assert weights is not None, "the fused path runs only where Transformer.fused_ready() holds"
+            return self.attn.qkv_fused(self.attn_norm.fused(h), weights[0], cos)
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
-    def residual_out(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]."""
         b, _, t, _ = out.shape
         h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        if fused:
+            weights = self.fused_weights()
+            assert weights is not None
+            return h + self.mlp.forward_fused(self.mlp_norm.fused(h), weights[1])
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -235,11 +296,34 @@ class Transformer(nn.Module):
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.attn_backend = ""
         self._attn_fn: AttentionFn
         self.set_attn_backend(attn_backend)
+        # None: fused layers for every dtype but float32 (where the module-by-module reference is
+        # kept bit-identical to the official code); True / False force one path (``set_fused``)
+        self.fused: Optional[bool] = None
+        self._rope_table = RopeTable(cfg.rope_dim or cfg.head_dim, cfg.rope_theta)
+
+    def set_fused(self, fused: Optional[bool]) -> None:
+        """Choose the layer path: True (fused projections, one-op norms, table RoPE), False (module by
+        module, the reference), None (fused unless the weights are float32)."""
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be True, False or None (by dtype), got {fused!r}")
+        self.fused = fused
+
+    def fused_ready(self, want_attn: bool) -> bool:
+        """Whether this forward runs the fused layers: asked for (or by dtype), no autograd, full
+        rotary, every layer fusable, and no attention maps requested."""
+        cfg = self.config
+        if self.fused is False or want_attn or torch.is_grad_enabled():
+            return False
+        if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim or (cfg.rope_dim or cfg.head_dim) % 2:
+            return False
+        if self.fused is None and self.embed.weight.dtype == torch.float32:
+            return False
+        return all(layer.fused_weights() is not None for layer in self.layers)
 
     def set_attn_backend(self, name: str) -> str:
         """Resolve ``name`` ("auto", "sdpa", "reference", ...) once; returns the resolved name."""
@@ -288,7 +372,12 @@ class Transformer(nn.Module):
         hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers")
         probs_fn = backends.get("reference").fn
         rope_dim = self.config.rope_dim or self.config.head_dim  # partial rotary: rope_dim < hd
-        cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
+        sin: Optional[torch.Tensor]
+        if self.fused_ready(bool(attn_layers)):
+            dtype = torch.float32 if self.config.rope_fp32 else self.embed.weight.dtype
+            cos, sin = self._rope_table.lookup(positions, dtype, self.config.max_positions), None  # [B, T, 2, 1, hd]
+        else:
+            cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
             assert self.config.block_size is not None
             k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]

@@ -7,8 +7,11 @@ Kept as in the original (what can change a logit):
 
 * ``SDARForCausalLM`` -> ``SDARModel`` (``embed_tokens``, ``layers``, ``norm``) + ``lm_head``; the
   checkpoint key names are the official ones (``model.layers.{i}.self_attn.q_norm.weight`` ...);
-* RMSNorm in the order of the eager form kept (commented) in ``SDARRMSNorm.forward``: normalise in
-  float32, cast back, then multiply by the weight;
+* RMSNorm as it runs: ``SDARRMSNorm.forward`` calls flash_attn's Triton ``rms_norm_fn``
+  (``flash_attn/ops/triton/layer_norm.py``), which loads x and the weight as float32, computes
+  ``x * rstd * w`` in float32 and rounds once when it stores the output (``RefRMSNorm(round_once=
+  True)``); the eager form left commented in the file (cast back, then multiply by the weight,
+  two roundings) is what Qwen2-style models run (Fast-dLLM v2 reuses it with ``round_once=False``);
 * attention: ``q_norm`` / ``k_norm`` on ``q_proj(x).view(B, T, H, hd)`` BEFORE the transpose and
   RoPE; rotate-half RoPE with ``inv_freq = 1 / theta^(arange(0, hd, 2) / hd)``, angles from the
   matmul ``inv_freq[:, None] @ positions[None]`` in float32, cos/sin cast to the activation dtype;
@@ -25,8 +28,7 @@ Differences, inert for what is tested:
   path); here it takes the same SDPA call without a mask (flash_attn has no CPU kernel). The two
   compute the same attention up to float summation order, which is what a GPU run of the original
   gives as well;
-* ``SDARRMSNorm`` calls flash_attn's Triton ``rms_norm_fn`` in the original (same math, a GPU-only
-  kernel); the eager form is used, as above;
+* ``rms_norm_fn`` is a GPU-only Triton kernel; its arithmetic is restated in PyTorch (above);
 * training-only paths (flex attention, the noising and the fused loss), sliding windows and
   ``rope_scaling`` (null in every released config) are omitted;
 * the config is a plain dict (the checkpoint's config.json) instead of ``SDARConfig``.
@@ -44,16 +46,19 @@ import torch.nn.functional as F
 
 
 class RefRMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, round_once: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.variance_epsilon = eps
+        self.round_once = round_once
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.round_once:  # flash_attn rms_norm_fn: y = x_hat * w in float32, stored once
+            return (hidden_states * self.weight.to(torch.float32)).to(input_dtype)
         return self.weight * hidden_states.to(input_dtype)
 
 
@@ -108,8 +113,8 @@ class RefAttention(nn.Module):
         self.k_proj = nn.Linear(d, hkv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, hkv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(h * self.head_dim, d, bias=bias)
-        self.q_norm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
-        self.k_norm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"])
+        self.q_norm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"], round_once=True)
+        self.k_norm = RefRMSNorm(self.head_dim, cfg["rms_norm_eps"], round_once=True)
 
     def forward(self, hidden_states, position_embeddings, attention_mask, past_key_value=None,
                 store_kv: bool = False) -> torch.Tensor:
@@ -154,8 +159,8 @@ class RefLayer(nn.Module):
         super().__init__()
         self.self_attn = RefAttention(cfg, layer_idx)
         self.mlp = RefMLP(cfg)
-        self.input_layernorm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
-        self.post_attention_layernorm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.input_layernorm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], round_once=True)
+        self.post_attention_layernorm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], round_once=True)
 
     def forward(self, h, position_embeddings, attention_mask, past_key_value, store_kv):
         residual = h
@@ -170,7 +175,7 @@ class RefSDARModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList(RefLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
-        self.norm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.norm = RefRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], round_once=True)
         self.rotary_emb = RefRotary(cfg["head_dim"], float(cfg["rope_theta"]))
 
 
