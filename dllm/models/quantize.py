@@ -259,6 +259,9 @@ def quantize_model(model: nn.Module, quantization: Any) -> nn.Module:
     with torch.no_grad():
         for name, linear in quantizable_linears(model):
             apply(model, name, linear)
+    for module in model.modules():  # fused projections read the float weights: fuse again (or not)
+        if hasattr(module, "invalidate_fused"):
+            module.invalidate_fused()
     model.quantization = method.name
     return model
 

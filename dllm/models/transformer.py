@@ -34,6 +34,7 @@ from dllm.models.fused import FusedWeight, RopeTable, fusable, rms_norm_one_op, 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
 KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
+FusedPair = tuple[FusedWeight, FusedWeight]  # a layer's (q/k/v, gate/up) fused weights
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.mlp = MLP(cfg)
 
-    def fused_weights(self) -> Optional[tuple[FusedWeight, FusedWeight]]:
+    def fused_weights(self) -> Optional[FusedPair]:
         """(q/k/v, gate/up) fused weights, or None when this layer must run module by module."""
         mlp = self.mlp
         if type(mlp) is not MLP or mlp.down_proj._forward_hooks or type(mlp.down_proj) is not nn.Linear:
@@ -245,33 +246,32 @@ class TransformerBlock(nn.Module):
         attn_fn: AttentionFn,
         return_probs: bool = False,
         kv_attend: Optional[KVAttend] = None,
+        fused: Optional["FusedPair"] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.compile`` compiles)
-        around the K/V write and the attention backend, which stay eager. ``sin`` None: the fused
-        path (``cos`` is then the [B, T, 2, 1, hd] table of ``dllm.models.fused.RopeTable``)."""
-        q, k, v = self.qkv_rows(h, cos, sin)
+        around the K/V write and the attention backend, which stay eager. ``fused``: the layer's
+        fused weights (``fused_weights``); ``cos`` is then the [B, T, 2, 1, hd] RoPE table rows
+        (``dllm.models.fused.RopeTable``) and ``sin`` is unused."""
+        q, k, v = self.qkv_rows(h, cos, sin, fused)
         if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
             out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]
         else:
             out, probs = attn_fn(q, k, v, mask, return_probs)  # [B, H, T, hd]
-        return self.residual_out(h, out, sin is None), probs
+        return self.residual_out(h, out, fused), probs
 
-    def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor]):
+    def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor],
+                 fused: Optional[FusedPair] = None):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
-        if sin is None:  # fused: weights fused once, cos = the rope table rows [B, T, 2, 1, hd]
-            weights = self.fused_weights()
-            assert weights is not None, "the fused path runs only where Transformer.fused_ready() holds"
-            return self.attn.qkv_fused(self.attn_norm.fused(h), weights[0], cos)
+        if fused is not None:
+            return self.attn.qkv_fused(self.attn_norm.fused(h), fused[0], cos)
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
-    def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedPair] = None) -> torch.Tensor:
         """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]."""
         b, _, t, _ = out.shape
         h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-        if fused:
-            weights = self.fused_weights()
-            assert weights is not None
-            return h + self.mlp.forward_fused(self.mlp_norm.fused(h), weights[1])
+        if fused is not None:
+            return h + self.mlp.forward_fused(self.mlp_norm.fused(h), fused[1])
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -305,6 +305,8 @@ class Transformer(nn.Module):
         # kept bit-identical to the official code); True / False force one path (``set_fused``)
         self.fused: Optional[bool] = None
         self._rope_table = RopeTable(cfg.rope_dim or cfg.head_dim, cfg.rope_theta)
+        self._fused_layers: Optional[list[FusedPair]] = None  # built on first use; [] = cannot fuse
+        self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_fused())
 
     def set_fused(self, fused: Optional[bool]) -> None:
         """Choose the layer path: True (fused projections, one-op norms, table RoPE), False (module by
@@ -313,17 +315,37 @@ class Transformer(nn.Module):
             raise ValueError(f"fused must be True, False or None (by dtype), got {fused!r}")
         self.fused = fused
 
-    def fused_ready(self, want_attn: bool) -> bool:
-        """Whether this forward runs the fused layers: asked for (or by dtype), no autograd, full
-        rotary, every layer fusable, and no attention maps requested."""
+    def invalidate_fused(self) -> None:
+        """Fuse again at the next forward: call after replacing projection weights by assignment
+        (``load_state_dict``, ``.to()`` and ``dllm.models.quantize`` call it themselves)."""
+        self._fused_layers = None
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .cuda(), .half(): new parameter memory
+        self._fused_layers = None
+        return super()._apply(fn, recurse)
+
+    def fused_layers(self, want_attn: bool) -> Optional[list[FusedPair]]:
+        """Each layer's fused weights when this forward runs the fused path, else None: asked for
+        (or by dtype), no autograd, full rotary, every layer fusable, no attention maps requested.
+        Weights are fused once (again after ``invalidate_fused``); each forward checks one pointer."""
         cfg = self.config
         if self.fused is False or want_attn or torch.is_grad_enabled():
-            return False
-        if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim or (cfg.rope_dim or cfg.head_dim) % 2:
-            return False
+            return None
         if self.fused is None and self.embed.weight.dtype == torch.float32:
-            return False
-        return all(layer.fused_weights() is not None for layer in self.layers)
+            return None
+        state = self._fused_layers
+        if state and state[0][0].linears[0].weight.data_ptr() != state[0][0].weight.data_ptr():
+            state = None  # a projection was replaced by assignment
+        if state is None:
+            pairs = [layer.fused_weights() for layer in self.layers]
+            rotary = cfg.rope_dim or cfg.head_dim
+            ok = rotary == cfg.head_dim and rotary % 2 == 0 and all(p is not None for p in pairs)
+            state = self._fused_layers = [p for p in pairs if p is not None] if ok else []
+        return state or None
+
+    def fused_ready(self, want_attn: bool) -> bool:
+        """Whether a forward now would run the fused layers (``fused_layers``)."""
+        return self.fused_layers(want_attn) is not None
 
     def set_attn_backend(self, name: str) -> str:
         """Resolve ``name`` ("auto", "sdpa", "reference", ...) once; returns the resolved name."""
@@ -373,7 +395,8 @@ class Transformer(nn.Module):
         probs_fn = backends.get("reference").fn
         rope_dim = self.config.rope_dim or self.config.head_dim  # partial rotary: rope_dim < hd
         sin: Optional[torch.Tensor]
-        if self.fused_ready(bool(attn_layers)):
+        fused = self.fused_layers(bool(attn_layers))
+        if fused is not None:
             dtype = torch.float32 if self.config.rope_fp32 else self.embed.weight.dtype
             cos, sin = self._rope_table.lookup(positions, dtype, self.config.max_positions), None  # [B, T, 2, 1, hd]
         else:
@@ -389,7 +412,7 @@ class Transformer(nn.Module):
             want_probs = i in attn_layers
             kv_attend = None if cache is None else functools.partial(cache.attend, i)
             h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
-                             kv_attend)
+                             kv_attend, None if fused is None else fused[i])
             if want_probs:
                 assert probs is not None
                 attn[i] = probs
@@ -397,7 +420,7 @@ class Transformer(nn.Module):
                 hidden[i] = h
         if head_rows is not None:
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
-        h = self.norm(h)
+        h = self.norm(h) if fused is None else self.norm.fused(h)
         if self.lm_head is not None:
             logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)
         else:

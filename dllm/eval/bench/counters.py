@@ -109,6 +109,7 @@ class StepCounts:
     syncs: list[str] = field(default_factory=list)  # one "kind @ file:line" per host sync
     syncs_in_forward: int = 0
     layer_ops: Counter = field(default_factory=Counter)  # op name -> calls inside layers
+    outside_ops: Counter = field(default_factory=Counter)  # "op @ file:line" -> calls outside layers (trace=True)
 
     @property
     def aten_per_layer(self) -> float:
@@ -148,9 +149,10 @@ class DispatchCounter:
     """Counts ATen calls, kernel-like ops and host syncs, split into transformer layers and the rest,
     per step (``step_done`` is a ``generate`` callback that closes a step). ``model``: a dllm model
     whose ``transformer.layers`` (or ``layers``) are the layers to attribute; None counts everything
-    as "outside"."""
+    as "outside". ``trace``: also record where each call outside the layers came from."""
 
-    def __init__(self, model: Any = None) -> None:
+    def __init__(self, model: Any = None, trace: bool = False) -> None:
+        self.trace = trace  # record the code line of every call outside the layers (slower)
         self.steps: list[StepCounts] = []
         self.current = StepCounts()
         self._depth_layer = 0
@@ -195,6 +197,8 @@ class DispatchCounter:
         else:
             c.outside_aten += 1
             c.outside_kernels += kernel
+            if self.trace:
+                c.outside_ops[f"{op_name(func)} @ {caller_line()}"] += 1
         if _is_sync(func, args):
             self._sync(op_name(func))
 
@@ -251,13 +255,13 @@ class DispatchCounter:
         return out
 
 
-def count_generate(model: Any, prompts: Any, **generate_kwargs: Any) -> DispatchCounter:
+def count_generate(model: Any, prompts: Any, *, trace: bool = False, **generate_kwargs: Any) -> DispatchCounter:
     """Run ``dllm.generate`` under a ``DispatchCounter`` (one ``StepCounts`` per step)."""
     from dllm.engine import generate
 
     if "callback" in generate_kwargs:
         raise ValueError("count_generate sets the step callback itself; do not pass callback")
-    with DispatchCounter(model) as counter:
+    with DispatchCounter(model, trace=trace) as counter:
         generate(model, prompts, callback=counter.step_done, **generate_kwargs)
     return counter
 

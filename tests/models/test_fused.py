@@ -1,0 +1,144 @@
+"""The fused layer path (dllm/models/fused.py) against the module-by-module reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.models.fused import RopeTable, rms_norm_one_op, rms_norm_reference, rope_rows
+from dllm.models.tiny import tiny
+from dllm.models.transformer import apply_rope, rope_cos_sin
+
+DENSE = ("llada", "dream", "sdar", "fastdllm_v2")
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _ids(b=2, t=19, seed=0):
+    return torch.randint(10, 40, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("round_once", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float16,))
+@pytest.mark.parametrize("shape", [(3, 16), (2, 7, 64), (1, 33, 4, 32), (5, 4096)])
+def test_one_op_norm_equals_reference(shape, dtype, round_once):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*shape, generator=g).to(dtype)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
+    ref = rms_norm_reference(x, w, 1e-6, round_once=round_once)
+    assert torch.equal(rms_norm_one_op(x, w, 1e-6, round_once=round_once), ref)
+
+
+def test_round_once_differs_from_twice_in_bf16_only():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(64, 256, generator=g), torch.rand(256, generator=g) + 0.5
+    assert torch.equal(rms_norm_reference(x, w, 1e-6, round_once=True), rms_norm_reference(x, w, 1e-6, round_once=False))
+    xb, wb = x.bfloat16(), w.bfloat16()
+    assert not torch.equal(rms_norm_reference(xb, wb, 1e-6, round_once=True),
+                           rms_norm_reference(xb, wb, 1e-6, round_once=False))
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_table_rope_equals_reference(dtype, fp32):
+    hd, theta = 32, 500000.0
+    positions = torch.tensor([[0, 1, 2, 5, 9], [3, 3, 4, 100, 511]])
+    x = torch.randn(2, 5, 6, hd).to(dtype)  # [B, T, H', hd]
+    cos, sin = rope_cos_sin(positions, hd, theta)  # [B, 1, T, hd]
+    want = apply_rope(x.transpose(1, 2), cos, sin, fp32=fp32).transpose(1, 2)
+    table = RopeTable(hd, theta)
+    got = rope_rows(x, table.lookup(positions, torch.float32 if fp32 else dtype, 511), fp32=fp32)
+    assert torch.equal(got, want)
+
+
+def test_rope_table_grows_past_its_length():
+    table = RopeTable(8, 10000.0)
+    small = table.lookup(torch.tensor([[0, 3]]), torch.float32, 3)
+    assert table._tables[(torch.device("cpu"), torch.float32)].shape[0] == 64
+    big = table.lookup(torch.tensor([[0, 3, 300]]), torch.float32, 300)
+    assert table._tables[(torch.device("cpu"), torch.float32)].shape[0] == 512
+    assert torch.equal(small, big[:, :2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", DENSE)
+def test_fused_logits_equal_reference(family, dtype):
+    m = tiny(family, dtype=dtype, d_model=128, n_heads=4, mlp_hidden=256)
+    ids = _ids()
+    with torch.inference_mode():
+        m.transformer.set_fused(False)
+        ref = m(ids).logits
+        m.transformer.set_fused(True)
+        assert m.transformer.fused_ready(False)
+        got = m(ids).logits
+    assert torch.equal(got, ref)
+
+
+_RUNS = [(f, c, s) for f, caches in (("llada", ("none", "dual", "prefix")), ("dream", ("none", "dual")),
+                                      ("sdar", ("block",)), ("fastdllm_v2", ("block",)))
+         for c in caches for s in ("low_confidence", "threshold", "fast")] + [("sdar", "subblock", "fastdllm_v2")]
+
+
+@pytest.mark.parametrize("family,cache,sampler", _RUNS)
+def test_fused_tokens_equal_reference_batched_and_ragged(family, cache, sampler):
+    m = tiny(family, dtype=torch.bfloat16)
+    block = {"sdar": 4, "fastdllm_v2": 8}.get(family, 8)
+    prompts = [list(range(10, 22)), list(range(22 - 12 + block, 22))]  # ragged (left padded), same block offset
+    outs = []
+    for fused in (False, True):
+        m.transformer.set_fused(fused)
+        out = dllm.generate(m, prompts, sampler=sampler, cache=cache, gen_length=16, block_length=block,
+                            return_trace=True)
+        outs.append((out.sequences, out.trace, out.nfe))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][2] == outs[1][2]
+
+
+def test_default_is_fused_except_float32():
+    m = tiny("llada", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert not tiny("llada").transformer.fused_ready(False)
+        assert m.transformer.fused_ready(False)
+        assert not m.transformer.fused_ready(True)  # attention maps: the reference backend, module by module
+    assert not m.transformer.fused_ready(False)  # autograd (training): module by module
+    with pytest.raises(ValueError, match="fused must be True, False or None"):
+        m.transformer.set_fused("yes")
+
+
+def test_fused_weights_share_memory_and_refuse_when_replaced(tmp_path):
+    m = tiny("dream", dtype=torch.bfloat16)
+    ids = _ids()
+    with torch.inference_mode():
+        before = m(ids).logits
+    attn = m.transformer.layers[0].attn
+    fused = attn.fused_qkv()
+    assert fused is not None and fused.valid()
+    assert attn.q_proj.weight.data_ptr() == fused.weight.data_ptr()  # no second copy
+    # a load replaces the parameters: the layer fuses again and reads the new weights
+    state = {k: v.clone() * 0.5 for k, v in m.transformer.state_dict().items()}
+    m.transformer.load_state_dict(state, assign=True)
+    assert not fused.valid()
+    with torch.inference_mode():
+        after = m(ids).logits
+        m.transformer.set_fused(False)
+        ref = m(ids).logits
+    assert torch.equal(after, ref) and not torch.equal(after, before)
+    # saving a fused model writes separate official tensors that load back equal
+    m.transformer.set_fused(True)
+    with torch.inference_mode():
+        m(ids)
+    m.save_pretrained(tmp_path)
+    assert m.transformer.layers[0].attn.fused_qkv().valid()  # saving copied, it did not unfuse
+    loaded = dllm.load(str(tmp_path), dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, after)
+
+
+def test_hooked_projection_runs_module_by_module():
+    m = tiny("llada", dtype=torch.bfloat16)
+    seen = []
+    m.transformer.layers[1].mlp.gate_proj.register_forward_hook(lambda mod, a, out: seen.append(out.shape))
+    assert not m.transformer.fused_ready(False)
+    with torch.inference_mode():
+        m(_ids())
+    assert seen  # the hook ran: the reference path was taken
