@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
-from dllm.models.fused import FusedWeight, RopeTable, fusable, rms_norm_one_op, rms_norm_reference, rope_rows
+from dllm.models.fused import FusedWeight, fusable
+from dllm.models.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
@@ -38,72 +40,7 @@ FusedPair = tuple[FusedWeight, FusedWeight]  # a layer's (q/k/v, gate/up) fused 
 
 
 # ----------------------------------------------------------------------------------------------
-# RMSNorm and RoPE as free functions (the math), wrapped by modules only where weights live
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool = False) -> torch.Tensor:
-    """RMSNorm in the official order: normalise in float32, cast back, THEN multiply by the weight
-    (LLaDA, Qwen2); ``round_once``: multiply in float32 and cast once (SDAR's flash-attn kernel).
-
-    x: [..., D] any float dtype; weight: [D]. Returns x's dtype (times weight's promotion).
-    """
-    return rms_norm_reference(x, weight, eps, round_once=round_once)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, round_once: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self.round_once = round_once
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.round_once)
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same norm in one ATen kernel (``dllm.models.fused.rms_norm_one_op``)."""
-        return rms_norm_one_op(x, self.weight, self.eps, round_once=self.round_once)
-
-
-def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
-    """inv_freq[j] = 1 / theta^(2j/hd), j = 0 .. hd/2-1, in float32. Returns [hd/2]."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-    return 1.0 / (theta ** exponents)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for integer positions [B, T] -> two float32 tensors [B, 1, T, hd].
-
-    Angles are ``p * inv_freq[j]`` in float32 (an exact product, as in both official codes), and
-    the last dim is ``cat(angles, angles)`` for the rotate-half layout.
-    """
-    inv_freq = rope_inv_freq(head_dim, theta, positions.device)  # [hd/2]
-    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
-    emb = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, hd]
-    return emb.cos(), emb.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[..., hd] -> cat(-x[hd/2:], x[:hd/2])."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
-    """Rotate x [B, H, T, hd] by float32 cos/sin [B, 1, T, hd].
-
-    fp32=True (LLaDA ``rope_full_precision``): rotate in float32 and cast back.
-    fp32=False (Dream / HF Qwen2): cast cos/sin to x's dtype and rotate in that dtype.
-    Partial rotary (LLaDA 2.x): cos/sin narrower than hd rotate x's first channels only.
-    """
-    rd = cos.shape[-1]
-    if rd < x.shape[-1]:  # rotate [..., :rd], pass [..., rd:] through, as the official apply_rotary_pos_emb
-        return torch.cat((apply_rope(x[..., :rd], cos, sin, fp32=fp32), x[..., rd:]), dim=-1)
-    if fp32:
-        x32 = x.float()
-        return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+# Masks (RMSNorm: dllm.models.norm; RoPE: dllm.models.rope)
 
 
 def block_causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dllm
-from dllm.models.fused import RopeTable, rms_norm_one_op, rms_norm_reference, rope_rows
+from dllm.models.norm import rms_norm_one_op, rms_norm_reference
+from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_rows
 from dllm.models.tiny import tiny
-from dllm.models.transformer import apply_rope, rope_cos_sin
 
 DENSE = ("llada", "dream", "sdar", "fastdllm_v2")
 DTYPES = (torch.float32, torch.bfloat16)

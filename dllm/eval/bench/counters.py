@@ -14,11 +14,14 @@ kept in tests.
 
 Kinds of ATen call:
 - ``kernel``: an op that computes (launches a kernel on a GPU);
-- metadata: views (``OpOverload.is_view``), ``_unsafe_view``, allocations (``empty*``) and
-  ``_local_scalar_dense`` (the read itself, counted as a sync);
-- ``sync``: a read of device data by the host, at the dispatch level (``_local_scalar_dense``,
-  ``nonzero``, ``masked_select``, ``index`` with a boolean index, ``unique``, ``equal``, ...) or the
-  Python level (``Tensor.tolist``, ``Tensor.numpy``, ``torch.tensor`` of Python data: an upload).
+- metadata: views (``OpOverload.is_view``), ``_unsafe_view``, allocations (``empty*``) and the
+  scalar reads themselves (``item``, ``is_nonzero``, ``_local_scalar_dense``: counted as syncs);
+- ``sync``: a read of device data by the host, at the dispatch level (the scalar reads, ``nonzero``,
+  ``masked_select``, ``index`` with a boolean index, ``unique``, ``equal``, ...) or the Python
+  level (``Tensor.tolist``, ``Tensor.numpy``, ``torch.tensor`` of Python data: an upload).
+
+Counts are taken under ``torch.inference_mode`` as ``generate`` runs: composite ops (``linear``,
+``scaled_dot_product_attention``) are then seen as one call each, as Python issues them.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_NOT_KERNELS = frozenset({"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
+_NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
                           "sym_numel", "sym_storage_offset", "detach", "alias", "_to_copy_noop"})
-_SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+_SYNC_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
                        "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose",
                        "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})
 _PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
@@ -89,8 +92,12 @@ def caller_line() -> str:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if path != _HERE and not path.startswith(_TORCH) and "/contextlib.py" not in path:
-            root = path.find("/dllm/")
-            short = path[root + 1:] if root >= 0 else os.path.basename(path)
+            root = path.rfind("/dllm/")
+            if root >= 0:
+                short = path[root + 1:]
+            else:
+                rel = os.path.relpath(path)
+                short = os.path.basename(path) if rel.startswith("..") else rel
             return f"{short}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"

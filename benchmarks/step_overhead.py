@@ -1,0 +1,119 @@
+"""Host time per decode step where a forward is nearly free, as on a GPU: dllm's engine against the
+project's transcription of Fast-dLLM's dual-cache driver (NVlabs/Fast-dLLM ``llada/generate.py``,
+``tests/reference/fastdllm_generate.py``) on the same weights.
+
+    python benchmarks/step_overhead.py [--rounds 7] [--dtype bfloat16] [--out benchmarks/results/step-overhead.txt]
+
+The model is a random LLaDA-format model of 1 layer, width 16 (2 heads, MLP 32, the tiny vocabulary):
+its forward costs a few microseconds, so a step's wall time is what the loop itself issues (Python,
+ATen calls, host syncs), which is what bounds a cached step on a GPU. One prompt of ``--prompt-length``
+tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. Each setting runs
+``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
+NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
+calls and host syncs per step counted with ``dllm.eval.bench.counters``. Needs a checkout (it imports
+``tests/reference``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache  # noqa: E402
+
+import dllm  # noqa: E402
+from dllm.eval.bench.counters import DispatchCounter, count_generate  # noqa: E402
+from dllm.models.tiny import tiny  # noqa: E402
+
+# label -> (dllm sampler spec or None for the transcription, the transcription's rule it is compared with)
+SETTINGS = {
+    "Fast-dLLM driver, low_confidence": (None, "low_confidence"),
+    "Fast-dLLM driver, threshold 0.9": (None, "threshold"),
+    "dllm low_confidence:cache=dual": ("low_confidence", "low_confidence"),
+    "dllm threshold:cache=dual": ("threshold", "threshold"),
+    "dllm fast:cache=dual": ("fast", "threshold"),
+}
+
+
+def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
+    """A zero-argument call decoding once and returning its NFE."""
+    spec, rule = SETTINGS[label]
+    g, bl = args.gen_length, args.block_length
+    if spec is None:
+        driver = FastDLLMLLaDA(model)
+        threshold = 0.9 if rule == "threshold" else None
+
+        def run_driver() -> int:
+            _, nfe = generate_with_dual_cache(driver, prompt.clone(), steps=g, gen_length=g, block_length=bl,
+                                              mask_id=model.mask_id, threshold=threshold)
+            return nfe
+        return run_driver
+    kwargs = dict(sampler=spec, cache="dual", gen_length=g, block_length=bl)
+    if spec == "low_confidence":
+        kwargs["steps"] = g
+
+    def run_engine() -> int:
+        return dllm.generate(model, prompt, **kwargs).nfe
+    return run_engine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per setting (default 7)")
+    ap.add_argument("--repeat", type=int, default=5, help="decodes per round (default 5)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="model dtype (default bfloat16)")
+    ap.add_argument("--prompt-length", type=int, default=64, help="prompt tokens (default 64)")
+    ap.add_argument("--gen-length", type=int, default=32, help="generated positions (default 32)")
+    ap.add_argument("--block-length", type=int, default=8, help="block length (default 8)")
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    model = tiny("llada", dtype=dtype, n_layers=1, d_model=16, n_heads=2, n_kv_heads=2, mlp_hidden=32, seed=0)
+    prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0))
+    runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
+    per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
+    with torch.inference_mode():
+        for run in runs.values():  # warm-up
+            run()
+        for r in range(args.rounds):
+            for label, run in runs.items():
+                t0 = time.perf_counter()
+                nfe = sum(run() for _ in range(args.repeat))
+                per_step[label].append((time.perf_counter() - t0) / nfe * 1e6)
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    med = {label: statistics.median(v) for label, v in per_step.items()}
+    lines = [f"# python benchmarks/step_overhead.py --rounds {args.rounds} --repeat {args.repeat} --dtype {args.dtype} "
+             f"--prompt-length {args.prompt_length} --gen-length {args.gen_length} --block-length {args.block_length}",
+             f"# torch {torch.__version__}, 1 thread; us per forward = wall / NFE, median [min-max] of the rounds",
+             f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"]
+    for label, (spec, rule) in SETTINGS.items():
+        base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
+        aten = syncs = "-"
+        if spec is not None:
+            kwargs = dict(sampler=spec, cache="dual", gen_length=args.gen_length, block_length=args.block_length)
+            if spec == "low_confidence":
+                kwargs["steps"] = args.gen_length
+            stats = DispatchCounter.mean(count_generate(model, prompt, **kwargs).steps)
+            n_layers = model.config.n_layers
+            aten = f"{stats['aten_outside'] + stats['aten_per_layer'] * n_layers:.0f}"
+            syncs = f"{stats['syncs']:.2f}"
+        lo, hi = min(per_step[label]), max(per_step[label])
+        lines.append(f"{label:36s} {med[label]:9.0f} {f'[{lo:.0f}-{hi:.0f}]':>15s} {med[label] / base:9.2f} "
+                     f"{aten:>10s} {syncs:>11s}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

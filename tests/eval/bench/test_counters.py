@@ -1,0 +1,93 @@
+"""dllm/eval/bench/counters.py: what a step would launch, counted on the CPU; and the bounds the
+decode path keeps (kernel-like ops per layer, host syncs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm.eval.bench.counters import DispatchCounter, count_generate, is_kernel
+from dllm.models.tiny import tiny
+
+HERE = "tests/eval/bench/test_counters.py"
+
+
+def _count(fn) -> DispatchCounter:
+    with torch.inference_mode(), DispatchCounter() as c:  # as generate runs: composites seen whole
+        fn()
+    c.step_done()
+    return c
+
+
+def test_views_and_noop_casts_are_not_kernels():
+    x = torch.randn(4, 6)
+    c = _count(lambda: (x.view(6, 4), x.t(), x.to(torch.float32), x.reshape(24), x[1:]))
+    assert c.steps[0].outside_aten >= 5 and c.steps[0].outside_kernels == 0
+
+
+def test_compute_casts_and_in_place_ops_are_kernels():
+    x = torch.randn(4, 6)
+    c = _count(lambda: (x.to(torch.bfloat16), x + 1, x.clone().mul_(2), x.t().contiguous()))
+    assert c.steps[0].outside_kernels == 5  # to, add, clone, mul_, contiguous's copy
+
+
+def test_is_kernel_of_an_allocation():
+    assert not is_kernel(torch.ops.aten.empty.memory_format, (), torch.empty(2))
+
+
+@pytest.mark.parametrize("what,fn", [
+    ("item", lambda x: x.sum().item()),
+    ("is_nonzero", lambda x: bool(x.sum() > 0)),
+    ("Tensor.tolist", lambda x: x.tolist()),
+    ("nonzero", lambda x: x.nonzero()),
+    ("index", lambda x: x[x > 0]),
+    ("upload", lambda x: torch.tensor([1, 2, 3])),
+    ("repeat_interleave", lambda x: x.repeat_interleave(torch.tensor([1, 2, 1, 0]), dim=0)),
+])
+def test_every_kind_of_host_sync_is_found_with_its_line(what, fn):
+    x = torch.randn(4, 3)
+    c = _count(lambda: fn(x))
+    sites = DispatchCounter.sync_sites(c.steps)
+    assert any(s.startswith(what) and HERE in s for s in sites), sites
+
+
+def test_no_sync_in_plain_tensor_math():
+    x = torch.randn(4, 3)
+    c = _count(lambda: (x.topk(2, dim=1), torch.where(x > 0, x, 0), x.repeat_interleave(2, dim=0)))
+    assert c.steps[0].syncs == []
+
+
+# kernel-like ops per layer of a cached step in bfloat16 (the fused path), measured; a change that
+# adds ops to the layer fails here. The per-layer floor and what it is made of: docs/results/gpu-step.md
+LAYER_KERNELS = {("llada", "dual"): 21, ("dream", "dual"): 21, ("sdar", "block"): 22, ("fastdllm_v2", "block"): 21}
+
+
+@pytest.mark.parametrize("family,cache", list(LAYER_KERNELS))
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
+def test_cached_layer_kernels_and_no_sync_in_forwards(family, cache, sampler):
+    model = tiny(family, dtype=torch.bfloat16)
+    block = 4 if family == "sdar" else 8
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    counter = count_generate(model, prompt, sampler=sampler, cache=cache, gen_length=16, block_length=block)
+    steps = counter.cached_steps(24 + 16)
+    assert steps, "the cached steps forward fewer columns than the canvas"
+    stats = DispatchCounter.mean(steps)
+    assert stats["kernels_per_layer"] <= LAYER_KERNELS[(family, cache)], stats
+    assert stats["aten_per_layer"] <= 40, stats
+    assert stats["syncs_in_forward"] == 0, DispatchCounter.sync_sites(steps)
+
+
+def test_reference_layer_issues_more_kernels():
+    model = tiny("llada", dtype=torch.bfloat16)
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    counts = {}
+    for fused in (False, True):
+        model.transformer.set_fused(fused)
+        steps = count_generate(model, prompt, cache="dual", gen_length=16, block_length=8).cached_steps(40)
+        counts[fused] = DispatchCounter.mean(steps)["kernels_per_layer"]
+    assert counts[True] * 2 <= counts[False], counts
+
+
+def test_count_generate_refuses_a_callback():
+    with pytest.raises(ValueError, match="callback"):
+        count_generate(tiny("llada"), [[5, 6]], callback=lambda s: None)
