@@ -14,9 +14,15 @@ Backends:
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long padded batch runs
   one unmasked call per group of rows with the same real keys, over those keys (``dllm.kernels.packed``).
 - ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
+- ``triton``: the Triton flash-attention forward (``dllm.kernels.triton_attention``).
 
-``resolve_backend("auto", need_probs=...)`` picks the best backend that supports the request and
-records why the others were refused.
+``resolve_backend("auto", need_probs=...)``: where ``auto``'s candidates (``sdpa``, ``triton``)
+can both run on this host, the ``auto`` backend: ``dllm.kernels.autotune.AutoAttention``, which
+times the candidates once per shape bucket and then dispatches each call by one dict lookup
+(``auto_decisions()`` lists what it chose and why, ``reset_auto()`` forgets it, ``auto_policy()``
+is the object itself). Elsewhere (a CPU, where Triton only runs interpreted; or a request for the
+attention probabilities) it is the highest-priority backend that supports the request, and the
+reasons the others were refused are recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from dllm.kernels.autotune import AutoAttention, AutoConfig, Decision
+from dllm.kernels.autotune import RequestRefused  # noqa: F401  (re-exported: what a backend raises to refuse a call)
 from dllm.kernels.packed import few_enough, packed_sdpa, padding_groups, wants_packing
 from dllm.registry import Registry
 
@@ -39,12 +47,27 @@ class Backend:
     name: str
     fn: AttentionFn
     can_return_probs: bool
-    priority: int  # higher wins under "auto"
+    priority: int  # higher wins under "auto" where nothing is measured
+    differentiable: bool = True  # autograd flows through fn (False: forward only)
 
     def refusal(self, *, need_probs: bool) -> str | None:
         """Why this backend cannot serve the request, or None when it can."""
         if need_probs and not self.can_return_probs:
             return f"{self.name}: cannot return attention probabilities"
+        return None
+
+    def probe_refusal(self) -> str | None:
+        """Why ``auto`` must not time this backend on this host, or None."""
+        return self.refusal(need_probs=False)
+
+    def request_refusal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                        return_probs: bool, needs_grad: bool) -> str | None:
+        """Why this backend cannot serve a call with these tensors (shapes, dtypes, devices and
+        mask kind only: no host sync), or None."""
+        if return_probs and not self.can_return_probs:
+            return f"{self.name}: cannot return attention probabilities"
+        if needs_grad and not self.differentiable:
+            return f"{self.name}: forward only (no backward pass), and autograd needs this output"
         return None
 
 
@@ -121,8 +144,11 @@ backends.add("sdpa_plain", Backend("sdpa_plain", sdpa_plain_attention, False, 1)
 
 # Triton, registered lazily: nothing is imported until the backend is resolved or called. It can
 # run with triton installed on a CUDA device, or on CPU under TRITON_INTERPRET=1 (tests only: slow);
-# otherwise its refusal says why, so "auto" records it and attn_backend="triton" raises it. Below
-# sdpa under "auto" until it is validated on GPUs; it takes padding masks only.
+# otherwise its refusal says why, so "auto" records it and attn_backend="triton" raises it. "auto"
+# times it against sdpa on CUDA tensors only; it takes padding masks only, and has no backward.
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 @dataclass(frozen=True)
 class _LazyTritonBackend(Backend):
     def refusal(self, *, need_probs: bool) -> str | None:
@@ -135,6 +161,30 @@ class _LazyTritonBackend(Backend):
         reason = unavailable_reason()
         return f"{self.name}: {reason}" if reason else super().refusal(need_probs=need_probs)
 
+    def probe_refusal(self) -> str | None:
+        if not torch.cuda.is_available():  # checked first: nothing imports triton on a CPU-only host
+            return f"{self.name}: no CUDA device (on CPU Triton runs only interpreted: too slow to time, not probed)"
+        reason = self.refusal(need_probs=False)
+        if reason is None:
+            from dllm.kernels.triton_attention import _attn_fwd_kernel, _interpreted
+
+            if _interpreted(_attn_fwd_kernel):
+                return f"{self.name}: runs in the Triton interpreter here (CPU): too slow to time, not probed"
+        return reason
+
+    def request_refusal(self, q, k, v, mask, return_probs, needs_grad) -> str | None:
+        reason = super().request_refusal(q, k, v, mask, return_probs, needs_grad)
+        if reason is not None:
+            return reason
+        if q.device.type != "cuda":
+            return f"{self.name}: needs CUDA tensors, got {q.device.type}"
+        if q.dtype not in _TRITON_DTYPES or q.shape[-1] > 256:
+            return f"{self.name}: takes float32/float16/bfloat16 with head dim <= 256, got {q.dtype}, {q.shape[-1]}"
+        if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
+            return (f"{self.name}: takes boolean key-padding masks [B, 1, 1|Tq, Tk] only, got "
+                    f"{mask.dtype} {tuple(mask.shape)}")
+        return None
+
 
 def _triton_attention(q, k, v, mask=None, return_probs=False):
     from dllm.kernels.triton_attention import triton_attention
@@ -142,7 +192,7 @@ def _triton_attention(q, k, v, mask=None, return_probs=False):
     return triton_attention(q, k, v, mask, return_probs)
 
 
-backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5),
+backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5, differentiable=False),
              description="Triton flash-attention forward (GQA in-kernel, key-padding masks; "
                          "dllm.kernels.triton_attention)")
 
@@ -153,8 +203,29 @@ class Resolution:
     refused: tuple[str, ...]  # human-readable reasons, one per refused backend
 
 
+# The process-wide "auto" policy: one decision table shared by every model resolved to "auto".
+_auto = AutoAttention(AutoConfig(), backends.get)
+AUTO = Backend("auto", _auto, True, 100)  # return_probs is served through the fallback (reference)
+
+
+def auto_policy() -> AutoAttention:
+    """The ``auto`` backend's policy object (``configure(AutoConfig(...))`` changes what it times)."""
+    return _auto
+
+
+def auto_decisions() -> list[Decision]:
+    """What ``auto`` chose per shape bucket in this process: (key, chosen, {backend: us}, refused)."""
+    return _auto.decisions()
+
+
+def reset_auto() -> None:
+    """Forget ``auto``'s decisions: the next call of every bucket is probed again."""
+    _auto.reset()
+
+
 def resolve_backend(name: str = "auto", *, need_probs: bool = False) -> Resolution:
-    """Pick a backend by name, or the highest-priority one that can serve the request."""
+    """A backend by name; or, for "auto", the measuring ``AUTO`` where at least two of its
+    candidates can run on this host, else the highest-priority backend that serves the request."""
     if name != "auto":
         backend = backends.get(name)
         reason = backend.refusal(need_probs=need_probs)
@@ -162,9 +233,13 @@ def resolve_backend(name: str = "auto", *, need_probs: bool = False) -> Resoluti
             raise ValueError(f"attention backend {name!r} cannot serve this request: {reason}")
         return Resolution(backend, ())
     refused: list[str] = []
+    if not need_probs:
+        usable, refused = _auto.host_candidates()
+        if len(usable) >= 2:
+            return Resolution(AUTO, tuple(refused))
     for entry in sorted(backends, key=lambda e: -e.obj.priority):
         reason = entry.obj.refusal(need_probs=need_probs)
         if reason is None:
-            return Resolution(entry.obj, tuple(refused))
+            return Resolution(entry.obj, tuple(dict.fromkeys(refused)))
         refused.append(reason)
     raise ValueError("no attention backend can serve this request: " + "; ".join(refused))

@@ -20,7 +20,8 @@ everything (the square masks ``keys | pad_queries`` that the models built until 
 
 A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split
 into ranges run by separate programs (flash-decoding); each writes a float32 partial output and
-its log-sum-exp, and the wrapper merges them (``num_splits``; 1 in the interpreter).
+its log-sum-exp, and one more kernel merges them (``num_splits``: ``dllm.kernels.launch``; 1 in the
+interpreter unless asked for).
 
 Public API:
 - ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=, num_splits=)``
@@ -38,11 +39,12 @@ Notes:
   bits (triton-lang/triton#11584), so bf16 is refused there; fp32/fp16 are exact enough to test.
 - A query row with no allowed key returns 0 (and lse -inf) instead of NaN.
 - Tested on CPU under the interpreter only so far: GPU compilation, bf16, tile sizes / num_warps and
-  the split heuristic still need a GPU run (``pytest tests/kernels`` and ``dllm bench kernels``).
+  the split heuristic (``dllm.kernels.launch``) still need a GPU run (``pytest tests/kernels`` and ``dllm bench kernels``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional, Union
@@ -51,6 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dllm.kernels.autotune import RequestRefused
+from dllm.kernels.launch import next_pow2, plan_attention
 from dllm.kernels.reference import key_end_tensor
 
 
@@ -181,10 +185,6 @@ def _check_device(t: torch.Tensor, kernel) -> None:
                          "TRITON_INTERPRET=1 before importing triton")
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def flash_attention(
     q: torch.Tensor,  # [B, H, Tq, D]
     k: torch.Tensor,  # [B, Hkv, Tk, D]
@@ -208,8 +208,8 @@ def flash_attention(
     num_splits: split the keys into this many ranges run by separate programs (flash-decoding), then
     merge the float32 partial outputs by their lse. A cached step has few query tiles (B x H x
     Tq / BLOCK_M programs, e.g. 32 for LLaDA-8B with a 32-token block) against thousands of keys,
-    too few programs to fill a GPU; default: enough splits to give every SM a program (1 in the
-    interpreter).
+    too few programs to fill a GPU; default: ``dllm.kernels.launch.plan_splits`` for the device's
+    SM count (1 in the interpreter). block_m / block_n: see ``dllm.kernels.launch.plan_attention``.
 
     >>> out = flash_attention(q, k, v, key_padding=valid, key_end=64)  # doctest: +SKIP
     """
@@ -245,15 +245,10 @@ def flash_attention(
     ke = ends.to(torch.int32) if ends is not None else dummy
 
     interp = _interpreted(_attn_fwd_kernel)
-    block_d = max(16, _next_pow2(d))
-    block_m = block_m or max(16, min(64, _next_pow2(tq)))
-    block_n = block_n or (64 if block_d <= 128 else 32)
-    m_tiles, n_tiles = triton.cdiv(tq, block_m), max(1, triton.cdiv(tk, block_n))
-    if num_splits is None:
-        num_splits = 1 if interp else _default_splits(m_tiles * bsz * h, n_tiles, q.device)
-    num_splits = max(1, min(int(num_splits), n_tiles))
-    split_len = triton.cdiv(n_tiles, num_splits) * block_n
-    num_splits = triton.cdiv(max(tk, 1), split_len)  # no empty trailing split
+    plan = plan_attention(bsz, h, tq, tk, d, sms=None if interp else _sm_count(q.device),
+                          block_m=block_m, block_n=block_n, num_splits=num_splits)
+    block_d, block_m, block_n = plan.block_d, plan.block_m, plan.block_n
+    m_tiles, num_splits, split_len = plan.query_tiles, plan.splits, plan.split_len
     if num_splits == 1:
         out = torch.empty_like(q)
         lse = torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device) if return_lse else dummy
@@ -278,32 +273,64 @@ def flash_attention(
         **launch,
     )
     if num_splits > 1:
-        out, lse = _merge_splits(out, lse)
-        out = out.to(q.dtype)
+        out, lse = _merge_splits(out, lse, q.dtype, return_lse)
     return (out, lse) if return_lse else out
 
 
-def _default_splits(programs: int, n_tiles: int, device: torch.device) -> int:
-    """Key splits so that about every SM gets a program, keeping >= 4 key tiles per split."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if programs >= sms:
-        return 1
-    return max(1, min(triton.cdiv(sms, programs), n_tiles // 4, 32))
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _merge_splits(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partials out [S, B, H, Tq, D] (each normalised over its keys) and lse [S, B, H, Tq] -> the
-    softmax over all keys: out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s lse_s."""
-    total = torch.logsumexp(lse, dim=0)  # [B, H, Tq]; -inf where no split had a key
-    weight = torch.exp(lse - total).nan_to_num(0.0)  # [S, B, H, Tq]
-    return (weight[..., None] * out).sum(dim=0), total
+@triton.jit
+def _merge_kernel(
+    Part, PartLse, Out, Lse,  # part [S, R, D] float32, part_lse [S, R]; out [R, D]; lse [R] (R = B*H*Tq)
+    R, S, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    r_ok = rows < R
+    ok = r_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(0, S):  # the largest partial lse per row
+        m = tl.maximum(m, tl.load(PartLse + s * R + rows, mask=r_ok, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # a row with no key anywhere: weights exp(-inf) = 0
+    den = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s in range(0, S):
+        w = tl.exp(tl.load(PartLse + s * R + rows, mask=r_ok, other=float("-inf")) - m_safe)
+        part = tl.load(Part + s * R * HEAD_DIM + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok, other=0.0)
+        den += w
+        acc += w[:, None] * part
+    empty = den == 0.0
+    acc = acc / tl.where(empty, 1.0, den)[:, None]
+    tl.store(Out + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=ok)
+    if WRITE_LSE:
+        tl.store(Lse + rows, tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, den))), mask=r_ok)
+
+
+def _merge_splits(part: torch.Tensor, part_lse: torch.Tensor, dtype: torch.dtype,
+                  return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials part [S, B, H, Tq, D] float32 (each normalised over its keys; contiguous) and
+    part_lse [S, B, H, Tq] -> (out [B, H, Tq, D] in ``dtype``, lse [B, H, Tq] float32): the softmax
+    over all keys, out = sum_s exp(lse_s - lse) part_s, lse = logsumexp_s lse_s, in one launch."""
+    s, b, h, tq, d = part.shape
+    rows = b * h * tq
+    out = torch.empty((b, h, tq, d), dtype=dtype, device=part.device)
+    lse = torch.empty((b, h, tq), dtype=torch.float32, device=part.device) if return_lse else part_lse
+    block_d = max(16, next_pow2(d))
+    block_r = max(1, 2048 // block_d)
+    launch = {} if _interpreted(_merge_kernel) else {"num_warps": 4}
+    _merge_kernel[(triton.cdiv(rows, block_r),)](part, part_lse, out, lse, rows, s, HEAD_DIM=d, BLOCK_D=block_d,
+                                                BLOCK_R=block_r, WRITE_LSE=return_lse, **launch)
+    return out, lse
 
 
 # ----------------------------------------------------------------------------------------------
 # Backend adapter: the models' boolean masks -> key padding + pad-query rows
 
 
-class UnsupportedMaskError(ValueError):
+class UnsupportedMaskError(RequestRefused):
     """The mask is not of a form the kernel can express (key padding, optionally with pad queries)."""
 
 

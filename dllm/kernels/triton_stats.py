@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.reference import VocabStats
-from dllm.kernels.triton_attention import _check_device, _next_pow2, _interpreted
+from dllm.kernels.launch import next_pow2 as _next_pow2
+from dllm.kernels.triton_attention import _check_device, _interpreted
 
 _NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
 

@@ -331,9 +331,10 @@ def grouped_backend(attn_fn) -> Optional[str]:
     """The mask ``RowsView.attend``'s stacked layout passes to ``attn_fn``: "float" (additive, sdpa),
     "bool" (reference), or None when the backend cannot take an arbitrary mask (the Triton kernel
     takes padding masks only; the layout then falls back to one copy per variant)."""
-    from dllm.kernels.attention import backends
+    from dllm.kernels.attention import AUTO, backends
 
-    return {backends.get("sdpa").fn: "float", backends.get("sdpa_plain").fn: "float",
+    # the measuring "auto" sends an arbitrary float mask to sdpa (its fallback), so it takes "float"
+    return {backends.get("sdpa").fn: "float", backends.get("sdpa_plain").fn: "float", AUTO.fn: "float",
             backends.get("reference").fn: "bool"}.get(attn_fn)
 
 

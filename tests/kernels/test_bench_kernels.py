@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dllm.eval.bench.kernels import COLUMNS, AttnShape, StatsShape, default_shapes, format_table, run_kernel_bench
+from dllm.eval.bench.kernels import (COLUMNS, RATIO_COLUMNS, AttnShape, StatsShape, default_shapes, format_table,
+                                     run_kernel_bench, sdpa_ratios, tiny_shapes)
 
 from .conftest import DEVICE, INTERPRETED
 
@@ -37,3 +38,18 @@ def test_default_shapes_are_realistic_on_gpu():
     assert any(isinstance(s, AttnShape) and s.heads == 32 and s.head_dim == 128 and s.kv_len == 4096 and s.q_len == 32
                for s in gpu)
     assert any(isinstance(s, StatsShape) and s.vocab == 126464 for s in gpu)
+
+
+def test_ratios_to_sdpa_and_the_auto_choice():
+    rows = run_kernel_bench(tiny_shapes()[:1], ("triton", "sdpa", "auto"), device=DEVICE, repeats=1, warmup=0)
+    by = {r["backend"]: r for r in rows}
+    assert by["sdpa"]["vs_sdpa"] == 1.0
+    assert by["auto"]["vs_sdpa"] == round(by["auto"]["ms"] / by["sdpa"]["ms"], 2)
+    assert by["auto"]["note"].startswith("chose ") and by["auto"]["max_abs_err"] < 1e-4
+    (line,) = sdpa_ratios(rows)
+    assert line["shape"] == rows[0]["shape"] and line["sdpa_ms"] == by["sdpa"]["ms"]
+    assert line["auto_chose"] in ("sdpa", "triton") and line["auto/sdpa"] == by["auto"]["vs_sdpa"]
+    if INTERPRETED:
+        assert line["auto_chose"] == "sdpa" and "not probed" in by["auto"]["note"]
+        assert str(line["triton/sdpa"]).endswith("(interpreted)")
+    assert "| shape | sdpa_ms | triton/sdpa | auto/sdpa | auto_chose |" in format_table([line], RATIO_COLUMNS)

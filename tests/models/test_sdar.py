@@ -51,7 +51,7 @@ def test_logits_bit_identical_to_official_modelling(tmp_path, overrides):
     model.save_pretrained(tmp_path)
     official = _official(tmp_path)
     loaded = load(tmp_path)
-    assert loaded.attn_backend == "sdpa"
+    assert loaded.attn_backend in (("sdpa", "auto") if torch.cuda.is_available() else ("sdpa",))  # auto: measured on CUDA
     ids = random_ids(loaded, 2, 13)
     bs = loaded.config.block_size
     pos = torch.arange(13)[None]

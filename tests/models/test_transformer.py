@@ -104,7 +104,7 @@ def test_reference_and_sdpa_backends_agree(family, overrides, padded):
         fast = model(ids, key_padding_mask=kpm).logits
     assert torch.allclose(ref, fast, atol=1e-5, rtol=0)
     model.set_attn_backend("auto")
-    assert model.attn_backend == "sdpa"
+    assert model.attn_backend in (("sdpa", "auto") if torch.cuda.is_available() else ("sdpa",))  # auto: measured on CUDA
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -24,6 +24,14 @@ reference column is a lower bound on its step time.
 
 Peak memory is the process's peak over the timed steps (CPU: peak RSS, model included; CUDA:
 ``max_memory_allocated``).
+
+Every case runs ``--warmup`` untimed steps first (default 3: a new shape's first step plans its
+cuBLAS/cuDNN kernels), so its timed steps are steady-state. Beside the times each row gives what
+the step issues, counted on a narrow model of the same family, layers, dtype and lengths
+(``dllm.eval.bench.counters``; the counts do not depend on the width): ATen calls and kernel-like ops
+per layer, ATen calls outside the layers and host syncs per step. On CUDA the timed steps are also
+run once under ``torch.profiler``: the share of the wall time the GPU is busy and kernel launches per
+step (``dllm.eval.bench.gpu_profile``).
 """
 
 from __future__ import annotations
@@ -159,8 +167,26 @@ def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0):
     return model.to(dtype=dtype, device=device).eval()
 
 
+def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int) -> dict[str, float]:
+    """ATen calls and kernel-like ops per layer, ATen calls outside the layers and host syncs per
+    step of one block, counted on a narrow copy of ``model``'s family, layers and dtype (what is
+    issued does not depend on the width), over the steps after the first forward."""
+    from dllm.eval.bench.counters import DispatchCounter, count_generate
+    from dllm.models.tiny import tiny
+
+    cfg = model.config
+    narrow = tiny("llada", tokenizer=False, n_layers=cfg.n_layers, d_model=64, n_heads=4, n_kv_heads=4,
+                  mlp_hidden=128, vocab_size=512, max_positions=max(cfg.max_positions, 2 * prompt_length + 64),
+                  dtype=model.dtype)
+    prompt = torch.randint(10, 500, (1, prompt_length), generator=torch.Generator().manual_seed(0))
+    counter = count_generate(narrow, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
+                             cache=cache)
+    stats = DispatchCounter.mean(counter.steps[1:] or counter.steps)
+    return {k: stats[k] for k in ("aten_per_layer", "kernels_per_layer", "aten_outside", "syncs")}
+
+
 def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
-             device: torch.device) -> dict[str, Any]:
+             device: torch.device, warmup: int = 3) -> dict[str, Any]:
     from dllm.engine import generate
     from dllm.samplers import make_sampler
 
@@ -174,12 +200,16 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     grab = last.register_forward_hook(lambda m, a, out: captured.__setitem__(
         "hidden", (out[0] if isinstance(out, tuple) else out).detach()))
 
-    # the prefill (cached runs) and the first step (warm-up) are outside the clock: it starts at the
-    # first callback, then times `steps` steps
+    # the prefill (cached runs) and the first `warmup` steps are outside the clock: it starts at the
+    # warmup-th callback, then times `steps` steps
+    seen = [0]
+
     def callback(state):
+        seen[0] += 1
         if clock.started is None:
-            reset_peak_memory(device)
-            clock.begin()
+            if seen[0] >= max(1, warmup):
+                reset_peak_memory(device)
+                clock.begin()
         else:
             clock.end_step(state)
 
@@ -201,8 +231,16 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     del ref_logits
     forward = parts["layer"] * n_layers + parts["embedding"] + parts["head"]
     base = 32 * parts["layer"] + parts["embedding"]
+    counts = count_case(model, cache=cache, sampler=sampler, prompt_length=prompt_length, block_length=block_length)
+    gpu = {}
+    if device.type == "cuda":
+        from dllm.eval.bench.gpu_profile import profile_generate
+
+        gpu = profile_generate(model, prompt, sampler=sampler, cache=cache, block_length=block_length,
+                               warmup=warmup, steps=steps)
     return {
-        "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times),
+        **counts, **gpu,
+        "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times), "warmup_steps": max(1, warmup),
         "query_rows": query_rows, "logits_rows": clock.logits_rows[-1] if clock.logits_rows else 0,
         **{f"{k}_s": v for k, v in parts.items()},
         "forward_s": forward, "engine_share": parts["engine"] / parts["step"] if parts["step"] else 0.0,
@@ -226,37 +264,47 @@ def reference_head_seconds(model, hidden: torch.Tensor, device: torch.device) ->
     return run.seconds, run.result
 
 
+def _opt(r: dict[str, Any], key: str, fmt: str) -> str:
+    return "-" if r.get(key) is None else format(r[key], fmt)
+
+
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     head = (f"{'dtype':<9}{'compile':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
-            f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}")
+            f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}"
+            f"{'aten/L':>8}{'kern/L':>8}{'aten out':>9}{'syncs':>7}{'gpu busy':>9}{'launch':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
+        busy = "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.0f}%"
         lines.append(
             f"{r['dtype']:<9}{r.get('compile', 'eager'):<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
             f"{1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}{1e3 * r['reference_head_s']:>9.1f}"
             f"{1e3 * r['statistics_s']:>9.2f}{1e3 * r['reference_statistics_s']:>10.2f}{1e3 * r['engine_s']:>10.2f}"
             f"{100 * r['engine_share']:>8.1f}%{1e3 * r['step_s']:>9.1f}{1e3 * r['projected_step_32_s']:>9.0f}"
-            f"{1e3 * r['reference_projected_step_32_s']:>9.0f}{peak:>9}")
+            f"{1e3 * r['reference_projected_step_32_s']:>9.0f}{peak:>9}"
+            f"{_opt(r, 'aten_per_layer', '.0f'):>8}{_opt(r, 'kernels_per_layer', '.0f'):>8}"
+            f"{_opt(r, 'aten_outside', '.0f'):>9}{_opt(r, 'syncs', '.1f'):>7}{busy:>9}{_opt(r, 'launches_per_step', '.0f'):>8}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dllm bench breakdown", description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--caches", default="none,dual")
-    p.add_argument("--sampler", default="threshold")
-    p.add_argument("--prompt-length", type=int, default=1024)
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=2, help="timed steps per case (after one untimed)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--layers", type=int, default=2, help="transformer layers of the LLaDA-8B-width model (default 2)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")
+    p.add_argument("--caches", default="none,dual", help="comma-separated cache policies (default none,dual)")
+    p.add_argument("--sampler", default="threshold", help="sampler spec (default threshold)")
+    p.add_argument("--prompt-length", type=int, default=1024, help="prompt tokens (default 1024)")
+    p.add_argument("--block-length", type=int, default=32, help="the decoded block (default 32)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per case (default 2)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3; >= 1)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda when available, else cpu (the default)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: torch's choice)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="also time every case with the layers torch.compile'd (default backend: inductor)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
-    for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1)):
+    for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1)):
         value = getattr(args, name[2:].replace("-", "_"))
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
@@ -288,7 +336,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     compile_model(model, mode)
                 for cache in caches:
                     r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
-                                 block_length=args.block_length, steps=args.steps, device=device)
+                                 block_length=args.block_length, steps=args.steps, device=device, warmup=args.warmup)
                     rows.append({"dtype": dtype, "compile": mode, **r})
                     print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
             del model

@@ -5,20 +5,27 @@
 - ``kind``: "attention" (a cached step: a query block against the whole key set, LLaDA/Dream
   heads, a key-padding mask) or "stats" (per-row vocabulary statistics over [N, V] logits);
 - ``shape``: a readable label, e.g. ``B1-H32-Hkv32-Tq32-Tk2048-D128-bf16-pad16``;
-- ``backend``: an attention backend name (``triton``, ``sdpa``, ``reference``) or, for stats,
+- ``backend``: an attention backend name (``triton``, ``sdpa``, ``reference``), ``auto`` (a fresh
+  ``dllm.kernels.autotune.AutoAttention``: its probe runs in the warm-up, ``note`` says what it
+  chose), or, for stats,
   ``triton`` (``triton_stats.vocab_stats``) / ``reference`` (the float64 PyTorch computation the
   samplers do today, ``reference.vocab_stats_reference``);
 - ``ms``: median wall time per call over ``repeats`` (after ``warmup`` calls), device-synchronised;
   None when the backend cannot run here (``note`` says why);
 - ``speedup``: baseline ms / this ms, baseline = sdpa for attention (reference when sdpa is not
   run) and reference for stats;
+- ``vs_sdpa`` (attention): this ms / sdpa's ms on the same shape, the time as a ratio to sdpa
+  (below 1: faster than sdpa); None without an sdpa time;
 - ``max_abs_err``: against the reference backend on the same inputs (attention output; stats:
   the largest error over the float fields, and ``argmax`` agreement in ``note``);
 - ``interpreted``: the Triton kernels ran under TRITON_INTERPRET=1 (CPU): timings are meaningless.
 
 ``default_shapes(device)`` gives realistic shapes on a GPU (LLaDA-8B: H 32, D 128; Dream-7B GQA:
-H 28 / Hkv 4; prompts 1k-4k, block 32; vocabulary 126,464) and small ones on CPU, so the command
-keeps working everywhere. ``format_table(rows)`` renders Markdown.
+H 28 / Hkv 4; prompts 1k-8k, blocks of 8-64 queries; vocabulary 126,464) and small ones on CPU, so
+the command keeps working everywhere; ``tiny_shapes()`` the smallest (a CPU smoke run in seconds).
+``format_table(rows)`` renders Markdown; ``sdpa_ratios(rows)`` gives one line per attention shape
+with the Triton kernel's and ``auto``'s time over sdpa's (below 1: faster than sdpa) and what
+``auto`` chose, and ``format_table(sdpa_ratios(rows), RATIO_COLUMNS)`` renders it.
 """
 
 from __future__ import annotations
@@ -76,6 +83,8 @@ def default_shapes(device: torch.device) -> list[Shape]:
             AttnShape(8, 32, 32, 32, 2048, 128, "bf16", pad=64),
             AttnShape(1, 28, 4, 32, 2048, 128, "bf16", pad=16),  # Dream-7B (GQA 7:1)
             AttnShape(1, 32, 32, 256, 2048, 128, "bf16"),  # prefix policy: block + everything right of it
+            *(AttnShape(1, 32, 32, tq, tk, 128, "bf16", pad=16)  # decode blocks of 8-64 against 512-8k keys
+              for tq, tk in ((8, 512), (8, 4096), (16, 2048), (64, 2048), (32, 8192), (64, 8192))),
             StatsShape(32, 126464, "bf16"),
             StatsShape(32, 126464, "bf16", temperature=1.0),
             StatsShape(256, 126464, "bf16"),
@@ -86,6 +95,11 @@ def default_shapes(device: torch.device) -> list[Shape]:
         StatsShape(8, 4096, "fp32"),
         StatsShape(8, 4096, "fp32", temperature=1.0),
     ]
+
+
+def tiny_shapes() -> list[Shape]:
+    """The smallest meaningful shapes: a CPU smoke run (Triton interpreted) in seconds."""
+    return [AttnShape(1, 2, 1, 16, 64, 32, "fp32", pad=8), StatsShape(2, 256, "fp32")]
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int) -> float:
@@ -125,17 +139,27 @@ def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.dev
     for name in backends:
         row: dict[str, Any] = {"kind": "attention", "shape": shape.label, "backend": name, "ms": None,
                                "speedup": None, "max_abs_err": None, "note": ""}
-        backend = registry.get(name)
-        reason = backend.refusal(need_probs=False)
+        auto = None
+        if name == "auto":
+            from dllm.kernels.autotune import AutoAttention, AutoConfig
+
+            fn, reason = (auto := AutoAttention(AutoConfig(), registry.get)), None
+        else:
+            backend = registry.get(name)
+            fn, reason = backend.fn, backend.refusal(need_probs=False)
         if reason is None and name == "triton" and _interpreted() and dt == torch.bfloat16:
             reason = "triton: bf16 is not supported by the interpreter"
         if reason is not None:
             row["note"] = reason
         else:
-            fn = backend.fn
-            out = fn(q, k, v, mask, False)[0]
+            out = fn(q, k, v, mask, False)[0]  # auto: the probe
             row["max_abs_err"] = float((out.float() - ref_out).abs().max())
             row["ms"] = round(_time_ms(lambda: fn(q, k, v, mask, False), device, repeats, warmup), 4)
+            if auto is not None:
+                (decision,) = auto.decisions()
+                times = ", ".join(f"{n} {t:.1f} us" for n, t in decision.times_us.items())
+                row["note"] = f"chose {decision.chosen}" + (f" ({times})" if times else "") + "".join(
+                    f"; {r}" for r in decision.refused.values())
         rows.append(row)
     return rows
 
@@ -185,7 +209,7 @@ def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device
 
 def run_kernel_bench(
     shapes: Optional[Sequence[Shape]] = None,
-    backends: Sequence[str] = ("triton", "sdpa", "reference"),
+    backends: Sequence[str] = ("triton", "sdpa", "auto", "reference"),
     *,
     device: Union[str, torch.device, None] = None,
     repeats: int = 10,
@@ -208,8 +232,10 @@ def run_kernel_bench(
     for shape in shapes:
         if isinstance(shape, AttnShape):
             rows = _attention_rows(shape, backends, dev, repeats, warmup, seed)
-            base = next((r["ms"] for r in rows if r["backend"] == "sdpa" and r["ms"]), None)
-            base = base or next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
+            sdpa = next((r["ms"] for r in rows if r["backend"] == "sdpa" and r["ms"]), None)
+            for r in rows:
+                r["vs_sdpa"] = round(r["ms"] / sdpa, 2) if sdpa and r["ms"] else None
+            base = sdpa or next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
         else:
             rows = _stats_rows(shape, backends, dev, repeats, warmup, seed)
             base = next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
@@ -217,11 +243,35 @@ def run_kernel_bench(
             if base and r["ms"]:
                 r["speedup"] = round(base / r["ms"], 2)
             r["interpreted"] = interpreted and r["backend"] == "triton"
+            r.setdefault("vs_sdpa", None)
         results.extend(rows)
     return results
 
 
-COLUMNS = ("kind", "shape", "backend", "ms", "speedup", "max_abs_err", "interpreted", "note")
+COLUMNS = ("kind", "shape", "backend", "ms", "speedup", "vs_sdpa", "max_abs_err", "interpreted", "note")
+RATIO_COLUMNS = ("shape", "sdpa_ms", "triton/sdpa", "auto/sdpa", "auto_chose")
+
+
+def sdpa_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per attention shape of ``run_kernel_bench`` rows: ``sdpa_ms``, ``triton/sdpa`` and
+    ``auto/sdpa`` (time over sdpa's time: below 1 is faster; None when either did not run; a
+    Triton time from the interpreter is marked " (interpreted)"), ``auto_chose``."""
+    by_shape: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "attention":
+            by_shape.setdefault(r["shape"], {})[r["backend"]] = r
+    out = []
+    for shape, rs in by_shape.items():
+        line: dict[str, Any] = {"shape": shape, "sdpa_ms": (rs.get("sdpa") or {}).get("ms")}
+        for name in ("triton", "auto"):
+            ratio = (rs.get(name) or {}).get("vs_sdpa")
+            if ratio is not None and rs[name].get("interpreted"):
+                ratio = f"{ratio} (interpreted)"
+            line[f"{name}/sdpa"] = ratio
+        note = (rs.get("auto") or {}).get("note", "")
+        line["auto_chose"] = note.split(" ", 2)[1].split(";")[0] if note.startswith("chose ") else None
+        out.append(line)
+    return out
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
@@ -241,20 +291,29 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMN
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``dllm bench kernels [--device cuda] [--repeats 10]``: print the default table."""
+    """``dllm bench kernels [--device cuda] [--repeats 10] [--tiny]``: print the table of every
+    (shape, backend), then the per-shape ratios to sdpa and what ``auto`` chose."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--backends", default="triton,sdpa,reference")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--backends", default="triton,sdpa,auto,reference")
+    ap.add_argument("--tiny", action="store_true", help="the smallest shapes only (a CPU smoke run in seconds)")
     args = ap.parse_args(argv)
-    rows = run_kernel_bench(backends=args.backends.split(","), device=args.device, repeats=args.repeats)
+    rows = run_kernel_bench(tiny_shapes() if args.tiny else None, backends=args.backends.split(","),
+                            device=args.device, repeats=args.repeats, warmup=args.warmup)
     print(format_table(rows))
+    ratios = sdpa_ratios(rows)
+    if ratios:
+        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
+        print(format_table(ratios, RATIO_COLUMNS))
 
 
 if __name__ == "__main__":
     main()
 
 
-__all__ = ["run_kernel_bench", "format_table", "default_shapes", "AttnShape", "StatsShape", "COLUMNS"]
+__all__ = ["run_kernel_bench", "format_table", "default_shapes", "tiny_shapes", "sdpa_ratios", "AttnShape", "StatsShape",
+           "COLUMNS", "RATIO_COLUMNS"]
