@@ -9,14 +9,11 @@
 #     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .wheels/serve
 # The bar (issue "Serving"): continuous >= 3x serial and >= 1.5x static requests/s at no worse p99.
 # Writes everything under ${OUT:-benchmarks/gpu-serve-$(date +%F)}; at most 8 minutes (the timeouts).
-# DEVICE=cpu N=16 REPEATS=1 bash benchmarks/gpu-serve.sh runs the same steps on a CPU (a smoke test).
-set -uo pipefail
+# DEVICE=cpu N=16 REPEATS=1 bash benchmarks/gpu-serve.sh runs the same steps on a CPU (a smoke test; CI).
 O=${OUT:-benchmarks/gpu-serve-$(date +%F)}
-DEVICE=${DEVICE:-cuda}
 N=${N:-128}
 REPEATS=${REPEATS:-2}
-mkdir -p "$O"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$O/gpu.txt" 2>&1
+. "$(dirname "$0")/lib-gpu.sh"
 if [ -d .wheels/serve ]; then
   python3 -m pip install -q --no-index --find-links .wheels/serve fastapi uvicorn greenlet > "$O/wheels.txt" 2>&1
 fi
@@ -24,9 +21,9 @@ if ! python3 -c "import fastapi, uvicorn, prometheus_client, greenlet, aiohttp" 
   echo "FastAPI, uvicorn, prometheus-client, greenlet or aiohttp is missing (see the header):"; cat "$O/imports.txt"
   exit 1
 fi
-timeout 240 dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates 32 inf \
-  --modes continuous static serial --repeats "$REPEATS" --no-progress --out "$O/serve" > "$O/serve.txt" 2>&1
-timeout 240 dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates inf \
+step 240 serve.txt dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates 32 inf \
+  --modes continuous static serial --repeats "$REPEATS" --no-progress --out "$O/serve"
+step 240 serve-mixed.txt dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates inf \
   --modes continuous static serial --settings low_confidence@none threshold@dual fast@none \
-  --repeats "$REPEATS" --no-progress --out "$O/serve-mixed" > "$O/serve-mixed.txt" 2>&1
-tail -n 6 "$O"/serve*.txt
+  --repeats "$REPEATS" --no-progress --out "$O/serve-mixed"
+finish

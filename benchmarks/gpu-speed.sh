@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The speed issue's GPU numbers, for a session lent a GPU after benchmarks/gpu-check.sh (`run` tool;
-# install first: pip install --no-deps --no-build-isolation -e .):
-#   the per-component breakdown at LLaDA-8B width (2 layers, float32 and bfloat16, eager and with
-#   torch.compile) and the end-to-end comparison (fast + auto against Fast-dLLM's threshold + dual)
-#   on the four embedded model / suite pairs, and Fast-dLLM's transcribed driver beside it at batch 1.
-# Writes everything under ${OUT:-benchmarks/gpu-speed-$(date +%F)}; at most 10 minutes (the timeouts: 580 s).
-set -uo pipefail
+# install first: pip install --no-deps --no-build-isolation -e .): the per-component breakdown at
+# LLaDA-8B width (2 layers, float32 and bfloat16, eager and with torch.compile), the end-to-end
+# comparison (fast + auto against Fast-dLLM's threshold + dual) on the embedded model / suite pairs, and
+# Fast-dLLM's transcribed driver beside it at batch 1. Writes under ${OUT:-benchmarks/gpu-speed-$(date +%F)};
+# at most 10 minutes (the limits). DEVICE=cpu bash benchmarks/gpu-speed.sh: tiny shapes, few examples.
 O=${OUT:-benchmarks/gpu-speed-$(date +%F)}
-mkdir -p "$O"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$O/gpu.txt" 2>&1
-unset TRITON_INTERPRET
-timeout 130 dllm bench breakdown --device cuda --json "$O/breakdown.json" > "$O/breakdown.txt" 2>&1
-timeout 130 dllm bench breakdown --device cuda --compile --json "$O/breakdown-compile.json" \
-  > "$O/breakdown-compile.txt" 2>&1
-timeout 200 python -m dllm.eval.e2e --n 8 --device cuda --no-progress --out "$O/e2e" > "$O/e2e.txt" 2>&1
-timeout 120 python tests/reference/e2e_driver.py --n 8 --repeats 3 --device cuda --out "$O/e2e-driver.json" \
-  > "$O/e2e-driver.txt" 2>&1
-tail -n 3 "$O"/*.txt
+. "$(dirname "$0")/lib-gpu.sh"
+if [ "$DEVICE" = cuda ]; then
+  W=(); COMPILE=(--compile); N=8; REPEATS=3; PAIRS=()
+else
+  W=(--width tiny --prompt-length 64); COMPILE=(--compile aot_eager); N=1; REPEATS=1; PAIRS=(--pairs tiny-llada/pb-mini)
+fi
+step 130 breakdown.txt dllm bench breakdown --device "$DEVICE" "${W[@]}" --json "$O/breakdown.json"
+step 130 breakdown-compile.txt dllm bench breakdown --device "$DEVICE" "${W[@]}" "${COMPILE[@]}" \
+  --json "$O/breakdown-compile.json"
+step 200 e2e.txt dllm bench e2e --n "$N" --repeats "$REPEATS" --device "$DEVICE" "${PAIRS[@]}" --no-progress \
+  --out "$O/e2e"
+step 120 e2e-driver.txt python3 tests/reference/e2e_driver.py --n "$N" --repeats "$REPEATS" --device "$DEVICE" \
+  --out "$O/e2e-driver.json"
+finish

@@ -4,9 +4,11 @@ project's transcription of Fast-dLLM's dual-cache driver (NVlabs/Fast-dLLM ``lla
 
     python benchmarks/step_overhead.py [--rounds 7] [--dtype bfloat16] [--out benchmarks/results/step-overhead.txt]
 
-The model is a random LLaDA-format model of 1 layer, width 16 (2 heads, MLP 32, the tiny vocabulary):
-its forward costs a few microseconds, so a step's wall time is what the loop itself issues (Python,
-ATen calls, host syncs), which is what bounds a cached step on a GPU. One prompt of ``--prompt-length``
+The default model is a random LLaDA-format model of 1 layer, width 16 (2 heads, MLP 32, the tiny
+vocabulary): its forward costs a few microseconds, so a step's wall time is what the loop itself
+issues (Python, ATen calls, host syncs), which is what bounds a cached step on a GPU. On a GPU,
+``--width 8b --layers 8 --device cuda --prompt-length 1024 --block-length 32`` compares the two loops
+at LLaDA-8B's shapes (``benchmarks/gpu-step.sh``). One prompt of ``--prompt-length``
 tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. Each setting runs
 ``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
 NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
@@ -31,6 +33,7 @@ from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache 
 
 import dllm  # noqa: E402
 from dllm.eval.bench.counters import DispatchCounter, count_generate  # noqa: E402
+from dllm.eval.bench.timing import sync  # noqa: E402
 from dllm.models.tiny import tiny  # noqa: E402
 
 # label -> (dllm sampler spec or None for the transcription, the transcription's rule it is compared with)
@@ -73,12 +76,23 @@ def main() -> None:
     ap.add_argument("--prompt-length", type=int, default=64, help="prompt tokens (default 64)")
     ap.add_argument("--gen-length", type=int, default=32, help="generated positions (default 32)")
     ap.add_argument("--block-length", type=int, default=8, help="block length (default 8)")
+    ap.add_argument("--width", default="16", choices=["16", "8b"], help="16 (default: forwards nearly free) or 8b "
+                    "(LLaDA-8B's shapes, random weights)")
+    ap.add_argument("--layers", type=int, default=1, help="transformer layers (default 1)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    model = tiny("llada", dtype=dtype, n_layers=1, d_model=16, n_heads=2, n_kv_heads=2, mlp_hidden=32, seed=0)
-    prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0))
+    if args.width == "8b":
+        from dllm.eval.bench.breakdown import build_model
+
+        model = build_model(args.layers, dtype, args.device)
+    else:
+        model = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2, mlp_hidden=32,
+                     seed=0).to(args.device)
+    prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0)).to(args.device)
     runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
     per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
     with torch.inference_mode():
@@ -86,14 +100,18 @@ def main() -> None:
             run()
         for r in range(args.rounds):
             for label, run in runs.items():
+                sync(model.device)
                 t0 = time.perf_counter()
                 nfe = sum(run() for _ in range(args.repeat))
+                sync(model.device)
                 per_step[label].append((time.perf_counter() - t0) / nfe * 1e6)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {label: statistics.median(v) for label, v in per_step.items()}
     lines = [f"# python benchmarks/step_overhead.py --rounds {args.rounds} --repeat {args.repeat} --dtype {args.dtype} "
-             f"--prompt-length {args.prompt_length} --gen-length {args.gen_length} --block-length {args.block_length}",
-             f"# torch {torch.__version__}, 1 thread; us per forward = wall / NFE, median [min-max] of the rounds",
+             f"--prompt-length {args.prompt_length} --gen-length {args.gen_length} --block-length {args.block_length} "
+             f"--width {args.width} --layers {args.layers} --device {args.device} --threads {args.threads}",
+             f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
+             f"aten/step and syncs/step counted on the CPU model of the same layers",
              f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"]
     for label, (spec, rule) in SETTINGS.items():
         base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
@@ -102,7 +120,9 @@ def main() -> None:
             kwargs = dict(sampler=spec, cache="dual", gen_length=args.gen_length, block_length=args.block_length)
             if spec == "low_confidence":
                 kwargs["steps"] = args.gen_length
-            stats = DispatchCounter.mean(count_generate(model, prompt, **kwargs).steps)
+            counted = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2,
+                           mlp_hidden=32, seed=0)
+            stats = DispatchCounter.mean(count_generate(counted, prompt.cpu(), **kwargs).steps)
             n_layers = model.config.n_layers
             aten = f"{stats['aten_outside'] + stats['aten_per_layer'] * n_layers:.0f}"
             syncs = f"{stats['syncs']:.2f}"

@@ -314,9 +314,12 @@ class Decode:
         self._view_start = q0
         q_len = logits.shape[1]
         tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
-        active = torch.zeros_like(tokens, dtype=torch.bool)
         a0 = max(s - q0, 0)  # a query may start inside the block (cache 'subblock': no masks left of it)
-        active[:, a0:e - q0] = tokens[:, a0:e - q0] == state.mask_id
+        if a0 == 0 and e - q0 >= q_len:  # the view is the block (or inside it): one op
+            active = tokens == state.mask_id
+        else:
+            active = torch.zeros_like(tokens, dtype=torch.bool)
+            active[:, a0:e - q0] = tokens[:, a0:e - q0] == state.mask_id
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,

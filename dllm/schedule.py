@@ -70,10 +70,19 @@ LOGIT_SHIFT_KEY = "logit_shift"  # DecodeState.extras: the model's logit_shift (
 SUB_BLOCK_KEY = "small_block_size"  # DecodeState.extras: fastdllm_v2's sub-block width (read by cache 'subblock')
 
 
+GRID_OFFSET_KEY = "grid_offset"  # DecodeState.extras: column - position of row 0's real columns (host int)
+
+
 def grid_start(state, column: int) -> int:
-    """Canvas column where the model's grid block holding ``column`` starts: ``column - position %
-    block_size`` (the block of ``state.extras[BLOCK_SIZE_KEY]``, else ``state.block_length``). The rows
-    of a call share the grid (``dllm.cache.block_causal.plan_block_causal`` refuses batches that do not),
-    so row 0 tells; one host read."""
+    """Canvas column where the model's grid block holding ``column`` (a real column of row 0: the
+    generated ones are) starts: ``column - position % block_size`` (the block of
+    ``state.extras[BLOCK_SIZE_KEY]``, else ``state.block_length``). The rows of a call share the grid
+    (``dllm.cache.block_causal.plan_block_causal`` refuses batches that do not), so row 0 tells. A real
+    column's position is ``column - offset`` with one offset per call: read from the device once per
+    call (one host read), then kept in ``state.extras[GRID_OFFSET_KEY]``."""
     bs = state.extras.get(BLOCK_SIZE_KEY) or state.block_length
-    return column - int(state.positions[0, column]) % bs
+    offset = state.extras.get(GRID_OFFSET_KEY)
+    if offset is None:
+        offset = column - int(state.positions[0, column])
+        state.extras[GRID_OFFSET_KEY] = offset
+    return column - (column - offset) % bs

@@ -49,6 +49,9 @@ from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, time
 from dllm.eval.interrupt import finished, until_interrupted
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
+SDAR_8B = dict(d_model=4096, n_heads=32, n_kv_heads=8, mlp_hidden=12288, vocab_size=151_936, attn_head_dim=128)
+FAMILIES = ("llada", "sdar")  # SDAR: block-causal, its block cache and block length 4
+WIDTHS = ("8b", "tiny")
 COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
 
 
@@ -160,14 +163,26 @@ def reference_statistics_seconds(logits: torch.Tensor, repeats: int = 1) -> floa
     return timed(stats, logits.device, repeats=repeats).seconds
 
 
-def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0):
+def shapes_of(family: str, width: str) -> dict[str, Any]:
+    """TransformerConfig fields of the benchmarked model: ``width`` "8b" (LLaDA-8B's shapes, or SDAR-8B's
+    for ``family`` "sdar") or "tiny" (a narrow model for smoke runs)."""
+    if family not in FAMILIES or width not in WIDTHS:
+        raise ValueError(f"family must be one of {FAMILIES} and width one of {WIDTHS}, got {family!r}, {width!r}")
+    if width == "tiny":
+        return dict(d_model=64, n_heads=4, n_kv_heads=4 if family == "llada" else 2, mlp_hidden=128, vocab_size=512)
+    return dict(LLADA_8B) if family == "llada" else dict(SDAR_8B)
+
+
+def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0, *, family: str = "llada",
+                width: str = "8b"):
     from dllm.models.tiny import tiny
 
-    model = tiny("llada", tokenizer=False, n_layers=layers, max_positions=8192, seed=seed, **LLADA_8B)
+    model = tiny(family, tokenizer=False, n_layers=layers, max_positions=8192, seed=seed, **shapes_of(family, width))
     return model.to(dtype=dtype, device=device).eval()
 
 
-def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int) -> dict[str, float]:
+def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int,
+               batch: int = 1) -> dict[str, float]:
     """ATen calls and kernel-like ops per layer, ATen calls outside the layers and host syncs per
     step of one block, counted on a narrow copy of ``model``'s family, layers and dtype (what is
     issued does not depend on the width), over the steps after the first forward."""
@@ -175,10 +190,9 @@ def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_len
     from dllm.models.tiny import tiny
 
     cfg = model.config
-    narrow = tiny("llada", tokenizer=False, n_layers=cfg.n_layers, d_model=64, n_heads=4, n_kv_heads=4,
-                  mlp_hidden=128, vocab_size=512, max_positions=max(cfg.max_positions, 2 * prompt_length + 64),
-                  dtype=model.dtype)
-    prompt = torch.randint(10, 500, (1, prompt_length), generator=torch.Generator().manual_seed(0))
+    narrow = tiny(model.family, tokenizer=False, n_layers=cfg.n_layers, **shapes_of(model.family, "tiny"),
+                  max_positions=max(cfg.max_positions, 2 * prompt_length + 64), dtype=model.dtype)
+    prompt = torch.randint(10, 500, (batch, prompt_length), generator=torch.Generator().manual_seed(0))
     counter = count_generate(narrow, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
                              cache=cache)
     stats = DispatchCounter.mean(counter.steps[1:] or counter.steps)
@@ -186,13 +200,13 @@ def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_len
 
 
 def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
-             device: torch.device, warmup: int = 3) -> dict[str, Any]:
+             device: torch.device, warmup: int = 3, batch: int = 1) -> dict[str, Any]:
     from dllm.engine import generate
     from dllm.samplers import make_sampler
 
     gen = torch.Generator().manual_seed(0)
     high = min(1000, model.config.vocab_size)  # ids past the special tokens, within the vocabulary
-    prompt = torch.randint(10, high, (1, prompt_length), generator=gen).to(device)
+    prompt = torch.randint(10, high, (batch, prompt_length), generator=gen).to(device)
     smp = make_sampler(sampler)
     clock = StepClock(model, smp, device, steps)
     captured: dict[str, torch.Tensor] = {}
@@ -231,7 +245,8 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     del ref_logits
     forward = parts["layer"] * n_layers + parts["embedding"] + parts["head"]
     base = 32 * parts["layer"] + parts["embedding"]
-    counts = count_case(model, cache=cache, sampler=sampler, prompt_length=prompt_length, block_length=block_length)
+    counts = count_case(model, cache=cache, sampler=sampler, prompt_length=prompt_length, block_length=block_length,
+                        batch=batch)
     gpu = {}
     if device.type == "cuda":
         from dllm.eval.bench.gpu_profile import profile_generate
@@ -241,6 +256,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     return {
         **counts, **gpu,
         "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times), "warmup_steps": max(1, warmup),
+        "batch": batch, "family": model.family,
         "query_rows": query_rows, "logits_rows": clock.logits_rows[-1] if clock.logits_rows else 0,
         **{f"{k}_s": v for k, v in parts.items()},
         "forward_s": forward, "engine_share": parts["engine"] / parts["step"] if parts["step"] else 0.0,
@@ -290,6 +306,9 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="dllm bench breakdown", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2, help="transformer layers of the LLaDA-8B-width model (default 2)")
+    p.add_argument("--family", default="llada", choices=FAMILIES, help="llada (default) or sdar (block cache, block 4)")
+    p.add_argument("--width", default="8b", choices=WIDTHS, help="8b: the real model's shapes (default); tiny: a smoke run")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together (default 1)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")
     p.add_argument("--caches", default="none,dual", help="comma-separated cache policies (default none,dual)")
     p.add_argument("--sampler", default="threshold", help="sampler spec (default threshold)")
@@ -304,7 +323,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="also time every case with the layers torch.compile'd (default backend: inductor)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
-    for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1)):
+    for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1),
+                      ("--batch", 1)):
         value = getattr(args, name[2:].replace("-", "_"))
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
@@ -329,14 +349,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def run() -> int:
         for dtype in dtypes:
-            model = build_model(args.layers, getattr(torch, dtype), args.device)
+            model = build_model(args.layers, getattr(torch, dtype), args.device, family=args.family, width=args.width)
             for mode in modes:
                 if mode != "eager":
                     from dllm.models.compile import compile_model
                     compile_model(model, mode)
                 for cache in caches:
                     r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
-                                 block_length=args.block_length, steps=args.steps, device=device, warmup=args.warmup)
+                                 block_length=args.block_length, steps=args.steps, device=device, warmup=args.warmup,
+                                 batch=args.batch)
                     rows.append({"dtype": dtype, "compile": mode, **r})
                     print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
             del model
@@ -345,7 +366,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def write() -> None:
         result = {"device": str(device), "threads": torch.get_num_threads(), "layers": args.layers,
-                  "shapes": LLADA_8B, "prompt_length": args.prompt_length, "block_length": args.block_length,
+                  "family": args.family, "batch": args.batch, "shapes": shapes_of(args.family, args.width), "prompt_length": args.prompt_length, "block_length": args.block_length,
                   "sampler": args.sampler, "rows": rows}
         print(format_rows(rows))
         if args.json:

@@ -80,7 +80,7 @@ def test_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(B, "build_model", lambda layers, dtype, device: _model(1).to(dtype))
+    monkeypatch.setattr(B, "build_model", lambda layers, dtype, device, **k: _model(1).to(dtype))
     monkeypatch.setattr(B, "run_case", interrupt_second)
     out = tmp_path / "b.json"
     assert main(["--dtypes", "float32", "--caches", "none,dual", "--prompt-length", "8", "--block-length", "4",

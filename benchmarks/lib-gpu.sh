@@ -1,0 +1,32 @@
+# Sourced by benchmarks/gpu-*.sh: the output folder, the device, and `step` (one timed command whose
+# output goes to a file and whose failure is recorded, so a script that rotted exits non-zero).
+#   O=...  DEVICE=cuda|cpu (cpu: the same steps on tiny shapes, seconds; CI runs every script so)
+set -uo pipefail
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$O"
+FAILED=0
+if [ "$DEVICE" = cuda ]; then
+  unset TRITON_INTERPRET
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$O/gpu.txt" 2>&1
+else
+  export TRITON_INTERPRET=1
+fi
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$O/gpu.txt" 2>&1
+
+# step SECONDS FILE COMMAND...: run COMMAND with a time limit, its output appended to $O/FILE
+step() {
+  local limit=$1 file=$2
+  shift 2
+  echo "\$ $*" >> "$O/$file"
+  timeout "$limit" "$@" >> "$O/$file" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "FAILED (exit $rc): $*" | tee -a "$O/gpu.txt"
+    FAILED=1
+  fi
+}
+
+finish() {
+  tail -n 4 "$O"/*.txt
+  exit "$FAILED"
+}

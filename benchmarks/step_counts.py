@@ -1,0 +1,67 @@
+"""What a cached decode step issues, per family, sampler and layer path: ATen calls and kernel-like ops
+per transformer layer, ATen calls outside the layers and host syncs per step, counted on the CPU with
+``dllm.eval.bench.counters`` (the counts a GPU would launch; they do not depend on the width).
+
+    python benchmarks/step_counts.py [--out benchmarks/results/step-counts.txt]
+
+Tiny random models in bfloat16 (what a GPU runs; the fused layer path is on by default there), one
+prompt of 24 tokens, 16 generated positions in blocks of 8 (4 for SDAR), the first forward of every
+block (the refresh) left out. ``path``: ``fused`` (the default) or ``reference`` (module by module,
+``Transformer.set_fused(False)``). The syncs column lists the three most frequent sync sites.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from dllm.eval.bench.counters import DispatchCounter, count_generate
+from dllm.models.tiny import tiny
+
+RUNS = (("llada", "dual", 8), ("dream", "dual", 8), ("sdar", "block", 4), ("fastdllm_v2", "block", 8),
+        ("llada2", "block", 4))
+SAMPLERS = ("low_confidence", "threshold", "fast")
+
+
+def rows() -> list[str]:
+    out = []
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    for family, cache, block in RUNS:
+        model = tiny(family, dtype=torch.bfloat16)
+        for path in ("reference", "fused"):
+            model.transformer.set_fused(path == "fused")
+            for sampler in SAMPLERS:
+                counter = count_generate(model, prompt, sampler=sampler, cache=cache, gen_length=16, block_length=block)
+                steps = counter.cached_steps(24 + 16)
+                s = DispatchCounter.mean(steps)
+                sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
+                fused = model.transformer.fused_ready(False) if path == "fused" else False
+                label = path if path == "reference" or fused else "fused (n/a: reference)"
+                out.append(f"| {family} | {cache} | {sampler} | {label} | {s['aten_per_layer']:.1f} | "
+                           f"{s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        table = rows()
+    text = "\n".join([
+        "# python benchmarks/step_counts.py" + (f" --out {args.out}" if args.out else ""),
+        f"# torch {torch.__version__}; means over the cached steps (bfloat16, batch 1)",
+        "| family | cache | sampler | path | ATen calls / layer | kernel-like / layer | ATen outside layers / step "
+        "| host syncs / step | sync sites (calls over the run) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *table])
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
