@@ -28,6 +28,7 @@ import torch
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
 from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal, policy_for_block_causal
+from dllm.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
 from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
@@ -57,6 +58,7 @@ def generate(
     cache: CacheSpec = "none",
     return_trace: bool = False,
     callback: Optional[StepCallback] = None,
+    cuda_graphs: GraphsOption = False,
     **sampler_options: Any,
 ) -> GenerationOutput:
     """Decode ``gen_length`` tokens after each prompt with a registered sampler.
@@ -87,6 +89,9 @@ def generate(
             (``{"name": "dual", "refresh": 4}``) or a policy instance (``DualCache(refresh=4)``).
         return_trace: also return, per generated position, the step at which it was committed.
         callback: called with the ``DecodeState`` after every step (live views).
+        cuda_graphs: False (eager); True: every cached forward is captured once per shape as a CUDA
+            graph and replayed (``dllm.graphs``; a CUDA model; the same tokens as eager); "static": the
+            same static step run eagerly, on any device.
         **sampler_options: the sampler's Config fields (unknown names list the valid ones). An option
             given both here and in a ``sampler`` spec string or mapping is refused (no silent winner).
         ``chat``, ``stop_at_eos`` and ``return_trace`` are True or False only (a string such as
@@ -120,6 +125,7 @@ def generate(
         )
 
     device = model_device(model)
+    cuda_graphs = check_graphs_option(cuda_graphs, device)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -148,6 +154,8 @@ def generate(
 
     decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
                     attn_layers=need_attn, callback=callback)
+    if cuda_graphs is not False and state.kv is not None:
+        decode.graphs = state.extras[GRAPHS_KEY] = StepGraphs(model, state.kv, cuda_graphs)
     with torch.inference_mode():
         lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
@@ -173,6 +181,7 @@ class Decode:
         self.attn_layers = attn_layers
         self.callback = callback
         self._carried: Optional[tuple[tuple[int, int], torch.Tensor]] = None  # ((block, step), next_logits)
+        self.graphs: Optional[StepGraphs] = None  # cached forwards captured per shape (cuda_graphs)
 
     # ---- forwards -------------------------------------------------------------------------------
     def query_inputs(self, query: Query) -> tuple[torch.Tensor, dict]:
@@ -208,17 +217,30 @@ class Decode:
             kwargs["logits_rows"] = rows
         held = forward_rows(self.state, x.shape[0], cache=kwargs.get("cache"),
                             wants_maps=bool(self.attn_layers))
-        if held is None:
-            out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
-        else:  # released rows (dllm.rows) are not computed
-            out = forward_held(self.model, x, kwargs, held)
-        logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
+        logits = self._graphed(query, x, kwargs, rows) if held is None else None
+        if logits is not None:
+            attn: dict[int, torch.Tensor] = {}
+        else:
+            if held is None:
+                out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
+            else:  # released rows (dllm.rows) are not computed
+                out = forward_held(self.model, x, kwargs, held)
+            logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
         if self.cfg_scale > 0:
             b = self.state.batch_size
             logits = _guided(logits, self.cfg_scale)
             attn = {k: v[:b] for k, v in attn.items()}
         self._count((x.shape[0] if held is None else held.numel()) * query.length)  # rows computed x query
         return logits, attn
+
+    def _graphed(self, query: Query, x: torch.Tensor, kwargs: dict,
+                 rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
+        """The forward through ``self.graphs`` when it is a capturable cached forward (a query slice
+        against the buffers, no extra columns, no attention maps), else None."""
+        g = self.graphs
+        if g is None or self.attn_layers or query.n_extra or (query.start == 0 and query.end == query.key_end):
+            return None
+        return g.forward(x, kwargs["positions"], kwargs["key_padding_mask"], query.start, query.key_end, rows)
 
     def shadow_forward(self, query: Query, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, Q, V] of the query columns, leave-one-out logits [B, e - s, V]) from one

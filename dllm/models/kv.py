@@ -199,6 +199,33 @@ class CacheView:
 
 
 @dataclass(frozen=True)
+class StaticView(CacheView):
+    """A cached forward whose query columns are a device tensor ``cols`` [T] (a static buffer the caller
+    updates between forwards) instead of the Python int ``start``: its fresh K/V are written with
+    ``index_copy_`` at ``cols`` and the queries attend to ``[0, key_end)``. Nothing in such a forward
+    depends on where the block is, so one capture (``dllm.graphs``) serves every block of a call
+    with the same ``key_end``. ``start`` only has to satisfy the base check; it is not used."""
+
+    cols: Optional[torch.Tensor] = None  # [T] long on the buffers' device
+
+    def columns(self, n_queries: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        assert self.cols is not None and self.cols.shape[0] == n_queries
+        return self.cols if device is None else self.cols.to(device)
+
+    def check_queries(self, n_queries: int) -> None:
+        if self.cols is None or self.cols.shape != (n_queries,):
+            raise ValueError(f"a static view needs cols [{n_queries}] (one canvas column per query row), got "
+                             f"{None if self.cols is None else list(self.cols.shape)}")
+
+    def is_full(self, n_queries: int) -> bool:
+        return False
+
+    def write(self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        kb.index_copy_(2, self.columns(k.shape[2]), k)
+        vb.index_copy_(2, self.columns(v.shape[2]), v)
+
+
+@dataclass(frozen=True)
 class RowsView(CacheView):
     """A view for a forward over copies of buffer rows ``select`` [N] (rows may repeat): each layer
     attends to a copy of ITS keys/values ``[0, key_end)`` of those rows with the fresh K/V written
@@ -366,4 +393,4 @@ class DriftProbe:
             self.filled, self._acc = True, None
 
 
-__all__ = ["CacheView", "DriftProbe", "HeldView", "KVCache", "RowsView", "canvas_columns", "grouped_backend", "stack_groups"]
+__all__ = ["CacheView", "DriftProbe", "HeldView", "KVCache", "RowsView", "StaticView", "canvas_columns", "grouped_backend", "stack_groups"]

@@ -1,0 +1,152 @@
+"""The cached forward as a static step: captured once per shape as a CUDA graph and replayed.
+
+A cached decode step on a GPU is bound by launching its kernels from Python. ``generate(...,
+cuda_graphs=True)`` runs every cached forward of a call (the query a cache policy computes against
+the K/V buffers) through a ``StepGraphs``: the first forward of each shape (rows, query length,
+attended keys, logits rows) is captured with ``torch.cuda.CUDAGraph`` on static input buffers; every
+later one copies its inputs into those buffers and replays the graph (one launch). A block's place in
+the canvas reaches the graph as data, never as a Python int: the query columns are a device tensor the
+K/V write indexes with (``dllm.models.kv.StaticView``). With the dual cache the attended keys are the
+whole canvas, so one graph serves every block of a call; the prefix cache captures once per block.
+
+``cuda_graphs="static"`` runs the same static path eagerly (``EagerRunner``: the step function is
+called again on replay), on any device: it is what the CPU tests compare with the ordinary path,
+token for token, and what shows that nothing in the step reads a Python value that changes between
+blocks.
+
+Not captured (they run as before): full forwards (refreshes), forwards with released rows, with the
+policy's extra columns, with attention maps or hidden states, verification variants and shadow
+blocks. A call captures at most ``MAX_GRAPHS`` shapes; later shapes run eagerly. Graphs live as
+long as the call (its K/V buffers are the call's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from dllm.models.kv import KVCache, StaticView
+
+MAX_GRAPHS = 8  # captured shapes per generate call
+GRAPHS_KEY = "step_graphs"  # DecodeState.extras: the call's StepGraphs (captures, replays), when on
+GraphsOption = Union[bool, str]
+VALID = (False, True, "static")
+
+
+def check_graphs_option(value: Any, device: torch.device) -> GraphsOption:
+    """``cuda_graphs`` of ``generate``: False (eager), True (CUDA graphs; a CUDA model), "static"."""
+    if not any(value is v or (isinstance(v, str) and value == v) for v in VALID):
+        raise ValueError(f"cuda_graphs must be False, True or 'static' (the static step run eagerly), got {value!r}")
+    if value is True and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True captures CUDA graphs, but the model is on {device}; use "
+                         f"cuda_graphs='static' for the same static step run eagerly, or False")
+    return value
+
+
+class EagerRunner:
+    """``capture`` runs the step once; ``replay`` runs it again into the same output buffer."""
+
+    def __init__(self) -> None:
+        self._fn: Optional[Callable[[], torch.Tensor]] = None
+        self.out: Optional[torch.Tensor] = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self._fn = fn
+        self.out = fn()
+        return self.out
+
+    def replay(self) -> None:
+        assert self._fn is not None and self.out is not None
+        self.out.copy_(self._fn())
+
+
+class CudaGraphRunner:
+    """Warm the step up on a side stream, capture it into a ``torch.cuda.CUDAGraph``, replay it."""
+
+    def __init__(self, pool: Any = None, warmup: int = 2) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool, self.warmup = pool, warmup
+        self.out: Optional[torch.Tensor] = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):  # kernels chosen, auto attention probed, outside the capture
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            self.out = fn()
+        self.graph.replay()  # capturing records the kernels without running them
+        return self.out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+@dataclass
+class _Captured:
+    runner: Any
+    x: torch.Tensor  # [R, T] static input ids
+    positions: torch.Tensor  # [R, T]
+    cols: torch.Tensor  # [T] canvas columns of the query rows
+    base: torch.Tensor  # [T] arange(T): cols = base + start
+    out: torch.Tensor  # the logits the step writes
+
+
+class StepGraphs:
+    """One generate call's captured cached forwards, keyed by shape (see the module docstring)."""
+
+    def __init__(self, model: Any, kv: KVCache, mode: GraphsOption) -> None:
+        self.model, self.kv, self.mode = model, kv, mode
+        self._graphs: dict[tuple, _Captured] = {}
+        self.pool = torch.cuda.graph_pool_handle() if mode is True else None
+        self.captures = 0
+        self.replays = 0
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                start: int, key_end: int, logits_rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
+        """Logits of the cached forward of ``x`` [R, T] at canvas columns ``[start, start + T)`` against
+        ``[0, key_end)``, or None when the shape cannot be captured (the caller runs it eagerly)."""
+        key = (x.shape[0], x.shape[1], key_end, logits_rows, key_padding_mask is None)
+        entry = self._graphs.get(key)
+        if entry is None:
+            if len(self._graphs) >= MAX_GRAPHS:
+                return None
+            entry = self._capture(x, positions, key_padding_mask, start, key_end, logits_rows)
+            self._graphs[key] = entry
+            return entry.out.clone()
+        entry.x.copy_(x)
+        entry.positions.copy_(positions)
+        torch.add(entry.base, start, out=entry.cols)
+        entry.runner.replay()
+        self.replays += 1
+        return entry.out.clone()  # the next replay overwrites the static output; a sampler may keep this
+
+    def _capture(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                 start: int, key_end: int, logits_rows: Optional[tuple[int, int]]) -> _Captured:
+        t = x.shape[1]
+        base = torch.arange(t, device=x.device)
+        cols = base + start
+        static_x, static_pos = x.clone(), positions.clone()
+        view = StaticView(self.kv, 0, key_end, None, cols)
+        kwargs: dict[str, Any] = {"positions": static_pos, "key_padding_mask": key_padding_mask, "cache": view}
+        if logits_rows is not None:
+            kwargs["logits_rows"] = logits_rows
+
+        def step() -> torch.Tensor:
+            return self.model(static_x, **kwargs).logits
+
+        runner: Any = CudaGraphRunner(self.pool) if self.mode is True else EagerRunner()
+        out = runner.capture(step)
+        self.captures += 1
+        return _Captured(runner, static_x, static_pos, cols, base, out)
+
+    @property
+    def shapes(self) -> int:
+        return len(self._graphs)
+
+
+__all__ = ["GRAPHS_KEY", "CudaGraphRunner", "EagerRunner", "MAX_GRAPHS", "StepGraphs", "check_graphs_option"]

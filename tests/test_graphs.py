@@ -1,0 +1,91 @@
+"""dllm/graphs.py: the static cached step (captured as CUDA graphs on a GPU) against the ordinary path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm import graphs
+from dllm.graphs import GRAPHS_KEY
+from dllm.models.tiny import tiny
+
+_RUNS = [("llada", "dual"), ("llada", "prefix"), ("llada", "window"), ("dream", "dual"), ("sdar", "block"),
+         ("fastdllm_v2", "block")]
+
+
+def _decode(model, prompts, mode, **kw):
+    seen = {}
+    out = dllm.generate(model, prompts, return_trace=True, cuda_graphs=mode,
+                        callback=lambda st: seen.setdefault("g", st.extras.get(GRAPHS_KEY)), **kw)
+    return out, seen.get("g")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold", "fast"])
+@pytest.mark.parametrize("family,cache", _RUNS)
+def test_static_step_gives_the_eager_tokens(family, cache, sampler, dtype):
+    model = tiny(family, dtype=dtype)
+    block = 4 if family == "sdar" else 8
+    prompts = [list(range(10, 22)), list(range(22 - 12 + block, 22))]  # ragged, left padded
+    kw = dict(sampler=sampler, cache=cache, gen_length=16, block_length=block)
+    eager, _ = _decode(model, prompts, False, **kw)
+    static, g = _decode(model, prompts, "static", **kw)
+    assert torch.equal(eager.sequences, static.sequences) and torch.equal(eager.trace, static.trace)
+    assert eager.nfe == static.nfe and eager.forwarded_tokens == static.forwarded_tokens
+    assert g is not None and g.captures <= graphs.MAX_GRAPHS
+    if sampler != "fast":  # fast's later steps read its verification variants' logits, not a plain forward
+        assert g.captures >= 1  # replays: the block-causal cache attends to a longer prefix every block
+
+
+def test_dual_captures_one_shape_for_every_block_and_replays_it():
+    model = tiny("llada")
+    out, g = _decode(model, [list(range(10, 20))], "static", sampler="low_confidence", cache="dual",
+                     gen_length=32, block_length=8, steps=32)
+    assert g.shapes == 1 and g.captures == 1
+    assert g.replays == out.nfe - 4 - 1  # every cached forward but the captured one (4 block refreshes)
+
+
+def test_classifier_free_guidance_and_released_rows():
+    model = tiny("llada", seed=3)
+    prompts = [list(range(10, 20)), list(range(12, 20))]
+    for kw in (dict(cfg_scale=1.5), dict(stop_at_eos=True)):
+        eager, _ = _decode(model, prompts, False, cache="dual", gen_length=16, block_length=4, **kw)
+        static, _ = _decode(model, prompts, "static", cache="dual", gen_length=16, block_length=4, **kw)
+        assert torch.equal(eager.sequences, static.sequences), kw
+
+
+def test_more_shapes_than_the_bound_run_eagerly(monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    model = tiny("llada")
+    kw = dict(sampler="low_confidence", cache="prefix", gen_length=24, block_length=4, steps=24)  # 6 key lengths
+    eager, _ = _decode(model, [list(range(10, 20))], False, **kw)
+    static, g = _decode(model, [list(range(10, 20))], "static", **kw)
+    assert torch.equal(eager.sequences, static.sequences)
+    assert g.shapes == 2
+
+
+def test_bad_values_are_refused():
+    model = tiny("llada")
+    with pytest.raises(ValueError, match="cuda_graphs must be False, True or 'static'"):
+        dllm.generate(model, [[5, 6]], gen_length=4, cuda_graphs="yes")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda_graphs=True captures CUDA graphs, but the model is on cpu"):
+            dllm.generate(model, [[5, 6]], gen_length=4, cuda_graphs=True)
+
+
+def test_no_cache_has_nothing_to_capture():
+    model = tiny("llada")
+    out, g = _decode(model, [[5, 6, 7]], "static", gen_length=4)
+    assert g is None and out.nfe == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family,cache", [("llada", "dual"), ("sdar", "block")])
+def test_cuda_graphs_give_the_eager_tokens(family, cache):
+    model = tiny(family, dtype=torch.bfloat16).cuda()
+    block = 4 if family == "sdar" else 8
+    kw = dict(sampler="threshold", cache=cache, gen_length=16, block_length=block)
+    eager, _ = _decode(model, [list(range(10, 22))], False, **kw)
+    graphed, g = _decode(model, [list(range(10, 22))], True, **kw)
+    assert torch.equal(eager.sequences, graphed.sequences) and g.replays > 0
