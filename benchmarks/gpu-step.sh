@@ -7,7 +7,8 @@
 #   3. SDAR-8B's shapes with its block cache (block 4; breakdown-sdar.json);
 #   4. Fast-dLLM's transcribed dual-cache driver against dllm's loop at the same shapes (driver.txt);
 #   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa (kernels.json).
-# Eager only: the cached step is not captured as a CUDA graph yet.
+# Steps 1-3 time each case eager and with generate(cuda_graphs=True) (the cached forwards replayed as
+# CUDA graphs; on a CPU the same static step runs eagerly).
 # 7 files under ${OUT:-benchmarks/gpu-step-$(date +%F)} (gpu.txt, log.txt with every table, 5 JSON); about
 # 5 minutes on an H200 (the limits add to 330 s). DEVICE=cpu bash benchmarks/gpu-step.sh: tiny shapes.
 O=${OUT:-benchmarks/gpu-step-$(date +%F)}
@@ -17,7 +18,8 @@ if [ "$DEVICE" = cuda ]; then
 else
   W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1)
 fi
-B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler low_confidence --steps 5 --warmup 3)
+B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler low_confidence --steps 5 --warmup 3
+   --cuda-graphs)
 step 60 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,prefix,dual \
   --json "$O/breakdown-8.json"
 step 50 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,dual --batch 8 \

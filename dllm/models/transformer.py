@@ -357,7 +357,8 @@ class Transformer(nn.Module):
                 hidden[i] = h
         if head_rows is not None:
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
-        h = self.norm(h) if fused is None else self.norm.fused(h)
+        hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
+        h = self.norm(h) if fused is None or hooked else self.norm.fused(h)
         if self.lm_head is not None:
             logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)
         else:

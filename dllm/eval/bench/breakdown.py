@@ -19,6 +19,10 @@ a ``reads_block_only`` sampler such as ``threshold``) and Fast-dLLM ``get_transf
 (arg-max and a float64 softmax over ``[B, Q, V]``). Their Python loop is not counted, so the
 reference column is a lower bound on its step time.
 
+``--cuda-graphs`` times every case again with ``generate(cuda_graphs=True)`` (``dllm.graphs``: each
+cached forward replayed as a CUDA graph; on a CPU the same static step runs eagerly); a replay runs
+no module, so those rows split nothing but the step time.
+
 ``--compile [BACKEND]`` times every case a second time with the layers compiled
 (``dllm.models.compile_model``; default backend inductor) on the same model: the "compile" column.
 
@@ -62,7 +66,7 @@ class _Stop(Exception):
 class StepClock:
     """Accumulates wall time per component over the timed steps of one ``generate`` call."""
 
-    def __init__(self, model, sampler, device: torch.device, steps: int) -> None:
+    def __init__(self, model, sampler, device: torch.device, steps: int, components: bool = True) -> None:
         self.device, self.steps = device, steps
         self.total: dict[str, float] = defaultdict(float)
         self.layer_calls = 0
@@ -74,6 +78,8 @@ class StepClock:
         self._forward_in_stats = 0.0
         tr = model.transformer
         self._hooks = []
+        if not components:  # CUDA graphs: a replay runs no module, and no sync may sit inside a capture
+            return
         for layer in tr.layers:
             self._time_module(layer, "layer")
         self._time_module(tr.embed, "embedding")
@@ -200,7 +206,7 @@ def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_len
 
 
 def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
-             device: torch.device, warmup: int = 3, batch: int = 1) -> dict[str, Any]:
+             device: torch.device, warmup: int = 3, batch: int = 1, cuda_graphs: bool = False) -> dict[str, Any]:
     from dllm.engine import generate
     from dllm.samplers import make_sampler
 
@@ -208,7 +214,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     high = min(1000, model.config.vocab_size)  # ids past the special tokens, within the vocabulary
     prompt = torch.randint(10, high, (batch, prompt_length), generator=gen).to(device)
     smp = make_sampler(sampler)
-    clock = StepClock(model, smp, device, steps)
+    clock = StepClock(model, smp, device, steps, components=not cuda_graphs)
     captured: dict[str, torch.Tensor] = {}
     last = model.transformer.layers[-1]  # its output: the step's hidden states of every query row
     grab = last.register_forward_hook(lambda m, a, out: captured.__setitem__(
@@ -230,7 +236,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     try:
         with torch.inference_mode():
             generate(model, prompt, sampler=smp, gen_length=block_length, block_length=block_length,
-                     cache=cache, callback=callback)
+                     cache=cache, callback=callback, cuda_graphs=cuda_graphs)
     except _Stop:
         pass
     finally:
@@ -252,7 +258,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
         from dllm.eval.bench.gpu_profile import profile_generate
 
         gpu = profile_generate(model, prompt, sampler=sampler, cache=cache, block_length=block_length,
-                               warmup=warmup, steps=steps)
+                               warmup=warmup, steps=steps, cuda_graphs=cuda_graphs)
     return {
         **counts, **gpu,
         "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times), "warmup_steps": max(1, warmup),
@@ -321,6 +327,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: torch's choice)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="also time every case with the layers torch.compile'd (default backend: inductor)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="also time every case with generate(cuda_graphs=True): the cached forwards replayed as "
+                        "CUDA graphs (on a CPU: the same static step run eagerly); only the step time is split")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1),
@@ -341,7 +350,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         device = resolve_device(args.device)  # cuda without a GPU: the error names the available devices
     except ValueError as err:
         p.error(f"--device: {err}")
-    modes = ["eager"] + ([args.compile] if args.compile else [])
+    modes = ["eager"] + (["graphs"] if args.cuda_graphs else []) + ([args.compile] if args.compile else [])
     if args.compile:
         from dllm.models.compile import check_backend
         check_backend(args.compile, device)
@@ -351,13 +360,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for dtype in dtypes:
             model = build_model(args.layers, getattr(torch, dtype), args.device, family=args.family, width=args.width)
             for mode in modes:
-                if mode != "eager":
+                if mode not in ("eager", "graphs"):
                     from dllm.models.compile import compile_model
                     compile_model(model, mode)
+                graphs = (True if device.type == "cuda" else "static") if mode == "graphs" else False
                 for cache in caches:
                     r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
                                  block_length=args.block_length, steps=args.steps, device=device, warmup=args.warmup,
-                                 batch=args.batch)
+                                 batch=args.batch, cuda_graphs=graphs)
                     rows.append({"dtype": dtype, "compile": mode, **r})
                     print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
             del model

@@ -35,7 +35,7 @@ def launch_count(events: Any) -> int:
 
 
 def profile_generate(model, prompt: torch.Tensor, *, sampler: str, cache: str, block_length: int,
-                     warmup: int, steps: int) -> dict[str, float]:
+                     warmup: int, steps: int, cuda_graphs: Any = False) -> dict[str, float]:
     """{"gpu_busy": busy share of the profiled steps' wall time, "launches_per_step": ...}."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -61,7 +61,7 @@ def profile_generate(model, prompt: torch.Tensor, *, sampler: str, cache: str, b
     try:
         with torch.inference_mode():
             generate(model, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
-                     cache=cache, callback=callback)
+                     cache=cache, callback=callback, cuda_graphs=cuda_graphs)
     except _Done:
         pass
     if not seen["t1"]:
