@@ -431,12 +431,12 @@ def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_
     column q0) and set the trace of the generated columns written to ``trace_value``."""
     q_len = where.shape[1]
     view = state.x[:, q0:q0 + q_len]
-    view.copy_(torch.where(where, tokens, view))
+    torch.where(where, tokens, view, out=view)  # in place: out is exactly the third input
     lp = state.prompt_length
     g0 = max(q0, lp)
     if g0 < q0 + q_len:
         tr = state.trace[:, g0 - lp:q0 + q_len - lp]
-        tr.masked_fill_(where[:, g0 - q0:], trace_value)
+        tr.masked_fill_(where if g0 == q0 else where[:, g0 - q0:], trace_value)
 
 
 __all__ = ["Decode", "generate", "BlockPlan", "decode_answer"]  # decode_answer: from dllm.inputs

@@ -170,6 +170,8 @@ class CacheView:
         self.write(kb, vb, k, v)
         if self.is_full(t):
             return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
+        if self.key_end == kb.shape[2]:
+            return kb, vb  # every column attended (dual): the buffers themselves
         return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],

@@ -82,7 +82,7 @@ class RopeTable:
 def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
     """Rotate x [B, T, H', hd] (q and k heads side by side) by ``cos_sin`` [B, T, 2, 1, hd]
     (``RopeTable.lookup``). fp32: rotate in float32 and cast back (LLaDA); else in x's dtype."""
-    cos, sin = cos_sin[:, :, 0], cos_sin[:, :, 1]  # [B, T, 1, hd]
+    cos, sin = cos_sin.unbind(2)  # [B, T, 1, hd] each (one view call)
     half = x.shape[-1] // 2
     if fp32 and x.dtype != torch.float32:
         x32 = x.float()

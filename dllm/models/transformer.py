@@ -103,8 +103,8 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm.fused(qkv[:, :, :h]), self.k_norm.fused(qkv[:, :, h:h + hk])), dim=2)
         else:
             qk = qkv[:, :, :h + hk]
-        qk = rope_rows(qk, cos_sin, fp32=self.rope_fp32)  # [B, T, H + Hkv, hd]
-        return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), qkv[:, :, h + hk:].transpose(1, 2)
+        q, k = rope_rows(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split((h, hk), dim=1)  # [B, H|Hkv, T, hd]
+        return q, k, qkv[:, :, h + hk:].transpose(1, 2)
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
