@@ -7,13 +7,13 @@
 O=${OUT:-benchmarks/gpu-$(date +%F)}
 . "$(dirname "$0")/lib-gpu.sh"
 if [ "$DEVICE" = cuda ]; then
-  TESTS=(tests/kernels); CACHES=(); MODELS=(tiny-random-llada tiny-llada)
+  TESTS=(tests/kernels); CACHES=(); MODELS=(tiny-random-llada tiny-llada); KERNELS=()
 else
-  TESTS=(tests/kernels/test_launch.py tests/kernels/test_auto_probe.py); CACHES=(--prompt-length 32 --gen-length 16 --block-length 8 --layers 1 --repeats 1)
-  MODELS=(tiny-random-llada)
+  TESTS=(tests/kernels/test_launch.py tests/kernels/test_auto_probe.py tests/kernels/test_fused_ops.py); CACHES=(--prompt-length 32 --gen-length 16 --block-length 8 --layers 1 --repeats 1)
+  MODELS=(tiny-random-llada); KERNELS=(--tiny --repeats 1)
 fi
 step 240 pytest-kernels.txt python3 -m pytest -q "${TESTS[@]}" -p no:cacheprovider
-step 120 bench-kernels.txt dllm bench kernels --device "$DEVICE" --json "$O/bench-kernels.json"
+step 120 bench-kernels.txt dllm bench kernels --device "$DEVICE" "${KERNELS[@]}" --json "$O/bench-kernels.json"
 for m in "${MODELS[@]}"; do
   step 120 "bench-caches-$m.txt" dllm bench caches --model "$m" --device "$DEVICE" "${CACHES[@]}" \
     --samplers low_confidence threshold fast --json "$O/bench-caches-$m.json"

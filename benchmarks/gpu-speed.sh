@@ -10,7 +10,7 @@ O=${OUT:-benchmarks/gpu-speed-$(date +%F)}
 if [ "$DEVICE" = cuda ]; then
   W=(); COMPILE=(--compile); N=8; REPEATS=3; PAIRS=()
 else
-  W=(--width tiny --prompt-length 64); COMPILE=(--compile aot_eager); N=1; REPEATS=1; PAIRS=(--pairs tiny-llada/pb-mini)
+  W=(--width tiny --prompt-length 64 --caches dual); COMPILE=(--compile eager); N=1; REPEATS=1; PAIRS=(--pairs tiny-llada/pb-mini)
 fi
 step 130 breakdown.txt dllm bench breakdown --device "$DEVICE" "${W[@]}" --json "$O/breakdown.json"
 step 130 breakdown-compile.txt dllm bench breakdown --device "$DEVICE" "${W[@]}" "${COMPILE[@]}" \

@@ -16,7 +16,7 @@ O=${OUT:-benchmarks/gpu-step-$(date +%F)}
 if [ "$DEVICE" = cuda ]; then
   W=(--width 8b); P=1024; L8=8; L32=32; DRIVER=(--width 8b --layers 8); KERNELS=()
 else
-  W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1)
+  W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1 --tiny)
 fi
 B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler low_confidence --steps 5 --warmup 3
    --cuda-graphs)

@@ -63,15 +63,20 @@ def run_caches(args) -> int:
                            progress=not args.no_progress)
     print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
     print(format_table(rows))
+    ratios = sdpa_ratios(rows)
+    if ratios:
+        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
+        print(format_table(ratios, RATIO_COLUMNS))
     _write_json(args.json, rows)
     return 0
 
 
 def kernels_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--repeats", type=POSITIVE, default=5)
-    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--repeats", type=POSITIVE, default=5, help="timed calls per row (default 5)")
+    p.add_argument("--tiny", action="store_true", help="the smallest shapes only (a CPU smoke run in seconds)")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the rows here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def checked_device(text: str | None) -> str | None:
@@ -97,10 +102,12 @@ def run_kernels(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from dllm.eval.bench.kernels import default_shapes, format_table, run_kernel_bench
+    from dllm.eval.bench.kernels import RATIO_COLUMNS, default_shapes, format_table, run_kernel_bench, sdpa_ratios
+    from dllm.eval.bench.kernels import tiny_shapes
 
     device = checked_device(args.device)
-    shapes = default_shapes(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    shapes = (tiny_shapes() if getattr(args, "tiny", False)
+              else default_shapes(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))))
     rows: list[dict] = []
     try:
         for shape in tqdm(shapes, disable=args.no_progress, desc="bench kernels", unit="shape"):
@@ -114,5 +121,9 @@ def run_kernels(args) -> int:
         done = len({r["shape"] for r in rows})
         raise KeyboardInterrupt(f"finished rows ({done} of {len(shapes)} shapes) {where}") from None
     print(format_table(rows))
+    ratios = sdpa_ratios(rows)
+    if ratios:
+        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
+        print(format_table(ratios, RATIO_COLUMNS))
     _write_json(args.json, rows)
     return 0

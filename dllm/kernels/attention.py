@@ -97,11 +97,17 @@ def reference_attention(
     return out, (probs if return_probs else None)
 
 
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+
+
 def _sdpa(q, k, v, mask, return_probs: bool, name: str) -> tuple[torch.Tensor, None]:
-    """One ``F.scaled_dot_product_attention`` call with the mask (KV heads expanded)."""
+    """One ``F.scaled_dot_product_attention`` call with the mask; grouped KV heads are read in place
+    (``enable_gqa``) where torch has it, else expanded first (the same values)."""
     if return_probs:
         raise ValueError(f"the {name} attention backend cannot return attention probabilities; "
                          "use attn_backend='reference'")
+    if k.shape[1] != q.shape[1] and _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=True), None
     k = _expand_kv(k, q.shape[1])
     v = _expand_kv(v, q.shape[1])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False), None

@@ -1,13 +1,14 @@
 """Rotate-half RoPE: the reference (tables per forward, as both official codes compute them) and the
 table form of the fused layer (``RopeTable``: cos and signed sin per position, computed once with the
-reference formula and gathered by position; ``rope_rows``: q and k rotated together as
-``x * cos + roll(x) * sin_signed``, which with ``sin_signed = cat(-sin, sin)`` equals
-``x * cos + rotate_half(x) * sin`` bit for bit: negation is exact).
+reference formula and gathered by position; the rotation of q and k together, ``rope_rows``, lives in
+``dllm.kernels.layer_ops``).
 """
 
 from __future__ import annotations
 
 import torch
+
+from dllm.kernels.layer_ops import rope_rows  # noqa: F401 (the table rotation; re-exported)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -77,17 +78,6 @@ class RopeTable:
             table = self._build(length, positions.device, dtype)
             self._tables[key] = table
         return table[positions].unsqueeze(3)  # [B, T, 2, 1, hd]
-
-
-def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
-    """Rotate x [B, T, H', hd] (q and k heads side by side) by ``cos_sin`` [B, T, 2, 1, hd]
-    (``RopeTable.lookup``). fp32: rotate in float32 and cast back (LLaDA); else in x's dtype."""
-    cos, sin = cos_sin.unbind(2)  # [B, T, 1, hd] each (one view call)
-    half = x.shape[-1] // 2
-    if fp32 and x.dtype != torch.float32:
-        x32 = x.float()
-        return (x32 * cos + x32.roll(half, dims=-1) * sin).to(x.dtype)
-    return x * cos + x.roll(half, dims=-1) * sin
 
 
 __all__ = ["RopeTable", "apply_rope", "rope_cos_sin", "rope_inv_freq", "rope_rows", "rotate_half"]

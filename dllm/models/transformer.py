@@ -31,12 +31,14 @@ from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.config import TransformerConfig
 from dllm.models.fused import FusedWeight, fusable
 from dllm.models.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
 KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
-FusedPair = tuple[FusedWeight, FusedWeight]  # a layer's (q/k/v, gate/up) fused weights
+FusedPair = tuple[FusedWeight, FusedWeight, bool]  # a layer's (q/k/v, gate/up) fused weights, and whether
+# its norms and RoPE run as the one-launch operators of dllm.kernels.fused_ops
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,18 +94,20 @@ class Attention(nn.Module):
             f = self._fused = FusedWeight(projections) if fusable(projections) else None
         return f
 
-    def qkv_fused(self, x: torch.Tensor, w: FusedWeight,
-                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv_fused(self, x: torch.Tensor, w: FusedWeight, cos_sin: torch.Tensor,
+                  ops: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``qkv`` in one matmul and one rotation of q and k together: x [B, T, D] (normed),
-        ``cos_sin`` [B, T, 2, 1, hd] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views)."""
+        ``cos_sin`` [B, T, 2, 1, hd] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views).
+        ``ops``: the q/k norms and the rotation as the one-launch operators (``dllm.kernels.fused_ops``)."""
         b, t, _ = x.shape
         h, hk = self.n_heads, self.n_kv_heads
         qkv = F.linear(x, w.weight, w.bias).view(b, t, h + 2 * hk, self.head_dim)  # [B, T, H + 2Hkv, hd]
         if hasattr(self, "q_norm"):
-            qk = torch.cat((self.q_norm.fused(qkv[:, :, :h]), self.k_norm.fused(qkv[:, :, h:h + hk])), dim=2)
+            qk = torch.cat((self.q_norm.fused(qkv[:, :, :h], ops), self.k_norm.fused(qkv[:, :, h:h + hk], ops)), dim=2)
         else:
             qk = qkv[:, :, :h + hk]
-        q, k = rope_rows(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split((h, hk), dim=1)  # [B, H|Hkv, T, hd]
+        rotate = fused_rope_rows if ops else rope_rows
+        q, k = rotate(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split((h, hk), dim=1)  # [B, H|Hkv, T, hd]
         return q, k, qkv[:, :, h + hk:].transpose(1, 2)
 
     def qkv(
@@ -164,7 +168,7 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.mlp = MLP(cfg)
 
-    def fused_weights(self) -> Optional[FusedPair]:
+    def fused_weights(self) -> Optional[tuple[FusedWeight, FusedWeight]]:
         """(q/k/v, gate/up) fused weights, or None when this layer must run module by module."""
         mlp = self.mlp
         if type(mlp) is not MLP or mlp.down_proj._forward_hooks or type(mlp.down_proj) is not nn.Linear:
@@ -200,7 +204,7 @@ class TransformerBlock(nn.Module):
                  fused: Optional[FusedPair] = None):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
         if fused is not None:
-            return self.attn.qkv_fused(self.attn_norm.fused(h), fused[0], cos)
+            return self.attn.qkv_fused(self.attn_norm.fused(h, fused[2]), fused[0], cos, fused[2])
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
     def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedPair] = None) -> torch.Tensor:
@@ -208,7 +212,7 @@ class TransformerBlock(nn.Module):
         b, _, t, _ = out.shape
         h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         if fused is not None:
-            return h + self.mlp.forward_fused(self.mlp_norm.fused(h), fused[1])
+            return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused[2]), fused[1])
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -241,16 +245,22 @@ class Transformer(nn.Module):
         # None: fused layers for every dtype but float32 (where the module-by-module reference is
         # kept bit-identical to the official code); True / False force one path (``set_fused``)
         self.fused: Optional[bool] = None
+        # None: the one-launch norm/RoPE operators (dllm.kernels.fused_ops) for CUDA weights; True /
+        # False force them (True on a CPU runs their reference: what a GPU would launch, counted)
+        self.fused_ops: Optional[bool] = None
         self._rope_table = RopeTable(cfg.rope_dim or cfg.head_dim, cfg.rope_theta)
         self._fused_layers: Optional[list[FusedPair]] = None  # built on first use; [] = cannot fuse
         self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_fused())
 
-    def set_fused(self, fused: Optional[bool]) -> None:
+    def set_fused(self, fused: Optional[bool], *, ops: Optional[bool] = None) -> None:
         """Choose the layer path: True (fused projections, one-op norms, table RoPE), False (module by
-        module, the reference), None (fused unless the weights are float32)."""
-        if fused not in (None, True, False):
-            raise ValueError(f"fused must be True, False or None (by dtype), got {fused!r}")
-        self.fused = fused
+        module, the reference), None (fused unless the weights are float32). ``ops``: norms and RoPE
+        as the one-launch operators of ``dllm.kernels.fused_ops`` (None: for CUDA weights)."""
+        for name, value in (("fused", fused), ("ops", ops)):
+            if value not in (None, True, False):
+                raise ValueError(f"{name} must be True, False or None (by dtype / device), got {value!r}")
+        self.fused, self.fused_ops = fused, ops
+        self._fused_layers = None
 
     def invalidate_fused(self) -> None:
         """Fuse again at the next forward: call after replacing projection weights by assignment
@@ -277,7 +287,8 @@ class Transformer(nn.Module):
             pairs = [layer.fused_weights() for layer in self.layers]
             rotary = cfg.rope_dim or cfg.head_dim
             ok = rotary == cfg.head_dim and rotary % 2 == 0 and all(p is not None for p in pairs)
-            state = self._fused_layers = [p for p in pairs if p is not None] if ok else []
+            ops = self.embed.weight.is_cuda if self.fused_ops is None else self.fused_ops
+            state = self._fused_layers = [(p[0], p[1], ops) for p in pairs if p is not None] if ok else []
         return state or None
 
     def fused_ready(self, want_attn: bool) -> bool:
@@ -358,7 +369,7 @@ class Transformer(nn.Module):
         if head_rows is not None:
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
         hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
-        h = self.norm(h) if fused is None or hooked else self.norm.fused(h)
+        h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0][2])
         if self.lm_head is not None:
             logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)
         else:

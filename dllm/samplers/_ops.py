@@ -27,6 +27,13 @@ def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     return base[:, None] + (i[None, :] < rem[:, None]).long()  # [B, S]
 
 
+def full_block_count(width: int, steps: int, step: int) -> int:
+    """``transfer_schedule``'s count at ``step`` for a block that starts with all ``width`` positions
+    masked: ``width // steps + (step < width % steps)``, a host int. No row's count at that step is
+    larger (the schedule grows with the mask count), so it bounds every row's."""
+    return width // steps + int(step < width % steps)
+
+
 def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     """Per row, the ``k[j]`` eligible positions with the largest score, as a bool map.
 
@@ -42,24 +49,25 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
 TIES = ("reference", "first")  # how equal scores at a top-k cut are resolved (the ``ties`` option)
 
 
-def top_k_as_reference(score: torch.Tensor, counts: list[int], eligible: torch.Tensor) -> torch.Tensor:
-    """Per row j, the ``counts[j]`` eligible positions with the largest score, chosen by
-    ``torch.topk`` as LLaDA's loop does (``topk(confidence[j], k=n[j])``), as a bool map.
+def top_k_of_topk(score: torch.Tensor, counts: torch.Tensor, k_max: int,
+                  eligible: torch.Tensor) -> torch.Tensor:
+    """Per row j, the ``counts[j]`` eligible positions with the largest score, from ONE
+    ``torch.topk(score, k_max)`` call: row j keeps the first ``counts[j]`` entries of its sorted
+    result, as a bool map.
 
-    score: [B, Q] float; eligible: [B, Q] bool; counts: B host ints (at most the row's eligible
-    count). Ineligible entries are -inf, as in LLaDA. Rows with the same count share one call: one
-    call in all when every row has the same count, the usual case.
+    score: [B, Q] float; counts: [B] long, each in [0, k_max]; k_max: a host int <= Q; eligible:
+    [B, Q] bool. Ineligible entries are -inf, as in LLaDA. A row whose count is ``k_max`` gets
+    exactly ``torch.topk(score[j], k_max)``'s set (equal scores at the cut resolved in the device's
+    order); a row with a smaller count gets the first ``counts[j]`` of that sorted result, so among
+    equal scores at its cut the order of ``topk``'s output decides (on the CPU kernel not
+    necessarily the set of ``topk(score[j], counts[j])``). Nothing is read back to the host.
     """
+    if k_max == 0:
+        return torch.zeros_like(eligible)
     score = score.masked_fill(~eligible, float("-inf"))
-    commit = torch.zeros_like(eligible)
-    for k in sorted(set(counts) - {0}):
-        if len(set(counts)) == 1:
-            commit.scatter_(1, torch.topk(score, k, dim=-1).indices, True)
-        else:
-            rows = torch.tensor([j for j, n in enumerate(counts) if n == k], device=score.device)
-            idx = torch.topk(score[rows], k, dim=-1).indices  # [R, k]
-            commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, True)
-    return commit & eligible
+    idx = torch.topk(score, k_max, dim=-1).indices  # [B, k_max] sorted by score
+    keep = torch.arange(k_max, device=score.device) < counts.reshape(-1, 1)  # [B, k_max]
+    return torch.zeros_like(eligible).scatter_(1, idx, keep) & eligible
 
 
 def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:

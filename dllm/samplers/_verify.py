@@ -45,4 +45,5 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
     full[:, :, ws:we] = window_tokens
     if rows is None:
         rows = torch.arange(n_rows, device=window_tokens.device)  # [R]
-    return inp.forward_variants(full.reshape(n_rows * n, -1), rows.repeat_interleave(n), n)
+    variant_rows = rows[:, None].expand(n_rows, n).reshape(-1)  # [R * N] each row n times, in runs
+    return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n)

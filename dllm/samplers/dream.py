@@ -22,20 +22,23 @@ multinomial over all masked rows when T > 0, then one multinomial without replac
 equal confidences -- common once the softmax saturates to exactly 1.0 (peaked logits, bf16) -- are
 resolved as Dream resolves them on the same device; that order is the device's (CUDA keeps the
 lowest indices, the CPU kernel does not). ``ties="first"`` takes the lowest indices on every device
-(a stable sort). ``k`` is a host integer: every step's k follows from the block's mask counts (each row
-commits ``min(k, its masks)``), so ``begin_block`` reads those counts and the time grid once and
-plans the block's ks; the confidence algorithms make no host read per step at T = 0 (at T > 0 the
-masked rows are indexed, as Dream samples only those). ``origin`` reads the masked count every step
-(``rand(#masked)``). With ``steps == gen_length`` the first step commits nothing
-(``k = int(G * (1 - s/t)) = 0``), as in Dream. Deliberate difference: the mask token is never
+(a stable sort). ``k`` is a host integer (``topk``'s k, the sample count of ``alg_temp``): every
+step's k follows from the block's mask counts (each row commits ``min(k, its masks)``), so
+``begin_block`` reads those counts and the time grid once (one host read per block) and plans the
+block's ks; the confidence algorithms make no host read per step at T = 0, and one at T > 0 (the
+masked positions, as Dream samples only those: the multinomial's shape, hence its random stream,
+depends on their number). ``origin`` reads the masked positions every step (``rand(#masked)``), and
+at T > 0 the revealed ones (one multinomial over them). With ``steps == gen_length`` the first step
+commits nothing (``k = int(G * (1 - s/t)) = 0``), as in Dream. Deliberate difference: the mask token is never
 proposed (where Dream would sample or pick it, the arg-max over the other tokens is used).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from dllm.options import check_choice, check_int, check_number, check_unit
@@ -50,7 +53,6 @@ from dllm.samplers._ops import (
     top_p_filter,
     top_two_margin,
 )
-from dllm.rows import held_mask
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -117,27 +119,40 @@ class _DreamBase(Sampler):
         return ts[inp.step], ts[inp.step + 1]
 
 
-def planned_counts(masks_at_start: torch.Tensor, timesteps: torch.Tensor) -> list[int]:
+def planned_counts(masks_at_start: Sequence[int], timesteps: Sequence[float]) -> list[int]:
     """Dream's ``k`` for every step of a block, as host integers.
 
-    masks_at_start: [B] long, masks of each row when the block starts; timesteps: [S + 1] float32
-    (Dream's grid, built on the canvas device). Step i: ``mean = sum(masks) / B`` (float32, as
-    Dream's ``num_mask_token``), ``k_i = int(mean * (1 - t_{i+1} / t_i))`` and ``int(mean)`` at the
-    last step; then every row loses ``min(k_i, its masks)``: exactly what the step commits, so the
-    counts never need to be read again. float32 arithmetic on CPU tensors rounds as on the device
-    (IEEE division, subtraction and product). Reads the counts and the grid once (a host sync per
-    block, none per step).
+    masks_at_start: each row's masks when the block starts; timesteps: Dream's float32 grid of
+    S + 1 times (its values, as built on the canvas device). Step i: ``mean = sum(masks) / B``
+    (float32, as Dream's ``num_mask_token``), ``k_i = int(mean * (1 - t_{i+1} / t_i))`` and
+    ``int(mean)`` at the last step; then every row loses ``min(k_i, its masks)``: exactly what the
+    step commits, so the counts never need to be read again. The float32 arithmetic runs on numpy
+    scalars, which round as the device does (IEEE division, subtraction and product). Pure host
+    arithmetic: the caller reads the counts and the grid (once per block).
     """
-    masks = masks_at_start.tolist()
-    ts = timesteps.cpu()
-    steps = ts.numel() - 1
+    masks = [int(m) for m in masks_at_start]
+    ts = [np.float32(t) for t in timesteps]
+    steps = len(ts) - 1
     counts = []
     for i in range(steps):
-        mean = torch.tensor(sum(masks)) / len(masks)  # int64 / int -> float32, as Dream
-        k = int(mean) if i == steps - 1 else int(mean * (1 - ts[i + 1] / ts[i]))
+        mean = np.float32(sum(masks)) / np.float32(len(masks))  # int64 / int -> float32, as Dream
+        k = int(mean) if i == steps - 1 else int(mean * (np.float32(1) - ts[i + 1] / ts[i]))
         counts.append(k)
         masks = [m - min(k, m) for m in masks]
     return counts
+
+
+def flat_positions(active: torch.Tensor) -> torch.Tensor:
+    """[B, Q] bool -> [N] long: the flat (row-major) indices of the True entries, the order in which
+    Dream's boolean indexing ``x[mask]`` lists them. A host sync (N is data-dependent)."""
+    return active.reshape(-1).nonzero().squeeze(1)
+
+
+def scatter_rows(values: torch.Tensor, flat: torch.Tensor, shape: tuple[int, int], fill) -> torch.Tensor:
+    """Place ``values`` [N] at the flat indices ``flat`` [N] of a [B, Q] tensor filled with ``fill``
+    (Dream's ``x[mask] = values`` without a second boolean index)."""
+    out = values.new_full((shape[0] * shape[1],), fill)
+    return out.index_copy(0, flat, values).reshape(shape)
 
 
 @register_sampler("origin")
@@ -148,15 +163,23 @@ class Origin(_DreamBase):
         t, s = self._times(inp, state)
         p_transfer = 1 - s / t if not inp.is_last_step else torch.ones_like(t)
         active = inp.active  # [B, Q]
-        n_masked = int(active.sum())  # host sync: Dream draws rand(#masked)
-        reveal = torch.rand(n_masked, generator=inp.generator, device=active.device) < p_transfer
-        rows = inp.logits[active][reveal]  # [N_reveal, V]
+        shape = (active.shape[0], active.shape[1])
+        masked = flat_positions(active)  # [N] host sync: Dream draws rand(#masked)
+        reveal = torch.rand(masked.numel(), generator=inp.generator, device=active.device) < p_transfer  # [N]
         cfg = self.config
-        _, x0 = sample_tokens(rows, inp.temperature, cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
-        flat = torch.full((n_masked,), inp.mask_id, dtype=torch.long, device=active.device)
-        flat[reveal] = x0
-        tokens = torch.full_like(inp.tokens, inp.mask_id)
-        tokens[active] = flat
+        if inp.temperature > 0:
+            # Dream samples only the revealed rows (one multinomial over them): index them (host sync)
+            revealed = masked[reveal.nonzero().squeeze(1)]  # [R] flat indices
+            rows = inp.logits.flatten(0, 1)[revealed]  # [R, V]
+            _, x0 = sample_tokens(rows, inp.temperature, cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
+            tokens = scatter_rows(x0, revealed, shape, inp.mask_id)  # [B, Q]
+        else:
+            # deterministic: every position of the block window, the revealed ones kept
+            ws, we = inp.window
+            _, x0_w = sample_tokens(inp.logits[:, ws:we], 0.0, cfg.top_p, cfg.top_k, inp.mask_id, None)
+            x0 = expand_window(x0_w, inp.window, shape[1], inp.mask_id)  # [B, Q]
+            revealed = scatter_rows(reveal, masked, shape, False)  # [B, Q]
+            tokens = torch.where(revealed, x0, torch.full_like(x0, inp.mask_id))
         commit = active & (tokens != inp.mask_id)
         return StepOutput(commit=commit, tokens=tokens, score=None)
 
@@ -165,11 +188,13 @@ class _DreamConfidence(_DreamBase):
     def begin_block(self, state: DecodeState) -> None:
         super().begin_block(state)
         assert state.block_masks_at_start is not None
-        masks = state.block_masks_at_start  # [B]
-        held = held_mask(state)  # released rows (dllm.rows) take no part in the batch's mean
-        if held is not None and bool(held.any()):
-            masks = masks[held]  # [H]
-        state.extras["dream_counts"] = planned_counts(masks, state.extras["dream_timesteps"])
+        b = state.batch_size
+        # the block's one host read: the mask counts and the time grid together (k is topk's k)
+        values = torch.cat([state.block_masks_at_start.to(torch.float64),
+                            state.extras["dream_timesteps"].to(torch.float64)]).tolist()
+        masks = [int(m) for m in values[:b]]
+        held = [m for j, m in enumerate(masks) if j not in state.released]  # released rows (dllm.rows)
+        state.extras["dream_counts"] = planned_counts(held or masks, values[b:])  # take no part in the mean
 
     def _confidence(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -180,13 +205,13 @@ class _DreamConfidence(_DreamBase):
         logits = inp.logits  # [B, Q, V]
         if inp.temperature > 0:
             # Dream samples only the masked rows (flattened row-major): index them (host sync)
-            probs, x0_rows = sample_tokens(logits[active], inp.temperature, cfg.top_p, cfg.top_k,
-                                           inp.mask_id, inp.generator)
-            conf_rows = self._confidence(probs, x0_rows)
-            x0 = torch.full_like(inp.tokens, inp.mask_id)
-            x0[active] = x0_rows
-            conf = torch.full(active.shape, float("-inf"), dtype=logits.dtype, device=logits.device)
-            conf[active] = conf_rows.to(logits.dtype)
+            shape = (active.shape[0], active.shape[1])
+            masked = flat_positions(active)  # [N]
+            probs, x0_rows = sample_tokens(logits.flatten(0, 1)[masked], inp.temperature,
+                                           cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
+            conf_rows = self._confidence(probs, x0_rows).to(logits.dtype)  # [N]
+            x0 = scatter_rows(x0_rows, masked, shape, inp.mask_id)  # [B, Q]
+            conf = scatter_rows(conf_rows, masked, shape, float("-inf"))  # [B, Q]
         else:
             # deterministic: only the block window matters (confidence is -inf elsewhere)
             ws, we = inp.window

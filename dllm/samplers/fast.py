@@ -20,7 +20,9 @@ branches it forwards less (1.15x) but falls 1.2 points below threshold on tiny-l
 highest tokens per forward won, ``lopa`` with 8 branches and reuse (1.59-1.60x, 2.4-2.5x), ``lopa``
 with 8 branches (1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equal to
 ``threshold``, 1.13x).
-Re-run the choice when the embedded models change:
+The preset also sets ``compact="auto"``: on CUDA its steps read nothing back to the host (static
+variant batches, see ``dllm.samplers.lopa``: the same tokens for a few more forwards); elsewhere the
+variant batch is compacted (one host read per step, the fewest forwarded tokens). Re-run the choice when the embedded models change:
 
     dllm bench choose-fast --threads 1
 
@@ -34,7 +36,8 @@ from typing import Any
 from dllm.registry import preset_class
 from dllm.samplers.base import Sampler, register_sampler, samplers
 
-CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 3, "reuse": True})  # (registered sampler, option defaults)
+# (registered sampler, option defaults); compact="auto": static variant batches on CUDA (no host read)
+CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 3, "reuse": True, "compact": "auto"})
 
 
 def preset(name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type[Sampler]:

@@ -31,13 +31,24 @@ positions (Shuffle's last pair) are committed with the same item; ``verify_varia
 paper's selection. The guard reads logits the step already has: it costs nothing.
 
 Cost, stated honestly: 2 NFE per step (the step's forward plus one batched variant forward), and
-up to ``(1 + branches) x L`` forwarded tokens per row and step (L = canvas length). The variant
-forward is skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE), rows
-without remaining masks are left out of it, and the variant count is clamped to ``1 + the most
-candidates of any row`` (a row with fewer candidates forwards duplicate canvases that cannot win).
-Reading those counts is one intentional host sync per step (the variant batch size depends on
-them). With ``branches=1`` and the bonus, every step is two threshold steps, so the output equals
-``threshold`` at the same ``tau_conf`` (float32).
+up to ``(1 + branches) x L`` forwarded tokens per row and step (L = canvas length). The variant batch
+has two shapes (the option ``compact``):
+
+- ``compact=True`` (default): the step reads each row's candidate count on the host (one sync per
+  step; the batch's shape depends on them). Rows without remaining masks are left out of the
+  variant forward, the variant count is clamped to ``1 + the most candidates of any row`` (a row
+  with fewer candidates forwards duplicate canvases that cannot win), and the variant forward is
+  skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE).
+- ``compact=False``: static shapes, nothing read back to the host (a step can be captured in a
+  CUDA graph): every row forwards ``min(branches, 1 + W)`` variants whatever its candidates -- a
+  row whose block the anchor fills forwards ``B0'`` only, which wins and commits the anchor -- and
+  the variant forward runs even when the anchor fills every row's block.
+- ``compact="auto"``: static shapes on CUDA (where a step is bound by launches and syncs), compacted
+  elsewhere (where it is bound by the forwarded tokens).
+
+The tokens are the same either way; only NFE and forwarded tokens differ. With ``branches=1`` and
+the bonus, every step is two threshold steps, so the output equals ``threshold`` at the same
+``tau_conf`` (float32), and with ``compact=True`` so does its NFE.
 
 Reuse (``reuse=True``, the paper's own loop): the winner's logits ARE the forward of the canvas
 the step commits (a variant's forward reproduces the later step it stands for, under a cache too:
@@ -51,7 +62,8 @@ Greedy only (temperature 0), enforced by the engine; under a cache each variant 
 cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
 ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
 ``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
-reuse), ``verify_variants`` (True), ``reuse`` (False). The paper's defaults for D2F-Dream are 7-14 branches; its branch score variant
+reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True). The paper's defaults for
+D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
 """
@@ -59,6 +71,7 @@ scripts' plain mean over the remaining masks is).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 
@@ -80,6 +93,9 @@ class LoPAConfig:
     bonus: bool = True  # also commit the threshold fills of the winner's own logits
     verify_variants: bool = True  # a variant wins only if B0' still proposes its token (not in the paper)
     reuse: bool = False  # hand the winner's logits to the next step (the paper's loop: 1 forward per step)
+    compact: Union[bool, str] = True  # read the candidate counts on the host (one sync per step) to
+    #   forward only the rows and variants that can win, and no variant forward when the anchor fills
+    #   every block; False: static shapes, no host read; "auto": False on CUDA, True elsewhere
 
     def __post_init__(self) -> None:
         check_int("branches", self.branches, 1, hint=" (variant 0 is the anchor itself)")
@@ -88,6 +104,8 @@ class LoPAConfig:
         check_bool("bonus", self.bonus)
         check_bool("verify_variants", self.verify_variants)
         check_bool("reuse", self.reuse)
+        if self.compact != "auto" and not isinstance(self.compact, bool):
+            raise ValueError(f'compact must be True, False or "auto" (static shapes on CUDA only), got {self.compact!r}')
 
 
 def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch.Tensor:
@@ -129,44 +147,61 @@ class LoPA(Sampler):
         anchor = threshold_commit(conf, active, cfg.tau_conf)  # [B, W]
         base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
         commit, out, nxt = anchor, base, None
-
-        # 2. variant positions: the best k - 1 remaining masks by the confidence kind
-        cand = active & ~anchor  # [B, W]
-        # intentional host sync: the variant batch (rows, variant count) depends on these counts
-        counts = cand.sum(dim=1).tolist()
-        n_extra = min(cfg.branches - 1, max(counts, default=0))
-        if max(counts, default=0) > 0 and (n_extra > 0 or cfg.bonus or cfg.reuse):
-            live = torch.tensor([i for i, c in enumerate(counts) if c > 0], device=cur.device)  # [N]
-            commit_l, out_l, next_l = self._lookahead(inp, live, x0, probs, active, cand, anchor, base, n_extra)
-            commit = commit.index_copy(0, live, commit_l)
-            out = out.index_copy(0, live, out_l)
-            if cfg.reuse:  # rows without masks left keep zeros: the next step reads none of them
-                nxt = logits.new_zeros(logits.shape).index_copy(0, live, next_l)  # [B, W, V]
+        if cfg.branches > 1 or cfg.bonus or cfg.reuse:  # 2-5: the lookahead
+            if cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda):
+                commit, out, nxt = self._compact_lookahead(inp, x0, probs, active, anchor, base)
+            else:
+                commit, out, nxt = self._lookahead(inp, x0, probs, active, anchor, base,
+                                                   min(cfg.branches - 1, base.shape[1]))
         decision = window_output(inp, commit, out, conf.masked_fill(~active, float("-inf")))
-        decision.next_logits = nxt
+        decision.next_logits = nxt if cfg.reuse else None
         return decision
 
-    def _lookahead(self, inp: StepInput, live: torch.Tensor, x0, probs, active, cand, anchor, base,
-                   n_extra: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Steps 2-5 for the rows ``live`` [N] that still have masks after the anchor. Returns
-        (commit [N, W] bool, tokens [N, W] long, the winner's logits [N, W, V]) in window coordinates."""
+    def _compact_lookahead(self, inp: StepInput, x0, probs, active, anchor, base
+                           ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """``compact=True``: the lookahead of the rows with masks left after the anchor only, with as
+        many variants as the most candidates of a row, none when no row has one. One host read (the
+        candidate counts): the variant batch's shape depends on them. Same returns as ``_lookahead``;
+        the winner's logits are zeros for the rows left out (the next step reads none of them)."""
+        counts = (active & ~anchor).sum(dim=1)  # [B]
+        host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
+        n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)
+        n_extra = min(self.config.branches - 1, most)
+        if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
+            return anchor, base, None
+        live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
+        commit_l, out_l, next_l = self._lookahead(inp, x0[live], probs[live], active[live], anchor[live],
+                                                  base[live], n_extra, rows=live)
+        commit = anchor.index_copy(0, live, commit_l)  # [B, W]
+        out = base.index_copy(0, live, out_l)  # [B, W]
+        nxt = next_l.new_zeros((base.shape[0], *next_l.shape[1:])).index_copy(0, live, next_l)  # [B, W, V]
+        return commit, out, nxt
+
+    def _lookahead(self, inp: StepInput, x0, probs, active, anchor, base, n_extra: int,
+                   rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Steps 2-5 for the batch rows ``rows`` [N] (default: every row, N = B), whose tensors are
+        given in window coordinates [N, W]; ``n_extra`` (<= W) variant positions per row. Returns
+        (commit [N, W] bool, tokens [N, W] long, the winner's logits [N, W, V]). A row with no mask
+        left after the anchor has no valid variant but ``B0'``, which scores ``+inf`` and adds
+        nothing: it commits the anchor."""
         cfg = self.config
-        x0, probs, active, cand, anchor, base = (t[live] for t in (x0, probs, active, cand, anchor, base))
         n_rows, w = base.shape
         k = 1 + n_extra  # variants per row, variant 0 = B0'
         dev = base.device
 
+        # 2. variant positions: the best k - 1 remaining masks by the confidence kind
+        cand = active & ~anchor  # [N, W]
         rank = confidence_of(probs, x0, cfg.confidence).masked_fill(~cand, float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
         valid = torch.ones(n_rows, k, dtype=torch.bool, device=dev)  # [N, k]
-        valid[:, 1:] = torch.gather(cand, 1, pos)  # fewer candidates: duplicate variants, masked out
+        valid[:, 1:] = torch.gather(cand, 1, pos)  # fewer candidates: duplicates of B0', masked out
         extra = torch.zeros(n_rows, k, w, dtype=torch.bool, device=dev)  # [N, k, W] p_j of variant j
         extra[:, 1:].scatter_(2, pos[:, :, None], valid[:, 1:, None])
         fill = anchor[:, None, :] | extra  # [N, k, W]
         variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
 
         # 3. one batched forward of the N * k variants
-        v_logits = forward_window_variants(inp, variants, live).reshape(n_rows, k, w, -1)  # [N, k, W, V]
+        v_logits = forward_window_variants(inp, variants, rows).reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
         v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]

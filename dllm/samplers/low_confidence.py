@@ -14,11 +14,16 @@ selection (``ties="reference"``, the default) is LLaDA's own ``torch.topk(confid
 [B, Q] scores (-inf off the block's masks, in the logits dtype), so equal confidences -- a
 float32/bf16 softmax saturating to exactly 1.0 at several masks -- resolve as in LLaDA on the same
 device. ``torch.topk``'s order among equal values is the device's: CUDA keeps the lowest indices,
-the CPU kernel (a partial sort) does not. The counts ``n`` are read to the host once per block (the
-schedule follows from the block's mask counts); no step reads anything back. Rows that share ``n``
-share one ``topk`` call (its per-row result is that of LLaDA's per-row call). ``ties="first"``
-takes the lowest indices among equal scores on every device (a stable sort, what CUDA's
-``torch.topk`` does) and reads nothing back at all.
+the CPU kernel (a partial sort) does not. A step makes one ``topk`` call over the batch with the
+count of a block that starts full, ``k_i = W // S + (i < W % S)`` (host arithmetic on the block's
+width W), and row j keeps the first ``n[j, i]`` entries of its sorted result (``top_k_of_topk``).
+In ``generate`` a row starts a block either full (the generated region starts masked and a
+fixed-step block ends with no mask) -- then ``n[j, i] = k_i`` and its choice is LLaDA's own per-row
+call -- or, once finished or released, with no mask (``n = 0``). A row that started a block partly
+filled would keep the first ``n[j, i]`` of the sorted output, whose order among equal scores is the
+device's. ``ties="first"`` takes the lowest indices among equal scores on every device (a
+stable sort, what CUDA's ``torch.topk`` does). Neither reads anything back to the host: the counts
+``n`` stay on the device.
 Deliberate differences, documented:
 - the mask token is never proposed (the reference can "commit" the mask id, leaving the position
   masked and the block unfinished); where the arg-max is the mask id we take the runner-up;
@@ -40,8 +45,9 @@ from dllm.samplers._ops import (
     gather_prob,
     gumbel_perturb,
     TIES,
+    full_block_count,
     take_top_k,
-    top_k_as_reference,
+    top_k_of_topk,
     transfer_schedule,
 )
 from dllm.samplers.base import Sampler, register_sampler
@@ -56,7 +62,7 @@ class LLaDAConfig:
     confidence_eos_eot_inf: bool = False  # EOS/EoT proposals get confidence 0: committed last
     stats: str = "torch"  # torch | fused | auto (low_confidence only; dllm.samplers.stats)
     ties: str = "reference"  # equal scores at the cut: reference (LLaDA's torch.topk, the device's
-    #   order) | first (lowest index first on every device, as torch.topk on CUDA; no host read)
+    #   order) | first (lowest index first on every device, as torch.topk on CUDA)
 
     def __post_init__(self) -> None:
         check_bool("logits_eos_inf", self.logits_eos_inf)
@@ -81,10 +87,9 @@ class _LLaDARemasking(Sampler):
 
     def begin_block(self, state: DecodeState) -> None:
         assert state.block_steps is not None and state.block_masks_at_start is not None
-        # commit counts of this block from the masks it holds now; for torch.topk, per step a list
-        # of B host ints (one host read per block)
+        # commit counts of this block from the masks it holds now (on the device)
         schedule = transfer_schedule(state.block_masks_at_start, state.block_steps)  # [B, S]
-        state.extras["llada_schedule"] = schedule.T.tolist() if self.config.ties == "reference" else schedule
+        state.extras["llada_schedule"] = schedule
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
@@ -104,15 +109,19 @@ class _LLaDARemasking(Sampler):
             x0 = argmax_excluding(z, inp.mask_id)  # [B, W]
             if self.config.confidence_eos_eot_inf and eos_ids:
                 window_logits = window_logits.clone()
-                window_logits[..., list(eos_ids)] = float("-inf")
+                for eos in eos_ids:  # int indices: no index tensor to upload
+                    window_logits[..., eos] = float("-inf")
             score = self._window_scores(window_logits, x0, inp)  # [B, W]
         width = logits.shape[1]
         score = expand_window(score, inp.window, width, float("-inf"))
         tokens = expand_window(x0, inp.window, width, inp.mask_id)
+        counts = state.extras["llada_schedule"][:, inp.step]  # [B]
         if self.config.ties == "reference":
-            commit = top_k_as_reference(score, state.extras["llada_schedule"][inp.step], inp.active)
+            assert inp.steps is not None
+            k_max = full_block_count(state.block_end - state.block_start, inp.steps, inp.step)  # host int
+            commit = top_k_of_topk(score, counts, k_max, inp.active)
         else:
-            commit = take_top_k(score, state.extras["llada_schedule"][:, inp.step], inp.active)
+            commit = take_top_k(score, counts, inp.active)
         return StepOutput(commit=commit, tokens=tokens, score=score)
 
     def _window_scores(self, window_logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:

@@ -122,9 +122,9 @@ class Prophet(Sampler):
         committed = (state.x[:, lp:] != inp.mask_id).sum(dim=1)  # [B]
         progress = (committed + 1).to(torch.float64) / g  # [B]
         phase = (progress >= EARLY_PHASE).long() + (progress >= MID_PHASE).long()  # [B] 0, 1, 2
-        thresholds = torch.tensor([cfg.early_threshold, cfg.mid_threshold, cfg.late_threshold],
-                                  dtype=torch.float64, device=logits.device)
-        tau = thresholds[phase]  # [B]
+        tau = torch.full_like(progress, cfg.late_threshold)  # [B] float64, by phase
+        tau = torch.where(phase == 1, cfg.mid_threshold, tau)
+        tau = torch.where(phase == 0, cfg.early_threshold, tau)
         fire = ~fired & (count > 0) & (mean_gap.to(torch.float64) >= tau)  # [B]
 
         # 3. all in: store the proposals of every remaining mask of the query, commit the block now

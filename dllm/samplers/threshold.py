@@ -99,27 +99,28 @@ def later_quotas(masks_at_start: torch.Tensor, steps: int) -> torch.Tensor:
     return quotas.flip(1).cumsum(1).flip(1) - quotas
 
 
-def capped_threshold_as_reference(conf: torch.Tensor, caps: list[int], eligible: torch.Tensor, tau: float,
-                                  width: int, start: int) -> torch.Tensor:
+def capped_threshold_as_reference(conf: torch.Tensor, caps: torch.Tensor, host_caps: list[int],
+                                  eligible: torch.Tensor, tau: float, width: int, start: int) -> torch.Tensor:
     """Fast-dLLM's Dream step rule, per row j: ``torch.topk`` of the confidence over the canvas
     with ``caps[j]`` entries, rank 0 always committed and every later rank with ``c >= tau``.
 
-    conf, eligible: [B, Q] (query coordinates, canvas columns ``start..start + Q``); caps: B host
-    ints (at most the row's eligible count; 0 commits nothing); width: the canvas length L.
-    The [B, L] tensor handed to ``topk`` holds -inf off the eligible masks, as the reference's
-    ``full_conf`` does, so that equal confidences resolve as there. Rows with the same cap share
-    one call. Returns [B, Q] bool.
+    conf, eligible: [B, Q] (query coordinates, canvas columns ``start..start + Q``); caps: [B] long
+    (at most the row's eligible count; 0 commits nothing) and ``host_caps`` the same B values as
+    host ints (``topk``'s k); width: the canvas length L. The [B, L] tensor handed to ``topk`` holds
+    -inf off the eligible masks, as the reference's ``full_conf`` does, so that equal confidences
+    resolve as there. One ``topk`` call over the batch per distinct cap, each row taking the call of
+    its own cap (a row's ``topk`` result does not depend on the other rows). Returns [B, Q] bool.
     """
     q = conf.shape[1]
     full = conf.new_full((conf.shape[0], width), float("-inf"))  # [B, L]
     full[:, start:start + q] = conf.masked_fill(~eligible, float("-inf"))
     commit = torch.zeros(full.shape, dtype=torch.bool, device=conf.device)  # [B, L]
-    for k in sorted(set(caps) - {0}):
-        rows = torch.tensor([j for j, c in enumerate(caps) if c == k], device=conf.device)  # [R]
-        values, idx = torch.topk(full[rows], k, dim=-1)  # [R, k]
+    for k in sorted(set(host_caps) - {0}):
+        values, idx = torch.topk(full, k, dim=-1)  # [B, k]
         keep = values >= tau
         keep[:, 0] = True  # rank 0 always
-        commit[rows] = torch.zeros_like(commit[rows]).scatter_(1, idx, keep)
+        chosen = torch.zeros_like(commit).scatter_(1, idx, keep)  # [B, L]
+        commit = torch.where((caps == k)[:, None], chosen, commit)
     return commit[:, start:start + q] & eligible
 
 
@@ -153,8 +154,9 @@ class Threshold(Sampler):
             logits = inp.logits[:, ws:we]  # [B, W, V]
             conf = expand_window(softmax_prob(logits, x0, dtype=logits.dtype), inp.window, conf.shape[1],
                                  float("-inf"))  # Dream's p(x0): the logits' dtype
-            commit = capped_threshold_as_reference(conf, cap.tolist(), eligible, self.config.threshold,
-                                                   state.x.shape[1], inp.query_start)  # host read: caps
+            host_caps = cap.tolist()  # intentional host sync (ties=reference): topk's k per row
+            commit = capped_threshold_as_reference(conf, cap, host_caps, eligible, self.config.threshold,
+                                                   state.x.shape[1], inp.query_start)
         else:
             commit = threshold_commit(conf, take_top_k(conf, cap, eligible), self.config.threshold)
         return StepOutput(commit=commit, tokens=tokens, score=conf)

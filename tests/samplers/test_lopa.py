@@ -68,14 +68,20 @@ def _table(b0_pos2_token=3):
     }
 
 
-def test_variants_winner_and_bonus_on_hand_built_logits():
-    stub = StubVariants(_table())
-    out = make_sampler("lopa", branches=3).step(_input(STEP, TOKENS, stub), None)
-    # one batched forward: 3 canvases for each row with masks left, none for row 2
+@pytest.mark.parametrize("compact", [False, True])
+def test_variants_winner_and_bonus_on_hand_built_logits(compact):
+    row2 = tuple(TOKENS[2])
+    stub = StubVariants({**_table(), row2: ANY})
+    out = make_sampler("lopa", branches=3, compact=compact).step(_input(STEP, TOKENS, stub), None)
+    # one batched forward: 3 canvases per row (row 1's third a duplicate of B0'); row 2, without
+    # masks, forwards its canvas 3 times with compact=False (static shapes) and is left out by default
     assert len(stub.calls) == 1
     canvases, rows = stub.calls[0]
-    assert rows == [0, 0, 0, 1, 1, 1]
-    assert canvases == [list(R0_B0), list(R0_B1), list(R0_B2), list(R1_B0), list(R1_B1), list(R1_B0)]
+    expected = [list(R0_B0), list(R0_B1), list(R0_B2), list(R1_B0), list(R1_B1), list(R1_B0)]
+    if compact:
+        assert rows == [0, 0, 0, 1, 1, 1] and canvases == expected
+    else:
+        assert rows == [0, 0, 0, 1, 1, 1, 2, 2, 2] and canvases == expected + [list(row2)] * 3
     # row 0: variant 1 wins; its fills (0, 2) + the bonus from its own logits (1 -> 2, 3 -> 6)
     assert out.commit[0].tolist() == [True, True, True, True, False]
     assert out.tokens[0, :4].tolist() == [1, 2, 3, 6]
@@ -121,16 +127,29 @@ def test_ties_go_to_the_anchor_variant(kind):
     assert out.commit[0].tolist() == [True, True, False] and out.tokens[0, :2].tolist() == [1, 2]
 
 
-def test_variant_count_is_clamped_by_the_candidates_and_skipped_when_the_anchor_finishes():
+def test_compact_clamps_the_variant_count_and_skips_when_the_anchor_finishes():
     stub = StubVariants(_table(), default=[(0.5, 0)] * 5)
-    make_sampler("lopa", branches=8).step(_input(STEP[:1], TOKENS[:1], stub), None)
+    make_sampler("lopa", branches=8, compact=True).step(_input(STEP[:1], TOKENS[:1], stub), None)
     assert len(stub.calls[0][0]) == 5  # B0' + the 4 masks it left, not 8
     confident = [[(0.95, 1), (0.92, 2), (0.99, 3)]]
 
-    def never(tokens, rows):
+    def never(tokens, rows, group=1):
         raise AssertionError("no variant forward when the anchor fills the whole block")
 
-    out = make_sampler("lopa").step(_input(confident, [[M, M, M]], never), None)
+    out = make_sampler("lopa", compact=True).step(_input(confident, [[M, M, M]], never), None)
+    assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3]
+
+
+def test_static_variant_batch_reads_nothing_back():
+    # compact=False: branches variants per row (at most 1 + W), whatever the candidates, and the variant
+    # forward even when the anchor fills the block (its B0' then wins and commits the anchor)
+    stub = StubVariants(_table(), default=[(0.5, 0)] * 5)
+    make_sampler("lopa", branches=8, compact=False).step(_input(STEP[:1], TOKENS[:1], stub), None)
+    assert len(stub.calls[0][0]) == 1 + 5  # B0' + one per block column, not 8
+    confident = [[(0.95, 1), (0.92, 2), (0.99, 3)]]
+    stub = StubVariants({}, default=[(0.5, 0)] * 3)
+    out = make_sampler("lopa", compact=False).step(_input(confident, [[M, M, M]], stub), None)
+    assert len(stub.calls) == 1 and stub.calls[0][0] == [[1, 2, 3]] * 4
     assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3]
 
 
@@ -175,6 +194,19 @@ def test_ragged_batch_decodes_as_alone_and_counts_every_forward(family):
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_static_shapes_decode_the_same_tokens(family, cache, reuse):
+    # compact=False forwards every row's variants, duplicates included: the same winners, more forwards
+    model = tiny(family, seed=3)
+    kw = dict(sampler="lopa", gen_length=12, block_length=4, cache=cache, reuse=reuse, branches=3)
+    ref = dllm.generate(model, PROMPTS, compact=True, **kw)
+    out = dllm.generate(model, PROMPTS, compact=False, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.nfe >= ref.nfe and out.forwarded_tokens >= ref.forwarded_tokens
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
 def test_one_variant_with_the_bonus_is_threshold_decoding(family):
     # variant 0 alone (branches=1): each step is two threshold steps (the step's forward, then B0's forward)
     model = tiny(family, seed=3)
@@ -207,9 +239,12 @@ def oracle():
 def test_copy_is_solved_in_fewer_forwards_than_tokens(oracle):
     exs = T.test_split("copy", 8, 6)
     g = T.answer_length("copy", 8)  # 9: eight words and the EOS
-    out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, block_length=4)
+    out = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, block_length=4, compact=True)
     assert all(score_generation(exs, out))
     assert out.nfe == 3 < g  # p = 1 everywhere: the anchor fills each block, no variant forward
+    static = dllm.generate(oracle, oracle_prompts(exs), sampler="lopa", gen_length=g, block_length=4, compact=False)
+    assert torch.equal(static.sequences, out.sequences)
+    assert static.nfe == 6  # without the host read each block's step also forwards its variants
 
 
 def test_shuffle_stays_valid_and_the_guard_is_what_keeps_it(oracle):

@@ -557,21 +557,29 @@ def test_llada_peaked_ties_equal_reference(temperature, scale, shape, batch):
     assert differ == 0, f"{differ} of {compared} prompts differ from LLaDA"
 
 
-def test_top_k_as_reference_is_torch_topk_per_row():
-    """Rows with different counts, ties straddling every cut: each row's choice is the set of
-    LLaDA's per-row ``torch.topk(score[j], k=n[j])``; ineligible entries never chosen."""
-    from dllm.samplers.low_confidence import top_k_as_reference
+def test_top_k_of_topk_is_torch_topk_per_row():
+    """Rows whose count is the call's k, ties straddling every cut: each row's choice is the set of
+    LLaDA's per-row ``torch.topk(score[j], k)``; a row with a smaller count takes the first entries
+    of that sorted result (its n largest scores), a row with 0 nothing; ineligible entries never."""
+    from dllm.samplers._ops import top_k_of_topk
 
     g = torch.Generator().manual_seed(0)
     score = torch.randint(0, 3, (4, 40), generator=g).float()  # many equal values
     eligible = torch.rand(4, 40, generator=g) < 0.8
-    counts = [3, 0, 7, 3]
-    commit = top_k_as_reference(score, counts, eligible)
+    k_max = 7
+    counts = torch.tensor([7, 0, 3, 7])
+    commit = top_k_of_topk(score, counts, k_max, eligible)
     masked = score.masked_fill(~eligible, float("-inf"))
-    for j, k in enumerate(counts):
+    for j, n in enumerate(counts.tolist()):
         expected = torch.zeros(40, dtype=torch.bool)
-        expected[torch.topk(masked[j], k=k).indices] = True
+        expected[torch.topk(masked[j], k=k_max).indices[:n]] = True
         assert commit[j].tolist() == (expected & eligible[j]).tolist(), j
+        if n:  # the n largest scores
+            assert masked[j][commit[j]].min() >= masked[j][~commit[j] & eligible[j]].max(), j
+    for j in (0, 3):  # a full count is LLaDA's own call
+        expected = torch.zeros(40, dtype=torch.bool)
+        expected[torch.topk(masked[j], k=k_max).indices] = True
+        assert commit[j].tolist() == expected.tolist(), j
 
 
 @pytest.mark.parametrize("name", ["low_confidence", "maskgit_plus", "topk_margin", "entropy"])
