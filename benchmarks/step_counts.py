@@ -6,8 +6,13 @@ per transformer layer, ATen calls outside the layers and host syncs per step, co
 
 Tiny random models in bfloat16 (what a GPU runs; the fused layer path is on by default there), one
 prompt of 24 tokens, 16 generated positions in blocks of 8 (4 for SDAR), the first forward of every
-block (the refresh) left out. ``path``: ``fused`` (the default) or ``reference`` (module by module,
-``Transformer.set_fused(False)``). The syncs column lists the three most frequent sync sites.
+block (the refresh) left out. ``path``: ``reference`` (module by module, ``set_fused(False)``),
+``fused`` (the default for bfloat16 weights on a CPU: norms and RoPE as ATen ops) or ``fused+ops``
+(``set_fused(True, ops=True)``: norms and RoPE as the one-launch operators, as the fused layer runs
+on CUDA; on a CPU their reference implementation runs, so this row counts what a GPU launches).
+``fast`` is counted as it runs on CUDA there too (``compact=False``: static variant batches; on a
+CPU it compacts them, one host read per step). The syncs column lists the three most frequent sync
+sites.
 """
 
 from __future__ import annotations
@@ -30,15 +35,16 @@ def rows() -> list[str]:
     prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
     for family, cache, block in RUNS:
         model = tiny(family, dtype=torch.bfloat16)
-        for path in ("reference", "fused"):
-            model.transformer.set_fused(path == "fused")
+        for path in ("reference", "fused", "fused+ops"):
+            model.transformer.set_fused(path != "reference", ops=path == "fused+ops")
             for sampler in SAMPLERS:
-                counter = count_generate(model, prompt, sampler=sampler, cache=cache, gen_length=16, block_length=block)
+                spec = "fast:compact=False" if path == "fused+ops" and sampler == "fast" else sampler  # as on CUDA
+                counter = count_generate(model, prompt, sampler=spec, cache=cache, gen_length=16, block_length=block)
                 steps = counter.cached_steps(24 + 16)
                 s = DispatchCounter.mean(steps)
                 sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
-                fused = model.transformer.fused_ready(False) if path == "fused" else False
-                label = path if path == "reference" or fused else "fused (n/a: reference)"
+                fused = model.transformer.fused_ready(False) if path != "reference" else False
+                label = path if path == "reference" or fused else f"{path} (n/a: reference)"
                 out.append(f"| {family} | {cache} | {sampler} | {label} | {s['aten_per_layer']:.1f} | "
                            f"{s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")
     return out

@@ -63,10 +63,6 @@ def run_caches(args) -> int:
                            progress=not args.no_progress)
     print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
     print(format_table(rows))
-    ratios = sdpa_ratios(rows)
-    if ratios:
-        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
-        print(format_table(ratios, RATIO_COLUMNS))
     _write_json(args.json, rows)
     return 0
 

@@ -97,6 +97,7 @@ class TransformerLM(DiffusionLM):
         tokenizer: Any = None,
         attn_backend: str = "auto",
     ) -> None:
+        config = self.family_config(config)
         self.check_config(config)
         super().__init__(config, special, hf_config=hf_config, tokenizer=tokenizer)
         self.transformer = Transformer(config, attn_backend)
@@ -105,6 +106,12 @@ class TransformerLM(DiffusionLM):
         self.hf_generation_config: dict[str, Any] = {}  # a loaded generation_config.json, kept on save
 
     # ---- family hooks ----------------------------------------------------------------------------
+    @classmethod
+    def family_config(cls, config: TransformerConfig) -> TransformerConfig:
+        """``config`` with the switches the family's official code fixes (what its format does not
+        store); unchanged by default."""
+        return config
+
     @classmethod
     def check_config(cls, config: TransformerConfig) -> None:
         """ValueError when the family's checkpoint format cannot express ``config``."""

@@ -15,6 +15,8 @@ onto the shared transformer (``transformer.py``), whose logits equal the officia
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Mapping
 
 import torch
@@ -96,6 +98,11 @@ class SDAR(TransformerLM):
     default_special = SpecialIds(mask_id=151669, eos_id=151643, pad_id=151643, eot_id=151645, bos_id=151643)
 
     @classmethod
+    def family_config(cls, config: TransformerConfig) -> TransformerConfig:
+        """SDARRMSNorm is flash-attn's ``rms_norm_fn``: the weight multiplied in float32, one rounding."""
+        return dataclasses.replace(config, norm_round_once=True)
+
+    @classmethod
     def check_config(cls, config: TransformerConfig) -> None:
         problems = []
         if not config.block_causal:
@@ -133,7 +140,6 @@ class SDAR(TransformerLM):
             qk_norm=True,
             attention="block_causal",
             block_size=hf["block_size"],
-            norm_round_once=True,  # SDARRMSNorm is flash-attn's rms_norm_fn: weight in float32, one rounding
         )
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="SDAR",

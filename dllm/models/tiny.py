@@ -68,8 +68,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # Qwen3 / SDAR: head_dim 32 != 64 / 4 (as SDAR-4B's 128 != 2560 / 32), q/k norms, block 4
     "sdar": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
                  rms_eps=1e-6, max_positions=512, qkv_bias=False, tie_embeddings=False, rope_fp32=False,
-                 attn_head_dim=32, qk_norm=True, attention="block_causal", block_size=4,
-                 norm_round_once=True),
+                 attn_head_dim=32, qk_norm=True, attention="block_causal", block_size=4),
     # Fast-dLLM v2 (Qwen2.5, q/k/v biases, block-causal with the token shift): block 8, sub-blocks of 4 fit
     "fastdllm_v2": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128, rope_theta=1000000.0,
                         rms_eps=1e-6, max_positions=512, qkv_bias=True, tie_embeddings=False, rope_fp32=False,

@@ -28,8 +28,7 @@ SDAR_BLOCK = 4
 SDAR_STEPS = 4000
 
 SDAR_MODEL = dict(_COMMON, n_kv_heads=4, rms_eps=1e-5, qkv_bias=False, rope_fp32=False,
-                  attention="block_causal", block_size=SDAR_BLOCK, qk_norm=True,
-                  norm_round_once=True)
+                  attention="block_causal", block_size=SDAR_BLOCK, qk_norm=True)
 
 recipes.add("tiny-sdar", Recipe(
     "tiny-sdar", "sdar", SDAR_MODEL,
