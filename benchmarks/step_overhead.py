@@ -81,6 +81,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="transformer layers (default 1)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    ap.add_argument("--layer-path", default="default", choices=["default", "fused", "reference"],
+                    help="dllm's layer path: the dtype's default (fused for bfloat16/float16, module by module "
+                         "for float32), or forced (Transformer.set_fused)")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -93,6 +96,8 @@ def main() -> None:
         model = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2, mlp_hidden=32,
                      seed=0).to(args.device)
     prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0)).to(args.device)
+    path = {"default": None, "fused": True, "reference": False}[args.layer_path]
+    model.transformer.set_fused(path)
     runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
     per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
     with torch.inference_mode():
@@ -109,7 +114,8 @@ def main() -> None:
     med = {label: statistics.median(v) for label, v in per_step.items()}
     lines = [f"# python benchmarks/step_overhead.py --rounds {args.rounds} --repeat {args.repeat} --dtype {args.dtype} "
              f"--prompt-length {args.prompt_length} --gen-length {args.gen_length} --block-length {args.block_length} "
-             f"--width {args.width} --layers {args.layers} --device {args.device} --threads {args.threads}",
+             f"--width {args.width} --layers {args.layers} --device {args.device} --threads {args.threads} "
+             f"--layer-path {args.layer_path}",
              f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
              f"aten/step and syncs/step counted on the CPU model of the same layers",
              f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"]
@@ -122,6 +128,7 @@ def main() -> None:
                 kwargs["steps"] = args.gen_length
             counted = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2,
                            mlp_hidden=32, seed=0)
+            counted.transformer.set_fused(path)
             stats = DispatchCounter.mean(count_generate(counted, prompt.cpu(), **kwargs).steps)
             n_layers = model.config.n_layers
             aten = f"{stats['aten_outside'] + stats['aten_per_layer'] * n_layers:.0f}"

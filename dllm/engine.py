@@ -351,7 +351,7 @@ class Decode:
         )
         decision = sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
-                                     adaptive=block_steps is None)
+                                     adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
             later = torch.zeros_like(active)
             later[:, e - q0:] = True

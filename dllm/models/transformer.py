@@ -338,9 +338,9 @@ class Transformer(nn.Module):
         without a cache, else ``cache.key_positions``).
         """
         n = self.config.n_layers
-        attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers")
-        hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers")
-        probs_fn = backends.get("reference").fn
+        attn_layers = normalize_layers(want_attn_layers, n, "want_attn_layers") if want_attn_layers else ()
+        hidden_layers = normalize_layers(want_hidden_layers, n, "want_hidden_layers") if want_hidden_layers else ()
+        probs_fn = backends.get("reference").fn if attn_layers else self._attn_fn
         rope_dim = self.config.rope_dim or self.config.head_dim  # partial rotary: rope_dim < hd
         sin: Optional[torch.Tensor]
         fused = self.fused_layers(bool(attn_layers))
@@ -356,9 +356,14 @@ class Transformer(nn.Module):
         h = self.embed(input_ids)  # [B, T, D]
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}
+        plain = not attn_layers and not hidden_layers
         for i, layer in enumerate(self.layers):
-            want_probs = i in attn_layers
             kv_attend = None if cache is None else functools.partial(cache.attend, i)
+            if plain:  # the common forward: nothing asked of the layers
+                h, _ = layer(h, cos, sin, attn_mask, self._attn_fn, False, kv_attend,
+                             None if fused is None else fused[i])
+                continue
+            want_probs = i in attn_layers
             h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
                              kv_attend, None if fused is None else fused[i])
             if want_probs:

@@ -43,6 +43,13 @@ class Sampler(Configurable):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         raise NotImplementedError
 
+    @property
+    def commits_every_step(self) -> bool:
+        """True when every step commits at least one active mask of every row that has one (an
+        adaptive sampler whose rule always keeps its best position): the engine's progress rule is then
+        a no-op and is skipped. tests/samplers/test_commits_every_step.py holds each one that says so."""
+        return False
+
     def max_block_steps(self, block_len: int) -> int:
         """Adaptive samplers: the most steps a block of ``block_len`` may take (the engine raises
         past it). One commit per step needs ``block_len``; a revising sampler must bound its

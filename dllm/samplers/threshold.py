@@ -132,6 +132,10 @@ class Threshold(Sampler):
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return self.config.schedule_steps is None  # threshold_commit always keeps the most confident mask
+
     def begin_block(self, state: DecodeState) -> None:
         if self.config.schedule_steps is not None:
             assert state.block_masks_at_start is not None

@@ -1,0 +1,42 @@
+"""Samplers that declare ``commits_every_step`` (the engine then skips its progress rule) commit at
+least one mask of every row that has one, at every step: on random models, greedy and sampled,
+batched and ragged, with and without a cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.models.tiny import tiny
+from dllm.samplers import make_sampler
+
+DECLARED = [spec for spec in ("threshold", "threshold:threshold=1.0", "threshold:threshold=0.5")
+            if make_sampler(spec).commits_every_step]
+
+
+def test_the_declarations():
+    assert DECLARED == ["threshold", "threshold:threshold=1.0", "threshold:threshold=0.5"]
+    assert not make_sampler("threshold:schedule_steps=4").commits_every_step  # a capped step may commit none
+    assert not make_sampler("low_confidence").commits_every_step
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("spec", DECLARED)
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_every_step_commits_in_every_unfinished_row(family, spec, cache):
+    model = tiny(family, seed=7)
+    prompts = [list(range(10, 22)), list(range(14, 22))]
+    for temperature, seed in ((0.0, None), (1.0, 5)):
+        seen = []
+
+        def check(state):
+            block = state.x[:, state.block_start:state.block_end] == state.mask_id  # [B, W]
+            seen.append(block.sum(dim=1).tolist())
+
+        dllm.generate(model, prompts, sampler=spec, cache=cache, gen_length=16, block_length=8,
+                      temperature=temperature, seed=seed, callback=check)
+        before = [8, 8]  # a block's masks when it starts
+        for counts in seen:
+            assert all(c < b for c, b in zip(counts, before) if b > 0), (seen, spec)
+            before = counts if any(counts) else [8, 8]
