@@ -197,8 +197,12 @@ def ranks_of(order: torch.Tensor) -> torch.Tensor:
 
 
 def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fill) -> torch.Tensor:
-    """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill``."""
+    """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill``; when the
+    window is the whole query (``reads_block_only`` samplers, the dual cache) that is ``values``
+    itself, no copy."""
     ws, we = window
+    if ws == 0 and we == width == values.shape[1]:
+        return values
     out = values.new_full((values.shape[0], width), fill)
     out[:, ws:we] = values
     return out
