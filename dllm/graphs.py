@@ -17,7 +17,8 @@ blocks.
 Not captured (they run as before): full forwards (refreshes), forwards with released rows, with the
 policy's extra columns, with attention maps or hidden states, verification variants and shadow
 blocks. A call captures at most ``MAX_GRAPHS`` shapes; later shapes run eagerly. Graphs live as
-long as the call (its K/V buffers are the call's).
+long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
+captures, replays and the CUDA memory the captures took (``captured_bytes``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class StepGraphs:
         self.pool = torch.cuda.graph_pool_handle() if mode is True else None
         self.captures = 0
         self.replays = 0
+        self.captured_bytes = 0  # CUDA memory the captures took (static buffers, graph pool); 0 when eager
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
                 start: int, key_end: int, logits_rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
@@ -140,7 +142,10 @@ class StepGraphs:
             return self.model(static_x, **kwargs).logits
 
         runner: Any = CudaGraphRunner(self.pool) if self.mode is True else EagerRunner()
+        before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0
         out = runner.capture(step)
+        if self.mode is True:
+            self.captured_bytes += torch.cuda.memory_allocated(x.device) - before
         self.captures += 1
         return _Captured(runner, static_x, static_pos, cols, base, out)
 
