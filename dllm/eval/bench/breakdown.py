@@ -49,6 +49,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from dllm.eval.bench.gpu_profile import decode_block
 from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
 from dllm.eval.interrupt import finished, until_interrupted
 
@@ -207,7 +208,6 @@ def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_len
 
 def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
              device: torch.device, warmup: int = 3, batch: int = 1, cuda_graphs: bool = False) -> dict[str, Any]:
-    from dllm.engine import generate
     from dllm.samplers import make_sampler
 
     gen = torch.Generator().manual_seed(0)
@@ -234,11 +234,8 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
             clock.end_step(state)
 
     try:
-        with torch.inference_mode():
-            generate(model, prompt, sampler=smp, gen_length=block_length, block_length=block_length,
-                     cache=cache, callback=callback, cuda_graphs=cuda_graphs)
-    except _Stop:
-        pass
+        decode_block(model, prompt, sampler=smp, cache=cache, block_length=block_length, callback=callback,
+                     cuda_graphs=cuda_graphs, stop=_Stop)
     finally:
         clock.close()
         grab.remove()

@@ -34,12 +34,24 @@ def launch_count(events: Any) -> int:
     return sum(1 for e in events if e.name in LAUNCHES)
 
 
+def decode_block(model, prompt: torch.Tensor, *, sampler: Any, cache: str, block_length: int, callback: Any,
+                 cuda_graphs: Any, stop: type[Exception]) -> None:
+    """``generate`` one block of ``block_length`` after ``prompt`` under inference mode, until the
+    block ends or ``callback`` raises ``stop``."""
+    from dllm.engine import generate
+
+    try:
+        with torch.inference_mode():
+            generate(model, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
+                     cache=cache, callback=callback, cuda_graphs=cuda_graphs)
+    except stop:
+        pass
+
+
 def profile_generate(model, prompt: torch.Tensor, *, sampler: str, cache: str, block_length: int,
                      warmup: int, steps: int, cuda_graphs: Any = False) -> dict[str, float]:
     """{"gpu_busy": busy share of the profiled steps' wall time, "launches_per_step": ...}."""
     from torch.profiler import ProfilerActivity, profile
-
-    from dllm.engine import generate
 
     if not torch.cuda.is_available() or prompt.device.type != "cuda":
         raise ValueError("profile_generate profiles CUDA work: the model and prompt must be on a CUDA device")
@@ -58,12 +70,8 @@ def profile_generate(model, prompt: torch.Tensor, *, sampler: str, cache: str, b
             prof.stop()
             raise _Done
 
-    try:
-        with torch.inference_mode():
-            generate(model, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
-                     cache=cache, callback=callback, cuda_graphs=cuda_graphs)
-    except _Done:
-        pass
+    decode_block(model, prompt, sampler=sampler, cache=cache, block_length=block_length, callback=callback,
+                 cuda_graphs=cuda_graphs, stop=_Done)
     if not seen["t1"]:
         if seen["n"] >= warmup:
             prof.stop()
@@ -74,4 +82,4 @@ def profile_generate(model, prompt: torch.Tensor, *, sampler: str, cache: str, b
             "launches_per_step": launch_count(events) / steps}
 
 
-__all__ = ["LAUNCHES", "kernel_busy_seconds", "launch_count", "profile_generate"]
+__all__ = ["LAUNCHES", "decode_block", "kernel_busy_seconds", "launch_count", "profile_generate"]
