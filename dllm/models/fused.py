@@ -56,11 +56,15 @@ class FusedWeight:
 
 
 def fusable(linears: Sequence[nn.Module]) -> bool:
-    """Plain ``nn.Linear`` layers with floating weights on one device and dtype, no hooks."""
+    """Plain ``nn.Linear`` layers with floating weights on one real device and dtype, no hooks (a
+    forward hook must see its module run; accelerate's offload hooks (``_hf_hook``) load weights that
+    sit on the meta device until the module runs)."""
     first = linears[0]
-    if not all(type(lin) is nn.Linear for lin in linears):
+    if not all(type(lin) is nn.Linear and not hasattr(lin, "_hf_hook") for lin in linears):
         return False
     w = first.weight
+    if w.device.type == "meta":
+        return False
     return all(type(lin.weight.data) is torch.Tensor  # not a quantized tensor subclass
                and (lin.bias is None or type(lin.bias.data) is torch.Tensor)
                and lin.weight.dtype == w.dtype and lin.weight.device == w.device and w.is_floating_point()

@@ -176,3 +176,15 @@ def test_every_sampler_gives_the_same_tokens_fused(family, sampler):
             assert got == ref
             continue
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) and got[2] == ref[2]
+
+
+def test_offloaded_or_meta_projections_are_not_fused():
+    from dllm.models.fused import fusable
+
+    lins = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
+    assert fusable(lins)
+    lins[1]._hf_hook = object()  # accelerate's hook: it may load the weight only when the module runs
+    assert not fusable(lins)
+    with torch.device("meta"):
+        meta = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
+    assert not fusable(meta)
