@@ -59,14 +59,14 @@ class RopeTable:
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
-        self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # -> [P, 2, hd]
+        self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # -> [P, 2, 1, hd]
 
     def _build(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         positions = torch.arange(length, device=device)[None]  # [1, P]
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta)  # [1, 1, P, hd] float32
         half = self.head_dim // 2
         signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        return torch.stack((cos[0, 0], signed[0, 0]), dim=1).to(dtype)  # [P, 2, hd]
+        return torch.stack((cos[0, 0], signed[0, 0]), dim=1)[:, :, None].to(dtype)  # [P, 2, 1, hd]
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int) -> torch.Tensor:
         """positions [B, T] long -> [B, T, 2, 1, hd] (cos, signed sin; a head axis to broadcast over).
@@ -77,7 +77,7 @@ class RopeTable:
             length = max(64, 1 << max_position.bit_length())
             table = self._build(length, positions.device, dtype)
             self._tables[key] = table
-        return table[positions].unsqueeze(3)  # [B, T, 2, 1, hd]
+        return table[positions]  # [B, T, 2, 1, hd]
 
 
 __all__ = ["RopeTable", "apply_rope", "rope_cos_sin", "rope_inv_freq", "rope_rows", "rotate_half"]

@@ -371,7 +371,7 @@ class Transformer(nn.Module):
                 attn[i] = probs
             if i in hidden_layers:
                 hidden[i] = h
-        if head_rows is not None:
+        if head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
         hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
         h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0][2])
