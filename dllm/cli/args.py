@@ -62,8 +62,9 @@ def add_threads(p: argparse.ArgumentParser, note: str = "default: torch's choice
 
 def add_model_place(p: argparse.ArgumentParser, dtype: str | None = None) -> None:
     """``--dtype`` and ``--device`` of the model a command loads."""
-    p.add_argument("--dtype", default=dtype)
-    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=dtype,
+                   help=f"float32, bfloat16, float16 or auto (default: {dtype or 'the checkpoint' + chr(39) + 's torch_dtype'})")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
 
 
 QUANTIZATION_CHOICES = ("int8", "int4", "nf4")  # dllm.models.quantize.QUANTIZATIONS (not imported: torch-free)
@@ -81,12 +82,13 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", default="low_confidence",
                    help="sampler spec: a registered name (see `dllm samplers`), options allowed "
                         "(threshold:threshold=0.8)")
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--gen-length", type=int, default=64, help="generated positions (default: 64)")
     p.add_argument("--block-length", type=int, default=None, help="default: gen-length (one block)")
     p.add_argument("--steps", type=int, default=None, help="default: gen-length (one token per step)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--cfg-scale", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy proposals (default: 0)")
+    p.add_argument("--cfg-scale", type=float, default=0.0,
+                   help="classifier-free guidance scale, LLaDA's (default: 0, off)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the call's random draws (default: none)")
     p.add_argument("--option", "-o", action="append", type=option, default=[],
                    metavar="NAME=VALUE", help="sampler option, repeatable (e.g. -o top_p=0.95)")
     p.add_argument("--cache", default="none", metavar="SPEC",

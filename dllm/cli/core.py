@@ -26,15 +26,18 @@ def load_model(args) -> Any:
 def generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local dir, hub id, or embedded model name")
     add_quantization(p)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="the prompt text (the model's tokenizer encodes it)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--show", action="store_true", help="redraw the canvas as tokens get committed")
-    p.add_argument("--stop-at-eos", action="store_true")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="after each block, rows that produced EOS are finished (default: decode every block)")
     add_model_place(p)
     p.add_argument("--order-png", default=None, metavar="PATH",
                    help="also write a heatmap of the step at which each position was committed (.png)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the transformer layers (default backend: inductor)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay every cached forward as a CUDA graph (a CUDA model and a KV cache; default: off)")
     add_decode_args(p)
 
 
@@ -58,7 +61,8 @@ def run_generate(args) -> int:
         model, args.prompt, sampler=args.sampler, gen_length=args.gen_length,
         block_length=args.block_length, steps=args.steps, temperature=args.temperature,
         cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
-        cache=args.cache, callback=view, return_trace=bool(args.order_png), **dict(args.option),
+        cache=args.cache, callback=view, return_trace=bool(args.order_png), cuda_graphs=args.cuda_graphs,
+        **dict(args.option),
     )
     text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
     print(text)
