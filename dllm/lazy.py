@@ -6,8 +6,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Any, Callable, Mapping, Union
+import importlib.util
+import io
+import logging
+import sys
+import warnings
+from typing import Any, Callable, Iterator, Mapping, Union
 
 Target = Union[str, tuple[str, str]]  # "submodule" (of the package, same attribute name) or (module, attribute)
 
@@ -29,3 +35,46 @@ def lazy_exports(package: str, table: Mapping[str, Target]) -> tuple[Callable[[s
         return sorted(set(vars(importlib.import_module(package))) | set(table))
 
     return resolve, listing
+
+
+# loggers that report, at import, compiled kernels this machine cannot load (torchao's CUDA-only
+# extensions) and a deprecation inside torch's pytree registry: noise for a run that does not use them
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def quiet_loggers(names: tuple[str, ...] = NOISY_LOGGERS) -> Iterator[None]:
+    """Raise the named loggers to ERROR for the duration (their levels restored after)."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet_import_chatter() -> Iterator[None]:
+    """Import-time chatter of optional libraries kept quiet: their loggers, stdout/stderr prints and
+    deprecation warnings (``torch.jit.script_method`` inside torchao)."""
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), quiet_loggers(), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def preimport_quietly(module: str) -> None:
+    """Import an optional package now, quietly, if it is installed and not imported yet, so that a
+    library importing it later (transformers imports torchao when it builds a model) prints nothing."""
+    if module in sys.modules or importlib.util.find_spec(module) is None:
+        return
+    with quiet_import_chatter():
+        try:
+            importlib.import_module(module)
+        except Exception:  # a broken optional package: its importer will report it when it matters
+            pass
+

@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from dllm.lazy import preimport_quietly
 from dllm.models.checkpoint import INDEX_FILE, open_checkpoint
 from dllm.models.families import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
@@ -172,6 +173,8 @@ def load_target(
     device = resolve_device(device)
     found = name_or_path if isinstance(name_or_path, TargetSource) else resolve_target(name_or_path)
     want = resolve_dtype(dtype, found.config, None)
+    for name in ("torchao", "torchao.quantization", "torchao.prototype.mx_formats"):  # transformers imports them
+        preimport_quietly(name)  # (their chatter about CUDA-only kernels and a torch deprecation)
     from transformers import AutoModelForCausalLM
 
     if found.directory is not None:

@@ -22,15 +22,13 @@ tensor's int data plus its scales), the number ``benchmarks/quantize.py`` report
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
+
+from dllm.lazy import quiet_import_chatter
 
 
 class QuantizationError(ValueError):
@@ -84,33 +82,12 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-# loggers that report, at import, compiled kernels this machine cannot load (torchao's CUDA-only
-# extensions) and a deprecation inside torch's pytree registry: noise for weight-only CPU use
-_NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
-@contextlib.contextmanager
-def _quiet_loggers() -> Iterator[None]:
-    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def import_library(method: Method) -> Any:
     """Import the method's library (its import-time chatter about optional compiled kernels kept
     quiet); ``QuantizationError`` with the pip command when it is missing or too old."""
     hint = f"pip install '{method.library}>={method.min_version}'"
-    sink = io.StringIO()
     try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _quiet_loggers(), \
-                warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method inside the library
+        with quiet_import_chatter():
             module = __import__(method.library)
     except ImportError as e:
         raise QuantizationError(f"quantization {method.name!r} needs {method.library}, which is not installed "
