@@ -384,6 +384,11 @@ def _make_sampler(sampler: Union[str, Sampler], options: dict[str, Any], policy:
     try:
         return make_sampler(sampler, **options)
     except TypeError as err:
+        spec_options = parse_spec(sampler)[1] if isinstance(sampler, str) else {}
+        if "k" in options or "k" in spec_options:  # compare / stress / the harness take k: tokens per step
+            raise TypeError(f"{err}. 'k' (tokens committed per step) is a setting of `dllm compare` and "
+                            f"`dllm stress`; generate takes it as steps = gen_length / k "
+                            f"(generate(..., steps=N), `dllm generate --steps N`)") from None
         cache_options = parse_spec(policy.spec)[1]  # the policy's options that differ from its defaults
         misplaced = [k for k in options if k in {f.name for f in dataclasses.fields(policy.config)}]
         if not misplaced or not str(err).startswith("Unknown option"):

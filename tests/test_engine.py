@@ -264,3 +264,12 @@ def test_stop_at_eos_batch_equals_each_row_alone(sampler, cache):
     eos = m.eos_ids[0]
     row0 = both.generated[0].tolist()
     assert eos in row0 and all(t == eos for t in row0[row0.index(eos):])  # nothing after its EOS
+
+
+@pytest.mark.parametrize("kw", [dict(sampler="low_confidence:k=2"), dict(k=2)])
+def test_k_is_refused_with_a_pointer_to_steps(kw):
+    """compare and stress take k (tokens per step); generate says how to ask for it."""
+    from dllm.models.tiny import tiny
+
+    with pytest.raises(TypeError, match=r"Unknown option.*'k'.*steps = gen_length / k.*--steps"):
+        dllm.generate(tiny("llada"), [[5, 6, 7]], gen_length=4, **kw)
