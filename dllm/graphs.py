@@ -33,12 +33,11 @@ from dllm.models.kv import KVCache, StaticView
 MAX_GRAPHS = 8  # captured shapes per generate call
 GRAPHS_KEY = "step_graphs"  # DecodeState.extras: the call's StepGraphs (captures, replays), when on
 GraphsOption = Union[bool, str]
-VALID = (False, True, "static")
 
 
 def check_graphs_option(value: Any, device: torch.device) -> GraphsOption:
     """``cuda_graphs`` of ``generate``: False (eager), True (CUDA graphs; a CUDA model), "static"."""
-    if not any(value is v or (isinstance(v, str) and value == v) for v in VALID):
+    if not (value is False or value is True or value == "static"):
         raise ValueError(f"cuda_graphs must be False, True or 'static' (the static step run eagerly), got {value!r}")
     if value is True and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True captures CUDA graphs, but the model is on {device}; use "

@@ -98,8 +98,7 @@ def run_kernels(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from dllm.eval.bench.kernels import RATIO_COLUMNS, default_shapes, format_table, run_kernel_bench, sdpa_ratios
-    from dllm.eval.bench.kernels import tiny_shapes
+    from dllm.eval.bench.kernels import default_shapes, format_report, format_table, run_kernel_bench, tiny_shapes
 
     device = checked_device(args.device)
     shapes = (tiny_shapes() if getattr(args, "tiny", False)
@@ -116,10 +115,6 @@ def run_kernels(args) -> int:
         where = f"are in {args.json} and printed above" if args.json else "are printed above"
         done = len({r["shape"] for r in rows})
         raise KeyboardInterrupt(f"finished rows ({done} of {len(shapes)} shapes) {where}") from None
-    print(format_table(rows))
-    ratios = sdpa_ratios(rows)
-    if ratios:
-        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
-        print(format_table(ratios, RATIO_COLUMNS))
+    print(format_report(rows))
     _write_json(args.json, rows)
     return 0

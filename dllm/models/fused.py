@@ -71,4 +71,12 @@ def fusable(linears: Sequence[nn.Module]) -> bool:
                and not lin._forward_hooks and not lin._forward_pre_hooks for lin in linears)
 
 
-__all__ = ["FusedWeight", "fusable"]
+def refused(current: Optional[FusedWeight], linears: Sequence[nn.Module]) -> Optional[FusedWeight]:
+    """``current`` while its projections still read its memory, else the projections fused anew
+    (None when they cannot be: ``fusable``)."""
+    if current is not None and current.valid():
+        return current
+    return FusedWeight(linears) if fusable(linears) else None
+
+
+__all__ = ["FusedWeight", "fusable", "refused"]

@@ -28,10 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
-from dllm.models.config import TransformerConfig
-from dllm.models.fused import FusedWeight, fusable
-from dllm.models.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
+from dllm.models.config import TransformerConfig
+from dllm.models.fused import FusedWeight, refused
+from dllm.models.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
@@ -88,11 +88,8 @@ class Attention(nn.Module):
     def fused_qkv(self) -> Optional[FusedWeight]:
         """q/k/v weights as one [H*hd + 2*Hkv*hd, D] matrix (fused on first use, again after a
         parameter was replaced); None when the projections cannot be fused (quantized, hooked)."""
-        f = self._fused
-        if f is None or not f.valid():
-            projections = (self.q_proj, self.k_proj, self.v_proj)
-            f = self._fused = FusedWeight(projections) if fusable(projections) else None
-        return f
+        self._fused = refused(self._fused, (self.q_proj, self.k_proj, self.v_proj))
+        return self._fused
 
     def qkv_fused(self, x: torch.Tensor, w: FusedWeight, cos_sin: torch.Tensor,
                   ops: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,6 +131,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+        self._fused: Optional[FusedWeight] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         if torch.is_grad_enabled() or self.gate_proj._forward_hooks:
@@ -145,17 +143,13 @@ class MLP(nn.Module):
 
     def fused_gate_up(self) -> Optional[FusedWeight]:
         """gate and up weights as one [2F, D] matrix (as ``Attention.fused_qkv``)."""
-        f = self.__dict__.get("_fused")
-        if f is None or not f.valid():
-            projections = (self.gate_proj, self.up_proj)
-            f = FusedWeight(projections) if fusable(projections) else None
-            self.__dict__["_fused"] = f
-        return f
+        self._fused = refused(self._fused, (self.gate_proj, self.up_proj))
+        return self._fused
 
     def forward_fused(self, x: torch.Tensor, w: FusedWeight) -> torch.Tensor:
         """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values."""
         gate, up = F.linear(x, w.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
-        return F.linear(F.silu(gate).mul_(up), self.down_proj.weight)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class TransformerBlock(nn.Module):
@@ -169,14 +163,14 @@ class TransformerBlock(nn.Module):
         self.mlp = MLP(cfg)
 
     def fused_weights(self) -> Optional[tuple[FusedWeight, FusedWeight]]:
-        """(q/k/v, gate/up) fused weights, or None when this layer must run module by module."""
-        mlp = self.mlp
-        if type(mlp) is not MLP or mlp.down_proj._forward_hooks or type(mlp.down_proj) is not nn.Linear:
+        """(q/k/v, gate/up) fused weights, or None when this layer must run module by module: an MoE
+        MLP, projections that cannot be fused, or a norm with hooks (the fused path calls the norms'
+        math, not the modules; a hooked module must run as one)."""
+        norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
+        if type(self.mlp) is not MLP or any(m._forward_hooks or m._forward_pre_hooks for m in norms):
             return None
-        qkv, gate_up = self.attn.fused_qkv(), mlp.fused_gate_up()
-        if qkv is None or gate_up is None or type(self.attn.o_proj) is not nn.Linear:
-            return None
-        return qkv, gate_up
+        qkv, gate_up = self.attn.fused_qkv(), self.mlp.fused_gate_up()
+        return None if qkv is None or gate_up is None else (qkv, gate_up)
 
     def forward(
         self,
@@ -356,13 +350,8 @@ class Transformer(nn.Module):
         h = self.embed(input_ids)  # [B, T, D]
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}
-        plain = not attn_layers and not hidden_layers
         for i, layer in enumerate(self.layers):
             kv_attend = None if cache is None else functools.partial(cache.attend, i)
-            if plain:  # the common forward: nothing asked of the layers
-                h, _ = layer(h, cos, sin, attn_mask, self._attn_fn, False, kv_attend,
-                             None if fused is None else fused[i])
-                continue
             want_probs = i in attn_layers
             h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
                              kv_attend, None if fused is None else fused[i])

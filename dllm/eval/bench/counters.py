@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
-                          "sym_numel", "sym_storage_offset", "detach", "alias", "_to_copy_noop"})
+                          "sym_numel", "sym_storage_offset", "detach", "alias"})
 _SYNC_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
                        "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose",
                        "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})

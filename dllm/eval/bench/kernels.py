@@ -290,6 +290,16 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMN
     return "\n".join([head, rule, *body])
 
 
+def format_report(rows: Sequence[dict[str, Any]]) -> str:
+    """The table of every (shape, backend), then the per-shape ratios to sdpa and ``auto``'s choice."""
+    text = format_table(rows)
+    ratios = sdpa_ratios(rows)
+    if ratios:
+        text += ("\n\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n\n"
+                 + format_table(ratios, RATIO_COLUMNS))
+    return text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``dllm bench kernels [--device cuda] [--repeats 10] [--tiny]``: print the table of every
     (shape, backend), then the per-shape ratios to sdpa and what ``auto`` chose."""
@@ -304,16 +314,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = ap.parse_args(argv)
     rows = run_kernel_bench(tiny_shapes() if args.tiny else None, backends=args.backends.split(","),
                             device=args.device, repeats=args.repeats, warmup=args.warmup)
-    print(format_table(rows))
-    ratios = sdpa_ratios(rows)
-    if ratios:
-        print("\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n")
-        print(format_table(ratios, RATIO_COLUMNS))
+    print(format_report(rows))
 
 
 if __name__ == "__main__":
     main()
 
 
-__all__ = ["run_kernel_bench", "format_table", "default_shapes", "tiny_shapes", "sdpa_ratios", "AttnShape", "StatsShape",
+__all__ = ["run_kernel_bench", "format_report", "format_table", "default_shapes", "tiny_shapes", "sdpa_ratios", "AttnShape", "StatsShape",
            "COLUMNS", "RATIO_COLUMNS"]
