@@ -29,17 +29,17 @@ from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
 from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal, policy_for_block_causal
 from dllm.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
-from dllm.inputs import check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
+from dllm.inputs import SEED_MAX, check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.registry import format_spec, parse_spec
 from dllm.rows import forward_held, forward_rows, held_mask
 from dllm.samplers import Sampler, make_sampler
+from dllm.samplers.draws import Generator, RowGenerators
 from dllm.options import check_bool, check_number
 from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan, plan_blocks
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
 
 
 def generate(
@@ -52,7 +52,7 @@ def generate(
     steps: Optional[int] = None,
     temperature: float = 0.0,
     cfg_scale: float = 0.0,
-    seed: Optional[int] = None,
+    seed: Union[int, Sequence[Optional[int]], None] = None,
     chat: bool = False,
     stop_at_eos: bool = False,
     cache: CacheSpec = "none",
@@ -79,6 +79,8 @@ def generate(
             unconditional branch has the prompt masked); one forward on the doubled batch.
         seed: seeds a private ``torch.Generator`` used for every random draw (None: the global one);
             an integer in [0, 2**64 - 1], the generator's range (a larger one is refused, not reduced).
+            A list gives one seed per prompt: each row draws from its own generator exactly what it
+            draws alone with that seed (``dllm.samplers.draws``; None in the list: a fresh seed).
         chat: apply the model's chat template to string prompts (its tokenizer's, else the family's
             default; a model whose vocabulary lacks the template's tokens is refused, naming it).
         stop_at_eos: after each block, rows that produced EOS/EoT are finished (their remaining
@@ -99,9 +101,6 @@ def generate(
     """
     t_start = time.perf_counter()
     check_call(model, seed, callback)
-    if seed is not None and not 0 <= seed <= SEED_MAX:  # check_call: an int >= 0
-        raise ValueError(f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range) or None, "
-                         f"got {seed!r}")
     for name, flag in (("chat", chat), ("stop_at_eos", stop_at_eos), ("return_trace", return_trace)):
         check_bool(name, flag)
     policy = make_cache(cache)
@@ -126,9 +125,7 @@ def generate(
 
     device = model_device(model)
     cuda_graphs = check_graphs_option(cuda_graphs, device)
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    generator = make_generator(seed, rows, device)
     state = init_state(model, rows, gen_length, temperature, generator, device)
     state.extras["eos_ids"] = tuple(getattr(model, "eos_ids", ()) or ())
     if block_size_of(model) is not None:
@@ -399,6 +396,21 @@ def _make_sampler(sampler: Union[str, Sampler], options: dict[str, Any], policy:
                  f"give it in the cache spec: cache={format_spec(policy.name, {**cache_options, k: options[k]})!r}")
         raise ValueError(f"{err}. {k!r} is an option of cache policy {policy.name!r}, not of the sampler: "
                          f"{where}") from None
+
+
+def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[list[int]],
+                   device: torch.device) -> Generator:
+    """``generate``'s generator: None (the global one), one seeded ``torch.Generator``, or per-row
+    generators (``seed`` a list, one per row; a None entry gets a fresh seed from the global
+    generator) with each row's left padding, so a row draws what it draws alone."""
+    if not isinstance(seed, (list, tuple)):
+        return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    if len(seed) != len(rows):
+        raise ValueError(f"seed is a list of {len(seed)} seeds for {len(rows)} prompts; give one per prompt "
+                         f"(or one integer for the whole batch)")
+    fresh = [int(torch.randint(0, 2**62, ())) if s is None else s for s in seed]
+    longest = max(len(r) for r in rows)
+    return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)
 
 
 def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

@@ -33,7 +33,7 @@ class DecodeState:
     gen_length: int  # G
     mask_id: int
     temperature: float
-    generator: Optional[torch.Generator]
+    generator: Optional[torch.Generator]  # or one per row: dllm.samplers.draws.RowGenerators
     trace: torch.Tensor  # [B, G] long: global step at which each position was committed (-1: never)
     padded: bool  # True when some row is left-padded (the model then needs the key-padding mask)
     block_start: int = 0  # canvas column where the current block starts
@@ -74,7 +74,7 @@ class StepInput:
     steps: Optional[int]  # steps budgeted for this block, None for adaptive samplers
     mask_id: int
     temperature: float
-    generator: Optional[torch.Generator]
+    generator: Optional[torch.Generator]  # or one per row: dllm.samplers.draws.RowGenerators
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
     # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
     # lookahead variants): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch

@@ -10,8 +10,10 @@ from typing import Optional
 
 import torch
 
+from dllm.samplers import draws
 from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, softmax_prob
 from dllm.samplers.stats import fused_propose, use_fused
+from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
 
 
@@ -102,24 +104,26 @@ def gumbel_perturb(
     return torch.exp(l64) / (-torch.log(noise)) ** temperature
 
 
-def gumbel_uniforms(logits: torch.Tensor, temperature: float,
-                    generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
-    """The float64 uniforms of LLaDA's Gumbel-max draw, in the shape of ``logits`` (one
-    ``torch.rand`` call, so a seed reproduces it); None at T = 0, where nothing is drawn."""
+def gumbel_uniforms(logits: torch.Tensor, temperature: float, generator: Generator) -> Optional[torch.Tensor]:
+    """The float64 uniforms of LLaDA's Gumbel-max draw, in the shape of ``logits`` [B, W, V] (one
+    ``torch.rand`` call, so a seed reproduces it; per-row generators: one per row, ``draws.rand``);
+    None at T = 0, where nothing is drawn."""
     if temperature == 0:
         return None
-    return torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
+    return draws.rand(logits.shape, generator, logits.device, torch.float64)
 
 
-def propose(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
-            mask_id: int) -> torch.Tensor:
+def propose(logits: torch.Tensor, temperature: float, generator: Generator,
+            mask_id: int, query_start: Optional[int] = None) -> torch.Tensor:
     """Proposals: arg-max at T = 0, else LLaDA's float64 Gumbel-max sample on uniforms of the
     logits' shape (as ``gumbel_uniforms`` draws them; a few rows at a time on CPU, the same stream:
-    ``dllm.samplers.chunked``); never the mask id. logits: [..., V] -> [...] long.
+    ``dllm.samplers.chunked``); never the mask id. logits: [..., V] -> [...] long. ``query_start``:
+    the canvas column of logits' column 0 when they span query columns from the query's start
+    (not a block window), so per-row generators draw each row without its padding.
     """
     if temperature == 0:
         return argmax_excluding(logits, mask_id)
-    return gumbel_argmax(logits, temperature, generator, mask_id)
+    return gumbel_argmax(logits, temperature, generator, mask_id, query_start=query_start)
 
 
 def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from dllm.samplers.draws import Generator, RowGenerators
+
 CHUNK_ELEMENTS: int = 1 << 22
 
 
@@ -86,11 +88,22 @@ def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Te
     return torch.exp(l64) / (-torch.log(u)) ** temperature  # LLaDA's exp(l) / (-log u)^T
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator], mask_id: int,
-                  chunk_elements: Optional[int] = None) -> torch.Tensor:
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator, mask_id: int,
+                  chunk_elements: Optional[int] = None, query_start: Optional[int] = None) -> torch.Tensor:
     """LLaDA's float64 Gumbel-max sample (T > 0) on uniforms of the logits' shape, never ``mask_id``:
-    logits [..., V] -> [...] long; equal to drawing ``rand(logits.shape, float64)`` at once."""
+    logits [..., V] -> [...] long; equal to drawing ``rand(logits.shape, float64)`` at once.
+    Per-row generators (``dllm.samplers.draws``): logits [B, Q, V], row r drawn alone from its
+    generator, without its padding columns when ``query_start`` (the query's canvas column) is given
+    (those columns get the arg-max)."""
     assert temperature > 0, "gumbel_argmax draws; at T = 0 take the arg-max"
+    if isinstance(generator, RowGenerators):
+        generator.check_rows(logits.shape[0], f"logits of shape {tuple(logits.shape)}")
+        out = []
+        for r, g in enumerate(generator.generators):
+            c = generator.cut(r, query_start) if logits.dim() > 2 else 0
+            row = gumbel_argmax(logits[r:r + 1, c:], temperature, g, mask_id, chunk_elements)  # [1, Q - c]
+            out.append(torch.cat([argmax_excluding(logits[r:r + 1, :c], mask_id), row], dim=1) if c else row)
+        return torch.cat(out)
     v = logits.shape[-1]
     flat = logits.reshape(-1, v)  # [N, V]
     step = rows_per_chunk(v, chunk_elements)
@@ -111,15 +124,24 @@ def _skip(count: int, generator: Optional[torch.Generator], device: torch.device
         torch.rand((min(step, count - start),), dtype=torch.float64, generator=generator, device=device)
 
 
-def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Optional[torch.Generator],
-                    device: torch.device, chunk_elements: Optional[int] = None) -> torch.Tensor:
+def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Generator,
+                    device: torch.device, chunk_elements: Optional[int] = None,
+                    query_start: int = 0) -> torch.Tensor:
     """The columns ``[ws, we)`` of ``rand(shape, float64)`` for shape [B, Q, V], as [B, W, V].
 
     On CPU the other columns are drawn in pieces and dropped (same stream, no [B, Q, V] tensor);
-    on CUDA (``stream_chunkable``) the whole tensor is drawn, then sliced.
+    on CUDA (``stream_chunkable``) the whole tensor is drawn, then sliced. Per-row generators: row r
+    draws its own query alone (without the padding columns left of ``query_start``'s row start).
     """
     b, q, v = shape
     ws, we = window
+    if isinstance(generator, RowGenerators):
+        generator.check_rows(b, f"uniforms of shape {tuple(shape)}")
+        rows = []
+        for r, g in enumerate(generator.generators):
+            c = generator.cut(r, query_start)  # <= ws: the block is never in the padding
+            rows.append(window_uniforms((1, q - c, v), (ws - c, we - c), g, device, chunk_elements))
+        return torch.cat(rows)  # [B, W, V]
     if not stream_chunkable(device) or (ws == 0 and we == q):
         return torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)[:, ws:we]
     step = rows_per_chunk(v, chunk_elements) * v

@@ -151,7 +151,7 @@ class Dawn(Sampler):
 
         # proposals and confidence for every position before the block end
         head = logits[:, :we]  # [B, we, V]
-        x0 = propose(head, inp.temperature, inp.generator, mask_id)  # [B, we]
+        x0 = propose(head, inp.temperature, inp.generator, mask_id, query_start=inp.query_start)  # [B, we]
         c = softmax_prob(head, x0)  # [B, we] float64, a few rows at a time
         tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
         tokens[:, :we] = x0

@@ -53,6 +53,7 @@ from dllm.samplers._ops import (
     top_p_filter,
     top_two_margin,
 )
+from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -83,7 +84,8 @@ def sample_tokens(
     top_p: Optional[float],
     top_k: Optional[int],
     mask_id: int,
-    generator: Optional[torch.Generator],
+    generator: draws.Generator,
+    segments: Optional[Sequence[int]] = None,  # per-row generators: rows of ``logits`` per batch row
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dream's proposal: returns (probs [N, V], x0 [N]). Confidence kinds are computed from probs."""
     if temperature > 0:
@@ -97,7 +99,7 @@ def sample_tokens(
     if temperature > 0 and probs.shape[0] > 0:
         # Dream draws Categorical(probs).sample(): multinomial over renormalised probs
         normed = probs / probs.sum(-1, keepdim=True)
-        x0 = torch.multinomial(normed, 1, replacement=True, generator=generator).squeeze(-1)
+        x0 = draws.multinomial(normed, 1, generator, replacement=True, segments=segments).squeeze(-1)
         x0 = torch.where(x0 == mask_id, greedy, x0)
     else:
         x0 = greedy
@@ -148,6 +150,12 @@ def flat_positions(active: torch.Tensor) -> torch.Tensor:
     return active.reshape(-1).nonzero().squeeze(1)
 
 
+def _row_counts(where: torch.Tensor, generator: draws.Generator) -> Optional[list[int]]:
+    """Per-row generators only: the True entries of each row of ``where`` [B, Q] (the segments of a
+    row-major flat draw over them; a host read where Dream already reads the positions)."""
+    return where.sum(dim=1).tolist() if draws.per_row(generator) else None
+
+
 def scatter_rows(values: torch.Tensor, flat: torch.Tensor, shape: tuple[int, int], fill) -> torch.Tensor:
     """Place ``values`` [N] at the flat indices ``flat`` [N] of a [B, Q] tensor filled with ``fill``
     (Dream's ``x[mask] = values`` without a second boolean index)."""
@@ -165,13 +173,15 @@ class Origin(_DreamBase):
         active = inp.active  # [B, Q]
         shape = (active.shape[0], active.shape[1])
         masked = flat_positions(active)  # [N] host sync: Dream draws rand(#masked)
-        reveal = torch.rand(masked.numel(), generator=inp.generator, device=active.device) < p_transfer  # [N]
+        lengths = _row_counts(active, inp.generator) or [masked.numel()]
+        reveal = draws.rand_segments(lengths, inp.generator, active.device) < p_transfer  # [N]
         cfg = self.config
         if inp.temperature > 0:
             # Dream samples only the revealed rows (one multinomial over them): index them (host sync)
             revealed = masked[reveal.nonzero().squeeze(1)]  # [R] flat indices
             rows = inp.logits.flatten(0, 1)[revealed]  # [R, V]
-            _, x0 = sample_tokens(rows, inp.temperature, cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
+            segments = _row_counts(scatter_rows(reveal, masked, shape, False), inp.generator)
+            _, x0 = sample_tokens(rows, inp.temperature, cfg.top_p, cfg.top_k, inp.mask_id, inp.generator, segments)
             tokens = scatter_rows(x0, revealed, shape, inp.mask_id)  # [B, Q]
         else:
             # deterministic: every position of the block window, the revealed ones kept
@@ -208,7 +218,8 @@ class _DreamConfidence(_DreamBase):
             shape = (active.shape[0], active.shape[1])
             masked = flat_positions(active)  # [N]
             probs, x0_rows = sample_tokens(logits.flatten(0, 1)[masked], inp.temperature,
-                                           cfg.top_p, cfg.top_k, inp.mask_id, inp.generator)
+                                           cfg.top_p, cfg.top_k, inp.mask_id, inp.generator,
+                                           _row_counts(active, inp.generator))
             conf_rows = self._confidence(probs, x0_rows).to(logits.dtype)  # [N]
             x0 = scatter_rows(x0_rows, masked, shape, inp.mask_id)  # [B, Q]
             conf = scatter_rows(conf_rows, masked, shape, float("-inf"))  # [B, Q]
@@ -225,7 +236,7 @@ class _DreamConfidence(_DreamBase):
             commit = torch.zeros_like(active)
         elif cfg.alg_temp:
             weights = torch.softmax(conf / cfg.alg_temp, dim=-1)  # [B, Q]
-            commit = _chosen(active, torch.multinomial(weights, num_samples=k, generator=inp.generator))
+            commit = _chosen(active, draws.multinomial(weights, k, inp.generator))
         elif cfg.ties == "reference":
             # Dream's own op on the same [B, Q] tensor: equal confidences (a saturated softmax)
             # resolve as in Dream on this device

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm.options import check_int, check_unit
+from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.sdar import block_of
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
@@ -68,7 +69,7 @@ class FastDLLMv2Config:
 
 
 def sample_with_top_p(logits: torch.Tensor, top_p: float, temperature: float,
-                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                      generator: draws.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, W, V] -> (x0 [B, W] long, p(x0) [B, W]) as the official ``sample_with_top_p``:
     T = 0: arg-max of the softmax; T > 0: softmax(logits / T), tokens past the ``top_p`` mass
     (cumulative sum of the sorted probabilities, shifted by one) zeroed, renormalised by the sum, one
@@ -85,7 +86,7 @@ def sample_with_top_p(logits: torch.Tensor, top_p: float, temperature: float,
     probs = probs.masked_fill(torch.zeros_like(drop).scatter_(-1, order, drop), 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     b, w, v = probs.shape
-    x0 = torch.multinomial(probs.reshape(b * w, v), num_samples=1, generator=generator).view(b, w)
+    x0 = draws.multinomial(probs.reshape(b * w, v), 1, generator).view(b, w)  # per-row: W rows each
     return x0, torch.gather(probs, -1, x0[..., None])[..., 0]
 
 

@@ -50,6 +50,7 @@ from dllm.samplers._ops import (
     top_k_of_topk,
     transfer_schedule,
 )
+from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import window_uniforms
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
@@ -100,7 +101,7 @@ class _LLaDARemasking(Sampler):
         # the window's part of the reference's rand_like(float64 logits) over the full query width
         # (the same stream; on CPU the rest is drawn in pieces and dropped: dllm.samplers.chunked)
         noise = None if inp.temperature == 0 else window_uniforms(logits.shape, inp.window, inp.generator,
-                                                                    logits.device)
+                                                                    logits.device, query_start=inp.query_start)
         window_logits = logits[:, ws:we]  # [B, W, V]
         if self._fused(window_logits):
             x0, score = fused_propose(window_logits, inp.temperature, noise, inp.mask_id)  # [B, W] x2
@@ -152,4 +153,4 @@ class RandomRemasking(_LLaDARemasking):
         b, q = inp.logits.shape[:2]
         ws, we = inp.window
         # float32 rand(B, L) over the full query width, drawn after the Gumbel noise (as LLaDA)
-        return torch.rand((b, q), generator=inp.generator, device=x0.device)[:, ws:we]
+        return draws.rand((b, q), inp.generator, x0.device, query_start=inp.query_start)[:, ws:we]

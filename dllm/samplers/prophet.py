@@ -101,7 +101,7 @@ class Prophet(Sampler):
         fired = state.extras["prophet_fired"]  # [B]
 
         # proposals over the whole query (the all-in fill needs every position), as LLaDA draws them
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, Q]
+        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id, query_start=inp.query_start)  # [B, Q]
         conf_w = gather_prob(torch.softmax(logits[:, ws:we], dim=-1), x0[:, ws:we])  # [B, W]
         score = expand_window(conf_w, inp.window, q, float("-inf"))  # [B, Q]
 

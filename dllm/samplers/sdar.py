@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from dllm.schedule import BLOCK_SIZE_KEY, grid_start
 from dllm.options import check_choice, check_int, check_unit
+from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -95,7 +96,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+            generator: draws.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, W, V] -> (x0 [B, W] long, p(x0) [B, W]) as generate.py's
     ``sample_with_temperature_topk_topp`` (T > 0: one ``multinomial`` over the B*W rows), or the
     arg-max and its softmax probability at T = 0."""
@@ -111,7 +112,7 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     if top_p < 1.0:
         flat = top_p_filter(flat, top_p)
     probs = F.softmax(flat, dim=-1)
-    x0 = torch.multinomial(probs, num_samples=1, generator=generator)  # [B*W, 1]
+    x0 = draws.multinomial(probs, 1, generator)  # [B*W, 1] (per-row generators: W rows each)
     return x0.view(b, w), torch.gather(probs, -1, x0).view(b, w)
 
 

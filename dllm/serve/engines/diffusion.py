@@ -25,6 +25,7 @@ decode would give. ``step_events`` requests also get one ``Step`` event per deno
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -306,9 +307,12 @@ class DiffusionEngine(ThreadedEngine):
             if left:  # the call goes on without them: their rows leave its forwards (dllm.rows)
                 release_rows(state, left)
 
+        kwargs = req.settings.generate_kwargs()
+        seeds = [j.request.settings.seed for j in jobs]
+        kwargs["seed"] = None if all(s is None for s in seeds) else seeds  # one generator per row
         try:
             out = generate(model, [list(j.request.prompt_ids) for j in jobs], gen_length=req.max_tokens,
-                           stop_at_eos=True, callback=on_step, **req.settings.generate_kwargs())
+                           stop_at_eos=True, callback=on_step, **kwargs)
         except _Leave:
             return
         for r in sorted(live):
@@ -326,11 +330,12 @@ class DiffusionEngine(ThreadedEngine):
 
     # ---- batching ----
     def _static_key(self, job: Job) -> tuple:
-        """Jobs that can share one ``generate`` call: same settings, length and stops (and, for a
-        block-causal model, prompts ending at the same offset in a block: the rows share blocks)."""
+        """Jobs that can share one ``generate`` call: same settings but the seed (each row draws from
+        its own generator), length and stops (and, for a block-causal model, prompts ending at the
+        same offset in a block: the rows share blocks)."""
         r = job.request
         offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
-        return r.settings, r.max_tokens, r.stop, offset
+        return dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset
 
 
 class _CountingModel(BatchedModel):

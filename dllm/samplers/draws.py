@@ -1,0 +1,124 @@
+"""Random draws with one generator per row: a row of a batch draws exactly what it draws alone.
+
+``generate(seed=[s0, s1, ...])`` gives each row its own ``torch.Generator`` (``RowGenerators``).
+Every random draw of a sampler goes through the functions here; with a ``RowGenerators`` they draw
+row by row, each row from its own generator and in the shape it would have alone:
+
+- a tensor over the query columns ([B, Q, ...] with ``query_start`` given) loses the row's left
+  padding: alone, the row's canvas has no padding, so a query that starts inside the padding is
+  narrower by the columns it covers there (``RowGenerators.cut``); those columns get a filler
+  (0.5 for uniforms), never read since padding is never a mask;
+- a tensor over block-window columns ([B, W, ...]) is the same shape alone: row r draws ``[W, ...]``;
+- a flat draw over rows of several batch rows (Dream's masked positions, a [B*W, V] multinomial)
+  is split into the batch rows' consecutive segments.
+
+With a plain ``torch.Generator`` (or None: the global one) every function is the one torch call it
+replaces, so seeded single-generator decodes keep their streams. Draws read the per-row segment
+sizes on the host only where the sampler already did (Dream's masked rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowGenerators:
+    """One generator per batch row, and each row's left padding on the canvas (columns)."""
+
+    generators: tuple[torch.Generator, ...]
+    pads: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.generators) != len(self.pads) or not self.generators:
+            raise ValueError(f"RowGenerators needs one generator and one pad per row, got {len(self.generators)} "
+                             f"generators and {len(self.pads)} pads")
+
+    @classmethod
+    def seeded(cls, seeds: Sequence[int], pads: Sequence[int], device: torch.device) -> "RowGenerators":
+        return cls(tuple(torch.Generator(device=device).manual_seed(int(s)) for s in seeds), tuple(pads))
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    @property
+    def device(self) -> torch.device:
+        return self.generators[0].device
+
+    def cut(self, row: int, query_start: Optional[int]) -> int:
+        """Leading columns of a query starting at canvas column ``query_start`` that lie in ``row``'s
+        left padding (0 for a window tensor: ``query_start`` None)."""
+        return 0 if query_start is None else max(0, self.pads[row] - query_start)
+
+    def check_rows(self, n: int, what: str) -> None:
+        if n != len(self.generators):
+            raise ValueError(f"per-row seeds: {what} has {n} rows for a batch of {len(self.generators)} "
+                             f"(one seed per prompt); this sampler's draws are not row-separable")
+
+
+Generator = Union[torch.Generator, RowGenerators, None]
+
+
+def per_row(generator: Generator) -> bool:
+    return isinstance(generator, RowGenerators)
+
+
+def rand(shape: Sequence[int], generator: Generator, device: torch.device, dtype: torch.dtype = torch.float32,
+         query_start: Optional[int] = None) -> torch.Tensor:
+    """``torch.rand(shape)``; per row: row r draws ``shape[1:]`` (without its padding columns of dim 1
+    when ``query_start`` is given; those hold 0.5)."""
+    if not isinstance(generator, RowGenerators):
+        return torch.rand(tuple(shape), dtype=dtype, generator=generator, device=device)
+    generator.check_rows(shape[0], f"a draw of shape {tuple(shape)}")
+    out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
+    for r, g in enumerate(generator.generators):
+        c = generator.cut(r, query_start)
+        out[r, c:] = torch.rand((shape[1] - c, *shape[2:]), dtype=dtype, generator=g, device=device)
+    return out
+
+
+def rand_segments(lengths: Sequence[int], generator: Generator, device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``torch.rand(sum(lengths))`` for a flat tensor whose consecutive segments belong to the batch
+    rows in order; per row: segment r from generator r."""
+    if not isinstance(generator, RowGenerators):
+        return torch.rand(int(sum(lengths)), dtype=dtype, generator=generator, device=device)
+    generator.check_rows(len(lengths), "a flat draw")
+    return torch.cat([torch.rand(int(n), dtype=dtype, generator=g, device=device)
+                      for n, g in zip(lengths, generator.generators)])
+
+
+def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, replacement: bool = False,
+                segments: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """``torch.multinomial(probs [N, V], num_samples)``; per row: the N rows split into the batch rows'
+    consecutive segments (``segments``; default N / B each), each drawn from its row's generator."""
+    if not isinstance(generator, RowGenerators):
+        return torch.multinomial(probs, num_samples, replacement=replacement, generator=generator)
+    b = len(generator)
+    if segments is None:
+        if probs.shape[0] % b:
+            generator.check_rows(probs.shape[0], "a multinomial's distributions")
+        segments = [probs.shape[0] // b] * b
+    generator.check_rows(len(segments), "a multinomial's segments")
+    parts = [torch.multinomial(p, num_samples, replacement=replacement, generator=g)
+             for p, g, n in zip(probs.split([int(n) for n in segments]), generator.generators, segments) if n]
+    if not parts:
+        return torch.empty((0, num_samples), dtype=torch.long, device=probs.device)
+    return torch.cat(parts)
+
+
+def exponential_like(probs: torch.Tensor, generator: Generator) -> torch.Tensor:
+    """Exp(1) noise of ``probs``' shape (float32); per row: row r's slice [r] from generator r."""
+    if not isinstance(generator, RowGenerators):
+        return torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    generator.check_rows(probs.shape[0], f"noise of shape {tuple(probs.shape)}")
+    out = torch.empty_like(probs, dtype=torch.float32)
+    for r, g in enumerate(generator.generators):
+        out[r].exponential_(generator=g)
+    return out
+
+
+__all__ = ["Generator", "RowGenerators", "exponential_like", "multinomial", "per_row", "rand", "rand_segments"]
