@@ -6,15 +6,17 @@
 Flags are checked, the chat template read and the port bound before any model loads (a taken port
 or a missing file is an error message and exit status 2, not a traceback after a minute of
 loading). The default bind is 127.0.0.1; another host without ``--api-key`` gets a warning.
-SIGTERM (or Ctrl-C): new requests are refused with 503, requests in flight finish, the engine closes,
-the process exits 0.
+SIGTERM (or Ctrl-C) drains: the listener stays open and answers every new request with 503 +
+Retry-After while the requests in flight finish (at most ``--drain-timeout`` seconds; each one still
+unfinished then ends with a 503: an error body, or a last error event and ``[DONE]`` when streamed);
+then the listener closes, the engine stops and the process exits 0. A second signal ends the requests
+in flight at once (503 each); a third quits without waiting.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -74,7 +76,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--default-max-tokens", type=POSITIVE, default=16, help="max_tokens of a request that gives none")
     h.add_argument("--max-body-bytes", type=POSITIVE, default=1 << 20, help="larger request bodies get 400")
     h.add_argument("--drain-timeout", type=float, default=None,
-                   help="seconds in-flight requests get after SIGTERM (default: as long as they need)")
+                   help="seconds in-flight requests get after SIGTERM / Ctrl-C; those still running then end with "
+                        "a 503 (default: as long as they need)")
     h.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--dtype", default=None)
     add_quantization(p)
@@ -194,10 +197,13 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
                            **({"max_group": args.max_group} if args.max_group is not None else {}))
 
 
+HTTP_GRACE_S = 10  # once the engine is closed, how long uvicorn waits for the last replies to be written
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from dllm.serve.http.app import begin_drain, create_app
+    from dllm.serve.http.app import begin_drain, create_app, end_drain
 
     check_args(args)
     check_specs(args)
@@ -212,20 +218,31 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout)
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT: refuse new requests, then uvicorn drains
-            begin_drain(app)
-            super().handle_exit(sig, frame)
-            if sig == signal.SIGTERM:  # a drained SIGTERM is a clean exit (0); uvicorn would re-raise it
-                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+    class DrainingServer(uvicorn.Server):
+        """The first SIGTERM / Ctrl-C drains (``begin_drain``: new requests get 503 on the open listener,
+        the requests in flight finish or end with 503 at ``--drain-timeout``); once the engine is
+        closed uvicorn stops (the listener closes, the last replies are written: exit 0). A second
+        signal ends the requests in flight now (``end_drain``); a third quits at once (uvicorn's force
+        exit, the signal raised again after it)."""
 
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=(
-        None if args.drain_timeout is None else max(1, round(args.drain_timeout))))
+        signals = 0
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.signals += 1
+            if self.signals == 1:
+                begin_drain(app).add_done_callback(lambda _: setattr(self, "should_exit", True))
+            elif self.signals == 2:
+                end_drain(app)
+            else:
+                self._captured_signals.append(sig)
+                self.should_exit = self.force_exit = True
+
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=HTTP_GRACE_S)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"dllm serve: {engine.model_name} ({engine.kind}) on http://{shown}:{port} (OpenAI API under /v1, "
           f"the page at /)", file=sys.stderr, flush=True)
-    Server(config).run(sockets=[sock])
+    DrainingServer(config).run(sockets=[sock])
     print("dllm serve: stopped", file=sys.stderr, flush=True)
     return 0
 
@@ -249,4 +266,5 @@ def run_replicas(args: argparse.Namespace, chat_template: Optional[str]) -> int:
     return 0
 
 
-__all__ = ["build_engine", "check_args", "check_specs", "read_chat_template", "run_replicas", "run_serve", "serve_args"]
+__all__ = ["HTTP_GRACE_S", "build_engine", "check_args", "check_specs", "read_chat_template", "run_replicas", "run_serve",
+           "serve_args"]

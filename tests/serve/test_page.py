@@ -204,6 +204,28 @@ def test_a_bad_option_shows_the_servers_error(server, browser):
     assert "400" in page["error"] and "no_such_option" in page["error"]
 
 
+def test_picking_another_sampler_clears_the_options(server, client, browser):
+    """Options belong to one sampler: after threshold=0.5 on `threshold`, picking `low_confidence`
+    empties the field, so the run is not refused for an option low_confidence lacks."""
+    open_page(browser, server)
+    root = browser.find_element(By.ID, "watch-settings")
+    sampler = Select(root.find_element(By.CSS_SELECTOR, "[data-field=sampler]"))
+    options = root.find_element(By.CSS_SELECTOR, "[data-field=options]")
+    sampler.select_by_value("threshold")
+    options.send_keys("threshold=0.5")
+    sampler.select_by_value("low_confidence")
+    assert options.get_attribute("value") == ""
+    set_prompt(browser, "prompt", PROMPT)
+    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
+    field.clear()
+    field.send_keys("6")
+    browser.find_element(By.ID, "run").click()
+    wait_finished(browser, ("watch-run",))
+    page = run_result(browser, "watch-run")
+    assert page["state"] == "done", page["error"]
+    assert page["text"] == api_text(client, PROMPT, 6, "low_confidence", "none")
+
+
 def test_a_server_with_an_api_key_asks_for_it(keyed_server, browser):
     from selenium.webdriver.common.keys import Keys
 

@@ -115,7 +115,7 @@ class Failed:
     """The request failed after it was accepted (cancelled, or an error in the decode loop)."""
 
     message: str
-    status: int = 500  # 499: cancelled by the client; 503: the engine shut down before it ran
+    status: int = 500  # 499: cancelled by the client; 503: the engine shut down before it ended
 
 
 Event = Union[Delta, Step, Done, Failed]
@@ -146,16 +146,21 @@ class Job:
     _queue: "queue.Queue[Event]" = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _final: Optional[Event] = field(default=None, repr=False)
+    _emit_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _loop: Optional[asyncio.AbstractEventLoop] = field(default=None, repr=False)  # an aevents reader's loop
     _wake: Optional[asyncio.Event] = field(default=None, repr=False)
 
     # ---- the engine's side ----
     def emit(self, event: Event) -> None:
-        if self._final is not None:
-            return  # nothing after Done/Failed
-        if isinstance(event, (Done, Failed)):
-            self._final = event
-        self._queue.put(event)
+        """Send ``event`` to the reader; ignored once a final event (Done/Failed) was sent, so the
+        engine's thread and a closing one (``close``: a 503 at the drain timeout) may both end a job:
+        the first final event wins and nothing follows it."""
+        with self._emit_lock:
+            if self._final is not None:
+                return
+            if isinstance(event, (Done, Failed)):
+                self._final = event
+            self._queue.put(event)
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             try:

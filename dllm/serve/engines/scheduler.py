@@ -4,7 +4,8 @@ Jobs wait in one FIFO queue (first come, first served: a request is never overta
 one). ``max_running`` worker threads take jobs from its head; a job starts only while the running
 jobs' token budget (prompt + max_tokens, summed) leaves room for it, so a long request waits at the
 head instead of being overtaken forever. A full queue refuses new jobs (``QueueFull``: HTTP 429 with
-Retry-After); ``close`` refuses new ones and lets the others finish (or cancels them).
+Retry-After); ``close`` refuses new ones and lets the others finish, for at most a drain timeout,
+after which (or at once, without a drain) every unfinished job ends with a 503.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+CLOSE_POLL_S = 0.1  # how often a draining close looks at the jobs (a job may finish without a notify)
+LEAVE_GRACE_S = 10.0  # how long close waits for the ended jobs' rows to leave their decodes
+
+
 def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
     """The largest max_tokens a request may ask for: ``given``, else the positions after a one-token
     prompt, else 4096."""
@@ -49,6 +54,7 @@ class ThreadedEngine(Engine):
         self._running: dict[int, Job] = {}
         self._running_tokens = 0
         self._closed = False
+        self._stopped = False  # a close has begun stopping the workers
         self._workers: list[threading.Thread] = []
         self.completed = 0
 
@@ -80,24 +86,49 @@ class ThreadedEngine(Engine):
                                closed=self._closed)
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
+        """Refuse new jobs, then end the others. With ``drain``, queued and running jobs finish, for at
+        most ``timeout`` seconds (None: as long as they need); without ``drain``, or once ``timeout``
+        passes, every job still queued or running ends at once with ``Failed(..., 503)`` (a running one
+        is also cancelled: its row leaves its decode at the next step; an event the decode sends after
+        that is ignored, see ``Job.emit``). Then the worker threads stop (each ended row gets
+        ``LEAVE_GRACE_S`` to leave its decode). Safe to call again and from several threads: a
+        ``drain=False`` call during a draining one ends that drain at once."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._closed = True
-            if not drain:
-                while self._queue:
-                    self._queue.popleft().emit(Failed("the server shut down before this request ran", 503))
-                for job in self._running.values():
-                    job.cancel()
             self._cond.notify_all()
-            while self._queue or self._running:
+            if not drain:
+                self._end_unfinished("it stopped without waiting for the requests in flight")
+            while self._unfinished():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    self._end_unfinished(f"the drain timeout of {timeout:g} s passed")
                     break
-                self._cond.wait(timeout=left)
-            self._cond.notify_all()
+                self._cond.wait(timeout=CLOSE_POLL_S if left is None else min(left, CLOSE_POLL_S))
+            grace = time.monotonic() + LEAVE_GRACE_S
+            while self._running and time.monotonic() < grace:
+                self._cond.wait(timeout=min(grace - time.monotonic(), CLOSE_POLL_S))
+            if self._stopped:
+                return
+            self._stopped = True
         for t in self._workers:
             t.join(timeout=1.0)
         self._shutdown()
+
+    def _unfinished(self) -> bool:
+        """Under the lock: a job is queued, or a running one has not sent its final event yet."""
+        return bool(self._queue) or any(not job.finished for job in self._running.values())
+
+    def _end_unfinished(self, why: str) -> None:
+        """Under the lock: every queued job and every unfinished running one ends now with a 503
+        (``why`` says why); the running ones are cancelled too, so their rows leave their decode."""
+        while self._queue:
+            self._queue.popleft().emit(Failed(f"the server shut down before this request started: {why}; "
+                                              f"retry it", 503))
+        for job in self._running.values():
+            job.emit(Failed(f"the server shut down before this request finished: {why}; retry it", 503))
+            job.cancel()
+        self._cond.notify_all()
 
     @property
     def closed(self) -> bool:
@@ -136,6 +167,11 @@ class ThreadedEngine(Engine):
     def _forwards(self) -> tuple[int, int]:
         return 0, 0
 
+    def _may_start(self) -> bool:
+        """The admission policy beyond the row and token limits (called under the lock); default:
+        whenever a row is free."""
+        return True
+
     def _shutdown(self) -> None:
         pass
 
@@ -151,7 +187,7 @@ class ThreadedEngine(Engine):
         cfg = self.scheduler
         with self._cond:
             while True:
-                if self._queue and len(self._running) < cfg.max_running:
+                if self._queue and len(self._running) < cfg.max_running and self._may_start():
                     job = self._queue[0]
                     cost = self._cost(job)
                     if not self._running or self._running_tokens + cost <= cfg.max_running_tokens:

@@ -5,6 +5,11 @@ row's accepted tokens). ``TextStream.update(prefix)`` turns the final prefix int
 sent now: the decoded prefix, cut at the first EOS and before the first stop string, minus a tail that
 could still grow into a stop string (or an incomplete character), so the deltas never have to be
 taken back and their concatenation is exactly the final text.
+
+The answer's tokens (``answer_ids``: a reply's ``usage.completion_tokens``) end before the first EOS
+and, when a stop string ends the text, with the token that completes that stop string: the tokens an
+autoregressive decoder would have generated before it stopped (as vLLM counts them), not the ones a
+diffusion block committed after it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,20 @@ def stop_cut(text: str, stops: Sequence[str]) -> Optional[int]:
     """Index of the earliest stop string in ``text`` (None: none occurs)."""
     found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(found) if found else None
+
+
+def stop_end(ids: Sequence[int], decode: Callable[[list[int]], str], stops: Sequence[str]) -> int:
+    """The fewest leading tokens of ``ids`` whose text holds a stop string (``len(ids)`` when even all
+    of them hold none): a binary search, a stop string found in a prefix's text staying in every
+    longer prefix's."""
+    lo, hi = 0, len(ids)  # the text of ids[:lo] holds no stop string; that of ids[:hi] holds one (or hi = all)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if stop_cut(decode(list(ids[:mid])), stops) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -45,11 +64,12 @@ class TextStream:
     sent_tokens: int = 0  # tokens those deltas came from
     ended: Optional[str] = None  # "eos" or "stop" once the answer's end is final
     text: str = ""  # the final text once ended
-    answer_ids: list[int] = field(default_factory=list)  # the answer's final ids (before EOS)
+    answer_ids: list[int] = field(default_factory=list)  # the answer's final ids (module docstring)
 
     def update(self, prefix: Sequence[int], complete: bool = False) -> tuple[str, tuple[int, ...]]:
         """The final prefix (``complete``: the whole answer) -> (new text to send, its token ids).
-        Sets ``ended`` when the prefix reaches an EOS or a stop string."""
+        Sets ``ended`` when the prefix reaches an EOS or a stop string; ``answer_ids`` then ends there
+        (at the token that completes the stop string)."""
         ids = list(prefix)
         eos_at = next((i for i, t in enumerate(ids) if t in self.eos_ids), None)
         if eos_at is not None:
@@ -58,6 +78,7 @@ class TextStream:
         cut = stop_cut(text, self.stops)
         if cut is not None:
             text, complete, self.ended = text[:cut], True, "stop"
+            ids = ids[:stop_end(ids, self.decode, self.stops)]
         self.answer_ids = ids
         if complete:
             self.text = text
@@ -71,4 +92,4 @@ class TextStream:
         return delta, new_ids
 
 
-__all__ = ["TextStream", "held_back", "stop_cut"]
+__all__ = ["TextStream", "held_back", "stop_cut", "stop_end"]

@@ -8,24 +8,30 @@ and ``/static/...``.
 
 A request is read (at most ``max_body_bytes``), validated (``dllm.serve.http.protocol``), turned into one
 ``JobRequest`` per choice and checked by the engine (``dllm.serve.http.translate``) before any job is
-queued: every refusal is an OpenAI-style error body naming the field (400), 401 without the API key
-(``api_key``: ``Authorization: Bearer KEY`` on ``/v1/...``), 429 + Retry-After when the engine's
-queue is full, 503 + Retry-After once the server drains (``begin_drain``: SIGTERM under ``dllm
-serve``) or the engine is closed. A client that disconnects has its jobs cancelled at once
-(``Job.cancel``: the row leaves the batch). On shutdown the app closes the engine, letting queued and
-running jobs finish (``engine.close(drain=True)``).
+queued: every refusal is an OpenAI-style error body naming the field (400; 404 for a model this
+server does not serve), 401 without the API key (``api_key``: ``Authorization: Bearer KEY`` on
+``/v1/...``), 429 + Retry-After when the engine's queue is full, 503 + Retry-After once the server
+drains or the engine is closed. A client that disconnects has its jobs cancelled at once
+(``Job.cancel``: the row leaves the batch).
+
+Shutdown (``begin_drain``: SIGTERM under ``dllm serve``, else the app's lifespan shutdown): new
+requests get 503 while the engine closes, letting queued and running jobs finish for at most
+``drain_timeout``; a job still unfinished then ends with a 503 too (``engine.close``), which its
+client gets as an error body, or, streamed, as a last ``data: {"error": ...}`` event then ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import math
 import secrets
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -35,7 +41,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dllm.serve.engines.base import BadRequest, Engine
-from dllm.serve.http.errors import ApiError, bad_request, from_exception, from_failed
+from dllm.serve.http.errors import ApiError, bad_request, from_exception, from_failed, quote, shutting_down
 from dllm.serve.engines.jobs import Done, Failed, Job, JobRequest
 from dllm.serve.http.metrics import CONTENT_TYPE, Metrics
 from dllm.serve.http.protocol import ChatBody, CompletionBody, parse_body
@@ -52,19 +58,28 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+def bearer_token(header: bytes) -> Optional[bytes]:
+    """The token of an ``Authorization: Bearer TOKEN`` header value; the scheme's case does not matter
+    (RFC 9110 section 11.1: ``bearer``, ``BEARER``). None for another scheme."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
+
+
 class ApiKeyAuth:
-    """``Authorization: Bearer KEY`` on every ``/v1/`` path (as vLLM's ``--api-key``); /health,
-    /metrics and the page stay open. Compared in constant time."""
+    """``Authorization: Bearer KEY`` on every ``/v1/`` path (as vLLM's ``--api-key``; the scheme in any
+    case); /health, /metrics and the page stay open. Compared in constant time."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                what = "no Authorization header" if not given else "a wrong API key"
+            token = bearer_token(given)
+            if token is None or not secrets.compare_digest(token, self.expected):
+                what = ("no Authorization header" if not given else "an Authorization header without the Bearer "
+                        "scheme" if token is None else "a wrong API key")
                 err = ApiError(401, f"{what}; send 'Authorization: Bearer <the server's --api-key>'",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await error_response(err)(scope, receive, send)
@@ -96,7 +111,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
-            raise bad_request("body", f"Content-Length {length!r} is not a byte count", code="invalid_header")
+            raise bad_request("body", f"Content-Length {quote(length)} is not a byte count", code="invalid_header")
         if int(length) > limit:
             raise too_large(length)
     chunks, size = [], 0
@@ -199,16 +214,55 @@ def _jsonable_dict(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def begin_drain(app: FastAPI) -> None:
-    """Refuse new requests (503 + Retry-After) while those in flight finish (``dllm serve`` calls this
-    on SIGTERM, before uvicorn's graceful shutdown)."""
-    app.state.draining = True
+def _in_thread(call: Callable[[], None], name: str) -> "concurrent.futures.Future[None]":
+    """Run ``call`` on a daemon thread; the future holds its end (its exception, if it raised)."""
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(err)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def begin_drain(app: FastAPI) -> "concurrent.futures.Future[None]":
+    """Start the app's shutdown (idempotent; ``dllm serve`` calls it on SIGTERM / Ctrl-C, the lifespan
+    at the latest): from now on new requests get 503 + Retry-After (and /health 503), while a thread
+    closes the engine, letting queued and running requests finish for at most the app's
+    ``drain_timeout`` (then each unfinished one ends with a 503: ``engine.close``). The future is done
+    once the engine is closed, at once when the app does not own it (``close_engine=False``)."""
+    state = app.state
+    with state.drain_lock:
+        state.draining = True
+        if state.drain is None:
+            if state.close_engine:
+                state.drain = _in_thread(lambda: state.engine.close(True, state.drain_timeout), "dllm-serve-drain")
+            else:
+                state.drain = concurrent.futures.Future()
+                state.drain.set_result(None)
+        return state.drain
+
+
+def end_drain(app: FastAPI) -> "concurrent.futures.Future[None]":
+    """Stop waiting for the requests in flight (``dllm serve``: a second SIGTERM / Ctrl-C): each one
+    still queued or running ends now with a 503 (``engine.close(drain=False)``). Starts the drain
+    first when it has not begun; returns its future (``begin_drain``)."""
+    drain = begin_drain(app)
+    if app.state.close_engine and not drain.done():
+        _in_thread(lambda: app.state.engine.close(False), "dllm-serve-stop")
+    return drain
 
 
 def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES,
                default_max_tokens: int = 16, close_engine: bool = True, drain_timeout: Optional[float] = None,
                static_dir: Path = STATIC_DIR) -> FastAPI:
-    """The app serving ``engine``. ``close_engine``: close it (draining) when the app shuts down."""
+    """The app serving ``engine``. ``close_engine``: close it when the app shuts down (``begin_drain``),
+    giving the requests in flight at most ``drain_timeout`` seconds (None: as long as they need)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if default_max_tokens < 1:
@@ -219,13 +273,12 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        app.state.draining = True
-        if close_engine:
-            await asyncio.to_thread(engine.close, True, drain_timeout)
+        await asyncio.wrap_future(begin_drain(app))
 
     app = FastAPI(title="dllm serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
-    app.state.draining = False
+    app.state.close_engine, app.state.drain_timeout = close_engine, drain_timeout
+    app.state.draining, app.state.drain, app.state.drain_lock = False, None, threading.Lock()
     metrics = Metrics(engine)
     app.state.metrics = metrics
     if api_key is not None:
@@ -245,8 +298,7 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
         chat = body_model is ChatBody
         try:
             if app.state.draining:
-                raise ApiError(503, "the server is shutting down and takes no new requests", code="shutting_down",
-                               headers={"Retry-After": "5"})
+                raise shutting_down("the server is shutting down and takes no new requests")
             body = parse_body(await read_body(request, max_body_bytes), body_model)
             requests = job_requests(body, engine, default_max_tokens=default_max_tokens)
             jobs = submit_all(engine, requests)
@@ -293,8 +345,8 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> Response:
         if name != engine.model_name:
-            return error_response(ApiError(404, f"unknown model {name!r}; this server serves {engine.model_name!r}",
-                                           param="model", code="model_not_found"))
+            return error_response(ApiError(404, f"unknown model {quote(name)}; this server serves "
+                                                f"{engine.model_name!r}", param="model", code="model_not_found"))
         return JSONResponse(model_card())
 
     @app.get("/v1/dllm/options")
@@ -325,5 +377,5 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     return app
 
 
-__all__ = ["ApiKeyAuth", "JobStream", "MAX_BODY_BYTES", "begin_drain", "create_app", "error_response", "options_body",
-           "read_body", "refusal", "submit_all", "wait_all"]
+__all__ = ["ApiKeyAuth", "JobStream", "MAX_BODY_BYTES", "bearer_token", "begin_drain", "create_app", "end_drain",
+           "error_response", "options_body", "read_body", "refusal", "submit_all", "wait_all"]

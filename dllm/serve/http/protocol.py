@@ -9,9 +9,11 @@ Fields are OpenAI's (https://platform.openai.com/docs/api-reference/completions/
 Every refusal is an ``ApiError`` 400 whose ``param`` names the field ("max_tokens",
 "messages[1].content", "sampler_options.threshold"): malformed JSON, a wrong type, a value out of
 range, an unknown field (the message lists the valid ones), an OpenAI feature dllm does not implement
-at a non-neutral value (``logprobs``, ``echo``, penalties ...), a diffusion field sent to a speculative
-server. The engine's own ``check`` (sampler, cache and options against the registries, max_tokens
-against the limit, prompt + max_tokens against the positions) runs after this, in ``dllm.serve.http.app``.
+at a non-neutral value (``logprobs``, ``echo``, penalties ...), ``stream_options`` or ``dllm_events``
+without ``stream: true``, text that is not Unicode text (a lone UTF-16 surrogate from a ``\\ud800``
+escape), a diffusion field sent to a speculative server. The engine's own ``check`` (sampler, cache
+and options against the registries, max_tokens against the limit, prompt + max_tokens against the
+positions) runs after this, in ``dllm.serve.http.app``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dllm.serve.http.errors import ApiError, bad_request
+from dllm.serve.http.errors import ApiError, bad_request, clip, quote
 
 MAX_N = 16  # choices per prompt
-MAX_CHOICES = 64  # prompts x n per request
+MAX_CHOICES = 64  # prompts x n per request (n <= MAX_N alone never reaches it: too many prompts do)
 MAX_STOP = 16  # stop strings per request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DIFFUSION_FIELDS = ("sampler", "cache", "block_length", "steps", "sampler_options", "dllm_events")
@@ -68,7 +70,7 @@ class _Common(_Strict):
 class CompletionBody(_Common):
     prompt: Any  # str, [str], [int] or [[int]]: ``prompts``
     echo: bool = False  # only false
-    logprobs: Optional[int] = None  # only null
+    logprobs: Optional[int] = None  # only null (the engines compute no token log-probabilities)
     best_of: Optional[int] = None  # only null or n
     suffix: Optional[str] = None  # only null
 
@@ -115,8 +117,7 @@ def param_path(loc: Sequence[Union[str, int]]) -> str:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+    return quote(value, limit)
 
 
 def _nested_model(model: type[BaseModel], loc: Sequence[Union[str, int]]) -> Optional[type[BaseModel]]:
@@ -137,11 +138,11 @@ def from_validation_error(err: ValidationError, model: type[BaseModel]) -> ApiEr
     """The first pydantic error as a 400 naming its field, what was given and what is valid."""
     first = err.errors()[0]
     loc = first["loc"]
-    param = param_path(loc)
+    param = clip(param_path(loc))  # an unknown field's name, a logit_bias key: the client's input
     if first["type"] == "extra_forbidden":
         where = _nested_model(model, loc[:-1])
         valid = f"; valid fields: {', '.join(where.model_fields)}" if where is not None else ""
-        return bad_request(param, f"unknown field {param!r}{valid}", code="unknown_field")
+        return bad_request(param, f"unknown field {quote(param)}{valid}", code="unknown_field")
     if first["type"] == "missing":
         return bad_request(param, f"{param!r} is required", code="missing_field")
     if first["type"] in ("model_type", "dict_type"):
@@ -157,8 +158,33 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     except ValidationError as err:
         raise from_validation_error(err, model) from None
     _check_unsupported(body)
+    check_stream_fields(body)
     check_sampler_options(body.sampler_options)
     return body
+
+
+def check_stream_fields(body: Any) -> None:
+    """``stream_options`` and ``dllm_events`` shape a streamed reply: refused without ``stream: true``
+    (as OpenAI refuses ``stream_options``)."""
+    if body.stream:
+        return
+    if body.stream_options is not None:
+        raise bad_request("stream_options", "stream_options is only allowed with stream=true; leave it out or "
+                                            "set stream to true")
+    if body.dllm_events:
+        raise bad_request("dllm_events", "dllm_events=true needs stream=true (the events are SSE events)")
+
+
+def check_text(text: str, param: str) -> str:
+    """``text`` if it is Unicode text a tokenizer can take; 400 naming ``param`` when it holds a lone
+    UTF-16 surrogate (JSON's ``"\\ud800"`` escape without its pair), which is no character at all."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_request(param, f"{param} is not valid text: a lone UTF-16 surrogate "
+                                 f"({ascii(text[err.start])[1:-1]}, without its pair) at character {err.start}; "
+                                 f"send the character itself or its escaped surrogate pair") from None
+    return text
 
 
 def check_sampler_options(options: Any) -> None:
@@ -171,17 +197,31 @@ def check_sampler_options(options: Any) -> None:
                                              f"({{\"threshold\": 0.8}}), got {_short(options)}")
     for name, value in options.items():
         if not (value is None or isinstance(value, (bool, int, float, str))):
-            raise bad_request(f"sampler_options.{name}", f"sampler_options.{name} must be a number, string, "
-                                                         f"boolean or null, got {_short(value)}")
+            at = f"sampler_options.{clip(name)}"
+            raise bad_request(at, f"{at} must be a number, string, boolean or null, got {_short(value)}")
+
+
+NO_LOGPROBS = "the engines compute no token log-probabilities"
+NEUTRAL = {"presence_penalty": ((None, 0, 0.0), ""), "frequency_penalty": ((None, 0, 0.0), ""),
+           "logit_bias": ((None, {}), ""), "echo": ((False,), ""), "suffix": ((None,), ""),
+           "top_logprobs": ((None,), NO_LOGPROBS)}  # field: (the values accepted, why no other)
+
+
+def _is_one_of(value: Any, accepted: Sequence[Any]) -> bool:
+    """``value`` equals one of ``accepted`` with the same type (``0`` is not ``false`` here)."""
+    return any(type(value) is type(v) and value == v for v in accepted)
 
 
 def _check_unsupported(body: Body) -> None:
-    """OpenAI fields dllm accepts only at their neutral value."""
-    neutral = {"presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-               "echo": (False,), "logprobs": (None, False, 0), "suffix": (None,), "top_logprobs": (None,)}
-    for name, ok in neutral.items():
-        if name in type(body).model_fields and getattr(body, name) not in ok:
-            raise bad_request(name, f"{name}={_short(getattr(body, name))} is not supported by dllm serve "
+    """OpenAI fields dllm accepts only at their neutral value. ``logprobs``: null (chat: or false);
+    completions' ``logprobs: 0`` asks for the sampled tokens' log-probabilities, which dllm does not
+    compute, so it is refused like any other number."""
+    logprobs = (None, False) if isinstance(body, ChatBody) else (None,)
+    for name, (ok, why) in {**NEUTRAL, "logprobs": (logprobs, NO_LOGPROBS)}.items():
+        value = getattr(body, name, None)
+        if name in type(body).model_fields and not _is_one_of(value, ok):
+            because = f": {why}" if why else ""
+            raise bad_request(name, f"{name}={_short(value)} is not supported by dllm serve{because} "
                                     f"(accepted: {' or '.join(json.dumps(v) for v in ok)})", code="unsupported")
     best_of = getattr(body, "best_of", None)
     if best_of is not None and best_of != body.n:
@@ -213,11 +253,11 @@ def prompts(prompt: Any) -> list[Union[str, list[int]]]:
     """``prompt``: a string, a list of strings, a list of token ids, or a list of token-id lists."""
     what = "a string, a list of strings, a list of token ids or a list of token-id lists"
     if isinstance(prompt, str):
-        return [prompt]
+        return [check_text(prompt, "prompt")]
     if not isinstance(prompt, list) or not prompt:
         raise bad_request("prompt", f"prompt must be {what}, got {_short(prompt)}")
     if all(isinstance(p, str) for p in prompt):
-        return list(prompt)
+        return [check_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     if all(_is_int(t) for t in prompt):
         return [list(prompt)]
     if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
@@ -237,8 +277,9 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
             raise bad_request(at, f"{at} must be an object with 'role' and 'content', got {_short(m)}")
         unknown = sorted(set(m) - {"role", "content", "name"})
         if unknown:
-            raise bad_request(f"{at}.{unknown[0]}", f"unknown field {unknown[0]!r} in {at}; valid: role, content, "
-                                                    f"name (dllm serve has no tools or images)", code="unknown_field")
+            raise bad_request(f"{at}.{clip(unknown[0])}", f"unknown field {quote(unknown[0])} in {at}; valid: role, "
+                                                          f"content, name (dllm serve has no tools or images)",
+                              code="unknown_field")
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{at}.role", f"{at}.role must be one of {', '.join(ROLES)}, got {_short(role)}")
@@ -250,7 +291,7 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
 
 def _content(content: Any, at: str) -> str:
     if isinstance(content, str):
-        return content
+        return check_text(content, at)
     if isinstance(content, list) and content:
         texts = []
         for j, part in enumerate(content):
@@ -258,11 +299,11 @@ def _content(content: Any, at: str) -> str:
                     and set(part) <= {"type", "text"}):
                 raise bad_request(f"{at}[{j}]", f"{at}[{j}] must be {{'type': 'text', 'text': str}} (dllm serve "
                                                 f"takes text only), got {_short(part)}")
-            texts.append(part["text"])
+            texts.append(check_text(part["text"], f"{at}[{j}].text"))
         return "".join(texts)
     raise bad_request(at, f"{at} must be a string or a non-empty list of text parts, got {_short(content)}")
 
 
 __all__ = ["Body", "ChatBody", "CompletionBody", "DIFFUSION_FIELDS", "MAX_CHOICES", "MAX_N", "StreamOptions",
-           "chat_messages", "check_sampler_options", "from_validation_error", "param_path", "parse_body", "parse_json", "prompts",
-           "stop_strings"]
+           "chat_messages", "check_sampler_options", "check_stream_fields", "check_text", "from_validation_error",
+           "param_path", "parse_body", "parse_json", "prompts", "stop_strings"]

@@ -13,10 +13,11 @@ denoising step and one per finished choice just before ``[DONE]``::
     data: {"index": 0, "nfe": 5, "forwarded_tokens": ..., "completion_tokens": ..., "tokens_per_forward": ...,
            "tokens_per_s": ..., "wall_s": ..., "ttft_s": ...}
 
-A choice that fails after it started (the engine's ``Failed``) ends the stream with
-``data: {"error": {...}}`` and ``[DONE]`` (the ``openai`` client raises it as an ``APIError``); the
-other choices of that request are cancelled. When the client goes away, the stream is cancelled
-and every unfinished job of the request with it (``Job.cancel``: its row leaves the batch).
+A choice that fails after it started (the engine's ``Failed``: a decode error, 500, or the server's
+shutdown at its drain timeout, 503 ``shutting_down``) ends the stream with ``data: {"error": {...}}``
+and ``[DONE]`` (the ``openai`` client raises it as an ``APIError``); the other choices of that request
+are cancelled. When the client goes away, the stream is cancelled and every unfinished job of the
+request with it (``Job.cancel``: its row leaves the batch).
 """
 
 from __future__ import annotations

@@ -5,24 +5,29 @@ flags), not OpenAI's: ``temperature`` defaults to the server's (0, greedy, unles
 says otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k`` of a diffusion request are
 the sampler's options of those names (the ``dream`` sampler has them); 1.0 / 0 mean "off" and are
 dropped, so a client that always sends ``top_p=1`` works with every sampler.
+
+A ``model`` other than the served one is 404 ``model_not_found`` (as OpenAI's and vLLM's); a prompt
+the engine cannot encode is 400 naming ``prompt`` (chat: ``messages``), in dllm's words whatever the
+tokenizer raised.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from dllm.serve.engines.base import BadRequest, Engine
-from dllm.serve.http.errors import bad_request
+from dllm.serve.http.errors import ApiError, bad_request, quote
 from dllm.serve.engines.jobs import DiffusionSettings, JobRequest, Settings, SpecSettings
 from dllm.serve.http.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
                                  stop_strings)
 
 
 def check_model(body: Body, engine: Engine) -> None:
+    """404 ``model_not_found`` unless ``model`` names the served model."""
     if body.model != engine.model_name:
-        raise bad_request("model", f"unknown model {body.model!r}; this server serves {engine.model_name!r} "
-                                   f"(GET /v1/models)", code="model_not_found")
+        raise ApiError(404, f"unknown model {quote(body.model)}; this server serves {engine.model_name!r} "
+                            f"(GET /v1/models)", param="model", code="model_not_found")
 
 
 def requested_max_tokens(body: Body, default: int) -> int:
@@ -60,7 +65,7 @@ def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
             continue
         fields = _sampler_fields(sampler)
         if fields is not None and name not in fields:
-            raise bad_request(name, f"{name}={value}: sampler {sampler!r} has no {name} option (the 'dream' "
+            raise bad_request(name, f"{name}={value}: sampler {quote(sampler)} has no {name} option (the 'dream' "
                                     f"sampler has one); leave {name} out or pick such a sampler")
         if name in options and options[name] != value:
             raise bad_request(name, f"{name}={value} and sampler_options.{name}={options[name]} disagree; give one")
@@ -92,18 +97,30 @@ def settings(body: Body, engine: Engine, max_tokens: int) -> Settings:
     return make(body, engine, max_tokens)
 
 
+def encoded(encode: Callable[[], tuple[int, ...]], param: str, what: str) -> tuple[int, ...]:
+    """``encode()``: the engine's refusal (BadRequest) as a 400 naming ``param``; anything else the
+    tokenizer raises as a 400 in dllm's words (its own text may be an internal detail)."""
+    try:
+        return encode()
+    except BadRequest as err:
+        raise bad_request(param, str(err)) from None
+    except Exception as err:  # noqa: BLE001 - a tokenizer's own failure on this input
+        raise bad_request(param, f"the model's tokenizer cannot encode {what} (it raised {type(err).__name__}); "
+                                 f"send plain text or token ids") from None
+
+
 def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
-    """The token ids of each prompt (chat: one, through the chat template)."""
+    """The token ids of each prompt (chat: one, through the chat template); refused before any is
+    encoded when the prompts x ``n`` pass MAX_CHOICES."""
     if isinstance(body, ChatBody):
-        return [engine.encode_chat(chat_messages(body.messages))]
+        messages = chat_messages(body.messages)
+        return [encoded(lambda: engine.encode_chat(messages), "messages", "these messages")]
     given = prompts(body.prompt)
-    out = []
-    for i, p in enumerate(given):
-        try:
-            out.append(engine.encode_prompt(p))
-        except BadRequest as err:
-            raise bad_request("prompt" if len(given) == 1 else f"prompt[{i}]", str(err)) from None
-    return out
+    if len(given) * body.n > MAX_CHOICES:
+        raise bad_request("prompt", f"{len(given)} prompts x n={body.n} = {len(given) * body.n} choices; at most "
+                                    f"{MAX_CHOICES} per request (send fewer prompts per request)")
+    return [encoded(lambda: engine.encode_prompt(p), "prompt" if len(given) == 1 else f"prompt[{i}]",
+                    "this prompt") for i, p in enumerate(given)]
 
 
 def check(engine: Engine, request: JobRequest, body: Body) -> None:
@@ -123,15 +140,10 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
     """One ``JobRequest`` per choice (prompt-major: choice index = prompt index * n + j), each checked
     by the engine, so a request is refused whole before any of it is queued."""
     check_model(body, engine)
-    if getattr(body, "dllm_events", False) and not body.stream:
-        raise bad_request("dllm_events", "dllm_events=true needs stream=true (the events are SSE events)")
     limit = requested_max_tokens(body, default_max_tokens)
     chosen = settings(body, engine, limit)
     stop = stop_strings(body.stop)
     ids = prompt_ids(body, engine)
-    if len(ids) * body.n > MAX_CHOICES:
-        raise bad_request("n", f"{len(ids)} prompts x n={body.n} = {len(ids) * body.n} choices; at most "
-                               f"{MAX_CHOICES} per request")
     seeded = chosen.seed is not None and body.n > 1
     requests = []
     for p in ids:
@@ -145,5 +157,5 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
     return requests
 
 
-__all__ = ["check_model", "diffusion_settings", "sampler_options", "job_requests", "requested_max_tokens", "prompt_ids", "settings",
-           "spec_settings"]
+__all__ = ["check_model", "diffusion_settings", "encoded", "sampler_options", "job_requests", "requested_max_tokens",
+           "prompt_ids", "settings", "spec_settings"]

@@ -127,7 +127,11 @@ function buildSettings(container, overrides = {}) {
     const entry = server.samplers.find((s) => s.name === field("sampler").value);
     field("options").placeholder = (entry && optionHint(entry)) || "k=v,k=v";
   };
-  field("sampler").addEventListener("change", hint);
+  // Options belong to one sampler (another has other fields): picking another sampler clears them.
+  field("sampler").addEventListener("change", () => {
+    field("options").value = "";
+    hint();
+  });
   hint();
   if (server.kind !== "diffusion") {  // a speculative server takes none of the diffusion fields
     for (const name of ["sampler", "options", "cache", "block_length"]) field(name).closest("label").hidden = true;
