@@ -94,11 +94,8 @@ def _encode_text(model, text: str, chat: bool) -> list[int]:
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad rows to the longest. Returns (ids [B, Lp] long, valid [B, Lp] bool)."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    for j, r in enumerate(rows):
-        ids[j, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        valid[j, width - len(r):] = True
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)  # one upload
+    valid = torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows])  # [B, Lp]
     return ids.to(device), valid.to(device)
 
 

@@ -35,17 +35,17 @@ def finish_output(model, state: DecodeState, wall: float, return_trace: bool) ->
     gen = state.generated  # [B, G]
     eos_ids = state.extras.get("eos_ids", ())
     committed = state.trace >= 0
-    generated_tokens = int(committed.sum())
     if eos_ids:
         is_eos = torch.isin(gen, torch.tensor(eos_ids, device=gen.device))
         before_eos = (is_eos.long().cumsum(dim=1) == 0)  # [B, G] True before the first EOS
-        content_tokens = int((before_eos & committed).sum())
+        content = (before_eos & committed).sum()
     else:
-        content_tokens = generated_tokens
+        content = committed.sum()
+    generated_tokens, content_tokens = torch.stack([committed.sum(), content]).tolist()  # one read
     texts = None
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
-        texts = [decode_answer(tokenizer, row.tolist(), eos_ids, state.mask_id) for row in gen]
+        texts = [decode_answer(tokenizer, row, eos_ids, state.mask_id) for row in gen.tolist()]  # one read
     return GenerationOutput(
         sequences=state.x, prompt_length=state.prompt_length, texts=texts, nfe=state.nfe,
         steps=state.step, forwarded_tokens=state.forwarded_tokens,

@@ -115,6 +115,8 @@ class StepCounts:
     outside_kernels: int = 0
     syncs: list[str] = field(default_factory=list)  # one "kind @ file:line" per host sync
     syncs_in_forward: int = 0
+    forward_calls: int = 0  # calls of the model's forward (a merged forward of several decodes counts once)
+    forward_aten: int = 0  # ATen calls inside them (layers, embedding, head)
     layer_ops: Counter = field(default_factory=Counter)  # op name -> calls inside layers
     outside_ops: Counter = field(default_factory=Counter)  # "op @ file:line" -> calls outside layers (trace=True)
 
@@ -186,6 +188,7 @@ class DispatchCounter:
 
     def _enter_forward(self, module, args, kwargs) -> None:
         self._depth_forward += 1
+        self.current.forward_calls += self._depth_forward == 1
         ids = args[0] if args else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
             self.current.query_rows = ids.shape[1]
@@ -206,6 +209,7 @@ class DispatchCounter:
             c.outside_kernels += kernel
             if self.trace:
                 c.outside_ops[f"{op_name(func)} @ {caller_line()}"] += 1
+        c.forward_aten += self._depth_forward > 0
         if _is_sync(func, args):
             self._sync(op_name(func))
 

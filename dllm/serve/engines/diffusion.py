@@ -1,18 +1,18 @@
 """Serving a diffusion model: every request is ``dllm.generate`` on its prompt alone.
 
-Modes (``DiffusionEngine(mode=...)``):
+Every mode runs on one step loop (``dllm.serve.engines.batcher``: one thread, each running
+``generate`` call a greenlet, their forwards merged step by step); the modes are its admission
+policies (``DiffusionEngine(mode=...)``):
 
 - ``continuous`` (default): up to ``max_running`` requests decode at once. Requests queued together
-  with the same settings and length (and, without a cache, the same prompt length) start as one
-  real ``generate`` call of at most ``max_group`` rows (under light load, one request); every call
-  is a decode of the step loop (``dllm.serve.engines.batcher``), whose forwards are merged step by
-  step: a request joins the running batch at its first forward and leaves after its last, whatever
-  block or step the others are at, with its own length, stops, sampler, cache and seed. A row of a
-  group that is done early (EOS, a stop string, a cancel) ends its request at once and is released
-  from its group's call (``dllm.rows``): its group's later forwards skip it; the other rows are
-  unchanged.
+  with the same settings (seeds aside: each row draws from its own generator) and length start as
+  one real ``generate`` call of at most ``max_group`` rows (under light load, one request); a
+  request joins the running batch at its first forward and leaves after its last, whatever block or
+  step the others are at, with its own length, stops, sampler, cache and seed. A row of a group
+  that is done early (EOS, a stop string, a cancel) ends its request at once and is released from
+  its group's call (``dllm.rows``): its group's later forwards skip it; the other rows are unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
-  and length run as one ``generate`` batch; later requests wait for the whole batch to finish (a
+  and length run as one ``generate`` batch; the next batch starts once the whole batch has ended (a
   row done early is released from it as in a continuous group).
 - ``serial``: one request at a time.
 
@@ -29,9 +29,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
-
-import torch
+from typing import Optional, Sequence, Union
 
 from dllm.cache import make_cache
 from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for_block_causal
@@ -68,10 +66,10 @@ class _Row:
     final: int = 0  # length of the final prefix sent through the stream
     first_delta: Optional[float] = None
 
-    def observe(self, state) -> bool:
-        """After a step: send the new final text (and the Step event); True when the answer is final."""
-        gen = state.generated[self.r]  # [G] (a view of the canvas)
-        g = gen.tolist()
+    def observe(self, state, g: list[int], traces: Optional[list[list[int]]]) -> bool:
+        """After a step: send the new final text (and the Step event); True when the answer is final.
+        ``g``: this row's generated ids, ``traces``: every row's trace (read once per step for all rows,
+        None when no row asked for step events)."""
         mask = state.mask_id
         if self.revises:
             final = max(0, state.block_start - state.prompt_length)
@@ -81,8 +79,8 @@ class _Row:
         if final != self.final:  # decode only when the final prefix grew
             self.final = final
             self._send(g[:final], complete=False)
-        if self.job.request.step_events:
-            trace = state.trace[self.r].tolist()
+        if self.job.request.step_events and traces is not None:
+            trace = traces[self.r]
             self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,
                                tokens=tuple(None if t == mask else self._piece(t) for t in g),
                                trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace)
@@ -126,12 +124,12 @@ class DiffusionEngine(ThreadedEngine):
                  mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
                  chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
-                 max_group: int = 16) -> None:
+                 max_group: Optional[int] = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isinstance(max_group, bool) or not isinstance(max_group, int) or max_group < 1:
-            raise ValueError(f"max_group must be an integer >= 1, got {max_group!r}")
-        self.max_group = max_group  # continuous: rows of one generate call (queued jobs of one static key)
+        if max_group is not None and (isinstance(max_group, bool) or not isinstance(max_group, int) or max_group < 1):
+            raise ValueError(f"max_group must be an integer >= 1 or None (max_running), got {max_group!r}")
+        self.max_group = max_running if max_group is None else max_group  # continuous: rows of one generate call
         if not hasattr(model, "mask_id"):
             raise TypeError(f"DiffusionEngine serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
         self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
@@ -145,12 +143,11 @@ class DiffusionEngine(ThreadedEngine):
                                          max_queue=max_queue, max_running_tokens=max_running_tokens))
         self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
         self._pieces: dict[int, str] = {}
+        self._keys: dict[int, tuple] = {}  # job id -> its static key, while it is queued
         self._tok_lock = threading.Lock()
-        self.batcher = StepLoop(model, batcher, self._admit) if mode == "continuous" else None
-        self._served = BatchedModel(model, self.batcher) if self.batcher is not None else model
-        self._direct = _CountingModel(model) if self.batcher is None else None
-        if mode != "continuous":  # static and serial: one worker, one batch at a time
-            self._start_workers(1)
+        # every mode runs on one step loop; the modes differ only in admission (``_may_start``)
+        self.batcher = StepLoop(model, batcher, self._admit)
+        self._served = BatchedModel(model, self.batcher)
 
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
                          block_length: Optional[int] = None, steps: Optional[int] = None,
@@ -246,27 +243,24 @@ class DiffusionEngine(ThreadedEngine):
     def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
         """The queued jobs that share ``head``'s ``generate`` call: same static key, within ``room`` and
         ``tokens``. Static: all of them (up to ``max_running`` rows in all). Continuous: at most
-        ``max_group`` rows in all, and without a cache only those of ``head``'s prompt length, so the
-        call pads nothing (its forwards merge with the other calls' in the step loop, rows of other
-        lengths too); with one (forwards that run alone), a call of fewer rows would be one more forward
-        per step, so prompts of other lengths are padded instead. Serial: none."""
+        ``max_group`` rows in all (default ``max_running``), prompts of any length: a call pads its rows
+        to the longest as a merged forward would, and every running call costs a step of sampler and
+        engine work per forward, so fewer, larger calls keep the scheduler's own time down. Serial: none."""
         if self.mode == "serial":
             return []
         key, group = self._static_key(head), []
-        n, left = None, room
-        if self.mode == "continuous":
-            left = min(room, self.max_group - 1)
-            if make_cache(head.request.settings.cache).name == "none":
-                n = len(head.request.prompt_ids)
+        left = min(room, self.max_group - 1) if self.mode == "continuous" else room
         for job in self._queue:
             if len(group) >= left:
                 break
-            if (self._static_key(job) == key and n in (None, len(job.request.prompt_ids))
-                    and self._cost(job) <= tokens):
+            if self._static_key(job) == key and self._cost(job) <= tokens:
                 group.append(job)
                 tokens -= self._cost(job)
-        for job in group:
-            self._queue.remove(job)
+        if group:  # one pass over the queue, not one per taken job
+            taken = {job.id for job in group}
+            kept = [job for job in self._queue if job.id not in taken]
+            self._queue.clear()
+            self._queue.extend(kept)
         return group
 
     def _admit(self, wait: bool):
@@ -277,9 +271,11 @@ class DiffusionEngine(ThreadedEngine):
         return lambda: self._serve_group(group)
 
     def _run_jobs(self, jobs: list[Job]) -> None:
-        """One ``generate`` call on the group's prompts (jobs of one static key); continuous: a decode
-        of the step loop, its forwards merged with the other decodes'."""
-        self._decode(jobs, self._direct if self.batcher is None else self._served)
+        """One ``generate`` call on the group's prompts (jobs of one static key): a decode of the step
+        loop, its forwards merged with the other decodes' (continuous)."""
+        for job in jobs:
+            self._keys.pop(job.id, None)
+        self._decode(jobs, self._served)
 
     def _decode(self, jobs: list[Job], model) -> None:
         """``generate`` on the jobs' prompts as one batch (rows decode as they would alone). A row whose
@@ -291,14 +287,18 @@ class DiffusionEngine(ThreadedEngine):
         rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(jobs)]
         live = set(range(len(rows)))
 
+        events = any(j.request.step_events for j in jobs)
+
         def on_step(state) -> None:
             left = []
+            generated = state.generated.tolist()  # the step's one read of the canvas, every row at once
+            traces = state.trace.tolist() if events else None
             for r in list(live):
                 row = rows[r]
                 if row.job.cancelled:
                     row.job.emit(Failed("cancelled by the client", 499))
                     left.append(r)
-                elif row.observe(state):
+                elif row.observe(state, generated[r], traces):
                     row.finish(None, req.max_tokens, started)
                     left.append(r)
             live.difference_update(left)
@@ -315,46 +315,48 @@ class DiffusionEngine(ThreadedEngine):
                            stop_at_eos=True, callback=on_step, **kwargs)
         except _Leave:
             return
+        answers = out.sequences[:, out.prompt_length:].tolist()  # one read for every row
         for r in sorted(live):
             row = rows[r]
             row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
-            row.finish(out.sequences[r, out.prompt_length:].tolist(), req.max_tokens, started)
+            row.finish(answers[r], req.max_tokens, started)
 
     def _forwards(self) -> tuple[int, int]:
-        src = self.batcher if self.batcher is not None else self._direct
-        return (src.forwards, src.forwarded_rows) if src is not None else (0, 0)
+        return self.batcher.forwards, self.batcher.forwarded_rows
+
+    def _may_start(self) -> bool:
+        """Admission (under the lock, the queue non-empty): ``static`` starts a batch only once the last
+        one has ended; ``serial`` (``max_running`` 1) whenever its row is free; ``continuous`` whenever
+        the rows free hold the head's whole group (its queued jobs of one key, at most ``max_group``),
+        else once they do or nothing runs: a group split in two runs twice the steps of sampler and
+        engine work for the same rows."""
+        if not self._running or self.mode == "serial":
+            return True
+        if self.mode == "static":
+            return False
+        room = self.scheduler.max_running - len(self._running)
+        key, want = self._static_key(self._queue[0]), 0
+        for job in self._queue:
+            if self._static_key(job) == key:
+                want += 1
+                if want > room or want >= self.max_group:
+                    break
+        return want <= room
 
     def _shutdown(self) -> None:
-        if self.batcher is not None:
-            self.batcher.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
+        self.batcher.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
 
     # ---- batching ----
     def _static_key(self, job: Job) -> tuple:
         """Jobs that can share one ``generate`` call: same settings but the seed (each row draws from
         its own generator), length and stops (and, for a block-causal model, prompts ending at the
         same offset in a block: the rows share blocks)."""
-        r = job.request
-        offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
-        return dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset
-
-
-class _CountingModel(BatchedModel):
-    """The model itself, counting forwards for the stats (serial and static modes)."""
-
-    def __init__(self, model) -> None:
-        self.__dict__["_model"] = model
-        self.__dict__["forwards"] = 0
-        self.__dict__["forwarded_rows"] = 0
-
-    def __call__(self, input_ids: torch.Tensor, **kwargs: Any):
-        self.__dict__["forwards"] += 1
-        self.__dict__["forwarded_rows"] += int(input_ids.shape[0])
-        return self._model(input_ids, **kwargs)
-
-    forward = __call__
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
+        key = self._keys.get(job.id)
+        if key is None:  # once per job: admission compares a key with every queued job's
+            r = job.request
+            offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
+            key = self._keys[job.id] = (dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset)
+        return key
 
 
 __all__ = ["DiffusionEngine", "MODES"]

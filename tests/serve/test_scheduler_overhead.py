@@ -1,0 +1,67 @@
+"""The step loop's own work, counted on its thread with a dispatch-mode counter (what a GPU's host
+would issue): continuous batching spends no more ATen calls and host syncs outside the model's
+forwards than static batching for the same requests, and no mode reads the canvas back more than
+once per decode step."""
+
+from __future__ import annotations
+
+import pytest
+
+from dllm.eval.bench.counters import DispatchCounter
+from dllm.eval.bench.serve import stress_requests
+from dllm.scoring.exact_match import load_model
+from dllm.serve.engines.batcher import StepLoop
+from dllm.serve.engines.diffusion import DiffusionEngine
+from dllm.serve.engines.jobs import DiffusionSettings, Done, JobRequest
+
+pytestmark = pytest.mark.filterwarnings("ignore:the prompt has")  # tiny-random-llada lacks the task words
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("tiny-random-llada")
+
+
+def count(model, mode: str, monkeypatch) -> DispatchCounter:
+    counter = DispatchCounter(model)
+    run = StepLoop._run
+
+    def counted(loop) -> None:
+        with counter:  # the modes are the loop thread's: it runs every decode and forward
+            run(loop)
+
+    monkeypatch.setattr(StepLoop, "_run", counted)
+    engine = DiffusionEngine(model, name="m", mode=mode, max_running=16)
+    try:
+        with engine._cond:  # all queued at once
+            jobs = [engine.submit(JobRequest(engine.encode_prompt(r.prompt), r.max_tokens,
+                                             DiffusionSettings(sampler=r.sampler, cache=r.cache)))
+                    for r in stress_requests(32)]
+        assert all(isinstance(job.result(120), Done) for job in jobs)
+    finally:
+        engine.close()
+    return counter
+
+
+def outside(counter: DispatchCounter) -> tuple[int, int, int]:
+    """(forward calls, ATen calls outside forwards, host syncs outside forwards)."""
+    c = counter.current
+    return c.forward_calls, c.layer_aten + c.outside_aten - c.forward_aten, len(c.syncs) - c.syncs_in_forward
+
+
+def test_continuous_costs_no_more_outside_forwards_than_static(model, monkeypatch):
+    cont_calls, cont_aten, cont_syncs = outside(count(model, "continuous", monkeypatch))
+    stat_calls, stat_aten, stat_syncs = outside(count(model, "static", monkeypatch))
+    assert cont_calls < stat_calls  # continuous merged the decodes' forwards ...
+    assert cont_aten <= 1.2 * stat_aten  # ... at no more scheduler, sampler and engine work
+    assert cont_syncs <= stat_syncs
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static", "serial"])
+def test_one_canvas_read_per_decode_step(model, mode, monkeypatch):
+    counter = count(model, mode, monkeypatch)
+    sites = DispatchCounter.sync_sites([counter.current])
+    per_step = [n for site, n in sites.items() if "serve/engines/diffusion.py" in site]
+    # the step callback's one read of the canvas, and one read of the answers per decode
+    assert len(per_step) == 2, sites
+    assert not any("samplers/" in site or "engine.py" in site for site in sites), sites
