@@ -52,8 +52,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
                    help="continuous mode: rows x padded length of one merged forward (default 65536)")
     d.add_argument("--max-group", type=POSITIVE, default=None,
-                   help="continuous mode: queued requests with the same settings and length (and, without a cache, "
-                        "prompt length) start as one generate call of at most this many rows (default 16)")
+                   help="continuous mode: queued requests with the same settings (seeds aside) and length start as "
+                        "one generate call of at most this many rows (default: --max-running)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")

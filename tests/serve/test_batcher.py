@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.serve.engines.batcher import BatcherConfig, _Pending, merged_forward, plan_groups
+from dllm.serve.engines.batcher import BatcherConfig, Pending, merged_forward, plan_groups
 
 
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
@@ -24,13 +24,13 @@ def calls(model):
         kw = {"positions": torch.arange(t).expand(b, t), "key_padding_mask": None}
         if rows is not None:
             kw["logits_rows"] = rows
-        out.append(_Pending(ids, kw))
+        out.append(Pending(ids, kw))
     # a call that is itself left-padded (a generate batch), with its own mask and positions
     ids = torch.randint(5, v, (2, 10), generator=g)
     kpm = torch.ones(2, 10, dtype=torch.bool)
     kpm[1, :3] = False
     pos = (kpm.long().cumsum(1) - 1).clamp_min(0)
-    out.append(_Pending(ids, {"positions": pos, "key_padding_mask": kpm}))
+    out.append(Pending(ids, {"positions": pos, "key_padding_mask": kpm}))
     return out
 
 
@@ -63,7 +63,7 @@ def test_merged_forward_equals_each_forward(model):
 
 def test_plan_groups_bounds_and_padding():
     def item(b, t, **kw):
-        return _Pending(torch.zeros(b, t, dtype=torch.long), kw)
+        return Pending(torch.zeros(b, t, dtype=torch.long), kw)
 
     a, b, c = item(2, 10), item(3, 10), item(1, 40)
     cached = item(1, 5, cache=object())

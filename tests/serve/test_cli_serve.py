@@ -121,7 +121,7 @@ def test_the_flags_build_the_engine(tmp_path):
         assert engine.defaults.sampler == "threshold" and engine.defaults.options == (("threshold", 0.7),)
         assert (engine.defaults.cache, engine.defaults.block_length) == ("dual", 4)
         s = engine.stats()
-        assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.config.max_rows == 6
+        assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.max_rows == 6
     finally:
         engine.close()
 

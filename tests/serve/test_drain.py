@@ -1,4 +1,4 @@
-"""Shutdown with a drain timeout: ``ThreadedEngine.close`` ends every job still queued or running at the
+"""Shutdown with a drain timeout: ``Scheduler.close`` ends every job still queued or running at the
 deadline with a 503 (fast, a model-free engine on the real scheduler); the app turns that 503 into an
 OpenAI error body with Retry-After, or a last error event then ``[DONE]`` when streamed, while its
 listener answers new requests with 503 (fast, in-process uvicorn); and the real ``dllm serve`` process
@@ -17,16 +17,18 @@ import pytest
 
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest
-from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine
+from dllm.serve.engines.schedule_policy import Continuous
+from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig
 from dllm.serve.http.app import begin_drain, create_app, end_drain
 from tests.serve.servers import FakeEngine, LiveServer
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
-class SlowEngine(ThreadedEngine):
-    """The real scheduler (queue, workers, ``close``) over a model-free decode: ``FakeEngine.answer``'s
-    words, one per ``delay_s``, a cancelled job leaving at its next word."""
+class SlowEngine(Scheduler):
+    """The real scheduler (queue, loop, ``close``) over a model-free decode: ``FakeEngine.answer``'s
+    words, one per ``delay_s`` and turn (running jobs alternate), a cancelled job leaving at its next
+    word."""
 
     kind = "diffusion"
     model_name = "slow"
@@ -34,9 +36,9 @@ class SlowEngine(ThreadedEngine):
     max_tokens_limit = 4000
 
     def __init__(self, delay_s: float = 0.02, max_running: int = 4) -> None:
-        super().__init__(SchedulerConfig(max_running=max_running, max_queue=64))
+        super().__init__(SchedulerConfig(max_running=max_running, max_queue=64), Continuous(max_group=1))
         self.tokenizer, self.defaults, self.delay_s = None, DiffusionSettings(), delay_s
-        self._start_workers(max_running)
+        self.start()
 
     def resolve_settings(self, *, max_tokens: int, **given: Any) -> DiffusionSettings:
         return DiffusionSettings()
@@ -53,10 +55,12 @@ class SlowEngine(ThreadedEngine):
     def check(self, request: JobRequest) -> None:
         self.check_length(request, "model")
 
-    def _run_job(self, job: Job) -> None:
+    def _run_jobs(self, jobs: list[Job]) -> None:
+        (job,) = jobs
         words = FakeEngine.answer(job.request.prompt_ids, job.request.max_tokens).split()
         for i, word in enumerate(words):
             time.sleep(self.delay_s)
+            self.yield_turn()
             if job.cancelled:
                 job.emit(Failed("cancelled by the client", 499))
                 return
@@ -79,7 +83,7 @@ def test_the_drain_timeout_ends_queued_and_running_jobs_with_503():
     engine = SlowEngine(delay_s=0.02, max_running=3)
     short = engine.submit(request(3))  # finishes within the drain
     running = [engine.submit(request(2000)) for _ in range(3)]  # 40 s each; the third starts after the short one
-    queued = engine.submit(request(2000))  # waits for a worker all along
+    queued = engine.submit(request(2000))  # waits for a free row all along
     time.sleep(0.2)
     t0 = time.monotonic()
     engine.close(drain=True, timeout=0.5)
@@ -96,7 +100,7 @@ def test_the_drain_timeout_ends_queued_and_running_jobs_with_503():
     assert end.status == 503 and "before this request started" in end.message
     s = engine.stats()
     assert (s.running, s.queued, s.closed) == (0, 0, True)  # the cancelled rows left their decodes
-    assert not any(t.is_alive() for t in engine._workers)
+    assert not engine._thread.is_alive()  # the loop stopped
 
 
 def test_close_without_drain_ends_running_jobs_with_503_not_499():
@@ -175,7 +179,7 @@ def start_two(url: str, max_tokens: int) -> tuple[dict, dict, list[threading.Thr
     return streamed, waited, threads
 
 
-def wait_running(engine: ThreadedEngine, n: int) -> None:
+def wait_running(engine: Scheduler, n: int) -> None:
     deadline = time.monotonic() + 10
     while engine.stats().running < n:
         assert time.monotonic() < deadline, engine.stats()

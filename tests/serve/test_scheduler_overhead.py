@@ -10,8 +10,8 @@ import pytest
 from dllm.eval.bench.counters import DispatchCounter
 from dllm.eval.bench.serve import stress_requests
 from dllm.scoring.exact_match import load_model
-from dllm.serve.engines.batcher import StepLoop
 from dllm.serve.engines.diffusion import DiffusionEngine
+from dllm.serve.engines.scheduler import Scheduler
 from dllm.serve.engines.jobs import DiffusionSettings, Done, JobRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore:the prompt has")  # tiny-random-llada lacks the task words
@@ -24,13 +24,13 @@ def model():
 
 def count(model, mode: str, monkeypatch) -> DispatchCounter:
     counter = DispatchCounter(model)
-    run = StepLoop._run
+    run = Scheduler._loop
 
-    def counted(loop) -> None:
+    def counted(engine) -> None:
         with counter:  # the modes are the loop thread's: it runs every decode and forward
-            run(loop)
+            run(engine)
 
-    monkeypatch.setattr(StepLoop, "_run", counted)
+    monkeypatch.setattr(Scheduler, "_loop", counted)
     engine = DiffusionEngine(model, name="m", mode=mode, max_running=16)
     try:
         with engine._cond:  # all queued at once

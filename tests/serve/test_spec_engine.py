@@ -9,7 +9,7 @@ import pytest
 import dllm
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest, SpecSettings
-from dllm.serve.engines.speculative import FifoLock, SpecEngine
+from dllm.serve.engines.speculative import SpecEngine
 
 DRAFTER = "dflash:model=tiny-ar-dflash"
 PROMPTS = ["[BOS] copy_long G N J M O G G M P I A P M G O N H O G N L B E N C I L N N I I K [SEP]",
@@ -69,17 +69,28 @@ def test_bad_requests(engine):
     assert err.value.param == "prompt"
 
 
-def test_fifo_lock_takes_turns():
-    lock, order = FifoLock(), []
-    lock.acquire()
-    threads = [threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release())) for i in range(3)]
-    for t in threads:
-        t.start()
-        while len(lock._waiting) < len(order) + threads.index(t) + 1:  # each queued before the next starts
-            pass
-    lock.yield_turn()  # the three waiting threads go first, in arrival order
-    order.append("main")
-    lock.release()
-    for t in threads:
-        t.join(5)
-    assert order == [0, 1, 2, "main"]
+def test_running_requests_take_turns_round_by_round(pair):
+    """Requests are jobs of the one scheduler: each yields its turn after every round, so two long
+    requests started together alternate rounds (first come, first served) and equal offline."""
+    import greenlet
+
+    target, tok = pair
+    engine = SpecEngine(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=2)
+    turns, yield_turn = [], engine.yield_turn
+
+    def recorded() -> None:
+        turns.append(id(greenlet.getcurrent()))
+        yield_turn()
+
+    engine.yield_turn = recorded
+    try:
+        with engine._cond:  # both queued before the loop takes either
+            jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 40, SpecSettings())) for p in PROMPTS]
+        for p, job in zip(PROMPTS, jobs):
+            offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=40, tokenizer=tok)
+            assert job.result(120).text == offline.texts[0]
+    finally:
+        engine.close()
+    both = min(turns.count(t) for t in set(turns))  # rounds while both ran
+    assert len(set(turns)) == 2 and both >= 2
+    assert all(a != b for a, b in zip(turns[:2 * both], turns[1:2 * both]))  # strictly alternating

@@ -106,8 +106,7 @@ def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
         engine.close()
     assert sizes == [4]
     # the one call ran 24 forwards (one token per step); from the cancel on, they computed 3 rows, not 4
-    loop = engine.batcher
-    assert loop.forwards == 24 and 3 * 24 <= loop.forwarded_rows < 4 * 24
+    assert engine.forwards == 24 and 3 * 24 <= engine.forwarded_rows < 4 * 24
 
 
 def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
@@ -136,7 +135,7 @@ def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
 
     engine = DiffusionEngine(llada, name="tiny-llada")
     try:
-        with pytest.raises(RuntimeError, match="inside a decode of the engine's step loop"):
+        with pytest.raises(RuntimeError, match="inside a job of the engine's step loop"):
             engine._served(torch.zeros(1, 4, dtype=torch.long))
         done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[2]), 4, SLOW)).result(timeout=60)
         assert isinstance(done, Done) and done.text == offline(llada, PROMPTS[2], 4)  # the loop is unharmed

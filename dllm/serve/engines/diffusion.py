@@ -1,8 +1,8 @@
 """Serving a diffusion model: every request is ``dllm.generate`` on its prompt alone.
 
-Every mode runs on one step loop (``dllm.serve.engines.batcher``: one thread, each running
-``generate`` call a greenlet, their forwards merged step by step); the modes are its admission
-policies (``DiffusionEngine(mode=...)``):
+Every mode runs on the one scheduler (``dllm.serve.engines.scheduler``: one thread, each running
+``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.engines.batcher``);
+the modes are its admission policies (``dllm.serve.engines.schedule_policy``, ``mode=...``):
 
 - ``continuous`` (default): up to ``max_running`` requests decode at once. Requests queued together
   with the same settings (seeds aside: each row draws from its own generator) and length start as
@@ -39,13 +39,13 @@ from dllm.samplers import make_sampler
 from dllm.rows import release_rows
 from dllm.schedule import plan_blocks
 from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.batcher import BatchedModel, BatcherConfig, StepLoop
+from dllm.serve.engines.batcher import BatchedModel, BatcherConfig
 from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
 from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine, max_tokens_limit as default_limit
+from dllm.serve.engines.schedule_policy import MODES, make_policy
+from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.engines.stream import TextStream
 
-MODES = ("continuous", "static", "serial")
 
 
 class _Leave(Exception):
@@ -115,7 +115,7 @@ class _Row:
                       wall_s=now - job.submitted))
 
 
-class DiffusionEngine(ThreadedEngine):
+class DiffusionEngine(Scheduler):
     """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.http.app``)."""
 
     kind = "diffusion"
@@ -125,11 +125,7 @@ class DiffusionEngine(ThreadedEngine):
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
                  chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
                  max_group: Optional[int] = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if max_group is not None and (isinstance(max_group, bool) or not isinstance(max_group, int) or max_group < 1):
-            raise ValueError(f"max_group must be an integer >= 1 or None (max_running), got {max_group!r}")
-        self.max_group = max_running if max_group is None else max_group  # continuous: rows of one generate call
+        policy = make_policy(mode, max_group, max_running)  # refuses a bad mode or max_group
         if not hasattr(model, "mask_id"):
             raise TypeError(f"DiffusionEngine serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
         self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
@@ -139,15 +135,13 @@ class DiffusionEngine(ThreadedEngine):
         self.eos_ids = frozenset(getattr(model, "eos_ids", ()) or ())
         self.block_size = block_size_of(model)  # block-causal models (SDAR): the trained block, else None
         self.max_tokens_limit = default_limit(max_tokens_limit, self.max_positions)
-        super().__init__(SchedulerConfig(max_running=1 if mode == "serial" else max_running,
-                                         max_queue=max_queue, max_running_tokens=max_running_tokens))
+        super().__init__(SchedulerConfig(max_running=max_running, max_queue=max_queue,
+                                         max_running_tokens=max_running_tokens), policy, model, batcher)
         self.check_settings(defaults, gen_length=max(defaults.block_length or 1, defaults.steps or 1))
         self._pieces: dict[int, str] = {}
-        self._keys: dict[int, tuple] = {}  # job id -> its static key, while it is queued
         self._tok_lock = threading.Lock()
-        # every mode runs on one step loop; the modes differ only in admission (``_may_start``)
-        self.batcher = StepLoop(model, batcher, self._admit)
-        self._served = BatchedModel(model, self.batcher)
+        self._served = BatchedModel(model, self)  # what each group's generate sees: forwards go to the loop
+        self.start()
 
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
                          block_length: Optional[int] = None, steps: Optional[int] = None,
@@ -240,41 +234,9 @@ class DiffusionEngine(ThreadedEngine):
     def _new_row(self, job: Job, r: int, revises: bool) -> _Row:
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
-    def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
-        """The queued jobs that share ``head``'s ``generate`` call: same static key, within ``room`` and
-        ``tokens``. Static: all of them (up to ``max_running`` rows in all). Continuous: at most
-        ``max_group`` rows in all (default ``max_running``), prompts of any length: a call pads its rows
-        to the longest as a merged forward would, and every running call costs a step of sampler and
-        engine work per forward, so fewer, larger calls keep the scheduler's own time down. Serial: none."""
-        if self.mode == "serial":
-            return []
-        key, group = self._static_key(head), []
-        left = min(room, self.max_group - 1) if self.mode == "continuous" else room
-        for job in self._queue:
-            if len(group) >= left:
-                break
-            if self._static_key(job) == key and self._cost(job) <= tokens:
-                group.append(job)
-                tokens -= self._cost(job)
-        if group:  # one pass over the queue, not one per taken job
-            taken = {job.id for job in group}
-            kept = [job for job in self._queue if job.id not in taken]
-            self._queue.clear()
-            self._queue.extend(kept)
-        return group
-
-    def _admit(self, wait: bool):
-        """The step loop's admission (continuous): the next group's decode, ``[]`` or None (``_next``)."""
-        group = self._next(wait=wait)
-        if not group:
-            return group
-        return lambda: self._serve_group(group)
-
     def _run_jobs(self, jobs: list[Job]) -> None:
-        """One ``generate`` call on the group's prompts (jobs of one static key): a decode of the step
-        loop, its forwards merged with the other decodes' (continuous)."""
-        for job in jobs:
-            self._keys.pop(job.id, None)
+        """One ``generate`` call on the group's prompts (jobs of one key): a decode of the step loop,
+        its forwards merged with the other decodes'."""
         self._decode(jobs, self._served)
 
     def _decode(self, jobs: list[Job], model) -> None:
@@ -321,42 +283,15 @@ class DiffusionEngine(ThreadedEngine):
             row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
             row.finish(answers[r], req.max_tokens, started)
 
-    def _forwards(self) -> tuple[int, int]:
-        return self.batcher.forwards, self.batcher.forwarded_rows
-
-    def _may_start(self) -> bool:
-        """Admission (under the lock, the queue non-empty): ``static`` starts a batch only once the last
-        one has ended; ``serial`` (``max_running`` 1) whenever its row is free; ``continuous`` whenever
-        the rows free hold the head's whole group (its queued jobs of one key, at most ``max_group``),
-        else once they do or nothing runs: a group split in two runs twice the steps of sampler and
-        engine work for the same rows."""
-        if not self._running or self.mode == "serial":
-            return True
-        if self.mode == "static":
-            return False
-        room = self.scheduler.max_running - len(self._running)
-        key, want = self._static_key(self._queue[0]), 0
-        for job in self._queue:
-            if self._static_key(job) == key:
-                want += 1
-                if want > room or want >= self.max_group:
-                    break
-        return want <= room
-
-    def _shutdown(self) -> None:
-        self.batcher.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
-
     # ---- batching ----
-    def _static_key(self, job: Job) -> tuple:
+    def _key(self, job: Job) -> tuple:
         """Jobs that can share one ``generate`` call: same settings but the seed (each row draws from
         its own generator), length and stops (and, for a block-causal model, prompts ending at the
-        same offset in a block: the rows share blocks)."""
-        key = self._keys.get(job.id)
-        if key is None:  # once per job: admission compares a key with every queued job's
-            r = job.request
-            offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
-            key = self._keys[job.id] = (dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset)
-        return key
+        same offset in a block: the rows share blocks). Prompts of any length share a call: it pads
+        its rows to the longest as a merged forward would."""
+        r = job.request
+        offset = None if self.block_size is None else len(r.prompt_ids) % self.block_size
+        return dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset
 
 
 __all__ = ["DiffusionEngine", "MODES"]

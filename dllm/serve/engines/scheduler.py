@@ -1,11 +1,21 @@
-"""The queue and the worker threads every engine shares: admission, fairness, limits, shutdown.
+"""The one scheduler every engine runs on: the queue, admission, the running batch, its step loop.
 
 Jobs wait in one FIFO queue (first come, first served: a request is never overtaken by a later
-one). ``max_running`` worker threads take jobs from its head; a job starts only while the running
-jobs' token budget (prompt + max_tokens, summed) leaves room for it, so a long request waits at the
-head instead of being overtaken forever. A full queue refuses new jobs (``QueueFull``: HTTP 429 with
-Retry-After); ``close`` refuses new ones and lets the others finish, for at most a drain timeout,
-after which (or at once, without a drain) every unfinished job ends with a 503.
+one). The admission policy (``dllm.serve.engines.schedule_policy``: continuous, static, serial) says
+when the head starts and which queued jobs of its key start with it as one group; a group starts only
+while the running jobs (at most ``max_running``) and their token budget (prompt + max_tokens,
+summed) leave room for it, so a long request waits at the head instead of being overtaken forever.
+A full queue refuses new jobs (``QueueFull``: HTTP 429 with Retry-After); ``close`` refuses new ones
+and lets the others finish, for at most a drain timeout, after which (or at once, without a drain)
+every unfinished job ends with a 503.
+
+One thread runs everything: each running group is a greenlet (the engine's ``_run_jobs``: a
+``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
+model wrapped by ``dllm.serve.engines.batcher.BatchedModel``) or yields its turn (``yield_turn``:
+a speculative round) or ends. Once every running group waits, the loop runs the forwards (merged
+where they can be: ``dllm.serve.engines.batcher``), resumes each group with its result, and starts
+what the policy admits between two such steps. So there is no lock handoff between a forward and
+the samplers' work, and the model is only ever used from one thread.
 """
 
 from __future__ import annotations
@@ -14,10 +24,15 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Hashable, Optional
+
+import greenlet
+import torch
 
 from dllm.serve.engines.base import BadRequest, Engine, EngineStats
+from dllm.serve.engines.batcher import BatcherConfig, Pending, merged_forward, plan_groups
 from dllm.serve.engines.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
+from dllm.serve.engines.schedule_policy import SchedulePolicy
 
 
 @dataclass(frozen=True)
@@ -44,25 +59,34 @@ def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
     return int(given if given is not None else (max_positions - 1 if max_positions else 4096))
 
 
-class ThreadedEngine(Engine):
-    """An engine whose jobs run on ``max_running`` worker threads (``_run_job`` in subclasses)."""
+class Scheduler(Engine):
+    """An engine's queue, admission and running batch, on one step-loop thread. Subclasses give the
+    grouping key (``_key``), the decode of a group (``_run_jobs``) and the model whose forwards the
+    loop runs (None: the jobs run their own forwards, yielding turns)."""
 
-    def __init__(self, scheduler: SchedulerConfig) -> None:
-        self.scheduler = scheduler
+    def __init__(self, config: SchedulerConfig, policy: SchedulePolicy, model: Any = None,
+                 batcher: BatcherConfig = BatcherConfig()) -> None:
+        self.scheduler = SchedulerConfig(max_running=policy.max_running(config.max_running),
+                                         max_queue=config.max_queue, max_running_tokens=config.max_running_tokens,
+                                         retry_after_s=config.retry_after_s)
+        self.policy, self.model_for_loop, self.batcher = policy, model, batcher
         self._cond = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}
         self._running_tokens = 0
         self._closed = False
-        self._stopped = False  # a close has begun stopping the workers
-        self._workers: list[threading.Thread] = []
+        self._stopped = False  # a close has begun stopping the loop
+        self._keys: dict[int, Hashable] = {}  # job id -> its key, computed once while queued
         self.completed = 0
+        self.forwards = 0  # model calls the loop ran (merged ones count once)
+        self.forwarded_rows = 0  # rows summed over those calls
+        self.merged_calls = 0  # group forwards served by merged calls
+        self._main: Any = None  # the loop thread's own greenlet
+        self._thread = threading.Thread(target=self._loop, name="dllm-scheduler", daemon=True)
 
-    def _start_workers(self, n: int) -> None:
-        for i in range(n):
-            t = threading.Thread(target=self._work, name=f"dllm-serve-{i}", daemon=True)
-            t.start()
-            self._workers.append(t)
+    def start(self) -> None:
+        """Start the loop thread (subclasses call it once their own state is set)."""
+        self._thread.start()
 
     # ---- Engine ----
     def submit(self, request: JobRequest) -> Job:
@@ -80,17 +104,17 @@ class ThreadedEngine(Engine):
 
     def stats(self) -> EngineStats:
         with self._cond:
+            forwards, rows = self._forwards()
             return EngineStats(queued=len(self._queue), running=len(self._running),
                                max_running=self.scheduler.max_running, max_queue=self.scheduler.max_queue,
-                               forwards=self._forwards()[0], forwarded_rows=self._forwards()[1],
-                               closed=self._closed)
+                               forwards=forwards, forwarded_rows=rows, closed=self._closed)
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
         """Refuse new jobs, then end the others. With ``drain``, queued and running jobs finish, for at
         most ``timeout`` seconds (None: as long as they need); without ``drain``, or once ``timeout``
         passes, every job still queued or running ends at once with ``Failed(..., 503)`` (a running one
         is also cancelled: its row leaves its decode at the next step; an event the decode sends after
-        that is ignored, see ``Job.emit``). Then the worker threads stop (each ended row gets
+        that is ignored, see ``Job.emit``). Then the loop thread stops (each ended row gets
         ``LEAVE_GRACE_S`` to leave its decode). Safe to call again and from several threads: a
         ``drain=False`` call during a draining one ends that drain at once."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -111,9 +135,7 @@ class ThreadedEngine(Engine):
             if self._stopped:
                 return
             self._stopped = True
-        for t in self._workers:
-            t.join(timeout=1.0)
-        self._shutdown()
+        self._thread.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
 
     def _unfinished(self) -> bool:
         """Under the lock: a job is queued, or a running one has not sent its final event yet."""
@@ -150,67 +172,57 @@ class ThreadedEngine(Engine):
 
     # ---- subclasses ----
     def _run_jobs(self, jobs: list[Job]) -> None:
-        """Decode a group of jobs (``_companions`` of the first), emitting each one's events (a Done or
-        Failed last). Default: the one job alone (``_run_job``)."""
-        (job,) = jobs
-        self._run_job(job)
-
-    def _run_job(self, job: Job) -> None:
-        """Decode one job, emitting its events (a Done or Failed last)."""
+        """Decode a group of jobs (one key), emitting each one's events (a Done or Failed last)."""
         raise NotImplementedError
 
-    def _companions(self, head: Job, room: int, tokens: int) -> list[Job]:
-        """Queued jobs (not ``head``) to decode in one call with ``head``, at most ``room`` of them and
-        ``tokens`` prompt + max_tokens in all; default none (every job alone)."""
-        return []
+    def _key(self, job: Job) -> Hashable:
+        """Jobs of one key may decode as one group; default: every job alone."""
+        return job.id
 
     def _forwards(self) -> tuple[int, int]:
-        return 0, 0
+        return self.forwards, self.forwarded_rows
 
-    def _may_start(self) -> bool:
-        """The admission policy beyond the row and token limits (called under the lock); default:
-        whenever a row is free."""
-        return True
-
-    def _shutdown(self) -> None:
-        pass
-
-    # ---- workers ----
+    # ---- admission (under the lock) ----
     def _cost(self, job: Job) -> int:
         return len(job.request.prompt_ids) + job.request.max_tokens
 
+    def _cached_key(self, job: Job) -> Hashable:
+        key = self._keys.get(job.id)
+        if key is None:
+            key = self._keys[job.id] = self._key(job)
+        return key
+
     def _next(self, wait: bool = True) -> Optional[list[Job]]:
-        """The head job once it fits the token budget, with its companions; None once the engine is
-        closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False (else
-        it waits). The running jobs never exceed ``max_running`` nor the token budget (a lone job that
-        is over the budget runs when nothing else does)."""
-        cfg = self.scheduler
+        """The head job once the policy and the limits let it start, with its group; None once the
+        engine is closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False
+        (else it waits). The running jobs never exceed ``max_running`` nor the token budget (a lone
+        job that is over the budget runs when nothing else does)."""
+        cfg, key = self.scheduler, self._cached_key
         with self._cond:
             while True:
-                if self._queue and len(self._running) < cfg.max_running and self._may_start():
-                    job = self._queue[0]
-                    cost = self._cost(job)
-                    if not self._running or self._running_tokens + cost <= cfg.max_running_tokens:
-                        self._queue.popleft()
-                        group = [job] + self._companions(job, cfg.max_running - len(self._running) - 1,
-                                                         cfg.max_running_tokens - self._running_tokens - cost)
-                        for member in group:
-                            self._running[member.id] = member
-                            self._running_tokens += self._cost(member)
+                room = cfg.max_running - len(self._running)
+                if self._queue and room > 0:
+                    head = self._queue[0]
+                    cost = self._cost(head)
+                    if ((not self._running or self._running_tokens + cost <= cfg.max_running_tokens)
+                            and self.policy.may_start(head, self._queue, len(self._running), room, key)):
+                        group = [head] + self.policy.group(head, self._queue, room - 1,
+                                                           cfg.max_running_tokens - self._running_tokens - cost,
+                                                           key, self._cost)
+                        taken = {job.id for job in group}
+                        kept = [job for job in self._queue if job.id not in taken]  # one pass
+                        self._queue.clear()
+                        self._queue.extend(kept)
+                        for job in group:
+                            self._keys.pop(job.id, None)
+                            self._running[job.id] = job
+                            self._running_tokens += self._cost(job)
                         return group
                 elif not self._queue and self._closed:
                     return None
                 if not wait:
                     return []
                 self._cond.wait()
-
-    def _work(self) -> None:
-        """A worker thread: groups from the queue, one after another, until the engine closes."""
-        while True:
-            group = self._next()
-            if group is None:
-                return
-            self._serve_group(group)
 
     def _serve_group(self, group: list[Job]) -> None:
         """Decode a group taken by ``_next`` (cancelled jobs fail at once); every job ends with a Done
@@ -222,7 +234,7 @@ class ThreadedEngine(Engine):
                     job.emit(Failed("cancelled by the client", 499))
             if live:
                 self._run_jobs(live)
-        except BaseException as err:  # noqa: BLE001 - a failed job must not kill the worker
+        except BaseException as err:  # noqa: BLE001 - a failed job must not kill the loop
             for job in group:
                 job.emit(Failed(f"{type(err).__name__}: {err}", 500))
         finally:
@@ -236,5 +248,81 @@ class ThreadedEngine(Engine):
                     self.completed += 1
                 self._cond.notify_all()
 
+    # ---- the loop (its thread; groups are greenlets) ----
+    def call(self, method: str, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+        """A group's forward: hand it to the loop, resume with its result."""
+        item = Pending(input_ids, kwargs, method)
+        self._switch(item, "a served model's forward")
+        if item.error is not None:
+            raise item.error
+        return item.result
 
-__all__ = ["SchedulerConfig", "ThreadedEngine"]
+    def yield_turn(self) -> None:
+        """Let every other running group take its turn (run to its next forward or turn), then go on."""
+        self._switch(Pending(None, {}, "yield"), "yield_turn")
+
+    def _switch(self, item: Pending, what: str) -> None:
+        if self._main is None or greenlet.getcurrent().parent is not self._main:
+            raise RuntimeError(f"{what} runs only inside a job of the engine's step loop (submit a request to "
+                               f"the engine; for a forward of your own use the model itself)")
+        self._main.switch(item)
+
+    def _loop(self) -> None:
+        self._main = greenlet.getcurrent()
+        pending: list[tuple[Pending, Any]] = []
+        live = 0
+        with torch.inference_mode():  # held for the loop's life: the decodes' own guards nest inside it
+            while True:
+                while True:  # start what can start (block only when nothing runs)
+                    group = self._next(wait=live == 0 and not pending)
+                    if not group:
+                        break
+                    live += self._resume(greenlet.greenlet(lambda g=group: self._serve_group(g)), None, pending,
+                                         first=True)
+                if group is None and live == 0:
+                    return
+                if not pending:
+                    continue
+                taken, pending = pending, []
+                forwards = [item for item, _ in taken if item.method != "yield"]
+                for calls in plan_groups(forwards, self.batcher):
+                    self._execute(calls)
+                for item, job in taken:
+                    live += self._resume(job, item, pending) - 1
+
+    @staticmethod
+    def _resume(job: Any, value: Any, pending: list, first: bool = False) -> int:
+        """Run ``job`` until its next forward or turn (queued in ``pending``) or its end; 1 if it still
+        runs. A group ends its jobs itself (``_serve_group``); an error that escapes it anyway ends
+        only that group, never the loop."""
+        try:
+            item = job.switch() if first else job.switch(value)
+        except BaseException:  # noqa: BLE001
+            return 0
+        if job.dead:
+            return 0
+        pending.append((item, job))
+        return 1
+
+    def _execute(self, calls: list[Pending]) -> None:
+        model = self.model_for_loop
+        try:
+            if len(calls) == 1:
+                item = calls[0]
+                fn = model if item.method == "forward" else getattr(model, item.method)
+                item.result = fn(item.input_ids, **item.kwargs)
+                rows = item.rows
+            else:
+                outputs = merged_forward(model, calls)
+                for item, out in zip(calls, outputs):
+                    item.result = out
+                rows = sum(item.rows for item in calls)
+                self.merged_calls += len(calls)
+            self.forwards += 1
+            self.forwarded_rows += rows
+        except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
+            for item in calls:
+                item.error = err
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "max_tokens_limit"]

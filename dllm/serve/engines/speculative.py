@@ -1,16 +1,17 @@
 """Serving an autoregressive target with speculative decoding (``dllm.speculative_generate``).
 
-Every request runs the real ``speculative_generate`` on its prompt alone, in its own thread, so a
-greedy served request returns exactly the offline tokens. The running requests take turns round by
-round (a first-come, first-served lock handed over after every verification round): a request joins
-at its prefill and leaves after its last round, and each round's accepted tokens are final, so they
-stream as one delta per round. Rounds of different requests are not merged into one forward (their
-caches differ in length); the turn-taking keeps one forward on the machine at a time.
+Every request runs the real ``speculative_generate`` on its prompt alone, so a served request
+returns exactly the offline tokens (greedy, or sampled with its seed). Requests are jobs of the one
+scheduler (``dllm.serve.engines.scheduler``): each runs as a greenlet on its loop thread and yields
+its turn after every verification round (``Scheduler.yield_turn``), so the running requests take
+turns round by round, first come first served. A request joins at its prefill and leaves after its
+last round, and each round's accepted tokens are final, so they stream as one delta per round.
+Rounds of different requests are not merged into one forward (their caches differ in length); one
+thread keeps one forward on the machine at a time.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from typing import Any, Optional, Sequence, Union
@@ -22,46 +23,16 @@ from dllm.drafters.target import Target
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
 from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.scheduler import SchedulerConfig, ThreadedEngine, max_tokens_limit as default_limit
+from dllm.serve.engines.schedule_policy import Continuous
+from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.engines.stream import TextStream
-
-
-class FifoLock:
-    """A lock granted in request order (``threading.Lock`` lets the releasing thread take it again at
-    once, which would starve the other requests)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._waiting: collections.deque[int] = collections.deque()
-        self._held = False
-        self._tickets = 0
-
-    def acquire(self) -> None:
-        with self._cond:
-            ticket = self._tickets
-            self._tickets += 1
-            self._waiting.append(ticket)
-            while self._held or self._waiting[0] != ticket:
-                self._cond.wait()
-            self._waiting.popleft()
-            self._held = True
-
-    def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    def yield_turn(self) -> None:
-        """Let every request already waiting run one turn, then continue."""
-        self.release()
-        self.acquire()
 
 
 class _Leave(Exception):
     pass
 
 
-class SpecEngine(ThreadedEngine):
+class SpecEngine(Scheduler):
     """Serves a transformers causal LM with a drafter (``dllm.load_target`` + a drafter spec)."""
 
     kind = "speculative"
@@ -83,14 +54,12 @@ class SpecEngine(ThreadedEngine):
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.max_tokens_limit = default_limit(max_tokens_limit, self.max_positions)
         self.chat_template = chat_template
-        self._turns = FifoLock()
         self._tok_lock = threading.Lock()
-        self._count_lock = threading.Lock()
         self.target_forwards = 0
         self.rounds_run = 0
         super().__init__(SchedulerConfig(max_running=max_running, max_queue=max_queue,
-                                         max_running_tokens=max_running_tokens))
-        self._start_workers(max_running)
+                                         max_running_tokens=max_running_tokens), Continuous(max_group=1))
+        self.start()
 
     def resolve_settings(self, *, max_tokens: int, temperature: Optional[float] = None,
                          top_p: Optional[float] = None, top_k: Optional[int] = None,
@@ -142,7 +111,8 @@ class SpecEngine(ThreadedEngine):
             raise BadRequest("seed", f"seed must be an integer in [0, 2**64), got {s.seed!r}")
 
     # ---- decoding ----
-    def _run_job(self, job: Job) -> None:
+    def _run_jobs(self, jobs: list[Job]) -> None:
+        (job,) = jobs  # every request alone (the policy's groups of one)
         req, s, started = job.request, job.request.settings, time.perf_counter()
         stream = TextStream(self.decode, self.eos_ids, req.stop)
         first: list[float] = []
@@ -158,9 +128,8 @@ class SpecEngine(ThreadedEngine):
             if job.cancelled:
                 raise _Leave
             send(generated[0], complete=False)
-            self._turns.yield_turn()
+            self.yield_turn()
 
-        self._turns.acquire()
         try:
             out = speculative_generate(self.target, self.drafter, [list(req.prompt_ids)],
                                        max_new_tokens=req.max_tokens, temperature=float(s.temperature),
@@ -170,12 +139,9 @@ class SpecEngine(ThreadedEngine):
         except _Leave:
             job.emit(Failed("cancelled by the client", 499))
             return
-        finally:
-            self._turns.release()
         send(out.generated[0], complete=True)
-        with self._count_lock:
-            self.target_forwards += out.target_forwards
-            self.rounds_run += out.rounds
+        self.target_forwards += out.target_forwards  # the loop thread alone writes these
+        self.rounds_run += out.rounds
         accepted = out.acceptance[0]
         now = time.perf_counter()
         job.emit(Done(text=stream.text, token_ids=tuple(stream.answer_ids),
@@ -189,4 +155,4 @@ class SpecEngine(ThreadedEngine):
         return self.target_forwards, self.target_forwards
 
 
-__all__ = ["FifoLock", "SpecEngine"]
+__all__ = ["SpecEngine"]
