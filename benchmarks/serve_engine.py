@@ -29,7 +29,8 @@ from dllm.models.base import ModelOutput
 from dllm.scoring.exact_match import load_model
 from dllm.serve.engines.batcher import BatcherConfig
 from dllm.serve.engines.diffusion import MODES, DiffusionEngine
-from dllm.serve.engines.jobs import DiffusionSettings, JobRequest
+from dllm.serve.engines.jobs import JobRequest
+from dllm.settings import DecodeSettings
 
 
 class NullModel(torch.nn.Module):
@@ -91,7 +92,7 @@ def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
         with engine._cond:  # queue every request before the engine takes any: the load at rate inf
-            jobs = [engine.submit(JobRequest(p, r.max_tokens, DiffusionSettings(sampler=r.sampler, cache=r.cache)))
+            jobs = [engine.submit(JobRequest(p, r.max_tokens, DecodeSettings(sampler=r.sampler, cache=r.cache)))
                     for p, r in zip(prompts, requests)]
             before = meter.totals()
             t0 = time.perf_counter()  # the engine starts once the lock is released

@@ -19,24 +19,22 @@ same tokens alone or in a batch (float32).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of, plan_block_causal, policy_for_block_causal
+from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of
 from dllm.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
 from dllm.inputs import SEED_MAX, check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
-from dllm.registry import format_spec, parse_spec
 from dllm.rows import forward_held, forward_rows, held_mask
-from dllm.samplers import Sampler, make_sampler
+from dllm.samplers import Sampler
 from dllm.samplers.draws import Generator, RowGenerators
-from dllm.options import check_bool, check_number
-from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan, plan_blocks
+from dllm.options import check_bool
+from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan
+from dllm.settings import DecodeSettings
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
@@ -100,28 +98,14 @@ def generate(
         ``"no"`` is refused, never read as true).
     """
     t_start = time.perf_counter()
-    check_call(model, seed, callback)
+    check_call(model, callback)
     for name, flag in (("chat", chat), ("stop_at_eos", stop_at_eos), ("return_trace", return_trace)):
         check_bool(name, flag)
-    policy = make_cache(cache)
-    sampler_obj = _make_sampler(sampler, sampler_options, policy)
-    check_number("temperature", temperature, low=0.0, finite=True)
-    check_number("cfg_scale", cfg_scale, low=0.0, finite=True)
+    settings = DecodeSettings.of(sampler=sampler, cache=cache, block_length=block_length, steps=steps,
+                                 temperature=temperature, cfg_scale=cfg_scale, seed=seed, options=sampler_options)
     rows = encode_prompts(model, prompts, chat=chat)
-    if block_size_of(model) is None:
-        plan = plan_blocks(gen_length, block_length, steps, fixed_steps=sampler_obj.fixed_steps)
-    else:  # block-causal (SDAR): the model's block grid, its block size, an exact cache policy
-        policy = policy_for_block_causal(policy)  # "auto" is "block" here
-        plan = plan_block_causal(model, rows, gen_length, block_length, steps,
-                                 fixed_steps=sampler_obj.fixed_steps, policy=policy)
-    policy.check(model, block_length=plan.block_length, gen_length=gen_length)
-    longest = max(len(r) for r in rows)
-    max_positions = getattr(model, "max_positions", None)
-    if max_positions is not None and longest + gen_length > max_positions:
-        raise ValueError(
-            f"prompt ({longest} tokens) + gen_length ({gen_length}) = {longest + gen_length} exceeds the "
-            f"model's {max_positions} positions; shorten the prompt or gen_length"
-        )
+    resolved = settings.resolve(model, rows, gen_length)  # every check; SettingError names the field
+    sampler_obj, policy, plan = resolved.sampler, resolved.policy, resolved.plan
 
     device = model_device(model)
     cuda_graphs = check_graphs_option(cuda_graphs, device)
@@ -135,19 +119,7 @@ def generate(
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
     shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
     state.extras[LOGIT_SHIFT_KEY] = shift
-    if sampler_obj.greedy_only and temperature > 0:
-        raise ValueError(f"sampler {sampler_obj.name!r} is greedy only; got temperature={temperature} "
-                         f"(use temperature=0)")
-    refusal = policy.sampler_refusal(sampler_obj)
-    if refusal is not None:
-        raise ValueError(f"sampler {sampler_obj.name!r} {refusal}")
     need_attn = fit_layers(sampler_obj.attention_layers, model)
-    if need_attn and not getattr(model, "supports_kv_cache", True):
-        raise ValueError(
-            f"sampler {sampler_obj.name!r} reads the model's attention probabilities (layers "
-            f"{list(need_attn)}), but {type(model).__name__} has no transformer layers to return them; "
-            f"use a sampler that reads only logits"
-        )
 
     decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
                     attn_layers=need_attn, callback=callback)
@@ -375,39 +347,14 @@ class Decode:
             self.callback(state)
 
 
-def _make_sampler(sampler: Union[str, Sampler], options: dict[str, Any], policy: CachePolicy) -> Sampler:
-    """``make_sampler``; a keyword option the sampler does not know but the cache policy does
-    (``generate(..., cache="dual", refresh=4)``) is refused with a pointer to the cache spec."""
-    try:
-        return make_sampler(sampler, **options)
-    except TypeError as err:
-        spec_options = parse_spec(sampler)[1] if isinstance(sampler, str) else {}
-        if "k" in options or "k" in spec_options:  # compare / stress / the harness take k: tokens per step
-            raise TypeError(f"{err}. 'k' (tokens committed per step) is a setting of `dllm compare` and "
-                            f"`dllm stress`; generate takes it as steps = gen_length / k "
-                            f"(generate(..., steps=N), `dllm generate --steps N`)") from None
-        cache_options = parse_spec(policy.spec)[1]  # the policy's options that differ from its defaults
-        misplaced = [k for k in options if k in {f.name for f in dataclasses.fields(policy.config)}]
-        if not misplaced or not str(err).startswith("Unknown option"):
-            raise
-        k = misplaced[0]
-        where = (f"cache={policy.spec!r} already sets {k}={cache_options[k]!r}; give it once, in the cache spec"
-                 if k in cache_options else
-                 f"give it in the cache spec: cache={format_spec(policy.name, {**cache_options, k: options[k]})!r}")
-        raise ValueError(f"{err}. {k!r} is an option of cache policy {policy.name!r}, not of the sampler: "
-                         f"{where}") from None
-
-
 def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[list[int]],
                    device: torch.device) -> Generator:
     """``generate``'s generator: None (the global one), one seeded ``torch.Generator``, or per-row
-    generators (``seed`` a list, one per row; a None entry gets a fresh seed from the global
-    generator) with each row's left padding, so a row draws what it draws alone."""
+    generators (``seed`` a list, one per row, checked by ``DecodeSettings.resolve``; a None entry gets
+    a fresh seed from the global generator) with each row's left padding, so a row draws what it
+    draws alone."""
     if not isinstance(seed, (list, tuple)):
         return None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    if len(seed) != len(rows):
-        raise ValueError(f"seed is a list of {len(seed)} seeds for {len(rows)} prompts; give one per prompt "
-                         f"(or one integer for the whole batch)")
     fresh = [int(torch.randint(0, 2**62, ())) if s is None else s for s in seed]
     longest = max(len(r) for r in rows)
     return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)

@@ -143,15 +143,11 @@ def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: in
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
 
 
-def check_call(model, seed, callback) -> None:
-    """The call arguments that are not options of a sampler, cache or block plan."""
+def check_call(model, callback) -> None:
+    """The call arguments that are not decode settings (``dllm.settings``)."""
     if not callable(model) or not hasattr(model, "mask_id"):
         raise TypeError(f"model must be a dllm DiffusionLM (from dllm.load(name_or_path)), got "
                         f"{type(model).__name__} {model!r:.80}")
-    for s in (seed if isinstance(seed, (list, tuple)) else [seed]):
-        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= SEED_MAX):
-            raise ValueError(f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range), a list of "
-                             f"them (one per prompt, None for an unseeded row) or None, got {seed!r:.200}")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable (it is called with the DecodeState after every "
                         f"step) or None, got {type(callback).__name__} {callback!r:.80}")

@@ -1,14 +1,43 @@
 """The option validators shared by every frozen ``Config`` (samplers, cache policies, tasks, training).
 
-Each one raises ``ValueError`` naming the option, the valid range and the value it got, so a bad
-``generate(..., threshold=1.5)`` says ``threshold must be a number in (0, 1], got 1.5``. Booleans
-are never numbers here (``True`` is not a threshold) and NaN is in no range.
+Each one raises ``SettingError`` (a ``ValueError``) naming the option, the valid range and the value
+it got, so a bad ``generate(..., threshold=1.5)`` says ``threshold must be a number in (0, 1], got
+1.5``, and the error's ``field`` is the option's name (the server answers with it as OpenAI's
+``param``). Booleans are never numbers here (``True`` is not a threshold) and NaN is in no range.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Collection, Optional
+
+
+class SettingError(ValueError):
+    """A refused setting; ``field`` names it (an argument of ``generate``, a sampler or cache option)."""
+
+    def __init__(self, field: Optional[str], message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    __str__ = Exception.__str__  # the message as given (a KeyError would quote it)
+
+
+class SettingTypeError(SettingError, TypeError):
+    """A refused setting of the wrong kind (a ``TypeError`` as well, for callers that catch that)."""
+
+
+class SettingKeyError(SettingError, KeyError):
+    """A refused name (an unknown sampler or cache; a ``KeyError`` as well)."""
+
+
+def field_error(field: Optional[str], err: BaseException) -> SettingError:
+    """``err`` (a ValueError, TypeError or KeyError) as a ``SettingError`` of ``field`` and of its own
+    kind, its message kept; an error that already names a field keeps it."""
+    if isinstance(err, SettingError):
+        return err
+    cls = (SettingKeyError if isinstance(err, KeyError) else SettingTypeError if isinstance(err, TypeError)
+           else SettingError)
+    return cls(field, str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
 
 
 def is_number(value: Any) -> bool:
@@ -22,7 +51,7 @@ def check_int(name: str, value: Any, low: int, *, high: Optional[int] = None, hi
     ok = ok and (high is None or value <= high)
     if not ok:
         rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an integer {rng}{hint}, got {value!r}")
+        raise SettingError(name, f"{name} must be an integer {rng}{hint}, got {value!r}")
 
 
 def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Optional[float] = None,
@@ -34,7 +63,7 @@ def check_number(name: str, value: Any, *, low: Optional[float] = None, high: Op
     if ok and high is not None:
         ok = value < high if high_open else value <= high
     if not ok:
-        raise ValueError(f"{name} must be {_interval(low, high, low_open, high_open, finite)}{hint}, got {value!r}")
+        raise SettingError(name, f"{name} must be {_interval(low, high, low_open, high_open, finite)}{hint}, got {value!r}")
 
 
 def check_unit(name: str, value: Any, *, low_open: bool = False, high_open: bool = False, hint: str = "") -> None:
@@ -44,12 +73,12 @@ def check_unit(name: str, value: Any, *, low_open: bool = False, high_open: bool
 
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise SettingError(name, f"{name} must be True or False, got {value!r}")
 
 
 def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise SettingError(name, f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def check_optional_int(name: str, value: Any, low: int, *, hint: str = "") -> None:
@@ -73,5 +102,5 @@ def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_number", "check_optional_int", "check_unit",
+__all__ = ["SettingError", "SettingKeyError", "SettingTypeError", "field_error", "check_bool", "check_choice", "check_int", "check_number", "check_optional_int", "check_unit",
            "is_number"]

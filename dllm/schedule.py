@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from dllm.options import SettingError
+
 
 @dataclass(frozen=True)
 class BlockPlan:
@@ -24,16 +26,16 @@ def plan_blocks(gen_length: int, block_length: Optional[int], steps: Optional[in
     full). Offsets are relative to the start of the generated region.
     """
     if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0:
-        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
+        raise SettingError("gen_length", f"gen_length must be a positive integer, got {gen_length!r}")
     if block_length is None:
         block_length = gen_length
     if not isinstance(block_length, int) or isinstance(block_length, bool) or not 0 < block_length <= gen_length:
-        raise ValueError(f"block_length must be a positive integer <= gen_length={gen_length} (None: one "
+        raise SettingError("block_length", f"block_length must be a positive integer <= gen_length={gen_length} (None: one "
                          f"block of gen_length), got {block_length!r}")
     n_blocks = -(-gen_length // block_length)
     bounds = [(k * block_length, min((k + 1) * block_length, gen_length)) for k in range(n_blocks)]
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        raise SettingError("steps", f"steps must be a positive integer, got {steps!r}")
     if not fixed_steps:
         return BlockPlan(gen_length, block_length, tuple((s, e, None) for s, e in bounds))
     if steps is None:
@@ -41,15 +43,15 @@ def plan_blocks(gen_length: int, block_length: Optional[int], steps: Optional[in
     else:
         if steps % n_blocks != 0:
             valid = [n_blocks * k for k in range(1, block_length + 1)]
-            raise ValueError(
-                f"steps={steps} cannot be split evenly over {n_blocks} blocks "
+            raise SettingError(
+                "steps", f"steps={steps} cannot be split evenly over {n_blocks} blocks "
                 f"(gen_length={gen_length}, block_length={block_length}); valid steps are multiples "
                 f"of {n_blocks} up to {n_blocks * block_length}, e.g. {_preview(valid)}"
             )
         s_per = steps // n_blocks
         if s_per > block_length:
-            raise ValueError(
-                f"steps={steps} gives {s_per} steps per block but a block holds only {block_length} "
+            raise SettingError(
+                "steps", f"steps={steps} gives {s_per} steps per block but a block holds only {block_length} "
                 f"tokens (a step must commit at least one); use steps <= {n_blocks * block_length}"
             )
         per_block = [min(s_per, e - s) for s, e in bounds]

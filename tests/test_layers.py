@@ -26,10 +26,11 @@ from pathlib import Path
 import dllm
 
 LAYERS: dict[str, int] = {
-    "registry": 0, "lazy": 0, "options": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
+    "options": -0.5, "registry": 0, "lazy": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
     "tasks": 1, "kernels": 1,
     "models": 2,
     "samplers": 3, "cache": 3, "graphs": 3,
+    "settings": 3.5,  # one DecodeSettings and its resolve: over samplers and caches, under the engine
     "engine": 4,
     "scoring": 4.5,
     "drafters": 5,

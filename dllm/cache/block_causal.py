@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dllm.cache.base import CachePolicy, Query, register_cache
+from dllm.options import SettingError
 from dllm.schedule import BLOCK_SIZE_KEY, BlockPlan, _preview, grid_start
 from dllm.state import DecodeState
 
@@ -57,8 +58,8 @@ class BlockCausalCache(CachePolicy):
 
     def check(self, model, *, block_length: int, gen_length: int) -> None:
         if block_size_of(model) is None:
-            raise ValueError(
-                f"cache 'block' reuses the keys/values of finished blocks, which is exact only for a "
+            raise SettingError(
+                "cache", f"cache 'block' reuses the keys/values of finished blocks, which is exact only for a "
                 f"block-causal model (SDAR); {getattr(model, 'display_name', type(model).__name__)} attends "
                 f"bidirectionally, so its keys change whenever a later token is committed; use cache "
                 f"'none' (exact) or an approximate policy ('prefix', 'dual', 'window', 'drift')")
@@ -94,8 +95,8 @@ def refuse_policy(model: Any, policy: CachePolicy) -> None:
     if isinstance(policy, BlockCausalCache) or not policy.uses_kv:
         return
     bs = block_size_of(model)
-    raise ValueError(
-        f"cache policy {policy.name!r} is refused for {getattr(model, 'display_name', 'this model')}: it "
+    raise SettingError(
+        "cache", f"cache policy {policy.name!r} is refused for {getattr(model, 'display_name', 'this model')}: it "
         f"attends block-causally (block {bs}), so the keys/values of finished blocks are exact and "
         f"cache 'block' keeps them at no approximation; {policy.name!r} approximates a bidirectional "
         f"model's drifting keys, would serve the prompt tail's stale keys inside the first block, and "
@@ -115,17 +116,17 @@ def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int
     assert bs is not None
     refuse_policy(model, policy)
     if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0:
-        raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
+        raise SettingError("gen_length", f"gen_length must be a positive integer, got {gen_length!r}")
     if block_length is not None and block_length != bs:
-        raise ValueError(
-            f"block_length={block_length!r} disagrees with the checkpoint's trained block: "
+        raise SettingError(
+            "block_length", f"block_length={block_length!r} disagrees with the checkpoint's trained block: "
             f"{getattr(model, 'display_name', 'this model')} attends block-causally with block_size {bs} "
             f"(config.json); use block_length={bs} or None")
     offsets = sorted({(-len(r)) % bs for r in rows})
     if len(offsets) > 1:
         lengths = sorted({len(r) for r in rows})
-        raise ValueError(
-            f"prompts of lengths {_preview(lengths)} end at different offsets inside the model's blocks of "
+        raise SettingError(
+            "prompt", f"prompts of lengths {_preview(lengths)} end at different offsets inside the model's blocks of "
             f"{bs} (lengths mod {bs}: {sorted({n % bs for n in lengths})}); a batch of a block-causal "
             f"model shares its blocks, so batch prompts whose lengths agree mod {bs}, or decode them "
             f"separately")
@@ -136,7 +137,7 @@ def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int
         bounds.append((start, min(start + bs, gen_length)))
         start += bs
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        raise SettingError("steps", f"steps must be a positive integer, got {steps!r}")
     if not fixed_steps:
         return BlockPlan(gen_length, bs, tuple((s, e, None) for s, e in bounds))
     n_blocks = len(bounds)
@@ -145,8 +146,8 @@ def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int
     else:
         if steps % n_blocks != 0 or steps // n_blocks > bs:
             valid = [n_blocks * k for k in range(1, bs + 1)]
-            raise ValueError(
-                f"steps={steps} cannot be split evenly over the {n_blocks} blocks of this call (block_size "
+            raise SettingError(
+                "steps", f"steps={steps} cannot be split evenly over the {n_blocks} blocks of this call (block_size "
                 f"{bs}, gen_length={gen_length}, the first block the prompt's partial one), at most {bs} "
                 f"per block; valid steps: {_preview(valid)}")
         per_block = [min(steps // n_blocks, e - s) for s, e in bounds]

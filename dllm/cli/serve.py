@@ -181,9 +181,9 @@ def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
     from dllm.models import load
     from dllm.serve.engines.batcher import BatcherConfig
     from dllm.serve.engines.diffusion import DiffusionEngine
-    from dllm.serve.engines.jobs import DiffusionSettings
+    from dllm.settings import DecodeSettings
 
-    defaults = DiffusionSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
+    defaults = DecodeSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
                                  block_length=args.block_length, steps=args.steps,
                                  temperature=args.temperature or 0.0, seed=args.seed,
                                  options=tuple(sorted(dict(args.option).items())))

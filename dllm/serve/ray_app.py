@@ -29,7 +29,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dllm.serve.engines.jobs import DiffusionSettings
+from dllm.settings import DecodeSettings
 
 REPLICA_HEADER = "x-dllm-replica"
 INSTALL = 'Ray Serve is not installed; pip install "dllm[ray]" (or pip install "ray[serve]")'
@@ -49,7 +49,7 @@ class DiffusionReplica:
     a ``DiffusionEngine``. Picklable, so that Ray can send it to the replicas; called there."""
 
     model: str
-    defaults: DiffusionSettings = DiffusionSettings()
+    defaults: DecodeSettings = DecodeSettings()
     mode: str = "continuous"
     max_running: int = 32
     max_queue: int = 256

@@ -12,8 +12,8 @@ from typing import Optional, Sequence, Union
 import uvicorn
 
 from dllm.serve.engines.base import BadRequest, Engine, EngineStats
-from dllm.serve.engines.jobs import (Delta, DiffusionSettings, Done, EngineClosed, Failed, Job, JobRequest, QueueFull,
-                             SpecSettings, Step)
+from dllm.serve.engines.jobs import Delta, Done, EngineClosed, Failed, Job, JobRequest, QueueFull, SpecSettings, Step
+from dllm.settings import DecodeSettings
 
 
 class LiveServer:
@@ -66,7 +66,7 @@ class FakeEngine(Engine):
 
     def __post_init__(self) -> None:
         self.tokenizer = None
-        self.defaults = DiffusionSettings() if self.kind == "diffusion" else SpecSettings()
+        self.defaults = DecodeSettings() if self.kind == "diffusion" else SpecSettings()
         self.hold = threading.Event()
         self.hold.set()
         self.jobs: list[Job] = []
@@ -78,7 +78,7 @@ class FakeEngine(Engine):
         fields = {k: v for k, v in given.items() if v is not None}
         if self.kind == "diffusion":
             fields["options"] = tuple(sorted((fields.pop("options", None) or {}).items()))
-            return DiffusionSettings(**fields)
+            return DecodeSettings(**fields)
         return SpecSettings(**fields)
 
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
@@ -102,7 +102,7 @@ class FakeEngine(Engine):
             raise BadRequest("max_tokens", f"max_tokens must be in [1, {self.max_tokens_limit}], "
                                            f"got {request.max_tokens}")
         s = request.settings
-        if isinstance(s, DiffusionSettings) and s.sampler not in ("low_confidence", "threshold"):
+        if isinstance(s, DecodeSettings) and s.sampler not in ("low_confidence", "threshold"):
             raise BadRequest("sampler", f"Unknown sampler {s.sampler!r}")
         if len(request.prompt_ids) + request.max_tokens > self.max_positions:
             raise BadRequest("prompt", "too long")

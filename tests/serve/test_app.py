@@ -294,9 +294,10 @@ def test_full_queue_is_429_with_retry_after(server, engine):
 
 
 def engine_request(engine: FakeEngine):
-    from dllm.serve.engines.jobs import DiffusionSettings, JobRequest
+    from dllm.serve.engines.jobs import JobRequest
+    from dllm.settings import DecodeSettings
 
-    return JobRequest(prompt_ids=(1,), max_tokens=1, settings=DiffusionSettings())
+    return JobRequest(prompt_ids=(1,), max_tokens=1, settings=DecodeSettings())
 
 
 def test_client_disconnect_mid_stream_cancels_its_job(server, engine):

@@ -16,7 +16,8 @@ import httpx2 as httpx
 import pytest
 
 from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest
+from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest
+from dllm.settings import DecodeSettings
 from dllm.serve.engines.schedule_policy import Continuous
 from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig
 from dllm.serve.http.app import begin_drain, create_app, end_drain
@@ -37,11 +38,11 @@ class SlowEngine(Scheduler):
 
     def __init__(self, delay_s: float = 0.02, max_running: int = 4) -> None:
         super().__init__(SchedulerConfig(max_running=max_running, max_queue=64), Continuous(max_group=1))
-        self.tokenizer, self.defaults, self.delay_s = None, DiffusionSettings(), delay_s
+        self.tokenizer, self.defaults, self.delay_s = None, DecodeSettings(), delay_s
         self.start()
 
-    def resolve_settings(self, *, max_tokens: int, **given: Any) -> DiffusionSettings:
-        return DiffusionSettings()
+    def resolve_settings(self, *, max_tokens: int, **given: Any) -> DecodeSettings:
+        return DecodeSettings()
 
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
         try:
@@ -70,7 +71,7 @@ class SlowEngine(Scheduler):
 
 
 def request(max_tokens: int) -> JobRequest:
-    return JobRequest(prompt_ids=(1, 2), max_tokens=max_tokens, settings=DiffusionSettings())
+    return JobRequest(prompt_ids=(1, 2), max_tokens=max_tokens, settings=DecodeSettings())
 
 
 def final(job: Job, timeout: float = 10) -> Union[Done, Failed]:

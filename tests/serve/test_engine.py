@@ -11,13 +11,14 @@ import pytest
 import dllm
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, EngineClosed, Failed, JobRequest, QueueFull, Step
+from dllm.serve.engines.jobs import Delta, Done, EngineClosed, Failed, JobRequest, QueueFull, Step
+from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
            "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
-SETTINGS = [DiffusionSettings(sampler="fast"), DiffusionSettings(sampler="low_confidence", cache="dual"),
-            DiffusionSettings(sampler="threshold:threshold=0.8", cache="prefix", block_length=4),
-            DiffusionSettings(sampler="low_confidence", block_length=4, cache="dual")]
+SETTINGS = [DecodeSettings(sampler="fast"), DecodeSettings(sampler="low_confidence", cache="dual"),
+            DecodeSettings(sampler="threshold:threshold=0.8", cache="prefix", block_length=4),
+            DecodeSettings(sampler="low_confidence", block_length=4, cache="dual")]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_every_mode_equals_offline(llada, mode):
 def test_continuous_merges_forwards_and_equals_offline_dream(dream):
     engine = DiffusionEngine(dream, name="tiny-dream", max_running=16)
     try:
-        spec = [(PROMPTS[i % 6], DiffusionSettings(sampler=("fast", "low_confidence")[i % 2]), (5, 9)[i % 2], False)
+        spec = [(PROMPTS[i % 6], DecodeSettings(sampler=("fast", "low_confidence")[i % 2]), (5, 9)[i % 2], False)
                 for i in range(12)]
         for text, offline, deltas, _ in run_all(engine, dream, spec):
             assert text == offline == deltas
@@ -75,7 +76,7 @@ def test_continuous_merges_forwards_and_equals_offline_dream(dream):
 def test_step_events_trace_the_canvas(llada):
     engine = DiffusionEngine(llada, name="tiny-llada")
     try:
-        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 6, DiffusionSettings(), step_events=True))
+        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 6, DecodeSettings(), step_events=True))
         events = list(job.events(timeout=60))
     finally:
         engine.close()
@@ -90,7 +91,7 @@ def test_step_events_trace_the_canvas(llada):
 def test_eos_ends_the_row_early_with_the_offline_text(llada):
     engine = DiffusionEngine(llada, name="tiny-llada")
     try:  # the tiny models answer exactly: four words, then EOS in the fifth position
-        settings = DiffusionSettings(sampler="low_confidence")
+        settings = DecodeSettings(sampler="low_confidence")
         job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, settings))
         done = job.result(timeout=60)
     finally:
@@ -103,7 +104,7 @@ def test_eos_ends_the_row_early_with_the_offline_text(llada):
 def test_stop_string_cuts_before_it(llada):
     engine = DiffusionEngine(llada, name="tiny-llada")
     try:
-        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[3]), 7, DiffusionSettings(), stop=("D E",)))
+        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[3]), 7, DecodeSettings(), stop=("D E",)))
         events = list(job.events(timeout=60))
     finally:
         engine.close()
@@ -117,7 +118,7 @@ def test_stop_string_cuts_before_it(llada):
 def test_cancel_leaves_the_batch_and_others_are_unchanged(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_running=4)
     try:
-        slow = DiffusionSettings(sampler="low_confidence")  # one token per step: 24 steps
+        slow = DecodeSettings(sampler="low_confidence")  # one token per step: 24 steps
         victim = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[3]), 24, slow, step_events=True))
         others = [engine.submit(JobRequest(engine.encode_prompt(p), 8, slow)) for p in PROMPTS[:3]]
         first = next(victim.events(timeout=60))
@@ -135,14 +136,14 @@ def test_bad_requests_name_the_field(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_tokens_limit=64)
     ids = engine.encode_prompt(PROMPTS[0])
     cases = [
-        (DiffusionSettings(sampler="nope"), 5, "sampler"),
-        (DiffusionSettings(cache="nope"), 5, "cache"),
-        (DiffusionSettings(sampler="threshold", options=(("bogus", 1),)), 5, "sampler_options"),
-        (DiffusionSettings(block_length=7), 5, "block_length"),
-        (DiffusionSettings(temperature=-1.0), 5, "temperature"),
-        (DiffusionSettings(seed=-3), 5, "seed"),
-        (DiffusionSettings(), 65, "max_tokens"),
-        (DiffusionSettings(), 0, "max_tokens"),
+        (DecodeSettings(sampler="nope"), 5, "sampler"),
+        (DecodeSettings(cache="nope"), 5, "cache"),
+        (DecodeSettings(sampler="threshold", options=(("bogus", 1),)), 5, "sampler_options"),
+        (DecodeSettings(block_length=7), 5, "block_length"),
+        (DecodeSettings(temperature=-1.0), 5, "temperature"),
+        (DecodeSettings(seed=-3), 5, "seed"),
+        (DecodeSettings(), 65, "max_tokens"),
+        (DecodeSettings(), 0, "max_tokens"),
     ]
     try:
         for settings, n, param in cases:
@@ -153,7 +154,7 @@ def test_bad_requests_name_the_field(llada):
             engine.encode_prompt("[BOS] sort ZZTOP [SEP]")
         assert err.value.param == "prompt" and "ZZTOP" in str(err.value)
         with pytest.raises(BadRequest) as err:
-            engine.submit(JobRequest(ids * 300, 8, DiffusionSettings()))
+            engine.submit(JobRequest(ids * 300, 8, DecodeSettings()))
         assert err.value.param == "prompt" and "positions" in str(err.value)
         with pytest.raises(BadRequest) as err:
             engine.encode_chat([{"role": "user", "content": "sort A B"}])
@@ -176,7 +177,7 @@ def test_chat_template_given_to_the_engine(llada):
 def test_full_queue_and_closed_engine_refuse(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", mode="serial", max_queue=2)
     ids = engine.encode_prompt(PROMPTS[0])
-    slow = DiffusionSettings(sampler="low_confidence")
+    slow = DecodeSettings(sampler="low_confidence")
     jobs = []
     with pytest.raises(QueueFull) as err:
         for _ in range(10):
@@ -191,7 +192,7 @@ def test_full_queue_and_closed_engine_refuse(llada):
 def test_close_without_drain_fails_the_queued(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", mode="serial")
     ids = engine.encode_prompt(PROMPTS[0])
-    jobs = [engine.submit(JobRequest(ids, 24, DiffusionSettings(sampler="low_confidence"))) for _ in range(4)]
+    jobs = [engine.submit(JobRequest(ids, 24, DecodeSettings(sampler="low_confidence"))) for _ in range(4)]
     time.sleep(0.05)
     engine.close(drain=False, timeout=30)
     finals = [j.result(timeout=5) for j in jobs]
@@ -199,7 +200,7 @@ def test_close_without_drain_fails_the_queued(llada):
 
 
 def test_resolve_settings_over_defaults(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", defaults=DiffusionSettings(
+    engine = DiffusionEngine(llada, name="tiny-llada", defaults=DecodeSettings(
         sampler="threshold", options=(("threshold", 0.7),), block_length=32, cache="dual"))
     try:
         s = engine.resolve_settings(max_tokens=5)
@@ -218,7 +219,7 @@ def test_concurrent_submitters(llada):
 
     def client(i):
         p = PROMPTS[i % len(PROMPTS)]
-        results[i] = engine.submit(JobRequest(engine.encode_prompt(p), 6, DiffusionSettings(sampler="fast"))).result(60).text
+        results[i] = engine.submit(JobRequest(engine.encode_prompt(p), 6, DecodeSettings(sampler="fast"))).result(60).text
 
     try:
         threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
@@ -239,7 +240,7 @@ def test_aevents_wakes_without_polling(llada):
     engine = DiffusionEngine(llada, name="tiny-llada")
 
     async def read():
-        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, DiffusionSettings(), step_events=True))
+        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, DecodeSettings(), step_events=True))
         t0 = time.perf_counter()
         events = [e async for e in job.aevents(poll_s=30.0)]  # a 30 s safety net: only emit's wakeups are fast
         return events, time.perf_counter() - t0
@@ -260,7 +261,7 @@ def test_block_causal_model_served_continuously_equals_offline():
     engine = DiffusionEngine(sdar, name="tiny-random-sdar", max_running=8)
     try:
         prompts = [[5 + (i * 7 + j) % 40 for j in range(3 + i)] for i in range(6)]  # lengths 3..8: every offset
-        settings = [DiffusionSettings(sampler="sdar", cache="block"), DiffusionSettings(sampler="low_confidence")]
+        settings = [DecodeSettings(sampler="sdar", cache="block"), DecodeSettings(sampler="low_confidence")]
         jobs = [(p, s, engine.submit(JobRequest(tuple(p), 2 * bs, s))) for p in prompts for s in settings]
         for p, s, job in jobs:
             done = job.result(timeout=120)
@@ -270,7 +271,7 @@ def test_block_causal_model_served_continuously_equals_offline():
                                             if t not in sdar.eos_ids][:len(done.token_ids)]
             assert done.text == out.texts[0]
         with pytest.raises(BadRequest) as err:
-            engine.submit(JobRequest(tuple(prompts[0]), 2 * bs, DiffusionSettings(cache="dual")))
+            engine.submit(JobRequest(tuple(prompts[0]), 2 * bs, DecodeSettings(cache="dual")))
         assert err.value.param == "cache" and "block" in str(err.value)
     finally:
         engine.close()

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import DiffusionSettings, Done, JobRequest
+from dllm.serve.engines.jobs import Done, JobRequest
+from dllm.settings import DecodeSettings
 from dllm.serve.engines.stream import TextStream, stop_end
 from dllm.serve.http.app import bearer_token, create_app
 from dllm.serve.http.errors import MESSAGE_LIMIT, QUOTE_LIMIT, ApiError, clip, clip_message, quote
@@ -266,9 +267,9 @@ def test_usage_of_a_stopped_diffusion_reply_ends_at_the_stop_string():
     prompt = "[BOS] sort G F E D C B A [SEP]"
     engine = DiffusionEngine(model, name="tiny-llada")
     try:
-        done = engine.submit(JobRequest(engine.encode_prompt(prompt), 7, DiffusionSettings(),
+        done = engine.submit(JobRequest(engine.encode_prompt(prompt), 7, DecodeSettings(),
                                         stop=("D E",))).result(timeout=60)
-        plain = engine.submit(JobRequest(engine.encode_prompt(prompt), 7, DiffusionSettings())).result(timeout=60)
+        plain = engine.submit(JobRequest(engine.encode_prompt(prompt), 7, DecodeSettings())).result(timeout=60)
     finally:
         engine.close()
     assert isinstance(done, Done) and isinstance(plain, Done)

@@ -42,9 +42,9 @@ API_KEY = "page-test-key"
 def engine():
     import dllm
     from dllm.serve.engines.diffusion import DiffusionEngine
-    from dllm.serve.engines.jobs import DiffusionSettings
+    from dllm.settings import DecodeSettings
 
-    engine = DiffusionEngine(dllm.load(MODEL), name=MODEL, defaults=DiffusionSettings())
+    engine = DiffusionEngine(dllm.load(MODEL), name=MODEL, defaults=DecodeSettings())
     yield engine
     engine.close(drain=False)
 

@@ -12,7 +12,8 @@ from dllm.eval.bench.serve import stress_requests
 from dllm.scoring.exact_match import load_model
 from dllm.serve.engines.diffusion import DiffusionEngine
 from dllm.serve.engines.scheduler import Scheduler
-from dllm.serve.engines.jobs import DiffusionSettings, Done, JobRequest
+from dllm.serve.engines.jobs import Done, JobRequest
+from dllm.settings import DecodeSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore:the prompt has")  # tiny-random-llada lacks the task words
 
@@ -35,7 +36,7 @@ def count(model, mode: str, monkeypatch) -> DispatchCounter:
     try:
         with engine._cond:  # all queued at once
             jobs = [engine.submit(JobRequest(engine.encode_prompt(r.prompt), r.max_tokens,
-                                             DiffusionSettings(sampler=r.sampler, cache=r.cache)))
+                                             DecodeSettings(sampler=r.sampler, cache=r.cache)))
                     for r in stress_requests(32)]
         assert all(isinstance(job.result(120), Done) for job in jobs)
     finally:

@@ -8,7 +8,8 @@ import pytest
 
 import dllm
 from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, JobRequest
+from dllm.serve.engines.jobs import Delta, Done, JobRequest
+from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
            "[BOS] sort G F E D C B A [SEP]"]
@@ -19,12 +20,12 @@ def llada():
     return dllm.load("tiny-llada")
 
 
-def _mixed(n: int) -> list[tuple[str, DiffusionSettings, int]]:
+def _mixed(n: int) -> list[tuple[str, DecodeSettings, int]]:
     """Greedy and sampled requests, seeds repeated across requests, two samplers, two caches."""
     out = []
     for i in range(n):
         sampled = i % 3 != 0
-        settings = DiffusionSettings(sampler=("low_confidence", "random")[i % 2], cache=("none", "dual")[(i // 2) % 2],
+        settings = DecodeSettings(sampler=("low_confidence", "random")[i % 2], cache=("none", "dual")[(i // 2) % 2],
                                      block_length=4, temperature=1.0 if sampled else 0.0,
                                      seed=(5, 7)[i % 2] if sampled else None)
         out.append((PROMPTS[i % len(PROMPTS)], settings, (5, 8)[(i // 4) % 2]))
@@ -54,7 +55,7 @@ def test_seeded_requests_equal_offline_under_load(llada, mode):
 def test_identical_seeded_requests_sent_together_agree(llada, mode):
     """Eight identical requests (temperature 1, seed 5) queued at once: eight equal texts, the offline one."""
     engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=8)
-    s = DiffusionSettings(sampler="low_confidence", temperature=1.0, seed=5)
+    s = DecodeSettings(sampler="low_confidence", temperature=1.0, seed=5)
     try:
         with engine._cond:
             jobs = [engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 8, s)) for _ in range(8)]

@@ -8,7 +8,8 @@ import pytest
 
 import dllm
 from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest, SpecSettings
+from dllm.serve.engines.jobs import Delta, Done, Failed, JobRequest, SpecSettings
+from dllm.settings import DecodeSettings
 from dllm.serve.engines.speculative import SpecEngine
 
 DRAFTER = "dflash:model=tiny-ar-dflash"
@@ -60,7 +61,7 @@ def test_bad_requests(engine):
     ids = engine.encode_prompt(PROMPTS[0])
     for settings, n, param in [(SpecSettings(temperature=-1.0), 5, "temperature"), (SpecSettings(top_p=1.5), 5, "top_p"),
                                (SpecSettings(top_k=-2), 5, "top_k"), (SpecSettings(), 0, "max_tokens"),
-                               (DiffusionSettings(), 5, None)]:
+                               (DecodeSettings(), 5, None)]:
         with pytest.raises(BadRequest) as err:
             engine.submit(JobRequest(ids, n, settings))
         assert err.value.param == param

@@ -7,7 +7,8 @@ import pytest
 
 import dllm
 from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, JobRequest
+from dllm.serve.engines.jobs import Delta, Done, Failed, JobRequest
+from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
            "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
@@ -15,7 +16,7 @@ SEVEN = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy 
          "[BOS] sort B C A D [SEP]", "[BOS] reverse E F G H [SEP]", "[BOS] copy K L M N [SEP]"]  # 7 tokens each
 TEN = ["[BOS] sort G F E D C B A [SEP]", "[BOS] reverse A B C D E F G [SEP]", "[BOS] copy A B C D E F G [SEP]",
        "[BOS] sort P O N M L K J [SEP]"]  # 10 tokens each
-SLOW = DiffusionSettings(sampler="low_confidence")  # one token per step
+SLOW = DecodeSettings(sampler="low_confidence")  # one token per step
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_prompts_have_the_lengths_the_tests_need(llada):
 def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4, max_running=16)
     sizes = recording(engine)
-    other = DiffusionSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
+    other = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     specs = ([(p, 8, SLOW, False) for p in SEVEN]  # one key: 4 rows, then 2 ...
              + [(PROMPTS[2], 8, SLOW, False)]  # ... and the same key's 6-token prompt (padded): 3 rows
              + [(SEVEN[0], 12, SLOW, False), (SEVEN[1], 8, other, False)])  # other lengths or settings
@@ -75,7 +76,7 @@ def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(
 def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=8)
     sizes = recording(engine)
-    dual = DiffusionSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
+    dual = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     prompts = [SEVEN[0], TEN[0], PROMPTS[2], SEVEN[1]]  # 7, 10, 6 and 7 tokens
     try:
         jobs = submit_together(engine, [(p, 8, dual, False) for p in prompts])
@@ -91,7 +92,7 @@ def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
 def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
     engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
     sizes = recording(engine)
-    slow = DiffusionSettings(sampler="low_confidence", cache=cache)
+    slow = DecodeSettings(sampler="low_confidence", cache=cache)
     specs = [(TEN[0], 24, slow, True)] + [(p, 24, slow, False) for p in TEN[1:]]
     try:
         victim, *others = submit_together(engine, specs)

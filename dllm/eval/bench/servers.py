@@ -26,10 +26,10 @@ def build_engine(model, name: str, mode: str, max_running: int, max_queue: int,
     """A ``DiffusionEngine`` in ``mode`` with the server's default settings."""
     from dllm.serve.engines.batcher import BatcherConfig
     from dllm.serve.engines.diffusion import DiffusionEngine
-    from dllm.serve.engines.jobs import DiffusionSettings
+    from dllm.settings import DecodeSettings
 
     batcher = BatcherConfig() if max_batch_tokens is None else BatcherConfig(max_tokens=max_batch_tokens)
-    return DiffusionEngine(model, name=name, defaults=DiffusionSettings(), mode=mode, max_running=max_running,
+    return DiffusionEngine(model, name=name, defaults=DecodeSettings(), mode=mode, max_running=max_running,
                            max_queue=max_queue, batcher=batcher)
 
 

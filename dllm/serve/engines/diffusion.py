@@ -31,16 +31,16 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from dllm.cache import make_cache
-from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for_block_causal
-from dllm.engine import SEED_MAX, generate
-from dllm.inputs import decode_answer, encode_prompts, fit_layers
+from dllm.cache.block_causal import block_size_of
+from dllm.engine import generate
+from dllm.inputs import decode_answer, encode_prompts
+from dllm.options import SettingError
 from dllm.samplers import make_sampler
 from dllm.rows import release_rows
-from dllm.schedule import plan_blocks
 from dllm.serve.engines.base import BadRequest
 from dllm.serve.engines.batcher import BatchedModel, BatcherConfig
-from dllm.serve.engines.jobs import Delta, DiffusionSettings, Done, Failed, Job, JobRequest, Step
+from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, Step
+from dllm.settings import DecodeSettings
 from dllm.serve.engines.prompts import chat_ids, text_ids
 from dllm.serve.engines.schedule_policy import MODES, make_policy
 from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
@@ -115,12 +115,26 @@ class _Row:
                       wall_s=now - job.submitted))
 
 
+# a SettingError's field -> the request field it came from (the rest: a sampler option's own name)
+_PARAMS = {"gen_length": "max_tokens", "sampler": "sampler", "sampler_options": "sampler_options", "cache": "cache",
+           "block_length": "block_length", "steps": "steps", "temperature": "temperature", "seed": "seed",
+           "prompt": "prompt", "k": "sampler_options"}
+
+
+def request_param(field: Optional[str], s: DecodeSettings) -> Optional[str]:
+    """The request field a refused setting came from: a sampler option given apart from the spec is
+    ``sampler_options.NAME``, one inside the sampler spec is ``sampler``."""
+    if field in _PARAMS:
+        return _PARAMS[field]
+    return f"sampler_options.{field}" if field in dict(s.options) else "sampler"
+
+
 class DiffusionEngine(Scheduler):
     """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.http.app``)."""
 
     kind = "diffusion"
 
-    def __init__(self, model, *, name: str, defaults: DiffusionSettings = DiffusionSettings(),
+    def __init__(self, model, *, name: str, defaults: DecodeSettings = DecodeSettings(),
                  mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
                  chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
@@ -146,7 +160,7 @@ class DiffusionEngine(Scheduler):
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
                          block_length: Optional[int] = None, steps: Optional[int] = None,
                          temperature: Optional[float] = None, seed: Optional[int] = None,
-                         options: Optional[dict] = None) -> DiffusionSettings:
+                         options: Optional[dict] = None) -> DecodeSettings:
         """A request's settings: its own fields over the server's defaults. The default sampler's
         options apply only when the request keeps the default sampler; a default block length longer
         than the request's ``max_tokens`` becomes ``max_tokens`` (one block), as ``generate`` needs
@@ -157,7 +171,7 @@ class DiffusionEngine(Scheduler):
         if (block_length is None and d.block_length is not None and isinstance(max_tokens, int)
                 and self.block_size is None):  # a block-causal model's block is its checkpoint's
             block_length = min(d.block_length, max_tokens) if max_tokens >= 1 else d.block_length
-        return DiffusionSettings(
+        return DecodeSettings(
             sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
             block_length=block_length if block_length is not None else d.block_length,
             steps=d.steps if steps is None else steps,
@@ -182,51 +196,18 @@ class DiffusionEngine(Scheduler):
             return decode_answer(self.tokenizer, ids, (), self.model.mask_id)
 
     # ---- checks (nothing reaches the decode loop unchecked) ----
-    def check_settings(self, s: DiffusionSettings, *, gen_length: int = 1,
+    def check_settings(self, s: DecodeSettings, *, gen_length: int = 1,
                        prompt: Sequence[int] = (0,)) -> None:
+        """``DecodeSettings.resolve``, the checks ``dllm.generate`` runs, on this model and prompt:
+        BadRequest naming the request field the ``SettingError`` names."""
         try:
-            policy = make_cache(s.cache)
-        except (ValueError, TypeError, KeyError) as err:
-            raise BadRequest("cache", str(err)) from None
-        if self.block_size is not None:  # block-causal (SDAR): the checkpoint's block grid, exact caches only
-            policy = policy_for_block_causal(policy)
-        try:
-            sampler = make_sampler(s.sampler, **dict(s.options))
-        except (ValueError, TypeError, KeyError) as err:
-            raise BadRequest("sampler_options" if s.options and "option" in str(err).lower() else "sampler",
-                             str(err)) from None
-        try:
-            if self.block_size is not None:
-                plan = plan_block_causal(self.model, [list(prompt)], gen_length, s.block_length, s.steps,
-                                         fixed_steps=sampler.fixed_steps, policy=policy)
-            else:
-                plan = plan_blocks(gen_length, s.block_length, s.steps, fixed_steps=sampler.fixed_steps)
-        except ValueError as err:
-            msg = str(err)
-            param = ("cache" if msg.startswith("cache policy") else
-                     "steps" if "steps" in msg.split(" ")[0] else "block_length")
-            raise BadRequest(param, msg) from None
-        try:
-            policy.check(self.model, block_length=plan.block_length, gen_length=gen_length)
-        except ValueError as err:
-            raise BadRequest("cache", str(err)) from None
-        refusal = policy.sampler_refusal(sampler)
-        if refusal is not None:
-            raise BadRequest("cache", f"sampler {sampler.name!r} {refusal}")
-        if fit_layers(sampler.attention_layers, self.model) and not getattr(self.model, "supports_kv_cache", True):
-            raise BadRequest("sampler", f"sampler {sampler.name!r} reads attention maps, which this model lacks")
-        t = s.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= float(t) < float("inf"):
-            raise BadRequest("temperature", f"temperature must be a finite number >= 0, got {t!r}")
-        if sampler.greedy_only and t > 0:
-            raise BadRequest("temperature", f"sampler {sampler.name!r} is greedy only; got temperature={t}")
-        if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int)
-                                   or not 0 <= s.seed <= SEED_MAX):
-            raise BadRequest("seed", f"seed must be an integer in [0, 2**64 - 1], got {s.seed!r}")
+            s.resolve(self.model, [list(prompt)], gen_length)
+        except SettingError as err:
+            raise BadRequest(request_param(err.field, s), str(err)) from None
 
     def check(self, request: JobRequest) -> None:
-        if not isinstance(request.settings, DiffusionSettings):
-            raise BadRequest(None, f"a diffusion engine takes DiffusionSettings, got {type(request.settings).__name__}")
+        if not isinstance(request.settings, DecodeSettings):
+            raise BadRequest(None, f"a diffusion engine takes DecodeSettings, got {type(request.settings).__name__}")
         self.check_length(request, "model")
         self.check_settings(request.settings, gen_length=request.max_tokens, prompt=request.prompt_ids)
 

@@ -18,25 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Optional, Union
 
-
-@dataclass(frozen=True)
-class DiffusionSettings:
-    """How one diffusion request decodes (the keywords of ``dllm.generate``)."""
-
-    sampler: str = "low_confidence"  # a registered sampler spec: "threshold:threshold=0.8"
-    cache: str = "none"  # a registered cache spec: "dual:refresh=4"
-    block_length: Optional[int] = None
-    steps: Optional[int] = None
-    temperature: float = 0.0
-    seed: Optional[int] = None
-    options: tuple[tuple[str, Any], ...] = ()  # sampler options given as separate fields, sorted by name
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``dllm.generate`` (without prompt and gen_length)."""
-        kw: dict[str, Any] = dict(sampler=self.sampler, cache=self.cache, block_length=self.block_length,
-                                  steps=self.steps, temperature=self.temperature, seed=self.seed)
-        kw.update(dict(self.options))
-        return kw
+from dllm.settings import DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -49,7 +31,7 @@ class SpecSettings:
     seed: Optional[int] = None
 
 
-Settings = Union[DiffusionSettings, SpecSettings]
+Settings = Union[DecodeSettings, SpecSettings]  # a diffusion request: dllm.settings.DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -220,5 +202,5 @@ class Job:
         return last
 
 
-__all__ = ["DiffusionSettings", "SpecSettings", "Settings", "JobRequest", "Delta", "Step", "Done", "Failed",
+__all__ = ["SpecSettings", "Settings", "JobRequest", "Delta", "Step", "Done", "Failed",
            "Event", "Job", "QueueFull", "EngineClosed"]

@@ -18,7 +18,8 @@ from typing import Any, Callable, Union
 
 from dllm.serve.engines.base import BadRequest, Engine
 from dllm.serve.http.errors import ApiError, bad_request, quote
-from dllm.serve.engines.jobs import DiffusionSettings, JobRequest, Settings, SpecSettings
+from dllm.serve.engines.jobs import JobRequest, Settings, SpecSettings
+from dllm.settings import DecodeSettings
 from dllm.serve.http.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
                                  stop_strings)
 
@@ -73,7 +74,7 @@ def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
     return options
 
 
-def diffusion_settings(body: Body, engine: Engine, max_tokens: int) -> DiffusionSettings:
+def diffusion_settings(body: Body, engine: Engine, max_tokens: int) -> DecodeSettings:
     """The request's decode settings over the server's defaults (``engine.resolve_settings``: the
     defaults' sampler options apply only when the request keeps the default sampler)."""
     sampler = body.sampler if body.sampler is not None else engine.defaults.sampler
@@ -124,16 +125,9 @@ def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
 
 
 def check(engine: Engine, request: JobRequest, body: Body) -> None:
-    """``engine.check``; a refused option value that the engine reports under "sampler" is named
-    by its field (``sampler_options.threshold``) when the request gave it in ``sampler_options``."""
-    try:
-        engine.check(request)
-    except BadRequest as err:
-        given = body.sampler_options if isinstance(body.sampler_options, dict) else {}
-        name = next((k for k in given if str(err).startswith(f"{k} ") or f"option {k!r}" in str(err)), None)
-        if err.param == "sampler" and name is not None:
-            raise bad_request(f"sampler_options.{name}", str(err)) from None
-        raise
+    """``engine.check``: a ``BadRequest`` whose ``param`` the engine took from the refused setting's
+    field (``sampler_options.threshold`` for an option the request gave in ``sampler_options``)."""
+    engine.check(request)
 
 
 def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list[JobRequest]:

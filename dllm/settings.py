@@ -1,0 +1,184 @@
+"""One way to say how to decode: ``DecodeSettings``, checked and resolved once.
+
+``dllm.generate`` builds one from its keywords and the server from a request (vLLM's
+``SamplingParams`` plays this part there); both call ``resolve(model, prompt rows, gen_length)``,
+which returns the sampler, the cache policy and the block plan, or raises ``SettingError`` whose
+``field`` names the bad setting (``sampler``, ``sampler_options`` or the option's own name,
+``cache``, ``block_length``, ``steps``, ``gen_length``, ``temperature``, ``cfg_scale``, ``seed``,
+``prompt``). So every entry point refuses a bad setting with the same message, and the server
+answers with the field as OpenAI's ``param`` without reading the message.
+
+``k`` (tokens committed per step) is not a setting of ``generate`` or the server: they take
+``steps`` (``steps = gen_length / k``); ``dllm compare`` and ``dllm stress`` take ``k`` and turn it
+into steps. A ``k`` given here is refused with that pointer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from dllm.cache import make_cache
+from dllm.cache.base import CachePolicy
+from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for_block_causal
+from dllm.inputs import SEED_MAX, fit_layers
+from dllm.options import SettingError, SettingTypeError, check_number, field_error
+from dllm.registry import format_spec, parse_spec
+from dllm.samplers import Sampler, make_sampler
+from dllm.schedule import BlockPlan, plan_blocks
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a ``DecodeSettings`` means for one call: the sampler, the cache policy, the block plan."""
+
+    sampler: Sampler
+    policy: CachePolicy
+    plan: BlockPlan
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How to decode (the keywords of ``dllm.generate`` beside the prompts and ``gen_length``)."""
+
+    sampler: Any = "low_confidence"  # a registered name or spec string ("threshold:threshold=0.8"), a mapping, a Sampler
+    cache: Any = "none"  # a registered cache spec ("dual:refresh=4"), a mapping, a CachePolicy
+    block_length: Optional[int] = None  # None: one block of gen_length
+    steps: Optional[int] = None  # fixed-step samplers: steps in all (None: one token per step)
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    seed: Any = None  # an int, one per prompt (a list; None entries: fresh seeds), or None (the global generator)
+    options: tuple[tuple[str, Any], ...] = ()  # sampler options given apart from the spec, sorted by name
+
+    @classmethod
+    def of(cls, options: Optional[Mapping[str, Any]] = None, **fields: Any) -> "DecodeSettings":
+        """Settings with ``options`` as a mapping (kept sorted, so equal settings compare equal)."""
+        return cls(options=tuple(sorted((options or {}).items())), **fields)
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``dllm.generate`` (without the prompts and ``gen_length``)."""
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        kw.update(dict(self.options))
+        return kw
+
+    def replace(self, **changes: Any) -> "DecodeSettings":
+        return dataclasses.replace(self, **changes)
+
+    def resolve(self, model: Any, rows: Sequence[Sequence[int]], gen_length: int) -> Resolved:
+        """Check every setting against the model and the prompts (token-id rows), and plan the call.
+        Raises ``SettingError`` (a ValueError; ``SettingTypeError`` also a TypeError) naming the field."""
+        check_seed(self.seed, len(rows))
+        policy = _cache(self.cache)
+        sampler = _sampler(self.sampler, dict(self.options), policy)
+        check_number("temperature", self.temperature, low=0.0, finite=True)
+        check_number("cfg_scale", self.cfg_scale, low=0.0, finite=True)
+        if block_size_of(model) is None:
+            plan = plan_blocks(gen_length, self.block_length, self.steps, fixed_steps=sampler.fixed_steps)
+        else:  # block-causal (SDAR): the model's block grid, its block size, an exact cache policy
+            policy = policy_for_block_causal(policy)  # "auto" is "block" here
+            plan = plan_block_causal(model, rows, gen_length, self.block_length, self.steps,
+                                     fixed_steps=sampler.fixed_steps, policy=policy)
+        try:
+            policy.check(model, block_length=plan.block_length, gen_length=gen_length)
+        except (ValueError, TypeError) as err:
+            raise field_error("cache", err) from None
+        check_positions(model, max(len(r) for r in rows), gen_length)
+        if sampler.greedy_only and self.temperature > 0:
+            raise SettingError("temperature", f"sampler {sampler.name!r} is greedy only; got temperature="
+                                              f"{self.temperature} (use temperature=0)")
+        refusal = policy.sampler_refusal(sampler)
+        if refusal is not None:
+            raise SettingError("cache", f"sampler {sampler.name!r} {refusal}")
+        need_attn = fit_layers(sampler.attention_layers, model)
+        if need_attn and not getattr(model, "supports_kv_cache", True):
+            raise SettingError("sampler", f"sampler {sampler.name!r} reads the model's attention probabilities "
+                                          f"(layers {list(need_attn)}), but {type(model).__name__} has no "
+                                          f"transformer layers to return them; use a sampler that reads only logits")
+        return Resolved(sampler, policy, plan)
+
+
+def check_seed(seed: Any, n_rows: int) -> None:
+    """An int in [0, 2**64 - 1], None, or a list of them (None entries allowed) with one per row."""
+    seeds = seed if isinstance(seed, (list, tuple)) else [seed]
+    for s in seeds:
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= SEED_MAX):
+            raise SettingError("seed", f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range), a "
+                                       f"list of them (one per prompt, None for an unseeded row) or None, got "
+                                       f"{seed!r:.200}")
+    if isinstance(seed, (list, tuple)) and len(seed) != n_rows:
+        raise SettingError("seed", f"seed is a list of {len(seed)} seeds for {n_rows} prompts; give one per prompt "
+                                   f"(or one integer for the whole batch)")
+
+
+def check_positions(model: Any, longest: int, gen_length: int) -> None:
+    max_positions = getattr(model, "max_positions", None)
+    if max_positions is not None and longest + gen_length > max_positions:
+        raise SettingError("prompt" if longest >= max_positions else "gen_length",
+                           f"prompt ({longest} tokens) + gen_length ({gen_length}) = {longest + gen_length} exceeds "
+                           f"the model's {max_positions} positions; shorten the prompt or gen_length")
+
+
+def _cache(cache: Any) -> CachePolicy:
+    try:
+        return make_cache(cache)
+    except (ValueError, TypeError, KeyError) as err:
+        raise field_error("cache", err) from None
+
+
+def _sampler(sampler: Any, options: dict[str, Any], policy: CachePolicy) -> Sampler:
+    """``make_sampler``, its error naming the field at fault: the spec (``sampler``), or, when the spec
+    alone is fine, the options given apart (the option's own name, else ``sampler_options``). An
+    option the cache policy knows (``generate(..., cache="dual", refresh=4)``) is refused with a
+    pointer to the cache spec, and ``k`` with a pointer to ``steps``."""
+    try:
+        return make_sampler(sampler, **options)
+    except (ValueError, TypeError, KeyError) as err:
+        if not options or _spec_error(sampler) is not None:
+            spec_err = _spec_error(sampler) or err
+            if "k" in _spec_options(sampler):
+                raise _k_error(spec_err) from None
+            raise _refield(spec_err, "sampler") from None
+        if "k" in options:
+            raise _k_error(err) from None
+        misplaced = [k for k in options if k in {f.name for f in dataclasses.fields(policy.config)}]
+        if misplaced and not isinstance(err, SettingError):  # not an option's own check: an unknown name
+            k = misplaced[0]
+            cache_options = parse_spec(policy.spec)[1]  # the policy's options that differ from its defaults
+            where = (f"cache={policy.spec!r} already sets {k}={cache_options[k]!r}; give it once, in the cache spec"
+                     if k in cache_options else
+                     f"give it in the cache spec: cache={format_spec(policy.name, {**cache_options, k: options[k]})!r}")
+            raise SettingTypeError(k, f"{err}. {k!r} is an option of cache policy {policy.name!r}, not of the "
+                                      f"sampler: {where}") from None
+        field = err.field if isinstance(err, SettingError) and err.field in options else "sampler_options"
+        raise _refield(err, field) from None
+
+
+def _spec_error(sampler: Any) -> Optional[BaseException]:
+    """The error of the sampler spec alone (None: it is fine)."""
+    try:
+        make_sampler(sampler)
+    except (ValueError, TypeError, KeyError) as err:
+        return err
+    return None
+
+
+def _refield(err: BaseException, field: str) -> SettingError:
+    out = field_error(field, err)
+    return out if out.field == field else type(out)(field, str(out))
+
+
+def _k_error(err: BaseException) -> SettingTypeError:
+    return SettingTypeError("k", f"{err}. 'k' (tokens committed per step) is a setting of `dllm compare` and "
+                                 f"`dllm stress`; generate and the server take it as steps = gen_length / k "
+                                 f"(generate(..., steps=N), `dllm generate --steps N`)")
+
+
+def _spec_options(sampler: Any) -> dict:
+    try:
+        return parse_spec(sampler)[1] if isinstance(sampler, str) else {}
+    except (ValueError, TypeError):
+        return {}
+
+
+__all__ = ["DecodeSettings", "Resolved", "SettingError", "SettingTypeError", "check_positions", "check_seed"]
