@@ -64,3 +64,48 @@ def test_identical_seeded_requests_sent_together_agree(llada, mode):
         assert engine.stats().forwarded_rows > engine.stats().forwards  # they did share forwards
     finally:
         engine.close()
+
+
+async def _ask(c, i: int, prompt: str, s: DecodeSettings, n_tokens: int, stream: bool, n: int) -> list[str]:
+    extra = {"sampler": s.sampler, "cache": s.cache, "block_length": s.block_length}
+    kw = dict(model="tiny-llada", prompt=prompt, max_tokens=n_tokens, temperature=s.temperature, extra_body=extra)
+    if s.seed is not None:
+        kw["seed"] = s.seed
+    if stream:
+        texts = [""]
+        async for chunk in await c.completions.create(stream=True, **kw):
+            texts[0] += "".join(ch.text for ch in chunk.choices)
+        return texts
+    out = await c.completions.create(n=n, **kw)
+    return [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)]
+
+
+@pytest.mark.slow  # 3 servers x 64 requests through HTTP
+@pytest.mark.parametrize("mode", ["continuous", "static", "serial"])
+def test_64_concurrent_http_requests_equal_offline(llada, mode):
+    """Through the server and the official client: greedy and seeded sampled requests, seeds repeated,
+    two samplers, two caches, some streamed, some with n = 2 (choice j draws with seed + j)."""
+    import asyncio
+
+    import openai
+
+    from dllm.serve.http.app import create_app
+    from tests.serve.servers import LiveServer
+
+    spec = [(p, s, n, i % 5 == 1, 2 if i % 7 == 3 and i % 5 != 1 and s.seed is not None else 1)
+            for i, (p, s, n) in enumerate(_mixed(64))]
+    engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=16)
+    with LiveServer(create_app(engine)) as server:
+        async def main():
+            async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                                          timeout=120) as c:
+                return await asyncio.gather(*[_ask(c, i, *args) for i, args in enumerate(spec)])
+
+        answers = asyncio.run(main())
+    for (p, s, n, _, choices), got in zip(spec, answers):
+        if s.seed is None and s.sampler == "random":
+            continue  # unseeded random order: nothing to compare with
+        want = [dllm.generate(llada, p, gen_length=n,
+                              **s.replace(seed=None if s.seed is None else s.seed + j).generate_kwargs()).texts[0]
+                for j in range(choices)]
+        assert got == want, (p, s, n)

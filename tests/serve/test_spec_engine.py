@@ -95,3 +95,17 @@ def test_running_requests_take_turns_round_by_round(pair):
     both = min(turns.count(t) for t in set(turns))  # rounds while both ran
     assert len(set(turns)) == 2 and both >= 2
     assert all(a != b for a, b in zip(turns[:2 * both], turns[1:2 * both]))  # strictly alternating
+
+
+def test_seeded_sampled_requests_equal_offline_under_load(pair, engine):
+    """Sampled speculative requests with seeds (repeated across requests), sent together: each
+    equals speculative_generate of its prompt alone with its seed."""
+    target, tok = pair
+    spec = [(PROMPTS[i % 2], (3, 5, 3)[i % 3]) for i in range(6)]
+    with engine._cond:
+        jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 20, SpecSettings(temperature=1.0, seed=seed)))
+                for p, seed in spec]
+    for (p, seed), job in zip(spec, jobs):
+        offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=20, tokenizer=tok,
+                                            temperature=1.0, seed=seed)
+        assert job.result(120).text == offline.texts[0]
