@@ -34,7 +34,7 @@ from dllm.samplers import Sampler
 from dllm.samplers.draws import Generator, RowGenerators
 from dllm.options import check_bool
 from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan
-from dllm.settings import DecodeSettings
+from dllm.settings import DecodeSettings, default_gen_length
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
@@ -45,7 +45,7 @@ def generate(
     prompts: Prompts,
     sampler: Union[str, Sampler] = "low_confidence",
     *,
-    gen_length: int = 128,
+    gen_length: Optional[int] = None,
     block_length: Optional[int] = None,
     steps: Optional[int] = None,
     temperature: float = 0.0,
@@ -66,7 +66,9 @@ def generate(
         prompts: a string, a list of strings, a list of token-id lists, or a LongTensor [B, Lp]
             (rows taken as unpadded) / [Lp]. Strings need the model's tokenizer.
         sampler: a registered name (``dllm.list_samplers()``) or a ``Sampler`` instance.
-        gen_length: generated positions per row (G).
+        gen_length: generated positions per row (G). None: the model's default
+            (``dllm.settings.default_gen_length``: a task model's answer length for task prompts, as
+            it was trained; else 128).
         block_length: semi-autoregressive block length (default G: one block). The last block may
             be shorter.
         steps: total sampler steps for fixed-step samplers, split evenly over blocks (a multiple of
@@ -104,6 +106,8 @@ def generate(
     settings = DecodeSettings.of(sampler=sampler, cache=cache, block_length=block_length, steps=steps,
                                  temperature=temperature, cfg_scale=cfg_scale, seed=seed, options=sampler_options)
     rows = encode_prompts(model, prompts, chat=chat)
+    if gen_length is None:
+        gen_length = default_gen_length(model, rows)
     resolved = settings.resolve(model, rows, gen_length)  # every check; SettingError names the field
     sampler_obj, policy, plan = resolved.sampler, resolved.policy, resolved.plan
 

@@ -29,6 +29,29 @@ from dllm.samplers import Sampler, make_sampler
 from dllm.schedule import BlockPlan, plan_blocks
 
 
+DEFAULT_GEN_LENGTH = 128  # generated positions when neither the call nor the prompt says
+
+
+def default_gen_length(model: Any, rows: Sequence[Sequence[int]]) -> int:
+    """``gen_length`` when the call gives none: what the model was trained to generate. For a task
+    model (a word-level tokenizer over the task vocabulary, the embedded tiny models) and task
+    prompts (``[BOS] sort D A C B [SEP]``), the longest of their tasks' answer regions (the answer
+    and its EOS: ``tasks.answer_length``), as the models were trained; otherwise 128."""
+    from dllm import tasks as T
+
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(tok, "convert_ids_to_tokens"):
+        return DEFAULT_GEN_LENGTH
+    lengths = []
+    for row in rows:
+        try:
+            ex = T.parse_prompt(tok.convert_ids_to_tokens(list(row)))
+        except (ValueError, KeyError, TypeError):
+            return DEFAULT_GEN_LENGTH
+        lengths.append(T.answer_length(ex.task, ex.size))
+    return max(lengths) if lengths else DEFAULT_GEN_LENGTH
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What a ``DecodeSettings`` means for one call: the sampler, the cache policy, the block plan."""
@@ -181,4 +204,4 @@ def _spec_options(sampler: Any) -> dict:
         return {}
 
 
-__all__ = ["DecodeSettings", "Resolved", "SettingError", "SettingTypeError", "check_positions", "check_seed"]
+__all__ = ["DEFAULT_GEN_LENGTH", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError", "check_positions", "check_seed"]

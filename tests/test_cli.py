@@ -232,3 +232,24 @@ def test_info_shows_the_experts_of_a_moe_checkpoint(capsys, tmp_path):
     fields = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert fields["family"].strip() == "llada2" and fields["attention"].strip() == "block_causal"
     assert (fields["n_experts"].strip(), fields["experts_per_token"].strip(), fields["shared_experts"].strip()) == ("8", "2", "1")
+
+
+@pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream", "tiny-sdar"])
+def test_a_newcomers_first_command_answers(capsys, name):
+    """No flag but the model and the prompt: the model's default length (a task model's answer
+    length) gives the answer, on the command line and in Python alike."""
+    import dllm
+
+    prompt = "[BOS] sort D A C B [SEP]"
+    main(["generate", "--model", name, "--prompt", prompt])
+    assert capsys.readouterr().out.strip().splitlines()[0] == "A B C D"
+    assert dllm.generate(dllm.load(name), prompt).texts == ["A B C D"]
+
+
+def test_the_default_length_of_a_free_text_prompt_is_128():
+    import dllm
+    from dllm.settings import DEFAULT_GEN_LENGTH, default_gen_length
+
+    model = dllm.load("tiny-llada")
+    assert default_gen_length(model, [model.generation_prompt("[BOS] sort D A C B [SEP]")]) == 5
+    assert default_gen_length(model, [[5, 6, 7]]) == DEFAULT_GEN_LENGTH == 128

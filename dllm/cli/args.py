@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from dllm.registry import parse_option
 
@@ -77,12 +77,16 @@ def add_quantization(p: argparse.ArgumentParser) -> None:
                         "bitsandbytes nf4; extra `quant`); default: none")
 
 
-def add_decode_args(p: argparse.ArgumentParser) -> None:
-    """The settings of one ``dllm.generate`` call: sampler, lengths, temperature, cache, options."""
+def add_decode_args(p: argparse.ArgumentParser, gen_length: Optional[int] = None) -> None:
+    """The settings of one ``dllm.generate`` call: sampler, lengths, temperature, cache, options.
+    ``gen_length``: the command's default (None: the model's, as ``dllm.generate``)."""
     p.add_argument("--sampler", default="low_confidence",
                    help="sampler spec: a registered name (see `dllm samplers`), options allowed "
                         "(threshold:threshold=0.8)")
-    p.add_argument("--gen-length", type=int, default=64, help="generated positions (default: 64)")
+    p.add_argument("--gen-length", type=int, default=gen_length,
+                   help=f"generated positions (default: {gen_length})" if gen_length is not None else
+                   "generated positions (default: the model's: for a task model and a task prompt its answer "
+                   "length, as it was trained; else 128)")
     p.add_argument("--block-length", type=int, default=None, help="default: gen-length (one block)")
     p.add_argument("--steps", type=int, default=None, help="default: gen-length (one token per step)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy proposals (default: 0)")

@@ -25,7 +25,7 @@ def throughput_args(p: argparse.ArgumentParser) -> None:
     add_model_place(p)
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the results to this JSON file")
-    add_decode_args(p)
+    add_decode_args(p, gen_length=64)
 
 
 def caches_args(p: argparse.ArgumentParser) -> None:
