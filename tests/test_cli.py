@@ -253,3 +253,45 @@ def test_the_default_length_of_a_free_text_prompt_is_128():
     model = dllm.load("tiny-llada")
     assert default_gen_length(model, [model.generation_prompt("[BOS] sort D A C B [SEP]")]) == 5
     assert default_gen_length(model, [[5, 6, 7]]) == DEFAULT_GEN_LENGTH == 128
+
+
+def test_compare_ctrl_c_keeps_the_finished_samplers(capsys, monkeypatch, tmp_path):
+    """Ctrl-C during the second sampler: the first one's row is printed and written, exit 130."""
+    import dllm.eval.compare as cmp
+
+    real, calls = cmp.run_sampler, []
+
+    def interrupt_third(*a, **kw):  # the warm-up, the first sampler, then Ctrl-C
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cmp, "run_sampler", interrupt_third)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--model", "oracle", "--samplers", "low_confidence:k=1", "low_confidence:k=2",
+                 "--tasks", "copy", "--n", "2", "--out", str(out), "--no-progress"]) == 130
+    captured = capsys.readouterr()
+    saved = json.loads((out / "compare.json").read_text())
+    assert [r["label"] for r in saved["results"]] == ["low_confidence:k=1"] and saved["interrupted"]
+    assert captured.out.strip().splitlines()[-1] == f"interrupted: 1 finished sampler row is saved in {out / 'compare.json'}"
+
+
+def test_eval_tasks_ctrl_c_keeps_the_finished_columns(capsys, monkeypatch, tmp_path):
+    import dllm.eval.task_eval as te
+
+    real, calls = te.evaluate, []
+
+    def interrupt_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(te, "evaluate", interrupt_second)
+    path = tmp_path / "r.json"
+    assert main(["eval", "tasks", "--model", "oracle", "--tasks", "copy", "--k", "1", "2", "--per-size", "1",
+                 "--json", str(path)]) == 130
+    saved = json.loads(path.read_text())
+    assert list(saved["summary"]) == ["1"] and saved["interrupted"] and saved["tasks"]["copy"] == {"1": 1.0}
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"interrupted: 1 finished column is saved in {path}"

@@ -9,10 +9,8 @@ The choice follows the rule of ``dllm.eval.choose_cache``: with the ``fast`` sam
 suite (both long-prompt models), each suite on enough examples that one weighs at most half a point,
 and at least 3x the wall-clock speed of ``none`` at prompt 1,024 + 256 generated; the fastest candidate
 that passes wins. When no candidate passes, ``CHOICE`` is None and ``auto`` is not registered (asking
-for it lists the valid policies). Today (``benchmarks/results/cache-choice.json``) the
-only candidate that passes is dInfer's vicinity refresh ``dual:look_back=16,look_ahead=16``: within
-0.4 / 0.8 points of ``none`` on the short suite (tiny-llada / tiny-dream), +1.0 / -0.5 on the long
-one, 9.7x / 5.6x ``none``'s speed at 1,024 + 256. Re-run the choice when the embedded models change:
+for it lists the valid policies). The measured choice is in docs/results/caches.md ("Why ``auto``
+is what it is"). Re-run the choice when the embedded models change:
 
     dllm bench choose-cache --threads 2 --repeats 3
 """

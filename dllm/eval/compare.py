@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from dllm import tasks as T
+from dllm.eval.interrupt import finished, until_interrupted
 from dllm.models.moe import ExpertCounter, count_experts, has_experts
 from dllm.options import check_int, check_optional_int
 from dllm.scoring.exact_match import decode_and_score, load_model
@@ -162,7 +163,11 @@ def median_wall(runs: Sequence[SamplerResult]) -> SamplerResult:
 
 
 def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n: int, *,
-            block_length: Optional[int] = None, show_progress: bool = True, repeats: int = 1) -> list[SamplerResult]:
+            block_length: Optional[int] = None, show_progress: bool = True, repeats: int = 1,
+            runs: Optional[list[list[SamplerResult]]] = None) -> list[SamplerResult]:
+    """Every sampler on the same examples, ``repeats`` interleaved rounds; one row per sampler
+    (``summarize``). ``runs``: a list the finished runs are appended to as they end (one list per
+    sampler), so a caller interrupted midway keeps them."""
     from tqdm.auto import tqdm
 
     check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
@@ -172,14 +177,20 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first
     run_sampler(model, parsed[0], examples, block_length=block_length)
-    runs: list[list[SamplerResult]] = [[] for _ in parsed]
+    runs = [] if runs is None else runs
+    runs.extend([] for _ in parsed)
     with tqdm(total=repeats * len(parsed) * len(examples), disable=not show_progress, desc="compare",
               unit="ex") as bar:
         for _ in range(repeats):  # interleaved rounds: a change in the machine's load hits every sampler
             for spec, mine in zip(parsed, runs):
                 bar.set_postfix_str(spec.label)
                 mine.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar))
-    results = [median_wall(r) if repeats > 1 else r[0] for r in runs]
+    return summarize(runs)
+
+
+def summarize(runs: Sequence[Sequence[SamplerResult]]) -> list[SamplerResult]:
+    """One row per sampler that finished a run (the median wall time over its runs), Pareto-marked."""
+    results = [median_wall(r) if len(r) > 1 else r[0] for r in runs if r]
     mark_pareto(results)
     return results
 
@@ -229,7 +240,9 @@ def plot_results(results: Sequence[SamplerResult], path: Path, title: str) -> No
     plt.close(fig)
 
 
-def run_compare(args) -> list[SamplerResult]:
+def run_compare(args) -> int:
+    """``dllm compare``: the table, compare.json and compare.png in ``--out``; Ctrl-C keeps the samplers
+    that finished a run (exit status 130)."""
     specs = args.samplers or DEFAULT_SAMPLERS
     check_compare(specs, args.n, args.block_length)
     out = Path(args.out)
@@ -237,17 +250,32 @@ def run_compare(args) -> list[SamplerResult]:
         raise ValueError(f"--out {str(out)!r} is a file; give a directory (compare writes compare.json "
                          f"and compare.png into it)")
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(args.model, args.dtype, args.device)
-    results = compare(model, specs, args.tasks, args.n, block_length=args.block_length,
-                      show_progress=not args.no_progress, repeats=args.repeats)
-    print(format_results(results))
-    payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
-               "block_length": args.block_length,
-               "repeats": args.repeats, "results": [asdict(r) for r in results]}
-    (out / "compare.json").write_text(json.dumps(payload, indent=2))
-    try:
-        plot_results(results, out / "compare.png", f"{args.model}: accuracy vs tokens per forward")
-        print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
-    except ImportError:
-        print(f"wrote {out / 'compare.json'} (install matplotlib for the plot: pip install dllm[eval])")
-    return results
+    runs: list[list[SamplerResult]] = []
+
+    def body() -> int:
+        model = load_model(args.model, args.dtype, args.device)
+        compare(model, specs, args.tasks, args.n, block_length=args.block_length,
+                show_progress=not args.no_progress, repeats=args.repeats, runs=runs)
+        save(summarize(runs))
+        return 0
+
+    def save(results: list[SamplerResult], interrupted: bool = False) -> None:
+        print(format_results(results))
+        payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
+                   "block_length": args.block_length, "repeats": args.repeats, "interrupted": interrupted,
+                   "results": [asdict(r) for r in results]}
+        (out / "compare.json").write_text(json.dumps(payload, indent=2))
+        try:
+            plot_results(results, out / "compare.png", f"{args.model}: accuracy vs tokens per forward")
+            print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
+        except ImportError:
+            print(f"wrote {out / 'compare.json'} (install matplotlib for the plot: pip install dllm[eval])")
+
+    def finish() -> str:
+        results = summarize(runs)
+        if not results:
+            return "no sampler finished a run; nothing written"
+        save(results, interrupted=True)
+        return finished(len(results), "sampler row", str(out / "compare.json"))
+
+    return until_interrupted(body, finish)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from dllm import tasks as T
+from dllm.eval.interrupt import finished, until_interrupted
 from dllm.scoring.exact_match import c0_of, check_test_range, eval_examples, evaluate, load_model
 from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
 
@@ -52,18 +53,21 @@ def check_json_path(path: Optional[str]) -> None:
 
 
 def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence[Column], per_size: int,
-                        sampler: str = "low_confidence", skip: int = 0) -> dict:
+                        sampler: str = "low_confidence", skip: int = 0, into: Optional[dict] = None) -> dict:
+    """The table, one column per k. ``into``: a dict filled column by column as each one ends (so a
+    caller interrupted midway keeps the finished columns); returned."""
     examples = eval_examples(task_names, per_size=per_size, skip=skip)
-    table: dict[str, dict[Column, float]] = {}
-    summary: dict[Column, dict[str, float]] = {}
+    result = into if into is not None else {}
+    result.update({"tasks": {}, "summary": {}, "c0": [], "examples": len(examples), "per_size": per_size,
+                   "skip": skip, "sampler": sampler})
     for k in ks:
         res = evaluate(model, examples, tokens_per_step=None if k == "adaptive" else k, sampler=sampler)
         for task, acc in res.accuracy.items():
-            table.setdefault(task, {})[k] = acc
-        summary[k] = {"mean": res.mean, "mean_c0": res.mean_c0, "forwards": res.forwards,
-                      "seconds": res.seconds}
-    return {"tasks": table, "summary": summary, "c0": list(c0_of(table)),
-            "examples": len(examples), "per_size": per_size, "skip": skip, "sampler": sampler}
+            result["tasks"].setdefault(task, {})[k] = acc
+        result["summary"][k] = {"mean": res.mean, "mean_c0": res.mean_c0, "forwards": res.forwards,
+                                "seconds": res.seconds}
+        result["c0"] = list(c0_of(result["tasks"]))
+    return result
 
 
 def format_table(result: dict, ks: Sequence[Column]) -> str:
@@ -81,19 +85,34 @@ def format_table(result: dict, ks: Sequence[Column]) -> str:
     return "\n".join(lines)
 
 
-def run_eval_tasks(args) -> dict:
+def run_eval_tasks(args) -> int:
+    """``dllm eval tasks``: the table (and ``--json``); Ctrl-C keeps the finished k columns (exit 130)."""
     ks = columns(args.sampler, args.k)
     check_test_range(args.per_size, args.skip)  # a bad range fails before the model loads
     check_json_path(args.json)
-    model = load_model(args.model, args.dtype, args.device)
-    result = evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, args.skip)
-    result["model"] = args.model
-    print(format_table(result, ks))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    result: dict = {"model": args.model}
+
+    def save(done: Sequence[Column], interrupted: bool = False) -> None:
+        print(format_table(result, done))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({**result, "interrupted": interrupted}, f, indent=2)
+
+    def body() -> int:
+        model = load_model(args.model, args.dtype, args.device)
+        evaluate_task_table(model, args.tasks, ks, args.per_size, args.sampler, args.skip, into=result)
+        save(ks)
+        return 0
+
+    def finish() -> str:
+        done = [k for k in ks if k in result.get("summary", {})]
+        if not done:
+            return "no k column finished; nothing written"
+        save(done, interrupted=True)
+        return finished(len(done), "column", args.json, "" if args.json else "")
+
+    return until_interrupted(body, finish)
 
 
 def list_task_rows() -> list[tuple[str, str, str]]:

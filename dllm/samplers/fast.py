@@ -9,17 +9,8 @@ embedded model and on the oracle, a candidate must keep the accuracy of the one-
 reference (``low_confidence``) within 1 point, be at least as accurate as ``threshold`` (0.9), and
 commit at least 1.2x its tokens per forward; among the candidates that pass, the one that forwards
 the fewest tokens wins (the bar already guarantees the gain in forwards; above it, the least compute).
-Today (``benchmarks/results/fast-choice.json``: a first run merged with a run of two more
-candidates) that is ``lopa`` with 3 branches and ``reuse``
-(LoPA's lookahead variants, arXiv 2512.16229, with the winner's logits handed to the next step as
-in the paper's loop): 1.41x / 1.44x / 1.42x threshold's tokens per forward on tiny-llada /
-tiny-dream / the oracle at 91.1% / 85.9% / 100% accuracy (threshold: 89.5% / 84.3% / 100%), for
-1.45x / 1.45x / 1.53x threshold's forwarded tokens (each step forwards its variants). With 2
-branches it forwards less (1.15x) but falls 1.2 points below threshold on tiny-llada. Before it:
-``lopa`` with 4 branches and reuse (1.49-1.53x, for 1.71-1.83x the forwarded tokens); while the
-highest tokens per forward won, ``lopa`` with 8 branches and reuse (1.59-1.60x, 2.4-2.5x), ``lopa``
-with 8 branches (1.38-1.42x, 2.0x), and ``spec_threshold`` (token for token equal to
-``threshold``, 1.13x).
+The measured choice and the candidates it beat are in docs/results/samplers.md ("Why ``fast`` is
+what it is").
 The preset also sets ``compact="auto"``: on CUDA its steps read nothing back to the host (static
 variant batches, see ``dllm.samplers.lopa``: the same tokens for a few more forwards); elsewhere the
 variant batch is compacted (one host read per step, the fewest forwarded tokens). Re-run the choice when the embedded models change:

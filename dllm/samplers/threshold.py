@@ -26,9 +26,9 @@ the fused Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
     ``cap_i`` entries: rank 0 always, every later rank with ``c >= tau``. Where float32
     confidences saturate at exactly 1.0 (peaked logits) many masks tie at the cut, and which of
     them ``topk`` returns is the device's order (CUDA: lowest index first; the CPU kernel: its
-    own); this option resolves them as the reference does on the same device. Before it
-    (``ties=first``) 20 of 20 prompts of a random tiny Dream with logits x100 differed from the
-    transcription at S = 4 and S = 8. It reads each row's cap on the host (one sync per step), and
+    own); this option resolves them as the reference does on the same device (``ties=first``
+    does not: saturated logits then differ from the transcription). It reads each row's cap on the
+    host (one sync per step), and
     a row's ties depend on its canvas, so in a left-padded batch a saturated row may resolve them
     otherwise than alone (Fast-dLLM's Dream decodes batch 1).
   - ``first``: ``p(x0)`` as ``stats`` computes it (float64 with ``stats=torch``), equal

@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
         results.update(old["results"])
         verdicts.update(old["verdicts"])
-        if isinstance(old.get("n_per_task"), dict):  # before session 12 one number for every pair
+        if isinstance(old.get("n_per_task"), dict):  # an older file holds one number for every pair
             n_per_task.update(old["n_per_task"])
     out = Path(args.out)
 
