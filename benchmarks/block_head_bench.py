@@ -1,14 +1,14 @@
-"""Per-request block size, end to end: the block head (``block_size="auto"``) against fixed sizes.
+"""Per-request block size, end to end: the block head (``plan="auto"``) against fixed sizes.
 
     python benchmarks/block_head_bench.py [--n 8] [--threads 1] [--out benchmarks/block-head-DATE.json]
 
 Greedy, batch 1, the target ``tiny-ar``; test instances 0..n-1 per default size of the long-answer
-tasks (the reported split of ``dllm bench spec --trees``; the head was trained on mixture prompts and
+tasks (the reported split of ``dllm bench trees``; the head was trained on mixture prompts and
 evaluated on instances 8-15). Every method decodes every prompt in turn, ``--passes`` + 1 passes, the
 first a warm-up: ``target.generate``; the shipped 16-token drafter ``tiny-ar-dflash`` at 16 and with
-``ddtree:budget=16`` (its tree setting chosen on held-out prompts by ``dllm bench spec --trees``);
+``ddtree:budget=16`` (its tree setting chosen on held-out prompts by ``dllm bench trees``);
 ``tiny-ar-dflash-wide`` under each fixed plan of its head (a block size, with or without a tree);
-the same drafter with ``block_size="auto"``.
+the same drafter with ``plan="auto"``.
 Prints tau (tokens per target forward, prefill included), tokens/s and the speed-up over
 ``target.generate`` per method and per task, the sizes the head picked per task, and the bound of
 any per-request rule (each prompt at the fixed plan that was fastest for it, with hindsight), and
@@ -28,8 +28,9 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.block_head_train import plan_label
 
@@ -70,7 +71,8 @@ def main() -> None:
                         ref = ref[:ref.index(tok.eos_token_id) + 1]
                     gen, fwd = ref, len(ref)
                 else:
-                    r = speculative_generate(target, drafter, [p], max_new_tokens=66, block_size=block, tree=tree)
+                    plan = "auto" if block == "auto" else Plan(block_size=block, tree=tree)
+                    r = speculative_generate(target, drafter, [p], max_new_tokens=66, plan=plan)
                     wall = time.perf_counter() - t0
                     gen, fwd = r.generated[0], r.target_forwards
                     mismatches += gen != ref

@@ -14,7 +14,7 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.dflash.io import load_dflash
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture

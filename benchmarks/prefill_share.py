@@ -26,9 +26,9 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.bench.choose_cache import PAIRS
-from dllm.eval.compare import SamplerSpec
 from dllm.eval.compare import task_examples
 from dllm.scoring.exact_match import decode_and_score, load_model
+from dllm.scoring.setting import DecodeSetting
 from dllm.eval.bench.e2e import FASTDLLM
 
 FULL_COLUMNS = 128  # a call over at least this many query columns is a block-start full forward
@@ -58,7 +58,7 @@ class CallTimer:
 
 
 def run(model, examples, spec: str, block: int) -> dict:
-    parsed = SamplerSpec.parse(spec)
+    parsed = DecodeSetting.parse(spec)
     timer = CallTimer(model)
     try:
         t0 = time.perf_counter()

@@ -52,11 +52,11 @@ def versions() -> str:
 
 def load_any(name: str, method: Optional[str]) -> torch.nn.Module:
     if name.startswith("tiny-ar-dflash"):
-        from dllm.drafters.dflash.io2 import load_any_dflash
+        from dllm.drafters.dflash.dflash2_io import load_any_dflash
 
         return load_any_dflash(name, quantization=method)
     if name.startswith("tiny-ar"):
-        from dllm.drafters.loading import load_target
+        from dllm.models.targets import load_target
 
         return load_target(name, quantization=method)[0]
     return load(name, quantization=method)
@@ -105,7 +105,7 @@ def spec_run(target, model, examples: Sequence[T.Example]) -> tuple[list[list[in
     tok, drafter = task_tokenizer(), DFlashBlockDrafter(model=model, sample=False)
     outs, forwards, tokens = [], 0, 0
     for ex in examples:
-        res = speculative_generate(target, drafter, [T.prompt_ids(ex)], temperature=0.0, block_size=16,
+        res = speculative_generate(target, drafter, [T.prompt_ids(ex)], temperature=0.0, plan=16,
                                    max_new_tokens=T.answer_length(ex.task, ex.size) + 1, tokenizer=tok)
         outs.append(list(res.generated[0]))
         forwards += res.target_forwards
@@ -150,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                          f"{diff} | {r['tok_s']:.0f} |")
         print("\n".join(lines[-len(methods):]), flush=True)
 
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     ar_examples = eval_examples(AR_TASKS, per_size=args.per_size)
     lines += ["", f"## AR target tiny-ar, greedy ({len(ar_examples)} examples of its tasks)", "",

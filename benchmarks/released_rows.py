@@ -4,7 +4,7 @@
 
 One batch of stress-task prompts (``dllm bench serve``'s draw: mixed prompt and answer lengths),
 decoded with ``stop_at_eos``: a row whose answer ended is released after its block (``dllm.rows``)
-and later forwards skip it; the reference path (``dllm.rows.skipping_released(False)``) forwards
+and later forwards skip it; the reference path (``generate(..., skip_released=False)``) forwards
 every row to the call's end. Both paths run in interleaved rounds and must give the
 same tokens (checked). Prints NFE, forwarded tokens, tokens per forward and the median wall time of
 each path, and their ratios.
@@ -20,16 +20,14 @@ import torch
 
 import dllm
 from dllm.eval.bench.serve import stress_requests
-from dllm.rows import skipping_released
 from dllm.scoring.exact_match import load_model
 
 
 def decode(model, prompts: list[str], args, skip: bool):
-    with skipping_released(skip):
-        t0 = time.perf_counter()
-        out = dllm.generate(model, prompts, sampler=args.sampler, gen_length=args.gen_length,
-                            block_length=args.block_length, stop_at_eos=True)
-        return out, time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = dllm.generate(model, prompts, sampler=args.sampler, gen_length=args.gen_length,
+                        block_length=args.block_length, stop_at_eos=True, skip_released=skip)
+    return out, time.perf_counter() - t0
 
 
 def main() -> None:

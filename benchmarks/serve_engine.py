@@ -1,9 +1,9 @@
-"""Where a serving mode's time goes, without HTTP: the engine driven directly, model forwards timed.
+"""Where a serving mode's time goes, without HTTP: the backend driven directly, model forwards timed.
 
     python benchmarks/serve_engine.py [MODEL] [--null-model] [--n 128] [--repeats 3] [--settings low_confidence@none ...]
 
 ``dllm bench serve``'s requests (the same draw of stress-task prompts, ``max_tokens`` = the answer
-length), all queued at once on a ``DiffusionEngine`` of each mode (continuous, static, serial) in
+length), all queued at once on a ``DiffusionBackend`` of each mode (continuous, static, serial) in
 interleaved rounds; torch forward hooks on the model time every forward and count the rows and
 tokens it computed (and the real ones among them: the key-padding mask). Prints per mode the median
 requests/s, the share of the wall time spent in forwards, forward calls, forwarded tokens (padded
@@ -27,9 +27,9 @@ import torch
 from dllm.eval.bench.serve import parse_setting, stress_requests
 from dllm.models.base import ModelOutput
 from dllm.scoring.exact_match import load_model
-from dllm.serve.engines.batcher import BatcherConfig
-from dllm.serve.engines.diffusion import MODES, DiffusionEngine
-from dllm.serve.engines.jobs import JobRequest
+from dllm.serve.backends.batcher import BatcherConfig
+from dllm.serve.backends.diffusion import MODES, DiffusionBackend
+from dllm.serve.backends.jobs import JobRequest
 from dllm.settings import DecodeSettings
 
 
@@ -87,15 +87,15 @@ class ForwardMeter:
 
 
 def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
-    engine = DiffusionEngine(model, name=args.model, mode=mode, max_running=args.max_running,
-                             batcher=BatcherConfig(max_tokens=args.max_batch_tokens))
+    engine = DiffusionBackend(model, name=args.model, mode=mode, max_running=args.max_running,
+                              batcher=BatcherConfig(max_tokens=args.max_batch_tokens))
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
-        with engine._cond:  # queue every request before the engine takes any: the load at rate inf
+        with engine._cond:  # queue every request before the backend takes any: the load at rate inf
             jobs = [engine.submit(JobRequest(p, r.max_tokens, DecodeSettings(sampler=r.sampler, cache=r.cache)))
                     for p, r in zip(prompts, requests)]
             before = meter.totals()
-            t0 = time.perf_counter()  # the engine starts once the lock is released
+            t0 = time.perf_counter()  # the backend starts once the lock is released
         for job in jobs:
             job.result(timeout=args.request_timeout)
         wall = time.perf_counter() - t0

@@ -34,11 +34,11 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.eval.interrupt import finished, until_interrupted
-from dllm.eval.spec.report import task_vocab
-from dllm.eval.spec.runners import counting
+from dllm.eval.speculative.report import task_vocab
+from dllm.eval.speculative.runners import counting
 from dllm.models.loading import locate
 from dllm.tasks.vocab import EOS, word_id
 
@@ -115,7 +115,7 @@ def ours_runner(block_size: int, target) -> Callable[[list[int], int], tuple[lis
     drafter = make_drafter("dflash", model=DRAFTER)
 
     def run(prompt: list[int], max_new: int) -> tuple[list[int], int]:
-        out = speculative_generate(target, drafter, [prompt], max_new_tokens=max_new, block_size=block_size)
+        out = speculative_generate(target, drafter, [prompt], max_new_tokens=max_new, plan=block_size)
         return out.generated[0], out.rounds
 
     return run

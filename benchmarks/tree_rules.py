@@ -2,7 +2,7 @@
 
     python benchmarks/tree_rules.py
 
-Greedy, batch 1, 1 thread, the reported split of ``dllm bench spec --trees`` (test instances 0-1
+Greedy, batch 1, 1 thread, the reported split of ``dllm bench trees`` (test instances 0-1
 per default size of the long-answer suite, 18 prompts); every configuration runs on each prompt in
 turn, 3 passes, the first one a warm-up. Prints tau and tokens/s per configuration.
 """
@@ -13,8 +13,9 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 
 CONFIGS = [  # (tree spec, block size)
     (None, 16), ("ddtree:budget=32", 16), ("ddtree:budget=128", 16),
@@ -36,8 +37,8 @@ def main() -> None:
         for p in prompts:
             for tree, block in CONFIGS:
                 t0 = time.perf_counter()
-                out = speculative_generate(target, drafter, [p], max_new_tokens=66, tokenizer=tok, tree=tree,
-                                           block_size=block)
+                out = speculative_generate(target, drafter, [p], max_new_tokens=66, tokenizer=tok,
+                                           plan=Plan(block_size=block, tree=tree))
                 wall = time.perf_counter() - t0
                 if rep:
                     t = totals[(tree, block)]

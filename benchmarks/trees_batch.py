@@ -2,7 +2,7 @@
 
     python benchmarks/trees_batch.py [--batch 1 8] [--n 8] [--passes 2] [--threads 1] [--out F.json]
 
-The reported split of ``dllm bench spec --trees`` (test instances 0..n-1 per default size of the
+The reported split of ``dllm bench trees`` (test instances 0..n-1 per default size of the
 long-answer tasks, 72 prompts at n = 8), the target ``tiny-ar``, greedy. For each batch size the
 prompts go in consecutive batches (ragged: rows end at their own EOS); every method decodes every
 batch in turn, ``--passes`` + 1 passes, the first a warm-up: the drafted chain (no tree) and each
@@ -22,8 +22,9 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.scoring.exact_match import eval_examples
 
 from block_head_bench import speed_interval  # benchmarks/ is on sys.path when run as a script
@@ -58,7 +59,7 @@ def main() -> None:
                 ref = None
                 for label, tree in methods:
                     t0 = time.perf_counter()
-                    out = speculative_generate(target, drafter, rows, max_new_tokens=66, tree=tree)
+                    out = speculative_generate(target, drafter, rows, max_new_tokens=66, plan=Plan(tree=tree))
                     wall = time.perf_counter() - t0
                     ref = out.generated if ref is None else ref
                     mismatches += sum(g != r for g, r in zip(out.generated, ref))

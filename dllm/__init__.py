@@ -3,7 +3,7 @@
 Public API (imported lazily so ``import dllm`` stays cheap):
 ``load``, ``generate``, ``compile_model`` / ``uncompile_model`` (torch.compile of the layers), ``list_samplers``, ``list_caches``, ``GenerationOutput``; speculative decoding of
 autoregressive targets: ``speculative_generate``, ``load_target``, ``make_drafter``, ``list_drafters``,
-``SpeculativeOutput``, ``list_tree_builders`` (draft trees: ``speculative_generate(..., tree=...)``).
+``SpeculativeOutput``, ``list_tree_builders`` (draft trees: ``speculative_generate(..., plan=Plan(tree=...))``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _LAZY = {
     "list_caches": ("dllm.cache", "list_caches"),
     "GenerationOutput": ("dllm.state", "GenerationOutput"),
     "speculative_generate": ("dllm.drafters.loop", "speculative_generate"),
-    "load_target": ("dllm.drafters.loading", "load_target"),
+    "load_target": ("dllm.models.targets", "load_target"),
     "make_drafter": ("dllm.drafters.base", "make_drafter"),
     "list_drafters": ("dllm.drafters.base", "list_drafters"),
     "SpeculativeOutput": ("dllm.drafters.output", "SpeculativeOutput"),

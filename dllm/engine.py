@@ -25,19 +25,17 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from dllm.cache.base import CachePolicy, CacheSpec, Query
-from dllm.cache.block_causal import BLOCK_SIZE_KEY, block_size_of
+from dllm.cache.block_causal import block_size_of
 from dllm.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
-from dllm.inputs import SEED_MAX, check_call, decode_answer, encode_prompts, fit_layers, init_state, model_device
+from dllm.inputs import Prompts, check_call, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.rows import forward_held, forward_rows, held_mask
 from dllm.samplers import Sampler
 from dllm.samplers.draws import Generator, RowGenerators
 from dllm.options import check_bool
-from dllm.schedule import LOGIT_SHIFT_KEY, BlockPlan
+from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
 from dllm.settings import DecodeSettings, default_gen_length
 from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
-
-Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
 
 
 def generate(
@@ -57,6 +55,7 @@ def generate(
     return_trace: bool = False,
     callback: Optional[StepCallback] = None,
     cuda_graphs: GraphsOption = False,
+    skip_released: bool = True,
     **sampler_options: Any,
 ) -> GenerationOutput:
     """Decode ``gen_length`` tokens after each prompt with a registered sampler.
@@ -94,14 +93,18 @@ def generate(
         cuda_graphs: False (eager); True: every cached forward is captured once per shape as a CUDA
             graph and replayed (``dllm.graphs``; a CUDA model; the same tokens as eager); "static": the
             same static step run eagerly, on any device.
+        skip_released: True: once a row is released (``dllm.rows``: its answer ended under
+            ``stop_at_eos``, or ``release_rows`` in a callback) later forwards compute only the held
+            rows; False: every row is forwarded to the end (the reference path; the same tokens).
         **sampler_options: the sampler's Config fields (unknown names list the valid ones). An option
             given both here and in a ``sampler`` spec string or mapping is refused (no silent winner).
-        ``chat``, ``stop_at_eos`` and ``return_trace`` are True or False only (a string such as
-        ``"no"`` is refused, never read as true).
+        ``chat``, ``stop_at_eos``, ``return_trace`` and ``skip_released`` are True or False only (a
+        string such as ``"no"`` is refused, never read as true).
     """
     t_start = time.perf_counter()
     check_call(model, callback)
-    for name, flag in (("chat", chat), ("stop_at_eos", stop_at_eos), ("return_trace", return_trace)):
+    for name, flag in (("chat", chat), ("stop_at_eos", stop_at_eos), ("return_trace", return_trace),
+                       ("skip_released", skip_released)):
         check_bool(name, flag)
     settings = DecodeSettings.of(sampler=sampler, cache=cache, block_length=block_length, steps=steps,
                                  temperature=temperature, cfg_scale=cfg_scale, seed=seed, options=sampler_options)
@@ -126,7 +129,7 @@ def generate(
     need_attn = fit_layers(sampler_obj.attention_layers, model)
 
     decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
-                    attn_layers=need_attn, callback=callback)
+                    attn_layers=need_attn, callback=callback, skip_released=skip_released)
     if cuda_graphs is not False and state.kv is not None:
         decode.graphs = state.extras[GRAPHS_KEY] = StepGraphs(model, state.kv, cuda_graphs)
     with torch.inference_mode():
@@ -147,12 +150,13 @@ class Decode:
 
     def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState, *,
                  cfg_scale: float, shift: int, attn_layers: tuple[int, ...],
-                 callback: Optional[StepCallback]) -> None:
+                 callback: Optional[StepCallback], skip_released: bool) -> None:
         self.model, self.sampler, self.policy, self.state = model, sampler, policy, state
         self.cfg_scale = cfg_scale  # > 0: classifier-free guidance on a doubled batch
         self.shift = shift  # the model's logit_shift (Dream: 1)
         self.attn_layers = attn_layers
         self.callback = callback
+        self.skip_released = skip_released  # False: released rows are forwarded too (the reference path)
         self._carried: Optional[tuple[tuple[int, int], torch.Tensor]] = None  # ((block, step), next_logits)
         self.graphs: Optional[StepGraphs] = None  # cached forwards captured per shape (cuda_graphs)
 
@@ -189,7 +193,7 @@ class Decode:
         if rows is not None:
             kwargs["logits_rows"] = rows
         held = forward_rows(self.state, x.shape[0], cache=kwargs.get("cache"),
-                            wants_maps=bool(self.attn_layers))
+                            wants_maps=bool(self.attn_layers), skip_released=self.skip_released)
         logits = self._graphed(query, x, kwargs, rows) if held is None else None
         if logits is not None:
             attn: dict[int, torch.Tensor] = {}
@@ -407,4 +411,4 @@ def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_
         tr.masked_fill_(where if g0 == q0 else where[:, g0 - q0:], trace_value)
 
 
-__all__ = ["Decode", "generate", "BlockPlan", "decode_answer"]  # decode_answer: from dllm.inputs
+__all__ = ["Decode", "generate"]

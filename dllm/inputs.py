@@ -4,21 +4,23 @@ state (the canvas), and the text of generated ids."""
 from __future__ import annotations
 
 import operator
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from dllm.state import DecodeState
 
+Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]  # the forms ``prompt_rows`` accepts
 
-def encode_prompts(model, prompts, *, chat: bool = False) -> list[list[int]]:
+
+def encode_prompts(model, prompts: Prompts, *, chat: bool = False) -> list[list[int]]:
     """``prompt_rows`` for a dllm model: strings through ``model.generation_prompt`` (unknown words a
     ValueError naming them), ids checked against the model's vocabulary and its mask token."""
     return prompt_rows(prompts, lambda text: _encode_text(model, text, chat), model.config.vocab_size,
                        mask_id=model.mask_id, empty_text_ok=chat)
 
 
-def prompt_rows(prompts, encode_text: Optional[Callable[[str], list[int]]], vocab_size: int, *,
+def prompt_rows(prompts: Prompts, encode_text: Optional[Callable[[str], list[int]]], vocab_size: int, *,
                 mask_id: Optional[int] = None, empty_text_ok: bool = False,
                 no_encoder: str = "string prompts need a tokenizer", vocab_name: str = "") -> list[list[int]]:
     """Turn the accepted prompt forms into a list of token-id lists (one per row), validated: the

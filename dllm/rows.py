@@ -12,34 +12,22 @@ its batch, except where a sampler couples the rows by design: Dream's fixed-step
 masks over the held rows only (``dllm.samplers.dream``), and the batch-shaped random draws of
 ``origin`` and ``random`` change with any batch (as they do between a batch and a row alone).
 
-The reference path forwards every row (``SKIP_RELEASED = False``); tests compare the two. Forwards
-with attention maps, with a shadow block, of verification variants (rows the sampler picks) and of
-a cache that measures key drift still run on every row they name.
+The reference path forwards every row (``generate(..., skip_released=False)``, passed down to
+``forward_rows``); tests compare the two. Forwards with attention maps, with a shadow block, of
+verification variants (rows the sampler picks) and of a cache that measures key drift still run on
+every row they name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
 from dllm.state import DecodeState
 
-SKIP_RELEASED = True  # False: the reference path, every row forwarded (tests compare the two)
 _HELD_MASK, _HELD_ROWS = "held_mask", "held_rows"  # DecodeState.extras keys
-
-
-@contextmanager
-def skipping_released(enabled: bool) -> Iterator[None]:
-    """``SKIP_RELEASED = enabled`` inside the block (False: the reference path), restored after."""
-    global SKIP_RELEASED
-    old, SKIP_RELEASED = SKIP_RELEASED, bool(enabled)
-    try:
-        yield
-    finally:
-        SKIP_RELEASED = old
 
 
 def release_rows(state: DecodeState, rows: Iterable[int]) -> None:
@@ -71,14 +59,15 @@ def held_mask(state: DecodeState) -> Optional[torch.Tensor]:
     return state.extras.get(_HELD_MASK) if state.released else None
 
 
-def forward_rows(state: DecodeState, forward_rows_count: int, *, cache: Any = None,
-                 wants_maps: bool) -> Optional[torch.Tensor]:
+def forward_rows(state: DecodeState, forward_rows_count: int, *, cache: Any = None, wants_maps: bool,
+                 skip_released: bool) -> Optional[torch.Tensor]:
     """The forward-batch rows to compute ([R'] long) when some rows are released and the forward can
     skip them, else None. ``forward_rows_count`` is the forward's batch: B, or 2B under
     classifier-free guidance (the unconditional copies follow the conditional rows; the K/V buffers
     have the same rows). ``cache``: the forward's cache view, if any (one whose buffers measure key
-    drift, ``dllm.cache.drift``, keeps every row: its measure spans the batch)."""
-    if not (SKIP_RELEASED and state.released) or wants_maps:
+    drift, ``dllm.cache.drift``, keeps every row: its measure spans the batch). ``skip_released``
+    False: always None (the reference path, every row forwarded)."""
+    if not (skip_released and state.released) or wants_maps:
         return None
     if cache is not None and getattr(cache.kv, "drift_probe", None) is not None:
         return None
@@ -111,4 +100,4 @@ def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Ten
     return dataclasses.replace(out, logits=logits)
 
 
-__all__ = ["SKIP_RELEASED", "forward_held", "forward_rows", "held_mask", "release_rows", "skipping_released"]
+__all__ = ["forward_held", "forward_rows", "held_mask", "release_rows"]

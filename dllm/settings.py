@@ -21,12 +21,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy
-from dllm.cache.block_causal import block_size_of, plan_block_causal, policy_for_block_causal
+from dllm.cache.block_causal import block_size_of, policy_for_model
 from dllm.inputs import SEED_MAX, fit_layers
 from dllm.options import SettingError, SettingTypeError, check_number, field_error
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
-from dllm.schedule import BlockPlan, plan_blocks
+from dllm.schedule import BlockPlan, plan_block_causal, plan_blocks
 
 
 DEFAULT_GEN_LENGTH = 128  # generated positions when neither the call nor the prompt says
@@ -96,12 +96,8 @@ class DecodeSettings:
         sampler = _sampler(self.sampler, dict(self.options), policy)
         check_number("temperature", self.temperature, low=0.0, finite=True)
         check_number("cfg_scale", self.cfg_scale, low=0.0, finite=True)
-        if block_size_of(model) is None:
-            plan = plan_blocks(gen_length, self.block_length, self.steps, fixed_steps=sampler.fixed_steps)
-        else:  # block-causal (SDAR): the model's block grid, its block size, an exact cache policy
-            policy = policy_for_block_causal(policy)  # "auto" is "block" here
-            plan = plan_block_causal(model, rows, gen_length, self.block_length, self.steps,
-                                     fixed_steps=sampler.fixed_steps, policy=policy)
+        policy = policy_for_model(model, policy)  # block-causal models: "auto" is "block", approximate ones refused
+        plan = plan_for(model, rows, gen_length, self.block_length, self.steps, fixed_steps=sampler.fixed_steps)
         try:
             policy.check(model, block_length=plan.block_length, gen_length=gen_length)
         except (ValueError, TypeError) as err:
@@ -119,6 +115,20 @@ class DecodeSettings:
                                           f"(layers {list(need_attn)}), but {type(model).__name__} has no "
                                           f"transformer layers to return them; use a sampler that reads only logits")
         return Resolved(sampler, policy, plan)
+
+
+def plan_for(model: Any, rows: Sequence[Sequence[int]], gen_length: int, block_length: Optional[int],
+             steps: Optional[int], *, fixed_steps: bool) -> BlockPlan:
+    """The block plan of a call on ``model``, the one place that tells the kinds of model apart: blocks
+    of ``block_length`` on a bidirectional model (``plan_blocks``), the model's own grid on a
+    block-causal one (SDAR, LLaDA 2, Fast-dLLM v2: ``plan_block_causal``, which needs every prompt row
+    in ``rows`` to end at the same offset inside a block). SettingError naming the field."""
+    bs = block_size_of(model)
+    if bs is None:
+        return plan_blocks(gen_length, block_length, steps, fixed_steps=fixed_steps)
+    return plan_block_causal(gen_length, block_length, steps, fixed_steps=fixed_steps, block_size=bs,
+                             prompt_lengths=[len(r) for r in rows],
+                             model_name=getattr(model, "display_name", "this model"))
 
 
 def check_seed(seed: Any, n_rows: int) -> None:
@@ -204,4 +214,5 @@ def _spec_options(sampler: Any) -> dict:
         return {}
 
 
-__all__ = ["DEFAULT_GEN_LENGTH", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError", "check_positions", "check_seed"]
+__all__ = ["DEFAULT_GEN_LENGTH", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError",
+           "check_positions", "check_seed", "plan_for"]

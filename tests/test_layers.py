@@ -37,7 +37,6 @@ LAYERS: dict[str, int] = {
     "serve": 5.5,  # the server: over the engine and the drafters, under eval (dllm bench serve) and cli
     "eval": 6,
     "train": 7,
-    "cli_spec": 7.5,  # dllm spec, added to the command by cli.py
     "cli": 8,
     "": 9,  # the package root
     "__main__": 9,  # python -m dllm

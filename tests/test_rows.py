@@ -1,5 +1,5 @@
 """Released rows (dllm.rows): a row released mid-call leaves the forwards, and the other rows decode
-to the same tokens as on the reference path, which forwards every row (``skipping_released(False)``);
+to the same tokens as on the reference path, which forwards every row (``generate(..., skip_released=False)``);
 over every registered sampler, both model families, with classifier-free guidance, with KV caches
 (the held rows' buffers written back), and for rows that ``stop_at_eos`` finishes."""
 
@@ -7,7 +7,7 @@ import pytest
 
 import dllm
 from dllm.models import tiny
-from dllm.rows import release_rows, skipping_released
+from dllm.rows import release_rows
 from dllm.samplers import samplers
 
 ALL = [e.name for e in samplers]
@@ -26,8 +26,8 @@ def _run(model, name, *, skip: bool, release_at: int = 1, row: int = 1, **kw):
 
     kw.setdefault("gen_length", 8)
     kw.setdefault("block_length", 4)
-    with skipping_released(skip):
-        return dllm.generate(model, PROMPTS, sampler=name, callback=callback, return_trace=True, seed=0, **kw)
+    return dllm.generate(model, PROMPTS, sampler=name, callback=callback, return_trace=True, seed=0,
+                         skip_released=skip, **kw)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -98,9 +98,8 @@ def test_block_causal_caches_skip_released_rows(cache, sampler, cfg_scale):
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17]]
     outs = {}
     for skip in (True, False):
-        with skipping_released(skip):
-            outs[skip] = dllm.generate(sdar, prompts, sampler, cache=cache, gen_length=13, cfg_scale=cfg_scale,
-                                       callback=lambda st: st.step == 1 and release_rows(st, [1]))
+        outs[skip] = dllm.generate(sdar, prompts, sampler, cache=cache, gen_length=13, cfg_scale=cfg_scale,
+                                   callback=lambda st: st.step == 1 and release_rows(st, [1]), skip_released=skip)
     fast, ref = outs[True], outs[False]
     assert fast.sequences[[0, 2]].tolist() == ref.sequences[[0, 2]].tolist()
     assert fast.forwarded_tokens < ref.forwarded_tokens
@@ -115,8 +114,7 @@ def test_stop_at_eos_rows_leave_the_forwards():
             state.trace[0, :4] = 0
 
     kw = dict(gen_length=12, block_length=4, stop_at_eos=True, callback=eos_first)
-    with skipping_released(False):
-        ref = dllm.generate(model, PROMPTS, sampler="low_confidence", **kw)
+    ref = dllm.generate(model, PROMPTS, sampler="low_confidence", skip_released=False, **kw)
     fast = dllm.generate(model, PROMPTS, sampler="low_confidence", **kw)
     assert fast.sequences.tolist() == ref.sequences.tolist()
     assert fast.generated[0].tolist() == [model.eos_ids[0]] * 12

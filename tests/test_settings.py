@@ -8,9 +8,9 @@ import pytest
 
 import dllm
 from dllm.options import SettingError
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import JobRequest
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.jobs import JobRequest
 from dllm.settings import DecodeSettings
 
 PROMPT = "[BOS] sort D A C B [SEP]"
@@ -44,7 +44,7 @@ def llada():
 
 @pytest.fixture(scope="module")
 def engine(llada):
-    eng = DiffusionEngine(llada, name="tiny-llada")
+    eng = DiffusionBackend(llada, name="tiny-llada")
     yield eng
     eng.close()
 

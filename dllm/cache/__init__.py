@@ -13,7 +13,7 @@ follows the measured key drift). Choose one with
 from dllm.cache.base import CachePolicy, Query, caches, make_cache, register_cache
 from dllm.models.kv import CacheView, KVCache
 from dllm.cache.none import NoCache
-from dllm.cache.block import DualCache, PrefixCache
+from dllm.cache.prefix_dual import DualCache, PrefixCache
 from dllm.cache.window import WindowCache
 from dllm.cache.drift import DriftCache
 from dllm.cache.block_causal import BlockCausalCache

@@ -1,5 +1,6 @@
-"""``block``: the exact cache of block-causal models (SDAR, arXiv 2510.06303), and the block plan
-and checks every ``generate`` call on such a model goes through.
+"""``block``: the exact cache of block-causal models (SDAR, arXiv 2510.06303), and the cache checks
+every ``generate`` call on such a model goes through (``policy_for_model``; its blocks are
+``dllm.schedule.plan_block_causal``).
 
 A block-causal model attends bidirectionally inside a block of ``bs`` positions (``block(p) = p //
 bs`` of the RoPE positions) and causally across blocks. The keys/values of a column depend only on
@@ -35,11 +36,11 @@ recommended policy, is ``block`` for these models.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from dllm.cache.base import CachePolicy, Query, register_cache
 from dllm.options import SettingError
-from dllm.schedule import BLOCK_SIZE_KEY, BlockPlan, _preview, grid_start
+from dllm.schedule import grid_start
 from dllm.state import DecodeState
 
 
@@ -82,11 +83,15 @@ class BlockCausalCache(CachePolicy):
 EXACT_FOR_BLOCK_CAUSAL = ("none", "block")
 
 
-def policy_for_block_causal(policy: CachePolicy) -> CachePolicy:
-    """``auto`` without options (the recommended policy) is ``block`` for a block-causal model: exact,
-    and the fewest rows forwarded; every other policy is returned as given (``refuse_policy`` judges it)."""
+def policy_for_model(model: Any, policy: CachePolicy) -> CachePolicy:
+    """The policy a call on ``model`` runs: ``policy`` itself on a bidirectional model. On a
+    block-causal one, ``auto`` without options (the recommended policy) is ``block`` (exact, and the
+    fewest rows forwarded), and an approximate policy is refused (``refuse_policy``)."""
+    if block_size_of(model) is None:
+        return policy
     if policy.name == "auto" and policy.spec == "auto":
         return BlockCausalCache()
+    refuse_policy(model, policy)
     return policy
 
 
@@ -104,55 +109,4 @@ def refuse_policy(model: Any, policy: CachePolicy) -> None:
         f"{', '.join(EXACT_FOR_BLOCK_CAUSAL)}")
 
 
-def plan_block_causal(model: Any, rows: Sequence[Sequence[int]], gen_length: int, block_length: Optional[int],
-                      steps: Optional[int], *, fixed_steps: bool, policy: CachePolicy) -> BlockPlan:
-    """The engine's blocks for a block-causal model: the model's grid over the generated region.
-
-    ``block_length`` must be the checkpoint's block (None: that block); every prompt must end at the
-    same offset inside a block (``len % bs`` equal), since the rows share the engine's blocks.
-    Fixed-step samplers: ``steps`` split evenly over the blocks as ``plan_blocks`` does.
-    """
-    bs = block_size_of(model)
-    assert bs is not None
-    refuse_policy(model, policy)
-    if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0:
-        raise SettingError("gen_length", f"gen_length must be a positive integer, got {gen_length!r}")
-    if block_length is not None and block_length != bs:
-        raise SettingError(
-            "block_length", f"block_length={block_length!r} disagrees with the checkpoint's trained block: "
-            f"{getattr(model, 'display_name', 'this model')} attends block-causally with block_size {bs} "
-            f"(config.json); use block_length={bs} or None")
-    offsets = sorted({(-len(r)) % bs for r in rows})
-    if len(offsets) > 1:
-        lengths = sorted({len(r) for r in rows})
-        raise SettingError(
-            "prompt", f"prompts of lengths {_preview(lengths)} end at different offsets inside the model's blocks of "
-            f"{bs} (lengths mod {bs}: {sorted({n % bs for n in lengths})}); a batch of a block-causal "
-            f"model shares its blocks, so batch prompts whose lengths agree mod {bs}, or decode them "
-            f"separately")
-    first = min(offsets[0], gen_length)
-    bounds = [(0, first)] if first else []
-    start = first
-    while start < gen_length:
-        bounds.append((start, min(start + bs, gen_length)))
-        start += bs
-    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
-        raise SettingError("steps", f"steps must be a positive integer, got {steps!r}")
-    if not fixed_steps:
-        return BlockPlan(gen_length, bs, tuple((s, e, None) for s, e in bounds))
-    n_blocks = len(bounds)
-    if steps is None:
-        per_block = [e - s for s, e in bounds]
-    else:
-        if steps % n_blocks != 0 or steps // n_blocks > bs:
-            valid = [n_blocks * k for k in range(1, bs + 1)]
-            raise SettingError(
-                "steps", f"steps={steps} cannot be split evenly over the {n_blocks} blocks of this call (block_size "
-                f"{bs}, gen_length={gen_length}, the first block the prompt's partial one), at most {bs} "
-                f"per block; valid steps: {_preview(valid)}")
-        per_block = [min(steps // n_blocks, e - s) for s, e in bounds]
-    return BlockPlan(gen_length, bs, tuple((s, e, n) for (s, e), n in zip(bounds, per_block)))
-
-
-__all__ = ["BLOCK_SIZE_KEY", "BlockCausalCache", "block_size_of", "grid_start", "plan_block_causal",
-           "policy_for_block_causal", "refuse_policy"]
+__all__ = ["BlockCausalCache", "EXACT_FOR_BLOCK_CAUSAL", "block_size_of", "policy_for_model", "refuse_policy"]

@@ -3,8 +3,8 @@ samplers, drafters, tasks, info) and ``dllm <group> <command>`` for the rest (be
 
 - ``registry.py``: ``Command`` / ``Group`` / ``Registry``: lookup, help, exit statuses, Ctrl-C;
 - ``table.py``: every command's row, the one place that names the modules the commands run;
-- ``args.py``, ``core.py``, ``eval_args.py``, ``bench.py``: the flags (and runs) the CLI owns;
-  ``canvas.py``: ``dllm generate --show``. ``dllm spec`` is ``dllm/cli_spec.py``.
+- ``args.py``, ``core.py``, ``speculative.py`` (``dllm spec``), ``eval_args.py``, ``bench.py``: the
+  flags (and runs) the CLI owns; ``canvas.py``: ``dllm generate --show``.
 
 ``dllm.cli:main`` is the console script; ``python -m dllm`` and ``python -m dllm.cli`` run it too.
 """

@@ -60,6 +60,25 @@ def add_threads(p: argparse.ArgumentParser, note: str = "default: torch's choice
     p.add_argument("--threads", type=POSITIVE, default=None, help=f"torch CPU threads ({note})")
 
 
+def block_size(text: str) -> Any:
+    """An argparse type: ``--block-size``, a positive int or ``auto`` (the drafter's block head)."""
+    return text if text == "auto" else POSITIVE(text)
+
+
+def flag_plan(size: Any, tree: Optional[str]) -> Any:
+    """``--block-size`` and ``--tree`` as ``speculative_generate``'s ``plan=``: ``"auto"`` (each prompt's
+    plan from the drafter's block head, which picks the tree too: ValueError with ``--tree``), else a
+    ``Plan`` (None: the drafter's block size; the chain)."""
+    if size == "auto":
+        if tree is not None:
+            raise ValueError("--block-size auto (the drafter's block head) picks each prompt's tree itself; drop "
+                             "--tree, or give an int --block-size with it")
+        return "auto"
+    from dllm.drafters.plan import Plan
+
+    return Plan(block_size=size, tree=tree)
+
+
 def add_model_place(p: argparse.ArgumentParser, dtype: str | None = None) -> None:
     """``--dtype`` and ``--device`` of the model a command loads."""
     p.add_argument("--dtype", default=dtype,

@@ -1,5 +1,6 @@
-"""The everyday ``dllm`` verbs: ``generate``, ``spec``, ``info``, and the listings ``samplers``,
-``drafters``, ``tasks`` (flags: ``*_args(parser)``; runs: ``run_*(args)``; rows in ``dllm.cli.table``).
+"""The everyday ``dllm`` verbs: ``generate``, ``info``, and the listings ``samplers``, ``drafters``,
+``tasks`` (flags: ``*_args(parser)``; runs: ``run_*(args)``; rows in ``dllm.cli.table``; ``dllm spec``
+is ``dllm.cli.speculative``).
 
 Bad input is an error message and exit status 2, checked before any decoding: ranges by argparse,
 everything else by the command before it loads a model (``dllm generate: error: ...``).
@@ -12,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from dllm.cli.args import POSITIVE, add_decode_args, add_model_place, add_quantization, add_threads
+from dllm.cli.args import add_decode_args, add_model_place, add_quantization
 
 
 def load_model(args) -> Any:
@@ -71,22 +72,6 @@ def run_generate(args) -> int:
         print(f"decoding order: {path}", file=sys.stderr)
     print(json.dumps(out.summary()), file=sys.stderr)
     return 0
-
-
-class _OneParser:
-    """``add_spec_command``'s subparsers: hands it the parser the registry made for ``dllm spec``."""
-
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return self.parser
-
-
-def spec_args(p: argparse.ArgumentParser) -> None:
-    from dllm.cli_spec import add_spec_command
-
-    add_spec_command(_OneParser(p), POSITIVE, add_threads)
 
 
 def _print_rows(rows: list[tuple[str, ...]]) -> int:

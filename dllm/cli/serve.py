@@ -9,7 +9,7 @@ loading). The default bind is 127.0.0.1; another host without ``--api-key`` gets
 SIGTERM (or Ctrl-C) drains: the listener stays open and answers every new request with 503 +
 Retry-After while the requests in flight finish (at most ``--drain-timeout`` seconds; each one still
 unfinished then ends with a 503: an error body, or a last error event and ``[DONE]`` when streamed);
-then the listener closes, the engine stops and the process exits 0. A second signal ends the requests
+then the listener closes, the backend stops and the process exits 0. A second signal ends the requests
 in flight at once (503 each); a third quits without waiting.
 """
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, option
+from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, block_size, flag_plan, option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
@@ -57,7 +57,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
-    s.add_argument("--block-size", type=lambda v: v if v == "auto" else POSITIVE(v), default=None,
+    s.add_argument("--block-size", type=block_size, default=None,
                    help="tokens per verification forward, or 'auto' (the drafter's block head)")
     h = p.add_argument_group("server")
     h.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -84,8 +84,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     r = p.add_argument_group("replicas (Ray Serve, extra dllm[ray])")
     r.add_argument("--replicas", type=POSITIVE, default=None,
-                   help="serve N copies of the engine behind one endpoint through Ray Serve (default: one "
-                        "engine in this process)")
+                   help="serve N copies of the backend behind one endpoint through Ray Serve (default: one "
+                        "backend in this process)")
     r.add_argument("--ray-address", default=None,
                    help="join a running Ray cluster (e.g. auto); default: start a local Ray")
     r.add_argument("--gpus-per-replica", type=float, default=0.0, help="each replica's Ray GPU share (default 0)")
@@ -122,7 +122,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def check_specs(args: argparse.Namespace) -> None:
     """The default sampler, its options and the cache policy, built once without a model (cheap), so
-    a typo is refused before the model loads; the engine checks them against the model again."""
+    a typo is refused before the model loads; the backend checks them against the model again."""
     if args.model is None:
         return
     from dllm.cache import make_cache
@@ -162,42 +162,42 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_engine(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
-    """The engine the flags describe (loads the model)."""
+def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any:
+    """The backend the flags describe (loads the model)."""
     name = args.served_model_name or args.model or args.target
     if args.target is not None:
         from dllm.drafters.base import make_drafter
-        from dllm.drafters.loading import load_target, resolve_target
-        from dllm.drafters.plan import resolve_plan
-        from dllm.serve.engines.speculative import SpecEngine
+        from dllm.models.targets import load_target, resolve_target
+        from dllm.serve.backends.speculative import SpeculativeBackend
 
         found = resolve_target(args.target)
         drafter = make_drafter(args.drafter)
-        plan = resolve_plan(None, args.block_size, args.tree)
+        plan = flag_plan(args.block_size, args.tree)
         target, tok = load_target(found, dtype=args.dtype, device=args.device, quantization=args.quantization)
-        return SpecEngine(target, tok, drafter=drafter, plan=plan, name=name, max_running=args.max_running or 8,
-                          max_queue=args.max_queue, max_running_tokens=args.max_running_tokens,
-                          max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
+        return SpeculativeBackend(target, tok, drafter=drafter, plan=plan, name=name,
+                                  max_running=args.max_running or 8, max_queue=args.max_queue,
+                                  max_running_tokens=args.max_running_tokens,
+                                  max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
     from dllm.models import load
-    from dllm.serve.engines.batcher import BatcherConfig
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.batcher import BatcherConfig
+    from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.settings import DecodeSettings
 
     defaults = DecodeSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
-                                 block_length=args.block_length, steps=args.steps,
-                                 temperature=args.temperature or 0.0, seed=args.seed,
-                                 options=tuple(sorted(dict(args.option).items())))
+                              block_length=args.block_length, steps=args.steps,
+                              temperature=args.temperature or 0.0, seed=args.seed,
+                              options=tuple(sorted(dict(args.option).items())))
     batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
                                                   ("max_tokens", args.max_batch_tokens)) if v is not None})
     model = load(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
-    return DiffusionEngine(model, name=name, defaults=defaults, mode=args.mode or "continuous",
-                           max_running=args.max_running or 32, max_queue=args.max_queue,
-                           max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
-                           chat_template=chat_template, batcher=batcher,
-                           **({"max_group": args.max_group} if args.max_group is not None else {}))
+    return DiffusionBackend(model, name=name, defaults=defaults, mode=args.mode or "continuous",
+                            max_running=args.max_running or 32, max_queue=args.max_queue,
+                            max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
+                            chat_template=chat_template, batcher=batcher,
+                            **({"max_group": args.max_group} if args.max_group is not None else {}))
 
 
-HTTP_GRACE_S = 10  # once the engine is closed, how long uvicorn waits for the last replies to be written
+HTTP_GRACE_S = 10  # once the backend is closed, how long uvicorn waits for the last replies to be written
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -214,13 +214,13 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK and args.api_key is None:
         print(f"dllm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
               f"machine can use the server", file=sys.stderr)
-    engine = build_engine(args, chat_template)
-    app = create_app(engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+    backend = build_backend(args, chat_template)
+    app = create_app(backend, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout)
 
     class DrainingServer(uvicorn.Server):
         """The first SIGTERM / Ctrl-C drains (``begin_drain``: new requests get 503 on the open listener,
-        the requests in flight finish or end with 503 at ``--drain-timeout``); once the engine is
+        the requests in flight finish or end with 503 at ``--drain-timeout``); once the backend is
         closed uvicorn stops (the listener closes, the last replies are written: exit 0). A second
         signal ends the requests in flight now (``end_drain``); a third quits at once (uvicorn's force
         exit, the signal raised again after it)."""
@@ -240,7 +240,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=HTTP_GRACE_S)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"dllm serve: {engine.model_name} ({engine.kind}) on http://{shown}:{port} (OpenAI API under /v1, "
+    print(f"dllm serve: {backend.model_name} ({backend.kind}) on http://{shown}:{port} (OpenAI API under /v1, "
           f"the page at /)", file=sys.stderr, flush=True)
     DrainingServer(config).run(sockets=[sock])
     print("dllm serve: stopped", file=sys.stderr, flush=True)
@@ -248,14 +248,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_replicas(args: argparse.Namespace, chat_template: Optional[str]) -> int:
-    """``--replicas N``: N copies of exactly the engine the flags build (each replica loads its own
+    """``--replicas N``: N copies of exactly the backend the flags build (each replica loads its own
     model) behind Ray Serve's proxy on ``--host:--port`` (``dllm.serve.ray_app``)."""
     import functools
 
     from dllm.serve import ray_app
 
     app = ray_app.application(
-        functools.partial(build_engine, args, chat_template), replicas=args.replicas, api_key=args.api_key,
+        functools.partial(build_backend, args, chat_template), replicas=args.replicas, api_key=args.api_key,
         num_gpus=args.gpus_per_replica, threads=args.threads,
         app_options=dict(max_body_bytes=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
                          drain_timeout=args.drain_timeout))
@@ -266,5 +266,5 @@ def run_replicas(args: argparse.Namespace, chat_template: Optional[str]) -> int:
     return 0
 
 
-__all__ = ["HTTP_GRACE_S", "build_engine", "check_args", "check_specs", "read_chat_template", "run_replicas", "run_serve",
-           "serve_args"]
+__all__ = ["HTTP_GRACE_S", "build_backend", "check_args", "check_specs", "read_chat_template", "run_replicas",
+           "run_serve", "serve_args"]

@@ -38,7 +38,7 @@ COMMANDS = (
                           "(resumable)",
             build=f"{_EVAL_ARGS}:stress_args", target="dllm.eval.stress.sweep:run_stress_cli", aliases=("eval stress",)),
     Command("", "spec", "lossless speculative decoding: an autoregressive target, a drafter",
-            build=f"{_CORE}:spec_args", target="dllm.cli_spec:cmd_spec"),
+            build="dllm.cli.speculative:spec_args", target="dllm.cli.speculative:run_spec"),
     Command("", "samplers", "list the registered samplers",
             build=f"{_ARGS}:no_options", target=f"{_CORE}:run_samplers"),
     Command("", "drafters", "list the registered drafters",
@@ -51,9 +51,10 @@ COMMANDS = (
             build="dllm.cli.serve:serve_args", target="dllm.cli.serve:run_serve"),
     # dllm bench
     Command("bench", "spec", "speculative decoding of an AR target: drafters vs target.generate, assisted "
-                             "generation, prompt lookup", target="dllm.eval.spec.bench:main"),
-    Command("bench", "trees", "draft trees vs their budget (= dllm bench spec --trees ...)",
-            target="dllm.eval.spec.trees:main"),
+                             "generation, prompt lookup", target="dllm.eval.speculative.bench:main"),
+    Command("bench", "trees", "draft trees vs their budget: tree builders x budgets, the budget chosen on held-out "
+                             "prompts",
+            target="dllm.eval.speculative.trees:main"),
     Command("bench", "e2e", "end to end: the recommended setting against Fast-dLLM's on the accuracy / "
                             "tokens-per-second plane", target="dllm.eval.bench.e2e:main"),
     Command("bench", "breakdown", "where a decode step's time goes at LLaDA-8B width (per layer, head, "

@@ -7,7 +7,7 @@
 
 Layout: ``loop.py`` (the one round body), ``plan.py`` (a Plan: block size + tree, or "auto"),
 ``verify.py`` (chain verification), ``base.py`` (the drafter protocol and registry), ``ngram.py`` /
-``dlm.py`` (drafters), ``target.py`` / ``loading.py`` (the transformers target), ``prompts.py`` /
+``dlm.py`` (drafters), ``target.py`` / ``loading.py`` (the transformers target), ``stops.py`` /
 ``output.py``; ``dflash/`` (DFlash and DFlash 2 checkpoints, the block head) and ``trees/`` (tree
 structure, builders, budget rule, path head, tree verification).
 
@@ -37,8 +37,8 @@ _LAZY = {
     "SamplingParams": ("dllm.drafters.verify", "SamplingParams"),
     "greedy_verify": ("dllm.drafters.verify", "greedy_verify"),
     "speculative_verify": ("dllm.drafters.verify", "speculative_verify"),
-    "load_target": ("dllm.drafters.loading", "load_target"),
-    "resolve_target": ("dllm.drafters.loading", "resolve_target"),
+    "load_target": ("dllm.models.targets", "load_target"),
+    "resolve_target": ("dllm.models.targets", "resolve_target"),
     "Tree": ("dllm.drafters.trees.tree", "Tree"),
     "make_tree_builder": ("dllm.drafters.trees.builders", "make_tree_builder"),
     "list_tree_builders": ("dllm.drafters.trees.builders", "list_tree_builders"),

@@ -117,7 +117,7 @@ class Draft:
     #   the row is filler and never accepted); None = all K
     forwards: int = 1  # drafter forwards this proposal cost (0 for model-free drafters)
     logits: Optional[torch.Tensor] = None  # [R, K, V] the drafter's per-position logits (marginals), for
-    #   draft trees (``tree=`` of speculative_generate); None = the drafter gives its tokens only
+    #   draft trees (a Plan's ``tree``, speculative_generate(plan=...)); None = the drafter gives its tokens only
     paths: Any = None  # a path_head.PathScorer: path-conditioned node estimates for the taps builder; None = none
 
 
@@ -143,10 +143,10 @@ class Drafter(Configurable):
 
     kind: ClassVar[str] = "drafter"
     Config: ClassVar[type] = NoOptions
-    default_block_size: ClassVar[int] = 8  # B used when the call gives no block_size
+    default_block_size: ClassVar[int] = 8  # B used when the call's plan gives no block size
     trims_last_block: ClassVar[bool] = False  # near max_new_tokens, draft only the tokens a row may still
     #   emit (min(B - 1, left)): a block drafter whose reference does so (dflash); False: B - 1 always
-    block_head: Any = None  # a block_head.BlockHead picking each row's B from the prefill (block_size="auto")
+    block_head: Any = None  # a block_head.BlockHead picking each row's B from the prefill (plan="auto")
     path_head: Any = None  # a path_head.PathHead scoring tree nodes by their paths (the taps builder)
 
     @property

@@ -7,7 +7,7 @@ fixed-step sampler, as many as the sampler needs for an adaptive one), so every 
 registry is a drafting policy. Drafts are one-hot (the sampler's tokens): exact at any target
 temperature, since verification then accepts ``d`` with the target's ``p(d)``. With
 ``marginals=true`` the drafter also reads the model's per-position logits of ``[context, MASK x K]``
-(one more forward per round), which lets a tree builder (``tree=``) draft a tree from them.
+(one more forward per round), which lets a tree builder (a Plan's ``tree``) draft a tree from them.
 
 The drafter must share the target's tokenizer: its vocabulary size must equal the target's logits
 width and, when both tokenizers are known, their vocabularies must agree; or its vocabulary is a

@@ -59,13 +59,13 @@ import torch
 from dllm.drafters.base import Draft, DraftSetup, DrafterSpec, make_drafter
 from dllm.drafters.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
-from dllm.drafters.plan import Plan, RowPlans, head_row_plans, resolve_plan, shared_tree
-from dllm.drafters.prompts import Prompts, StopRule, stop_strings
+from dllm.drafters.plan import Plan, RowPlans, as_plan, head_row_plans, unexpected_keywords
+from dllm.drafters.stops import StopRule, stop_strings
 from dllm.drafters.rounds import RoundState
 from dllm.drafters.target import (Target, cache_length, check_positions, check_tokenizer, check_tree_room, compact,
                                   crop_to, select_rows)
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
-from dllm.inputs import prompt_rows
+from dllm.inputs import Prompts, prompt_rows
 from dllm.models.tokenizer import encode_text
 from dllm.options import check_bool, check_int
 
@@ -83,15 +83,14 @@ def speculative_generate(
     top_p: float = 1.0,
     top_k: int = 0,
     plan: Union[Plan, int, str, "BlockHead", None] = None,
-    block_size: Union[int, str, "BlockHead", None] = None,
     stop: Union[str, Sequence[str], None] = None,
     seed: Optional[int] = None,
     eos_token_id: Union[int, Sequence[int], None] = None,
     tokenizer: Any = None,
     return_stats: bool = True,
-    tree: Any = None,
     callback: Optional[Callable[[list[list[int]]], None]] = None,
     fast_path: bool = True,
+    **unknown: Any,
 ) -> Union[SpeculativeOutput, torch.Tensor]:
     """Generate up to ``max_new_tokens`` tokens per prompt with ``target``, drafted by ``drafter``.
 
@@ -111,9 +110,12 @@ def speculative_generate(
             B (the anchor and K = B - 1 drafts; default the drafter's; B = 1 is plain autoregressive
             decoding through the same loop), ``"auto"`` (each row's plan picked after the prefill by
             the drafter's block head, a DFlash checkpoint with ``block_head.json``) or a
-            ``BlockHead``. A head whose plans include draft trees also picks chain or tree; the
-            call's rows share the one most of them picked (its rows then run the largest picked B).
-        block_size: the plan's block size (int, ``"auto"`` or a ``BlockHead``), as before ``plan=``.
+            ``BlockHead``. A Plan's ``tree`` (``"ddtree:budget=32"``, ``dllm.drafters.trees``): verify
+            a draft tree built from the drafter's per-position distributions in one forward
+            (``trees/verify.py``) instead of the drafted chain; None = the chain. A head whose plans
+            include draft trees also picks chain or tree; the call's rows share the one most of them
+            picked (its rows then run the largest picked B). The plan is the only way to give the
+            block size and the tree: ``block_size=`` or ``tree=`` is a TypeError saying so.
         stop: stop string(s); a row ends with the token that completes one (needs a tokenizer).
         seed: seeds a private ``torch.Generator`` for every random draw (None: the global RNG).
         eos_token_id: id(s) that end a row (default None: the target's generation config, then its
@@ -121,9 +123,6 @@ def speculative_generate(
         tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``);
             its tokens must fit the target's vocabulary.
         return_stats: True returns a ``SpeculativeOutput``; False only its ``sequences`` [B, Lp + G].
-        tree: the plan's tree builder (``"ddtree:budget=32"``, ``dllm.drafters.trees``): verify a
-            draft tree built from the drafter's per-position distributions in one forward
-            (``trees/verify.py``) instead of the drafted chain; None = the chain.
         callback: called after every round with each row's generated ids so far (a list per prompt;
             accepted tokens are final, so a server streams them); an exception it raises ends the call.
         fast_path: one prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs the batch-1
@@ -131,13 +130,15 @@ def speculative_generate(
             False always runs the general loop (the reference the fast path is tested against).
     """
     t_start = time.perf_counter()
+    if unknown:
+        raise unexpected_keywords("speculative_generate", list(unknown))
     params = SamplingParams(temperature, top_k, top_p)
     check_int("max_new_tokens", max_new_tokens, 1)
     check_bool("return_stats", return_stats)
     check_bool("fast_path", fast_path)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
         raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
-    the_plan = resolve_plan(plan, block_size, tree)
+    the_plan = as_plan(plan)
     drafter_obj = make_drafter(drafter)
     from dllm.drafters.trees.builders import make_tree_builder
 
@@ -331,16 +332,16 @@ def _block_head(head: Any, drafter) -> Optional["BlockHead"]:
     no head. Clear errors for a drafter without a head, or one it cannot read."""
     if head is None:
         return None
-    if isinstance(head, str):  # "auto" (resolve_plan refused any other string)
+    if isinstance(head, str):  # "auto" (as_plan refused any other string)
         head = getattr(drafter, "block_head", None)
         if head is None:
-            raise ValueError(f"plan 'auto' (block_size='auto') needs a drafter with a block head (a DFlash "
-                             f"checkpoint with block_head.json, e.g. dflash:model=tiny-ar-dflash-wide); the "
-                             f"{drafter.name!r} drafter has none: pass an int block_size")
+            raise ValueError(f"plan 'auto' needs a drafter with a block head (a DFlash checkpoint with "
+                             f"block_head.json, e.g. dflash:model=tiny-ar-dflash-wide); the {drafter.name!r} "
+                             f"drafter has none: pass an int block size as the plan (plan=16)")
     if not drafter.target_layers:
         raise ValueError(f"a block head reads the target's tapped prefill states; the {drafter.name!r} drafter "
                          f"taps no target layers")
     return head
 
 
-__all__ = ["Plan", "Prompts", "StopRule", "shared_tree", "speculative_generate"]
+__all__ = ["speculative_generate"]

@@ -7,8 +7,8 @@
 
 The chain is the width-1 tree (``trees.tree.chain_tree``): one round body serves both
 (``loop.py``). ``speculative_generate(plan=...)`` takes a Plan, ``"auto"``, a ``BlockHead`` or an
-int (the block size); the older ``block_size=`` / ``tree=`` keywords are read into the same Plan,
-and an error names both when they disagree with ``plan=``.
+int (the block size), and nothing else says what a round verifies: a call with ``block_size=`` or
+``tree=`` is a TypeError pointing at ``plan=`` (``unexpected_keywords``).
 
 After the prefill a plan becomes ``RowPlans``: per call row the block size that runs, and the one
 tree builder the call's rounds share (a round is a tree round or a chain round for every row: with
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
-
-from dllm.options import check_int
 
 PLAN_FORMS = "a Plan, 'auto', a BlockHead or a positive int block size"
 
@@ -66,32 +64,15 @@ def _bad(name: str, value: Any) -> Plan:
     raise ValueError(f"{name} must be {PLAN_FORMS}, got {value!r:.80}")
 
 
-def resolve_plan(plan: Any, block_size: Any, tree: Any) -> Plan:
-    """The call's Plan from ``plan=`` and the older ``block_size=`` / ``tree=`` (either may be
-    given; a keyword that disagrees with ``plan=`` is a ValueError naming both)."""
-    from dllm.drafters.dflash.block_head import BlockHead
-
-    if isinstance(block_size, str) and block_size != "auto":
-        raise ValueError(f"block_size must be a positive int, 'auto' or a BlockHead, got {block_size!r}")
-    if block_size == "auto" or isinstance(block_size, BlockHead):
-        legacy_size, legacy_head = None, block_size
-    else:
-        if block_size is not None:
-            check_int("block_size", block_size, 1, hint=" (the anchor plus block_size - 1 drafts), or 'auto' "
-                                                        "or a BlockHead")
-        legacy_size, legacy_head = block_size, None
-    if legacy_head is not None and tree is not None:
-        raise ValueError("block_size='auto' (a block head) does not combine with a draft tree: the head picks "
-                         "each row's tree; pass an int block_size with tree=")
-    if plan is None:
-        return Plan(block_size=legacy_size, tree=tree, head=legacy_head)
-    given = as_plan(plan)
-    for name, mine, theirs in (("block_size", legacy_size, given.block_size), ("tree", tree, given.tree),
-                               ("block_size", legacy_head, given.head)):
-        if mine is not None and mine != theirs:
-            raise ValueError(f"plan={plan!r:.80} and {name}={mine!r:.80} disagree; give the plan once "
-                             f"(plan= alone, or block_size= / tree=)")
-    return given
+def unexpected_keywords(function: str, names: Sequence[str]) -> TypeError:
+    """The TypeError for keywords ``function`` does not take; ``block_size`` and ``tree`` are a plan's
+    fields, so for them it says how to give the plan."""
+    listed = ", ".join(repr(n) for n in names)
+    message = f"{function}() got an unexpected keyword argument {listed}"
+    if {"block_size", "tree"} & set(names):
+        message += ("; the block size and the draft tree are the plan: plan=8, "
+                    "plan=Plan(block_size=16, tree='ddtree:budget=16') or plan='auto' (dllm.drafters.Plan)")
+    return TypeError(message)
 
 
 @dataclass
@@ -124,4 +105,4 @@ def head_row_plans(picks: Sequence[int], head: Any, builders: dict) -> RowPlans:
     return RowPlans(sizes=sizes, tree=spec, builder=None if spec is None else builders[spec])
 
 
-__all__ = ["PLAN_FORMS", "Plan", "RowPlans", "as_plan", "head_row_plans", "resolve_plan", "shared_tree"]
+__all__ = ["PLAN_FORMS", "Plan", "RowPlans", "as_plan", "head_row_plans", "shared_tree", "unexpected_keywords"]

@@ -13,7 +13,7 @@ import torch
 
 from dllm.drafters.base import Draft, DraftContext
 from dllm.drafters.plan import RowPlans
-from dllm.drafters.prompts import StopRule
+from dllm.drafters.stops import StopRule
 from dllm.drafters.target import Target
 from dllm.drafters.verify import SamplingParams
 

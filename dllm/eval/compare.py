@@ -41,9 +41,6 @@ DEFAULT_SAMPLERS = (
 )  # fmt: skip
 
 
-SamplerSpec = DecodeSetting  # a compare row's setting: ``SamplerSpec.parse("low_confidence:k=2")``
-
-
 @dataclass
 class SamplerResult:
     label: str

@@ -3,7 +3,8 @@
 ``until_interrupted(body, finish)`` runs ``body()``; a KeyboardInterrupt anywhere in it (a progress
 bar, a decode, a model load) calls ``finish()``, which writes what is finished and returns where it
 went, prints ``interrupted: ...`` as one line and returns 130 (the shell's status for SIGINT).
-``dllm stress``, ``dllm bench spec`` (and ``--trees``) and ``dllm bench breakdown`` end this way.
+``dllm stress``, ``dllm bench spec``, ``dllm bench trees``, ``dllm bench breakdown``, ``dllm compare`` and
+``dllm eval tasks`` end this way.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dllm.samplers import wino as _wino  # noqa: F401
 from dllm.samplers import spec_threshold as _spec_threshold  # noqa: F401
 from dllm.samplers import sdar as _sdar  # noqa: F401
 from dllm.samplers import fastdllm_v2 as _fastdllm_v2  # noqa: F401
+from dllm.samplers import apd as _apd  # noqa: F401
 from dllm.samplers import fast as _fast  # noqa: F401  (after the samplers it may point at)
 
 

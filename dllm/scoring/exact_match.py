@@ -30,7 +30,7 @@ import torch
 from dllm import tasks as T
 from dllm.inputs import model_device
 from dllm.options import check_int
-from dllm.scoring.setting import DecodeSetting, check_tokens_per_step, grid_steps_for
+from dllm.scoring.setting import DecodeSetting, check_tokens_per_step, plan_steps
 
 
 @lru_cache(maxsize=None)
@@ -172,9 +172,10 @@ def decode_and_score(
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.cache.block_causal import block_size_of
     from dllm.engine import generate
+    from dllm.settings import plan_for
 
     # a block-causal model (SDAR) decodes on its own grid: a batch shares its blocks, so its prompts
-    # must agree in length mod the block; blocks and steps come from the grid (``grid_steps_for``)
+    # must agree in length mod the block; the blocks, and so the steps for k, are ``plan_for``'s
     grid = block_size_of(model)
     groups: dict[tuple[str, int, int], list[T.Example]] = defaultdict(list)
     index: dict[int, list[int]] = defaultdict(list)  # id(example) -> its positions in ``examples``
@@ -191,11 +192,8 @@ def decode_and_score(
     t0 = time.perf_counter()
     try:
         for (_, la, offset), group in sorted(groups.items()):
-            if grid:
-                bl, steps = setting.block_length, grid_steps_for(la, offset, grid, setting.k)
-            else:
-                bl = min(setting.block_length or la, la)
-                steps = setting.steps(la, bl)
+            bl = setting.block_length if grid else min(setting.block_length or la, la)  # the grid's block: as given
+            steps = plan_steps(plan_for(model, [T.prompt_ids(group[0])], la, bl, None, fixed_steps=False), setting.k)
             for chunk in length_batches(group, max_batch, by_length):
                 prompts = [T.prompt_ids(ex) for ex in chunk]
                 counter = RowSteps() if record else None

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from dllm.options import check_int, check_optional_int
 from dllm.registry import format_spec, parse_spec
+from dllm.schedule import BlockPlan
 
 TOKENS_PER_STEP = "k"  # the spec option that is k, not a sampler option
 CACHE = "cache"  # the spec option that is the cache policy
@@ -40,16 +41,14 @@ def steps_for(gen_length: int, block_length: Optional[int], k: Optional[int]) ->
     return -(-gen_length // bl) * min(-(-bl // k), bl)
 
 
-def grid_steps_for(gen_length: int, prompt_length: int, block_size: int, k: Optional[int]) -> Optional[int]:
-    """``steps`` for k tokens per step on a block-causal model's grid (SDAR): the generated region
-    splits into the prompt's partial block (``-prompt_length % block_size`` positions, if any) and whole
-    blocks; ``ceil(block_size / k)`` steps each (``generate`` caps a short block at its size). None for
+def plan_steps(plan: BlockPlan, k: Optional[int]) -> Optional[int]:
+    """``steps`` for k tokens per step over the blocks of ``plan`` (``dllm.settings.plan_for``: blocks
+    of the block length, or a block-causal model's grid, whose first block may be the prompt's partial
+    one): ``ceil(block_length / k)`` per block (``generate`` caps a short block at its size). None for
     k None (the sampler's own steps: one token per step for a fixed-step sampler)."""
     if k is None:
         return None
-    first = min(-prompt_length % block_size, gen_length)
-    n_blocks = (1 if first else 0) + -(-(gen_length - first) // block_size)
-    return n_blocks * min(-(-block_size // k), block_size)
+    return len(plan.blocks) * min(-(-plan.block_length // k), plan.block_length)
 
 
 def cache_spec(text: Optional[str]) -> Optional[str]:
@@ -158,4 +157,5 @@ class DecodeSetting:
                 raise ValueError(f"sampler spec {self.label!r}: cache {self.cache!r}: {err}") from None
 
 
-__all__ = ["CACHE", "TOKENS_PER_STEP", "DecodeSetting", "cache_spec", "check_tokens_per_step", "steps_for"]
+__all__ = ["CACHE", "TOKENS_PER_STEP", "DecodeSetting", "cache_spec", "check_tokens_per_step", "plan_steps",
+           "steps_for"]

@@ -1,1 +1,1 @@
-"""Serving: an OpenAI-compatible HTTP server over the decode engines (``dllm serve``)."""
+"""Serving: an OpenAI-compatible HTTP server over its backends (``dllm serve``)."""

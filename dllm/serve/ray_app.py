@@ -1,6 +1,6 @@
 """Several replicas of ``dllm serve`` behind one endpoint, through Ray Serve (the optional extra ``dllm[ray]``).
 
-Each replica is a Ray actor that builds its own engine (a ``DiffusionEngine`` or ``SpecEngine``: continuous
+Each replica is a Ray actor that builds its own backend (a ``DiffusionBackend`` or ``SpeculativeBackend``: continuous
 batching inside the replica) and serves the same app as ``dllm serve`` (``dllm.serve.http.app.create_app``:
 the OpenAI endpoints, streaming, /metrics, the page). Ray Serve's HTTP proxy is the one endpoint; it
 sends each request to a replica (its router prefers the less loaded of two random replicas) and streams
@@ -19,7 +19,7 @@ cluster, and every node's proxy accepts requests (put a load balancer in front o
 The model is loaded by each replica from a name or a directory every node can read.
 
 Ray Serve: https://docs.ray.io/en/latest/serve/ (``serve.ingress`` with ``__serve_build_asgi_app__``
-builds the app inside the replica, so engines and models are never pickled).
+builds the app inside the replica, so backends and models are never pickled).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _serve():
 @dataclass(frozen=True)
 class DiffusionReplica:
     """What each replica builds: a diffusion model (a name ``dllm.load`` knows, or a directory) served by
-    a ``DiffusionEngine``. Picklable, so that Ray can send it to the replicas; called there."""
+    a ``DiffusionBackend``. Picklable, so that Ray can send it to the replicas; called there."""
 
     model: str
     defaults: DecodeSettings = DecodeSettings()
@@ -61,12 +61,12 @@ class DiffusionReplica:
 
     def __call__(self):
         from dllm.models.loading import load
-        from dllm.serve.engines.diffusion import DiffusionEngine
+        from dllm.serve.backends.diffusion import DiffusionBackend
 
         model = load(self.model, device=self.device, dtype=self.dtype)
-        return DiffusionEngine(model, name=self.name or self.model, defaults=self.defaults, mode=self.mode,
-                               max_running=self.max_running, max_queue=self.max_queue,
-                               max_tokens_limit=self.max_tokens_limit, chat_template=self.chat_template)
+        return DiffusionBackend(model, name=self.name or self.model, defaults=self.defaults, mode=self.mode,
+                                max_running=self.max_running, max_queue=self.max_queue,
+                                max_tokens_limit=self.max_tokens_limit, chat_template=self.chat_template)
 
 
 class ReplicaHeader:
@@ -92,39 +92,39 @@ def replica_tag() -> str:
 
 
 class _Replica:
-    """One replica: builds the engine and the app when Ray starts it; closes the engine when Ray stops it."""
+    """One replica: builds the backend and the app when Ray starts it; closes the backend when Ray stops it."""
 
-    def __init__(self, make_engine: Callable[[], Any], api_key: Optional[str], options: dict,
+    def __init__(self, make_backend: Callable[[], Any], api_key: Optional[str], options: dict,
                  threads: Optional[int]) -> None:
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.engine = make_engine()
+        self.backend = make_backend()
         self.api_key, self.options = api_key, options
 
     def __serve_build_asgi_app__(self):
         from dllm.serve.http.app import create_app
 
-        app = create_app(self.engine, api_key=self.api_key, **self.options)
+        app = create_app(self.backend, api_key=self.api_key, **self.options)
         app.add_middleware(ReplicaHeader, tag=replica_tag())
         return app
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica shuts down
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close(drain=True, timeout=30)
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            backend.close(drain=True, timeout=30)
 
 
-def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: Optional[str] = None,
+def application(make_backend: Callable[[], Any], *, replicas: int = 2, api_key: Optional[str] = None,
                 num_cpus: float = 1.0, num_gpus: float = 0.0, threads: Optional[int] = None,
                 max_ongoing_requests: Optional[int] = None, name: str = "dllm", app_options: Optional[dict] = None):
-    """A Ray Serve application: ``replicas`` copies of the app, each on the engine ``make_engine()``
+    """A Ray Serve application: ``replicas`` copies of the app, each on the backend ``make_backend()``
     builds (a picklable callable: ``DiffusionReplica``, or a ``functools.partial`` of a module-level
-    function, e.g. ``partial(dllm.cli.serve.build_engine, args, chat_template)`` for exactly what
+    function, e.g. ``partial(dllm.cli.serve.build_backend, args, chat_template)`` for exactly what
     ``dllm serve``'s flags build, speculative targets included). ``num_cpus`` / ``num_gpus`` are each
     replica's Ray resources, ``threads`` its torch CPU threads;
-    ``max_ongoing_requests`` (default: the engine's running + queued bound when it is a
+    ``max_ongoing_requests`` (default: the backend's running + queued bound when it is a
     ``DiffusionReplica``, else 256) is how many requests Ray lets a replica hold before it routes
     elsewhere or queues them in the proxy. ``app_options`` go to ``create_app`` (max_body_bytes ...)."""
     if not isinstance(replicas, int) or replicas < 1:
@@ -133,7 +133,7 @@ def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: O
         raise ValueError(f"num_cpus and num_gpus must be >= 0, got {num_cpus} and {num_gpus}")
     serve = _serve()
     if max_ongoing_requests is None:
-        bound = getattr(make_engine, "max_running", 0) + getattr(make_engine, "max_queue", 0)
+        bound = getattr(make_backend, "max_running", 0) + getattr(make_backend, "max_queue", 0)
         max_ongoing_requests = bound or 256
     actor: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if threads:
@@ -149,7 +149,7 @@ def application(make_engine: Callable[[], Any], *, replicas: int = 2, api_key: O
     cls = ingress(type("DllmReplica", (_Replica,), {"__module__": __name__}))
     deployment = serve.deployment(cls, name=name, num_replicas=replicas, ray_actor_options=actor,
                                   max_ongoing_requests=max_ongoing_requests)
-    return deployment.bind(make_engine, api_key, dict(app_options or {}), threads)
+    return deployment.bind(make_backend, api_key, dict(app_options or {}), threads)
 
 
 def run(app, *, host: str = "127.0.0.1", port: int = 8000, address: Optional[str] = None, name: str = "dllm",

@@ -20,8 +20,8 @@ Decisions worth knowing (see each module for details):
   distribution over the consistent valid answers, or ``None`` if there is none; ``chain`` uses
   exact counting, every other task filters an enumerated answer table.
 - Suites: ``pb-mini`` (the default of every run that takes no task list), ``long-answer``
-  (``long.py``: 32-64-word answers for speculative decoding) and ``long-prompt`` (``long_prompt.py``:
-  256-2,045-word prompts with 2-4-word answers, for KV-cache approximations);
+  (``long_answers.py``: 32-64-word answers for speculative decoding) and ``long-prompt``
+  (``long_prompt.py``: 256-2,045-word prompts with 2-4-word answers, for KV-cache approximations);
   ``suite_task_names(suite)``.
 - Test split: ``test_split(task, size=None, n=50)``, seeds from SHA-256 of
   ``"{SPLIT_VERSION}|{task}|{size}|{i}"``; ``is_test_prompt`` lets training drop held-out prompts
@@ -32,7 +32,7 @@ from dllm.tasks import arithmetic as _arithmetic  # noqa: F401  (registration si
 from dllm.tasks import chain as _chain  # noqa: F401
 from dllm.tasks import latin as _latin  # noqa: F401
 from dllm.tasks import lists as _lists  # noqa: F401
-from dllm.tasks import long as _long  # noqa: F401
+from dllm.tasks import long_answers as _long_answers  # noqa: F401
 from dllm.tasks import long_prompt as _long_prompt  # noqa: F401
 from dllm.tasks import pick_pair as _pick_pair  # noqa: F401
 from dllm.tasks import sudoku as _sudoku  # noqa: F401
@@ -50,7 +50,7 @@ from dllm.tasks.split import SPLIT_VERSION, TEST_SPLIT_SIZE, instance_seed, is_t
 from dllm.tasks.vocab import BOS, EOS, MASK, PAD, PB_MINI_VOCAB_SIZE, SEP, SPECIALS, vocabulary, word_id, words_of
 
 PB_MINI = "pb-mini"  # the default suite: every task the diffusion models were trained and measured on
-SUITES: tuple[str, ...] = (PB_MINI, _long.LONG_SUITE, _long_prompt.LONG_PROMPT_SUITE)
+SUITES: tuple[str, ...] = (PB_MINI, _long_answers.LONG_SUITE, _long_prompt.LONG_PROMPT_SUITE)
 
 
 def suite_task_names(suite: str = PB_MINI) -> tuple[str, ...]:

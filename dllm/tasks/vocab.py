@@ -37,7 +37,7 @@ SECOND_PARTS: tuple[str, ...] = tuple(f"s{i}" for i in range(8))
 COMMA, BAR = ",", "|"  # "|" separates argument groups in prompts; "," is reserved (unused so far)
 SEPARATORS: tuple[str, ...] = (COMMA, BAR)
 
-# appended 2026-12-01: the long-answer suite's task tokens (``dllm/tasks/long.py``)
+# appended 2026-12-01: the long-answer suite's task tokens (``dllm/tasks/long_answers.py``)
 LONG_TASK_TOKENS: tuple[str, ...] = ("copy_long", "reverse_long", "double_long")
 
 # appended 2026-12-01 (later): the long-prompt suite's task tokens (``dllm/tasks/long_prompt.py``; its
@@ -79,7 +79,3 @@ def word_id(word: str) -> int:
             f"word {word!r} is not in the PB-mini vocabulary ({len(_VOCABULARY)} words: "
             f"specials {list(SPECIALS)}, task tokens, digits 0-9, items A-P, f0-f7, s0-s7, ',' '|')"
         ) from None
-
-
-def is_word(word: str) -> bool:
-    return word in _ids()

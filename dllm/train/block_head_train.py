@@ -103,9 +103,10 @@ def plan_label(plan: Plan) -> str:
 def greedy_rounds(target, drafter, prompt: Sequence[int], plan: Plan) -> tuple[int, float]:
     """(verification rounds, seconds) of one real greedy call at batch 1."""
     from dllm.drafters.loop import speculative_generate
+    from dllm.drafters.plan import Plan as SpeculativePlan
 
-    out = speculative_generate(target, drafter, [list(prompt)], max_new_tokens=ANSWER_TOKENS, block_size=plan[0],
-                               tree=plan[1])
+    out = speculative_generate(target, drafter, [list(prompt)], max_new_tokens=ANSWER_TOKENS,
+                               plan=SpeculativePlan(block_size=plan[0], tree=plan[1]))
     return out.rounds, out.wall_time
 
 
@@ -185,7 +186,7 @@ def evaluate(head: BlockHead, feats: torch.Tensor, times: torch.Tensor) -> dict[
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.drafters.base import make_drafter
     from dllm.drafters.dflash.io import load_dflash
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
     from dllm.drafters.trees import make_tree_builder
 
     ap = argparse.ArgumentParser(prog="dllm train block-head", description=__doc__.split("\n\n")[0])

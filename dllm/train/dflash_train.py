@@ -244,7 +244,7 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the z-lab format)."""
     from tqdm.auto import tqdm
 
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     if threads > 0:
         torch.set_num_threads(threads)

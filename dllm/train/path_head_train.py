@@ -155,7 +155,7 @@ def encode(target, examples_: Sequence[T.Example]) -> tuple[list[list[int]], lis
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.drafters.dflash.io import load_dflash
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     ap = argparse.ArgumentParser(prog="dllm train path-head", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=PathHeadRecipe.drafter, help="DFlash checkpoint (embedded name or directory)")

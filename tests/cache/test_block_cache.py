@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import dllm
-from dllm.cache.block_causal import plan_block_causal
-from dllm.cache import make_cache
 from dllm.models import tiny
 from dllm.samplers import list_samplers, make_sampler
+from dllm.schedule import plan_block_causal
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]  # lengths 7 and 3: the same offset (3) in blocks of 4
 SAMPLERS = [name.split()[0] for name, _ in list_samplers()]
@@ -143,15 +142,13 @@ def test_prompts_at_different_block_offsets_refused(model):
 
 
 def test_block_plan():
-    model = tiny("sdar", seed=1)
-    policy = make_cache("block")
-    plan = plan_block_causal(model, [[1] * 7], 13, None, None, fixed_steps=True, policy=policy)
+    plan = plan_block_causal(13, None, None, fixed_steps=True, block_size=4, prompt_lengths=[7])
     assert [(s, e) for s, e, _ in plan.blocks] == [(0, 1), (1, 5), (5, 9), (9, 13)]
     assert [n for _, _, n in plan.blocks] == [1, 4, 4, 4]
-    aligned = plan_block_causal(model, [[1] * 8], 6, None, 6, fixed_steps=True, policy=policy)
+    aligned = plan_block_causal(6, None, 6, fixed_steps=True, block_size=4, prompt_lengths=[8])
     assert [(s, e, n) for s, e, n in aligned.blocks] == [(0, 4, 3), (4, 6, 2)]  # 3 steps / block, last 2
     with pytest.raises(ValueError, match="steps=5 cannot be split evenly over the 2 blocks"):
-        plan_block_causal(model, [[1] * 8], 6, None, 5, fixed_steps=True, policy=policy)
+        plan_block_causal(6, None, 5, fixed_steps=True, block_size=4, prompt_lengths=[8])
 
 
 @pytest.mark.parametrize("cache", ["none", "block"])

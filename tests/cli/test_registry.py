@@ -71,7 +71,7 @@ def _python_m_entry_points() -> list[str]:
 
 def test_every_python_m_entry_point_is_a_registered_command():
     entry_points = _python_m_entry_points()
-    assert "dllm.eval.spec.bench" in entry_points and "dllm.train.__main__" in entry_points  # the scan works
+    assert "dllm.eval.speculative.bench" in entry_points and "dllm.train.__main__" in entry_points  # the scan works
     registered = {c.target.partition(":")[0] for c in COMMANDS if isinstance(c.target, str)}
     registered |= {c.stands_for for c in COMMANDS if c.stands_for}
     assert sorted(set(entry_points) - registered) == []

@@ -182,3 +182,12 @@ def test_spec_refuses_the_unknown_word_of_the_readme_example(capsys):
                  "--threads", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("dllm spec: error: the prompt has 1 word(s) the tokenizer does not know: '...'"), err
+
+
+def test_a_block_head_plan_takes_no_tree_flag(capsys):
+    """``--block-size auto`` lets the drafter's block head pick each prompt's tree: ``--tree`` with it is
+    refused (exit status 2) before anything loads."""
+    argv = ["spec", "--target", "/no/such/dir", "--prompt", "the cat", "--block-size", "auto", "--tree", "ddtree"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dllm spec: error: --block-size auto (the drafter's block head) picks each prompt's tree")

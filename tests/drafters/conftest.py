@@ -7,7 +7,7 @@ import pytest
 def tiny_pair():
     """The shipped tiny pair: (``tiny-ar`` target, its tokenizer, the ``tiny-ar-dflash`` drafter), loaded once."""
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     target, tok = load_target("tiny-ar")
     return target, tok, make_drafter("dflash", model="tiny-ar-dflash")

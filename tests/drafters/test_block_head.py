@@ -1,4 +1,4 @@
-"""Per-request block size: the block head (``dllm.drafters.dflash.block_head``), ``block_size="auto"`` in the
+"""Per-request block size: the block head (``dllm.drafters.dflash.block_head``), ``plan="auto"`` in the
 loop, and the label walk of its trainer (``dllm.train.block_head_train``)."""
 
 import pytest
@@ -8,8 +8,9 @@ from dllm import tasks as T
 from dllm.drafters.base import make_drafter
 from dllm.drafters.dflash.block_head import BlockHead, has_block_head, load_block_head, prompt_features
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
-from spec_helpers import long_answer_prompts
+from speculative_helpers import long_answer_prompts
 
 
 class FixedHead(BlockHead):
@@ -94,7 +95,7 @@ def test_the_walk_counts_the_rounds_of_a_real_greedy_call(tiny_pair):
         row = list(prompt) + answer
         for block in (4, 9, 16):
             acc = accepted_prefixes(drafter.model, target, row, len(prompt), block)
-            out = speculative_generate(target, drafter, [prompt], max_new_tokens=cap, block_size=block)
+            out = speculative_generate(target, drafter, [prompt], max_new_tokens=cap, plan=block)
             assert out.stop_reasons == ["eos"] and rounds_of(acc, block) == out.rounds, (block, prompt[:3])
             checked += 1
     assert checked >= 6
@@ -108,17 +109,16 @@ def test_auto_block_sizes_per_row_are_lossless(tiny_pair):
     ids = long_answer_prompts(tok)[1]
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     picks = [4, 16, 8, 16, 4, 12, 16, 8, 4][:len(ids)]
-    out = speculative_generate(target, drafter, ids, max_new_tokens=66, block_size=FixedHead((4, 8, 12, 16), feats,
-                                                                                             picks))
+    out = speculative_generate(target, drafter, ids, max_new_tokens=66, plan=FixedHead((4, 8, 12, 16), feats, picks))
     assert out.row_block_sizes == picks and out.block_size == 16
     for row, prompt in enumerate(ids):
         assert out.generated[row] == reference(target, prompt)
         assert max(out.acceptance[row]) <= picks[row]  # a row commits at most its own block
     sampled = speculative_generate(target, drafter, ids, max_new_tokens=66, temperature=1.0, seed=0,
-                                   block_size=FixedHead((4, 8, 12, 16), feats, picks))
+                                   plan=FixedHead((4, 8, 12, 16), feats, picks))
     assert all(max(sampled.acceptance[row]) <= picks[row] for row in range(len(ids)))  # T > 0: the same cap
-    one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=FixedHead((4, 16), feats, [4]))
-    fixed = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=4)
+    one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, plan=FixedHead((4, 16), feats, [4]))
+    fixed = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, plan=4)
     assert one.acceptance == fixed.acceptance and one.generated == fixed.generated
 
 
@@ -126,16 +126,16 @@ def test_auto_needs_a_head_that_can_read_the_prefill(tiny_pair):
     target, tok, drafter = tiny_pair
     prompt = long_answer_prompts(tok)[1][0]
     with pytest.raises(ValueError, match="the 'dflash' drafter has none"):
-        speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size="auto")
+        speculative_generate(target, drafter, [prompt], max_new_tokens=4, plan="auto")
     with pytest.raises(ValueError, match="taps no target layers"):
-        speculative_generate(target, "ngram", [prompt], max_new_tokens=4, block_size=FixedHead((4,), 8, [4]))
-    with pytest.raises(ValueError, match="does not combine with a draft tree"):
-        speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size=FixedHead((4,), 512, [4]),
-                             tree="ddtree:budget=8")
-    with pytest.raises(ValueError, match="positive int, 'auto' or a BlockHead, got 'big'"):
-        speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size="big")
+        speculative_generate(target, "ngram", [prompt], max_new_tokens=4, plan=FixedHead((4,), 8, [4]))
+    with pytest.raises(ValueError, match="a Plan with a block head picks each row's block size and tree itself"):
+        Plan(head=FixedHead((4,), 512, [4]), tree="ddtree:budget=8")
+    with pytest.raises(ValueError, match="plan must be a Plan, 'auto', a BlockHead or a positive int block size, "
+                                         "got 'big'"):
+        speculative_generate(target, drafter, [prompt], max_new_tokens=4, plan="big")
     with pytest.raises(ValueError, match="exceeds the dflash drafter's trained block size"):
-        speculative_generate(target, drafter, [prompt], max_new_tokens=4, block_size=FixedHead((4, 32), 512, [4]))
+        speculative_generate(target, drafter, [prompt], max_new_tokens=4, plan=FixedHead((4, 32), 512, [4]))
 
 
 @pytest.mark.slow
@@ -156,7 +156,7 @@ def test_the_shipped_wide_drafter_and_its_head(tiny_pair, capsys):
     for name in ("copy_long", "reverse_long"):
         exs = T.test_split(name, None, n=4)
         ids = [[vocab[w] for w in T.prompt_words(ex)] for ex in exs]
-        out = speculative_generate(target, wide, ids, max_new_tokens=66, block_size="auto")
+        out = speculative_generate(target, wide, ids, max_new_tokens=66, plan="auto")
         assert all(out.generated[r] == reference(target, p) for r, p in enumerate(ids))
         assert len(set(out.row_trees)) == 1  # what ran: one tree setting for the call's rows
         if out.row_trees[0] is not None:
@@ -200,16 +200,17 @@ def test_shared_tree_is_the_most_picked_with_ties_to_the_first_plan():
 
 @pytest.mark.slow
 def test_tree_plans_are_lossless_and_match_the_tree_call(tiny_pair):
-    """A head plan with a tree runs exactly as tree= with that builder; a batch shares the most picked."""
+    """A head plan with a tree runs exactly as plan=Plan(block_size, tree); a batch shares the most picked."""
     target, tok, drafter = tiny_pair
     ids = long_answer_prompts(tok)[1][:3]
     feats = 2 * drafter.model.config.hidden_size * len(drafter.target_layers)
     trees = (None, "ddtree:budget=16")
     one = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66,
-                               block_size=FixedHead((16, 16), feats, [1], trees=trees))
-    ref = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66, block_size=16, tree="ddtree:budget=16")
+                               plan=FixedHead((16, 16), feats, [1], trees=trees))
+    ref = speculative_generate(target, drafter, [ids[0]], max_new_tokens=66,
+                               plan=Plan(block_size=16, tree="ddtree:budget=16"))
     assert one.acceptance == ref.acceptance and one.generated == ref.generated and one.row_trees == [trees[1]]
     batch = speculative_generate(target, drafter, ids, max_new_tokens=66,
-                                 block_size=FixedHead((16, 16), feats, [1, 0, 1], trees=trees))
+                                 plan=FixedHead((16, 16), feats, [1, 0, 1], trees=trees))
     assert batch.row_trees == [trees[1]] * 3  # what ran: the most picked tree, for every row
     assert all(batch.generated[r] == reference(target, p) for r, p in enumerate(ids))

@@ -16,7 +16,7 @@ from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.target import Target
 from dllm.drafters.verify import SamplingParams
-from spec_helpers import dflash_target
+from speculative_helpers import dflash_target
 from test_dflash_generate import CASES, MASK, NEEDS_REFERENCE, PROMPT, VOCAB, pair
 
 GEN = torch.Generator().manual_seed(5)
@@ -48,7 +48,7 @@ def test_greedy_equals_target_generate_batch_1(block_size, max_new):
 def test_greedy_equals_target_generate_ragged_batch(block_size):
     target, drafter = pair(6)
     out = speculative_generate(target, {"name": "dflash", "model": drafter}, PROMPTS, max_new_tokens=30,
-                               block_size=block_size, eos_token_id=[])
+                               plan=block_size, eos_token_id=[])
     for j, p in enumerate(PROMPTS):
         assert out.generated[j] == hf_greedy(target, p, 30), f"row {j}"
     assert max(max(a) for a in out.acceptance) > 1
@@ -154,7 +154,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="dtype"):
         make_drafter("dflash", model=drafter, dtype="int8")
     with pytest.raises(ValueError, match=r"block_size 5 exceeds .* trained block size 4"):
-        speculative_generate(target, make_drafter("dflash", model=drafter), PROMPT, max_new_tokens=4, block_size=5)
+        speculative_generate(target, make_drafter("dflash", model=drafter), PROMPT, max_new_tokens=4, plan=5)
     narrow = dflash_target(vocab=VOCAB)  # hidden 64 -> rebuild at hidden 32, same vocabulary and layers
     narrow = type(narrow)(Qwen3Config(**{**narrow.config.to_dict(), "hidden_size": 32, "intermediate_size": 64,
                                          "head_dim": 8})).eval()
@@ -171,7 +171,7 @@ def test_rows_stopping_at_different_times(block_size):
     target, drafter = pair(6)
     eos = 0  # row 1 emits it after 6 tokens, row 2 after 21, row 0 never (within 30)
     out = speculative_generate(target, make_drafter("dflash", model=drafter), PROMPTS, max_new_tokens=30,
-                               block_size=block_size, eos_token_id=eos)
+                               plan=block_size, eos_token_id=eos)
     for j, p in enumerate(PROMPTS):
         full = hf_greedy(target, p, 30)
         want = full[:full.index(eos) + 1] if eos in full else full

@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.drafters.verify import SamplingParams, sample_categorical, speculative_verify, target_probs
-from spec_helpers import OracleDrafter, TableDrafter, null_tv, tiny_target, tv_distance
+from speculative_helpers import OracleDrafter, TableDrafter, null_tv, tiny_target, tv_distance
 
 V, L, K = 6, 3, 2
 N_TOY = 200_000
@@ -144,7 +145,7 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
         tree = "taps:estimator=head,budget=5" if builder == "taps-head" else f"{builder}:budget=5"
     if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
         from dllm.drafters.base import make_drafter
-        from dllm.drafters.dflash.io2 import random_dflash2
+        from dllm.drafters.dflash.dflash2_io import random_dflash2
         from dllm.drafters.dflash.io import random_dflash
 
         build = random_dflash if drafter == "dflash" else functools.partial(
@@ -158,9 +159,9 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
     else:
         d = {"fullq": TableDrafter(E2E_V, scale=0.5), "onehot": OracleDrafter(small_target),
              "ngram": "ngram:max_ngram=1"}[drafter]
-    out = speculative_generate(small_target, d, [PROMPT] * E2E_N, max_new_tokens=E2E_NEW, block_size=3,
-                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=11,
-                               tree=tree)
+    out = speculative_generate(small_target, d, [PROMPT] * E2E_N, max_new_tokens=E2E_NEW,
+                               plan=Plan(block_size=3, tree=tree), temperature=params.temperature, top_k=params.top_k,
+                               top_p=params.top_p, seed=11)
     gen = torch.tensor(out.generated)  # [N, 3]: no EOS, every row reaches max_new_tokens
     index = (gen * torch.tensor([E2E_V ** 2, E2E_V, 1])).sum(1)
     tv = tv_distance(torch.bincount(index, minlength=E2E_V ** E2E_NEW), exact)

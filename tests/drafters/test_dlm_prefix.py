@@ -7,6 +7,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.models import load
 from dllm.models.task_tokenizer import task_tokenizer
 
@@ -23,7 +24,7 @@ def test_prefix_vocabulary_drafts_losslessly():
     target, tok = target88(), task_tokenizer()  # 83 words, ids 80-82 unknown to the drafter
     prompt = [[2, 80, 60, 61, 62, 81, 3]]  # ids >= 80 are read as the drafter's pad
     drafter = make_drafter("dlm", model=llada)
-    out = speculative_generate(target, drafter, prompt, max_new_tokens=12, block_size=4, tokenizer=tok,
+    out = speculative_generate(target, drafter, prompt, max_new_tokens=12, plan=4, tokenizer=tok,
                                eos_token_id=[])
     ref = target.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False, min_new_tokens=12)
     assert out.generated[0] == ref[0, 7:].tolist()
@@ -49,13 +50,13 @@ def test_dlm_marginals_build_lossless_draft_trees():
     prompts = [[2, 80, 60, 61, 62, 81, 3], [2, 5, 3]]
     plain = make_drafter("dlm", model=llada)
     with pytest.raises(ValueError, match="returns tokens only"):
-        speculative_generate(target, plain, prompts, max_new_tokens=6, block_size=4, tokenizer=tok,
-                             tree="ddtree:budget=6")
+        speculative_generate(target, plain, prompts, max_new_tokens=6, plan=Plan(block_size=4, tree="ddtree:budget=6"),
+                             tokenizer=tok)
     drafter = make_drafter("dlm", model=llada, marginals=True)
     logits = drafter.marginal_logits([[2, 5, 3], [2, 7]], 3)
     assert logits.shape == (2, 3, 80) and torch.isinf(logits[..., llada.mask_id]).all()
-    out = speculative_generate(target, drafter, prompts, max_new_tokens=10, block_size=4, tokenizer=tok,
-                               eos_token_id=[], tree="ddtree:budget=6")
+    out = speculative_generate(target, drafter, prompts, max_new_tokens=10,
+                               plan=Plan(block_size=4, tree="ddtree:budget=6"), tokenizer=tok, eos_token_id=[])
     for row, prompt in zip(out.generated, prompts):
         ref = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
         assert row == ref[0, len(prompt):].tolist()

@@ -5,8 +5,9 @@ import torch
 
 from dllm.drafters.base import Draft, Drafter, list_drafters, make_drafter
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.models import tiny
-from spec_helpers import OracleDrafter, tiny_target
+from speculative_helpers import OracleDrafter, tiny_target
 
 P = [[5, 6, 7]]
 
@@ -37,8 +38,10 @@ def test_drafter_tokenizer_must_match_the_target(target, llada):
 
 @pytest.mark.parametrize("block", [0, -2, 1.5, True])
 def test_block_size_below_one(target, block):
-    with pytest.raises(ValueError, match=r"block_size must be an integer >= 1"):
-        speculative_generate(target, "ngram", P, max_new_tokens=4, block_size=block)
+    with pytest.raises(ValueError, match=r"plan must be a Plan, 'auto', a BlockHead or a positive int block size"):
+        speculative_generate(target, "ngram", P, max_new_tokens=4, plan=block)
+    with pytest.raises(ValueError, match=r"Plan block_size must be a positive int"):
+        Plan(block_size=block)
 
 
 def test_target_with_a_cache_that_cannot_be_cropped():
@@ -131,7 +134,7 @@ def test_bad_drafter_options(llada):
 
 def test_dlm_steps_beyond_the_block(target, llada):
     with pytest.raises(ValueError, match=r"dlm steps=4 exceeds the 3 tokens drafted per round \(block_size 4\)"):
-        speculative_generate(target, make_drafter("dlm", model=llada, steps=4), P, max_new_tokens=4, block_size=4)
+        speculative_generate(target, make_drafter("dlm", model=llada, steps=4), P, max_new_tokens=4, plan=4)
 
 
 def test_a_drafter_returning_the_wrong_shape(target):
@@ -140,7 +143,7 @@ def test_a_drafter_returning_the_wrong_shape(target):
             return Draft(tokens=torch.zeros((ctx.batch_size, ctx.num_draft + 1), dtype=torch.long))
 
     with pytest.raises(ValueError, match=r"returned tokens torch.int64 \[1, 4\]; expected long \[1, 3\]"):
-        speculative_generate(target, Broken(), P, max_new_tokens=4, block_size=4)
+        speculative_generate(target, Broken(), P, max_new_tokens=4, plan=4)
 
 
 def test_a_target_that_returns_no_hidden_states(target):

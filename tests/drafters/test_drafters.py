@@ -8,7 +8,7 @@ from dllm.drafters.loop import speculative_generate
 from dllm.drafters.ngram import lookup
 from dllm.drafters.verify import SamplingParams
 from dllm.models import tiny
-from spec_helpers import tiny_target
+from speculative_helpers import tiny_target
 
 
 def test_lookup_copies_what_followed_the_latest_match():
@@ -48,7 +48,7 @@ def test_ngram_drafter_marks_rows_without_a_match():
 
 def test_ngram_accepts_on_a_looping_target():
     target = tiny_target(seed=1)
-    out = speculative_generate(target, "ngram", [[5, 6, 7, 8, 9]], max_new_tokens=40, block_size=6, eos_token_id=[])
+    out = speculative_generate(target, "ngram", [[5, 6, 7, 8, 9]], max_new_tokens=40, plan=6, eos_token_id=[])
     assert out.tau > 1.0  # random targets fall into loops; the lookup continues them
 
 
@@ -67,7 +67,7 @@ def test_dlm_counts_its_forwards_and_reads_any_sampler():
     target = tiny_target(seed=1)
     for spec, steps, per_round in [("low_confidence", 1, 1), ("low_confidence", 3, 3), ("random", None, 3)]:
         d = make_drafter("dlm", model=llada, sampler=spec, steps=steps)
-        out = speculative_generate(target, d, [[5, 6, 7]], max_new_tokens=6, block_size=4)
+        out = speculative_generate(target, d, [[5, 6, 7]], max_new_tokens=6, plan=4)
         assert out.drafter_forwards == per_round * out.rounds
     spec = make_drafter("dlm:sampler=threshold:threshold=0.7,steps=2", model=llada)
     assert spec.config.sampler == "threshold:threshold=0.7" and spec.config.steps == 2
@@ -77,7 +77,7 @@ def test_dlm_drafts_at_its_own_temperature_with_the_call_seed():
     llada = tiny("llada", seed=3)
     target = tiny_target(seed=1)
     d = make_drafter("dlm", model=llada, temperature=1.0)
-    kw = dict(max_new_tokens=12, block_size=4, seed=3)
+    kw = dict(max_new_tokens=12, plan=4, seed=3)
     a = speculative_generate(target, d, [[5, 6, 7]], **kw)
     b = speculative_generate(target, d, [[5, 6, 7]], **kw)
     assert a.generated == b.generated and a.acceptance == b.acceptance

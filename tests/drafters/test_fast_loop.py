@@ -14,7 +14,7 @@ from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue
 from dllm.drafters.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.static_target import StaticTarget, static_target_issue
-from spec_helpers import OracleDrafter, hf_greedy, long_answer_prompts, tiny_target
+from speculative_helpers import OracleDrafter, hf_greedy, long_answer_prompts, tiny_target
 
 
 def both(target, drafter, prompt, **kw):
@@ -79,7 +79,7 @@ def test_fast_path_equals_greedy_with_any_drafter(kind, block, max_new):
     target = tiny_target(kind)
     drafter = OracleDrafter(target, wrong_every=3)
     prompt = [5, 9, 14, 3, 8, 21, 7]
-    fast, ref = both(target, drafter, prompt, max_new_tokens=max_new, block_size=block)
+    fast, ref = both(target, drafter, prompt, max_new_tokens=max_new, plan=block)
     same_run(fast, ref)
     assert fast.generated[0] == hf_greedy(target, prompt, max_new)
 
@@ -186,5 +186,5 @@ def test_one_token_rounds_equal_target_generate_at_a_near_tie(tiny_pair):
     prompt, budget = T.prompt_ids(ex), T.answer_length(ex.task, ex.size)
     want = target.generate(torch.tensor([prompt]), max_new_tokens=budget, do_sample=False)[0, len(prompt):].tolist()
     got = speculative_generate(target, make_drafter("ngram"), [prompt], max_new_tokens=budget, temperature=0.0,
-                               block_size=1, tokenizer=task_tokenizer())
+                               plan=1, tokenizer=task_tokenizer())
     assert list(got.generated[0]) == want

@@ -10,7 +10,7 @@ from dllm.drafters import loop as loop_module
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.models import tiny
-from spec_helpers import EOS, PAD, OracleDrafter, hf_greedy, tiny_target
+from speculative_helpers import EOS, PAD, OracleDrafter, hf_greedy, tiny_target
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19]]
 NEW = 24
@@ -48,14 +48,14 @@ DRAFTERS = ["ngram", "dlm", "dlm-threshold", "oracle", "oracle-ragged"]
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_batch_one_equals_transformers_greedy(target, truth, llada, name):
     for p, want in zip(PROMPTS, truth):
-        out = speculative_generate(target, _drafter(name, target, llada), [p], max_new_tokens=NEW, block_size=5)
+        out = speculative_generate(target, _drafter(name, target, llada), [p], max_new_tokens=NEW, plan=5)
         assert out.generated == [want]
         assert out.target_forwards == out.rounds + 1
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_ragged_batch_equals_each_prompt_alone(target, truth, llada, name):
-    out = speculative_generate(target, _drafter(name, target, llada), PROMPTS, max_new_tokens=NEW, block_size=4)
+    out = speculative_generate(target, _drafter(name, target, llada), PROMPTS, max_new_tokens=NEW, plan=4)
     assert out.generated == truth
     # transformers' batch layout: prompts left-padded, pad after a row's EOS
     lp = max(map(len, PROMPTS))
@@ -67,7 +67,7 @@ def test_ragged_batch_equals_each_prompt_alone(target, truth, llada, name):
 
 @pytest.mark.parametrize("block", [1, 2, 7])
 def test_block_sizes_including_plain_decoding(target, truth, block):
-    out = speculative_generate(target, "ngram", PROMPTS, max_new_tokens=NEW, block_size=block)
+    out = speculative_generate(target, "ngram", PROMPTS, max_new_tokens=NEW, plan=block)
     assert out.generated == truth
     if block == 1:  # the AR baseline through the same loop: one token per forward, no drafter
         assert out.tau == 1.0 and out.drafter_forwards == 0
@@ -76,7 +76,7 @@ def test_block_sizes_including_plain_decoding(target, truth, block):
 def test_full_acceptance_draws_the_bonus(target, truth):
     """An oracle drafter is always right: every round commits K drafts + the bonus = B tokens."""
     b = 4
-    out = speculative_generate(target, OracleDrafter(target), PROMPTS[:1], max_new_tokens=NEW, block_size=b)
+    out = speculative_generate(target, OracleDrafter(target), PROMPTS[:1], max_new_tokens=NEW, plan=b)
     assert out.generated == truth[:1]
     body = out.acceptance[0][:-1]  # the last round may be cut by the stop
     assert body and all(n == b for n in body)
@@ -84,7 +84,7 @@ def test_full_acceptance_draws_the_bonus(target, truth):
 
 def test_ragged_acceptance_rows_advance_by_their_own_counts(target, truth):
     out = speculative_generate(target, OracleDrafter(target, wrong_every=3), PROMPTS, max_new_tokens=NEW,
-                               block_size=5)
+                               plan=5)
     assert out.generated == truth
     firsts = {tuple(a[:3]) for a in out.acceptance}
     assert len(firsts) > 1  # rows accepted different amounts in the same rounds
@@ -92,7 +92,7 @@ def test_ragged_acceptance_rows_advance_by_their_own_counts(target, truth):
 
 def test_max_new_tokens_mid_block(target, truth):
     """Prefill 1 + one full round of 4 = 5 tokens; max_new_tokens = 7 cuts the next round at 2."""
-    out = speculative_generate(target, OracleDrafter(target), PROMPTS[:1], max_new_tokens=7, block_size=4)
+    out = speculative_generate(target, OracleDrafter(target), PROMPTS[:1], max_new_tokens=7, plan=4)
     assert out.generated == [truth[0][:7]]
     assert out.acceptance == [[4, 2]] and out.stop_reasons == ["length"]
 
@@ -105,7 +105,7 @@ def test_eos_inside_an_accepted_block(target, truth):
     eos = want[cut]
     ref = hf_greedy(target, PROMPTS[1], NEW, eos=eos)
     assert ref == want[:cut + 1]
-    out = speculative_generate(target, OracleDrafter(target), PROMPTS, max_new_tokens=NEW, block_size=8,
+    out = speculative_generate(target, OracleDrafter(target), PROMPTS, max_new_tokens=NEW, plan=8,
                                eos_token_id=eos)
     assert out.generated[1] == ref and out.stop_reasons[1] == "eos"
     assert out.acceptance[1][-1] < 8  # the EOS round was cut inside the block
@@ -119,7 +119,7 @@ def test_stop_strings_end_a_row(target, truth, llada):
     i = next(i for i in range(3, len(want)) if want[i] < len(tok) and tok.decode([want[i]]).strip()
              and tok.decode([want[i]]) not in tok.decode(want[:i]))
     word = tok.decode([want[i]])
-    out = speculative_generate(target, "ngram", PROMPTS, max_new_tokens=NEW, block_size=4, stop=word, tokenizer=tok)
+    out = speculative_generate(target, "ngram", PROMPTS, max_new_tokens=NEW, plan=4, stop=word, tokenizer=tok)
     assert out.generated[2] == want[:i + 1] and out.stop_reasons[2] == "stop"
     assert out.texts[2] == tok.decode(want[:i + 1], skip_special_tokens=True)
 
@@ -146,7 +146,7 @@ def test_compaction_keeps_outputs(target, monkeypatch):
     prompts = [[20, 21, 22], [23], [24, 25, 26, 27, 28, 29, 30, 31, 32, 33]]
     n = 60
     out = speculative_generate(target, OracleDrafter(target, wrong_every=4), prompts, max_new_tokens=n,
-                               block_size=6, eos_token_id=[])
+                               plan=6, eos_token_id=[])
     assert calls, "no compaction happened; the test needs more ragged acceptance"
     assert out.generated == [hf_greedy(target, p, n, eos=None) for p in prompts]
 
@@ -156,14 +156,14 @@ def test_sliding_window_target_at_batch_one():
     p = PROMPTS[2]
     want = hf_greedy(target, p, 30)
     for drafter in (OracleDrafter(target), "ngram", OracleDrafter(target, wrong_every=2)):
-        assert speculative_generate(target, drafter, [p], max_new_tokens=30, block_size=4).generated == [want]
+        assert speculative_generate(target, drafter, [p], max_new_tokens=30, plan=4).generated == [want]
 
 
 def test_hidden_states_of_each_committed_token_reach_the_drafter_once(target):
     """The DFlash contract: features of every committed token but the current anchor, each once,
     at its position, equal to the tapped layers of a full forward."""
     d = OracleDrafter(target, wrong_every=3, taps=(0, 1))
-    out = speculative_generate(target, d, PROMPTS, max_new_tokens=12, block_size=4, eos_token_id=[])
+    out = speculative_generate(target, d, PROMPTS, max_new_tokens=12, plan=4, eos_token_id=[])
     for j, p in enumerate(PROMPTS):
         seq = p + out.generated[j]
         with torch.no_grad():
@@ -187,13 +187,13 @@ def test_hidden_states_of_each_committed_token_reach_the_drafter_once(target):
 
 def test_repeated_calls_share_no_state(target, truth, llada):
     d = make_drafter("dlm", model=llada)
-    a = speculative_generate(target, d, PROMPTS, max_new_tokens=NEW, block_size=4)
-    b = speculative_generate(target, d, PROMPTS, max_new_tokens=NEW, block_size=4)
+    a = speculative_generate(target, d, PROMPTS, max_new_tokens=NEW, plan=4)
+    b = speculative_generate(target, d, PROMPTS, max_new_tokens=NEW, plan=4)
     assert a.generated == b.generated == truth and a.acceptance == b.acceptance
 
 
 def test_seeded_sampling_is_reproducible(target):
-    kw = dict(max_new_tokens=16, block_size=4, temperature=1.0, top_k=20, seed=5)
+    kw = dict(max_new_tokens=16, plan=4, temperature=1.0, top_k=20, seed=5)
     a = speculative_generate(target, "ngram", PROMPTS, **kw)
     b = speculative_generate(target, "ngram", PROMPTS, **kw)
     assert a.generated == b.generated
@@ -202,7 +202,7 @@ def test_seeded_sampling_is_reproducible(target):
 
 def test_statistics(target, truth):
     out = speculative_generate(target, OracleDrafter(target, wrong_every=3), PROMPTS, max_new_tokens=NEW,
-                               block_size=4)
+                               plan=4)
     commits = sum(map(sum, out.acceptance))
     assert commits + len(PROMPTS) == out.generated_tokens  # + the prefill token of each row
     assert 1.0 <= out.tau <= 4 and out.rounds == max(map(len, out.acceptance))

@@ -152,6 +152,7 @@ def test_a_trained_like_head_changes_the_tree_but_keeps_it_valid():
 def test_taps_options_and_errors(tiny_pair):
     from dllm.drafters.base import make_drafter
     from dllm.drafters.loop import speculative_generate
+    from dllm.drafters.plan import Plan
 
     with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):
         make_tree_builder("taps:estimator=head").build(random_log_probs())
@@ -159,7 +160,8 @@ def test_taps_options_and_errors(tiny_pair):
     headless = make_drafter("dflash", model="tiny-ar-dflash-mixed")
     assert headless.path_head is None
     with pytest.raises(ValueError, match="estimator=head needs a drafter with a path head"):  # before any forward
-        speculative_generate(target, headless, [[5, 6, 7]], max_new_tokens=4, tree="taps:estimator=head")
+        speculative_generate(target, headless, [[5, 6, 7]], max_new_tokens=4,
+                             plan=Plan(tree="taps:estimator=head"))
     with pytest.raises(ValueError, match="estimator must be one of auto, head, marginal, got 'learned'"):
         make_tree_builder("taps:estimator=learned")
     with pytest.raises(ValueError, match="candidates"):
@@ -212,14 +214,17 @@ def test_the_trainer_end_to_end(tmp_path):
 
 def test_the_shipped_head_makes_taps_lossless_and_accept_more(tiny_pair):
     from dllm.drafters.loop import speculative_generate
-    from spec_helpers import long_answer_prompts
+    from dllm.drafters.plan import Plan
+    from speculative_helpers import long_answer_prompts
 
     target, tok, drafter = tiny_pair
     assert drafter.path_head is not None  # shipped beside tiny-ar-dflash
     _, ids = long_answer_prompts(tok)
     chain = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
-    dd = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree="ddtree:budget=16")
-    tp = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree="taps:budget=16")
+    dd = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok,
+                              plan=Plan(tree="ddtree:budget=16"))
+    tp = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok,
+                              plan=Plan(tree="taps:budget=16"))
     assert tp.generated == chain.generated == dd.generated  # = target.generate (test_tiny_pair)
     assert tp.tau > dd.tau
 

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from dllm.drafters.loading import load_target, resolve_target
+from dllm.models.targets import load_target, resolve_target
 from dllm.models import ModelNotFoundError
 from dllm.models.tokenizer import build_word_tokenizer, save_tokenizer
-from spec_helpers import tiny_target
+from speculative_helpers import tiny_target
 
 WORDS = "the a cat dog sat on mat ran to and it was big small red blue".split()
 
@@ -95,7 +95,8 @@ def test_nothing_there(tmp_path):
 def test_public_names_resolve_lazily():
     import dllm
     import dllm.drafters as drafters
-    from dllm.drafters import base, loading, loop, output, verify
+    from dllm.drafters import base, loop, output, verify
+    from dllm.models import targets as loading
 
     assert dllm.speculative_generate is drafters.speculative_generate is loop.speculative_generate
     assert dllm.load_target is drafters.load_target is loading.load_target

@@ -6,10 +6,11 @@ import torch
 
 from dllm import tasks as T
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.tasks.vocab import EOS, LONG_ANSWER_VOCAB_SIZE, word_id
-from spec_helpers import long_answer_prompts
+from speculative_helpers import long_answer_prompts
 
 pytestmark = pytest.mark.slow
 LONG = T.suite_task_names("long-answer")
@@ -57,7 +58,7 @@ def test_trees_on_the_pair_are_lossless_and_accept_more_than_the_chain(tiny_pair
     target, tok, drafter = tiny_pair
     _, ids = long_answer_prompts(tok)
     chain = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok)
-    out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, tree=tree)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=66, tokenizer=tok, plan=Plan(tree=tree))
     assert out.generated == chain.generated  # both equal target.generate (the test above)
     assert out.tau > chain.tau
 
@@ -72,8 +73,8 @@ def test_the_mixed_block_drafter_drafts_at_every_block_size(tiny_pair):
     ids = ids[::2]
     ref = [target.generate(torch.tensor([p]), max_new_tokens=66, do_sample=False)[0, len(p):].tolist() for p in ids]
     for block in (4, 8, 16):
-        out = speculative_generate(target, mixed, ids, max_new_tokens=66, tokenizer=tok, block_size=block)
+        out = speculative_generate(target, mixed, ids, max_new_tokens=66, tokenizer=tok, plan=block)
         assert out.generated == ref, block
         if block < 16:
-            other = speculative_generate(target, single, ids, max_new_tokens=66, tokenizer=tok, block_size=block)
+            other = speculative_generate(target, single, ids, max_new_tokens=66, tokenizer=tok, plan=block)
             assert out.tau > 1.5 * other.tau, (block, out.tau, other.tau)  # 3.38 vs 1.20 at 4 when written

@@ -47,13 +47,14 @@ def test_cost_option_is_validated_and_reaches_the_loop():
     from dllm.drafters.base import make_drafter
     from dllm.drafters.dflash.io import random_dflash
     from dllm.drafters.loop import speculative_generate
-    from spec_helpers import tiny_target
+    from dllm.drafters.plan import Plan
+    from speculative_helpers import tiny_target
 
     target = tiny_target(vocab=24, hidden=64, eos=None, init=0.5, seed=1)
     drafter = make_drafter("dflash", model=random_dflash(target.config, 1, 6, 23, seed=2))
     prompts = [[1, 5, 3, 9, 2], [2, 8]]
     out = speculative_generate(target, drafter, prompts, max_new_tokens=15, eos_token_id=[],
-                               tree="ddtree:budget=24,cost_per_node=0.05")
+                               plan=Plan(tree="ddtree:budget=24,cost_per_node=0.05"))
     for row, prompt in zip(out.generated, prompts):
         ref = target.generate(torch.tensor([prompt]), max_new_tokens=15, do_sample=False, min_new_tokens=15)
         assert row == ref[0, len(prompt):].tolist()

@@ -7,10 +7,11 @@ import torch
 from dllm.drafters.base import make_drafter
 from dllm.drafters.dflash.io import random_dflash
 from dllm.drafters.loop import speculative_generate
+from dllm.drafters.plan import Plan
 from dllm.drafters.trees import Tree
 from dllm.drafters.trees.verify import tree_inputs, walk_tree
 from dllm.drafters.verify import SamplingParams
-from spec_helpers import tiny_target
+from speculative_helpers import tiny_target
 
 
 def hand_tree() -> Tree:
@@ -60,7 +61,7 @@ PROMPTS = [[1, 5, 3, 9, 2, 7, 4], [2, 8], [6, 6, 1, 3, 11]]
 @pytest.mark.parametrize("tree", [None, "chain:budget=5", "ddtree:budget=12", "taps:budget=12"])
 def test_greedy_trees_equal_target_generate_on_a_ragged_batch(pair, tree):
     target, drafter = pair
-    out = speculative_generate(target, drafter, PROMPTS, max_new_tokens=20, eos_token_id=[], tree=tree)
+    out = speculative_generate(target, drafter, PROMPTS, max_new_tokens=20, eos_token_id=[], plan=Plan(tree=tree))
     for row, prompt in zip(out.generated, PROMPTS):
         ref = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
         assert row == ref[0, len(prompt):].tolist()
@@ -69,23 +70,26 @@ def test_greedy_trees_equal_target_generate_on_a_ragged_batch(pair, tree):
 def test_chain_tree_equals_the_chain_round(pair):
     target, drafter = pair
     chain = speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, eos_token_id=[])
-    tree = speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, eos_token_id=[], tree="chain:budget=5")
+    tree = speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, eos_token_id=[],
+                                plan=Plan(tree="chain:budget=5"))
     assert tree.generated == chain.generated and tree.acceptance == chain.acceptance
 
 
 def test_sampled_trees_are_reproducible(pair):
     target, drafter = pair
     runs = [speculative_generate(target, drafter, PROMPTS, max_new_tokens=12, temperature=1.0, seed=4, eos_token_id=[],
-                                 tree="ddtree:budget=8") for _ in range(2)]
+                                 plan=Plan(tree="ddtree:budget=8")) for _ in range(2)]
     assert runs[0].generated == runs[1].generated
 
 
 def test_a_tree_needs_a_drafter_with_distributions():
     target = tiny_target(vocab=24, hidden=32, eos=None, seed=1)
     with pytest.raises(ValueError, match="returns tokens only"):
-        speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8, block_size=4, tree="ddtree:budget=8")
+        speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8,
+                             plan=Plan(block_size=4, tree="ddtree:budget=8"))
     with pytest.raises(ValueError, match="budget"):
-        speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8, block_size=4, tree="ddtree:budget=0")
+        speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8,
+                             plan=Plan(block_size=4, tree="ddtree:budget=0"))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -110,4 +114,4 @@ def test_the_vectorised_walk_equals_the_reference_walk(seed):
 def test_a_tree_larger_than_the_cache_allows_is_refused(pair):
     target, drafter = pair  # max_position_embeddings 512
     with pytest.raises(ValueError, match="needs 528 cache slots, more than the target's max_position_embeddings 512"):
-        speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, tree="ddtree:budget=500")
+        speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, plan=Plan(tree="ddtree:budget=500"))

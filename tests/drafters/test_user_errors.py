@@ -10,7 +10,7 @@ import torch
 
 import dllm
 from dllm.drafters.base import make_drafter
-from dllm.drafters.loading import load_target
+from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.models.loading import locate

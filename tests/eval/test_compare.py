@@ -6,18 +6,19 @@ import pytest
 import torch
 
 from dllm.cli import main
-from dllm.eval.compare import SamplerResult, SamplerSpec, mark_pareto
+from dllm.eval.compare import SamplerResult, mark_pareto
+from dllm.scoring.setting import DecodeSetting
 
 
 def test_spec_parsing():
-    s = SamplerSpec.parse("threshold:threshold=0.8")
+    s = DecodeSetting.parse("threshold:threshold=0.8")
     assert (s.name, s.options, s.k) == ("threshold", {"threshold": 0.8}, None)
-    s = SamplerSpec.parse("low_confidence:k=2")
+    s = DecodeSetting.parse("low_confidence:k=2")
     assert (s.name, s.options, s.k) == ("low_confidence", {}, 2)
     with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
-        SamplerSpec.parse("low_confidence:k=0")
+        DecodeSetting.parse("low_confidence:k=0")
     with pytest.raises(ValueError, match="expected key=value"):
-        SamplerSpec.parse("threshold:0.8")
+        DecodeSetting.parse("threshold:0.8")
 
 
 def _r(label, acc, tpf):

@@ -103,8 +103,8 @@ def test_int8_ar_target_and_drafter() -> None:
     """tiny-ar loaded int8 by load_target decodes the long copy tasks (which float32 solves) like float32 (outputs counted), and a
     speculative loop with an int8 DFlash drafter stays lossless: the target's own greedy tokens."""
     from dllm.drafters.dflash.drafter import DFlashBlockDrafter
-    from dllm.drafters.dflash.io2 import load_any_dflash
-    from dllm.drafters.loading import load_target
+    from dllm.drafters.dflash.dflash2_io import load_any_dflash
+    from dllm.models.targets import load_target
     from dllm.drafters.loop import speculative_generate
     from dllm.models.task_tokenizer import task_tokenizer
 
@@ -121,7 +121,7 @@ def test_int8_ar_target_and_drafter() -> None:
     assert drafter_model.quantization == "int8"
     drafter = DFlashBlockDrafter(model=drafter_model, sample=False)
     for ex, want in zip(examples, ref):
-        out = speculative_generate(target, drafter, [T.prompt_ids(ex)], temperature=0.0, block_size=16,
+        out = speculative_generate(target, drafter, [T.prompt_ids(ex)], temperature=0.0, plan=16,
                                    max_new_tokens=T.answer_length(ex.task, ex.size) + 1, tokenizer=task_tokenizer())
         assert out.generated[0] == want
 

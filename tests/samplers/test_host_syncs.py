@@ -34,6 +34,8 @@ MOST_PER_STEP = {
     "fast": (1, None),  # on a CPU (compact="auto"); on CUDA none, tested below
     # the verification forward is skipped when no row has a mask left after the threshold set
     "spec_threshold": (1, None),
+    # at T > 0 the rows' draft counts, the shape of the reference's uniforms (one [n, V] per row)
+    "apd": (0, 1),
     # Dream's rand(#masked) needs the masked count; at T > 0 also the revealed positions, whose
     # number is the shape of the one multinomial over them
     "origin": (1, 2),

@@ -106,15 +106,22 @@ def test_record_keeps_each_examples_own_outcome(oracle):
     assert decode_and_score(oracle, exs).outcomes == {}  # kept only when asked
 
 
-def test_grid_steps_for_counts_the_prompts_partial_block():
-    from dllm.scoring.setting import grid_steps_for
+def test_plan_steps_counts_the_prompts_partial_block():
+    from dllm.schedule import plan_block_causal, plan_blocks
+    from dllm.scoring.setting import plan_steps
 
-    assert grid_steps_for(9, 8, 4, None) is None
-    assert grid_steps_for(9, 8, 4, 1) == 3 * 4  # blocks [0,4) [4,8) [8,9): prompt ends on the grid
-    assert grid_steps_for(9, 7, 4, 1) == 3 * 4  # the prompt's block has one free position: 1 + 4 + 4
-    assert grid_steps_for(9, 7, 4, 2) == 3 * 2
-    assert grid_steps_for(10, 7, 4, 1) == 4 * 4  # 1 + 4 + 4 + 1
-    assert grid_steps_for(2, 5, 4, 1) == 1 * 4  # the whole answer fits the prompt's partial block
+    def grid(gen_length, prompt_length, k):  # a block-causal model's grid of blocks of 4
+        plan = plan_block_causal(gen_length, None, None, fixed_steps=False, block_size=4,
+                                 prompt_lengths=[prompt_length])
+        return plan_steps(plan, k)
+
+    assert grid(9, 8, None) is None
+    assert grid(9, 8, 1) == 3 * 4  # blocks [0,4) [4,8) [8,9): prompt ends on the grid
+    assert grid(9, 7, 1) == 3 * 4  # the prompt's block has one free position: 1 + 4 + 4
+    assert grid(9, 7, 2) == 3 * 2
+    assert grid(10, 7, 1) == 4 * 4  # 1 + 4 + 4 + 1
+    assert grid(2, 5, 1) == 1 * 4  # the whole answer fits the prompt's partial block
+    assert plan_steps(plan_blocks(10, 4, None, fixed_steps=False), 2) == 3 * 2  # = steps_for(10, 4, 2)
 
 
 @pytest.mark.parametrize("k", [None, 1, 2])
@@ -122,7 +129,8 @@ def test_a_block_causal_model_decodes_on_its_grid_like_each_prompt_alone(k):
     """tiny-random-sdar (block 4): prompts of every length mod 4 in one call are grouped by that offset
     (a batch shares its blocks) and each decodes as it does alone on the model's grid."""
     from dllm.engine import generate
-    from dllm.scoring.setting import grid_steps_for
+    from dllm.scoring.setting import plan_steps
+    from dllm.settings import plan_for
 
     model = load("tiny-random-sdar")
     examples = [ex for n in ("copy", "reverse", "sort") for size in T.get_task(n).default_sizes
@@ -135,6 +143,6 @@ def test_a_block_causal_model_decodes_on_its_grid_like_each_prompt_alone(k):
         assert (got.correct, got.content, got.trace) == (alone.correct, alone.content, alone.trace)
         prompt, la = T.prompt_ids(ex), T.answer_length(ex.task, ex.size)
         out = generate(model, [prompt], "low_confidence", gen_length=la, return_trace=True,
-                       steps=grid_steps_for(la, len(prompt), 4, k))
+                       steps=plan_steps(plan_for(model, [prompt], la, None, None, fixed_steps=False), k))
         assert out.nfe == alone.forwards
     assert sum(together.counts.values()) == len(examples)

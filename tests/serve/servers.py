@@ -11,8 +11,9 @@ from typing import Optional, Sequence, Union
 
 import uvicorn
 
-from dllm.serve.engines.base import BadRequest, Engine, EngineStats
-from dllm.serve.engines.jobs import Delta, Done, EngineClosed, Failed, Job, JobRequest, QueueFull, SpecSettings, Step
+from dllm.serve.backends.base import Backend, BackendStats, BadRequest
+from dllm.serve.backends.jobs import (BackendClosed, Delta, Done, Failed, Job, JobRequest, QueueFull,
+                                      SpeculativeSettings, Step)
 from dllm.settings import DecodeSettings
 
 
@@ -51,7 +52,7 @@ WORDS = ("A", "B", "C", "D", "E", "F", "G", "H")
 
 
 @dataclass
-class FakeEngine(Engine):
+class FakeBackend(Backend):
     """Answers a prompt of ids with ``max_tokens`` words, one Delta (and Step) per token, ``delay_s``
     apart; words are WORDS[id % 8] of the prompt's ids in turn, so a test knows the answer. Jobs run in
     threads. ``hold``: jobs wait for it before they start (a full queue, a drain)."""
@@ -66,7 +67,7 @@ class FakeEngine(Engine):
 
     def __post_init__(self) -> None:
         self.tokenizer = None
-        self.defaults = DecodeSettings() if self.kind == "diffusion" else SpecSettings()
+        self.defaults = DecodeSettings() if self.kind == "diffusion" else SpeculativeSettings()
         self.hold = threading.Event()
         self.hold.set()
         self.jobs: list[Job] = []
@@ -79,7 +80,7 @@ class FakeEngine(Engine):
         if self.kind == "diffusion":
             fields["options"] = tuple(sorted((fields.pop("options", None) or {}).items()))
             return DecodeSettings(**fields)
-        return SpecSettings(**fields)
+        return SpeculativeSettings(**fields)
 
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
         if isinstance(prompt, str):
@@ -111,7 +112,7 @@ class FakeEngine(Engine):
         self.check(request)
         with self._lock:
             if self.closed:
-                raise EngineClosed("closed")
+                raise BackendClosed("closed")
             waiting = sum(1 for j in self.jobs if not j.finished)
             if waiting >= self.max_queue:
                 raise QueueFull(f"{waiting} waiting", retry_after=2.5)
@@ -148,10 +149,10 @@ class FakeEngine(Engine):
                       completion_tokens=len(text.split()), nfe=len(text.split()), forwarded_tokens=3,
                       ttft_s=0.01, wall_s=0.02, acceptance=2.0 if self.kind == "speculative" else None))
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> BackendStats:
         running = sum(1 for j in self.jobs if not j.finished)
-        return EngineStats(queued=0, running=running, max_running=8, max_queue=self.max_queue, forwards=len(self.jobs),
-                           forwarded_rows=len(self.jobs), closed=self.closed)
+        return BackendStats(queued=0, running=running, max_running=8, max_queue=self.max_queue, forwards=len(self.jobs),
+                            forwarded_rows=len(self.jobs), closed=self.closed)
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
         with self._lock:
@@ -185,8 +186,8 @@ def offline_diffusion(model, prompt, max_tokens: int, stop: Sequence[str] = (), 
     return cut_at_stops(out.texts[0], stop), n
 
 
-def offline_spec(target, tokenizer, drafter: str, prompt, max_tokens: int, stop: Sequence[str] = (),
-                 **settings) -> str:
+def offline_speculative(target, tokenizer, drafter: str, prompt, max_tokens: int, stop: Sequence[str] = (),
+                        **settings) -> str:
     """``dllm.speculative_generate`` on ``prompt`` alone: its text cut at the first stop string."""
     import dllm
 

@@ -1,6 +1,6 @@
 """dllm.serve.http.app over a fake engine: the HTTP layer alone (shapes, errors, auth, limits, streaming,
 disconnects, drain, metrics) against a live uvicorn on 127.0.0.1 with the official ``openai`` client.
-The real engines and models: test_app_models.py."""
+The real backends and models: test_app_models.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from dllm.serve.http.app import begin_drain, create_app
-from tests.serve.servers import FakeEngine, LiveServer
+from tests.serve.servers import FakeBackend, LiveServer
 
 
 def client(server: LiveServer, key: str = "none") -> openai.OpenAI:
@@ -22,7 +22,7 @@ def client(server: LiveServer, key: str = "none") -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def shared():
     """One fake engine and server for the module; ``engine`` resets it for each test."""
-    engine = FakeEngine()
+    engine = FakeBackend()
     with LiveServer(create_app(engine, max_body_bytes=4096)) as s:
         yield s, engine
 
@@ -73,11 +73,11 @@ def test_completion_text_usage_and_finish_reason(server, engine):
     c = client(server)
     out = c.completions.create(model="fake", prompt="1 2 3", max_tokens=5)
     assert out.object == "text_completion" and out.model == "fake"
-    assert out.choices[0].text == FakeEngine.answer((1, 2, 3), 5) == "B C D B C"
+    assert out.choices[0].text == FakeBackend.answer((1, 2, 3), 5) == "B C D B C"
     assert out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (3, 5, 8)
     assert out.choices[0].model_extra["dllm"]["nfe"] == 5
-    # the request's fields reached the engine as they were given
+    # the request's fields reached the backend as they were given
     req = engine.checked[-1]
     assert req.prompt_ids == (1, 2, 3) and req.max_tokens == 5 and req.stop == ()
 
@@ -134,7 +134,7 @@ def test_dllm_events_come_in_order_and_end_with_done(server):
 
 
 def test_models_health_metrics_options():
-    with LiveServer(create_app(FakeEngine())) as server:
+    with LiveServer(create_app(FakeBackend())) as server:
         check_models_health_metrics_options(server)
 
 
@@ -174,7 +174,7 @@ BAD = [
     ({"model": "fake"}, "prompt", "missing_field"),
     ({"model": "fake", "prompt": "1", "max_tokens": "5"}, "max_tokens", "invalid_value"),
     ({"model": "fake", "prompt": "1", "max_tokens": 0}, "max_tokens", "invalid_value"),
-    ({"model": "fake", "prompt": "1", "max_tokens": 33}, "max_tokens", "invalid_value"),  # the engine's limit
+    ({"model": "fake", "prompt": "1", "max_tokens": 33}, "max_tokens", "invalid_value"),  # the backend's limit
     ({"model": "fake", "prompt": "1", "max_tokens": True}, "max_tokens", "invalid_value"),
     ({"model": "fake", "prompt": "1", "temperature": 3}, "temperature", "invalid_value"),
     ({"model": "fake", "prompt": "1", "n": 17}, "n", "invalid_value"),
@@ -183,7 +183,7 @@ BAD = [
     ({"model": "fake", "prompt": "1", "stop": ""}, "stop", "invalid_value"),
     ({"model": "fake", "prompt": 5}, "prompt", "invalid_value"),
     ({"model": "fake", "prompt": [[1], "2"]}, "prompt", "invalid_value"),
-    ({"model": "fake", "prompt": "x y"}, "prompt", "invalid_value"),  # the engine's encoder refuses it
+    ({"model": "fake", "prompt": "x y"}, "prompt", "invalid_value"),  # the backend's encoder refuses it
     ({"model": "fake", "prompt": "1", "max_tokens": 30, "n": 1, "seed": "1"}, "seed", "invalid_value"),
     ({"model": "fake", "prompt": "1", "sampler": "nope"}, "sampler", "invalid_value"),
     ({"model": "fake", "prompt": "1", "sampler_options": {"threshold": [1]}}, "sampler_options.threshold",
@@ -248,7 +248,7 @@ def test_unknown_route_and_method_are_openai_errors(server):
 
 
 def test_speculative_server_refuses_diffusion_fields():
-    engine = FakeEngine(kind="speculative")
+    engine = FakeBackend(kind="speculative")
     with LiveServer(create_app(engine)) as s:
         for field, value in (("sampler", "threshold"), ("cache", "dual"), ("block_length", 4), ("steps", 2),
                              ("sampler_options", {"threshold": 0.5})):
@@ -264,7 +264,7 @@ def test_speculative_server_refuses_diffusion_fields():
 # ---- auth, limits, faults ----
 
 def test_api_key_is_required_on_v1_only():
-    with LiveServer(create_app(FakeEngine(), api_key="s3cret")) as s:
+    with LiveServer(create_app(FakeBackend(), api_key="s3cret")) as s:
         with pytest.raises(openai.AuthenticationError) as info:
             client(s, "wrong").completions.create(model="fake", prompt="1", max_tokens=1)
         assert info.value.status_code == 401 and info.value.body["code"] == "invalid_api_key"
@@ -293,8 +293,8 @@ def test_full_queue_is_429_with_retry_after(server, engine):
         engine.hold.set()
 
 
-def engine_request(engine: FakeEngine):
-    from dllm.serve.engines.jobs import JobRequest
+def engine_request(engine: FakeBackend):
+    from dllm.serve.backends.jobs import JobRequest
     from dllm.settings import DecodeSettings
 
     return JobRequest(prompt_ids=(1,), max_tokens=1, settings=DecodeSettings())
@@ -338,7 +338,7 @@ def test_failed_job_is_an_error_reply_and_an_error_chunk(server, engine):
 
 
 def test_drain_refuses_new_requests_and_lets_running_ones_finish():
-    engine = FakeEngine(delay_s=0.02)
+    engine = FakeBackend(delay_s=0.02)
     app = create_app(engine)
     s = LiveServer(app).__enter__()
     try:
@@ -355,21 +355,21 @@ def test_drain_refuses_new_requests_and_lets_running_ones_finish():
             rest = list(lines)
         text = "B" + "".join(json.loads(x[6:])["choices"][0]["text"] for x in rest
                              if x.startswith("data: {"))
-        assert text == FakeEngine.answer((1,), 20) and [x for x in rest if x][-1] == "data: [DONE]"
+        assert text == FakeBackend.answer((1,), 20) and [x for x in rest if x][-1] == "data: [DONE]"
     finally:
         s.stop()
-    assert not s.thread.is_alive() and engine.closed  # the app closed the engine on shutdown
+    assert not s.thread.is_alive() and engine.closed  # the app closed the backend on shutdown
 
 
 def test_the_page_and_its_static_files_are_served(tmp_path):
     (tmp_path / "index.html").write_text("<html>dllm page</html>")
     (tmp_path / "page.js").write_text("console.log('x')")
-    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path)) as s:
+    with LiveServer(create_app(FakeBackend(), static_dir=tmp_path)) as s:
         r = httpx.get(s.url + "/")
         assert r.status_code == 200 and r.text == "<html>dllm page</html>" and "text/html" in r.headers["content-type"]
         assert httpx.get(s.url + "/static/page.js").text == "console.log('x')"
         assert httpx.get(s.url + "/static/nope.js").status_code == 404
-    with LiveServer(create_app(FakeEngine(), static_dir=tmp_path / "missing")) as s:
+    with LiveServer(create_app(FakeBackend(), static_dir=tmp_path / "missing")) as s:
         r = httpx.get(s.url + "/")
         assert r.status_code == 404 and "index.html is missing" in r.json()["error"]["message"]
 

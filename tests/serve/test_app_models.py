@@ -1,4 +1,4 @@
-"""The app over the real engines and embedded models (tiny-llada; tiny-ar with a DFlash drafter) on a
+"""The app over the real backends and embedded models (tiny-llada; tiny-ar with a DFlash drafter) on a
 live uvicorn, through the official ``openai`` client: completions, chat, streaming, refusals; every
 greedy reply equals the offline ``dllm.generate`` / ``dllm.speculative_generate`` of its prompt."""
 
@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from dllm.serve.http.app import create_app
-from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_spec
+from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_speculative
 from tests.serve.test_app import post, sse_events
 
 SORT = "[BOS] sort D A C B [SEP]"
@@ -22,10 +22,10 @@ DFLASH = "dflash:model=tiny-ar-dflash"
 @pytest.fixture(scope="module")
 def llada():
     import dllm
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.diffusion import DiffusionBackend
 
     model = dllm.load("tiny-llada")
-    engine = DiffusionEngine(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
+    engine = DiffusionBackend(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
     with LiveServer(create_app(engine)) as server:
         yield model, server, openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
 
@@ -93,14 +93,15 @@ def test_diffusion_refusals_name_the_field(llada, extra, param, says):
 @pytest.mark.slow  # loading the transformers target takes seconds; tests/serve/test_load.py covers it under load too
 def test_speculative_server_equals_offline():
     import dllm
-    from dllm.serve.engines.speculative import SpecEngine
+    from dllm.serve.backends.speculative import SpeculativeBackend
 
     target, tok = dllm.load_target("tiny-ar")
-    engine = SpecEngine(target, tok, drafter=DFLASH, name="tiny-ar", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
+    engine = SpeculativeBackend(target, tok, drafter=DFLASH, name="tiny-ar", max_tokens_limit=64,
+                                chat_template=CHAT_TEMPLATE)
     with LiveServer(create_app(engine)) as server:
         c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
         out = c.completions.create(model="tiny-ar", prompt=REVERSE, max_tokens=10)
-        assert out.choices[0].text == offline_spec(target, tok, DFLASH, REVERSE, 10)
+        assert out.choices[0].text == offline_speculative(target, tok, DFLASH, REVERSE, 10)
         assert out.choices[0].model_extra["dllm"]["acceptance"] >= 1.0
         chunks = list(c.chat.completions.create(model="tiny-ar", messages=[{"role": "user", "content":
                                                 "reverse A B C D E F"}], max_tokens=10, stream=True))

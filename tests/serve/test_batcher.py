@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.serve.engines.batcher import BatcherConfig, Pending, merged_forward, plan_groups
+from dllm.serve.backends.batcher import BatcherConfig, Pending, merged_forward, plan_groups
 
 
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])

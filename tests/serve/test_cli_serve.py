@@ -108,14 +108,14 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits(tmp_path):
 def test_the_flags_build_the_engine(tmp_path):
     import argparse
 
-    from dllm.cli.serve import build_engine, serve_args
+    from dllm.cli.serve import build_backend, serve_args
 
     p = argparse.ArgumentParser()
     serve_args(p)
     args = p.parse_args(["--model", "tiny-llada", "--sampler", "threshold", "-o", "threshold=0.7", "--cache", "dual",
                          "--block-length", "4", "--max-running", "3", "--max-queue", "5", "--max-batch-rows", "6",
                          "--max-tokens-limit", "32", "--served-model-name", "tl"])
-    engine = build_engine(args, chat_template=None)
+    engine = build_backend(args, chat_template=None)
     try:
         assert (engine.model_name, engine.mode, engine.max_tokens_limit) == ("tl", "continuous", 32)
         assert engine.defaults.sampler == "threshold" and engine.defaults.options == (("threshold", 0.7),)
@@ -127,8 +127,8 @@ def test_the_flags_build_the_engine(tmp_path):
 
 
 def test_replicas_flag_hands_the_flags_engine_to_ray_serve(monkeypatch):
-    """--replicas N: Ray Serve gets N copies of exactly the engine the flags build (a picklable
-    partial of build_engine), the server options, and Serve's proxy on --host:--port."""
+    """--replicas N: Ray Serve gets N copies of exactly the backend the flags build (a picklable
+    partial of build_backend), the server options, and Serve's proxy on --host:--port."""
     import argparse
     import functools
     import pickle
@@ -145,7 +145,7 @@ def test_replicas_flag_hands_the_flags_engine_to_ray_serve(monkeypatch):
                          "--api-key", "k", "--threads", "1", "--ray-address", "auto"])
     assert cli.run_serve(args) == 0
     make, kw = calls["app"]
-    assert isinstance(make, functools.partial) and make.func is cli.build_engine and make.args == (args, None)
+    assert isinstance(make, functools.partial) and make.func is cli.build_backend and make.args == (args, None)
     pickle.dumps(make)  # Ray ships it to the replicas
     assert kw["replicas"] == 3 and kw["api_key"] == "k" and kw["threads"] == 1
     assert calls["run"] == ("APP", {"host": "127.0.0.1", "port": 8199, "address": "auto"})

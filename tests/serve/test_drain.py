@@ -15,19 +15,19 @@ from typing import Any, Optional, Sequence, Union
 import httpx2 as httpx
 import pytest
 
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest
 from dllm.settings import DecodeSettings
-from dllm.serve.engines.schedule_policy import Continuous
-from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig
+from dllm.serve.backends.schedule_policy import Continuous
+from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig
 from dllm.serve.http.app import begin_drain, create_app, end_drain
-from tests.serve.servers import FakeEngine, LiveServer
+from tests.serve.servers import FakeBackend, LiveServer
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 class SlowEngine(Scheduler):
-    """The real scheduler (queue, loop, ``close``) over a model-free decode: ``FakeEngine.answer``'s
+    """The real scheduler (queue, loop, ``close``) over a model-free decode: ``FakeBackend.answer``'s
     words, one per ``delay_s`` and turn (running jobs alternate), a cancelled job leaving at its next
     word."""
 
@@ -58,7 +58,7 @@ class SlowEngine(Scheduler):
 
     def _run_jobs(self, jobs: list[Job]) -> None:
         (job,) = jobs
-        words = FakeEngine.answer(job.request.prompt_ids, job.request.max_tokens).split()
+        words = FakeBackend.answer(job.request.prompt_ids, job.request.max_tokens).split()
         for i, word in enumerate(words):
             time.sleep(self.delay_s)
             self.yield_turn()
@@ -78,7 +78,7 @@ def final(job: Job, timeout: float = 10) -> Union[Done, Failed]:
     return job.result(timeout=timeout)
 
 
-# ---- the engine ----
+# ---- the backend ----
 
 def test_the_drain_timeout_ends_queued_and_running_jobs_with_503():
     engine = SlowEngine(delay_s=0.02, max_running=3)
@@ -238,7 +238,7 @@ def test_requests_that_finish_within_the_drain_get_their_whole_reply():
         begin_drain(app).result(timeout=10)
         for t in threads:
             t.join(timeout=10)
-    answer = FakeEngine.answer((1, 2), 30)
+    answer = FakeBackend.answer((1, 2), 30)
     assert waited["status"] == 200 and waited["body"]["choices"][0]["text"] == answer
     data = sse_data(streamed["lines"])
     assert data[-1] == "[DONE]" and "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == answer

@@ -39,7 +39,7 @@ def odd_value(rng: random.Random) -> Any:
 
 def mutated_body(rng: random.Random, chat: bool) -> bytes:
     """One malformed body: raw bytes, broken JSON, missing fields, odd values in known or unknown
-    fields, odd numbers or sampler / cache specs in an otherwise valid body (the engine's checks),
+    fields, odd numbers or sampler / cache specs in an otherwise valid body (the backend's checks),
     odd chat messages."""
     kind = rng.randrange(13)
     base: dict[str, Any] = json.loads(json.dumps(VALID_CHAT if chat else VALID))
@@ -54,7 +54,7 @@ def mutated_body(rng: random.Random, chat: bool) -> bytes:
     if kind == 3:  # drop required fields
         for key in rng.sample(sorted(base), rng.randrange(1, 3)):
             base.pop(key)
-    if kind == 10:  # a valid body but for one spec or sampler option: the engine's registry checks
+    if kind == 10:  # a valid body but for one spec or sampler option: the backend's registry checks
         name = rng.choice(("sampler", "cache", "sampler_options"))
         base[name] = {rng.choice(("threshold", "k", "tau", "x")): odd_value(rng)} if name == "sampler_options" \
             else rng.choice(SPECS)
@@ -90,10 +90,10 @@ async def fire(url: str, bodies: list[tuple[str, bytes]]) -> list[httpx.Response
 
 def test_a_fuzz_leaves_the_server_up_and_correct():
     import dllm
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.diffusion import DiffusionBackend
 
     model = dllm.load("tiny-llada")
-    engine = DiffusionEngine(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
+    engine = DiffusionBackend(model, name="tiny-llada", max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
     rng = random.Random(35)
     chats = [rng.random() < 0.3 for _ in range(300)]
     bodies = [("/v1/chat/completions" if chat else "/v1/completions", mutated_body(rng, chat)) for chat in chats]

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from dllm.serve.http.app import create_app
-from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_spec
+from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_speculative
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ async def run_all(url: str, model: str, calls: list[Call]) -> None:
 
 
 class Peak:
-    """The most requests the engine had running at once (polled while the load runs)."""
+    """The most requests the backend had running at once (polled while the load runs)."""
 
     def __init__(self, engine) -> None:
         self.engine, self.value, self._stop = engine, 0, threading.Event()
@@ -112,7 +112,7 @@ class Peak:
 
 
 def settled(engine, timeout: float = 5.0):
-    """The engine's stats once nothing runs or waits (a client that left has its row dropped at its
+    """The backend's stats once nothing runs or waits (a client that left has its row dropped at its
     next step, so this takes a step at most)."""
     deadline = time.monotonic() + timeout
     while (s := engine.stats()).running or s.queued:
@@ -125,10 +125,10 @@ def settled(engine, timeout: float = 5.0):
 @pytest.mark.parametrize("name", ["tiny-llada", "tiny-dream"])
 def test_diffusion_under_load_equals_offline(name):
     import dllm
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.diffusion import DiffusionBackend
 
     model = dllm.load(name)
-    engine = DiffusionEngine(model, name=name, max_running=32, max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
+    engine = DiffusionBackend(model, name=name, max_running=32, max_tokens_limit=64, chat_template=CHAT_TEMPLATE)
     calls = []
     for i, (prompt, length) in enumerate(stress_prompts(18)):
         for j, setting in enumerate(DIFFUSION_SETTINGS):
@@ -162,11 +162,11 @@ def test_diffusion_under_load_equals_offline(name):
 
 def test_speculative_under_load_equals_offline():
     import dllm
-    from dllm.serve.engines.speculative import SpecEngine
+    from dllm.serve.backends.speculative import SpeculativeBackend
 
     target, tok = dllm.load_target("tiny-ar")
-    engine = SpecEngine(target, tok, drafter=DFLASH, name="tiny-ar", max_running=8, max_tokens_limit=64,
-                        chat_template=CHAT_TEMPLATE)
+    engine = SpeculativeBackend(target, tok, drafter=DFLASH, name="tiny-ar", max_running=8, max_tokens_limit=64,
+                                chat_template=CHAT_TEMPLATE)
     prompts = stress_prompts(48) + stress_prompts(16, suite="long-answer")
     calls = [Call(p, min(n + 4 * (k % 3), 64), {}, stream=k % 2 == 0, chat=k % 5 == 0,
                   stop=["A B"] if k % 7 == 0 else None) for k, (p, n) in enumerate(prompts)]
@@ -176,6 +176,6 @@ def test_speculative_under_load_equals_offline():
         stats = settled(engine)
     assert stats.running == 0 and stats.queued == 0
     assert peak.value >= 4
-    mismatched = [(c.prompt, c.text, want) for c in calls if not c.leave
-                  and c.text != (want := offline_spec(target, tok, DFLASH, c.prompt, c.max_tokens, stop=c.stop or ()))]
+    mismatched = [(c.prompt, c.text, want) for c in calls if not c.leave and c.text != (
+        want := offline_speculative(target, tok, DFLASH, c.prompt, c.max_tokens, stop=c.stop or ()))]
     assert not mismatched, mismatched[:3]

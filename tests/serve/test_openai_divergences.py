@@ -15,21 +15,21 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Done, JobRequest
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.jobs import Done, JobRequest
 from dllm.settings import DecodeSettings
-from dllm.serve.engines.stream import TextStream, stop_end
+from dllm.serve.backends.stream import TextStream, stop_end
 from dllm.serve.http.app import bearer_token, create_app
 from dllm.serve.http.errors import MESSAGE_LIMIT, QUOTE_LIMIT, ApiError, clip, clip_message, quote
 from dllm.serve.http.protocol import MAX_CHOICES
-from tests.serve.servers import FakeEngine, LiveServer
+from tests.serve.servers import FakeBackend, LiveServer
 
 HTTP = httpx.Client(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def shared():
-    engine = FakeEngine()
+    engine = FakeBackend()
     with LiveServer(create_app(engine)) as server:
         yield server, engine
 
@@ -172,7 +172,7 @@ def test_an_engine_refusal_of_a_chat_prompt_names_messages(server):
     ("Bearer S3CRET", 401), ("Basic s3cret", 401), ("s3cret", 401), ("Bearer", 401), ("", 401),
 ])
 def test_the_bearer_scheme_is_case_insensitive_the_key_is_not(header, status):
-    with LiveServer(create_app(FakeEngine(), api_key="s3cret")) as s:
+    with LiveServer(create_app(FakeBackend(), api_key="s3cret")) as s:
         r = post(s, {"model": "fake", "prompt": "1", "max_tokens": 1}, **({"Authorization": header} if header else {}))
         assert r.status_code == status, r.text
         if status == 401:
@@ -261,11 +261,11 @@ def test_usage_of_a_stopped_diffusion_reply_ends_at_the_stop_string():
     """tiny-llada answers "A B C D E ..." in one block; with stop "D E" the reply is "A B C " and
     counts the five tokens up to the end of the stop string, not every token the block committed."""
     import dllm
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.diffusion import DiffusionBackend
 
     model = dllm.load("tiny-llada")
     prompt = "[BOS] sort G F E D C B A [SEP]"
-    engine = DiffusionEngine(model, name="tiny-llada")
+    engine = DiffusionBackend(model, name="tiny-llada")
     try:
         done = engine.submit(JobRequest(engine.encode_prompt(prompt), 7, DecodeSettings(),
                                         stop=("D E",))).result(timeout=60)
@@ -278,7 +278,7 @@ def test_usage_of_a_stopped_diffusion_reply_ends_at_the_stop_string():
     assert done.completion_tokens == 5 and done.token_ids == plain.token_ids[:5]
 
 
-# ---- a refusal the engine words, clipped the same way ----
+# ---- a refusal the backend words, clipped the same way ----
 
 def test_an_engine_message_with_a_long_value_is_clipped(server, engine, monkeypatch):
     def check(request):

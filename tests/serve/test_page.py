@@ -41,10 +41,10 @@ API_KEY = "page-test-key"
 @pytest.fixture(scope="module")
 def engine():
     import dllm
-    from dllm.serve.engines.diffusion import DiffusionEngine
+    from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.settings import DecodeSettings
 
-    engine = DiffusionEngine(dllm.load(MODEL), name=MODEL, defaults=DecodeSettings())
+    engine = DiffusionBackend(dllm.load(MODEL), name=MODEL, defaults=DecodeSettings())
     yield engine
     engine.close(drain=False)
 
@@ -250,13 +250,13 @@ def test_a_server_with_an_api_key_asks_for_it(keyed_server, browser):
 def spec_server():
     """tiny-ar with the DFlash drafter (speculative decoding): deltas per verification round."""
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.loading import load_target, resolve_target
+    from dllm.models.targets import load_target, resolve_target
     from dllm.eval.bench.loopback import serve_in_thread
     from dllm.serve.http.app import create_app
-    from dllm.serve.engines.speculative import SpecEngine
+    from dllm.serve.backends.speculative import SpeculativeBackend
 
     target, tokenizer = load_target(resolve_target("tiny-ar"))
-    engine = SpecEngine(target, tokenizer, drafter=make_drafter("dflash:model=tiny-ar-dflash"), name="tiny-ar")
+    engine = SpeculativeBackend(target, tokenizer, drafter=make_drafter("dflash:model=tiny-ar-dflash"), name="tiny-ar")
     with serve_in_thread(create_app(engine), ready_path="/health") as live:
         yield live
     engine.close(drain=False)

@@ -10,9 +10,9 @@ import pytest
 from dllm.eval.bench.counters import DispatchCounter
 from dllm.eval.bench.serve import stress_requests
 from dllm.scoring.exact_match import load_model
-from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.scheduler import Scheduler
-from dllm.serve.engines.jobs import Done, JobRequest
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.scheduler import Scheduler
+from dllm.serve.backends.jobs import Done, JobRequest
 from dllm.settings import DecodeSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore:the prompt has")  # tiny-random-llada lacks the task words
@@ -32,7 +32,7 @@ def count(model, mode: str, monkeypatch) -> DispatchCounter:
             run(engine)
 
     monkeypatch.setattr(Scheduler, "_loop", counted)
-    engine = DiffusionEngine(model, name="m", mode=mode, max_running=16)
+    engine = DiffusionBackend(model, name="m", mode=mode, max_running=16)
     try:
         with engine._cond:  # all queued at once
             jobs = [engine.submit(JobRequest(engine.encode_prompt(r.prompt), r.max_tokens,
@@ -62,7 +62,7 @@ def test_continuous_costs_no_more_outside_forwards_than_static(model, monkeypatc
 def test_one_canvas_read_per_decode_step(model, mode, monkeypatch):
     counter = count(model, mode, monkeypatch)
     sites = DispatchCounter.sync_sites([counter.current])
-    per_step = [n for site, n in sites.items() if "serve/engines/diffusion.py" in site]
+    per_step = [n for site, n in sites.items() if "serve/backends/diffusion.py" in site]
     # the step callback's one read of the canvas, and one read of the answers per decode
     assert len(per_step) == 2, sites
     assert not any("samplers/" in site or "engine.py" in site for site in sites), sites

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import dllm
-from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, Done, JobRequest
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.jobs import Delta, Done, JobRequest
 from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
@@ -34,7 +34,7 @@ def _mixed(n: int) -> list[tuple[str, DecodeSettings, int]]:
 
 @pytest.mark.parametrize("mode", ["continuous", "static", "serial"])
 def test_seeded_requests_equal_offline_under_load(llada, mode):
-    engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=16)
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, max_running=16)
     try:
         spec = _mixed(48)
         with engine._cond:  # queued together: they share calls and forwards
@@ -54,7 +54,7 @@ def test_seeded_requests_equal_offline_under_load(llada, mode):
 @pytest.mark.parametrize("mode", ["continuous", "static"])
 def test_identical_seeded_requests_sent_together_agree(llada, mode):
     """Eight identical requests (temperature 1, seed 5) queued at once: eight equal texts, the offline one."""
-    engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=8)
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, max_running=8)
     s = DecodeSettings(sampler="low_confidence", temperature=1.0, seed=5)
     try:
         with engine._cond:
@@ -94,7 +94,7 @@ def test_64_concurrent_http_requests_equal_offline(llada, mode):
 
     spec = [(p, s, n, i % 5 == 1, 2 if i % 7 == 3 and i % 5 != 1 and s.seed is not None else 1)
             for i, (p, s, n) in enumerate(_mixed(64))]
-    engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=16)
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, max_running=16)
     with LiveServer(create_app(engine)) as server:
         async def main():
             async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,

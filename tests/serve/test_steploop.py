@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import dllm
-from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, Done, Failed, JobRequest
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.jobs import Delta, Done, Failed, JobRequest
 from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
@@ -25,7 +25,7 @@ def llada():
 
 
 def recording(engine):
-    """Wrap the engine's decode: the size of every generate call it makes."""
+    """Wrap the backend's decode: the size of every generate call it makes."""
     sizes, decode = [], engine._decode
 
     def wrapped(jobs, model):
@@ -47,7 +47,7 @@ def offline(model, prompt, n, settings=SLOW):
 
 
 def test_prompts_have_the_lengths_the_tests_need(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", mode="serial")
+    engine = DiffusionBackend(llada, name="tiny-llada", mode="serial")
     try:
         assert {len(engine.encode_prompt(p)) for p in SEVEN} == {7}
         assert {len(engine.encode_prompt(p)) for p in TEN} == {10}
@@ -57,7 +57,7 @@ def test_prompts_have_the_lengths_the_tests_need(llada):
 
 
 def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", max_group=4, max_running=16)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4, max_running=16)
     sizes = recording(engine)
     other = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     specs = ([(p, 8, SLOW, False) for p in SEVEN]  # one key: 4 rows, then 2 ...
@@ -74,7 +74,7 @@ def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(
 
 
 def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", max_group=8)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=8)
     sizes = recording(engine)
     dual = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     prompts = [SEVEN[0], TEN[0], PROMPTS[2], SEVEN[1]]  # 7, 10, 6 and 7 tokens
@@ -90,7 +90,7 @@ def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
-    engine = DiffusionEngine(llada, name="tiny-llada", max_group=4)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4)
     sizes = recording(engine)
     slow = DecodeSettings(sampler="low_confidence", cache=cache)
     specs = [(TEN[0], 24, slow, True)] + [(p, 24, slow, False) for p in TEN[1:]]
@@ -111,7 +111,7 @@ def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
 
 
 def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
     decode, calls = engine._decode, []
 
     def flaky(jobs, model):
@@ -134,9 +134,9 @@ def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
 def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
     import torch
 
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
     try:
-        with pytest.raises(RuntimeError, match="inside a job of the engine's step loop"):
+        with pytest.raises(RuntimeError, match="inside a job of the backend's step loop"):
             engine._served(torch.zeros(1, 4, dtype=torch.long))
         done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[2]), 4, SLOW)).result(timeout=60)
         assert isinstance(done, Done) and done.text == offline(llada, PROMPTS[2], 4)  # the loop is unharmed
@@ -147,4 +147,4 @@ def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
 @pytest.mark.parametrize("bad", [0, -2, True, 1.5])
 def test_max_group_is_checked(llada, bad):
     with pytest.raises(ValueError, match="max_group"):
-        DiffusionEngine(llada, name="tiny-llada", mode="serial", max_group=bad)
+        DiffusionBackend(llada, name="tiny-llada", mode="serial", max_group=bad)

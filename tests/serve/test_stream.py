@@ -1,6 +1,6 @@
 """Streaming text from a growing final prefix: stop strings, EOS, held-back tails."""
 
-from dllm.serve.engines.stream import TextStream, held_back, stop_cut
+from dllm.serve.backends.stream import TextStream, held_back, stop_cut
 
 VOCAB = {1: "A", 2: "B", 3: "C", 4: "D", 9: "<eos>"}
 

@@ -1,14 +1,14 @@
 """DFlash and DFlash 2 block drafters (arXiv 2602.06036; reference z-lab/dflash).
 
-    config.py   DFlashConfig: the drafter's shape and the target layers it taps
-    ops.py      rotary tables, the block attention mask, positions
-    cache.py    DraftKVCache: the drafter's context K/V per call
-    model.py    DFlashDrafter (the network) and draft_block (one drafted block)
-    model2.py   DFlash 2: the candidate selector and grouped dynamic convolution
-    io.py       official checkpoints <-> DFlashDrafter (load_dflash, save_dflash, random_dflash)
-    io2.py      DFlash 2 checkpoints, and load_any_dflash (the architecture from config.json)
-    block_head.py  the per-request plan head read by ``plan="auto"`` (block_head.json beside a checkpoint)
-    drafter.py  the registered ``dflash`` drafter (speculative_generate's ``drafter="dflash:model=..."``)
+    config.py         DFlashConfig: the drafter's shape and the target layers it taps
+    ops.py            rotary tables, the block attention mask, positions
+    cache.py          DraftKVCache: the drafter's context K/V per call
+    model.py          DFlashDrafter (the network) and draft_block (one drafted block)
+    dflash2_model.py  DFlash 2: the candidate selector and grouped dynamic convolution
+    io.py             official checkpoints <-> DFlashDrafter (load_dflash, save_dflash, random_dflash)
+    dflash2_io.py     DFlash 2 checkpoints, and load_any_dflash (the architecture from config.json)
+    block_head.py     the per-request plan head read by ``plan="auto"`` (block_head.json beside a checkpoint)
+    drafter.py        the registered ``dflash`` drafter (speculative_generate's ``drafter="dflash:model=..."``)
 
 The names below resolve lazily (importing this package loads no module), so each module imports
 its siblings directly and this file adds no import edge.
@@ -23,10 +23,10 @@ _LAZY = {
     "DFlashConfig": "config", "tap_layer_ids": "config",
     "DraftKVCache": "cache",
     "DFlashDrafter": "model", "draft_block": "model",
-    "DFlash2Config": "model2", "DFlash2Drafter": "model2", "draft_block2": "model2",
+    "DFlash2Config": "dflash2_model", "DFlash2Drafter": "dflash2_model", "draft_block2": "dflash2_model",
     "load_dflash": "io", "save_dflash": "io", "random_dflash": "io",
-    "load_dflash2": "io2", "save_dflash2": "io2", "random_dflash2": "io2", "load_any_dflash": "io2",
-    "dflash_version": "io2",
+    "load_dflash2": "dflash2_io", "save_dflash2": "dflash2_io", "random_dflash2": "dflash2_io",
+    "load_any_dflash": "dflash2_io", "dflash_version": "dflash2_io",
     "BlockHead": "block_head", "load_block_head": "block_head", "has_block_head": "block_head",
 }
 

@@ -44,8 +44,8 @@ import torch.nn as nn
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
 from dllm.drafters.dflash.block_head import has_block_head, load_block_head
 from dllm.drafters.dflash.cache import DraftKVCache
-from dllm.drafters.dflash.io2 import load_any_dflash
-from dllm.drafters.dflash.model2 import DFlash2Drafter, draft_block2
+from dllm.drafters.dflash.dflash2_io import load_any_dflash
+from dllm.drafters.dflash.dflash2_model import DFlash2Drafter, draft_block2
 from dllm.drafters.dflash.model import (DFlashDrafter, DraftBlock, draft_block, make_block, target_embedding,
                                         target_head)
 from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue

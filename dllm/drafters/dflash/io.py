@@ -74,7 +74,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> DFlash
     archs = hf.get("architectures") or []
     if ARCHITECTURE_V2 in archs:
         raise ValueError(f"{source}: a DFlash 2 checkpoint ({ARCHITECTURE_V2}: grouped dynamic convolutions and a "
-                         f"candidate selector); load it with dllm.drafters.dflash.io2.load_dflash2 (or "
+                         f"candidate selector); load it with dllm.drafters.dflash.dflash2_io.load_dflash2 (or "
                          f"load_any_dflash, which picks the architecture)")
     problems = _not_a_drafter(hf, source)
     if problems:

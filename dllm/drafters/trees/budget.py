@@ -3,7 +3,7 @@ verification cost.
 
 A round costs ``1 + c * N`` (in units of a round with an empty tree: the drafter's forward plus the
 target's fixed cost) when the target verifies N tree nodes, ``c`` being the target's cost per node
-relative to that (measure it: ``dllm bench spec --trees`` fits ``t(N) = a + b N`` to the target's
+relative to that (measure it: ``dllm bench trees`` fits ``t(N) = a + b N`` to the target's
 forward time over tree sizes; c = b / a). It commits ``1 + S_N`` tokens in expectation, S_N the sum of
 the first N nodes' path probabilities under the drafter's marginals (``node_path_probs``, the
 surrogate DDTree maximises). The rule keeps, per row, the N in 1..budget that maximises

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from dllm.eval.compare import SamplerResult, SamplerSpec, compare, format_results
+from dllm.eval.compare import SamplerResult, compare, format_results
+from dllm.scoring.setting import DecodeSetting
 
 REFERENCE = "low_confidence"
 BASELINE = "threshold"
@@ -111,7 +112,7 @@ def cannot_run(model, spec: str) -> Optional[str]:
     attention probabilities needs a model with transformer layers (the oracle has none)."""
     from dllm.samplers import make_sampler
 
-    parsed = SamplerSpec.parse(spec)
+    parsed = DecodeSetting.parse(spec)
     sampler = make_sampler(parsed.name, **parsed.sampler_options)
     if sampler.attention_layers and not getattr(model, "supports_kv_cache", True):
         return f"{sampler.name} reads attention probabilities; {type(model).__name__} has none"

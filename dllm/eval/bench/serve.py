@@ -6,7 +6,7 @@
 For each serving mode (``continuous``: requests join and leave the running batch at every step;
 ``static``: a batch is formed from the queue and runs until its last row ends; ``serial``: one request
 at a time) the bench starts a server, the real app (``dllm.serve.http.app.create_app``) on a
-``DiffusionEngine`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
+``DiffusionBackend`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
 (``--server process``, the default; the load generator then shares no interpreter lock with the
 server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). Every server is up
 before the first row, and the rows interleave: for each repeat, for each rate, each mode in turn, so

@@ -3,7 +3,7 @@
 ``mode_server`` yields the URL of one: ``--server process`` (the default) runs ``dllm serve --model M
 --mode MODE --port P`` (the real command line, in its own process, so that the load generator does
 not share an interpreter lock with the server, as in vLLM's serving benchmark) and stops it with
-SIGTERM; ``--server thread`` serves the app (``dllm.serve.http.app.create_app`` on a ``DiffusionEngine``)
+SIGTERM; ``--server thread`` serves the app (``dllm.serve.http.app.create_app`` on a ``DiffusionBackend``)
 from a thread of the bench's process, on the model the bench loaded. ``forward_counts`` reads the
 model forwards and the rows over them from the server's /metrics (their ratio is the mean batch).
 """
@@ -21,16 +21,16 @@ from typing import Iterator, Optional
 from dllm.eval.bench.loopback import LOOPBACK, serve_in_thread, wait_ready
 
 
-def build_engine(model, name: str, mode: str, max_running: int, max_queue: int,
-                 max_batch_tokens: Optional[int] = None):
-    """A ``DiffusionEngine`` in ``mode`` with the server's default settings."""
-    from dllm.serve.engines.batcher import BatcherConfig
-    from dllm.serve.engines.diffusion import DiffusionEngine
+def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,
+                  max_batch_tokens: Optional[int] = None):
+    """A ``DiffusionBackend`` in ``mode`` with the server's default settings."""
+    from dllm.serve.backends.batcher import BatcherConfig
+    from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.settings import DecodeSettings
 
     batcher = BatcherConfig() if max_batch_tokens is None else BatcherConfig(max_tokens=max_batch_tokens)
-    return DiffusionEngine(model, name=name, defaults=DecodeSettings(), mode=mode, max_running=max_running,
-                           max_queue=max_queue, batcher=batcher)
+    return DiffusionBackend(model, name=name, defaults=DecodeSettings(), mode=mode, max_running=max_running,
+                            max_queue=max_queue, batcher=batcher)
 
 
 def free_port() -> int:
@@ -58,13 +58,13 @@ def mode_server(model, name: str, mode: str, *, max_queue: int, args: argparse.N
     if args.server == "thread":
         from dllm.serve.http.app import create_app
 
-        engine = build_engine(model, name, mode, args.max_running, max_queue,
-                              getattr(args, "max_batch_tokens", None) if mode == "continuous" else None)
+        backend = build_backend(model, name, mode, args.max_running, max_queue,
+                                getattr(args, "max_batch_tokens", None) if mode == "continuous" else None)
         try:
-            with serve_in_thread(create_app(engine), ready_path="/health") as live:
+            with serve_in_thread(create_app(backend), ready_path="/health") as live:
                 yield live.url
         finally:
-            engine.close(drain=False)
+            backend.close(drain=False)
         return
     port = free_port()
     cmd = serve_command(args, mode, port, max_queue)
@@ -108,4 +108,4 @@ def forward_counts(url: str) -> Optional[tuple[float, float]]:
     return None if forwards is None or rows is None else (forwards, rows)
 
 
-__all__ = ["build_engine", "forward_counts", "free_port", "mode_server", "serve_command"]
+__all__ = ["build_backend", "forward_counts", "free_port", "mode_server", "serve_command"]

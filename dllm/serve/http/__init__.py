@@ -1,2 +1,2 @@
-"""The OpenAI-compatible HTTP layer over an engine: the FastAPI app, request validation, SSE,
+"""The OpenAI-compatible HTTP layer over a backend: the FastAPI app, request validation, SSE,
 replies, errors, Prometheus metrics and the page (``static/``)."""

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP app over one engine (FastAPI; run by uvicorn, ``dllm serve``).
+"""The OpenAI-compatible HTTP app over one backend (FastAPI; run by uvicorn, ``dllm serve``).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed over SSE with
 ``stream: true``, see ``dllm.serve.http.sse``), ``GET /v1/models``, ``GET /v1/dllm/options`` (the registered
@@ -7,16 +7,16 @@ samplers and caches with their option fields, and the server's defaults: the pag
 and ``/static/...``.
 
 A request is read (at most ``max_body_bytes``), validated (``dllm.serve.http.protocol``), turned into one
-``JobRequest`` per choice and checked by the engine (``dllm.serve.http.translate``) before any job is
+``JobRequest`` per choice and checked by the backend (``dllm.serve.http.translate``) before any job is
 queued: every refusal is an OpenAI-style error body naming the field (400; 404 for a model this
 server does not serve), 401 without the API key (``api_key``: ``Authorization: Bearer KEY`` on
-``/v1/...``), 429 + Retry-After when the engine's queue is full, 503 + Retry-After once the server
-drains or the engine is closed. A client that disconnects has its jobs cancelled at once
+``/v1/...``), 429 + Retry-After when the backend's queue is full, 503 + Retry-After once the server
+drains or the backend is closed. A client that disconnects has its jobs cancelled at once
 (``Job.cancel``: the row leaves the batch).
 
 Shutdown (``begin_drain``: SIGTERM under ``dllm serve``, else the app's lifespan shutdown): new
-requests get 503 while the engine closes, letting queued and running jobs finish for at most
-``drain_timeout``; a job still unfinished then ends with a 503 too (``engine.close``), which its
+requests get 503 while the backend closes, letting queued and running jobs finish for at most
+``drain_timeout``; a job still unfinished then ends with a 503 too (``backend.close``), which its
 client gets as an error body, or, streamed, as a last ``data: {"error": ...}`` event then ``[DONE]``.
 """
 
@@ -40,9 +40,9 @@ from starlette.requests import ClientDisconnect
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dllm.serve.engines.base import BadRequest, Engine
+from dllm.serve.backends.base import Backend, BadRequest
 from dllm.serve.http.errors import ApiError, bad_request, from_exception, from_failed, quote, shutting_down
-from dllm.serve.engines.jobs import Done, Failed, Job, JobRequest
+from dllm.serve.backends.jobs import Done, Failed, Job, JobRequest
 from dllm.serve.http.metrics import CONTENT_TYPE, Metrics
 from dllm.serve.http.protocol import ChatBody, CompletionBody, parse_body
 from dllm.serve.http.replies import Reply
@@ -125,7 +125,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def refusal(err: Exception) -> ApiError:
     """An error raised while a request was read, checked or queued: ValueError / TypeError / KeyError
-    from the engine's encode or check are bad input too (400), not server faults."""
+    from the backend's encode or check are bad input too (400), not server faults."""
     if isinstance(err, ClientDisconnect):  # gone while its body was read: nobody reads the reply
         return ApiError(499, "the client disconnected", code="cancelled")
     if isinstance(err, (ApiError, BadRequest)) or not isinstance(err, (ValueError, TypeError, KeyError)):
@@ -133,12 +133,12 @@ def refusal(err: Exception) -> ApiError:
     return bad_request(None, str(err))
 
 
-def submit_all(engine: Engine, requests: Sequence[JobRequest]) -> list[Job]:
+def submit_all(backend: Backend, requests: Sequence[JobRequest]) -> list[Job]:
     """Queue every choice, or none: a QueueFull midway cancels those already queued."""
     jobs: list[Job] = []
     try:
         for req in requests:
-            jobs.append(engine.submit(req))
+            jobs.append(backend.submit(req))
     except BaseException:
         cancel_unfinished(jobs)
         raise
@@ -192,18 +192,18 @@ def registry_rows(registry: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def options_body(engine: Engine, default_max_tokens: int) -> dict[str, Any]:
+def options_body(backend: Backend, default_max_tokens: int) -> dict[str, Any]:
     """``GET /v1/dllm/options``."""
     from dllm.cache import caches
     from dllm.samplers import samplers
 
-    defaults = getattr(engine, "defaults", None)
+    defaults = getattr(backend, "defaults", None)
     body: dict[str, Any] = {
-        "model": engine.model_name, "kind": engine.kind, "max_tokens_limit": engine.max_tokens_limit,
-        "max_positions": engine.max_positions, "default_max_tokens": default_max_tokens,
+        "model": backend.model_name, "kind": backend.kind, "max_tokens_limit": backend.max_tokens_limit,
+        "max_positions": backend.max_positions, "default_max_tokens": default_max_tokens,
         "defaults": _jsonable_dict(dataclasses.asdict(defaults)) if dataclasses.is_dataclass(defaults) else {},
-        "samplers": registry_rows(samplers) if engine.kind == "diffusion" else [],
-        "caches": registry_rows(caches) if engine.kind == "diffusion" else []}
+        "samplers": registry_rows(samplers) if backend.kind == "diffusion" else [],
+        "caches": registry_rows(caches) if backend.kind == "diffusion" else []}
     return body
 
 
@@ -233,15 +233,15 @@ def _in_thread(call: Callable[[], None], name: str) -> "concurrent.futures.Futur
 def begin_drain(app: FastAPI) -> "concurrent.futures.Future[None]":
     """Start the app's shutdown (idempotent; ``dllm serve`` calls it on SIGTERM / Ctrl-C, the lifespan
     at the latest): from now on new requests get 503 + Retry-After (and /health 503), while a thread
-    closes the engine, letting queued and running requests finish for at most the app's
-    ``drain_timeout`` (then each unfinished one ends with a 503: ``engine.close``). The future is done
-    once the engine is closed, at once when the app does not own it (``close_engine=False``)."""
+    closes the backend, letting queued and running requests finish for at most the app's
+    ``drain_timeout`` (then each unfinished one ends with a 503: ``backend.close``). The future is done
+    once the backend is closed, at once when the app does not own it (``close_backend=False``)."""
     state = app.state
     with state.drain_lock:
         state.draining = True
         if state.drain is None:
-            if state.close_engine:
-                state.drain = _in_thread(lambda: state.engine.close(True, state.drain_timeout), "dllm-serve-drain")
+            if state.close_backend:
+                state.drain = _in_thread(lambda: state.backend.close(True, state.drain_timeout), "dllm-serve-drain")
             else:
                 state.drain = concurrent.futures.Future()
                 state.drain.set_result(None)
@@ -250,18 +250,18 @@ def begin_drain(app: FastAPI) -> "concurrent.futures.Future[None]":
 
 def end_drain(app: FastAPI) -> "concurrent.futures.Future[None]":
     """Stop waiting for the requests in flight (``dllm serve``: a second SIGTERM / Ctrl-C): each one
-    still queued or running ends now with a 503 (``engine.close(drain=False)``). Starts the drain
+    still queued or running ends now with a 503 (``backend.close(drain=False)``). Starts the drain
     first when it has not begun; returns its future (``begin_drain``)."""
     drain = begin_drain(app)
-    if app.state.close_engine and not drain.done():
-        _in_thread(lambda: app.state.engine.close(False), "dllm-serve-stop")
+    if app.state.close_backend and not drain.done():
+        _in_thread(lambda: app.state.backend.close(False), "dllm-serve-stop")
     return drain
 
 
-def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES,
-               default_max_tokens: int = 16, close_engine: bool = True, drain_timeout: Optional[float] = None,
+def create_app(backend: Backend, *, api_key: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES,
+               default_max_tokens: int = 16, close_backend: bool = True, drain_timeout: Optional[float] = None,
                static_dir: Path = STATIC_DIR) -> FastAPI:
-    """The app serving ``engine``. ``close_engine``: close it when the app shuts down (``begin_drain``),
+    """The app serving ``backend``. ``close_backend``: close it when the app shuts down (``begin_drain``),
     giving the requests in flight at most ``drain_timeout`` seconds (None: as long as they need)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
@@ -276,10 +276,10 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
         await asyncio.wrap_future(begin_drain(app))
 
     app = FastAPI(title="dllm serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine = engine
-    app.state.close_engine, app.state.drain_timeout = close_engine, drain_timeout
+    app.state.backend = backend
+    app.state.close_backend, app.state.drain_timeout = close_backend, drain_timeout
     app.state.draining, app.state.drain, app.state.drain_lock = False, None, threading.Lock()
-    metrics = Metrics(engine)
+    metrics = Metrics(backend)
     app.state.metrics = metrics
     if api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=api_key)
@@ -300,13 +300,13 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
             if app.state.draining:
                 raise shutting_down("the server is shutting down and takes no new requests")
             body = parse_body(await read_body(request, max_body_bytes), body_model)
-            requests = job_requests(body, engine, default_max_tokens=default_max_tokens)
-            jobs = submit_all(engine, requests)
+            requests = job_requests(body, backend, default_max_tokens=default_max_tokens)
+            jobs = submit_all(backend, requests)
         except Exception as err:  # noqa: BLE001  (every refusal becomes an error body)
             e = refusal(err)
             metrics.count(endpoint, e.status)
             return error_response(e)
-        reply = Reply(model=engine.model_name, chat=chat)
+        reply = Reply(model=backend.model_name, chat=chat)
         if body.stream:
             metrics.count(endpoint, 200)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -335,8 +335,8 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
     created = int(time.time())
 
     def model_card() -> dict[str, Any]:
-        return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "dllm",
-                "kind": engine.kind, "max_model_len": engine.max_positions}
+        return {"id": backend.model_name, "object": "model", "created": created, "owned_by": "dllm",
+                "kind": backend.kind, "max_model_len": backend.max_positions}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -344,20 +344,20 @@ def create_app(engine: Engine, *, api_key: Optional[str] = None, max_body_bytes:
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> Response:
-        if name != engine.model_name:
+        if name != backend.model_name:
             return error_response(ApiError(404, f"unknown model {quote(name)}; this server serves "
-                                                f"{engine.model_name!r}", param="model", code="model_not_found"))
+                                                f"{backend.model_name!r}", param="model", code="model_not_found"))
         return JSONResponse(model_card())
 
     @app.get("/v1/dllm/options")
     async def options() -> dict[str, Any]:
-        return options_body(engine, default_max_tokens)
+        return options_body(backend, default_max_tokens)
 
     @app.get("/health")
     async def health() -> Response:
-        s = engine.stats()
+        s = backend.stats()
         ok = not (app.state.draining or s.closed)
-        body = {"status": "ok" if ok else "draining", "model": engine.model_name, "kind": engine.kind,
+        body = {"status": "ok" if ok else "draining", "model": backend.model_name, "kind": backend.kind,
                 "queued": s.queued, "running": s.running, "max_running": s.max_running, "max_queue": s.max_queue}
         return JSONResponse(body, status_code=200 if ok else 503)
 

@@ -1,10 +1,10 @@
 """HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Every refusal the server makes is an ``ApiError`` (status, message, the request field it is about);
-``from_exception`` maps the engine's exceptions (``BadRequest`` -> 400, ``QueueFull`` -> 429 with
-Retry-After, ``EngineClosed`` -> 503 with Retry-After) so the app has one place that decides status
+``from_exception`` maps the backend's exceptions (``BadRequest`` -> 400, ``QueueFull`` -> 429 with
+Retry-After, ``BackendClosed`` -> 503 with Retry-After) so the app has one place that decides status
 codes. A message quotes at most ``QUOTE_LIMIT`` characters of any one piece of the client's input
-(``quote``; ``clip_message`` bounds the engine's and the tokenizer's messages the same way), so a 1 MB
+(``quote``; ``clip_message`` bounds the backend's and the tokenizer's messages the same way), so a 1 MB
 field never comes back in an error body. The body
 follows the OpenAI API reference's error object (https://platform.openai.com/docs/guides/error-codes)
 and vLLM's ``ErrorResponse`` (vllm/entrypoints/openai/protocol.py).
@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import EngineClosed, QueueFull
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.jobs import BackendClosed, QueueFull
 
 # status -> OpenAI's error ``type``
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
@@ -59,7 +59,7 @@ def utf8(text: str) -> str:
 
 def clip_message(message: str) -> str:
     """``message`` with every quoted span and every run without whitespace longer than ``QUOTE_LIMIT``
-    clipped (how the engine's and the tokenizer's messages quote a client's input), and at most
+    clipped (how the backend's and the tokenizer's messages quote a client's input), and at most
     ``MESSAGE_LIMIT`` characters in all."""
     return clip(_LONG_INPUT.sub(lambda m: _clip_span(m.group()), message), MESSAGE_LIMIT)
 
@@ -95,7 +95,7 @@ def retry_after_header(seconds: float) -> dict[str, str]:
 
 
 def from_exception(err: Exception) -> ApiError:
-    """The engine's exceptions as HTTP errors; anything else is a 500 that names its type, no traceback."""
+    """The backend's exceptions as HTTP errors; anything else is a 500 that names its type, no traceback."""
     if isinstance(err, ApiError):
         return err
     if isinstance(err, BadRequest):
@@ -103,13 +103,13 @@ def from_exception(err: Exception) -> ApiError:
     if isinstance(err, QueueFull):
         return ApiError(429, f"the server is busy: {err}; retry later", code="queue_full",
                         headers=retry_after_header(err.retry_after))
-    if isinstance(err, EngineClosed):
+    if isinstance(err, BackendClosed):
         return shutting_down(f"the server is shutting down and takes no new requests ({err})".replace(" ()", ""))
     return ApiError(500, f"internal error: {type(err).__name__}: {err}", code="internal_error")
 
 
 def shutting_down(message: str) -> ApiError:
-    """503 + Retry-After: the server drains (SIGTERM) or its engine is closed."""
+    """503 + Retry-After: the server drains (SIGTERM) or its backend is closed."""
     return ApiError(503, message, code="shutting_down", headers=retry_after_header(DRAIN_RETRY_AFTER_S))
 
 

@@ -2,7 +2,7 @@
 
 Per request (observed from its ``Done``): time to first token, time per output token, end-to-end
 latency, queue time, NFE per token, tokens per forward, acceptance length (speculative). Read from the
-engine at scrape time (``EngineCollector``): queue depth, running batch, model forwards and the rows
+backend at scrape time (``BackendCollector``): queue depth, running batch, model forwards and the rows
 they carried. Names follow vLLM's (vllm/engine/metrics.py: ``vllm:time_to_first_token_seconds`` ...)
 under the ``dllm_`` prefix.
 """
@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dllm.serve.engines.base import Engine
-from dllm.serve.engines.jobs import Done
+from dllm.serve.backends.base import Backend
+from dllm.serve.backends.jobs import Done
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,14 +25,14 @@ _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _RATIO = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
 
 
-class EngineCollector(Collector):
-    """The engine's live numbers, read once per scrape from ``engine.stats()``."""
+class BackendCollector(Collector):
+    """The backend's live numbers, read once per scrape from ``backend.stats()``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
 
     def collect(self) -> Iterator[Metric]:
-        s = self.engine.stats()
+        s = self.backend.stats()
         yield GaugeMetricFamily("dllm_queue_depth", "requests submitted and not started", value=s.queued)
         yield GaugeMetricFamily("dllm_running_batch", "requests decoding now", value=s.running)
         yield GaugeMetricFamily("dllm_max_running", "the bound on requests decoding at once", value=s.max_running)
@@ -41,13 +41,13 @@ class EngineCollector(Collector):
                                   value=s.forwards)
         yield CounterMetricFamily("dllm_forwarded_rows", "rows summed over the model forwards (/ forwards = "
                                                          "the mean batch)", value=s.forwarded_rows)
-        yield GaugeMetricFamily("dllm_engine_closed", "1 once the engine refuses new requests", value=int(s.closed))
+        yield GaugeMetricFamily("dllm_engine_closed", "1 once the backend refuses new requests", value=int(s.closed))
 
 
 class Metrics:
     """The app's metrics; ``render()`` is the /metrics body."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("dllm_requests", "HTTP requests by endpoint and status", ("endpoint", "status"),
@@ -70,7 +70,7 @@ class Metrics:
                                             buckets=_RATIO, registry=r)
         self.acceptance = Histogram("dllm_acceptance_length", "speculative: tokens per verification round "
                                                               "(accepted + bonus)", buckets=_RATIO, registry=r)
-        r.register(EngineCollector(engine))
+        r.register(BackendCollector(backend))
 
     def count(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -96,4 +96,4 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "EngineCollector", "Metrics"]
+__all__ = ["CONTENT_TYPE", "BackendCollector", "Metrics"]

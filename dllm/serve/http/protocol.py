@@ -1,5 +1,5 @@
 """The request bodies of ``/v1/completions`` and ``/v1/chat/completions``, validated before anything
-reaches an engine.
+reaches a backend.
 
 Fields are OpenAI's (https://platform.openai.com/docs/api-reference/completions/create and
 .../chat/create) plus dllm's own, read from the same JSON object (the ``openai`` client sends them with
@@ -11,7 +11,7 @@ Every refusal is an ``ApiError`` 400 whose ``param`` names the field ("max_token
 range, an unknown field (the message lists the valid ones), an OpenAI feature dllm does not implement
 at a non-neutral value (``logprobs``, ``echo``, penalties ...), ``stream_options`` or ``dllm_events``
 without ``stream: true``, text that is not Unicode text (a lone UTF-16 surrogate from a ``\\ud800``
-escape), a diffusion field sent to a speculative server. The engine's own ``check`` (sampler, cache
+escape), a diffusion field sent to a speculative server. The backend's own ``check`` (sampler, cache
 and options against the registries, max_tokens against the limit, prompt + max_tokens against the
 positions) runs after this, in ``dllm.serve.http.app``.
 """
@@ -70,7 +70,7 @@ class _Common(_Strict):
 class CompletionBody(_Common):
     prompt: Any  # str, [str], [int] or [[int]]: ``prompts``
     echo: bool = False  # only false
-    logprobs: Optional[int] = None  # only null (the engines compute no token log-probabilities)
+    logprobs: Optional[int] = None  # only null (the backends compute no token log-probabilities)
     best_of: Optional[int] = None  # only null or n
     suffix: Optional[str] = None  # only null
 
@@ -189,7 +189,7 @@ def check_text(text: str, param: str) -> str:
 
 def check_sampler_options(options: Any) -> None:
     """``sampler_options``: null or an object of scalar values (the sampler's Config checks names and
-    ranges: the engine's check)."""
+    ranges: the backend's check)."""
     if options is None:
         return
     if not isinstance(options, dict):
@@ -201,7 +201,7 @@ def check_sampler_options(options: Any) -> None:
             raise bad_request(at, f"{at} must be a number, string, boolean or null, got {_short(value)}")
 
 
-NO_LOGPROBS = "the engines compute no token log-probabilities"
+NO_LOGPROBS = "the backends compute no token log-probabilities"
 NEUTRAL = {"presence_penalty": ((None, 0, 0.0), ""), "frequency_penalty": ((None, 0, 0.0), ""),
            "logit_bias": ((None, {}), ""), "echo": ((False,), ""), "suffix": ((None,), ""),
            "top_logprobs": ((None,), NO_LOGPROBS)}  # field: (the values accepted, why no other)

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from dllm.serve.engines.jobs import Done, Step
+from dllm.serve.backends.jobs import Done, Step
 
 
 def choice_stats(done: Done) -> dict[str, Any]:

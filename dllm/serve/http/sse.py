@@ -1,7 +1,7 @@
 """Server-sent events (https://html.spec.whatwg.org/multipage/server-sent-events.html) for streamed
 replies, in OpenAI's framing: ``data: {chunk}`` lines, then ``data: [DONE]``.
 
-Text deltas go out exactly as the engine's ``Delta`` events give them (a left prefix that is final,
+Text deltas go out exactly as the backend's ``Delta`` events give them (a left prefix that is final,
 never revised). A request with ``dllm_events`` also gets, in order with the chunks, one named event per
 denoising step and one per finished choice just before ``[DONE]``::
 
@@ -13,7 +13,7 @@ denoising step and one per finished choice just before ``[DONE]``::
     data: {"index": 0, "nfe": 5, "forwarded_tokens": ..., "completion_tokens": ..., "tokens_per_forward": ...,
            "tokens_per_s": ..., "wall_s": ..., "ttft_s": ...}
 
-A choice that fails after it started (the engine's ``Failed``: a decode error, 500, or the server's
+A choice that fails after it started (the backend's ``Failed``: a decode error, 500, or the server's
 shutdown at its drain timeout, 503 ``shutting_down``) ends the stream with ``data: {"error": {...}}``
 and ``[DONE]`` (the ``openai`` client raises it as an ``APIError``); the other choices of that request
 are cancelled. When the client goes away, the stream is cancelled and every unfinished job of the
@@ -27,7 +27,7 @@ import json
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from dllm.serve.http.errors import from_failed
-from dllm.serve.engines.jobs import Delta, Done, Event, Failed, Job, Step
+from dllm.serve.backends.jobs import Delta, Done, Event, Failed, Job, Step
 from dllm.serve.http.replies import Reply, choice_stats, step_data
 
 DONE = "data: [DONE]\n\n"

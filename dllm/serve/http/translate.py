@@ -1,13 +1,13 @@
-"""A validated request body -> the engine's ``JobRequest``s (one per prompt and choice).
+"""A validated request body -> the backend's ``JobRequest``s (one per prompt and choice).
 
-Fields the body leaves out take the server's defaults (``engine.resolve_settings``: the ``dllm serve``
+Fields the body leaves out take the server's defaults (``backend.resolve_settings``: the ``dllm serve``
 flags), not OpenAI's: ``temperature`` defaults to the server's (0, greedy, unless ``--temperature``
 says otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k`` of a diffusion request are
 the sampler's options of those names (the ``dream`` sampler has them); 1.0 / 0 mean "off" and are
 dropped, so a client that always sends ``top_p=1`` works with every sampler.
 
 A ``model`` other than the served one is 404 ``model_not_found`` (as OpenAI's and vLLM's); a prompt
-the engine cannot encode is 400 naming ``prompt`` (chat: ``messages``), in dllm's words whatever the
+the backend cannot encode is 400 naming ``prompt`` (chat: ``messages``), in dllm's words whatever the
 tokenizer raised.
 """
 
@@ -16,18 +16,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Union
 
-from dllm.serve.engines.base import BadRequest, Engine
+from dllm.serve.backends.base import Backend, BadRequest
 from dllm.serve.http.errors import ApiError, bad_request, quote
-from dllm.serve.engines.jobs import JobRequest, Settings, SpecSettings
+from dllm.serve.backends.jobs import JobRequest, Settings, SpeculativeSettings
 from dllm.settings import DecodeSettings
 from dllm.serve.http.protocol import (DIFFUSION_FIELDS, MAX_CHOICES, Body, ChatBody, chat_messages, prompts,
                                  stop_strings)
 
 
-def check_model(body: Body, engine: Engine) -> None:
+def check_model(body: Body, backend: Backend) -> None:
     """404 ``model_not_found`` unless ``model`` names the served model."""
-    if body.model != engine.model_name:
-        raise ApiError(404, f"unknown model {quote(body.model)}; this server serves {engine.model_name!r} "
+    if body.model != backend.model_name:
+        raise ApiError(404, f"unknown model {quote(body.model)}; this server serves {backend.model_name!r} "
                             f"(GET /v1/models)", param="model", code="model_not_found")
 
 
@@ -43,7 +43,7 @@ def requested_max_tokens(body: Body, default: int) -> int:
 
 
 def _sampler_fields(spec: str) -> Union[set[str], None]:
-    """The option names of the sampler ``spec`` names (None when it is not registered: the engine's
+    """The option names of the sampler ``spec`` names (None when it is not registered: the backend's
     check reports that)."""
     from dllm.registry import parse_spec
     from dllm.samplers import samplers
@@ -74,32 +74,32 @@ def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
     return options
 
 
-def diffusion_settings(body: Body, engine: Engine, max_tokens: int) -> DecodeSettings:
-    """The request's decode settings over the server's defaults (``engine.resolve_settings``: the
+def diffusion_settings(body: Body, backend: Backend, max_tokens: int) -> DecodeSettings:
+    """The request's decode settings over the server's defaults (``backend.resolve_settings``: the
     defaults' sampler options apply only when the request keeps the default sampler)."""
-    sampler = body.sampler if body.sampler is not None else engine.defaults.sampler
-    return engine.resolve_settings(max_tokens=max_tokens, sampler=body.sampler, cache=body.cache,
-                                   block_length=body.block_length, steps=body.steps, temperature=body.temperature,
-                                   seed=body.seed, options=sampler_options(body, sampler))
+    sampler = body.sampler if body.sampler is not None else backend.defaults.sampler
+    return backend.resolve_settings(max_tokens=max_tokens, sampler=body.sampler, cache=body.cache,
+                                    block_length=body.block_length, steps=body.steps, temperature=body.temperature,
+                                    seed=body.seed, options=sampler_options(body, sampler))
 
 
-def spec_settings(body: Body, engine: Engine, max_tokens: int) -> SpecSettings:
+def speculative_settings(body: Body, backend: Backend, max_tokens: int) -> SpeculativeSettings:
     """A speculative request's settings; the diffusion fields are refused by name."""
     for name in DIFFUSION_FIELDS:
         if name in body.model_fields_set and getattr(body, name) not in (None, False):
             raise bad_request(name, f"{name!r} is a diffusion setting; this server runs an autoregressive target "
                                     f"with speculative decoding (fields: temperature, top_p, top_k, seed)")
-    return engine.resolve_settings(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                   top_k=body.top_k, seed=body.seed)
+    return backend.resolve_settings(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                    top_k=body.top_k, seed=body.seed)
 
 
-def settings(body: Body, engine: Engine, max_tokens: int) -> Settings:
-    make = spec_settings if engine.kind == "speculative" else diffusion_settings
-    return make(body, engine, max_tokens)
+def settings(body: Body, backend: Backend, max_tokens: int) -> Settings:
+    make = speculative_settings if backend.kind == "speculative" else diffusion_settings
+    return make(body, backend, max_tokens)
 
 
 def encoded(encode: Callable[[], tuple[int, ...]], param: str, what: str) -> tuple[int, ...]:
-    """``encode()``: the engine's refusal (BadRequest) as a 400 naming ``param``; anything else the
+    """``encode()``: the backend's refusal (BadRequest) as a 400 naming ``param``; anything else the
     tokenizer raises as a 400 in dllm's words (its own text may be an internal detail)."""
     try:
         return encode()
@@ -110,34 +110,34 @@ def encoded(encode: Callable[[], tuple[int, ...]], param: str, what: str) -> tup
                                  f"send plain text or token ids") from None
 
 
-def prompt_ids(body: Body, engine: Engine) -> list[tuple[int, ...]]:
+def prompt_ids(body: Body, backend: Backend) -> list[tuple[int, ...]]:
     """The token ids of each prompt (chat: one, through the chat template); refused before any is
     encoded when the prompts x ``n`` pass MAX_CHOICES."""
     if isinstance(body, ChatBody):
         messages = chat_messages(body.messages)
-        return [encoded(lambda: engine.encode_chat(messages), "messages", "these messages")]
+        return [encoded(lambda: backend.encode_chat(messages), "messages", "these messages")]
     given = prompts(body.prompt)
     if len(given) * body.n > MAX_CHOICES:
         raise bad_request("prompt", f"{len(given)} prompts x n={body.n} = {len(given) * body.n} choices; at most "
                                     f"{MAX_CHOICES} per request (send fewer prompts per request)")
-    return [encoded(lambda: engine.encode_prompt(p), "prompt" if len(given) == 1 else f"prompt[{i}]",
+    return [encoded(lambda: backend.encode_prompt(p), "prompt" if len(given) == 1 else f"prompt[{i}]",
                     "this prompt") for i, p in enumerate(given)]
 
 
-def check(engine: Engine, request: JobRequest, body: Body) -> None:
-    """``engine.check``: a ``BadRequest`` whose ``param`` the engine took from the refused setting's
+def check(backend: Backend, request: JobRequest, body: Body) -> None:
+    """``backend.check``: a ``BadRequest`` whose ``param`` the backend took from the refused setting's
     field (``sampler_options.threshold`` for an option the request gave in ``sampler_options``)."""
-    engine.check(request)
+    backend.check(request)
 
 
-def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list[JobRequest]:
+def job_requests(body: Body, backend: Backend, *, default_max_tokens: int) -> list[JobRequest]:
     """One ``JobRequest`` per choice (prompt-major: choice index = prompt index * n + j), each checked
-    by the engine, so a request is refused whole before any of it is queued."""
-    check_model(body, engine)
+    by the backend, so a request is refused whole before any of it is queued."""
+    check_model(body, backend)
     limit = requested_max_tokens(body, default_max_tokens)
-    chosen = settings(body, engine, limit)
+    chosen = settings(body, backend, limit)
     stop = stop_strings(body.stop)
-    ids = prompt_ids(body, engine)
+    ids = prompt_ids(body, backend)
     seeded = chosen.seed is not None and body.n > 1
     requests = []
     for p in ids:
@@ -146,10 +146,10 @@ def job_requests(body: Body, engine: Engine, *, default_max_tokens: int) -> list
             s = dataclasses.replace(chosen, seed=chosen.seed + j) if seeded else chosen
             req = JobRequest(prompt_ids=tuple(p), max_tokens=limit, settings=s, stop=stop,
                              step_events=bool(body.stream and getattr(body, "dllm_events", False)))
-            check(engine, req, body)
+            check(backend, req, body)
             requests.append(req)
     return requests
 
 
 __all__ = ["check_model", "diffusion_settings", "encoded", "sampler_options", "job_requests", "requested_max_tokens",
-           "prompt_ids", "settings", "spec_settings"]
+           "prompt_ids", "settings", "speculative_settings"]

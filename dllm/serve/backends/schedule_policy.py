@@ -1,8 +1,8 @@
-"""Admission policies of the scheduler (``dllm.serve.engines.scheduler``): when the head of the queue
+"""Admission policies of the scheduler (``dllm.serve.backends.scheduler``): when the head of the queue
 may start, and which queued jobs start with it as one group (one ``generate`` call).
 
 Jobs are taken first come, first served; a policy never lets a later job overtake the head. Jobs of
-one group share a *key* (an engine's notion of "can decode as one call": the same settings, length
+one group share a *key* (a backend's notion of "can decode as one call": the same settings, length
 and stops for diffusion; never for speculative jobs, whose key is their id).
 
 - ``continuous``: start whenever rows are free; a group is at most ``max_group`` jobs. The head waits
@@ -19,7 +19,7 @@ import abc
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Optional
 
-from dllm.serve.engines.jobs import Job
+from dllm.serve.backends.jobs import Job
 
 Key = Callable[[Job], Hashable]
 

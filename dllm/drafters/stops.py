@@ -1,15 +1,11 @@
-"""Prompts and stops of ``speculative_generate``: the accepted prompt forms (encoded by
-``dllm.inputs.prompt_rows``, the one prompt encoder of ``generate`` too), and the rule that ends a
-row (EOS ids, ``max_new_tokens``, stop strings on the generated text)."""
+"""Stops of ``speculative_generate``: the rule that ends a row (EOS ids, ``max_new_tokens``, stop
+strings on the generated text). Its prompts are ``dllm.inputs.Prompts``, encoded by
+``dllm.inputs.prompt_rows`` (the one prompt encoder of ``generate`` too)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
-
-import torch
-
-Prompts = Union[str, Sequence[str], Sequence[Sequence[int]], torch.Tensor]
+from typing import Any, Optional
 
 
 def stop_strings(stop, tokenizer) -> tuple[str, ...]:
@@ -60,4 +56,4 @@ class StopRule:
         return next((end for end in range(start + 1, len(gen) + 1) if hit(gen[:end])), None)
 
 
-__all__ = ["Prompts", "StopRule", "stop_strings"]
+__all__ = ["StopRule", "stop_strings"]

@@ -1,4 +1,4 @@
-"""``dllm.eval.spec.bench``: every method side by side at batch 1 on tiny random Qwen3 models."""
+"""``dllm.eval.speculative.bench``: every method side by side at batch 1 on tiny random Qwen3 models."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec.bench import (METHODS, Method, acceptance_by_position, commits_from_starts, counting,
-                                  format_table, main, parse_args, run_bench)
+from dllm.eval.speculative.bench import (METHODS, Method, acceptance_by_position, commits_from_starts, counting,
+                                         format_table, main, parse_args, run_bench)
 
-from spec_models import MASK, tiny_qwen3
+from speculative_models import MASK, tiny_qwen3
 
 MAX_NEW = 12
 
@@ -171,7 +171,7 @@ def test_block_size_auto_runs_drafters_with_a_head_and_skips_the_others(models, 
 
 def test_ctrl_c_keeps_the_finished_temperatures(models, tmp_path, monkeypatch, capsys):
     """Ctrl-C during T = 1: the T = 0 rows printed and written, one line said, status 130."""
-    from dllm.eval.spec import runners
+    from dllm.eval.speculative import runners
 
     _, paths = models
     real = runners.loop_runner

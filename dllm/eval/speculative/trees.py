@@ -1,8 +1,8 @@
-"""``dllm bench spec --trees chain,ddtree,taps --budgets 16,32,64,128``: draft trees vs their budget.
+"""``dllm bench trees --trees chain,ddtree,taps --budgets 16,32,64,128``: draft trees vs their budget.
 
 DFlash drafts K = B - 1 positions per round; a tree builder (``dllm.drafters.trees``) turns its
 per-position distributions into a tree of ``budget`` nodes that the target verifies in one forward
-(``tree=`` of ``speculative_generate``). A bigger tree accepts more per round and costs a wider
+(a Plan's ``tree``, ``speculative_generate(plan=...)``). A bigger tree accepts more per round and costs a wider
 forward; this benchmark measures that trade-off at batch 1 and picks a budget per builder without
 looking at the prompts it reports on:
 
@@ -11,7 +11,7 @@ looking at the prompts it reports on:
 2. held-out, greedy: every builder x budget; per builder the budget with the most tokens/s is
    *chosen*;
 3. reported, at every temperature: every builder x budget (the chosen budget marked), the no-tree
-   DFlash chain (``tree=None``) and plain ``target.generate``, the baseline of ``speedup``.
+   DFlash chain (no tree) and plain ``target.generate``, the baseline of ``speedup``.
 
 Within a split every configuration decodes prompt i in turn before prompt i + 1 (as ``bench spec``),
 so a busy machine slows them alike. A ``TreeRow`` per (split, temperature, configuration): ``tau`` =
@@ -44,14 +44,14 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.interrupt import until_interrupted
-from dllm.eval.spec.flags import check_common_args, check_temperatures, split_list
-from dllm.eval.spec.report import format_table
-from dllm.eval.spec.runners import device_of
-from dllm.eval.spec.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
-from dllm.eval.spec.tree_runs import (BASELINES, Config, TreeBench, TreeRow, configs_for, greedy_diffs, run_split,
-                                      tree_runner, widths)
-from dllm.eval.spec.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired, format_selection,
-                                    paired_rows, plot_trees)
+from dllm.eval.speculative.flags import check_common_args, check_temperatures, split_list
+from dllm.eval.speculative.report import format_table
+from dllm.eval.speculative.runners import device_of
+from dllm.eval.speculative.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
+from dllm.eval.speculative.tree_runs import (BASELINES, Config, TreeBench, TreeRow, configs_for, greedy_diffs,
+                                             run_split, tree_runner, widths)
+from dllm.eval.speculative.trees_report import (COLUMNS, MIN_PROMPTS, RESAMPLES, format_diffs, format_paired,
+                                                format_selection, paired_rows, plot_trees)
 
 DEFAULT_BUILDERS: tuple[str, ...] = ("chain", "ddtree", "taps")
 DEFAULT_BUDGETS: tuple[int, ...] = (16, 32, 64, 128)
@@ -143,8 +143,8 @@ def run_trees(
 
 # ---- command line --------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The flags of ``dllm bench spec --trees``; ValueError (naming the valid values) for bad ones."""
-    ap = argparse.ArgumentParser(prog="dllm bench spec --trees", description=__doc__.split("\n\n")[0])
+    """The flags of ``dllm bench trees``; ValueError (naming the valid values) for bad ones."""
+    ap = argparse.ArgumentParser(prog="dllm bench trees", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", nargs="+", default=[",".join(DEFAULT_BUILDERS)],
                     help="tree builders, comma/space separated (dllm.drafters.trees)")
     ap.add_argument("--budgets", nargs="+", default=[",".join(map(str, DEFAULT_BUDGETS))],
@@ -177,7 +177,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``dllm bench spec --trees ... [flags]``: print the tables, write ``--out`` JSON and ``--png``.
+    """``dllm bench trees [flags]``: print the tables, write ``--out`` JSON and ``--png``.
     Ctrl-C: status 130 and one line (the budgets are chosen on the whole held-out split, so no row is
     final before both splits are: nothing is written)."""
     args = parse_args(argv)
@@ -189,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from dllm.drafters.base import make_drafter
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     target, _ = load_target(args.target, device=args.device)
     drafter = make_drafter("dflash", model=args.dflash)

@@ -1,4 +1,4 @@
-"""The tables and the plot of ``dllm bench spec --trees``: ``COLUMNS`` (of ``format_table``),
+"""The tables and the plot of ``dllm bench trees``: ``COLUMNS`` (of ``format_table``),
 ``format_diffs`` (greedy mismatches), ``format_selection`` (the chosen budgets), ``paired`` /
 ``format_paired`` (two builders on the same prompts: the tau difference with a bootstrap interval),
 ``plot_trees`` (PNG)."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.spec.tree_runs import TreeBench, TreeRow
+from dllm.eval.speculative.tree_runs import TreeBench, TreeRow
 
 COLUMNS = ("builder", "budget", "temperature", "tau", "tau_round", "width", "target_forwards", "tokens_per_s",
            "speedup", "accuracy", "greedy_match", "chosen", "status")

@@ -1,12 +1,12 @@
 """The running batch's forwards: many ``generate`` calls, one batched model forward per step.
 
 Each running decode (one ``dllm.generate`` call on a group of requests that share settings and length,
-often one request) runs as a greenlet on the scheduler's one thread (``dllm.serve.engines.scheduler``),
+often one request) runs as a greenlet on the scheduler's one thread (``dllm.serve.backends.scheduler``),
 with a ``BatchedModel`` as its model: a forward hands its inputs (a ``Pending``) to the loop and
 switches back to it. Once every running decode has a forward pending, the loop groups the pending
-forwards by neighbouring lengths (``plan_groups``; ``dllm.serve.engines.packing``: padding against the
+forwards by neighbouring lengths (``plan_groups``; ``dllm.serve.backends.packing``: padding against the
 cost of one more call), left-pads each group to one length (explicit positions, key-padding mask: the
-engine's own batching rule), runs it as one forward (``merged_forward``), and resumes every decode
+backend's own batching rule), runs it as one forward (``merged_forward``), and resumes every decode
 with its own rows. A forward with a KV-cache
 view, attention maps or hidden states is not merged (its buffers belong to one call): it runs alone.
 A request joins at its first forward and leaves after its last; nothing else is synchronised, so
@@ -25,14 +25,14 @@ from typing import Any, Optional
 import torch
 
 from dllm.models.base import ModelOutput, default_positions
-from dllm.serve.engines.packing import plan_merges
+from dllm.serve.backends.packing import plan_merges
 
 
 @dataclass(frozen=True)
 class BatcherConfig:
     max_rows: int = 64  # rows in one merged forward (a request's call may bring several: CFG, variants)
     max_tokens: int = 65536  # rows x padded length of one merged forward
-    call_cost_tokens: int = 128  # one call's cost beyond its tokens, in tokens (dllm.serve.engines.packing)
+    call_cost_tokens: int = 128  # one call's cost beyond its tokens, in tokens (dllm.serve.backends.packing)
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_tokens", "call_cost_tokens"):
@@ -70,7 +70,7 @@ class Pending:
 
 
 def plan_groups(items: list[Pending], config: BatcherConfig) -> list[list[Pending]]:
-    """Pending forwards -> the calls to run (``dllm.serve.engines.packing.plan_merges``): mergeable
+    """Pending forwards -> the calls to run (``dllm.serve.backends.packing.plan_merges``): mergeable
     ones grouped by neighbouring lengths at the least modelled cost, under the row and token bounds;
     the others one by one."""
     return plan_merges(items, max_rows=config.max_rows, max_tokens=config.max_tokens,
@@ -122,7 +122,7 @@ class BatchedModel:
 
     def __init__(self, model, scheduler) -> None:
         object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "_scheduler", scheduler)  # dllm.serve.engines.scheduler.Scheduler
+        object.__setattr__(self, "_scheduler", scheduler)  # dllm.serve.backends.scheduler.Scheduler
 
     def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> ModelOutput:
         return self._scheduler.call("forward", input_ids, kwargs)
@@ -136,7 +136,7 @@ class BatchedModel:
         return getattr(self._model, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a served model is shared; set {name!r} on the engine's model before serving")
+        raise AttributeError(f"a served model is shared; set {name!r} on the backend's model before serving")
 
 
 __all__ = ["BatcherConfig", "BatchedModel", "Pending", "merged_forward", "plan_groups"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence, Union
 
-from dllm.serve.engines.base import BadRequest
+from dllm.serve.backends.base import BadRequest
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def text_ids(encode: Callable[[Any], list[int]], prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
-    """A completion prompt (a string or a list of token ids) through the engine's encoder; its
+    """A completion prompt (a string or a list of token ids) through the backend's encoder; its
     ValueError/TypeError (an unknown word, an id outside the vocabulary) becomes BadRequest("prompt")."""
     if isinstance(prompt, str):
         if not prompt.strip():

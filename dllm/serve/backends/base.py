@@ -1,4 +1,4 @@
-"""The engine interface the HTTP layer talks to (``DiffusionEngine``, ``SpecEngine``)."""
+"""The backend interface the HTTP layer talks to (``DiffusionBackend``, ``SpeculativeBackend``)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from dllm.serve.engines.jobs import Job, JobRequest
+from dllm.serve.backends.jobs import Job, JobRequest
 
 
 class BadRequest(ValueError):
-    """A request the engine refuses before anything reaches the decode loop (HTTP 400).
+    """A request the backend refuses before anything reaches the decode loop (HTTP 400).
 
     ``param`` names the request field (OpenAI's error ``param``: "max_tokens", "sampler", "messages",
     "prompt", "model" ...); the message says what was given and what is valid."""
@@ -21,7 +21,7 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
-class EngineStats:
+class BackendStats:
     """A snapshot for /metrics and /health."""
 
     queued: int  # submitted, not started
@@ -33,7 +33,7 @@ class EngineStats:
     closed: bool
 
 
-class Engine(abc.ABC):
+class Backend(abc.ABC):
     """Runs ``JobRequest``s on background threads; thread-safe."""
 
     kind: str  # "diffusion" or "speculative"
@@ -50,7 +50,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def encode_chat(self, messages: Sequence[dict]) -> tuple[int, ...]:
         """Token ids of chat messages through the chat template (the tokenizer's, or the one given
-        to the engine); BadRequest("messages", ...) when there is none or a message is malformed."""
+        to the backend); BadRequest("messages", ...) when there is none or a message is malformed."""
 
     @abc.abstractmethod
     def check(self, request: JobRequest) -> None:
@@ -60,10 +60,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, request: JobRequest) -> Job:
-        """Check and queue a request; QueueFull when the queue is full, EngineClosed after close()."""
+        """Check and queue a request; QueueFull when the queue is full, BackendClosed after close()."""
 
     @abc.abstractmethod
-    def stats(self) -> EngineStats:
+    def stats(self) -> BackendStats:
         ...
 
     @abc.abstractmethod
@@ -72,4 +72,4 @@ class Engine(abc.ABC):
         then stop the threads."""
 
 
-__all__ = ["BadRequest", "Engine", "EngineStats"]
+__all__ = ["BadRequest", "Backend", "BackendStats"]

@@ -1,11 +1,12 @@
 """What a served request is and what it yields: the settings, the job handle and its events.
 
-The HTTP layer (``dllm.serve.http.app``) turns an OpenAI-style body into a ``JobRequest``, hands it to an
-engine (``dllm.serve.engines.diffusion.DiffusionEngine`` or ``dllm.serve.engines.speculative.SpecEngine``) and reads the
-job's events: ``Delta`` (text that is final: a committed left prefix, never revised), ``Step`` (one
-per denoising step when the request asked for ``step_events``), then exactly one ``Done`` or
-``Failed``. Engines run jobs on their own threads; a job's events are read from any thread
-(``Job.events``) or from an asyncio loop (``Job.aevents``).
+The HTTP layer (``dllm.serve.http.app``) turns an OpenAI-style body into a ``JobRequest``, hands it to a
+backend (``dllm.serve.backends.diffusion.DiffusionBackend`` or
+``dllm.serve.backends.speculative.SpeculativeBackend``) and reads the job's events: ``Delta`` (text that
+is final: a committed left prefix, never revised), ``Step`` (one per denoising step when the request
+asked for ``step_events``), then exactly one ``Done`` or ``Failed``. Backends run jobs on their own
+threads; a job's events are read from any thread (``Job.events``) or from an asyncio loop
+(``Job.aevents``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dllm.settings import DecodeSettings
 
 
 @dataclass(frozen=True)
-class SpecSettings:
+class SpeculativeSettings:
     """How one speculative request decodes (the keywords of ``dllm.speculative_generate``)."""
 
     temperature: float = 0.0
@@ -31,7 +32,7 @@ class SpecSettings:
     seed: Optional[int] = None
 
 
-Settings = Union[DecodeSettings, SpecSettings]  # a diffusion request: dllm.settings.DecodeSettings
+Settings = Union[DecodeSettings, SpeculativeSettings]  # a diffusion request: dllm.settings.DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -97,22 +98,22 @@ class Failed:
     """The request failed after it was accepted (cancelled, or an error in the decode loop)."""
 
     message: str
-    status: int = 500  # 499: cancelled by the client; 503: the engine shut down before it ended
+    status: int = 500  # 499: cancelled by the client; 503: the backend shut down before it ended
 
 
 Event = Union[Delta, Step, Done, Failed]
 
 
 class QueueFull(Exception):
-    """The engine's queue is full; retry after ``retry_after`` seconds (HTTP 429 + Retry-After)."""
+    """The backend's queue is full; retry after ``retry_after`` seconds (HTTP 429 + Retry-After)."""
 
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class EngineClosed(Exception):
-    """The engine is shutting down and takes no new requests (HTTP 503)."""
+class BackendClosed(Exception):
+    """The backend is shutting down and takes no new requests (HTTP 503)."""
 
 
 _ids = itertools.count(1)
@@ -132,10 +133,10 @@ class Job:
     _loop: Optional[asyncio.AbstractEventLoop] = field(default=None, repr=False)  # an aevents reader's loop
     _wake: Optional[asyncio.Event] = field(default=None, repr=False)
 
-    # ---- the engine's side ----
+    # ---- the backend's side ----
     def emit(self, event: Event) -> None:
         """Send ``event`` to the reader; ignored once a final event (Done/Failed) was sent, so the
-        engine's thread and a closing one (``close``: a 503 at the drain timeout) may both end a job:
+        backend's thread and a closing one (``close``: a 503 at the drain timeout) may both end a job:
         the first final event wins and nothing follows it."""
         with self._emit_lock:
             if self._final is not None:
@@ -160,7 +161,7 @@ class Job:
 
     # ---- the reader's side ----
     def cancel(self) -> None:
-        """Ask the engine to drop this job (a client that went away): its row leaves the batch at
+        """Ask the backend to drop this job (a client that went away): its row leaves the batch at
         the next step and the job ends with ``Failed(status=499)``."""
         self._cancel.set()
 
@@ -202,5 +203,5 @@ class Job:
         return last
 
 
-__all__ = ["SpecSettings", "Settings", "JobRequest", "Delta", "Step", "Done", "Failed",
-           "Event", "Job", "QueueFull", "EngineClosed"]
+__all__ = ["SpeculativeSettings", "Settings", "JobRequest", "Delta", "Step", "Done", "Failed", "Event", "Job",
+           "QueueFull", "BackendClosed"]

@@ -1,7 +1,7 @@
-"""The one scheduler every engine runs on: the queue, admission, the running batch, its step loop.
+"""The one scheduler every backend runs on: the queue, admission, the running batch, its step loop.
 
 Jobs wait in one FIFO queue (first come, first served: a request is never overtaken by a later
-one). The admission policy (``dllm.serve.engines.schedule_policy``: continuous, static, serial) says
+one). The admission policy (``dllm.serve.backends.schedule_policy``: continuous, static, serial) says
 when the head starts and which queued jobs of its key start with it as one group; a group starts only
 while the running jobs (at most ``max_running``) and their token budget (prompt + max_tokens,
 summed) leave room for it, so a long request waits at the head instead of being overtaken forever.
@@ -9,11 +9,11 @@ A full queue refuses new jobs (``QueueFull``: HTTP 429 with Retry-After); ``clos
 and lets the others finish, for at most a drain timeout, after which (or at once, without a drain)
 every unfinished job ends with a 503.
 
-One thread runs everything: each running group is a greenlet (the engine's ``_run_jobs``: a
+One thread runs everything: each running group is a greenlet (the backend's ``_run_jobs``: a
 ``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
-model wrapped by ``dllm.serve.engines.batcher.BatchedModel``) or yields its turn (``yield_turn``:
+model wrapped by ``dllm.serve.backends.batcher.BatchedModel``) or yields its turn (``yield_turn``:
 a speculative round) or ends. Once every running group waits, the loop runs the forwards (merged
-where they can be: ``dllm.serve.engines.batcher``), resumes each group with its result, and starts
+where they can be: ``dllm.serve.backends.batcher``), resumes each group with its result, and starts
 what the policy admits between two such steps. So there is no lock handoff between a forward and
 the samplers' work, and the model is only ever used from one thread.
 """
@@ -29,10 +29,10 @@ from typing import Any, Callable, Hashable, Optional
 import greenlet
 import torch
 
-from dllm.serve.engines.base import BadRequest, Engine, EngineStats
-from dllm.serve.engines.batcher import BatcherConfig, Pending, merged_forward, plan_groups
-from dllm.serve.engines.jobs import EngineClosed, Failed, Job, JobRequest, QueueFull
-from dllm.serve.engines.schedule_policy import SchedulePolicy
+from dllm.serve.backends.base import Backend, BackendStats, BadRequest
+from dllm.serve.backends.batcher import BatcherConfig, Pending, merged_forward, plan_groups
+from dllm.serve.backends.jobs import BackendClosed, Failed, Job, JobRequest, QueueFull
+from dllm.serve.backends.schedule_policy import SchedulePolicy
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
     return int(given if given is not None else (max_positions - 1 if max_positions else 4096))
 
 
-class Scheduler(Engine):
-    """An engine's queue, admission and running batch, on one step-loop thread. Subclasses give the
+class Scheduler(Backend):
+    """An backend's queue, admission and running batch, on one step-loop thread. Subclasses give the
     grouping key (``_key``), the decode of a group (``_run_jobs``) and the model whose forwards the
     loop runs (None: the jobs run their own forwards, yielding turns)."""
 
@@ -88,13 +88,13 @@ class Scheduler(Engine):
         """Start the loop thread (subclasses call it once their own state is set)."""
         self._thread.start()
 
-    # ---- Engine ----
+    # ---- Backend ----
     def submit(self, request: JobRequest) -> Job:
         self.check(request)
         job = Job(request)
         with self._cond:
             if self._closed:
-                raise EngineClosed("the server is shutting down and takes no new requests")
+                raise BackendClosed("the server is shutting down and takes no new requests")
             if len(self._queue) >= self.scheduler.max_queue:
                 raise QueueFull(f"the queue is full ({self.scheduler.max_queue} requests waiting); retry later",
                                 retry_after=self.scheduler.retry_after_s)
@@ -102,12 +102,12 @@ class Scheduler(Engine):
             self._cond.notify_all()
         return job
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> BackendStats:
         with self._cond:
             forwards, rows = self._forwards()
-            return EngineStats(queued=len(self._queue), running=len(self._running),
-                               max_running=self.scheduler.max_running, max_queue=self.scheduler.max_queue,
-                               forwards=forwards, forwarded_rows=rows, closed=self._closed)
+            return BackendStats(queued=len(self._queue), running=len(self._running),
+                                max_running=self.scheduler.max_running, max_queue=self.scheduler.max_queue,
+                                forwards=forwards, forwarded_rows=rows, closed=self._closed)
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
         """Refuse new jobs, then end the others. With ``drain``, queued and running jobs finish, for at
@@ -135,7 +135,7 @@ class Scheduler(Engine):
             if self._stopped:
                 return
             self._stopped = True
-        self._thread.join(timeout=5.0)  # the loop ends once the closed engine has nothing left
+        self._thread.join(timeout=5.0)  # the loop ends once the closed backend has nothing left
 
     def _unfinished(self) -> bool:
         """Under the lock: a job is queued, or a running one has not sent its final event yet."""
@@ -194,7 +194,7 @@ class Scheduler(Engine):
 
     def _next(self, wait: bool = True) -> Optional[list[Job]]:
         """The head job once the policy and the limits let it start, with its group; None once the
-        engine is closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False
+        backend is closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False
         (else it waits). The running jobs never exceed ``max_running`` nor the token budget (a lone
         job that is over the budget runs when nothing else does)."""
         cfg, key = self.scheduler, self._cached_key
@@ -263,8 +263,8 @@ class Scheduler(Engine):
 
     def _switch(self, item: Pending, what: str) -> None:
         if self._main is None or greenlet.getcurrent().parent is not self._main:
-            raise RuntimeError(f"{what} runs only inside a job of the engine's step loop (submit a request to "
-                               f"the engine; for a forward of your own use the model itself)")
+            raise RuntimeError(f"{what} runs only inside a job of the backend's step loop (submit a request to "
+                               f"the backend; for a forward of your own use the model itself)")
         self._main.switch(item)
 
     def _loop(self) -> None:

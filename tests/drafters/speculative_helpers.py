@@ -2,7 +2,7 @@
 output, and test-only drafters (never registered, so the registry holds only real drafters).
 
 pytest puts this folder on ``sys.path`` (rootdir-relative import, no ``__init__.py``): the tests
-import it as ``spec_helpers``.
+import it as ``speculative_helpers``.
 """
 
 from __future__ import annotations

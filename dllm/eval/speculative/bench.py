@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -35,11 +34,11 @@ import torch
 
 from dllm import tasks as T
 from dllm.eval.interrupt import finished, until_interrupted
-from dllm.eval.spec.flags import check_common_args, check_temperatures, failure_reason, split_list
-from dllm.eval.spec.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table, summarize,
-                                   task_vocab)
-from dllm.eval.spec.runners import (METHODS, Method, Runner, Sample, commits_from_starts, counting, device_of,
-                                    hf_runner, loop_runner, make_runner)
+from dllm.eval.speculative.flags import check_common_args, check_temperatures, failure_reason, split_list
+from dllm.eval.speculative.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table,
+                                          summarize, task_vocab)
+from dllm.eval.speculative.runners import (METHODS, Method, Runner, Sample, commits_from_starts, counting, device_of,
+                                           hf_runner, loop_runner, make_runner)
 
 WARMUP_TOKENS = 8
 QUICK = {"n": 1, "temperatures": ["0"], "tasks": ["copy_long"]}  # the default: greedy, 3 prompts (~1.5 min, 1 core)
@@ -139,8 +138,8 @@ def _width(block_size: Union[int, str], samples: Sequence[Sample]) -> int:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The flags of ``dllm bench spec``; ValueError (naming the valid values) for bad ones."""
     ap = argparse.ArgumentParser(prog="dllm bench spec", description=__doc__.split("\n\n")[0],
-                                 epilog="dllm bench spec --trees chain,ddtree,taps --budgets 16,32,64,128 ...: draft "
-                                        "trees vs their budget (dllm/eval/spec/trees.py; --trees x --help: its flags)")
+                                 epilog="dllm bench trees --trees chain,ddtree,taps --budgets 16,32,64,128 ...: draft "
+                                        "trees vs their budget (dllm bench trees --help: its flags)")
     ap.add_argument("--target", default="tiny-ar", help="transformers causal LM (embedded name, directory, Hub id)")
     ap.add_argument("--dflash", default="tiny-ar-dflash", help="DFlash drafter checkpoint of the target")
     ap.add_argument("--assistant", default="tiny-ar-draft", help="small AR model for assisted generation")
@@ -193,16 +192,11 @@ def check_models(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``dllm bench spec [flags]``: print the table, write ``--out`` JSON. ValueError on bad flags.
-    With ``--trees``: the draft-tree budget benchmark (``dllm.eval.spec.trees``, its own flags)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a == "--trees" or a.startswith("--trees=") for a in argv):
-        from dllm.eval.spec import trees as bench_trees
-
-        return bench_trees.main(argv)
+    (Draft trees against their budget are ``dllm bench trees``: ``dllm.eval.speculative.trees``.)"""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from dllm.drafters.loading import load_target
+    from dllm.models.targets import load_target
 
     target, _ = load_target(args.target, device=args.device)
     models = {"dflash": args.dflash, "assisted": args.assistant, "dlm": args.dlm}

@@ -1,8 +1,8 @@
 """Serving a diffusion model: every request is ``dllm.generate`` on its prompt alone.
 
-Every mode runs on the one scheduler (``dllm.serve.engines.scheduler``: one thread, each running
-``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.engines.batcher``);
-the modes are its admission policies (``dllm.serve.engines.schedule_policy``, ``mode=...``):
+Every mode runs on the one scheduler (``dllm.serve.backends.scheduler``: one thread, each running
+``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.backends.batcher``);
+the modes are its admission policies (``dllm.serve.backends.schedule_policy``, ``mode=...``):
 
 - ``continuous`` (default): up to ``max_running`` requests decode at once. Requests queued together
   with the same settings (seeds aside: each row draws from its own generator) and length start as
@@ -18,7 +18,7 @@ the modes are its admission policies (``dllm.serve.engines.schedule_policy``, ``
 
 Streaming: after every step the row's final left prefix (committed, never revised: the leftmost
 run of committed positions, or for a sampler that re-masks the positions left of its current
-block) becomes text deltas (``dllm.serve.engines.stream.TextStream``). Once that prefix holds an EOS or a stop
+block) becomes text deltas (``dllm.serve.backends.stream.TextStream``). Once that prefix holds an EOS or a stop
 string the answer is final and the row leaves at once (continuous/serial), with the text the whole
 decode would give. ``step_events`` requests also get one ``Step`` event per denoising step.
 """
@@ -37,14 +37,14 @@ from dllm.inputs import decode_answer, encode_prompts
 from dllm.options import SettingError
 from dllm.samplers import make_sampler
 from dllm.rows import release_rows
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.batcher import BatchedModel, BatcherConfig
-from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, Step
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.batcher import BatchedModel, BatcherConfig
+from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, Step
 from dllm.settings import DecodeSettings
-from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.schedule_policy import MODES, make_policy
-from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
-from dllm.serve.engines.stream import TextStream
+from dllm.serve.backends.prompts import chat_ids, text_ids
+from dllm.serve.backends.schedule_policy import MODES, make_policy
+from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
+from dllm.serve.backends.stream import TextStream
 
 
 
@@ -129,7 +129,7 @@ def request_param(field: Optional[str], s: DecodeSettings) -> Optional[str]:
     return f"sampler_options.{field}" if field in dict(s.options) else "sampler"
 
 
-class DiffusionEngine(Scheduler):
+class DiffusionBackend(Scheduler):
     """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.http.app``)."""
 
     kind = "diffusion"
@@ -141,7 +141,7 @@ class DiffusionEngine(Scheduler):
                  max_group: Optional[int] = None) -> None:
         policy = make_policy(mode, max_group, max_running)  # refuses a bad mode or max_group
         if not hasattr(model, "mask_id"):
-            raise TypeError(f"DiffusionEngine serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
+            raise TypeError(f"DiffusionBackend serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
         self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_positions = getattr(model, "max_positions", None)
@@ -207,7 +207,7 @@ class DiffusionEngine(Scheduler):
 
     def check(self, request: JobRequest) -> None:
         if not isinstance(request.settings, DecodeSettings):
-            raise BadRequest(None, f"a diffusion engine takes DecodeSettings, got {type(request.settings).__name__}")
+            raise BadRequest(None, f"a diffusion backend takes DecodeSettings, got {type(request.settings).__name__}")
         self.check_length(request, "model")
         self.check_settings(request.settings, gen_length=request.max_tokens, prompt=request.prompt_ids)
 
@@ -275,4 +275,4 @@ class DiffusionEngine(Scheduler):
         return dataclasses.replace(r.settings, seed=None), r.max_tokens, r.stop, offset
 
 
-__all__ = ["DiffusionEngine", "MODES"]
+__all__ = ["DiffusionBackend", "MODES"]

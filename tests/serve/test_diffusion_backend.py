@@ -1,4 +1,4 @@
-"""The serving engines without HTTP: every greedy job equals ``dllm.generate`` on its prompt alone,
+"""The serving backends without HTTP: every greedy job equals ``dllm.generate`` on its prompt alone,
 under load, in every mode; deltas add up to the text; cancel, stops, limits and shutdown."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import time
 import pytest
 
 import dllm
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.diffusion import DiffusionEngine
-from dllm.serve.engines.jobs import Delta, Done, EngineClosed, Failed, JobRequest, QueueFull, Step
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.jobs import BackendClosed, Delta, Done, Failed, JobRequest, QueueFull, Step
 from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
@@ -52,7 +52,7 @@ def mixed(n):
 
 @pytest.mark.parametrize("mode", ["continuous", "static", "serial"])
 def test_every_mode_equals_offline(llada, mode):
-    engine = DiffusionEngine(llada, name="tiny-llada", mode=mode, max_running=8)
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, max_running=8)
     try:
         for text, offline, deltas, _ in run_all(engine, llada, mixed(8)):
             assert text == offline == deltas
@@ -61,7 +61,7 @@ def test_every_mode_equals_offline(llada, mode):
 
 
 def test_continuous_merges_forwards_and_equals_offline_dream(dream):
-    engine = DiffusionEngine(dream, name="tiny-dream", max_running=16)
+    engine = DiffusionBackend(dream, name="tiny-dream", max_running=16)
     try:
         spec = [(PROMPTS[i % 6], DecodeSettings(sampler=("fast", "low_confidence")[i % 2]), (5, 9)[i % 2], False)
                 for i in range(12)]
@@ -74,7 +74,7 @@ def test_continuous_merges_forwards_and_equals_offline_dream(dream):
 
 
 def test_step_events_trace_the_canvas(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
     try:
         job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 6, DecodeSettings(), step_events=True))
         events = list(job.events(timeout=60))
@@ -89,7 +89,7 @@ def test_step_events_trace_the_canvas(llada):
 
 
 def test_eos_ends_the_row_early_with_the_offline_text(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
     try:  # the tiny models answer exactly: four words, then EOS in the fifth position
         settings = DecodeSettings(sampler="low_confidence")
         job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, settings))
@@ -102,7 +102,7 @@ def test_eos_ends_the_row_early_with_the_offline_text(llada):
 
 
 def test_stop_string_cuts_before_it(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
     try:
         job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[3]), 7, DecodeSettings(), stop=("D E",)))
         events = list(job.events(timeout=60))
@@ -116,7 +116,7 @@ def test_stop_string_cuts_before_it(llada):
 
 
 def test_cancel_leaves_the_batch_and_others_are_unchanged(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", max_running=4)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_running=4)
     try:
         slow = DecodeSettings(sampler="low_confidence")  # one token per step: 24 steps
         victim = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[3]), 24, slow, step_events=True))
@@ -133,7 +133,7 @@ def test_cancel_leaves_the_batch_and_others_are_unchanged(llada):
 
 
 def test_bad_requests_name_the_field(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", max_tokens_limit=64)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_tokens_limit=64)
     ids = engine.encode_prompt(PROMPTS[0])
     cases = [
         (DecodeSettings(sampler="nope"), 5, "sampler"),
@@ -166,7 +166,7 @@ def test_bad_requests_name_the_field(llada):
 
 def test_chat_template_given_to_the_engine(llada):
     template = "[BOS] {% for m in messages %}{{ m['content'] }}{% endfor %} [SEP]"
-    engine = DiffusionEngine(llada, name="tiny-llada", chat_template=template)
+    engine = DiffusionBackend(llada, name="tiny-llada", chat_template=template)
     try:
         ids = engine.encode_chat([{"role": "user", "content": "sort D A C B"}])
         assert ids == engine.encode_prompt(PROMPTS[0])
@@ -175,7 +175,7 @@ def test_chat_template_given_to_the_engine(llada):
 
 
 def test_full_queue_and_closed_engine_refuse(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", mode="serial", max_queue=2)
+    engine = DiffusionBackend(llada, name="tiny-llada", mode="serial", max_queue=2)
     ids = engine.encode_prompt(PROMPTS[0])
     slow = DecodeSettings(sampler="low_confidence")
     jobs = []
@@ -185,12 +185,12 @@ def test_full_queue_and_closed_engine_refuse(llada):
     assert err.value.retry_after > 0 and len(jobs) >= 2
     engine.close(drain=True, timeout=60)  # queued and running jobs finish
     assert all(isinstance(j.result(timeout=1), Done) for j in jobs)
-    with pytest.raises(EngineClosed):
+    with pytest.raises(BackendClosed):
         engine.submit(JobRequest(ids, 5, slow))
 
 
 def test_close_without_drain_fails_the_queued(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", mode="serial")
+    engine = DiffusionBackend(llada, name="tiny-llada", mode="serial")
     ids = engine.encode_prompt(PROMPTS[0])
     jobs = [engine.submit(JobRequest(ids, 24, DecodeSettings(sampler="low_confidence"))) for _ in range(4)]
     time.sleep(0.05)
@@ -200,7 +200,7 @@ def test_close_without_drain_fails_the_queued(llada):
 
 
 def test_resolve_settings_over_defaults(llada):
-    engine = DiffusionEngine(llada, name="tiny-llada", defaults=DecodeSettings(
+    engine = DiffusionBackend(llada, name="tiny-llada", defaults=DecodeSettings(
         sampler="threshold", options=(("threshold", 0.7),), block_length=32, cache="dual"))
     try:
         s = engine.resolve_settings(max_tokens=5)
@@ -214,7 +214,7 @@ def test_resolve_settings_over_defaults(llada):
 
 def test_concurrent_submitters(llada):
     """Submitting from many threads at once: every job ends, each equal to its offline text."""
-    engine = DiffusionEngine(llada, name="tiny-llada", max_running=8)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_running=8)
     results: dict[int, str] = {}
 
     def client(i):
@@ -237,7 +237,7 @@ def test_concurrent_submitters(llada):
 def test_aevents_wakes_without_polling(llada):
     import asyncio
 
-    engine = DiffusionEngine(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada")
 
     async def read():
         job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, DecodeSettings(), step_events=True))
@@ -258,7 +258,7 @@ def test_block_causal_model_served_continuously_equals_offline():
     caches are refused before decoding, naming the cache."""
     sdar = dllm.load("tiny-random-sdar")
     bs = sdar.config.block_size
-    engine = DiffusionEngine(sdar, name="tiny-random-sdar", max_running=8)
+    engine = DiffusionBackend(sdar, name="tiny-random-sdar", max_running=8)
     try:
         prompts = [[5 + (i * 7 + j) % 40 for j in range(3 + i)] for i in range(6)]  # lengths 3..8: every offset
         settings = [DecodeSettings(sampler="sdar", cache="block"), DecodeSettings(sampler="low_confidence")]

@@ -1,4 +1,4 @@
-"""The cost curve of one target forward (``dllm bench spec --trees``): batch 1, a warm cache of
+"""The cost curve of one target forward (``dllm bench trees``): batch 1, a warm cache of
 ``prefix`` tokens, T = 1 + N new tokens under a 4-D mask (as tree verification runs it), N in
 ``COST_SIZES``, the median of ``repeats`` calls; a least-squares line t(N) = a + b N, with ``b / a``
 the relative cost of a node."""

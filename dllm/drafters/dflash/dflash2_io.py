@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from dllm.drafters.dflash.model2 import DFlash2Config, DFlash2Drafter
+from dllm.drafters.dflash.dflash2_model import DFlash2Config, DFlash2Drafter
 from dllm.drafters.dflash.config import DFlashConfig
 from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
                                      config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash,

@@ -1,4 +1,4 @@
-"""One split of ``dllm bench spec --trees``: the decoding configurations (``Config``: a tree builder at
+"""One split of ``dllm bench trees``: the decoding configurations (``Config``: a tree builder at
 a budget, or a baseline), their runners, ``run_split`` (a ``TreeRow`` per temperature and
 configuration) and ``greedy_diffs`` (where a greedy output parts from ``target.generate``'s)."""
 
@@ -11,9 +11,9 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec.flags import check_temperatures, failure_reason
-from dllm.eval.spec.report import Row, compare_to_baseline, summarize, task_vocab
-from dllm.eval.spec.runners import Runner, Sample, device_of, hf_runner, loop_runner, timed_call
+from dllm.eval.speculative.flags import check_temperatures, failure_reason
+from dllm.eval.speculative.report import Row, compare_to_baseline, summarize, task_vocab
+from dllm.eval.speculative.runners import Runner, Sample, device_of, hf_runner, loop_runner, timed_call
 
 BASELINES: tuple[str, ...] = ("generate", "no-tree")  # target.generate; the DFlash chain without a tree
 SPLITS: tuple[str, ...] = ("held-out", "reported")
@@ -23,7 +23,7 @@ WARMUP_TOKENS = 8
 @dataclass(frozen=True)
 class Config:
     """One decoding configuration: ``builder`` a tree builder name (with ``budget``), or a baseline
-    (``generate``: target.generate; ``no-tree``: the DFlash chain, ``tree=None``)."""
+    (``generate``: target.generate; ``no-tree``: the DFlash chain, a plan without a tree)."""
 
     builder: str
     budget: Optional[int] = None
@@ -59,8 +59,10 @@ class TreeRow(Row):
 
 # ---- runners -------------------------------------------------------------------------------------
 def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
-    """``speculative_generate(..., tree=tree)`` at batch 1 (``runners.loop_runner`` with a tree)."""
+    """``speculative_generate(..., plan=Plan(block_size, tree))`` at batch 1 (``runners.loop_runner``
+    with a tree)."""
     from dllm.drafters.loop import speculative_generate
+    from dllm.drafters.plan import Plan
     from dllm.drafters.trees import make_tree_builder
     from dllm.models.task_tokenizer import task_tokenizer
 
@@ -71,7 +73,7 @@ def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
     def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
         out, wall = timed_call(device, lambda: speculative_generate(
             target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
-            block_size=block_size, seed=seed, tokenizer=tokenizer, tree=tree))
+            plan=Plan(block_size=block_size, tree=tree), seed=seed, tokenizer=tokenizer))
         return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
 
     return run

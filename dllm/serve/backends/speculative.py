@@ -2,7 +2,7 @@
 
 Every request runs the real ``speculative_generate`` on its prompt alone, so a served request
 returns exactly the offline tokens (greedy, or sampled with its seed). Requests are jobs of the one
-scheduler (``dllm.serve.engines.scheduler``): each runs as a greenlet on its loop thread and yields
+scheduler (``dllm.serve.backends.scheduler``): each runs as a greenlet on its loop thread and yields
 its turn after every verification round (``Scheduler.yield_turn``), so the running requests take
 turns round by round, first come first served. A request joins at its prefill and leaves after its
 last round, and each round's accepted tokens are final, so they stream as one delta per round.
@@ -18,21 +18,21 @@ from typing import Any, Optional, Sequence, Union
 
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
-from dllm.drafters.plan import resolve_plan
+from dllm.drafters.plan import as_plan
 from dllm.drafters.target import Target
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Delta, Done, Failed, Job, JobRequest, SpecSettings
-from dllm.serve.engines.prompts import chat_ids, text_ids
-from dllm.serve.engines.schedule_policy import Continuous
-from dllm.serve.engines.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
-from dllm.serve.engines.stream import TextStream
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, SpeculativeSettings
+from dllm.serve.backends.prompts import chat_ids, text_ids
+from dllm.serve.backends.schedule_policy import Continuous
+from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
+from dllm.serve.backends.stream import TextStream
 
 
 class _Leave(Exception):
     pass
 
 
-class SpecEngine(Scheduler):
+class SpeculativeBackend(Scheduler):
     """Serves a transformers causal LM with a drafter (``dllm.load_target`` + a drafter spec)."""
 
     kind = "speculative"
@@ -43,8 +43,8 @@ class SpecEngine(Scheduler):
         if tokenizer is None:
             raise ValueError("a served target needs its tokenizer (dllm.load_target returns it)")
         self.target, self.tokenizer, self.model_name = target, tokenizer, name
-        self.defaults = SpecSettings()  # greedy unless a request asks
-        self.plan = resolve_plan(plan, None, None)
+        self.defaults = SpeculativeSettings()  # greedy unless a request asks
+        self.plan = as_plan(plan)
         self.drafter = make_drafter(drafter)  # loaded once, shared (each call begins its own session)
         info = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer).info
         self.drafter.check_target(info)
@@ -63,10 +63,11 @@ class SpecEngine(Scheduler):
 
     def resolve_settings(self, *, max_tokens: int, temperature: Optional[float] = None,
                          top_p: Optional[float] = None, top_k: Optional[int] = None,
-                         seed: Optional[int] = None) -> SpecSettings:
+                         seed: Optional[int] = None) -> SpeculativeSettings:
         """A request's settings (OpenAI's defaults where it gives none: greedy unless asked)."""
-        return SpecSettings(temperature=0.0 if temperature is None else temperature,
-                            top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k, seed=seed)
+        return SpeculativeSettings(temperature=0.0 if temperature is None else temperature,
+                                   top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k,
+                                   seed=seed)
 
     # ---- prompts ----
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
@@ -94,7 +95,7 @@ class SpecEngine(Scheduler):
     # ---- checks ----
     def check(self, request: JobRequest) -> None:
         s = request.settings
-        if not isinstance(s, SpecSettings):
+        if not isinstance(s, SpeculativeSettings):
             raise BadRequest(None, "a speculative server takes no diffusion settings (sampler, cache, "
                                    "block_length, steps, sampler_options)")
         self.check_length(request, "target")
@@ -155,4 +156,4 @@ class SpecEngine(Scheduler):
         return self.target_forwards, self.target_forwards
 
 
-__all__ = ["SpecEngine"]
+__all__ = ["SpeculativeBackend"]

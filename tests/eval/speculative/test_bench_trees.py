@@ -1,17 +1,18 @@
-"""``dllm.eval.spec.trees``: draft-tree budgets chosen on a held-out split, on tiny random Qwen3 models."""
+"""``dllm.eval.speculative.trees``: draft-tree budgets chosen on a held-out split, on tiny random Qwen3 models."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.eval.spec import trees as B
-from dllm.eval.spec.bench import main as bench_spec_main
+from dllm.cli import main as dllm_main
+from dllm.eval.speculative import trees as B
 
-from spec_models import MASK, tiny_qwen3
+from speculative_models import MASK, tiny_qwen3
 
 BUDGETS = (4, 8)
 
@@ -127,13 +128,13 @@ def test_cost_curve(models):
 
 
 @pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
-def test_main_via_bench_spec(models, tmp_path, capsys):
+def test_main_via_dllm_bench_trees(models, tmp_path, capsys):
     _, _, paths = models
     out, png = tmp_path / "trees.json", tmp_path / "trees.png"
-    rc = bench_spec_main(["--trees", "chain,ddtree,taps", "--budgets", "4,8", "--target", paths["target"],
-                          "--dflash", paths["dflash"], "--tasks", "copy_long", "--n", "1", "--max-new-tokens", "10",
-                          "--temperatures", "0", "--prefix", "16", "--cost-repeats", "2", "--no-progress",
-                          "--out", str(out), "--png", str(png)])
+    rc = dllm_main(["bench", "trees", "--trees", "chain,ddtree,taps", "--budgets", "4,8", "--target", paths["target"],
+                    "--dflash", paths["dflash"], "--tasks", "copy_long", "--n", "1", "--max-new-tokens", "10",
+                    "--temperatures", "0", "--prefix", "16", "--cost-repeats", "2", "--no-progress",
+                    "--out", str(out), "--png", str(png)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "held-out split" in printed and "reported split" in printed and "fit t(N)" in printed
@@ -185,11 +186,12 @@ def test_main_via_bench_spec(models, tmp_path, capsys):
     (["--tasks", "copy_lon"], "valid tasks: .*copy_long"),
     (["--cost-repeats", "0"], "--cost-repeats must be an integer >= 1"),
 ])
-def test_bad_flags(argv, match):
+def test_bad_flags(argv, match, capsys):
     with pytest.raises(ValueError, match=match):
         B.parse_args(argv)
-    with pytest.raises(ValueError, match=match):  # the same through dllm bench spec --trees
-        bench_spec_main(["--trees", "chain", *argv])
+    assert dllm_main(["bench", "trees", "--trees", "chain", *argv]) == 2  # the same through dllm bench trees
+    err = capsys.readouterr().err
+    assert err.startswith("dllm bench trees: error: ") and re.search(match, err), err
 
 
 def test_defaults():
@@ -207,7 +209,7 @@ def _row(builder: str, forwards: list[int], tokens: list[int], budget: int = 8, 
 
 
 def test_paired_counts_and_interval():
-    from dllm.eval.spec.trees_report import format_paired, paired, paired_rows
+    from dllm.eval.speculative.trees_report import format_paired, paired, paired_rows
 
     tokens = [40, 30, 50, 20, 60, 45]
     a, b = _row("taps", [5, 4, 6, 3, 7, 5], tokens), _row("ddtree", [5, 5, 6, 4, 7, 6], tokens)
@@ -246,7 +248,7 @@ def test_paired_counts_and_interval():
 
 
 def test_paired_rejects_mismatched_rows():
-    from dllm.eval.spec.trees_report import paired, paired_rows
+    from dllm.eval.speculative.trees_report import paired, paired_rows
 
     a = _row("taps", [5, 4], [40, 30])
     with pytest.raises(ValueError, match=r"got 2 / 2 \(taps:budget=8\) and 3 / 3 \(ddtree:budget=8\)"):

@@ -1,4 +1,4 @@
-"""SpecEngine: concurrent speculative requests, each equal to speculative_generate alone."""
+"""SpeculativeBackend: concurrent speculative requests, each equal to speculative_generate alone."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 import pytest
 
 import dllm
-from dllm.serve.engines.base import BadRequest
-from dllm.serve.engines.jobs import Delta, Done, Failed, JobRequest, SpecSettings
+from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.jobs import Delta, Done, Failed, JobRequest, SpeculativeSettings
 from dllm.settings import DecodeSettings
-from dllm.serve.engines.speculative import SpecEngine
+from dllm.serve.backends.speculative import SpeculativeBackend
 
 DRAFTER = "dflash:model=tiny-ar-dflash"
 PROMPTS = ["[BOS] copy_long G N J M O G G M P I A P M G O N H O G N L B E N C I L N N I I K [SEP]",
@@ -25,7 +25,7 @@ def pair():
 @pytest.fixture(scope="module")
 def engine(pair):
     target, tok = pair
-    eng = SpecEngine(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=4)
+    eng = SpeculativeBackend(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=4)
     yield eng
     eng.close()
 
@@ -33,7 +33,7 @@ def engine(pair):
 def test_concurrent_requests_equal_offline_and_stream_per_round(pair, engine):
     target, tok = pair
     spec = [(PROMPTS[i % 2], (12, 30)[i % 2]) for i in range(6)]
-    jobs = [(p, n, engine.submit(JobRequest(engine.encode_prompt(p), n, SpecSettings()))) for p, n in spec]
+    jobs = [(p, n, engine.submit(JobRequest(engine.encode_prompt(p), n, SpeculativeSettings()))) for p, n in spec]
     for p, n, job in jobs:
         events = list(job.events(timeout=120))
         done = events[-1]
@@ -49,9 +49,10 @@ def test_stop_and_cancel(pair, engine):
     target, tok = pair
     full = dllm.speculative_generate(target, DRAFTER, [PROMPTS[0]], max_new_tokens=30, tokenizer=tok).texts[0]
     stop = full.split()[5]
-    done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 30, SpecSettings(), stop=(stop,))).result(60)
+    done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 30, SpeculativeSettings(),
+                                    stop=(stop,))).result(60)
     assert done.text == full[:full.index(stop)] and done.finish_reason == "stop"
-    job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[1]), 60, SpecSettings()))
+    job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[1]), 60, SpeculativeSettings()))
     job.cancel()
     final = job.result(60)
     assert isinstance(final, Failed) and final.status == 499 or isinstance(final, Done)
@@ -59,9 +60,9 @@ def test_stop_and_cancel(pair, engine):
 
 def test_bad_requests(engine):
     ids = engine.encode_prompt(PROMPTS[0])
-    for settings, n, param in [(SpecSettings(temperature=-1.0), 5, "temperature"), (SpecSettings(top_p=1.5), 5, "top_p"),
-                               (SpecSettings(top_k=-2), 5, "top_k"), (SpecSettings(), 0, "max_tokens"),
-                               (DecodeSettings(), 5, None)]:
+    for settings, n, param in [(SpeculativeSettings(temperature=-1.0), 5, "temperature"),
+                               (SpeculativeSettings(top_p=1.5), 5, "top_p"), (SpeculativeSettings(top_k=-2), 5, "top_k"),
+                               (SpeculativeSettings(), 0, "max_tokens"), (DecodeSettings(), 5, None)]:
         with pytest.raises(BadRequest) as err:
             engine.submit(JobRequest(ids, n, settings))
         assert err.value.param == param
@@ -76,7 +77,7 @@ def test_running_requests_take_turns_round_by_round(pair):
     import greenlet
 
     target, tok = pair
-    engine = SpecEngine(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=2)
+    engine = SpeculativeBackend(target, tok, drafter=DRAFTER, name="tiny-ar", max_running=2)
     turns, yield_turn = [], engine.yield_turn
 
     def recorded() -> None:
@@ -86,7 +87,7 @@ def test_running_requests_take_turns_round_by_round(pair):
     engine.yield_turn = recorded
     try:
         with engine._cond:  # both queued before the loop takes either
-            jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 40, SpecSettings())) for p in PROMPTS]
+            jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 40, SpeculativeSettings())) for p in PROMPTS]
         for p, job in zip(PROMPTS, jobs):
             offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=40, tokenizer=tok)
             assert job.result(120).text == offline.texts[0]
@@ -103,7 +104,7 @@ def test_seeded_sampled_requests_equal_offline_under_load(pair, engine):
     target, tok = pair
     spec = [(PROMPTS[i % 2], (3, 5, 3)[i % 3]) for i in range(6)]
     with engine._cond:
-        jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 20, SpecSettings(temperature=1.0, seed=seed)))
+        jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 20, SpeculativeSettings(temperature=1.0, seed=seed)))
                 for p, seed in spec]
     for (p, seed), job in zip(spec, jobs):
         offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=20, tokenizer=tok,

@@ -124,7 +124,7 @@ def loop_runner(target, drafter, block_size: int) -> Runner:
     def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
         out, wall = timed_call(device, lambda: speculative_generate(
             target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
-            block_size=block_size, seed=seed, tokenizer=tokenizer))
+            plan=block_size, seed=seed, tokenizer=tokenizer))
         return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
 
     return run
@@ -141,7 +141,7 @@ def make_runner(target, method: Method, block_size: int) -> Runner:
         return hf_runner(target, **({} if name == "generate" else {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}))
     if name == "assisted":
         if isinstance(model, (str, Path)):
-            from dllm.drafters.loading import load_target
+            from dllm.models.targets import load_target
 
             model = load_target(model, device=device_of(target))[0]
         return hf_runner(target, assistant=model)

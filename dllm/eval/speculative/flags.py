@@ -1,4 +1,4 @@
-"""The flags ``dllm bench spec`` shares with its ``--trees`` mode, and how a skipped method's reason is
+"""The flags ``dllm bench spec`` shares with ``dllm bench trees``, and how a skipped method's reason is
 written: ``split_list`` (comma/space separated values), ``check_temperatures``, ``check_common_args``,
 ``failure_reason``."""
 
@@ -28,7 +28,7 @@ def failure_reason(err: Exception) -> str:
 
 
 def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argparse.Namespace:
-    """The flags ``dllm bench spec`` shares with its ``--trees`` mode: temperatures (numbers >= 0),
+    """The flags ``dllm bench spec`` shares with ``dllm bench trees``: temperatures (numbers >= 0),
     tasks (registered; default the long-answer suite), and the integer flags ``positive`` (>= 1)."""
     try:
         args.temperatures = [float(t) for t in split_list(args.temperatures)]

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 from dllm import tasks as T
-from dllm.eval.spec.runners import Sample
+from dllm.eval.speculative.runners import Sample
 
 
 @dataclass

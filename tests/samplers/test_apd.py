@@ -1,0 +1,92 @@
+"""APD (``dllm.samplers.apd``) against the transcription of the authors' loop
+(``tests/reference/apd_generate.py``): the same tokens and diffusion forwards on 20 prompts x 3
+settings, the embedded tiny-dream as the diffusion model and tiny-ar as the verifier."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm import tasks as T
+from dllm.samplers.apd import accepted_prefix, mixture_argmax
+from tests.reference.apd_generate import apd_generate
+
+SETTINGS = [dict(mixture=0.7), dict(mixture=0.9), dict(mixture=0.5, temperature=1.0)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    dream = dllm.load("tiny-dream")
+    ar, _ = dllm.load_target("tiny-ar")
+    return dream, ar.eval()
+
+
+def prompts(model, n: int = 20) -> list[tuple[list[int], int]]:
+    """(prompt ids, answer length) of ``n`` test-split instances across the suite."""
+    out = []
+    for name in T.suite_task_names():
+        for ex in T.test_split(name, n=1):
+            out.append((model.generation_prompt(" ".join(T.prompt_words(ex))), T.answer_length(name, ex.size)))
+    return out[:: max(1, len(out) // n)][:n]
+
+
+def upto_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_equals_the_authors_loop(models, setting):
+    dream, ar = models
+    t = setting.get("temperature", 0.0)
+    opts = {k: v for k, v in setting.items() if k != "temperature"}
+    eos = dream.eos_ids[0]
+    for i, (prompt, g) in enumerate(prompts(dream)):
+        ref, ref_nfe = apd_generate(dream, ar, prompt, g, mask_id=dream.mask_id, eos_id=eos, temperature=t,
+                                    generator=torch.Generator().manual_seed(i), **opts)
+        out = dllm.generate(dream, [prompt], sampler="apd", verifier=ar, gen_length=g, temperature=t, seed=i, **opts)
+        ours = out.sequences[0, out.prompt_length:].tolist()
+        assert upto_eos(ours, eos) == upto_eos(ref, eos), (i, prompt)
+        assert out.nfe == ref_nfe, (i, prompt)
+
+
+def test_batched_and_ragged_rows_equal_each_row_alone(models):
+    dream, ar = models
+    rows = [p for p, _ in prompts(dream, 6)]
+    alone = [dllm.generate(dream, [p], sampler="apd", verifier=ar, gen_length=8).sequences[0, -8:].tolist() for p in rows]
+    batch = dllm.generate(dream, rows, sampler="apd", verifier=ar, gen_length=8).sequences[:, -8:].tolist()
+    assert batch == alone
+
+
+def test_accepts_a_prefix_and_always_the_first_draft():
+    active = torch.tensor([[False, True, True, True, True]])
+    match = torch.tensor([[False, False, True, False, True]])
+    assert accepted_prefix(match, active).tolist() == [[False, True, True, False, False]]
+    d = torch.tensor([[[3.0, 0.0]]])
+    a = torch.tensor([[[0.0, 5.0, 9.0]]])  # the verifier's extra id is outside the shared vocabulary
+    assert mixture_argmax(d, a, 0.9).tolist() == [[0]] and mixture_argmax(d, a, 0.1).tolist() == [[1]]
+
+
+def test_lookahead_caps_the_tokens_of_a_step(models):
+    """``lookahead`` M: at most M drafts per step (the reference also truncates the diffusion input at
+    the decoding position + M; here the forward reads the query the cache policy gives)."""
+    dream, ar = models
+    prompt, g = max(prompts(dream), key=lambda pg: pg[1])
+    trace = dllm.generate(dream, [prompt], sampler="apd", verifier=ar, mixture=1.0, lookahead=2, gen_length=g,
+                          return_trace=True).trace[0].tolist()
+    assert max(trace.count(s) for s in set(trace)) <= 2 and len(set(trace)) >= g // 2
+
+
+def test_mixture_one_is_the_diffusion_arg_max_every_token_per_step(models):
+    """w = 1 trusts the diffusion model alone: every draft matches, one forward per block."""
+    dream, ar = models
+    prompt, g = prompts(dream, 1)[0]
+    out = dllm.generate(dream, [prompt], sampler="apd", verifier=ar, mixture=1.0, gen_length=g)
+    assert out.nfe == 1
+
+
+@pytest.mark.parametrize("bad, match", [(dict(mixture=1.5), "mixture"), (dict(lookahead=0), "lookahead"),
+                                        (dict(verifier=""), "verifier")])
+def test_bad_options(bad, match):
+    with pytest.raises(ValueError, match=match):
+        dllm.generate(dllm.load("tiny-dream"), "[BOS] sort D A C B [SEP]", sampler="apd", **bad)
