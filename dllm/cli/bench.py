@@ -18,10 +18,10 @@ def _write_json(path, rows) -> None:
 
 
 def throughput_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny-random-llada")
-    p.add_argument("--prompt-length", type=POSITIVE, default=64)
-    p.add_argument("--batch-size", type=POSITIVE, default=1)
-    p.add_argument("--repeats", type=POSITIVE, default=3)
+    p.add_argument("--model", default="tiny-random-llada", help="model to time (default: tiny-random-llada)")
+    p.add_argument("--prompt-length", type=POSITIVE, default=64, help="random prompt tokens per row (default: 64)")
+    p.add_argument("--batch-size", type=POSITIVE, default=1, help="rows per call (default: 1)")
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="timed calls; the median is reported (default: 3)")
     add_model_place(p)
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the results to this JSON file")
@@ -31,18 +31,18 @@ def throughput_args(p: argparse.ArgumentParser) -> None:
 def caches_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-random-llada",
                    help="a model; tiny-random-{llada,dream} with --layers builds a fresh random one")
-    p.add_argument("--layers", type=POSITIVE, default=8)
-    p.add_argument("--prompt-length", type=POSITIVE, default=1024)
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--layers", type=POSITIVE, default=8, help="layers of a fresh tiny-random model (default: 8)")
+    p.add_argument("--prompt-length", type=POSITIVE, default=1024, help="prompt tokens (default: 1024)")
+    p.add_argument("--gen-length", type=int, default=256, help="generated positions (default: 256)")
+    p.add_argument("--block-length", type=int, default=32, help="block length (default: 32)")
     p.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"], help="sampler specs")
     p.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"],
                    help="cache policy specs (dual:look_back=16)")
-    p.add_argument("--repeats", type=POSITIVE, default=1)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--repeats", type=POSITIVE, default=1, help="timed runs per cell, interleaved (default: 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_threads(p)
     add_model_place(p)
-    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the rows to this JSON file")
 
 
 def run_caches(args) -> int:

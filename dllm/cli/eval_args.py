@@ -23,7 +23,7 @@ def compare_args(p: argparse.ArgumentParser) -> None:
                    help="timed runs per sampler, interleaved; the median wall time is reported")
     p.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
     add_model_place(p, dtype="float32")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_threads(p, "1 on a busy machine")
 
 
@@ -45,12 +45,12 @@ def stress_args(p: argparse.ArgumentParser) -> None:
                         "leaderboard, pooled oracle, its Kendall tau, order-preference slope); options eos=drop|cut, "
                         "shuffle=strict|any, tau_pad=keep|drop, slope_k=N (dllm.eval.stress.parallelbench)")
     add_model_place(p, dtype="float32")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_threads(p, "1 on a busy machine")
 
 
 def eval_tasks_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="a model name or path (tiny-llada, oracle, ...)")
     p.add_argument("--tasks", nargs="*", default=None, help="default: every task")
     p.add_argument("--k", type=int, nargs="*", default=None,
                    help="tokens per step, fixed-step samplers only (default: 1)")
@@ -60,5 +60,5 @@ def eval_tasks_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", default="low_confidence",
                    help="sampler spec; an adaptive one gets a single column and no --k")
     add_model_place(p, dtype="float32")
-    p.add_argument("--json", type=output_file, default=None, metavar="PATH")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the table to this JSON file")
     add_threads(p, "1 on a busy machine")

@@ -38,10 +38,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("diffusion defaults (a request's own fields override them)")
     d.add_argument("--sampler", default=None, help="sampler spec (default low_confidence; see `dllm samplers`)")
     d.add_argument("--cache", default=None, metavar="SPEC", help="cache policy spec (default none)")
-    d.add_argument("--block-length", type=POSITIVE, default=None)
-    d.add_argument("--steps", type=POSITIVE, default=None)
+    d.add_argument("--block-length", type=POSITIVE, default=None, help="default block length of a request (default: its max_tokens, one block)")
+    d.add_argument("--steps", type=POSITIVE, default=None, help="default steps of a fixed-step sampler (default: one token per step)")
     d.add_argument("--temperature", type=float, default=None, help="default temperature (default 0: greedy)")
-    d.add_argument("--seed", type=at_least(0), default=None)
+    d.add_argument("--seed", type=at_least(0), default=None, help="default seed of a request (default: none)")
     d.add_argument("--option", "-o", action="append", type=option, default=[], metavar="NAME=VALUE",
                    help="sampler option of the default sampler, repeatable")
     d.add_argument("--mode", choices=("continuous", "static", "serial"), default=None,
@@ -78,10 +78,11 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--drain-timeout", type=float, default=None,
                    help="seconds in-flight requests get after SIGTERM / Ctrl-C; those still running then end with "
                         "a 503 (default: as long as they need)")
-    h.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    p.add_argument("--dtype", default=None)
+    h.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default: info)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
     add_quantization(p)
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
     r = p.add_argument_group("replicas (Ray Serve, extra dllm[ray])")
     r.add_argument("--replicas", type=POSITIVE, default=None,
                    help="serve N copies of the backend behind one endpoint through Ray Serve (default: one "

@@ -23,15 +23,15 @@ def spec_args(p: argparse.ArgumentParser) -> None:
                    help="the plan's block size: tokens per verification forward (default: the drafter's), or "
                         "'auto': each prompt's plan (block size, chain or tree) picked by the drafter's block "
                         "head (dflash:model=tiny-ar-dflash-wide)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0); > 0: exact sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of the sampled distribution (default: 1.0, off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k filter of the sampled distribution (default: 0, off)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random draws (default: none)")
     p.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (chain, ddtree:budget=64, "
                                                 "taps:budget=32,cost_per_node=0.01); needs a drafter with distributions")
     p.add_argument("--stop", nargs="+", action="extend", default=None, help="stop strings")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object (texts, ids, statistics)")
     add_threads(p)
 

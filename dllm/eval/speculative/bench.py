@@ -228,9 +228,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     def keep() -> str:
-        if rows:
-            report()
-        return finished(len(rows), "row", args.out if rows and args.out else None)
+        if not rows:
+            return "no row finished; nothing written" + (f" to {args.out}" if args.out else "")
+        report()
+        return finished(len(rows), "row", args.out)
 
     return until_interrupted(run, keep)
 

@@ -195,3 +195,19 @@ def test_ctrl_c_keeps_the_finished_temperatures(models, tmp_path, monkeypatch, c
     assert f"interrupted: 2 finished rows are saved in {out}" in printed
     rows = json.loads(out.read_text())["rows"]
     assert [(r["method"], r["temperature"], r["status"]) for r in rows] == [("generate", 0.0, "ok"), ("ar", 0.0, "ok")]
+
+
+def test_ctrl_c_before_any_row_says_nothing_was_written(models, tmp_path, monkeypatch, capsys):
+    from dllm.eval.speculative import runners
+
+    _, paths = models
+
+    def interrupt_at_once(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runners, "loop_runner", interrupt_at_once)
+    out = tmp_path / "spec.json"
+    rc = main(["--target", paths["target"], "--methods", "ar", "--tasks", "copy_long", "--n", "1",
+               "--max-new-tokens", "5", "--no-progress", "--out", str(out)])
+    assert rc == 130 and not out.exists()
+    assert f"interrupted: no row finished; nothing written to {out}" in capsys.readouterr().out
