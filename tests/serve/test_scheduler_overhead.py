@@ -23,7 +23,7 @@ def model():
     return load_model("tiny-random-llada")
 
 
-def count(model, mode: str, monkeypatch) -> DispatchCounter:
+def count(model, mode: str, monkeypatch, stream: bool = True) -> DispatchCounter:
     counter = DispatchCounter(model)
     run = Scheduler._loop
 
@@ -36,7 +36,7 @@ def count(model, mode: str, monkeypatch) -> DispatchCounter:
     try:
         with engine._cond:  # all queued at once
             jobs = [engine.submit(JobRequest(engine.encode_prompt(r.prompt), r.max_tokens,
-                                             DecodeSettings(sampler=r.sampler, cache=r.cache)))
+                                             DecodeSettings(sampler=r.sampler, cache=r.cache), stream=stream))
                     for r in stress_requests(32)]
         assert all(isinstance(job.result(120), Done) for job in jobs)
     finally:
@@ -62,7 +62,16 @@ def test_continuous_costs_no_more_outside_forwards_than_static(model, monkeypatc
 def test_one_canvas_read_per_decode_step(model, mode, monkeypatch):
     counter = count(model, mode, monkeypatch)
     sites = DispatchCounter.sync_sites([counter.current])
-    per_step = [n for site, n in sites.items() if "serve/backends/diffusion.py" in site]
-    # the step callback's one read of the canvas, and one read of the answers per decode
-    assert len(per_step) == 2, sites
+    mine = [n for site, n in sites.items() if "serve/backends/diffusion.py" in site]
+    # streamed: the step callback's one read of the canvas, and one read of the answers per decode
+    assert len(mine) == 2, sites
     assert not any("samplers/" in site or "engine.py" in site for site in sites), sites
+
+
+def test_unstreamed_requests_read_nothing_per_step(model, monkeypatch):
+    """No stream, stop strings or step events: the callback reads nothing; one read per decode."""
+    streamed = outside(count(model, "continuous", monkeypatch, stream=True))
+    plain = count(model, "continuous", monkeypatch, stream=False)
+    sites = DispatchCounter.sync_sites([plain.current])
+    assert len([s for s in sites if "serve/backends/diffusion.py" in s]) == 1, sites
+    assert outside(plain)[2] < streamed[2]

@@ -231,17 +231,20 @@ class DiffusionBackend(Scheduler):
         live = set(range(len(rows)))
 
         events = any(j.request.step_events for j in jobs)
+        # the canvas is read each step only where a row needs it: streamed text, stop strings, step
+        # events; otherwise a row ends with the call (generate's own EOS rule releases it early)
+        watch = any(j.request.stream or j.request.stop or j.request.step_events for j in jobs)
 
         def on_step(state) -> None:
             left = []
-            generated = state.generated.tolist()  # the step's one read of the canvas, every row at once
+            generated = state.generated.tolist() if watch else None  # the step's one read, every row at once
             traces = state.trace.tolist() if events else None
             for r in list(live):
                 row = rows[r]
                 if row.job.cancelled:
                     row.job.emit(Failed("cancelled by the client", 499))
                     left.append(r)
-                elif row.observe(state, generated[r], traces):
+                elif generated is not None and row.observe(state, generated[r], traces):
                     row.finish(None, req.max_tokens, started)
                     left.append(r)
             live.difference_update(left)

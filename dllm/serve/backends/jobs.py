@@ -44,6 +44,7 @@ class JobRequest:
     settings: Settings
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (not included)
     step_events: bool = False  # also one ``Step`` event per denoising step (diffusion only)
+    stream: bool = False  # the client reads text deltas as they become final (else: the text at the end)
 
 
 @dataclass(frozen=True)

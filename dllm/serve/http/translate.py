@@ -145,7 +145,8 @@ def job_requests(body: Body, backend: Backend, *, default_max_tokens: int) -> li
             # n > 1 with a seed: choice j draws with seed + j, so the choices differ yet reproduce
             s = dataclasses.replace(chosen, seed=chosen.seed + j) if seeded else chosen
             req = JobRequest(prompt_ids=tuple(p), max_tokens=limit, settings=s, stop=stop,
-                             step_events=bool(body.stream and getattr(body, "dllm_events", False)))
+                             step_events=bool(body.stream and getattr(body, "dllm_events", False)),
+                             stream=bool(body.stream))
             check(backend, req, body)
             requests.append(req)
     return requests

@@ -1,0 +1,81 @@
+"""What the server's loop issues outside the model's forwards, counted on its thread (what a GPU's
+host would issue): ATen calls and host syncs, per forward call and per request, continuous against
+static, for streamed and unstreamed requests.
+
+    python benchmarks/serve_counts.py [MODEL] [--n 64] [--out benchmarks/results/serve-counts.txt]
+
+``dllm bench serve``'s requests (stress-task prompts, ``max_tokens`` = the answer length), all queued
+at once on a ``DiffusionBackend`` of each mode; a ``dllm.eval.bench.counters.DispatchCounter`` wraps
+the scheduler's loop thread, which runs every decode and forward. Continuous batching merges the
+decodes' forwards, so it runs fewer forward calls for the same requests: per request is the fair
+unit for its own work, per forward call what a step of the loop costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from dllm.eval.bench.counters import DispatchCounter
+from dllm.eval.bench.serve import stress_requests
+from dllm.scoring.exact_match import load_model
+from dllm.serve.backends.diffusion import DiffusionBackend
+from dllm.serve.backends.jobs import JobRequest
+from dllm.serve.backends.scheduler import Scheduler
+from dllm.settings import DecodeSettings
+
+
+def counted_run(model, mode: str, requests, stream: bool) -> DispatchCounter:
+    counter = DispatchCounter(model)
+    loop = Scheduler._loop
+
+    def run(backend) -> None:
+        with counter:
+            loop(backend)
+
+    Scheduler._loop = run
+    try:
+        backend = DiffusionBackend(model, name="m", mode=mode, max_running=32)
+        with backend._cond:  # all queued at once
+            jobs = [backend.submit(JobRequest(backend.encode_prompt(r.prompt), r.max_tokens,
+                                              DecodeSettings(sampler=r.sampler, cache=r.cache), stream=stream))
+                    for r in requests]
+        for job in jobs:
+            job.result(600)
+        backend.close()
+    finally:
+        Scheduler._loop = loop
+    return counter
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="tiny-random-llada", help="a servable model (default tiny-random-llada)")
+    ap.add_argument("--n", type=int, default=64, help="requests (default 64)")
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = load_model(args.model)
+    requests = stress_requests(args.n)
+    lines = [f"# python benchmarks/serve_counts.py {args.model} --n {args.n}",
+             f"# torch {torch.__version__}; counted on the loop thread; outside = not inside the model's forward",
+             f"{'requests':<12}{'mode':<12}{'forwards':>9}{'ATen/call':>11}{'ATen/req':>10}{'syncs/call':>12}"
+             f"{'syncs/req':>11}"]
+    for stream in (True, False):
+        for mode in ("continuous", "static"):
+            c = counted_run(model, mode, requests, stream).current
+            aten = c.layer_aten + c.outside_aten - c.forward_aten
+            syncs = len(c.syncs) - c.syncs_in_forward
+            f = max(c.forward_calls, 1)
+            lines.append(f"{'streamed' if stream else 'unstreamed':<12}{mode:<12}{c.forward_calls:>9}{aten / f:>11.1f}"
+                         f"{aten / args.n:>10.1f}{syncs / f:>12.2f}{syncs / args.n:>11.2f}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
