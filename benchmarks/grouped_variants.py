@@ -12,7 +12,7 @@ import torch
 
 import dllm
 from dllm.scoring.exact_match import load_model
-from dllm.models import kv as KV
+from dllm.models.core import kv as KV
 
 
 def main() -> None:

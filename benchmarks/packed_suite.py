@@ -1,6 +1,6 @@
 """The long-prompt suite decoded in ``dllm compare``'s batches (one per task) with the ``sdpa``
 backend's padded-batch path against ``sdpa_plain`` (one masked call), with the models' full
-forwards run per group of equally padded rows (``dllm.models.packed_rows``: forwards without a
+forwards run per group of equally padded rows (``dllm.models.core.packed_rows``: forwards without a
 cache only, so it shows with ``--cache none``), in batches of similar prompt length
 (``decode_and_score``'s default since 2026-12-02: ``length_batches``), and one prompt at a time (no
 padding), in interleaved rounds.

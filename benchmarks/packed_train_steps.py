@@ -1,5 +1,5 @@
 """Training steps of tiny-llada-long on cc-9's mixture (benchmarks/long-count.sh) with the models' full
-forward per group of rows (``packs_padded_rows``, dllm.models.packed_rows) and without it, the two in
+forward per group of rows (``packs_padded_rows``, dllm.models.core.packed_rows) and without it, the two in
 turn on the same batches (right-padded, as training builds them; batch 8; 2 threads).
 
     python benchmarks/packed_train_steps.py [--steps 8]

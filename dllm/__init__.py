@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": ("dllm.models", "load"),
     "generate": ("dllm.engine", "generate"),
-    "compile_model": ("dllm.models.compile", "compile_model"),
-    "uncompile_model": ("dllm.models.compile", "uncompile_model"),
+    "compile_model": ("dllm.models.core.compile", "compile_model"),
+    "uncompile_model": ("dllm.models.core.compile", "uncompile_model"),
     "list_samplers": ("dllm.samplers", "list_samplers"),
     "list_caches": ("dllm.cache", "list_caches"),
     "GenerationOutput": ("dllm.state", "GenerationOutput"),

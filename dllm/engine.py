@@ -186,7 +186,7 @@ class Decode:
         with ``rows=(a, b)`` (query coordinates) only those rows' logits, [B, b - a, V].
 
         Without buffers (``cache="none"``) this is a plain full forward. With buffers, the forward
-        writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.kv``).
+        writes its rows' K/V into them and attends to ``[0, query.key_end)`` (``dllm.models.core.kv``).
         """
         x, kwargs = self.query_inputs(query)
         rows = query.head_rows(rows)

@@ -6,7 +6,7 @@ the K/V buffers) through a ``StepGraphs``: the first forward of each shape (rows
 attended keys, logits rows) is captured with ``torch.cuda.CUDAGraph`` on static input buffers; every
 later one copies its inputs into those buffers and replays the graph (one launch). A block's place in
 the canvas reaches the graph as data, never as a Python int: the query columns are a device tensor the
-K/V write indexes with (``dllm.models.kv.StaticView``). With the dual cache the attended keys are the
+K/V write indexes with (``dllm.models.core.kv.StaticView``). With the dual cache the attended keys are the
 whole canvas, so one graph serves every block of a call; the prefix cache captures once per block.
 
 ``cuda_graphs="static"`` runs the same static path eagerly (``EagerRunner``: the step function is
@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from dllm.models.kv import KVCache, StaticView
+from dllm.models.core.kv import KVCache, StaticView
 
 MAX_GRAPHS = 8  # captured shapes per generate call
 GRAPHS_KEY = "step_graphs"  # DecodeState.extras: the call's StepGraphs (captures, replays), when on

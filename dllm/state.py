@@ -48,7 +48,7 @@ class DecodeState:
     forwarded_tokens: int = 0  # sum over forwards of rows x query length
     finished: Optional[torch.Tensor] = None  # [B] bool, rows whose answer ended (stop_at_eos)
     released: frozenset = frozenset()  # rows no longer needed: filled, skipped by forwards (dllm.rows)
-    kv: Any = None  # dllm.models.kv.KVCache of the call's cache policy (None: no cache)
+    kv: Any = None  # dllm.models.core.kv.KVCache of the call's cache policy (None: no cache)
     extras: dict[str, Any] = field(default_factory=dict)  # per-call scratch for samplers
 
     @property

@@ -225,7 +225,7 @@ def test_info_shows_block_causal_attention_and_moe(capsys):
 
 
 def test_info_shows_the_experts_of_a_moe_checkpoint(capsys, tmp_path):
-    from dllm.models.llada2 import tiny_llada2
+    from dllm.models.families.llada2 import tiny_llada2
 
     tiny_llada2().save_pretrained(tmp_path / "m")
     assert main(["info", str(tmp_path / "m")]) == 0

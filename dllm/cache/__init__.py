@@ -11,7 +11,7 @@ follows the measured key drift). Choose one with
 """
 
 from dllm.cache.base import CachePolicy, Query, caches, make_cache, register_cache
-from dllm.models.kv import CacheView, KVCache
+from dllm.models.core.kv import CacheView, KVCache
 from dllm.cache.none import NoCache
 from dllm.cache.prefix_dual import DualCache, PrefixCache
 from dllm.cache.window import WindowCache

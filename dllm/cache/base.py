@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 
 import torch
 
-from dllm.models.kv import canvas_columns
+from dllm.models.core.kv import canvas_columns
 from dllm.options import check_optional_int
 from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState

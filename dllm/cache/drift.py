@@ -9,7 +9,7 @@ and d2Cache (arXiv 2509.23094: recompute the tokens whose states move, reuse the
 policy measures the drift instead of fixing a margin:
 
 - every block starts with a full forward (as ``dual``); just before it overwrites the buffers,
-  ``dllm.models.kv.DriftProbe`` compares its fresh keys with the cached ones, the keys the previous
+  ``dllm.models.core.kv.DriftProbe`` compares its fresh keys with the cached ones, the keys the previous
   block's steps attended to: per column, the mean over layers of ``||k_new - k_old||^2 /
   ||k_new||^2`` (the relative squared error the cache carried);
 - the block's cached steps recompute the block, plus every column left of it whose drift was >=
@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 
 from dllm.cache.base import CachePolicy, Query, register_cache
-from dllm.models.kv import DriftProbe
+from dllm.models.core.kv import DriftProbe
 from dllm.options import check_int, check_number, check_optional_int
 from dllm.state import DecodeState
 

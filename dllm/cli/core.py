@@ -55,7 +55,7 @@ def run_generate(args) -> int:
             raise ValueError("--order-png needs matplotlib: pip install dllm[eval]")
     model = load_model(args)
     if args.compile:
-        from dllm.models.compile import compile_model
+        from dllm.models.core.compile import compile_model
         compile_model(model, args.compile)
     view = CanvasView(model) if args.show else None
     out = generate(

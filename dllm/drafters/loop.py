@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 
 from dllm.drafters.base import Draft, DraftSetup, DrafterSpec, make_drafter
-from dllm.drafters.fast_loop import FastRun, fast_path_issue
+from dllm.drafters.fast_path.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.output import SpeculativeOutput, pack_sequences
 from dllm.drafters.plan import Plan, RowPlans, as_plan, head_row_plans, unexpected_keywords
 from dllm.drafters.stops import StopRule, stop_strings
@@ -126,7 +126,7 @@ def speculative_generate(
         callback: called after every round with each row's generated ids so far (a list per prompt;
             accepted tokens are final, so a server streams them); an exception it raises ends the call.
         fast_path: one prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs the batch-1
-            round of ``fast_loop.py`` (a static KV buffer, one host sync per round; same tokens);
+            round of ``fast_path/fast_loop.py`` (a static KV buffer, one host sync per round; same tokens);
             False always runs the general loop (the reference the fast path is tested against).
     """
     t_start = time.perf_counter()

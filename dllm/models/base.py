@@ -5,7 +5,7 @@ one-position shift happens inside its wrapper). Batches are left-padded; ``posit
 ``key_padding_mask`` make a padded row compute exactly what the prompt alone computes.
 
 Subclasses provide ``_raw_forward`` (the unshifted logits as the official model returns them) and,
-when they have a checkpoint format, ``save_pretrained``. ``TransformerLM`` (``pretrained.py``) is
+when they have a checkpoint format, ``save_pretrained``. ``TransformerLM`` (``families/pretrained.py``) is
 the weight-backed implementation shared by LLaDA and Dream.
 """
 
@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from dllm.models.config import TransformerConfig
-from dllm.models.packed_rows import packed_rows_logits
+from dllm.models.core.config import TransformerConfig
+from dllm.models.core.packed_rows import packed_rows_logits
 
 Messages = Sequence[dict[str, str]]
 
@@ -177,7 +177,7 @@ class DiffusionLM(nn.Module):
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
         where logits[:, i] predicts the token at position i.
 
-        With ``cache`` (a ``dllm.models.kv.CacheView`` over buffers from ``new_kv_cache``), the T rows
+        With ``cache`` (a ``dllm.models.core.kv.CacheView`` over buffers from ``new_kv_cache``), the T rows
         are canvas columns ``[cache.start, cache.start + T)`` and attend to the cached keys
         ``[0, cache.key_end)`` (their own fresh K/V written in first); ``key_padding_mask`` is then
         canvas-wide, [B, L], and ``positions`` defaults to the rows' canvas positions. Logits still
@@ -205,7 +205,7 @@ class DiffusionLM(nn.Module):
 
     supports_head_rows: ClassVar[bool] = False  # True when _raw_forward takes head_rows=(a, b)
     # a long padded batch without a cache runs per group of rows with the same real columns
-    # (dllm.models.packed_rows); set False on an instance for the padded forward (the reference)
+    # (dllm.models.core.packed_rows); set False on an instance for the padded forward (the reference)
     packs_padded_rows: bool = False
 
     def _head_rows(self, logits_rows: tuple[int, int], t: int) -> tuple[int, int]:
@@ -233,7 +233,7 @@ class DiffusionLM(nn.Module):
     supports_kv_cache: ClassVar[bool] = False  # True when _raw_forward accepts cache=CacheView
 
     def new_kv_cache(self, rows: int, length: int) -> Any:
-        """Preallocated K/V buffers for ``rows`` x ``length`` canvas columns (``dllm.models.kv.KVCache``)."""
+        """Preallocated K/V buffers for ``rows`` x ``length`` canvas columns (``dllm.models.core.kv.KVCache``)."""
         raise NotImplementedError(
             f"{type(self).__name__} has no KV cache (no attention layers to cache); use cache='none'"
         )
@@ -263,12 +263,12 @@ class DiffusionLM(nn.Module):
     ) -> torch.Tensor:
         """Validate a cached forward's inputs (see ``forward``); returns the positions [B, T]
         (default: the query rows' canvas positions)."""
-        from dllm.models.kv import CacheView
+        from dllm.models.core.kv import CacheView
 
         if not isinstance(cache, CacheView) or not self.supports_kv_cache:
             raise NotImplementedError(
                 f"cache={type(cache).__name__} is not supported by {type(self).__name__}: forward takes "
-                "a dllm.models.kv.CacheView, and only models with attention layers (supports_kv_cache) "
+                "a dllm.models.core.kv.CacheView, and only models with attention layers (supports_kv_cache) "
                 "can use one; pass cache=None"
             )
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
@@ -313,10 +313,10 @@ class DiffusionLM(nn.Module):
         """(logits [B, T, V] as ``forward``, leave-one-out logits [B, W, V]) for W = end - start:
         ``[:, k]`` predicts column ``start + k`` from a view in which that column's token is hidden.
 
-        Reference path (``dllm.models.shadow``): one extra forward over W masked copies of each row.
+        Reference path (``dllm.models.core.shadow``): one extra forward over W masked copies of each row.
         Transformers override it with WINO's shadow block (one forward of T + W rows).
         """
-        from dllm.models import shadow
+        from dllm.models.core import shadow
 
         shadow.check_span(input_ids.shape[1], start, end, self.logit_shift)
         logits = self(input_ids, positions=positions, key_padding_mask=key_padding_mask).logits

@@ -16,11 +16,11 @@ from typing import Any, Optional, Union
 import torch
 
 from dllm.models.checkpoint import open_checkpoint
-from dllm.models.families import class_for_model_type
-from dllm.models.pretrained import GENERATION_CONFIG, TransformerLM
+from dllm.models.families.registry import class_for_model_type
+from dllm.models.families.pretrained import GENERATION_CONFIG, TransformerLM
 from dllm.models.quantize import QuantizationError, check_quantization, quantize_model
 from dllm.models.tokenizer import load_tokenizer, tokenizer_size
-from dllm.models.transformer import TransformerBlock
+from dllm.models.core.transformer import TransformerBlock
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "merges.txt", "*.jinja"]

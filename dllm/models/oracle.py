@@ -56,7 +56,7 @@ import torch
 from dllm import tasks as T
 from dllm.tasks.base import Task
 from dllm.models.base import DiffusionLM, SpecialIds
-from dllm.models.config import TransformerConfig
+from dllm.models.core.config import TransformerConfig
 
 NEG_LOGIT = -1e4  # "impossible": finite, so sums and guidance stay finite; exp() underflows to 0
 INVALID_MODES = ("uniform", "raise")

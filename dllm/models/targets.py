@@ -20,7 +20,7 @@ import torch
 
 from dllm.lazy import preimport_quietly
 from dllm.models.checkpoint import INDEX_FILE, open_checkpoint
-from dllm.models.families import MODEL_TYPES as DIFFUSION_MODEL_TYPES
+from dllm.models.families.registry import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
                                  resolve_device, resolve_dtype)
 from dllm.models.quantize import check_quantization, quantize_model

@@ -13,14 +13,14 @@ from typing import Any
 import torch
 
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.dream import DREAM_SPECIAL_TOKENS
-from dllm.models.init import HEAD_STD, init_weights  # noqa: F401 (re-exported)
-from dllm.models.families import family_class
-from dllm.models.llada import LLADA_SPECIAL_TOKENS
-from dllm.models.pretrained import TransformerLM
-from dllm.models.sdar import SDAR_SPECIAL_TOKENS
-from dllm.models.fastdllm_v2 import FASTDLLM_V2_SPECIAL_TOKENS as _FD2
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.dream import DREAM_SPECIAL_TOKENS
+from dllm.models.families.init import HEAD_STD, init_weights  # noqa: F401 (re-exported)
+from dllm.models.families.registry import family_class
+from dllm.models.families.llada import LLADA_SPECIAL_TOKENS
+from dllm.models.families.pretrained import TransformerLM
+from dllm.models.families.sdar import SDAR_SPECIAL_TOKENS
+from dllm.models.families.fastdllm_v2 import FASTDLLM_V2_SPECIAL_TOKENS as _FD2
 from dllm.models.tokenizer import build_word_tokenizer, token_id, tokenizer_size
 
 DIGITS = tuple("0123456789")
@@ -100,11 +100,11 @@ def tiny(
     overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
     (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny
     tokenizer's and vocab_size is its size rounded up to a multiple of 8. "llada2" (MoE, no tokenizer):
-    ``dllm.models.llada2.tiny_llada2`` (overrides: TransformerConfig fields, or ``moe=MoEConfig``).
+    ``dllm.models.families.llada2.tiny_llada2`` (overrides: TransformerConfig fields, or ``moe=MoEConfig``).
     """
     cls = family_class(family)
     if family == "llada2":
-        from dllm.models.llada2 import tiny_llada2
+        from dllm.models.families.llada2 import tiny_llada2
 
         return tiny_llada2(seed, dtype=dtype, attn_backend=attn_backend, **overrides)
     valid = set(TransformerConfig.field_names()) | set(_SPECIAL_NAMES)

@@ -2,7 +2,7 @@
 arXiv 2507.18578).
 
 Each step is ONE forward of the canvas plus a *shadow block* (``StepInput.shadow_logits``, see
-``dllm.models.shadow``): the ordinary logits draft, the shadow's leave-one-out logits verify.
+``dllm.models.core.shadow``): the ordinary logits draft, the shadow's leave-one-out logits verify.
 
 - Wide in: commit the active masks with confidence ``c > tau1`` (``p(x0)``, float64 softmax of the
   un-noised logits, proposals as Fast-dLLM / LLaDA draw them), at most ``max_accept = min(max(

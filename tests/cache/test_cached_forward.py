@@ -6,7 +6,7 @@ import torch
 from dllm.cache import KVCache
 from dllm.models import tiny
 from dllm.models.base import default_positions
-from dllm.models.transformer import rope_cos_sin
+from dllm.models.core.transformer import rope_cos_sin
 
 
 def _canvas(model, seed=0):

@@ -25,7 +25,7 @@ def model(request):
 def test_every_sampler_runs_with_every_cache(model, sampler, cache):
     cls = samplers.get(sampler)
     if cache in ("block", "subblock"):  # block-causal models only (tests/cache/test_block_cache.py,
-        #   tests/models/test_fastdllm_v2.py run them)
+        #   tests/models/families/test_fastdllm_v2.py run them)
         with pytest.raises(ValueError, match="of a block-causal model|for a block-causal model"):
             dllm.generate(model, PROMPTS, sampler=sampler, cache=cache, gen_length=8, block_length=4)
         return

@@ -8,7 +8,7 @@ import dllm
 from dllm.cache import make_cache
 from dllm.cache.drift import drifted_columns
 from dllm.models import tiny
-from dllm.models.kv import DriftProbe
+from dllm.models.core.kv import DriftProbe
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [13, 14], [15, 16, 17, 18]]  # ragged: left-padded batch
 

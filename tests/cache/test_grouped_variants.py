@@ -7,7 +7,7 @@ import torch
 
 import dllm
 from dllm.kernels.attention import backends
-from dllm.models import kv as KV
+from dllm.models.core import kv as KV
 from dllm.models import tiny
 
 PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]  # left-padded batch

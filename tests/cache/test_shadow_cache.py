@@ -7,7 +7,7 @@ import torch
 
 import dllm
 from dllm.models import tiny
-from dllm.models.shadow import shadow_attn_mask
+from dllm.models.core.shadow import shadow_attn_mask
 
 PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]  # left-padded batch
 

@@ -11,9 +11,9 @@ from dllm.drafters.dflash.cache import DraftKVCache
 from dllm.drafters.dflash.io import random_dflash
 from dllm.drafters.dflash.model import draft_block, make_block, target_embedding, target_head
 from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue
-from dllm.drafters.fast_loop import FastRun, fast_path_issue
+from dllm.drafters.fast_path.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.loop import speculative_generate
-from dllm.drafters.static_target import StaticTarget, static_target_issue
+from dllm.drafters.fast_path.static_target import StaticTarget, static_target_issue
 from speculative_helpers import OracleDrafter, hf_greedy, long_answer_prompts, tiny_target
 
 

@@ -16,9 +16,9 @@ import torch
 from dllm.eval.bench.counters import DispatchCounter
 from dllm.kernels.fused_ops import rms_norm, rope_rows, triton_unavailable
 from dllm.kernels.triton_fused import rms_norm_triton, rope_rows_triton
-from dllm.models.norm import rms_norm_one_op
-from dllm.models.rope import RopeTable
-from dllm.models.rope import rope_rows as rope_rows_reference
+from dllm.models.core.norm import rms_norm_one_op
+from dllm.models.core.rope import RopeTable
+from dllm.models.core.rope import rope_rows as rope_rows_reference
 
 from .conftest import DEVICE, INTERPRETED
 

@@ -110,7 +110,7 @@ def test_a_ragged_long_prompt_batch_decodes_the_same_tokens(cache, monkeypatch):
     import dllm.kernels.attention as attention
 
     model = dllm.load("tiny-llada-long")
-    model.packs_padded_rows = False  # full forwards through the padded batch (dllm.models.packed_rows off)
+    model.packs_padded_rows = False  # full forwards through the padded batch (dllm.models.core.packed_rows off)
     names = T.suite_task_names("long-prompt")
     prompts = [T.prompt_ids(T.test_split(names[i], T.get_task(names[i]).default_sizes[i % 2])[0]) for i in range(3)]
     assert len({len(p) for p in prompts}) > 1

@@ -1,4 +1,4 @@
-"""WINO (``dllm/samplers/wino.py``) and the shadow-block forward it reads (``dllm/models/shadow.py``)."""
+"""WINO (``dllm/samplers/wino.py``) and the shadow-block forward it reads (``dllm/models/core/shadow.py``)."""
 
 import pytest
 import torch

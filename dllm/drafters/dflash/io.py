@@ -28,7 +28,7 @@ from dllm.drafters.dflash.model import DFlashDrafter
 from dllm.models.checkpoint import (CheckpointError, check_keys, nonfinite_counts, open_checkpoint,
                                     write_safetensors)
 from dllm.models.loading import locate, read_config, resolve_device, resolve_dtype
-from dllm.models.pretrained import DTYPE_NAMES
+from dllm.models.families.pretrained import DTYPE_NAMES
 from dllm.models.quantize import check_quantization, quantize_model, refuse_quantized_save
 
 ARCHITECTURE = "DFlashDraftModel"

@@ -34,7 +34,7 @@ from dllm.drafters.dflash.config import DFlashConfig, tap_layer_ids
 from dllm.drafters.dflash.ops import (Rope, apply_rotary, attention_mask, next_positions, rope_frequencies,
                                       rope_tables)
 from dllm.kernels.attention import sdpa_attention
-from dllm.models.transformer import RMSNorm
+from dllm.models.core.transformer import RMSNorm
 
 if TYPE_CHECKING:
     from dllm.drafters.dflash.static_draft import StaticDraft

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from dllm.drafters.dflash.config import DFlashConfig
-from dllm.models.transformer import rope_inv_freq, rotate_half
+from dllm.models.core.transformer import rope_inv_freq, rotate_half
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, 1, T, hd] in the activation dtype
 

@@ -19,7 +19,7 @@ products) with
 - no attention mask: every key is real and DFlash's block attends to all of them (a drafter whose
   layers are causal or windowed does not take this path: ``static_draft_issue``).
 
-Used by ``DFlashSession`` when the loop passes one row without feature masks (``fast_loop.py``).
+Used by ``DFlashSession`` when the loop passes one row without feature masks (``fast_path/fast_loop.py``).
 Tokens and acceptance equal the general path's (``tests/drafters/test_fast_loop.py``).
 """
 
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
-from dllm.drafters.static_target import plain_linear
-from dllm.models.transformer import rms_norm
+from dllm.drafters.fast_path.static_target import plain_linear
+from dllm.models.core.transformer import rms_norm
 
 MIN_CAPACITY = 256  # slots allocated at the first round (doubled when outgrown)
 
@@ -56,7 +56,7 @@ def static_draft_issue(model: DFlashDrafter) -> Optional[str]:
 
 
 def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """An ``RMSNorm`` module's forward without the module call (``models.transformer.rms_norm``)."""
+    """An ``RMSNorm`` module's forward without the module call (``models.core.transformer.rms_norm``)."""
     return rms_norm(x, norm.weight, norm.eps)
 
 

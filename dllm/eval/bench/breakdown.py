@@ -349,7 +349,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"--device: {err}")
     modes = ["eager"] + (["graphs"] if args.cuda_graphs else []) + ([args.compile] if args.compile else [])
     if args.compile:
-        from dllm.models.compile import check_backend
+        from dllm.models.core.compile import check_backend
         check_backend(args.compile, device)
     rows: list[dict[str, Any]] = []
 
@@ -358,7 +358,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model = build_model(args.layers, getattr(torch, dtype), args.device, family=args.family, width=args.width)
             for mode in modes:
                 if mode not in ("eager", "graphs"):
-                    from dllm.models.compile import compile_model
+                    from dllm.models.core.compile import compile_model
                     compile_model(model, mode)
                 graphs = (True if device.type == "cuda" else "static") if mode == "graphs" else False
                 for cache in caches:

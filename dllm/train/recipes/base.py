@@ -18,9 +18,9 @@ import torch
 from dllm.models.task_tokenizer import task_tokenizer
 from dllm.tasks.vocab import BOS, EOS, MASK, PAD, word_id
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.families import family_class
-from dllm.models.pretrained import TransformerLM
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.registry import family_class
+from dllm.models.families.pretrained import TransformerLM
 from dllm.registry import Registry
 from dllm.train.data import MixtureConfig
 from dllm.train.schedule import Phase

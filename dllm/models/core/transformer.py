@@ -9,8 +9,8 @@ through a pluggable backend from ``dllm.kernels.attention``; SwiGLU MLP; final R
 (``block_causal_mask``), ANDed with the padding mask. Qwen3-style models (SDAR) also normalise each
 head's q and k (``qk_norm``) before RoPE and may have ``head_dim != d_model / n_heads``.
 
-Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``keymap.py`` and the family
-files translate them to the official checkpoint names.
+Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``families/keymap.py`` and the
+family files translate them to the official checkpoint names.
 
 The layers are small modules with the projection (``Attention.qkv``) split from the attention
 itself (``Attention.attend``). A cached forward (``dllm.cache``) runs the layers on a slice of
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
-from dllm.models.config import TransformerConfig
-from dllm.models.fused import FusedWeight, refused
-from dllm.models.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
-from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
+from dllm.models.core.config import TransformerConfig
+from dllm.models.core.fused import FusedWeight, refused
+from dllm.models.core.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
@@ -42,7 +42,7 @@ FusedPair = tuple[FusedWeight, FusedWeight, bool]  # a layer's (q/k/v, gate/up) 
 
 
 # ----------------------------------------------------------------------------------------------
-# Masks (RMSNorm: dllm.models.norm; RoPE: dllm.models.rope)
+# Masks (RMSNorm: dllm.models.core.norm; RoPE: dllm.models.core.rope)
 
 
 def block_causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -183,10 +183,10 @@ class TransformerBlock(nn.Module):
         kv_attend: Optional[KVAttend] = None,
         fused: Optional["FusedPair"] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.compile`` compiles)
+        """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.core.compile`` compiles)
         around the K/V write and the attention backend, which stay eager. ``fused``: the layer's
         fused weights (``fused_weights``); ``cos`` is then the [B, T, 2, 1, hd] RoPE table rows
-        (``dllm.models.fused.RopeTable``) and ``sin`` is unused."""
+        (``dllm.models.core.fused.RopeTable``) and ``sin`` is unused."""
         q, k, v = self.qkv_rows(h, cos, sin, fused)
         if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
             out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]
@@ -301,9 +301,9 @@ class Transformer(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def new_kv_cache(self, rows: int, length: int):
-        """Preallocated K/V buffers (``dllm.models.kv.KVCache``) for ``rows`` x ``length`` canvas
+        """Preallocated K/V buffers (``dllm.models.core.kv.KVCache``) for ``rows`` x ``length`` canvas
         columns, one pair per layer, each on its layer's device, in the model dtype."""
-        from dllm.models.kv import KVCache
+        from dllm.models.core.kv import KVCache
 
         cfg = self.config
         first = self.layers[0].attn.k_proj.weight
@@ -318,7 +318,7 @@ class Transformer(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
-        cache=None,  # dllm.models.kv.CacheView or None
+        cache=None,  # dllm.models.core.kv.CacheView or None
         head_rows: Optional[tuple[int, int]] = None,  # (a, b): the final norm and LM head on rows [a, b) only
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, K] f32}).

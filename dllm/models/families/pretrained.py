@@ -16,10 +16,10 @@ import torch
 from dllm.models.base import DiffusionLM, SpecialIds
 from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
                                     write_safetensors)
-from dllm.models.config import TransformerConfig
-from dllm.models.keymap import KeyMap
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.keymap import KeyMap
 from dllm.models.tokenizer import save_tokenizer, token_id
-from dllm.models.transformer import Transformer
+from dllm.models.core.transformer import Transformer
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -176,14 +176,14 @@ class TransformerLM(DiffusionLM):
         key_padding_mask: Optional[torch.Tensor] = None,
         cache: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """WINO's shadow block: one forward of [B, T + W] rows (``dllm.models.shadow``); the first
+        """WINO's shadow block: one forward of [B, T + W] rows (``dllm.models.core.shadow``); the first
         T rows equal ``forward``'s logits, the last W are the leave-one-out predictions.
 
         With ``cache`` (a ``CacheView``) the T rows are canvas columns ``[cache.start, cache.start +
         T)`` as in ``forward`` (``key_padding_mask`` canvas-wide [B, L], ``positions`` [B, T] required)
         and ``[start, end)`` are canvas columns inside them; the shadow rows read the cached keys
         (``ShadowCacheView``)."""
-        from dllm.models import shadow
+        from dllm.models.core import shadow
 
         b, t = input_ids.shape
         shift = self.logit_shift

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dllm.models import tiny
-from dllm.models.transformer import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, rotate_half
+from dllm.models.core.transformer import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, rotate_half
 
-from .helpers import random_ids
+from ..helpers import random_ids
 
 
 # ---- RMSNorm -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from dllm.models import tiny
 
-from .helpers import random_ids
+from ..helpers import random_ids
 
 transformers = pytest.importorskip("transformers")
 

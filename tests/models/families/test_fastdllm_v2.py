@@ -12,11 +12,11 @@ import torch
 
 import dllm
 from dllm.models import load, tiny
-from dllm.models.fastdllm_v2 import FastDLLMv2
+from dllm.models.families.fastdllm_v2 import FastDLLMv2
 from tests.reference.fastdllm_v2_generate import fastdllm_v2_generate, official_length
 from tests.reference.fastdllm_v2_modeling import RefFastDLLMv2ForCausalLM
 
-from .helpers import assert_regenerated, logits_atol, random_ids
+from ..helpers import assert_regenerated, logits_atol, random_ids
 
 
 def _pair(tmp_path, seed: int, *, frequent_eot: bool = False, **overrides):

@@ -1,4 +1,4 @@
-"""The fused layer path (dllm/models/fused.py) against the module-by-module reference."""
+"""The fused layer path (dllm/models/core/fused.py) against the module-by-module reference."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.models.norm import rms_norm_one_op, rms_norm_reference
-from dllm.models.rope import RopeTable, apply_rope, rope_cos_sin, rope_rows
+from dllm.models.core.norm import rms_norm_one_op, rms_norm_reference
+from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_rows
 from dllm.models.tiny import tiny
 
 DENSE = ("llada", "dream", "sdar", "fastdllm_v2")
@@ -179,7 +179,7 @@ def test_every_sampler_gives_the_same_tokens_fused(family, sampler):
 
 
 def test_offloaded_or_meta_projections_are_not_fused():
-    from dllm.models.fused import fusable
+    from dllm.models.core.fused import fusable
 
     lins = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
     assert fusable(lins)

@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping
 import torch
 
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.keymap import KeyMap
-from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.keymap import KeyMap
+from dllm.models.families.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
 
 LLADA_KEYMAP = KeyMap(
     global_names=(

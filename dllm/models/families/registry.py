@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dllm.models.dream import Dream
-from dllm.models.fastdllm_v2 import FastDLLMv2
-from dllm.models.llada import LLaDA
-from dllm.models.llada2 import LLaDA2
-from dllm.models.pretrained import TransformerLM
-from dllm.models.sdar import SDAR
+from dllm.models.families.dream import Dream
+from dllm.models.families.fastdllm_v2 import FastDLLMv2
+from dllm.models.families.llada import LLaDA
+from dllm.models.families.llada2 import LLaDA2
+from dllm.models.families.pretrained import TransformerLM
+from dllm.models.families.sdar import SDAR
 
 FAMILIES: dict[str, type[TransformerLM]] = {"llada": LLaDA, "dream": Dream, "sdar": SDAR, "llada2": LLaDA2,
                                         "fastdllm_v2": FastDLLMv2}

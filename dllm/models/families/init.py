@@ -1,4 +1,4 @@
-"""Deterministic random weights for the tiny models (``dllm.models.tiny``, ``dllm.models.llada2``)."""
+"""Deterministic random weights for the tiny models (``dllm.models.tiny``, ``dllm.models.families.llada2``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from dllm.models.pretrained import TransformerLM
+from dllm.models.families.pretrained import TransformerLM
 
 HEAD_STD = 0.5  # LM head std: normalised hidden (RMS 1) x 64 dims -> logit std ~4, peaked softmax
 

@@ -1,4 +1,4 @@
-"""dllm.models.moe: LLaDA 2.x routing (group-limited top-k, normalised + scaled weights), the
+"""dllm.models.core.moe: LLaDA 2.x routing (group-limited top-k, normalised + scaled weights), the
 expert-batched forward against the per-token reference, and the experts-per-forward count."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm.models.moe import MoEConfig, SparseMoE, count_experts, group_limited_topk, moe_reference, route
+from dllm.models.core.moe import MoEConfig, SparseMoE, count_experts, group_limited_topk, moe_reference, route
 
 CFG = MoEConfig(n_experts=16, top_k=4, expert_hidden=24, n_shared=1, n_group=4, topk_group=2, routed_scaling=2.5)
 

@@ -15,7 +15,7 @@ each finished block.
 Sources: the HF folder Efficient-Large-Model/Fast_dLLM_v2_7B ``config.json``, ``configuration.py``
 (``Fast_dLLM_QwenConfig``), ``modeling.py`` (``Fast_dLLM_QwenForCausalLM``), ``generation_config.json``,
 ``special_tokens_map.json``, ``added_tokens.json``; NVlabs/Fast-dLLM ``v2/generation_functions.py``.
-The official model is loaded here without ``trust_remote_code``; tests/models/test_fastdllm_v2.py
+The official model is loaded here without ``trust_remote_code``; tests/models/families/test_fastdllm_v2.py
 checks the logits against a transcription of ``modeling.py`` (tests/reference/fastdllm_v2_modeling.py).
 Decoding: ``sampler="fastdllm_v2"`` (``dllm/samplers/fastdllm_v2.py``).
 """
@@ -27,12 +27,12 @@ from typing import Any, Mapping
 import torch
 
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.dream import DREAM_CHAT_TEMPLATE, DREAM_KEYMAP
-from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.dream import DREAM_CHAT_TEMPLATE
+from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
+from dllm.models.families.qwen import qwen_hf_fields, qwen_keymap, qwen_transformer_config
 
-# Qwen2 names with q/k/v biases: the same map as Dream's checkpoints
-FASTDLLM_V2_KEYMAP = DREAM_KEYMAP
+FASTDLLM_V2_KEYMAP = qwen_keymap(qkv_bias=True, qk_norm=False)  # Qwen2 names with q/k/v biases, as Dream's
 
 FASTDLLM_V2_SPECIAL_TOKENS = {
     "pad": "<|endoftext|>", "im_start": "<|im_start|>", "im_end": "<|im_end|>", "mask": "|<MASK>|",
@@ -110,24 +110,14 @@ class FastDLLMv2(TransformerLM):
         require_fields(hf, _REQUIRED, "Fast-dLLM v2")
         _check_supported(hf)
         head_dim = hf.get("head_dim")
-        config = TransformerConfig(
-            vocab_size=hf["vocab_size"],
-            d_model=hf["hidden_size"],
-            n_layers=hf["num_hidden_layers"],
-            n_heads=hf["num_attention_heads"],
-            n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            mlp_hidden=hf["intermediate_size"],
-            rope_theta=float(hf["rope_theta"]),
-            rms_eps=float(hf["rms_norm_eps"]),
-            max_positions=hf["max_position_embeddings"],
+        config = qwen_transformer_config(
+            hf,
             qkv_bias=True,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # Fast_dLLM_QwenConfig's default
-            rope_fp32=False,
             attn_head_dim=None if head_dim is None or head_dim * hf["num_attention_heads"] == hf["hidden_size"]
             else head_dim,
             attention="block_causal",
             block_size=hf["bd_size"],
-        )
+        )  # tie_word_embeddings absent: Fast_dLLM_QwenConfig's default, false
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="Fast-dLLM v2",
             tokens={"mask_id": FASTDLLM_V2_SPECIAL_TOKENS["mask"], "eot_id": FASTDLLM_V2_SPECIAL_TOKENS["im_end"]},
@@ -145,32 +135,12 @@ class FastDLLMv2(TransformerLM):
         return {
             "model_type": "Fast_dLLM_Qwen",
             "architectures": ["Fast_dLLM_QwenForCausalLM"],
-            "hidden_size": config.d_model,
-            "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layers,
-            "num_attention_heads": config.n_heads,
-            "num_key_value_heads": config.n_kv_heads,
+            **qwen_hf_fields(config, special, dtype),
             **({"head_dim": config.attn_head_dim} if config.attn_head_dim is not None else {}),
-            "max_position_embeddings": config.max_positions,
-            "rms_norm_eps": config.rms_eps,
-            "rope_theta": config.rope_theta,
-            "rope_scaling": None,
-            "hidden_act": "silu",
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": config.n_layers,
             "layer_types": ["full_attention"] * config.n_layers,
             "bd_size": config.block_size,
-            "tie_word_embeddings": config.tie_embeddings,
-            "vocab_size": config.vocab_size,
             "bos_token_id": special.bos_id if special.bos_id is not None else special.pad_id,
-            "eos_token_id": special.eos_id,
-            "pad_token_id": special.pad_id,
-            "mask_token_id": special.mask_id,
             "use_cache": True,
-            "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
         }
 
     @classmethod

@@ -2,9 +2,9 @@
 
 LLaDA and Dream are the same network (pre-norm bidirectional transformer: RMSNorm, rotate-half
 RoPE, grouped-query attention, SwiGLU MLP); they differ in sizes, a few switches below, their
-checkpoint key names (``llada.py`` / ``dream.py``) and Dream's one-position logit shift. SDAR
-(``sdar.py``, a Qwen3 network) adds three switches: an explicit ``head_dim``, per-head RMSNorm of
-q and k before RoPE (``qk_norm``), and block-causal attention (``attention = "block_causal"``:
+checkpoint key names (``families/llada.py`` / ``families/dream.py``) and Dream's one-position logit
+shift. SDAR (``families/sdar.py``, a Qwen3 network) adds three switches: an explicit ``head_dim``,
+per-head RMSNorm of q and k before RoPE (``qk_norm``), and block-causal attention (``attention = "block_causal"``:
 bidirectional inside a block of ``block_size`` positions, causal across blocks; SDAR, arXiv 2510.06303).
 """
 

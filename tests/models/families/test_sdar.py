@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from dllm.models import load, tiny
-from dllm.models.config import TransformerConfig
-from dllm.models.sdar import SDAR
-from dllm.models.transformer import block_causal_mask
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.sdar import SDAR
+from dllm.models.core.transformer import block_causal_mask
 from tests.reference.sdar_modeling import RefCache, RefSDARForCausalLM
 
-from .helpers import assert_regenerated, logits_atol, random_ids
+from ..helpers import assert_regenerated, logits_atol, random_ids
 
 
 def _official(path, dtype=torch.float32) -> RefSDARForCausalLM:
@@ -253,7 +253,7 @@ def test_sharded_save_loads_in_the_official_code(tmp_path):
 
 
 def test_long_ragged_batch_runs_per_row_group_with_the_block_mask(monkeypatch):
-    """A long left-padded batch takes the packed-rows path (dllm.models.packed_rows), which runs each
+    """A long left-padded batch takes the packed-rows path (dllm.models.core.packed_rows), which runs each
     group of rows unmasked over its real columns: the block-causal mask still applies (it comes from
     the positions), and the logits match the padded forward."""
     import dllm.models.base as base

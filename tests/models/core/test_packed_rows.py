@@ -1,5 +1,5 @@
 """A long ragged batch's full forward per group of rows with the same real columns
-(``dllm.models.packed_rows``) against the padded forward (``packs_padded_rows = False``, the reference)."""
+(``dllm.models.core.packed_rows``) against the padded forward (``packs_padded_rows = False``, the reference)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import dllm
 from dllm import tasks as T
 from dllm.models import tiny
-from dllm.models.packed_rows import packed_rows_logits
+from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.train import diffusion_loss
 
 LENGTHS = (300, 180, 300, 90)  # real columns per row; left-padded to 300

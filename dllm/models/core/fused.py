@@ -2,9 +2,9 @@
 
 A GPU runs a cached decode step's small matmuls in microseconds, so the step is bound by the ops
 Python issues per layer. ``TransformerBlock``'s fused path is made of ``FusedWeight`` (here), the
-one-op norm (``dllm.models.norm.rms_norm_one_op``) and the table RoPE of q and k together
-(``dllm.models.rope.rope_rows``); the module-by-module path in ``transformer.py`` stays beside it as
-the reference, and the tests compare the two (tests/models/test_fused.py).
+one-op norm (``dllm.models.core.norm.rms_norm_one_op``) and the table RoPE of q and k together
+(``dllm.models.core.rope.rope_rows``); the module-by-module path in ``transformer.py`` stays beside it as
+the reference, and the tests compare the two (tests/models/core/test_fused.py).
 
 - ``FusedWeight``: the q/k/v (or gate/up) weights concatenated into one matrix, with the original
   ``nn.Linear`` parameters re-pointed into it (no second copy of the weights; ``state_dict``, the

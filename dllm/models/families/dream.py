@@ -17,33 +17,11 @@ from typing import Any, Mapping
 import torch
 
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.keymap import KeyMap
-from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
+from dllm.models.families.qwen import qwen_hf_fields, qwen_keymap, qwen_transformer_config
 
-DREAM_KEYMAP = KeyMap(
-    global_names=(
-        ("model.embed_tokens.weight", "embed.weight"),
-        ("model.norm.weight", "norm.weight"),
-        ("lm_head.weight", "lm_head.weight"),  # absent when tie_word_embeddings
-    ),
-    layer_prefix="model.layers.{i}.",
-    layer_names=(
-        ("input_layernorm.weight", "attn_norm.weight"),
-        ("self_attn.q_proj.weight", "attn.q_proj.weight"),
-        ("self_attn.q_proj.bias", "attn.q_proj.bias"),
-        ("self_attn.k_proj.weight", "attn.k_proj.weight"),
-        ("self_attn.k_proj.bias", "attn.k_proj.bias"),
-        ("self_attn.v_proj.weight", "attn.v_proj.weight"),
-        ("self_attn.v_proj.bias", "attn.v_proj.bias"),
-        ("self_attn.o_proj.weight", "attn.o_proj.weight"),
-        ("post_attention_layernorm.weight", "mlp_norm.weight"),
-        ("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
-        ("mlp.up_proj.weight", "mlp.up_proj.weight"),
-        ("mlp.down_proj.weight", "mlp.down_proj.weight"),
-    ),
-    ignored=(r"\.rotary_emb\.inv_freq$",),  # RoPE buffers some older Qwen2 exports stored
-)
+DREAM_KEYMAP = qwen_keymap(qkv_bias=True, qk_norm=False)  # Qwen2 names with q/k/v biases
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -115,20 +93,7 @@ class Dream(TransformerLM):
         """Official config.json dict -> (TransformerConfig, SpecialIds)."""
         require_fields(hf, _REQUIRED, "Dream")
         _check_supported(hf)
-        config = TransformerConfig(
-            vocab_size=hf["vocab_size"],
-            d_model=hf["hidden_size"],
-            n_layers=hf["num_hidden_layers"],
-            n_heads=hf["num_attention_heads"],
-            n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            mlp_hidden=hf["intermediate_size"],
-            rope_theta=float(hf["rope_theta"]),
-            rms_eps=float(hf["rms_norm_eps"]),
-            max_positions=hf["max_position_embeddings"],
-            qkv_bias=True,
-            tie_embeddings=bool(hf["tie_word_embeddings"]),
-            rope_fp32=False,
-        )
+        config = qwen_transformer_config(hf, qkv_bias=True)
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="Dream",
             tokens={"mask_id": DREAM_SPECIAL_TOKENS["mask"], "eot_id": DREAM_SPECIAL_TOKENS["im_end"]},
@@ -144,29 +109,9 @@ class Dream(TransformerLM):
         return {
             "model_type": "Dream",
             "architectures": ["DreamModel"],
-            "hidden_size": config.d_model,
-            "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layers,
-            "num_attention_heads": config.n_heads,
-            "num_key_value_heads": config.n_kv_heads,
-            "max_position_embeddings": config.max_positions,
-            "rms_norm_eps": config.rms_eps,
-            "rope_theta": config.rope_theta,
-            "rope_scaling": None,
-            "hidden_act": "silu",
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": config.n_layers,
-            "tie_word_embeddings": config.tie_embeddings,
-            "vocab_size": config.vocab_size,
+            **qwen_hf_fields(config, special, dtype),
             "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
-            "eos_token_id": special.eos_id,
-            "pad_token_id": special.pad_id,
-            "mask_token_id": special.mask_id,
             "use_cache": False,
-            "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
         }
 
     @classmethod

@@ -31,7 +31,7 @@ import torch
 
 from dllm.drafters.base import Draft
 from dllm.drafters.rounds import RoundState
-from dllm.drafters.static_target import StaticTarget, static_target_issue
+from dllm.drafters.fast_path.static_target import StaticTarget, static_target_issue
 from dllm.drafters.verify import next_tokens, verify
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from dllm.models.kv import CacheView
+from dllm.models.core.kv import CacheView
 
 
 def check_span(length: int, start: int, end: int, shift: int) -> None:

@@ -9,8 +9,8 @@ unmasking ``<|MASK|>`` tokens while the finished blocks' keys/values stay exact 
 ``generation_config.json``, ``tokenizer_config.json`` and ``generate.py``; SDAR (arXiv 2510.06303).
 
 The official model is loaded here without ``trust_remote_code``: the checkpoint's tensors are mapped
-onto the shared transformer (``transformer.py``), whose logits equal the official modelling's
-(tests/models/test_sdar.py against the transcription in tests/reference/sdar_modeling.py).
+onto the shared transformer (``core/transformer.py``), whose logits equal the official modelling's
+(tests/models/families/test_sdar.py against the transcription in tests/reference/sdar_modeling.py).
 """
 
 from __future__ import annotations
@@ -22,32 +22,11 @@ from typing import Any, Mapping
 import torch
 
 from dllm.models.base import SpecialIds
-from dllm.models.config import TransformerConfig
-from dllm.models.keymap import KeyMap
-from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
+from dllm.models.families.qwen import qwen_hf_fields, qwen_keymap, qwen_transformer_config
 
-SDAR_KEYMAP = KeyMap(
-    global_names=(
-        ("model.embed_tokens.weight", "embed.weight"),
-        ("model.norm.weight", "norm.weight"),
-        ("lm_head.weight", "lm_head.weight"),  # absent when tie_word_embeddings
-    ),
-    layer_prefix="model.layers.{i}.",
-    layer_names=(
-        ("input_layernorm.weight", "attn_norm.weight"),
-        ("self_attn.q_proj.weight", "attn.q_proj.weight"),
-        ("self_attn.k_proj.weight", "attn.k_proj.weight"),
-        ("self_attn.v_proj.weight", "attn.v_proj.weight"),
-        ("self_attn.o_proj.weight", "attn.o_proj.weight"),
-        ("self_attn.q_norm.weight", "attn.q_norm.weight"),
-        ("self_attn.k_norm.weight", "attn.k_norm.weight"),
-        ("post_attention_layernorm.weight", "mlp_norm.weight"),
-        ("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
-        ("mlp.up_proj.weight", "mlp.up_proj.weight"),
-        ("mlp.down_proj.weight", "mlp.down_proj.weight"),
-    ),
-    ignored=(r"\.rotary_emb\.inv_freq$",),
-)
+SDAR_KEYMAP = qwen_keymap(qkv_bias=False, qk_norm=True)  # Qwen3 names: q/k norms, no biases
 
 # ChatML as SDAR-4B-Chat's chat_template.jinja renders it without tools or reasoning content (written
 # for dllm): an optional first system turn, then every turn as <|im_start|>role\ncontent<|im_end|>\n,
@@ -123,24 +102,15 @@ class SDAR(TransformerLM):
         """Official config.json dict -> (TransformerConfig, SpecialIds)."""
         require_fields(hf, _REQUIRED, "SDAR")
         _check_supported(hf)
-        config = TransformerConfig(
-            vocab_size=hf["vocab_size"],
-            d_model=hf["hidden_size"],
-            n_layers=hf["num_hidden_layers"],
-            n_heads=hf["num_attention_heads"],
+        config = qwen_transformer_config(
+            hf,
             n_kv_heads=hf["num_key_value_heads"],
-            mlp_hidden=hf["intermediate_size"],
-            rope_theta=float(hf["rope_theta"]),
-            rms_eps=float(hf["rms_norm_eps"]),
-            max_positions=hf["max_position_embeddings"],
             qkv_bias=False,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # SDARConfig's default: false
-            rope_fp32=False,
             attn_head_dim=hf["head_dim"],
             qk_norm=True,
             attention="block_causal",
             block_size=hf["block_size"],
-        )
+        )  # tie_word_embeddings absent: SDARConfig's default, false
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="SDAR",
             tokens={"mask_id": SDAR_SPECIAL_TOKENS["mask"], "eot_id": SDAR_SPECIAL_TOKENS["im_end"]},
@@ -156,33 +126,13 @@ class SDAR(TransformerLM):
         return {
             "model_type": "sdar",
             "architectures": ["SDARForCausalLM"],
-            "hidden_size": config.d_model,
-            "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layers,
-            "num_attention_heads": config.n_heads,
-            "num_key_value_heads": config.n_kv_heads,
+            **qwen_hf_fields(config, special, dtype),
             "head_dim": config.head_dim,
-            "max_position_embeddings": config.max_positions,
-            "rms_norm_eps": config.rms_eps,
-            "rope_theta": config.rope_theta,
-            "rope_scaling": None,
-            "hidden_act": "silu",
             "attention_bias": False,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": config.n_layers,
-            "tie_word_embeddings": config.tie_embeddings,
-            "vocab_size": config.vocab_size,
             "block_size": config.block_size,
             "bos_token_id": special.bos_id if special.bos_id is not None else special.eos_id,
-            "eos_token_id": special.eos_id,
-            "pad_token_id": special.pad_id,
-            "mask_token_id": special.mask_id,
             "fuse_cross_entropy": True,
             "use_cache": False,
-            "torch_dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
         }
 
     @classmethod

@@ -18,7 +18,7 @@ a cache, without requested attention maps or hidden states, when the batch has >
 (``dllm.kernels.packed.padding_groups``: one host sync per forward; off the CPU at most
 ``MAX_GROUPS_OFF_CPU`` groups), and, with ``logits_rows=(a, b)``, every group's real columns
 covering ``[a, b)``. Otherwise the caller runs the padded forward, which stays the reference
-(tests/models/test_packed_rows.py).
+(tests/models/core/test_packed_rows.py).
 """
 
 from __future__ import annotations

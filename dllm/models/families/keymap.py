@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-# Internal names of dllm.models.transformer.Transformer parameters (the right-hand side of maps).
+# Internal names of dllm.models.core.transformer.Transformer parameters (the right-hand side of maps).
 INTERNAL_LAYER_PREFIX = "layers.{i}."
 
 

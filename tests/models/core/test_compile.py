@@ -1,11 +1,11 @@
-"""torch.compile of the layers (dllm.models.compile): the compiled path against the eager one."""
+"""torch.compile of the layers (dllm.models.core.compile): the compiled path against the eager one."""
 
 import pytest
 import torch
 
 import dllm
 from dllm.models import compile_model, load, uncompile_model
-from dllm.models.compile import HALVES, check_backend, is_compiled
+from dllm.models.core.compile import HALVES, check_backend, is_compiled
 
 
 @pytest.fixture(params=["tiny-llada", "tiny-dream"])
@@ -28,7 +28,7 @@ def test_halves_compose_the_layer_exactly():
     ids = torch.randint(0, 50, (2, 11))
     tr = m.transformer
     h = tr.embed(ids)
-    from dllm.models.transformer import rope_cos_sin
+    from dllm.models.core.transformer import rope_cos_sin
     cos, sin = rope_cos_sin(torch.arange(11).expand(2, 11), tr.config.head_dim, tr.config.rope_theta)
     layer = tr.layers[0]
     out, _ = layer(h, cos, sin, None, tr._attn_fn)

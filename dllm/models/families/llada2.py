@@ -1,11 +1,11 @@
 """LLaDA 2.x MoE (inclusionAI/LLaDA2.0-mini, -flash): config.json translation, checkpoint key names,
 the MoE feed-forward, block-causal attention.
 
-The network is the shared transformer (``transformer.py``) with the switches LLaDA 2 needs: block-
+The network is the shared transformer (``core/transformer.py``) with the switches LLaDA 2 needs: block-
 causal attention (``attention = "block_causal"``; trained and decoded in blocks of 32), per-head
 RMSNorm of q and k before RoPE (``qk_norm``; ``use_qk_norm``, absent = true as dFactory), partial rotary (``rope_dim = head_dim *
 partial_rotary_factor``, cos/sin in the activation dtype), an explicit ``head_dim``; its first
-``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.moe.SparseMoE``
+``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.core.moe.SparseMoE``
 (swapped in after the transformer is built). Logits are not shifted.
 
 Checkpoint layouts: model_type ``llada2_moe`` (the Hugging Face release; the keys dFactory's
@@ -31,10 +31,10 @@ import torch
 
 from dllm.models.base import SpecialIds
 from dllm.models.checkpoint import CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts
-from dllm.models.config import TransformerConfig
-from dllm.models.keymap import INTERNAL_LAYER_PREFIX, KeyMap
-from dllm.models.moe import MoEConfig, SparseMoE
-from dllm.models.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.core.config import TransformerConfig
+from dllm.models.families.keymap import INTERNAL_LAYER_PREFIX, KeyMap
+from dllm.models.core.moe import MoEConfig, SparseMoE
+from dllm.models.families.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
 
 LLADA2_MODEL_TYPES = ("llada2_moe", "llada2_moe_veomni")
 VEOMNI = "llada2_moe_veomni"  # dFactory's training layout: each layer's experts stacked in one tensor per projection
@@ -295,7 +295,7 @@ def tiny_llada2(seed: int = 0, *, moe: Optional[MoEConfig] = None, dtype: torch.
     """A small random LLaDA 2 MoE model (no tokenizer): d 64, 3 layers (the first dense), 4 heads of
     16 (2 KV heads), RoPE on 8 of 16 channels, 8 experts in 4 groups, top-2 from 2 groups, one
     shared expert, block 4, vocab 96 (mask 95, EOS/pad 94). ``overrides``: TransformerConfig fields."""
-    from dllm.models.init import init_weights
+    from dllm.models.families.init import init_weights
 
     fields: dict[str, Any] = dict(vocab_size=96, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=96,
                                   rope_theta=600000.0, rms_eps=1e-6, max_positions=512, attn_head_dim=16,
