@@ -28,14 +28,14 @@ Decisions worth knowing (see each module for details):
   (``chain`` tasks hold nothing out: their prompt space is tiny).
 """
 
-from dllm.tasks import arithmetic as _arithmetic  # noqa: F401  (registration side effects)
-from dllm.tasks import chain as _chain  # noqa: F401
-from dllm.tasks import latin as _latin  # noqa: F401
-from dllm.tasks import lists as _lists  # noqa: F401
-from dllm.tasks import long_answers as _long_answers  # noqa: F401
-from dllm.tasks import long_prompt as _long_prompt  # noqa: F401
-from dllm.tasks import pick_pair as _pick_pair  # noqa: F401
-from dllm.tasks import sudoku as _sudoku  # noqa: F401
+from dllm.tasks.kinds import arithmetic as _arithmetic  # noqa: F401  (registration side effects)
+from dllm.tasks.kinds import chain as _chain  # noqa: F401
+from dllm.tasks.kinds import latin as _latin  # noqa: F401
+from dllm.tasks.kinds import lists as _lists  # noqa: F401
+from dllm.tasks.kinds import long_answers as _long_answers  # noqa: F401
+from dllm.tasks.kinds import long_prompt as _long_prompt  # noqa: F401
+from dllm.tasks.kinds import pick_pair as _pick_pair  # noqa: F401
+from dllm.tasks.kinds import sudoku as _sudoku  # noqa: F401
 from dllm.tasks.answers import Marginals, entropy_bits
 from dllm.tasks.api import (
     count_answers, generate, is_valid_answer, item_integrity, marginals, parse_prompt, score,

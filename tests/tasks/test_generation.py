@@ -6,7 +6,7 @@ import random
 import pytest
 
 from dllm import tasks as T
-from dllm.tasks.sudoku import solutions
+from dllm.tasks.kinds.sudoku import solutions
 
 ALL = T.tasks.names()
 

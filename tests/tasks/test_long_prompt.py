@@ -10,7 +10,7 @@ import pytest
 import dllm
 from dllm import tasks as T
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
-from dllm.tasks.long_prompt import MAX_COUNT, SPAN, key_words, two_digits
+from dllm.tasks.kinds.long_prompt import MAX_COUNT, SPAN, key_words, two_digits
 
 LONG_PROMPT = ("count_long", "lookup_any", "lookup_long", "span_copy_far")
 C_ZERO = ("count_long", "lookup_long", "span_copy_far")
@@ -227,7 +227,7 @@ def test_the_oracle_solves_them_at_one_token_per_step():
 def test_narrow_keys_round_trip_and_refuse_too_many_rows():
     """``key_width`` (training curricula): the rows, prompt length and parser follow the width, and a
     table needing more distinct keys than the width allows is refused."""
-    from dllm.tasks.long_prompt import LookupTask
+    from dllm.tasks.kinds.long_prompt import LookupTask
 
     one = LookupTask(name="lookup_k1_test", description="", min_size=4, max_size=16, default_sizes=(8,),
                      size_meaning="rows", repeats=(1, 1), key_width=1)
@@ -251,7 +251,7 @@ def test_narrow_keys_round_trip_and_refuse_too_many_rows():
 
 def test_count_with_fewer_occurrences_and_its_bounds():
     """``max_count`` (training curricula): the query occurs 1..max_count times; out-of-range refused."""
-    from dllm.tasks.long_prompt import CountTask
+    from dllm.tasks.kinds.long_prompt import CountTask
 
     few = CountTask(name="count_c4_test", description="", min_size=24, max_size=100, default_sizes=(24,),
                     size_meaning="n", max_count=4)
@@ -268,7 +268,7 @@ def test_a_variant_with_a_task_word_prompts_as_that_task(monkeypatch):
     task's word, so a model trained on it meets the suite's prompts; sizes are checked against the
     variant's own range, scoring is the variant's."""
     from dllm.tasks.base import register
-    from dllm.tasks.long_prompt import CountTask
+    from dllm.tasks.kinds.long_prompt import CountTask
 
     short = CountTask(name="count_short_test", description="", min_size=4, max_size=12, default_sizes=(8,),
                       size_meaning="n", max_count=4, word="count_long")

@@ -175,7 +175,7 @@ def test_latin_counts_and_marginals():
 
 def test_enumerated_answers_cover_all_latin_squares_once():
     task = T.get_task("latin4")
-    from dllm.tasks.latin import all_squares, is_latin
+    from dllm.tasks.kinds.latin import all_squares, is_latin
 
     squares = all_squares()
     assert len(set(squares)) == 576
