@@ -43,7 +43,7 @@ after ``length`` in their chains.
 from __future__ import annotations
 
 from dllm import tasks as T
-from dllm.tasks.long_prompt import LONG_PROMPT_SUITE
+from dllm.tasks.kinds.long_prompt import LONG_PROMPT_SUITE
 from dllm.train.data import MixtureConfig
 from dllm.train.recipes.base import Recipe, TrainConfig, recipes
 from dllm.train.schedule import Phase

@@ -14,7 +14,7 @@ first use, by :func:`curriculum_task`.
 from __future__ import annotations
 
 from dllm.tasks.base import register, tasks
-from dllm.tasks.long_prompt import CountTask, LookupTask
+from dllm.tasks.kinds.long_prompt import CountTask, LookupTask
 
 WIDTH_SIZES = {1: (4, 16), 2: (4, 48)}  # rows per table for the narrow keys
 
