@@ -19,7 +19,7 @@ import time
 import torch
 
 import dllm
-from dllm.eval.bench.serve import stress_requests
+from dllm.eval.bench.serving.serve import stress_requests
 from dllm.scoring.exact_match import load_model
 
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.eval.bench.serve import parse_setting, stress_requests
+from dllm.eval.bench.serving.serve import parse_setting, stress_requests
 from dllm.models.base import ModelOutput
 from dllm.scoring.exact_match import load_model
 from dllm.serve.backends.batcher import BatcherConfig

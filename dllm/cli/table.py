@@ -67,7 +67,7 @@ COMMANDS = (
     Command("bench", "throughput", "forward and generate throughput of a model",
             build=f"{_BENCH}:throughput_args", target="dllm.eval.bench.throughput:run_throughput"),
     Command("bench", "serve", "a load generator against `dllm serve`: Poisson arrivals, requests/s, TTFT and "
-                              "latency p50/p99 for continuous, static and serial serving", target="dllm.eval.bench.serve:main"),
+                              "latency p50/p99 for continuous, static and serial serving", target="dllm.eval.bench.serving.serve:main"),
     Command("bench", "frontier", "the accuracy / tokens-per-second frontier against Fast-dLLM's threshold and "
                                  "factor points (chosen on dev, reported on test)", target="dllm.eval.bench.frontier:main"),
     Command("bench", "choose-fast", "choose the `fast` sampler alias by measurement",

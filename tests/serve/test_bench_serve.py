@@ -1,4 +1,4 @@
-"""``dllm bench serve`` (dllm/eval/bench/serve.py): arrivals, percentiles, the requests, the rows, the
+"""``dllm bench serve`` (dllm/eval/bench/serving/serve.py): arrivals, percentiles, the requests, the rows, the
 verdict, bad flags, Ctrl-C, and one real run against live servers on 127.0.0.1 with tiny-llada."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from dllm.eval.bench import serve as bench
-from dllm.eval.bench.serve import Outcome
+from dllm.eval.bench.serving import serve as bench
+from dllm.eval.bench.serving.serve import Outcome
 
 
 def test_arrivals_are_poisson_at_the_rate():

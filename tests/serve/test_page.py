@@ -51,7 +51,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def server(engine):
-    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.eval.bench.serving.loopback import serve_in_thread
     from dllm.serve.http.app import create_app
 
     with serve_in_thread(create_app(engine), ready_path="/health") as live:
@@ -61,7 +61,7 @@ def server(engine):
 @pytest.fixture(scope="module")
 def keyed_server(engine):
     """The same engine behind an app with ``api_key``: /v1/ needs ``Authorization: Bearer``."""
-    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.eval.bench.serving.loopback import serve_in_thread
     from dllm.serve.http.app import create_app
 
     with serve_in_thread(create_app(engine, api_key=API_KEY), ready_path="/health") as live:
@@ -251,7 +251,7 @@ def spec_server():
     """tiny-ar with the DFlash drafter (speculative decoding): deltas per verification round."""
     from dllm.drafters.base import make_drafter
     from dllm.models.targets import load_target, resolve_target
-    from dllm.eval.bench.loopback import serve_in_thread
+    from dllm.eval.bench.serving.loopback import serve_in_thread
     from dllm.serve.http.app import create_app
     from dllm.serve.backends.speculative import SpeculativeBackend
 

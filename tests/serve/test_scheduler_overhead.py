@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dllm.eval.bench.counters import DispatchCounter
-from dllm.eval.bench.serve import stress_requests
+from dllm.eval.bench.serving.serve import stress_requests
 from dllm.scoring.exact_match import load_model
 from dllm.serve.backends.diffusion import DiffusionBackend
 from dllm.serve.backends.scheduler import Scheduler

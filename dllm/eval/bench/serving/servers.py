@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from dllm.eval.bench.loopback import LOOPBACK, serve_in_thread, wait_ready
+from dllm.eval.bench.serving.loopback import LOOPBACK, serve_in_thread, wait_ready
 
 
 def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,

@@ -8,7 +8,7 @@ For each serving mode (``continuous``: requests join and leave the running batch
 at a time) the bench starts a server, the real app (``dllm.serve.http.app.create_app``) on a
 ``DiffusionBackend`` in that mode, on 127.0.0.1: ``dllm serve --mode MODE`` in its own process
 (``--server process``, the default; the load generator then shares no interpreter lock with the
-server) or a thread of this one (``--server thread``; ``dllm.eval.bench.servers``). Every server is up
+server) or a thread of this one (``--server thread``; ``dllm.eval.bench.serving.servers``). Every server is up
 before the first row, and the rows interleave: for each repeat, for each rate, each mode in turn, so
 that a machine whose load drifts slows every mode alike. A row sends the same N requests built from
 the stress tasks (``dllm.tasks.test_split``: mixed prompt and answer lengths, ``max_tokens`` = the
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dllm.eval.bench.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
+from dllm.eval.bench.serving.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
 from dllm.eval.interrupt import finished, until_interrupted
 
 
@@ -340,9 +340,9 @@ def token_counter(model) -> Optional[Callable[[str], int]]:
 
 @contextmanager
 def open_servers(model, requests: Sequence[BenchRequest], extra: dict, args: argparse.Namespace) -> Iterator[dict]:
-    """Every mode's server (``dllm.eval.bench.servers.mode_server``), each warmed by two requests:
+    """Every mode's server (``dllm.eval.bench.serving.servers.mode_server``), each warmed by two requests:
     {mode: url}; all stopped on exit."""
-    from dllm.eval.bench.servers import mode_server
+    from dllm.eval.bench.serving.servers import mode_server
 
     with ExitStack() as stack:
         urls = {}
@@ -360,7 +360,7 @@ def bench_row(url: str, name: str, mode: str, requests: Sequence[BenchRequest], 
     """The requests at ``rate`` against the server at ``url``: one table row."""
     from tqdm import tqdm
 
-    from dllm.eval.bench.servers import forward_counts
+    from dllm.eval.bench.serving.servers import forward_counts
 
     before = forward_counts(url)
     with tqdm(total=len(requests), desc=f"bench serve {mode} @ {rate}/s", unit="req", disable=args.no_progress) as bar:

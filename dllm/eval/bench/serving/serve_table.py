@@ -1,4 +1,4 @@
-"""The table, the verdict and the plot of ``dllm bench serve`` (rows from ``dllm.eval.bench.serve``).
+"""The table, the verdict and the plot of ``dllm bench serve`` (rows from ``dllm.eval.bench.serving.serve``).
 
 A row is one (mode, rate, repeat) run; ``median_rows`` folds the repeats of a (mode, rate) into one
 row of medians. ``verdicts`` compare continuous batching with serial and static serving at each rate:
