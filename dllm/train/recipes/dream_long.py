@@ -1,25 +1,11 @@
 """``tiny-dream-long``: the shipped long-prompt Dream model, end to end (``python -m dllm.train --recipe
-tiny-dream-long``; replaces the shell scripts ``long-rope-dream.sh``, ``long-count-dream.sh`` and
-``long-keys-dream.sh`` of ``benchmarks/``, which ran it one stage per command).
+tiny-dream-long``).
 
-The chain, 18 stages (each a fresh AdamW, warm-up 50, cosine to 10% over its ``steps``, seed 0, from
-the previous stage's checkpoint; ``stop_at``: stopped by hand once it had learned):
-
-1. ``tiny-dream``: the PB-mini model from scratch (24,000 steps; its ``best``), then ``length``: the
-   long-prompt length curriculum (``long_prompt.py``, 3,550 steps; the vocabulary grows to 88 words).
-2. Key widths at RoPE base 10^6 from the start (``rd-*``): every Dream copy at base 10^4 (the three
-   tries of ``long-keys-dream.sh``, none shipped, none in this chain) lost its lookups once tables grew
-   past the rows of its key stages; at 10^6 the key stages alone (<= 42 rows) give 62.5% at 85 rows.
-   One-item keys with the span copy at a quarter (at chance until ~1,500 steps, solved by ~1,900),
-   two-item keys, the suite's keys, <= 42 rows, then <= 172 rows and the full length twice
-   (``rd-L3``: C = 0 mean 68.8%, count 12.5%).
-3. Counting (``rdc-*``): tiny-llada-long's count curriculum at the new base: short lists first, then a
-   doubling at a time to 2,040 items, the lookups and the span copy mixed in; ``rdc-5`` .. ``rdc-9``:
-   the full-length mixture at lr 5e-4 -> 1.5e-4. The shipped model is ``rdc-9`` step 1,000:
-   ``--per-size 32`` C = 0 mean 92.4% (count 83.6, lookup 93.8, span 100).
-
-``threads``: as run (1 or 2). ``rdc-7`` was started from the exported ``rdc-6``, the same float32
-weights as its checkpoint.
+The chain of stages (each a fresh AdamW, warm-up 50, cosine to 10% over its ``steps``, seed 0, from
+the previous stage's checkpoint; ``stop_at``: where a stage was stopped): the PB-mini model, the
+long-prompt length curriculum (``long_prompt.py``), key widths at RoPE base 10^6 (``rd-*``), then
+counting (``rdc-*``). What each stage taught and the shipped model's accuracy: docs/results/models.md
+("How the long-prompt models were trained").
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """``tiny-llada-long``: the shipped long-prompt LLaDA model, end to end (``python -m dllm.train --recipe
-tiny-llada-long``; replaces the shell scripts ``long-keys.sh``, ``long-count.sh``, ``long-rope.sh``,
-``length-mixes.sh`` and ``key_curriculum.py`` of ``benchmarks/``, which ran it one stage per command).
+tiny-llada-long``).
 
-The chain, 28 stages (each a fresh AdamW, warm-up 50, cosine to 10% over its ``steps``, seed 0, from
-the previous stage's checkpoint; ``stop_at``: stopped by hand once it had learned):
-
-1. ``tiny-llada``: the PB-mini model from scratch (23,000 steps; its ``best``), then ``length``: the
-   long-prompt length curriculum (``long_prompt.py``, 3,550 steps; the vocabulary grows to 88 words).
-2. Key widths (``kc-*``): the first model was at chance on lookups even with one-item keys (the
-   match-and-copy step itself was missing), so it is learned on 1-item keys (16 keys, 4-8 rows), then
-   2-item keys, then the suite's 3-item keys at 4-16 rows; then the length stages ``kc-L1`` ..
-   ``kc-L6``: prompts of <= 260 / 520 / 1,040 / 2,048 words, the batch halved each time (lookups 6.2 ->
-   62.5%, count 0%).
-3. Counting (``cc-*``): on lists of >= 24 items the count never left chance; on 4-12 items (1-4
-   occurrences) it forms within ~500 steps, then extends a doubling at a time, the lookups and the span
-   copy mixed in from ``cc-2`` (``cc-7``, a single jump to full length, lost the count: not in the chain).
-   After ``cc-9``: C = 0 mean 66.7%.
-4. RoPE base 10^6 (``rt-*``): lookups faded with length at base 10^4 (head dim 32: ~2 of 16 rotary
-   frequencies below one radian over 2,048 positions; 10^6 leaves ~7). ``rt-1`` (cc-9's mixture at
-   the new base) takes lookup_long at 2,040 words from 18.8 to 93.8% and loses the count, which
-   ``rt-2`` .. ``rt-6`` re-form a doubling at a time; ``rt-8``, ``rt-9``: the full-length mixture at
-   lr 2e-4, 1e-4 (``rt-7``: a tie, not in the chain). The shipped model is ``rt-9`` step 600:
-   ``--per-size 32`` C = 0 mean 90.9% (count 81.2, lookup 91.4, span 100).
-
-``threads``: as run (1 or 2); another count gives other float sums, so a rerun is the same recipe,
-not the same bits. ``rt-8`` and ``rt-9`` were started from the exported previous stage, the same
-float32 weights as its checkpoint.
+The chain of stages (each a fresh AdamW, warm-up 50, cosine to 10% over its ``steps``, seed 0, from
+the previous stage's checkpoint; ``stop_at``: where a stage was stopped): the PB-mini model, the
+long-prompt length curriculum (``long_prompt.py``), key widths (``kc-*``), counting (``cc-*``), then
+RoPE base 10^6 (``rt-*``). ``threads``: as run (another count gives other float sums, so a rerun is
+the same recipe, not the same bits). What each stage taught and the shipped model's accuracy:
+docs/results/models.md ("How the long-prompt models were trained").
 """
 
 from __future__ import annotations

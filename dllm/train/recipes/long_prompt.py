@@ -26,18 +26,8 @@ phase         steps           prompts (words)     batch
 4             3,300 - 3,550   <= 2,048            4
 ============  ==============  ==================  =====
 
-Why warm-started: a 4-layer model trained from scratch on the 256-320-word sizes (an earlier
-pilot) and a from-scratch run of this curriculum both sat at the marginal-only loss (~1.56 nats)
-for 400-1,400 steps with ~0% exact match; started from ``tiny-llada`` (whose PB-mini training
-built copying and indexing heads) the loss left that plateau within ~250 steps and
-``span_copy_far`` was solved at the short sizes by step 500. ``lookup_*`` (3-item keys) and
-``count_long`` learn far more slowly (tiny-llada-long after this stage: lookup_long 6.2%,
-count_long 12.5%): the key-width and count stages of ``llada_long.py`` / ``dream_long.py`` teach
-them. ``STEPS`` was cut from 3,800 to 3,550 (phase 4: 250 steps) before
-phase 4 began, to fit a CPU session; the runs resumed from a phase-3 checkpoint under the cut
-recipe, which is bit-identical to running it from scratch (tests/train/test_schedule.py). This stage
-alone was shipped first (step 3,550); the shipped models are its later continuations, the stages
-after ``length`` in their chains.
+Why it is warm-started, and what this stage alone learns: docs/results/models.md ("How the
+long-prompt models were trained").
 """
 
 from __future__ import annotations
