@@ -32,7 +32,7 @@ from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.scoring.exact_match import eval_examples
-from dllm.train.block_head_train import plan_label
+from dllm.train.drafters.block_head_train import plan_label
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/path_head_sweep.py > benchmarks/path-head-sweep-2026-12-03.txt
 
-The trainer's data (``dllm.train.path_head_train``: 1,500 long-answer mixture prompts, the target's
+The trainer's data (``dllm.train.drafters.path_head_train``: 1,500 long-answer mixture prompts, the target's
 greedy answers, every answer position an anchor of tiny-ar-dflash) and its held-out split (test
 instances 8-11 per size); for each head width, one head is trained (3 epochs) and taps is built
 with 2, 4 and 8 candidates per budget node; tau = 1 + the tree's nodes on the target's path.
@@ -18,7 +18,7 @@ from dllm.models.targets import load_target
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
-from dllm.train.path_head_train import PathHeadRecipe, collect, encode, teacher_forced_taus, train_path_head
+from dllm.train.drafters.path_head_train import PathHeadRecipe, collect, encode, teacher_forced_taus, train_path_head
 
 torch.set_num_threads(2)
 t0 = time.time()

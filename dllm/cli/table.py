@@ -86,9 +86,9 @@ COMMANDS = (
     Command("train", "recipe", "train a recipe end to end (dllm train --recipe tiny-llada)",
             target="dllm.train.__main__:main", default=True),
     Command("train", "path-head", "train a DFlash drafter's path head (the taps tree builder's estimates)",
-            target="dllm.train.path_head_train:main"),
+            target="dllm.train.drafters.path_head_train:main"),
     Command("train", "block-head", "train a DFlash drafter's block head (the plan per prompt of --block-size auto)",
-            target="dllm.train.block_head_train:main"),
+            target="dllm.train.drafters.block_head_train:main"),
     Command("train", "export", "copy a trained checkpoint into the package as an embedded model",
             target="dllm.train.export:main"),
     # dllm models

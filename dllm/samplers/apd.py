@@ -25,13 +25,15 @@ verifier is recomputed over the whole row every step (the reference keeps its KV
 it to the accepted prefix: the same logits up to float rounding). Where the reference truncates the
 diffusion model's input at ``curr + M`` (and recomputes a KV window ``W``), the engine forwards its
 query as the cache policy says (``cache=``): with ``cache="none"`` and no lookahead the two are the
-same computation. One host read per step (the rows' draft counts, for the per-row draws at T > 0,
-and the verifier call).
+same computation. At T > 0 one host read per step (the rows' draft counts: the shape of the
+reference's per-row uniforms); at T = 0 none.
 
 ``verifier``: a causal LM object (a ``transformers`` model, or any callable whose output has
-``.logits``), or a name that ``dllm.load_target`` knows (``tiny-ar``), loaded once per process.
-Its token ids must be the diffusion model's for the shared vocabulary (the embedded ``tiny-ar``
-shares the task vocabulary of the embedded tiny models).
+``.logits``), or a name that ``dllm.load_target`` knows (default ``tiny-ar-mini``: the embedded AR
+model trained on the tiny models' PB-mini suite, ``dllm train --recipe tiny-ar-mini``), loaded once
+per process.
+Its token ids must be the diffusion model's for the shared vocabulary (the embedded AR models
+share the task vocabulary of the embedded tiny models).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def mixture_argmax(diffusion_logits: torch.Tensor, verifier_logits: torch.Tensor
 
 @dataclass(frozen=True)
 class APDConfig:
-    verifier: Any = "tiny-ar"  # a causal LM, or a name dllm.load_target knows
+    verifier: Any = "tiny-ar-mini"  # a causal LM, or a name dllm.load_target knows
     mixture: float = 0.7  # w: the diffusion model's weight in the multiplicative mixture
     lookahead: Optional[int] = None  # M: at most this many drafts per step (None: the whole block)
 

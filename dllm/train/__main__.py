@@ -20,7 +20,7 @@ copy is never overwritten). ``--resume`` keeps the finished stages and continues
 from its newest checkpoint (safe on every restart); Ctrl-C keeps the finished stages and prints one
 line. ``--threads`` / ``--device`` apply to every stage (default: each stage's as run; another thread
 count gives other float sums). The AR target / AR draft / DFlash drafters are single runs
-(``dllm/train/ar.py``, ``dllm/train/dflash_train.py``); their path / block heads are trained by
+(``dllm/train/ar.py``, ``dllm/train/drafters/dflash_train.py``); their path / block heads are trained by
 ``dllm train path-head`` / ``dllm train block-head`` (their ``*.json`` say how).
 
 Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
@@ -43,7 +43,7 @@ from dllm.train.data import MixtureConfig
 def recipe_table() -> list[tuple[str, str]]:
     """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
-    from dllm.train.dflash_train import dflash_recipes
+    from dllm.train.drafters.dflash_train import dflash_recipes
     from dllm.train.recipes import curricula
 
     rows = [(n, d) for n, d in curricula.describe()]
@@ -175,7 +175,7 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from dllm.train.ar import ar_recipes, train_ar
-    from dllm.train.dflash_train import dflash_recipes, train_dflash
+    from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
 
     out = args.out or f"runs/{args.recipe}"
     common = {"steps": args.steps, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
@@ -185,7 +185,7 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
     if args.dry_run:
-        module = "dllm/train/ar.py" if args.recipe in ar_recipes else "dllm/train/dflash_train.py"
+        module = "dllm/train/ar.py" if args.recipe in ar_recipes else "dllm/train/drafters/dflash_train.py"
         print(f"recipe {recipe.name}: one run of {module}")
         print(json.dumps(asdict(recipe), default=str))
         return 0

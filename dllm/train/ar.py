@@ -13,6 +13,8 @@ given, not learned; the EOS padding after the first EOS is dropped, an AR model 
 
 Recipes (``AR_RECIPES``):
 - ``tiny-ar``: the target, Qwen3 d 128, 4 layers, 4 query / 2 KV heads of 32, SwiGLU 384.
+- ``tiny-ar-mini``: the target's shape on the PB-mini suite, the tasks of the tiny diffusion models:
+  the verifier of their ``apd`` sampler.
 - ``tiny-ar-draft``: a 2-layer model of the target's width (2 layers: the fewest that can learn
   to copy; a 1-layer, and a 2-layer 64-wide, one stayed at 0% on every task after 3,000 / 4,000
   steps) for transformers' assisted generation
@@ -92,6 +94,11 @@ ar_recipes.add("tiny-ar", ARRecipe("tiny-ar", dict(_QWEN3, num_hidden_layers=4),
                                    phases=(ARPhase(4000, 5e-4, LONG_MIXTURE),),
                                    description="Qwen3-format 0.8M AR target on the long-answer suite"),
                description="Qwen3-format AR target (4 layers) on the long-answer suite")
+ar_recipes.add("tiny-ar-mini", ARRecipe(
+    "tiny-ar-mini", dict(_QWEN3, num_hidden_layers=4), steps=15000,
+    mixture=MixtureConfig(tasks=tuple(T.suite_task_names())),
+    description="Qwen3-format AR model (4 layers) on the PB-mini suite: APD's verifier for the tiny models"),
+    description="Qwen3-format AR model (4 layers) on the PB-mini suite (APD's verifier)")
 ar_recipes.add("tiny-ar-draft", ARRecipe(
     "tiny-ar-draft", dict(_QWEN3, num_hidden_layers=2), steps=4000,
     description="2-layer Qwen3 AR draft model for assisted generation"),

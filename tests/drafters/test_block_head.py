@@ -1,5 +1,5 @@
 """Per-request block size: the block head (``dllm.drafters.dflash.block_head``), ``plan="auto"`` in the
-loop, and the label walk of its trainer (``dllm.train.block_head_train``)."""
+loop, and the label walk of its trainer (``dllm.train.drafters.block_head_train``)."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.dflash.block_head import BlockHead, has_block_head, load_block_head, prompt_features
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
-from dllm.train.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
+from dllm.train.drafters.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
 from speculative_helpers import long_answer_prompts
 
 
@@ -67,7 +67,7 @@ def test_head_saves_loads_and_chooses(tmp_path):
 
 def test_training_minimises_the_expected_time():
     """Two kinds of prompt, each fastest at another size: the trained head picks each one's size."""
-    from dllm.train.block_head_train import HeadRecipe
+    from dllm.train.drafters.block_head_train import HeadRecipe
 
     torch.manual_seed(0)
     feats = torch.cat([torch.randn(32, 6) + 3, torch.randn(32, 6) - 3])
@@ -177,8 +177,8 @@ def test_the_shipped_wide_drafter_and_its_head(tiny_pair, capsys):
 
 @pytest.mark.slow
 def test_the_trainer_end_to_end_on_a_few_prompts(tmp_path, capsys):
-    """python -m dllm.train.block_head_train on 8 prompts: round times, walks, a head that loads."""
-    from dllm.train.block_head_train import main
+    """python -m dllm.train.drafters.block_head_train on 8 prompts: round times, walks, a head that loads."""
+    from dllm.train.drafters.block_head_train import main
 
     assert main(["--drafter", "tiny-ar-dflash-wide", "--prompts", "8", "--eval-n", "1", "--out", str(tmp_path)]) == 0
     head = load_block_head(tmp_path)

@@ -185,7 +185,7 @@ def test_head_files_round_trip(tmp_path):
 
 
 def test_examples_follow_the_target_path():
-    from dllm.train.path_head_train import Anchors, examples
+    from dllm.train.drafters.path_head_train import Anchors, examples
 
     # one anchor (token 9), K = 4: truth 1 2 3 -1; drafter arg-max 1 5 3 x
     lp = torch.full((1, 4, 10), -9.0)
@@ -201,7 +201,7 @@ def test_examples_follow_the_target_path():
 
 @pytest.mark.slow  # seconds: the default run leaves it to -m slow (CI runs both)
 def test_the_trainer_end_to_end(tmp_path):
-    from dllm.train.path_head_train import main
+    from dllm.train.drafters.path_head_train import main
 
     assert main(["--prompts", "6", "--epochs", "1", "--eval-n", "1", "--budgets", "4", "8",
                  "--out", str(tmp_path)]) == 0

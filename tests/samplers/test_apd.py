@@ -90,3 +90,22 @@ def test_mixture_one_is_the_diffusion_arg_max_every_token_per_step(models):
 def test_bad_options(bad, match):
     with pytest.raises(ValueError, match=match):
         dllm.generate(dllm.load("tiny-dream"), "[BOS] sort D A C B [SEP]", sampler="apd", **bad)
+
+
+def test_the_shipped_verifier_is_trained_on_the_tiny_models_tasks():
+    """tiny-ar-mini (``dllm train --recipe tiny-ar-mini``), APD's default verifier, answers PB-mini
+    prompts greedily, which only a trained model does; its training.json names the recipe."""
+    import json
+
+    from dllm.models.loading import EMBEDDED_DIR
+    from dllm.train.ar import greedy_answers
+
+    ar, _ = dllm.load_target("tiny-ar-mini")
+    solved = 0
+    for name in ("copy", "reverse", "sort"):
+        exs = T.test_split(name, 4, n=4)
+        answers = greedy_answers(ar, [T.prompt_ids(ex) for ex in exs], T.answer_length(name, 4))
+        words = T.vocabulary()
+        solved += sum(T.score(ex, [words[t] for t in a]) for ex, a in zip(exs, answers))
+    assert solved >= 10
+    assert json.loads((EMBEDDED_DIR / "tiny-ar-mini" / "training.json").read_text())["recipe"]["name"] == "tiny-ar-mini"

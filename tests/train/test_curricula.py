@@ -256,11 +256,11 @@ def test_ctrl_c_in_a_subprocess(tmp_path: Path):
 
 @pytest.mark.parametrize("drafter", ["tiny-ar-dflash", "tiny-ar-dflash-wide"])
 def test_shipped_heads_match_their_trainers_recipes(drafter: str):
-    """The path / block heads are single runs of python -m dllm.train.path_head_train / block_head_train:
+    """The path / block heads are single runs of python -m dllm.train.drafters.path_head_train / block_head_train:
     their recorded recipes are the trainers' defaults for that drafter (the block head: with the tree
     plans of its recorded command line)."""
-    from dllm.train.block_head_train import HeadRecipe
-    from dllm.train.path_head_train import PathHeadRecipe
+    from dllm.train.drafters.block_head_train import HeadRecipe
+    from dllm.train.drafters.path_head_train import PathHeadRecipe
 
     meta = json.loads((EMBEDDED / drafter / "path_head.json").read_text())["meta"]
     assert json.loads(json.dumps(asdict(PathHeadRecipe(drafter=drafter)))) == meta["recipe"]

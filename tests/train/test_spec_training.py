@@ -12,7 +12,7 @@ from dllm.drafters.dflash.io import load_dflash
 from dllm.tasks.vocab import EOS, word_id
 from dllm.train.ar import LONG_MIXTURE, ARPhase, ar_recipes, answer_targets, build_ar_model, train_ar
 from dllm.train.data import Batch, collate
-from dllm.train.dflash_train import block_layout, dflash_recipes, sample_anchors, train_dflash
+from dllm.train.drafters.dflash_train import block_layout, dflash_recipes, sample_anchors, train_dflash
 
 SMALL = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16)
@@ -118,7 +118,7 @@ def test_a_mixed_run_reports_tau_per_block_size(tmp_path):
 
 def test_filled_slots_are_inputs_not_labels():
     from dllm.drafters.dflash.io import random_dflash
-    from dllm.train.dflash_train import block_loss
+    from dllm.train.drafters.dflash_train import block_loss
 
     target = build_ar_model(small_ar()).eval()
     drafter = random_dflash(target, 1, 4, 1, seed=0, target_layer_ids=(0, 1))

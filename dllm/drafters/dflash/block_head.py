@@ -10,7 +10,7 @@ a tree builder spec per plan); the row's plan is the arg-max (``pick``). The row
 the tree setting (a round is a tree round or a chain round): the one most rows picked
 (``plan.shared_tree``); each keeps its own block size in chain rounds, all run the largest in tree ones.
 
-Training (``dllm.train.block_head_train``): at T = 0 the committed tokens are the target's greedy
+Training (``dllm.train.drafters.block_head_train``): at T = 0 the committed tokens are the target's greedy
 answer, so the rounds a chain plan takes are a walk over the drafter's teacher-forced accepted
 prefixes (a tree plan's come from one real greedy call); with the measured round time per plan, each
 training prompt has a time per plan, and the head minimises the expected time under its softmax.

@@ -9,7 +9,7 @@
   ``gpu_long`` (GPU continuations, not shipped).
 
 The AR target, AR draft and DFlash drafters are single runs of ``dllm/train/ar.py`` and
-``dllm/train/dflash_train.py`` (``ar_recipes``, ``dflash_recipes``); the runner of a curriculum is
+``dllm/train/drafters/dflash_train.py`` (``ar_recipes``, ``dflash_recipes``); the runner of a curriculum is
 ``dllm/train/runner.py``.
 """
 
