@@ -31,20 +31,34 @@ def _last_eval(run: Path) -> dict:
     return evals[-1] if evals else {}
 
 
+def _is_causal_lm(src: Path) -> bool:
+    config = src / "config.json"
+    archs = json.loads(config.read_text()).get("architectures") or [] if config.exists() else []
+    return any(str(a).endswith("ForCausalLM") for a in archs)
+
+
 def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat16",
            root: Path = EMBEDDED, note: str = "") -> Path:
     from dllm.models import load
 
     src = run / checkpoint if (run / checkpoint).exists() else None
+    if src is None and (run / "final" / "config.json").exists():
+        src = run / "final"  # an AR run (dllm/train/ar.py) ends in final/
     if src is None:
         ckpts = sorted(run.glob("checkpoint-*"))
         if not ckpts:
-            raise FileNotFoundError(f"no checkpoint {checkpoint!r} and no checkpoint-* under {run}")
+            raise FileNotFoundError(f"no checkpoint {checkpoint!r}, no final/ and no checkpoint-* under {run}")
         src = ckpts[-1]
-    model = load(str(src), dtype=getattr(torch, dtype))
     out = Path(root) / name
     if out.exists():
         shutil.rmtree(out)
+    if _is_causal_lm(src):  # a transformers causal LM, saved in its shipped layout with its training.json
+        shutil.copytree(src, out)
+        if note:
+            info = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else {}
+            (out / "training.json").write_text(readable_json({**info, "note": note}) + "\n")
+        return out
+    model = load(str(src), dtype=getattr(torch, dtype))
     model.save_pretrained(out)
     info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run), **({"note": note} if note else {})}
     recipe = run / "recipe.json"

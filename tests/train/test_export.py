@@ -35,3 +35,18 @@ def test_training_json_keeps_scalar_lists_on_one_line():
     assert '"steps": [1, 2, 3]' in text and '"tasks": ["a,b", "c]"]' in text
     assert "[\n      [4, 8],\n      [16]\n    ]" in text  # nested lists: one inner list per line
     assert text == readable_json(json.loads(text))
+
+
+def test_export_an_ar_run_copies_its_final_directory(tmp_path):
+    """An AR run (dllm/train/ar.py) ends in final/, already in the shipped layout: copied as it is,
+    loadable by load_target, the note added to its training.json."""
+    from dllm.models.targets import load_target
+    from dllm.train.ar import ar_recipes, build_ar_model, save_ar
+
+    recipe = ar_recipes.get("tiny-ar-draft")
+    save_ar(build_ar_model(recipe), tmp_path / "run" / "final", extra={"recipe": {"name": recipe.name}})
+    out = export(tmp_path / "run", "tiny-ar-test", root=tmp_path / "embedded", note="from a test")
+    info = json.loads((out / "training.json").read_text())
+    assert info == {"recipe": {"name": "tiny-ar-draft"}, "note": "from a test"}
+    model, tok = load_target(str(out))
+    assert type(model).__name__ == "Qwen3ForCausalLM" and tok is not None
