@@ -15,9 +15,8 @@ Recipes (``AR_RECIPES``):
 - ``tiny-ar``: the target, Qwen3 d 128, 4 layers, 4 query / 2 KV heads of 32, SwiGLU 384.
 - ``tiny-ar-mini``: the target's shape on the PB-mini suite, the tasks of the tiny diffusion models:
   the verifier of their ``apd`` sampler.
-- ``tiny-ar-draft``: a 2-layer model of the target's width (2 layers: the fewest that can learn
-  to copy; a 1-layer, and a 2-layer 64-wide, one stayed at 0% on every task after 3,000 / 4,000
-  steps) for transformers' assisted generation
+- ``tiny-ar-draft``: a 2-layer model of the target's width (the fewest layers that learn to copy)
+  for transformers' assisted generation
   (``assistant_model=``), trained the same way: the small AR draft model the diffusion drafter is
   compared against.
 """

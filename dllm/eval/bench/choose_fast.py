@@ -18,8 +18,7 @@ and picks, among the candidates that pass on every model, the one that forwards 
 forward). The bar already guarantees the gain in forwards; above it, the winner is the one that
 spends the least compute, because a candidate that buys tokens per forward with larger forwards
 (verification variants) pays for them in time wherever a forward is compute-bound (a CPU, a GPU at
-large batch). Until 2026-12-02 the highest tokens per forward won; the end-to-end comparison
-(``dllm.eval.bench.e2e``) then lost on tokens/s to a baseline forwarding 2.3x fewer tokens.
+large batch). The choices made under earlier rules are in docs/results/samplers.md.
 No candidate passing is a result too: it is printed as such and ``choose`` returns None.
 Every verdict reports the candidate's forwarded-token ratio and mean tokens per forward.
 """

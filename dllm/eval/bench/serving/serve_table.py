@@ -2,8 +2,7 @@
 
 A row is one (mode, rate, repeat) run; ``median_rows`` folds the repeats of a (mode, rate) into one
 row of medians. ``verdicts`` compare continuous batching with serial and static serving at each rate:
-the ratio of requests/s and of p99 end-to-end latency (the bar of the serving issue: >= 3x serial and
->= 1.5x static at no worse p99).
+the ratio of requests/s and of p99 end-to-end latency.
 """
 
 from __future__ import annotations
