@@ -111,7 +111,11 @@ def hf_tokenizer():
 
 def build_ar_model(recipe: ARRecipe):
     """A freshly initialised float32 ``Qwen3ForCausalLM`` with the task vocabulary's special ids."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from dllm.lazy import preimport_quietly, quiet_import_chatter
+
+    preimport_quietly("torchao")  # transformers imports it with the model classes: its chatter kept quiet
+    with quiet_import_chatter():
+        from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if recipe.model["vocab_size"] < len(T.vocabulary()):
         raise ValueError(f"recipe {recipe.name!r}: vocab_size {recipe.model['vocab_size']} < the task "
