@@ -5,8 +5,8 @@ static, for streamed and unstreamed requests.
     python benchmarks/serve_counts.py [MODEL] [--n 64] [--out benchmarks/results/serve-counts.txt]
 
 ``dllm bench serve``'s requests (stress-task prompts, ``max_tokens`` = the answer length), all queued
-at once on a ``DiffusionBackend`` of each mode; a ``dllm.eval.bench.counters.DispatchCounter`` wraps
-the scheduler's loop thread, which runs every decode and forward. Continuous batching merges the
+at once on a ``DiffusionBackend`` of each mode, counted on the scheduler's loop thread
+(``dllm.eval.bench.counters.count_backend``). Continuous batching merges the
 decodes' forwards, so it runs fewer forward calls for the same requests: per request is the fair
 unit for its own work, per forward call what a step of the loop costs.
 """
@@ -17,36 +17,9 @@ import argparse
 
 import torch
 
-from dllm.eval.bench.counters import DispatchCounter
+from dllm.eval.bench.counters import count_backend
 from dllm.eval.bench.serving.serve import stress_requests
 from dllm.scoring.exact_match import load_model
-from dllm.serve.backends.diffusion import DiffusionBackend
-from dllm.serve.backends.jobs import JobRequest
-from dllm.serve.backends.scheduler import Scheduler
-from dllm.settings import DecodeSettings
-
-
-def counted_run(model, mode: str, requests, stream: bool) -> DispatchCounter:
-    counter = DispatchCounter(model)
-    loop = Scheduler._loop
-
-    def run(backend) -> None:
-        with counter:
-            loop(backend)
-
-    Scheduler._loop = run
-    try:
-        backend = DiffusionBackend(model, name="m", mode=mode, max_running=32)
-        with backend._cond:  # all queued at once
-            jobs = [backend.submit(JobRequest(backend.encode_prompt(r.prompt), r.max_tokens,
-                                              DecodeSettings(sampler=r.sampler, cache=r.cache), stream=stream))
-                    for r in requests]
-        for job in jobs:
-            job.result(600)
-        backend.close()
-    finally:
-        Scheduler._loop = loop
-    return counter
 
 
 def main() -> None:
@@ -64,9 +37,8 @@ def main() -> None:
              f"{'syncs/req':>11}"]
     for stream in (True, False):
         for mode in ("continuous", "static"):
-            c = counted_run(model, mode, requests, stream).current
-            aten = c.layer_aten + c.outside_aten - c.forward_aten
-            syncs = len(c.syncs) - c.syncs_in_forward
+            c = count_backend(model, mode, requests, stream=stream).current
+            aten, syncs = c.aten_outside_forwards, c.syncs_outside_forwards
             f = max(c.forward_calls, 1)
             lines.append(f"{'streamed' if stream else 'unstreamed':<12}{mode:<12}{c.forward_calls:>9}{aten / f:>11.1f}"
                          f"{aten / args.n:>10.1f}{syncs / f:>12.2f}{syncs / args.n:>11.2f}")

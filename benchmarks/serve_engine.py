@@ -127,7 +127,7 @@ def main() -> None:
     if args.null_model:
         if any(cache != "none" for _, cache in args.settings):
             ap.error("--null-model serves plain forwards only: give settings with cache none")
-        model = NullModel(model, token=int(model.encode("A")[0]) if hasattr(model, "encode") else 5)
+        model = NullModel(model, token=5)  # an ordinary id: no special token, no EOS
     meter = ForwardMeter(model)
     requests = stress_requests(args.n, settings=args.settings)
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}

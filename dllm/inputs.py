@@ -142,9 +142,6 @@ def decode_answer(tokenizer, ids: list[int], eos_ids: Sequence[int], mask_id: in
     return tokenizer.decode([t for t in ids if t != mask_id and t < n_tokens], skip_special_tokens=True)
 
 
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
-
-
 def check_call(model, callback) -> None:
     """The call arguments that are not decode settings (``dllm.settings``)."""
     if not callable(model) or not hasattr(model, "mask_id"):

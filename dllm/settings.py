@@ -22,13 +22,14 @@ from typing import Any, Mapping, Optional, Sequence
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy
 from dllm.cache.block_causal import block_size_of, policy_for_model
-from dllm.inputs import SEED_MAX, fit_layers
+from dllm.inputs import fit_layers
 from dllm.options import SettingError, SettingTypeError, check_number, field_error
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
 from dllm.schedule import BlockPlan, plan_block_causal, plan_blocks
 
 
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
 DEFAULT_GEN_LENGTH = 128  # generated positions when neither the call nor the prompt says
 
 
@@ -167,8 +168,8 @@ def _sampler(sampler: Any, options: dict[str, Any], policy: CachePolicy) -> Samp
     try:
         return make_sampler(sampler, **options)
     except (ValueError, TypeError, KeyError) as err:
-        if not options or _spec_error(sampler) is not None:
-            spec_err = _spec_error(sampler) or err
+        spec_err = _spec_error(sampler) if options else err  # the spec alone, when options came apart
+        if spec_err is not None:
             if "k" in _spec_options(sampler):
                 raise _k_error(spec_err) from None
             raise _refield(spec_err, "sampler") from None
@@ -214,5 +215,5 @@ def _spec_options(sampler: Any) -> dict:
         return {}
 
 
-__all__ = ["DEFAULT_GEN_LENGTH", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError",
+__all__ = ["DEFAULT_GEN_LENGTH", "SEED_MAX", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError",
            "check_positions", "check_seed", "plan_for"]

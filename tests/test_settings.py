@@ -51,7 +51,7 @@ def engine(llada):
 
 @pytest.mark.parametrize("settings,gen_length,field,param", BAD)
 def test_every_entry_point_names_the_field_with_one_message(llada, engine, settings, gen_length, field, param):
-    rows = [list(llada.encode(PROMPT))] if hasattr(llada, "encode") else [engine.encode_prompt(PROMPT)]
+    rows = [list(engine.encode_prompt(PROMPT))]
     with pytest.raises(SettingError) as resolved:
         settings.resolve(llada, rows, gen_length)
     assert resolved.value.field == field

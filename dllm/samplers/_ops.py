@@ -212,15 +212,15 @@ def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fil
     return out
 
 
-def window_output(inp: StepInput, commit: torch.Tensor, tokens: torch.Tensor, score: torch.Tensor,
+def window_output(inp: StepInput, commit: torch.Tensor, tokens: torch.Tensor, score: Optional[torch.Tensor],
                   remask: Optional[torch.Tensor] = None) -> StepOutput:
     """A step's decision computed in block-window coordinates [B, W] -> its ``StepOutput`` in query
     coordinates [B, Q]: off the window nothing is committed or re-masked, tokens are the mask id
-    and scores are -inf."""
+    and scores are -inf (a sampler without scores passes None)."""
     width = inp.tokens.shape[1]
     return StepOutput(
         commit=expand_window(commit, inp.window, width, False),
         tokens=expand_window(tokens, inp.window, width, inp.mask_id),
-        score=expand_window(score, inp.window, width, float("-inf")),
+        score=None if score is None else expand_window(score, inp.window, width, float("-inf")),
         remask=None if remask is None else expand_window(remask, inp.window, width, False),
     )

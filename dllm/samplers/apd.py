@@ -45,6 +45,7 @@ import torch
 
 from dllm.options import check_int, check_unit
 from dllm.samplers import draws
+from dllm.samplers._ops import gumbel_perturb, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import argmax_excluding
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -140,12 +141,7 @@ class APD(Sampler):
             rest = inp.active[:, ws:we] & ~accept & done
             tokens = torch.where(rest, torch.full_like(x0, eos_ids[0]), tokens)
             commit = accept | rest
-        q = inp.logits.shape[1]
-        full = torch.zeros((commit.shape[0], q), dtype=torch.bool, device=commit.device)
-        full[:, ws:we] = commit
-        toks = torch.full((commit.shape[0], q), inp.mask_id, dtype=torch.long, device=commit.device)
-        toks[:, ws:we] = tokens
-        return StepOutput(commit=full, tokens=toks, score=None)
+        return window_output(inp, commit, tokens, None)
 
     def _propose(self, logits: torch.Tensor, active: torch.Tensor, inp: StepInput) -> torch.Tensor:
         """The drafts: arg-max at T = 0, else the reference's float64 Gumbel-max draw with uniforms
@@ -158,8 +154,7 @@ class APD(Sampler):
         flat = draws.rand_segments([n * v for n in counts], inp.generator, logits.device, torch.float64)
         u = torch.full(active.shape + (v,), 0.5, dtype=torch.float64, device=logits.device)
         u[active] = flat.view(-1, v)  # row-major: each row's drafts in order
-        z = (logits / t).to(torch.float64).exp() / (-torch.log(u)) ** t
-        return argmax_excluding(z, inp.mask_id)
+        return argmax_excluding(gumbel_perturb(logits / t, t, u), inp.mask_id)  # the reference scales first
 
 
 __all__ = ["APD", "APDConfig", "accepted_prefix", "draft_rank", "load_verifier", "mixture_argmax"]

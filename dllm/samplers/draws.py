@@ -110,15 +110,4 @@ def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, 
     return torch.cat(parts)
 
 
-def exponential_like(probs: torch.Tensor, generator: Generator) -> torch.Tensor:
-    """Exp(1) noise of ``probs``' shape (float32); per row: row r's slice [r] from generator r."""
-    if not isinstance(generator, RowGenerators):
-        return torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
-    generator.check_rows(probs.shape[0], f"noise of shape {tuple(probs.shape)}")
-    out = torch.empty_like(probs, dtype=torch.float32)
-    for r, g in enumerate(generator.generators):
-        out[r].exponential_(generator=g)
-    return out
-
-
-__all__ = ["Generator", "RowGenerators", "exponential_like", "multinomial", "per_row", "rand", "rand_segments"]
+__all__ = ["Generator", "RowGenerators", "multinomial", "per_row", "rand", "rand_segments"]

@@ -128,6 +128,15 @@ class StepCounts:
     def kernels_per_layer(self) -> float:
         return self.layer_kernels / self.layer_calls if self.layer_calls else 0.0
 
+    @property
+    def aten_outside_forwards(self) -> int:
+        """ATen calls not inside a call of the model's forward (the caller's own work)."""
+        return self.layer_aten + self.outside_aten - self.forward_aten
+
+    @property
+    def syncs_outside_forwards(self) -> int:
+        return len(self.syncs) - self.syncs_in_forward
+
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, owner: "DispatchCounter") -> None:
@@ -277,4 +286,37 @@ def count_generate(model: Any, prompts: Any, *, trace: bool = False, **generate_
     return counter
 
 
-__all__ = ["DispatchCounter", "StepCounts", "caller_line", "count_generate", "is_kernel", "op_name"]
+def count_backend(model: Any, mode: str, requests: Any, *, stream: bool = True, max_running: int = 32) -> DispatchCounter:
+    """Serve ``requests`` (``BenchRequest``s of ``dllm bench serve``, all queued at once) on a
+    ``DiffusionBackend`` of ``mode``, counted on the scheduler's loop thread, which runs every decode
+    and forward; the whole run is ``counter.current``. RuntimeError when a request does not finish."""
+    from dllm.serve.backends.diffusion import DiffusionBackend
+    from dllm.serve.backends.jobs import Done, JobRequest
+    from dllm.serve.backends.scheduler import Scheduler
+    from dllm.settings import DecodeSettings
+
+    counter = DispatchCounter(model)
+    loop = Scheduler._loop
+
+    def counted(backend) -> None:
+        with counter:  # the modes are the loop thread's own
+            loop(backend)
+
+    Scheduler._loop = counted
+    try:
+        backend = DiffusionBackend(model, name="counted", mode=mode, max_running=max_running)
+        with backend._cond:  # all queued before the loop takes any
+            jobs = [backend.submit(JobRequest(backend.encode_prompt(r.prompt), r.max_tokens,
+                                              DecodeSettings(sampler=r.sampler, cache=r.cache), stream=stream))
+                    for r in requests]
+        for job in jobs:
+            result = job.result(600)
+            if not isinstance(result, Done):
+                raise RuntimeError(f"a counted request did not finish: {result}")
+        backend.close()
+    finally:
+        Scheduler._loop = loop
+    return counter
+
+
+__all__ = ["DispatchCounter", "StepCounts", "caller_line", "count_backend", "count_generate", "is_kernel", "op_name"]

@@ -21,6 +21,7 @@ the samplers' work, and the model is only ever used from one thread.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -66,9 +67,7 @@ class Scheduler(Backend):
 
     def __init__(self, config: SchedulerConfig, policy: SchedulePolicy, model: Any = None,
                  batcher: BatcherConfig = BatcherConfig()) -> None:
-        self.scheduler = SchedulerConfig(max_running=policy.max_running(config.max_running),
-                                         max_queue=config.max_queue, max_running_tokens=config.max_running_tokens,
-                                         retry_after_s=config.retry_after_s)
+        self.limits = dataclasses.replace(config, max_running=policy.max_running(config.max_running))
         self.policy, self.model_for_loop, self.batcher = policy, model, batcher
         self._cond = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
@@ -95,9 +94,9 @@ class Scheduler(Backend):
         with self._cond:
             if self._closed:
                 raise BackendClosed("the server is shutting down and takes no new requests")
-            if len(self._queue) >= self.scheduler.max_queue:
-                raise QueueFull(f"the queue is full ({self.scheduler.max_queue} requests waiting); retry later",
-                                retry_after=self.scheduler.retry_after_s)
+            if len(self._queue) >= self.limits.max_queue:
+                raise QueueFull(f"the queue is full ({self.limits.max_queue} requests waiting); retry later",
+                                retry_after=self.limits.retry_after_s)
             self._queue.append(job)
             self._cond.notify_all()
         return job
@@ -106,7 +105,7 @@ class Scheduler(Backend):
         with self._cond:
             forwards, rows = self._forwards()
             return BackendStats(queued=len(self._queue), running=len(self._running),
-                                max_running=self.scheduler.max_running, max_queue=self.scheduler.max_queue,
+                                max_running=self.limits.max_running, max_queue=self.limits.max_queue,
                                 forwards=forwards, forwarded_rows=rows, closed=self._closed)
 
     def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
@@ -197,7 +196,7 @@ class Scheduler(Backend):
         backend is closed and nothing is queued; ``[]`` when nothing can start now and ``wait`` is False
         (else it waits). The running jobs never exceed ``max_running`` nor the token budget (a lone
         job that is over the budget runs when nothing else does)."""
-        cfg, key = self.scheduler, self._cached_key
+        cfg, key = self.limits, self._cached_key
         with self._cond:
             while True:
                 room = cfg.max_running - len(self._running)
