@@ -28,7 +28,7 @@ from dllm import tasks as T
 from dllm.eval.bench.choose_cache import PAIRS
 from dllm.eval.compare import task_examples
 from dllm.scoring.exact_match import decode_and_score, load_model
-from dllm.scoring.setting import DecodeSetting
+from dllm.settings import DecodeSettings
 from dllm.eval.bench.e2e import FASTDLLM
 
 FULL_COLUMNS = 128  # a call over at least this many query columns is a block-start full forward
@@ -58,12 +58,11 @@ class CallTimer:
 
 
 def run(model, examples, spec: str, block: int) -> dict:
-    parsed = DecodeSetting.parse(spec)
+    parsed = DecodeSettings.parse(spec)
     timer = CallTimer(model)
     try:
         t0 = time.perf_counter()
-        tally = decode_and_score(model, examples, parsed.name, block_length=block, by_task=True, max_batch=64,
-                                 **parsed.options)
+        tally = decode_and_score(model, examples, parsed.replace(block_length=block), by_task=True, max_batch=64)
         wall = time.perf_counter() - t0
     finally:
         timer.close()

@@ -8,27 +8,38 @@ which returns the sampler, the cache policy and the block plan, or raises ``Sett
 ``prompt``). So every entry point refuses a bad setting with the same message, and the server
 answers with the field as OpenAI's ``param`` without reading the message.
 
-``k`` (tokens committed per step) is not a setting of ``generate`` or the server: they take
-``steps`` (``steps = gen_length / k``); ``dllm compare`` and ``dllm stress`` take ``k`` and turn it
-into steps. A ``k`` given here is refused with that pointer.
+``k`` (tokens committed per step, a fixed-step sampler's) means one thing everywhere: the field
+``tokens_per_step``, turned into ``steps`` over the call's block plan (``ceil(block / k)`` per block,
+LLaDA's schedule). The evaluation commands (``dllm compare``, ``dllm stress``, ``dllm eval tasks``,
+the lm-eval model) write it as ``k`` in their text form, ``DecodeSettings.parse``:
+
+    SAMPLER[:OPTION=VALUE,...]           the registry's spec grammar (``dllm.registry.parse_spec``)
+
+where two options are not the sampler's: ``k`` (tokens per step) and ``cache`` (the cache policy
+spec; one with several options in parentheses, ``fast:cache=(dual:look_back=16,look_ahead=16)``, or,
+where commas are taken as in lm-eval's ``model_args``, with semicolons between its options). Every
+other option is the sampler's. ``generate`` and the server take ``steps`` instead; a ``k`` given to
+them is refused with a pointer to ``steps``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from dllm.cache import make_cache
 from dllm.cache.base import CachePolicy
 from dllm.cache.block_causal import block_size_of, policy_for_model
 from dllm.inputs import fit_layers
-from dllm.options import SettingError, SettingTypeError, check_number, field_error
+from dllm.options import SettingError, SettingTypeError, check_int, check_number, check_optional_int, field_error
 from dllm.registry import format_spec, parse_spec
 from dllm.samplers import Sampler, make_sampler
 from dllm.schedule import BlockPlan, plan_block_causal, plan_blocks
 
 
+TOKENS_PER_STEP = "k"  # the text form's option that is ``tokens_per_step``, not a sampler option
+CACHE = "cache"  # the text form's option that is the cache policy
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes seeds in [0, 2**64 - 1] (a uint64)
 DEFAULT_GEN_LENGTH = 128  # generated positions when neither the call nor the prompt says
 
@@ -74,31 +85,128 @@ class DecodeSettings:
     cfg_scale: float = 0.0
     seed: Any = None  # an int, one per prompt (a list; None entries: fresh seeds), or None (the global generator)
     options: tuple[tuple[str, Any], ...] = ()  # sampler options given apart from the spec, sorted by name
+    tokens_per_step: Optional[int] = None  # k, fixed-step samplers: steps = ceil(block / k) per block (not with steps)
+    label: Optional[str] = field(default=None, compare=False)  # the text it was parsed from (a table's row name)
 
     @classmethod
     def of(cls, options: Optional[Mapping[str, Any]] = None, **fields: Any) -> "DecodeSettings":
         """Settings with ``options`` as a mapping (kept sorted, so equal settings compare equal)."""
         return cls(options=tuple(sorted((options or {}).items())), **fields)
 
+    @classmethod
+    def parse(cls, text: str, *, k: Optional[int] = None, cache: Optional[str] = None,
+              block_length: Optional[int] = None, options: Optional[Mapping[str, Any]] = None,
+              kind: str = "sampler spec") -> "DecodeSettings":
+        """The text form (``"threshold:threshold=0.8,k=2,cache=(dual:refresh=4)"``) completed by ``k``,
+        ``cache``, ``block_length`` and ``options`` (``generate``'s other keywords: decode fields such as
+        ``temperature``, else sampler options). Anything said twice (``k`` in the text and as ``k=``, an
+        option in the text and in ``options``) is refused: one place says each. SettingError naming it."""
+        if not isinstance(text, str):
+            raise SettingError("sampler", f"{kind} must be a string such as 'low_confidence:k=2', got {text!r}")
+        try:
+            name, spec_options = parse_spec(text, kind)
+        except ValueError as err:
+            raise field_error("sampler", err) from None
+        extra = dict(options or {})
+        given = {TOKENS_PER_STEP: k, CACHE: cache if cache is not None else extra.pop(CACHE, None)}
+        for key, value in given.items():
+            if key in spec_options and value is not None:
+                raise SettingError(key, f"{kind} {text!r} sets {key}={spec_options[key]!r} and {key}={value!r} is "
+                                        f"given too; give it once")
+        spec_k = spec_options.pop(TOKENS_PER_STEP, None)
+        if spec_k is not None:
+            try:
+                check_int("k", spec_k, 1)
+            except ValueError as err:
+                raise SettingError("tokens_per_step", f"{kind} {text!r}: {err}") from None
+        spec_cache = spec_options.pop(CACHE, None)
+        if spec_cache is not None and not isinstance(spec_cache, str):
+            raise SettingError("cache", f"{kind} {text!r}: cache must be a cache policy spec such as dual, "
+                                        f"got {spec_cache!r}")
+        check_optional_int("block_length", block_length, 1)
+        own = {f.name for f in dataclasses.fields(cls)} - {"sampler", "cache", "options", "label", "tokens_per_step"}
+        twice = sorted(set(extra) & set(spec_options))
+        if twice:
+            raise SettingError(twice[0], f"{kind} {text!r} sets {twice} and they are given as options too; give "
+                                         f"each once")
+        cache_text = spec_cache if given[CACHE] is None else given[CACHE]
+        return cls.of(sampler=name, options={**spec_options, **{n: v for n, v in extra.items() if n not in own}},
+                      cache="none" if cache_text is None else cache_spec(cache_text), block_length=block_length,
+                      tokens_per_step=spec_k if k is None else k, label=text,
+                      **{n: v for n, v in extra.items() if n in own})
+
+    @property
+    def name(self) -> str:
+        """The sampler's name as given (a registered name or alias)."""
+        if isinstance(self.sampler, str):
+            return parse_spec(self.sampler, "sampler spec")[0]
+        return getattr(self.sampler, "name", None) or dict(self.sampler).get("name", "")
+
+    @property
+    def sampler_options(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    @property
+    def spec(self) -> str:
+        """The text form (``parse(spec)`` gives these settings back, block length and decode fields aside)."""
+        extra = {} if self.tokens_per_step is None else {TOKENS_PER_STEP: self.tokens_per_step}
+        cache = {} if self.cache == "none" else {CACHE: self.cache}
+        name, spec_options = parse_spec(self.sampler, "sampler spec")
+        return format_spec(name, {**spec_options, **dict(self.options), **extra, **cache})
+
     def generate_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``dllm.generate`` (without the prompts and ``gen_length``)."""
-        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        """The keyword arguments of ``dllm.generate`` (without the prompts and ``gen_length``). Settings
+        with ``tokens_per_step`` give their steps first (``with_steps``)."""
+        if self.tokens_per_step is not None:
+            raise ValueError(f"settings {self.label or self.spec!r} give tokens_per_step={self.tokens_per_step}, "
+                             f"which generate takes as steps: call with_steps(model, rows, gen_length) first")
+        skip = {"options", "label", "tokens_per_step"}
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         kw.update(dict(self.options))
         return kw
 
     def replace(self, **changes: Any) -> "DecodeSettings":
         return dataclasses.replace(self, **changes)
 
+    def with_steps(self, model: Any, rows: Sequence[Sequence[int]], gen_length: int) -> "DecodeSettings":
+        """These settings with ``tokens_per_step`` turned into ``steps`` over the call's block plan
+        (``plan_steps``); unchanged without one."""
+        if self.tokens_per_step is None:
+            return self
+        plan = plan_for(model, rows, gen_length, self.block_length, None, fixed_steps=False)
+        return self.replace(steps=plan_steps(plan, self.tokens_per_step), tokens_per_step=None)
+
+    def check(self) -> Sampler:
+        """The checks that need no model or prompt (fail before either loads): the sampler and its
+        options, ``tokens_per_step`` (fixed-step samplers only, not with ``steps``), the cache policy,
+        the numbers. Returns the sampler. SettingError naming the field."""
+        policy = _cache(self.cache)
+        sampler = _sampler(self.sampler, dict(self.options), policy)
+        check_optional_int("block_length", self.block_length, 1)
+        if self.tokens_per_step is not None:
+            try:
+                check_int("k", self.tokens_per_step, 1, hint=" (tokens per step)")
+            except SettingError as err:
+                raise SettingError("tokens_per_step", str(err)) from None
+            if self.steps is not None:
+                raise SettingError("tokens_per_step", f"give steps={self.steps} or tokens_per_step="
+                                                      f"{self.tokens_per_step} (k), not both")
+            if not sampler.fixed_steps:
+                raise SettingError("tokens_per_step", f"sampler {self.label or self.name!r}: k applies to fixed-step "
+                                                      f"samplers only ({self.name!r} is adaptive: it chooses how "
+                                                      f"many tokens each step commits)")
+        check_number("temperature", self.temperature, low=0.0, finite=True)
+        check_number("cfg_scale", self.cfg_scale, low=0.0, finite=True)
+        return sampler
+
     def resolve(self, model: Any, rows: Sequence[Sequence[int]], gen_length: int) -> Resolved:
         """Check every setting against the model and the prompts (token-id rows), and plan the call.
         Raises ``SettingError`` (a ValueError; ``SettingTypeError`` also a TypeError) naming the field."""
         check_seed(self.seed, len(rows))
-        policy = _cache(self.cache)
-        sampler = _sampler(self.sampler, dict(self.options), policy)
-        check_number("temperature", self.temperature, low=0.0, finite=True)
-        check_number("cfg_scale", self.cfg_scale, low=0.0, finite=True)
-        policy = policy_for_model(model, policy)  # block-causal models: "auto" is "block", approximate ones refused
-        plan = plan_for(model, rows, gen_length, self.block_length, self.steps, fixed_steps=sampler.fixed_steps)
+        sampler = self.check()
+        settings = self.with_steps(model, rows, gen_length)
+        policy = policy_for_model(model, _cache(self.cache))  # block-causal models: "auto" is "block", approximate ones refused
+        plan = plan_for(model, rows, gen_length, self.block_length, settings.steps, fixed_steps=sampler.fixed_steps)
         try:
             policy.check(model, block_length=plan.block_length, gen_length=gen_length)
         except (ValueError, TypeError) as err:
@@ -116,6 +224,30 @@ class DecodeSettings:
                                           f"(layers {list(need_attn)}), but {type(model).__name__} has no "
                                           f"transformer layers to return them; use a sampler that reads only logits")
         return Resolved(sampler, policy, plan)
+
+
+def steps_for(gen_length: int, block_length: Optional[int], k: Optional[int]) -> Optional[int]:
+    """``generate``'s total ``steps`` for k tokens per step on a bidirectional model: blocks x
+    ``ceil(block / k)`` (at most one step per position); None for k None. ``block_length`` None: one block."""
+    if k is None:
+        return None
+    bl = min(block_length or gen_length, gen_length)
+    return -(-gen_length // bl) * min(-(-bl // k), bl)
+
+
+def plan_steps(plan: BlockPlan, k: Optional[int]) -> Optional[int]:
+    """``steps`` for k tokens per step over the blocks of ``plan`` (``plan_for``: blocks of the block
+    length, or a block-causal model's grid, whose first block may be the prompt's partial one):
+    ``ceil(block_length / k)`` per block (``generate`` caps a short block at its size). None for k None."""
+    if k is None:
+        return None
+    return len(plan.blocks) * min(-(-plan.block_length // k), plan.block_length)
+
+
+def cache_spec(text: Optional[str]) -> Optional[str]:
+    """A cache spec with its options separated by semicolons (``dual:look_back=16;look_ahead=16``), as
+    lm-eval's comma-split ``model_args`` need, in the registry's comma form; other text unchanged."""
+    return text.replace(";", ",") if isinstance(text, str) else text
 
 
 def plan_for(model: Any, rows: Sequence[Sequence[int]], gen_length: int, block_length: Optional[int],
@@ -215,5 +347,6 @@ def _spec_options(sampler: Any) -> dict:
         return {}
 
 
-__all__ = ["DEFAULT_GEN_LENGTH", "SEED_MAX", "DecodeSettings", "default_gen_length", "Resolved", "SettingError", "SettingTypeError",
-           "check_positions", "check_seed", "plan_for"]
+__all__ = ["CACHE", "DEFAULT_GEN_LENGTH", "SEED_MAX", "TOKENS_PER_STEP", "DecodeSettings", "Resolved",
+           "SettingError", "SettingTypeError", "cache_spec", "check_positions", "check_seed", "default_gen_length",
+           "plan_for", "plan_steps", "steps_for"]

@@ -7,5 +7,5 @@ written). Sub-packages: ``stress`` (``dllm stress``), ``harness`` (the lm-evalua
 speculative decoding and draft trees), ``bench`` (throughput, caches, kernels, the step breakdown,
 end to end, and the measurements that choose ``fast`` and ``auto``). Decoding and exact-match
 scoring live below, in ``dllm.scoring`` (training uses them too): every command here decodes with
-one ``DecodeSetting`` through one ``decode_and_score`` loop.
+one ``dllm.settings.DecodeSettings`` through one ``decode_and_score`` loop.
 """

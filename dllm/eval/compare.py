@@ -10,7 +10,7 @@ sampler timed ``repeats`` times in interleaved rounds, the median wall time repo
 ``extra["wall_times"]``). Results go to JSON and a PNG of the accuracy / tokens-per-forward plane
 with the Pareto front marked.
 
-A sampler spec is a ``DecodeSetting`` (``dllm.scoring.setting``): the registry's ``name`` or
+A sampler spec is a ``DecodeSettings`` (``dllm.settings``): the registry's ``name`` or
 ``name:key=value,key=value``; its options go to ``generate`` (sampler options), except ``k``
 (fixed-step samplers only), which sets ``steps = ceil(L_ans / k)``, i.e. k tokens per step, and
 ``cache`` (a cache policy spec; several options in parentheses). Examples: ``low_confidence`` (one
@@ -33,7 +33,7 @@ from dllm.eval.interrupt import finished, until_interrupted
 from dllm.models.core.moe import ExpertCounter, count_experts, has_experts
 from dllm.options import check_int, check_optional_int
 from dllm.scoring.exact_match import decode_and_score, load_model
-from dllm.scoring.setting import DecodeSetting
+from dllm.settings import DecodeSettings
 
 DEFAULT_SAMPLERS = (
     "low_confidence", "low_confidence:k=2", "threshold", "fast", "factor", "eb:gamma=0.1", "localleap",
@@ -85,7 +85,7 @@ def task_examples(task_names: Sequence[str], n: int) -> list[T.Example]:
     return out
 
 
-def run_sampler(model, spec: DecodeSetting, examples: Sequence[T.Example], *, block_length: Optional[int],
+def run_sampler(model, spec: DecodeSettings, examples: Sequence[T.Example], *, block_length: Optional[int],
                 max_batch: int = 64, progress=None) -> SamplerResult:
     from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory
     from dllm.inputs import model_device
@@ -129,11 +129,11 @@ def mark_pareto(results: list[SamplerResult]) -> None:
         )
 
 
-def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[DecodeSetting]:
+def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[DecodeSettings]:
     """The parsed specs; raises ValueError on anything that would fail later in the run."""
     check_int("n", n, 1, hint=" (test examples per task)")
     check_optional_int("block_length", block_length, 1)
-    parsed = [DecodeSetting.parse(s) for s in specs]
+    parsed = [DecodeSettings.parse(s) for s in specs]  # the text form; check(): generate's own checks
     for spec in parsed:
         spec.check()
     return parsed

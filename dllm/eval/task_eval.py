@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 from dllm import tasks as T
 from dllm.eval.interrupt import finished, until_interrupted
 from dllm.scoring.exact_match import c0_of, check_test_range, eval_examples, evaluate, load_model
-from dllm.scoring.setting import DecodeSetting, check_tokens_per_step
+from dllm.settings import DecodeSettings
 
 Column = Union[int, str]  # k, or "adaptive"
 
@@ -27,13 +27,13 @@ def columns(sampler: str, ks: Optional[Sequence[int]]) -> list[Column]:
     in the sampler spec (the columns' k come from ``--k``)."""
     from dllm.samplers import samplers
 
-    setting = DecodeSetting.parse(sampler)
-    if setting.k is not None:
-        raise ValueError(f"sampler spec {sampler!r} sets k={setting.k}; give tokens per step with --k "
-                         f"(one column per value), e.g. --k {setting.k}")
+    setting = DecodeSettings.parse(sampler)
+    if setting.tokens_per_step is not None:
+        raise ValueError(f"sampler spec {sampler!r} sets k={setting.tokens_per_step}; give tokens per step with --k "
+                         f"(one column per value), e.g. --k {setting.tokens_per_step}")
     setting.check()
     for k in ks or ():
-        check_tokens_per_step(setting.name, k, sampler)
+        setting.replace(tokens_per_step=k).check()
     if not samplers.get(setting.name).fixed_steps:
         return ["adaptive"]
     return list(ks or [1])

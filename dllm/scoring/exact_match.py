@@ -2,8 +2,8 @@
 
 ``decode_and_score`` is the one decode-and-score loop, used by training's evaluation
 (``evaluate``), ``dllm eval-tasks``, ``dllm compare`` and ``dllm stress``: the examples are grouped by
-answer length ``L_ans`` (and by task when asked), every group is decoded with one ``DecodeSetting``
-(``dllm.scoring.setting``) in batched ``generate`` calls as one block of ``L_ans`` (or blocks of the
+answer length ``L_ans`` (and by task when asked), every group is decoded with one ``DecodeSettings``
+(``dllm.settings``) in batched ``generate`` calls as one block of ``L_ans`` (or blocks of the
 setting's block length), and each generated answer is scored with ``T.score``; with ``record`` each
 example's own outcome (forwards, content tokens, unmasking trace) is kept too.
 
@@ -30,7 +30,7 @@ import torch
 from dllm import tasks as T
 from dllm.inputs import model_device
 from dllm.options import check_int
-from dllm.scoring.setting import DecodeSetting, check_tokens_per_step, plan_steps
+from dllm.settings import DecodeSettings, plan_for, plan_steps
 
 
 @lru_cache(maxsize=None)
@@ -137,7 +137,7 @@ def length_batches(group: Sequence[T.Example], max_batch: int, by_length: bool =
 def decode_and_score(
     model,
     examples: Sequence[T.Example],
-    sampler: "str | DecodeSetting" = "low_confidence",
+    sampler: "str | DecodeSettings" = "low_confidence",
     *,
     tokens_per_step: Optional[int] = None,
     block_length: Optional[int] = None,
@@ -152,7 +152,7 @@ def decode_and_score(
 ) -> Tally:
     """Decode every example as ``L_ans`` generated positions and score it with ``T.score``.
 
-    sampler: a ``DecodeSetting``, or a sampler spec (``DecodeSetting.parse``) completed by
+    sampler: ``DecodeSettings``, or a sampler spec (``DecodeSettings.parse``'s text form) completed by
         ``tokens_per_step`` (k, fixed-step samplers only: ``ceil(block / k)`` steps per block; None:
         the sampler's own steps, one token per step for a fixed-step sampler), ``block_length``
         (blocks of at most this length; None: one block of ``L_ans``) and ``options`` (the rest of
@@ -167,12 +167,11 @@ def decode_and_score(
         decoded alone (the steps that changed its row, ``RowSteps``, times the forwards per step of
         its call), its content tokens and its unmasking trace.
     """
-    setting = DecodeSetting.of(sampler, k=tokens_per_step, block_length=block_length, options=options)
+    setting = settings_of(sampler, tokens_per_step, block_length, options)
     setting.check()
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.cache.block_causal import block_size_of
     from dllm.engine import generate
-    from dllm.settings import plan_for
 
     # a block-causal model (SDAR) decodes on its own grid: a batch shares its blocks, so its prompts
     # must agree in length mod the block; the blocks, and so the steps for k, are ``plan_for``'s
@@ -193,15 +192,16 @@ def decode_and_score(
     try:
         for (_, la, offset), group in sorted(groups.items()):
             bl = setting.block_length if grid else min(setting.block_length or la, la)  # the grid's block: as given
-            steps = plan_steps(plan_for(model, [T.prompt_ids(group[0])], la, bl, None, fixed_steps=False), setting.k)
+            steps = setting.steps if setting.tokens_per_step is None else plan_steps(
+                plan_for(model, [T.prompt_ids(group[0])], la, bl, None, fixed_steps=False), setting.tokens_per_step)
+            kwargs = setting.replace(block_length=bl, steps=steps, tokens_per_step=None).generate_kwargs()
             for chunk in length_batches(group, max_batch, by_length):
                 prompts = [T.prompt_ids(ex) for ex in chunk]
                 counter = RowSteps() if record else None
                 if record:
                     extra.update(return_trace=True, callback=counter)
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
-                    out = generate(model, prompts, setting.name, gen_length=la, block_length=bl, steps=steps,
-                                   **setting.options, **extra)
+                    out = generate(model, prompts, gen_length=la, **{**kwargs, **extra})
                 tally.forwards += out.nfe
                 tally.row_forwards += out.nfe * len(chunk)
                 tally.forwarded_tokens += out.forwarded_tokens
@@ -223,6 +223,18 @@ def decode_and_score(
         model.train(was_training)
     tally.seconds = time.perf_counter() - t0
     return tally
+
+
+def settings_of(sampler: "str | DecodeSettings", tokens_per_step: Optional[int], block_length: Optional[int],
+                options: dict[str, Any]) -> DecodeSettings:
+    """``decode_and_score``'s settings: ``DecodeSettings`` given alone, or a spec in the text form with
+    k, a block length and ``generate``'s other keywords (``DecodeSettings.parse``)."""
+    if isinstance(sampler, DecodeSettings):
+        if tokens_per_step is not None or block_length is not None or options:
+            raise ValueError("give DecodeSettings alone, or a sampler spec with tokens_per_step / block_length / "
+                             f"options; got settings and {({'k': tokens_per_step, 'block_length': block_length, **options})}")
+        return sampler
+    return DecodeSettings.parse(sampler, k=tokens_per_step, block_length=block_length, options=options)
 
 
 @dataclass
@@ -299,5 +311,5 @@ def evaluate(
     return EvalResult(tally.accuracy, dict(tally.counts), c0, tally.forwards, tally.seconds)
 
 
-__all__ = ["DecodeSetting", "EvalResult", "Outcome", "RowSteps", "Tally", "c0_of", "c0_tasks", "check_test_range",
-           "check_tokens_per_step", "decode_and_score", "eval_examples", "evaluate", "load_model"]
+__all__ = ["EvalResult", "Outcome", "RowSteps", "Tally", "c0_of", "c0_tasks", "check_test_range", "decode_and_score",
+           "eval_examples", "evaluate", "load_model", "settings_of"]

@@ -7,18 +7,18 @@ import torch
 
 from dllm.cli import main
 from dllm.eval.compare import SamplerResult, mark_pareto
-from dllm.scoring.setting import DecodeSetting
+from dllm.settings import DecodeSettings
 
 
 def test_spec_parsing():
-    s = DecodeSetting.parse("threshold:threshold=0.8")
-    assert (s.name, s.options, s.k) == ("threshold", {"threshold": 0.8}, None)
-    s = DecodeSetting.parse("low_confidence:k=2")
-    assert (s.name, s.options, s.k) == ("low_confidence", {}, 2)
+    s = DecodeSettings.parse("threshold:threshold=0.8")
+    assert (s.name, s.sampler_options, s.tokens_per_step) == ("threshold", {"threshold": 0.8}, None)
+    s = DecodeSettings.parse("low_confidence:k=2")
+    assert (s.name, s.sampler_options, s.tokens_per_step) == ("low_confidence", {}, 2)
     with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
-        DecodeSetting.parse("low_confidence:k=0")
+        DecodeSettings.parse("low_confidence:k=0")
     with pytest.raises(ValueError, match="expected key=value"):
-        DecodeSetting.parse("threshold:0.8")
+        DecodeSettings.parse("threshold:0.8")
 
 
 def _r(label, acc, tpf):

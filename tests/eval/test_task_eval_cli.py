@@ -29,7 +29,7 @@ def test_eval_tasks_on_the_oracle(capsys, tmp_path):
 
 def test_eval_tasks_rejects_bad_k(capsys):
     assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--k", "0"]) == 2
-    assert "tokens_per_step must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "k must be an integer >= 1 (tokens per step), got 0" in capsys.readouterr().err
 
 
 def test_skip_gives_the_later_instances_disjoint_from_the_first():

@@ -3,7 +3,7 @@
 import pytest
 
 from dllm import tasks as T
-from dllm.scoring.exact_match import c0_tasks, check_tokens_per_step, decode_and_score, evaluate
+from dllm.scoring.exact_match import c0_tasks, decode_and_score, evaluate
 from dllm.models import load
 
 
@@ -38,15 +38,14 @@ def test_tokens_per_step_sets_the_steps_of_each_block(oracle):
     assert result.forwards == -(-la // 2) and set(result.c0) == {"copy", "reverse"} <= set(c0_tasks())
 
 
-def test_tokens_per_step_checks():
-    check_tokens_per_step("low_confidence", 2)
-    check_tokens_per_step("threshold:threshold=0.8", None)
-    with pytest.raises(ValueError, match="tokens_per_step must be an integer >= 1, got 0"):
-        check_tokens_per_step("low_confidence", 0)
+def test_tokens_per_step_checks(oracle):
+    exs = T.test_split("copy", 4, n=1)
+    with pytest.raises(ValueError, match=r"k must be an integer >= 1 \(tokens per step\), got 0"):
+        decode_and_score(oracle, exs, "low_confidence", tokens_per_step=0)
     with pytest.raises(ValueError, match="k applies to fixed-step samplers only"):
-        check_tokens_per_step("threshold", 2)
+        decode_and_score(oracle, exs, "threshold", tokens_per_step=2)
     with pytest.raises(KeyError, match="Unknown sampler 'nope'"):
-        check_tokens_per_step("nope", None)
+        decode_and_score(oracle, exs, "nope")
 
 
 def test_long_prompts_are_batched_by_length():
@@ -80,16 +79,16 @@ def test_length_batches_decode_like_one_batch(oracle):
 
 
 def test_a_setting_and_its_keyword_form_decode_alike(oracle):
-    from dllm.scoring.setting import DecodeSetting
+    from dllm.settings import DecodeSettings
 
     exs = [*T.test_split("shuffle", 4, n=3), *T.test_split("copy", 4, n=2)]
-    setting = DecodeSetting.parse("low_confidence:k=2", block_length=2)
+    setting = DecodeSettings.parse("low_confidence:k=2", block_length=2)
     a = decode_and_score(oracle, exs, setting)
     b = decode_and_score(oracle, exs, "low_confidence", tokens_per_step=2, block_length=2)
     assert (a.solved, a.forwards, a.forwarded_tokens) == (b.solved, b.forwards, b.forwarded_tokens)
     la = T.answer_length("copy", 4)  # = shuffle's at size 4: one batch
     assert la == 5 and a.forwards == 3  # blocks of 2, 2 and 1 positions, one step (k = 2) each
-    with pytest.raises(ValueError, match="give a DecodeSetting alone"):
+    with pytest.raises(ValueError, match="give DecodeSettings alone"):
         decode_and_score(oracle, exs, setting, tokens_per_step=2)
 
 
@@ -108,7 +107,7 @@ def test_record_keeps_each_examples_own_outcome(oracle):
 
 def test_plan_steps_counts_the_prompts_partial_block():
     from dllm.schedule import plan_block_causal, plan_blocks
-    from dllm.scoring.setting import plan_steps
+    from dllm.settings import plan_steps
 
     def grid(gen_length, prompt_length, k):  # a block-causal model's grid of blocks of 4
         plan = plan_block_causal(gen_length, None, None, fixed_steps=False, block_size=4,
@@ -129,8 +128,7 @@ def test_a_block_causal_model_decodes_on_its_grid_like_each_prompt_alone(k):
     """tiny-random-sdar (block 4): prompts of every length mod 4 in one call are grouped by that offset
     (a batch shares its blocks) and each decodes as it does alone on the model's grid."""
     from dllm.engine import generate
-    from dllm.scoring.setting import plan_steps
-    from dllm.settings import plan_for
+    from dllm.settings import plan_for, plan_steps
 
     model = load("tiny-random-sdar")
     examples = [ex for n in ("copy", "reverse", "sort") for size in T.get_task(n).default_sizes

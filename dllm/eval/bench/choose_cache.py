@@ -70,10 +70,10 @@ class CacheVerdict:
 
 def label(cache: str) -> str:
     """The compare label of the recommended sampler on ``cache``: ``fast:cache=(dual:look_back=16,...)``
-    (``DecodeSetting.spec``)."""
-    from dllm.scoring.setting import DecodeSetting
+    (``DecodeSettings.spec``)."""
+    from dllm.settings import DecodeSettings
 
-    return SAMPLER if cache == "none" else DecodeSetting(SAMPLER, SAMPLER, cache=cache).spec
+    return DecodeSettings(SAMPLER, cache=cache).spec
 
 
 def judge(cache: str, accuracy: Mapping[str, Mapping[str, float]], speedup: Mapping[str, Mapping[str, float]], *,

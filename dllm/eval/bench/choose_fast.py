@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from dllm.eval.compare import SamplerResult, compare, format_results
-from dllm.scoring.setting import DecodeSetting
+from dllm.settings import DecodeSettings
 
 REFERENCE = "low_confidence"
 BASELINE = "threshold"
@@ -109,10 +109,7 @@ def merge_rows(rows: list[SamplerResult], more: Sequence[SamplerResult], model: 
 def cannot_run(model, spec: str) -> Optional[str]:
     """Why sampler ``spec`` cannot decode with ``model`` (None when it can): a sampler that reads
     attention probabilities needs a model with transformer layers (the oracle has none)."""
-    from dllm.samplers import make_sampler
-
-    parsed = DecodeSetting.parse(spec)
-    sampler = make_sampler(parsed.name, **parsed.sampler_options)
+    sampler = DecodeSettings.parse(spec).check()
     if sampler.attention_layers and not getattr(model, "supports_kv_cache", True):
         return f"{sampler.name} reads attention probabilities; {type(model).__name__} has none"
     return None

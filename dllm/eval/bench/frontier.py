@@ -164,10 +164,10 @@ def run_setting(model, label: str, examples, suite_block: Optional[int]):
     """One decode of ``examples`` with the setting ``label`` names (``dllm.eval.compare.run_sampler``;
     ``parse_label`` gives its block length)."""
     from dllm.eval.compare import run_sampler
-    from dllm.scoring.setting import DecodeSetting
+    from dllm.settings import DecodeSettings
 
     spec, block = parse_label(label, suite_block)
-    return run_sampler(model, DecodeSetting.parse(spec, block_length=block), examples, block_length=None)
+    return run_sampler(model, DecodeSettings.parse(spec, block_length=block), examples, block_length=None)
 
 
 def as_row(setting: str, r) -> Row:
@@ -318,15 +318,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     specs = args.candidates or candidate_grid(model, caches)  # once, not once per block length
     candidates = list(dict.fromkeys(c if BLOCK_TAG in c else block_label(c, b, suite)  # a label's own block stays
                                     for b in dict.fromkeys(cand_blocks) for c in specs))
-    from dllm.samplers import make_sampler
-    from dllm.scoring.setting import DecodeSetting
+    from dllm.settings import DecodeSettings
 
     for label in points + candidates:
         try:
             spec, _ = parse_label(label, None if block_causal else suite)
-            parsed = DecodeSetting.parse(spec)
-            parsed.check()
-            make_sampler(parsed.name, **parsed.sampler_options)  # its options, before any decode
+            DecodeSettings.parse(spec).check()  # the sampler and its options, the cache, k: before any decode
         except (ValueError, TypeError) as err:
             ap.error(f"{label}: {err}")
     names = T.suite_task_names(args.suite)

@@ -7,9 +7,11 @@ error that lists both the harness keys and the sampler's options.
 lm-eval splits ``model_args`` at every comma, so a cache policy with several options is written
 either with semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or as one key per
 option, ``cache=dual,cache_look_back=16,cache_look_ahead=16`` (``cache_<option>``); a sampler's
-options are keys of their own (``sampler=threshold,threshold=0.8``). ``decode_setting`` gives the
-one ``DecodeSetting`` (``dllm.scoring.setting``) the model decodes with; an option given twice (in
-the sampler spec and as a key, or in the cache spec and as ``cache_<option>``) is an error.
+options are keys of their own (``sampler=threshold,threshold=0.8``). ``HarnessConfig`` is lm-eval's
+flat key namespace, not a second way to say how to decode: ``decode_setting`` turns its decode keys
+into the one ``dllm.settings.DecodeSettings`` the model decodes with, checked by the same code as
+``dllm.generate``; an option given twice (in the sampler spec and as a key, or in the cache spec and
+as ``cache_<option>``) is an error.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def _with_cache_keys(cache: str, keys: dict[str, Any]) -> str:
     """``cache`` (semicolons allowed between its options) with the ``cache_<option>`` keys added:
     ``("dual", {"cache_look_back": 16})`` -> ``"dual:look_back=16"``. ValueError for an option set twice."""
     from dllm.registry import format_spec, parse_spec
-    from dllm.scoring.setting import cache_spec
+    from dllm.settings import cache_spec
 
     try:
         name, options = parse_spec(cache_spec(cache), "cache policy")
@@ -108,7 +110,7 @@ def split_model_args(model_args: dict[str, Any]) -> tuple[HarnessConfig, dict[st
 
     Raises ValueError for an unknown sampler or cache name (listing the valid ones), for a key that
     is neither a harness key nor an option of the sampler (listing both), and for bad values."""
-    from dllm.samplers import make_sampler, samplers
+    from dllm.samplers import samplers
 
     args = {k: _coerce(k, v) for k, v in model_args.items() if k not in IGNORED_KEYS}
     own = {k: v for k, v in args.items() if k in HARNESS_KEYS}
@@ -133,7 +135,6 @@ def split_model_args(model_args: dict[str, Any]) -> tuple[HarnessConfig, dict[st
         )
     try:
         setting = decode_setting(config, extra)
-        make_sampler(setting.name, **setting.sampler_options)
         setting.check()
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"model_args: {err}") from None
@@ -141,17 +142,19 @@ def split_model_args(model_args: dict[str, Any]) -> tuple[HarnessConfig, dict[st
 
 
 def decode_setting(config: HarnessConfig, sampler_options: dict[str, Any]):
-    """The ``DecodeSetting`` of ``config`` plus the sampler options given as keys (``split_model_args``):
+    """The ``DecodeSettings`` of ``config`` plus the sampler options given as keys (``split_model_args``):
     ValueError for an option the sampler spec sets too, or a k in the spec beside ``tokens_per_step``."""
-    from dllm.scoring.setting import DecodeSetting
+    from dllm.settings import DecodeSettings
 
-    setting = DecodeSetting.parse(config.sampler, k=config.tokens_per_step,
-                                  cache=None if config.cache == "none" else config.cache,
-                                  block_length=config.block_length, kind="model_args sampler")
+    setting = DecodeSettings.parse(config.sampler, k=config.tokens_per_step,
+                                   cache=None if config.cache == "none" else config.cache,
+                                   block_length=config.block_length, kind="model_args sampler")
     twice = sorted(set(sampler_options) & set(setting.sampler_options))
     if twice:
         raise ValueError(f"model_args sets {twice} twice (in sampler={config.sampler!r} and as keys); give each once")
-    return dataclasses.replace(setting, sampler_options={**setting.sampler_options, **sampler_options})
+    return DecodeSettings.of(**{**{f.name: getattr(setting, f.name) for f in dataclasses.fields(setting)},
+                                "options": {**setting.sampler_options, **sampler_options},
+                                "temperature": config.temperature, "cfg_scale": config.cfg_scale, "seed": config.seed})
 
 
 __all__ = ["CACHE_PREFIX", "default_device", "HARNESS_KEYS", "HarnessConfig", "decode_setting", "split_model_args"]

@@ -56,7 +56,7 @@ from dllm.eval.harness.config import decode_setting, default_device, split_model
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.tokenizer import encode_text
-from dllm.scoring.setting import steps_for  # noqa: F401  (k -> steps, re-exported for the harness's users)
+from dllm.settings import steps_for  # noqa: F401  (k -> steps, re-exported for the harness's users)
 
 log = logging.getLogger(__name__)
 MODEL_NAME = "dllm"
@@ -86,7 +86,7 @@ class DllmLM(LM):
     def __init__(self, **model_args: Any) -> None:
         super().__init__()
         self.config, self.sampler_options = split_model_args(model_args)
-        self.setting = decode_setting(self.config, self.sampler_options)  # sampler + cache + k + block length
+        self.setting = decode_setting(self.config, self.sampler_options)  # dllm.settings.DecodeSettings
         cfg = self.config
         self.accelerator = _accelerator()
         if self.accelerator is not None:
@@ -284,12 +284,10 @@ class DllmLM(LM):
         """Generated ids [len(rows)][gen_length] of one batched ``dllm.generate`` call."""
         from dllm.engine import generate
 
-        cfg, setting = self.config, self.setting
-        bl = min(setting.block_length or gen_length, gen_length)
-        out = generate(self.model, rows, setting.name, gen_length=gen_length, block_length=bl,
-                       steps=setting.steps(gen_length, bl), temperature=temperature, cfg_scale=cfg.cfg_scale,
-                       seed=cfg.seed, stop_at_eos=cfg.stop_at_eos, cache=setting.cache or "none",
-                       **setting.sampler_options)
+        bl = min(self.setting.block_length or gen_length, gen_length)
+        setting = self.setting.replace(block_length=bl, temperature=temperature)
+        out = generate(self.model, rows, gen_length=gen_length, stop_at_eos=self.config.stop_at_eos,
+                       **setting.with_steps(self.model, rows, gen_length).generate_kwargs())
         return out.generated.tolist()
 
     def region_text(self, row: list[int], plan: GenRequest) -> str:

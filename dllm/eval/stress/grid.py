@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Optional, Sequence
 
-from dllm.scoring.setting import TOKENS_PER_STEP, DecodeSetting, check_tokens_per_step  # k: not a sampler option
 from dllm.options import check_int
 from dllm.registry import format_spec, parse_spec, parse_value
-from dllm.samplers import make_sampler, samplers
+from dllm.samplers import samplers
+from dllm.settings import TOKENS_PER_STEP, DecodeSettings  # k: not a sampler option
 
 DEFAULT_GRID = (
     "low_confidence:k=1,2,4,8", "random:k=1,2,4,8", "threshold:threshold=0.5,0.7,0.9,0.99",
@@ -60,25 +60,27 @@ class GridEntry:
 
 @dataclass(frozen=True)
 class Setting:
-    """One point of the sweep: a sampler with its options, k (fixed-step samplers) and a block length."""
+    """One point of the sweep: its family, the swept values and block length, and how it decodes."""
 
     family: str
-    sampler: str
-    options: tuple[tuple[str, Any], ...]  # sampler Config options
-    k: Optional[int]  # tokens per step (fixed-step samplers); None: adaptive
-    block_length: int  # 0: one block of the task's answer length
     point: str  # the swept values, e.g. "k=2" ("" for a one-setting family)
+    block_length: int  # 0: one block of the task's answer length
+    decode: DecodeSettings  # the sampler with its options and k; its block length is ``block_length or None``
+
+    @property
+    def sampler(self) -> str:
+        return self.decode.name
+
+    @property
+    def k(self) -> Optional[int]:
+        """Tokens per step (fixed-step samplers); None: adaptive."""
+        return self.decode.tokens_per_step
 
     @property
     def spec(self) -> str:
         """The sampler spec with k, as ``dllm compare`` reads it."""
         extra = {} if self.k is None else {TOKENS_PER_STEP: self.k}
-        return format_spec(self.sampler, {**dict(self.options), **extra})
-
-    @property
-    def decode_setting(self) -> DecodeSetting:
-        """The setting as ``decode_and_score`` takes it (block length 0: one block of the answer)."""
-        return DecodeSetting(self.spec, self.sampler, dict(self.options), None, self.k, self.block_length or None)
+        return format_spec(self.sampler, {**self.decode.sampler_options, **extra})
 
     @property
     def curve(self) -> str:
@@ -156,19 +158,19 @@ def expand(entry: GridEntry, block_lengths: Sequence[int]) -> list[Setting]:
             k = chosen.pop(TOKENS_PER_STEP, None)
             if k is None and cls.fixed_steps:
                 k = 1  # a fixed-step sampler without k: one token per step
-            setting = Setting(entry.family, entry.sampler, tuple(chosen.items()), k, bl, point)
+            decode = DecodeSettings.of(sampler=entry.sampler, options=chosen, tokens_per_step=k,
+                                       block_length=bl or None, label=entry.text)
+            setting = Setting(entry.family, point, bl, decode)
             check_setting(entry, setting)
             out.append(setting)
     return out
 
 
 def check_setting(entry: GridEntry, setting: Setting) -> None:
-    """Build the setting's sampler (its Config validates every option); ValueError naming the entry."""
+    """``DecodeSettings.check`` (the sampler's Config validates every option, k applies to fixed-step
+    samplers only): the checks ``generate`` runs; ValueError naming the entry."""
     try:
-        if setting.k is not None:
-            check_int(TOKENS_PER_STEP, setting.k, 1, hint=" (tokens per step)")
-            check_tokens_per_step(setting.sampler, setting.k, entry.text)
-        make_sampler(setting.sampler, **dict(setting.options))
+        setting.decode.check()
     except (ValueError, TypeError) as err:
         raise ValueError(f"grid entry {entry.text!r}, setting {setting.label!r}: {err}") from None
 

@@ -99,7 +99,7 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
     # a sampler that verifies drafts in extra forwards skips them when no row of the batch needs
     # them: one row per call keeps every sample's forward count its own
     per_call = 1 if samplers.get(setting.sampler).needs_variants else max_batch
-    tally = decode_and_score(model, examples, setting.decode_setting, max_batch=per_call, by_length=False, seed=seed,
+    tally = decode_and_score(model, examples, setting.decode, max_batch=per_call, by_length=False, seed=seed,
                              record=True)
     out = [tally.outcomes[i] for i in range(len(examples))]
     lengths = [T.answer_length(ex.task, ex.size) for ex in examples]

@@ -24,16 +24,16 @@ def test_fastdllm_points_are_threshold_and_factor_with_prefix_and_dual():
 def test_the_grid_covers_every_registered_sampler_with_each_cache():
     from dllm.models import load
     from dllm.samplers import samplers
-    from dllm.scoring.setting import DecodeSetting
+    from dllm.settings import DecodeSettings
 
     grid = candidate_grid(load("tiny-llada"), ("none", "prefix", "dual"))
-    names = {DecodeSetting.parse(s).name for s in grid}
+    names = {DecodeSettings.parse(s).name for s in grid}
     assert names == set(samplers.names()) - {"random", "origin"}
     assert "threshold:threshold=0.8,cache=dual" in grid and "low_confidence:k=2,cache=prefix" in grid
     for s in grid:
-        DecodeSetting.parse(s).check()
+        DecodeSettings.parse(s).check()
     sdar = candidate_grid(load("tiny-random-sdar"), ("none", "block"))
-    assert all(DecodeSetting.parse(s).cache in (None, "block") for s in sdar)
+    assert all(DecodeSettings.parse(s).cache in ("none", "block") for s in sdar)
 
 
 def test_choose_takes_the_fastest_candidate_at_least_as_accurate():
@@ -149,7 +149,7 @@ def test_bad_arguments_are_refused_before_any_decode(argv, message, capsys):
 
 @pytest.mark.slow
 def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
-    """tests/reference/frontier_driver.py: Fast-dLLM's driver (batch 1) against the frontier's pick, on
+    """benchmarks/frontier_driver.py: Fast-dLLM's driver (batch 1) against the frontier's pick, on
     the frontier run's test instances; the driver and the engine agree on every verdict."""
     import subprocess
     import sys
@@ -159,7 +159,7 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
     assert main(["--model", "tiny-llada", "--dev", "1", "--test", "1", "--repeats", "1", "--no-progress",
                  "--points", "threshold:threshold=0.9,cache=dual", "factor:factor=1.0,cache=dual",
                  "--candidates", "threshold:threshold=0.7", "--out", str(out)]) == 0
-    script = Path(__file__).resolve().parents[2] / "reference" / "frontier_driver.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "frontier_driver.py"
     run = subprocess.run([sys.executable, str(script), "--frontier", str(out / "frontier.json"), "--repeats", "1",
                           "--threads", "1", "--no-progress", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)

@@ -12,7 +12,7 @@ def test_one_option_swept():
     assert [s.k for s in settings] == [1, 2, 4, 8]
     assert {s.family for s in settings} == {"low_confidence"}
     assert [s.point for s in settings] == ["k=1", "k=2", "k=4", "k=8"]
-    assert settings[1].label == "low_confidence:k=2" and settings[1].options == ()
+    assert settings[1].label == "low_confidence:k=2" and settings[1].decode.options == ()
 
 
 def test_fixed_options_name_the_family_and_block_lengths_cross_every_setting():
@@ -20,11 +20,11 @@ def test_fixed_options_name_the_family_and_block_lengths_cross_every_setting():
     assert len(settings) == 2 * 2 + 2 * 2 + 2
     rnd = [s for s in settings if s.sampler == "random"]
     assert {s.family for s in rnd} == {"random:ties=first"}
-    assert all(dict(s.options) == {"ties": "first"} for s in rnd)
+    assert all(dict(s.decode.options) == {"ties": "first"} for s in rnd)
     assert [s.label for s in rnd] == ["random:ties=first,k=1", "random:ties=first,k=2",
                                       "random:ties=first,k=1 block=4", "random:ties=first,k=2 block=4"]
     thr = [s for s in settings if s.sampler == "threshold"]
-    assert [(s.k, dict(s.options)["threshold"], s.block_length) for s in thr] == [
+    assert [(s.k, dict(s.decode.options)["threshold"], s.block_length) for s in thr] == [
         (None, 0.5, 0), (None, 0.9, 0), (None, 0.5, 4), (None, 0.9, 4)]
     assert thr[2].curve == "threshold block=4"
     fast = [s for s in settings if s.sampler == "fast"]
