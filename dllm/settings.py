@@ -277,6 +277,14 @@ def check_seed(seed: Any, n_rows: int) -> None:
                                    f"(or one integer for the whole batch)")
 
 
+def check_call_seed(seed: Any) -> None:
+    """One seed for a whole call (``speculative_generate``, a speculative request): an int in
+    [0, 2**64 - 1] or None."""
+    if isinstance(seed, (list, tuple)):
+        raise SettingTypeError("seed", f"seed must be one integer for the call (or None), got a list {seed!r:.200}")
+    check_seed(seed, 1)
+
+
 def check_positions(model: Any, longest: int, gen_length: int) -> None:
     max_positions = getattr(model, "max_positions", None)
     if max_positions is not None and longest + gen_length > max_positions:
@@ -348,5 +356,5 @@ def _spec_options(sampler: Any) -> dict:
 
 
 __all__ = ["CACHE", "DEFAULT_GEN_LENGTH", "SEED_MAX", "TOKENS_PER_STEP", "DecodeSettings", "Resolved",
-           "SettingError", "SettingTypeError", "cache_spec", "check_positions", "check_seed", "default_gen_length",
+           "SettingError", "SettingTypeError", "cache_spec", "check_call_seed", "check_positions", "check_seed", "default_gen_length",
            "plan_for", "plan_steps", "steps_for"]

@@ -68,6 +68,7 @@ from dllm.drafters.verify import SamplingParams, next_tokens, verify
 from dllm.inputs import Prompts, prompt_rows
 from dllm.models.tokenizer import encode_text
 from dllm.options import check_bool, check_int
+from dllm.settings import check_call_seed
 
 if TYPE_CHECKING:
     from dllm.drafters.dflash.block_head import BlockHead
@@ -136,8 +137,7 @@ def speculative_generate(
     check_int("max_new_tokens", max_new_tokens, 1)
     check_bool("return_stats", return_stats)
     check_bool("fast_path", fast_path)
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
-        raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
+    check_call_seed(seed)
     the_plan = as_plan(plan)
     drafter_obj = make_drafter(drafter)
     from dllm.drafters.trees.builders import make_tree_builder

@@ -20,12 +20,14 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import as_plan
 from dllm.drafters.target import Target
+from dllm.drafters.verify import SamplingParams
 from dllm.serve.backends.base import BadRequest
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, SpeculativeSettings
 from dllm.serve.backends.prompts import chat_ids, text_ids
 from dllm.serve.backends.schedule_policy import Continuous
 from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.backends.stream import TextStream
+from dllm.settings import SettingError, check_call_seed
 
 
 class _Leave(Exception):
@@ -99,17 +101,11 @@ class SpeculativeBackend(Scheduler):
             raise BadRequest(None, "a speculative server takes no diffusion settings (sampler, cache, "
                                    "block_length, steps, sampler_options)")
         self.check_length(request, "target")
-        for name, value, low, high in (("temperature", s.temperature, 0.0, float("inf")),
-                                       ("top_p", s.top_p, 0.0, 1.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high \
-                    or value != value or value == float("inf"):
-                raise BadRequest(name, f"{name} must be a number in [{low}, {high}], got {value!r}")
-        if s.top_p == 0:
-            raise BadRequest("top_p", "top_p must be > 0")
-        if isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 0:
-            raise BadRequest("top_k", f"top_k must be an integer >= 0, got {s.top_k!r}")
-        if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int) or not 0 <= s.seed < 2**64):
-            raise BadRequest("seed", f"seed must be an integer in [0, 2**64), got {s.seed!r}")
+        try:  # the checks speculative_generate runs
+            SamplingParams(s.temperature, s.top_k, s.top_p)
+            check_call_seed(s.seed)
+        except SettingError as err:
+            raise BadRequest(err.field, str(err)) from None
 
     # ---- decoding ----
     def _run_jobs(self, jobs: list[Job]) -> None:
