@@ -17,6 +17,6 @@ step 130 breakdown-compile.txt dllm bench breakdown --device "$DEVICE" "${W[@]}"
   --json "$O/breakdown-compile.json"
 step 200 e2e.txt dllm bench e2e --n "$N" --repeats "$REPEATS" --device "$DEVICE" "${PAIRS[@]}" --no-progress \
   --out "$O/e2e"
-step 120 e2e-driver.txt python3 tests/reference/e2e_driver.py --n "$N" --repeats "$REPEATS" --device "$DEVICE" \
+step 120 e2e-driver.txt python3 benchmarks/e2e_driver.py --n "$N" --repeats "$REPEATS" --device "$DEVICE" \
   --out "$O/e2e-driver.json"
 finish

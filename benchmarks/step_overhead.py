@@ -1,6 +1,6 @@
 """Host time per decode step where a forward is nearly free, as on a GPU: dllm's engine against the
 project's transcription of Fast-dLLM's dual-cache driver (NVlabs/Fast-dLLM ``llada/generate.py``,
-``tests/reference/fastdllm_generate.py``) on the same weights.
+``tests/reference/decoders/fastdllm_generate.py``) on the same weights.
 
     python benchmarks/step_overhead.py [--rounds 7] [--dtype bfloat16] [--out benchmarks/results/step-overhead.txt]
 
@@ -13,7 +13,7 @@ tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. 
 ``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
 NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
 calls and host syncs per step counted with ``dllm.eval.bench.counters``. Needs a checkout (it imports
-``tests/reference``).
+``tests/reference/decoders``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.reference.*
 
-from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache  # noqa: E402
+from tests.reference.decoders.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache  # noqa: E402
 
 import dllm  # noqa: E402
 from dllm.eval.bench.counters import DispatchCounter, count_generate  # noqa: E402

@@ -1,6 +1,6 @@
 """``prefix`` / ``dual`` with their real schedules reproduce Fast-dLLM's cached drivers token for token.
 
-Reference: ``tests/reference/fastdllm_generate.py`` (NVlabs/Fast-dLLM ``llada/generate.py``, later
+Reference: ``tests/reference/decoders/fastdllm_generate.py`` (NVlabs/Fast-dLLM ``llada/generate.py``, later
 version f6b35ec, with the cache semantics of its modified LLaDA modelling restated over the weights
 of a tiny float32 ``dllm`` LLaDA model). Batch 1 and an equal-length batch (Fast-dLLM has no
 padding). Cases where the reference would commit the mask id itself (``dllm`` never proposes it)
@@ -22,13 +22,13 @@ import torch
 import dllm
 from dllm.models import tiny
 
-from tests.reference.fastdllm_generate import (  # noqa: E402
+from tests.reference.decoders.fastdllm_generate import (  # noqa: E402
     FastDLLMLLaDA,
     fastdllm_generate,
     generate_with_dual_cache,
     generate_with_prefix_cache,
 )
-from tests.reference.llada_generate import MaskCommitError  # noqa: E402
+from tests.reference.decoders.llada_generate import MaskCommitError  # noqa: E402
 
 DRIVERS = {"none": fastdllm_generate, "prefix": generate_with_prefix_cache, "dual": generate_with_dual_cache}
 SEEDS = range(4)
@@ -87,7 +87,7 @@ def test_fixed_schedule_matches_fastdllm(cache, batch):
 @pytest.mark.parametrize("batch", [1, 3], ids=["b1", "b3"])
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_a_partial_last_block_matches_the_engine(cache, batch):
-    """The drivers' ``partial_last_block`` (used by tests/reference/e2e_driver.py and frontier_driver.py on
+    """The drivers' ``partial_last_block`` (used by benchmarks/e2e_driver.py and frontier_driver.py on
     answers that are not a multiple of the block) decodes 10 positions in blocks of 4, 4, 2 exactly as
     the engine does."""
     _check(cache, batch, "threshold", threshold=0.5, gen_length=10, partial_last_block=True)

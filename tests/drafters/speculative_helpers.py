@@ -1,8 +1,8 @@
 """Shared builders for the drafter tests: tiny random transformers targets, their reference greedy
 output, and test-only drafters (never registered, so the registry holds only real drafters).
 
-pytest puts this folder on ``sys.path`` (rootdir-relative import, no ``__init__.py``): the tests
-import it as ``speculative_helpers``.
+The tests (here and in the sub-folders mirroring ``dllm/drafters``: ``dflash/``, ``fast_path/``,
+``trees/``) import it as ``tests.drafters.speculative_helpers``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.drafters.verify import SamplingParams, sample_categorical, speculative_verify, target_probs
-from speculative_helpers import OracleDrafter, TableDrafter, null_tv, tiny_target, tv_distance
+from tests.drafters.speculative_helpers import OracleDrafter, TableDrafter, null_tv, tiny_target, tv_distance
 
 V, L, K = 6, 3, 2
 N_TOY = 200_000

@@ -7,7 +7,7 @@ from dllm.drafters.base import Draft, Drafter, list_drafters, make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.models import tiny
-from speculative_helpers import OracleDrafter, tiny_target
+from tests.drafters.speculative_helpers import OracleDrafter, tiny_target
 
 P = [[5, 6, 7]]
 

@@ -8,7 +8,7 @@ from dllm.drafters.loop import speculative_generate
 from dllm.drafters.ngram import lookup
 from dllm.drafters.verify import SamplingParams
 from dllm.models import tiny
-from speculative_helpers import tiny_target
+from tests.drafters.speculative_helpers import tiny_target
 
 
 def test_lookup_copies_what_followed_the_latest_match():

@@ -10,7 +10,7 @@ from dllm.drafters import loop as loop_module
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.models import tiny
-from speculative_helpers import EOS, PAD, OracleDrafter, hf_greedy, tiny_target
+from tests.drafters.speculative_helpers import EOS, PAD, OracleDrafter, hf_greedy, tiny_target
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19]]
 NEW = 24

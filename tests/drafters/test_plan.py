@@ -6,7 +6,7 @@ import pytest
 from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan, as_plan
-from speculative_helpers import long_answer_prompts
+from tests.drafters.speculative_helpers import long_answer_prompts
 
 
 @pytest.fixture(scope="module")

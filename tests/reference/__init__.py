@@ -1,42 +1,11 @@
-"""Test-side reference implementations of the official samplers.
+"""Test-side transcriptions of published code, the oracles the project's tests compare against.
 
-These modules re-state, step by step, the public reference sampling loops that the project's
-engine must reproduce token for token:
+* :mod:`.decoders` -- the official generation loops (``*_generate.py``: LLaDA, Dream, Fast-dLLM, KLASS,
+  WINO, APD, SDAR, LLaDA 2.x, Fast-dLLM v2 ...), step by step.
+* :mod:`.modelling` -- the official model files that cannot be imported on a CPU machine
+  (``*_modeling.py``: SDAR, LLaDA 2.x MoE, Fast-dLLM v2), restated forward by forward.
 
-* :mod:`.llada_generate` -- ML-GSAI/LLaDA ``generate.py`` ``generate()`` at HEAD (commit 65cbed2),
-  including its quirks (bug ML-GSAI/LLaDA#137 at T > 0, optional fix).
-* :mod:`.dream_generate` -- Dream ``generation_utils.py`` ``_sample`` / ``sample_tokens``
-  (``diffusion_generate``), algorithms ``origin``, ``maskgit_plus``, ``topk_margin``, ``entropy``.
-* :mod:`.fastdllm_generate` -- NVlabs/Fast-dLLM ``llada/generate.py`` (no cache, prefix and dual
-  cache drivers) with the cache semantics of its LLaDA modelling.
-* :mod:`.fastdllm_dream_generate` -- NVlabs/Fast-dLLM ``dream/model/generation_utils.py``,
-  ``alg='confidence_threshold'`` (the threshold rule capped by the step schedule).
-* :mod:`.klass_generate` -- shkim0116/KLASS ``src/model/llada_klass.py``
-  ``stable_confident_decode`` (KL-stability decoding over semi-autoregressive blocks).
-* :mod:`.wino_generate` -- Feng-Hong/WINO-DLLM ``LLaDA/decoding.py`` ``decoding_wino``.
-
-They are written against a plain ``model_fn`` callable instead of a Hugging Face model so they can
-be driven by toy functions (``tests/reference/test_transcripts.py``) and by ``dllm``'s tiny models
-(``tests/samplers/test_reference_equality.py``).  They live under ``tests/`` on purpose: they are
-oracles, not library code, and must stay literal transcriptions (no speed-ups, no clean-ups that
-change the random-number stream or the floating-point operations).
+``test_transcripts.py`` checks the decoders on toy model functions. The benchmark drivers that time
+Fast-dLLM's transcribed driver against the engine live in ``benchmarks/`` (``e2e_driver.py``,
+``frontier_driver.py``, ``step_overhead.py``).
 """
-
-from .dream_generate import dream_generate, dream_sample_tokens
-from .llada_generate import (
-    AmbiguousTieError,
-    MaskCommitError,
-    ambiguous_topk,
-    llada_generate,
-    llada_transfer_schedule,
-)
-
-__all__ = [
-    "AmbiguousTieError",
-    "MaskCommitError",
-    "ambiguous_topk",
-    "dream_generate",
-    "dream_sample_tokens",
-    "llada_generate",
-    "llada_transfer_schedule",
-]

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .dream_generate import dream_generate, dream_sample_tokens, dream_top_k_logits, dream_top_p_logits
-from .llada_generate import (
+from .decoders.dream_generate import dream_generate, dream_sample_tokens, dream_top_k_logits, dream_top_p_logits
+from .decoders.llada_generate import (
     AmbiguousTieError,
     MaskCommitError,
     ambiguous_topk,
@@ -648,7 +648,7 @@ def _masks_per_call(toy, out):
 
 @pytest.mark.parametrize("gen,steps", [(12, 4), (12, 3), (8, 8)])
 def test_fastdllm_dream_quota_when_everything_passes_the_threshold(gen, steps):
-    from .fastdllm_dream_generate import fastdllm_dream_threshold_generate
+    from .decoders.fastdllm_dream_generate import fastdllm_dream_threshold_generate
 
     toy = ToyLM(seed=2)
     out, nfe = fastdllm_dream_threshold_generate(toy.dream_fn, make_prompt(batch=1), max_new_tokens=gen,
@@ -658,7 +658,7 @@ def test_fastdllm_dream_quota_when_everything_passes_the_threshold(gen, steps):
 
 
 def test_fastdllm_dream_carries_rejects_and_extends_the_steps():
-    from .fastdllm_dream_generate import fastdllm_dream_threshold_generate
+    from .decoders.fastdllm_dream_generate import fastdllm_dream_threshold_generate
 
     toy = ToyLM(seed=2)  # scale 4: no probability reaches 1, so only rank 0 passes threshold 1.0
     out, nfe = fastdllm_dream_threshold_generate(toy.dream_fn, make_prompt(batch=1), max_new_tokens=12,
@@ -675,7 +675,7 @@ def test_klass_later_blocks_are_ready_one_step_earlier(history):
     against the zero-initialised ``p_prev``, log(1e12) minus the entropy): the first block is ready
     at its step H, later blocks at step H - 1 (their step-0 KL compares with the previous block's
     last step)."""
-    from .klass_generate import klass_generate
+    from .decoders.klass_generate import klass_generate
 
     toy = ToyLM(seed=3)
     _, forwards = klass_generate(lambda x: toy.llada_fn(x, None), make_prompt(batch=1), gen_length=18, steps=18,
@@ -685,7 +685,7 @@ def test_klass_later_blocks_are_ready_one_step_earlier(history):
 
 
 def test_klass_without_stable_positions_is_one_token_per_step():
-    from .klass_generate import klass_generate
+    from .decoders.klass_generate import klass_generate
 
     toy = ToyLM(seed=3)
     out, forwards = klass_generate(lambda x: toy.llada_fn(x, None), make_prompt(batch=1), gen_length=12, steps=12,

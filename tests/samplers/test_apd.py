@@ -1,5 +1,5 @@
 """APD (``dllm.samplers.apd``) against the transcription of the authors' loop
-(``tests/reference/apd_generate.py``): the same tokens and diffusion forwards on 20 prompts x 3
+(``tests/reference/decoders/apd_generate.py``): the same tokens and diffusion forwards on 20 prompts x 3
 settings, the embedded tiny-dream as the diffusion model and tiny-ar as the verifier."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import dllm
 from dllm import tasks as T
 from dllm.samplers.apd import accepted_prefix, mixture_argmax
-from tests.reference.apd_generate import apd_generate
+from tests.reference.decoders.apd_generate import apd_generate
 
 SETTINGS = [dict(mixture=0.7), dict(mixture=0.9), dict(mixture=0.5, temperature=1.0)]
 

@@ -231,8 +231,8 @@ def _authors_pairs(model, gen, block, options, reset=False):
     import pathlib
     import sys
 
-    from tests.reference.klass_generate import klass_generate
-    from tests.reference.llada_generate import MaskCommitError
+    from tests.reference.decoders.klass_generate import klass_generate
+    from tests.reference.decoders.llada_generate import MaskCommitError
 
     conf, kappa, h = options
     pairs = []

@@ -1,11 +1,11 @@
 """Token-exact equality of ``dllm.generate`` with the reference samplers.
 
-References: ``tests/reference/llada_generate.py`` (LLaDA HEAD ``generate()``) and
-``tests/reference/dream_generate.py`` (Dream ``_sample``), both on the same tiny float32 random
+References: ``tests/reference/decoders/llada_generate.py`` (LLaDA HEAD ``generate()``) and
+``tests/reference/decoders/dream_generate.py`` (Dream ``_sample``), both on the same tiny float32 random
 models ``dllm.models.tiny`` (float32, where equal confidences are rare; the peaked variants at the
 end make them common).
 
-Assumptions about ``dllm`` that these tests encode (see also ``tests/reference/__init__.py``):
+Assumptions about ``dllm`` that these tests encode (see also ``tests/reference/decoders/__init__.py``):
 
 * ``model.raw_logits(x, positions=None, key_padding_mask=None)`` is the official forward
   (unshifted); with no padding the default positions are ``arange``.  The LLaDA reference gets
@@ -51,8 +51,8 @@ import functools
 import pytest
 import torch
 
-from tests.reference.dream_generate import dream_generate  # noqa: E402
-from tests.reference.llada_generate import AmbiguousTieError, MaskCommitError, llada_generate  # noqa: E402
+from tests.reference.decoders.dream_generate import dream_generate  # noqa: E402
+from tests.reference.decoders.llada_generate import AmbiguousTieError, MaskCommitError, llada_generate  # noqa: E402
 
 CANDIDATE_SEEDS = range(16)
 _REJECT = (MaskCommitError, AmbiguousTieError)

@@ -1,4 +1,4 @@
-"""SDAR's official decoding loop (generate.py, transcribed in tests/reference/sdar_generate.py over
+"""SDAR's official decoding loop (generate.py, transcribed in tests/reference/decoders/sdar_generate.py over
 the transcribed official modelling) against ``dllm.generate(model, ..., "sdar", cache="block")``:
 token for token on 20 prompts per setting, several block sizes, thresholds, strategies and
 temperatures, with the official stop test.
@@ -15,8 +15,8 @@ import torch
 
 import dllm
 from dllm.models import load, tiny
-from tests.reference.sdar_generate import ref_num_transfer_tokens, sdar_generate
-from tests.reference.sdar_modeling import RefSDARForCausalLM
+from tests.reference.decoders.sdar_generate import ref_num_transfer_tokens, sdar_generate
+from tests.reference.modelling.sdar_modeling import RefSDARForCausalLM
 
 N_PROMPTS = 20
 EOT_SCALE = 5.0

@@ -112,8 +112,8 @@ def _fastdllm_dream_pairs(model, gen, steps, tau, cap=True, **options):
     import pathlib
     import sys
 
-    from tests.reference.fastdllm_dream_generate import fastdllm_dream_threshold_generate
-    from tests.reference.llada_generate import MaskCommitError
+    from tests.reference.decoders.fastdllm_dream_generate import fastdllm_dream_threshold_generate
+    from tests.reference.decoders.llada_generate import MaskCommitError
 
     special = {model.mask_id, model.eos_id, model.eot_id, model.pad_id, model.bos_id}
     pool = torch.tensor([t for t in range(model.config.vocab_size) if t not in special])

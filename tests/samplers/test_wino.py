@@ -9,8 +9,8 @@ from dllm.models.base import DiffusionLM
 from dllm.samplers import make_sampler
 from dllm.samplers._ops import ranks_of
 from dllm.samplers.wino import narrow_out, wide_in
-from tests.reference.llada_generate import MaskCommitError
-from tests.reference.wino_generate import wino_generate
+from tests.reference.decoders.llada_generate import MaskCommitError
+from tests.reference.decoders.wino_generate import wino_generate
 
 
 # ---- the shadow forward ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ products) with
   layers are causal or windowed does not take this path: ``static_draft_issue``).
 
 Used by ``DFlashSession`` when the loop passes one row without feature masks (``fast_path/fast_loop.py``).
-Tokens and acceptance equal the general path's (``tests/drafters/test_fast_loop.py``).
+Tokens and acceptance equal the general path's (``tests/drafters/fast_path/test_fast_loop.py``).
 """
 
 from __future__ import annotations

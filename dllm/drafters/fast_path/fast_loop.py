@@ -15,7 +15,7 @@ steps (``rounds.RoundState``) with this round instead:
 No cache crop (``StaticTarget``: rejected slots are overwritten by the next forward), no mask over
 cache slots, no per-round tensor built from host lists (the anchor is last round's ``next``, positions
 are views of one arange). The target runs transformers' decoder math op for op
-(``static_target.py``), so tokens are those of the general loop; ``tests/drafters/test_fast_loop.py``
+(``static_target.py``), so tokens are those of the general loop; ``tests/drafters/fast_path/test_fast_loop.py``
 checks tokens and per-round acceptance against it (``speculative_generate(..., fast_path=False)``).
 
 ``fast_path_issue`` says when the general loop runs instead: more than one prompt, a draft tree or

@@ -19,7 +19,7 @@ model's own modules' weights, op for op as transformers' modelling files do
 Tapped hidden states follow transformers' ``output_hidden_states``: ``hidden_states[i + 1]`` is
 decoder layer i's output, and the last entry is the final-norm output (``capture_outputs``'
 ``tie_last_hidden_states``). ``static_target_issue`` says why a model cannot run here (then the loop
-keeps the general path); ``tests/drafters/test_fast_loop.py`` compares both paths token for token.
+keeps the general path); ``tests/drafters/fast_path/test_fast_loop.py`` compares both paths token for token.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fast-dLLM v2: the checkpoint layout, the config translation, block-causal logits with the token
-shift against the transcription of the official modelling (tests/reference/fastdllm_v2_modeling.py),
+shift against the transcription of the official modelling (tests/reference/modelling/fastdllm_v2_modeling.py),
 and ``sampler="fastdllm_v2"`` token for token against the transcribed official ``generate``
-(tests/reference/fastdllm_v2_generate.py)."""
+(tests/reference/decoders/fastdllm_v2_generate.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 import dllm
 from dllm.models import load, tiny
 from dllm.models.families.fastdllm_v2 import FastDLLMv2
-from tests.reference.fastdllm_v2_generate import fastdllm_v2_generate, official_length
-from tests.reference.fastdllm_v2_modeling import RefFastDLLMv2ForCausalLM
+from tests.reference.decoders.fastdllm_v2_generate import fastdllm_v2_generate, official_length
+from tests.reference.modelling.fastdllm_v2_modeling import RefFastDLLMv2ForCausalLM
 
 from ..helpers import assert_regenerated, logits_atol, random_ids
 

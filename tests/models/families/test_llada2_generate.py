@@ -1,5 +1,5 @@
 """LLaDA 2.x's official decoding loop (``LLaDA2MoeModelLM.generate``, transcribed in
-tests/reference/llada2_generate.py over the transcribed modelling) against ``dllm.generate(model,
+tests/reference/decoders/llada2_generate.py over the transcribed modelling) against ``dllm.generate(model,
 ..., "sdar", cache="block")``: token for token on 20 prompts per setting, block sizes 4 and 8,
 several thresholds, temperatures, top-k / top-p, with the official stop after a block holding EOS.
 
@@ -19,8 +19,8 @@ import torch
 
 import dllm
 from dllm.models import load
-from tests.reference.llada2_generate import llada2_generate
-from tests.reference.llada2_modeling import RefLLaDA2MoeModelLM
+from tests.reference.decoders.llada2_generate import llada2_generate
+from tests.reference.modelling.llada2_modeling import RefLLaDA2MoeModelLM
 
 from .test_llada2 import TINY
 

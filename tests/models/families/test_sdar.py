@@ -1,5 +1,5 @@
 """SDAR: the checkpoint layout, the config translation and block-causal logits against the
-transcription of the official modelling (tests/reference/sdar_modeling.py), bit for bit in float32."""
+transcription of the official modelling (tests/reference/modelling/sdar_modeling.py), bit for bit in float32."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dllm.models import load, tiny
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.sdar import SDAR
 from dllm.models.core.transformer import block_causal_mask
-from tests.reference.sdar_modeling import RefCache, RefSDARForCausalLM
+from tests.reference.modelling.sdar_modeling import RefCache, RefSDARForCausalLM
 
 from ..helpers import assert_regenerated, logits_atol, random_ids
 

@@ -16,8 +16,8 @@ from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.target import Target
 from dllm.drafters.verify import SamplingParams
-from speculative_helpers import dflash_target
-from test_dflash_generate import CASES, MASK, NEEDS_REFERENCE, PROMPT, VOCAB, pair
+from tests.drafters.speculative_helpers import dflash_target
+from tests.drafters.dflash.test_dflash_generate import CASES, MASK, NEEDS_REFERENCE, PROMPT, VOCAB, pair
 
 GEN = torch.Generator().manual_seed(5)
 PROMPTS = [torch.randint(0, MASK, (n,), generator=GEN).tolist() for n in (9, 4, 13)]  # ragged batch

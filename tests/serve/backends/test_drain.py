@@ -297,7 +297,7 @@ def test_a_signal_with_a_drain_timeout_ends_every_request_cleanly(tmp_path, sig)
     [DONE]); a new request during the drain gets 503; the process exits 0 with no traceback."""
     import dllm
     from tests.serve.servers import offline_diffusion
-    from tests.serve.test_cli_serve import start_server
+    from tests.cli.test_cli_serve import start_server
 
     proc, url, log = start_server(tmp_path, "--model", "tiny-llada", "--drain-timeout", "1")
     try:

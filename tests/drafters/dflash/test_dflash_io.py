@@ -16,7 +16,7 @@ from dllm.drafters.dflash.model import DraftKVCache, draft_block, make_block
 from dllm.models.checkpoint import CheckpointError, write_safetensors
 from dllm.models.loading import ModelNotFoundError
 
-from speculative_helpers import dflash_target
+from tests.drafters.speculative_helpers import dflash_target
 
 VOCAB, MASK, BLOCK = 101, 100, 4
 NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install --no-deps dflash==0.1.0)"

@@ -1,9 +1,9 @@
 """End to end against Fast-dLLM's own driver: ours (``fast`` + ``auto``) against the project's
 transcription of Fast-dLLM's ``generate_with_dual_cache`` (NVlabs/Fast-dLLM ``llada/generate.py``,
-``tests/reference/fastdllm_generate.py``) on the same weights, and against the same setting inside
+``tests/reference/decoders/fastdllm_generate.py``) on the same weights, and against the same setting inside
 the engine (``threshold`` 0.9 + ``dual``).
 
-    python tests/reference/e2e_driver.py --n 8 --repeats 5 --threads 1 --out benchmarks/results/e2e-driver.json
+    python benchmarks/e2e_driver.py --n 8 --repeats 5 --threads 1 --out benchmarks/results/e2e-driver.json
 
 Fast-dLLM's driver has no padding, so every setting here decodes one prompt at a time (batch 1), on
 the layout of ``dllm compare``: ``L_ans`` generated positions in blocks of ``min(4, L_ans)``, the last
@@ -16,7 +16,7 @@ Dream dual cache is not transcribed). Each setting is timed ``--repeats`` times 
 rounds, the median wall reported; tokens/s counts the generated positions. The transcription's
 tokens are checked against ``threshold:cache=dual``'s: the share of examples that agree is printed
 (the driver may commit the mask id itself, which the engine never proposes; that is the only known
-difference). Needs a checkout (it imports ``tests/reference``, beside it).
+difference). Needs a checkout (it imports ``tests/reference/decoders``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parents[1]  # tests/: the transcriptions are imported as reference.*
-sys.path.insert(0, str(TESTS))
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the transcriptions are imported as tests.reference.*
+sys.path.insert(0, str(ROOT))
 
-from reference.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache  # noqa: E402
+from tests.reference.decoders.fastdllm_generate import FastDLLMLLaDA, generate_with_dual_cache  # noqa: E402
 
 import dllm  # noqa: E402
 from dllm import tasks as T  # noqa: E402

@@ -16,7 +16,7 @@ from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.dflash.model import (DFlashDrafter, DraftKVCache, draft_block, extract_context_feature,
                                         make_block)
 
-from speculative_helpers import dflash_target
+from tests.drafters.speculative_helpers import dflash_target
 
 VOCAB, MASK, BLOCK = 101, 100, 4  # id 100 is a spare embedding row: the mask token
 NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install --no-deps dflash==0.1.0)"

@@ -10,7 +10,7 @@ from dllm.models.targets import load_target
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.tasks.vocab import EOS, LONG_ANSWER_VOCAB_SIZE, word_id
-from speculative_helpers import long_answer_prompts
+from tests.drafters.speculative_helpers import long_answer_prompts
 
 pytestmark = pytest.mark.slow
 LONG = T.suite_task_names("long-answer")

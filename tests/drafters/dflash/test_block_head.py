@@ -10,7 +10,7 @@ from dllm.drafters.dflash.block_head import BlockHead, has_block_head, load_bloc
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.train.drafters.block_head_train import accepted_prefixes, fit_line, rounds_of, train_head
-from speculative_helpers import long_answer_prompts
+from tests.drafters.speculative_helpers import long_answer_prompts
 
 
 class FixedHead(BlockHead):

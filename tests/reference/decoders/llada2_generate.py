@@ -2,7 +2,7 @@
 helpers ``_sample_with_temperature_topk_topp``, ``_top_k_logits``, ``_top_p_logits``,
 ``_get_num_transfer_tokens``; inclusionAI/dFactory ``models/llada2_moe/modeling_llada2_moe.py``, the
 same in the Hugging Face release), restated for ``dllm``'s tests over the transcribed modelling
-(tests/reference/llada2_modeling.py); no code copied.
+(tests/reference/modelling/llada2_modeling.py); no code copied.
 
 Kept as in the original: the canvas of ``ceil((prompt + gen) / block) * block`` positions, blocks on
 the grid from position 0 (the first decoded block holds the prompt's tail), one full forward of the

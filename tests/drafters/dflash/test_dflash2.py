@@ -23,7 +23,7 @@ from dllm.drafters.dflash.model import (DFlashDrafter, DraftKVCache, extract_con
 from dllm.drafters.target import crop_to
 from dllm.models.checkpoint import CheckpointError
 
-from speculative_helpers import dflash_target
+from tests.drafters.speculative_helpers import dflash_target
 
 NEEDS_REFERENCE = "the reference package `dflash` is not installed (pip install --no-deps dflash==0.1.0)"
 VOCAB, MASK, BLOCK = 101, 100, 4

@@ -1,7 +1,7 @@
 """Reference transcription of SDAR's decoding loop (JetAstra/SDAR ``generate.py``:
 ``block_diffusion_generate``, ``get_num_transfer_tokens``, ``sample_with_temperature_topk_topp``,
 ``top_k_logits``, ``top_p_logits``), restated from the public code for ``dllm``'s tests; no code
-copied. The model is ``tests/reference/sdar_modeling.RefSDARForCausalLM`` (the official forward with
+copied. The model is ``tests/reference/modelling/sdar_modeling.RefSDARForCausalLM`` (the official forward with
 its ``store_kv`` cache).
 
 Kept as in the original: the canvas padded with masks to a whole number of blocks of the grid that
@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .sdar_modeling import RefCache
+from ..modelling.sdar_modeling import RefCache
 
 
 def ref_top_k_logits(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dllm.drafters.plan import Plan
 from dllm.drafters.trees import Tree
 from dllm.drafters.trees.verify import tree_inputs, walk_tree
 from dllm.drafters.verify import SamplingParams
-from speculative_helpers import tiny_target
+from tests.drafters.speculative_helpers import tiny_target
 
 
 def hand_tree() -> Tree:

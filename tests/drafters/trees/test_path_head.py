@@ -215,7 +215,7 @@ def test_the_trainer_end_to_end(tmp_path):
 def test_the_shipped_head_makes_taps_lossless_and_accept_more(tiny_pair):
     from dllm.drafters.loop import speculative_generate
     from dllm.drafters.plan import Plan
-    from speculative_helpers import long_answer_prompts
+    from tests.drafters.speculative_helpers import long_answer_prompts
 
     target, tok, drafter = tiny_pair
     assert drafter.path_head is not None  # shipped beside tiny-ar-dflash

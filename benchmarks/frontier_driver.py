@@ -1,11 +1,11 @@
 """The frontier against Fast-dLLM's own driver: for each of Fast-dLLM's threshold points that its
 LLaDA driver implements (``threshold`` 0.5 - 0.95 with the prefix and the dual cache; NVlabs/Fast-dLLM
-``llada/generate.py``, transcribed in ``tests/reference/fastdllm_generate.py``), the driver at the batch
+``llada/generate.py``, transcribed in ``tests/reference/decoders/fastdllm_generate.py``), the driver at the batch
 size it supports (1: it has no padding) against the setting ``dllm bench frontier`` picked for that
 point, in the engine at the batch it runs (``decode_and_score``: one batch per task and answer length).
 
     dllm bench frontier --model tiny-llada --dev 4 --test 4 --margin 3 --out runs/frontier-tiny-llada
-    python tests/reference/frontier_driver.py --frontier runs/frontier-tiny-llada/frontier.json \\
+    python benchmarks/frontier_driver.py --frontier runs/frontier-tiny-llada/frontier.json \\
         --repeats 3 --threads 1 --out runs/frontier-tiny-llada
 
 Same test instances as the frontier run (its ``--dev`` / ``--test``), same layout (``L_ans`` positions in
@@ -15,7 +15,7 @@ Each pair is timed in ``--repeats`` interleaved rounds; the speed-up is the medi
 ratios. The driver's verdicts are checked against the engine's run of the same point (the share of
 examples both solve or both miss is printed; the tokens themselves are compared in
 ``tests/cache/test_fastdllm_transcript.py``). Fast-dLLM's ``factor`` mode and its Dream driver are not transcribed, so those points are
-not here. Needs a checkout (it imports ``tests/reference``, beside it).
+not here. Needs a checkout (it imports ``tests/reference/decoders``).
 """
 
 from __future__ import annotations
@@ -30,23 +30,23 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-TESTS = Path(__file__).resolve().parents[1]  # tests/: the transcriptions are imported as reference.*
-sys.path.insert(0, str(TESTS))
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the transcriptions are imported as tests.reference.*
+sys.path.insert(0, str(ROOT))
 
-from reference.fastdllm_generate import (FastDLLMLLaDA, generate_with_dual_cache,  # noqa: E402
-                                         generate_with_prefix_cache)
+from tests.reference.decoders.fastdllm_generate import (FastDLLMLLaDA,  # noqa: E402
+                                                        generate_with_dual_cache, generate_with_prefix_cache)
 
 from dllm import tasks as T  # noqa: E402
 from dllm.eval.bench.frontier import run_setting  # noqa: E402
 from dllm.scoring.exact_match import eval_examples, load_model  # noqa: E402
-from dllm.scoring.setting import DecodeSetting  # noqa: E402
+from dllm.settings import DecodeSettings  # noqa: E402
 
 DRIVERS = {"prefix": generate_with_prefix_cache, "dual": generate_with_dual_cache}
 
 
 def driver_point(label: str) -> tuple[float, str] | None:
     """``threshold:threshold=0.9,cache=dual`` -> (0.9, "dual"); None for a point the driver lacks."""
-    s = DecodeSetting.parse(label)
+    s = DecodeSettings.parse(label)
     if s.name != "threshold" or s.cache not in DRIVERS or set(s.sampler_options) != {"threshold"}:
         return None
     return float(s.sampler_options["threshold"]), s.cache
@@ -135,7 +135,7 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "frontier-driver.json").write_text(json.dumps({"frontier": args.frontier, "repeats": args.repeats,
                                                               "examples": len(examples), "rows": rows}, indent=2))
-        (out / "frontier-driver.txt").write_text(f"$ python tests/reference/frontier_driver.py "
+        (out / "frontier-driver.txt").write_text(f"$ python benchmarks/frontier_driver.py "
                                                  f"{' '.join(sys.argv[1:])}\n\n{text}\n")
         print(f"wrote {out / 'frontier-driver.json'} and {out / 'frontier-driver.txt'}")
     return 0

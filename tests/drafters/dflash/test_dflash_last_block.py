@@ -9,7 +9,7 @@ import torch
 
 from dllm.drafters.loop import speculative_generate
 from dllm.tasks.vocab import EOS, word_id
-from speculative_helpers import long_answer_prompts
+from tests.drafters.speculative_helpers import long_answer_prompts
 
 pytestmark = pytest.mark.slow
 

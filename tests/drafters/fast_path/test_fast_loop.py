@@ -14,7 +14,7 @@ from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue
 from dllm.drafters.fast_path.fast_loop import FastRun, fast_path_issue
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.fast_path.static_target import StaticTarget, static_target_issue
-from speculative_helpers import OracleDrafter, hf_greedy, long_answer_prompts, tiny_target
+from tests.drafters.speculative_helpers import OracleDrafter, hf_greedy, long_answer_prompts, tiny_target
 
 
 def both(target, drafter, prompt, **kw):

@@ -48,7 +48,7 @@ def test_cost_option_is_validated_and_reaches_the_loop():
     from dllm.drafters.dflash.io import random_dflash
     from dllm.drafters.loop import speculative_generate
     from dllm.drafters.plan import Plan
-    from speculative_helpers import tiny_target
+    from tests.drafters.speculative_helpers import tiny_target
 
     target = tiny_target(vocab=24, hidden=64, eos=None, init=0.5, seed=1)
     drafter = make_drafter("dflash", model=random_dflash(target.config, 1, 6, 23, seed=2))

@@ -12,7 +12,7 @@ import pytest
 
 from dllm.serve.http.app import create_app
 from tests.serve.servers import CHAT_TEMPLATE, LiveServer, offline_diffusion, offline_speculative
-from tests.serve.test_app import post, sse_events
+from tests.serve.http.test_app import post, sse_events
 
 SORT = "[BOS] sort D A C B [SEP]"
 REVERSE = "[BOS] reverse A B C D E F [SEP]"
@@ -90,7 +90,7 @@ def test_diffusion_refusals_name_the_field(llada, extra, param, says):
     assert server.server.started and httpx.get(server.url + "/health").json()["running"] == 0
 
 
-@pytest.mark.slow  # loading the transformers target takes seconds; tests/serve/test_load.py covers it under load too
+@pytest.mark.slow  # loading the transformers target takes seconds; http/test_load.py covers it under load too
 def test_speculative_server_equals_offline():
     import dllm
     from dllm.serve.backends.speculative import SpeculativeBackend

@@ -331,7 +331,7 @@ def generate_with_dual_cache(model, prompt, steps=128, gen_length=128, block_len
 
     ``partial_last_block=True`` (not in the original, which asserts ``gen_length % block_length ==
     0``) lets the last block end at ``gen_length``, as ``dllm``'s engine does; the loop is otherwise
-    unchanged (used by ``tests/reference/e2e_driver.py`` on answers whose length is not a multiple of the
+    unchanged (used by ``benchmarks/e2e_driver.py`` on answers whose length is not a multiple of the
     block)."""
     guard = mask_id if forbid_mask_commit else None
     x = _canvas(model, prompt, gen_length, mask_id)

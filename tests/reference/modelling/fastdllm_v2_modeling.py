@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.reference.sdar_modeling import RefRMSNorm, RefRotary, _rotate_half
+from tests.reference.modelling.sdar_modeling import RefRMSNorm, RefRotary, _rotate_half
 
 
 class RefDynamicCache:
