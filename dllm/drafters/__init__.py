@@ -7,10 +7,11 @@
 
 Layout: ``loop.py`` (the one round body), ``plan.py`` (a Plan: block size + tree, or "auto"),
 ``verify.py`` (chain verification), ``base.py`` (the drafter protocol and registry), ``ngram.py`` /
-``dlm.py`` (drafters), ``target.py`` (the transformers target; loaded by ``dllm.models.targets``),
-``rounds.py`` (a round's host state), ``stops.py`` / ``output.py``; ``fast_path/`` (the batch-1 chain
-round on a static KV buffer), ``dflash/`` (DFlash and DFlash 2 checkpoints, the block head) and
-``trees/`` (tree structure, builders, budget rule, path head, tree verification).
+``dlm.py`` / ``failfast.py`` (drafters), ``target.py`` (the transformers target; loaded by
+``dllm.models.targets``), ``rounds.py`` (a round's host state), ``stops.py`` / ``output.py``;
+``fast_path/`` (the batch-1 chain round on a static KV buffer), ``dflash/`` (DFlash and DFlash 2
+checkpoints, the block head) and ``trees/`` (tree structure, builders, budget rule, path head, tree
+verification).
 
 The names below resolve lazily (importing ``dllm.drafters`` loads nothing; each name imports its
 own module on first use), so a submodule may import any other without cycles through this file.

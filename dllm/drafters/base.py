@@ -49,7 +49,7 @@ from dllm.registry import Configurable, NoOptions, Registry
 
 # modules under dllm.drafters that register built-in drafters (imported on first use of the
 # registry; a module that is not there yet is skipped, so a new drafter is one new file)
-BUILTIN_MODULES: tuple[str, ...] = ("ngram", "dlm", "dflash.drafter")
+BUILTIN_MODULES: tuple[str, ...] = ("ngram", "dlm", "failfast", "dflash.drafter")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ class DraftContext:
 class Draft:
     """A drafter's proposal for the R rows of a ``DraftContext``."""
 
-    tokens: torch.Tensor  # [R, K] long, the drafted tokens
+    tokens: torch.Tensor  # [R, K] long, the drafted tokens; a chain draft may be narrower, [R, W <= K]
+    #   (a drafter of dynamic length gives its longest row's W: the round then forwards 1 + W tokens)
     probs: Optional[torch.Tensor] = None  # [R, K, V] the distributions the tokens were DRAWN from
     #   (exact speculative sampling then accepts with min(1, p/q)); None = one-hot / arg-max drafts
     lengths: Optional[torch.Tensor] = None  # [R] long, tokens really drafted per row (the rest of

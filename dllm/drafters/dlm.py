@@ -68,12 +68,12 @@ class DLMDrafter(Drafter):
         super().__init__(config, **options)
         if model is None:
             if self.config.model is None:
-                raise ValueError("the dlm drafter needs a diffusion model: model=<dllm DiffusionLM> or a name/path "
-                                 "(dlm:model=tiny-random-llada)")
+                raise ValueError(f"the {self.name} drafter needs a diffusion model: model=<dllm DiffusionLM> or a "
+                                 f"name/path ({self.name}:model=tiny-random-llada)")
             model = load(self.config.model, quantization=self.config.quantization)
         if not hasattr(model, "mask_id") or not callable(model):
-            raise TypeError(f"the dlm drafter's model must be a dllm DiffusionLM (dllm.models.load / tiny), got "
-                            f"{type(model).__name__}")
+            raise TypeError(f"the {self.name} drafter's model must be a dllm DiffusionLM (dllm.models.load / tiny), "
+                            f"got {type(model).__name__}")
         self.model = model
 
     @property
@@ -92,7 +92,7 @@ class DLMDrafter(Drafter):
             shared = {w: i for w, i in b.items() if i < len(a)}
             if a != shared:
                 diff = sorted(set(a.items()) ^ set(shared.items()))[:3]
-                raise ValueError(f"the dlm drafter's tokenizer differs from the target's ({len(a)} vs {len(b)} "
+                raise ValueError(f"the {self.name} drafter's tokenizer differs from the target's ({len(a)} vs {len(b)} "
                                  f"tokens; e.g. {diff}); drafter and target must share the tokenizer (the "
                                  f"drafter's may be a prefix of the target's)")
 

@@ -24,6 +24,8 @@ the right (one pass over the cache). Finished rows leave the batch (``batch_sele
 Batch size 1 has no holes at all. With per-row block sizes (``plan="auto"``, a block head picking
 each row's B after the prefill; ``plan.py``) a round forwards the largest B of its running rows and
 verifies each row's own ``B - 1`` drafts (``verify``'s per-row lengths), so a row alone runs its own B.
+A drafter of dynamic length (``failfast``) gives per-row ``Draft.lengths`` and a chain only as wide as
+its longest row (W <= K): the round then forwards ``[anchor, d_1..d_W]``.
 
 One round body: a chain of K drafts is the width-1 tree. A tree round forwards ``[anchor, nodes]``
 with an ancestor-only mask and walks it (``trees/verify.py``); a chain round forwards
@@ -240,6 +242,7 @@ class _Run(RoundState):
             tokens=torch.empty((r_rows, 0), dtype=torch.long, device=self.device), forwards=0)
         builder = self.plans.builder if k > 0 else None
         if builder is None:  # the chain [anchor, d_1..d_K]: its ancestor mask is the causal order of its slots
+            k = draft.tokens.shape[1]  # a draft of dynamic length may be narrower than K: forward what it has
             ids = torch.cat([anchor[:, None], draft.tokens], dim=1)  # [R, 1+K]
             positions = anchor_pos[:, None] + torch.arange(k + 1, device=self.device)  # [R, 1+K]
             mask = torch.cat([self.valid, torch.ones_like(ids, dtype=torch.bool)], dim=1)  # [R, S+1+K]

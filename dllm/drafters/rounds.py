@@ -97,12 +97,15 @@ class RoundState:
 def _check_draft(draft: Draft, rows: int, k: int, vocab: int) -> None:
     """A drafter's output has the promised shapes (a broken drafter fails here, not in the target)."""
     t = draft.tokens
-    if not isinstance(t, torch.Tensor) or t.shape != (rows, k) or t.dtype != torch.long:
+    if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] != rows or t.shape[1] > k
+            or t.dtype != torch.long):
         got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"the drafter returned tokens {got}; expected long [{rows}, {k}] (rows, block_size - 1)")
-    if draft.probs is not None and draft.probs.shape != (rows, k, vocab):
-        raise ValueError(f"the drafter returned probs {list(draft.probs.shape)}; expected [{rows}, {k}, {vocab}] "
-                         f"(rows, block_size - 1, the target's vocabulary) or None")
+        raise ValueError(f"the drafter returned tokens {got}; expected long [{rows}, {k}] (rows, block_size - 1; "
+                         f"a draft of dynamic length may be narrower)")
+    w = t.shape[1]
+    if draft.probs is not None and draft.probs.shape != (rows, w, vocab):
+        raise ValueError(f"the drafter returned probs {list(draft.probs.shape)}; expected [{rows}, {w}, {vocab}] "
+                         f"(rows, drafted tokens, the target's vocabulary) or None")
     if draft.lengths is not None and draft.lengths.shape != (rows,):
         raise ValueError(f"the drafter returned lengths {list(draft.lengths.shape)}; expected [{rows}] or None")
 

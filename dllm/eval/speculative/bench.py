@@ -3,7 +3,8 @@
 Each prompt of the tasks (default: the long-answer suite) is decoded one at a time (as DFlash's
 reference and transformers' assisted generation do) by every method in turn, so a busy machine slows
 them alike. ``METHODS``: ``generate`` (plain ``target.generate``, the baseline), ``ar`` (our loop,
-block size 1), ``dflash`` / ``ngram`` / ``dlm`` (our loop with that drafter, block size B),
+block size 1), ``dflash`` / ``ngram`` / ``dlm`` (our loop with that drafter, block size B), ``failfast``
+(when named: the ``--dlm`` model drafting FailFast's dynamic length, arXiv 2512.20573, <= B - 1 a round),
 ``assisted`` (transformers' ``assistant_model=``: up to 20 drafts, fewer once the assistant's
 confidence drops below 0.4) and ``prompt_lookup`` (transformers' ``prompt_lookup_num_tokens=10``).
 
@@ -37,19 +38,27 @@ from dllm.eval.interrupt import finished, until_interrupted
 from dllm.eval.speculative.flags import check_common_args, check_temperatures, failure_reason, split_list
 from dllm.eval.speculative.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table,
                                           summarize, task_vocab)
-from dllm.eval.speculative.runners import (METHODS, Method, Runner, Sample, commits_from_starts, counting, device_of,
-                                           hf_runner, loop_runner, make_runner)
+from dllm.eval.speculative.runners import (METHODS, MORE_METHODS, Method, Runner, Sample, commits_from_starts, counting,
+                                           device_of, hf_runner, loop_runner, make_runner)
 
 WARMUP_TOKENS = 8
 QUICK = {"n": 1, "temperatures": ["0"], "tasks": ["copy_long"]}  # the default: greedy, 3 prompts (~1.5 min, 1 core)
 FULL = {"n": 4, "temperatures": ["0,1"], "tasks": None}  # --full: the whole table (tasks: the long-answer suite)
-MODEL_FLAGS = {"dflash": "dflash", "assisted": "assistant", "dlm": "dlm"}  # method -> the flag naming its model
+MODEL_FLAGS = {"dflash": "dflash", "assisted": "assistant", "dlm": "dlm", "failfast": "dlm"}  # method -> its model flag
+
+
+def parse_options(text: str) -> dict:
+    """``"key=value,..."`` -> drafter options ("" -> none); the drafter itself checks the names."""
+    from dllm.registry import parse_spec
+
+    return parse_spec(f"failfast:{text}", "failfast options")[1] if text.strip() else {}
 
 
 def check_methods(names: Sequence[str]) -> None:
-    bad = [m for m in names if m not in METHODS]
+    valid = METHODS + MORE_METHODS
+    bad = [m for m in names if m not in valid]
     if bad or not names:
-        raise ValueError(f"unknown method(s) {bad or list(names)!r}; valid methods: {', '.join(METHODS)}")
+        raise ValueError(f"unknown method(s) {bad or list(names)!r}; valid methods: {', '.join(valid)}")
 
 
 def run_bench(
@@ -146,7 +155,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--dlm", default="tiny-llada", help="dllm diffusion model drafting for the dlm method")
     ap.add_argument("--dlm-sampler", default="low_confidence")
     ap.add_argument("--dlm-steps", type=int, default=4, help="denoising forwards per dlm draft")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"comma/space separated: {','.join(METHODS)}")
+    ap.add_argument("--failfast", default="", help="failfast options (drafting with the --dlm model), e.g. "
+                                                   "'chunk=10,max_draft=60,tau=0.45' (default: the paper's); its "
+                                                   "drafts are capped at --block-size - 1")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"comma/space separated: {','.join(METHODS)} "
+                                                                      f"(default), {','.join(MORE_METHODS)}")
     ap.add_argument("--tasks", nargs="+", default=None,
                     help="task names (default copy_long; --full: the long-answer suite)")
     ap.add_argument("--n", type=int, default=None, help=f"test examples per task size (default {QUICK['n']}; "
@@ -172,6 +185,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.methods = split_list(args.methods)
     check_methods(args.methods)
     check_models(args)
+    if "failfast" in args.methods:  # bad failfast options are refused before anything loads
+        from dllm.drafters.failfast import FailFastConfig
+        from dllm.registry import build_config
+
+        try:
+            build_config(FailFastConfig, parse_options(args.failfast), "drafter", "failfast")
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"--failfast {args.failfast!r}: {err}") from None
     return check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
 
 
@@ -199,8 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.models.targets import load_target
 
     target, _ = load_target(args.target, device=args.device)
-    models = {"dflash": args.dflash, "assisted": args.assistant, "dlm": args.dlm}
-    opts = {"dlm": {"sampler": args.dlm_sampler, "steps": args.dlm_steps}}
+    models = {"dflash": args.dflash, "assisted": args.assistant, "dlm": args.dlm, "failfast": args.dlm}
+    opts = {"dlm": {"sampler": args.dlm_sampler, "steps": args.dlm_steps}, "failfast": parse_options(args.failfast)}
     names = args.methods if "generate" in args.methods else ["generate", *args.methods]  # the baseline always runs
     methods = [Method(n, models.get(n), opts.get(n, {})) for n in names]
     examples = [ex for t in args.tasks for ex in T.test_split(t, None, n=args.n)]

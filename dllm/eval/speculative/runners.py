@@ -17,15 +17,16 @@ import torch
 
 from dllm.eval.bench.timing import sync
 
-METHODS: tuple[str, ...] = ("generate", "ar", "dflash", "assisted", "prompt_lookup", "ngram", "dlm")
-MODEL_FLAGS = {"dflash": "--dflash", "assisted": "--assistant", "dlm": "--dlm"}  # methods that need a model
+METHODS: tuple[str, ...] = ("generate", "ar", "dflash", "assisted", "prompt_lookup", "ngram", "dlm")  # the default run
+MORE_METHODS: tuple[str, ...] = ("failfast",)  # run when named (--methods dlm,failfast)
+MODEL_FLAGS = {"dflash": "--dflash", "assisted": "--assistant", "dlm": "--dlm", "failfast": "--dlm"}  # need a model
 PROMPT_LOOKUP_TOKENS = 10
 
 
 @dataclass(frozen=True)
 class Method:
-    """One method; ``model`` (name, path or loaded model) for dflash / assisted / dlm; ``options``:
-    drafter options (dlm: sampler, steps)."""
+    """One method; ``model`` (name, path or loaded model) for dflash / assisted / dlm / failfast;
+    ``options``: drafter options (dlm: sampler, steps; failfast: its Config fields)."""
 
     name: str
     model: Any = None
@@ -157,5 +158,5 @@ def _eos_ids(target) -> set[int]:
     return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
 
 
-__all__ = ["METHODS", "MODEL_FLAGS", "Method", "Runner", "Sample", "commits_from_starts", "counting", "hf_runner",
-           "loop_runner", "make_runner"]
+__all__ = ["METHODS", "MODEL_FLAGS", "MORE_METHODS", "Method", "Runner", "Sample", "commits_from_starts", "counting",
+           "hf_runner", "loop_runner", "make_runner"]
