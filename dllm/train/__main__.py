@@ -44,10 +44,11 @@ def recipe_table() -> list[tuple[str, str]]:
     """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
     from dllm.train.drafters.dflash_train import dflash_recipes
+    from dllm.train.learn2pd import filter_recipes
     from dllm.train.recipes import curricula
 
     rows = [(n, d) for n, d in curricula.describe()]
-    rows += [(n, d) for reg in (ar_recipes, dflash_recipes) for n, d in reg.describe()]
+    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, filter_recipes) for n, d in reg.describe()]
     return rows
 
 
@@ -144,6 +145,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.recipe is None:
         ap.error("--recipe NAME is required (or --list-recipes, --probe)")
+    from dllm.train.learn2pd import filter_recipes
+
+    if args.recipe in filter_recipes:  # the learn2pd sampler's filters (dllm/train/learn2pd.py)
+        return _filter_recipe(args)
     if args.recipe not in curricula:  # the AR / DFlash recipes of speculative decoding
         return _speculative_recipe(args)
     from dllm.train.runner import RunOptions, StageInterrupted, plan, run
@@ -167,6 +172,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
+    return 0
+
+
+def _filter_recipe(args: argparse.Namespace) -> int:
+    """A Learn2PD filter (``dllm/train/learn2pd.py``): ``--steps`` sets its full-batch epochs."""
+    from dataclasses import asdict
+
+    from dllm.train.learn2pd import filter_recipes, train_filter
+
+    recipe = filter_recipes.get(args.recipe).with_overrides(epochs=args.steps, seed=args.seed, lr=args.lr)
+    out = args.out or f"runs/{args.recipe}"
+    if args.dry_run:
+        print(f"recipe {recipe.name}: one run of dllm/train/learn2pd.py")
+        print(json.dumps(asdict(recipe), default=str))
+        return 0
+    try:
+        summary = train_filter(recipe, out, threads=1 if args.threads is None else args.threads,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {args.recipe} (nothing is written before the fit ends)", file=sys.stderr)
+        return 130
+    print(json.dumps({"out": out, **summary}))
     return 0
 
 

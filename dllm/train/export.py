@@ -7,7 +7,9 @@ Writes ``dllm/models/embedded/<name>/`` (official config.json, model.safetensors
 plus ``training.json`` (the step, the recipe, the checkpoint's last evaluation and an optional note:
 a run that continues earlier stages says so there, since the recipe names its own stage only), so that
 ``dllm.load(<name>)`` works offline after a plain install. bfloat16 halves the file (the official
-LLaDA and Dream checkpoints are bf16 too); ``dllm.load`` then defaults to the stored dtype.
+LLaDA and Dream checkpoints are bf16 too); ``dllm.load`` then defaults to the stored dtype. A Learn2PD
+filter run (``final/filter.json``, ``dllm/train/learn2pd.py``) is copied as is (the note goes into
+``filter.json``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
            root: Path = EMBEDDED, note: str = "") -> Path:
     from dllm.models import load
 
+    if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
+        return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and (run / "final" / "config.json").exists():
         src = run / "final"  # an AR run (dllm/train/ar.py) ends in final/
@@ -65,6 +69,16 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
     if recipe.exists():
         info["recipe"] = json.loads(recipe.read_text())
     (out / "training.json").write_text(readable_json(info) + "\n")
+    return out
+
+
+def _export_filter(src: Path, out: Path, note: str) -> Path:
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(src, out)
+    if note:
+        info = json.loads((out / "filter.json").read_text())
+        (out / "filter.json").write_text(json.dumps({**info, "note": note}, indent=2, sort_keys=True) + "\n")
     return out
 
 

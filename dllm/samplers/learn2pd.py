@@ -1,0 +1,308 @@
+"""Learn2PD, learnable parallel decoding, with end-of-text prediction (Bao et al., "Learning to
+Parallel: Accelerating Diffusion Large Language Models via Learnable Parallel Decoding", arXiv
+2509.25188; code: ims-kdks/Learning-to-Parallel-Decoding, ``llada/generate.py``
+``generate_learn2parallel`` and ``generate_l2p_eot``, the filter ``LogisticRegression`` of
+``model/small_model.py``, trained in ``train.ipynb``).
+
+A small learned *filter* reads the confidences of the current block and says which masked positions
+already hold their final token; those are committed, plus the most confident mask (progress).
+
+Each step, over the block's W positions (committed ones included, as the reference reads them):
+
+1. proposals ``x0``: the arg-max (T = 0), or LLaDA's float64 Gumbel-max sample
+   ``argmax exp(l) / (-log u)^T`` with the uniforms the reference draws (``rand_like`` of the whole
+   canvas' float64 logits); never the mask id;
+2. confidences ``c = softmax(l)[argmax]`` in the logits' dtype at every block position (a committed
+   position's is the model's re-prediction there; the arg-max as the reference takes it, the mask
+   id included, while a proposal is never the mask id: the runner-up there);
+3. the filter (``Learn2PDFilter``: ``Linear(N, N) -> ReLU -> Linear(N, N)``, N its width, 32 as
+   the authors'; a block narrower than N is zero-padded on the right and the first W outputs kept)
+   maps ``c`` (float32; or ``-log(1 - c)``, a filter trained on that: ``input="surprisal"``, ours) to
+   one logit per position; a mask is *accepted* when ``sigmoid > threshold`` (0.96, the authors'
+   ``accept_thres``);
+4. commit the accepted masks and the most confident mask (``torch.topk(c, 1)`` over the canvas row,
+   -inf off the block's masks, as the reference: ``ties="reference"``; ``"first"``: the lowest index).
+   The reference's per-step count is LLaDA's schedule with ``steps = gen_length`` (its runs), i.e.
+   one: the filter's set plus the top-1.
+
+EoTP, end-of-text prediction (``eotp=True``, the reference's ``generate_l2p_eot``): a row's text
+ends when (a) the filter accepts an EOS proposal at a mask of the block: after the first such
+position; else (b) when some mask of the block proposes EOS: after the most confident such one
+(itself still decoded later). The reference then truncates its canvas there, so the model no longer
+reads the columns after it and no later block is decoded. Here the canvas keeps its width: those
+columns' masks are committed as EOS (the padding the model was trained with) in the same step, and
+(c) a row whose text ended in an earlier block commits EOS on every mask of a later block at its
+first step. ``dllm.generate(..., stop_at_eos=True)`` then releases the row after the block
+(``dllm.rows``: no more forwards for it), the engine's own early end, not a second copy of it. Where the
+reference's cut removes only masks no later forward reads differently (one block of the answer
+length, the PB-mini layout of ``dllm compare``), the tokens up to the end of text are the reference's
+(tests/samplers/test_learn2pd.py, 20 prompts on each tiny model); with blocks over an EOS-padded
+canvas the model reads EOS where the reference reads nothing, and a committed token right of the cut
+stays (this sampler never revises): measured with blocks of 4 and 8, tiny-llada differed on 5-7 of
+20 prompts, tiny-dream on none. Exact EoTP needs a facility the engine lacks: cutting a row's canvas
+(its columns right of the end hidden from attention and from the query). Rule (b) reads the block
+only, as the reference's cached drivers do (its no-cache driver reads every mask of the canvas).
+
+``filter``: a shipped filter's name, a directory holding ``filter.json`` + ``filter.safetensors``,
+or a ``Learn2PDFilter``. Shipped, both trained in minutes on tiny-llada's and tiny-dream's own
+PB-mini traces (``dllm train --recipe NAME``, ``dllm/train/learn2pd.py``): ``learn2pd-tiny-surprisal``
+(the default: it reads ``-log(1 - c)``, ours; the tiny models put 42 % of their positions at
+``c >= 0.99``, where the authors' raw input leaves the filter almost nothing to tell apart) and
+``learn2pd-tiny`` (the authors' input, ``c``; what the transcription tests run). A filter is specific
+to the model whose confidences it was trained on.
+
+Nothing is read back to the host (the filter runs where the logits are). NFE: one forward per step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from dllm.options import SettingError, check_bool, check_choice, check_unit
+from dllm.samplers._ops import TIES, gumbel_perturb, top1, window_output
+from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import argmax_excluding, softmax_prob, window_uniforms
+from dllm.state import DecodeState, StepInput, StepOutput
+
+FILTER_CONFIG = "filter.json"
+FILTER_WEIGHTS = "filter.safetensors"
+DEFAULT_FILTER = "learn2pd-tiny-surprisal"
+
+
+INPUTS = ("confidence", "surprisal")  # what the filter reads: c (the authors'), or -log(1 - c) (ours)
+SURPRISAL_CAP = 1 - 2 ** -24  # c is clamped below 1 before -log(1 - c): at most 16.6 nats
+
+
+class Learn2PDFilter(nn.Module):
+    """The block's confidences [R, W] -> one logit per position [R, W] ("is this prediction final").
+
+    The authors' two-layer filter: ``Linear(width, hidden) -> ReLU -> Linear(hidden, width)``
+    (their ``hidden = width = 32``: 2,112 parameters). A block narrower than ``width`` is
+    zero-padded on the right and the first W logits are returned; a wider one is refused.
+    ``input``: ``"confidence"`` reads ``c`` as the authors' filter does; ``"surprisal"`` (ours) reads
+    ``-log(1 - c)``, which spreads the confidences of a model that is almost always near-certain
+    (the tiny models: 42 % of the positions at ``c >= 0.99``) over a usable range; both map 0 to 0,
+    so the padding means "confidence 0" either way."""
+
+    def __init__(self, width: int = 32, hidden: Optional[int] = None, meta: Optional[dict] = None,
+                 input: str = "confidence") -> None:
+        super().__init__()
+        hidden = width if hidden is None else hidden
+        for name, value in (("width", width), ("hidden", hidden)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Learn2PDFilter {name} must be a positive integer, got {value!r}")
+        if input not in INPUTS:
+            raise ValueError(f"Learn2PDFilter input must be one of {', '.join(map(repr, INPUTS))}, got {input!r}")
+        self.width, self.hidden, self.input, self.meta = width, hidden, input, dict(meta or {})
+        self.linear1 = nn.Linear(width, hidden)
+        self.relu = nn.ReLU()
+        self.linear2 = nn.Linear(hidden, width)
+
+    def features(self, conf: torch.Tensor) -> torch.Tensor:
+        """What the layers read: c (float32), or -log(1 - c)."""
+        x = conf.float()
+        return x if self.input == "confidence" else -torch.log1p(-x.clamp(max=SURPRISAL_CAP))
+
+    def forward(self, conf: torch.Tensor) -> torch.Tensor:
+        w = conf.shape[-1]
+        if w > self.width:
+            raise ValueError(f"the Learn2PD filter reads blocks of at most {self.width} positions, got {w}: "
+                             f"decode with block_length <= {self.width}, or train a wider filter "
+                             f"(dllm/train/learn2pd.py, width=)")
+        x = self.features(conf)
+        if w < self.width:
+            x = nn.functional.pad(x, (0, self.width - w))  # [R, N]: zeros right of the block
+        return self.linear2(self.relu(self.linear1(x)))[..., :w]  # [R, W]
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        cfg = {"width": self.width, "hidden": self.hidden, "input": self.input, **self.meta}
+        (directory / FILTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / FILTER_WEIGHTS))
+        return directory
+
+
+def shipped_filters() -> list[str]:
+    """Names of the filters shipped in ``dllm/models/embedded``."""
+    from dllm.models.loading import EMBEDDED_DIR
+
+    if not EMBEDDED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / FILTER_CONFIG).is_file())
+
+
+def filter_directory(spec: str) -> Path:
+    """The directory of a filter: an embedded name, else a path. SettingError naming ``filter``."""
+    from dllm.models.loading import EMBEDDED_DIR
+
+    if spec in shipped_filters():
+        return EMBEDDED_DIR / spec
+    path = Path(spec).expanduser()
+    if (path / FILTER_CONFIG).is_file():
+        return path
+    raise SettingError("filter", f"filter {spec!r} is neither a shipped Learn2PD filter ({', '.join(shipped_filters())})"
+                                 f" nor a directory holding {FILTER_CONFIG} and {FILTER_WEIGHTS}")
+
+
+_LOADED: dict[str, Learn2PDFilter] = {}  # resolved directory -> filter (CPU), loaded once per process
+
+
+def load_filter(spec: Union[str, Path, Learn2PDFilter]) -> Learn2PDFilter:
+    """A filter from an embedded name or a directory (read once per process), or the module itself."""
+    if isinstance(spec, Learn2PDFilter):
+        return spec
+    from dllm.drafters.base import build_head, read_head_files
+
+    directory = filter_directory(str(spec))
+    key = str(directory.resolve())
+    if key not in _LOADED:
+        cfg, tensors = read_head_files(directory, FILTER_CONFIG, FILTER_WEIGHTS, "Learn2PD filter")
+
+        def make(c: dict) -> Learn2PDFilter:
+            meta = {k: v for k, v in c.items() if k not in ("width", "hidden", "input")}
+            return Learn2PDFilter(c["width"], c["hidden"], meta, c.get("input", "confidence"))
+
+        _LOADED[key] = build_head(make, cfg, tensors, directory, FILTER_CONFIG, FILTER_WEIGHTS, "Learn2PD filter")
+    return _LOADED[key]
+
+
+def block_confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """The filter's input: ``softmax(logits)[x0]`` in the logits' dtype (the reference's ``x0_p``).
+    logits [B, W, V], x0 [B, W] -> [B, W]."""
+    return softmax_prob(logits, x0, dtype=logits.dtype)
+
+
+def end_of_text(accepted: torch.Tensor, x0: torch.Tensor, conf: torch.Tensor, active: torch.Tensor,
+                eos: int) -> torch.Tensor:
+    """EoTP's cut: [B, W] bool, True at the masks right of where each row's text ends (none for a row
+    whose text does not end in this block). (a) after the first accepted EOS proposal; else (b) after
+    the most confident mask proposing EOS (``argmax``: the first among equals, as the reference).
+    accepted, active: [B, W] bool (accepted within active); x0 [B, W] long; conf [B, W] float."""
+    w = x0.shape[1]
+    col = torch.arange(w, device=x0.device)  # [W]
+    eos_mask = active & (x0 == eos)  # [B, W]
+    by_filter = accepted & (x0 == eos)
+    first = torch.where(by_filter, col, w).amin(dim=1)  # [B]; W: none
+    likeliest = conf.masked_fill(~eos_mask, float("-inf")).argmax(dim=1)  # [B]
+    end = torch.where(by_filter.any(dim=1), first, torch.where(eos_mask.any(dim=1), likeliest, w))
+    return active & (col[None, :] > end[:, None])
+
+
+@dataclass(frozen=True)
+class Learn2PDConfig:
+    threshold: float = 0.96  # accept a mask when sigmoid(filter logit) > this (the authors' accept_thres)
+    filter: Any = DEFAULT_FILTER  # an embedded filter name, a directory, or a Learn2PDFilter
+    eotp: bool = True  # end-of-text prediction: a row's text ends at the EOS the filter accepts (or the
+    #   likeliest EOS proposal): the rest of the row is EOS padding (stop_at_eos=True skips its forwards)
+    ties: str = "reference"  # the top-1 among equal confidences: reference (torch.topk over the canvas
+    #   row, the device's order, as the authors) | first (lowest index)
+
+    def __post_init__(self) -> None:
+        check_unit("threshold", self.threshold)
+        if not isinstance(self.filter, (Learn2PDFilter, str, Path)) or (isinstance(self.filter, str) and not self.filter):
+            raise SettingError("filter", f"filter must be a shipped filter's name ({DEFAULT_FILTER!r}), a directory or a "
+                                         f"Learn2PDFilter, got {self.filter!r}")
+        check_bool("eotp", self.eotp)
+        check_choice("ties", self.ties, TIES)
+
+
+@register_sampler("learn2pd")
+class Learn2PD(Sampler):
+    """Learn2PD: a learned filter over the block's confidences commits the final positions (+ top-1)."""
+
+    Config = Learn2PDConfig
+    fixed_steps = False
+    reads_block_only = True  # the engine computes the block's logits only
+
+    def __init__(self, config: Optional[Learn2PDConfig] = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.filter = load_filter(self.config.filter)  # a bad name fails here, before any forward
+        self._on: dict[torch.device, Learn2PDFilter] = {}  # the filter per device it ran on
+
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the most confident mask of every row with masks is always committed
+
+    def max_block_steps(self, block_len: int) -> int:
+        return block_len
+
+    def _filter_on(self, device: torch.device) -> Learn2PDFilter:
+        if device not in self._on:
+            f = self.filter
+            self._on[device] = f if next(f.parameters()).device == device else _copy_to(f, device)
+        return self._on[device]
+
+    def begin_block(self, state: DecodeState) -> None:
+        width = state.block_end - state.block_start
+        if width > self.filter.width:
+            raise SettingError("block_length", f"sampler 'learn2pd': the filter reads blocks of at most "
+                                               f"{self.filter.width} positions, this block has {width}; decode with "
+                                               f"block_length <= {self.filter.width} or train a wider filter")
+
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        cfg = self.config
+        ws, we = inp.window
+        logits = inp.logits[:, ws:we]  # [B, W, V]
+        active = inp.active[:, ws:we]  # [B, W]
+        x_any, x0 = self._propose(logits, inp, state)  # [B, W] x2
+        conf = block_confidence(logits, x_any)  # [B, W], every block position
+        accept = active & (torch.sigmoid(self._filter_on(logits.device)(conf)) > cfg.threshold)  # [B, W]
+        best = self._top1(conf, active, inp, state)  # [B, W]
+        commit = accept | best
+        tokens = x0
+        eos_ids = state.extras.get("eos_ids", ())
+        if cfg.eotp and eos_ids:
+            eos = int(eos_ids[0])
+            pad = end_of_text(accept, x0, conf, active, eos)  # [B, W]
+            lp, s = state.prompt_length, state.block_start
+            ended = (state.x[:, lp:s] == eos).any(dim=1, keepdim=True)  # [B, 1]: text ended in an earlier block
+            pad = pad | (active & ended)
+            tokens = torch.where(pad, torch.full_like(x0, eos), x0)
+            commit = commit | pad
+        return window_output(inp, commit, tokens, conf)
+
+    def _propose(self, logits: torch.Tensor, inp: StepInput,
+                 state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the arg-max at every block position, mask id included, whose probability the filter reads
+        as the reference does; the proposals, never the mask id: the runner-up where the arg-max is
+        it). At T > 0 the arg-max of the Gumbel-max perturbation, on the block's columns of uniforms
+        shaped as the whole canvas' logits [B, L, V] (the reference's stream)."""
+        z = logits
+        if inp.temperature > 0:
+            b, _, v = logits.shape
+            s = inp.query_start + inp.window[0]
+            noise = window_uniforms((b, state.x.shape[1], v), (s, s + logits.shape[1]), inp.generator, logits.device)
+            z = gumbel_perturb(logits, inp.temperature, noise)
+        x_any = z.argmax(dim=-1)  # [B, W]
+        return x_any, torch.where(x_any == inp.mask_id, argmax_excluding(z, inp.mask_id), x_any)
+
+    def _top1(self, conf: torch.Tensor, active: torch.Tensor, inp: StepInput, state: DecodeState) -> torch.Tensor:
+        """The most confident mask of each row with one ([B, W] bool)."""
+        if self.config.ties == "first":
+            return top1(conf, active)
+        s = inp.query_start + inp.window[0]
+        w = conf.shape[1]
+        full = conf.new_full((conf.shape[0], state.x.shape[1]), float("-inf"))  # [B, L] as the reference's row
+        full[:, s:s + w] = conf.masked_fill(~active, float("-inf"))
+        idx = torch.topk(full, 1, dim=-1).indices - s  # [B, 1], in the block unless the row has no mask
+        hit = torch.arange(w, device=conf.device)[None, :] == idx  # [B, W]
+        return hit & active
+
+
+def _copy_to(f: Learn2PDFilter, device: torch.device) -> Learn2PDFilter:
+    g = Learn2PDFilter(f.width, f.hidden, f.meta, f.input)
+    g.load_state_dict(f.state_dict())
+    return g.to(device).eval()
+
+
+__all__ = ["DEFAULT_FILTER", "FILTER_CONFIG", "FILTER_WEIGHTS", "Learn2PD", "Learn2PDConfig", "Learn2PDFilter",
+           "block_confidence", "end_of_text", "filter_directory", "load_filter", "shipped_filters"]

@@ -1,0 +1,100 @@
+"""The Learn2PD filter's recipe (``dllm/train/learn2pd.py``): the Extremely Greedy Parallel labels,
+a small run end to end (deterministic, it learns, the sampler reads its output, export copies it),
+the command line; and, slow, the shipped filter's data and first step reproduced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dllm
+from dllm import tasks as T
+from dllm.samplers.learn2pd import load_filter
+from dllm.train.learn2pd import (FilterRecipe, collect, egp_traces, filter_recipes, fit, split, train_filter,
+                                 training_examples)
+
+
+def _prompts(model, task: str, size: int, n: int) -> list[list[int]]:
+    return [model.generation_prompt(" ".join(T.prompt_words(ex))) for ex in T.test_split(task, size, n=n)]
+
+
+@pytest.mark.parametrize("block", [5, 2])
+def test_the_oracle_labels_its_own_steps_and_ends_on_the_reference(block):
+    """Each record labels 1 exactly where the step's arg-max equals the one-token-per-step answer;
+    the oracle's decode is that answer (it commits nothing else; a stuck block gets it written)."""
+    model = dllm.load("tiny-llada")
+    prompts = _prompts(model, "shuffle", 4, 6)  # equal lengths; several answers: parallel steps disagree
+    ref = dllm.generate(model, prompts, sampler="low_confidence", gen_length=5, block_length=block).generated
+    traces, decoded = egp_traces(model, prompts, ref, block, width=8)
+    assert torch.equal(decoded, ref)
+    assert len(traces) >= len(prompts) * -(-5 // block)  # at least one step per row and block
+    widths = traces.valid.sum(dim=1)  # a block's positions (the last block of 5 may be narrower), then padding
+    assert set(widths.tolist()) <= {block, 5 % block or block}
+    assert torch.equal(traces.valid, torch.arange(8)[None, :] < widths[:, None])
+    assert ((traces.label == 0) | (traces.label == 1)).all() and (traces.conf[~traces.valid] == 0).all()
+
+
+def test_training_prompts_leave_the_test_split_out():
+    exs = training_examples("copy", 12, seed=0)
+    assert len(exs) == 12 and not any(T.is_test_prompt(ex) for ex in exs)
+    assert {ex.size for ex in exs} == set(T.get_task("copy").default_sizes)
+    assert [ex.prompt for ex in exs] == [ex.prompt for ex in training_examples("copy", 12, seed=0)]
+
+
+SMALL = FilterRecipe("small", models=("tiny-llada",), tasks=("copy", "shuffle"), prompts_per_task=4, width=16,
+                     hidden=8, epochs=40, log_every=10, input="surprisal")
+
+
+def test_a_small_run_is_deterministic_learns_and_exports(tmp_path):
+    from dllm.train.export import export
+
+    a = train_filter(SMALL, tmp_path / "a", threads=1, log=lambda line: None)
+    train_filter(SMALL, tmp_path / "b", threads=1, log=lambda line: None)
+    fa, fb = load_filter(tmp_path / "a" / "final"), load_filter(tmp_path / "b" / "final")
+    assert all(torch.equal(x, y) for x, y in zip(fa.state_dict().values(), fb.state_dict().values()))
+    history = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert fa.input == "surprisal" and fa.meta["recipe"]["name"] == "small" and a["records"] >= 8
+    out = dllm.generate(dllm.load("tiny-llada"), _prompts(dllm.load("tiny-llada"), "copy", 4, 2),
+                        sampler="learn2pd", filter=str(tmp_path / "a" / "final"), gen_length=5)
+    assert (out.generated != 1).all()
+    shipped = export(tmp_path / "a", "learn2pd-test", root=tmp_path / "embedded", note="from a test")
+    assert json.loads((shipped / "filter.json").read_text())["note"] == "from a test"
+    assert load_filter(shipped).state_dict().keys() == fa.state_dict().keys()
+
+
+def test_the_command_line_lists_and_plans_the_recipes(capsys):
+    from dllm.train.__main__ import main
+
+    assert main(["--list-recipes"]) == 0
+    listed = capsys.readouterr().out
+    assert "learn2pd-tiny " in listed and "learn2pd-tiny-surprisal" in listed
+    assert main(["--recipe", "learn2pd-tiny", "--dry-run", "--steps", "7"]) == 0
+    plan = json.loads(capsys.readouterr().out.splitlines()[1])
+    assert plan["epochs"] == 7 and plan["input"] == "confidence" and plan["models"] == ["tiny-llada", "tiny-dream"]
+
+
+def test_bad_recipe_fields_are_refused():
+    with pytest.raises(ValueError, match="input must be one of"):
+        FilterRecipe("x", input="logits")
+    with pytest.raises(ValueError, match="prompts_per_task must be an integer >= 1"):
+        FilterRecipe("x", prompts_per_task=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["learn2pd-tiny", "learn2pd-tiny-surprisal"])
+def test_the_shipped_filter_is_reproduced(name):
+    """The recipe's data (every record) and its first training step give the shipped filter's counts
+    and logged loss (one thread, as the shipped filters were made; ~2 min each)."""
+    from dllm.samplers.learn2pd import filter_directory
+
+    torch.set_num_threads(1)
+    made = json.loads((filter_directory(name) / "filter.json").read_text())
+    recipe = filter_recipes.get(name)
+    train, val, test = split(collect(recipe, log=lambda line: None), recipe.seed)
+    assert {"train": len(train), "validation": len(val), "test": len(test)} == made["records"]
+    first = fit(recipe.with_overrides(epochs=1), train, val, log=lambda line: None)[1][0]
+    assert first["loss"] == pytest.approx(made["first"]["loss"], abs=1e-6)
+    assert first["val_loss"] == pytest.approx(made["first"]["val_loss"], abs=1e-6)
