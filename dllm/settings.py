@@ -182,7 +182,6 @@ class DecodeSettings:
         the numbers. Returns the sampler. SettingError naming the field."""
         policy = _cache(self.cache)
         sampler = _sampler(self.sampler, dict(self.options), policy)
-        check_optional_int("block_length", self.block_length, 1)
         if self.tokens_per_step is not None:
             try:
                 check_int("k", self.tokens_per_step, 1, hint=" (tokens per step)")
@@ -264,14 +263,15 @@ def plan_for(model: Any, rows: Sequence[Sequence[int]], gen_length: int, block_l
                              model_name=getattr(model, "display_name", "this model"))
 
 
-def check_seed(seed: Any, n_rows: int) -> None:
-    """An int in [0, 2**64 - 1], None, or a list of them (None entries allowed) with one per row."""
+def check_seed(seed: Any, n_rows: int, *, per_row: bool = True) -> None:
+    """An int in [0, 2**64 - 1], None, or (``per_row``) a list of them (None entries allowed) with one
+    per row."""
     seeds = seed if isinstance(seed, (list, tuple)) else [seed]
     for s in seeds:
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= SEED_MAX):
-            raise SettingError("seed", f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range), a "
-                                       f"list of them (one per prompt, None for an unseeded row) or None, got "
-                                       f"{seed!r:.200}")
+            rows = " a list of them (one per prompt, None for an unseeded row)," if per_row else ""
+            raise SettingError("seed", f"seed must be an integer in [0, 2**64 - 1] (torch.Generator's range),"
+                                       f"{rows} or None, got {seed!r:.200}")
     if isinstance(seed, (list, tuple)) and len(seed) != n_rows:
         raise SettingError("seed", f"seed is a list of {len(seed)} seeds for {n_rows} prompts; give one per prompt "
                                    f"(or one integer for the whole batch)")
@@ -282,7 +282,7 @@ def check_call_seed(seed: Any) -> None:
     [0, 2**64 - 1] or None."""
     if isinstance(seed, (list, tuple)):
         raise SettingTypeError("seed", f"seed must be one integer for the call (or None), got a list {seed!r:.200}")
-    check_seed(seed, 1)
+    check_seed(seed, 1, per_row=False)
 
 
 def check_positions(model: Any, longest: int, gen_length: int) -> None:

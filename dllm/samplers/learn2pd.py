@@ -160,7 +160,7 @@ def load_filter(spec: Union[str, Path, Learn2PDFilter]) -> Learn2PDFilter:
     """A filter from an embedded name or a directory (read once per process), or the module itself."""
     if isinstance(spec, Learn2PDFilter):
         return spec
-    from dllm.drafters.base import build_head, read_head_files
+    from dllm.models.heads import build_head, read_head_files
 
     directory = filter_directory(str(spec))
     key = str(directory.resolve())

@@ -154,12 +154,13 @@ def egp_traces(model, prompts: Sequence[Sequence[int]], reference: torch.Tensor,
 
 def collect(recipe: FilterRecipe, log=print) -> Traces:
     """Every model's EGP records on the recipe's prompts and layouts."""
-    import dllm
+    from dllm.engine import generate
+    from dllm.models import load
 
     parts = []
     names = recipe.tasks or T.suite_task_names()
     for model_name in recipe.models:
-        model = dllm.load(model_name, dtype=torch.float32)
+        model = load(model_name, dtype=torch.float32)
         n0 = sum(len(p) for p in parts)
         for task in names:
             for ex_group in _by_size(training_examples(task, recipe.prompts_per_task, recipe.seed)):
@@ -167,7 +168,7 @@ def collect(recipe: FilterRecipe, log=print) -> Traces:
                 prompts = [model.generation_prompt(" ".join(T.prompt_words(ex))) for ex in ex_group]
                 for bl in recipe.block_lengths:
                     block = g if bl is None else min(bl, g)
-                    ref = dllm.generate(model, prompts, sampler="low_confidence", gen_length=g,
+                    ref = generate(model, prompts, sampler="low_confidence", gen_length=g,
                                         block_length=block).generated  # [B, G], one token per step
                     for idx in _by_length(prompts):
                         parts.append(egp_traces(model, [prompts[i] for i in idx], ref[idx], block, recipe.width)[0])

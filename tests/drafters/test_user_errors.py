@@ -126,5 +126,5 @@ def test_a_broken_head_is_named_when_used_and_never_touched_by_chain_decoding(ar
 
 def test_a_seed_past_64_bits_is_refused(ar):
     target, tok = ar
-    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\) or None, got 1180591620717411303424"):
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64 - 1\] .torch.Generator's range., or None, got 1180591620717411303424"):
         speculative_generate(target, "ngram", "[BOS] copy_long A [SEP]", max_new_tokens=4, tokenizer=tok, seed=2**70)

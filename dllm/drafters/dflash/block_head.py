@@ -113,7 +113,7 @@ def has_block_head(directory: Union[str, Path]) -> bool:
 def load_block_head(directory: Union[str, Path]) -> BlockHead:
     """The head saved in ``directory`` (FileNotFoundError naming a missing file; ValueError naming a
     broken one: bad JSON, missing fields, truncated or mismatched weights)."""
-    from dllm.drafters.base import build_head, read_head_files
+    from dllm.models.heads import build_head, read_head_files
 
     cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "block head")
 

@@ -88,7 +88,7 @@ def has_path_head(directory: Union[str, Path]) -> bool:
 def load_path_head(directory: Union[str, Path]) -> PathHead:
     """The path head saved in ``directory`` (FileNotFoundError naming a missing file, e.g. train one
     with dllm train path-head; ValueError naming a broken one)."""
-    from dllm.drafters.base import build_head, read_head_files
+    from dllm.models.heads import build_head, read_head_files
 
     cfg, tensors = read_head_files(directory, HEAD_CONFIG, HEAD_WEIGHTS, "path head")
 
