@@ -5,8 +5,9 @@ per transformer layer, ATen calls outside the layers and host syncs per step, co
     python benchmarks/step_counts.py [--out benchmarks/results/step-counts.txt]
 
 Tiny random models in bfloat16 (what a GPU runs; the fused layer path is on by default there), one
-prompt of 24 tokens, 16 generated positions in blocks of 8 (4 for SDAR), the first forward of every
-block (the refresh) left out. ``path``: ``reference`` (module by module, ``set_fused(False)``),
+prompt of 24 tokens, 16 generated positions in blocks of 8 (4 for SDAR); the cached steps only
+(``DispatchCounter.cached_steps``): a full forward (the refresh at a block's start) is left out, and so
+is the call's first step (the prompt's prefill, with the call's setup). ``path``: ``reference`` (module by module, ``set_fused(False)``),
 ``fused`` (the default for bfloat16 weights on a CPU: norms and RoPE as ATen ops) or ``fused+ops``
 (``set_fused(True, ops=True)``: norms and RoPE as the one-launch operators, as the fused layer runs
 on CUDA; on a CPU their reference implementation runs, so this row counts what a GPU launches).

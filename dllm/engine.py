@@ -31,11 +31,11 @@ from dllm.inputs import Prompts, check_call, encode_prompts, fit_layers, init_st
 from dllm.outputs import finish_output, stop_finished_rows
 from dllm.rows import forward_held, forward_rows, held_mask
 from dllm.samplers import Sampler
-from dllm.samplers.draws import Generator, RowGenerators
+from dllm.samplers.draws import make_generator
 from dllm.options import check_bool
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
 from dllm.settings import DecodeSettings, default_gen_length
-from dllm.state import DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
+from dllm.state import BlockViews, DecodeState, GenerationOutput, StepCallback, StepInput, StepOutput
 
 
 def generate(
@@ -124,6 +124,8 @@ def generate(
     state.block_length = plan.block_length
     forward_rows = state.batch_size * (2 if cfg_scale > 0 else 1)  # CFG doubles the forward batch
     state.kv = policy.allocate(model, forward_rows, state.x.shape[1])
+    if state.kv is not None:  # a column's position is fixed for the call: the forwards need not record it
+        state.kv.fix_positions(state.positions.repeat(2, 1) if cfg_scale > 0 else state.positions)
     shift = int(getattr(model, "logit_shift", 0))  # Dream: a query predicting s starts at s - 1
     state.extras[LOGIT_SHIFT_KEY] = shift
     need_attn = fit_layers(sampler_obj.attention_layers, model)
@@ -159,6 +161,8 @@ class Decode:
         self.skip_released = skip_released  # False: released rows are forwarded too (the reference path)
         self._carried: Optional[tuple[tuple[int, int], torch.Tensor]] = None  # ((block, step), next_logits)
         self.graphs: Optional[StepGraphs] = None  # cached forwards captured per shape (cuda_graphs)
+        self.views = BlockViews(state)  # the canvas' views (and the block's cache views), once per block
+        self._masks: Optional[torch.Tensor] = None  # [B, W] the block's masks, taken since the last write
 
     # ---- forwards -------------------------------------------------------------------------------
     def query_inputs(self, query: Query) -> tuple[torch.Tensor, dict]:
@@ -167,18 +171,30 @@ class Decode:
         canvas-wide padding mask, the cache view). Under CFG, R = 2B: the unconditional copy
         (prompt -> mask, pads too) follows the conditional rows; else R = B."""
         state = self.state
-        cols = query.columns()  # [start, end), after the policy's extra columns if any
-        x = state.x[:, cols]  # [B, Q]
+        if query.extra is None:  # [start, end): views taken once per block
+            x, positions = self.views.get("x", query.start, query.end), self.views.get("positions", query.start,
+                                                                                         query.end)
+        else:
+            cols = query.columns()  # the policy's extra columns, then [start, end)
+            x, positions = state.x[:, cols], state.positions[:, cols]  # [B, Q]
         kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
-        positions = state.positions[:, cols]
         if self.cfg_scale > 0:
-            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, cols], state.mask_id)], dim=0)
+            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, query.columns()], state.mask_id)], dim=0)
             positions = positions.repeat(2, 1)
             kpm = None if kpm is None else kpm.repeat(2, 1)
         kwargs = {"positions": positions, "key_padding_mask": kpm}
         if state.kv is not None:
-            kwargs["cache"] = state.kv.view(query.start, query.key_end, query.extra)
+            kwargs["cache"] = self._cache_view(query)
         return x, kwargs
+
+    def _cache_view(self, query: Query):
+        """The query's view of the buffers; without extra columns one per block, reused by every step
+        of the block with the same positions view (a forward may keep what it derives from them)."""
+        kv = self.state.kv
+        if query.extra is not None:
+            return kv.view(query.start, query.key_end, query.extra)
+        return self.views.memo(("kv", query.start, query.key_end),
+                               lambda: kv.view(query.start, query.key_end, reuse=True))
 
     def forward(self, query: Query,
                 rows: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -280,15 +296,21 @@ class Decode:
         state.block_index, state.block_start, state.block_end = b, s, e
         state.block_steps = block_steps
         state.block_step = 0
-        state.block_masks_at_start = (state.x[:, s:e] == state.mask_id).sum(dim=1)  # [B]
+        self.views.clear()  # the last block's views
+        block = self.views.get("x", s, e)  # [B, W]
+        self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
+        state.block_masks_at_start = self._masks.sum(dim=1)  # [B]
         sampler.begin_block(state)
         max_steps = block_steps if block_steps is not None else sampler.max_block_steps(e - s)
         for i in range(max_steps):
-            if block_steps is None and not _block_has_masks(state, s, e):
-                return
+            if block_steps is None:
+                if i:
+                    self._masks = block == state.mask_id
+                if not bool(self._masks.any()):  # one host sync per adaptive step: the loop condition
+                    return
             state.block_step = i
             self._step(i, s, e, block_steps)
-        if block_steps is None and _block_has_masks(state, s, e):
+        if block_steps is None and bool((block == state.mask_id).any()):
             raise RuntimeError(  # unreachable: every adaptive step commits >= 1 per unfinished row
                 f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
             )
@@ -312,13 +334,15 @@ class Decode:
                 q0 = query.start
         self._view_start = q0
         q_len = logits.shape[1]
-        tokens = state.x[:, q0:q0 + q_len]  # [B, Q]
-        a0 = max(s - q0, 0)  # a query may start inside the block (cache 'subblock': no masks left of it)
-        if a0 == 0 and e - q0 >= q_len:  # the view is the block (or inside it): one op
-            active = tokens == state.mask_id
+        tokens = self.views.get("x", q0, q0 + q_len)  # [B, Q]
+        masks, self._masks = self._masks, None  # the block's masks taken since the last write, if any
+        if masks is not None and q0 == s and q_len == e - s:  # the view is the block: they are active
+            active = masks
         else:
-            active = torch.zeros_like(tokens, dtype=torch.bool)
-            active[:, a0:e - q0] = tokens[:, a0:e - q0] == state.mask_id
+            active = tokens == state.mask_id  # [B, Q]
+            a0 = max(s - q0, 0)  # a query may start inside the block (cache 'subblock': no masks left of it)
+            if a0 > 0 or e - q0 < q_len:  # the view reaches past the block: its masks only
+                active &= self.views.in_window(q_len, a0, e - q0)
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
@@ -333,7 +357,7 @@ class Decode:
             later = torch.zeros_like(active)
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
-        _write(state, commit, decision.tokens, state.step, q0)
+        self.views.write(commit, decision.tokens, state.step, q0)
         if decision.next_logits is not None and sampler.reads_block_only:  # a full view forwards anew
             if decision.remask is not None or decision.beyond is not None:
                 raise RuntimeError(f"sampler {sampler.name!r} returned next_logits with remask or beyond, "
@@ -349,23 +373,10 @@ class Decode:
             held_now = held_mask(state)  # [B] or None: a released row is never re-masked
             if held_now is not None:
                 remask &= held_now[:, None]
-            _write(state, remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
+            self.views.write(remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
         state.step += 1
         if self.callback is not None:
             self.callback(state)
-
-
-def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[list[int]],
-                   device: torch.device) -> Generator:
-    """``generate``'s generator: None (the global one), one seeded ``torch.Generator``, or per-row
-    generators (``seed`` a list, one per row, checked by ``DecodeSettings.resolve``; a None entry gets
-    a fresh seed from the global generator) with each row's left padding, so a row draws what it
-    draws alone."""
-    if not isinstance(seed, (list, tuple)):
-        return None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    fresh = [int(torch.randint(0, 2**62, ())) if s is None else s for s in seed]
-    longest = max(len(r) for r in rows)
-    return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)
 
 
 def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
@@ -374,20 +385,15 @@ def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     return un + (cfg_scale + 1) * (cond - un)
 
 
-def _block_has_masks(state: DecodeState, s: int, e: int) -> bool:
-    # one host sync per adaptive step: the loop condition itself
-    return bool((state.x[:, s:e] == state.mask_id).any())
-
-
 def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: bool, adaptive: bool) -> torch.Tensor:
     """The positions to commit: the sampler's choice among active masks, plus the progress rule.
 
     Fixed-step samplers: the block's last step commits every remaining mask.
     Adaptive samplers: a row with active masks that chose none commits its best-scoring one.
     """
-    commit = decision.commit & active
     if last:
-        return active.clone()
+        return active  # never written to: the engine only reads a commit map
+    commit = decision.commit if decision.active_only else decision.commit & active
     if adaptive:
         need = active.any(dim=1) & ~commit.any(dim=1)  # [B]
         score = decision.score if decision.score is not None else active.float()
@@ -396,19 +402,6 @@ def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: boo
         fallback.scatter_(1, best[:, None], need[:, None])
         commit = commit | (fallback & active)
     return commit
-
-
-def _write(state: DecodeState, where: torch.Tensor, tokens: torch.Tensor, trace_value: int, q0: int) -> None:
-    """Write ``tokens`` [B, Q] into the canvas where ``where`` [B, Q] (query coordinates from
-    column q0) and set the trace of the generated columns written to ``trace_value``."""
-    q_len = where.shape[1]
-    view = state.x[:, q0:q0 + q_len]
-    torch.where(where, tokens, view, out=view)  # in place: out is exactly the third input
-    lp = state.prompt_length
-    g0 = max(q0, lp)
-    if g0 < q0 + q_len:
-        tr = state.trace[:, g0 - lp:q0 + q_len - lp]
-        tr.masked_fill_(where if g0 == q0 else where[:, g0 - q0:], trace_value)
 
 
 __all__ = ["Decode", "generate"]

@@ -61,6 +61,53 @@ class DecodeState:
         return self.x[:, self.prompt_length:]
 
 
+class BlockViews:
+    """Views of a ``DecodeState``'s canvas tensors by column range, and other values of one block
+    (small constant masks, cache views), made once per block (``clear`` at a block's start), and the
+    engine's writes through them. Taking a view is an ATen call, which a GPU step pays in host time;
+    the canvas tensors are written in place and never rebound, so a view taken at a block's first
+    step stays current."""
+
+    def __init__(self, state: DecodeState) -> None:
+        self.state = state
+        self._made: dict[tuple, Any] = {}
+
+    def clear(self) -> None:
+        self._made.clear()
+
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` the first time ``key`` is asked for in this block, the same value after."""
+        value = self._made.get(key)
+        if value is None:
+            value = self._made[key] = make()
+        return value
+
+    def get(self, name: str, a: int, b: int) -> torch.Tensor:
+        """``state.<name>[:, a:b]`` for a [B, ...] tensor of the state (x, positions, trace)."""
+        return self.memo((name, a, b), lambda: getattr(self.state, name)[:, a:b])
+
+    def in_window(self, width: int, a: int, b: int) -> torch.Tensor:
+        """bool [1, width], True on columns [a, b) only."""
+        def make() -> torch.Tensor:
+            mask = torch.zeros((1, width), dtype=torch.bool, device=self.state.x.device)
+            mask[:, a:b] = True
+            return mask
+
+        return self.memo(("window", width, a, b), make)
+
+    def write(self, where: torch.Tensor, tokens: torch.Tensor, trace_value: int, q0: int) -> None:
+        """Write ``tokens`` [B, Q] into the canvas where ``where`` [B, Q] (query coordinates from
+        column q0) and set the trace of the generated columns written to ``trace_value``."""
+        q_len = where.shape[1]
+        view = self.get("x", q0, q0 + q_len)
+        torch.where(where, tokens, view, out=view)  # in place: out is exactly the third input
+        lp = self.state.prompt_length
+        g0 = max(q0, lp)
+        if g0 < q0 + q_len:
+            trace = self.get("trace", g0 - lp, q0 + q_len - lp)
+            trace.masked_fill_(where if g0 == q0 else where[:, g0 - q0:], trace_value)
+
+
 @dataclass
 class StepInput:
     """One step's inputs for a sampler, in query coordinates."""
@@ -103,6 +150,8 @@ class StepOutput:
     #   commit now as well (all-in samplers such as Prophet); later blocks then need no forward
     remask: Optional[torch.Tensor] = None  # [B, Q] bool: committed tokens of the current block to turn
     #   back into masks (revising samplers such as WINO); never the prompt, never this step's commits
+    active_only: bool = False  # the sampler's ``commit`` holds active positions only (it ANDed them
+    #   itself): the engine then takes it as it is instead of ANDing it with ``active`` again
     next_logits: Optional[torch.Tensor] = None  # [B, W, V]: the block window's logits of the canvas
     #   after exactly this step's commits, from the sampler's own variant forward (LoPA's reuse); the
     #   engine hands them to the next step of the block instead of forwarding again (block view only:

@@ -1,16 +1,19 @@
-"""RMSNorm and the RoPE of q and k as single operators, ``dllm::rms_norm`` and ``dllm::rope_rows``:
-one call each for the dispatcher (a ``TorchDispatchMode`` sees one op), one launch each on CUDA.
+"""RMSNorm, the per-head q/k RMSNorm and the RoPE of q and k as single operators, ``dllm::rms_norm``,
+``dllm::rms_norm_qk`` and ``dllm::rope_rows``: one call each for the dispatcher (a
+``TorchDispatchMode`` sees one op), one launch each on CUDA.
 
-    from dllm.kernels.fused_ops import rms_norm, rope_rows
+    from dllm.kernels.fused_ops import rms_norm, rms_norm_qk, rope_rows
 
     y = rms_norm(x, weight, eps, round_once=False)   # x [..., D], weight [D]
+    qk = rms_norm_qk(qk, q_w, k_w, h, eps, round_once=True)  # [B, T, H + Hkv, hd]; q_w, k_w [hd]
     qk = rope_rows(qk, cos_sin, fp32=True)          # [B, T, H', hd], cos_sin [B, T, 2, 1, hd]
 
 Dispatch (``torch.library.custom_op``):
 - CUDA: the Triton kernels of ``dllm.kernels.triton_fused`` (imported on the first CUDA call), for
   float32 / float16 / bfloat16 tensors. Without triton, or for other dtypes, the references below.
-- Any other device: the references themselves, ``dllm.kernels.layer_ops.rms_norm_one_op`` and
-  ``dllm.kernels.layer_ops.rope_rows`` (so a CPU run is bit for bit the ATen one).
+- Any other device: the references themselves, ``dllm.kernels.layer_ops.rms_norm_one_op``,
+  ``dllm.kernels.layer_ops.rms_norm_qk`` and ``dllm.kernels.layer_ops.rope_rows`` (so a CPU run is
+  bit for bit the ATen one).
 - Meta / fake tensors: shape and dtype only, so ``torch.compile`` traces through both ops.
 
 Contracts shared by every device: the result is a new contiguous tensor with x's shape; its dtype is
@@ -27,9 +30,10 @@ from typing import Optional
 
 import torch
 
-from dllm.kernels.layer_ops import (KERNEL_DTYPES, check_norm_shapes, check_rope_shapes,  # noqa: F401 (re-exported)
-                                    rms_norm_dtype, rms_norm_one_op, rms_norm_supported, rope_rows_dtype,
-                                    rope_rows_supported)
+from dllm.kernels.layer_ops import (KERNEL_DTYPES, check_norm_shapes, check_qk_norm_shapes,  # noqa: F401
+                                    check_rope_shapes, rms_norm_dtype, rms_norm_one_op, rms_norm_supported,
+                                    rope_rows_dtype, rope_rows_supported)
+from dllm.kernels.layer_ops import rms_norm_qk as rms_norm_qk_reference
 from dllm.kernels.layer_ops import rope_rows as rope_rows_reference
 
 
@@ -88,6 +92,38 @@ def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once
 
 
 # ----------------------------------------------------------------------------------------------
+# dllm::rms_norm_qk
+
+
+@torch.library.custom_op("dllm::rms_norm_qk", mutates_args=())
+def _rms_norm_qk_op(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
+                    round_once: bool) -> torch.Tensor:
+    """Every device but CUDA: ``dllm.kernels.layer_ops.rms_norm_qk`` (contiguous)."""
+    check_qk_norm_shapes(x, q_weight, k_weight, n_q)
+    return rms_norm_qk_reference(x, q_weight, k_weight, n_q, eps, round_once=round_once)
+
+
+@_rms_norm_qk_op.register_kernel("cuda")
+def _rms_norm_qk_cuda(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
+                      round_once: bool) -> torch.Tensor:
+    """CUDA: one Triton launch (``triton_fused.rms_norm_triton`` with a second weight from head
+    ``n_q`` on); the reference without triton."""
+    check_qk_norm_shapes(x, q_weight, k_weight, n_q)
+    kernels = triton_kernels()
+    if (kernels is None or not rms_norm_supported(x, q_weight, round_once)
+            or q_weight.device != x.device or k_weight.device != x.device):
+        return rms_norm_qk_reference(x, q_weight, k_weight, n_q, eps, round_once=round_once)
+    return kernels.rms_norm_triton(x, q_weight, eps, round_once=round_once, second=(k_weight, n_q))
+
+
+@_rms_norm_qk_op.register_fake
+def _rms_norm_qk_fake(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
+                      round_once: bool) -> torch.Tensor:
+    check_qk_norm_shapes(x, q_weight, k_weight, n_q)
+    return x.new_empty(x.shape, dtype=rms_norm_dtype(x, q_weight, round_once))
+
+
+# ----------------------------------------------------------------------------------------------
 # dllm::rope_rows
 
 
@@ -118,6 +154,7 @@ def _rope_rows_fake(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch
 # Python entry points
 
 _RMS_NORM = torch.ops.dllm.rms_norm.default
+_RMS_NORM_QK = torch.ops.dllm.rms_norm_qk.default
 _ROPE_ROWS = torch.ops.dllm.rope_rows.default
 
 
@@ -131,6 +168,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_once: b
     return _RMS_NORM(x, weight, float(eps), bool(round_once))
 
 
+def rms_norm_qk(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float, *,
+                round_once: bool) -> torch.Tensor:
+    """Per-head RMSNorm of q and k side by side as one op: x [..., H', hd] (any strides; the q|k
+    slice of a fused qkv row), heads ``[0, n_q)`` normalised with ``q_weight`` [hd] and the others
+    with ``k_weight`` [hd] -> contiguous [..., H', hd]. Each head rounds as ``rms_norm``; equals
+    ``dllm.kernels.layer_ops.rms_norm_qk`` (two ``rms_norm_one_op`` and a ``cat``) bit for bit off
+    CUDA, and up to ``rms_norm``'s ulp on CUDA."""
+    return _RMS_NORM_QK(x, q_weight, k_weight, int(n_q), float(eps), bool(round_once))
+
+
 def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
     """Rotate x [B, T, H', hd] (q and k heads side by side, any strides) by ``cos_sin``
     [B|1, T|1, 2, 1, hd] (``RopeTable.lookup``: cos, signed sin) as one op -> contiguous
@@ -141,5 +188,5 @@ def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Te
 
 
 __all__ = ["KERNEL_DTYPES", "check_norm_shapes", "check_rope_shapes", "rms_norm", "rms_norm_dtype",
-           "rms_norm_supported", "rope_rows", "rope_rows_dtype", "rope_rows_supported", "triton_kernels",
-           "triton_unavailable"]
+           "rms_norm_qk", "rms_norm_supported", "rope_rows", "rope_rows_dtype", "rope_rows_supported",
+           "triton_kernels", "triton_unavailable"]

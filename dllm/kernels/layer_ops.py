@@ -1,6 +1,7 @@
-"""The transformer layer's elementwise pieces in plain PyTorch: RMSNorm in each family's rounding and
-the table RoPE of q and k together. They are the models' fused-path math on any device, and the
-references of the one-launch kernels in ``dllm.kernels.fused_ops``.
+"""The transformer layer's elementwise pieces in plain PyTorch: RMSNorm in each family's rounding (also
+per head over q and k side by side, ``rms_norm_qk``) and the table RoPE of q and k together. They are
+the models' fused-path math on any device, and the references of the one-launch kernels in
+``dllm.kernels.fused_ops``.
 
 Families round RMSNorm differently in low precision: LLaDA's and Qwen2's ``RMSNorm`` normalise in
 float32, cast back and then multiply by the weight (two roundings); SDAR's ``SDARRMSNorm`` runs
@@ -91,6 +92,26 @@ def rms_norm_one_op(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_
     return weight * _FUSED_NORM(x, [x.shape[-1]], None, eps)[0]
 
 
+def check_qk_norm_shapes(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int) -> None:
+    """x [..., H', hd] (at least 2-D), q_weight and k_weight [hd] of one dtype, 0 <= n_q <= H';
+    raises ValueError otherwise."""
+    check_norm_shapes(x, q_weight)
+    check_norm_shapes(x, k_weight)
+    if x.dim() < 2 or not 0 <= n_q <= x.shape[-2] or q_weight.dtype != k_weight.dtype:
+        raise ValueError(f"x must be [..., H', hd] with 0 <= n_q <= H' and the weights one dtype, got "
+                         f"{tuple(x.shape)}, n_q={n_q}, {q_weight.dtype} and {k_weight.dtype}")
+
+
+def rms_norm_qk(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float, *,
+                round_once: bool) -> torch.Tensor:
+    """Per-head RMSNorm of q and k side by side (Qwen3 / SDAR ``q_norm`` / ``k_norm``): x [..., H', hd]
+    -> [..., H', hd], heads ``[0, n_q)`` by ``q_weight`` [hd], the rest by ``k_weight`` [hd], each as
+    ``rms_norm_one_op`` (the reference of the one-launch ``dllm::rms_norm_qk``)."""
+    q = rms_norm_one_op(x[..., :n_q, :], q_weight, eps, round_once=round_once)
+    k = rms_norm_one_op(x[..., n_q:, :], k_weight, eps, round_once=round_once)
+    return torch.cat((q, k), dim=-2)
+
+
 def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
     """Rotate x [B, T, H', hd] (q and k heads side by side) by ``cos_sin`` [B, T, 2, 1, hd]
     (``RopeTable.lookup``). fp32: rotate in float32 and cast back (LLaDA); else in x's dtype."""
@@ -102,5 +123,6 @@ def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Te
     return x * cos + x.roll(half, dims=-1) * sin
 
 
-__all__ = ["KERNEL_DTYPES", "check_norm_shapes", "check_rope_shapes", "rms_norm_dtype", "rms_norm_one_op",
-           "rms_norm_reference", "rms_norm_supported", "rope_rows", "rope_rows_dtype", "rope_rows_supported"]
+__all__ = ["KERNEL_DTYPES", "check_norm_shapes", "check_qk_norm_shapes", "check_rope_shapes", "rms_norm_dtype",
+           "rms_norm_one_op", "rms_norm_qk", "rms_norm_reference", "rms_norm_supported", "rope_rows",
+           "rope_rows_dtype", "rope_rows_supported"]

@@ -1,12 +1,14 @@
-"""Triton kernels behind ``dllm::rms_norm`` and ``dllm::rope_rows`` (``dllm.kernels.fused_ops``):
-each a single launch that reproduces the rounding of its PyTorch reference.
+"""Triton kernels behind ``dllm::rms_norm``, ``dllm::rms_norm_qk`` and ``dllm::rope_rows``
+(``dllm.kernels.fused_ops``): each a single launch that reproduces the rounding of its PyTorch reference.
 
 - ``rms_norm_triton(x, weight, eps, round_once=)``: RMSNorm over the last dim, one program per row,
   float32 math. ``round_once=False`` (LLaDA, Qwen2): ``y = x * rstd`` in float32, rounded to x's
   dtype, then ``y * w`` in float32 rounded to the result dtype — the product of two bf16 (or two
   fp16) values is exact in float32, so this is the eager low-precision multiply bit for bit.
   ``round_once=True`` (SDAR): ``x * rstd * w`` in float32, rounded once. Reference:
-  ``dllm.kernels.layer_ops.rms_norm_one_op``.
+  ``dllm.kernels.layer_ops.rms_norm_one_op``. With ``second=(k_weight, n_q)`` the rows from index
+  ``n_q`` of dim -2 on take the second weight: the per-head q and k norms of Qwen3 / SDAR in one
+  launch (reference: ``dllm.kernels.layer_ops.rms_norm_qk``).
 - ``rope_rows_triton(x, cos_sin, fp32=)``: ``x * cos + roll(x, hd/2) * sin`` for x [B, T, H', hd]
   (any strides) and the table rows cos_sin [B|1, T|1, 2, 1, hd] of ``RopeTable.lookup``; one
   program per (b, t) and block of heads. With float32 math (``fp32=True``, or a float32 result)
@@ -31,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm.kernels.layer_ops import (check_norm_shapes, check_rope_shapes, rms_norm_dtype, rms_norm_supported,
-                                    rope_rows_dtype, rope_rows_supported)
+from dllm.kernels.layer_ops import (check_norm_shapes, check_qk_norm_shapes, check_rope_shapes, rms_norm_dtype,
+                                    rms_norm_supported, rope_rows_dtype, rope_rows_supported)
 from dllm.kernels.launch import next_pow2
 from dllm.kernels.triton_attention import _check_device, _interpreted
 
@@ -46,8 +48,8 @@ _ROPE_TILE = 4096  # RoPE: heads * channels per program, at most
 
 @triton.jit
 def _rms_norm_kernel(
-    X, W, Out,  # x [A, R1, R2, D] (any strides); weight [D] contiguous; out [A * R1 * R2, D]
-    R1, R2, D,
+    X, W, W2, Out,  # x [A, R1, R2, D] (any strides); weights [D] contiguous; out [A * R1 * R2, D]
+    R1, R2, D, SPLIT,  # rows with i2 >= SPLIT take W2 (the k heads of rms_norm_qk), the others W
     stride_xa, stride_x1, stride_x2, stride_xd,
     eps,
     BLOCK_D: tl.constexpr, ROUND_ONCE: tl.constexpr,
@@ -56,6 +58,7 @@ def _rms_norm_kernel(
     i2 = row % R2
     i1 = (row // R2) % R1
     i0 = row // (R2 * R1)
+    first = i2 < SPLIT
     x_row = X + i0.to(tl.int64) * stride_xa + i1.to(tl.int64) * stride_x1 + i2.to(tl.int64) * stride_x2
     out_row = Out + row.to(tl.int64) * D
     cols0 = tl.arange(0, BLOCK_D)
@@ -71,7 +74,8 @@ def _rms_norm_kernel(
         cols = start + cols0
         keep = cols < D
         x = tl.load(x_row + cols * stride_xd, mask=keep, other=0.0).to(tl.float32)
-        w = tl.load(W + cols, mask=keep, other=0.0).to(tl.float32)
+        w = tl.where(first, tl.load(W + cols, mask=keep, other=0.0),  # both loaded: a [D] row each,
+                     tl.load(W2 + cols, mask=keep, other=0.0)).to(tl.float32)  # cached across programs
         y = x * rstd
         if not ROUND_ONCE:  # the normalised row is rounded to x's dtype before the weight multiply
             y = y.to(X.dtype.element_ty).to(tl.float32)
@@ -132,11 +136,17 @@ def _launch_options(kernel, num_warps: int) -> dict:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_once: bool,
-                    block_d: Optional[int] = None) -> torch.Tensor:
+                    block_d: Optional[int] = None,
+                    second: Optional[tuple[torch.Tensor, int]] = None) -> torch.Tensor:
     """RMSNorm of x [..., D] (any strides) by weight [D] in one launch -> contiguous [..., D] in
     ``rms_norm_dtype`` (see the module docstring for the rounding). ``block_d``: channels per tile
-    (a power of two; default: the whole row up to 8192)."""
+    (a power of two; default: the whole row up to 8192). ``second=(weight2, n)``: the rows at
+    index ``>= n`` of dim -2 take ``weight2`` [D] (of weight's dtype) instead: q and k heads side
+    by side (``dllm::rms_norm_qk``)."""
     check_norm_shapes(x, weight)
+    weight2, split = (weight, x.shape[-2] if x.dim() > 1 else 1) if second is None else second
+    if second is not None:
+        check_qk_norm_shapes(x, weight, weight2, split)
     if not rms_norm_supported(x, weight, round_once):
         raise TypeError(f"rms_norm_triton takes float32/float16/bfloat16, got {x.dtype} and {weight.dtype}")
     _check_device(x, _rms_norm_kernel)
@@ -149,8 +159,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_
     block = block_d or min(next_pow2(d), _MAX_BLOCK_D)
     warps = 8 if block >= 2048 else 4 if block >= 512 else 1
     _rms_norm_kernel[(rows,)](
-        x4, weight.contiguous(), out,
-        x4.shape[1], x4.shape[2], d,
+        x4, weight.contiguous(), weight2.contiguous(), out,
+        x4.shape[1], x4.shape[2], d, int(split),
         *x4.stride(), float(eps),
         BLOCK_D=block, ROUND_ONCE=bool(round_once), **_launch_options(_rms_norm_kernel, warps),
     )

@@ -87,6 +87,23 @@ def square_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
     return key_padding_mask[:, None, None, :] | ~key_padding_mask[:, None, :, None]
 
 
+_SHIFT_INDEX: dict[tuple[int, torch.device, bool], torch.Tensor] = {}  # (T, device, inference) -> [T] long
+
+
+def shifted_by_one(raw: torch.Tensor) -> torch.Tensor:
+    """Logits of a one-position-shift family (Dream, Fast-dLLM v2): raw [B, T, V] -> [B, T, V] with
+    ``[:, 0] = raw[:, 0]`` (never used) and ``[:, i] = raw[:, i - 1]``, the official
+    ``cat(raw[:, :1], raw[:, :-1])`` as one ``index_select`` (the index made once per length)."""
+    t = raw.shape[1]
+    key = (t, raw.device, torch.is_inference_mode_enabled())  # an inference tensor cannot serve autograd
+    index = _SHIFT_INDEX.get(key)
+    if index is None:
+        if len(_SHIFT_INDEX) >= 64:  # full forwards of many lengths: keep the table small
+            _SHIFT_INDEX.clear()
+        index = _SHIFT_INDEX[key] = (torch.arange(t, device=raw.device) - 1).clamp_min(0)  # [0, 0, 1, ..]
+    return raw.index_select(1, index)
+
+
 class DiffusionLM(nn.Module):
     """A masked diffusion language model: ids [B, T] -> logits [B, T, V] predicting every position."""
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, softmax_prob
+from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, pick_last, softmax_prob
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
@@ -51,8 +52,13 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
 TIES = ("reference", "first")  # how equal scores at a top-k cut are resolved (the ``ties`` option)
 
 
-def top_k_of_topk(score: torch.Tensor, counts: torch.Tensor, k_max: int,
-                  eligible: torch.Tensor) -> torch.Tensor:
+def prefix_masks(counts: torch.Tensor, k: int) -> torch.Tensor:
+    """counts [...] long -> bool [..., k]: ``arange(k) < counts[..., None]`` (the first counts entries)."""
+    return torch.arange(k, device=counts.device) < counts[..., None]
+
+
+def top_k_of_topk(score: torch.Tensor, counts: Optional[torch.Tensor], k_max: int,
+                  eligible: torch.Tensor, *, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per row j, the ``counts[j]`` eligible positions with the largest score, from ONE
     ``torch.topk(score, k_max)`` call: row j keeps the first ``counts[j]`` entries of its sorted
     result, as a bool map.
@@ -62,13 +68,17 @@ def top_k_of_topk(score: torch.Tensor, counts: torch.Tensor, k_max: int,
     exactly ``torch.topk(score[j], k_max)``'s set (equal scores at the cut resolved in the device's
     order); a row with a smaller count gets the first ``counts[j]`` of that sorted result, so among
     equal scores at its cut the order of ``topk``'s output decides (on the CPU kernel not
-    necessarily the set of ``topk(score[j], counts[j])``). Nothing is read back to the host.
+    necessarily the set of ``topk(score[j], counts[j])``). ``keep``: ``prefix_masks(counts, k_max)``
+    [B, k_max] when the caller has it already (counts is then not read). Nothing is read back to
+    the host; the result holds eligible positions only.
     """
     if k_max == 0:
         return torch.zeros_like(eligible)
-    score = score.masked_fill(~eligible, float("-inf"))
+    score = torch.where(eligible, score, float("-inf"))
     idx = torch.topk(score, k_max, dim=-1).indices  # [B, k_max] sorted by score
-    keep = torch.arange(k_max, device=score.device) < counts.reshape(-1, 1)  # [B, k_max]
+    if keep is None:
+        assert counts is not None
+        keep = prefix_masks(counts.reshape(-1), k_max)  # [B, k_max]
     return torch.zeros_like(eligible).scatter_(1, idx, keep) & eligible
 
 
@@ -77,15 +87,20 @@ def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     bool map; a row with nothing eligible gets nothing. Equals ``take_top_k(score, 1, eligible)``
     (its stable sort also ranks the lowest index first) without the sort.
     score, eligible: [..., N] -> [..., N] bool."""
-    best = score.masked_fill(~eligible, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
+    best = torch.where(eligible, score, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
     return torch.zeros_like(eligible).scatter_(-1, best, True) & eligible
 
 
 def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.Tensor:
     """Fast-dLLM's threshold rule (arXiv 2505.22618): every eligible position with ``conf >= tau``,
     and always the most confident one (``top1``). conf, eligible: [..., N]; tau a float or a tensor
-    of per-position thresholds broadcastable to them -> [..., N] bool."""
-    return (eligible & (conf >= tau)) | top1(conf, eligible)
+    of per-position thresholds broadcastable to them -> [..., N] bool, eligible positions only.
+    Computed as ``((conf >= tau) with the top-1 set) & eligible``: five calls."""
+    hit = conf >= tau  # [..., N]
+    if hit.shape != eligible.shape:  # a threshold tensor that broadcasts the shape up
+        return (eligible & hit) | top1(conf, eligible)
+    best = torch.where(eligible, conf, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
+    return hit.scatter_(-1, best, True) & eligible
 
 
 def gumbel_perturb(
@@ -130,8 +145,7 @@ def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch
     """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
     Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
     reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``)."""
-    ws, we = inp.window
-    logits = inp.logits[:, ws:we]  # [B, W, V]
+    logits = window_of(inp.logits, inp.window)  # [B, W, V]
     if use_fused(stats, logits):
         noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
         x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
@@ -153,12 +167,12 @@ def propose_with_log_probs(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
     ws, we = inp.window
     logits = inp.logits[:, ws:we]  # [B, W, V]
     x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-    return x0, torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return x0, torch.log_softmax(logits, dim=-1, dtype=torch.float64)
 
 
 def gather_prob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """probs: [..., V], tokens: [...] -> [...] probability of each token."""
-    return torch.gather(probs, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    """probs: [..., V], tokens: [...] -> [...] probability of each token (``pick_last``)."""
+    return pick_last(probs, tokens)
 
 
 def top_two_margin(probs: torch.Tensor) -> torch.Tensor:
@@ -200,16 +214,21 @@ def ranks_of(order: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def window_of(logits: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+    """The block window's columns of query-shaped logits [B, Q, ...] -> [B, W, ...]: ``logits``
+    itself when the window is the whole query (no call)."""
+    ws, we = window
+    return logits if ws == 0 and we == logits.shape[1] else logits[:, ws:we]
+
+
 def expand_window(values: torch.Tensor, window: tuple[int, int], width: int, fill) -> torch.Tensor:
-    """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill``; when the
-    window is the whole query (``reads_block_only`` samplers, the dual cache) that is ``values``
-    itself, no copy."""
+    """Place a [B, W] tensor of the block window into a [B, Q] tensor filled with ``fill`` (one
+    ``constant_pad_nd`` call); when the window is the whole query (``reads_block_only`` samplers,
+    the dual cache) that is ``values`` itself, no copy."""
     ws, we = window
     if ws == 0 and we == width == values.shape[1]:
         return values
-    out = values.new_full((values.shape[0], width), fill)
-    out[:, ws:we] = values
-    return out
+    return F.pad(values, (ws, width - we), value=fill)
 
 
 def window_output(inp: StepInput, commit: torch.Tensor, tokens: torch.Tensor, score: Optional[torch.Tensor],

@@ -41,6 +41,27 @@ def stream_chunkable(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+_GRIDS: dict[tuple, tuple[torch.Tensor, ...]] = {}  # pick_last's aranges by (shape, device, inference mode)
+
+
+def pick_last(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[..., index]`` per position: values [B, W, V] (or [N, V]), index [B, W] (or [N]) long
+    -> [B, W] (or [N]), ``gather(values, -1, index[..., None])[..., 0]`` as one indexing call (the
+    aranges of the leading dims are made once per shape). Other ranks: ``gather``."""
+    lead = tuple(index.shape)
+    if values.dim() not in (2, 3) or tuple(values.shape[:-1]) != lead:
+        return values.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    key = (lead, values.device, torch.is_inference_mode_enabled())
+    grid = _GRIDS.get(key)
+    if grid is None:
+        if len(_GRIDS) >= 64:
+            _GRIDS.clear()
+        rows = torch.arange(lead[0], device=values.device)  # [B] (or [N])
+        grid = (rows,) if len(lead) == 1 else (rows[:, None], torch.arange(lead[1], device=values.device))
+        _GRIDS[key] = grid
+    return values[(*grid, index)]
+
+
 def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Optional[int] = None,
                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """``softmax(logits.to(dtype), -1)`` gathered at ``tokens``, a chunk of rows at a time.
@@ -50,15 +71,31 @@ def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Opt
     computation.
     """
     v = logits.shape[-1]
+    step = rows_per_chunk(v, chunk_elements)
+    if logits.numel() <= step * v:  # one piece: the cast rides in the softmax call (the same bits)
+        return pick_last(torch.softmax(logits, dim=-1, dtype=dtype), tokens)
     flat = logits.reshape(-1, v)  # [N, V]
     idx = tokens.reshape(-1, 1)  # [N, 1]
-    step = rows_per_chunk(v, chunk_elements)
-    if flat.shape[0] <= step:
-        out = torch.softmax(flat.to(dtype), dim=-1).gather(-1, idx)
-    else:
-        out = torch.cat([torch.softmax(part.to(dtype), dim=-1).gather(-1, i)
-                         for part, i in zip(flat.split(step), idx.split(step))])
+    out = torch.cat([torch.softmax(part, dim=-1, dtype=dtype).gather(-1, i)
+                     for part, i in zip(flat.split(step), idx.split(step))])
     return out.reshape(tokens.shape)
+
+
+_BANNED: dict[tuple, torch.Tensor] = {}  # (V, id, device, inference mode) -> bool [V], True at id
+
+
+def banned_column(v: int, banned: int, device: torch.device) -> torch.Tensor:
+    """bool [V], True at ``banned`` only; made once per (V, id, device) and kept (a constant; one
+    made under ``torch.inference_mode`` serves only there: autograd cannot save an inference tensor)."""
+    key = (v, banned, device, torch.is_inference_mode_enabled())
+    mask = _BANNED.get(key)
+    if mask is None:
+        if len(_BANNED) >= 64:
+            _BANNED.clear()
+        mask = torch.zeros(v, dtype=torch.bool, device=device)
+        mask[banned] = True
+        _BANNED[key] = mask
+    return mask
 
 
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
@@ -66,22 +103,19 @@ def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
 
     Where the arg-max is ``banned`` the runner-up is taken (the first index among equal runners-up);
     elsewhere the result is exactly ``z.argmax(-1)`` (the first index of the maximum, as the
-    references). One pass over the two halves of the vocabulary around ``banned`` (views, no copy):
-    the first maximum outside ``banned`` IS the arg-max whenever the arg-max is not ``banned``.
-    z: [..., V] -> [...] long.
+    references): the arg-max of z with ``banned``'s column at -inf, two calls (a copy of z, then
+    ``argmax``; a row of -inf gives index 0, the lowest id that is not ``banned`` unless it is 0,
+    taken apart). The same index as comparing the maxima of the two sides of ``banned`` for every z
+    without NaN. z: [..., V] float -> [...] long.
     """
     v = z.shape[-1]
     if v < 2:
         raise ValueError(f"argmax_excluding needs at least 2 ids to choose from, got V = {v}")
     if not 0 <= banned < v:  # not an id of this vocabulary: nothing to exclude
         return z.argmax(dim=-1)
-    if banned == 0:
+    if banned == 0:  # a row of -inf would give index 0 back
         return z[..., 1:].argmax(dim=-1) + 1
-    left_val, left_idx = z[..., :banned].max(dim=-1)  # [...]
-    if banned == v - 1:
-        return left_idx
-    right_val, right_idx = z[..., banned + 1:].max(dim=-1)  # [...]
-    return torch.where(right_val > left_val, right_idx + banned + 1, left_idx)  # ties: the left (lower) index
+    return z.masked_fill(banned_column(v, banned, z.device), float("-inf")).argmax(dim=-1)
 
 
 def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -153,5 +187,5 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "gumbel_argmax", "rows_per_chunk", "softmax_prob", "stream_chunkable",
-           "window_uniforms"]
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "gumbel_argmax", "pick_last", "rows_per_chunk",
+           "softmax_prob", "stream_chunkable", "window_uniforms"]

@@ -110,4 +110,17 @@ def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, 
     return torch.cat(parts)
 
 
-__all__ = ["Generator", "RowGenerators", "multinomial", "per_row", "rand", "rand_segments"]
+def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[list[int]],
+                   device: torch.device) -> Generator:
+    """``generate``'s generator: None (the global one), one seeded ``torch.Generator``, or per-row
+    generators (``seed`` a list, one per row, checked by ``DecodeSettings.resolve``; a None entry gets
+    a fresh seed from the global generator) with each row's left padding, so a row draws what it
+    draws alone."""
+    if not isinstance(seed, (list, tuple)):
+        return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    fresh = [int(torch.randint(0, 2**62, ())) if s is None else s for s in seed]
+    longest = max(len(r) for r in rows)
+    return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)
+
+
+__all__ = ["Generator", "RowGenerators", "make_generator", "multinomial", "per_row", "rand", "rand_segments"]

@@ -162,5 +162,5 @@ def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optio
     if carried is None or carried[0] != inp.query_start + ws or carried[1].shape[1] < we - ws:
         return None
     col, logits, valid = carried
-    kl = kl_divergence(logp, torch.log_softmax(logits[:, :we - ws].to(torch.float64), dim=-1))  # [B, W]
+    kl = kl_divergence(logp, torch.log_softmax(logits[:, :we - ws], dim=-1, dtype=torch.float64))  # [B, W]
     return kl.masked_fill(~valid[:, None], float("inf"))

@@ -76,7 +76,7 @@ from typing import Optional, Union
 import torch
 
 from dllm.options import check_bool, check_choice, check_int, check_unit
-from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit,
+from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
 from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
@@ -135,13 +135,12 @@ class LoPA(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
-        ws, we = inp.window
-        active = inp.active[:, ws:we]  # [B, W] masks of the block
-        cur = inp.tokens[:, ws:we]  # [B, W]
+        active = window_of(inp.active, inp.window)  # [B, W] masks of the block
+        cur = window_of(inp.tokens, inp.window)  # [B, W]
 
         # 1. anchor B0' from the step's logits
-        logits = inp.logits[:, ws:we]  # [B, W, V]
-        probs = torch.softmax(logits.to(torch.float64), dim=-1)  # float64 as Fast-dLLM
+        logits = window_of(inp.logits, inp.window)  # [B, W, V]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # float64 as Fast-dLLM
         x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
         conf = gather_prob(probs, x0)  # [B, W] max-prob confidence
         anchor = threshold_commit(conf, active, cfg.tau_conf)  # [B, W]
@@ -153,7 +152,7 @@ class LoPA(Sampler):
             else:
                 commit, out, nxt = self._lookahead(inp, x0, probs, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]))
-        decision = window_output(inp, commit, out, conf.masked_fill(~active, float("-inf")))
+        decision = window_output(inp, commit, out, torch.where(active, conf, float("-inf")))
         decision.next_logits = nxt if cfg.reuse else None
         return decision
 
@@ -221,7 +220,7 @@ class LoPA(Sampler):
         w_logits = v_logits[sel, win]  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
             w_tok = v_tok[sel, win]  # [N, W]
-            w_probs = torch.softmax(w_logits.to(torch.float64), dim=-1)  # float64 as step 1
+            w_probs = torch.softmax(w_logits, dim=-1, dtype=torch.float64)  # float64 as step 1
             w_conf = gather_prob(w_probs, w_tok)  # [N, W]
             more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
             commit = commit | more

@@ -46,9 +46,11 @@ from dllm.samplers._ops import (
     gumbel_perturb,
     TIES,
     full_block_count,
+    prefix_masks,
     take_top_k,
     top_k_of_topk,
     transfer_schedule,
+    window_of,
 )
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
@@ -91,6 +93,9 @@ class _LLaDARemasking(Sampler):
         # commit counts of this block from the masks it holds now (on the device)
         schedule = transfer_schedule(state.block_masks_at_start, state.block_steps)  # [B, S]
         state.extras["llada_schedule"] = schedule
+        if self.config.ties == "reference":  # the steps' topk prefixes, once per block: [S, B, k_0]
+            k0 = full_block_count(state.block_end - state.block_start, state.block_steps, 0)  # the largest k
+            state.extras["llada_keep"] = prefix_masks(schedule.t(), k0)
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
@@ -102,7 +107,7 @@ class _LLaDARemasking(Sampler):
         # (the same stream; on CPU the rest is drawn in pieces and dropped: dllm.samplers.chunked)
         noise = None if inp.temperature == 0 else window_uniforms(logits.shape, inp.window, inp.generator,
                                                                     logits.device, query_start=inp.query_start)
-        window_logits = logits[:, ws:we]  # [B, W, V]
+        window_logits = window_of(logits, inp.window)  # [B, W, V]
         if self._fused(window_logits):
             x0, score = fused_propose(window_logits, inp.temperature, noise, inp.mask_id)  # [B, W] x2
         else:
@@ -116,14 +121,14 @@ class _LLaDARemasking(Sampler):
         width = logits.shape[1]
         score = expand_window(score, inp.window, width, float("-inf"))
         tokens = expand_window(x0, inp.window, width, inp.mask_id)
-        counts = state.extras["llada_schedule"][:, inp.step]  # [B]
         if self.config.ties == "reference":
             assert inp.steps is not None
             k_max = full_block_count(state.block_end - state.block_start, inp.steps, inp.step)  # host int
-            commit = top_k_of_topk(score, counts, k_max, inp.active)
+            keep = state.extras["llada_keep"][inp.step, :, :k_max]  # [B, k_max]: the first n[j, i] ranks
+            commit = top_k_of_topk(score, None, k_max, inp.active, keep=keep)
         else:
-            commit = take_top_k(score, counts, inp.active)
-        return StepOutput(commit=commit, tokens=tokens, score=score)
+            commit = take_top_k(score, state.extras["llada_schedule"][:, inp.step], inp.active)
+        return StepOutput(commit=commit, tokens=tokens, score=score, active_only=True)
 
     def _window_scores(self, window_logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
         raise NotImplementedError

@@ -50,7 +50,7 @@ def threshold_rule(logits: torch.Tensor, active: torch.Tensor, tau: float, mask_
     """The reference's decision at one state. logits [R, Q, V], active [R, Q] ->
     (tokens [R, Q], confidence [R, Q] float64 (-inf off active), commit [R, Q] bool)."""
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
-    conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), tokens)  # [R, Q]
+    conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), tokens)  # [R, Q]
     conf = conf.masked_fill(~active, float("-inf"))
     return tokens, conf, threshold_commit(conf, active, tau)
 

@@ -147,7 +147,7 @@ class Threshold(Sampler):
         steps = self.config.schedule_steps
         if steps is None:
             return StepOutput(commit=threshold_commit(conf, eligible, self.config.threshold), tokens=tokens,
-                              score=conf)
+                              score=conf, active_only=True)
         cap = eligible.sum(dim=1)  # [B]; from step S - 1 on: every remaining mask
         if inp.step < steps - 1:
             cap = (cap - state.extras[RESERVE_KEY][:, inp.step]).clamp_min(0)  # >= 1 unless m < S
@@ -163,7 +163,7 @@ class Threshold(Sampler):
                                                    state.x.shape[1], inp.query_start)
         else:
             commit = threshold_commit(conf, take_top_k(conf, cap, eligible), self.config.threshold)
-        return StepOutput(commit=commit, tokens=tokens, score=conf)
+        return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)  # within eligible
 
 
 @dataclass(frozen=True)

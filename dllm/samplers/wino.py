@@ -100,7 +100,7 @@ class Wino(Sampler):
         active = inp.active[:, ws:we]  # [B, W]
         current = inp.tokens[:, ws:we]  # [B, W]
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = gather_prob(torch.softmax(logits.to(torch.float64), dim=-1), x0)  # [B, W]
+        conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), x0)  # [B, W]
         n_masks = active.sum(dim=1)  # [B]
         cap = (n_masks.double() * cfg.accept_ratio).floor().long().clamp(min=cfg.min_accept, max=cfg.max_accept)
         commit = wide_in(conf, active, cfg.threshold, cap)  # [B, W]
@@ -108,7 +108,7 @@ class Wino(Sampler):
         accepted = torch.where(n_masks > 0, commit.sum(dim=1).clamp(min=1), torch.zeros_like(n_masks))
         last_accept = state.extras["wino_last_accept"]
         committed = (current != inp.mask_id) & ~active  # earlier commits of the block
-        back = gather_prob(torch.softmax(inp.shadow_logits.to(torch.float64), dim=-1), current)  # [B, W]
+        back = gather_prob(torch.softmax(inp.shadow_logits, dim=-1, dtype=torch.float64), current)  # [B, W]
         remask = narrow_out(back, committed, cfg.threshold_back, accepted, last_accept)
         if state.block_step >= state.block_end - state.block_start:  # progress guarantee (docstring)
             remask = torch.zeros_like(remask)

@@ -1,4 +1,4 @@
-"""``dllm::rms_norm`` / ``dllm::rope_rows`` (``dllm.kernels.fused_ops``) and their Triton kernels
+"""``dllm::rms_norm`` / ``dllm::rms_norm_qk`` / ``dllm::rope_rows`` (``dllm.kernels.fused_ops``) and their Triton kernels
 (``dllm.kernels.triton_fused``): the ops equal their references bit for bit off CUDA, are one
 dispatcher call each, trace under ``torch.compile``; the kernels (interpreted on CPU, compiled on a
 GPU) match the references to the last ulp or so."""
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from dllm.eval.bench.counters import DispatchCounter
-from dllm.kernels.fused_ops import rms_norm, rope_rows, triton_unavailable
+from dllm.kernels.fused_ops import rms_norm, rms_norm_qk, rope_rows, triton_unavailable
+from dllm.kernels.layer_ops import rms_norm_qk as rms_norm_qk_reference
 from dllm.kernels.triton_fused import rms_norm_triton, rope_rows_triton
 from dllm.models.core.norm import rms_norm_one_op
 from dllm.models.core.rope import RopeTable
@@ -121,6 +122,35 @@ def test_rms_norm_op_mixed_dtypes(round_once: bool) -> None:
     assert torch.equal(out, ref)
 
 
+def _qk_input(dtype: torch.dtype, g: torch.Generator, hd: int = HD) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The q|k slice of a fused qkv row [B, T, H + 2Hkv, hd] (H = 4, Hkv = 2; strided) and the two
+    per-head weights [hd]."""
+    qkv = torch.randn(2, 3, 8, hd, generator=g).to(dtype)
+    return qkv[:, :, :6], _weight(hd, dtype, g), _weight(hd, dtype, g)
+
+
+@pytest.mark.parametrize("round_once", [False, True], ids=["round_twice", "round_once"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_rms_norm_qk_op_is_the_reference(dtype: str, round_once: bool) -> None:
+    g = torch.Generator().manual_seed(13)
+    x, qw, kw = _qk_input(DTYPES[dtype], g)
+    out = rms_norm_qk(x, qw, kw, 4, EPS, round_once=round_once)
+    ref = torch.cat((rms_norm_one_op(x[:, :, :4], qw, EPS, round_once=round_once),
+                     rms_norm_one_op(x[:, :, 4:], kw, EPS, round_once=round_once)), dim=2)
+    assert out.dtype == ref.dtype and out.is_contiguous() and torch.equal(out, ref)
+    assert torch.equal(rms_norm_qk_reference(x, qw, kw, 4, EPS, round_once=round_once), ref)
+
+
+def test_rms_norm_qk_shapes_are_checked() -> None:
+    x = torch.randn(2, 3, 6, HD)
+    with pytest.raises(ValueError):
+        rms_norm_qk(x, torch.ones(HD), torch.ones(HD), 7, EPS, round_once=True)
+    with pytest.raises(ValueError):
+        rms_norm_qk(x, torch.ones(HD), torch.ones(HD, dtype=torch.float16), 4, EPS, round_once=True)
+    with pytest.raises(ValueError):
+        rms_norm_qk(x, torch.ones(HD), torch.ones(HD - 1), 4, EPS, round_once=True)
+
+
 @pytest.mark.parametrize("strided", [True, False], ids=["strided", "contiguous"])
 @pytest.mark.parametrize("fp32", [True, False], ids=["fp32_rotation", "dtype_rotation"])
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
@@ -163,11 +193,14 @@ def test_one_op_per_call() -> None:
     x = torch.randn(2, 3, 128, generator=g).to(torch.bfloat16)
     w = _weight(128, torch.bfloat16, g)
     qk, cos_sin = _rope_inputs(torch.bfloat16, True, g)
+    w64 = _weight(HD, torch.bfloat16, g)
     calls = {
         "rms_norm": (lambda: rms_norm(x, w, EPS, round_once=False),
                      lambda: rms_norm_one_op(x, w, EPS, round_once=False)),
         "rope_rows": (lambda: rope_rows(qk, cos_sin, fp32=True),
                       lambda: rope_rows_reference(qk, cos_sin, fp32=True)),
+        "rms_norm_qk": (lambda: rms_norm_qk(qk, w64, w64, 4, EPS, round_once=True),
+                        lambda: rms_norm_qk_reference(qk, w64, w64, 4, EPS, round_once=True)),
     }
     for name, (op, reference) in calls.items():
         ours, theirs = _count(op), _count(reference)
@@ -204,6 +237,7 @@ def test_opcheck() -> None:
     torch.library.opcheck(torch.ops.dllm.rms_norm.default, (qk, w, EPS, False))
     torch.library.opcheck(torch.ops.dllm.rms_norm.default, (qk.float(), w.float(), EPS, True))
     torch.library.opcheck(torch.ops.dllm.rope_rows.default, (qk, cos_sin, True))
+    torch.library.opcheck(torch.ops.dllm.rms_norm_qk.default, (qk, w, w.flip(0), 4, EPS, True))
 
 
 def test_cpu_path_needs_no_triton() -> None:
@@ -217,6 +251,7 @@ def test_cpu_path_needs_no_triton() -> None:
         "f.rope_rows(x, torch.randn(2, 3, 2, 1, 16), fp32=True)\n"
         "assert 'dllm.kernels.triton_fused' not in sys.modules\n"
         "assert torch.equal(f._rms_norm_cuda(x, w, 1e-6, True), f.rms_norm_one_op(x, w, 1e-6, round_once=True))\n"
+        "assert torch.equal(f._rms_norm_qk_cuda(x, w, w, 5, 1e-6, True), f.rms_norm_qk(x, w, w, 5, 1e-6, round_once=True))\n"
         "assert f.triton_unavailable() is not None\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -250,6 +285,20 @@ def test_rms_norm_kernel_mixed_dtypes(round_once: bool) -> None:
     assert_kernel_close("rms_norm fp16 x, fp32 weight", rms_norm_one_op(x, w, EPS, round_once=round_once), out)
 
 
+@pytest.mark.parametrize("n_q", [0, 4, 6])
+@pytest.mark.parametrize("round_once", [False, True], ids=["round_twice", "round_once"])
+@pytest.mark.parametrize("dtype", list(KERNEL_DTYPES), ids=list(KERNEL_DTYPES))
+def test_rms_norm_qk_kernel(dtype: str, round_once: bool, n_q: int) -> None:
+    g = torch.Generator().manual_seed(14)
+    x, qw, kw = _qk_input(KERNEL_DTYPES[dtype], g)
+    out = rms_norm_triton(x.to(DEVICE), qw.to(DEVICE), EPS, round_once=round_once, second=(kw.to(DEVICE), n_q))
+    ref = rms_norm_qk_reference(x, qw, kw, n_q, EPS, round_once=round_once)
+    assert_kernel_close(f"rms_norm_qk {dtype} n_q={n_q}", ref, out)
+    if n_q not in (0, 6):  # the weights differ: each head took its own
+        swapped = rms_norm_qk_reference(x, kw, qw, n_q, EPS, round_once=round_once)
+        assert not torch.allclose(out.cpu(), swapped)
+
+
 @pytest.mark.parametrize("case", ["strided", "contiguous", "broadcast_table", "head_blocks", "hd96"])
 @pytest.mark.parametrize("fp32", [True, False], ids=["fp32_rotation", "dtype_rotation"])
 @pytest.mark.parametrize("dtype", list(KERNEL_DTYPES), ids=list(KERNEL_DTYPES))
@@ -281,6 +330,19 @@ def test_rms_norm_cuda_bf16(round_once: bool) -> None:
         out, ref = rms_norm(x, w, EPS, round_once=round_once), rms_norm_one_op(x, w, EPS, round_once=round_once)
         same = assert_kernel_close(f"cuda rms_norm bf16 {shape}", ref, out)
         assert same >= 0.99, f"only {same:.4f} of outputs bit-identical"
+
+
+@cuda_only
+def test_rms_norm_qk_cuda_bf16() -> None:
+    assert triton_unavailable() is None
+    g = torch.Generator().manual_seed(15)
+    qkv = torch.randn(4, 64, 48, 128, generator=g).to(torch.bfloat16)
+    x = qkv[:, :, :40].cuda()  # q (32 heads) and k (8 heads) of a fused qkv
+    qw, kw = _weight(128, torch.bfloat16, g).cuda(), _weight(128, torch.bfloat16, g).cuda()
+    out = rms_norm_qk(x, qw, kw, 32, EPS, round_once=True)
+    ref = rms_norm_qk_reference(x, qw, kw, 32, EPS, round_once=True)
+    same = assert_kernel_close("cuda rms_norm_qk bf16", ref, out)
+    assert same >= 0.99, f"only {same:.4f} of outputs bit-identical"
 
 
 @cuda_only

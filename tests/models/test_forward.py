@@ -9,11 +9,15 @@ from dllm.models.base import default_positions, padding_attn_mask, square_paddin
 from .helpers import random_ids
 
 
-def test_dream_logits_are_shifted_by_one():
-    model = tiny("dream")
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
+@pytest.mark.parametrize("family", ["dream", "fastdllm_v2"])
+def test_shifted_families_logits_are_shifted_by_one(family, grad):
+    model = tiny(family)
     ids = random_ids(model, 2, 8)
-    with torch.no_grad():
-        shifted = model(ids).logits
+    with torch.inference_mode():  # the shift's index made under inference mode first
+        model(ids)
+    with torch.set_grad_enabled(grad):
+        shifted = model(ids).logits  # under autograd: an index of its own (not an inference tensor)
         raw = model.raw_logits(ids)
     assert torch.equal(shifted[:, 1:], raw[:, :-1])
     assert torch.equal(shifted[:, 0], raw[:, 0])

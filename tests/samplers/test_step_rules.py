@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from dllm.samplers import make_sampler
-from dllm.samplers._ops import (argmax_excluding, negative_entropy, take_top_k, threshold_commit, top1,
-                                top_k_filter, top_p_filter, top_two_margin)
+from dllm.samplers._ops import (argmax_excluding, expand_window, negative_entropy, take_top_k, threshold_commit,
+                                top1, top_k_filter, top_p_filter, top_two_margin)
+from dllm.samplers.chunked import pick_last, softmax_prob
 
 from builders import MASK, V, decode_state, step_input
 
@@ -168,6 +169,74 @@ def test_argmax_excluding():
     z = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
     assert argmax_excluding(z, 1).tolist() == [2, 0]
     assert argmax_excluding(z, 2).tolist() == [1, 0]
+
+
+def _two_sided_argmax(z: torch.Tensor, banned: int) -> torch.Tensor:
+    """The first maximum outside ``banned`` from the maxima of its two sides (argmax_excluding's
+    definition, written out)."""
+    v = z.shape[-1]
+    if banned == 0:
+        return z[..., 1:].argmax(dim=-1) + 1
+    left_val, left_idx = z[..., :banned].max(dim=-1)
+    if banned == v - 1:
+        return left_idx
+    right_val, right_idx = z[..., banned + 1:].max(dim=-1)
+    return torch.where(right_val > left_val, right_idx + banned + 1, left_idx)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_argmax_excluding_takes_the_first_maximum_outside_the_banned_id(dtype):
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        v = int(torch.randint(2, 24, (1,), generator=g))
+        z = torch.randint(-2, 3, (2, 3, v), generator=g).to(dtype)  # many ties
+        if trial % 3 == 0:
+            z[z == 2] = float("inf")
+        if trial % 4 == 0:
+            z[z == -2] = float("-inf")
+        if trial % 7 == 0:  # every id -inf, or every id but one
+            z.fill_(float("-inf"))
+            z[..., int(torch.randint(0, v, (1,), generator=g))] = 1.0
+        for banned in {0, v // 2, v - 1}:
+            got = argmax_excluding(z, banned)
+            assert torch.equal(got, _two_sided_argmax(z, banned)), (trial, banned)
+            assert not (got == banned).any()
+
+
+def test_pick_last_is_gather():
+    g = torch.Generator().manual_seed(1)
+    for shape in [(2, 5, 11), (7, 13), (3, 2, 4, 9)]:
+        values = torch.randn(*shape, 2, generator=g)[..., 0]  # non-contiguous
+        index = torch.randint(0, shape[-1], shape[:-1], generator=g)
+        assert torch.equal(pick_last(values, index), values.gather(-1, index[..., None])[..., 0])
+
+
+def test_threshold_commit_equals_its_definition():
+    g = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        conf = torch.randint(0, 5, (3, 6), generator=g).double() / 4  # ties, and 1.0
+        eligible = torch.rand(3, 6, generator=g) < 0.6
+        want = (eligible & (conf >= 0.75)) | top1(conf, eligible)
+        assert torch.equal(threshold_commit(conf, eligible, 0.75), want)
+
+
+def test_expand_window_pads_with_the_fill():
+    values = torch.tensor([[1, 2], [3, 4]])
+    assert expand_window(values, (1, 3), 4, 9).tolist() == [[9, 1, 2, 9], [9, 3, 4, 9]]
+    assert expand_window(values, (0, 2), 2, 9) is values
+    flags = expand_window(torch.tensor([[True, False]]), (2, 4), 5, False)
+    assert flags.tolist() == [[False, False, True, False, False]]
+    scores = expand_window(torch.tensor([[0.5]], dtype=torch.float64), (0, 1), 3, float("-inf"))
+    assert scores.dtype == torch.float64 and scores.tolist() == [[0.5, float("-inf"), float("-inf")]]
+
+
+def test_softmax_prob_in_one_piece_and_in_chunks_is_the_cast_softmax():
+    g = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(3, 5, 50, generator=g)).to(torch.bfloat16)
+    tokens = torch.randint(0, 50, (3, 5), generator=g)
+    want = torch.softmax(logits.to(torch.float64), dim=-1).gather(-1, tokens[..., None])[..., 0]
+    assert torch.equal(softmax_prob(logits, tokens), want)
+    assert torch.equal(softmax_prob(logits, tokens, chunk_elements=100), want)  # two rows a piece
 
 
 def test_top_p_and_top_k_filters():

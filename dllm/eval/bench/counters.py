@@ -248,8 +248,12 @@ class DispatchCounter:
 
     # ---- summaries ---------------------------------------------------------------------------------
     def cached_steps(self, canvas: int) -> list[StepCounts]:
-        """Steps whose forward computed fewer than ``canvas`` columns per row (a cached forward)."""
-        return [s for s in self.steps if 0 < s.query_rows < canvas]
+        """The cached steps of one ``generate`` call: steps whose forward computed fewer than ``canvas``
+        columns per row, except the call's first step, which is never a cached one: it forwards the
+        whole prompt (with ``cache="block"`` the prompt and the first block, fewer than ``canvas``
+        columns) and carries the call's setup (prompt encoding, buffer allocation, weights fused on
+        first use)."""
+        return [s for s in self.steps[1:] if 0 < s.query_rows < canvas]
 
     @staticmethod
     def mean(steps: list[StepCounts]) -> dict[str, float]:

@@ -21,7 +21,7 @@ exactly that of a forward without a cache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -46,8 +46,35 @@ class KVCache:
         self.v = list(v)
         self.drift_probe: Optional["DriftProbe"] = None  # set by a policy that measures K drift
         # [R, L] long: the RoPE position of every written column; block-causal models read the keys'
-        # positions from it (``CacheView.key_positions``). Allocated on the first write.
+        # positions from it (``CacheView.key_positions``). Allocated on the first write, or given for
+        # every column at once (``fix_positions``).
         self.positions: Optional[torch.Tensor] = None
+        self.positions_fixed = False
+        self._block_ids: Optional[tuple[int, torch.Tensor, torch.Tensor]] = None
+
+    def fix_positions(self, positions: torch.Tensor) -> None:
+        """Every column's position for the whole call, [R, L] long (a ``generate`` call's canvas
+        positions: fixed per column, as the keys stored after RoPE already assume). Forwards then
+        record nothing, and a block-causal forward of a plain view reads its mask from the block ids
+        of this tensor (``block_mask``); the tensor is kept, never written."""
+        if positions.shape != (self.rows, self.length) or positions.dtype.is_floating_point:
+            raise ValueError(f"fix_positions takes integer positions [{self.rows}, {self.length}], got "
+                             f"{positions.dtype} {list(positions.shape)}")
+        self.positions, self.positions_fixed, self._block_ids = positions, True, None
+
+    def block_mask(self, start: int, n_queries: int, key_end: int, block_size: int) -> torch.Tensor:
+        """With ``fix_positions``: bool [R, 1, T, key_end], True where the key's block
+        (``position // block_size``) is at most the query's, for the queries at columns ``[start,
+        start + T)``: ``dllm.models.core.transformer.block_causal_mask`` of the columns' positions,
+        from block ids computed once per call (a slice of each side and one comparison)."""
+        assert self.positions_fixed and self.positions is not None
+        if self._block_ids is None or self._block_ids[0] != block_size:
+            ids = torch.div(self.positions, block_size, rounding_mode="floor")  # [R, L]
+            r, length = ids.shape
+            self._block_ids = (block_size, ids.view(r, 1, 1, length), ids.view(r, 1, length, 1))
+        _, keys, queries = self._block_ids
+        keys = keys if key_end == self.length else keys[..., :key_end]  # [R, 1, 1, K]
+        return keys <= queries[:, :, start:start + n_queries]  # [R, 1, T, K]
 
     @classmethod
     def allocate(
@@ -91,10 +118,14 @@ class KVCache:
         return KVCache([t.index_select(0, rows.to(t.device)) for t in self.k],
                        [t.index_select(0, rows.to(t.device)) for t in self.v])
 
-    def view(self, start: int, key_end: Optional[int] = None, extra: Optional[torch.Tensor] = None) -> "CacheView":
+    def view(self, start: int, key_end: Optional[int] = None, extra: Optional[torch.Tensor] = None, *,
+             reuse: bool = False) -> "CacheView":
         """A forward whose queries start at canvas column ``start`` (after the ``extra`` columns'
-        rows, if any) and attend to ``[0, key_end)``."""
-        return CacheView(self, start, self.length if key_end is None else key_end, extra)
+        rows, if any) and attend to ``[0, key_end)``. ``reuse``: the caller runs several forwards
+        through this one view, each with the same ``positions`` tensor and padding mask (the same
+        objects, unchanged), and the forwards may keep what they derive from them (``memoized``)."""
+        return CacheView(self, start, self.length if key_end is None else key_end, extra,
+                         memo={} if reuse else None)
 
     def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
                   extra: Optional[torch.Tensor] = None, group: int = 1) -> "RowsView":
@@ -120,6 +151,9 @@ class CacheView:
     start: int  # canvas column of the first contiguous query row; fresh K/V go to [start, start + T')
     key_end: int  # keys/values attended: buffer rows [0, key_end)
     extra: Optional[torch.Tensor] = None  # [n] long: columns < start recomputed too (their rows come first)
+    # a view reused by several forwards (``KVCache.view(reuse=True)``): what they derive from the
+    # positions and the padding mask, kept (``memoized``); None: every forward derives it anew
+    memo: Optional[dict] = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.key_end <= self.kv.length:
@@ -185,6 +219,8 @@ class CacheView:
         """Record the query rows' positions [R, T] at their canvas columns (``kv.positions``) and
         return the attended keys' positions [R, key_end] (a block-causal mask needs them)."""
         store = self.kv.positions
+        if self.kv.positions_fixed and store is not None:  # every column's position, given once
+            return store if self.key_end == store.shape[1] else store[:, :self.key_end]
         if store is None or store.shape[0] != positions.shape[0] or store.device != positions.device:
             store = torch.zeros((positions.shape[0], self.kv.length), dtype=torch.long, device=positions.device)
             self.kv.positions = store
@@ -197,7 +233,20 @@ class CacheView:
         ``dllm.models.base.padding_attn_mask`` does. None when there is no padding."""
         if key_padding_mask is None:
             return None
-        return key_padding_mask[:, None, None, :self.key_end]  # [R, 1, 1, K]
+        return self.memoized("attn_mask", (key_padding_mask,),
+                             lambda: key_padding_mask[:, None, None, :self.key_end])  # [R, 1, 1, K]
+
+    def memoized(self, name: str, inputs: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, kept on a reused view (``memo``) and given again while ``inputs`` are the same
+        objects as when it was made; on any other view ``make()`` each time."""
+        if self.memo is None:
+            return make()
+        hit = self.memo.get(name)
+        if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
+            return hit[1]
+        value = make()
+        self.memo[name] = (inputs, value)
+        return value
 
 
 @dataclass(frozen=True)
@@ -209,6 +258,11 @@ class StaticView(CacheView):
     with the same ``key_end``. ``start`` only has to satisfy the base check; it is not used."""
 
     cols: Optional[torch.Tensor] = None  # [T] long on the buffers' device
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.memo is not None:  # its columns and the static positions change in place between forwards
+            raise ValueError("a StaticView keeps nothing between forwards (memo must be None)")
 
     def columns(self, n_queries: int, device: Optional[torch.device] = None) -> torch.Tensor:
         assert self.cols is not None and self.cols.shape[0] == n_queries
@@ -342,6 +396,8 @@ class HeldView(RowsView):
         """Record the held rows' query positions [N, T] in ``kv.positions`` [R, L] (only their
         columns); their keys' positions [N, key_end]."""
         store = self.kv.positions
+        if self.kv.positions_fixed and store is not None:  # every column's position, given once
+            return store[:, :self.key_end].index_select(0, self.select.to(store.device))
         if store is None or store.device != positions.device:
             store = torch.zeros((self.kv.rows, self.kv.length), dtype=torch.long, device=positions.device)
             self.kv.positions = store

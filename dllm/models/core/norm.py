@@ -1,6 +1,7 @@
 """The RMSNorm module: the reference forward (the official order of each family, ``round_once`` for
 SDAR) and the fused layer's form (``fused``: ATen's one-kernel norm, or with ``ops`` the one-launch
-``dllm::rms_norm`` operator). The math lives in ``dllm.kernels.layer_ops``.
+``dllm::rms_norm`` operator; ``qk_norms_fused``: the per-head q and k norms together, with ``ops`` one
+``dllm::rms_norm_qk``). The math lives in ``dllm.kernels.layer_ops``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from dllm.kernels.fused_ops import rms_norm as fused_rms_norm
+from dllm.kernels.fused_ops import rms_norm_qk as fused_rms_norm_qk
 from dllm.kernels.layer_ops import rms_norm_one_op, rms_norm_reference
 
 
@@ -39,4 +41,15 @@ class RMSNorm(nn.Module):
         return rms_norm_one_op(x, self.weight, self.eps, round_once=self.round_once)
 
 
-__all__ = ["RMSNorm", "rms_norm", "rms_norm_one_op", "rms_norm_reference"]
+def qk_norms_fused(q_norm: RMSNorm, k_norm: RMSNorm, qkv: torch.Tensor, n_q: int, n_k: int,
+                   ops: bool = False) -> torch.Tensor:
+    """The per-head q and k norms (Qwen3 / SDAR) of a fused qkv row [B, T, H + 2Hkv, hd] (q: heads
+    ``[0, n_q)``, k: the next ``n_k``) -> [B, T, H + Hkv, hd]: each module's ``fused`` norm of its
+    heads, concatenated, or with ``ops`` the one-launch ``dllm::rms_norm_qk`` (the same values)."""
+    if ops and q_norm.eps == k_norm.eps and q_norm.round_once == k_norm.round_once:
+        return fused_rms_norm_qk(qkv[:, :, :n_q + n_k], q_norm.weight, k_norm.weight, n_q, q_norm.eps,
+                                 round_once=q_norm.round_once)
+    return torch.cat((q_norm.fused(qkv[:, :, :n_q], ops), k_norm.fused(qkv[:, :, n_q:n_q + n_k], ops)), dim=2)
+
+
+__all__ = ["RMSNorm", "qk_norms_fused", "rms_norm", "rms_norm_one_op", "rms_norm_reference"]

@@ -31,7 +31,8 @@ from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.fused import FusedWeight, refused
-from dllm.models.core.norm import RMSNorm, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.models.core.kv import CacheView
+from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
@@ -100,7 +101,7 @@ class Attention(nn.Module):
         h, hk = self.n_heads, self.n_kv_heads
         qkv = F.linear(x, w.weight, w.bias).view(b, t, h + 2 * hk, self.head_dim)  # [B, T, H + 2Hkv, hd]
         if hasattr(self, "q_norm"):
-            qk = torch.cat((self.q_norm.fused(qkv[:, :, :h], ops), self.k_norm.fused(qkv[:, :, h:h + hk], ops)), dim=2)
+            qk = qk_norms_fused(self.q_norm, self.k_norm, qkv, h, hk, ops)  # [B, T, H + Hkv, hd]
         else:
             qk = qkv[:, :, :h + hk]
         rotate = fused_rope_rows if ops else rope_rows
@@ -296,6 +297,29 @@ class Transformer(nn.Module):
         self._attn_fn = resolution.backend.fn
         return self.attn_backend
 
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, cache) -> torch.Tensor:
+        """The RoPE table rows of ``positions`` [B, T] -> [B, T, 2, 1, hd] (kept on a reused cache view)."""
+        def make() -> torch.Tensor:
+            return self._rope_table.lookup(positions, dtype, self.config.max_positions)
+
+        return make() if cache is None else cache.memoized(f"rope_rows:{dtype}", (positions,), make)
+
+    def _block_causal(self, positions: torch.Tensor, attn_mask: Optional[torch.Tensor], cache) -> torch.Tensor:
+        """``attn_mask`` ANDed with the block-causal mask of the queries' ``positions`` [B, T] and
+        the keys' (their own, or the cache's ``key_positions``) -> bool [B, 1, T, K]; kept on a
+        reused cache view (whose keys' positions were recorded by the forward that made it)."""
+        assert self.config.block_size is not None
+        bs = self.config.block_size
+
+        def make() -> torch.Tensor:
+            if type(cache) is CacheView and cache.kv.positions_fixed and not cache.n_extra:  # the canvas' ids
+                return combine_masks(attn_mask, cache.kv.block_mask(cache.start, positions.shape[1],
+                                                                    cache.key_end, bs))
+            k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]
+            return combine_masks(attn_mask, block_causal_mask(positions, k_pos, bs))
+
+        return make() if cache is None else cache.memoized("block_causal", (positions, attn_mask), make)
+
     def head_weight(self) -> torch.Tensor:
         """[V, D] matrix of the LM head (the embedding when tied)."""
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
@@ -340,13 +364,11 @@ class Transformer(nn.Module):
         fused = self.fused_layers(bool(attn_layers))
         if fused is not None:
             dtype = torch.float32 if self.config.rope_fp32 else self.embed.weight.dtype
-            cos, sin = self._rope_table.lookup(positions, dtype, self.config.max_positions), None  # [B, T, 2, 1, hd]
+            cos, sin = self._rope_rows(positions, dtype, cache), None  # [B, T, 2, 1, hd]
         else:
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
-            assert self.config.block_size is not None
-            k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]
-            attn_mask = combine_masks(attn_mask, block_causal_mask(positions, k_pos, self.config.block_size))
+            attn_mask = self._block_causal(positions, attn_mask, cache)
         h = self.embed(input_ids)  # [B, T, D]
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}

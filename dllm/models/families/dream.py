@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.base import SpecialIds, shifted_by_one
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
 from dllm.models.families.qwen import qwen_hf_fields, qwen_keymap, qwen_transformer_config
@@ -84,7 +84,7 @@ class Dream(TransformerLM):
 
     def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """raw [B, T, V] -> shifted: [:, 0] = raw[:, 0] (never used), [:, i] = raw[:, i-1]."""
-        return torch.cat((raw[:, :1], raw[:, :-1]), dim=1)
+        return shifted_by_one(raw)
 
     @classmethod
     def from_hf_config(

@@ -16,7 +16,7 @@ Sources: the HF folder Efficient-Large-Model/Fast_dLLM_v2_7B ``config.json``, ``
 (``Fast_dLLM_QwenConfig``), ``modeling.py`` (``Fast_dLLM_QwenForCausalLM``), ``generation_config.json``,
 ``special_tokens_map.json``, ``added_tokens.json``; NVlabs/Fast-dLLM ``v2/generation_functions.py``.
 The official model is loaded here without ``trust_remote_code``; tests/models/families/test_fastdllm_v2.py
-checks the logits against a transcription of ``modeling.py`` (tests/reference/fastdllm_v2_modeling.py).
+checks the logits against a transcription of ``modeling.py`` (tests/reference/modelling/fastdllm_v2_modeling.py).
 Decoding: ``sampler="fastdllm_v2"`` (``dllm/samplers/fastdllm_v2.py``).
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.base import SpecialIds, shifted_by_one
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.dream import DREAM_CHAT_TEMPLATE
 from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
@@ -83,7 +83,7 @@ class FastDLLMv2(TransformerLM):
 
     def shift_logits(self, raw: torch.Tensor) -> torch.Tensor:
         """raw [B, T, V] -> shifted: [:, 0] = raw[:, 0] (never used), [:, i] = raw[:, i-1]."""
-        return torch.cat((raw[:, :1], raw[:, :-1]), dim=1)
+        return shifted_by_one(raw)
 
     @classmethod
     def check_config(cls, config: TransformerConfig) -> None:

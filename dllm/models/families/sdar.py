@@ -10,7 +10,7 @@ unmasking ``<|MASK|>`` tokens while the finished blocks' keys/values stay exact 
 
 The official model is loaded here without ``trust_remote_code``: the checkpoint's tensors are mapped
 onto the shared transformer (``core/transformer.py``), whose logits equal the official modelling's
-(tests/models/families/test_sdar.py against the transcription in tests/reference/sdar_modeling.py).
+(tests/models/families/test_sdar.py against the transcription in tests/reference/modelling/sdar_modeling.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""What a cached forward keeps between the forwards of one ``generate`` call (dllm/models/core/kv.py):
+the canvas positions given once (``KVCache.fix_positions``), the block-causal mask read from their
+block ids (``KVCache.block_mask``), and a view reused by the steps of a block (``view(reuse=True)``),
+which keeps the RoPE rows and the masks it derived while its positions tensor is the same object."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm.models import tiny
+from dllm.models.core.kv import KVCache, StaticView
+from dllm.models.core.transformer import block_causal_mask
+
+
+def _positions() -> torch.Tensor:
+    """[2, 12] canvas positions of a left-padded batch (row 1 has 3 pads, which get 0)."""
+    return torch.stack([torch.arange(12), (torch.arange(12) - 3).clamp_min(0)])
+
+
+@pytest.mark.parametrize("start,t,key_end", [(0, 12, 12), (4, 4, 8), (2, 6, 8), (8, 4, 12)])
+def test_block_mask_is_the_block_causal_mask_of_the_columns(start, t, key_end):
+    kv = KVCache.allocate(1, 2, 1, 12, 4, dtype=torch.float32, devices=[torch.device("cpu")])
+    pos = _positions()
+    kv.fix_positions(pos)
+    want = block_causal_mask(pos[:, start:start + t], pos[:, :key_end], 4)
+    assert torch.equal(kv.block_mask(start, t, key_end, 4), want)
+    assert torch.equal(kv.block_mask(start, t, key_end, 3), block_causal_mask(pos[:, start:start + t],
+                                                                              pos[:, :key_end], 3))
+
+
+def test_fixed_positions_are_never_written():
+    kv = KVCache.allocate(1, 2, 1, 12, 4, dtype=torch.float32, devices=[torch.device("cpu")])
+    pos = _positions()
+    kv.fix_positions(pos)
+    keys = kv.view(4, 8).key_positions(torch.full((2, 4), 99))  # not recorded: the fixed ones stand
+    assert torch.equal(keys, pos[:, :8]) and torch.equal(kv.positions, _positions())
+    with pytest.raises(ValueError, match="fix_positions takes integer positions"):
+        kv.fix_positions(pos[:, :5])
+
+
+def test_a_static_view_keeps_nothing():
+    kv = KVCache.allocate(1, 1, 1, 8, 4, dtype=torch.float32, devices=[torch.device("cpu")])
+    with pytest.raises(ValueError, match="keeps nothing"):
+        StaticView(kv, 0, 8, None, torch.arange(2), memo={})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # module by module; fused (RoPE rows kept)
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_a_reused_view_gives_the_logits_of_fresh_views(family, dtype):
+    model = tiny(family, dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 40, (2, 12), generator=g)
+    pos = _positions()
+    kpm = pos > 0
+    kpm[0] = True
+    kpm[1, 3] = True  # row 1: three pads, then real tokens from position 0
+    with torch.inference_mode():
+        kv = model.new_kv_cache(2, 12)
+        kv.fix_positions(pos)
+        model(ids, positions=pos, key_padding_mask=kpm, cache=kv.view(0, 12))  # the prefill
+        view = kv.view(4, 8, reuse=True)
+        q_pos, q_ids = pos[:, 4:8], ids[:, 4:8]
+        first = model(q_ids, positions=q_pos, key_padding_mask=kpm, cache=view).logits
+        assert view.memo  # the RoPE rows (and a block-causal model's mask) are kept
+        again = model(q_ids, positions=q_pos, key_padding_mask=kpm, cache=view).logits
+        fresh = model(q_ids, positions=q_pos, key_padding_mask=kpm, cache=kv.view(4, 8)).logits
+    assert torch.equal(first, again) and torch.equal(first, fresh)
