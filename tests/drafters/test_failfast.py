@@ -16,8 +16,9 @@ from dllm import tasks as T
 from dllm.drafters.base import list_drafters, make_drafter
 from dllm.drafters.failfast import extend_step
 from dllm.drafters.loop import speculative_generate
-from dllm.drafters.verify import SamplingParams, target_probs
+from dllm.drafters.verify import SamplingParams
 from dllm.models import tiny
+from tests.drafters.test_distribution import E2E_N, E2E_NEW, E2E_TV, E2E_V, PROMPT, exact_target_distribution
 from tests.drafters.speculative_helpers import hf_greedy, long_answer_prompts, null_tv, tiny_target, tv_distance
 from tests.reference.decoders.failfast_rule import MASK, failfast_round
 
@@ -202,23 +203,6 @@ def test_extend_step():
 
 
 # ---- T > 0 ------------------------------------------------------------------------------------------
-E2E_V, E2E_NEW, E2E_N, E2E_TV = 8, 3, 40_000, 0.03
-E2E_PROMPT = [1, 5, 3]
-
-
-def _exact(target, params: SamplingParams) -> torch.Tensor:
-    """[V ** 3] the target's probability of each 3-token continuation (base-V index)."""
-    probs = torch.ones(1, dtype=torch.float64)
-    prefixes = torch.tensor([E2E_PROMPT])
-    with torch.no_grad():
-        for _ in range(E2E_NEW):
-            p = target_probs(target(prefixes).logits[:, -1], params).double()  # [P, V]
-            probs = (probs[:, None] * p).reshape(-1)
-            prefixes = torch.cat([prefixes.repeat_interleave(E2E_V, 0),
-                                  torch.arange(E2E_V).repeat(prefixes.shape[0])[:, None]], dim=1)
-    return probs
-
-
 @pytest.mark.slow
 def test_sampling_distribution_matches_the_target():
     """As ``test_distribution.py``'s end-to-end test (TV < 0.03 over the 512 outputs of 4e4 rows),
@@ -229,11 +213,11 @@ def test_sampling_distribution_matches_the_target():
     drafter = make_drafter("failfast", model=model, first=1, chunk=1, max_draft=2, tau=0.8)
     rounds = _record(drafter)
     params = SamplingParams(0.9, top_k=6, top_p=0.95)
-    out = speculative_generate(target, drafter, [E2E_PROMPT] * E2E_N, max_new_tokens=E2E_NEW, temperature=0.9, top_k=6,
+    out = speculative_generate(target, drafter, [PROMPT] * E2E_N, max_new_tokens=E2E_NEW, temperature=0.9, top_k=6,
                                top_p=0.95, seed=11)
     gen = torch.tensor(out.generated)  # [N, 3]
     index = (gen * torch.tensor([E2E_V ** 2, E2E_V, 1])).sum(1)
-    exact = _exact(target, params)
+    exact = exact_target_distribution(target, params)
     tv = tv_distance(torch.bincount(index, minlength=E2E_V ** E2E_NEW), exact)
     assert null_tv(exact, E2E_N) < 0.75 * E2E_TV
     assert tv < E2E_TV, f"TV {tv:.4f} >= {E2E_TV} (noise alone ~{null_tv(exact, E2E_N):.4f})"

@@ -17,6 +17,7 @@ from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers.learn2pd import (DEFAULT_FILTER, Learn2PDFilter, end_of_text, filter_directory, load_filter,
                                     shipped_filters)
 from tests.reference.decoders.learn2pd_generate import learn2pd_generate
+from tests.samplers.test_apd import prompts, upto_eos  # the same 20 prompts as APD's test
 
 AUTHORS_FORMAT = "learn2pd-tiny"  # the shipped filter that reads what the authors' filter reads
 SETTINGS = [
@@ -30,19 +31,6 @@ SETTINGS = [
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
 def model(request):
     return dllm.load(request.param)
-
-
-def prompts(model, n: int = 20) -> list[tuple[list[int], int]]:
-    """(prompt ids, answer length) of ``n`` test-split instances across the suite."""
-    out = []
-    for name in T.suite_task_names():
-        for ex in T.test_split(name, n=1):
-            out.append((model.generation_prompt(" ".join(T.prompt_words(ex))), T.answer_length(name, ex.size)))
-    return out[:: max(1, len(out) // n)][:n]
-
-
-def upto_eos(ids: list[int], eos: int) -> list[int]:
-    return ids[:ids.index(eos) + 1] if eos in ids else ids
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
