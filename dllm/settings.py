@@ -180,6 +180,10 @@ class DecodeSettings:
         """The checks that need no model or prompt (fail before either loads): the sampler and its
         options, ``tokens_per_step`` (fixed-step samplers only, not with ``steps``), the cache policy,
         the numbers. Returns the sampler. SettingError naming the field."""
+        return self._checked()[0]
+
+    def _checked(self) -> tuple[Sampler, CachePolicy]:
+        """``check``'s sampler and the cache policy it built."""
         policy = _cache(self.cache)
         sampler = _sampler(self.sampler, dict(self.options), policy)
         if self.tokens_per_step is not None:
@@ -196,15 +200,15 @@ class DecodeSettings:
                                                       f"many tokens each step commits)")
         check_number("temperature", self.temperature, low=0.0, finite=True)
         check_number("cfg_scale", self.cfg_scale, low=0.0, finite=True)
-        return sampler
+        return sampler, policy
 
     def resolve(self, model: Any, rows: Sequence[Sequence[int]], gen_length: int) -> Resolved:
         """Check every setting against the model and the prompts (token-id rows), and plan the call.
         Raises ``SettingError`` (a ValueError; ``SettingTypeError`` also a TypeError) naming the field."""
         check_seed(self.seed, len(rows))
-        sampler = self.check()
+        sampler, policy = self._checked()
         settings = self.with_steps(model, rows, gen_length)
-        policy = policy_for_model(model, _cache(self.cache))  # block-causal models: "auto" is "block", approximate ones refused
+        policy = policy_for_model(model, policy)  # block-causal models: "auto" is "block", approximate ones refused
         plan = plan_for(model, rows, gen_length, self.block_length, settings.steps, fixed_steps=sampler.fixed_steps)
         try:
             policy.check(model, block_length=plan.block_length, gen_length=gen_length)

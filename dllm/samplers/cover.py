@@ -49,6 +49,7 @@ from dllm.options import check_bool, check_int, check_number, check_unit
 from dllm.samplers._ops import propose, take_top_k, top1, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import argmax_excluding, softmax_prob
+from dllm.samplers.wino import draft_cap, wide_in
 from dllm.state import DecodeState, StepInput
 
 KEY = "cover"  # state.extras key of the block's per-position records (``CoverRecords``)
@@ -98,9 +99,7 @@ class CoverRecords:
 def draft(conf: torch.Tensor, active: torch.Tensor, tau: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau`` (the ``cap`` most confident when more qualify), else the top-1.
     conf [B, W] float64, active [B, W] bool, cap [B] long -> [B, W] bool."""
-    want = active & (conf > tau)
-    over = want.sum(dim=1) > cap  # [B]
-    want = torch.where(over[:, None], take_top_k(conf, cap, active), want)
+    want = wide_in(conf, active, tau, cap)  # wino's rule
     none = ~want.any(dim=1, keepdim=True)  # [B, 1]
     return want | (top1(conf, active) & none)
 
@@ -163,7 +162,7 @@ class Cover(Sampler):
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf = softmax_prob(logits, x0)  # [B, W] float64
         n_masks = active.sum(dim=1)  # [B]
-        cap = (n_masks.double() * cfg.accept_ratio).floor().long().clamp(min=cfg.min_accept, max=cfg.max_accept)
+        cap = draft_cap(n_masks, cfg.accept_ratio, cfg.min_accept, cfg.max_accept)  # [B]
         commit = draft(conf, active, cfg.threshold, cap)  # [B, W]: >= 1 in every row with masks
         accepted = commit.sum(dim=1)  # [B]
 

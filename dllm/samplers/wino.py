@@ -52,6 +52,11 @@ class WinoConfig:
             raise ValueError(f"min_accept ({self.min_accept}) must be <= max_accept ({self.max_accept})")
 
 
+def draft_cap(n_masks: torch.Tensor, ratio: float, low: int, high: int) -> torch.Tensor:
+    """The most masks a step commits: ``min(max(floor(ratio * #masks), low), high)``; n_masks [B] -> [B] long."""
+    return (n_masks.double() * ratio).floor().long().clamp(min=low, max=high)
+
+
 def wide_in(conf: torch.Tensor, active: torch.Tensor, tau1: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau1``, or the ``cap`` most confident when more qualify.
 
@@ -102,7 +107,7 @@ class Wino(Sampler):
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), x0)  # [B, W]
         n_masks = active.sum(dim=1)  # [B]
-        cap = (n_masks.double() * cfg.accept_ratio).floor().long().clamp(min=cfg.min_accept, max=cfg.max_accept)
+        cap = draft_cap(n_masks, cfg.accept_ratio, cfg.min_accept, cfg.max_accept)  # [B]
         commit = wide_in(conf, active, cfg.threshold, cap)  # [B, W]
         # the engine commits the top-1 of a row that chose none: it counts as one accepted token
         accepted = torch.where(n_masks > 0, commit.sum(dim=1).clamp(min=1), torch.zeros_like(n_masks))

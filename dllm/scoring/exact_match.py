@@ -30,7 +30,7 @@ import torch
 from dllm import tasks as T
 from dllm.inputs import model_device
 from dllm.options import check_int
-from dllm.settings import DecodeSettings, plan_for, plan_steps
+from dllm.settings import DecodeSettings
 
 
 @lru_cache(maxsize=None)
@@ -192,9 +192,9 @@ def decode_and_score(
     try:
         for (_, la, offset), group in sorted(groups.items()):
             bl = setting.block_length if grid else min(setting.block_length or la, la)  # the grid's block: as given
-            steps = setting.steps if setting.tokens_per_step is None else plan_steps(
-                plan_for(model, [T.prompt_ids(group[0])], la, bl, None, fixed_steps=False), setting.tokens_per_step)
-            kwargs = setting.replace(block_length=bl, steps=steps, tokens_per_step=None).generate_kwargs()
+            # k -> steps on this group's block plan (the grid's offset is the group's)
+            kwargs = setting.replace(block_length=bl).with_steps(model, [T.prompt_ids(group[0])], la)
+            kwargs = kwargs.generate_kwargs()
             for chunk in length_batches(group, max_batch, by_length):
                 prompts = [T.prompt_ids(ex) for ex in chunk]
                 counter = RowSteps() if record else None
