@@ -48,7 +48,7 @@ from dllm.registry import Configurable, NoOptions, Registry
 
 # modules under dllm.drafters that register built-in drafters (imported on first use of the
 # registry; a module that is not there yet is skipped, so a new drafter is one new file)
-BUILTIN_MODULES: tuple[str, ...] = ("ngram", "dlm", "failfast", "dflash.drafter")
+BUILTIN_MODULES: tuple[str, ...] = ("ngram", "dlm", "failfast", "dflash.drafter", "jetspec.drafter", "dspark.drafter")
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,11 @@ def load_builtin_drafters() -> None:
     """Import the modules that register the built-in drafters (once; cheap afterwards)."""
     for name in BUILTIN_MODULES:
         module = f"dllm.drafters.{name}"
-        if importlib.util.find_spec(module) is not None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its package is not there either
+            found = False
+        if found:
             importlib.import_module(module)
 
 

@@ -55,10 +55,38 @@ def parse_options(text: str) -> dict:
 
 
 def check_methods(names: Sequence[str]) -> None:
-    valid = METHODS + MORE_METHODS
+    """Every name is a built-in method or a registered drafter (run by our loop with its
+    ``--drafter-options``): ValueError listing the valid ones."""
+    from dllm.drafters.base import drafters, load_builtin_drafters
+
+    load_builtin_drafters()
+    valid = (*METHODS, *MORE_METHODS, *(n for n in drafters.names() if n not in METHODS + MORE_METHODS))
     bad = [m for m in names if m not in valid]
     if bad or not names:
         raise ValueError(f"unknown method(s) {bad or list(names)!r}; valid methods: {', '.join(valid)}")
+
+
+def drafter_options(specs: Sequence[str], methods: Sequence[str]) -> dict[str, dict]:
+    """``--drafter-options NAME:k=v,...`` (repeatable) -> {NAME: options}, each checked against its
+    drafter's config before anything loads; a NAME not among ``methods`` is refused (it would not run)."""
+    from dllm.drafters.base import drafters, load_builtin_drafters
+    from dllm.registry import build_config, parse_spec
+
+    load_builtin_drafters()
+    out: dict[str, dict] = {}
+    for spec in specs:
+        name, options = parse_spec(spec, "--drafter-options")
+        if name not in drafters:
+            raise ValueError(f"--drafter-options {spec!r}: unknown drafter {name!r}; registered: "
+                             f"{', '.join(drafters.names())}")
+        if name not in methods:
+            raise ValueError(f"--drafter-options {spec!r}: {name!r} is not among --methods {','.join(methods)}")
+        try:
+            build_config(drafters.get(name).Config, options, "drafter", name)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"--drafter-options {spec!r}: {err}") from None
+        out[drafters.canonical(name)] = {**out.get(name, {}), **options}
+    return out
 
 
 def run_bench(
@@ -159,7 +187,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                                    "'chunk=10,max_draft=60,tau=0.45' (default: the paper's); its "
                                                    "drafts are capped at --block-size - 1")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"comma/space separated: {','.join(METHODS)} "
-                                                                      f"(default), {','.join(MORE_METHODS)}")
+                                                                      f"(default), {','.join(MORE_METHODS)}, or any "
+                                                                      "registered drafter (dllm drafters)")
+    ap.add_argument("--drafter-options", action="append", default=[], metavar="NAME:K=V,...",
+                    help="options of a drafter named in --methods (repeatable), e.g. "
+                         "'failfast:chunk=10' or 'dflash:model=tiny-ar-dflash-mixed'")
     ap.add_argument("--tasks", nargs="+", default=None,
                     help="task names (default copy_long; --full: the long-answer suite)")
     ap.add_argument("--n", type=int, default=None, help=f"test examples per task size (default {QUICK['n']}; "
@@ -184,6 +216,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.methods = split_list(args.methods)
     check_methods(args.methods)
+    args.drafter_options = drafter_options(args.drafter_options, args.methods)
     check_models(args)
     if "failfast" in args.methods:  # bad failfast options are refused before anything loads
         from dllm.drafters.failfast import FailFastConfig
@@ -201,14 +234,16 @@ def check_models(args: argparse.Namespace) -> None:
     the target is checked by its own loader first): ValueError naming the flag, before anything loads."""
     from dllm.models.loading import ModelNotFoundError, locate
 
-    for method, flag in MODEL_FLAGS.items():
-        name = getattr(args, flag)
+    given = {m: ("--drafter-options", o["model"]) for m, o in getattr(args, "drafter_options", {}).items()
+             if isinstance(o.get("model"), str)}
+    flags = {m: (f"--{flag}", getattr(args, flag)) for m, flag in MODEL_FLAGS.items()}
+    for method, (flag, name) in {**flags, **given}.items():
         if method not in args.methods or name is None:
             continue
         try:
             locate(name)
         except ModelNotFoundError as err:
-            raise ValueError(f"--{flag} {name!r} (for the {method} method): {err}") from None
+            raise ValueError(f"{flag} {name!r} (for the {method} method): {err}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -222,6 +257,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     target, _ = load_target(args.target, device=args.device)
     models = {"dflash": args.dflash, "assisted": args.assistant, "dlm": args.dlm, "failfast": args.dlm}
     opts = {"dlm": {"sampler": args.dlm_sampler, "steps": args.dlm_steps}, "failfast": parse_options(args.failfast)}
+    for name, extra in args.drafter_options.items():  # --drafter-options wins over the per-method flags
+        opts[name] = {**opts.get(name, {}), **extra}
+        if "model" in extra:
+            models[name] = opts[name].pop("model")
     names = args.methods if "generate" in args.methods else ["generate", *args.methods]  # the baseline always runs
     methods = [Method(n, models.get(n), opts.get(n, {})) for n in names]
     examples = [ex for t in args.tasks for ex in T.test_split(t, None, n=args.n)]

@@ -92,6 +92,12 @@ def test_forward_counting_and_commits(models):
     (["--n", "0"], "--n must be an integer >= 1"),
     (["--block-size", "0"], "--block-size must be an integer >= 1"),
     (["--tasks", "copy_lon"], "valid tasks: .*copy_long"),
+    (["--methods", "ngram", "--drafter-options", "medusa:k=1"], "unknown drafter 'medusa'; registered: .*ngram"),
+    (["--methods", "ngram", "--drafter-options", "dlm:steps=2"], "'dlm' is not among --methods ngram"),
+    (["--methods", "ngram", "--drafter-options", "ngram:max_gram=2"], "max_gram.*max_ngram"),
+    (["--methods", "ngram", "--drafter-options", "ngram:max_ngram=0"], "max_ngram must be an integer >= 1"),
+    (["--methods", "dflash", "--drafter-options", "dflash:model=/nonexistent"],
+     r"--drafter-options '/nonexistent' \(for the dflash method\)"),
 ])
 def test_bad_flags(argv, match):
     with pytest.raises(ValueError, match=match):
@@ -211,3 +217,18 @@ def test_ctrl_c_before_any_row_says_nothing_was_written(models, tmp_path, monkey
                "--max-new-tokens", "5", "--no-progress", "--out", str(out)])
     assert rc == 130 and not out.exists()
     assert f"interrupted: no row finished; nothing written to {out}" in capsys.readouterr().out
+
+
+def test_drafter_options_reach_the_drafter(models, capsys):
+    """``--drafter-options`` gives a registered drafter its options (and model) in our loop; the
+    per-method flags' values are overridden."""
+    _, paths = models
+    args = parse_args(["--methods", "generate,ngram,dflash", "--drafter-options", "ngram:max_ngram=2",
+                       "--drafter-options", f"dflash:model={paths['dflash']}"])
+    assert args.drafter_options == {"ngram": {"max_ngram": 2}, "dflash": {"model": paths["dflash"]}}
+    rc = main(["--target", paths["target"], "--dflash", "/nonexistent", "--methods", "ngram,dflash",
+               "--drafter-options", "ngram:max_ngram=2", "--drafter-options", f"dflash:model={paths['dflash']}",
+               "--tasks", "copy_long", "--n", "1", "--max-new-tokens", "5", "--block-size", "8", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "skipped" not in printed
+    assert "| ngram |" in printed and "| dflash |" in printed
