@@ -19,6 +19,7 @@ from dllm.models.checkpoint import open_checkpoint
 from dllm.models.families.registry import class_for_model_type
 from dllm.models.families.pretrained import GENERATION_CONFIG, TransformerLM
 from dllm.models.quantize import QuantizationError, check_quantization, quantize_model
+from dllm.models.parallel.plan import check_tensor_parallel
 from dllm.models.tokenizer import load_tokenizer, tokenizer_size
 from dllm.models.core.transformer import TransformerBlock
 
@@ -188,6 +189,23 @@ def _dispatch(
     return dispatch_model(model, device_map=device_map)
 
 
+def tensor_parallel_split(cls: type, config: Any, hf: dict[str, Any], n: int, expert_parallel: bool,
+                          device: Optional[torch.device], device_map: Any, quantization: Optional[str]) -> Any:
+    """The ``dllm.models.parallel.TensorParallel`` of this process: the split checked with the numbers (before
+    any weight is read or any process group starts), then the group joined."""
+    from dllm.models.parallel.group import tensor_parallel_group
+    from dllm.models.parallel.plan import ParallelPlan, check_plan
+    from dllm.models.parallel.shard import TensorParallel
+
+    from dllm.models.families.llada2 import LLaDA2, moe_from_hf
+
+    moe = moe_from_hf(hf) if issubclass(cls, LLaDA2) else None
+    check_plan(config, n, moe=moe, expert_parallel=expert_parallel, device_map=device_map,
+               quantization=quantization)
+    group = tensor_parallel_group(n, device)
+    return TensorParallel(ParallelPlan(n, group.rank, expert_parallel), group, moe)
+
+
 ORACLE_NAME = "oracle"  # load("oracle"): the stress tasks' exact-posterior model (dllm.models.oracle)
 
 
@@ -198,6 +216,8 @@ def load(
     device_map: Union[str, dict[str, Any], None] = None,
     attn_backend: str = "auto",
     quantization: Optional[str] = None,
+    tensor_parallel: Optional[int] = None,
+    expert_parallel: bool = False,
 ) -> TransformerLM:
     """Load a LLaDA, Dream or SDAR checkpoint in the official layout (the family from config.json's
     ``model_type``; SDAR's block-causal attention and ``block_size`` come with it).
@@ -209,7 +229,14 @@ def load(
     those that do); device_map: "auto" or a dict, through accelerate. Weights with NaN or inf are
     refused (``CheckpointError`` naming the tensors). quantization: "int8" | "int4" | "nf4"
     (weight-only, ``dllm.models.quantize``; one device, not with device_map).
+    tensor_parallel: N ranks under torchrun (``dllm.models.parallel``): each process loads only its heads'
+    and MLP columns' slices, its KV caches hold its heads, one all-reduce per sub-layer; a split that
+    cannot be made is refused with the numbers before any weight is read. expert_parallel (with it,
+    LLaDA 2 MoE): whole experts per rank instead of split columns.
     """
+    tensor_parallel = check_tensor_parallel(tensor_parallel)
+    if expert_parallel and tensor_parallel is None:
+        raise ValueError("expert_parallel=True needs tensor_parallel=N (the ranks the experts are placed on)")
     if device is not None and device_map is not None:
         raise ValueError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
     method = check_quantization(quantization)
@@ -218,6 +245,8 @@ def load(
                                 f"instead of device_map={device_map!r}")
     device = resolve_device(device)
     if str(name_or_path) == ORACLE_NAME:
+        if tensor_parallel is not None:
+            raise ValueError(f"the {ORACLE_NAME!r} model has no weights to split (tensor_parallel={tensor_parallel})")
         if method is not None:
             raise QuantizationError(f"the {ORACLE_NAME!r} model has no weights to quantize "
                                     f"(quantization={quantization!r})")
@@ -234,10 +263,16 @@ def load(
             f"tokenizer/model vocabulary mismatch in {str(directory)!r}: the tokenizer has "
             f"{tokenizer_size(tokenizer)} tokens but the model's embedding has {config.vocab_size} rows"
         )
+    sharding = None
+    if tensor_parallel is not None:
+        sharding = tensor_parallel_split(cls, config, hf, tensor_parallel, expert_parallel, device, device_map,
+                                         quantization)
+        device = sharding.group.device
     reader = open_checkpoint(directory)
     target = resolve_dtype(dtype, hf, reader.stored_dtype())
     with torch.device("meta"):
         model = cls(config, special, hf_config=hf, tokenizer=tokenizer, attn_backend=attn_backend)
+    model.sharding = sharding
     model.load_official(reader, dtype=target, device=device)
     if (directory / GENERATION_CONFIG).is_file():
         model.hf_generation_config = read_config(directory, GENERATION_CONFIG)

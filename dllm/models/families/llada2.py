@@ -278,16 +278,16 @@ class LLaDA2(TransformerLM):
                 bad.append(f"  {key}: {counts[0]} NaN, {counts[1]} inf of {stored.numel()} values")
             if stacked is not None:  # veomni: [E, ...] -> one tensor per expert
                 for e, part in enumerate(tensor.unbind(0)):
-                    state[internal.format(e=e)] = part.contiguous()
+                    self.place(state, internal.format(e=e), part.contiguous())
             elif ".attn.qkv." in internal:
                 for p, part in zip("qkv", tensor.split(self._qkv_sizes(), dim=0)):
-                    state[internal.replace(".qkv.", f".{p}_proj.")] = part.contiguous()
+                    self.place(state, internal.replace(".qkv.", f".{p}_proj."), part.contiguous())
             else:
-                state[internal] = tensor
+                self.place(state, internal, tensor)
         if bad:
             raise CheckpointError(f"checkpoint {str(reader.directory)!r} has non-finite weights in "
                                   f"{len(bad)} tensor(s):\n" + "\n".join(bad))
-        self.transformer.load_state_dict(state, strict=True, assign=True)
+        self.assign(state)
 
 
 def tiny_llada2(seed: int = 0, *, moe: Optional[MoEConfig] = None, dtype: torch.dtype = torch.float32,

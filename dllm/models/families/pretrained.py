@@ -104,6 +104,7 @@ class TransformerLM(DiffusionLM):
         if not self.hf_config:
             self.hf_config = self.to_hf_config(config, special, torch.get_default_dtype())
         self.hf_generation_config: dict[str, Any] = {}  # a loaded generation_config.json, kept on save
+        self.sharding: Any = None  # dllm.models.parallel.TensorParallel when loaded with tensor_parallel=N
 
     # ---- family hooks ----------------------------------------------------------------------------
     @classmethod
@@ -246,14 +247,30 @@ class TransformerLM(DiffusionLM):
             internal = self.keymap.to_internal(key)
             assert internal is not None  # check_keys reported every unknown key
             stored = reader.get(key)
-            state[internal] = stored.to(device=device or "cpu", dtype=dtype)
-            counts = nonfinite_counts(state[internal])
+            tensor = stored.to(device=device or "cpu", dtype=dtype)
+            counts = nonfinite_counts(tensor)
             if counts is not None:
                 why = "" if nonfinite_counts(stored) else f" (stored values are finite: they overflow {dtype})"
                 bad.append(f"  {key}: {counts[0]} NaN, {counts[1]} inf of {stored.numel()} values{why}")
+            self.place(state, internal, tensor)
         if bad:
             raise CheckpointError(f"checkpoint {str(reader.directory)!r} has non-finite weights in "
                                   f"{len(bad)} tensor(s):\n" + "\n".join(bad))
+        self.assign(state)
+
+    def place(self, state: dict[str, torch.Tensor], internal: str, tensor: torch.Tensor) -> None:
+        """Keep a loaded tensor (internal name) in ``state``: all of it, or with ``sharding`` this
+        process's part (a slice, or nothing for another rank's expert), so no process holds the
+        whole model while loading."""
+        part = tensor if self.sharding is None else self.sharding.local(internal, tensor)
+        if part is not None:
+            state[internal] = part
+
+    def assign(self, state: dict[str, torch.Tensor]) -> None:
+        """The loaded tensors become the parameters (with ``sharding``: of the local-width modules
+        it builds first)."""
+        if self.sharding is not None:
+            self.sharding.shard_modules(self)
         self.transformer.load_state_dict(state, strict=True, assign=True)
 
     # ---- saving ----------------------------------------------------------------------------------

@@ -1,0 +1,28 @@
+"""Tensor and expert parallelism through ``torch.distributed``: one model's layers split across ranks.
+
+>>> # torchrun --nproc-per-node 2 my_script.py
+>>> model = dllm.load("tiny-llada", tensor_parallel=2)          # heads and MLP columns split
+>>> model = dllm.load("some-llada2-moe", tensor_parallel=2, expert_parallel=True)  # + whole experts per rank
+
+Layout: ``plan.py`` (the numbers a split needs, checked before any weight is read), ``group.py``
+(the process group and its ``DeviceMesh``), ``shard.py`` (which slice of each tensor a rank keeps,
+and the local-width modules), ``layers.py`` (the row-parallel projection and the MoE whose outputs
+are summed across ranks).
+"""
+
+from __future__ import annotations
+
+from dllm.lazy import lazy_exports
+
+_LAZY = {
+    "ParallelPlan": ("dllm.models.parallel.plan", "ParallelPlan"),
+    "check_plan": ("dllm.models.parallel.plan", "check_plan"),
+    "TensorParallel": ("dllm.models.parallel.shard", "TensorParallel"),
+    "tensor_parallel_group": ("dllm.models.parallel.group", "tensor_parallel_group"),
+    "RowParallelLinear": ("dllm.models.parallel.layers", "RowParallelLinear"),
+    "ParallelMoE": ("dllm.models.parallel.layers", "ParallelMoE"),
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+__all__ = sorted(_LAZY)
