@@ -26,7 +26,7 @@ from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, blo
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
-                  "max_batch_rows", "max_batch_tokens", "max_group")
+                  "max_batch_rows", "max_batch_tokens", "max_group", "tensor_parallel")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -83,6 +83,12 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
     add_quantization(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cpu)")
+    t = p.add_argument_group("a model split over ranks (docs/guides/parallel.md)")
+    t.add_argument("--tensor-parallel", type=POSITIVE, default=None, metavar="N",
+                   help="split the --model over N processes (this one and N-1 it starts; gloo on CPU, NCCL on GPU); "
+                        "served with --mode static (default) or serial")
+    t.add_argument("--expert-parallel", action="store_true",
+                   help="with --tensor-parallel: whole MoE experts per rank (LLaDA 2) instead of split columns")
     r = p.add_argument_group("replicas (Ray Serve, extra dllm[ray])")
     r.add_argument("--replicas", type=POSITIVE, default=None,
                    help="serve N copies of the backend behind one endpoint through Ray Serve (default: one "
@@ -117,6 +123,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--replicas needs a fixed --port (Ray Serve's proxy binds it; 0 = any port is not supported)")
     if args.replicas is None and (args.ray_address is not None or args.gpus_per_replica):
         raise ValueError("--ray-address and --gpus-per-replica go with --replicas N")
+    if args.expert_parallel and args.tensor_parallel is None:
+        raise ValueError("--expert-parallel goes with --tensor-parallel N (the ranks the experts are placed on)")
+    if args.tensor_parallel is not None:
+        from dllm.serve.backends.diffusion import MIRRORED_MODES
+
+        if args.replicas is not None:
+            raise ValueError("--tensor-parallel with --replicas is not supported yet: one split model per server")
+        if args.mode is not None and args.mode not in MIRRORED_MODES:
+            raise ValueError(f"--tensor-parallel serves with --mode {' or '.join(MIRRORED_MODES)} (one generate call "
+                             f"at a time, which the other ranks replay), not {args.mode}")
+        if args.quantization is not None:
+            raise ValueError(f"--tensor-parallel with --quantization {args.quantization} is not supported: load a "
+                             f"floating dtype")
     if args.drain_timeout is not None and not args.drain_timeout > 0:
         raise ValueError(f"--drain-timeout must be > 0 seconds, got {args.drain_timeout}")
 
@@ -190,12 +209,43 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
                               options=tuple(sorted(dict(args.option).items())))
     batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
                                                   ("max_tokens", args.max_batch_tokens)) if v is not None})
-    model = load(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
-    return DiffusionBackend(model, name=name, defaults=defaults, mode=args.mode or "continuous",
+    mirror, mode = None, args.mode or "continuous"
+    if args.tensor_parallel is not None:
+        model, mirror = load_split_model(args)
+        mode = args.mode or "static"
+    else:
+        model = load(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
+    return DiffusionBackend(model, name=name, defaults=defaults, mode=mode, mirror=mirror,
                             max_running=args.max_running or 32, max_queue=args.max_queue,
                             max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
                             chat_template=chat_template, batcher=batcher,
                             **({"max_group": args.max_group} if args.max_group is not None else {}))
+
+
+def load_split_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``--tensor-parallel N``: the split is checked with the numbers first (no process started for a
+    split that cannot be made), then ranks 1..N-1 start and every rank loads its part."""
+    from dllm.models.loading import locate, read_config
+    from dllm.models.families.registry import class_for_model_type
+    from dllm.models.families.llada2 import LLaDA2, moe_from_hf
+    from dllm.models.parallel.plan import check_plan
+    from dllm.serve.backends import tensor_parallel as tp
+
+    hf = read_config(locate(args.model))
+    cls = class_for_model_type(hf.get("model_type"))
+    config, _ = cls.from_hf_config(hf, None)
+    check_plan(config, args.tensor_parallel, moe=moe_from_hf(hf) if issubclass(cls, LLaDA2) else None,
+               expert_parallel=args.expert_parallel)
+    procs, _ = tp.spawn_followers(args.tensor_parallel, tp.follower_args(args.model, args.dtype, args.device,
+                                                                         args.expert_parallel, args.threads))
+    try:
+        model = tp.load_split(args.model, args.tensor_parallel, dtype=args.dtype, device=args.device,
+                              expert_parallel=args.expert_parallel)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return model, tp.Mirror(procs)
 
 
 HTTP_GRACE_S = 10  # once the backend is closed, how long uvicorn waits for the last replies to be written

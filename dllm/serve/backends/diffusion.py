@@ -45,6 +45,9 @@ from dllm.serve.backends.prompts import chat_ids, text_ids
 from dllm.serve.backends.schedule_policy import MODES, make_policy
 from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.backends.stream import TextStream
+from dllm.serve.backends.tensor_parallel import Call, Mirror
+
+MIRRORED_MODES = ("static", "serial")  # the modes a split model is served in (one generate call at a time)
 
 
 
@@ -138,8 +141,12 @@ class DiffusionBackend(Scheduler):
                  mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
                  chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
-                 max_group: Optional[int] = None) -> None:
+                 max_group: Optional[int] = None, mirror: Optional[Mirror] = None) -> None:
         policy = make_policy(mode, max_group, max_running)  # refuses a bad mode or max_group
+        if mirror is not None and mode not in MIRRORED_MODES:
+            raise ValueError(f"a model split over ranks is served with --mode {' or '.join(MIRRORED_MODES)} (one "
+                             f"generate call at a time, which the other ranks replay), not {mode!r}")
+        self.mirror = mirror
         if not hasattr(model, "mask_id"):
             raise TypeError(f"DiffusionBackend serves a dllm DiffusionLM (dllm.load), got {type(model).__name__}")
         self.model, self.model_name, self.defaults, self.mode = model, name, defaults, mode
@@ -248,6 +255,8 @@ class DiffusionBackend(Scheduler):
                     row.finish(None, req.max_tokens, started)
                     left.append(r)
             live.difference_update(left)
+            if self.mirror is not None:  # the other ranks release the same rows (or end) at this step
+                self.mirror.step(left, not live)
             if not live:
                 raise _Leave
             if left:  # the call goes on without them: their rows leave its forwards (dllm.rows)
@@ -256,9 +265,12 @@ class DiffusionBackend(Scheduler):
         kwargs = req.settings.generate_kwargs()
         seeds = [j.request.settings.seed for j in jobs]
         kwargs["seed"] = None if all(s is None for s in seeds) else seeds  # one generator per row
+        kwargs.update(gen_length=req.max_tokens, stop_at_eos=True)
+        prompts = [list(j.request.prompt_ids) for j in jobs]
+        if self.mirror is not None:
+            self.mirror.begin(Call(prompts, kwargs))
         try:
-            out = generate(model, [list(j.request.prompt_ids) for j in jobs], gen_length=req.max_tokens,
-                           stop_at_eos=True, callback=on_step, **kwargs)
+            out = generate(model, prompts, callback=on_step, **kwargs)
         except _Leave:
             return
         answers = out.sequences[:, out.prompt_length:].tolist()  # one read for every row
@@ -266,6 +278,12 @@ class DiffusionBackend(Scheduler):
             row = rows[r]
             row.nfe, row.forwarded = out.nfe, out.forwarded_tokens
             row.finish(answers[r], req.max_tokens, started)
+
+    def close(self, drain: bool = True, timeout: Optional[float] = None) -> None:
+        """``Scheduler.close``, then (a split model) the other ranks are stopped."""
+        super().close(drain, timeout)
+        if self.mirror is not None:
+            self.mirror.close()
 
     # ---- batching ----
     def _key(self, job: Job) -> tuple:

@@ -1,0 +1,91 @@
+"""``dllm serve --tensor-parallel N``: one HTTP front end, N model ranks (this process and N-1 it starts).
+
+Fast: the flags a split server refuses before anything starts. Slow: a real 2-rank server answers
+the official openai client with the offline tokens (concurrent, streamed, seeded sampling, a stop
+string, two samplers and caches), and SIGTERM or Ctrl-C stops every rank with no orphans.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import signal
+import subprocess
+import time
+
+import pytest
+
+from dllm.cli.table import REGISTRY
+from tests.cli.test_cli_serve import start_server
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--model", "tiny-llada", "--tensor-parallel", "2", "--mode", "continuous"],
+     "--tensor-parallel serves with --mode static or serial"),
+    (["--model", "tiny-llada", "--tensor-parallel", "2", "--replicas", "2", "--port", "8000"],
+     "--tensor-parallel with --replicas is not supported"),
+    (["--model", "tiny-llada", "--tensor-parallel", "2", "--quantization", "int8"], "--quantization int8 is not supported"),
+    (["--model", "tiny-llada", "--expert-parallel"], "--expert-parallel goes with --tensor-parallel N"),
+    (["--target", "tiny-ar", "--drafter", "ngram", "--tensor-parallel", "2"], "--tensor-parallel is a diffusion setting"),
+    (["--model", "tiny-llada", "--tensor-parallel", "3"], "attention heads 4 is not divisible by tensor_parallel=3"),
+    (["--model", "tiny-llada", "--tensor-parallel", "2", "--expert-parallel"], "needs a mixture-of-experts model"),
+])
+def test_a_split_server_is_refused_before_any_rank_starts(argv, says, capsys, monkeypatch):
+    import dllm.serve.backends.tensor_parallel as tp
+
+    monkeypatch.setattr(tp, "spawn_followers", lambda *a, **k: pytest.fail("a rank was started"))
+    assert REGISTRY.main(["serve", "--port", "0", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(state) and not state.startswith("Z")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_two_ranks_answer_the_openai_client_with_the_offline_tokens(tmp_path, sig):
+    from openai import OpenAI
+
+    import dllm
+    from tests.serve.servers import offline_diffusion
+
+    proc, url, log = start_server(tmp_path, "--model", "tiny-llada", "--tensor-parallel", "2")
+    followers = _children(proc.pid)
+    try:
+        assert len(followers) == 1, log.read_text()
+        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        model = dllm.load("tiny-llada")
+        asks = [dict(prompt="[BOS] sort D A C B [SEP]", max_tokens=8),
+                dict(prompt="[BOS] reverse A B C D [SEP]", max_tokens=8, extra_body={"sampler": "threshold",
+                                                                                  "cache": "dual"}),
+                dict(prompt="[BOS] sort C B A [SEP]", max_tokens=12, temperature=1.0, seed=5),
+                dict(prompt="[BOS] sort C B A [SEP]", max_tokens=12, temperature=1.0, seed=5),
+                dict(prompt="[BOS] copy A B C D E F [SEP]", max_tokens=12, stop=["D"])]
+
+        def offline(a: dict) -> str:
+            extra = a.get("extra_body", {})
+            settings = {k: v for k, v in (("temperature", a.get("temperature")), ("seed", a.get("seed"))) if v}
+            return offline_diffusion(model, a["prompt"], a["max_tokens"], a.get("stop", ()), **extra, **settings)[0]
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda a: client.completions.create(model="tiny-llada", **a).choices[0].text, asks * 2))
+        assert got == [offline(a) for a in asks * 2]
+        stream = client.completions.create(model="tiny-llada", stream=True, **asks[0])
+        assert "".join(c.choices[0].text for c in stream) == offline(asks[0])
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in followers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in followers), "a rank outlived the server"
+        assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
