@@ -44,11 +44,12 @@ def recipe_table() -> list[tuple[str, str]]:
     """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
     from dllm.train.drafters.dflash_train import dflash_recipes
+    from dllm.train.drafters.jetspec_train import jetspec_recipes
     from dllm.train.learn2pd import filter_recipes
     from dllm.train.recipes import curricula
 
     rows = [(n, d) for n, d in curricula.describe()]
-    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, filter_recipes) for n, d in reg.describe()]
+    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, jetspec_recipes, filter_recipes) for n, d in reg.describe()]
     return rows
 
 
@@ -198,21 +199,27 @@ def _filter_recipe(args: argparse.Namespace) -> int:
 
 
 def _speculative_recipe(args: argparse.Namespace) -> int:
-    """The AR target / AR draft / DFlash drafter recipes (``dllm/train/ar.py``, ``dflash_train.py``)."""
+    """The AR target / AR draft / DFlash / JetSpec drafter recipes (``dllm/train/ar.py``,
+    ``drafters/dflash_train.py``, ``drafters/jetspec_train.py``)."""
     from dataclasses import asdict
 
     from dllm.train.ar import ar_recipes, train_ar
     from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
+    from dllm.train.drafters.jetspec_train import jetspec_recipes, train_jetspec
 
     out = args.out or f"runs/{args.recipe}"
     common = {"steps": args.steps, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
               "warmup": args.warmup}
     if args.recipe in ar_recipes:
         recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every)
+        module = "dllm/train/ar.py"
+    elif args.recipe in jetspec_recipes:
+        recipe = jetspec_recipes.get(args.recipe).with_overrides(**common, target=args.target)
+        module = "dllm/train/drafters/jetspec_train.py"
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
+        module = "dllm/train/drafters/dflash_train.py"
     if args.dry_run:
-        module = "dllm/train/ar.py" if args.recipe in ar_recipes else "dllm/train/drafters/dflash_train.py"
         print(f"recipe {recipe.name}: one run of {module}")
         print(json.dumps(asdict(recipe), default=str))
         return 0
@@ -220,6 +227,8 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
         if args.recipe in ar_recipes:
             last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress,
                             stop_at=args.max_steps, start_phase=args.start_phase, init_from=args.init_from)
+        elif args.recipe in jetspec_recipes:
+            last = train_jetspec(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
         else:
             last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
     except KeyboardInterrupt:

@@ -66,6 +66,23 @@ def check_methods(names: Sequence[str]) -> None:
         raise ValueError(f"unknown method(s) {bad or list(names)!r}; valid methods: {', '.join(valid)}")
 
 
+def check_tree(tree: Optional[str], block_size: Union[int, str]) -> None:
+    """``--tree``: a registered tree builder with valid options, with an int ``--block-size``."""
+    if tree is None:
+        return
+    if block_size == "auto":
+        raise ValueError("--block-size auto (the drafter's block head) picks each prompt's tree itself; drop --tree, "
+                         "or give an int --block-size with it")
+    from dllm.drafters.base import load_builtin_drafters
+    from dllm.drafters.trees.builders import make_tree_builder
+
+    load_builtin_drafters()  # builders registered beside their drafters (jetspec)
+    try:
+        make_tree_builder(tree)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"--tree {tree!r}: {err}") from None
+
+
 def drafter_options(specs: Sequence[str], methods: Sequence[str]) -> dict[str, dict]:
     """``--drafter-options NAME:k=v,...`` (repeatable) -> {NAME: options}, each checked against its
     drafter's config before anything loads; a NAME not among ``methods`` is refused (it would not run)."""
@@ -101,13 +118,15 @@ def run_bench(
     block_size: Union[int, str] = 16,
     warmup: bool = True,
     rows_out: Optional[list[Row]] = None,
+    tree: Optional[str] = None,
 ) -> list[Row]:
     """Decode every example with every method at every temperature: one ``Row`` per (T, method), in
     that order. ``max_new_tokens``: default each example's answer length (answer words + EOS). Prompt
     i is seeded with ``seed + i`` (torch.manual_seed before a transformers call, ``seed=`` for ours).
     ``warmup``: one untimed short greedy call per method first (where most failures surface).
     ``rows_out``: a list extended with each temperature's rows as soon as they are finished (what an
-    interrupted run keeps)."""
+    interrupted run keeps). ``tree``: a tree builder spec the drafter methods verify trees of (None:
+    chains)."""
     from tqdm.auto import tqdm
 
     methods = [m if isinstance(m, Method) else Method(m) for m in methods]
@@ -122,7 +141,7 @@ def run_bench(
     vocab = task_vocab()
     prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
     budgets = [max_new_tokens or T.answer_length(ex.task, ex.size) for ex in examples]
-    runners, skipped = _prepare(target, methods, prompts[0], block_size, warmup)
+    runners, skipped = _prepare(target, methods, prompts[0], block_size, warmup, tree)
     rows: list[Row] = [] if rows_out is None else rows_out
     bar = tqdm(total=len(temperatures) * len(examples), disable=not progress, desc="bench spec", unit="prompt")
     for temp in temperatures:
@@ -141,13 +160,13 @@ def run_bench(
 
 
 def _prepare(target, methods: Sequence[Method], prompt: list[int], block_size: int,
-             warmup: bool) -> tuple[dict[str, Runner], dict[str, str]]:
+             warmup: bool, tree: Optional[str] = None) -> tuple[dict[str, Runner], dict[str, str]]:
     """Every method's runner, or its reason to be skipped."""
     runners: dict[str, Runner] = {}
     skipped: dict[str, str] = {}
     for m in methods:
         try:
-            runners[m.name] = make_runner(target, m, block_size)
+            runners[m.name] = make_runner(target, m, block_size, tree)
             if warmup:
                 runners[m.name](prompt, 0.0, WARMUP_TOKENS, 0)
         except Exception as err:  # noqa: BLE001
@@ -192,6 +211,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--drafter-options", action="append", default=[], metavar="NAME:K=V,...",
                     help="options of a drafter named in --methods (repeatable), e.g. "
                          "'failfast:chunk=10' or 'dflash:model=tiny-ar-dflash-mixed'")
+    ap.add_argument("--tree", default=None, metavar="SPEC",
+                    help="verify the drafter methods' drafts as trees of this builder (e.g. 'ddtree:budget=32', "
+                         "'jetspec:budget=63,width=7'); default: chains")
     ap.add_argument("--tasks", nargs="+", default=None,
                     help="task names (default copy_long; --full: the long-answer suite)")
     ap.add_argument("--n", type=int, default=None, help=f"test examples per task size (default {QUICK['n']}; "
@@ -217,6 +239,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.methods = split_list(args.methods)
     check_methods(args.methods)
     args.drafter_options = drafter_options(args.drafter_options, args.methods)
+    check_tree(args.tree, args.block_size)
     check_models(args)
     if "failfast" in args.methods:  # bad failfast options are refused before anything loads
         from dllm.drafters.failfast import FailFastConfig
@@ -274,7 +297,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
             payload = {"target": args.target, "models": models, "tasks": args.tasks, "n_per_size": args.n,
-                       "prompts": len(examples), "block_size": args.block_size, "temperatures": args.temperatures,
+                       "prompts": len(examples), "block_size": args.block_size, "tree": args.tree,
+                       "temperatures": args.temperatures,
                        "seed": args.seed, "threads": torch.get_num_threads(), "device": str(device_of(target)),
                        "rows": [r.to_json() for r in rows]}
             out.write_text(json.dumps(payload, indent=2) + "\n")
@@ -283,7 +307,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def run() -> int:
         run_bench(target, methods, examples, temperatures=args.temperatures, seed=args.seed,
                   max_new_tokens=args.max_new_tokens, progress=not args.no_progress, block_size=args.block_size,
-                  rows_out=rows)
+                  rows_out=rows, tree=args.tree)
         report()
         return 0
 

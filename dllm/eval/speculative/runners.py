@@ -113,26 +113,30 @@ def hf_runner(target, *, assistant=None, **extra: Any) -> Runner:
     return run
 
 
-def loop_runner(target, drafter, block_size: int) -> Runner:
-    """``speculative_generate`` at batch 1 with a built drafter."""
+def loop_runner(target, drafter, block_size: int, tree: Optional[str] = None) -> Runner:
+    """``speculative_generate`` at batch 1 with a built drafter; ``tree``: a tree builder spec (the
+    drafts verified as a tree of that builder), None = the chain."""
     from dllm.drafters.loop import speculative_generate
+    from dllm.drafters.plan import Plan
 
     from dllm.models.task_tokenizer import task_tokenizer
 
     device = device_of(target)
     tokenizer = task_tokenizer()  # the prompts are task prompts; a drafter checks its vocabulary against it
+    plan = block_size if tree is None else Plan(block_size=block_size, tree=tree)
 
     def run(prompt: list[int], temperature: float, max_new: int, seed: int) -> Sample:
         out, wall = timed_call(device, lambda: speculative_generate(
             target, drafter, [prompt], max_new_tokens=max_new, temperature=temperature, top_p=1.0, top_k=0,
-            plan=block_size, seed=seed, tokenizer=tokenizer))
+            plan=plan, seed=seed, tokenizer=tokenizer))
         return Sample(out.generated[0], out.target_forwards, out.drafter_forwards, out.acceptance[0], wall)
 
     return run
 
 
-def make_runner(target, method: Method, block_size: int) -> Runner:
-    """The runner of one method; loads its model (errors propagate: ``run_bench`` skips the method)."""
+def make_runner(target, method: Method, block_size: int, tree: Optional[str] = None) -> Runner:
+    """The runner of one method; loads its model (errors propagate: ``run_bench`` skips the method).
+    ``tree``: the drafter methods verify that builder's trees (``ar`` and transformers' never)."""
     from dllm.drafters.base import make_drafter
 
     name, model = method.name, method.model
@@ -149,7 +153,7 @@ def make_runner(target, method: Method, block_size: int) -> Runner:
     if name == "ar":
         return loop_runner(target, make_drafter("ngram"), 1)  # block size 1: the drafter is never asked
     drafter = make_drafter(name, **({"model": model} if model is not None else {}), **method.options)
-    return loop_runner(target, drafter, block_size)
+    return loop_runner(target, drafter, block_size, tree)
 
 
 def _eos_ids(target) -> set[int]:

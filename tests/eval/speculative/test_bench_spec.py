@@ -96,6 +96,9 @@ def test_forward_counting_and_commits(models):
     (["--methods", "ngram", "--drafter-options", "dlm:steps=2"], "'dlm' is not among --methods ngram"),
     (["--methods", "ngram", "--drafter-options", "ngram:max_gram=2"], "max_gram.*max_ngram"),
     (["--methods", "ngram", "--drafter-options", "ngram:max_ngram=0"], "max_ngram must be an integer >= 1"),
+    (["--tree", "nope"], "--tree 'nope': Unknown tree builder 'nope'. Valid tree builders: .*ddtree"),
+    (["--tree", "ddtree:budget=0"], "--tree 'ddtree:budget=0': budget"),
+    (["--tree", "ddtree", "--block-size", "auto"], "picks each prompt's tree itself"),
     (["--methods", "dflash", "--drafter-options", "dflash:model=/nonexistent"],
      r"--drafter-options '/nonexistent' \(for the dflash method\)"),
 ])
@@ -232,3 +235,17 @@ def test_drafter_options_reach_the_drafter(models, capsys):
     printed = capsys.readouterr().out
     assert rc == 0 and "skipped" not in printed
     assert "| ngram |" in printed and "| dflash |" in printed
+
+
+def test_tree_flag_verifies_trees(models, tmp_path, capsys):
+    """``--tree``: the drafter methods verify that builder's trees (greedy still equal to generate)."""
+    _, paths = models
+    out = tmp_path / "tree.json"
+    rc = main(["--target", paths["target"], "--dflash", paths["dflash"], "--methods", "dflash", "--tree",
+               "ddtree:budget=6", "--tasks", "copy_long", "--n", "1", "--max-new-tokens", "5", "--block-size", "8",
+               "--no-progress", "--out", str(out)])
+    assert rc == 0
+    payload = json.loads(out.read_text())
+    assert payload["tree"] == "ddtree:budget=6"
+    rows = {r["method"]: r for r in payload["rows"]}
+    assert rows["dflash"]["status"] == "ok" and rows["dflash"]["greedy_match"] is True
