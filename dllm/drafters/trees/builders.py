@@ -110,15 +110,24 @@ register_tree_builder = tree_builders.register_class  # class decorator: @regist
 TreeBuilderSpec = Union[str, TreeBuilder, Mapping[str, Any]]
 
 
+def load_builders() -> Registry[type[TreeBuilder]]:
+    """The registry with every built-in builder: those registered beside their drafter (``jetspec``)
+    come with the built-in drafters' modules, so the names never depend on what was imported before."""
+    from dllm.drafters.base import load_builtin_drafters
+
+    load_builtin_drafters()
+    return tree_builders
+
+
 def make_tree_builder(spec: TreeBuilderSpec, **options: Any) -> TreeBuilder:
     """A tree builder from a name (``"ddtree"``), a spec string (``"ddtree:budget=8"``), a mapping
     with a ``"name"`` key, or an instance (returned as is)."""
-    return tree_builders.make(spec, **options)
+    return load_builders().make(spec, **options)
 
 
 def list_tree_builders() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered tree builder."""
-    return tree_builders.describe()
+    return load_builders().describe()
 
 
 def _check_log_probs(log_probs: torch.Tensor) -> None:

@@ -73,10 +73,8 @@ def check_tree(tree: Optional[str], block_size: Union[int, str]) -> None:
     if block_size == "auto":
         raise ValueError("--block-size auto (the drafter's block head) picks each prompt's tree itself; drop --tree, "
                          "or give an int --block-size with it")
-    from dllm.drafters.base import load_builtin_drafters
     from dllm.drafters.trees.builders import make_tree_builder
 
-    load_builtin_drafters()  # builders registered beside their drafters (jetspec)
     try:
         make_tree_builder(tree)
     except (KeyError, TypeError, ValueError) as err:

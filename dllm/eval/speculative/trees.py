@@ -58,9 +58,9 @@ DEFAULT_BUDGETS: tuple[int, ...] = (16, 32, 64, 128)
 
 
 def tree_builder_names() -> list[str]:
-    from dllm.drafters.trees import tree_builders
+    from dllm.drafters.trees.builders import load_builders
 
-    return tree_builders.names()
+    return load_builders().names()
 
 
 def check_builders(names: Sequence[str]) -> None:

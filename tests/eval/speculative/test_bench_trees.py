@@ -177,7 +177,7 @@ def test_main_via_dllm_bench_trees(models, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--trees", "chain,medusa"], "valid builders: chain, ddtree, taps"),
+    (["--trees", "chain,medusa"], "valid builders: chain, ddtree, jetspec, taps"),
     (["--trees", "ddtree,ddtree"], "once"),
     (["--budgets", "16,0"], "budgets must be integers >= 1"),
     (["--budgets", "big"], "--budgets must be integers >= 1"),
