@@ -6,11 +6,11 @@
     kv = cache.allocate(...)                   # K/V buffers, once per call (None for "none")
     for each block [s, e):
         sampler.begin_block(state)
-        while the block has masks (adaptive) / for each budgeted step (fixed):
+        while the block has masks (adaptive; refining: or a row not settled) / for each budgeted step (fixed):
             q = cache.query(state, step)         # full forward, or a query slice against the cache
-            logits = forward(x[:, q.start:q.end], kv view)
+            logits = forward(x[:, q.start:q.end], kv view, soft inputs of the block if the sampler set them)
             decision = sampler.step(StepInput, state)
-            commit (progress guaranteed), trace, callback
+            commit (progress guaranteed), rewrites (refining samplers), trace, callback
         stop rows whose answer ended (once per block, ``stop_at_eos``)
 
 Batches are left-padded with explicit positions and a key-padding mask, so a prompt decodes to the
@@ -163,6 +163,9 @@ class Decode:
         self.graphs: Optional[StepGraphs] = None  # cached forwards captured per shape (cuda_graphs)
         self.views = BlockViews(state)  # the canvas' views (and the block's cache views), once per block
         self._masks: Optional[torch.Tensor] = None  # [B, W] the block's masks, taken since the last write
+        self._soft: Optional[tuple[int, Any]] = None  # (block start column, SoftInputs [B, W]) of the block's
+        #   next forwards (StepOutput.soft), None: token inputs
+        self._unsettled: Optional[torch.Tensor] = None  # [B] bool: rows a refining sampler has not settled
 
     # ---- forwards -------------------------------------------------------------------------------
     def query_inputs(self, query: Query) -> tuple[torch.Tensor, dict]:
@@ -208,9 +211,13 @@ class Decode:
         rows = query.head_rows(rows)
         if rows is not None:
             kwargs["logits_rows"] = rows
-        held = forward_rows(self.state, x.shape[0], cache=kwargs.get("cache"),
-                            wants_maps=bool(self.attn_layers), skip_released=self.skip_released)
-        logits = self._graphed(query, x, kwargs, rows) if held is None else None
+        soft = self._soft_inputs(query, x.shape[0])
+        if soft is not None:  # every row is forwarded, eagerly: the graphs and held rows take token inputs
+            kwargs["soft_inputs"] = soft
+        held = None if soft is not None else forward_rows(self.state, x.shape[0], cache=kwargs.get("cache"),
+                                                          wants_maps=bool(self.attn_layers),
+                                                          skip_released=self.skip_released)
+        logits = self._graphed(query, x, kwargs, rows) if held is None and soft is None else None
         if logits is not None:
             attn: dict[int, torch.Tensor] = {}
         else:
@@ -225,6 +232,19 @@ class Decode:
             attn = {k: v[:b] for k, v in attn.items()}
         self._count((x.shape[0] if held is None else held.numel()) * query.length)  # rows computed x query
         return logits, attn
+
+    def _soft_inputs(self, query: Query, n_rows: int):
+        """The block's soft inputs (``StepOutput.soft``) placed at the query's rows (past its extra
+        columns; under CFG the unconditional copies take them too), or None."""
+        if self._soft is None:
+            return None
+        c0, soft = self._soft
+        if not query.start <= c0 <= c0 + soft.width <= query.end:
+            raise RuntimeError(f"the query [{query.start}, {query.end}) does not cover the soft inputs of "
+                               f"columns [{c0}, {c0 + soft.width})")
+        if n_rows != soft.where.shape[0]:
+            soft = soft.rows(torch.arange(soft.where.shape[0], device=soft.where.device).repeat(2))
+        return soft.at(query.n_extra + c0 - query.start)
 
     def _graphed(self, query: Query, x: torch.Tensor, kwargs: dict,
                  rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
@@ -299,14 +319,18 @@ class Decode:
         self.views.clear()  # the last block's views
         block = self.views.get("x", s, e)  # [B, W]
         self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
+        self._soft = self._unsettled = None
         state.block_masks_at_start = self._masks.sum(dim=1)  # [B]
         sampler.begin_block(state)
-        max_steps = block_steps if block_steps is not None else sampler.max_block_steps(e - s)
+        refines = sampler.refines  # steps past the masks: bounded by the nominal block
+        max_steps = block_steps if block_steps is not None else sampler.max_block_steps(
+            max(e - s, state.block_length) if refines else e - s)
         for i in range(max_steps):
             if block_steps is None:
                 if i:
                     self._masks = block == state.mask_id
-                if not bool(self._masks.any()):  # one host sync per adaptive step: the loop condition
+                left = self._masks if self._unsettled is None else self._masks | self._unsettled[:, None]
+                if not bool(left.any()):  # one host sync per adaptive step: the loop condition
                     return
             state.block_step = i
             self._step(i, s, e, block_steps)
@@ -374,9 +398,37 @@ class Decode:
             if held_now is not None:
                 remask &= held_now[:, None]
             self.views.write(remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
+        if (decision.rewrite is not None or decision.settled is not None or decision.soft is not None
+                or self._soft is not None):
+            self._refine(decision, commit, tokens, s, e, q0)
         state.step += 1
         if self.callback is not None:
             self.callback(state)
+
+    def _refine(self, decision: StepOutput, commit: torch.Tensor, tokens: torch.Tensor, s: int, e: int,
+                q0: int) -> None:
+        """A step's rewrites of committed tokens, settled rows and soft inputs (``StepOutput``)."""
+        state, sampler = self.state, self.sampler
+        if (decision.rewrite is not None or decision.settled is not None) and not sampler.refines:
+            raise RuntimeError(f"sampler {sampler.name!r} returned rewrite or settled but does not declare "
+                               f"refines = True")
+        if decision.soft is not None and (sampler.shadow_block or sampler.needs_variants):
+            raise RuntimeError(f"sampler {sampler.name!r} returned soft inputs, which its extra forwards "
+                               f"(shadow block, variants) do not take")
+        if decision.rewrite is not None:  # committed tokens of the block only, never a released row's
+            keep = decision.rewrite & self.views.in_window(tokens.shape[1], s - q0, e - q0) & ~commit
+            keep &= tokens != state.mask_id
+            held_now = held_mask(state)
+            if held_now is not None:
+                keep &= held_now[:, None]
+            torch.where(keep, decision.tokens, tokens, out=tokens)  # in place: tokens is the canvas view
+        if decision.settled is not None:
+            held_now = held_mask(state)
+            self._unsettled = ~decision.settled if held_now is None else held_now & ~decision.settled
+        if decision.soft is not None and decision.soft.width != e - s:
+            raise RuntimeError(f"sampler {sampler.name!r} returned soft inputs {decision.soft.width} wide for "
+                               f"a block of {e - s}")
+        self._soft = None if decision.soft is None else (s, decision.soft)
 
 
 def _guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

@@ -226,6 +226,10 @@ class DecodeSettings:
             raise SettingError("sampler", f"sampler {sampler.name!r} reads the model's attention probabilities "
                                           f"(layers {list(need_attn)}), but {type(model).__name__} has no "
                                           f"transformer layers to return them; use a sampler that reads only logits")
+        if sampler.soft_inputs and getattr(model, "input_embedding", lambda: None)() is None:
+            raise SettingError("sampler", f"sampler {sampler.name!r} feeds soft inputs (mixed token embeddings), but "
+                                          f"{type(model).__name__} has no input embedding to mix; use a weight-backed "
+                                          f"model")
         return Resolved(sampler, policy, plan)
 
 

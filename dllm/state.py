@@ -157,6 +157,15 @@ class StepOutput:
     #   engine hands them to the next step of the block instead of forwarding again (block view only:
     #   ``reads_block_only``; the full-query reference path forwards anew). Every unfinished row must
     #   commit (no progress fallback); no remask, no beyond; rows without masks left may hold anything
+    soft: Any = None  # a dllm.models.core.soft_inputs.SoftInputs over the block window ([B, W] spans, its
+    #   offset ignored): the inputs of this block's next forwards are these mixtures of token embeddings at
+    #   its ``where`` positions (their canvas tokens elsewhere) until a later step replaces them (None: plain
+    #   token inputs again); dropped at the block's end. Plain and cached forwards take them, every family
+    rewrite: Optional[torch.Tensor] = None  # [B, Q] bool: committed tokens of the current block to replace
+    #   by ``tokens`` (refining samplers such as DMax: ``Sampler.refines``); never the prompt, never a mask
+    settled: Optional[torch.Tensor] = None  # [B] bool: rows whose block is final (refining samplers): the
+    #   engine runs a refining sampler's block while a row has masks or is not settled, at most
+    #   ``max_block_steps`` steps
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.packed_rows import packed_rows_logits
+from dllm.models.core.soft_inputs import SoftInputs, applied_to
 
 Messages = Sequence[dict[str, str]]
 
@@ -189,6 +190,7 @@ class DiffusionLM(nn.Module):
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
         logits_rows: Optional[tuple[int, int]] = None,
+        soft_inputs: Optional[SoftInputs] = None,
     ) -> ModelOutput:
         """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
@@ -206,19 +208,37 @@ class DiffusionLM(nn.Module):
         with ``supports_head_rows`` run the final norm and the LM head on those rows alone (for a
         step that reads a 32-column block of a 1,056-column canvas, the head's [B, L, V] becomes
         [B, 32, V]); others compute every row and slice. A shifted family needs ``a >= 1``.
+
+        ``soft_inputs`` (``dllm.models.core.soft_inputs.SoftInputs``, rows in input coordinates): at its
+        ``where`` positions the input is a mixture of token embeddings instead of ``input_ids``' own.
         """
         head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])
-        if cache is not None:
-            return self._cached_forward(input_ids, positions, key_padding_mask, cache,
-                                        tuple(want_attn_layers), tuple(want_hidden_layers), head_rows)
-        positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
-        if self.packs_padded_rows and attn_mask is not None and not want_attn_layers and not want_hidden_layers:
-            logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
-            if logits is not None:  # a long ragged batch, run per group of rows with the same real columns
-                return ModelOutput(logits, {}, {})
-        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, tuple(want_attn_layers),
-                                              tuple(want_hidden_layers), **self._head_kwargs(head_rows))
-        return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
+        with applied_to(self._soft_embedding(soft_inputs), soft_inputs):
+            if cache is not None:
+                return self._cached_forward(input_ids, positions, key_padding_mask, cache,
+                                            tuple(want_attn_layers), tuple(want_hidden_layers), head_rows)
+            positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
+            if (self.packs_padded_rows and attn_mask is not None and soft_inputs is None and not want_attn_layers
+                    and not want_hidden_layers):
+                logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
+                if logits is not None:  # a long ragged batch, run per group of rows with the same real columns
+                    return ModelOutput(logits, {}, {})
+            raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, tuple(want_attn_layers),
+                                                  tuple(want_hidden_layers), **self._head_kwargs(head_rows))
+            return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
+
+    def input_embedding(self) -> Optional[nn.Module]:
+        """The module that embeds input ids (soft inputs hook it); None when the model has none."""
+        return getattr(getattr(self, "transformer", None), "embed", None)
+
+    def _soft_embedding(self, soft_inputs: Optional[SoftInputs]) -> Optional[nn.Module]:
+        if soft_inputs is None:
+            return None
+        embed = self.input_embedding()
+        if embed is None:
+            raise NotImplementedError(f"{self.display_name} has no input embedding, so it cannot take soft "
+                                      "inputs (mixed token embeddings); use a weight-backed model")
+        return embed
 
     supports_head_rows: ClassVar[bool] = False  # True when _raw_forward takes head_rows=(a, b)
     # a long padded batch without a cache runs per group of rows with the same real columns

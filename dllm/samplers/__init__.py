@@ -24,6 +24,7 @@ from dllm.samplers import fastdllm_v2 as _fastdllm_v2  # noqa: F401
 from dllm.samplers import apd as _apd  # noqa: F401
 from dllm.samplers import cover as _cover  # noqa: F401
 from dllm.samplers import learn2pd as _learn2pd  # noqa: F401
+from dllm.samplers import dmax as _dmax  # noqa: F401
 from dllm.samplers import fast as _fast  # noqa: F401  (after the samplers it may point at)
 
 

@@ -32,6 +32,11 @@ class Sampler(Configurable):
     shadow_block: ClassVar[bool] = False  # reads leave-one-out logits of the block (StepInput.shadow_logits)
     revises: ClassVar[bool] = False  # may re-mask committed tokens (StepOutput.remask); the engine
     #   ignores ``remask`` from a sampler that does not declare it
+    refines: ClassVar[bool] = False  # rewrites committed tokens of the current block (StepOutput.rewrite)
+    #   and runs the block past its masks until every row is settled (StepOutput.settled); its
+    #   ``max_block_steps`` then receives the nominal block length (the engine's bound on such a block)
+    soft_inputs: ClassVar[bool] = False  # feeds mixed input embeddings (StepOutput.soft): needs a model
+    #   with an input embedding (DiffusionLM.input_embedding)
     reads_block_only: ClassVar[bool] = False  # reads nothing outside the block window (logits,
     #   tokens, scores): the engine then computes logits for the block's columns only and hands the
     #   sampler a StepInput whose query IS the block (query_start = block start, window = (0, W)).

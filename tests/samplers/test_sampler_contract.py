@@ -94,7 +94,8 @@ def test_commits_are_final_unless_the_sampler_revises(model, name):
         was_set = before != model.mask_id
         overwritten += int((was_set & (after != model.mask_id) & (after != before)).sum())
         remasked += int((was_set & (after == model.mask_id)).sum())
-    assert overwritten == 0, name
+    if not samplers.get(name).refines:  # refining samplers (dmax) rewrite their block's committed tokens
+        assert overwritten == 0, name
     if not samplers.get(name).revises:
         assert remasked == 0, name
 

@@ -1,0 +1,119 @@
+"""Soft inputs: a forward whose input at some positions is a mixture of token embeddings instead of
+one token's embedding (an ``inputs_embeds``-style path that every weight-backed family shares).
+
+``SoftInputs`` names, for a span of W consecutive input rows starting at ``offset``, the positions
+whose input is mixed (``where``), the K tokens mixed there and their weights. The embedding of such
+a position is
+
+    e = sum_k w_k E[t_k]                                          (``mix_embeddings``)
+
+and, with ``renorm_eps`` set, that vector rescaled to the weighted mean of its parts' norms,
+``e * (sum_k w_k |E[t_k]|) / (|e| + renorm_eps)``: DMax's soft parallel decoding (arXiv 2604.08302,
+czg1225/DMax ``dInfer/python/dinfer/decoding/parallel_strategy.py`` ``decode_uniform``) mixes the
+predicted token with the mask, ``p E[x] + (1 - p) E[mask]``, and restores the norm so the input stays
+on the embeddings' hypersphere. As there, the parts' norms are taken in the embedding dtype and the
+mixture is formed in float32 (the weights' dtype), then cast to the embedding dtype.
+
+A one-hot mixture (one weight 1, the rest 0) is exactly its token's embedding without ``renorm_eps``
+and with ``renorm_eps = 0`` (tests/models/test_soft_inputs.py), so a soft input generalises the
+token path rather than approximating it.
+
+``DiffusionLM.forward(..., soft_inputs=...)`` applies them with ``applied_to``: a forward hook on the
+model's input embedding for the duration of one forward, which replaces the span's mixed rows of the
+embedding's output. The family code is untouched: every family that embeds ids through one
+``nn.Embedding`` (all of ``TransformerLM``'s) gets soft inputs, with or without a KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class SoftInputs:
+    """Mixed input embeddings for the rows ``[offset, offset + W)`` of a forward's input."""
+
+    where: torch.Tensor  # [B, W] bool: rows whose input is the mixture (else their token's embedding)
+    tokens: torch.Tensor  # [B, W, K] long: the tokens mixed at each row
+    weights: torch.Tensor  # [B, W, K] float: their weights (need not sum to 1)
+    renorm_eps: Optional[float] = None  # None: the plain mixture; a float: rescaled to the weighted mean
+    #   norm of the parts, ``e * target / (|e| + renorm_eps)`` (DMax: 1e-6)
+    offset: int = 0  # the span's first row among the forward's input rows
+
+    def __post_init__(self) -> None:
+        b, w = self.where.shape
+        if self.where.dtype != torch.bool:
+            raise ValueError(f"SoftInputs.where must be bool [B, W], got {self.where.dtype}")
+        if self.tokens.dim() != 3 or self.tokens.shape[:2] != (b, w) or self.tokens.dtype.is_floating_point:
+            raise ValueError(f"SoftInputs.tokens must be an integer tensor [{b}, {w}, K], got "
+                             f"{self.tokens.dtype} {list(self.tokens.shape)}")
+        if self.weights.shape != self.tokens.shape or not self.weights.dtype.is_floating_point:
+            raise ValueError(f"SoftInputs.weights must be a float tensor {list(self.tokens.shape)} like "
+                             f"tokens, got {self.weights.dtype} {list(self.weights.shape)}")
+
+    @property
+    def width(self) -> int:
+        return self.where.shape[1]
+
+    def at(self, offset: int) -> "SoftInputs":
+        """The same span placed at input row ``offset``."""
+        return dataclasses.replace(self, offset=offset)
+
+    def rows(self, index: torch.Tensor) -> "SoftInputs":
+        """The batch rows ``index`` [R] (long) of the span."""
+        return dataclasses.replace(self, where=self.where[index], tokens=self.tokens[index],
+                                   weights=self.weights[index])
+
+
+def mix_embeddings(embed: nn.Module, tokens: torch.Tensor, weights: torch.Tensor,
+                   renorm_eps: Optional[float] = None) -> torch.Tensor:
+    """``sum_k w_k E[t_k]`` (rescaled when ``renorm_eps`` is set, see the module docstring).
+
+    tokens [..., K] long, weights [..., K] float -> [..., D] in the embedding's dtype.
+    """
+    parts = embed.forward(tokens)  # [..., K, D] embedding dtype (``forward``: not through the hook below)
+    w = weights.unsqueeze(-1)  # [..., K, 1]
+    mixed = (parts * w).sum(dim=-2)  # [..., D] in the promoted dtype (float32 for float32 weights)
+    if renorm_eps is not None:
+        target = (torch.linalg.vector_norm(parts, dim=-1) * weights).sum(dim=-1, keepdim=True)  # [..., 1]
+        mixed = mixed * (target / (torch.linalg.vector_norm(mixed, dim=-1, keepdim=True) + renorm_eps))
+    return mixed.to(parts.dtype)
+
+
+def apply_soft_inputs(h: torch.Tensor, embed: nn.Module, soft: SoftInputs) -> torch.Tensor:
+    """The embedding output h [B, T, D] with the span's mixed rows replaced (in place, returned)."""
+    a, w = soft.offset, soft.width
+    if h.shape[0] != soft.where.shape[0] or not 0 <= a <= a + w <= h.shape[1]:
+        raise ValueError(f"soft inputs for rows [{a}, {a + w}) of {soft.where.shape[0]} batch rows do not fit "
+                         f"a forward of {h.shape[0]} rows x {h.shape[1]} positions")
+    mixed = mix_embeddings(embed, soft.tokens, soft.weights, soft.renorm_eps).to(h.device)  # [B, W, D]
+    span = h[:, a:a + w]  # [B, W, D] view
+    span.copy_(torch.where(soft.where.to(h.device)[..., None], mixed, span))  # in place (autograd allows it)
+    return h
+
+
+@contextlib.contextmanager
+def applied_to(embed: Optional[nn.Module], soft: Optional[SoftInputs]) -> Iterator[None]:
+    """Inside the ``with``, every call of ``embed`` returns its output with ``soft`` applied (the
+    forward hook is removed on exit); ``soft=None`` changes nothing."""
+    if soft is None:
+        yield
+        return
+
+    def hook(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+        return apply_soft_inputs(out, module, soft)
+
+    handle = embed.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+__all__ = ["SoftInputs", "apply_soft_inputs", "applied_to", "mix_embeddings"]
