@@ -2,6 +2,7 @@
 
 ``RowParallelLinear``: a projection holding some of its input columns (``o_proj`` over this rank's
 heads, ``down_proj`` over its SwiGLU columns); its output is a partial sum, all-reduced in place.
+``VocabParallelHead``: the LM head over this rank's vocabulary rows, the logits gathered.
 ``ParallelMoE``: LLaDA 2's MoE with this rank's experts (whole ones under expert parallelism, every
 expert's column slice otherwise); the routed sum is all-reduced, replicated shared experts are added
 after it, split ones before it. ``AbsentExpert`` stands for another rank's expert (no weights).
@@ -29,6 +30,23 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_(F.linear(x, self.weight), self.group)
+
+
+class VocabParallelHead(nn.Linear):
+    """The LM head over this rank's V / N vocabulary rows; the ranks' logits are gathered, so every
+    rank gets the whole [..., V] (the samplers read whole rows). x [..., D] -> [..., V]."""
+
+    def __init__(self, in_features: int, local_rows: int, group: Any, size: int, **kwargs: Any) -> None:
+        super().__init__(in_features, local_rows, bias=False, **kwargs)
+        self.group, self.size = group, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        local = F.linear(x, self.weight).contiguous()  # [..., V / N]
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=-1)
 
 
 class AbsentExpert(nn.Module):
@@ -67,4 +85,4 @@ class ParallelMoE(SparseMoE):
         return y
 
 
-__all__ = ["AbsentExpert", "ParallelMoE", "RowParallelLinear"]
+__all__ = ["AbsentExpert", "ParallelMoE", "RowParallelLinear", "VocabParallelHead"]
