@@ -289,7 +289,7 @@ class _Run(RoundState):
         self.kv_len = [n + row[0] + 1 for n, row in zip(self.kv_len, back)]
         if hidden is not None:  # the drafter's next features: root + accepted path, in path order
             most = max(row[0] for row in back)
-            order = torch.cat([torch.zeros_like(path[:, :1]), path[:, :most]], dim=1)  # [R, 1+most]
+            order = torch.cat([path.new_zeros((path.shape[0], 1)), path[:, :most]], dim=1)  # [R, 1+most]
             keep = torch.arange(most + 1, device=self.device)[None, :] <= accepted[:, None]
             gathered = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))
             self.pending = (gathered, keep, anchor_pos[:, None] + torch.arange(most + 1, device=self.device))

@@ -44,12 +44,14 @@ def recipe_table() -> list[tuple[str, str]]:
     """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
     from dllm.train.drafters.dflash_train import dflash_recipes
+    from dllm.train.drafters.dspark_train import dspark_recipes
     from dllm.train.drafters.jetspec_train import jetspec_recipes
     from dllm.train.learn2pd import filter_recipes
     from dllm.train.recipes import curricula
 
     rows = [(n, d) for n, d in curricula.describe()]
-    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, jetspec_recipes, filter_recipes) for n, d in reg.describe()]
+    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, jetspec_recipes, dspark_recipes, filter_recipes)
+             for n, d in reg.describe()]
     return rows
 
 
@@ -199,12 +201,13 @@ def _filter_recipe(args: argparse.Namespace) -> int:
 
 
 def _speculative_recipe(args: argparse.Namespace) -> int:
-    """The AR target / AR draft / DFlash / JetSpec drafter recipes (``dllm/train/ar.py``,
-    ``drafters/dflash_train.py``, ``drafters/jetspec_train.py``)."""
+    """The AR target / AR draft / DFlash / JetSpec / DSpark drafter recipes (``dllm/train/ar.py``,
+    ``drafters/dflash_train.py``, ``drafters/jetspec_train.py``, ``drafters/dspark_train.py``)."""
     from dataclasses import asdict
 
     from dllm.train.ar import ar_recipes, train_ar
     from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
+    from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
     from dllm.train.drafters.jetspec_train import jetspec_recipes, train_jetspec
 
     out = args.out or f"runs/{args.recipe}"
@@ -216,6 +219,9 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
     elif args.recipe in jetspec_recipes:
         recipe = jetspec_recipes.get(args.recipe).with_overrides(**common, target=args.target)
         module = "dllm/train/drafters/jetspec_train.py"
+    elif args.recipe in dspark_recipes:
+        recipe = dspark_recipes.get(args.recipe).with_overrides(**common, target=args.target)
+        module = "dllm/train/drafters/dspark_train.py"
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
         module = "dllm/train/drafters/dflash_train.py"
@@ -229,6 +235,8 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
                             stop_at=args.max_steps, start_phase=args.start_phase, init_from=args.init_from)
         elif args.recipe in jetspec_recipes:
             last = train_jetspec(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+        elif args.recipe in dspark_recipes:
+            last = train_dspark(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
         else:
             last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
     except KeyboardInterrupt:
