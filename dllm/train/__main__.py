@@ -44,13 +44,14 @@ def recipe_table() -> list[tuple[str, str]]:
     """(name, description) of every recipe: the diffusion chains, then the AR and DFlash runs."""
     from dllm.train.ar import ar_recipes
     from dllm.train.drafters.dflash_train import dflash_recipes
+    from dllm.train.drafters.dflare_train import dflare_recipes
     from dllm.train.drafters.dspark_train import dspark_recipes
     from dllm.train.drafters.jetspec_train import jetspec_recipes
     from dllm.train.learn2pd import filter_recipes
     from dllm.train.recipes import curricula
 
     rows = [(n, d) for n, d in curricula.describe()]
-    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, jetspec_recipes, dspark_recipes, filter_recipes)
+    rows += [(n, d) for reg in (ar_recipes, dflash_recipes, dflare_recipes, jetspec_recipes, dspark_recipes, filter_recipes)
              for n, d in reg.describe()]
     return rows
 
@@ -201,12 +202,13 @@ def _filter_recipe(args: argparse.Namespace) -> int:
 
 
 def _speculative_recipe(args: argparse.Namespace) -> int:
-    """The AR target / AR draft / DFlash / JetSpec / DSpark drafter recipes (``dllm/train/ar.py``,
-    ``drafters/dflash_train.py``, ``drafters/jetspec_train.py``, ``drafters/dspark_train.py``)."""
+    """The AR target / AR draft / DFlash / DFlare / JetSpec / DSpark drafter recipes (``dllm/train/ar.py``,
+    ``drafters/dflash_train.py``, ``dflare_train.py``, ``jetspec_train.py``, ``dspark_train.py``)."""
     from dataclasses import asdict
 
     from dllm.train.ar import ar_recipes, train_ar
     from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
+    from dllm.train.drafters.dflare_train import dflare_recipes, train_dflare
     from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
     from dllm.train.drafters.jetspec_train import jetspec_recipes, train_jetspec
 
@@ -222,6 +224,9 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
     elif args.recipe in dspark_recipes:
         recipe = dspark_recipes.get(args.recipe).with_overrides(**common, target=args.target)
         module = "dllm/train/drafters/dspark_train.py"
+    elif args.recipe in dflare_recipes:
+        recipe = dflare_recipes.get(args.recipe).with_overrides(**common, target=args.target)
+        module = "dllm/train/drafters/dflare_train.py"
     else:
         recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
         module = "dllm/train/drafters/dflash_train.py"
@@ -237,6 +242,8 @@ def _speculative_recipe(args: argparse.Namespace) -> int:
             last = train_jetspec(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
         elif args.recipe in dspark_recipes:
             last = train_dspark(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+        elif args.recipe in dflare_recipes:
+            last = train_dflare(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
         else:
             last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
     except KeyboardInterrupt:

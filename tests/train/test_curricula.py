@@ -93,7 +93,7 @@ def test_plan_matches_the_shipped_training_record(name: str):
 
 
 @pytest.mark.parametrize("name", ["tiny-ar", "tiny-ar-draft", "tiny-ar-dflash", "tiny-ar-dflash-mixed",
-                                  "tiny-ar-dflash-wide"])
+                                  "tiny-ar-dflash-wide", "tiny-ar-dflare", "tiny-ar-jetspec", "tiny-ar-dspark"])
 def test_speculative_recipes_match_their_shipped_record(name: str, capsys: pytest.CaptureFixture[str]):
     assert main(["--recipe", name, "--dry-run"]) == 0
     ours = json.loads(capsys.readouterr().out.splitlines()[-1])

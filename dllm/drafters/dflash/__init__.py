@@ -1,4 +1,4 @@
-"""DFlash and DFlash 2 block drafters (arXiv 2602.06036; reference z-lab/dflash).
+"""DFlash, DFlash 2 and DFlare block drafters (arXiv 2602.06036, z-lab/dflash; DFlare arXiv 2606.02091).
 
     config.py         DFlashConfig: the drafter's shape and the target layers it taps
     ops.py            rotary tables, the block attention mask, positions
@@ -7,6 +7,8 @@
     dflash2_model.py  DFlash 2: the candidate selector and grouped dynamic convolution
     io.py             official checkpoints <-> DFlashDrafter (load_dflash, save_dflash, random_dflash)
     dflash2_io.py     DFlash 2 checkpoints, and load_any_dflash (the architecture from config.json)
+    dflare_model.py   DFlare: per-layer fusion of the tapped target layers, separate context K/V projections
+    dflare_io.py      DFlare checkpoints (Tencent/AngelSlim QwenDFlareDraftModel) <-> DFlareDrafter
     block_head.py     the per-request plan head read by ``plan="auto"`` (block_head.json beside a checkpoint)
     drafter.py        the registered ``dflash`` drafter (speculative_generate's ``drafter="dflash:model=..."``)
 
@@ -27,6 +29,8 @@ _LAZY = {
     "load_dflash": "io", "save_dflash": "io", "random_dflash": "io",
     "load_dflash2": "dflash2_io", "save_dflash2": "dflash2_io", "random_dflash2": "dflash2_io",
     "load_any_dflash": "dflash2_io", "dflash_version": "dflash2_io",
+    "DFlareConfig": "dflare_model", "DFlareDrafter": "dflare_model",
+    "load_dflare": "dflare_io", "save_dflare": "dflare_io", "random_dflare": "dflare_io",
     "BlockHead": "block_head", "load_block_head": "block_head", "has_block_head": "block_head",
 }
 

@@ -13,7 +13,8 @@ drafter fields (read from ``dflash_config`` first, then the top level, as the re
 
 A checkpoint written by the reference from a freshly built model (``save_pretrained`` without that
 mapping) names the codebooks ``...codebook.weight``; ``load_dflash2`` accepts both spellings.
-Nothing here runs remote code. ``load_any_dflash`` dispatches on ``architectures`` between both versions.
+Nothing here runs remote code. ``load_any_dflash`` dispatches on ``architectures`` between both versions
+and DFlare (``dflare_io.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import torch
 
 from dllm.drafters.dflash.dflash2_model import DFlash2Config, DFlash2Drafter
 from dllm.drafters.dflash.config import DFlashConfig
-from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_V2, _draft_value, config_from_hf,
+from dllm.drafters.dflash.dflare_io import is_dflare_config, load_dflare
+from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_DFLARE, ARCHITECTURE_V2, _draft_value, config_from_hf,
                                      config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash,
                                      save_drafter_checkpoint)
 from dllm.drafters.dflash.model import DFlashDrafter
@@ -55,7 +57,8 @@ def dflash_version(hf: Mapping[str, Any], source: str = "config.json") -> int:
     if ARCHITECTURE in archs:
         return 1
     raise ValueError(f"{source} is not a DFlash drafter config: architectures is {archs!r}, expected "
-                     f"[{ARCHITECTURE!r}] (DFlash) or [{ARCHITECTURE_V2!r}] (DFlash 2)")
+                     f"[{ARCHITECTURE!r}] (DFlash) or [{ARCHITECTURE_V2!r}] (DFlash 2), or [{ARCHITECTURE_DFLARE!r}] "
+                     f"(DFlare, read by load_any_dflash)")
 
 
 def config_from_hf2(hf: Mapping[str, Any], source: str = "config.json") -> DFlash2Config:
@@ -133,9 +136,13 @@ def load_any_dflash(
     target: Any = None,
     quantization: Optional[str] = None,
 ) -> DFlashDrafter:
-    """``load_dflash`` or ``load_dflash2``, by the checkpoint's ``architectures`` (ValueError for neither)."""
+    """``load_dflash``, ``load_dflash2`` or ``dflare_io.load_dflare``, by the checkpoint's ``architectures``
+    (ValueError for none of them)."""
     directory = locate(name_or_path)
-    version = dflash_version(read_config(directory), repr(str(directory / "config.json")))
+    hf = read_config(directory)
+    if is_dflare_config(hf):
+        return load_dflare(directory, dtype=dtype, device=device, target=target, quantization=quantization)
+    version = dflash_version(hf, repr(str(directory / "config.json")))
     load = load_dflash2 if version == 2 else load_dflash
     return load(directory, dtype=dtype, device=device, target=target, quantization=quantization)
 

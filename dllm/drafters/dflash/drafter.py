@@ -9,8 +9,10 @@ round), runs the block at positions ``anchor_position + 0..K`` and reads the dra
 K/V are never stored, so nothing has to be cropped. Finished rows leave the cache (``select``).
 
 Options (``DFlashOptions``):
-- ``model``: embedded name, directory or Hub id of an official DFlash or DFlash 2 checkpoint
-  (``load_any_dflash`` picks the architecture from ``config.json``),
+- ``model``: embedded name, directory or Hub id of an official DFlash or DFlash 2 checkpoint, or of a
+  DFlare one (Tencent/AngelSlim ``QwenDFlareDraftModel``, arXiv 2606.02091: ``dflare_model.py``; it
+  drafts exactly as DFlash, through its own per-layer context fusion) (``load_any_dflash`` picks the
+  architecture from ``config.json``),
   or pass a loaded ``DFlashDrafter`` as ``model=`` (like ``dlm``'s ``model=``).
 - ``dtype``: "float32" / "bfloat16" / "float16" / "auto"; None keeps the checkpoint's (a given
   ``DFlashDrafter`` is cast in place). The drafter's dtype may differ from the target's.
@@ -97,7 +99,7 @@ class DFlashBlockDrafter(Drafter):
                 raise ValueError("the dflash drafter needs a DFlash checkpoint: model=<DFlashDrafter> or a "
                                  "name/path (dflash:model=/path/to/checkpoint)")
             directory = locate(cfg.model)  # once: the weights, and heads beside them (read when used)
-            model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device,  # DFlash or DFlash 2
+            model = load_any_dflash(directory, dtype=cfg.dtype, device=cfg.device,  # DFlash, DFlash 2, DFlare
                                     quantization=cfg.quantization)
             self._directory = Path(directory)
         elif not isinstance(model, DFlashDrafter):

@@ -33,6 +33,7 @@ from dllm.models.quantize import check_quantization, quantize_model, refuse_quan
 
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURE_V2 = "DFlash2DraftModel"
+ARCHITECTURE_DFLARE = "QwenDFlareDraftModel"  # DFlare (Tencent/AngelSlim), loaded by dflare_io.py
 DEFAULT_BLOCK_SIZE = 16  # the reference's default when config.json has no block_size
 
 # fields every DFlash config.json must carry (the rest have Qwen3 or DFlash defaults)
@@ -76,6 +77,10 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> DFlash
         raise ValueError(f"{source}: a DFlash 2 checkpoint ({ARCHITECTURE_V2}: grouped dynamic convolutions and a "
                          f"candidate selector); load it with dllm.drafters.dflash.dflash2_io.load_dflash2 (or "
                          f"load_any_dflash, which picks the architecture)")
+    if ARCHITECTURE_DFLARE in archs:
+        raise ValueError(f"{source}: a DFlare checkpoint ({ARCHITECTURE_DFLARE}: per-layer fusion of the tapped target "
+                         f"layers); load it with dllm.drafters.dflash.dflare_io.load_dflare (or load_any_dflash, "
+                         f"which picks the architecture)")
     problems = _not_a_drafter(hf, source)
     if problems:
         raise ValueError(
@@ -267,7 +272,7 @@ def save_drafter_checkpoint(model: nn.Module, directory: PathLike, state: Mappin
     if meta:
         raise ValueError(f"cannot save a drafter whose weights are not materialised (meta): {meta[:3]} ...")
     write_safetensors(dict(state), directory, max_shard_size)
-    hf = to_hf(model.config, model.hf_config, model.fc.weight.dtype)
+    hf = to_hf(model.config, model.hf_config, model.dtype)
     (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return directory
 
@@ -325,6 +330,6 @@ def random_dflash(
     return model.to(dtype).eval()
 
 
-__all__ = ["ARCHITECTURE", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "load_drafter_checkpoint",
+__all__ = ["ARCHITECTURE", "ARCHITECTURE_DFLARE", "ARCHITECTURE_V2", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "load_drafter_checkpoint",
            "random_dflash", "save_drafter_checkpoint",
            "save_dflash"]

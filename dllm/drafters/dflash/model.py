@@ -89,6 +89,11 @@ class DFlashAttention(nn.Module):
         v = self._heads(self.v_proj(x), self.num_kv_heads).transpose(1, 2)
         return apply_rotary(k, rope), v
 
+    def context_key_value(self, ctx: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context features [B, N, D] -> k, v [B, Hkv, N, hd]: DFlash projects them with the block's own
+        ``k_proj`` / ``v_proj`` (DFlare overrides this with separate projections)."""
+        return self.key_value(ctx, rope)
+
     def forward(
         self,
         x: torch.Tensor,  # [B, T, D] normed block states
@@ -101,7 +106,7 @@ class DFlashAttention(nn.Module):
         """-> (output [B, T, D], the layer's context K/V [B, Hkv, S+N, hd] for the cache)."""
         q = self.q_norm(self._heads(self.q_proj(x), self.num_heads)).transpose(1, 2)  # [B, H, T, hd]
         q = apply_rotary(q, rope_x)
-        k_ctx, v_ctx = join(*self.key_value(ctx, rope_ctx))  # [B, Hkv, S+N, hd]
+        k_ctx, v_ctx = join(*self.context_key_value(ctx, rope_ctx))  # [B, Hkv, S+N, hd]
         k_x, v_x = self.key_value(x, rope_x)  # [B, Hkv, T, hd]
         keys, values = torch.cat([k_ctx, k_x], dim=2), torch.cat([v_ctx, v_x], dim=2)
         out, _ = sdpa_attention(q, keys, values, mask)  # [B, H, T, hd]
@@ -155,6 +160,8 @@ class DFlashDrafter(nn.Module):
     fields this class does not use (``auto_map``, token ids, ...) back unchanged.
     """
 
+    FUSION = "fc"  # what reads the tapped states (named in errors)
+
     def __init__(self, config: DFlashConfig, hf_config: Optional[dict] = None) -> None:
         super().__init__()
         self.config = config
@@ -178,6 +185,11 @@ class DFlashDrafter(nn.Module):
     def target_layer_ids(self) -> tuple[int, ...]:
         return self.config.target_layer_ids
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The drafter's compute dtype (its final norm's; norms are never quantized)."""
+        return self.norm.weight.dtype
+
     def init_weights(self, std: float = 0.02, generator: Optional[torch.Generator] = None) -> None:
         """Qwen3 initialisation: Linear weights ~ N(0, std), biases 0, norm weights 1."""
         with torch.no_grad():
@@ -192,6 +204,12 @@ class DFlashDrafter(nn.Module):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Tapped target states [B, N, L*D] -> context features hidden_norm(fc(.)) [B, N, D]."""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def layer_contexts(self, features: torch.Tensor) -> list[torch.Tensor]:
+        """Tapped target states [B, N, L*D] -> the context features each draft layer attends to, one
+        [B, N, D] per layer: DFlash gives every layer the same ``fuse(features)`` (DFlare: its own)."""
+        ctx = self.fuse(features)
+        return [ctx] * self.config.num_layers
 
     def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         if positions.device not in self._rope:
@@ -225,8 +243,9 @@ class DFlashDrafter(nn.Module):
         b, t, _ = block_embeds.shape
         if features.dim() != 3 or features.shape[0] != b:
             raise ValueError(f"features must be [B={b}, N, {self.config.num_taps}*D], got {tuple(features.shape)}")
-        if features.shape[-1] != self.fc.in_features:
-            raise ValueError(f"features have width {features.shape[-1]}, but fc expects {self.fc.in_features} "
+        width = self.config.num_taps * self.config.hidden_size
+        if features.shape[-1] != width:
+            raise ValueError(f"features have width {features.shape[-1]}, but {self.FUSION} expects {width} "
                              f"= {self.config.num_taps} tapped layers x hidden size {self.config.hidden_size}")
         cache = cache if cache is not None else DraftKVCache(self.config.num_layers)
         if feature_mask is not None:
@@ -236,9 +255,9 @@ class DFlashDrafter(nn.Module):
         feature_positions = default_ctx if feature_positions is None else feature_positions
         block_positions = default_blk if block_positions is None else block_positions
 
-        dtype = self.fc.weight.dtype
+        dtype = self.dtype
         h = block_embeds.to(dtype)
-        ctx = self.fuse(features)  # [B, N, D]
+        contexts = self.layer_contexts(features)  # per layer [B, N, D]
         rope_x = self._rope_tables(block_positions, dtype)
         rope_ctx = self._rope_tables(feature_positions, dtype)
         ctx_pos, ctx_valid = cache.slot_meta(feature_positions, feature_mask)  # [B, S+N]
@@ -258,7 +277,7 @@ class DFlashDrafter(nn.Module):
                 masks[kind] = attn_mask
             elif kind not in masks:
                 masks[kind] = attention_mask(block_positions, key_pos, key_valid, causal=kind[0], window=kind[1])
-            h, (k, v) = layer(h, ctx, rope_x, rope_ctx, functools.partial(cache.joined, i), masks[kind])
+            h, (k, v) = layer(h, contexts[i], rope_x, rope_ctx, functools.partial(cache.joined, i), masks[kind])
             keys.append(k)
             values.append(v)
         cache.commit(keys, values, ctx_pos, ctx_valid, added)

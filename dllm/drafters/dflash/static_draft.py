@@ -19,7 +19,8 @@ products) with
 - no attention mask: every key is real and DFlash's block attends to all of them (a drafter whose
   layers are causal or windowed does not take this path: ``static_draft_issue``).
 
-Used by ``DFlashSession`` when the loop passes one row without feature masks (``fast_path/fast_loop.py``).
+Used by ``DFlashSession`` when the loop passes one row without feature masks (``fast_path/fast_loop.py``),
+for DFlash and DFlare drafters (DFlare: each layer's own context, through its own context K/V rows).
 Tokens and acceptance equal the general path's (``tests/drafters/fast_path/test_fast_loop.py``).
 """
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dllm.drafters.dflash.dflare_model import DFlareDrafter
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
 from dllm.drafters.fast_path.static_target import plain_linear
@@ -41,11 +43,13 @@ MIN_CAPACITY = 256  # slots allocated at the first round (doubled when outgrown)
 
 def static_draft_issue(model: DFlashDrafter) -> Optional[str]:
     """None when ``model`` can draft on ``StaticDraft``; else the reason."""
-    if type(model) is not DFlashDrafter:
-        return f"{type(model).__name__} (the static path drafts plain DFlash checkpoints)"
+    if type(model) not in (DFlashDrafter, DFlareDrafter):
+        return f"{type(model).__name__} (the static path drafts plain DFlash and DFlare checkpoints)"
     cfg = model.config
     fused = [m for layer in model.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                                     layer.self_attn.v_proj, layer.mlp.gate_proj, layer.mlp.up_proj)]
+    if isinstance(model, DFlareDrafter):
+        fused += [m for layer in model.layers for m in (layer.self_attn.k_proj_target, layer.self_attn.v_proj_target)]
     if not all(plain_linear(m) for m in fused):
         return "projections that are not plain nn.Linear (quantized weights)"
     if cfg.attention_bias:
@@ -77,6 +81,10 @@ class StaticDraft:
         self.stored = 0  # S: context slots held (positions 0..S-1)
         self.qkv = [torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])
                     for l in model.layers]  # [(H + 2 Hkv) hd, D] per layer
+        # the context's k/v rows [2 Hkv hd, D]: the block's own (DFlash) or the layer's target projections (DFlare)
+        self.ctx_kv = [torch.cat([l.self_attn.k_proj_target.weight, l.self_attn.v_proj_target.weight])
+                       if isinstance(model, DFlareDrafter) else w[self.heads * self.head_dim:]
+                       for l, w in zip(model.layers, self.qkv)]
         self.gate_up = [torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]) for l in model.layers]  # [2 I, D]
 
     def _reserve(self, needed: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -101,13 +109,13 @@ class StaticDraft:
         model, cfg = self.model, self.model.config
         n, t = features.shape[1], block_ids.shape[1]
         s, mid, end = self.stored, self.stored + n, self.stored + n + t
-        dtype = model.fc.weight.dtype
+        dtype = model.dtype
         self._reserve(end, block_ids.device, dtype)
         h = F.embedding(block_ids, embed)  # [1, T, D]
         if cfg.input_embedding_scale != 1.0:
             h = h * cfg.input_embedding_scale
         h = h.to(dtype)
-        ctx = model.fuse(features)  # [1, N, D]
+        contexts = model.layer_contexts(features)  # per layer [1, N, D] (DFlash: one shared)
         rope = (self.cos[:, :, s:end], self.sin[:, :, s:end])  # type: ignore[index]  # context then block
         hq, hk = self.heads, self.kv_heads
         for i, layer in enumerate(model.layers):
@@ -115,7 +123,7 @@ class StaticDraft:
             x = _norm(layer.input_layernorm, h)  # [1, T, D]
             # q/k/v of the block and k/v of the context: one matmul each (fused output rows)
             qkv = F.linear(x, self.qkv[i]).view(1, t, hq + 2 * hk, self.head_dim)  # [1, T, H + 2 Hkv, hd]
-            kv = F.linear(ctx, self.qkv[i][hq * self.head_dim:]).view(1, n, 2 * hk, self.head_dim)
+            kv = F.linear(contexts[i], self.ctx_kv[i]).view(1, n, 2 * hk, self.head_dim)
             q = _norm(attn.q_norm, qkv[:, :, :hq]).transpose(1, 2)  # [1, H, T, hd]
             k = _norm(attn.k_norm, torch.cat([kv[:, :, :hk], qkv[:, :, hq:hq + hk]], dim=1)).transpose(1, 2)  # [1, Hkv, N+T, hd]
             v = torch.cat([kv[:, :, hk:], qkv[:, :, hq + hk:]], dim=1).transpose(1, 2)
