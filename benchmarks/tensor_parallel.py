@@ -35,7 +35,7 @@ SAMPLERS = ("low_confidence", "threshold", "fast")
 CACHES = ("none", "dual", "block")
 PROMPTS = [list(range(20, 28)), list(range(30, 46)), list(range(50, 58))]  # ragged; whole blocks of 4 and 8
 FAMILIES = ("llada", "dream", "sdar", "fastdllm_v2", "llada2")
-SPECS = ("llada", "dream", "sdar", "fastdllm_v2", "llada2", "llada2:ep")  # ":ep": expert_parallel=True
+SPECS = ("llada", "dream", "sdar", "fastdllm_v2", "llada2", "llada2:ep", "target:tiny-ar")  # ":ep": expert_parallel
 
 
 def param_bytes(model: torch.nn.Module) -> int:
@@ -86,6 +86,47 @@ def check(path: Path, expert_parallel: bool, n: int) -> dict:
     return out
 
 
+TARGET_PROMPTS = ["[BOS] copy_long G N J M O G G M P I A P M G O N H O G N L B E N C I L N N I I K [SEP]",
+                  "[BOS] reverse_long J L D H C E E B A J O M N K G I H O F F C F O J D P P M O H L B [SEP]"]
+DRAFTERS = ("ngram", "dflash:model=tiny-ar-dflash")
+
+
+def check_target(name: str, n: int) -> dict:
+    """``speculative_generate`` with a target split by transformers' tensor-parallel plan
+    (``load_target(..., tensor_parallel=N)``) against the whole target: greedy, a ragged batch."""
+    import torch.distributed as dist
+
+    whole, tok = dllm.load_target(name, dtype="float32")
+    split, _ = dllm.load_target(name, dtype="float32", tensor_parallel=n)
+    out = {"model": f"target {name}", "runs": [], "logits_max_abs_diff": None,  # (not measured)
+           "param_bytes_whole": param_bytes(whole), "param_bytes_rank": local_param_bytes(split),
+           "kv_heads_rank": None}
+    for drafter in DRAFTERS:
+        want = dllm.speculative_generate(whole, drafter, TARGET_PROMPTS, max_new_tokens=40, tokenizer=tok)
+        got = dllm.speculative_generate(split, drafter, TARGET_PROMPTS, max_new_tokens=40, tokenizer=tok)
+        every = [None] * n
+        dist.all_gather_object(every, got.generated)
+        out["runs"].append({"sampler": drafter, "cache": "-", "equal": got.generated == want.generated,
+                            "ranks_agree": all(e == every[0] for e in every)})
+    return out
+
+
+def target_splits(name: str, n: int) -> bool:
+    """Whether N divides the target's KV heads (tiny-ar has 2: checked at 2 ranks, not at 4)."""
+    from dllm.models.loading import locate, read_config
+
+    return read_config(locate(name))["num_key_value_heads"] % n == 0
+
+
+def local_param_bytes(model: torch.nn.Module) -> int:
+    """Bytes this rank holds (a DTensor parameter counts its local shard)."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
 def run_check(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
@@ -95,16 +136,21 @@ def run_check(args: argparse.Namespace) -> int:
     if dist.get_rank() == 0:
         make_models(root)
     dist.barrier()
-    results = [check(root / spec.split(":")[0], spec.endswith(":ep"), n) for spec in args.specs]
+    results = [check_target(spec.split(":", 1)[1], n) if spec.startswith("target:")
+               else check(root / spec.split(":")[0], spec.endswith(":ep"), n) for spec in args.specs
+               if not spec.startswith("target:") or target_splits(spec.split(":", 1)[1], n)]
     if dist.get_rank() == 0:
         print(f"{n} ranks (gloo, float32), ragged batch of {len(PROMPTS)}, samplers {', '.join(SAMPLERS)}")
-        print("| model | runs | tokens equal | ranks agree | max |logit diff| | params per rank / whole |")
+        print("| model | runs (caches, or drafters of a target) | tokens equal | ranks agree | max |logit diff| | "
+              "params per rank / whole |")
         print("|---|---|---|---|---|---|")
         for r in results:
             runs = r["runs"]
-            print(f"| {r['model']} | {len(runs)} ({', '.join(sorted({x['cache'] for x in runs}))}) | "
+            kinds = sorted({x["cache"] for x in runs}) if runs[0]["cache"] != "-" else [x["sampler"] for x in runs]
+            print(f"| {r['model']} | {len(runs)} ({', '.join(kinds)}) | "
                   f"{sum(x['equal'] for x in runs)}/{len(runs)} | {sum(x['ranks_agree'] for x in runs)}/{len(runs)} | "
-                  f"{r['logits_max_abs_diff']:.1e} | {r['param_bytes_rank'] / r['param_bytes_whole']:.3f} |")
+                  f"{'-' if r['logits_max_abs_diff'] is None else format(r['logits_max_abs_diff'], '.1e')} | "
+                  f"{r['param_bytes_rank'] / r['param_bytes_whole']:.3f} |")
         if args.out:
             Path(args.out).write_text(json.dumps({"world": n, "results": results}, indent=1))
     dist.destroy_process_group()
@@ -135,7 +181,7 @@ def shapes_table() -> str:
     from dllm.models.families.registry import family_class
     from dllm.models.base import SpecialIds
     from dllm.models.parallel.plan import ParallelPlan, check_plan
-    from dllm.models.parallel.shard import TensorParallel
+    from dllm.models.parallel.shard import TensorParallel, splits_head
 
     lines = ["| model | ranks | expert parallel | GiB per rank (bf16) | / one process |", "|---|---|---|---|---|"]
     for name, (family, fields, moe_fields) in SHAPES.items():
@@ -155,7 +201,7 @@ def shapes_table() -> str:
                     model = family_class(family)(cfg, special, **({"moe": moe} if moe else {}))
                 model.to(torch.bfloat16)
                 if n > 1:
-                    TensorParallel(ParallelPlan(n, 0, ep), None, moe).shard_modules(model)
+                    TensorParallel(ParallelPlan(n, 0, ep), None, moe, splits_head(cfg, n)).shard_modules(model)
                 size = param_bytes(model)
                 whole = size if n == 1 else whole
                 lines.append(f"| {name} | {n} | {'yes' if ep else 'no'} | {size / 2**30:.2f} | {size / whole:.3f} |")

@@ -18,6 +18,7 @@ import inspect
 from typing import Any, Optional
 
 import torch
+import torch.nn as nn
 
 from dllm.drafters.base import TargetInfo
 
@@ -237,5 +238,33 @@ def check_tree_room(builder, target, longest: int) -> None:
                          f"max_position_embeddings {limit}; use a smaller budget or fewer tokens")
 
 
-__all__ = ["Target", "cache_length", "check_positions", "check_tokenizer", "check_tree_room", "compact", "crop_to",
+
+def whole_weight(module: nn.Module) -> torch.Tensor:
+    """``module.weight`` as one tensor: a DTensor (a target loaded with ``tensor_parallel=N``, split by
+    transformers' tensor-parallel plan) is gathered once and kept on the module; others as they are.
+    A drafter that reads the target's embedding or head rows needs them whole."""
+    weight = module.weight
+    if not hasattr(weight, "full_tensor"):
+        return weight
+    kept = getattr(module, "_dllm_whole_weight", None)
+    if kept is None:
+        kept = weight.full_tensor().detach()
+        module._dllm_whole_weight = kept
+    return kept
+
+
+def whole_linear(head: nn.Module) -> nn.Module:
+    """An LM head a drafter can call on plain tensors: itself, or (split by a tensor-parallel plan) a
+    bias-free ``nn.Linear`` over its gathered weight, kept on the module."""
+    if not hasattr(head.weight, "full_tensor"):
+        return head
+    kept = getattr(head, "_dllm_whole_linear", None)
+    if kept is None:
+        weight = whole_weight(head)
+        kept = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+        kept.weight = nn.Parameter(weight, requires_grad=False)
+        object.__setattr__(head, "_dllm_whole_linear", kept)  # not a submodule: no double-counted parameters
+    return kept
+
+__all__ = ["whole_linear", "whole_weight", "Target", "cache_length", "check_positions", "check_tokenizer", "check_tree_room", "compact", "crop_to",
            "position_limit", "select_rows"]

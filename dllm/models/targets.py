@@ -23,6 +23,7 @@ from dllm.models.checkpoint import INDEX_FILE, open_checkpoint
 from dllm.models.families.registry import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
                                  resolve_device, resolve_dtype)
+from dllm.models.parallel.plan import check_tensor_parallel
 from dllm.models.quantize import check_quantization, quantize_model
 from dllm.models.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
 
@@ -153,6 +154,7 @@ def load_target(
     dtype: Union[torch.dtype, str, None] = None,
     device: Union[str, torch.device, None] = None,
     quantization: Optional[str] = None,
+    tensor_parallel: Optional[int] = None,
 ) -> tuple[Any, Any]:
     """Load a transformers causal LM to serve as the target of ``speculative_generate``.
 
@@ -161,7 +163,9 @@ def load_target(
     dtype: a floating torch dtype or name ("float32", "bfloat16", ...; None / "auto": the
     config's dtype, else float32). device: one device (ValueError listing those that exist).
     quantization: "int8" | "int4" | "nf4": weight-only quantization of the linear layers
-    (``dllm.models.quantize``; a tied LM head stays float).
+    (``dllm.models.quantize``; a tied LM head stays float). tensor_parallel: N ranks under torchrun:
+    transformers' own tensor-parallel plan (``tp_plan="auto"``) over this job's N processes (heads
+    refused with the numbers when N does not divide them; not with ``quantization``).
 
     Returns ``(model, tokenizer)``: the model in eval mode, and the tokenizer shipped with it
     (``AutoTokenizer``, else ``PreTrainedTokenizerFast`` from tokenizer.json), or None when there is
@@ -170,9 +174,16 @@ def load_target(
     from the checkpoint, or when the tokenizer has more tokens than the model's embedding rows.
     """
     check_quantization(quantization)
+    tensor_parallel = check_tensor_parallel(tensor_parallel)
+    if tensor_parallel is not None and quantization is not None:
+        raise ValueError(f"tensor_parallel={tensor_parallel} with quantization={quantization!r} is not supported")
     device = resolve_device(device)
     found = name_or_path if isinstance(name_or_path, TargetSource) else resolve_target(name_or_path)
     want = resolve_dtype(dtype, found.config, None)
+    parallel: dict[str, Any] = {}
+    if tensor_parallel is not None:
+        parallel = _tensor_parallel_plan(found.config, tensor_parallel, device)
+        device = None  # transformers places each rank's part on its device
     for name in ("torchao", "torchao.quantization", "torchao.prototype.mx_formats"):  # transformers imports them
         preimport_quietly(name)  # (their chatter about CUDA-only kernels and a torch deprecation)
     from transformers import AutoModelForCausalLM
@@ -181,7 +192,8 @@ def load_target(
         check_local_weights(found.directory, found.config)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want})
+            found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want},
+            **parallel)
     except RuntimeError as err:  # e.g. shapes that disagree with config.json
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise ValueError(f"cannot load target {found.source!r}: its weights do not fit its config.json "
@@ -199,6 +211,24 @@ def load_target(
     if device is not None:
         model = model.to(device)
     return quantize_model(model.eval(), quantization), tokenizer
+
+
+def _tensor_parallel_plan(config: dict, n: int, device: Any) -> dict[str, Any]:
+    """``from_pretrained``'s keywords for transformers' tensor-parallel plan over n ranks, after the
+    split is checked with the numbers and the process group is joined (``dllm.models.parallel.group``)."""
+    from dllm.models.parallel.group import tensor_parallel_group
+
+    heads = {name: config.get(name) for name in ("num_attention_heads", "num_key_value_heads")}
+    bad = [f"{name} {value} is not divisible by tensor_parallel={n}" for name, value in heads.items()
+           if isinstance(value, int) and value % n]
+    if bad:
+        raise ValueError("cannot split this target: " + "; ".join(bad))
+    tensor_parallel_group(n, device)
+    try:
+        from transformers import DistributedConfig
+    except ImportError:  # older transformers: the tp_plan keyword
+        return {"tp_plan": "auto", "tp_size": n}
+    return {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=n)}
 
 
 __all__ = ["TargetSource", "check_causal_lm_config", "check_local_weights", "load_target", "resolve_target"]

@@ -309,14 +309,19 @@ class DraftBlock:
 
 
 def target_embedding(target: nn.Module) -> torch.Tensor:
-    """The target's input embedding matrix [V, D] (used raw: no embedding scale of the target's)."""
-    return target.get_input_embeddings().weight
+    """The target's input embedding matrix [V, D] (used raw: no embedding scale of the target's;
+    whole, when transformers' tensor-parallel plan split it: ``dllm.drafters.target.whole_weight``)."""
+    from dllm.drafters.target import whole_weight
+
+    return whole_weight(target.get_input_embeddings())
 
 
 def target_head(target: nn.Module) -> nn.Module:
-    """The target's LM head module (``lm_head``, else its output embeddings)."""
+    """The target's LM head module (``lm_head``, else its output embeddings; a whole copy of a split one)."""
+    from dllm.drafters.target import whole_linear
+
     head = getattr(target, "lm_head", None)
-    return head if head is not None else target.get_output_embeddings()
+    return whole_linear(head if head is not None else target.get_output_embeddings())
 
 
 def make_block(anchor: torch.Tensor, size: int, mask_token_id: int) -> torch.Tensor:

@@ -63,6 +63,19 @@ def test_load_refuses_before_reading_any_weight(monkeypatch, kwargs, match):
         dllm.load("oracle", tensor_parallel=2)
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tensor_parallel": 4}, "cannot split this target: num_key_value_heads 2 is not divisible by tensor_parallel=4"),
+    ({"tensor_parallel": 2, "quantization": "int8"}, "tensor_parallel=2 with quantization='int8' is not supported"),
+    ({"tensor_parallel": 0}, "tensor_parallel must be an integer >= 1"),
+    ({"tensor_parallel": 2}, "needs one process per rank"),
+])
+def test_load_target_refuses_a_split_it_cannot_make(monkeypatch, kwargs, match):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=match):
+        dllm.load_target("tiny-ar", **kwargs)
+
+
 def test_each_rank_keeps_its_heads_columns_and_experts():
     moe = MoEConfig(n_experts=4, top_k=2, expert_hidden=8, n_shared=1, n_group=2, topk_group=1)
     w = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
@@ -134,7 +147,12 @@ def torchrun(n: int, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_family_split_over_gloo_ranks_decodes_as_one_process(n, tmp_path):
     results = torchrun(n, tmp_path)["results"]
-    assert [r["model"] for r in results] == ["llada", "dream", "sdar", "fastdllm_v2", "llada2", "llada2:ep"]
+    names = ["llada", "dream", "sdar", "fastdllm_v2", "llada2", "llada2:ep", "target tiny-ar"]
+    assert [r["model"] for r in results] == names[:6] + (names[6:] if n == 2 else [])
+    if n == 2:  # speculative_generate on a target split by transformers' plan (tiny-ar: 2 KV heads)
+        target = results.pop()
+        assert [run["sampler"] for run in target["runs"]] == ["ngram", "dflash:model=tiny-ar-dflash"]
+        assert all(run["equal"] and run["ranks_agree"] for run in target["runs"]), target
     for r in results:
         caches = {run["cache"] for run in r["runs"]}
         assert caches == ({"none", "dual"} if r["model"] in ("llada", "dream") else {"none", "block"}), r
