@@ -128,8 +128,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.tensor_parallel is not None:
         from dllm.serve.backends.diffusion import MIRRORED_MODES
 
-        if args.replicas is not None:
-            raise ValueError("--tensor-parallel with --replicas is not supported yet: one split model per server")
         if args.mode is not None and args.mode not in MIRRORED_MODES:
             raise ValueError(f"--tensor-parallel serves with --mode {' or '.join(MIRRORED_MODES)} (one generate call "
                              f"at a time, which the other ranks replay), not {args.mode}")
@@ -223,29 +221,11 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
 
 
 def load_split_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``--tensor-parallel N``: the split is checked with the numbers first (no process started for a
-    split that cannot be made), then ranks 1..N-1 start and every rank loads its part."""
-    from dllm.models.loading import locate, read_config
-    from dllm.models.families.registry import class_for_model_type
-    from dllm.models.families.llada2 import LLaDA2, moe_from_hf
-    from dllm.models.parallel.plan import check_plan
-    from dllm.serve.backends import tensor_parallel as tp
+    """``--tensor-parallel N``: ``dllm.serve.backends.tensor_parallel.split_model`` with the flags."""
+    from dllm.serve.backends.tensor_parallel import split_model
 
-    hf = read_config(locate(args.model))
-    cls = class_for_model_type(hf.get("model_type"))
-    config, _ = cls.from_hf_config(hf, None)
-    check_plan(config, args.tensor_parallel, moe=moe_from_hf(hf) if issubclass(cls, LLaDA2) else None,
-               expert_parallel=args.expert_parallel)
-    procs, _ = tp.spawn_followers(args.tensor_parallel, tp.follower_args(args.model, args.dtype, args.device,
-                                                                         args.expert_parallel, args.threads))
-    try:
-        model = tp.load_split(args.model, args.tensor_parallel, dtype=args.dtype, device=args.device,
-                              expert_parallel=args.expert_parallel)
-    except BaseException:
-        for proc in procs:
-            proc.kill()
-        raise
-    return model, tp.Mirror(procs)
+    return split_model(args.model, args.tensor_parallel, dtype=args.dtype, device=args.device,
+                       expert_parallel=args.expert_parallel, threads=args.threads)
 
 
 HTTP_GRACE_S = 10  # once the backend is closed, how long uvicorn waits for the last replies to be written

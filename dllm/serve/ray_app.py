@@ -58,15 +58,25 @@ class DiffusionReplica:
     name: Optional[str] = None  # the model id clients name (default: ``model``)
     device: Optional[str] = None
     dtype: Optional[str] = None
+    tensor_parallel: Optional[int] = None  # each replica a group of N ranks (its own N - 1 child processes;
+    #   mode "static" or "serial"; num_gpus=N per replica on GPUs)
+    expert_parallel: bool = False
 
     def __call__(self):
         from dllm.models.loading import load
         from dllm.serve.backends.diffusion import DiffusionBackend
+        from dllm.serve.backends.tensor_parallel import split_model
 
-        model = load(self.model, device=self.device, dtype=self.dtype)
+        mirror = None
+        if self.tensor_parallel is not None:
+            model, mirror = split_model(self.model, self.tensor_parallel, dtype=self.dtype, device=self.device,
+                                        expert_parallel=self.expert_parallel)
+        else:
+            model = load(self.model, device=self.device, dtype=self.dtype)
         return DiffusionBackend(model, name=self.name or self.model, defaults=self.defaults, mode=self.mode,
                                 max_running=self.max_running, max_queue=self.max_queue,
-                                max_tokens_limit=self.max_tokens_limit, chat_template=self.chat_template)
+                                max_tokens_limit=self.max_tokens_limit, chat_template=self.chat_template,
+                                mirror=mirror)
 
 
 class ReplicaHeader:

@@ -8,21 +8,21 @@ string, two samplers and caches), and SIGTERM or Ctrl-C stops every rank with no
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
 from dllm.cli.table import REGISTRY
-from tests.cli.test_cli_serve import start_server
+from tests.cli.test_cli_serve import ROOT, start_server
 
 
 @pytest.mark.parametrize("argv,says", [
     (["--model", "tiny-llada", "--tensor-parallel", "2", "--mode", "continuous"],
      "--tensor-parallel serves with --mode static or serial"),
-    (["--model", "tiny-llada", "--tensor-parallel", "2", "--replicas", "2", "--port", "8000"],
-     "--tensor-parallel with --replicas is not supported"),
     (["--model", "tiny-llada", "--tensor-parallel", "2", "--quantization", "int8"], "--quantization int8 is not supported"),
     (["--model", "tiny-llada", "--expert-parallel"], "--expert-parallel goes with --tensor-parallel N"),
     (["--target", "tiny-ar", "--drafter", "ngram", "--tensor-parallel", "2"], "--tensor-parallel is a diffusion setting"),
@@ -40,6 +40,19 @@ def test_a_split_server_is_refused_before_any_rank_starts(argv, says, capsys, mo
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
+
+
+def _descendant_ranks(root: int) -> list[int]:
+    """Follower ranks (``python -m dllm.serve.backends.tensor_parallel``) among ``root``'s descendants."""
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    table = [(int(r.split(None, 2)[0]), int(r.split(None, 2)[1]), r.split(None, 2)[2] if len(r.split(None, 2)) > 2
+              else "") for r in rows if r.strip()]
+    family, grew = {root}, True
+    while grew:
+        new = {pid for pid, ppid, _ in table if ppid in family} - family
+        family |= new
+        grew = bool(new)
+    return [pid for pid, _, args in table if pid in family and "dllm.serve.backends.tensor_parallel" in args]
 
 
 def _alive(pid: int) -> bool:
@@ -85,6 +98,49 @@ def test_two_ranks_answer_the_openai_client_with_the_offline_tokens(tmp_path, si
             time.sleep(0.2)
         assert not any(_alive(p) for p in followers), "a rank outlived the server"
         assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_ray_replica_holds_a_tensor_parallel_group(tmp_path):
+    """``--replicas 1 --tensor-parallel 2``: the replica is rank 0 of its own group (its follower a child
+    of the replica's process); its answers equal the offline ones; SIGTERM leaves no rank behind."""
+    pytest.importorskip("ray.serve")
+    import socket as _socket
+
+    from openai import OpenAI
+
+    import dllm
+    from tests.serve.servers import offline_diffusion
+
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--model", "tiny-llada", "--tensor-parallel",
+                             "2", "--replicas", "1", "--port", str(port), "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        deadline = time.monotonic() + 240
+        while "is ready at" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        followers = _descendant_ranks(proc.pid)
+        assert len(followers) == 1, log.read_text()[-3000:]
+        prompt = "[BOS] sort D A C B [SEP]"
+        got = client.completions.create(model="tiny-llada", prompt=prompt, max_tokens=8).choices[0].text
+        assert got == offline_diffusion(dllm.load("tiny-llada"), prompt, 8)[0]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=180)
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in followers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in followers), "a rank outlived the server"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -165,6 +165,30 @@ def load_split(model: str, size: int, *, dtype: Optional[str], device: Optional[
     return load(model, dtype=dtype, device=device, tensor_parallel=size, expert_parallel=expert_parallel)
 
 
+def split_model(model: str, size: int, *, dtype: Optional[str] = None, device: Optional[str] = None,
+                expert_parallel: bool = False, threads: Optional[int] = None) -> tuple[Any, Mirror]:
+    """``model`` split over ``size`` ranks for a server: the split checked with the numbers first (no
+    process started for one that cannot be made), then ranks 1..size-1 started and every rank loading
+    its part. Returns this process's (rank 0's) model and the ``Mirror`` its backend drives."""
+    from dllm.models.families.llada2 import LLaDA2, moe_from_hf
+    from dllm.models.families.registry import class_for_model_type
+    from dllm.models.loading import locate, read_config
+    from dllm.models.parallel.plan import check_plan
+
+    hf = read_config(locate(model))
+    cls = class_for_model_type(hf.get("model_type"))
+    config, _ = cls.from_hf_config(hf, None)
+    check_plan(config, size, moe=moe_from_hf(hf) if issubclass(cls, LLaDA2) else None, expert_parallel=expert_parallel)
+    procs, _ = spawn_followers(size, follower_args(model, dtype, device, expert_parallel, threads))
+    try:
+        split = load_split(model, size, dtype=dtype, device=device, expert_parallel=expert_parallel)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return split, Mirror(procs)
+
+
 def follower_args(model: str, dtype: Optional[str], device: Optional[str], expert_parallel: bool,
                   threads: Optional[int]) -> list[str]:
     out = ["--model", model]
