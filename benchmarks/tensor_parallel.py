@@ -31,7 +31,7 @@ import torch
 
 import dllm
 
-SAMPLERS = ("low_confidence", "threshold", "fast")
+SAMPLERS = ("low_confidence", "threshold", "fast", "dmax")  # dmax: soft inputs through the split embedding
 CACHES = ("none", "dual", "block")
 PROMPTS = [list(range(20, 28)), list(range(30, 46)), list(range(50, 58))]  # ragged; whole blocks of 4 and 8
 FAMILIES = ("llada", "dream", "sdar", "fastdllm_v2", "llada2")
@@ -181,7 +181,7 @@ def shapes_table() -> str:
     from dllm.models.families.registry import family_class
     from dllm.models.base import SpecialIds
     from dllm.models.parallel.plan import ParallelPlan, check_plan
-    from dllm.models.parallel.shard import TensorParallel, splits_head
+    from dllm.models.parallel.shard import TensorParallel, splits_vocab
 
     lines = ["| model | ranks | expert parallel | GiB per rank (bf16) | / one process |", "|---|---|---|---|---|"]
     for name, (family, fields, moe_fields) in SHAPES.items():
@@ -201,7 +201,7 @@ def shapes_table() -> str:
                     model = family_class(family)(cfg, special, **({"moe": moe} if moe else {}))
                 model.to(torch.bfloat16)
                 if n > 1:
-                    TensorParallel(ParallelPlan(n, 0, ep), None, moe, splits_head(cfg, n)).shard_modules(model)
+                    TensorParallel(ParallelPlan(n, 0, ep), None, moe, splits_vocab(cfg, n)).shard_modules(model)
                 size = param_bytes(model)
                 whole = size if n == 1 else whole
                 lines.append(f"| {name} | {n} | {'yes' if ep else 'no'} | {size / 2**30:.2f} | {size / whole:.3f} |")

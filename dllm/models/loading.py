@@ -195,7 +195,7 @@ def tensor_parallel_split(cls: type, config: Any, hf: dict[str, Any], n: int, ex
     any weight is read or any process group starts), then the group joined."""
     from dllm.models.parallel.group import tensor_parallel_group
     from dllm.models.parallel.plan import ParallelPlan, check_plan
-    from dllm.models.parallel.shard import TensorParallel, splits_head
+    from dllm.models.parallel.shard import TensorParallel, splits_vocab
 
     from dllm.models.families.llada2 import LLaDA2, moe_from_hf
 
@@ -203,7 +203,7 @@ def tensor_parallel_split(cls: type, config: Any, hf: dict[str, Any], n: int, ex
     check_plan(config, n, moe=moe, expert_parallel=expert_parallel, device_map=device_map,
                quantization=quantization)
     group = tensor_parallel_group(n, device)
-    return TensorParallel(ParallelPlan(n, group.rank, expert_parallel), group, moe, splits_head(config, n))
+    return TensorParallel(ParallelPlan(n, group.rank, expert_parallel), group, moe, splits_vocab(config, n))
 
 
 ORACLE_NAME = "oracle"  # load("oracle"): the stress tasks' exact-posterior model (dllm.models.oracle)

@@ -2,7 +2,8 @@
 
 ``RowParallelLinear``: a projection holding some of its input columns (``o_proj`` over this rank's
 heads, ``down_proj`` over its SwiGLU columns); its output is a partial sum, all-reduced in place.
-``VocabParallelHead``: the LM head over this rank's vocabulary rows, the logits gathered.
+``VocabParallelEmbedding`` / ``VocabParallelHead``: the embedding and LM head over this rank's
+vocabulary rows (the looked-up rows summed across ranks, the logits gathered).
 ``ParallelMoE``: LLaDA 2's MoE with this rank's experts (whole ones under expert parallelism, every
 expert's column slice otherwise); the routed sum is all-reduced, replicated shared experts are added
 after it, split ones before it. ``AbsentExpert`` stands for another rank's expert (no weights).
@@ -30,6 +31,21 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_(F.linear(x, self.weight), self.group)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """The embedding's rows [start, start + V / N) on this rank: ids outside give zeros here, the
+    all-reduce sums in the one rank's row (exact: one nonzero term). ids [...] -> [..., D]."""
+
+    def __init__(self, local_rows: int, dim: int, start: int, group: Any, **kwargs: Any) -> None:
+        super().__init__(local_rows, dim, **kwargs)
+        self.start, self.group = start, group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.num_embeddings)  # [...] another rank's rows
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside.unsqueeze(-1), 0)
+        return all_reduce_(out, self.group)
 
 
 class VocabParallelHead(nn.Linear):
@@ -85,4 +101,4 @@ class ParallelMoE(SparseMoE):
         return y
 
 
-__all__ = ["AbsentExpert", "ParallelMoE", "RowParallelLinear", "VocabParallelHead"]
+__all__ = ["AbsentExpert", "ParallelMoE", "RowParallelLinear", "VocabParallelEmbedding", "VocabParallelHead"]

@@ -9,8 +9,8 @@ Rules on the internal parameter names (``dllm.models.core.transformer``), for ra
 | ``mlp.{gate,up}_proj``, ``mlp.down_proj`` (dense) | rows / input columns [r F/N, (r+1) F/N) |
 | ``mlp.experts.E.*`` | expert parallel: whole, iff E in [r E/N, (r+1) E/N); else split as the dense MLP |
 | ``mlp.shared_experts.*`` | expert parallel: whole (replicated); else split as the dense MLP |
-| ``lm_head`` (an untied head, V divisible by N: ``split_head``) | rows [r V/N, (r+1) V/N), logits gathered |
-| everything else (embedding, norms, q/k norms, router, a tied head) | whole (replicated) |
+| ``embed``, ``lm_head`` (untied, V divisible by N: ``split_vocab``) | rows [r V/N, (r+1) V/N): looked-up rows summed, logits gathered |
+| everything else (norms, q/k norms, router, a tied embedding and head) | whole (replicated) |
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn as nn
 from dllm.models.core.moe import MoEConfig, SparseMoE
 from dllm.models.core.transformer import MLP
 from dllm.models.parallel.group import TPGroup
-from dllm.models.parallel.layers import ParallelMoE, RowParallelLinear, VocabParallelHead
+from dllm.models.parallel.layers import ParallelMoE, RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 from dllm.models.parallel.plan import ParallelPlan
 
 _ROWS = re.compile(r"layers\.\d+\.(attn\.[qkv]_proj|mlp\.(shared_experts\.|experts\.\d+\.)?(gate|up)_proj)\.(weight|bias)$")
@@ -38,8 +38,8 @@ class TensorParallel:
     the local-width modules before the slices are assigned (``TransformerLM.place`` / ``assign``)."""
 
     def __init__(self, plan: ParallelPlan, group: Optional[TPGroup] = None, moe: Optional[MoEConfig] = None,
-                 split_head: bool = False) -> None:
-        self.plan, self.group, self.moe, self.split_head = plan, group, moe, split_head
+                 split_vocab: bool = False) -> None:
+        self.plan, self.group, self.moe, self.split_vocab = plan, group, moe, split_vocab
 
     @property
     def process_group(self) -> Any:
@@ -53,7 +53,7 @@ class TensorParallel:
             return tensor if start <= int(expert.group(1)) < stop else None
         if self.plan.expert_parallel and ".shared_experts." in name:
             return tensor
-        if _ROWS.match(name) or (self.split_head and name == "lm_head.weight"):
+        if _ROWS.match(name) or (self.split_vocab and name in ("lm_head.weight", "embed.weight")):
             return _narrow(tensor, 0, self.plan)
         if _COLS.match(name):
             return _narrow(tensor, 1, self.plan)
@@ -78,11 +78,14 @@ class TensorParallel:
                 mlp._fused = None
             elif isinstance(layer.mlp, SparseMoE):
                 layer.mlp = self._parallel_moe(layer.mlp, cfg.d_model, i, dtype)
-        if self.split_head:
-            head = transformer.lm_head
+        if self.split_vocab:
+            head, embed = transformer.lm_head, transformer.embed
+            rows = embed.num_embeddings // n
             with torch.device("meta"):
                 transformer.lm_head = VocabParallelHead(head.in_features, head.out_features // n, group, n,
                                                         dtype=head.weight.dtype)
+                transformer.embed = VocabParallelEmbedding(rows, embed.embedding_dim, self.plan.rank * rows, group,
+                                                           dtype=embed.weight.dtype)
         # the KV caches and head counts read the local sizes; hd stays explicit (d_model / H no longer is)
         transformer.config = dataclasses.replace(cfg, n_heads=cfg.n_heads // n, n_kv_heads=cfg.n_kv_heads // n,
                                                  attn_head_dim=cfg.head_dim)
@@ -100,9 +103,9 @@ class TensorParallel:
         return out
 
 
-def splits_head(config: Any, n: int) -> bool:
-    """Whether the LM head is split over the vocabulary: an untied head whose rows N divides (a tied
-    one is the embedding, which stays whole: soft inputs and the lookup read its rows)."""
+def splits_vocab(config: Any, n: int) -> bool:
+    """Whether the embedding and LM head are split over the vocabulary: untied, with rows N divides
+    (a tied head multiplies by the embedding's rows directly: both stay whole)."""
     return n > 1 and not config.tie_embeddings and config.vocab_size % n == 0
 
 
@@ -125,4 +128,4 @@ def _row_parallel(linear: nn.Linear, n: int, group: Any, dtype: torch.dtype) -> 
         return RowParallelLinear(linear.in_features // n, linear.out_features, group, dtype=dtype)
 
 
-__all__ = ["TensorParallel", "splits_head"]
+__all__ = ["TensorParallel", "splits_vocab"]

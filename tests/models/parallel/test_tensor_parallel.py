@@ -24,7 +24,7 @@ from dllm.models import loading
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.moe import MoEConfig
 from dllm.models.parallel.plan import ParallelPlan, check_plan
-from dllm.models.parallel.shard import TensorParallel, splits_head
+from dllm.models.parallel.shard import TensorParallel, splits_vocab
 
 ROOT = Path(__file__).resolve().parents[3]
 CFG = TransformerConfig(vocab_size=64, d_model=48, n_layers=1, n_heads=6, n_kv_heads=2, mlp_hidden=96)
@@ -87,8 +87,9 @@ def test_each_rank_keeps_its_heads_columns_and_experts():
     assert torch.equal(tp.local("layers.0.mlp.down_proj.weight", w), w[:, 3:])
     assert torch.equal(tp.local("layers.1.mlp.experts.0.gate_proj.weight", w), w[4:])  # split experts
     assert tp.local("layers.0.attn_norm.weight", w[0]) is not None and tp.local("embed.weight", w) is w
-    assert tp.local("lm_head.weight", w) is w  # replicated unless split_head
-    assert torch.equal(TensorParallel(ParallelPlan(2, 1), None, moe, split_head=True).local("lm_head.weight", w), w[4:])
+    assert tp.local("lm_head.weight", w) is w  # replicated unless split_vocab
+    vocab = TensorParallel(ParallelPlan(2, 1), None, moe, split_vocab=True)
+    assert torch.equal(vocab.local("lm_head.weight", w), w[4:]) and torch.equal(vocab.local("embed.weight", w), w[4:])
     ep = TensorParallel(ParallelPlan(2, 1, expert_parallel=True), None, moe)
     assert ep.local("layers.1.mlp.experts.1.down_proj.weight", w) is None  # rank 0's expert
     assert ep.local("layers.1.mlp.experts.2.down_proj.weight", w) is w  # its own, whole
@@ -114,10 +115,10 @@ def one_rank_group(monkeypatch):
         dist.destroy_process_group()
 
 
-def test_the_head_is_split_when_untied_and_divisible():
-    assert splits_head(CFG, 2) and splits_head(CFG, 4) and not splits_head(CFG, 5)  # vocab 64
-    assert not splits_head(dataclasses.replace(CFG, tie_embeddings=True), 2)  # the embedding stays whole
-    assert not splits_head(CFG, 1)
+def test_the_vocabulary_is_split_when_untied_and_divisible():
+    assert splits_vocab(CFG, 2) and splits_vocab(CFG, 4) and not splits_vocab(CFG, 5)  # vocab 64
+    assert not splits_vocab(dataclasses.replace(CFG, tie_embeddings=True), 2)  # a tied head reads the rows
+    assert not splits_vocab(CFG, 1)
 
 
 def test_one_rank_is_the_plain_model(one_rank_group):
@@ -156,7 +157,7 @@ def test_every_family_split_over_gloo_ranks_decodes_as_one_process(n, tmp_path):
     for r in results:
         caches = {run["cache"] for run in r["runs"]}
         assert caches == ({"none", "dual"} if r["model"] in ("llada", "dream") else {"none", "block"}), r
-        assert len(r["runs"]) == 6 and all(run["equal"] and run["ranks_agree"] for run in r["runs"]), r
+        assert len(r["runs"]) == 8 and all(run["equal"] and run["ranks_agree"] for run in r["runs"]), r
         assert r["logits_max_abs_diff"] < 1e-4, r
         assert r["kv_heads_rank"] == 4 // n  # each rank's caches hold its heads only
         if n == 2:
