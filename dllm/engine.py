@@ -115,6 +115,9 @@ def generate(
     sampler_obj, policy, plan = resolved.sampler, resolved.policy, resolved.plan
 
     device = model_device(model)
+    if cuda_graphs is True and getattr(model, "sharding", None) is not None:  # collectives inside a capture
+        raise ValueError("cuda_graphs=True on a model split over ranks (tensor_parallel) is not supported yet; "
+                         "use cuda_graphs='static' or False")
     cuda_graphs = check_graphs_option(cuda_graphs, device)
     generator = make_generator(seed, rows, device)
     state = init_state(model, rows, gen_length, temperature, generator, device)

@@ -127,6 +127,11 @@ def test_one_rank_is_the_plain_model(one_rank_group):
     split = dllm.load("tiny-random-dream", dtype="float32", tensor_parallel=1)
     assert type(split.transformer.layers[0].attn.o_proj).__name__ == "RowParallelLinear"
     prompts = [[20, 21, 22, 23], [30, 31]]
+    with pytest.raises(ValueError, match="cuda_graphs=True on a model split over ranks"):
+        dllm.generate(split, prompts, cuda_graphs=True, gen_length=4)
+    static = dllm.generate(split, prompts, "threshold", gen_length=8, block_length=4, cache="dual", cuda_graphs="static")
+    want = dllm.generate(plain, prompts, "threshold", gen_length=8, block_length=4, cache="dual")
+    assert torch.equal(static.generated, want.generated)
     for cache in ("none", "dual"):
         want = dllm.generate(plain, prompts, "threshold", gen_length=8, block_length=4, steps=4, cache=cache)
         got = dllm.generate(split, prompts, "threshold", gen_length=8, block_length=4, steps=4, cache=cache)
