@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "models": 2,
     "samplers": 3, "cache": 3, "graphs": 3,
     "settings": 3.5,  # one DecodeSettings and its resolve: over samplers and caches, under the engine
+    "forwards": 3.9,  # the step's forwards (dllm.forwards.StepForwards): the engine's Decode inherits them
     "engine": 4,
     "scoring": 4.5,
     "drafters": 5,
