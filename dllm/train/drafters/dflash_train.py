@@ -27,7 +27,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -242,6 +242,16 @@ def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list
 def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
                  target: Any = None) -> dict[str, Any]:
     """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the z-lab format)."""
+    return train_block_drafter(recipe, out, build=random_dflash, save=save_dflash, threads=threads,
+                               progress=progress, target=target)
+
+
+def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: Callable[..., Any],
+                        save: Callable[[Any, Path], Path], threads: int = 0, progress: bool = True,
+                        target: Any = None) -> dict[str, Any]:
+    """The DFlash training run with the drafter ``build(target, num_layers, block_size, mask_id, seed=,
+    target_layer_ids=)`` makes, written by ``save(drafter, dir)`` (DFlash's, or DFlare's: its authors
+    train it with the DFlash trainer)."""
     from tqdm.auto import tqdm
 
     from dllm.models.targets import load_target
@@ -253,8 +263,8 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
     if target is None:
         target, _ = load_target(recipe.target)
     target = target.float().eval().requires_grad_(False)
-    drafter = random_dflash(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
-                            target_layer_ids=recipe.target_layer_ids).train()
+    drafter = build(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
+                    target_layer_ids=recipe.target_layer_ids).train()
     vocab = hf_tokenizer().get_vocab()
     mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
     rng = mix.rng(-1)
@@ -311,7 +321,7 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
                                                                          block)["tau_teacher_forced"])
     log.write(json.dumps(result) + "\n")
     log.close()
-    final = save_dflash(drafter, out / "final")
+    final = save(drafter, out / "final")
     (final / "training.json").write_text(json.dumps({"recipe": asdict(recipe), "evaluation": result,
                                                      "train_seconds": round(time.perf_counter() - t0, 1)},
                                                     indent=2, sort_keys=True, default=str) + "\n")
@@ -319,4 +329,4 @@ def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 
 
 
 __all__ = ["ANSWER_TOKENS", "BlockPass", "DFlashRecipe", "block_layout", "block_loss", "block_pass", "dflash_recipes",
-           "regenerate", "sample_anchors", "teacher_forced_tau", "train_dflash"]
+           "regenerate", "sample_anchors", "teacher_forced_tau", "train_block_drafter", "train_dflash"]
