@@ -25,22 +25,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from dllm import tasks as T
 from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.dflash.model import DFlashDrafter, extract_context_feature, target_embedding, target_head
 from dllm.options import check_int, check_unit
 from dllm.registry import Registry
-from dllm.tasks.vocab import MASK, PAD, word_id
-from dllm.train.ar import LONG_MIXTURE, greedy_answers, hf_tokenizer
-from dllm.train.data import MixtureConfig, TaskMixture
-from dllm.train.schedule import lr_factor
+from dllm.tasks.vocab import MASK, word_id
+from dllm.train.ar import LONG_MIXTURE
+from dllm.train.data import MixtureConfig
+from dllm.train.drafters.steps import draft_data, pad_rows, regenerate, train_steps, write_record  # noqa: F401
 
 
 ANSWER_TOKENS = 66  # new tokens covering the longest long-answer answer (the heads' trainers regenerate to it)
@@ -120,21 +119,6 @@ dflash_recipes.add("tiny-ar-dflash-wide", DFlashRecipe(
         "loss decay for the longer blocks), so that one checkpoint drafts past 16 tokens, where the "
         "16-token drafter's rounds are capped (a per-request block size needs sizes on both sides)")),
     description="DFlash drafter for tiny-ar, mixed block sizes 8-32")
-
-
-def regenerate(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """prompt + the target's greedy answer (up to its first EOS) per prompt."""
-    answers = greedy_answers(target, prompts, max_new_tokens)
-    return [list(p) + a for p, a in zip(prompts, answers)]
-
-
-def pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, L] and lengths [B]."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), word_id(PAD), dtype=torch.long)
-    for j, r in enumerate(rows):
-        ids[j, :len(r)] = torch.tensor(r)
-    return ids, torch.tensor([len(r) for r in rows])
 
 
 def sample_anchors(prompt_lens: torch.Tensor, lengths: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
@@ -252,8 +236,6 @@ def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: C
     """The DFlash training run with the drafter ``build(target, num_layers, block_size, mask_id, seed=,
     target_layer_ids=)`` makes, written by ``save(drafter, dir)`` (DFlash's, or DFlare's: its authors
     train it with the DFlash trainer)."""
-    from tqdm.auto import tqdm
-
     from dllm.models.targets import load_target
 
     if threads > 0:
@@ -265,55 +247,25 @@ def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: C
     target = target.float().eval().requires_grad_(False)
     drafter = build(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
                     target_layer_ids=recipe.target_layer_ids).train()
-    vocab = hf_tokenizer().get_vocab()
-    mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
-    rng = mix.rng(-1)
-    examples = [mix.sample(rng) for _ in range(recipe.pool)]
-    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
-    longest = max(T.answer_length(ex.task, ex.size) for ex in examples)
     t0 = time.perf_counter()
-    rows = regenerate(target, prompts, longest)
-    held = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_examples)]
-    held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
-    held_rows = regenerate(target, held_prompts, longest)
+    data = draft_data(target, recipe)
     log = (out / "log.jsonl").open("a")
-    log.write(json.dumps({"event": "regenerated", "pool": len(rows), "seconds": round(time.perf_counter() - t0, 1)}) + "\n")
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=recipe.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
-        s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
-    gen = torch.Generator().manual_seed(recipe.seed)
-    order = torch.randperm(len(rows), generator=gen).tolist()
-    losses: list[float] = []
-    accepted: list[float] = []
-    for step in tqdm(range(recipe.steps), disable=not progress, desc=recipe.name):
-        start = (step * recipe.batch_size) % len(order)
-        pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
-        ids, lengths = pad_rows([rows[i] for i in pick])
-        lp = torch.tensor([len(prompts[i]) for i in pick])
+    log.write(json.dumps({"event": "regenerated", "pool": len(data.rows), "seconds": round(time.perf_counter() - t0, 1)}) + "\n")
+
+    def step_loss(step: int, ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor,
+                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         block, n_anchors = recipe.step_block(step)
-        anchors = sample_anchors(lp, lengths, n_anchors, gen)
+        anchors = sample_anchors(prompt_lens, lengths, n_anchors, gen)
         fills = None
         if recipe.fill_prob > 0:  # per block: 0 filled slots, or 1..max_fill with probability fill_prob
             count = torch.randint(1, recipe.max_fill + 1, anchors.shape, generator=gen)
             fills = count * (torch.rand(anchors.shape, generator=gen) < recipe.fill_prob)
-        loss, acc = block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block, fills)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, recipe.clip)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        accepted.append(float(acc.float().mean()))
-        if (step + 1) % recipe.log_every == 0:
-            log.write(json.dumps({"step": step + 1, "loss": sum(losses) / len(losses),
-                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
-                                  "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
-            log.flush()
-            losses.clear()
-            accepted.clear()
+        return block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block, fills)
+
+    train_steps(recipe, [p for p in drafter.parameters() if p.requires_grad], step_loss, data, log, t0,
+                weight_decay=recipe.weight_decay, progress=progress)
     drafter.eval()
-    held_lens = [len(p) for p in held_prompts]
+    held_rows, held_lens = data.held_rows, data.held_lens
     result = {"step": recipe.steps, **teacher_forced_tau(drafter, target, held_rows, held_lens)}
     for block in recipe.block_sizes:  # the trained size is measured above already
         result[f"tau_teacher_forced_block{block}"] = (result["tau_teacher_forced"] if block == drafter.block_size else
@@ -321,10 +273,7 @@ def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: C
                                                                          block)["tau_teacher_forced"])
     log.write(json.dumps(result) + "\n")
     log.close()
-    final = save(drafter, out / "final")
-    (final / "training.json").write_text(json.dumps({"recipe": asdict(recipe), "evaluation": result,
-                                                     "train_seconds": round(time.perf_counter() - t0, 1)},
-                                                    indent=2, sort_keys=True, default=str) + "\n")
+    write_record(save(drafter, out / "final"), recipe, result, t0)
     return result
 
 

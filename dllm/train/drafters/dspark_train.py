@@ -25,22 +25,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from dllm import tasks as T
 from dllm.drafters.dspark.io import random_dspark, save_dspark
 from dllm.drafters.dspark.model import DSparkHeads, DSparkModel
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
-from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
-from dllm.train.data import MixtureConfig, TaskMixture
-from dllm.train.drafters.dflash_train import block_layout, pad_rows, regenerate, sample_anchors
-from dllm.train.schedule import lr_factor
+from dllm.train.ar import LONG_MIXTURE
+from dllm.train.data import MixtureConfig
+from dllm.train.drafters.dflash_train import block_layout, pad_rows, sample_anchors
+from dllm.train.drafters.steps import draft_data, train_steps, write_record
 
 
 @dataclass(frozen=True)
@@ -174,8 +173,6 @@ def init_model(recipe: DSparkRecipe, target) -> DSparkModel:
 def train_dspark(recipe: DSparkRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
                  target: Any = None) -> dict[str, Any]:
     """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' format)."""
-    from tqdm.auto import tqdm
-
     from dllm.models.targets import load_target
 
     if threads > 0:
@@ -187,55 +184,22 @@ def train_dspark(recipe: DSparkRecipe, out: Union[str, Path], *, threads: int = 
         target, _ = load_target(recipe.target)
     target = target.float().eval().requires_grad_(False)
     model = init_model(recipe, target)
-    vocab = hf_tokenizer().get_vocab()
-    mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
-    rng = mix.rng(-1)
-    examples = [mix.sample(rng) for _ in range(recipe.pool)]
-    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
-    longest = max(T.answer_length(ex.task, ex.size) for ex in examples)
     t0 = time.perf_counter()
-    rows = regenerate(target, prompts, longest)
-    held = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_examples)]
-    held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
-    held_rows = regenerate(target, held_prompts, longest)
+    data = draft_data(target, recipe)
     log = (out / "log.jsonl").open("a")
-    log.write(json.dumps({"event": "regenerated", "pool": len(rows),
+    log.write(json.dumps({"event": "regenerated", "pool": len(data.rows),
                           "seconds": round(time.perf_counter() - t0, 1)}) + "\n")
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
-        s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
-    gen = torch.Generator().manual_seed(recipe.seed)
-    order = torch.randperm(len(rows), generator=gen).tolist()
-    losses: list[float] = []
-    accepted: list[float] = []
-    for step in tqdm(range(recipe.steps), disable=not progress, desc=recipe.name):
-        start = (step * recipe.batch_size) % len(order)
-        pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
-        ids, lengths = pad_rows([rows[i] for i in pick])
-        anchors = sample_anchors(torch.tensor([len(prompts[i]) for i in pick]), lengths, recipe.anchors, gen)
-        loss, acc = dspark_loss(dspark_pass(model, target, ids, lengths, anchors), recipe)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, recipe.clip)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        accepted.append(float(acc.float().mean()))
-        if (step + 1) % recipe.log_every == 0:
-            log.write(json.dumps({"step": step + 1, "loss": sum(losses) / len(losses),
-                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
-                                  "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
-            log.flush()
-            losses.clear()
-            accepted.clear()
+
+    def step_loss(step: int, ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor,
+                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        anchors = sample_anchors(prompt_lens, lengths, recipe.anchors, gen)
+        return dspark_loss(dspark_pass(model, target, ids, lengths, anchors), recipe)
+
+    train_steps(recipe, [p for p in model.parameters() if p.requires_grad], step_loss, data, log, t0,
+                weight_decay=0.0, progress=progress)
     model.eval()
-    result = {"step": recipe.steps, **teacher_forced_tau(model, target, held_rows, [len(p) for p in held_prompts],
-                                                         recipe)}
+    result = {"step": recipe.steps, **teacher_forced_tau(model, target, data.held_rows, data.held_lens, recipe)}
     log.write(json.dumps(result) + "\n")
     log.close()
-    final = save_dspark(model, out / "final")
-    (final / "training.json").write_text(json.dumps({"recipe": asdict(recipe), "evaluation": result,
-                                                     "train_seconds": round(time.perf_counter() - t0, 1)},
-                                                    indent=2, sort_keys=True, default=str) + "\n")
+    write_record(save_dspark(model, out / "final"), recipe, result, t0)
     return result

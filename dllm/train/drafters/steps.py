@@ -1,0 +1,117 @@
+"""What every drafter recipe's run shares (``dflash_train``, ``jetspec_train``, ``dspark_train``): the
+target-regenerated data, the optimiser loop with its log, and the ``training.json`` record.
+
+A recipe brings its drafter and its loss: ``train_steps`` calls ``step_loss(step, ids, lengths,
+prompt_lengths, gen)`` on each batch (``gen``: the run's one generator, seeded by the recipe, which
+also shuffled the pool) and takes (loss, accepted [...] bool) back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+import torch
+
+from dllm import tasks as T
+from dllm.tasks.vocab import PAD, word_id
+from dllm.train.ar import greedy_answers, hf_tokenizer
+from dllm.train.data import TaskMixture
+from dllm.train.schedule import lr_factor
+
+# (step, ids [B, L], lengths [B], prompt lengths [B], generator) -> (loss, accepted drafts [...] bool)
+StepLoss = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator],
+                    tuple[torch.Tensor, torch.Tensor]]
+
+
+def regenerate(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """prompt + the target's greedy answer (up to its first EOS) per prompt."""
+    answers = greedy_answers(target, prompts, max_new_tokens)
+    return [list(p) + a for p, a in zip(prompts, answers)]
+
+
+def pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, L] and lengths [B]."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), word_id(PAD), dtype=torch.long)
+    for j, r in enumerate(rows):
+        ids[j, :len(r)] = torch.tensor(r)
+    return ids, torch.tensor([len(r) for r in rows])
+
+
+@dataclass(frozen=True)
+class DraftData:
+    """Prompts and the target's own greedy rows (prompt + answer): the training pool and the held-out set."""
+
+    prompts: list[list[int]]
+    rows: list[list[int]]
+    held_prompts: list[list[int]]
+    held_rows: list[list[int]]
+
+    @property
+    def held_lens(self) -> list[int]:
+        return [len(p) for p in self.held_prompts]
+
+
+def draft_data(target: Any, recipe: Any) -> DraftData:
+    """``recipe.pool`` prompts of ``recipe.mixture`` (seeded by ``recipe.seed``) and
+    ``recipe.eval_examples`` held-out ones per task size, answered by the target (``regenerate``)."""
+    vocab = hf_tokenizer().get_vocab()
+    mix = TaskMixture(recipe.mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
+    rng = mix.rng(-1)
+    examples = [mix.sample(rng) for _ in range(recipe.pool)]
+    prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in examples]
+    longest = max(T.answer_length(ex.task, ex.size) for ex in examples)
+    rows = regenerate(target, prompts, longest)
+    held = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_examples)]
+    held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
+    return DraftData(prompts, rows, held_prompts, regenerate(target, held_prompts, longest))
+
+
+def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLoss, data: DraftData, log: TextIO,
+                t0: float, *, weight_decay: float, progress: bool = True) -> None:
+    """``recipe.steps`` AdamW steps (warm-up then cosine to ``min_lr_ratio``, gradients clipped at
+    ``recipe.clip``) over batches of ``recipe.batch_size`` rows taken in one seeded shuffled order;
+    every ``recipe.log_every`` steps the mean loss and training tau go to ``log`` (JSON lines)."""
+    from tqdm.auto import tqdm
+
+    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+        s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
+    gen = torch.Generator().manual_seed(recipe.seed)
+    order = torch.randperm(len(data.rows), generator=gen).tolist()
+    losses: list[float] = []
+    accepted: list[float] = []
+    for step in tqdm(range(recipe.steps), disable=not progress, desc=recipe.name):
+        start = (step * recipe.batch_size) % len(order)
+        pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
+        ids, lengths = pad_rows([data.rows[i] for i in pick])
+        prompt_lens = torch.tensor([len(data.prompts[i]) for i in pick])
+        loss, acc = step_loss(step, ids, lengths, prompt_lens, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, recipe.clip)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        accepted.append(float(acc.float().mean()))
+        if (step + 1) % recipe.log_every == 0:
+            log.write(json.dumps({"step": step + 1, "loss": sum(losses) / len(losses),
+                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
+                                  "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
+            log.flush()
+            losses.clear()
+            accepted.clear()
+
+
+def write_record(final: Path, recipe: Any, result: dict[str, Any], t0: float) -> None:
+    """``final/training.json``: the recipe, its evaluation and the run's seconds."""
+    (final / "training.json").write_text(json.dumps({"recipe": asdict(recipe), "evaluation": result,
+                                                     "train_seconds": round(time.perf_counter() - t0, 1)},
+                                                    indent=2, sort_keys=True, default=str) + "\n")
+
+
+__all__ = ["DraftData", "StepLoss", "draft_data", "pad_rows", "regenerate", "train_steps", "write_record"]
