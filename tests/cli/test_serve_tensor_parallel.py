@@ -42,17 +42,24 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
-def _descendant_ranks(root: int) -> list[int]:
-    """Follower ranks (``python -m dllm.serve.backends.tensor_parallel``) among ``root``'s descendants."""
-    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
-    table = [(int(r.split(None, 2)[0]), int(r.split(None, 2)[1]), r.split(None, 2)[2] if len(r.split(None, 2)) > 2
-              else "") for r in rows if r.strip()]
-    family, grew = {root}, True
-    while grew:
-        new = {pid for pid, ppid, _ in table if ppid in family} - family
-        family |= new
-        grew = bool(new)
-    return [pid for pid, _, args in table if pid in family and "dllm.serve.backends.tensor_parallel" in args]
+def _tagged_ranks(tag: str) -> list[int]:
+    """Follower ranks (``python -m dllm.serve.backends.tensor_parallel``) whose environment carries
+    ``DLLM_TEST_TAG=tag``: found by what they inherited, not by parentage, which Ray's worker processes
+    need not keep (its workers may be re-parented to a reaper)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"dllm.serve.backends.tensor_parallel" in args and f"DLLM_TEST_TAG={tag}".encode() in env:
+            found.append(int(entry))
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -106,8 +113,8 @@ def test_two_ranks_answer_the_openai_client_with_the_offline_tokens(tmp_path, si
 
 @pytest.mark.slow
 def test_a_ray_replica_holds_a_tensor_parallel_group(tmp_path):
-    """``--replicas 1 --tensor-parallel 2``: the replica is rank 0 of its own group (its follower a child
-    of the replica's process); its answers equal the offline ones; SIGTERM leaves no rank behind."""
+    """``--replicas 1 --tensor-parallel 2``: the replica is rank 0 of its own group (its follower started
+    by the replica's process); its answers equal the offline ones; SIGTERM leaves no rank behind."""
     pytest.importorskip("ray.serve")
     import socket as _socket
 
@@ -119,19 +126,20 @@ def test_a_ray_replica_holds_a_tensor_parallel_group(tmp_path):
     with _socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = tmp_path / "serve.log"
+    log, tag = tmp_path / "serve.log", f"ray-tp-{os.getpid()}-{port}"
     proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--model", "tiny-llada", "--tensor-parallel",
                              "2", "--replicas", "1", "--port", str(port), "--threads", "1"],
                             stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "DLLM_TEST_TAG": tag})
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         deadline = time.monotonic() + 240
         while "is ready at" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(1)
-        followers = _descendant_ranks(proc.pid)
-        assert len(followers) == 1, log.read_text()[-3000:]
+        followers = _tagged_ranks(tag)
+        ranks = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+        assert len(followers) == 1, [r for r in ranks.splitlines() if "tensor_parallel" in r] + [log.read_text()[-2000:]]
         prompt = "[BOS] sort D A C B [SEP]"
         got = client.completions.create(model="tiny-llada", prompt=prompt, max_tokens=8).choices[0].text
         assert got == offline_diffusion(dllm.load("tiny-llada"), prompt, 8)[0]
