@@ -134,12 +134,13 @@ def generate(
     state.extras[LOGIT_SHIFT_KEY] = shift
     need_attn = fit_layers(sampler_obj.attention_layers, model)
 
-    decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
+    lp = state.prompt_length
+    decode = Decode(model, sampler_obj, policy, state, [(s + lp, e + lp) for s, e, _ in plan.blocks],
+                    cfg_scale=cfg_scale, shift=shift,
                     attn_layers=need_attn, callback=callback, skip_released=skip_released)
     if cuda_graphs is not False and state.kv is not None:
         decode.graphs = state.extras[GRAPHS_KEY] = StepGraphs(model, state.kv, cuda_graphs)
     with torch.inference_mode():
-        lp = state.prompt_length
         for b, (s, e, block_steps) in enumerate(plan.blocks):
             decode.run_block(b, s + lp, e + lp, block_steps)  # canvas columns
             if stop_at_eos and stop_finished_rows(state):
@@ -154,7 +155,8 @@ class Decode(StepForwards):
     guidance settings. Its methods are the block loop; the three kinds of forwards (plain, with a
     shadow block, and verification variants) come from ``dllm.forwards.StepForwards``."""
 
-    def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState, *,
+    def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState,
+                 blocks: Sequence[tuple[int, int]], *,
                  cfg_scale: float, shift: int, attn_layers: tuple[int, ...],
                  callback: Optional[StepCallback], skip_released: bool) -> None:
         self.model, self.sampler, self.policy, self.state = model, sampler, policy, state
@@ -170,6 +172,8 @@ class Decode(StepForwards):
         self._soft: Optional[tuple[int, Any]] = None  # (block start column, SoftInputs [B, W]) of the block's
         #   next forwards (StepOutput.soft), None: token inputs
         self._unsettled: Optional[torch.Tensor] = None  # [B] bool: rows a refining sampler has not settled
+        self.blocks = list(blocks)  # the call's blocks, canvas columns [s, e)
+        self._wrote_beyond = False  # a step committed past its block (StepOutput.beyond): first tests read
 
     # ---- the block loop -------------------------------------------------------------------------
     def run_block(self, b: int, s: int, e: int, block_steps: Optional[int]) -> None:
@@ -192,15 +196,30 @@ class Decode(StepForwards):
             if block_steps is None:
                 if i:
                     self._masks = block == state.mask_id
-                left = self._masks if self._unsettled is None else self._masks | self._unsettled[:, None]
-                if not bool(left.any()):  # one host sync per adaptive step: the loop condition
-                    return
+                if not i:  # the first test: known without a read unless a step wrote past its block
+                    if not self._block_has_masks(b):
+                        return
+                else:
+                    left = self._masks if self._unsettled is None else self._masks | self._unsettled[:, None]
+                    if not bool(left.any()):  # one host sync per adaptive step: the loop condition
+                        return
             state.block_step = i
             self._step(i, s, e, block_steps)
-        if block_steps is None and bool((block == state.mask_id).any()):
-            raise RuntimeError(  # unreachable: every adaptive step commits >= 1 per unfinished row
+        if block_steps is None and bool((block == state.mask_id).any()):  # only after a block's every step:
+            raise RuntimeError(  # with the skipped first test, still <= 1 read per step
                 f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
             )
+
+    def _block_has_masks(self, b: int) -> bool:
+        """Whether block ``b`` has a mask to decode at its start, read only when it must be. Blocks do
+        not overlap (``dllm.schedule.plan_blocks``) and a step writes its own block only (commits,
+        re-masks, rewrites), so until a step commits past its block (``StepOutput.beyond``, Prophet's
+        all-in) every later block holds its masks in the held rows: no read while some row is held."""
+        state = self.state
+        if not self._wrote_beyond and len(state.released) < state.batch_size:
+            return True
+        s, e = self.blocks[b]
+        return bool((state.x[:, s:e] == state.mask_id).any())  # the one read of this block's first test
 
     def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
         state, sampler = self.state, self.sampler
@@ -241,6 +260,7 @@ class Decode(StepForwards):
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
+            self._wrote_beyond = True
             later = torch.zeros_like(active)
             later[:, e - q0:] = True
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))

@@ -93,6 +93,28 @@ def test_cached_step_calls_and_no_sync_in_forwards(family, cache, sampler, ops):
     assert stats["aten_per_layer"] <= 35, stats
     assert stats["aten_outside"] <= min(OUTSIDE_ATEN[(family, sampler)][ops], 30), stats
     assert stats["syncs_in_forward"] == 0, DispatchCounter.sync_sites(steps)
+    # low_confidence with a step budget reads nothing; an adaptive sampler reads its loop test, once
+    # per step (a block's first test needs no read: the block has masks until a step writes it)
+    assert stats["syncs"] <= (0 if sampler == "low_confidence" else 1), DispatchCounter.sync_sites(steps)
+
+
+@pytest.mark.parametrize("family,cache", [("llada", "dual"), ("llada", "prefix"), ("dream", "dual"),
+                                          ("sdar", "block")])
+@pytest.mark.parametrize("spec", ["threshold", "fast:compact=False", "prophet"])
+def test_an_adaptive_call_reads_back_at_most_once_per_step(family, cache, spec):
+    """Over a whole ragged cached call the engine's and the sampler's reads are at most one per step
+    (fast as on CUDA)."""
+    model = tiny(family, dtype=torch.bfloat16)
+    model.transformer.set_fused(True, ops=True)
+    prompts = [[11, 12, 13, 14, 15], [21, 22, 23] + ([24, 25, 26, 27, 28, 29] if family == "sdar" else [])]
+    counter = count_generate(model, prompts, sampler=spec, cache=cache,
+                             gen_length=16, block_length=4 if family == "sdar" else 8)
+    sites = DispatchCounter.sync_sites(counter.steps)
+    loop = sum(n for site, n in sites.items() if "dllm/engine.py" in site or "dllm/samplers/" in site)
+    # the prompt's setup reads (first step) are not the loop's; after prophet commits past its block,
+    # each later block's first test is one read (a block it filled takes no step)
+    blocks = 16 // (4 if family == "sdar" else 8)
+    assert loop <= len(counter.steps) + (blocks if spec == "prophet" else 0), sites
 
 
 def test_the_first_step_of_a_call_is_never_a_cached_step():
