@@ -143,7 +143,7 @@ def generate(
     with torch.inference_mode():
         for b, (s, e, block_steps) in enumerate(plan.blocks):
             decode.run_block(b, s + lp, e + lp, block_steps)  # canvas columns
-            if stop_at_eos and stop_finished_rows(state):
+            if stop_at_eos and b + 1 < len(plan.blocks) and stop_finished_rows(state):  # after the last: nothing left
                 break
 
     wall = time.perf_counter() - t_start

@@ -94,11 +94,13 @@ def _encode_text(model, text: str, chat: bool) -> list[int]:
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad rows to the longest. Returns (ids [B, Lp] long, valid [B, Lp] bool)."""
+    """Left-pad rows to the longest. Returns (ids [B, Lp] long, valid [B, Lp] bool), uploaded as one
+    tensor (each row's pad count in column 0) and the mask made on the device."""
     width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)  # one upload
-    valid = torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows])  # [B, Lp]
-    return ids.to(device), valid.to(device)
+    packed = torch.tensor([[width - len(r)] + [pad_id] * (width - len(r)) + list(r) for r in rows],
+                          dtype=torch.long).to(device)  # [B, 1 + Lp] one upload
+    valid = torch.arange(width, device=device) >= packed[:, :1]  # [B, Lp]
+    return packed[:, 1:], valid
 
 
 def model_device(model) -> torch.device:
@@ -124,7 +126,7 @@ def init_state(model, rows: list[list[int]], gen_length: int, temperature: float
         x=x, key_padding_mask=kpm, positions=positions, prompt_mask=prompt_mask,
         prompt_length=lp, gen_length=gen_length, mask_id=mask_id, temperature=float(temperature),
         generator=generator, trace=torch.full((bsz, gen_length), -1, dtype=torch.long, device=device),
-        padded=bool((~valid).any()), finished=torch.zeros(bsz, dtype=torch.bool, device=device),
+        padded=any(len(r) < lp for r in rows), finished=torch.zeros(bsz, dtype=torch.bool, device=device),
     )
 
 

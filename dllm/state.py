@@ -182,6 +182,7 @@ class GenerationOutput:
     content_tokens: int  # generated tokens up to (excluding) each row's first EOS/EoT
     wall_time: float  # seconds
     trace: Optional[torch.Tensor] = None  # [B, G] step at which each position was committed
+    generated_ids: Optional[list[list[int]]] = None  # the generated tokens per row, on the host (read once)
 
     @property
     def generated(self) -> torch.Tensor:

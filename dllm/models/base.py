@@ -189,6 +189,7 @@ class DiffusionLM(PromptsMixin, nn.Module):
         want_hidden_layers: tuple[int, ...] = (),
         logits_rows: Optional[tuple[int, int]] = None,
         soft_inputs: Optional[SoftInputs] = None,
+        padded: Optional[bool] = None,
     ) -> ModelOutput:
         """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
@@ -209,13 +210,16 @@ class DiffusionLM(PromptsMixin, nn.Module):
 
         ``soft_inputs`` (``dllm.models.core.soft_inputs.SoftInputs``, rows in input coordinates): at its
         ``where`` positions the input is a mixture of token embeddings instead of ``input_ids``' own.
+
+        ``padded=True``: the caller knows ``key_padding_mask`` holds padding, so it is not read back to
+        look (without a cache an all-real mask otherwise takes the unmasked path, one host sync).
         """
         head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])
         with applied_to(self._soft_embedding(soft_inputs), soft_inputs):
             if cache is not None:
                 return self._cached_forward(input_ids, positions, key_padding_mask, cache,
                                             tuple(want_attn_layers), tuple(want_hidden_layers), head_rows)
-            positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask)
+            positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask, padded=padded)
             if (self.packs_padded_rows and attn_mask is not None and soft_inputs is None and not want_attn_layers
                     and not want_hidden_layers):
                 logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
@@ -383,6 +387,8 @@ class DiffusionLM(PromptsMixin, nn.Module):
         input_ids: torch.Tensor,
         positions: Optional[torch.Tensor],
         key_padding_mask: Optional[torch.Tensor],
+        *,
+        padded: Optional[bool] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Validate shapes; return (positions [B, T], attention mask [B, 1, 1, T] or None)."""
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
@@ -398,8 +404,8 @@ class DiffusionLM(PromptsMixin, nn.Module):
             raise ValueError(f"positions must be an integer tensor {list(input_ids.shape)} like "
                              f"input_ids, got {positions.dtype} {list(positions.shape)}")
         # One host sync: an all-real mask takes the unmasked fast path. Callers that know there is
-        # no padding should pass key_padding_mask=None and skip it.
-        if key_padding_mask is None or bool(key_padding_mask.all()):
+        # no padding pass key_padding_mask=None, and those that know there is pass padded=True.
+        if key_padding_mask is None or (padded is not True and bool(key_padding_mask.all())):
             return positions, None
         return positions, padding_attn_mask(key_padding_mask)
 

@@ -100,9 +100,10 @@ def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:
         spans.append((a + o, e + o, asked is None))
     lo = min(s[0] for s in spans)
     hi = max(s[1] for s in spans)
-    padded = any(item.length != t_max or item.kwargs.get("key_padding_mask") is not None for item in items)
+    ragged = any(item.length != t_max for item in items)  # left-padded here: the mask has padding
+    padded = ragged or any(item.kwargs.get("key_padding_mask") is not None for item in items)
     out = model(torch.cat(ids), positions=torch.cat(pos), key_padding_mask=torch.cat(kpm) if padded else None,
-                logits_rows=(lo, hi))  # None: no padding, known here without reading the mask back
+                logits_rows=(lo, hi), **({"padded": True} if ragged else {}))  # known here, never read back
     logits = out.logits  # [R, hi - lo, V]
     results, r0 = [], 0
     for item, (a, e, whole) in zip(items, spans):

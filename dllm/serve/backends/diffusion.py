@@ -244,8 +244,10 @@ class DiffusionBackend(Scheduler):
 
         def on_step(state) -> None:
             left = []
-            generated = state.generated.tolist() if watch else None  # the step's one read, every row at once
-            traces = state.trace.tolist() if events else None
+            generated = traces = None
+            if watch:  # the step's one read, every row at once, joined with the other decodes' reads
+                got = self.read([state.generated, state.trace] if events else [state.generated])
+                generated, traces = got[0], (got[1] if events else None)
             for r in list(live):
                 row = rows[r]
                 if row.job.cancelled:
@@ -273,7 +275,7 @@ class DiffusionBackend(Scheduler):
             out = generate(model, prompts, callback=on_step, **kwargs)
         except _Leave:
             return
-        answers = out.sequences[:, out.prompt_length:].tolist()  # one read for every row
+        answers = out.generated_ids  # read once by generate, every row
         for r in sorted(live):
             row = rows[r]
             row.nfe, row.forwarded = out.nfe, out.forwarded_tokens

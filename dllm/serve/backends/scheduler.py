@@ -12,9 +12,10 @@ every unfinished job ends with a 503.
 One thread runs everything: each running group is a greenlet (the backend's ``_run_jobs``: a
 ``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
 model wrapped by ``dllm.serve.backends.batcher.BatchedModel``) or yields its turn (``yield_turn``:
-a speculative round) or ends. Once every running group waits, the loop runs the forwards (merged
-where they can be: ``dllm.serve.backends.batcher``), resumes each group with its result, and starts
-what the policy admits between two such steps. So there is no lock handoff between a forward and
+a speculative round) or reads device values to the host (``read``: a step's canvas for streamed
+text) or ends. Once every running group waits, the loop runs the forwards (merged where they can
+be: ``dllm.serve.backends.batcher``) and the round's reads as one copy to the host, resumes each
+group with its result, and starts what the policy admits between two such steps. So there is no lock handoff between a forward and
 the samplers' work, and the model is only ever used from one thread.
 """
 
@@ -260,6 +261,19 @@ class Scheduler(Backend):
         """Let every other running group take its turn (run to its next forward or turn), then go on."""
         self._switch(Pending(None, {}, "yield"), "yield_turn")
 
+    def read(self, tensors: list[torch.Tensor]) -> list[list]:
+        """A group's host read of ``tensors`` (each 1-D or 2-D, integer), as nested lists: batched with
+        the reads every other running group makes in the same round, one device-to-host copy for all
+        (``read_together``). Outside the loop's jobs it reads at once."""
+        item = Pending(None, {"tensors": tensors}, "read")
+        if self._main is None or greenlet.getcurrent().parent is not self._main:
+            read_together([item])
+        else:
+            self._switch(item, "a served decode's read")
+        if item.error is not None:
+            raise item.error
+        return item.result
+
     def _switch(self, item: Pending, what: str) -> None:
         if self._main is None or greenlet.getcurrent().parent is not self._main:
             raise RuntimeError(f"{what} runs only inside a job of the backend's step loop (submit a request to "
@@ -283,9 +297,12 @@ class Scheduler(Backend):
                 if not pending:
                     continue
                 taken, pending = pending, []
-                forwards = [item for item, _ in taken if item.method != "yield"]
+                forwards = [item for item, _ in taken if item.method not in ("yield", "read")]
                 for calls in plan_groups(forwards, self.batcher):
                     self._execute(calls)
+                reads = [item for item, _ in taken if item.method == "read"]
+                if reads:
+                    read_together(reads)
                 for item, job in taken:
                     live += self._resume(job, item, pending) - 1
 
@@ -324,4 +341,24 @@ class Scheduler(Backend):
                 item.error = err
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "max_tokens_limit"]
+def read_together(items: list[Pending]) -> None:
+    """Every ``read`` item's tensors in one device-to-host copy (cast to long, flattened, joined):
+    each item's ``result`` is its tensors as nested lists, in order."""
+    try:
+        tensors = [t for item in items for t in item.kwargs["tensors"]]
+        host = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()  # the round's one read
+        at = 0
+        for item in items:
+            item.result = []
+            for t in item.kwargs["tensors"]:
+                n = t.numel()
+                flat = host[at:at + n]
+                at += n
+                width = t.shape[-1] if t.dim() == 2 else n
+                item.result.append(flat if t.dim() == 1 else [flat[r:r + width] for r in range(0, n, width)])
+    except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
+        for item in items:
+            item.error = err
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "max_tokens_limit", "read_together"]
