@@ -10,12 +10,30 @@ their K/V rows. Each counts NFE and forwarded tokens; classifier-free guidance r
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
 
 from dllm.cache.base import Query
 from dllm.rows import forward_held, forward_rows
+
+
+def takes_padded(model) -> bool:
+    """Whether ``model``'s forward takes ``padded`` (``dllm.models.base``'s does; a served model's
+    wrapper passes every keyword through); a model of another kind is not given it."""
+    forward = getattr(type(model), "forward", None)
+    return forward is not None and _takes(forward, "padded")
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 class StepForwards:
@@ -77,6 +95,8 @@ class StepForwards:
             attn: dict[int, torch.Tensor] = {}
         else:
             if held is None:
+                if kwargs["key_padding_mask"] is not None and kwargs.get("cache") is None and takes_padded(self.model):
+                    kwargs["padded"] = True  # every row of a left-padded batch: the mask is not read back
                 out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
             else:  # released rows (dllm.rows) are not computed
                 out = forward_held(self.model, x, kwargs, held)
