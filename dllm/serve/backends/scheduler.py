@@ -26,7 +26,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Hashable, Optional
 
 import greenlet
 import torch
