@@ -12,10 +12,11 @@ every unfinished job ends with a 503.
 One thread runs everything: each running group is a greenlet (the backend's ``_run_jobs``: a
 ``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
 model wrapped by ``dllm.serve.backends.batcher.BatchedModel``) or yields its turn (``yield_turn``:
-a speculative round) or reads device values to the host (``read``: a step's canvas for streamed
-text) or ends. Once every running group waits, the loop runs the forwards (merged where they can
-be: ``dllm.serve.backends.batcher``) and the round's reads as one copy to the host, resumes each
-group with its result, and starts what the policy admits between two such steps. So there is no lock handoff between a forward and
+a speculative round) or ends. Once every running group waits, the loop runs the forwards (merged
+where they can be: ``dllm.serve.backends.batcher``), resumes each group with its result, and starts
+what the policy admits between two such steps. A group's host read of a step (``read``: the canvas
+for streamed text) is made together with the reads of the other groups resumed in that round, as
+one copy, and the groups go on to their next forwards in the same round. So there is no lock handoff between a forward and
 the samplers' work, and the model is only ever used from one thread.
 """
 
@@ -292,19 +293,31 @@ class Scheduler(Backend):
                         break
                     live += self._resume(greenlet.greenlet(lambda g=group: self._serve_group(g)), None, pending,
                                          first=True)
+                    live += self._settle_reads(pending)
                 if group is None and live == 0:
                     return
                 if not pending:
                     continue
                 taken, pending = pending, []
-                forwards = [item for item, _ in taken if item.method not in ("yield", "read")]
+                forwards = [item for item, _ in taken if item.method != "yield"]
                 for calls in plan_groups(forwards, self.batcher):
                     self._execute(calls)
-                reads = [item for item, _ in taken if item.method == "read"]
-                if reads:
-                    read_together(reads)
                 for item, job in taken:
                     live += self._resume(job, item, pending) - 1
+                live += self._settle_reads(pending)
+
+    def _settle_reads(self, pending: list) -> int:
+        """The reads the resumed groups asked for (``read``), made as one copy, each group resumed
+        until its next forward or turn, within the same round: so the groups stay in step and their
+        next forwards still merge. Returns the change in running groups (those that ended)."""
+        change = 0
+        while any(item.method == "read" for item, _ in pending):
+            reads = [(item, job) for item, job in pending if item.method == "read"]
+            pending[:] = [(item, job) for item, job in pending if item.method != "read"]
+            read_together([item for item, _ in reads])
+            for item, job in reads:
+                change += self._resume(job, item, pending) - 1
+        return change
 
     @staticmethod
     def _resume(job: Any, value: Any, pending: list, first: bool = False) -> int:
