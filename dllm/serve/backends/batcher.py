@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 
+from dllm.forwards import takes_padded
 from dllm.models.base import ModelOutput, default_positions
 from dllm.serve.backends.packing import plan_merges
 
@@ -103,7 +104,7 @@ def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:
     ragged = any(item.length != t_max for item in items)  # left-padded here: the mask has padding
     padded = ragged or any(item.kwargs.get("key_padding_mask") is not None for item in items)
     out = model(torch.cat(ids), positions=torch.cat(pos), key_padding_mask=torch.cat(kpm) if padded else None,
-                logits_rows=(lo, hi), **({"padded": True} if ragged else {}))  # known here, never read back
+                logits_rows=(lo, hi), **({"padded": True} if ragged and takes_padded(model) else {}))  # known here
     logits = out.logits  # [R, hi - lo, V]
     results, r0 = [], 0
     for item, (a, e, whole) in zip(items, spans):
