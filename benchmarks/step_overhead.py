@@ -12,7 +12,8 @@ at LLaDA-8B's shapes (``benchmarks/gpu-step.sh``). One prompt of ``--prompt-leng
 tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. Each setting runs
 ``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
 NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
-calls and host syncs per step counted with ``dllm.eval.bench.counters``. Needs a checkout (it imports
+calls and host syncs per step counted with ``dllm.eval.bench.counters`` and the time per step spent
+outside the model's forward calls (what stays on the host when the forward is a replayed CUDA graph). Needs a checkout (it imports
 ``tests/reference/decoders``).
 """
 
@@ -68,6 +69,31 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     return run_engine
 
 
+class ForwardClock:
+    """Wall time spent inside ``model``'s forwards while active (an instance attribute shadows the
+    class's ``forward``, so only this model's calls are timed): a step's time outside it is what a
+    replayed CUDA graph of the forward leaves on the host."""
+
+    def __init__(self, model) -> None:
+        self.model, self.seconds = model, 0.0
+
+    def __enter__(self) -> "ForwardClock":
+        inner = type(self.model).forward.__get__(self.model)
+
+        def timed(*args, **kwargs):
+            sync(self.model.device)
+            t0 = time.perf_counter()
+            out = inner(*args, **kwargs)
+            sync(self.model.device)
+            self.seconds += time.perf_counter() - t0
+            return out
+        self.model.forward = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.forward
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per setting (default 7)")
@@ -100,6 +126,7 @@ def main() -> None:
     model.transformer.set_fused(path)
     runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
     per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
+    outside: dict[str, list[float]] = {label: [] for label in SETTINGS}  # dllm: us per step outside forwards
     with torch.inference_mode():
         for run in runs.values():  # warm-up
             run()
@@ -110,6 +137,13 @@ def main() -> None:
                 nfe = sum(run() for _ in range(args.repeat))
                 sync(model.device)
                 per_step[label].append((time.perf_counter() - t0) / nfe * 1e6)
+                if SETTINGS[label][0] is not None:  # the split, in runs of its own (the clock costs time)
+                    with ForwardClock(model) as clock:
+                        t0 = time.perf_counter()
+                        nfe = sum(run() for _ in range(args.repeat))
+                        sync(model.device)
+                        wall = time.perf_counter() - t0
+                    outside[label].append((wall - clock.seconds) / nfe * 1e6)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {label: statistics.median(v) for label, v in per_step.items()}
     lines = [f"# python benchmarks/step_overhead.py --rounds {args.rounds} --repeat {args.repeat} --dtype {args.dtype} "
@@ -118,7 +152,10 @@ def main() -> None:
              f"--layer-path {args.layer_path}",
              f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
              f"aten/step and syncs/step counted on the CPU model of the same layers",
-             f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"]
+             f"# outside fwd: dllm's us per step outside the model's forward calls (timed in runs of their own, "
+             f"each forward wrapped by a clock), median of the rounds; x driver: that over the driver's whole step",
+             f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
+             f" {'outside fwd':>12s} {'x driver':>9s}"]
     for label, (spec, rule) in SETTINGS.items():
         base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
         aten = syncs = "-"
@@ -134,8 +171,12 @@ def main() -> None:
             aten = f"{stats['aten_outside'] + stats['aten_per_layer'] * n_layers:.0f}"
             syncs = f"{stats['syncs']:.2f}"
         lo, hi = min(per_step[label]), max(per_step[label])
+        rest = f"{'-':>12s} {'-':>9s}"
+        if spec is not None:
+            out_med = statistics.median(outside[label])
+            rest = f"{out_med:12.0f} {out_med / base:9.2f}"
         lines.append(f"{label:36s} {med[label]:9.0f} {f'[{lo:.0f}-{hi:.0f}]':>15s} {med[label] / base:9.2f} "
-                     f"{aten:>10s} {syncs:>11s}")
+                     f"{aten:>10s} {syncs:>11s} {rest}")
     text = "\n".join(lines)
     print(text)
     if args.out:
