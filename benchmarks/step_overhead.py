@@ -152,8 +152,8 @@ def main() -> None:
              f"--layer-path {args.layer_path}",
              f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
              f"aten/step and syncs/step counted on the CPU model of the same layers",
-             f"# outside fwd: dllm's us per step outside the model's forward calls (timed in runs of their own, "
-             f"each forward wrapped by a clock), median of the rounds; x driver: that over the driver's whole step",
+             "# outside fwd: dllm's us per step outside the model's forward calls (timed in runs of their own, "
+             "each forward wrapped by a clock), median of the rounds; x driver: that over the driver's whole step",
              f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
              f" {'outside fwd':>12s} {'x driver':>9s}"]
     for label, (spec, rule) in SETTINGS.items():
