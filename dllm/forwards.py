@@ -141,7 +141,8 @@ class StepForwards:
         self._count(x.shape[0] * (query.length + e - s))
         return logits, shadow
 
-    def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1) -> torch.Tensor:
+    def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1, *,
+                        every_row: bool = False) -> torch.Tensor:
         """Verification variants (``Sampler.needs_variants``; one NFE per call): forwards of copies
         of the batch rows ``rows`` [N] whose columns of the step's view (the query, or the block for a
         ``reads_block_only`` sampler) hold ``tokens`` [N, Q].
@@ -152,7 +153,9 @@ class StepForwards:
         block window only, [N, W, V] (``[:, k]`` predicts canvas column ``block_start + k``):
         verification reads nothing else, and a [N, L, V] copy per variant would not fit a long
         canvas with a 126k vocabulary. ``group`` > 1: ``rows`` is in runs of ``group`` variants of
-        one row, which share one copy of its buffers per layer (``RowsView.attend``).
+        one row, which share one copy of its buffers per layer (``RowsView.attend``). ``every_row``:
+        the caller knows the runs are every batch row in order (``rows`` = each of 0..B-1 ``group``
+        times), so the layers read the rows' buffers as they are instead of gathering a copy.
         """
         state = self.state
         v0 = self._view_start  # tokens cover the step's view: canvas columns [v0, v0 + Q)
@@ -169,7 +172,7 @@ class StepForwards:
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
         extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra,
-                                                                         group)}
+                                                                         group, every_row=every_row)}
         s, e = state.block_start, state.block_end
         assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
         cols = vq.columns()

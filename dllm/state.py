@@ -125,7 +125,8 @@ class StepInput:
     attn: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Q, K]
     # extra forwards for samplers that declare ``needs_variants`` (speculative verification,
     # lookahead variants): tokens [N, Q] (modified copies of the query tokens), rows [N] (the batch
-    # row each copy belongs to), group (rows comes in runs of that many variants of one row) ->
+    # row each copy belongs to), group (rows comes in runs of that many variants of one row), and
+    # the keyword every_row (True: the runs are every batch row in order, known without a read) ->
     # logits [N, W, V] of the block window (``[:, k]`` predicts query position ``window[0] + k``).
     # The engine counts it (NFE, forwarded tokens).
     forward_variants: Optional[Callable[..., torch.Tensor]] = None

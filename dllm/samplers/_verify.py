@@ -41,9 +41,10 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
     n_rows, n, _ = window_tokens.shape
     ws, we = inp.window
     base = inp.tokens if rows is None else inp.tokens[rows]  # [R, Q]
-    full = base[:, None, :].repeat(1, n, 1)  # [R, N, Q]
+    full = base[:, None, :].expand(-1, n, -1).clone(memory_format=torch.contiguous_format)  # [R, N, Q] a copy
     full[:, :, ws:we] = window_tokens
+    every_row = rows is None  # known here without reading rows back: every batch row, in order
     if rows is None:
         rows = torch.arange(n_rows, device=window_tokens.device)  # [R]
     variant_rows = rows[:, None].expand(n_rows, n).reshape(-1)  # [R * N] each row n times, in runs
-    return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n)
+    return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n, every_row=every_row)

@@ -101,3 +101,33 @@ def test_a_backend_without_arbitrary_masks_gets_one_copy_per_variant(monkeypatch
     q, k = torch.randn(4, hkv, 2, hd), torch.randn(4, hkv, 2, hd)
     view.attend(0, q, k, k.clone(), None, padding_only, False)
     assert seen == [(4, 12)]  # four variants, each against its own copy of 12 keys
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_every_row_in_order_reads_the_buffers_in_place_with_the_same_logits(family, padded):
+    """``every_row=True`` (the variants are every buffer row in order): no gather of the rows' K/V,
+    bit-identical logits; and a second forward of the block reuses the stacked mask (kept on the
+    buffers) with the same logits again."""
+    model = tiny(family, seed=2, n_layers=3)
+    x, positions, kpm, kv = _filled(model, 2, 16)
+    if not padded:
+        kpm = torch.ones_like(kpm)
+    kv.fix_positions(positions)
+    start, key_end, g = 8, 14, 3
+    select = torch.tensor([0, 1]).repeat_interleave(g)
+    variants = x[select].clone()
+    variants[:, 8:12] = torch.randint(5, 40, (2 * g, 4), generator=torch.Generator().manual_seed(1))
+    kw = dict(positions=positions[select][:, 8:12], key_padding_mask=kpm[select] if padded else None)
+    gathers = []
+    real = torch.Tensor.index_select
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.Tensor, "index_select", lambda t, *a: gathers.append(t.shape) or real(t, *a))
+        in_place = model(variants[:, 8:12], cache=kv.rows_view(select, start, key_end, group=g, every_row=True), **kw)
+        k_gathers = sum(1 for s in gathers if len(s) == 4)  # [R, Hkv, K, hd] buffer gathers
+    gathered = model(variants[:, 8:12], cache=kv.rows_view(select, start, key_end, group=g), **kw)
+    assert k_gathers == 0
+    assert torch.equal(in_place.logits, gathered.logits)
+    assert len(kv.grouped_masks) == 1  # built once, kept for the block's next variant forwards
+    again = model(variants[:, 8:12], cache=kv.rows_view(select, start, key_end, group=g, every_row=True), **kw)
+    assert len(kv.grouped_masks) == 1 and torch.equal(again.logits, in_place.logits)

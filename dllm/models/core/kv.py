@@ -43,6 +43,9 @@ class KVCache:
         self.positions: Optional[torch.Tensor] = None
         self.positions_fixed = False
         self._block_ids: Optional[tuple[int, torch.Tensor, torch.Tensor]] = None
+        # RowsView.attend's stacked masks without padding, by shape and columns: the same for every
+        # variant forward of a block (``grouped_mask``), so built once instead of once per step
+        self.grouped_masks: dict[tuple, torch.Tensor] = {}
 
     def fix_positions(self, positions: torch.Tensor) -> None:
         """Every column's position for the whole call, [R, L] long (a ``generate`` call's canvas
@@ -120,12 +123,14 @@ class KVCache:
                          memo={} if reuse else None)
 
     def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
-                  extra: Optional[torch.Tensor] = None, group: int = 1) -> "RowsView":
+                  extra: Optional[torch.Tensor] = None, group: int = 1, *, every_row: bool = False) -> "RowsView":
         """``gather(rows).view(start, key_end, extra)`` without the all-layer copy: a forward of
         copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants).
         ``group`` > 1: ``rows`` comes in runs of ``group`` equal rows (the variants of one row), which
-        then share one copy of their row (``RowsView.attend``)."""
-        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows, group)
+        then share one copy of their row (``RowsView.attend``). ``every_row``: the runs are the
+        buffer rows 0..R-1 in order (the caller knows it), read in place by ``attend``."""
+        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows, group,
+                        every_row=every_row)
 
     def held_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
                   extra: Optional[torch.Tensor] = None) -> "HeldView":

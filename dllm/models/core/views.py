@@ -179,6 +179,7 @@ class RowsView(CacheView):
     select: Optional[torch.Tensor] = None  # [N] long, buffer rows
     group: int = 1  # select comes in runs of `group` equal rows (variants of one row)
     _masks: dict = field(default_factory=dict, compare=False, repr=False)  # attend's mask, built once per forward
+    every_row: bool = False  # select is each buffer row 0..R-1 in order, `group` times: no gather needed
 
     @property
     def rows(self) -> int:
@@ -201,15 +202,33 @@ class RowsView(CacheView):
         assert self.select is not None
         n, h, hd, key_end = q.shape[0] // g, q.shape[1], q.shape[3], self.key_end
         kb, vb = self.kv.k[layer], self.kv.v[layer]
-        sel = self.select[::g].to(kb.device)  # [n] one buffer row per group
-        keys = torch.cat([kb[:, :, :key_end].index_select(0, sel), stack_groups(k, g)], dim=2)  # [n, Hkv, K + gT, hd]
-        values = torch.cat([vb[:, :, :key_end].index_select(0, sel), stack_groups(v, g)], dim=2)
+        if self.every_row and n == kb.shape[0]:  # the rows in order: read in place (cat copies them)
+            k_rows, v_rows = kb[:, :, :key_end], vb[:, :, :key_end]
+        else:
+            sel = self.select[::g].to(kb.device)  # [n] one buffer row per group
+            k_rows, v_rows = kb[:, :, :key_end].index_select(0, sel), vb[:, :, :key_end].index_select(0, sel)
+        keys = torch.cat([k_rows, stack_groups(k, g)], dim=2)  # [n, Hkv, K + gT, hd]
+        values = torch.cat([v_rows, stack_groups(v, g)], dim=2)
         key = (t, kind, q.dtype)  # every layer of the forward has the same mask
         if key not in self._masks:
-            allowed = self.grouped_mask(mask, n, t, q.device)  # [n, 1, gT, K + gT] bool
-            # sdpa on CPU runs an additive float mask faster than a boolean one
-            self._masks[key] = (allowed if kind == "bool" else
-                                torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf")))
+            # a function of the shape and the columns alone when there is no mask, or when every row
+            # is forwarded in order with the call's fixed positions (its padding and block masks are
+            # then the same at every step of the block): kept on the buffers for the block's next
+            # forwards (a StaticView moves its columns, extra columns vary: built each time)
+            shared = type(self) is RowsView and self.extra is None and (
+                mask is None or (self.every_row and self.kv.positions_fixed))
+            call_key = (n, t, g, key_end, self.start, mask is None, kind, q.dtype, q.device)
+            built = self.kv.grouped_masks.get(call_key) if shared else None
+            if built is None:
+                allowed = self.grouped_mask(mask, n, t, q.device)  # [n, 1, gT, K + gT] bool
+                # sdpa on CPU runs an additive float mask faster than a boolean one
+                built = (allowed if kind == "bool" else torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+                         .masked_fill(~allowed, float("-inf")))
+                if shared:
+                    if len(self.kv.grouped_masks) >= 16:
+                        self.kv.grouped_masks.clear()
+                    self.kv.grouped_masks[call_key] = built
+            self._masks[key] = built
         out, _ = attn_fn(stack_groups(q, g), keys, values, self._masks[key], False)  # [n, H, gT, hd]
         return out.reshape(n, h, g, t, hd).transpose(1, 2).reshape(n * g, h, t, hd), None
 
