@@ -174,6 +174,17 @@ def resolve_device(device: Union[str, torch.device, None]) -> Optional[torch.dev
     return dev
 
 
+def place_module(module: torch.nn.Module, dtype: Union[torch.dtype, str, None],
+                 device: Union[str, torch.device, None]) -> torch.nn.Module:
+    """A module given already built, moved to the requested dtype (None / "auto": as it is) and
+    device (None: where it is), each checked as ``resolve_dtype`` / ``resolve_device`` check them."""
+    if dtype not in (None, "auto"):
+        module.to(dtype=resolve_dtype(dtype, {}, None))
+    if device is not None:
+        module.to(device=resolve_device(device))
+    return module
+
+
 def _dispatch(
     model: TransformerLM, device_map: Union[str, dict[str, Any]], dtype: torch.dtype
 ) -> TransformerLM:

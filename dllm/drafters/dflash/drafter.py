@@ -53,7 +53,7 @@ from dllm.drafters.dflash.model import (DFlashDrafter, DraftBlock, draft_block, 
 from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue
 from dllm.drafters.trees.path_head import PathScorer, has_path_head, load_path_head
 from dllm.drafters.verify import sample_categorical, target_probs
-from dllm.models.loading import locate, resolve_device, resolve_dtype
+from dllm.models.loading import locate, place_module, resolve_device, resolve_dtype
 from dllm.models.quantize import check_quantization
 from dllm.options import check_bool
 
@@ -106,10 +106,7 @@ class DFlashBlockDrafter(Drafter):
             raise TypeError(f"the dflash drafter's model must be a DFlashDrafter (dllm.drafters.dflash.io."
                             f"load_dflash / random_dflash), got {type(model).__name__}")
         else:
-            if cfg.dtype not in (None, "auto"):
-                model.to(dtype=resolve_dtype(cfg.dtype, {}, None))
-            if cfg.device is not None:
-                model.to(device=resolve_device(cfg.device))
+            place_module(model, cfg.dtype, cfg.device)
         self.model: DFlashDrafter = model.eval()
 
     _directory: Optional[Path] = None  # the checkpoint directory (None: a model passed as model=)

@@ -38,7 +38,7 @@ from dllm.drafters.dspark import scheduled as _scheduled  # noqa: F401  (registe
 from dllm.drafters.dspark.io import load_dspark
 from dllm.drafters.dspark.model import DSparkModel, draft_dspark
 from dllm.drafters.dspark.verify_length import VerifyLength, make_verify_length, schedule_draft, top_confidence
-from dllm.models.loading import locate, resolve_device, resolve_dtype
+from dllm.models.loading import locate, place_module, resolve_device, resolve_dtype
 from dllm.models.quantize import check_quantization
 from dllm.options import check_bool
 
@@ -85,10 +85,7 @@ class DSparkDrafter(Drafter):
             raise TypeError(f"the dspark drafter's model must be a DSparkModel (dllm.drafters.dspark.io.load_dspark "
                             f"/ random_dspark), got {type(model).__name__}")
         else:
-            if cfg.dtype not in (None, "auto"):
-                model.to(dtype=resolve_dtype(cfg.dtype, {}, None))
-            if cfg.device is not None:
-                model.to(device=resolve_device(cfg.device))
+            place_module(model, cfg.dtype, cfg.device)
         self.model: DSparkModel = model.eval()
         self.policy: VerifyLength = make_verify_length(cfg.verify_length)
 

@@ -34,7 +34,7 @@ from dllm.drafters.base import DraftSession, DraftSetup, Drafter, TargetInfo, re
 from dllm.drafters.dflash.drafter import DFlashBlockDrafter, DFlashOptions
 from dllm.drafters.jetspec import tree as _tree  # noqa: F401  (registers the "jetspec" tree builder)
 from dllm.drafters.jetspec.io import check_causal, load_jetspec
-from dllm.models.loading import locate, resolve_device, resolve_dtype
+from dllm.models.loading import locate, place_module
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,7 @@ class JetSpecDrafter(DFlashBlockDrafter):
             self._directory = Path(directory)
         else:
             check_causal(model)
-            if cfg.dtype not in (None, "auto"):
-                model.to(dtype=resolve_dtype(cfg.dtype, {}, None))
-            if cfg.device is not None:
-                model.to(device=resolve_device(cfg.device))
+            place_module(model, cfg.dtype, cfg.device)
         self.model = model.eval()
 
     def check_target(self, info: TargetInfo) -> None:
