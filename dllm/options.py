@@ -8,6 +8,7 @@ it got, so a bad ``generate(..., threshold=1.5)`` says ``threshold must be a num
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Collection, Optional
 
@@ -102,5 +103,13 @@ def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-__all__ = ["SettingError", "SettingKeyError", "SettingTypeError", "field_error", "check_bool", "check_choice", "check_int", "check_number", "check_optional_int", "check_unit",
+class Overridable:
+    """Mixin for a frozen dataclass (a training recipe): ``with_overrides(**kw)`` is a copy with the
+    fields given a value replaced; None means "not given" (a command-line flag left out)."""
+
+    def with_overrides(self, **kw: Any) -> Any:
+        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+__all__ = ["Overridable", "SettingError", "SettingKeyError", "SettingTypeError", "field_error", "check_bool", "check_choice", "check_int", "check_number", "check_optional_int", "check_unit",
            "is_number"]

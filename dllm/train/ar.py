@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from dllm import tasks as T
 from dllm.models.task_tokenizer import task_tokenizer
 from dllm.models.tokenizer import save_tokenizer
+from dllm.options import Overridable
 from dllm.registry import Registry
 from dllm.tasks.vocab import BOS, EOS, PAD, word_id
 from dllm.train.data import Batch, MixtureConfig, TaskMixture
@@ -59,7 +60,7 @@ class ARPhase:
 
 
 @dataclass(frozen=True)
-class ARRecipe:
+class ARRecipe(Overridable):
     """A Qwen3 causal LM over the task vocabulary and how to train it."""
 
     name: str
@@ -79,9 +80,6 @@ class ARRecipe:
     mixture: MixtureConfig = field(default_factory=lambda: AR_MIXTURE)
     phases: tuple[ARPhase, ...] = ()
     description: str = ""
-
-    def with_overrides(self, **kw: Any) -> "ARRecipe":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 _QWEN3 = dict(vocab_size=88, hidden_size=128, intermediate_size=384, num_attention_heads=4,

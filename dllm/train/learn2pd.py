@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -39,13 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from dllm import tasks as T
-from dllm.options import check_choice, check_int, check_number
+from dllm.options import Overridable, check_choice, check_int, check_number
 from dllm.registry import Registry
 from dllm.samplers.learn2pd import INPUTS, Learn2PDFilter, block_confidence
 
 
 @dataclass(frozen=True)
-class FilterRecipe:
+class FilterRecipe(Overridable):
     """Which models' traces, how many prompts, and how the filter is fitted."""
 
     name: str
@@ -71,9 +71,6 @@ class FilterRecipe:
         for bl in self.block_lengths:
             if bl is not None:
                 check_int("block_lengths", bl, 1)
-
-    def with_overrides(self, **kw: Any) -> "FilterRecipe":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 filter_recipes: Registry[FilterRecipe] = Registry("recipe")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.dflash.model import DFlashDrafter, extract_context_feature, target_embedding, target_head
-from dllm.options import check_int, check_unit
+from dllm.options import Overridable, check_int, check_unit
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
@@ -46,7 +46,7 @@ ANSWER_TOKENS = 66  # new tokens covering the longest long-answer answer (the he
 
 
 @dataclass(frozen=True)
-class DFlashRecipe:
+class DFlashRecipe(Overridable):
     name: str
     target: str = "tiny-ar"  # embedded name or directory of the (trained) AR target
     num_layers: int = 2  # draft layers (hidden sizes copy the target's)
@@ -86,9 +86,6 @@ class DFlashRecipe:
                              f"[2, block_size={self.block_size}], got {bad}")
         check_unit("fill_prob", self.fill_prob)
         check_int("max_fill", self.max_fill, 1, hint=" (filled slots after the anchor)")
-
-    def with_overrides(self, **kw: Any) -> "DFlashRecipe":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
     def step_block(self, step: int) -> tuple[int, int]:
         """(block size, anchors per sequence) of training step ``step``."""

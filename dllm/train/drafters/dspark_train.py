@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from dllm.drafters.dspark.io import random_dspark, save_dspark
 from dllm.drafters.dspark.model import DSparkHeads, DSparkModel
+from dllm.options import Overridable
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
@@ -43,7 +44,7 @@ from dllm.train.drafters.steps import draft_data, train_steps, write_record
 
 
 @dataclass(frozen=True)
-class DSparkRecipe:
+class DSparkRecipe(Overridable):
     name: str
     target: str = "tiny-ar"  # embedded name or directory of the AR target
     init: Optional[str] = "tiny-ar-dflash"  # a DFlash checkpoint of the same target to start the backbone from
@@ -70,9 +71,6 @@ class DSparkRecipe:
     seed: int = 0
     mixture: MixtureConfig = field(default_factory=lambda: LONG_MIXTURE)
     description: str = ""
-
-    def with_overrides(self, **kw: Any) -> "DSparkRecipe":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 dspark_recipes: Registry[DSparkRecipe] = Registry("recipe")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from dllm.drafters.dflash.model import DFlashDrafter, extract_context_feature, target_embedding, target_head
 from dllm.drafters.jetspec.io import causal_copy, random_jetspec, save_jetspec
+from dllm.options import Overridable
 from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
@@ -36,7 +37,7 @@ from dllm.train.drafters.steps import draft_data, train_steps, write_record
 
 
 @dataclass(frozen=True)
-class JetSpecRecipe:
+class JetSpecRecipe(Overridable):
     name: str
     target: str = "tiny-ar"  # embedded name or directory of the AR target
     init_from: Optional[str] = "tiny-ar-dflash"  # a DFlash drafter of the target to warm-start from (None: random)
@@ -57,9 +58,6 @@ class JetSpecRecipe:
     seed: int = 0
     mixture: MixtureConfig = field(default_factory=lambda: LONG_MIXTURE)
     description: str = ""
-
-    def with_overrides(self, **kw: Any) -> "JetSpecRecipe":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 jetspec_recipes: Registry[JetSpecRecipe] = Registry("recipe")
