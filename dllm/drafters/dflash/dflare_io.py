@@ -26,8 +26,8 @@ import torch
 
 from dllm.drafters.dflash.config import DFlashConfig
 from dllm.drafters.dflash.dflare_model import DFlareConfig, DFlareDrafter
-from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_DFLARE, config_from_hf, config_to_hf,
-                                     load_drafter_checkpoint, random_dflash, save_drafter_checkpoint)
+from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_DFLARE, config_from_hf, config_to_hf, drafter_config,
+                                     load_drafter_checkpoint, save_drafter_checkpoint)
 
 PathLike = Union[str, Path]
 
@@ -99,8 +99,7 @@ def random_dflare(
 ) -> DFlareDrafter:
     """A freshly initialised DFlare drafter for a target (sizes and default taps as ``random_dflash``;
     weights N(0, 0.02), norms 1, fusion logits ``dflare_model.fusion_init``)."""
-    base = random_dflash(target_config, num_draft_layers, block_size, mask_token_id, seed,
-                         target_layer_ids=target_layer_ids).config
+    base = drafter_config(target_config, num_draft_layers, block_size, mask_token_id, target_layer_ids=target_layer_ids)
     model = DFlareDrafter(dflare_config(base))
     model.init_weights(generator=torch.Generator().manual_seed(seed))
     return model.to(dtype).eval()

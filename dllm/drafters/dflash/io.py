@@ -296,9 +296,19 @@ def random_dflash(
 ) -> DFlashDrafter:
     """A freshly initialised drafter for a target (a transformers model, its config, or a config dict).
 
-    Sizes (hidden, MLP, heads, head_dim, RoPE, norm eps) copy the target's, as DFlash drafters do;
-    taps default to ``tap_layer_ids``; weights ~ N(0, 0.02) from ``seed``, norms 1.
+    Sizes and taps: ``drafter_config``; weights ~ N(0, 0.02) from ``seed``, norms 1.
     """
+    model = DFlashDrafter(drafter_config(target_config, num_draft_layers, block_size, mask_token_id,
+                                         target_layer_ids=target_layer_ids))
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model.to(dtype).eval()
+
+
+def drafter_config(target_config: Any, num_draft_layers: int, block_size: int, mask_token_id: int, *,
+                   target_layer_ids: Optional[tuple[int, ...]] = None) -> DFlashConfig:
+    """The DFlash config of a drafter for a target (a transformers model, its config, or a config
+    dict): sizes (hidden, MLP, heads, head_dim, RoPE, norm eps) copy the target's, as DFlash drafters
+    do; taps default to ``tap_layer_ids``."""
     tc = getattr(target_config, "config", target_config)
     if isinstance(target_config, nn.Module) and not hasattr(target_config, "config"):
         raise ValueError("random_dflash needs the target's config (or a transformers model carrying one)")
@@ -325,11 +335,9 @@ def random_dflash(
                                                            for k, v in rope.items())),
         max_position_embeddings=field("max_position_embeddings", 32768), hidden_act=field("hidden_act", "silu"),
     )
-    model = DFlashDrafter(config)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
-    return model.to(dtype).eval()
+    return config
 
 
-__all__ = ["ARCHITECTURE", "ARCHITECTURE_DFLARE", "ARCHITECTURE_V2", "check_target", "config_from_hf", "config_to_hf", "load_dflash", "load_drafter_checkpoint",
+__all__ = ["ARCHITECTURE", "ARCHITECTURE_DFLARE", "ARCHITECTURE_V2", "check_target", "config_from_hf", "config_to_hf", "drafter_config", "load_dflash", "load_drafter_checkpoint",
            "random_dflash", "save_drafter_checkpoint",
            "save_dflash"]
