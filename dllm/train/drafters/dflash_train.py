@@ -39,7 +39,8 @@ from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
 from dllm.train.data import MixtureConfig
-from dllm.train.drafters.steps import draft_data, pad_rows, regenerate, train_steps, write_record  # noqa: F401
+from dllm.train.drafters.steps import (draft_data, pad_rows, regenerate, start_run, train_steps,  # noqa: F401
+                                      write_record)
 
 
 ANSWER_TOKENS = 66  # new tokens covering the longest long-answer answer (the heads' trainers regenerate to it)
@@ -233,15 +234,8 @@ def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: C
     """The DFlash training run with the drafter ``build(target, num_layers, block_size, mask_id, seed=,
     target_layer_ids=)`` makes, written by ``save(drafter, dir)`` (DFlash's, or DFlare's: its authors
     train it with the DFlash trainer)."""
-    from dllm.models.targets import load_target
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if target is None:
-        target, _ = load_target(recipe.target)
-    target = target.float().eval().requires_grad_(False)
+    # not seeded here: the drafter is built from seed=recipe.seed
+    out, target = start_run(recipe, out, threads=threads, target=target, seed=False)
     drafter = build(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
                     target_layer_ids=recipe.target_layer_ids).train()
     t0 = time.perf_counter()

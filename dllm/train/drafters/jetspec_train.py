@@ -33,7 +33,7 @@ from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
 from dllm.train.data import MixtureConfig
 from dllm.train.drafters.dflash_train import block_layout, pad_rows, sample_anchors
-from dllm.train.drafters.steps import draft_data, train_steps, write_record
+from dllm.train.drafters.steps import draft_data, start_run, train_steps, write_record
 
 
 @dataclass(frozen=True)
@@ -124,16 +124,7 @@ def train_jetspec(recipe: JetSpecRecipe, out: Union[str, Path], *, threads: int 
                   target: Any = None) -> dict[str, Any]:
     """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' layout)."""
     from dllm.drafters.dflash.io import load_dflash
-    from dllm.models.targets import load_target
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    torch.manual_seed(recipe.seed)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if target is None:
-        target, _ = load_target(recipe.target)
-    target = target.float().eval().requires_grad_(False)
+    out, target = start_run(recipe, out, threads=threads, target=target)
     if recipe.init_from is not None:
         drafter = causal_copy(load_dflash(recipe.init_from, dtype=torch.float32))
     else:

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, TextIO, Union
 
 import torch
 
@@ -54,6 +54,24 @@ class DraftData:
     @property
     def held_lens(self) -> list[int]:
         return [len(p) for p in self.held_prompts]
+
+
+def start_run(recipe: Any, out: Union[str, Path], *, threads: int, target: Any,
+              seed: bool = True) -> tuple[Path, Any]:
+    """A drafter run's start: ``threads`` > 0 sets torch's CPU threads, ``seed`` seeds torch from
+    ``recipe.seed``, ``out`` is made; returns it and the target (``recipe.target`` loaded when
+    ``target`` is None) in float32, in eval mode and frozen."""
+    from dllm.models.targets import load_target
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if seed:
+        torch.manual_seed(recipe.seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if target is None:
+        target, _ = load_target(recipe.target)
+    return out, target.float().eval().requires_grad_(False)
 
 
 def draft_data(target: Any, recipe: Any) -> DraftData:
@@ -114,4 +132,4 @@ def write_record(final: Path, recipe: Any, result: dict[str, Any], t0: float) ->
                                                     indent=2, sort_keys=True, default=str) + "\n")
 
 
-__all__ = ["DraftData", "StepLoss", "draft_data", "pad_rows", "regenerate", "train_steps", "write_record"]
+__all__ = ["DraftData", "StepLoss", "draft_data", "pad_rows", "regenerate", "start_run", "train_steps", "write_record"]
