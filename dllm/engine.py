@@ -135,8 +135,7 @@ def generate(
     need_attn = fit_layers(sampler_obj.attention_layers, model)
 
     lp = state.prompt_length
-    decode = Decode(model, sampler_obj, policy, state, [(s + lp, e + lp) for s, e, _ in plan.blocks],
-                    cfg_scale=cfg_scale, shift=shift,
+    decode = Decode(model, sampler_obj, policy, state, cfg_scale=cfg_scale, shift=shift,
                     attn_layers=need_attn, callback=callback, skip_released=skip_released)
     if cuda_graphs is not False and state.kv is not None:
         decode.graphs = state.extras[GRAPHS_KEY] = StepGraphs(model, state.kv, cuda_graphs)
@@ -155,8 +154,7 @@ class Decode(StepForwards):
     guidance settings. Its methods are the block loop; the three kinds of forwards (plain, with a
     shadow block, and verification variants) come from ``dllm.forwards.StepForwards``."""
 
-    def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState,
-                 blocks: Sequence[tuple[int, int]], *,
+    def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState, *,
                  cfg_scale: float, shift: int, attn_layers: tuple[int, ...],
                  callback: Optional[StepCallback], skip_released: bool) -> None:
         self.model, self.sampler, self.policy, self.state = model, sampler, policy, state
@@ -172,7 +170,6 @@ class Decode(StepForwards):
         self._soft: Optional[tuple[int, Any]] = None  # (block start column, SoftInputs [B, W]) of the block's
         #   next forwards (StepOutput.soft), None: token inputs
         self._unsettled: Optional[torch.Tensor] = None  # [B] bool: rows a refining sampler has not settled
-        self.blocks = list(blocks)  # the call's blocks, canvas columns [s, e)
         self._wrote_beyond = False  # a step committed past its block (StepOutput.beyond): first tests read
 
     # ---- the block loop -------------------------------------------------------------------------
@@ -197,7 +194,7 @@ class Decode(StepForwards):
                 if i:
                     self._masks = block == state.mask_id
                 if not i:  # the first test: known without a read unless a step wrote past its block
-                    if not self._block_has_masks(b):
+                    if not self._block_has_masks(s, e):
                         return
                 else:
                     left = self._masks if self._unsettled is None else self._masks | self._unsettled[:, None]
@@ -210,15 +207,15 @@ class Decode(StepForwards):
                 f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
             )
 
-    def _block_has_masks(self, b: int) -> bool:
-        """Whether block ``b`` has a mask to decode at its start, read only when it must be. Blocks do
-        not overlap (``dllm.schedule.plan_blocks``) and a step writes its own block only (commits,
-        re-masks, rewrites), so until a step commits past its block (``StepOutput.beyond``, Prophet's
-        all-in) every later block holds its masks in the held rows: no read while some row is held."""
+    def _block_has_masks(self, s: int, e: int) -> bool:
+        """Whether the block at canvas columns ``[s, e)`` has a mask to decode at its start, read only
+        when it must be. Blocks do not overlap (``dllm.schedule.plan_blocks``) and a step writes its
+        own block only (commits, re-masks, rewrites), so until a step commits past its block
+        (``StepOutput.beyond``, Prophet's all-in) every later block holds its masks in the held rows:
+        no read while some row is held."""
         state = self.state
         if not self._wrote_beyond and len(state.released) < state.batch_size:
             return True
-        s, e = self.blocks[b]
         return bool((state.x[:, s:e] == state.mask_id).any())  # the one read of this block's first test
 
     def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
