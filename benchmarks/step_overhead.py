@@ -20,6 +20,7 @@ outside the model's forward calls (what stays on the host when the forward is a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -52,13 +53,14 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     spec, rule = SETTINGS[label]
     g, bl = args.gen_length, args.block_length
     if spec is None:
-        driver = FastDLLMLLaDA(model)
+        driver = DriverClock(FastDLLMLLaDA(model))
         threshold = 0.9 if rule == "threshold" else None
 
         def run_driver() -> int:
             _, nfe = generate_with_dual_cache(driver, prompt.clone(), steps=g, gen_length=g, block_length=bl,
                                               mask_id=model.mask_id, threshold=threshold)
             return nfe
+        run_driver.clock = driver  # type: ignore[attr-defined]
         return run_driver
     kwargs = dict(sampler=spec, cache="dual", gen_length=g, block_length=bl)
     if spec == "low_confidence":
@@ -69,13 +71,30 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     return run_engine
 
 
+class DriverClock:
+    """The transcribed driver's forward, timed while ``on`` (its loop calls the model object)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.on, self.seconds = inner, False, 0.0
+
+    def __call__(self, *args, **kwargs):
+        if not self.on:
+            return self.inner(*args, **kwargs)
+        sync(self.inner.device)
+        t0 = time.perf_counter()
+        out = self.inner(*args, **kwargs)
+        sync(self.inner.device)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
 class ForwardClock:
     """Wall time spent inside ``model``'s forwards while active (an instance attribute shadows the
     class's ``forward``, so only this model's calls are timed): a step's time outside it is what a
     replayed CUDA graph of the forward leaves on the host."""
 
     def __init__(self, model) -> None:
-        self.model, self.seconds = model, 0.0
+        self.model, self.seconds, self.on = model, 0.0, True
 
     def __enter__(self) -> "ForwardClock":
         inner = type(self.model).forward.__get__(self.model)
@@ -126,7 +145,7 @@ def main() -> None:
     model.transformer.set_fused(path)
     runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
     per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
-    outside: dict[str, list[float]] = {label: [] for label in SETTINGS}  # dllm: us per step outside forwards
+    outside: dict[str, list[float]] = {label: [] for label in SETTINGS}  # us per step outside forwards
     with torch.inference_mode():
         for run in runs.values():  # warm-up
             run()
@@ -137,13 +156,16 @@ def main() -> None:
                 nfe = sum(run() for _ in range(args.repeat))
                 sync(model.device)
                 per_step[label].append((time.perf_counter() - t0) / nfe * 1e6)
-                if SETTINGS[label][0] is not None:  # the split, in runs of its own (the clock costs time)
-                    with ForwardClock(model) as clock:
-                        t0 = time.perf_counter()
-                        nfe = sum(run() for _ in range(args.repeat))
-                        sync(model.device)
-                        wall = time.perf_counter() - t0
-                    outside[label].append((wall - clock.seconds) / nfe * 1e6)
+                # the split, in runs of its own (the clock costs time)
+                driver = getattr(run, "clock", None)
+                with contextlib.nullcontext(driver) if driver is not None else ForwardClock(model) as clock:
+                    clock.on, clock.seconds = True, 0.0
+                    t0 = time.perf_counter()
+                    nfe = sum(run() for _ in range(args.repeat))
+                    sync(model.device)
+                    wall = time.perf_counter() - t0
+                    clock.on = False
+                outside[label].append((wall - clock.seconds) / nfe * 1e6)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {label: statistics.median(v) for label, v in per_step.items()}
     lines = [f"# python benchmarks/step_overhead.py --rounds {args.rounds} --repeat {args.repeat} --dtype {args.dtype} "
@@ -152,10 +174,11 @@ def main() -> None:
              f"--layer-path {args.layer_path}",
              f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
              f"aten/step and syncs/step counted on the CPU model of the same layers",
-             "# outside fwd: dllm's us per step outside the model's forward calls (timed in runs of their own, "
-             "each forward wrapped by a clock), median of the rounds; x driver: that over the driver's whole step",
+             "# outside fwd: us per step outside the model's forward calls (timed in runs of their own, "
+             "each forward wrapped by a clock), median of the rounds; x driver: dllm's over the driver's whole "
+             "step, and x drv out: over the driver's own outside fwd (same rule)",
              f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
-             f" {'outside fwd':>12s} {'x driver':>9s}"]
+             f" {'outside fwd':>12s} {'x driver':>9s} {'x drv out':>11s}"]
     for label, (spec, rule) in SETTINGS.items():
         base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
         aten = syncs = "-"
@@ -171,10 +194,11 @@ def main() -> None:
             aten = f"{stats['aten_outside'] + stats['aten_per_layer'] * n_layers:.0f}"
             syncs = f"{stats['syncs']:.2f}"
         lo, hi = min(per_step[label]), max(per_step[label])
-        rest = f"{'-':>12s} {'-':>9s}"
+        out_med = statistics.median(outside[label])
+        rest = f"{out_med:12.0f} {'-':>9s} {'-':>11s}"
         if spec is not None:
-            out_med = statistics.median(outside[label])
-            rest = f"{out_med:12.0f} {out_med / base:9.2f}"
+            drv = statistics.median(outside[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"])
+            rest = f"{out_med:12.0f} {out_med / base:9.2f} {out_med / drv:11.2f}"
         lines.append(f"{label:36s} {med[label]:9.0f} {f'[{lo:.0f}-{hi:.0f}]':>15s} {med[label] / base:9.2f} "
                      f"{aten:>10s} {syncs:>11s} {rest}")
     text = "\n".join(lines)

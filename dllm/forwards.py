@@ -160,6 +160,13 @@ class StepForwards:
         state = self.state
         v0 = self._view_start  # tokens cover the step's view: canvas columns [v0, v0 + Q)
         length = state.x.shape[1]
+        vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
+        s, e = state.block_start, state.block_end
+        assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
+        cols, head = vq.columns(), vq.head_rows((s - vq.start, e - vq.start))
+        self._count(rows.shape[0] * vq.length * (2 if self.cfg_scale > 0 else 1))
+        if self.stacks_variants(group, vq):
+            return self._stacked_variants(tokens, rows, group, every_row, vq, cols, head)
         x = state.x[rows].clone()  # [N, L]
         x[:, v0:v0 + tokens.shape[1]] = tokens
         kpm = state.key_padding_mask[rows] if state.padded else None
@@ -170,17 +177,36 @@ class StepForwards:
             positions = positions.repeat(2, 1)
             kpm = None if kpm is None else kpm.repeat(2, 1)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
-        vq = Query(0, length, length) if state.kv is None else self.policy.cached_query(state, self.shift)
         extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra,
                                                                          group, every_row=every_row)}
-        s, e = state.block_start, state.block_end
-        assert vq.start <= s and e <= vq.end, "every query covers the block it decodes"
-        cols = vq.columns()
-        out = self.model(x[:, cols], positions=positions[:, cols], key_padding_mask=kpm,
-                         logits_rows=vq.head_rows((s - vq.start, e - vq.start)), **extra)  # the window only
-        logits = guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, W, V]
-        self._count(x.shape[0] * vq.length)
-        return logits
+        out = self.model(x[:, cols], positions=positions[:, cols], key_padding_mask=kpm, logits_rows=head,
+                         **extra)  # the window only
+        return guided(out.logits, self.cfg_scale) if self.cfg_scale > 0 else out.logits  # [N, W, V]
+
+    def stacks_variants(self, group: int, vq: Query) -> bool:
+        """Whether runs of ``group`` variants are forwarded as one sequence per row (``StackedView``):
+        under buffers, without extra columns or guidance, on a model whose head takes row ranges."""
+        return (self.state.kv is not None and group > 1 and vq.extra is None and self.cfg_scale == 0
+                and getattr(self.model, "supports_head_rows", False))
+
+    def _stacked_variants(self, tokens: torch.Tensor, rows: torch.Tensor, group: int, every_row: bool, vq: Query,
+                          cols: slice, head: tuple[int, int]) -> torch.Tensor:
+        """``variant_forward`` of runs of ``group`` variants as one sequence of ``group`` x Q queries
+        per row (``StackedView``: the same logits without the per-layer reshapes) -> [N, W, V]."""
+        state, n = self.state, rows.shape[0] // group
+        first = slice(None) if every_row else rows[::group]  # [n] each run's row
+        v0, q = self._view_start, tokens.shape[1]
+        if v0 == vq.start and q == vq.length:  # the tokens are the query's columns: no canvas copy
+            ids = tokens.reshape(n, -1)  # [n, g*Q]
+        else:
+            x = state.x[rows].clone()  # [N, L]
+            x[:, v0:v0 + q] = tokens
+            ids = x[:, cols].reshape(n, -1)
+        positions = state.positions[first][:, cols].repeat(1, group)  # [n, g*Q]
+        kpm = state.key_padding_mask[first] if state.padded else None
+        view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
+        out = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view)
+        return out.logits.view(rows.shape[0], -1, out.logits.shape[-1])  # [N, W, V]
 
     def _count(self, forwarded: int) -> None:
         self.state.nfe += 1

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dllm.models.core.views import (CacheView, HeldView, RowsView, StaticView, canvas_columns,  # noqa: F401
+from dllm.models.core.views import (CacheView, HeldView, RowsView, StackedView, StaticView, canvas_columns,  # noqa: F401
                                     grouped_backend, stack_groups)
 
 
@@ -123,14 +123,16 @@ class KVCache:
                          memo={} if reuse else None)
 
     def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
-                  extra: Optional[torch.Tensor] = None, group: int = 1, *, every_row: bool = False) -> "RowsView":
+                  extra: Optional[torch.Tensor] = None, group: int = 1, *, every_row: bool = False,
+                  stacked: bool = False) -> "RowsView":
         """``gather(rows).view(start, key_end, extra)`` without the all-layer copy: a forward of
         copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants).
         ``group`` > 1: ``rows`` comes in runs of ``group`` equal rows (the variants of one row), which
         then share one copy of their row (``RowsView.attend``). ``every_row``: the runs are the
-        buffer rows 0..R-1 in order (the caller knows it), read in place by ``attend``."""
-        return RowsView(self, start, self.length if key_end is None else key_end, extra, rows, group,
-                        every_row=every_row)
+        buffer rows 0..R-1 in order (the caller knows it), read in place by ``attend``. ``stacked``: the
+        forward takes each run as one sequence of ``group`` x T query rows (``StackedView``)."""
+        kind = StackedView if stacked else RowsView
+        return kind(self, start, self.length if key_end is None else key_end, extra, rows, group, every_row=every_row)
 
     def held_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
                   extra: Optional[torch.Tensor] = None) -> "HeldView":
@@ -168,5 +170,5 @@ class DriftProbe:
             self.filled, self._acc = True, None
 
 
-__all__ = ["CacheView", "DriftProbe", "HeldView", "KVCache", "RowsView", "StaticView", "canvas_columns", "grouped_backend",
-           "stack_groups"]
+__all__ = ["CacheView", "DriftProbe", "HeldView", "KVCache", "RowsView", "StackedView", "StaticView", "canvas_columns",
+           "grouped_backend", "stack_groups"]

@@ -31,7 +31,7 @@ from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.fused import FusedWeight, refused
-from dllm.models.core.kv import CacheView
+from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
@@ -312,8 +312,10 @@ class Transformer(nn.Module):
         bs = self.config.block_size
 
         def make() -> torch.Tensor:
-            if type(cache) is CacheView and cache.kv.positions_fixed and not cache.n_extra:  # the canvas' ids
-                return combine_masks(attn_mask, cache.kv.block_mask(cache.start, positions.shape[1],
+            t = positions.shape[1]
+            stacked = isinstance(cache, StackedView) and cache.every_row  # one variant's mask per row: [R, 1, T/g, K]
+            if (type(cache) is CacheView or stacked) and cache.kv.positions_fixed and not cache.n_extra:  # the canvas' ids
+                return combine_masks(attn_mask, cache.kv.block_mask(cache.start, t // cache.group if stacked else t,
                                                                     cache.key_end, bs))
             k_pos = positions if cache is None else cache.key_positions(positions)  # [B, K]
             return combine_masks(attn_mask, block_causal_mask(positions, k_pos, bs))
@@ -382,7 +384,9 @@ class Transformer(nn.Module):
                 attn[i] = probs
             if i in hidden_layers:
                 hidden[i] = h
-        if head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
+        if isinstance(cache, StackedView) and head_rows is not None:  # every variant's rows [a, b)
+            h = cache.query_rows(h, *head_rows)  # [B, g * (b - a), D]
+        elif head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
         hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
         h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0][2])
