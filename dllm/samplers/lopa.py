@@ -133,6 +133,10 @@ class LoPA(Sampler):
     needs_variants = True
     greedy_only = True
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # every winner holds the anchor, the threshold rule, which keeps each row's best mask
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
         active = window_of(inp.active, inp.window)  # [B, W] masks of the block
@@ -154,6 +158,7 @@ class LoPA(Sampler):
                                                    min(cfg.branches - 1, base.shape[1]))
         decision = window_output(inp, commit, out, torch.where(active, conf, float("-inf")))
         decision.next_logits = nxt if cfg.reuse else None
+        decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
 
     def _compact_lookahead(self, inp: StepInput, x0, probs, active, anchor, base
