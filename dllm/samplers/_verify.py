@@ -40,9 +40,12 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
     assert inp.forward_variants is not None, "the engine must provide forward_variants"
     n_rows, n, _ = window_tokens.shape
     ws, we = inp.window
-    base = inp.tokens if rows is None else inp.tokens[rows]  # [R, Q]
-    full = base[:, None, :].expand(-1, n, -1).clone(memory_format=torch.contiguous_format)  # [R, N, Q] a copy
-    full[:, :, ws:we] = window_tokens
+    if (ws, we) == (0, inp.tokens.shape[1]):  # the window is the whole view
+        full = window_tokens  # [R, N, Q]
+    else:
+        base = inp.tokens if rows is None else inp.tokens[rows]  # [R, Q]
+        full = base[:, None, :].expand(-1, n, -1).clone(memory_format=torch.contiguous_format)  # [R, N, Q] a copy
+        full[:, :, ws:we] = window_tokens
     every_row = rows is None  # known here without reading rows back: every batch row, in order
     if rows is None:
         rows = torch.arange(n_rows, device=window_tokens.device)  # [R]

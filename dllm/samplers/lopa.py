@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 
 from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
@@ -119,8 +120,8 @@ def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
     """Mean confidence over each variant's remaining masks; ``+inf`` where none remain.
     conf [..., W] float, remaining [..., W] bool -> [...] float."""
     count = remaining.sum(dim=-1)
-    total = torch.where(remaining, conf, torch.zeros_like(conf)).sum(dim=-1)
-    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("inf")))
+    total = (conf * remaining).sum(dim=-1)  # conf is finite: the masked-out terms are zeros
+    return torch.where(count > 0, total / count, float("inf"))  # 0 / 0 where none remain: replaced
 
 
 @register_sampler("lopa")
@@ -156,7 +157,7 @@ class LoPA(Sampler):
             else:
                 commit, out, nxt = self._lookahead(inp, x0, probs, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]))
-        decision = window_output(inp, commit, out, torch.where(active, conf, float("-inf")))
+        decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
         decision.next_logits = nxt if cfg.reuse else None
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
@@ -197,8 +198,8 @@ class LoPA(Sampler):
         cand = active & ~anchor  # [N, W]
         rank = confidence_of(probs, x0, cfg.confidence).masked_fill(~cand, float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
-        valid = torch.ones(n_rows, k, dtype=torch.bool, device=dev)  # [N, k]
-        valid[:, 1:] = torch.gather(cand, 1, pos)  # fewer candidates: duplicates of B0', masked out
+        valid = F.pad(torch.gather(cand, 1, pos), (1, 0), value=True)  # [N, k]; fewer candidates: duplicates
+        #   of B0', masked out
         extra = torch.zeros(n_rows, k, w, dtype=torch.bool, device=dev)  # [N, k, W] p_j of variant j
         extra[:, 1:].scatter_(2, pos[:, :, None], valid[:, 1:, None])
         fill = anchor[:, None, :] | extra  # [N, k, W]
@@ -215,7 +216,7 @@ class LoPA(Sampler):
         if cfg.verify_variants and k > 1:
             # variant j's token must still be B0's arg-max at p_j
             b0_tok = torch.gather(v_tok[:, 0], 1, pos)  # [N, k-1]
-            valid[:, 1:] &= b0_tok == torch.gather(x0, 1, pos)
+            valid = valid & F.pad(b0_tok == torch.gather(x0, 1, pos), (1, 0), value=True)
         score = score.masked_fill(~valid, float("-inf"))
         win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
