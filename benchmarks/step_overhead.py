@@ -45,6 +45,7 @@ SETTINGS = {
     "dllm low_confidence:cache=dual": ("low_confidence", "low_confidence"),
     "dllm threshold:cache=dual": ("threshold", "threshold"),
     "dllm fast:cache=dual": ("fast", "threshold"),
+    "dllm fast:compact=False,cache=dual": ("fast:compact=False", "threshold"),  # as on CUDA
 }
 
 
@@ -76,6 +77,9 @@ class DriverClock:
 
     def __init__(self, inner) -> None:
         self.inner, self.on, self.seconds = inner, False, 0.0
+
+    def __getattr__(self, name: str):  # the driver reads the model's attributes (device, ...)
+        return getattr(self.inner, name)
 
     def __call__(self, *args, **kwargs):
         if not self.on:

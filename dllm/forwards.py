@@ -202,7 +202,11 @@ class StepForwards:
             x = state.x[rows].clone()  # [N, L]
             x[:, v0:v0 + q] = tokens
             ids = x[:, cols].reshape(n, -1)
-        positions = state.positions[first][:, cols].repeat(1, group)  # [n, g*Q]
+        if every_row:  # the block's steps forward the same rows at the same columns: made once per block
+            positions = self.views.memo(("stacked positions", vq.start, vq.end, group),
+                                        lambda: state.positions[:, cols].repeat(1, group))  # [n, g*Q]
+        else:
+            positions = state.positions[first][:, cols].repeat(1, group)
         kpm = state.key_padding_mask[first] if state.padded else None
         view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
         out = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view)
