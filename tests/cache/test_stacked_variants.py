@@ -98,9 +98,11 @@ def test_samplers_decode_the_same_tokens_stacked_or_not(monkeypatch, family, cac
 
 @pytest.mark.parametrize("family,cache", [("llada", "dual"), ("dream", "dual"), ("fastdllm_v2", "block"),
                                           ("sdar", "block")])
-def test_fast_as_on_cuda_stays_within_35_aten_calls_per_layer(family, cache):
-    """The issue's per-layer bar for ``fast``'s variant forwards (the layers issued 37 calls when the
-    variants ran as a batch of rows reshaped in and out of the stacked layout in every layer)."""
+def test_fast_as_on_cuda_stays_within_the_per_layer_bars(family, cache):
+    """The issue's per-layer bars (35 ATen calls, 16 kernel-like ops) for ``fast``'s steps as on CUDA:
+    the layers issued 37 calls when the variants ran as a batch of rows reshaped in and out of the
+    stacked layout in every layer; SDAR's tiny model, whose blocks of 4 take one step, builds the
+    stacked mask of its block at every cached step (in its first layer)."""
     model = tiny(family, dtype=torch.bfloat16)
     model.transformer.set_fused(True, ops=True)
     prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -108,5 +110,6 @@ def test_fast_as_on_cuda_stays_within_35_aten_calls_per_layer(family, cache):
         counter = count_generate(model, prompt, sampler="fast:compact=False", cache=cache, gen_length=16,
                                  block_length=4 if family == "sdar" else 8)
     stats = DispatchCounter.mean(counter.cached_steps(40))
-    assert stats["aten_per_layer"] <= (32 if family == "sdar" else 26), stats
+    assert stats["aten_per_layer"] <= (31 if family == "sdar" else 26), stats
+    assert stats["kernels_per_layer"] <= 16, stats
     assert stats["syncs_in_forward"] == 0

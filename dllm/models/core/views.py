@@ -231,10 +231,8 @@ class RowsView(CacheView):
             call_key = (n, t, g, key_end, self.start, mask is None, kind, q.dtype, q.device)
             built = self.kv.grouped_masks.get(call_key) if shared else None
             if built is None:
-                allowed = self.grouped_mask(mask, n, t, q.device)  # [n, 1, gT, K + gT] bool
-                # sdpa on CPU runs an additive float mask faster than a boolean one
-                built = (allowed if kind == "bool" else torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-                         .masked_fill(~allowed, float("-inf")))
+                # [n, 1, gT, K + gT]; sdpa on CPU runs an additive float mask faster than a boolean one
+                built = self.grouped_mask(mask, n, t, q.device, None if kind == "bool" else q.dtype)
                 if shared:
                     if len(self.kv.grouped_masks) >= 16:
                         self.kv.grouped_masks.clear()
@@ -242,23 +240,28 @@ class RowsView(CacheView):
             self._masks[key] = built
         return attn_fn(q, keys, values, self._masks[key], False)  # [n, H, gT, hd]
 
-    def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device) -> torch.Tensor:
-        """bool [n, 1, g*T, K + g*T] of ``attend``'s stacked layout from the mask of the variants
-        [n*g or n, 1, T or 1 or g*T, K] (equal within a group and across its variants' rows) or None
-        (no padding)."""
+    def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device,
+                     dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """[n, 1, g*T, K + g*T] of ``attend``'s stacked layout from the mask of the variants [n*g or n,
+        1, T or 1 or g*T, K] (equal within a group and across its variants' rows) or None (no
+        padding): bool (``dtype`` None), or additive in ``dtype`` (0 where attended, else -inf)."""
         g, key_end = self.group, self.key_end
         if mask is not None:  # one variant's per group: [n, 1, T|1, K]
             mask = mask[::g] if mask.shape[0] != n else mask
-            mask = mask[:, :, :t] if mask.shape[2] != 1 else mask
-        row = (torch.ones(n, 1, t, key_end, dtype=torch.bool, device=device) if mask is None
-               else mask.expand(n, 1, t, key_end))  # [n, 1, T, K]
+            mask = (mask[:, :, :t] if mask.shape[2] != 1 else mask).expand(n, 1, t, key_end)
+        yes, no = (True, False) if dtype is None else (0.0, float("-inf"))
         cols = self.columns(t, device)
-        shared = row.clone()
-        shared[..., cols] = False  # the recomputed columns: their fresh keys follow, per variant
-        own = row[..., cols]  # [n, 1, T, T] the padding of the recomputed columns
-        variant = torch.arange(g * t, device=device) // t
-        own = own.repeat(1, 1, g, g) & (variant[:, None] == variant[None, :])  # [n, 1, gT, gT]
-        return torch.cat([shared.repeat(1, 1, g, 1), own], dim=3)
+        out = torch.full((n, 1, g, t, key_end + g * t), no, dtype=dtype or torch.bool, device=device)  # [.., j, T, :]
+        keys = out[..., :key_end]  # every variant sees the row's keys
+        own = out[..., key_end:].view(n, 1, g, t, g, t).diagonal(dim1=2, dim2=4)  # [n, 1, T, T, g] its own block
+        if mask is None:
+            keys.fill_(yes)
+            own.fill_(yes)
+        else:
+            keys.masked_fill_(mask[:, :, None], yes)
+            own.masked_fill_(mask[..., cols].reshape(n, 1, t, t, 1), yes)  # the padding of the recomputed columns
+        out[..., cols] = no  # their stale copies in the row's keys: the fresh ones follow, per variant
+        return out.view(n, 1, g * t, key_end + g * t)
 
     def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """The keys' positions [N, key_end] of the selected rows with the query rows' ``positions``
@@ -288,13 +291,10 @@ class RowsView(CacheView):
 
 @dataclass(frozen=True)
 class StackedView(RowsView):
-    """A ``RowsView`` whose forward takes the ``group`` = g variants of a row as ONE sequence of g*T
-    query rows (input [n, g*T], n = rows / g), which is the layout ``RowsView.attend`` stacks them
-    into: q/k/v arrive as [n, H|Hkv, g*T, hd] and the attention output leaves as it is, with none
-    of the per-layer reshapes in and out of the [n*g, ...] layout (12 ATen calls per layer fewer).
-    The same attended keys, mask and values as ``RowsView`` with ``group`` = g, so the same
-    attention output; the queries' positions are the T columns' positions g times over. Every query
-    count a forward passes in (``check_queries``, ``key_positions``) is g*T."""
+    """A grouped ``RowsView`` whose forward takes a row's g variants as ONE sequence of g*T queries
+    (input [n, g*T]; positions: the T columns' g times over), the layout ``RowsView.attend`` stacks
+    them into: the same attention, without its reshapes in and out in every layer. Every query count
+    a forward passes in (``check_queries``, ``key_positions``) is g*T."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -333,10 +333,8 @@ class StackedView(RowsView):
         g = self.group
         if return_probs or grouped_backend(attn_fn) is None or self.is_full(q.shape[2]):  # as RowsView runs these
             rows = RowsView(self.kv, self.start, self.key_end, None, self.select, g, every_row=self.every_row)
-            per = [unstack_groups(x, g) for x in (q, k, v)]  # [n*g, H|Hkv, T, hd]
-            t = q.shape[2] // g
-            m = None if mask is None else (mask if mask.shape[2] == 1 else mask[:, :, :t]).repeat_interleave(g, dim=0)
-            out, probs = rows.attend(layer, per[0], per[1], per[2], m, attn_fn, return_probs)
+            m = None if mask is None else mask[:, :, :q.shape[2] // g].repeat_interleave(g, dim=0)  # [n*g, 1, T|1, K]
+            out, probs = rows.attend(layer, *(unstack_groups(x, g) for x in (q, k, v)), m, attn_fn, return_probs)
             return stack_groups(out, g), None if probs is None else stack_groups(probs, g)
         return self.attend_stacked(layer, q, k, v, mask, attn_fn)
 
