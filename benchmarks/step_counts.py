@@ -13,7 +13,7 @@ is the call's first step (the prompt's prefill, with the call's setup). ``path``
 on CUDA; on a CPU their reference implementation runs, so this row counts what a GPU launches).
 ``fast`` is counted as it runs on CUDA there too (``compact=False``: static variant batches; on a
 CPU it compacts them, one host read per step). The syncs column lists the three most frequent sync
-sites.
+sites. A second table counts every registered sampler on LLaDA with the dual cache, fused+ops.
 """
 
 from __future__ import annotations
@@ -51,20 +51,42 @@ def rows() -> list[str]:
     return out
 
 
+def sampler_rows() -> list[str]:
+    """Every registered sampler on LLaDA with the dual cache, as the fused layer runs on CUDA."""
+    from dllm.samplers import samplers
+
+    out = []
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    model = tiny("llada", dtype=torch.bfloat16)
+    model.transformer.set_fused(True, ops=True)
+    for name in samplers.names():
+        spec = f"{name}:compact=False" if name in ("fast", "lopa") else name  # as on CUDA
+        steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8).cached_steps(40)
+        s = DispatchCounter.mean(steps)
+        out.append(f"| {spec} | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | "
+                   f"{s['syncs']:.2f} |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with torch.no_grad():
-        table = rows()
+        table, per_sampler = rows(), sampler_rows()
     text = "\n".join([
         "# python benchmarks/step_counts.py" + (f" --out {args.out}" if args.out else ""),
         f"# torch {torch.__version__}; means over the cached steps (bfloat16, batch 1)",
         "| family | cache | sampler | path | ATen calls / layer | kernel-like / layer | ATen outside layers / step "
         "| host syncs / step | sync sites (calls over the run) |",
         "|---|---|---|---|---|---|---|---|---|",
-        *table])
+        *table,
+        "",
+        "# every registered sampler: llada, dual cache, fused+ops (as on CUDA)",
+        "| sampler | ATen calls / layer | kernel-like / layer | ATen outside layers / step | host syncs / step |",
+        "|---|---|---|---|---|",
+        *per_sampler])
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
