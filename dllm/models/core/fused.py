@@ -15,6 +15,7 @@ the reference, and the tests compare the two (tests/models/core/test_fused.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -80,3 +81,24 @@ def refused(current: Optional[FusedWeight], linears: Sequence[nn.Module]) -> Opt
 
 
 __all__ = ["FusedWeight", "fusable", "refused"]
+
+
+def plain_weight(module: nn.Module) -> Optional[torch.Tensor]:
+    """The weight of a bias-free ``nn.Linear`` the fused path may run as ``F.linear`` (``fusable``:
+    plain, unhooked, a real floating weight), else None: the module is called."""
+    if not fusable([module]) or module.bias is not None:
+        return None
+    return module.weight
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """What one layer's fused path reads, gathered once (``Transformer.fused_layers``): the q/k/v and
+    gate/up ``FusedWeight``, whether norms and RoPE run as the one-launch operators, and the output
+    and down projections' weights when they run as ``F.linear`` (None: their modules are called)."""
+
+    qkv: FusedWeight
+    gate_up: FusedWeight
+    ops: bool
+    o_weight: Optional[torch.Tensor] = None
+    down_weight: Optional[torch.Tensor] = None

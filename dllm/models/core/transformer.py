@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedWeight, refused
+from dllm.models.core.fused import FusedLayer, FusedWeight, plain_weight, refused
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
@@ -38,8 +38,6 @@ from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
 KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
-FusedPair = tuple[FusedWeight, FusedWeight, bool]  # a layer's (q/k/v, gate/up) fused weights, and whether
-# its norms and RoPE run as the one-launch operators of dllm.kernels.fused_ops
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,6 +79,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.d_model, bias=False)
+        self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:  # Qwen3 / SDAR: RMSNorm over each head's hd channels, before RoPE
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.norm_round_once)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.norm_round_once)
@@ -100,12 +99,12 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         h, hk = self.n_heads, self.n_kv_heads
         qkv = F.linear(x, w.weight, w.bias).view(b, t, h + 2 * hk, self.head_dim)  # [B, T, H + 2Hkv, hd]
-        if hasattr(self, "q_norm"):
+        if self.qk_norm:
             qk = qk_norms_fused(self.q_norm, self.k_norm, qkv, h, hk, ops)  # [B, T, H + Hkv, hd]
         else:
             qk = qkv[:, :, :h + hk]
         rotate = fused_rope_rows if ops else rope_rows
-        q, k = rotate(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split((h, hk), dim=1)  # [B, H|Hkv, T, hd]
+        q, k = rotate(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split_with_sizes([h, hk], dim=1)  # [B, H|Hkv, T, hd]
         return q, k, qkv[:, :, h + hk:].transpose(1, 2)
 
     def qkv(
@@ -115,7 +114,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
+        if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)  # [B, T, H|Hkv, hd], per head
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -147,10 +146,12 @@ class MLP(nn.Module):
         self._fused = refused(self._fused, (self.gate_proj, self.up_proj))
         return self._fused
 
-    def forward_fused(self, x: torch.Tensor, w: FusedWeight) -> torch.Tensor:
-        """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values."""
+    def forward_fused(self, x: torch.Tensor, w: FusedWeight, down: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values. ``down``: the
+        down projection's weight, run as ``F.linear`` (None: its module)."""
         gate, up = F.linear(x, w.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
-        return self.down_proj(F.silu(gate).mul_(up))
+        h = F.silu(gate).mul_(up)
+        return self.down_proj(h) if down is None else F.linear(h, down)
 
 
 class TransformerBlock(nn.Module):
@@ -182,7 +183,7 @@ class TransformerBlock(nn.Module):
         attn_fn: AttentionFn,
         return_probs: bool = False,
         kv_attend: Optional[KVAttend] = None,
-        fused: Optional["FusedPair"] = None,
+        fused: Optional[FusedLayer] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.core.compile`` compiles)
         around the K/V write and the attention backend, which stay eager. ``fused``: the layer's
@@ -196,19 +197,21 @@ class TransformerBlock(nn.Module):
         return self.residual_out(h, out, fused), probs
 
     def qkv_rows(self, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor],
-                 fused: Optional[FusedPair] = None):
+                 fused: Optional[FusedLayer] = None):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
         if fused is not None:
-            return self.attn.qkv_fused(self.attn_norm.fused(h, fused[2]), fused[0], cos, fused[2])
+            return self.attn.qkv_fused(self.attn_norm.fused(h, fused.ops), fused.qkv, cos, fused.ops)
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
-    def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedPair] = None) -> torch.Tensor:
+    def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedLayer] = None) -> torch.Tensor:
         """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]."""
         b, _, t, _ = out.shape
-        h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-        if fused is not None:
-            return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused[2]), fused[1])
-        return h + self.mlp(self.mlp_norm(h))
+        out = out.transpose(1, 2).reshape(b, t, -1)  # [B, T, H*hd]
+        if fused is None:
+            h = h + self.attn.o_proj(out)
+            return h + self.mlp(self.mlp_norm(h))
+        h = h + (self.attn.o_proj(out) if fused.o_weight is None else F.linear(out, fused.o_weight))
+        return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused.ops), fused.gate_up, fused.down_weight)
 
 
 def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[int, ...]:
@@ -244,7 +247,8 @@ class Transformer(nn.Module):
         # False force them (True on a CPU runs their reference: what a GPU would launch, counted)
         self.fused_ops: Optional[bool] = None
         self._rope_table = RopeTable(cfg.rope_dim or cfg.head_dim, cfg.rope_theta)
-        self._fused_layers: Optional[list[FusedPair]] = None  # built on first use; [] = cannot fuse
+        self._fused_layers: Optional[list[FusedLayer]] = None  # built on first use; [] = cannot fuse
+        self._plain_head = False  # with the fused layers: the LM head runs as F.linear (a plain nn.Linear)
         self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_fused())
 
     def set_fused(self, fused: Optional[bool], *, ops: Optional[bool] = None) -> None:
@@ -266,7 +270,7 @@ class Transformer(nn.Module):
         self._fused_layers = None
         return super()._apply(fn, recurse)
 
-    def fused_layers(self, want_attn: bool) -> Optional[list[FusedPair]]:
+    def fused_layers(self, want_attn: bool) -> Optional[list[FusedLayer]]:
         """Each layer's fused weights when this forward runs the fused path, else None: asked for
         (or by dtype), no autograd, full rotary, every layer fusable, no attention maps requested.
         Weights are fused once (again after ``invalidate_fused``); each forward checks one pointer."""
@@ -276,14 +280,17 @@ class Transformer(nn.Module):
         if self.fused is None and self.embed.weight.dtype == torch.float32:
             return None
         state = self._fused_layers
-        if state and state[0][0].linears[0].weight.data_ptr() != state[0][0].weight.data_ptr():
+        if state and state[0].qkv.linears[0].weight.data_ptr() != state[0].qkv.weight.data_ptr():
             state = None  # a projection was replaced by assignment
         if state is None:
             pairs = [layer.fused_weights() for layer in self.layers]
             rotary = cfg.rope_dim or cfg.head_dim
             ok = rotary == cfg.head_dim and rotary % 2 == 0 and all(p is not None for p in pairs)
             ops = self.embed.weight.is_cuda if self.fused_ops is None else self.fused_ops
-            state = self._fused_layers = [(p[0], p[1], ops) for p in pairs if p is not None] if ok else []
+            self._plain_head = self.lm_head is not None and plain_weight(self.lm_head) is not None
+            state = self._fused_layers = [
+                FusedLayer(p[0], p[1], ops, plain_weight(layer.attn.o_proj), plain_weight(layer.mlp.down_proj))
+                for layer, p in zip(self.layers, pairs) if p is not None] if ok else []
         return state or None
 
     def fused_ready(self, want_attn: bool) -> bool:
@@ -371,7 +378,11 @@ class Transformer(nn.Module):
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
             attn_mask = self._block_causal(positions, attn_mask, cache)
-        h = self.embed(input_ids)  # [B, T, D]
+        embed = self.embed
+        if fused is None or embed._forward_hooks or embed._forward_pre_hooks or type(embed) is not nn.Embedding:
+            h = embed(input_ids)  # [B, T, D] (a hooked embedding runs as a module: soft inputs, timers)
+        else:
+            h = F.embedding(input_ids, embed.weight)
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
@@ -389,9 +400,13 @@ class Transformer(nn.Module):
         elif head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
         hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
-        h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0][2])
-        if self.lm_head is not None:
-            logits = self.lm_head(h)  # [B, T, V] (called as a module so device-map hooks run)
+        h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0].ops)
+        head = self.lm_head
+        if head is not None and fused is not None and self._plain_head and not (head._forward_hooks or
+                                                                            head._forward_pre_hooks):
+            logits = F.linear(h, head.weight)  # [B, T, V]
+        elif head is not None:
+            logits = head(h)  # [B, T, V] (called as a module so device-map and timer hooks run)
         else:
             logits = F.linear(h, self.embed.weight.to(h.device))
         return logits, hidden, attn
