@@ -41,25 +41,10 @@ def stream_chunkable(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-_GRIDS: dict[tuple, tuple[torch.Tensor, ...]] = {}  # pick_last's aranges by (shape, device, inference mode)
-
-
 def pick_last(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``values[..., index]`` per position: values [B, W, V] (or [N, V]), index [B, W] (or [N]) long
-    -> [B, W] (or [N]), ``gather(values, -1, index[..., None])[..., 0]`` as one indexing call (the
-    aranges of the leading dims are made once per shape). Other ranks: ``gather``."""
-    lead = tuple(index.shape)
-    if values.dim() not in (2, 3) or tuple(values.shape[:-1]) != lead:
-        return values.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-    key = (lead, values.device, torch.is_inference_mode_enabled())
-    grid = _GRIDS.get(key)
-    if grid is None:
-        if len(_GRIDS) >= 64:
-            _GRIDS.clear()
-        rows = torch.arange(lead[0], device=values.device)  # [B] (or [N])
-        grid = (rows,) if len(lead) == 1 else (rows[:, None], torch.arange(lead[1], device=values.device))
-        _GRIDS[key] = grid
-    return values[(*grid, index)]
+    """``values[..., index]`` per position: values [..., V], index [...] long -> [...]: one ``gather``
+    (and two views; on a CPU about half the host time of the equivalent advanced indexing)."""
+    return values.gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
 
 def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Optional[int] = None,

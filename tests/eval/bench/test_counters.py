@@ -70,10 +70,10 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
 # issue's bar is 30. The ATen path's final norm of LLaDA and Qwen2 is one call more (the weight
 # multiply after the rounding).
 OUTSIDE_ATEN = {  # (family, sampler): (ATen path, as on CUDA)
-    ("llada", "low_confidence"): (18, 17), ("llada", "threshold"): (19, 18),
-    ("dream", "low_confidence"): (24, 23), ("dream", "threshold"): (20, 19),
-    ("sdar", "low_confidence"): (24, 24), ("sdar", "threshold"): (30, 30),
-    ("fastdllm_v2", "low_confidence"): (26, 25), ("fastdllm_v2", "threshold"): (21, 20),
+    ("llada", "low_confidence"): (20, 19), ("llada", "threshold"): (21, 20),
+    ("dream", "low_confidence"): (26, 25), ("dream", "threshold"): (22, 21),
+    ("sdar", "low_confidence"): (26, 26), ("sdar", "threshold"): (30, 30),
+    ("fastdllm_v2", "low_confidence"): (28, 27), ("fastdllm_v2", "threshold"): (23, 22),
 }
 
 
