@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from dllm.models.core.config import TransformerConfig
+from dllm.models.core.views import CacheView
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.models.core.soft_inputs import SoftInputs, applied_to
 from dllm.models.prompting import PromptsMixin
@@ -215,19 +216,29 @@ class DiffusionLM(PromptsMixin, nn.Module):
         look (without a cache an all-real mask otherwise takes the unmasked path, one host sync).
         """
         head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])
-        with applied_to(self._soft_embedding(soft_inputs), soft_inputs):
-            if cache is not None:
-                return self._cached_forward(input_ids, positions, key_padding_mask, cache,
-                                            tuple(want_attn_layers), tuple(want_hidden_layers), head_rows)
-            positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask, padded=padded)
-            if (self.packs_padded_rows and attn_mask is not None and soft_inputs is None and not want_attn_layers
-                    and not want_hidden_layers):
-                logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
-                if logits is not None:  # a long ragged batch, run per group of rows with the same real columns
-                    return ModelOutput(logits, {}, {})
-            raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, tuple(want_attn_layers),
-                                                  tuple(want_hidden_layers), **self._head_kwargs(head_rows))
-            return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
+        if soft_inputs is not None:
+            with applied_to(self._soft_embedding(soft_inputs), soft_inputs):
+                return self._forward(input_ids, positions, key_padding_mask, cache, tuple(want_attn_layers),
+                                     tuple(want_hidden_layers), head_rows, True, padded)
+        return self._forward(input_ids, positions, key_padding_mask, cache, tuple(want_attn_layers),
+                             tuple(want_hidden_layers), head_rows, False, padded)
+
+    def _forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor],
+                 key_padding_mask: Optional[torch.Tensor], cache: Any, want_attn_layers: tuple[int, ...],
+                 want_hidden_layers: tuple[int, ...], head_rows: Optional[tuple[int, int]], soft: bool,
+                 padded: Optional[bool]) -> ModelOutput:
+        """``forward`` once its soft inputs, if any, are applied to the embedding."""
+        if cache is not None:
+            return self._cached_forward(input_ids, positions, key_padding_mask, cache, want_attn_layers,
+                                        want_hidden_layers, head_rows)
+        positions, attn_mask = self._prepare(input_ids, positions, key_padding_mask, padded=padded)
+        if self.packs_padded_rows and attn_mask is not None and not soft and not want_attn_layers and not want_hidden_layers:
+            logits = packed_rows_logits(self, input_ids, positions, attn_mask, head_rows)
+            if logits is not None:  # a long ragged batch, run per group of rows with the same real columns
+                return ModelOutput(logits, {}, {})
+        raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
+                                              **self._head_kwargs(head_rows))
+        return ModelOutput(self._final_logits(raw, head_rows), hidden, attn)
 
     def input_embedding(self) -> Optional[nn.Module]:
         """The module that embeds input ids (soft inputs hook it); None when the model has none."""
@@ -302,8 +313,6 @@ class DiffusionLM(PromptsMixin, nn.Module):
     ) -> torch.Tensor:
         """Validate a cached forward's inputs (see ``forward``); returns the positions [B, T]
         (default: the query rows' canvas positions)."""
-        from dllm.models.core.kv import CacheView
-
         if not isinstance(cache, CacheView) or not self.supports_kv_cache:
             raise NotImplementedError(
                 f"cache={type(cache).__name__} is not supported by {type(self).__name__}: forward takes "

@@ -277,11 +277,11 @@ class Transformer(nn.Module):
         cfg = self.config
         if self.fused is False or want_attn or torch.is_grad_enabled():
             return None
-        if self.fused is None and self.embed.weight.dtype == torch.float32:
-            return None
-        state = self._fused_layers
+        state = self._fused_layers  # built only past the dtype test below (a dtype change unfuses)
         if state and state[0].qkv.linears[0].weight.data_ptr() != state[0].qkv.weight.data_ptr():
             state = None  # a projection was replaced by assignment
+        if state is None and self.fused is None and self.embed.weight.dtype == torch.float32:
+            return None
         if state is None:
             pairs = [layer.fused_weights() for layer in self.layers]
             rotary = cfg.rope_dim or cfg.head_dim
@@ -372,7 +372,7 @@ class Transformer(nn.Module):
         sin: Optional[torch.Tensor]
         fused = self.fused_layers(bool(attn_layers))
         if fused is not None:
-            dtype = torch.float32 if self.config.rope_fp32 else self.embed.weight.dtype
+            dtype = torch.float32 if self.config.rope_fp32 else fused[0].qkv.weight.dtype
             cos, sin = self._rope_rows(positions, dtype, cache), None  # [B, T, 2, 1, hd]
         else:
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
