@@ -84,25 +84,27 @@ def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:
     rows it asked for (``logits_rows``)."""
     t_max = max(item.length for item in items)
     shift = int(getattr(model, "logit_shift", 0))
+    ragged = any(item.length != t_max for item in items)  # left-padded here: the mask has padding
+    padded = ragged or any(item.kwargs.get("key_padding_mask") is not None for item in items)
+    pad = torch.nn.functional.pad
     ids, pos, kpm, spans = [], [], [], []
     for item in items:
         x = item.input_ids  # [b, T]
         b, t = x.shape
-        o = t_max - t  # left padding
+        o = t_max - t  # left padding (none: the inputs as they are)
         p = item.kwargs.get("positions")
-        m = item.kwargs.get("key_padding_mask")
         p = default_positions(x, None) if p is None else p.expand(b, t)
-        m = torch.ones_like(x, dtype=torch.bool) if m is None else m
-        ids.append(torch.nn.functional.pad(x, (o, 0), value=int(getattr(model, "mask_id", 0))))
-        pos.append(torch.nn.functional.pad(p, (o, 0), value=0))
-        kpm.append(torch.nn.functional.pad(m, (o, 0), value=False))
+        ids.append(pad(x, (o, 0), value=int(getattr(model, "mask_id", 0))) if o else x)
+        pos.append(pad(p, (o, 0), value=0) if o else p)
+        if padded:  # the mask only when some row has padding
+            m = item.kwargs.get("key_padding_mask")
+            m = torch.ones_like(x, dtype=torch.bool) if m is None else m
+            kpm.append(pad(m, (o, 0), value=False) if o else m)
         asked = item.kwargs.get("logits_rows")
         a, e = (shift, t) if asked is None else (int(asked[0]), int(asked[1]))
         spans.append((a + o, e + o, asked is None))
     lo = min(s[0] for s in spans)
     hi = max(s[1] for s in spans)
-    ragged = any(item.length != t_max for item in items)  # left-padded here: the mask has padding
-    padded = ragged or any(item.kwargs.get("key_padding_mask") is not None for item in items)
     out = model(torch.cat(ids), positions=torch.cat(pos), key_padding_mask=torch.cat(kpm) if padded else None,
                 logits_rows=(lo, hi), **({"padded": True} if ragged and takes_padded(model) else {}))  # known here
     logits = out.logits  # [R, hi - lo, V]
