@@ -13,7 +13,9 @@ tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. 
 ``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
 NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
 calls and host syncs per step counted with ``dllm.eval.bench.counters`` and the time per step spent
-outside the model's forward calls (what stays on the host when the forward is a replayed CUDA graph). Needs a checkout (it imports
+outside the model's forward calls (what stays on the host when the forward is a replayed CUDA graph). On
+CUDA two more rows run ``threshold`` and ``fast:compact=False`` with ``cuda_graphs=True`` (their counts are
+the eager ones; their "outside fwd" includes the replays). Needs a checkout (it imports
 ``tests/reference/decoders``).
 """
 
@@ -47,11 +49,15 @@ SETTINGS = {
     "dllm fast:cache=dual": ("fast", "threshold"),
     "dllm fast:compact=False,cache=dual": ("fast:compact=False", "threshold"),  # as on CUDA
 }
+GRAPHED = {  # on CUDA only: the same with generate(cuda_graphs=True), the cached forwards replayed
+    "dllm threshold:cache=dual, graphs": ("threshold", "threshold"),
+    "dllm fast:compact=False,cache=dual, graphs": ("fast:compact=False", "threshold"),
+}
 
 
 def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     """A zero-argument call decoding once and returning its NFE."""
-    spec, rule = SETTINGS[label]
+    spec, rule = {**SETTINGS, **GRAPHED}[label]
     g, bl = args.gen_length, args.block_length
     if spec is None:
         driver = DriverClock(FastDLLMLLaDA(model))
@@ -66,6 +72,8 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     kwargs = dict(sampler=spec, cache="dual", gen_length=g, block_length=bl)
     if spec == "low_confidence":
         kwargs["steps"] = g
+    if label in GRAPHED:
+        kwargs["cuda_graphs"] = True
 
     def run_engine() -> int:
         return dllm.generate(model, prompt, **kwargs).nfe
@@ -147,9 +155,10 @@ def main() -> None:
     prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0)).to(args.device)
     path = {"default": None, "fused": True, "reference": False}[args.layer_path]
     model.transformer.set_fused(path)
-    runs = {label: runner(label, model, prompt, args) for label in SETTINGS}
-    per_step: dict[str, list[float]] = {label: [] for label in SETTINGS}
-    outside: dict[str, list[float]] = {label: [] for label in SETTINGS}  # us per step outside forwards
+    settings = {**SETTINGS, **(GRAPHED if str(args.device).startswith("cuda") else {})}
+    runs = {label: runner(label, model, prompt, args) for label in settings}
+    per_step: dict[str, list[float]] = {label: [] for label in settings}
+    outside: dict[str, list[float]] = {label: [] for label in settings}  # us per step outside forwards
     with torch.inference_mode():
         for run in runs.values():  # warm-up
             run()
@@ -183,7 +192,7 @@ def main() -> None:
              "step, and x drv out: over the driver's own outside fwd (same rule)",
              f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
              f" {'outside fwd':>12s} {'x driver':>9s} {'x drv out':>11s}"]
-    for label, (spec, rule) in SETTINGS.items():
+    for label, (spec, rule) in settings.items():
         base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
         aten = syncs = "-"
         if spec is not None:

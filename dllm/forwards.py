@@ -208,9 +208,13 @@ class StepForwards:
         else:
             positions = state.positions[first][:, cols].repeat(1, group)
         kpm = state.key_padding_mask[first] if state.padded else None
-        view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
-        out = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view)
-        return out.logits.view(rows.shape[0], -1, out.logits.shape[-1])  # [N, W, V]
+        logits = None
+        if self.graphs is not None and every_row:  # captured once per shape, replayed (dllm.graphs)
+            logits = self.graphs.variants(ids, positions, kpm, rows, group, vq.start, vq.key_end, head)
+        if logits is None:
+            view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
+            logits = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view).logits
+        return logits.view(rows.shape[0], -1, logits.shape[-1])  # [N, W, V]
 
     def _count(self, forwarded: int) -> None:
         self.state.nfe += 1

@@ -14,9 +14,12 @@ called again on replay), on any device: it is what the CPU tests compare with th
 token for token, and what shows that nothing in the step reads a Python value that changes between
 blocks.
 
-Not captured (they run as before): full forwards (refreshes), forwards with released rows, with the
-policy's extra columns, with attention maps or hidden states, verification variants and shadow
-blocks. A call captures at most ``MAX_GRAPHS`` shapes; later shapes run eagerly. Graphs live as
+Verification variants forwarded as one sequence per row (``StackedView``: ``lopa`` and ``fast`` with
+static shapes, ``compact=False``, as on CUDA) are captured the same way (``variants``), with their
+columns as a device tensor (``StaticStackedView``), on models without a block-causal mask and with
+an attention backend that takes the stacked mask. Not captured (they run as before): full forwards
+(refreshes), forwards with released rows, with the policy's extra columns, with attention maps or
+hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS`` shapes; later shapes run eagerly. Graphs live as
 long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
 captures, replays and the CUDA memory the captures took (``captured_bytes``).
 """
@@ -29,6 +32,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from dllm.models.core.kv import KVCache, StaticView
+from dllm.models.core.views import StaticStackedView, grouped_backend
 
 MAX_GRAPHS = 8  # captured shapes per generate call
 GRAPHS_KEY = "step_graphs"  # DecodeState.extras: the call's StepGraphs (captures, replays), when on
@@ -112,11 +116,35 @@ class StepGraphs:
         """Logits of the cached forward of ``x`` [R, T] at canvas columns ``[start, start + T)`` against
         ``[0, key_end)``, or None when the shape cannot be captured (the caller runs it eagerly)."""
         key = (x.shape[0], x.shape[1], key_end, logits_rows, key_padding_mask is None)
+        return self._run(key, x, positions, start, lambda cols: StaticView(self.kv, 0, key_end, None, cols),
+                         key_padding_mask, logits_rows, x.shape[1])
+
+    def variants(self, ids: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                 select: torch.Tensor, group: int, start: int, key_end: int,
+                 logits_rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
+        """Logits of the stacked variant forward of ``ids`` [n, group * T] (every buffer row's ``group``
+        variants, ``select`` the rows of the variants in runs) at canvas columns ``[start, start + T)``
+        against ``[0, key_end)``, or None when it cannot be captured (the caller runs it eagerly)."""
+        attn_fn = getattr(getattr(self.model, "transformer", None), "_attn_fn", None)
+        block_causal = getattr(getattr(self.model, "config", None), "block_causal", False)
+        if block_causal or attn_fn is None or grouped_backend(attn_fn) is None:
+            return None
+        key = ("variants", ids.shape[0], ids.shape[1], group, key_end, logits_rows, key_padding_mask is None)
+        return self._run(key, ids, positions, start,
+                         lambda cols: StaticStackedView(self.kv, 0, key_end, None, select, group, every_row=True,
+                                                        cols=cols),
+                         key_padding_mask, logits_rows, ids.shape[1] // group)
+
+    def _run(self, key: tuple, x: torch.Tensor, positions: torch.Tensor, start: int,
+             make_view: Callable[[torch.Tensor], Any], key_padding_mask: Optional[torch.Tensor],
+             logits_rows: Optional[tuple[int, int]], t: int) -> Optional[torch.Tensor]:
+        """Replay the capture of ``key`` with these inputs (capture it first), its query columns
+        ``[start, start + t)``; None past ``MAX_GRAPHS`` shapes."""
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= MAX_GRAPHS:
                 return None
-            entry = self._capture(x, positions, key_padding_mask, start, key_end, logits_rows)
+            entry = self._capture(x, positions, key_padding_mask, start, make_view, logits_rows, t)
             self._graphs[key] = entry
             return entry.out.clone()
         entry.x.copy_(x)
@@ -127,18 +155,17 @@ class StepGraphs:
         return entry.out.clone()  # the next replay overwrites the static output; a sampler may keep this
 
     def _capture(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                 start: int, key_end: int, logits_rows: Optional[tuple[int, int]]) -> _Captured:
-        t = x.shape[1]
+                 start: int, make_view: Callable[[torch.Tensor], Any], logits_rows: Optional[tuple[int, int]],
+                 t: int) -> _Captured:
         base = torch.arange(t, device=x.device)
         cols = base + start
         static_x, static_pos = x.clone(), positions.clone()
-        view = StaticView(self.kv, 0, key_end, None, cols)
-        kwargs: dict[str, Any] = {"positions": static_pos, "key_padding_mask": key_padding_mask, "cache": view}
+        kwargs: dict[str, Any] = {"positions": static_pos, "key_padding_mask": key_padding_mask}
         if logits_rows is not None:
             kwargs["logits_rows"] = logits_rows
 
-        def step() -> torch.Tensor:
-            return self.model(static_x, **kwargs).logits
+        def step() -> torch.Tensor:  # a view per run: it keeps what one forward derives (its masks)
+            return self.model(static_x, cache=make_view(cols), **kwargs).logits
 
         runner: Any = CudaGraphRunner(self.pool) if self.mode is True else EagerRunner()
         before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0

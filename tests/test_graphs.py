@@ -22,7 +22,7 @@ def _decode(model, prompts, mode, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("sampler", ["low_confidence", "threshold", "fast"])
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold", "fast", "fast:compact=False"])
 @pytest.mark.parametrize("family,cache", _RUNS)
 def test_static_step_gives_the_eager_tokens(family, cache, sampler, dtype):
     model = tiny(family, dtype=dtype)
@@ -36,6 +36,22 @@ def test_static_step_gives_the_eager_tokens(family, cache, sampler, dtype):
     assert g is not None and g.captures <= graphs.MAX_GRAPHS
     if sampler != "fast":  # fast's later steps read its verification variants' logits, not a plain forward
         assert g.captures >= 1  # replays: the block-causal cache attends to a longer prefix every block
+    variants = [k for k in g._graphs if k[0] == "variants"]
+    # fast with static shapes: its stacked variant forwards are captured too, except under a block-causal mask
+    assert bool(variants) == (sampler == "fast:compact=False" and family in ("llada", "dream")), g._graphs.keys()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_variant_forward_is_captured_once_for_every_block_of_the_dual_cache(family):
+    """fast as on CUDA (static variant batches): one capture of its stacked variant forward serves every
+    block (the dual cache attends to the whole canvas), replayed at every later step, same tokens."""
+    model = tiny(family, dtype=torch.bfloat16)
+    kw = dict(sampler="fast:compact=False", cache="dual", gen_length=32, block_length=8)
+    eager, _ = _decode(model, [list(range(10, 22)), list(range(14, 22))], False, **kw)
+    static, g = _decode(model, [list(range(10, 22)), list(range(14, 22))], "static", **kw)
+    assert torch.equal(eager.sequences, static.sequences) and torch.equal(eager.trace, static.trace)
+    captured = [k for k in g._graphs if k[0] == "variants"]
+    assert len(captured) == 1 and g.replays > 0
 
 
 def test_dual_captures_one_shape_for_every_block_and_replays_it():
@@ -82,10 +98,11 @@ def test_no_cache_has_nothing_to_capture():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family,cache", [("llada", "dual"), ("sdar", "block")])
-def test_cuda_graphs_give_the_eager_tokens(family, cache):
+@pytest.mark.parametrize("sampler", ["threshold", "fast:compact=False"])
+def test_cuda_graphs_give_the_eager_tokens(family, cache, sampler):
     model = tiny(family, dtype=torch.bfloat16).cuda()
     block = 4 if family == "sdar" else 8
-    kw = dict(sampler="threshold", cache=cache, gen_length=16, block_length=block)
+    kw = dict(sampler=sampler, cache=cache, gen_length=16, block_length=block)
     eager, _ = _decode(model, [list(range(10, 22))], False, **kw)
     graphed, g = _decode(model, [list(range(10, 22))], True, **kw)
     assert torch.equal(eager.sequences, graphed.sequences) and g.replays > 0

@@ -10,7 +10,8 @@ The views reach the buffers through ``view.kv`` (a ``KVCache``); this package im
 """
 
 from dllm.models.core.views.base import CacheView, StaticView, canvas_columns
-from dllm.models.core.views.rows import HeldView, RowsView, StackedView, grouped_backend, stack_groups, unstack_groups
+from dllm.models.core.views.rows import (HeldView, RowsView, StackedView, StaticStackedView, grouped_backend,
+                                         stack_groups, unstack_groups)
 
-__all__ = ["CacheView", "HeldView", "RowsView", "StackedView", "StaticView", "canvas_columns", "grouped_backend",
-           "stack_groups", "unstack_groups"]
+__all__ = ["CacheView", "HeldView", "RowsView", "StackedView", "StaticStackedView", "StaticView", "canvas_columns",
+           "grouped_backend", "stack_groups", "unstack_groups"]

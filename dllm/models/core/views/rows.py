@@ -185,6 +185,45 @@ class StackedView(RowsView):
 
 
 @dataclass(frozen=True)
+class StaticStackedView(StackedView):
+    """A ``StackedView`` whose query columns are a device tensor ``cols`` [T] (a static buffer the caller
+    moves between forwards: ``StaticView``'s role for the variants), so nothing in its forward depends
+    on where the block is and one captured variant forward serves every block of a call with the same
+    ``key_end`` (``dllm.graphs``). Every buffer row's variants in order (read in place), a backend that
+    takes the stacked mask, and no block-causal mask (its blocks come from Python ints)."""
+
+    cols: Optional[torch.Tensor] = None  # [T] long on the buffers' device
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cols is None or not self.every_row or self.memo is not None:
+            raise ValueError("a static stacked view needs cols [T], every_row=True and no memo")
+
+    def columns(self, n_queries: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        assert self.cols is not None and self.cols.shape[0] == n_queries
+        return self.cols if device is None else self.cols.to(device)
+
+    def check_queries(self, n_queries: int) -> None:
+        assert self.cols is not None
+        if n_queries != self.group * self.cols.shape[0]:
+            raise ValueError(f"a static stacked view takes g*T = {self.group * self.cols.shape[0]} query rows "
+                             f"(g = {self.group}, cols [{self.cols.shape[0]}]), got {n_queries}")
+
+    def is_full(self, n_queries: int) -> bool:
+        return False
+
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a static stacked view takes no block-causal mask (its blocks are Python ints)")
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               attn_fn, return_probs: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if return_probs or grouped_backend(attn_fn) is None:
+            raise NotImplementedError("a static stacked view runs the stacked attention only (a backend that takes "
+                                      "its mask, no attention maps)")
+        return self.attend_stacked(layer, q, k, v, mask, attn_fn)
+
+
+@dataclass(frozen=True)
 class HeldView(RowsView):
     """A forward of the buffer rows ``select`` [N] (distinct) that writes their fresh K/V and
     positions into the call's buffers (``RowsView`` writes into copies): the same keys and values as
@@ -247,4 +286,5 @@ def grouped_backend(attn_fn) -> Optional[str]:
             backends.get("reference").fn: "bool"}.get(attn_fn)
 
 
-__all__ = ["HeldView", "RowsView", "StackedView", "grouped_backend", "stack_groups", "unstack_groups"]
+__all__ = ["HeldView", "RowsView", "StackedView", "StaticStackedView", "grouped_backend", "stack_groups",
+           "unstack_groups"]
