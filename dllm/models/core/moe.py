@@ -13,8 +13,16 @@ Routing follows ``LLaDA2MoeGate`` of inclusionAI/dFactory ``models/llada2_moe/mo
 4. ``y = sum_k w_k * expert_k(x) + shared(x)`` (the sum in float32, as the official ``moe_infer``).
 
 ``SparseMoE.forward`` is batched over experts: assignments are sorted by expert and every expert runs
-once on all of its tokens (one host sync per layer for the per-expert counts, which size the slices;
-no per-token Python loop). ``moe_reference`` is the literal per-token loop, kept for the tests.
+once on all of its tokens. In half precision where torch has grouped matmuls (``torch._grouped_mm``:
+bfloat16 and float16 on a CPU, bfloat16 on CUDA from compute capability 9.0) the experts' weights are
+stacked once
+(``StackedExperts``) and the gate, up and down projections of every expert are three calls whose
+group sizes stay on the device: no host sync, no loop over experts (``combine_grouped``; on a CPU
+the same values bit for bit). Elsewhere (float32, which keeps the loop's values bit for bit: a
+grouped matmul rounds a float32 row differently), under autograd, with hooked or quantized experts
+and while ``count_experts`` counts, one host sync
+per layer reads the per-expert counts that size the slices of a loop over the experts that received
+tokens (``combine_experts``). ``moe_reference`` is the literal per-token loop, kept for the tests.
 
 "Expert explosion": one diffusion step forwards many positions at once, and the distinct experts a
 forward touches grow with them. ``ExpertCounter`` records, per forward and MoE layer, the tokens and
@@ -30,6 +38,10 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from dllm.models.core.fused import FusedWeight, fusable
+
+_GROUPED_MM = getattr(torch, "_grouped_mm", None)  # torch >= 2.8: one matmul over groups of rows
 
 ROUTER_SCORES = ("sigmoid",)  # LLaDA 2.x (score_function); others are refused by the config check
 
@@ -150,13 +162,80 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(ExpertMLP(d_model, cfg.expert_hidden) for _ in range(cfg.n_experts))
         self.shared_experts = ExpertMLP(d_model, cfg.expert_hidden * cfg.n_shared) if cfg.n_shared else None
         self.log: Optional[list[ExpertUse]] = None  # set by ExpertCounter
+        self._stacked: Optional[StackedExperts] = None  # built on the first grouped forward
+        self._stacked_for = 0  # the first gate weight's data_ptr when _stacked was decided (0: not yet)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         flat = x.reshape(-1, d)  # [N, D]
         idx, weights = self.gate(flat)  # [N, K], [N, K] f32
-        y = combine_experts(self.experts, flat, idx, weights, self.log, self.layer).view(b, t, d)
+        stacked = self.stacked_experts() if self.log is None and grouped_supported(flat) else None
+        if stacked is not None and stacked.aligned(flat):
+            y = combine_grouped(stacked, flat, idx, weights).view(b, t, d)
+        else:
+            y = combine_experts(self.experts, flat, idx, weights, self.log, self.layer).view(b, t, d)
         return y if self.shared_experts is None else y + self.shared_experts(x)
+
+    def stacked_experts(self) -> Optional["StackedExperts"]:
+        """The experts' stacked weights, or None when autograd records or they cannot be stacked
+        (hooked experts or projections, quantized weights). Decided at the first forward and again
+        after a parameter was replaced (``.to()``, assignment); a hook registered on an expert after
+        that first forward is not seen (as with the fused dense layers)."""
+        if torch.is_grad_enabled():
+            return None
+        if self.experts[0].gate_proj.weight.data_ptr() != self._stacked_for:
+            linears = [lin for e in self.experts for lin in (e.gate_proj, e.up_proj, e.down_proj)]
+            hooked = any(e._forward_hooks or e._forward_pre_hooks for e in self.experts)
+            self._stacked = StackedExperts(self.experts) if fusable(linears) and not hooked else None
+            self._stacked_for = self.experts[0].gate_proj.weight.data_ptr()  # the stacked memory's, if stacked
+        return self._stacked
+
+
+class StackedExperts:
+    """The routed experts' weights stacked for grouped matmuls: gate and up [E*F, D], down [E*D, F]
+    (``FusedWeight``s: each expert's ``nn.Linear`` parameters re-pointed into them, no second copy)."""
+
+    def __init__(self, experts: nn.ModuleList) -> None:
+        self.n = len(experts)
+        self.gate = FusedWeight([e.gate_proj for e in experts])
+        self.up = FusedWeight([e.up_proj for e in experts])
+        self.down = FusedWeight([e.down_proj for e in experts])
+
+    def aligned(self, x: torch.Tensor) -> bool:
+        """CUDA's grouped matmul needs 16-byte aligned rows: the model and expert widths in bfloat16."""
+        return x.device.type == "cpu" or (x.shape[-1] % 8 == 0 and self.gate.weight.shape[0] // self.n % 8 == 0)
+
+    def weights(self, which: str) -> torch.Tensor:
+        """[E, in, out] (a transposed view) for ``torch._grouped_mm``."""
+        w = getattr(self, which).weight  # [E * out, in]
+        return w.view(self.n, -1, w.shape[-1]).transpose(1, 2)
+
+
+def grouped_supported(x: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs these rows: bfloat16 or float16 on a CPU, bfloat16 on CUDA
+    from compute capability 9.0 (``StackedExperts.aligned`` checks the widths); never float32."""
+    if _GROUPED_MM is None or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if x.device.type == "cpu":
+        return True
+    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+
+
+def combine_grouped(stacked: StackedExperts, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``combine_experts`` with the group sizes on the device: the assignments sorted by expert, then
+    the gate, up and down projections of every expert as one grouped matmul each (no host sync, no
+    loop over experts). x [N, D], idx [N, K], weights [N, K] float32 -> [N, D] in x's dtype."""
+    n, k = idx.shape
+    flat_idx = idx.reshape(-1)  # [N*K]
+    order = flat_idx.argsort()  # assignments grouped by expert
+    rows = x[order // k]  # [N*K, D]
+    offs = torch.bincount(flat_idx, minlength=stacked.n).cumsum(0).to(torch.int32)  # [E] end of each group
+    gate = _GROUPED_MM(rows, stacked.weights("gate"), offs=offs)  # [N*K, F]
+    up = _GROUPED_MM(rows, stacked.weights("up"), offs=offs)
+    sorted_out = _GROUPED_MM(F.silu(gate) * up, stacked.weights("down"), offs=offs)  # [N*K, D]
+    out = torch.empty_like(sorted_out)
+    out[order] = sorted_out  # back to (token, k) order
+    return out.view(n, k, -1).type(weights.dtype).mul_(weights.unsqueeze(-1)).sum(dim=1).type(x.dtype)
 
 
 def combine_experts(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
@@ -245,5 +324,6 @@ def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
             m.log = None
 
 
-__all__ = ["ExpertCounter", "ExpertMLP", "ExpertUse", "MoEConfig", "Router", "SparseMoE", "combine_experts",
-           "count_experts", "group_limited_topk", "has_experts", "moe_reference", "route"]
+__all__ = ["ExpertCounter", "ExpertMLP", "ExpertUse", "MoEConfig", "Router", "SparseMoE", "StackedExperts",
+           "combine_experts", "combine_grouped", "count_experts", "group_limited_topk", "grouped_supported",
+           "has_experts", "moe_reference", "route"]
