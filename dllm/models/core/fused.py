@@ -98,7 +98,7 @@ class FusedLayer:
     and down projections' weights when they run as ``F.linear`` (None: their modules are called)."""
 
     qkv: FusedWeight
-    gate_up: FusedWeight
+    gate_up: Optional[FusedWeight]  # None: an MoE feed-forward, run as its module
     ops: bool
     o_weight: Optional[torch.Tensor] = None
     down_weight: Optional[torch.Tensor] = None

@@ -200,13 +200,17 @@ class StackedExperts:
         self.gate = FusedWeight([e.gate_proj for e in experts])
         self.up = FusedWeight([e.up_proj for e in experts])
         self.down = FusedWeight([e.down_proj for e in experts])
+        self._views = {name: self._view(name) for name in ("gate", "up", "down")}  # made once
 
     def aligned(self, x: torch.Tensor) -> bool:
         """CUDA's grouped matmul needs 16-byte aligned rows: the model and expert widths in bfloat16."""
         return x.device.type == "cpu" or (x.shape[-1] % 8 == 0 and self.gate.weight.shape[0] // self.n % 8 == 0)
 
     def weights(self, which: str) -> torch.Tensor:
-        """[E, in, out] (a transposed view) for ``torch._grouped_mm``."""
+        """[E, in, out] (a transposed view of the stacked weight) for ``torch._grouped_mm``."""
+        return self._views[which]
+
+    def _view(self, which: str) -> torch.Tensor:
         w = getattr(self, which).weight  # [E * out, in]
         return w.view(self.n, -1, w.shape[-1]).transpose(1, 2)
 

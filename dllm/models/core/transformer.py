@@ -32,6 +32,7 @@ from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.fused import FusedLayer, FusedWeight, plain_weight, refused
 from dllm.models.core.kv import CacheView, StackedView
+from dllm.models.core.moe import SparseMoE
 from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
@@ -103,8 +104,12 @@ class Attention(nn.Module):
             qk = qk_norms_fused(self.q_norm, self.k_norm, qkv, h, hk, ops)  # [B, T, H + Hkv, hd]
         else:
             qk = qkv[:, :, :h + hk]
-        rotate = fused_rope_rows if ops else rope_rows
-        q, k = rotate(qk, cos_sin, fp32=self.rope_fp32).transpose(1, 2).split_with_sizes([h, hk], dim=1)  # [B, H|Hkv, T, hd]
+        rd = cos_sin.shape[-1]
+        if rd < self.head_dim:  # partial rotary (LLaDA 2.x): the first rd channels turn, the rest pass
+            qk = torch.cat((rope_rows(qk[..., :rd], cos_sin, fp32=self.rope_fp32), qk[..., rd:]), dim=-1)
+        else:
+            qk = (fused_rope_rows if ops else rope_rows)(qk, cos_sin, fp32=self.rope_fp32)
+        q, k = qk.transpose(1, 2).split_with_sizes([h, hk], dim=1)  # [B, H|Hkv, T, hd]
         return q, k, qkv[:, :, h + hk:].transpose(1, 2)
 
     def qkv(
@@ -164,14 +169,19 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.mlp = MLP(cfg)
 
-    def fused_weights(self) -> Optional[tuple[FusedWeight, FusedWeight]]:
-        """(q/k/v, gate/up) fused weights, or None when this layer must run module by module: an MoE
-        MLP, projections that cannot be fused, or a norm with hooks (the fused path calls the norms'
-        math, not the modules; a hooked module must run as one)."""
+    def fused_weights(self) -> Optional[tuple[FusedWeight, Optional[FusedWeight]]]:
+        """(q/k/v, gate/up) fused weights (gate/up None for an MoE feed-forward, which runs as its
+        module), or None when this layer must run module by module: projections that cannot be fused,
+        another feed-forward, or a norm with hooks (the fused path calls the norms' math, not the
+        modules; a hooked module must run as one)."""
         norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
-        if type(self.mlp) is not MLP or any(m._forward_hooks or m._forward_pre_hooks for m in norms):
+        moe = isinstance(self.mlp, SparseMoE)
+        if not (moe or type(self.mlp) is MLP) or any(m._forward_hooks or m._forward_pre_hooks for m in norms):
             return None
-        qkv, gate_up = self.attn.fused_qkv(), self.mlp.fused_gate_up()
+        qkv = self.attn.fused_qkv()
+        if moe:
+            return None if qkv is None else (qkv, None)
+        gate_up = self.mlp.fused_gate_up()
         return None if qkv is None or gate_up is None else (qkv, gate_up)
 
     def forward(
@@ -211,6 +221,8 @@ class TransformerBlock(nn.Module):
             h = h + self.attn.o_proj(out)
             return h + self.mlp(self.mlp_norm(h))
         h = h + (self.attn.o_proj(out) if fused.o_weight is None else F.linear(out, fused.o_weight))
+        if fused.gate_up is None:  # an MoE feed-forward (LLaDA 2.x): its module
+            return h + self.mlp(self.mlp_norm.fused(h, fused.ops))
         return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused.ops), fused.gate_up, fused.down_weight)
 
 
@@ -285,11 +297,12 @@ class Transformer(nn.Module):
         if state is None:
             pairs = [layer.fused_weights() for layer in self.layers]
             rotary = cfg.rope_dim or cfg.head_dim
-            ok = rotary == cfg.head_dim and rotary % 2 == 0 and all(p is not None for p in pairs)
+            ok = rotary % 2 == 0 and all(p is not None for p in pairs)
             ops = self.embed.weight.is_cuda if self.fused_ops is None else self.fused_ops
             self._plain_head = self.lm_head is not None and plain_weight(self.lm_head) is not None
             state = self._fused_layers = [
-                FusedLayer(p[0], p[1], ops, plain_weight(layer.attn.o_proj), plain_weight(layer.mlp.down_proj))
+                FusedLayer(p[0], p[1], ops, plain_weight(layer.attn.o_proj),
+                           None if p[1] is None else plain_weight(layer.mlp.down_proj))
                 for layer, p in zip(self.layers, pairs) if p is not None] if ok else []
         return state or None
 

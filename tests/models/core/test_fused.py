@@ -61,7 +61,7 @@ def test_rope_table_grows_past_its_length():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("family", DENSE)
+@pytest.mark.parametrize("family", DENSE + ("llada2",))  # LLaDA 2.x: partial rotary, MoE feed-forward as its module
 def test_fused_logits_equal_reference(family, dtype):
     m = tiny(family, dtype=dtype, d_model=128, n_heads=4, mlp_hidden=256)
     ids = _ids()
@@ -75,14 +75,14 @@ def test_fused_logits_equal_reference(family, dtype):
 
 
 _RUNS = [(f, c, s) for f, caches in (("llada", ("none", "dual", "prefix")), ("dream", ("none", "dual")),
-                                      ("sdar", ("block",)), ("fastdllm_v2", ("block",)))
+                                      ("sdar", ("block",)), ("fastdllm_v2", ("block",)), ("llada2", ("block",)))
          for c in caches for s in ("low_confidence", "threshold", "fast")] + [("sdar", "subblock", "fastdllm_v2")]
 
 
 @pytest.mark.parametrize("family,cache,sampler", _RUNS)
 def test_fused_tokens_equal_reference_batched_and_ragged(family, cache, sampler):
     m = tiny(family, dtype=torch.bfloat16)
-    block = {"sdar": 4, "fastdllm_v2": 8}.get(family, 8)
+    block = {"sdar": 4, "fastdllm_v2": 8, "llada2": 4}.get(family, 8)
     prompts = [list(range(10, 22)), list(range(22 - 12 + block, 22))]  # ragged (left padded), same block offset
     outs = []
     for fused in (False, True):
