@@ -174,6 +174,8 @@ class LoPA(Sampler):
         n_extra = min(self.config.branches - 1, most)
         if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
             return anchor, base, None
+        if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
+            return self._lookahead(inp, x0, probs, active, anchor, base, n_extra)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
         commit_l, out_l, next_l = self._lookahead(inp, x0[live], probs[live], active[live], anchor[live],
                                                   base[live], n_extra, rows=live)
