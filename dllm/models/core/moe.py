@@ -92,20 +92,22 @@ def group_limited_topk(scores: torch.Tensor, n_group: int, topk_group: int, top_
     """scores [N, E] -> expert ids [N, K]: the K best experts inside the ``topk_group`` groups whose
     best two sum highest (the official ``group_limited_topk``)."""
     n, e = scores.shape
-    group_scores = scores.view(n, n_group, -1).topk(2, dim=-1)[0].sum(dim=-1)  # [N, G]
+    if topk_group == n_group:  # every group kept: the plain top-k
+        return torch.topk(scores, k=top_k, dim=-1)[1]
+    grouped = scores.view(n, n_group, e // n_group)  # [N, G, E/G]
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [N, G]
     group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]  # [N, topk_group]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)  # [N, G]
-    score_mask = group_mask.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)  # [N, E]
-    masked = scores.masked_fill(~score_mask.bool(), float("-inf"))
+    dropped = torch.ones(n, n_group, 1, dtype=torch.bool, device=scores.device).scatter_(1, group_idx[..., None], False)
+    masked = grouped.masked_fill(dropped, float("-inf")).view(n, e)  # [N, E]
     return torch.topk(masked, k=top_k, dim=-1)[1]  # [N, K], best first
 
 
 def route(logits: torch.Tensor, expert_bias: Optional[torch.Tensor], cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] float32 -> (expert ids [N, K] long, weights [N, K] float32)."""
-    scores = torch.sigmoid(logits.float()).type_as(logits)  # [N, E]
+    scores = torch.sigmoid(logits) if logits.dtype == torch.float32 else torch.sigmoid(logits.float()).type_as(logits)
     biased = scores if expert_bias is None else scores + expert_bias
     idx = group_limited_topk(biased, cfg.n_group, cfg.topk_group, cfg.top_k)
-    weights = torch.gather(scores, dim=1, index=idx).type_as(logits)  # the unbiased scores
+    weights = torch.gather(scores, dim=1, index=idx)  # the unbiased scores, in the logits' dtype
     if cfg.top_k > 1:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return idx, weights * cfg.routed_scaling
