@@ -14,12 +14,14 @@ called again on replay), on any device: it is what the CPU tests compare with th
 token for token, and what shows that nothing in the step reads a Python value that changes between
 blocks.
 
-Verification variants forwarded as one sequence per row (``StackedView``: ``lopa`` and ``fast`` with
-static shapes, ``compact=False``, as on CUDA) are captured the same way (``variants``), with their
-columns as a device tensor (``StaticStackedView``), on models without a block-causal mask and with
-an attention backend that takes the stacked mask. Not captured (they run as before): full forwards
-(refreshes), forwards with released rows, with the policy's extra columns, with attention maps or
-hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS`` shapes; later shapes run eagerly. Graphs live as
+Verification variants of every row forwarded as one sequence per row (``StackedView``: ``lopa`` and
+``fast`` with static shapes, ``compact=False``, as on CUDA; compacted, when every row is live, one
+shape per variant count) are captured the same way (``variants``), with their columns as a device
+tensor (``StaticStackedView``), on models without a block-causal mask and with an attention backend
+that takes the stacked mask. Not captured (they run as before): full forwards (refreshes), forwards
+with released rows, with the policy's extra columns, with attention maps or hidden states, other
+variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS`` shapes, variants
+included; later shapes run eagerly. Graphs live as
 long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
 captures, replays and the CUDA memory the captures took (``captured_bytes``).
 """

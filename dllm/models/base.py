@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.views import CacheView
+from dllm.models.core.views import CacheView, StackedView
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.models.core.soft_inputs import SoftInputs, applied_to
 from dllm.models.prompting import PromptsMixin
@@ -332,6 +332,9 @@ class DiffusionLM(PromptsMixin, nn.Module):
             raise ValueError(f"with a cache, key_padding_mask must be bool [{rows}, {length}] (the whole "
                              f"canvas), got {key_padding_mask.dtype} {list(key_padding_mask.shape)}")
         if positions is None:
+            if isinstance(cache, StackedView):  # g variants of T columns: the canvas columns are not theirs
+                raise ValueError("a stacked view's forward needs positions [B, g*T] (each variant's T "
+                                 "columns' positions, g times over), got None")
             full = torch.empty((rows, length), dtype=torch.long, device=input_ids.device)
             return default_positions(full, key_padding_mask)[:, cache.columns(t, full.device)]
         if positions.shape != input_ids.shape or positions.dtype.is_floating_point:

@@ -113,3 +113,11 @@ def test_fast_as_on_cuda_stays_within_the_per_layer_bars(family, cache):
     assert stats["aten_per_layer"] <= (31 if family == "sdar" else 26), stats
     assert stats["kernels_per_layer"] <= 16, stats
     assert stats["syncs_in_forward"] == 0
+
+
+def test_a_stacked_forward_needs_its_positions():
+    model = tiny("llada", seed=2, n_layers=1)
+    _, _, _, kv = _filled(model, 2, 12, fixed=False)
+    view = kv.rows_view(torch.tensor([0, 0, 1, 1]), 8, 12, group=2, stacked=True)
+    with pytest.raises(ValueError, match="positions"):
+        model(torch.zeros(2, 8, dtype=torch.long), cache=view)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class FusedWeight:
@@ -91,11 +92,21 @@ def plain_weight(module: nn.Module) -> Optional[torch.Tensor]:
     return module.weight
 
 
+def linear_or_module(module: nn.Module, weight: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` while ``weight`` (``plain_weight`` of ``module``) is still the module's
+    and no hook is on it, else the module itself (its hooks run, a replaced weight is used)."""
+    if (weight is None or module._forward_hooks or module._forward_pre_hooks
+            or module._parameters.get("weight") is not weight):
+        return module(x)
+    return F.linear(x, weight)
+
+
 @dataclass(frozen=True)
 class FusedLayer:
     """What one layer's fused path reads, gathered once (``Transformer.fused_layers``): the q/k/v and
     gate/up ``FusedWeight``, whether norms and RoPE run as the one-launch operators, and the output
-    and down projections' weights when they run as ``F.linear`` (None: their modules are called)."""
+    and down projections' weights when they may run as ``F.linear`` (None: their modules are called;
+    ``linear_or_module`` checks their hooks and weights at every call)."""
 
     qkv: FusedWeight
     gate_up: Optional[FusedWeight]  # None: an MoE feed-forward, run as its module

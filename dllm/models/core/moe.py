@@ -166,6 +166,16 @@ class SparseMoE(nn.Module):
         self.log: Optional[list[ExpertUse]] = None  # set by ExpertCounter
         self._stacked: Optional[StackedExperts] = None  # built on the first grouped forward
         self._stacked_for = 0  # the first gate weight's data_ptr when _stacked was decided (0: not yet)
+        self.register_load_state_dict_post_hook(lambda module, keys: module.unstack())
+
+    def unstack(self) -> None:
+        """Decide the stacking again at the next forward (``.to()`` and ``load_state_dict`` call it;
+        call it after replacing an expert's parameter by assignment)."""
+        self._stacked, self._stacked_for = None, 0
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .half(): new parameter memory; drop the old stack
+        self.unstack()
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -181,8 +191,9 @@ class SparseMoE(nn.Module):
     def stacked_experts(self) -> Optional["StackedExperts"]:
         """The experts' stacked weights, or None when autograd records or they cannot be stacked
         (hooked experts or projections, quantized weights). Decided at the first forward and again
-        after a parameter was replaced (``.to()``, assignment); a hook registered on an expert after
-        that first forward is not seen (as with the fused dense layers)."""
+        after ``unstack`` (``.to()``, ``load_state_dict``) or when the first expert's parameter was
+        replaced; a hook registered on an expert after that first forward is not seen (as with the
+        fused dense layers: ``unstack`` then)."""
         if torch.is_grad_enabled():
             return None
         if self.experts[0].gate_proj.weight.data_ptr() != self._stacked_for:
@@ -219,12 +230,14 @@ class StackedExperts:
 
 def grouped_supported(x: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` runs these rows: bfloat16 or float16 on a CPU, bfloat16 on CUDA
-    from compute capability 9.0 (``StackedExperts.aligned`` checks the widths); never float32."""
+    devices of compute capability 9.x and 10.x (``StackedExperts.aligned`` checks the widths); never
+    float32."""
     if _GROUPED_MM is None or x.dtype not in (torch.bfloat16, torch.float16):
         return False
     if x.device.type == "cpu":
         return True
-    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    # sm90 / sm100 have the grouped kernel; elsewhere torch loops over the groups, reading their sizes back
+    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] in (9, 10)
 
 
 def combine_grouped(stacked: StackedExperts, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -232,10 +245,10 @@ def combine_grouped(stacked: StackedExperts, x: torch.Tensor, idx: torch.Tensor,
     the gate, up and down projections of every expert as one grouped matmul each (no host sync, no
     loop over experts). x [N, D], idx [N, K], weights [N, K] float32 -> [N, D] in x's dtype."""
     n, k = idx.shape
-    flat_idx = idx.reshape(-1)  # [N*K]
-    order = flat_idx.argsort()  # assignments grouped by expert
+    experts, order = idx.reshape(-1).sort()  # [N*K] assignments grouped by expert (argsort's order)
     rows = x[order // k]  # [N*K, D]
-    offs = torch.bincount(flat_idx, minlength=stacked.n).cumsum(0).to(torch.int32)  # [E] end of each group
+    ends = torch.arange(1, stacked.n + 1, device=idx.device)
+    offs = torch.searchsorted(experts, ends, out_int32=True)  # [E] end of each group (bincount reads back on CUDA)
     gate = _GROUPED_MM(rows, stacked.weights("gate"), offs=offs)  # [N*K, F]
     up = _GROUPED_MM(rows, stacked.weights("up"), offs=offs)
     sorted_out = _GROUPED_MM(F.silu(gate) * up, stacked.weights("down"), offs=offs)  # [N*K, D]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedLayer, FusedWeight, plain_weight, refused
+from dllm.models.core.fused import FusedLayer, FusedWeight, linear_or_module, plain_weight, refused
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.moe import SparseMoE
 from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
@@ -155,8 +155,7 @@ class MLP(nn.Module):
         """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values. ``down``: the
         down projection's weight, run as ``F.linear`` (None: its module)."""
         gate, up = F.linear(x, w.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
-        h = F.silu(gate).mul_(up)
-        return self.down_proj(h) if down is None else F.linear(h, down)
+        return linear_or_module(self.down_proj, down, F.silu(gate).mul_(up))
 
 
 class TransformerBlock(nn.Module):
@@ -220,7 +219,7 @@ class TransformerBlock(nn.Module):
         if fused is None:
             h = h + self.attn.o_proj(out)
             return h + self.mlp(self.mlp_norm(h))
-        h = h + (self.attn.o_proj(out) if fused.o_weight is None else F.linear(out, fused.o_weight))
+        h = h + linear_or_module(self.attn.o_proj, fused.o_weight, out)
         if fused.gate_up is None:  # an MoE feed-forward (LLaDA 2.x): its module
             return h + self.mlp(self.mlp_norm.fused(h, fused.ops))
         return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused.ops), fused.gate_up, fused.down_weight)
@@ -284,7 +283,7 @@ class Transformer(nn.Module):
 
     def fused_layers(self, want_attn: bool) -> Optional[list[FusedLayer]]:
         """Each layer's fused weights when this forward runs the fused path, else None: asked for
-        (or by dtype), no autograd, full rotary, every layer fusable, no attention maps requested.
+        (or by dtype), no autograd, an even rotary width, every layer fusable, no attention maps requested.
         Weights are fused once (again after ``invalidate_fused``); each forward checks one pointer."""
         cfg = self.config
         if self.fused is False or want_attn or torch.is_grad_enabled():

@@ -188,3 +188,22 @@ def test_offloaded_or_meta_projections_are_not_fused():
     with torch.device("meta"):
         meta = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
     assert not fusable(meta)
+
+
+def test_output_and_down_projections_see_hooks_and_replaced_weights_after_fusing():
+    """The fused path runs o_proj and down_proj as F.linear only while their weights are the ones it
+    gathered and no hook is on them: a hook registered after the first forward runs, and a weight
+    replaced by assignment is the one used (both without invalidate_fused)."""
+    m = tiny("llada", dtype=torch.bfloat16)
+    ids = _ids()
+    with torch.inference_mode():
+        before = m(ids).logits
+        layer = m.transformer.layers[0]
+        seen = []
+        handle = layer.mlp.down_proj.register_forward_hook(lambda mod, a, out: seen.append(1) or out * 0)
+        zeroed = m(ids).logits
+        handle.remove()
+        assert seen and not torch.equal(zeroed, before)
+        assert torch.equal(m(ids).logits, before)
+        layer.attn.o_proj.weight = torch.nn.Parameter(torch.zeros_like(layer.attn.o_proj.weight))
+        assert not torch.equal(m(ids).logits, before)

@@ -147,3 +147,19 @@ def test_the_stacked_weights_follow_the_parameters() -> None:
     assert moe._stacked is not stacked and moe._stacked.gate.weight.dtype == torch.float16
     with torch.enable_grad():  # autograd: the loop over experts
         assert moe.stacked_experts() is None
+
+
+def test_moving_or_loading_the_moe_drops_its_stack() -> None:
+    moe = make_moe(dtype=torch.bfloat16)
+    x = torch.randn(1, 5, 32).to(torch.bfloat16)
+    with torch.inference_mode():
+        moe(x)
+    assert moe._stacked is not None
+    moe.float()  # float32 keeps the loop: the bf16 stack must not stay referenced
+    assert moe._stacked is None
+    moe = moe.to(torch.bfloat16)
+    with torch.inference_mode():
+        moe(x)
+    state = {k: v.clone() for k, v in moe.state_dict().items()}
+    moe.load_state_dict(state)
+    assert moe._stacked is None  # decided again at the next forward
