@@ -127,7 +127,7 @@ class StepGraphs:
         """Logits of the stacked variant forward of ``ids`` [n, group * T] (every buffer row's ``group``
         variants, ``select`` the rows of the variants in runs) at canvas columns ``[start, start + T)``
         against ``[0, key_end)``, or None when it cannot be captured (the caller runs it eagerly)."""
-        attn_fn = getattr(getattr(self.model, "transformer", None), "_attn_fn", None)
+        attn_fn = getattr(getattr(self.model, "transformer", None), "attn_fn", None)
         block_causal = getattr(getattr(self.model, "config", None), "block_causal", False)
         if block_causal or attn_fn is None or grouped_backend(attn_fn) is None:
             return None

@@ -309,6 +309,11 @@ class Transformer(nn.Module):
         """Whether a forward now would run the fused layers (``fused_layers``)."""
         return self.fused_layers(want_attn) is not None
 
+    @property
+    def attn_fn(self) -> AttentionFn:
+        """The resolved attention backend's function (``set_attn_backend``)."""
+        return self._attn_fn
+
     def set_attn_backend(self, name: str) -> str:
         """Resolve ``name`` ("auto", "sdpa", "reference", ...) once; returns the resolved name."""
         resolution = resolve_backend(name)
