@@ -29,6 +29,22 @@ def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torc
     return onehot.cumsum(dim=1) > 0
 
 
+_RUNS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # every_row_runs' constants by shape
+
+
+def every_row_runs(n_rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``arange(R)`` [R], each row ``n`` times in runs [R * n]) long on ``device``: constants made
+    once per shape (one made under ``torch.inference_mode`` serves only there)."""
+    key = (n_rows, n, device, torch.is_inference_mode_enabled())
+    made = _RUNS.get(key)
+    if made is None:
+        if len(_RUNS) >= 64:
+            _RUNS.clear()
+        rows = torch.arange(n_rows, device=device)
+        made = _RUNS[key] = (rows, rows.repeat_interleave(n))
+    return made
+
+
 def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
                             rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """ONE batched forward of variants that differ from the canvas only inside the block window.
@@ -48,6 +64,7 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
         full[:, :, ws:we] = window_tokens
     every_row = rows is None  # known here without reading rows back: every batch row, in order
     if rows is None:
-        rows = torch.arange(n_rows, device=window_tokens.device)  # [R]
-    variant_rows = rows[:, None].expand(n_rows, n).reshape(-1)  # [R * N] each row n times, in runs
+        variant_rows = every_row_runs(n_rows, n, window_tokens.device)[1]  # [R * N] each row n times, in runs
+    else:
+        variant_rows = rows[:, None].expand(n_rows, n).reshape(-1)
     return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n, every_row=every_row)

@@ -79,7 +79,7 @@ import torch.nn.functional as F
 from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
-from dllm.samplers._verify import forward_window_variants
+from dllm.samplers._verify import every_row_runs, forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -212,7 +212,7 @@ class LoPA(Sampler):
 
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
         v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]
-        v_conf = confidence_of(torch.softmax(v_logits.float(), dim=-1), v_tok, cfg.confidence)  # [N, k, W]
+        v_conf = confidence_of(torch.softmax(v_logits, dim=-1, dtype=torch.float32), v_tok, cfg.confidence)  # [N, k, W]
         remaining = active[:, None, :] & ~fill  # [N, k, W]
         score = score_variants(v_conf, remaining)  # [N, k]
         if cfg.verify_variants and k > 1:
@@ -223,7 +223,7 @@ class LoPA(Sampler):
         win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
-        sel = torch.arange(n_rows, device=dev)
+        sel = every_row_runs(n_rows, 1, dev)[0]  # [N] 0..N-1
         commit, out = fill[sel, win], variants[sel, win]  # [N, W]
         w_logits = v_logits[sel, win]  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
