@@ -44,7 +44,7 @@ def rows() -> list[str]:
                 steps = counter.cached_steps(24 + 16)
                 s = DispatchCounter.mean(steps)
                 sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
-                fused = model.transformer.fused_ready(False) if path != "reference" else False
+                fused = model.transformer.fused_ready() if path != "reference" else False
                 label = path if path == "reference" or fused else f"{path} (n/a: reference)"
                 out.append(f"| {family} | {cache} | {sampler} | {label} | {s['aten_per_layer']:.1f} | "
                            f"{s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")

@@ -281,12 +281,13 @@ class Transformer(nn.Module):
         self._fused_layers = None
         return super()._apply(fn, recurse)
 
-    def fused_layers(self, want_attn: bool) -> Optional[list[FusedLayer]]:
+    def fused_layers(self) -> Optional[list[FusedLayer]]:
         """Each layer's fused weights when this forward runs the fused path, else None: asked for
-        (or by dtype), no autograd, an even rotary width, every layer fusable, no attention maps requested.
+        (or by dtype), no autograd, an even rotary width, every layer fusable (layers whose attention
+        maps are asked for run their attention on the ``reference`` backend, on the fused path too).
         Weights are fused once (again after ``invalidate_fused``); each forward checks one pointer."""
         cfg = self.config
-        if self.fused is False or want_attn or torch.is_grad_enabled():
+        if self.fused is False or torch.is_grad_enabled():
             return None
         state = self._fused_layers  # built only past the dtype test below (a dtype change unfuses)
         if state and state[0].qkv.linears[0].weight.data_ptr() != state[0].qkv.weight.data_ptr():
@@ -305,9 +306,9 @@ class Transformer(nn.Module):
                 for layer, p in zip(self.layers, pairs) if p is not None] if ok else []
         return state or None
 
-    def fused_ready(self, want_attn: bool) -> bool:
+    def fused_ready(self) -> bool:
         """Whether a forward now would run the fused layers (``fused_layers``)."""
-        return self.fused_layers(want_attn) is not None
+        return self.fused_layers() is not None
 
     @property
     def attn_fn(self) -> AttentionFn:
@@ -387,7 +388,7 @@ class Transformer(nn.Module):
         probs_fn = backends.get("reference").fn if attn_layers else self._attn_fn
         rope_dim = self.config.rope_dim or self.config.head_dim  # partial rotary: rope_dim < hd
         sin: Optional[torch.Tensor]
-        fused = self.fused_layers(bool(attn_layers))
+        fused = self.fused_layers()
         if fused is not None:
             dtype = torch.float32 if self.config.rope_fp32 else fused[0].qkv.weight.dtype
             cos, sin = self._rope_rows(positions, dtype, cache), None  # [B, T, 2, 1, hd]

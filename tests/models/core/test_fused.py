@@ -69,7 +69,7 @@ def test_fused_logits_equal_reference(family, dtype):
         m.transformer.set_fused(False)
         ref = m(ids).logits
         m.transformer.set_fused(True)
-        assert m.transformer.fused_ready(False)
+        assert m.transformer.fused_ready()
         got = m(ids).logits
     assert torch.equal(got, ref)
 
@@ -97,10 +97,9 @@ def test_fused_tokens_equal_reference_batched_and_ragged(family, cache, sampler)
 def test_default_is_fused_except_float32():
     m = tiny("llada", dtype=torch.bfloat16)
     with torch.no_grad():
-        assert not tiny("llada").transformer.fused_ready(False)
-        assert m.transformer.fused_ready(False)
-        assert not m.transformer.fused_ready(True)  # attention maps: the reference backend, module by module
-    assert not m.transformer.fused_ready(False)  # autograd (training): module by module
+        assert not tiny("llada").transformer.fused_ready()
+        assert m.transformer.fused_ready()
+    assert not m.transformer.fused_ready()  # autograd (training): module by module
     with pytest.raises(ValueError, match="fused must be True, False or None"):
         m.transformer.set_fused("yes")
 
@@ -138,7 +137,7 @@ def test_hooked_projection_runs_module_by_module():
     m = tiny("llada", dtype=torch.bfloat16)
     seen = []
     m.transformer.layers[1].mlp.gate_proj.register_forward_hook(lambda mod, a, out: seen.append(out.shape))
-    assert not m.transformer.fused_ready(False)
+    assert not m.transformer.fused_ready()
     with torch.inference_mode():
         m(_ids())
     assert seen  # the hook ran: the reference path was taken
@@ -207,3 +206,21 @@ def test_output_and_down_projections_see_hooks_and_replaced_weights_after_fusing
         assert torch.equal(m(ids).logits, before)
         layer.attn.o_proj.weight = torch.nn.Parameter(torch.zeros_like(layer.attn.o_proj.weight))
         assert not torch.equal(m(ids).logits, before)
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_attention_maps_on_the_fused_path_equal_the_reference(family):
+    """A forward that asks for some layers' attention maps stays on the fused path (those layers'
+    attention on the reference backend): the same logits and maps as module by module."""
+    m = tiny(family, dtype=torch.bfloat16, n_layers=3)
+    ids = _ids()
+    outs = []
+    with torch.inference_mode():
+        for fused in (False, True):
+            m.transformer.set_fused(fused)
+            out = m(ids, want_attn_layers=(1, -1))
+            outs.append(out)
+        assert m.transformer.fused_ready()
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    assert outs[0].attn.keys() == outs[1].attn.keys() == {1, 2}
+    assert all(torch.equal(outs[0].attn[i], outs[1].attn[i]) for i in (1, 2))
