@@ -80,6 +80,16 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
     return run_engine
 
 
+def timed_call(clock, fn, device, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its wall time (between device syncs) added to ``clock.seconds``."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    sync(device)
+    clock.seconds += time.perf_counter() - t0
+    return out
+
+
 class DriverClock:
     """The transcribed driver's forward, timed while ``on`` (its loop calls the model object)."""
 
@@ -92,12 +102,7 @@ class DriverClock:
     def __call__(self, *args, **kwargs):
         if not self.on:
             return self.inner(*args, **kwargs)
-        sync(self.inner.device)
-        t0 = time.perf_counter()
-        out = self.inner(*args, **kwargs)
-        sync(self.inner.device)
-        self.seconds += time.perf_counter() - t0
-        return out
+        return timed_call(self, self.inner, self.inner.device, *args, **kwargs)
 
 
 class ForwardClock:
@@ -112,12 +117,7 @@ class ForwardClock:
         inner = type(self.model).forward.__get__(self.model)
 
         def timed(*args, **kwargs):
-            sync(self.model.device)
-            t0 = time.perf_counter()
-            out = inner(*args, **kwargs)
-            sync(self.model.device)
-            self.seconds += time.perf_counter() - t0
-            return out
+            return timed_call(self, inner, self.model.device, *args, **kwargs)
         self.model.forward = timed
         return self
 

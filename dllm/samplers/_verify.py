@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from dllm.samplers.chunked import constant
 from dllm.state import StepInput
 
 
@@ -29,20 +30,13 @@ def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torc
     return onehot.cumsum(dim=1) > 0
 
 
-_RUNS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # every_row_runs' constants by shape
-
-
 def every_row_runs(n_rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(``arange(R)`` [R], each row ``n`` times in runs [R * n]) long on ``device``: constants made
-    once per shape (one made under ``torch.inference_mode`` serves only there)."""
-    key = (n_rows, n, device, torch.is_inference_mode_enabled())
-    made = _RUNS.get(key)
-    if made is None:
-        if len(_RUNS) >= 64:
-            _RUNS.clear()
+    once per shape (``dllm.samplers.chunked.constant``)."""
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.arange(n_rows, device=device)
-        made = _RUNS[key] = (rows, rows.repeat_interleave(n))
-    return made
+        return rows, rows.repeat_interleave(n)
+    return constant(("every row runs", n_rows, n, device), make)
 
 
 def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,

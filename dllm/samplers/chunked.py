@@ -21,7 +21,7 @@ the reference's tokens; nothing of size [B, L, V] in float64 is allocated on CPU
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -66,21 +66,28 @@ def softmax_prob(logits: torch.Tensor, tokens: torch.Tensor, chunk_elements: Opt
     return out.reshape(tokens.shape)
 
 
-_BANNED: dict[tuple, torch.Tensor] = {}  # (V, id, device, inference mode) -> bool [V], True at id
+_CONSTANTS: dict[tuple, Any] = {}  # constant()'s tensors by key and inference mode
+
+
+def constant(key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` once per ``key`` (which names the device), kept: a sampler's constant tensors (one
+    made under ``torch.inference_mode`` serves only there: autograd cannot save an inference tensor)."""
+    full = (*key, torch.is_inference_mode_enabled())
+    made = _CONSTANTS.get(full)
+    if made is None:
+        if len(_CONSTANTS) >= 128:
+            _CONSTANTS.clear()
+        made = _CONSTANTS[full] = make()
+    return made
 
 
 def banned_column(v: int, banned: int, device: torch.device) -> torch.Tensor:
-    """bool [V], True at ``banned`` only; made once per (V, id, device) and kept (a constant; one
-    made under ``torch.inference_mode`` serves only there: autograd cannot save an inference tensor)."""
-    key = (v, banned, device, torch.is_inference_mode_enabled())
-    mask = _BANNED.get(key)
-    if mask is None:
-        if len(_BANNED) >= 64:
-            _BANNED.clear()
+    """bool [V], True at ``banned`` only; made once per (V, id, device) (``constant``)."""
+    def make() -> torch.Tensor:
         mask = torch.zeros(v, dtype=torch.bool, device=device)
         mask[banned] = True
-        _BANNED[key] = mask
-    return mask
+        return mask
+    return constant(("banned column", v, banned, device), make)
 
 
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:

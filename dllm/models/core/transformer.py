@@ -259,7 +259,7 @@ class Transformer(nn.Module):
         self.fused_ops: Optional[bool] = None
         self._rope_table = RopeTable(cfg.rope_dim or cfg.head_dim, cfg.rope_theta)
         self._fused_layers: Optional[list[FusedLayer]] = None  # built on first use; [] = cannot fuse
-        self._plain_head = False  # with the fused layers: the LM head runs as F.linear (a plain nn.Linear)
+        self._plain_head = False  # with the fused layers: the LM head may run as F.linear (a plain nn.Linear)
         self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_fused())
 
     def set_fused(self, fused: Optional[bool], *, ops: Optional[bool] = None) -> None:
@@ -420,11 +420,8 @@ class Transformer(nn.Module):
         hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
         h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0].ops)
         head = self.lm_head
-        if head is not None and fused is not None and self._plain_head and not (head._forward_hooks or
-                                                                            head._forward_pre_hooks):
-            logits = F.linear(h, head.weight)  # [B, T, V]
-        elif head is not None:
-            logits = head(h)  # [B, T, V] (called as a module so device-map and timer hooks run)
+        if head is not None:  # [B, T, V]; a module call where device-map or timer hooks must run
+            logits = linear_or_module(head, head.weight if fused is not None and self._plain_head else None, h)
         else:
             logits = F.linear(h, self.embed.weight.to(h.device))
         return logits, hidden, attn
