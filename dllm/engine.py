@@ -32,6 +32,7 @@ from dllm.outputs import finish_output, stop_finished_rows
 from dllm.forwards import StepForwards
 from dllm.rows import held_mask
 from dllm.samplers import Sampler
+from dllm.samplers.chunked import column_ids
 from dllm.samplers.draws import make_generator
 from dllm.options import check_bool
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
@@ -315,11 +316,29 @@ def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: boo
     """The positions to commit: the sampler's choice among active masks, plus the progress rule.
 
     Fixed-step samplers: the block's last step commits every remaining mask.
-    Adaptive samplers: a row with active masks that chose none commits its best-scoring one.
+    Adaptive samplers: a row with active masks that chose none commits its best-scoring one (the first
+    of equal scores; the first active mask without a score); ``_guarantee_progress_reference`` is the
+    rule as written, this its form in 7 ATen calls.
     """
     if last:
         return active  # never written to: the engine only reads a commit map
     commit = decision.commit if decision.active_only else decision.commit & active
+    if adaptive:
+        score = decision.score if decision.score is not None else 1.0
+        best = torch.where(active, score, float("-inf")).argmax(dim=1, keepdim=True)  # [B, 1]
+        # the best active mask of each row that committed none: active and no commit in its row
+        # (bool > bool: True > False only); a row without an active mask has none to take
+        fallback = (column_ids(active.shape[1], active.device) == best) & (active > commit.any(dim=1, keepdim=True))
+        commit = commit | fallback  # [B, W]
+    return commit
+
+
+def _guarantee_progress_reference(decision: StepOutput, active: torch.Tensor, *, last: bool,
+                                  adaptive: bool) -> torch.Tensor:
+    """``_guarantee_progress`` step by step (the tests compare the two)."""
+    if last:
+        return active
+    commit = decision.commit & active
     if adaptive:
         need = active.any(dim=1) & ~commit.any(dim=1)  # [B]
         score = decision.score if decision.score is not None else active.float()

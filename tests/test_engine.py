@@ -273,3 +273,24 @@ def test_k_is_refused_with_a_pointer_to_steps(kw):
 
     with pytest.raises(TypeError, match=r"Unknown option.*'k'.*steps = gen_length / k.*--steps"):
         dllm.generate(tiny("llada"), [[5, 6, 7]], gen_length=4, **kw)
+
+
+def test_progress_rule_equals_its_reference():
+    """The engine's progress rule in few calls commits what the rule as written commits: random
+    commits, active maps (rows without masks included), scores with ties, NaN and -inf, or none."""
+    from dllm.engine import _guarantee_progress, _guarantee_progress_reference
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(2000):
+        b, w = torch.randint(1, 6, (2,), generator=g).tolist()
+        active = torch.rand(b, w, generator=g) < 0.5
+        commit = torch.rand(b, w, generator=g) < 0.2
+        score = None if trial % 3 == 0 else torch.randint(0, 3, (b, w), generator=g).float()
+        if score is not None and trial % 5 == 0:
+            score[0, 0] = float("nan") if trial % 2 else float("-inf")
+        decision = StepOutput(commit=commit, tokens=torch.zeros(b, w, dtype=torch.long), score=score)
+        for last in (False, True):
+            for adaptive in (False, True):
+                fast = _guarantee_progress(decision, active, last=last, adaptive=adaptive)
+                ref = _guarantee_progress_reference(decision, active, last=last, adaptive=adaptive)
+                assert torch.equal(fast, ref), (active, commit, score, last, adaptive)

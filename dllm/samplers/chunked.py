@@ -81,6 +81,11 @@ def constant(key: tuple, make: Callable[[], Any]) -> Any:
     return made
 
 
+def column_ids(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` long on ``device`` [n], made once per (n, device) (``constant``)."""
+    return constant(("column ids", n, device), lambda: torch.arange(n, device=device))
+
+
 def banned_column(v: int, banned: int, device: torch.device) -> torch.Tensor:
     """bool [V], True at ``banned`` only; made once per (V, id, device) (``constant``)."""
     def make() -> torch.Tensor:
@@ -179,5 +184,5 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "gumbel_argmax", "pick_last", "rows_per_chunk",
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "pick_last", "rows_per_chunk",
            "softmax_prob", "stream_chunkable", "window_uniforms"]

@@ -80,6 +80,7 @@ from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
 from dllm.samplers._verify import every_row_runs, forward_window_variants
+from dllm.samplers.chunked import column_ids
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -119,9 +120,9 @@ def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch
 def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
     """Mean confidence over each variant's remaining masks; ``+inf`` where none remain.
     conf [..., W] float, remaining [..., W] bool -> [...] float."""
-    count = remaining.sum(dim=-1)
     total = (conf * remaining).sum(dim=-1)  # conf is finite: the masked-out terms are zeros
-    return torch.where(count > 0, total / count, float("inf"))  # 0 / 0 where none remain: replaced
+    mean = total / remaining.sum(dim=-1)  # 0 / 0 = NaN where none remain, and only there
+    return torch.nan_to_num(mean, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
 
 
 @register_sampler("lopa")
@@ -197,14 +198,13 @@ class LoPA(Sampler):
         dev = base.device
 
         # 2. variant positions: the best k - 1 remaining masks by the confidence kind
-        cand = active & ~anchor  # [N, W]
-        rank = confidence_of(probs, x0, cfg.confidence).masked_fill(~cand, float("-inf"))  # [N, W]
+        cand = active > anchor  # [N, W] active masks the anchor leaves (bool: True > False only)
+        rank = torch.where(cand, confidence_of(probs, x0, cfg.confidence), float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
-        valid = F.pad(torch.gather(cand, 1, pos), (1, 0), value=True)  # [N, k]; fewer candidates: duplicates
-        #   of B0', masked out
-        extra = torch.zeros(n_rows, k, w, dtype=torch.bool, device=dev)  # [N, k, W] p_j of variant j
-        extra[:, 1:].scatter_(2, pos[:, :, None], valid[:, 1:, None])
-        fill = anchor[:, None, :] | extra  # [N, k, W]
+        real = torch.gather(cand, 1, pos)  # [N, k-1]; fewer candidates: duplicates of B0', never valid
+        # p_j of variant j as a one-hot row; variant 0 and the invalid ones at -1, which matches no column
+        at = F.pad(torch.where(real, pos, -1), (1, 0), value=-1)  # [N, k]
+        extra = at[:, :, None] == column_ids(w, dev)  # [N, k, W]
         variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
 
         # 3. one batched forward of the N * k variants
@@ -213,18 +213,18 @@ class LoPA(Sampler):
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
         v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]
         v_conf = confidence_of(torch.softmax(v_logits, dim=-1, dtype=torch.float32), v_tok, cfg.confidence)  # [N, k, W]
-        remaining = active[:, None, :] & ~fill  # [N, k, W]
-        score = score_variants(v_conf, remaining)  # [N, k]
+        score = score_variants(v_conf, cand[:, None, :] > extra)  # [N, k] on the masks left after B0' + p_j
+        valid = real
         if cfg.verify_variants and k > 1:
             # variant j's token must still be B0's arg-max at p_j
-            b0_tok = torch.gather(v_tok[:, 0], 1, pos)  # [N, k-1]
-            valid = valid & F.pad(b0_tok == torch.gather(x0, 1, pos), (1, 0), value=True)
-        score = score.masked_fill(~valid, float("-inf"))
+            valid = real & torch.gather(v_tok[:, 0] == x0, 1, pos)  # [N, k-1]
+        score = torch.where(F.pad(valid, (1, 0), value=True), score, float("-inf"))  # [N, k]
         win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
         sel = every_row_runs(n_rows, 1, dev)[0]  # [N] 0..N-1
-        commit, out = fill[sel, win], variants[sel, win]  # [N, W]
+        won = extra[sel, win]  # [N, W] the winner's p_j
+        commit, out = anchor | won, torch.where(won, x0, base)  # [N, W] its fills and canvas
         w_logits = v_logits[sel, win]  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
             w_tok = v_tok[sel, win]  # [N, W]
