@@ -51,6 +51,10 @@ class Credit(Sampler):
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # threshold_commit always keeps the most confident active mask
+
     def begin_block(self, state: DecodeState) -> None:
         state.extras["credit"] = None  # allocated at the block's first step (needs V)
 
@@ -77,5 +81,5 @@ class Credit(Sampler):
         width = inp.logits.shape[1]
         tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]
         conf = expand_window(conf_w, inp.window, width, float("-inf"))  # [B, Q]
-        commit = threshold_commit(conf, inp.active, cfg.threshold)  # [B, Q]
-        return StepOutput(commit=commit, tokens=tokens, score=conf)
+        commit = threshold_commit(conf, inp.active, cfg.threshold)  # [B, Q] active masks only
+        return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)

@@ -195,10 +195,14 @@ class Factor(Sampler):
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the prefix holds rank 0 always: the row's most confident active mask
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tokens, conf = propose_with_confidence(inp, self.config.stats)
         conf = conf.masked_fill(~inp.active, float("-inf"))
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
         n = factor_prefix(sorted_conf, self.config.factor)  # [B]
         commit = inp.active & (ranks_of(order) < n[:, None])
-        return StepOutput(commit=commit, tokens=tokens, score=conf)
+        return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)
