@@ -46,6 +46,9 @@ class KVCache:
         # RowsView.attend's stacked masks without padding, by shape and columns: the same for every
         # variant forward of a block (``grouped_mask``), so built once instead of once per step
         self.grouped_masks: dict[tuple, torch.Tensor] = {}
+        # a cached shadow-block forward's masks without padding, by shape and span: the same for every
+        # step of a block (``dllm.models.core.shadow.shadow_attn_mask``), so built once per block
+        self.shadow_masks: dict[tuple, torch.Tensor] = {}
 
     def fix_positions(self, positions: torch.Tensor) -> None:
         """Every column's position for the whole call, [R, L] long (a ``generate`` call's canvas
