@@ -272,13 +272,14 @@ class Decode(StepForwards):
             if not sampler.revises:
                 raise RuntimeError(f"sampler {sampler.name!r} returned remask but does not declare "
                                    f"revises = True")
-            in_block = torch.zeros_like(active)
-            in_block[:, s - q0:e - q0] = True
-            remask = decision.remask & in_block & ~commit & (tokens != state.mask_id)
+            # tokens of the block committed before this step (not by it: bool > bool is a & ~b)
+            remask = decision.remask & ((tokens != state.mask_id) > commit)  # [B, Q]
+            if (s - q0, e - q0) != (0, q_len):  # the view reaches past the block
+                remask &= self.views.in_window(q_len, s - q0, e - q0)
             held_now = held_mask(state)  # [B] or None: a released row is never re-masked
             if held_now is not None:
                 remask &= held_now[:, None]
-            self.views.write(remask, torch.full_like(tokens, state.mask_id), -1, q0)  # trace -1: uncommitted
+            self.views.write(remask, state.mask_id, -1, q0)  # trace -1: uncommitted
         if (decision.rewrite is not None or decision.settled is not None or decision.soft is not None
                 or self._soft is not None):
             self._refine(decision, commit, tokens, s, e, q0)

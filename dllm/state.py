@@ -16,7 +16,7 @@ queries fewer columns, see ``dllm.cache``). Samplers work in query coordinates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -95,12 +95,15 @@ class BlockViews:
 
         return self.memo(("window", width, a, b), make)
 
-    def write(self, where: torch.Tensor, tokens: torch.Tensor, trace_value: int, q0: int) -> None:
-        """Write ``tokens`` [B, Q] into the canvas where ``where`` [B, Q] (query coordinates from
-        column q0) and set the trace of the generated columns written to ``trace_value``."""
+    def write(self, where: torch.Tensor, tokens: Union[torch.Tensor, int], trace_value: int, q0: int) -> None:
+        """Write ``tokens`` [B, Q] (or one id everywhere) into the canvas where ``where`` [B, Q] (query
+        coordinates from column q0) and set the trace of the generated columns written to ``trace_value``."""
         q_len = where.shape[1]
         view = self.get("x", q0, q0 + q_len)
-        torch.where(where, tokens, view, out=view)  # in place: out is exactly the third input
+        if isinstance(tokens, int):
+            view.masked_fill_(where, tokens)
+        else:
+            torch.where(where, tokens, view, out=view)  # in place: out is exactly the third input
         lp = self.state.prompt_length
         g0 = max(q0, lp)
         if g0 < q0 + q_len:
