@@ -43,7 +43,7 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     score: [B, Q] float (ineligible entries may hold anything); k: [B] or [] long;
     eligible: [B, Q] bool. Ranks come from one stable descending sort, so no per-row loop.
     """
-    score = score.masked_fill(~eligible, float("-inf"))
+    score = torch.where(eligible, score, float("-inf"))
     ranks = ranks_of(score.argsort(dim=-1, descending=True, stable=True))  # [B, Q]
     k = k.reshape(-1, 1) if k.dim() else k
     return (ranks < k) & eligible
@@ -208,10 +208,9 @@ def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def ranks_of(order: torch.Tensor) -> torch.Tensor:
-    """Inverse of a per-row permutation: [B, N] sort indices -> [B, N] rank of each entry."""
-    out = torch.empty_like(order)
-    out.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-    return out
+    """Inverse of a per-row permutation: [B, N] sort indices -> [B, N] rank of each entry (the
+    permutation's own sort order: one call; its entries are distinct, so the result is unique)."""
+    return order.argsort(dim=-1)
 
 
 def window_of(logits: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
