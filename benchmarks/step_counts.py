@@ -13,7 +13,9 @@ is the call's first step (the prompt's prefill, with the call's setup). ``path``
 on CUDA; on a CPU their reference implementation runs, so this row counts what a GPU launches).
 ``fast`` is counted as it runs on CUDA there too (``compact=False``: static variant batches; on a
 CPU it compacts them, one host read per step). The syncs column lists the three most frequent sync
-sites. A second table counts every registered sampler on LLaDA with the dual cache, fused+ops.
+sites. A second table counts every registered sampler on LLaDA with the dual cache, fused+ops; a
+sampler that reads one layer's attention maps (``dawn``: that layer runs the reference attention) is
+also counted with 32 layers, LLaDA-8B's depth, where its mean per layer is what a GPU launches.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def rows() -> list[str]:
     return out
 
 
+DEEP_LAYERS = 32  # LLaDA-8B's layers
+MAPS = ("dawn",)  # samplers that read one layer's attention maps: that layer runs the reference attention,
+#   so their mean per layer depends on the depth; also counted at LLaDA-8B's depth
+
+
 def sampler_rows() -> list[str]:
     """Every registered sampler on LLaDA with the dual cache, as the fused layer runs on CUDA."""
     from dllm.samplers import samplers
@@ -59,12 +66,15 @@ def sampler_rows() -> list[str]:
     prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
     model = tiny("llada", dtype=torch.bfloat16)
     model.transformer.set_fused(True, ops=True)
+    deep = tiny("llada", dtype=torch.bfloat16, n_layers=DEEP_LAYERS)  # LLaDA-8B's depth, the tiny width
+    deep.transformer.set_fused(True, ops=True)
     for name in samplers.names():
         spec = f"{name}:compact=False" if name in ("fast", "lopa") else name  # as on CUDA
-        steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8).cached_steps(40)
-        s = DispatchCounter.mean(steps)
-        out.append(f"| {spec} | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | "
-                   f"{s['syncs']:.2f} |")
+        for label, m in ((spec, model),) + (((f"{spec} ({DEEP_LAYERS} layers)", deep),) if name in MAPS else ()):
+            steps = count_generate(m, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8).cached_steps(40)
+            s = DispatchCounter.mean(steps)
+            out.append(f"| {label} | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | "
+                       f"{s['aten_outside']:.1f} | {s['syncs']:.2f} |")
     return out
 
 
