@@ -259,8 +259,7 @@ class Decode(StepForwards):
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
             self._wrote_beyond = True
-            later = torch.zeros_like(active)
-            later[:, e - q0:] = True
+            later = self.views.in_window(q_len, e - q0, q_len)  # [1, Q] the columns right of the block
             commit = commit | (decision.beyond & later & (tokens == state.mask_id))
         self.views.write(commit, decision.tokens, state.step, q0)
         if decision.next_logits is not None and sampler.reads_block_only:  # a full view forwards anew

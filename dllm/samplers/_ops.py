@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import argmax_excluding, gumbel_argmax, pick_last, softmax_prob
+from dllm.samplers.chunked import argmax_excluding, column_ids, gumbel_argmax, pick_last, softmax_prob
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
@@ -88,7 +88,7 @@ def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     (its stable sort also ranks the lowest index first) without the sort.
     score, eligible: [..., N] -> [..., N] bool."""
     best = torch.where(eligible, score, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
-    return torch.zeros_like(eligible).scatter_(-1, best, True) & eligible
+    return (column_ids(eligible.shape[-1], eligible.device) == best) & eligible
 
 
 def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.Tensor:
@@ -164,8 +164,7 @@ def propose_with_log_probs(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
     window's shape, float64), but keeps the whole distribution for samplers that need more than
     ``p(x0)``. Returns (x0 [B, W] long, logp [B, W, V] float64).
     """
-    ws, we = inp.window
-    logits = inp.logits[:, ws:we]  # [B, W, V]
+    logits = window_of(inp.logits, inp.window)  # [B, W, V]
     x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
     return x0, torch.log_softmax(logits, dim=-1, dtype=torch.float64)
 

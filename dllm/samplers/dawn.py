@@ -109,13 +109,13 @@ def greedy_mis(cand: torch.Tensor, conflict: torch.Tensor, score: torch.Tensor, 
     takes every row's best remaining candidate (leftmost on ties) and removes it and its neighbours;
     ``rounds`` >= the most candidates of a row guarantees maximality. -> [B, N] bool.
     """
-    remaining = cand.clone()  # [B, N]
+    remaining = cand  # [B, N] (rebound, never written)
     chosen = torch.zeros_like(cand)  # [B, N]
     for _ in range(rounds):  # bounded by the block length; rows with no candidate left pick nothing
         pick = top1(score, remaining)  # [B, N] at most one per row
-        neighbours = (conflict & pick[:, :, None]).any(dim=1)  # [B, N] the picked position's conflicts
+        gone = (conflict & pick[:, :, None]).any(dim=1) | pick  # [B, N] the pick and its conflicts
         chosen |= pick
-        remaining &= ~pick & ~neighbours
+        remaining = remaining > gone  # bool > bool: remaining and not gone
     return chosen
 
 

@@ -42,13 +42,14 @@ import torch
 
 from dllm.models.core.soft_inputs import SoftInputs
 from dllm.options import check_optional_int, check_unit
-from dllm.samplers._ops import expand_window
+from dllm.samplers._ops import expand_window, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding
+from dllm.samplers.chunked import argmax_excluding, banned_column, pick_last
 from dllm.state import DecodeState, StepInput, StepOutput
 
-ACTIVE_KEY = "dmax_active"  # state.extras: [B, W] bool, the block's masks at its start
+OPEN_KEY = "dmax_open"  # state.extras: [B, W] bool, the block's masks at its start in rows not settled
 SETTLED_KEY = "dmax_settled"  # state.extras: [B] bool, rows whose block is final
+FILL_KEY = "dmax_fill"  # state.extras: [B, W] long, the mask id (the soft inputs' second token)
 RENORM_EPS = 1e-6  # the release's epsilon in the soft embedding's rescaling
 
 
@@ -65,24 +66,44 @@ class DMaxConfig:
 
 
 def top1_prob(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(arg-max never the mask id [B, W] long, its float32 softmax probability [B, W]) of logits [B, W, V]."""
-    x0 = argmax_excluding(logits, mask_id)  # [B, W]
-    z = logits.float()
-    return x0, torch.exp(z.gather(-1, x0[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1))
+    """(arg-max never the mask id [B, W] long, its float32 softmax probability [B, W]) of logits [B, W, V]:
+    the release's ``exp(z[x] - logsumexp(z))`` with z the float32 logits. Where the mask id is an inner
+    id, one ``max`` gives the arg-max (its first index, as ``argmax``) and the value at it."""
+    v = logits.shape[-1]
+    if 0 < mask_id < v:  # argmax_excluding's own rule: the mask's column at -inf
+        best, x0 = logits.masked_fill(banned_column(v, mask_id, logits.device), float("-inf")).max(dim=-1)
+    else:
+        x0 = argmax_excluding(logits, mask_id)  # [B, W]
+        best = pick_last(logits, x0)  # [B, W]
+    if best.dtype == torch.float64:  # the release subtracts in float32; narrower dtypes widen exactly
+        best = best.float()
+    z = logits if logits.dtype == torch.float32 else logits.float()  # [B, W, V] float32
+    return x0, torch.exp(best - torch.logsumexp(z, dim=-1))
+
+
+def past_first_low(masks: torch.Tensor, conf: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B, W] bool: the columns at or after both a mask with ``conf < threshold`` (a low mask) and the
+    row's second mask: its masks past them are the ones ``left_to_right`` leaves. masks [B, W] bool,
+    conf [B, W].
+
+    One cumsum of 1 per mask plus ``K = W`` per low mask: with m masks and c low masks up to column i,
+    ``m + K c > K + 1`` exactly when c >= 1 and m >= 2 (as m <= W), and the sum never decreases, so the
+    last column says whether the row has such a mask at all."""
+    w = masks.shape[1]
+    step = torch.where(conf < threshold, w + 1, 1) * masks  # [B, W] long: 0, 1, or K + 1 at a low mask
+    return step.cumsum(dim=1) > w + 1
 
 
 def left_to_right(masks: torch.Tensor, conf: torch.Tensor, threshold: float) -> torch.Tensor:
     """The masks before the first mask with ``conf < threshold``; a row where that is none: its
     leftmost mask. masks [B, W] bool, conf [B, W] -> [B, W] bool."""
-    failed = (masks & (conf < threshold)).long().cumsum(dim=1) > 0  # [B, W] from the first low mask on
-    chosen = masks & ~failed
-    first = masks & (masks.long().cumsum(dim=1) == 1)
-    return torch.where(chosen.any(dim=1, keepdim=True), chosen, first)
+    return masks > past_first_low(masks, conf, threshold)  # bool > bool: masks and not past
 
 
-def mask_mixture(x0: torch.Tensor, conf: torch.Tensor, where: torch.Tensor, mask_id: int) -> SoftInputs:
-    """DMax's soft inputs: ``conf E[x0] + (1 - conf) E[mask]`` at ``where``, norm-restored ([B, W])."""
-    tokens = torch.stack([x0, torch.full_like(x0, mask_id)], dim=-1)  # [B, W, 2]
+def mask_mixture(x0: torch.Tensor, conf: torch.Tensor, where: torch.Tensor, fill: torch.Tensor) -> SoftInputs:
+    """DMax's soft inputs: ``conf E[x0] + (1 - conf) E[mask]`` at ``where``, norm-restored ([B, W]);
+    ``fill`` [B, W] holds the mask id."""
+    tokens = torch.stack([x0, fill], dim=-1)  # [B, W, 2]
     weights = torch.stack([conf, (1.0 - conf).clamp_min(0.0)], dim=-1)  # [B, W, 2]
     return SoftInputs(where, tokens, weights, renorm_eps=RENORM_EPS)
 
@@ -102,34 +123,46 @@ class DMax(Sampler):
 
     def begin_block(self, state: DecodeState) -> None:
         s, e = state.block_start, state.block_end
-        state.extras[ACTIVE_KEY] = state.x[:, s:e] == state.mask_id  # [B, W]
+        state.extras[OPEN_KEY] = state.x[:, s:e] == state.mask_id  # [B, W]: every row is open
         state.extras[SETTLED_KEY] = torch.zeros(state.batch_size, dtype=torch.bool, device=state.x.device)
+        state.extras[FILL_KEY] = torch.full((state.batch_size, e - s), state.mask_id, device=state.x.device)
 
     def max_block_steps(self, block_len: int) -> int:
         return self.config.max_steps or block_len  # the engine passes the nominal block length (refines)
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        """One step of the module docstring's rule. A settled row has no masks (it settled with none
+        left, and no step writes a mask), so its commits need no test of the row; its decoded positions
+        are left alone through the open map (the block's masks at its start, in rows not settled). A
+        row stays unsettled while masks are left or some open position is below ``confident`` and some
+        changed (a committed mask always changes)."""
         cfg = self.config
-        ws, we = inp.window
-        logits, current = inp.logits[:, ws:we], inp.tokens[:, ws:we]  # [B, W, V], [B, W]
-        active, settled = state.extras[ACTIVE_KEY], state.extras[SETTLED_KEY]  # [B, W], [B]
+        logits = window_of(inp.logits, inp.window)  # [B, W, V]
+        current, masks = window_of(inp.tokens, inp.window), window_of(inp.active, inp.window)  # [B, W]
+        open_, settled = state.extras[OPEN_KEY], state.extras[SETTLED_KEY]  # [B, W], [B]
         x0, conf = top1_prob(logits, inp.mask_id)
-        masks = current == inp.mask_id  # [B, W]
-        live = ~settled[:, None]  # [B, 1]
-        commit = left_to_right(masks, conf, cfg.threshold) & live
-        rewrite = active & ~masks & live
-        changed = ((commit | rewrite) & (x0 != current)).any(dim=1)  # [B]
-        left = masks & ~commit  # [B, W] masks after this step
-        confident = (conf >= cfg.confident).logical_or_(~active).all(dim=1)  # [B]
-        settled = settled | ((confident | ~changed) & ~left.any(dim=1))
+        past = past_first_low(masks, conf, cfg.threshold)  # [B, W]
+        commit = masks > past  # left_to_right: masks not past the first low one
+        rewrite = open_ > masks  # decoded active positions of the rows not settled
+        revised = rewrite | commit  # [B, W] the open positions that hold a token after this step
+        # per row: an open position below ``confident`` and an open position that changed (a mask does)
+        unsure_and_changed = (torch.stack([conf < cfg.confident, x0 != current]) & open_).any(
+            dim=-1, keepdim=True).all(dim=0)  # [B, 1]
+        stays = unsure_and_changed | past[:, -1:]  # [B, 1] not settled: unsure and changed, or masks left
+        #   (past's last column)
+        state.extras[OPEN_KEY] = open_ & stays
+        settled = settled >= stays[:, 0]  # bool >=: settled or not staying
         state.extras[SETTLED_KEY] = settled
-        width = inp.tokens.shape[1]
+        fill = state.extras[FILL_KEY]
+        if fill.shape != x0.shape:
+            fill = torch.full_like(x0, inp.mask_id)
+        width = inp.tokens.shape[1]  # the query's (the window itself, no copies, on the block view)
         return StepOutput(
             commit=expand_window(commit, inp.window, width, False),
             tokens=expand_window(x0, inp.window, width, inp.mask_id),
-            score=expand_window(conf.masked_fill(~masks, float("-inf")), inp.window, width, float("-inf")),
+            score=expand_window(conf, inp.window, width, float("-inf")),  # the engine reads it at masks only
             active_only=True,
             rewrite=expand_window(rewrite, inp.window, width, False),
             settled=settled,
-            soft=mask_mixture(x0, conf, active & ~left & ~settled[:, None], inp.mask_id),
+            soft=mask_mixture(x0, conf, revised & stays, fill),
         )

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int
-from dllm.samplers._ops import propose, window_output
+from dllm.samplers._ops import propose, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -79,12 +80,21 @@ class DUS(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
-        logits = inp.logits[:, ws:we]  # [B, W, V]
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        active = inp.active[:, ws:we]  # [B, W]
-        rounds = dilated_rounds(we - ws, self.config.base, device=x0.device).expand_as(active)  # [B, W]
-        pending = rounds.masked_fill(~active, we - ws + 1)  # past every round where not active
+        x0 = propose(window_of(inp.logits, inp.window), inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+        active = window_of(inp.active, inp.window)  # [B, W]
+        rounds, score = round_tables(we - ws, self.config.base, x0.device)  # [W] long, [1, W] float32
+        pending = torch.where(active, rounds, we - ws + 1)  # [B, W] past every round where not active
         current = pending.min(dim=1, keepdim=True).values  # [B, 1] earliest unfinished round
-        commit = active & (rounds == current)
-        score = (-rounds).to(torch.float32).masked_fill(~active, float("-inf"))
-        return window_output(inp, commit, x0, score)
+        out = window_output(inp, active & (rounds == current), x0, score)  # the engine reads scores at masks
+        out.active_only = True
+        return out
+
+
+def round_tables(block: int, base: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dilated_rounds(block, base)`` [block] long and its step score ``-round`` as [1, block]
+    float32 (earlier rounds first), made once per (block, base, device) (``chunked.constant``)."""
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        rounds = dilated_rounds(block, base, device=device)
+        return rounds, (-rounds).to(torch.float32)[None]
+
+    return constant(("dus rounds", block, base, device), make)

@@ -35,11 +35,23 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_choice, check_number
-from dllm.samplers._ops import gather_prob, propose_with_log_probs, ranks_of, window_output
+from dllm.samplers._ops import gather_prob, propose_with_log_probs, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
 PROXIES = ("entropy", "confidence", "margin")
+
+
+def prefix_within(entropy_sorted: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The longest prefix with ``sum H - max H <= gamma``, as a bool map of the sorted axis.
+
+    entropy_sorted: [B, N] entropies in proxy order, +inf at the entries not to commit (all after the
+    others). The first finite entry always passes (its slack is ``H - H = 0``), an infinite one never
+    (``inf - inf`` is NaN), and the first failure ends the prefix (round-off safe). Returns [B, N] bool.
+    """
+    h = entropy_sorted
+    slack = h.cumsum(dim=1) - h.cummax(dim=1).values  # [B, N], non-decreasing in exact arithmetic
+    return (slack <= gamma).cummin(dim=1).values
 
 
 def entropy_prefix(entropy_sorted: torch.Tensor, valid_sorted: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -48,11 +60,7 @@ def entropy_prefix(entropy_sorted: torch.Tensor, valid_sorted: torch.Tensor, gam
     entropy_sorted: [B, N] entropies in proxy order; valid_sorted: [B, N] bool, all valid entries
     first (invalid ones are ignored). Returns [B] long.
     """
-    h = entropy_sorted.masked_fill(~valid_sorted, 0.0)
-    slack = h.cumsum(dim=1) - h.cummax(dim=1).values  # [B, N], non-decreasing in exact arithmetic
-    ok = (slack <= gamma) & valid_sorted
-    ok[:, 0] = valid_sorted[:, 0]  # the first position always
-    return ok.long().cumprod(dim=1).sum(dim=1)  # the first failure ends the prefix (round-off safe)
+    return prefix_within(entropy_sorted.masked_fill(~valid_sorted, math.inf), gamma).sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -76,19 +84,20 @@ class EntropyBounded(Sampler):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         x0, logp = propose_with_log_probs(inp)  # [B, W], [B, W, V]
         probs = logp.exp()
-        entropy = torch.special.entr(probs).sum(dim=-1)  # [B, W] nats (0 log 0 = 0)
-        conf = gather_prob(probs, x0)  # [B, W] float64
-        ws, we = inp.window
-        active = inp.active[:, ws:we]  # [B, W]
+        active = window_of(inp.active, inp.window)  # [B, W]
+        # nats (0 log 0 = 0); +inf where not active, so those sort last and never pass the bound
+        entropy = torch.where(active, torch.special.entr(probs).sum(dim=-1), math.inf)  # [B, W]
         if self.config.proxy == "entropy":
             key = entropy
         elif self.config.proxy == "confidence":
-            key = -conf
+            key = torch.where(active, -gather_prob(probs, x0), math.inf)
         else:
             top2 = probs.topk(2, dim=-1).values
-            key = -(top2[..., 0] - top2[..., 1])
-        key = key.masked_fill(~active, math.inf)  # inactive last
-        order = key.argsort(dim=1, stable=True)  # [B, W] ascending
-        n = entropy_prefix(entropy.gather(1, order), active.gather(1, order), self.config.gamma)  # [B]
-        commit = active & (ranks_of(order) < n[:, None])  # [B, W]
-        return window_output(inp, commit, x0, -key)
+            key = torch.where(active, -(top2[..., 0] - top2[..., 1]), math.inf)
+        key_sorted, order = key.sort(dim=1, stable=True)  # [B, W] ascending, ties by position
+        entropy_sorted = key_sorted if key is entropy else entropy.gather(1, order)
+        within = prefix_within(entropy_sorted, self.config.gamma)  # [B, W] in sorted order
+        commit = within.scatter(1, order, within)  # back to positions (order is a permutation: all written)
+        out = window_output(inp, commit, x0, -key)
+        out.active_only = True  # the prefix holds finite entropies only: active masks
+        return out

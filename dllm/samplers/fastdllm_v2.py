@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import banned_column, constant
 from dllm.samplers.sdar import block_of
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -75,9 +76,8 @@ def sample_with_top_p(logits: torch.Tensor, top_p: float, temperature: float,
     (cumulative sum of the sorted probabilities, shifted by one) zeroed, renormalised by the sum, one
     ``multinomial`` over the B*W rows; p(x0) read from the renormalised distribution."""
     if temperature == 0:
-        probs = F.softmax(logits, dim=-1)
-        x0 = probs.argmax(dim=-1)
-        return x0, torch.gather(probs, -1, x0[..., None])[..., 0]
+        p, x0 = F.softmax(logits, dim=-1).max(dim=-1)  # the first maximum, as argmax
+        return x0, p
     probs = F.softmax(logits / temperature, dim=-1)
     sorted_probs, order = torch.sort(probs, descending=True)
     drop = torch.cumsum(sorted_probs, dim=-1) > top_p
@@ -97,6 +97,11 @@ class FastDLLMv2Sampler(Sampler):
 
     Config = FastDLLMv2Config
     fixed_steps = False
+
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the most confident mask of the row's sub-block, which holds its first mask (or the
+        #   block's first column alone, a mask at the block's first step)
 
     def begin_block(self, state: DecodeState) -> None:
         bs, sbs = block_of(state), self.config.small_block_size
@@ -127,29 +132,70 @@ class FastDLLMv2Sampler(Sampler):
             first_logits[:, inp.mask_id] = float("-inf")  # never the mask itself (see the module docstring)
             tokens[:, s - q0] = first_logits.argmax(dim=-1)
             return StepOutput(commit=commit, tokens=tokens)
+        if _in_one_sub_block(inp, g, sbs):
+            return _one_sub_block(inp, cfg.threshold)
         # the current sub-block of each row: the one holding its first mask of the block
-        col = torch.arange(q, device=inp.logits.device)  # [Q] query rows
-        first = torch.where(inp.active, col, q).min(dim=1).values  # [B] first mask (Q: none)
-        k = (first.clamp(max=e - q0 - 1) - (g - q0)) // sbs  # [B] sub-block index in the grid block
-        win = (g - q0) + k[:, None] * sbs + torch.arange(sbs, device=col.device)  # [B, sbs] query rows
-        inside = (win >= 0) & (win < e - q0)
-        rows = win.clamp(0, q - 1)
-        wl = inp.logits.gather(1, rows[..., None].expand(b, sbs, v))  # [B, sbs, V]
+        dev = inp.logits.device
+        col = constant(("fastdllm_v2 columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q] query rows
+        first = torch.where(inp.active, col, q).amin(dim=1)  # [B] first mask (Q: none)
+        rows_of, inside_of = _sub_block_tables(g - q0, e - q0, q, sbs, dev)
+        rows, inside = rows_of[first], inside_of[first]  # [B, sbs] query rows (clamped), in the block
+        batch = constant(("fastdllm_v2 rows", b, dev), lambda: torch.arange(b, device=dev)[:, None])  # [B, 1]
+        wl = inp.logits[batch, rows]  # [B, sbs, V]
         x0, p = sample_with_top_p(wl, cfg.top_p, inp.temperature, inp.generator)
-        other = wl.clone()
-        other[..., inp.mask_id] = float("-inf")
-        x0 = torch.where(x0 == inp.mask_id, other.argmax(dim=-1), x0)  # never "commit" the mask itself
+        x0 = _never_the_mask(x0, wl, inp.mask_id)
         masks = inp.active.gather(1, rows) & inside  # [B, sbs]
-        conf = p.masked_fill(~masks, float("-inf"))
+        conf = torch.where(masks, p, float("-inf"))
         chosen = conf > cfg.threshold
         chosen.scatter_(1, conf.argmax(dim=1, keepdim=True), True)
         chosen &= masks
-        target = torch.where(chosen, win, q)  # unchosen rows go to a dropped extra column
-        commit = torch.zeros(b, q + 1, dtype=torch.bool, device=col.device)
-        commit.scatter_(1, target, chosen)
-        tokens = torch.cat([inp.tokens, inp.tokens[:, :1]], dim=1)  # [B, Q + 1]
-        tokens.scatter_(1, target, x0)
-        return StepOutput(commit=commit[:, :q], tokens=tokens[:, :q])
+        target = torch.where(chosen, rows, q)  # unchosen rows go to a dropped extra column
+        commit = torch.scatter(_zeros((b, q + 1), torch.bool, dev), 1, target, chosen)  # [B, Q + 1]
+        tokens = torch.scatter(_zeros((b, q + 1), torch.long, dev), 1, target, x0)  # read where committed only
+        return StepOutput(commit=commit[:, :q], tokens=tokens[:, :q], active_only=True)
+
+
+def _never_the_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """x0 [B, W], with the arg-max of the logits [B, W, V] without the mask id where it is the mask id
+    (see the module docstring)."""
+    other = logits.masked_fill(banned_column(logits.shape[-1], mask_id, logits.device), float("-inf"))
+    return torch.where(x0 == mask_id, other.argmax(dim=-1), x0)
+
+
+def _in_one_sub_block(inp: StepInput, g: int, sbs: int) -> bool:
+    """A greedy step whose query lies in one sub-block of the grid block from column g (``sbs`` wide)."""
+    q0, q = inp.query_start, inp.logits.shape[1]
+    return inp.temperature == 0 and q <= sbs and q0 >= g and (q0 - g) % sbs == 0
+
+
+def _one_sub_block(inp: StepInput, threshold: float) -> StepOutput:
+    """A greedy step whose query lies in one sub-block (the block when it is at most one, cache
+    ``subblock``'s later steps): the sub-block of every row with a mask, so its masks are the active
+    ones and no row is gathered. The same decisions as the gathered path, row for row (T = 0 reads no
+    other row)."""
+    x0, p = sample_with_top_p(inp.logits, 1.0, 0.0, None)  # [B, Q] x2
+    x0 = _never_the_mask(x0, inp.logits, inp.mask_id)
+    conf = torch.where(inp.active, p, float("-inf"))  # [B, Q]
+    chosen = conf > threshold
+    chosen.scatter_(1, conf.argmax(dim=1, keepdim=True), True)
+    return StepOutput(commit=chosen & inp.active, tokens=x0, active_only=True)
+
+
+def _zeros(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor made once (``constant``): the base of an out-of-place ``scatter``."""
+    return constant(("fastdllm_v2 zeros", shape, dtype, device), lambda: torch.zeros(shape, dtype=dtype, device=device))
+
+
+def _sub_block_tables(g: int, e: int, q: int, sbs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """By a row's first mask f in [0, Q] (query coordinates; Q: none): the query rows of its sub-block
+    ``g + k * sbs + [0, sbs)``, ``k = (min(f, e - 1) - g) // sbs``, clamped to the query, and which of
+    them lie in the block [g, e) -> ([Q + 1, sbs] long, [Q + 1, sbs] bool); made once (``constant``)."""
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        f = torch.arange(q + 1, device=device)[:, None]  # [Q + 1, 1]
+        win = g + (f.clamp(max=e - 1) - g) // sbs * sbs + torch.arange(sbs, device=device)  # [Q + 1, sbs]
+        return win.clamp(0, q - 1), (win >= 0) & (win < e)
+
+    return constant(("fastdllm_v2 sub-blocks", g, e, q, sbs, device), make)
 
 
 __all__ = ["FastDLLMv2Config", "FastDLLMv2Sampler", "sample_with_top_p"]

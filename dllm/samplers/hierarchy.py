@@ -13,41 +13,56 @@ positions whose proposal is the mask id; we take the runner-up instead, as every
 Confidence is ``p(x0)`` from a float64 softmax (dInfer uses the logits dtype or float32; float64
 keeps our threshold samplers on one footing).
 
-Decisions: works at any batch size (the official decoder asserts batch 1); runs are found with a
-cumulative sum over run starts and the per-run arg-max with ``scatter_reduce``, no loops; a tie
-inside a run keeps only its leftmost position (dInfer keeps every tied position).
+Decisions: works at any batch size (the official decoder asserts batch 1); a run is labelled by the
+count of inactive positions before it (one cumulative sum) and its arg-max found with two
+``scatter_reduce``, no loops; a tie inside a run keeps only its leftmost position (dInfer keeps every
+tied position).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from dllm.options import check_unit
-from dllm.samplers._ops import propose_with_confidence, top1
+from dllm.samplers._ops import expand_window, propose_with_confidence, window_of
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import argmax_excluding, banned_column, constant, rows_per_chunk
 from dllm.state import DecodeState, StepInput, StepOutput
+
+
+def _fixed(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A constant tensor of this sampler, made once per key (``chunked.constant``; the key names the device)."""
+    return constant(("hierarchy", *key), make)
+
+
+def run_firsts(score: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """``run_argmax`` before its ``& active``: True at each run's leftmost maximum, and at inactive
+    positions whose label holds no active one (the caller keeps active positions). score [B, Q] with
+    -inf off ``active`` [B, Q] bool -> [B, Q] bool.
+
+    A position's run label is the number of inactive positions before it: one per run, and an inactive
+    position shares the label of the run left of it (so it comes after that run's positions). Two
+    ``scatter_reduce`` over the labels: the run's maximum (amax), then its leftmost holder (amin)."""
+    bsz, q = score.shape
+    dev = score.device
+    idx = _fixed(("columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q]
+    label = idx + active - active.cumsum(dim=1)  # [B, Q] in [0, Q)
+    low = _fixed(("-inf", bsz, q, score.dtype, dev), lambda: torch.full((bsz, q), float("-inf"), dtype=score.dtype,
+                                                                      device=dev))
+    run_max = torch.scatter_reduce(low, 1, label, score, reduce="amax", include_self=True)  # [B, Q] by label
+    is_max = score == run_max.gather(1, label)  # [B, Q]
+    none = _fixed(("none", bsz, q, dev), lambda: torch.full((bsz, q), q, device=dev))
+    first = torch.scatter_reduce(none, 1, label, torch.where(is_max, idx, q), reduce="amin", include_self=True)
+    return idx == first.gather(1, label)  # [B, Q] the leftmost maximum of each label
 
 
 def run_argmax(score: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     """In each maximal run of consecutive active positions, its highest-scoring position
     (leftmost on ties), as a bool map. score: [B, Q] float; active: [B, Q] bool -> [B, Q] bool."""
-    bsz, q = active.shape
-    prev = torch.zeros_like(active)
-    prev[:, 1:] = active[:, :-1]
-    starts = active & ~prev  # [B, Q] first position of each run
-    run = starts.long().cumsum(dim=1) - 1  # [B, Q] run index (valid on active positions)
-    run = torch.where(active, run, torch.full_like(run, q))  # inactive -> scratch slot q
-    score = score.masked_fill(~active, float("-inf"))
-    run_max = torch.full((bsz, q + 1), float("-inf"), dtype=score.dtype, device=score.device)
-    run_max.scatter_reduce_(1, run, score, reduce="amax", include_self=True)  # [B, Q + 1]
-    is_max = active & (score == run_max.gather(1, run))  # [B, Q]
-    idx = torch.arange(q, device=score.device).expand(bsz, q)  # [B, Q]
-    first = torch.full((bsz, q + 1), q, dtype=torch.long, device=score.device)
-    first.scatter_reduce_(1, run, torch.where(is_max, idx, torch.full_like(idx, q)), reduce="amin",
-                          include_self=True)  # [B, Q + 1] leftmost maximum of each run
-    return is_max & (idx == first.gather(1, run))
+    return run_firsts(torch.where(active, score, float("-inf")), active) & active
 
 
 @dataclass(frozen=True)
@@ -67,9 +82,38 @@ class Hierarchy(Sampler):
     Config = HierarchyConfig
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the row's most confident mask is always committed
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        tokens, conf = propose_with_confidence(inp)  # [B, Q], [B, Q] float64 (-inf off the window)
+        cfg = self.config
+        tokens, conf = _propose(inp)  # [B, Q], [B, Q] float64 (-inf off the window)
         active = inp.active  # [B, Q]
-        per_run = run_argmax(conf, active) & (conf > self.config.low_threshold)
-        commit = per_run | (active & (conf > self.config.threshold)) | top1(conf, active)
-        return StepOutput(commit=commit, tokens=tokens, score=conf)
+        score = torch.where(active, conf, float("-inf"))  # [B, Q]
+        dev = score.device
+        # a run's best passes at c > low_threshold (or > threshold), any other mask at c > threshold, the
+        # row's best at any c (-inf: off the masks nothing passes, so the commit holds masks only)
+        low, high = (_fixed(("threshold", t, dev), lambda t=t: torch.full((), t, dtype=torch.float64, device=dev))
+                     for t in (min(cfg.low_threshold, cfg.threshold), cfg.threshold))
+        bar = torch.where(run_firsts(score, active), low, high)  # [B, Q] float64
+        bar.scatter_(1, score.argmax(dim=1, keepdim=True), float("-inf"))
+        return StepOutput(commit=score > bar, tokens=tokens, score=conf, active_only=True)
+
+
+def _propose(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """``propose_with_confidence``: (tokens [B, Q], ``p(x0)`` float64 [B, Q], -inf off the window). At
+    T = 0, x0 is the arg-max without the mask id, so ``p(x0)`` is the largest probability without it
+    (the softmax is monotone in the logits): ``amax`` with the mask id's column at -inf, when the
+    float64 softmax fits one piece (``dllm.samplers.chunked``)."""
+    logits = window_of(inp.logits, inp.window)  # [B, W, V]
+    v = logits.shape[-1]
+    if inp.temperature > 0 or logits.numel() > rows_per_chunk(v) * v:
+        return propose_with_confidence(inp)
+    x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # [B, W, V]
+    if 0 <= inp.mask_id < v:
+        probs = probs.masked_fill(banned_column(v, inp.mask_id, probs.device), float("-inf"))
+    q = inp.logits.shape[1]
+    return (expand_window(x0, inp.window, q, inp.mask_id),
+            expand_window(probs.amax(dim=-1), inp.window, q, float("-inf")))

@@ -51,22 +51,25 @@ from typing import Optional
 import torch
 
 from dllm.options import check_bool, check_choice, check_int, check_number, check_unit
-from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_output
+from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")
-EXTRAS_KEY = "klass"  # state.extras[EXTRAS_KEY] = (logp [B, W, V] float64, kl_history [B, W, H]) or None
+EXTRAS_KEY = "klass"  # state.extras[EXTRAS_KEY] = (logp [B, W, V] float64, since [B, W] long, t) or None: the
+#   last step's log-probabilities, per position the first step of its current run of KLs below kappa
+#   (t + 1 where the last KL is not below), and t, the last step's index since the history started
 NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = (canvas column, logits [B, N, V], valid [B]) of the
 #   columns right of the window at each row's last step (a next block's first KL compares with them)
 
 
-def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+def kl_divergence(logp: torch.Tensor, logq: torch.Tensor, p: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``KL(p || q)`` over the last axis from log-probabilities. Terms with p = 0 count 0 (no
-    0 * inf = nan); p > 0 where q = 0 gives inf. [..., V] -> [...]."""
-    p = logp.exp()
-    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
-    return terms.sum(dim=-1)
+    0 * inf = nan); p > 0 where q = 0 gives inf. [..., V] -> [...]. ``p``: ``logp.exp()`` when the
+    caller has it."""
+    p = logp.exp() if p is None else p
+    return torch.where(p > 0, p * (logp - logq), 0.0).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -99,42 +102,52 @@ class KLASS(Sampler):
             state.extras[NEXT_KEY] = None
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        """The rule of the module docstring. A position's last H KLs are below kappa exactly when its run of
+        such KLs, counted over the steps its history holds, is at least H long: the history keeps where
+        each run starts, not the KLs."""
         cfg = self.config
         x0, logp = propose_with_log_probs(inp)  # [B, W], [B, W, V] float64
-        ws, we = inp.window
-        active = inp.active[:, ws:we]  # [B, W]
-        conf = gather_prob(logp.exp(), x0)  # [B, W] float64
+        active = window_of(inp.active, inp.window)  # [B, W]
+        probs = logp.exp()  # [B, W, V]
+        conf = gather_prob(probs, x0)  # [B, W] float64
         prev = state.extras.get(EXTRAS_KEY)
         if prev is not None and prev[0].shape != logp.shape:  # another window: start afresh
             prev = None
         if prev is None:  # the block's first step: at most the KL against the carried step
-            history = torch.full((*conf.shape, cfg.history), float("inf"), dtype=conf.dtype, device=conf.device)
             kl = None if cfg.reset_each_block else _carried_kl(logp, inp, state)
             kl = torch.full_like(conf, float("inf")) if kl is None else kl
-            history[..., -1] = kl
+            t, since = 0, 0
         else:
-            prev_logp, prev_history = prev
-            kl = kl_divergence(logp, prev_logp)  # [B, W]
-            history = torch.cat([prev_history[..., 1:], kl[..., None]], dim=-1)  # [B, W, H]
-        state.extras[EXTRAS_KEY] = (logp, history)
+            prev_logp, since, t = prev
+            t += 1
+            kl = kl_divergence(logp, prev_logp, probs)  # [B, W]
+        since = torch.where(kl < cfg.kl_threshold, since, t + 1)  # [B, W] long
+        state.extras[EXTRAS_KEY] = (logp, since, t)
         if not cfg.reset_each_block:
-            state.extras[NEXT_KEY] = _next_block_logits(inp, state, active.any(dim=1))
+            state.extras[NEXT_KEY] = _next_block_logits(inp, state, active)
 
-        ready = active & (history < cfg.kl_threshold).all(dim=-1) & (conf > cfg.conf_threshold)  # [B, W]
+        scored = torch.where(active, conf, float("-inf"))  # [B, W] the active masks' confidences
+        ready = (since <= t + 1 - cfg.history) & (scored > cfg.conf_threshold)  # [B, W] active only
         if cfg.unmask == "max_conf":
             ready = top1(conf, ready)
         elif cfg.unmask == "min_kl":
             ready = top1(-kl, ready)
-        # no ready position: the most confident active mask (the schedule's count at steps = G)
-        commit = ready | (top1(conf, active) & ~ready.any(dim=1, keepdim=True))
-        return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")))
+        # no ready position: the most confident active mask (the schedule's count at steps = G), the
+        # first of equal ones
+        best = scored.argmax(dim=1, keepdim=True)  # [B, 1]
+        columns = constant(("klass columns", best.device, active.shape[1]),
+                           lambda: torch.arange(active.shape[1], device=best.device))  # [W]
+        commit = torch.where(ready.any(dim=1, keepdim=True), ready, (columns == best) & active)  # [B, W]
+        out = window_output(inp, commit, x0, scored)
+        out.active_only = True  # ready and the fallback hold active masks only
+        return out
 
 
-def _next_block_logits(inp: StepInput, state: DecodeState, rows: torch.Tensor) -> Optional[tuple]:
+def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor) -> Optional[tuple]:
     """What a block that starts after this step compares its first distributions with: (canvas
     column e, logits [B, N, V] of the N <= BL columns from e, valid [B] bool), or None.
 
-    A row that still had masks in the block (``rows`` [B] bool) takes this step's logits of those
+    A row that still had masks in the block (``active`` [B, W] bool) takes this step's logits of those
     columns -- valid only if the query reached them (``cache="dual"``'s cached steps stop at the
     block end); a row whose block is already full keeps what it stored at its own last step, so it
     carries what it would carry decoding alone. A copy in the logits dtype: the float64
@@ -142,13 +155,17 @@ def _next_block_logits(inp: StepInput, state: DecodeState, rows: torch.Tensor) -
     """
     ws, we = inp.window
     col = inp.query_start + we
-    n = getattr(state, "block_length", 0) or (inp.logits.shape[1] - we)
-    right = inp.logits[:, we:we + n]  # [B, N, V]
+    q = inp.logits.shape[1]
+    n = getattr(state, "block_length", 0) or (q - we)
+    reached = max(0, min(we + n, q) - we)  # columns of the query right of the window (at most n)
     old = state.extras.get(NEXT_KEY)
     if old is None or old[0] != col:  # the block's first step (every row has masks) or no carry
-        return None if right.shape[1] == 0 else (col, right.clone(), torch.ones_like(rows))
-    if right.shape[1] == 0:
-        return col, old[1], old[2] & ~rows
+        return None if reached == 0 else (col, inp.logits[:, we:we + n].clone(),
+                                          torch.ones(active.shape[0], dtype=torch.bool, device=active.device))
+    rows = active.any(dim=1)  # [B]
+    if reached == 0:
+        return col, old[1], old[2] > rows  # bool >: valid and not rows
+    right = inp.logits[:, we:we + n]  # [B, N, V]
     if right.shape != old[1].shape:
         return col, right.clone(), rows.clone()
     return col, torch.where(rows[:, None, None], right, old[1]), old[2] | rows

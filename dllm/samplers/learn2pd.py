@@ -65,9 +65,9 @@ import torch
 import torch.nn as nn
 
 from dllm.options import SettingError, check_bool, check_choice, check_unit
-from dllm.samplers._ops import TIES, gumbel_perturb, top1, window_output
+from dllm.samplers._ops import TIES, gumbel_perturb, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, softmax_prob, window_uniforms
+from dllm.samplers.chunked import argmax_excluding, constant, rows_per_chunk, softmax_prob, window_uniforms
 from dllm.state import DecodeState, StepInput, StepOutput
 
 FILTER_CONFIG = "filter.json"
@@ -181,20 +181,94 @@ def block_confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     return softmax_prob(logits, x0, dtype=logits.dtype)
 
 
+def top_confidence(logits: torch.Tensor) -> torch.Tensor:
+    """``block_confidence(logits, logits.argmax(-1))`` (the T = 0 proposals) in two calls:
+    ``softmax(l).amax(-1)``. The softmax ``exp(l - max) / sum`` is largest where l is (exp(0) = 1 is its
+    largest term), so its maximum is its value at the arg-max, whichever of equal maxima argmax takes.
+    logits [B, W, V] -> [B, W]; a tensor over ``chunked.CHUNK_ELEMENTS`` takes the chunked gather."""
+    v = logits.shape[-1]
+    if logits.numel() > rows_per_chunk(v) * v:
+        return block_confidence(logits, logits.argmax(dim=-1))
+    return torch.softmax(logits, dim=-1, dtype=logits.dtype).amax(dim=-1)
+
+
+def text_end(hi: torch.Tensor, x0: torch.Tensor, conf: torch.Tensor, active: torch.Tensor,
+             eos: int) -> torch.Tensor:
+    """The column after which each row's text ends (EoTP), [B, 1] long; W - 1 where it does not end in
+    this block. One arg-max over a key that ranks (a) the EOS proposals the filter accepts at 2, all
+    equal (the first wins), above (b) the other EOS proposals at their confidence in [0, 1] (the
+    likeliest, the first among equals, as the reference's ``argmax``), above the other columns at
+    -W..-1 (increasing: the last column, so no cut). hi [B, W] bool: the filter's yes (read at active
+    EOS proposals only); x0 [B, W] long; conf [B, W] float; active [B, W] bool."""
+    w = x0.shape[1]
+    ramp = constant(("learn2pd ramp", w, conf.dtype, conf.device),
+                    lambda: torch.arange(-w, 0, dtype=conf.dtype, device=conf.device))  # [W]
+    eos_mask = active & (x0 == eos)  # [B, W]
+    key = torch.where(eos_mask, torch.where(hi, 2.0, conf), ramp)  # [B, W]
+    return key.argmax(dim=1, keepdim=True)  # [B, 1]
+
+
 def end_of_text(accepted: torch.Tensor, x0: torch.Tensor, conf: torch.Tensor, active: torch.Tensor,
                 eos: int) -> torch.Tensor:
     """EoTP's cut: [B, W] bool, True at the masks right of where each row's text ends (none for a row
     whose text does not end in this block). (a) after the first accepted EOS proposal; else (b) after
     the most confident mask proposing EOS (``argmax``: the first among equals, as the reference).
     accepted, active: [B, W] bool (accepted within active); x0 [B, W] long; conf [B, W] float."""
-    w = x0.shape[1]
-    col = torch.arange(w, device=x0.device)  # [W]
-    eos_mask = active & (x0 == eos)  # [B, W]
-    by_filter = accepted & (x0 == eos)
-    first = torch.where(by_filter, col, w).amin(dim=1)  # [B]; W: none
-    likeliest = conf.masked_fill(~eos_mask, float("-inf")).argmax(dim=1)  # [B]
-    end = torch.where(by_filter.any(dim=1), first, torch.where(eos_mask.any(dim=1), likeliest, w))
-    return active & (col[None, :] > end[:, None])
+    col = torch.arange(x0.shape[1], device=x0.device)  # [W]
+    return active & (col > text_end(accepted, x0, conf, active, eos))
+
+
+_NARROW = (torch.bfloat16, torch.float16, torch.float32)  # widened to float32 exactly by a multiply
+
+
+@dataclass(frozen=True)
+class FoldedFilter:
+    """A filter's layers as the decode step runs them: ``Learn2PDFilter.forward``'s logits, bit for bit,
+    in fewer calls. For ``input="surprisal"`` the layers read ``log1p(-c)`` and ``linear1``'s weight
+    carries the sign of ``-log1p(-c)``: IEEE negation is exact, so every product of the matmul (the
+    padding's too, -0.0 times -w) is the same float. ``-c`` is one multiply by a float32 ``[-1]``, which
+    widens c to float32 as well (a 1-d operand takes part in type promotion)."""
+
+    width: int
+    w1: torch.Tensor  # [H, N]: linear1's weight, negated for surprisal
+    b1: torch.Tensor  # [H]
+    w2: torch.Tensor  # [N, H]
+    b2: torch.Tensor  # [N]
+    minus_one: Optional[torch.Tensor]  # float32 [1] (surprisal); None: the layers read c
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        """conf [R, W] (W <= width) -> [R, W] logits."""
+        w = conf.shape[-1]
+        if self.minus_one is None:
+            x, pad = conf.float(), 0.0
+        else:
+            neg = conf * self.minus_one if conf.dtype in _NARROW else -conf.float()  # -c: [R, W] float32
+            x, pad = torch.log1p(neg.clamp_(min=-SURPRISAL_CAP)), -0.0  # log1p(-min(c, cap))
+        if w < self.width:
+            x = nn.functional.pad(x, (0, self.width - w), value=pad)  # [R, N]
+        h = torch.relu(nn.functional.linear(x, self.w1, self.b1))  # [R, H]
+        return nn.functional.linear(h, self.w2, self.b2)[..., :w]  # [R, W]
+
+
+def fold_filter(f: Learn2PDFilter) -> FoldedFilter:
+    """``f``'s weights for ``FoldedFilter`` (on f's device)."""
+    with torch.no_grad():
+        w1, minus_one = f.linear1.weight, None
+        if f.input == "surprisal":
+            w1 = -w1
+            minus_one = torch.full((1,), -1.0, dtype=torch.float32, device=w1.device)
+    return FoldedFilter(f.width, w1, f.linear1.bias, f.linear2.weight, f.linear2.bias, minus_one)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What a block's steps share, made once per block (``state.extras["learn2pd"]``)."""
+
+    key: tuple[int, int]  # the block's canvas columns
+    filter: FoldedFilter
+    eos: int  # EoTP's end-of-text id (-1: no EoTP)
+    after: Optional[torch.Tensor]  # [B, W] long: the block's column, + W in a row whose text ended in an
+    #   earlier block (then every mask of it is right of any end); None: no EoTP
 
 
 @dataclass(frozen=True)
@@ -247,55 +321,71 @@ class Learn2PD(Sampler):
             raise SettingError("block_length", f"sampler 'learn2pd': the filter reads blocks of at most "
                                                f"{self.filter.width} positions, this block has {width}; decode with "
                                                f"block_length <= {self.filter.width} or train a wider filter")
+        state.extras["learn2pd"] = self._prepare(state)
+
+    def _prepare(self, state: DecodeState) -> _Block:
+        """The block's folded filter and EoTP columns (a row whose text ended in an earlier block pads
+        its every mask: it holds EOS between the prompt and the block)."""
+        s, e, x = state.block_start, state.block_end, state.x
+        folded = fold_filter(self._filter_on(x.device))
+        eos_ids = state.extras.get("eos_ids", ())
+        if not (self.config.eotp and eos_ids):
+            return _Block((s, e), folded, -1, None)
+        eos = int(eos_ids[0])
+        col = torch.arange(e - s, device=x.device)  # [W]
+        ended = (x[:, state.prompt_length:s] == eos).any(dim=1, keepdim=True)  # [B, 1]
+        return _Block((s, e), folded, eos, torch.where(ended, col + (e - s), col))
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        cfg = self.config
-        ws, we = inp.window
-        logits = inp.logits[:, ws:we]  # [B, W, V]
-        active = inp.active[:, ws:we]  # [B, W]
-        x_any, x0 = self._propose(logits, inp, state)  # [B, W] x2
-        conf = block_confidence(logits, x_any)  # [B, W], every block position
-        accept = active & (torch.sigmoid(self._filter_on(logits.device)(conf)) > cfg.threshold)  # [B, W]
-        best = self._top1(conf, active, inp, state)  # [B, W]
-        commit = accept | best
+        logits = window_of(inp.logits, inp.window)  # [B, W, V]
+        active = window_of(inp.active, inp.window)  # [B, W]
+        block = state.extras.get("learn2pd")
+        if block is None or block.key != (state.block_start, state.block_end):  # a step without begin_block
+            block = state.extras["learn2pd"] = self._prepare(state)
+        x_any, x0 = self._propose(logits, inp, state)  # [B, W] x2 (x_any None at T = 0)
+        conf = top_confidence(logits) if x_any is None else block_confidence(logits, x_any)  # [B, W]
+        hi = torch.sigmoid(block.filter(conf)) > self.config.threshold  # [B, W] the filter's yes, anywhere
+        pick = hi | self._top1(conf, active, inp, state.x.shape[1])  # [B, W]
         tokens = x0
-        eos_ids = state.extras.get("eos_ids", ())
-        if cfg.eotp and eos_ids:
-            eos = int(eos_ids[0])
-            pad = end_of_text(accept, x0, conf, active, eos)  # [B, W]
-            lp, s = state.prompt_length, state.block_start
-            ended = (state.x[:, lp:s] == eos).any(dim=1, keepdim=True)  # [B, 1]: text ended in an earlier block
-            pad = pad | (active & ended)
-            tokens = torch.where(pad, torch.full_like(x0, eos), x0)
-            commit = commit | pad
-        return window_output(inp, commit, tokens, conf)
+        if block.after is not None:  # EoTP: the masks right of the text's end become EOS padding
+            pad = block.after > text_end(hi, x0, conf, active, block.eos)  # [B, W]
+            tokens = torch.where(pad, block.eos, x0)
+            pick = pick | pad
+        out = window_output(inp, active & pick, tokens, conf)
+        out.active_only = True  # the commit holds active masks only
+        return out
 
     def _propose(self, logits: torch.Tensor, inp: StepInput,
-                 state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+                 state: DecodeState) -> tuple[Optional[torch.Tensor], torch.Tensor]:
         """(the arg-max at every block position, mask id included, whose probability the filter reads
-        as the reference does; the proposals, never the mask id: the runner-up where the arg-max is
-        it). At T > 0 the arg-max of the Gumbel-max perturbation, on the block's columns of uniforms
-        shaped as the whole canvas' logits [B, L, V] (the reference's stream)."""
-        z = logits
-        if inp.temperature > 0:
-            b, _, v = logits.shape
-            s = inp.query_start + inp.window[0]
-            noise = window_uniforms((b, state.x.shape[1], v), (s, s + logits.shape[1]), inp.generator, logits.device)
-            z = gumbel_perturb(logits, inp.temperature, noise)
-        x_any = z.argmax(dim=-1)  # [B, W]
-        return x_any, torch.where(x_any == inp.mask_id, argmax_excluding(z, inp.mask_id), x_any)
-
-    def _top1(self, conf: torch.Tensor, active: torch.Tensor, inp: StepInput, state: DecodeState) -> torch.Tensor:
-        """The most confident mask of each row with one ([B, W] bool)."""
-        if self.config.ties == "first":
-            return top1(conf, active)
+        as the reference does, None at T = 0 where it is the logits' own (``top_confidence``); the
+        proposals, never the mask id: the runner-up where the arg-max is it, which is
+        ``argmax_excluding``). At T > 0 the arg-max of the Gumbel-max perturbation, on the block's
+        columns of uniforms shaped as the whole canvas' logits [B, L, V] (the reference's stream)."""
+        if inp.temperature == 0:
+            return None, argmax_excluding(logits, inp.mask_id)
+        b, _, v = logits.shape
         s = inp.query_start + inp.window[0]
+        noise = window_uniforms((b, state.x.shape[1], v), (s, s + logits.shape[1]), inp.generator, logits.device)
+        z = gumbel_perturb(logits, inp.temperature, noise)
+        return z.argmax(dim=-1), argmax_excluding(z, inp.mask_id)
+
+    def _top1(self, conf: torch.Tensor, active: torch.Tensor, inp: StepInput, length: int) -> torch.Tensor:
+        """The most confident mask of each row with one ([B, W] bool; anything in a row without one: the
+        caller keeps active positions). ``ties="reference"``: ``torch.topk(c, 1)`` over the canvas row of
+        ``length`` columns, -inf off the block's masks, as the reference; ``"first"``: the lowest index."""
+        score = torch.where(active, conf, float("-inf"))  # [B, W]
         w = conf.shape[1]
-        full = conf.new_full((conf.shape[0], state.x.shape[1]), float("-inf"))  # [B, L] as the reference's row
-        full[:, s:s + w] = conf.masked_fill(~active, float("-inf"))
-        idx = torch.topk(full, 1, dim=-1).indices - s  # [B, 1], in the block unless the row has no mask
-        hit = torch.arange(w, device=conf.device)[None, :] == idx  # [B, W]
-        return hit & active
+        if self.config.ties == "first":
+            return _columns(0, w, conf.device) == score.argmax(dim=1, keepdim=True)
+        s = inp.query_start + inp.window[0]
+        full = nn.functional.pad(score, (s, length - s - w), value=float("-inf"))  # [B, L]
+        return _columns(s, w, conf.device) == torch.topk(full, 1, dim=-1).indices  # [B, W]
+
+
+def _columns(start: int, width: int, device: torch.device) -> torch.Tensor:
+    """long [W]: ``start, ..., start + width - 1``, made once (``chunked.constant``)."""
+    return constant(("learn2pd columns", start, width, device), lambda: torch.arange(start, start + width, device=device))
 
 
 def _copy_to(f: Learn2PDFilter, device: torch.device) -> Learn2PDFilter:
@@ -305,4 +395,5 @@ def _copy_to(f: Learn2PDFilter, device: torch.device) -> Learn2PDFilter:
 
 
 __all__ = ["DEFAULT_FILTER", "FILTER_CONFIG", "FILTER_WEIGHTS", "Learn2PD", "Learn2PDConfig", "Learn2PDFilter",
-           "block_confidence", "end_of_text", "filter_directory", "load_filter", "shipped_filters"]
+           "FoldedFilter", "block_confidence", "end_of_text", "filter_directory", "fold_filter", "load_filter",
+           "shipped_filters", "text_end", "top_confidence"]

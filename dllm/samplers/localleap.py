@@ -25,22 +25,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dllm.options import check_int, check_number, check_unit
-from dllm.samplers._ops import propose_with_confidence, threshold_commit
+from dllm.samplers._ops import propose_with_confidence
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
+def window_max(x: torch.Tensor, radius: int) -> torch.Tensor:
+    """[B, N]: at each i the largest x_j with |i - j| <= radius (one ``max_pool1d``, padded with -inf).
+    x: [B, N] float."""
+    r = min(radius, x.shape[1] - 1)  # a wider window sees the whole row all the same
+    return F.max_pool1d(x, 2 * r + 1, stride=1, padding=r) if r > 0 else x
+
+
 def near_anchor(anchor: torch.Tensor, radius: int) -> torch.Tensor:
-    """[B, N] bool: position i has an anchor j with |i - j| <= radius (window sums of a cumsum)."""
-    n = anchor.shape[1]
-    csum = torch.nn.functional.pad(anchor.long().cumsum(dim=1), (1, 0))  # [B, N + 1], csum[:, i] = sum_{<i}
-    i = torch.arange(n, device=anchor.device)
-    hi = (i + radius + 1).clamp(max=n)  # exclusive end
-    lo = (i - radius).clamp(min=0)
-    count = csum[:, hi] - csum[:, lo]  # [B, N] anchors in [i - r, i + r]
-    return count > 0
+    """[B, N] bool: position i has an anchor j with |i - j| <= radius. anchor: [B, N] bool."""
+    return window_max(anchor.to(torch.float32), radius) > 0
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,13 @@ class LocalLeap(Sampler):
     fixed_steps = False
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
+        """The rule as ``threshold_commit`` with the per-position bar, in fewer calls: i is near an anchor
+        exactly when the largest confidence within the radius passes tau, and a position that passes tau
+        is its own anchor, so the positions that pass their bar are the near ones with ``c >= tau_relax``."""
         cfg = self.config
         tokens, conf = propose_with_confidence(inp)  # [B, Q] long, [B, Q] float64 (-inf off the window)
-        conf = conf.masked_fill(~inp.active, float("-inf"))
-        anchor = conf >= cfg.threshold  # [B, Q], active only (others are -inf)
-        near = near_anchor(anchor, cfg.radius)  # [B, Q]
-        bar = torch.where(near, conf.new_tensor(cfg.relaxed_threshold), conf.new_tensor(cfg.threshold))
-        commit = threshold_commit(conf, inp.active, bar)  # [B, Q]
-        return StepOutput(commit=commit, tokens=tokens, score=conf)
+        conf = torch.where(inp.active, conf, float("-inf"))  # [B, Q] anchors and commits: active masks only
+        near = window_max(conf, cfg.radius) >= cfg.threshold  # [B, Q]
+        commit = near & (conf >= cfg.relaxed_threshold)  # [B, Q]
+        commit.scatter_(-1, conf.argmax(dim=-1, keepdim=True), True)  # always the most confident active mask
+        return StepOutput(commit=commit & inp.active, tokens=tokens, score=conf, active_only=True)

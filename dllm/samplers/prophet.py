@@ -45,17 +45,19 @@ Decisions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from dllm.options import check_number
-from dllm.samplers._ops import expand_window, gather_prob, propose, top1
+from dllm.samplers._ops import expand_window, gather_prob, propose, window_of
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import banned_column, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 EARLY_PHASE, MID_PHASE = 0.33, 0.67  # progress boundaries of the three thresholds (Prophet)
+_NARROW = (torch.bfloat16, torch.float16, torch.float32)  # logits whose top 2 a float32 multiply widens exactly
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,29 @@ class ProphetConfig:
             object.__setattr__(self, "span", (int(span[0]), int(span[1])))
 
 
+@dataclass
+class _Run:
+    """One ``generate`` call's all-in state (``state.extras["prophet"]``) and its current block's
+    tensors, made at the block's first step (outside the block a row that has not fired keeps its
+    canvas until the block ends)."""
+
+    fill: torch.Tensor  # [B, L] long: stored all-in tokens (canvas), the mask id where none
+    fired: torch.Tensor  # [B, 1] bool: rows that went all in
+    taus: torch.Tensor  # [L - lp + 1] float64: the threshold by the row's committed generated positions
+    block: tuple[int, int] = (-1, -1)  # the current block's canvas columns
+    tau_rows: Optional[torch.Tensor] = None  # [B, W + 1] float64: the threshold by the block's masks left
+    #   (NaN in a row that fired before the block: it never fires again)
+    views: dict = field(default_factory=dict)  # (q0, Q, what) -> the block's tensors per query
+
+
+def thresholds(cfg: ProphetConfig, most: int, gen_length: int, device: torch.device) -> torch.Tensor:
+    """``tau(p)`` for every committed count k in [0, most]: ``p = (k + 1) / G`` in float64 (Prophet's
+    1-based step over its steps); early / mid / late by phase -> [most + 1] float64."""
+    progress = (torch.arange(most + 1, dtype=torch.float64, device=device) + 1) / gen_length
+    return torch.where(progress >= MID_PHASE, cfg.late_threshold,
+                       torch.where(progress >= EARLY_PHASE, cfg.mid_threshold, cfg.early_threshold))
+
+
 @register_sampler("prophet")
 class Prophet(Sampler):
     """Prophet: one token per step until the mean top-2 logit gap fires, then commit everything."""
@@ -87,53 +112,98 @@ class Prophet(Sampler):
     Config = ProphetConfig
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # a row goes all in or commits its most confident active mask
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
-        logits = inp.logits  # [B, Q, V]
-        bsz, q, _ = logits.shape
-        q0, (ws, we) = inp.query_start, inp.window
-        lp, g = state.prompt_length, state.gen_length
-        fill = state.extras.get("prophet_fill")
-        if fill is None:
-            fill = torch.full_like(state.x, inp.mask_id)  # [B, L] stored all-in tokens (canvas)
-            state.extras["prophet_fill"] = fill
-            state.extras["prophet_fired"] = torch.zeros(bsz, dtype=torch.bool, device=logits.device)
-        fired = state.extras["prophet_fired"]  # [B]
+        logits, dev = inp.logits, inp.logits.device  # [B, Q, V]
+        q0, (ws, we), q = inp.query_start, inp.window, logits.shape[1]
+        run = self._run(inp, state)
+        only_block = ws == 0 and we == q  # the query is the block (a cached step): its masks are active
+        masked = inp.active if only_block else inp.tokens == inp.mask_id  # [B, Q]
+        left = inp.active.sum(dim=1, keepdim=True)  # [B, 1] the block's masks
 
         # proposals over the whole query (the all-in fill needs every position), as LLaDA draws them
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id, query_start=inp.query_start)  # [B, Q]
-        conf_w = gather_prob(torch.softmax(logits[:, ws:we], dim=-1), x0[:, ws:we])  # [B, W]
-        score = expand_window(conf_w, inp.window, q, float("-inf"))  # [B, Q]
+        conf = self._confidence(window_of(logits, inp.window), x0, inp)  # [B, W]
+        score = expand_window(conf, inp.window, q, float("-inf"))  # [B, Q]
 
-        # 1. mean raw top-2 logit gap over the monitored positions
-        masked = inp.tokens == inp.mask_id  # [B, Q]
+        # 1. mean raw top-2 logit gap (float32) over the monitored positions; none: 0 / 0, never fires
         if cfg.span is None:
-            monitored = masked
+            monitored, count = masked, (left if only_block else masked.sum(dim=1, keepdim=True))
         else:
-            cols = torch.arange(q0, q0 + q, device=logits.device)  # canvas columns of the query
-            start, end = lp + cfg.span[0], lp + min(cfg.span[1], g)
-            monitored = ((cols >= start) & (cols < end)).expand(bsz, q)
-        top2 = logits.float().topk(2, dim=-1).values  # [B, Q, 2]
-        gap = (top2[..., 0] - top2[..., 1]).masked_fill(~monitored, 0.0)  # [B, Q]
-        count = monitored.sum(dim=1)  # [B]
-        mean_gap = gap.sum(dim=1) / count.clamp_min(1)  # [B]
+            monitored, count = self._span(run, q0, q, state)
+        top2 = (logits if logits.dtype in _NARROW else logits.float()).topk(2, dim=-1).values  # [B, Q, 2]
+        pair = constant(("prophet +1 -1", dev), lambda: torch.arange(1.0, -2.0, -2.0, device=dev))  # float32 [2]
+        gap = (top2 * pair).sum(dim=-1)  # [B, Q] float32: l(1) + (-l(2)), one rounding as l(1) - l(2)
+        mean_gap = torch.where(monitored, gap, 0.0).sum(dim=1, keepdim=True) / count  # [B, 1]
 
-        # 2. threshold by progress (committed generated positions, counting this step)
-        committed = (state.x[:, lp:] != inp.mask_id).sum(dim=1)  # [B]
-        progress = (committed + 1).to(torch.float64) / g  # [B]
-        phase = (progress >= EARLY_PHASE).long() + (progress >= MID_PHASE).long()  # [B] 0, 1, 2
-        tau = torch.full_like(progress, cfg.late_threshold)  # [B] float64, by phase
-        tau = torch.where(phase == 1, cfg.mid_threshold, tau)
-        tau = torch.where(phase == 0, cfg.early_threshold, tau)
-        fire = ~fired & (count > 0) & (mean_gap.to(torch.float64) >= tau)  # [B]
+        # 2. threshold by progress: committed generated positions before this step
+        tau = run.tau_rows.gather(1, left)  # [B, 1] float64
+        if cfg.span is not None:  # a span is monitored committed or not: keep fired rows out
+            tau = torch.where(run.fired, float("nan"), tau)
+        # (without a span a row that fired in this block fires again only with masks in its query, which it
+        # commits now anyway, with the same tokens: x0 where nothing is stored)
+        fire = mean_gap >= tau  # [B, 1], compared in float64
 
         # 3. all in: store the proposals of every remaining mask of the query, commit the block now
-        fill_q = fill[:, q0:q0 + q]  # [B, Q] view into the stored fill
-        fill_q.copy_(torch.where(fire[:, None] & masked, x0, fill_q))
-        fired |= fire
-        use_fill = fired[:, None] & (fill_q != inp.mask_id)
-        tokens = torch.where(use_fill, fill_q, x0)
-        commit = torch.where(fired[:, None], inp.active, top1(score, inp.active))  # [B, Q]
+        fill_q = run.views[(q0, q, "fill")]  # [B, Q] view into the stored fill
+        if not only_block:  # a query that is the block commits every mask it would store now
+            torch.where(fire & masked, x0, fill_q, out=fill_q)
+        run.fired |= fire
+        tokens = torch.where(fill_q != inp.mask_id, fill_q, x0)  # stored in fired rows only
+        best = torch.where(inp.active, score, float("-inf")).argmax(dim=1, keepdim=True)  # [B, 1]
+        cols = constant(("prophet columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q]
+        commit = inp.active & (run.fired | (cols == best))  # [B, Q]
         # every mask of the query right of the block is committed now too (engine: ``beyond``);
         # masks outside the query (a KV cache's short query) come from the stored fill later
-        return StepOutput(commit=commit, tokens=tokens, score=score, beyond=fired[:, None] & masked)
+        beyond = None if we == q else run.fired & masked
+        return StepOutput(commit=commit, tokens=tokens, score=score, beyond=beyond, active_only=True)
+
+    @staticmethod
+    def _confidence(logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
+        """``softmax(l)[x0]`` over the block window, [B, W] in the logits' dtype. At T = 0, x0 is the
+        arg-max of l without the mask id, so its probability is the largest without it (the softmax
+        is monotone in l): ``amax`` with the mask id's column at -inf."""
+        probs = torch.softmax(logits, dim=-1)  # [B, W, V]
+        v = probs.shape[-1]
+        if inp.temperature > 0:
+            return gather_prob(probs, window_of(x0, inp.window))
+        if 0 <= inp.mask_id < v:
+            probs = probs.masked_fill(banned_column(v, inp.mask_id, probs.device), float("-inf"))
+        return probs.amax(dim=-1)
+
+    def _run(self, inp: StepInput, state: DecodeState) -> _Run:
+        """The call's ``_Run`` (made at its first step) with the block's tensors (at the block's first)."""
+        x, lp = state.x, state.prompt_length
+        run = state.extras.get("prophet")
+        if run is None:
+            fill = torch.full_like(x, inp.mask_id)  # [B, L]
+            fired = torch.zeros(x.shape[0], 1, dtype=torch.bool, device=x.device)  # [B, 1]
+            run = state.extras["prophet"] = _Run(fill, fired, thresholds(self.config, x.shape[1] - lp,
+                                                                        state.gen_length, x.device))
+            state.extras["prophet_fill"], state.extras["prophet_fired"] = fill, fired
+        q0, q = inp.query_start, inp.tokens.shape[1]
+        s, e = q0 + inp.window[0], q0 + inp.window[1]  # the block's canvas columns
+        if run.block != (s, e):
+            done = (x[:, lp:] != inp.mask_id).sum(dim=1, keepdim=True)  # [B, 1] committed generated positions
+            outside = done - (x[:, s:e] != inp.mask_id).sum(dim=1, keepdim=True)  # [B, 1] ... outside the block
+            committed = outside + (e - s) - torch.arange(e - s + 1, device=x.device)  # [B, W + 1] by masks left
+            run.tau_rows = torch.where(run.fired, float("nan"), run.taus[committed])
+            run.block, run.views = (s, e), {}
+        if (q0, q, "fill") not in run.views:
+            run.views[(q0, q, "fill")] = run.fill[:, q0:q0 + q]
+        return run
+
+    def _span(self, run: _Run, q0: int, q: int, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query's monitored positions [B, Q] and their count [B, 1] (``span``; made once per query)."""
+        key = (q0, q, "span")
+        if key not in run.views:
+            cols = torch.arange(q0, q0 + q, device=run.fill.device)  # canvas columns of the query
+            lp, (a, b) = state.prompt_length, self.config.span
+            start, end = lp + a, lp + min(b, state.gen_length)
+            monitored = ((cols >= start) & (cols < end)).expand(run.fill.shape[0], q)
+            run.views[key] = (monitored, monitored.sum(dim=1, keepdim=True))
+        return run.views[key]

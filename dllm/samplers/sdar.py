@@ -48,7 +48,9 @@ import torch.nn.functional as F
 from dllm.schedule import BLOCK_SIZE_KEY, grid_start
 from dllm.options import check_choice, check_int, check_unit
 from dllm.samplers import draws
+from dllm.samplers._ops import expand_window, window_of
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import argmax_excluding, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
@@ -100,11 +102,11 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     """logits [B, W, V] -> (x0 [B, W] long, p(x0) [B, W]) as generate.py's
     ``sample_with_temperature_topk_topp`` (T > 0: one ``multinomial`` over the B*W rows), or the
     arg-max and its softmax probability at T = 0."""
+    if temperature == 0:  # a softmax and a max treat each row alone: the same bits as over [B*W, V]
+        probs, x0 = F.softmax(logits, dim=-1).max(dim=-1)  # [B, W], [B, W]
+        return x0, probs
     b, w, v = logits.shape
     flat = logits.reshape(-1, v)  # [B*W, V]
-    if temperature == 0:
-        probs, x0 = F.softmax(flat, dim=-1).max(dim=-1)
-        return x0.view(b, w), probs.view(b, w)
     if temperature != 1.0:
         flat = flat / temperature
     if top_k > 0:
@@ -123,9 +125,7 @@ def never_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Te
     block's last step it would leave the block unfinished (the official canvas keeps a mask there), so
     the sampler applies this on that step only. Runs whose blocks end without a mask stay
     token-equal to the official loop."""
-    other = logits.clone()
-    other[..., mask_id] = float("-inf")
-    return torch.where(x0 == mask_id, other.argmax(dim=-1), x0)
+    return torch.where(x0 == mask_id, argmax_excluding(logits, mask_id), x0)
 
 
 def choose(conf: torch.Tensor, masks: torch.Tensor, n: int, strategy: str, threshold: float) -> torch.Tensor:
@@ -133,10 +133,10 @@ def choose(conf: torch.Tensor, masks: torch.Tensor, n: int, strategy: str, thres
     w = conf.shape[1]
     k = min(n, w)
     if strategy == "sequential":
-        idx = torch.arange(w, device=conf.device)
+        idx = constant(("sdar columns", w, conf.device), lambda: torch.arange(w, device=conf.device))  # [W]
         first = torch.where(masks, idx, w).min(dim=1, keepdim=True).values  # [B, 1]
         return masks & (idx >= first) & (idx < first + n)
-    score = conf.masked_fill(~masks, float("-inf"))
+    score = torch.where(masks, conf, float("-inf"))  # [B, W]
     top = torch.zeros_like(masks)
     if k > 0:
         top.scatter_(1, torch.topk(score, k, dim=-1).indices, True)
@@ -178,19 +178,18 @@ class SDARSampler(Sampler):
         if a < 0:
             raise ValueError(f"sampler 'sdar' needs the logits of the whole grid block [{g}, {e}) but the "
                              f"step's query starts at column {inp.query_start}; use cache 'none' or 'block'")
-        x0, conf = propose(inp.logits[:, a:b], inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
+        logits = window_of(inp.logits, (a, b))  # [B, W, V] (the query itself when it is the grid block)
+        x0, conf = propose(logits, inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
         if inp.step >= cfg.denoising_steps - 1:  # the block's last step: a drawn mask would stay masked
-            x0 = never_mask(x0, inp.logits[:, a:b], inp.mask_id)
-        masks = inp.active[:, a:b]  # [B, W] the block's masks (the prompt tail is never active)
+            x0 = never_mask(x0, logits, inp.mask_id)
+        masks = window_of(inp.active, (a, b))  # [B, W] the block's masks (the prompt tail is never active)
         quotas = transfer_counts(block_of(state), cfg.denoising_steps)
         n = quotas[min(inp.step, cfg.denoising_steps - 1)]
-        commit = torch.zeros_like(inp.active)
-        commit[:, a:b] = choose(conf, masks, n, cfg.strategy, cfg.threshold)
-        tokens = inp.tokens.clone()
-        tokens[:, a:b] = x0
-        score = torch.full_like(inp.logits[..., 0], float("-inf"), dtype=conf.dtype)
-        score[:, a:b] = conf
-        return StepOutput(commit=commit, tokens=tokens, score=score)
+        commit = choose(conf, masks, n, cfg.strategy, cfg.threshold)  # [B, W] masks only
+        q = inp.tokens.shape[1]  # off the grid block: nothing committed, scores -inf (tokens not read)
+        return StepOutput(commit=expand_window(commit, (a, b), q, False),
+                          tokens=expand_window(x0, (a, b), q, inp.mask_id),
+                          score=expand_window(conf, (a, b), q, float("-inf")), active_only=True)
 
 
 __all__ = ["SDARConfig", "SDARSampler", "choose", "never_mask", "propose", "transfer_counts"]

@@ -92,9 +92,17 @@ def apply_soft_inputs(h: torch.Tensor, embed: nn.Module, soft: SoftInputs) -> to
     if h.shape[0] != soft.where.shape[0] or not 0 <= a <= a + w <= h.shape[1]:
         raise ValueError(f"soft inputs for rows [{a}, {a + w}) of {soft.where.shape[0]} batch rows do not fit "
                          f"a forward of {h.shape[0]} rows x {h.shape[1]} positions")
-    mixed = mix_embeddings(embed, soft.tokens, soft.weights, soft.renorm_eps).to(h.device)  # [B, W, D]
+    mixed = mix_embeddings(embed, soft.tokens, soft.weights, soft.renorm_eps)  # [B, W, D]
+    where = soft.where  # [B, W] bool
+    if mixed.device != h.device:  # (a ``to`` of a tensor already there is still a call)
+        mixed = mixed.to(h.device)
+    if where.device != h.device:
+        where = where.to(h.device)
     span = h[:, a:a + w]  # [B, W, D] view
-    span.copy_(torch.where(soft.where.to(h.device)[..., None], mixed, span))  # in place (autograd allows it)
+    if torch.is_grad_enabled() and (h.requires_grad or mixed.requires_grad):
+        span.copy_(torch.where(where[..., None], mixed, span))  # in place (autograd allows it)
+    else:
+        torch.where(where[..., None], mixed, span, out=span)  # in place: out is exactly the third input
     return h
 
 

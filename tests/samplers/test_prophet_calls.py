@@ -1,0 +1,53 @@
+"""Prophet's decode step in few ATen calls (``dllm.samplers.prophet``), the same bits: the threshold
+table against the per-step phase rule, the top-2 gap as one multiply-and-sum against the subtraction,
+and the calls its own file issues per cached step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm.eval.bench.counters import count_generate
+from dllm.models.tiny import tiny
+from dllm.samplers import make_sampler
+from dllm.samplers.prophet import EARLY_PHASE, MID_PHASE, thresholds
+
+OWN_CALLS = 21  # per cached step from dllm/samplers/prophet.py (defaults, T = 0); was 51
+
+
+def own_calls_per_step(spec: str, path: str) -> float:
+    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
+    model = tiny("llada", dtype=torch.bfloat16)
+    model.transformer.set_fused(True, ops=True)
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
+                           trace=True).cached_steps(40)
+    assert steps
+    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
+
+
+def test_own_calls_per_cached_step():
+    assert own_calls_per_step("prophet", "dllm/samplers/prophet.py") <= OWN_CALLS
+
+
+@pytest.mark.parametrize("gen_length", [1, 3, 10, 100, 256])
+def test_the_threshold_table_is_the_phase_rule(gen_length):
+    cfg = make_sampler("prophet", early_threshold=7.5, mid_threshold=5.0, late_threshold=float("inf")).config
+    committed = torch.arange(gen_length + 1)
+    progress = (committed + 1).to(torch.float64) / gen_length
+    phase = (progress >= EARLY_PHASE).long() + (progress >= MID_PHASE).long()
+    tau = torch.full_like(progress, cfg.late_threshold)
+    tau = torch.where(phase == 1, cfg.mid_threshold, tau)
+    tau = torch.where(phase == 0, cfg.early_threshold, tau)
+    assert torch.equal(thresholds(cfg, gen_length, gen_length, torch.device("cpu")), tau)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_gap_as_one_multiply_and_sum_is_the_subtraction(dtype):
+    g = torch.Generator().manual_seed(0)
+    pair = torch.arange(1.0, -2.0, -2.0)  # as the sampler makes it
+    for _ in range(100):
+        scale = torch.exp2(torch.randint(-30, 30, (4, 9, 1), generator=g).float())
+        top2 = (torch.randn(4, 9, 2, generator=g) * scale).to(dtype).sort(dim=-1, descending=True).values
+        want = top2[..., 0].float() - top2[..., 1].float()
+        torch.testing.assert_close((top2 * pair).sum(dim=-1), want, rtol=0, atol=0, equal_nan=True)  # inf - inf

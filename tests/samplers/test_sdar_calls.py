@@ -1,0 +1,53 @@
+"""SDAR's decode step in few ATen calls (``dllm.samplers.sdar``), the same bits: the T = 0 proposal over
+[B, W, V] against the flattened rows, the mask replacement through ``argmax_excluding`` against the
+copy with the mask's column at -inf, and the calls its own file issues per cached step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dllm.eval.bench.counters import count_generate
+from dllm.models.tiny import tiny
+from dllm.samplers.sdar import never_mask, propose
+
+OWN_CALLS = 12  # per cached step from dllm/samplers/sdar.py (defaults, T = 0); was 27
+
+
+def own_calls_per_step(spec: str, path: str) -> float:
+    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
+    model = tiny("llada", dtype=torch.bfloat16)
+    model.transformer.set_fused(True, ops=True)
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
+                           trace=True).cached_steps(40)
+    assert steps
+    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
+
+
+def test_own_calls_per_cached_step():
+    assert own_calls_per_step("sdar", "dllm/samplers/sdar.py") <= OWN_CALLS
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_proposal_is_the_flattened_one(dtype):
+    g = torch.Generator().manual_seed(0)
+    query = (torch.randn(3, 12, 50, generator=g) * 3).to(dtype)
+    query[..., 7] = query[..., 3]  # ties at the maximum: the first index
+    for logits in (query, query[:, 2:9]):  # the whole query, and a grid block inside it (not contiguous)
+        b, w, v = logits.shape
+        probs, x0 = F.softmax(logits.reshape(-1, v), dim=-1).max(dim=-1)
+        got_x0, got_p = propose(logits, 0.0, 0, 1.0, None)
+        assert torch.equal(got_x0, x0.view(b, w)) and torch.equal(got_p, probs.view(b, w))
+
+
+@pytest.mark.parametrize("mask_id", [2, 49])
+def test_never_mask_is_the_copy_with_the_mask_column_at_minus_inf(mask_id):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randint(-3, 4, (2, 9, 50), generator=g).float()  # ties
+    x0 = torch.randint(0, 50, (2, 9), generator=g)
+    x0[:, ::2] = mask_id
+    other = logits.clone()
+    other[..., mask_id] = float("-inf")
+    assert torch.equal(never_mask(x0, logits, mask_id), torch.where(x0 == mask_id, other.argmax(dim=-1), x0))
