@@ -121,6 +121,10 @@ class DMax(Sampler):
     refines = True  # rewrites committed tokens of the block and runs it until every row settles
     soft_inputs = True  # feeds mixed input embeddings (StepOutput.soft): a model with an input embedding
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the left-to-right rule always takes a row's leftmost mask
+
     def begin_block(self, state: DecodeState) -> None:
         s, e = state.block_start, state.block_end
         state.extras[OPEN_KEY] = state.x[:, s:e] == state.mask_id  # [B, W]: every row is open

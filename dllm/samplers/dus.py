@@ -78,6 +78,10 @@ class DUS(Sampler):
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False  # it sets its own step count: ceil(log_b B) per block (see the docstring)
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # every active mask of the earliest round that still has one
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
         x0 = propose(window_of(inp.logits, inp.window), inp.temperature, inp.generator, inp.mask_id)  # [B, W]

@@ -96,6 +96,10 @@ class KLASS(Sampler):
     Config = KLASSConfig
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the ready masks, else the row's best active one
+
     def begin_block(self, state: DecodeState) -> None:
         state.extras[EXTRAS_KEY] = None  # a new window: its KL history starts empty
         if self.config.reset_each_block:

@@ -160,6 +160,10 @@ class SDARSampler(Sampler):
     Config = SDARConfig
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # every remasking rule takes at least one mask (a quota >= 1, or the first mask)
+
     def begin_block(self, state: DecodeState) -> None:
         bs = block_of(state)
         if self.config.denoising_steps > bs:

@@ -13,7 +13,9 @@ from dllm.samplers import make_sampler
 
 CANDIDATES = ("threshold", "threshold:threshold=1.0", "threshold:threshold=0.5", "fast", "fast:compact=False",
               "lopa", "lopa:branches=1,bonus=False", "lopa:reuse=True,tau_conf=1.0", "lopa:verify_variants=False",
-              "credit", "credit:threshold=1.0,alpha=0.0", "factor", "factor:factor=0.01", "factor:factor=4.0")
+              "credit", "credit:threshold=1.0,alpha=0.0", "factor", "factor:factor=0.01", "factor:factor=4.0",
+              "prophet", "fastdllm_v2", "hierarchy", "dmax", "sdar", "sdar:strategy=low_confidence_static",
+              "klass", "klass:unmask=min_kl", "dus")
 DECLARED = [spec for spec in CANDIDATES if make_sampler(spec).commits_every_step]
 
 
