@@ -4,7 +4,7 @@ A *variant* is a copy of one row's canvas whose block window differs from the ca
 filled with guessed tokens). The engine forwards any number of variants in ONE batch
 (``StepInput.forward_variants``; it counts the forward and, under a KV cache, runs each variant's
 block query on a copy of the buffers). ``ssd`` and ``spec_threshold`` verify drafted commits with
-nested variants (``prefix_fills``); ``lopa`` scores one-token lookahead variants.
+nested variants (variant k fills the first k drafts); ``lopa`` scores one-token lookahead variants.
 
 Every function is pure and batched; none reads a tensor back to the host.
 """
@@ -17,17 +17,6 @@ import torch
 
 from dllm.samplers.chunked import constant
 from dllm.state import StepInput
-
-
-def prefix_fills(d_pos: torch.Tensor, d_valid: torch.Tensor, width: int) -> torch.Tensor:
-    """Nested variants: variant k fills drafts 0..k (the invalid ones never).
-
-    d_pos: [B, N] long, drafted window positions in draft order; d_valid: [B, N] bool.
-    Returns fill [B, N, W] bool with W = ``width``.
-    """
-    onehot = torch.zeros(*d_pos.shape, width, dtype=torch.bool, device=d_pos.device)  # [B, N, W]
-    onehot.scatter_(2, d_pos[:, :, None], d_valid[:, :, None])
-    return onehot.cumsum(dim=1) > 0
 
 
 def every_row_runs(n_rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

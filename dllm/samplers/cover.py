@@ -42,15 +42,16 @@ tensors, no host read); every cache policy that serves a shadow block (``none``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from dllm.options import check_bool, check_int, check_number, check_unit
-from dllm.samplers._ops import propose, take_top_k, top1, window_output
+from dllm.samplers._ops import propose, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, softmax_prob
-from dllm.samplers.wino import draft_cap, wide_in
-from dllm.state import DecodeState, StepInput
+from dllm.samplers.chunked import argmax_excluding, constant, softmax_prob
+from dllm.samplers.wino import as_column, draft_caps, wide_in_count
+from dllm.state import DecodeState, StepInput, StepOutput
 
 KEY = "cover"  # state.extras key of the block's per-position records (``CoverRecords``)
 
@@ -88,47 +89,76 @@ class CoverConfig:
 @dataclass
 class CoverRecords:
     """Per block position, [B, W]: what the last judgement of its committed token saw; per row
-    [B]: the tokens the last step accepted."""
+    [B, 1] (or [B]): the tokens the last step accepted."""
 
     p: torch.Tensor  # float64: the token's latest probability (draft confidence, or leave-one-out)
     seen: torch.Tensor  # long: other committed block tokens in view when it was last judged
     order: torch.Tensor  # long: block step at which it was committed (-1: not committed by cover)
-    last_accept: torch.Tensor  # [B] long: tokens the previous step of the block accepted (0 at its start)
+    last_accept: torch.Tensor  # [B, 1] long: tokens the previous step of the block accepted (0 at its start)
+
+
+def draft_count(conf: torch.Tensor, tau: float, cap: torch.Tensor, n_masks: torch.Tensor) -> torch.Tensor:
+    """How many masks ``draft`` commits: wino's wide-in ``min(#(conf > tau), cap)``, at least one
+    where the row has masks; they are the first of the stable descending confidence order.
+    conf [B, W] float64, -inf off active; cap, n_masks [B, 1] long -> [B, 1] long."""
+    return wide_in_count(conf, tau, cap).clamp(min=1).minimum(n_masks)
 
 
 def draft(conf: torch.Tensor, active: torch.Tensor, tau: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau`` (the ``cap`` most confident when more qualify), else the top-1.
-    conf [B, W] float64, active [B, W] bool, cap [B] long -> [B, W] bool."""
-    want = wide_in(conf, active, tau, cap)  # wino's rule
-    none = ~want.any(dim=1, keepdim=True)  # [B, 1]
-    return want | (top1(conf, active) & none)
+    conf [B, W] float64, active [B, W] bool, cap [B] or [B, 1] long -> [B, W] bool."""
+    conf = torch.where(active, conf, float("-inf"))
+    rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W] the active masks first
+    return rank < draft_count(conf, tau, as_column(cap), active.sum(dim=1, keepdim=True))
 
 
 def stability_score(rec: CoverRecords, committed: torch.Tensor, influence_weight: float,
-                    drift_weight: float) -> torch.Tensor:
+                    drift_weight: float, others: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``(1 - p) + w_i * n_after / W + w_d * n_new / W`` per committed position, [B, W] float64.
 
-    n_after: committed tokens of a later block step; n_new: the row's other committed tokens now,
-    less those in view at the last judgement (>= 0)."""
+    committed: the positions with ``rec.order >= 0``. n_after: committed tokens of a later block
+    step; n_new: the row's other committed tokens now (``others`` [B, 1], default counted), less
+    those in view at the last judgement (>= 0)."""
     width = committed.shape[1]
-    later = (rec.order[:, None, :] > rec.order[:, :, None]) & committed[:, None, :]  # [B, W(j), W(i)]
-    n_after = later.sum(dim=2)  # [B, W]
-    others = (committed.sum(dim=1, keepdim=True) - 1).clamp(min=0)  # [B, 1]
-    n_new = (others - rec.seen).clamp(min=0)  # [B, W]
-    return (1 - rec.p) + influence_weight * (n_after.double() / width) + drift_weight * (n_new.double() / width)
+    if others is None:
+        others = committed.sum(dim=1, keepdim=True) - 1  # [B, 1]
+    # a later step's token is committed: order[i] > order[j] >= 0
+    n_after = (rec.order[:, None, :] > rec.order[:, :, None]).sum(dim=2, dtype=torch.float64)  # [B, W]
+    n_new = (others - rec.seen).clamp(min=0).double()  # [B, W]
+    return (1 - rec.p) + influence_weight * (n_after / width) + drift_weight * (n_new / width)
 
 
-def choose_seeds(rec: CoverRecords, committed: torch.Tensor, cfg: CoverConfig) -> torch.Tensor:
-    """The committed tokens to verify this step, from the records only. [B, W] bool."""
-    score = stability_score(rec, committed, cfg.influence_weight, cfg.drift_weight)  # [B, W]
-    budget = (rec.last_accept.double() * cfg.seed_ratio).ceil().long().clamp(max=cfg.max_seeds)  # [B]
-    return take_top_k(score, budget, committed & (score >= cfg.seed_threshold))
+def seed_budgets(width: int, ratio: float, most: int, device: torch.device) -> torch.Tensor:
+    """``min(ceil(ratio * a), most)`` for every accepted count a in 0..W [W + 1] long (index it by
+    the counts), made once per block width and options (``chunked.constant``)."""
+    return constant(("cover seed budgets", width, ratio, most, device),
+                    lambda: (torch.arange(width + 1, device=device).double() * ratio).ceil().long().clamp(max=most))
+
+
+def choose_seeds(rec: CoverRecords, committed: torch.Tensor, cfg: CoverConfig,
+                 others: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The committed tokens to verify this step, from the records only. [B, W] bool: the budget's
+    highest scores among those ``>= seed_threshold`` (ties: the leftmost), which are the first of
+    the committed tokens' stable descending order."""
+    score = torch.where(committed, stability_score(rec, committed, cfg.influence_weight, cfg.drift_weight, others),
+                        float("-inf"))  # [B, W]
+    budget = seed_budgets(committed.shape[1], cfg.seed_ratio, cfg.max_seeds, committed.device)[rec.last_accept]
+    rank = ranks_of(score.argsort(dim=1, descending=True, stable=True))  # [B, W]
+    return (rank < as_column(budget)) & (score >= cfg.seed_threshold)
+
+
+def revoke_ranked(q: torch.Tensor, fail: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """``revoke`` where the failing seeds are the first of the stable ascending order of ``q``:
+    q [B, W] float64, +inf off the checked seeds (a checked seed that passes is above every failing
+    one); fail [B, W] bool; limit [B, 1] long -> [B, W] bool."""
+    rank = ranks_of(q.argsort(dim=1, stable=True))  # [B, W] the least likely first
+    return (rank < limit) & fail
 
 
 def revoke(q: torch.Tensor, fail: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
     """The failing seeds to re-mask: the ``limit`` least likely (ties: the leftmost).
-    q [B, W] float64 leave-one-out probabilities, fail [B, W] bool, limit [B] long -> [B, W] bool."""
-    return take_top_k(-q, limit.clamp(min=0), fail)
+    q [B, W] float64 leave-one-out probabilities, fail [B, W] bool, limit [B] or [B, 1] long -> [B, W] bool."""
+    return revoke_ranked(torch.where(fail, q, float("inf")), fail, as_column(limit))
 
 
 @register_sampler("cover", description="COVER: drafts, then verifies the riskiest earlier commits "
@@ -141,44 +171,55 @@ class Cover(Sampler):
     shadow_block = True
     revises = True
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the draft's top-1, and at most accepted - 1 revoked
+
     def begin_block(self, state: DecodeState) -> None:
         shape = (state.batch_size, state.block_end - state.block_start)
         dev = state.x.device
         state.extras[KEY] = CoverRecords(p=torch.zeros(shape, dtype=torch.float64, device=dev),
                                          seen=torch.zeros(shape, dtype=torch.long, device=dev),
                                          order=torch.full(shape, -1, dtype=torch.long, device=dev),
-                                         last_accept=torch.zeros(shape[0], dtype=torch.long, device=dev))
+                                         last_accept=torch.zeros((shape[0], 1), dtype=torch.long, device=dev))
 
-    def step(self, inp: StepInput, state: DecodeState):
+    def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         assert inp.shadow_logits is not None, "the engine must provide shadow_logits for cover"
         cfg, rec = self.config, state.extras[KEY]
-        ws, we = inp.window
-        logits = inp.logits[:, ws:we]  # [B, W, V]
-        active = inp.active[:, ws:we]  # [B, W]
-        current = inp.tokens[:, ws:we]  # [B, W]
-        committed = (rec.order >= 0) & (current != inp.mask_id) & ~active  # earlier commits of the block
-        seeds = choose_seeds(rec, committed, cfg)  # [B, W]
+        logits = window_of(inp.logits, inp.window)  # [B, W, V]
+        active = window_of(inp.active, inp.window)  # [B, W]
+        current = window_of(inp.tokens, inp.window)  # [B, W]
+        # earlier commits of the block: a token cover committed stays until cover revokes it
+        committed = rec.order >= 0  # [B, W]
+        in_view = committed.sum(dim=1, keepdim=True)  # [B, 1] committed tokens this forward sees
+        others = in_view - 1  # [B, 1]
+        seeds = choose_seeds(rec, committed, cfg, others)  # [B, W]
 
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = softmax_prob(logits, x0)  # [B, W] float64
-        n_masks = active.sum(dim=1)  # [B]
-        cap = draft_cap(n_masks, cfg.accept_ratio, cfg.min_accept, cfg.max_accept)  # [B]
-        commit = draft(conf, active, cfg.threshold, cap)  # [B, W]: >= 1 in every row with masks
-        accepted = commit.sum(dim=1)  # [B]
+        conf = torch.where(active, softmax_prob(logits, x0), float("-inf"))  # [B, W] float64
+        n_masks = active.sum(dim=1, keepdim=True)  # [B, 1]
+        cap = draft_caps(active.shape[1], cfg.accept_ratio, cfg.min_accept, cfg.max_accept, active.device)[n_masks]
+        rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]
+        accepted = draft_count(conf, cfg.threshold, cap, n_masks)  # [B, 1] >= 1 in every row with masks
+        commit = rank < accepted  # [B, W] the first ``accepted`` of the confidence order: active masks
 
-        q = softmax_prob(inp.shadow_logits, current)  # [B, W] float64 leave-one-out p(token)
-        fail = seeds & (q < cfg.verify_threshold)
+        checked = seeds  # [B, W] the seeds that can fail: all, or those the leave-one-out view would not redraft
         if cfg.same_argmax_passes:
-            fail &= argmax_excluding(inp.shadow_logits, inp.mask_id) != current
-        remask = revoke(q, fail, accepted - 1)  # [B, W]
+            checked = seeds & (argmax_excluding(inp.shadow_logits, inp.mask_id) != current)
+        q = softmax_prob(inp.shadow_logits, current)  # [B, W] float64 leave-one-out p(token)
+        q_checked = torch.where(checked, q, float("inf"))  # [B, W]
+        fail = q_checked < cfg.verify_threshold  # [B, W] checked seeds only
+        remask = revoke_ranked(q_checked, fail, accepted - 1)  # [B, W]
 
-        in_view = committed.sum(dim=1, keepdim=True)  # [B, 1] committed tokens this forward saw
-        passed = seeds & ~remask
-        rec.p = torch.where(commit, conf, torch.where(passed, q, rec.p))
-        rec.seen = torch.where(commit, in_view, torch.where(passed, in_view - 1, rec.seen))
+        # a seed that passes takes its leave-one-out evidence (a revoked one too: its records are not
+        # read until a later commit sets them anew)
+        rec.p = torch.where(commit, conf, torch.where(seeds, q, rec.p))
+        rec.seen = torch.where(commit, in_view, torch.where(seeds, others, rec.seen))
         rec.order = torch.where(commit, state.block_step, torch.where(remask, -1, rec.order))
         rec.last_accept = accepted
-        return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")), remask)
+        out = window_output(inp, commit, x0, conf, remask)
+        out.active_only = True  # the commit holds active masks only
+        return out
 
 
 __all__ = ["Cover", "CoverConfig", "CoverRecords", "choose_seeds", "draft", "revoke", "stability_score"]

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import argmax_excluding, gather_prob, threshold_commit, window_output
-from dllm.samplers._verify import forward_window_variants, prefix_fills
+from dllm.samplers._ops import argmax_excluding, gather_prob, ranks_of, window_of, window_output
+from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import column_ids, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -46,13 +47,31 @@ class SpecThresholdConfig:
         check_int("draft", self.draft, 1)
 
 
-def threshold_rule(logits: torch.Tensor, active: torch.Tensor, tau: float, mask_id: int):
-    """The reference's decision at one state. logits [R, Q, V], active [R, Q] ->
-    (tokens [R, Q], confidence [R, Q] float64 (-inf off active), commit [R, Q] bool)."""
+def confidence(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
+    """The reference's proposals and scores. logits [R, Q, V], active [R, Q] ->
+    (tokens [R, Q] arg-max, confidence [R, Q] float64 softmax at them, -inf off active)."""
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
     conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), tokens)  # [R, Q]
-    conf = conf.masked_fill(~active, float("-inf"))
-    return tokens, conf, threshold_commit(conf, active, tau)
+    return tokens, torch.where(active, conf, float("-inf"))
+
+
+def threshold_keys(conf: torch.Tensor, tokens: torch.Tensor, tau: float) -> torch.Tensor:
+    """The reference's decision C(S) at one state (``threshold``: every position with ``conf >= tau``
+    and the most confident one, the lowest position among ties) with its tokens, as one map:
+    conf [R, Q] float64 (-inf off active), tokens [R, Q] -> [R, Q] long, the token on C(S), -1 off
+    it (a state without active masks gets position 0: the caller never takes it)."""
+    best = conf.argmax(dim=-1, keepdim=True)  # [R, 1]
+    return torch.where((conf >= tau).scatter(-1, best, True), tokens, -1)
+
+
+def step_ids(n: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Constants per (N, W) (``chunked.constant``): ``arange(N)`` [N] and as a column [N, 1], and
+    the draft rank that variant k's decision must be, ``k`` [N, 1] (``W + 1``, no rank, for the
+    last variant: its next draft is not drafted)."""
+    def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k = torch.arange(n, device=device)
+        return k, k[:, None], torch.where(k < n - 1, k, width + 1)[:, None]
+    return constant(("spec_threshold steps", n, width, device), make)
 
 
 @register_sampler("spec_threshold",
@@ -66,42 +85,39 @@ class SpecThreshold(Sampler):
     needs_variants = True
     greedy_only = True
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # C0 holds the most confident active mask
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tau = self.config.threshold
-        ws, we = inp.window
-        active = inp.active[:, ws:we]  # [B, W] everything below is in block-window coordinates
+        active = window_of(inp.active, inp.window)  # [B, W] everything below is in block-window coordinates
+        cur = window_of(inp.tokens, inp.window)  # [B, W]
         bsz, width = active.shape
-        tokens0, conf0, c0 = threshold_rule(inp.logits[:, ws:we], active, tau, inp.mask_id)
-        out_tokens = torch.where(c0, tokens0, inp.tokens[:, ws:we])  # S1 on the committed positions
-        remaining = active & ~c0  # [B, W]
         n = min(self.config.draft, width)
-        if not bool(remaining.any()):  # one host sync: nothing left to verify in any row
-            return window_output(inp, c0, out_tokens, conf0)
-        order = conf0.masked_fill(~remaining, float("-inf")).argsort(dim=1, descending=True, stable=True)
-        d_pos = order[:, : max(n - 1, 0)]  # [B, N-1] drafted positions, in confidence order
-        n_rem = remaining.sum(dim=1)  # [B]
-        k_idx = torch.arange(n, device=active.device)  # [N]
-        d_valid = k_idx[None, : n - 1] < n_rem[:, None]  # [B, N-1]
-        none = torch.zeros(bsz, 1, width, dtype=torch.bool, device=active.device)
-        fill = torch.cat([none, prefix_fills(d_pos, d_valid, width)], dim=1)  # [B, N, W] variant k: d_1..d_k
-        variant_tokens = torch.where(fill, tokens0[:, None, :], out_tokens[:, None, :])  # [B, N, W]
+        k_ids, k_col, next_draft = step_ids(n, width, active.device)  # [N], [N, 1], [N, 1]
+        tokens0, conf0 = confidence(window_of(inp.logits, inp.window), active, inp.mask_id)  # [B, W] each
+        # C0 is the first max(#(conf >= tau), 1) positions of the stable confidence order; the drafts
+        # d_1, d_2, ... follow in that order. rank: C0 in [-W, 0), draft d_{j+1} j, -W - 1 off active
+        rank = ranks_of(conf0.argsort(dim=1, descending=True, stable=True))  # [B, W]
+        c0_size = (conf0 >= tau).sum(dim=1, keepdim=True).clamp_min(1)  # [B, 1]
+        rank = torch.where(active, rank - c0_size, -1 - width)  # [B, W]
+        rank3 = rank[:, None, :]  # [B, 1, W]
+        # variant k = S1 + d_1 .. d_k: its masks are the drafts after d_k
+        variant_active = rank3 >= k_col  # [B, N, W]
+        if not bool(variant_active.any()):  # one host sync: nothing left to verify in any row
+            # C0 (and the positions not active, rank < -W: the engine keeps active only)
+            return window_output(inp, rank < 0, tokens0, conf0)
+        proposal = torch.where(active, tokens0, cur)[:, None, :]  # [B, 1, W] the arg-max tokens on the masks
+        variant_tokens = torch.where(variant_active, inp.mask_id, proposal)  # [B, N, W]
         variant_logits = forward_window_variants(inp, variant_tokens)  # [B*N, W, V]
-        variant_active = (remaining[:, None, :] & ~fill).reshape(bsz * n, width)  # [B*N, W]
-        c_tok, _, c_set = threshold_rule(variant_logits, variant_active, tau, inp.mask_id)
-        c_tok, c_set = c_tok.reshape(bsz, n, width), c_set.reshape(bsz, n, width)  # [B, N, W]
-        if n > 1:  # draft k+1 accepted iff variant k's own set is exactly {d_{k+1}} with the same token
-            single = c_set[:, :-1].sum(dim=2) == 1  # [B, N-1]
-            at_d = torch.gather(c_set[:, :-1], 2, d_pos[:, :, None]).squeeze(2)
-            tok_d = torch.gather(c_tok[:, :-1], 2, d_pos[:, :, None]).squeeze(2)
-            same = tok_d == torch.gather(tokens0, 1, d_pos)
-            match = single & at_d & same & d_valid  # [B, N-1]
-            accepted = match.long().cumprod(dim=1).sum(dim=1)  # [B] a in 0..N-1
-        else:
-            accepted = torch.zeros(bsz, dtype=torch.long, device=active.device)
-        drafts = torch.gather(fill, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)  # [B, W]
-        final = torch.gather(c_set, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)
-        final_tok = torch.gather(c_tok, 1, accepted[:, None, None].expand(bsz, 1, width)).squeeze(1)
-        out_tokens = torch.where(drafts, tokens0, out_tokens)
-        out_tokens = torch.where(final, final_tok, out_tokens)
-        commit = (c0 | drafts | final) & active
-        return window_output(inp, commit, out_tokens, conf0)
+        v_tokens, v_conf = confidence(variant_logits, variant_active.reshape(bsz * n, width), inp.mask_id)  # [B*N, W]
+        keys = threshold_keys(v_conf, v_tokens, tau).reshape(bsz, n, width)  # [B, N, W]: C(variant k), its tokens
+        # draft d_{k+1} accepted iff C(variant k) is exactly {d_{k+1}} with its token
+        match = (keys == torch.where(rank3 == next_draft, proposal, -1)).all(dim=2)  # [B, N]
+        accepted = torch.where(match, n, k_ids).amin(dim=1)  # [B] a in 0..N-1: the first mismatch
+        final = keys[column_ids(bsz, active.device), accepted]  # [B, W] C(variant a): the next set
+        drafts = rank < accepted[:, None]  # [B, W] C0 and d_1 .. d_a (and positions not active)
+        # a variant without masks gives position 0, then a draft or not active (the engine keeps active only)
+        out_tokens = torch.where(drafts, tokens0, final)  # [B, W] read on commits only
+        return window_output(inp, drafts | (final >= 0), out_tokens, conf0)

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int
-from dllm.samplers._ops import argmax_excluding, gather_prob, window_output
-from dllm.samplers._verify import forward_window_variants, prefix_fills
+from dllm.samplers._ops import argmax_excluding, gather_prob, ranks_of, window_of, window_output
+from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import column_ids, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -43,14 +44,32 @@ class SSDConfig:
         check_int("draft", self.draft, 1)
 
 
-def reference_choice(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
-    """The reference's ranking: ``low_confidence`` scores (softmax in the logits dtype at the
-    arg-max token), masked to active positions. logits [R, Q, V], active [R, Q] ->
-    (tokens [R, Q], order [R, Q] positions by descending score, stable)."""
+def reference_scores(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
+    """The reference's choice rule: ``low_confidence`` scores (softmax in the logits dtype at the
+    arg-max token), -inf off active positions. logits [R, Q, V], active [R, Q] ->
+    (tokens [R, Q], score [R, Q]); its choice is the first position of the largest score."""
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
-    score = gather_prob(torch.softmax(logits, dim=-1), tokens).masked_fill(~active, float("-inf"))
-    order = score.argsort(dim=-1, descending=True, stable=True)  # [R, Q]
-    return tokens, order
+    return tokens, torch.where(active, gather_prob(torch.softmax(logits, dim=-1), tokens), float("-inf"))
+
+
+def reference_ranks(logits: torch.Tensor, active: torch.Tensor, current: torch.Tensor, mask_id: int):
+    """The reference's ranking: its choices one per step from these logits. logits [R, Q, V], active,
+    current [R, Q] -> (proposal [R, Q]: the arg-max tokens on active positions, ``current``
+    elsewhere; rank [R, Q] long: place of each active position in the stable descending score order
+    (draft k is the position of rank k), -1 at the positions that are not active)."""
+    tokens, score = reference_scores(logits, active, mask_id)
+    rank = ranks_of(score.argsort(dim=-1, descending=True, stable=True))  # [R, Q]
+    return torch.where(active, tokens, current), torch.where(active, rank, -1)
+
+
+def draft_ids(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Constants per draft count ``n`` (``chunked.constant``): ``arange(n)`` [N] and as a column
+    [N, 1], and the rank that variant k's choice must have to accept draft k + 1 [N]: ``k + 1``, -2
+    (no rank) for the last variant (its next draft is not drafted)."""
+    def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k = torch.arange(n, device=device)
+        return k, k[:, None], torch.where(k < n - 1, k + 1, -2)
+    return constant(("ssd drafts", n, device), make)
 
 
 @register_sampler("ssd")
@@ -63,46 +82,34 @@ class SelfSpeculative(Sampler):
     needs_variants = True
     greedy_only = True
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # draft 1 (the most confident active mask) is always committed
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
-        ws, we = inp.window
-        active = inp.active[:, ws:we]  # [B, W] everything below is in block-window coordinates
-        cur = inp.tokens[:, ws:we]  # [B, W]
+        active = window_of(inp.active, inp.window)  # [B, W] everything below is in block-window coordinates
+        cur = window_of(inp.tokens, inp.window)  # [B, W]
         bsz, width = active.shape
         n = min(self.config.draft, width)
-        tokens, order = reference_choice(inp.logits[:, ws:we], active, inp.mask_id)
-        d_pos = order[:, :n]  # [B, N] drafted positions, reference order
-        d_tok = torch.gather(tokens, 1, d_pos)  # [B, N]
-        n_active = active.sum(dim=1)  # [B]
-        k_idx = torch.arange(n, device=active.device)  # [N]
-        d_valid = k_idx[None, :] < n_active[:, None]  # [B, N] drafts that are real masks
+        k_ids, k_col, next_rank = draft_ids(n, active.device)  # [N], [N, 1], [N]
+        proposal, rank = reference_ranks(window_of(inp.logits, inp.window), active, cur, inp.mask_id)  # [B, W] each
 
-        fill = prefix_fills(d_pos, d_valid, width)  # [B, N, W]: variant k = drafts 0..k filled
-        draft_tokens = torch.zeros(bsz, width, dtype=torch.long, device=active.device)  # [B, W]
-        draft_tokens.scatter_(1, d_pos, d_tok)
-        variant_tokens = torch.where(fill, draft_tokens[:, None, :], cur[:, None, :])  # [B, N, W]
+        # variant k (k = 0..N-1): drafts 0..k filled (the drafts of rank <= k); its masks are the rest
+        variant_active = rank[:, None, :] > k_col  # [B, N, W] (False off active: rank -1)
+        variant_tokens = torch.where(variant_active, inp.mask_id, proposal[:, None, :])  # [B, N, W]
         variant_logits = forward_window_variants(inp, variant_tokens)  # [B*N, W, V]
-        variant_active = (active[:, None, :] & ~fill).reshape(bsz * n, width)  # [B*N, W]
-        c_tok_all, c_order = reference_choice(variant_logits, variant_active, inp.mask_id)
-        c_pos = c_order[:, 0].reshape(bsz, n)  # [B, N] each variant's own next choice
-        c_tok = torch.gather(c_tok_all, 1, c_order[:, :1]).reshape(bsz, n)  # [B, N]
-        c_valid = variant_active.any(dim=1).reshape(bsz, n)  # [B, N] the variant still has masks
+        variant_active = variant_active.reshape(bsz * n, width)  # [B*N, W]
+        v_tok, v_score = reference_scores(variant_logits, variant_active, inp.mask_id)  # [B*N, W]
+        v_pos = v_score.argmax(dim=1, keepdim=True)  # [B*N, 1] the first best = the reference's choice
+        c_tok = v_tok.gather(1, v_pos).reshape(bsz, n)  # [B, N] each variant's own next choice
+        c_pos = v_pos.reshape(bsz, n)  # [B, N] (0 in a variant without masks: never rank k + 1)
 
-        # accept draft k+1 iff variant k chose exactly it
-        match = (c_pos[:, :-1] == d_pos[:, 1:]) & (c_tok[:, :-1] == d_tok[:, 1:]) & d_valid[:, 1:]
-        accepted = 1 + match.long().cumprod(dim=1).sum(dim=1)  # [B] a in 1..N
-        accepted = torch.minimum(accepted, n_active.clamp_min(1))
-        take = (k_idx[None, :] < accepted[:, None]) & d_valid  # [B, N]
-        commit = torch.zeros_like(active)
-        commit.scatter_(1, d_pos, take)
-        # bonus: variant a's own choice (the reference's next commit after the a accepted drafts)
-        last = (accepted - 1).clamp_min(0)[:, None]  # [B, 1]
-        b_pos = torch.gather(c_pos, 1, last)  # [B, 1]
-        b_tok = torch.gather(c_tok, 1, last)
-        b_ok = torch.gather(c_valid, 1, last) & (n_active[:, None] > 0)
-        out_tokens = torch.where(commit, draft_tokens, cur)
-        bonus = torch.zeros_like(active)
-        bonus.scatter_(1, b_pos, b_ok)
-        out_tokens = torch.where(bonus, b_tok.expand_as(out_tokens), out_tokens)
-        commit = (commit | bonus) & active
-        # progress fallback never needed: a >= 1 whenever masks remain
-        return window_output(inp, commit, out_tokens, commit.float())
+        # accept draft k+1 iff variant k chose exactly it: its position has rank k + 1, its token is the draft's
+        match = (rank.gather(1, c_pos) == next_rank) & (proposal.gather(1, c_pos) == c_tok)  # [B, N]
+        last = torch.where(match, n, k_ids).amin(dim=1, keepdim=True)  # [B, 1] a - 1: drafts 0..last accepted
+        drafts = rank <= last  # [B, W] (and the positions not active, rank -1: the engine keeps active only)
+        # bonus: variant a's own choice (the reference's next commit after the a accepted drafts); in
+        # a variant without masks it is position 0, a draft or not active
+        bonus = column_ids(width, active.device) == c_pos.gather(1, last)  # [B, W]
+        out_tokens = torch.where(drafts, proposal, c_tok.gather(1, last))  # [B, W] read on commits only
+        return window_output(inp, drafts | bonus, out_tokens, None)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import gather_prob, propose, take_top_k, window_output
+from dllm.samplers._ops import gather_prob, propose, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 START_LAST_ACCEPT = 30  # the release's ``last_accept`` at the start of every block
@@ -52,19 +53,50 @@ class WinoConfig:
             raise ValueError(f"min_accept ({self.min_accept}) must be <= max_accept ({self.max_accept})")
 
 
+def as_column(counts: torch.Tensor) -> torch.Tensor:
+    """Per-row counts [B] or [B, 1] -> [B, 1] (no call when already a column)."""
+    return counts if counts.dim() == 2 else counts.reshape(-1, 1)
+
+
 def draft_cap(n_masks: torch.Tensor, ratio: float, low: int, high: int) -> torch.Tensor:
     """The most masks a step commits: ``min(max(floor(ratio * #masks), low), high)``; n_masks [B] -> [B] long."""
     return (n_masks.double() * ratio).floor().long().clamp(min=low, max=high)
 
 
+def draft_caps(width: int, ratio: float, low: int, high: int, device: torch.device) -> torch.Tensor:
+    """``draft_cap`` of every mask count 0..W [W + 1] long (index it by the counts), made once per
+    block width and options (``chunked.constant``)."""
+    return constant(("draft caps", width, ratio, low, high, device),
+                    lambda: draft_cap(torch.arange(width + 1, device=device), ratio, low, high))
+
+
+def wide_in_count(conf: torch.Tensor, tau1: float, cap: torch.Tensor) -> torch.Tensor:
+    """How many masks wide-in commits: ``min(#(conf > tau1), cap)``. The positions over ``tau1`` are
+    the first of the stable descending confidence order, so the rule commits that many first ones
+    (the ``cap`` most confident when more qualify). conf [B, W] float64, -inf off active; cap [B, 1]
+    -> [B, 1] long."""
+    return torch.minimum((conf > tau1).sum(dim=1, keepdim=True), cap)
+
+
 def wide_in(conf: torch.Tensor, active: torch.Tensor, tau1: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau1``, or the ``cap`` most confident when more qualify.
 
-    conf [B, W] float64 (any value off ``active``), active [B, W] bool, cap [B] long -> [B, W] bool.
+    conf [B, W] float64 (any value off ``active``), active [B, W] bool, cap [B] or [B, 1] long -> [B, W] bool.
     """
-    want = active & (conf > tau1)
-    over = want.sum(dim=1) > cap  # [B]
-    return torch.where(over[:, None], take_top_k(conf, cap, active), want)
+    conf = torch.where(active, conf, float("-inf"))
+    rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]
+    return rank < wide_in_count(conf, tau1, as_column(cap))
+
+
+def narrow_out_of(back: torch.Tensor, tau2: float, accepted: torch.Tensor, last_accept: torch.Tensor) -> torch.Tensor:
+    """``narrow_out`` on ``back`` = the shadow probabilities of the committed tokens, +inf elsewhere.
+
+    The tokens under ``tau2`` are the first of the stable ascending order of ``back`` (the least
+    confident first), so the rule re-masks its first ``min(#(back < tau2), last_accept - 1)``, none
+    on a row that accepted at most one. accepted / last_accept [B, 1] long -> [B, W] bool."""
+    rank = ranks_of(back.argsort(dim=1, stable=True))  # [B, W]
+    low = torch.where(accepted > 1, (back < tau2).sum(dim=1, keepdim=True), 0)  # [B, 1]
+    return rank < torch.minimum(low, last_accept - 1)
 
 
 def narrow_out(conf_back: torch.Tensor, committed: torch.Tensor, tau2: float, accepted: torch.Tensor,
@@ -72,12 +104,10 @@ def narrow_out(conf_back: torch.Tensor, committed: torch.Tensor, tau2: float, ac
     """Committed tokens to re-mask: shadow probability ``< tau2`` on rows that accepted more than one
     token; when ``last_accept`` or more qualify, only the ``last_accept - 1`` least confident.
 
-    conf_back [B, W] float64, committed [B, W] bool, accepted / last_accept [B] long -> [B, W] bool.
+    conf_back [B, W] float64, committed [B, W] bool, accepted / last_accept [B] or [B, 1] long -> [B, W] bool.
     """
-    low = committed & (conf_back < tau2) & (accepted > 1)[:, None]
-    too_many = low.sum(dim=1) >= last_accept  # [B]
-    lowest = low & take_top_k(-conf_back, last_accept - 1, committed)  # least confident first
-    return torch.where(too_many[:, None], lowest, low)
+    return narrow_out_of(torch.where(committed, conf_back, float("inf")), tau2, as_column(accepted),
+                         as_column(last_accept))
 
 
 @register_sampler("wino", description="WINO: wide-in threshold commits, narrow-out re-masking via a shadow block")
@@ -92,7 +122,7 @@ class Wino(Sampler):
 
     def begin_block(self, state: DecodeState) -> None:
         state.extras["wino_last_accept"] = torch.full(
-            (state.batch_size,), START_LAST_ACCEPT, dtype=torch.long, device=state.x.device)
+            (state.batch_size, 1), START_LAST_ACCEPT, dtype=torch.long, device=state.x.device)  # [B, 1]
 
     def max_block_steps(self, block_len: int) -> int:
         return 2 * block_len  # re-masking stops after block_len steps, then >= 1 commit per step
@@ -100,22 +130,25 @@ class Wino(Sampler):
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         assert inp.shadow_logits is not None, "the engine must provide shadow_logits for wino"
         cfg = self.config
-        ws, we = inp.window
-        logits = inp.logits[:, ws:we]  # [B, W, V]
-        active = inp.active[:, ws:we]  # [B, W]
-        current = inp.tokens[:, ws:we]  # [B, W]
+        logits = window_of(inp.logits, inp.window)  # [B, W, V]
+        active = window_of(inp.active, inp.window)  # [B, W] (the block's masks: the rest is committed)
+        current = window_of(inp.tokens, inp.window)  # [B, W]
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), x0)  # [B, W]
-        n_masks = active.sum(dim=1)  # [B]
-        cap = draft_cap(n_masks, cfg.accept_ratio, cfg.min_accept, cfg.max_accept)  # [B]
-        commit = wide_in(conf, active, cfg.threshold, cap)  # [B, W]
-        # the engine commits the top-1 of a row that chose none: it counts as one accepted token
-        accepted = torch.where(n_masks > 0, commit.sum(dim=1).clamp(min=1), torch.zeros_like(n_masks))
-        last_accept = state.extras["wino_last_accept"]
-        committed = (current != inp.mask_id) & ~active  # earlier commits of the block
-        back = gather_prob(torch.softmax(inp.shadow_logits, dim=-1, dtype=torch.float64), current)  # [B, W]
-        remask = narrow_out(back, committed, cfg.threshold_back, accepted, last_accept)
-        if state.block_step >= state.block_end - state.block_start:  # progress guarantee (docstring)
-            remask = torch.zeros_like(remask)
-        state.extras["wino_last_accept"] = torch.where(n_masks > 0, accepted, last_accept)
-        return window_output(inp, commit, x0, conf.masked_fill(~active, float("-inf")), remask)
+        conf = torch.where(active, conf, float("-inf"))  # [B, W] also the step's score
+        n_masks = active.sum(dim=1, keepdim=True)  # [B, 1]
+        cap = draft_caps(active.shape[1], cfg.accept_ratio, cfg.min_accept, cfg.max_accept, active.device)[n_masks]
+        rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]
+        count = wide_in_count(conf, cfg.threshold, cap)  # [B, 1]
+        commit = rank < count  # [B, W] the first ``count`` of the confidence order
+        last_accept = state.extras["wino_last_accept"]  # [B, 1]
+        remask = None  # progress guarantee (docstring): none after block_length steps
+        if state.block_step < state.block_end - state.block_start:
+            back = gather_prob(torch.softmax(inp.shadow_logits, dim=-1, dtype=torch.float64), current)  # [B, W]
+            # count > 1 exactly where the step accepted more than one token (below)
+            remask = narrow_out_of(torch.where(active, float("inf"), back), cfg.threshold_back, count, last_accept)
+        # the engine commits the top-1 of a row with masks that chose none: it counts as one accepted token
+        state.extras["wino_last_accept"] = torch.where(n_masks > 0, count.clamp(min=1), last_accept)
+        out = window_output(inp, commit, x0, conf, remask)
+        out.active_only = True  # the commit holds active masks only
+        return out

@@ -15,7 +15,9 @@ CANDIDATES = ("threshold", "threshold:threshold=1.0", "threshold:threshold=0.5",
               "lopa", "lopa:branches=1,bonus=False", "lopa:reuse=True,tau_conf=1.0", "lopa:verify_variants=False",
               "credit", "credit:threshold=1.0,alpha=0.0", "factor", "factor:factor=0.01", "factor:factor=4.0",
               "prophet", "fastdllm_v2", "hierarchy", "dmax", "sdar", "sdar:strategy=low_confidence_static",
-              "klass", "klass:unmask=min_kl", "dus")
+              "klass", "klass:unmask=min_kl", "dus", "ssd", "ssd:draft=1", "spec_threshold",
+              "spec_threshold:draft=1,threshold=1.0", "cover",
+              "cover:threshold=0.05,verify_threshold=1.0,same_argmax_passes=False")
 DECLARED = [spec for spec in CANDIDATES if make_sampler(spec).commits_every_step]
 
 

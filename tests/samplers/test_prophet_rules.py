@@ -1,33 +1,14 @@
-"""Prophet's decode step in few ATen calls (``dllm.samplers.prophet``), the same bits: the threshold
-table against the per-step phase rule, the top-2 gap as one multiply-and-sum against the subtraction,
-and the calls its own file issues per cached step."""
+"""Prophet's decode step in few ATen calls (``dllm.samplers.prophet``), the same bits: the threshold table
+against the per-step phase rule, the top-2 gap as one multiply-and-sum against the subtraction (its calls
+per cached step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers import make_sampler
 from dllm.samplers.prophet import EARLY_PHASE, MID_PHASE, thresholds
-
-OWN_CALLS = 21  # per cached step from dllm/samplers/prophet.py (defaults, T = 0); was 51
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("prophet", "dllm/samplers/prophet.py") <= OWN_CALLS
 
 
 @pytest.mark.parametrize("gen_length", [1, 3, 10, 100, 256])

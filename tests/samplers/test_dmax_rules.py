@@ -1,33 +1,14 @@
-"""DMax's decode step in few ATen calls (``dllm.samplers.dmax``), the same bits: the left-to-right rule
-as one cumsum against its literal form, the probability of the arg-max from one ``max`` against the
-gather, and the calls its own file issues per cached step."""
+"""DMax's decode step in few ATen calls (``dllm.samplers.dmax``), the same bits: the left-to-right rule as
+one cumsum against its literal form, the probability of the arg-max from one ``max`` against the gather
+(its calls per cached step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers.chunked import argmax_excluding
 from dllm.samplers.dmax import left_to_right, top1_prob
-
-OWN_CALLS = 30  # per cached step from dllm/samplers/dmax.py (defaults); was 57
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("dmax", "dllm/samplers/dmax.py") <= OWN_CALLS
 
 
 def _literal_left_to_right(masks, conf, threshold):

@@ -1,34 +1,15 @@
-"""Learn2PD's decode step in few ATen calls (``dllm.samplers.learn2pd``), the same bits: the folded
-filter against ``Learn2PDFilter.forward``, ``top_confidence`` against the gathered confidence, the
-one-arg-max end of text against the rule step by step, and the calls its own file issues per cached
-step (each costs ~20 us of launch time on a GPU)."""
+"""Learn2PD's decode step in few ATen calls (``dllm.samplers.learn2pd``), the same bits: the folded filter
+against ``Learn2PDFilter.forward``, ``top_confidence`` against the gathered confidence, the one-arg-max
+end of text against the rule step by step (its calls per cached step:
+``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers.learn2pd import (block_confidence, end_of_text, fold_filter, load_filter, text_end,
                                     top_confidence)
-
-OWN_CALLS = 26  # per cached step from dllm/samplers/learn2pd.py (the default filter, EoTP, T = 0); was 56
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("learn2pd", "dllm/samplers/learn2pd.py") <= OWN_CALLS
 
 
 @pytest.mark.parametrize("name", ["learn2pd-tiny", "learn2pd-tiny-surprisal"])

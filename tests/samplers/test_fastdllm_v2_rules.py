@@ -1,6 +1,6 @@
 """Fast-dLLM v2's decode step in few ATen calls (``dllm.samplers.fastdllm_v2``), the same bits: a greedy
-step whose query lies in one sub-block (no rows gathered) against the gathered path, and the calls its
-own file issues per cached step."""
+step whose query lies in one sub-block (no rows gathered) against the gathered path (its calls per cached
+step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.eval.bench.counters import count_generate
 from dllm.models.tiny import tiny
 from dllm.samplers import fastdllm_v2
-
-OWN_CALLS = 11  # per cached step from dllm/samplers/fastdllm_v2.py (LLaDA, sub-block = block, T = 0); was 46
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("fastdllm_v2", "dllm/samplers/fastdllm_v2.py") <= OWN_CALLS
 
 
 @pytest.mark.parametrize("family,prompts,kw", [

@@ -1,6 +1,6 @@
-"""SDAR's decode step in few ATen calls (``dllm.samplers.sdar``), the same bits: the T = 0 proposal over
-[B, W, V] against the flattened rows, the mask replacement through ``argmax_excluding`` against the
-copy with the mask's column at -inf, and the calls its own file issues per cached step."""
+"""SDAR's decode step in few ATen calls (``dllm.samplers.sdar``), the same bits: the T = 0 proposal
+over [B, W, V] against the flattened rows, the mask replacement through ``argmax_excluding`` against the copy with
+the mask's column at -inf (its calls per cached step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers.sdar import never_mask, propose
-
-OWN_CALLS = 12  # per cached step from dllm/samplers/sdar.py (defaults, T = 0); was 27
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("sdar", "dllm/samplers/sdar.py") <= OWN_CALLS
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

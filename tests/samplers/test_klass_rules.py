@@ -1,6 +1,6 @@
-"""KLASS's decode step in few ATen calls (``dllm.samplers.klass``), the same decisions: the run of KLs
-below kappa kept as the step where it starts, against the literal window of the last H KLs, and the
-calls its own file issues per cached step."""
+"""KLASS's decode step in few ATen calls (``dllm.samplers.klass``), the same decisions: the run of KLs below
+kappa kept as the step where it starts, against the literal window of the last H KLs (its calls per
+cached step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
@@ -9,30 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers import make_sampler
 from dllm.samplers._ops import top1
 from dllm.samplers.klass import kl_divergence
 
 from builders import MASK, V, step_input
-
-OWN_CALLS = 19  # per cached step from dllm/samplers/klass.py (defaults, T = 0); was 26
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("klass", "dllm/samplers/klass.py") <= OWN_CALLS
 
 
 def _literal_commits(logit_seq, active_seq, kappa, tau, history, unmask):

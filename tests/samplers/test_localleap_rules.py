@@ -1,37 +1,18 @@
-"""LocalLeap's decode step in few ATen calls (``dllm.samplers.localleap``), the same decisions: the
-anchor neighbourhood as a running window maximum against the window counts of a cumsum, the step
-against ``threshold_commit`` with the per-position bar, and the calls its own file issues per cached
-step."""
+"""LocalLeap's decode step in few ATen calls (``dllm.samplers.localleap``), the same decisions: the anchor
+neighbourhood as a running window maximum against the window counts of a cumsum, the step against
+``threshold_commit`` with the per-position bar (its calls per cached step:
+``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers import make_sampler
 from dllm.samplers._ops import threshold_commit
 from dllm.samplers.localleap import near_anchor
 
 from builders import MASK, V, step_input
-
-OWN_CALLS = 8  # per cached step from dllm/samplers/localleap.py (defaults, T = 0); was 21
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("localleap", "dllm/samplers/localleap.py") <= OWN_CALLS
 
 
 def _window_counts(anchor, radius):

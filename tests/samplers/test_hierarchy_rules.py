@@ -1,35 +1,16 @@
-"""dInfer's hierarchy step in few ATen calls (``dllm.samplers.hierarchy``), the same decisions: the
-per-run arg-max and the commit rule against loops over the runs, and the calls its own file issues
-per cached step."""
+"""dInfer's hierarchy step in few ATen calls (``dllm.samplers.hierarchy``), the same decisions: the per-run
+arg-max and the commit rule against loops over the runs (its calls per cached step:
+``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.counters import count_generate
-from dllm.models.tiny import tiny
 from dllm.samplers import make_sampler
 from dllm.samplers.hierarchy import run_argmax
 
 from builders import decode_state, step_input
-
-OWN_CALLS = 19  # per cached step from dllm/samplers/hierarchy.py (defaults, T = 0); was 33
-
-
-def own_calls_per_step(spec: str, path: str) -> float:
-    """ATen calls per cached step issued from ``path`` (tiny LLaDA, bfloat16, dual cache)."""
-    model = tiny("llada", dtype=torch.bfloat16)
-    model.transformer.set_fused(True, ops=True)
-    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    steps = count_generate(model, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8,
-                           trace=True).cached_steps(40)
-    assert steps
-    return sum(n for s in steps for site, n in s.outside_ops.items() if f" @ {path}:" in site) / len(steps)
-
-
-def test_own_calls_per_cached_step():
-    assert own_calls_per_step("hierarchy", "dllm/samplers/hierarchy.py") <= OWN_CALLS
 
 
 def _runs(active: list[bool]) -> list[list[int]]:
