@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import banned_column, constant
+from dllm.samplers.chunked import banned_column, column_ids, constant
 from dllm.samplers.sdar import block_of
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -136,7 +136,7 @@ class FastDLLMv2Sampler(Sampler):
             return _one_sub_block(inp, cfg.threshold)
         # the current sub-block of each row: the one holding its first mask of the block
         dev = inp.logits.device
-        col = constant(("fastdllm_v2 columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q] query rows
+        col = column_ids(q, dev)  # [Q] query rows
         first = torch.where(inp.active, col, q).amin(dim=1)  # [B] first mask (Q: none)
         rows_of, inside_of = _sub_block_tables(g - q0, e - q0, q, sbs, dev)
         rows, inside = rows_of[first], inside_of[first]  # [B, sbs] query rows (clamped), in the block

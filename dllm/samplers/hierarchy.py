@@ -29,7 +29,7 @@ import torch
 from dllm.options import check_unit
 from dllm.samplers._ops import expand_window, propose_with_confidence, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, banned_column, constant, rows_per_chunk
+from dllm.samplers.chunked import argmax_excluding, banned_column, column_ids, constant, rows_per_chunk
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -48,7 +48,7 @@ def run_firsts(score: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     ``scatter_reduce`` over the labels: the run's maximum (amax), then its leftmost holder (amin)."""
     bsz, q = score.shape
     dev = score.device
-    idx = _fixed(("columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q]
+    idx = column_ids(q, dev)  # [Q]
     label = idx + active - active.cumsum(dim=1)  # [B, Q] in [0, Q)
     low = _fixed(("-inf", bsz, q, score.dtype, dev), lambda: torch.full((bsz, q), float("-inf"), dtype=score.dtype,
                                                                       device=dev))

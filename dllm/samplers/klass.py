@@ -53,7 +53,7 @@ import torch
 from dllm.options import check_bool, check_choice, check_int, check_number, check_unit
 from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import constant
+from dllm.samplers.chunked import column_ids
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")
@@ -139,8 +139,7 @@ class KLASS(Sampler):
         # no ready position: the most confident active mask (the schedule's count at steps = G), the
         # first of equal ones
         best = scored.argmax(dim=1, keepdim=True)  # [B, 1]
-        columns = constant(("klass columns", best.device, active.shape[1]),
-                           lambda: torch.arange(active.shape[1], device=best.device))  # [W]
+        columns = column_ids(active.shape[1], best.device)  # [W]
         commit = torch.where(ready.any(dim=1, keepdim=True), ready, (columns == best) & active)  # [B, W]
         out = window_output(inp, commit, x0, scored)
         out.active_only = True  # ready and the fallback hold active masks only

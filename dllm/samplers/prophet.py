@@ -53,7 +53,7 @@ import torch
 from dllm.options import check_number
 from dllm.samplers._ops import expand_window, gather_prob, propose, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import banned_column, constant
+from dllm.samplers.chunked import banned_column, column_ids, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 EARLY_PHASE, MID_PHASE = 0.33, 0.67  # progress boundaries of the three thresholds (Prophet)
@@ -155,7 +155,7 @@ class Prophet(Sampler):
         run.fired |= fire
         tokens = torch.where(fill_q != inp.mask_id, fill_q, x0)  # stored in fired rows only
         best = torch.where(inp.active, score, float("-inf")).argmax(dim=1, keepdim=True)  # [B, 1]
-        cols = constant(("prophet columns", q, dev), lambda: torch.arange(q, device=dev))  # [Q]
+        cols = column_ids(q, dev)  # [Q]
         commit = inp.active & (run.fired | (cols == best))  # [B, Q]
         # every mask of the query right of the block is committed now too (engine: ``beyond``);
         # masks outside the query (a KV cache's short query) come from the stored fill later
