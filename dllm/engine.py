@@ -297,8 +297,10 @@ class Decode(StepForwards):
             raise RuntimeError(f"sampler {sampler.name!r} returned soft inputs, which its extra forwards "
                                f"(shadow block, variants) do not take")
         if decision.rewrite is not None:  # committed tokens of the block only, never a released row's
-            keep = decision.rewrite & self.views.in_window(tokens.shape[1], s - q0, e - q0) & ~commit
-            keep &= tokens != state.mask_id
+            q_len = tokens.shape[1]
+            keep = decision.rewrite & ((tokens != state.mask_id) > commit)  # committed before this step
+            if (s - q0, e - q0) != (0, q_len):  # the view reaches past the block
+                keep &= self.views.in_window(q_len, s - q0, e - q0)
             held_now = held_mask(state)
             if held_now is not None:
                 keep &= held_now[:, None]
