@@ -271,13 +271,7 @@ class Decode(StepForwards):
             if not sampler.revises:
                 raise RuntimeError(f"sampler {sampler.name!r} returned remask but does not declare "
                                    f"revises = True")
-            # tokens of the block committed before this step (not by it: bool > bool is a & ~b)
-            remask = decision.remask & ((tokens != state.mask_id) > commit)  # [B, Q]
-            if (s - q0, e - q0) != (0, q_len):  # the view reaches past the block
-                remask &= self.views.in_window(q_len, s - q0, e - q0)
-            held_now = held_mask(state)  # [B] or None: a released row is never re-masked
-            if held_now is not None:
-                remask &= held_now[:, None]
+            remask = self._earlier_commits(decision.remask, tokens, commit, s, e, q0)  # [B, Q]
             self.views.write(remask, state.mask_id, -1, q0)  # trace -1: uncommitted
         if (decision.rewrite is not None or decision.settled is not None or decision.soft is not None
                 or self._soft is not None):
@@ -285,6 +279,20 @@ class Decode(StepForwards):
         state.step += 1
         if self.callback is not None:
             self.callback(state)
+
+    def _earlier_commits(self, wanted: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor, s: int, e: int,
+                         q0: int) -> torch.Tensor:
+        """The positions of ``wanted`` [B, Q] a step may revise (re-mask or rewrite): tokens of the block
+        committed before this step (not by it: bool > bool is a & ~b), in held rows only. ``tokens``
+        is the canvas view after the step's commit, from column q0; the block is columns [s, e)."""
+        q_len = tokens.shape[1]
+        out = wanted & ((tokens != self.state.mask_id) > commit)  # [B, Q]
+        if (s - q0, e - q0) != (0, q_len):  # the view reaches past the block
+            out &= self.views.in_window(q_len, s - q0, e - q0)
+        held_now = held_mask(self.state)  # [B] or None: a released row is never revised
+        if held_now is not None:
+            out &= held_now[:, None]
+        return out
 
     def _refine(self, decision: StepOutput, commit: torch.Tensor, tokens: torch.Tensor, s: int, e: int,
                 q0: int) -> None:
@@ -297,13 +305,7 @@ class Decode(StepForwards):
             raise RuntimeError(f"sampler {sampler.name!r} returned soft inputs, which its extra forwards "
                                f"(shadow block, variants) do not take")
         if decision.rewrite is not None:  # committed tokens of the block only, never a released row's
-            q_len = tokens.shape[1]
-            keep = decision.rewrite & ((tokens != state.mask_id) > commit)  # committed before this step
-            if (s - q0, e - q0) != (0, q_len):  # the view reaches past the block
-                keep &= self.views.in_window(q_len, s - q0, e - q0)
-            held_now = held_mask(state)
-            if held_now is not None:
-                keep &= held_now[:, None]
+            keep = self._earlier_commits(decision.rewrite, tokens, commit, s, e, q0)  # [B, Q]
             torch.where(keep, decision.tokens, tokens, out=tokens)  # in place: tokens is the canvas view
         if decision.settled is not None:
             held_now = held_mask(state)

@@ -15,17 +15,15 @@ from typing import Optional
 
 import torch
 
-from dllm.samplers.chunked import constant
+from dllm.samplers.chunked import column_ids, constant
 from dllm.state import StepInput
 
 
 def every_row_runs(n_rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(``arange(R)`` [R], each row ``n`` times in runs [R * n]) long on ``device``: constants made
     once per shape (``dllm.samplers.chunked.constant``)."""
-    def make() -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.arange(n_rows, device=device)
-        return rows, rows.repeat_interleave(n)
-    return constant(("every row runs", n_rows, n, device), make)
+    rows = column_ids(n_rows, device)  # [R]
+    return rows, constant(("every row runs", n_rows, n, device), lambda: rows.repeat_interleave(n))
 
 
 def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,

@@ -115,6 +115,21 @@ def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
     return z.masked_fill(banned_column(v, banned, z.device), float("-inf")).argmax(dim=-1)
 
 
+def max_prob_excluding(logits: torch.Tensor, banned: Optional[int],
+                       dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``softmax(logits)`` (in ``dtype``; None: the logits') at ``argmax_excluding(logits, banned)``,
+    as the largest probability with ``banned``'s column at -inf: the softmax is monotone in the
+    logits, so its maximum is its value at the arg-max, whichever of equal maxima the arg-max takes.
+    Two calls (three with a column to exclude) instead of the arg-max and a gather; the whole
+    [..., V] softmax at once (callers over ``CHUNK_ELEMENTS`` take the chunked gather instead).
+    banned: an id never proposed (the mask token), or None. [..., V] -> [...]."""
+    probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
+    v = probs.shape[-1]
+    if banned is not None and 0 <= banned < v:
+        probs = probs.masked_fill(banned_column(v, banned, probs.device), float("-inf"))
+    return probs.amax(dim=-1)
+
+
 def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.exp(l64) / (-torch.log(u)) ** temperature  # LLaDA's exp(l) / (-log u)^T
 
@@ -184,5 +199,5 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "pick_last", "rows_per_chunk",
-           "softmax_prob", "stream_chunkable", "window_uniforms"]
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "max_prob_excluding",
+           "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms"]

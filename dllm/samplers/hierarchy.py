@@ -29,7 +29,7 @@ import torch
 from dllm.options import check_unit
 from dllm.samplers._ops import expand_window, propose_with_confidence, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, banned_column, column_ids, constant, rows_per_chunk
+from dllm.samplers.chunked import argmax_excluding, column_ids, constant, max_prob_excluding, rows_per_chunk
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -104,16 +104,13 @@ class Hierarchy(Sampler):
 def _propose(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
     """``propose_with_confidence``: (tokens [B, Q], ``p(x0)`` float64 [B, Q], -inf off the window). At
     T = 0, x0 is the arg-max without the mask id, so ``p(x0)`` is the largest probability without it
-    (the softmax is monotone in the logits): ``amax`` with the mask id's column at -inf, when the
-    float64 softmax fits one piece (``dllm.samplers.chunked``)."""
+    (the softmax is monotone in the logits): ``chunked.max_prob_excluding``, when the float64 softmax
+    fits one piece (``dllm.samplers.chunked``)."""
     logits = window_of(inp.logits, inp.window)  # [B, W, V]
     v = logits.shape[-1]
     if inp.temperature > 0 or logits.numel() > rows_per_chunk(v) * v:
         return propose_with_confidence(inp)
     x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # [B, W, V]
-    if 0 <= inp.mask_id < v:
-        probs = probs.masked_fill(banned_column(v, inp.mask_id, probs.device), float("-inf"))
+    conf = max_prob_excluding(logits, inp.mask_id, torch.float64)  # [B, W]
     q = inp.logits.shape[1]
-    return (expand_window(x0, inp.window, q, inp.mask_id),
-            expand_window(probs.amax(dim=-1), inp.window, q, float("-inf")))
+    return expand_window(x0, inp.window, q, inp.mask_id), expand_window(conf, inp.window, q, float("-inf"))

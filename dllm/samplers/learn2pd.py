@@ -67,7 +67,8 @@ import torch.nn as nn
 from dllm.options import SettingError, check_bool, check_choice, check_unit
 from dllm.samplers._ops import TIES, gumbel_perturb, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, constant, rows_per_chunk, softmax_prob, window_uniforms
+from dllm.samplers.chunked import (argmax_excluding, constant, max_prob_excluding, rows_per_chunk, softmax_prob,
+                                    window_uniforms)
 from dllm.state import DecodeState, StepInput, StepOutput
 
 FILTER_CONFIG = "filter.json"
@@ -189,7 +190,7 @@ def top_confidence(logits: torch.Tensor) -> torch.Tensor:
     v = logits.shape[-1]
     if logits.numel() > rows_per_chunk(v) * v:
         return block_confidence(logits, logits.argmax(dim=-1))
-    return torch.softmax(logits, dim=-1, dtype=logits.dtype).amax(dim=-1)
+    return max_prob_excluding(logits, None, logits.dtype)
 
 
 def text_end(hi: torch.Tensor, x0: torch.Tensor, conf: torch.Tensor, active: torch.Tensor,

@@ -53,7 +53,7 @@ import torch
 from dllm.options import check_number
 from dllm.samplers._ops import expand_window, gather_prob, propose, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import banned_column, column_ids, constant
+from dllm.samplers.chunked import column_ids, constant, max_prob_excluding
 from dllm.state import DecodeState, StepInput, StepOutput
 
 EARLY_PHASE, MID_PHASE = 0.33, 0.67  # progress boundaries of the three thresholds (Prophet)
@@ -166,14 +166,10 @@ class Prophet(Sampler):
     def _confidence(logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
         """``softmax(l)[x0]`` over the block window, [B, W] in the logits' dtype. At T = 0, x0 is the
         arg-max of l without the mask id, so its probability is the largest without it (the softmax
-        is monotone in l): ``amax`` with the mask id's column at -inf."""
-        probs = torch.softmax(logits, dim=-1)  # [B, W, V]
-        v = probs.shape[-1]
+        is monotone in l): ``chunked.max_prob_excluding``."""
         if inp.temperature > 0:
-            return gather_prob(probs, window_of(x0, inp.window))
-        if 0 <= inp.mask_id < v:
-            probs = probs.masked_fill(banned_column(v, inp.mask_id, probs.device), float("-inf"))
-        return probs.amax(dim=-1)
+            return gather_prob(torch.softmax(logits, dim=-1), window_of(x0, inp.window))
+        return max_prob_excluding(logits, inp.mask_id)
 
     def _run(self, inp: StepInput, state: DecodeState) -> _Run:
         """The call's ``_Run`` (made at its first step) with the block's tensors (at the block's first)."""
