@@ -205,13 +205,15 @@ class TransformerLM(DiffusionLM):
             view = shadow.ShadowCacheView(cache.kv, q0, key_end, n_real=t)
         ids = torch.cat([input_ids, input_ids.new_full((b, end - start), self.mask_id)], dim=1)  # [B, T+W]
         pos = shadow.shadow_positions(positions, start - q0, end - q0, shift)  # [B, T + W]
+        # a cached unpadded forward's mask is the same at every step of the block: made once, read-only
+        kept = cache.kv.shadow_masks if view is not None and key_padding_mask is None else None
         key = (b, length, start, end, t, key_end)
-        mask = None if view is None or key_padding_mask is not None else cache.kv.shadow_masks.get(key)
+        mask = None if kept is None else kept.get(key)
         if mask is None:
             mask = shadow.shadow_attn_mask(key_padding_mask, b, length, start, end, input_ids.device,
                                            n_queries=t, key_end=key_end)  # [B, 1, T+W, K+W]
-            if view is not None and key_padding_mask is None:  # every step of the block: read-only, kept
-                cache.kv.shadow_masks[key] = mask
+            if kept is not None:
+                kept[key] = mask
         raw, _, _ = self._raw_forward(ids, pos, mask, (), (), cache=view)  # [B, T + W, V]
         return self.shift_logits(raw[:, :t]), raw[:, t:]  # shadow rows predict their targets unshifted
 
