@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.engine import Decode
+from dllm.engine.loop import Decode
 from dllm.models import tiny
 from dllm.samplers.base import NoOptions, Sampler
 from dllm.state import StepOutput

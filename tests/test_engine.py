@@ -278,7 +278,7 @@ def test_k_is_refused_with_a_pointer_to_steps(kw):
 def test_progress_rule_equals_its_reference():
     """The engine's progress rule in few calls commits what the rule as written commits: random
     commits, active maps (rows without masks included), scores with ties, NaN and -inf, or none."""
-    from dllm.engine import _guarantee_progress, _guarantee_progress_reference
+    from dllm.engine.loop import _guarantee_progress, _guarantee_progress_reference
 
     g = torch.Generator().manual_seed(0)
     for trial in range(2000):

@@ -1,4 +1,4 @@
-"""dllm/graphs.py: the static cached step (captured as CUDA graphs on a GPU) against the ordinary path."""
+"""dllm/engine/graphs.py: the static cached step (captured as CUDA graphs on a GPU) against the ordinary path."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dllm
-from dllm import graphs
-from dllm.graphs import GRAPHS_KEY
+from dllm.engine import graphs
+from dllm.engine.graphs import GRAPHS_KEY
 from dllm.models.tiny import tiny
 
 _RUNS = [("llada", "dual"), ("llada", "prefix"), ("llada", "window"), ("dream", "dual"), ("sdar", "block"),

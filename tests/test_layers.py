@@ -5,7 +5,7 @@
     1  tasks, kernels                               (pure Python stress tasks; attention/fused kernels)
     2  models                                       (DiffusionLM, checkpoints, the K/V buffers, oracles)
     3  samplers, cache                              (step rules; cache policies)
-    4  engine                                       (the one decode loop)
+    4  engine                                       (the one decode loop, its forwards and CUDA graphs)
     4.5 scoring                                     (decode settings, exact-match decode-and-score loop)
     5  drafters                                     (speculative decoding for AR targets)
     6  eval                                         (compare, stress, lm-eval harness, benchmarks)
@@ -29,10 +29,9 @@ LAYERS: dict[str, int] = {
     "options": -0.5, "registry": 0, "lazy": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
     "tasks": 1, "kernels": 1,
     "models": 2,
-    "samplers": 3, "cache": 3, "graphs": 3,
+    "samplers": 3, "cache": 3,
     "settings": 3.5,  # one DecodeSettings and its resolve: over samplers and caches, under the engine
-    "forwards": 3.9,  # the step's forwards (dllm.forwards.StepForwards): the engine's Decode inherits them
-    "engine": 4,
+    "engine": 4,  # the loop, the step's forwards (dllm.engine.forwards) and their CUDA graphs (dllm.engine.graphs)
     "scoring": 4.5,
     "drafters": 5,
     "serve": 5.5,  # the server: over the engine and the drafters, under eval (dllm bench serve) and cli

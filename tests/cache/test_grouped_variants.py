@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.forwards import StepForwards
+from dllm.engine.forwards import StepForwards
 from dllm.kernels.attention import backends
 from dllm.models.core import kv as KV
 from dllm.models import tiny

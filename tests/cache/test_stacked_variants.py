@@ -8,7 +8,7 @@ import torch
 
 import dllm
 from dllm.eval.bench.counters import DispatchCounter, count_generate
-from dllm.forwards import StepForwards
+from dllm.engine.forwards import StepForwards
 from dllm.kernels.attention import backends
 from dllm.models import tiny
 

@@ -1,5 +1,5 @@
 """The ``dmax`` sampler (dllm/samplers/dmax.py) and the engine's refinement path it uses (soft inputs,
-rewrites of committed tokens, settled rows; dllm/engine.py).
+rewrites of committed tokens, settled rows; dllm/engine/loop.py).
 
 - the step rule: left-to-right threshold decoding, the leftmost mask when none qualifies;
 - soft inputs reach the model: a block's later forwards get the interpolations at the decoded

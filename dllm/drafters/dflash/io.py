@@ -29,7 +29,7 @@ from dllm.models.checkpoint import (CheckpointError, check_keys, nonfinite_count
                                     write_safetensors)
 from dllm.models.loading import locate, read_config, resolve_device, resolve_dtype
 from dllm.models.families.pretrained import DTYPE_NAMES
-from dllm.models.quantize import check_quantization, quantize_model, refuse_quantized_save
+from dllm.models.quantize import quantize_model, refuse_quantized_save
 
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURE_V2 = "DFlash2DraftModel"

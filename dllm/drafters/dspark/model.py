@@ -17,7 +17,7 @@ modeling.py`` ``Qwen3DSparkModel``, inference in ``deepspec/eval/dspark/draft_op
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn

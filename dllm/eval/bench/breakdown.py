@@ -19,7 +19,7 @@ a ``reads_block_only`` sampler such as ``threshold``) and Fast-dLLM ``get_transf
 (arg-max and a float64 softmax over ``[B, Q, V]``). Their Python loop is not counted, so the
 reference column is a lower bound on its step time.
 
-``--cuda-graphs`` times every case again with ``generate(cuda_graphs=True)`` (``dllm.graphs``: each
+``--cuda-graphs`` times every case again with ``generate(cuda_graphs=True)`` (``dllm.engine.graphs``: each
 cached forward replayed as a CUDA graph; on a CPU the same static step runs eagerly); a replay runs
 no module, so those rows split nothing but the step time.
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.forwards import takes_padded
+from dllm.engine.forwards import takes_padded
 from dllm.models.base import ModelOutput, default_positions
 from dllm.serve.backends.packing import plan_merges
 

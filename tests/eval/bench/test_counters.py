@@ -110,7 +110,7 @@ def test_an_adaptive_call_reads_back_at_most_once_per_step(family, cache, spec):
     counter = count_generate(model, prompts, sampler=spec, cache=cache,
                              gen_length=16, block_length=4 if family == "sdar" else 8)
     sites = DispatchCounter.sync_sites(counter.steps)
-    loop = sum(n for site, n in sites.items() if "dllm/engine.py" in site or "dllm/samplers/" in site)
+    loop = sum(n for site, n in sites.items() if "dllm/engine/loop.py" in site or "dllm/samplers/" in site)
     # the prompt's setup reads (first step) are not the loop's; after prophet commits past its block,
     # each later block's first test is one read (a block it filled takes no step)
     blocks = 16 // (4 if family == "sdar" else 8)

@@ -135,7 +135,7 @@ class StaticView(CacheView):
     """A cached forward whose query columns are a device tensor ``cols`` [T] (a static buffer the caller
     updates between forwards) instead of the Python int ``start``: its fresh K/V are written with
     ``index_copy_`` at ``cols`` and the queries attend to ``[0, key_end)``. Nothing in such a forward
-    depends on where the block is, so one capture (``dllm.graphs``) serves every block of a call
+    depends on where the block is, so one capture (``dllm.engine.graphs``) serves every block of a call
     with the same ``key_end``. ``start`` only has to satisfy the base check; it is not used."""
 
     cols: Optional[torch.Tensor] = None  # [T] long on the buffers' device

@@ -189,7 +189,7 @@ class StaticStackedView(StackedView):
     """A ``StackedView`` whose query columns are a device tensor ``cols`` [T] (a static buffer the caller
     moves between forwards: ``StaticView``'s role for the variants), so nothing in its forward depends
     on where the block is and one captured variant forward serves every block of a call with the same
-    ``key_end`` (``dllm.graphs``). Every buffer row's variants in order (read in place), a backend that
+    ``key_end`` (``dllm.engine.graphs``). Every buffer row's variants in order (read in place), a backend that
     takes the stacked mask, and no block-causal mask (its blocks come from Python ints)."""
 
     cols: Optional[torch.Tensor] = None  # [T] long on the buffers' device

@@ -26,10 +26,10 @@ import torch
 
 from dllm.cache.base import CachePolicy, CacheSpec
 from dllm.cache.block_causal import block_size_of
-from dllm.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
+from dllm.engine.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graphs_option
 from dllm.inputs import Prompts, check_call, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import finish_output, stop_finished_rows
-from dllm.forwards import StepForwards
+from dllm.engine.forwards import StepForwards
 from dllm.rows import held_mask
 from dllm.samplers import Sampler
 from dllm.samplers.chunked import column_ids
@@ -93,7 +93,7 @@ def generate(
         return_trace: also return, per generated position, the step at which it was committed.
         callback: called with the ``DecodeState`` after every step (live views).
         cuda_graphs: False (eager); True: every cached forward is captured once per shape as a CUDA
-            graph and replayed (``dllm.graphs``; a CUDA model; the same tokens as eager); "static": the
+            graph and replayed (``dllm.engine.graphs``; a CUDA model; the same tokens as eager); "static": the
             same static step run eagerly, on any device.
         skip_released: True: once a row is released (``dllm.rows``: its answer ended under
             ``stop_at_eos``, or ``release_rows`` in a callback) later forwards compute only the held
@@ -153,7 +153,7 @@ def generate(
 class Decode(StepForwards):
     """One ``generate`` call's context: the model, the sampler, the cache policy, the state and the
     guidance settings. Its methods are the block loop; the three kinds of forwards (plain, with a
-    shadow block, and verification variants) come from ``dllm.forwards.StepForwards``."""
+    shadow block, and verification variants) come from ``dllm.engine.forwards.StepForwards``."""
 
     def __init__(self, model, sampler: Sampler, policy: CachePolicy, state: DecodeState, *,
                  cfg_scale: float, shift: int, attn_layers: tuple[int, ...],

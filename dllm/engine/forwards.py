@@ -209,7 +209,7 @@ class StepForwards:
             positions = state.positions[first][:, cols].repeat(1, group)
         kpm = state.key_padding_mask[first] if state.padded else None
         logits = None
-        if self.graphs is not None and every_row:  # captured once per shape, replayed (dllm.graphs)
+        if self.graphs is not None and every_row:  # captured once per shape, replayed (dllm.engine.graphs)
             logits = self.graphs.variants(ids, positions, kpm, rows, group, vq.start, vq.key_end, head)
         if logits is None:
             view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
