@@ -6,7 +6,8 @@ static, for streamed and unstreamed requests.
 
 ``dllm bench serve``'s requests (stress-task prompts, ``max_tokens`` = the answer length), all queued
 at once on a ``DiffusionBackend`` of each mode, counted on the scheduler's loop thread
-(``dllm.eval.bench.counters.count_backend``). Continuous batching merges the
+(``dllm.eval.bench.counters.count_backend``); ``cont.-nojoin`` is continuous with ``join=False``
+(a generate call per group of requests instead of one running decode per setting). Continuous batching merges the
 decodes' forwards, so it runs fewer forward calls for the same requests: per request is the fair
 unit for its own work, per forward call what a step of the loop costs.
 """
@@ -35,12 +36,14 @@ def main() -> None:
              f"# torch {torch.__version__}; counted on the loop thread; outside = not inside the model's forward",
              f"{'requests':<12}{'mode':<12}{'forwards':>9}{'ATen/call':>11}{'ATen/req':>10}{'syncs/call':>12}"
              f"{'syncs/req':>11}"]
+    modes = (("continuous", True), ("continuous", False), ("static", True))  # (mode, join)
     for stream in (True, False):
-        for mode in ("continuous", "static"):
-            c = count_backend(model, mode, requests, stream=stream).current
+        for mode, join in modes:
+            c = count_backend(model, mode, requests, stream=stream, join=join).current
             aten, syncs = c.aten_outside_forwards, c.syncs_outside_forwards
             f = max(c.forward_calls, 1)
-            lines.append(f"{'streamed' if stream else 'unstreamed':<12}{mode:<12}{c.forward_calls:>9}{aten / f:>11.1f}"
+            label = mode if join or mode != "continuous" else "cont.-nojoin"
+            lines.append(f"{'streamed' if stream else 'unstreamed':<12}{label:<12}{c.forward_calls:>9}{aten / f:>11.1f}"
                          f"{aten / args.n:>10.1f}{syncs / f:>12.2f}{syncs / args.n:>11.2f}")
     text = "\n".join(lines)
     print(text)

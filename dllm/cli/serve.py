@@ -26,7 +26,7 @@ from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, blo
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
-                  "max_batch_rows", "max_batch_tokens", "max_group", "tensor_parallel")
+                  "max_batch_rows", "max_batch_tokens", "max_group", "join", "tensor_parallel")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -54,6 +54,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--max-group", type=POSITIVE, default=None,
                    help="continuous mode: queued requests with the same settings (seeds aside) and length start as "
                         "one generate call of at most this many rows (default: --max-running)")
+    d.add_argument("--no-join", dest="join", action="store_const", const=False, default=None,
+                   help="continuous mode: every group of requests runs as its own generate call, also where "
+                        "one running decode could hold them all (greedy, no cache, one block: "
+                        "dllm.serve.backends.joined)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
@@ -216,7 +220,7 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
     return DiffusionBackend(model, name=name, defaults=defaults, mode=mode, mirror=mirror,
                             max_running=args.max_running or 32, max_queue=args.max_queue,
                             max_running_tokens=args.max_running_tokens, max_tokens_limit=args.max_tokens_limit,
-                            chat_template=chat_template, batcher=batcher,
+                            chat_template=chat_template, batcher=batcher, join=args.join is not False,
                             **({"max_group": args.max_group} if args.max_group is not None else {}))
 
 

@@ -14,7 +14,7 @@ Two kinds of samplers:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Optional
 
 from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -53,6 +53,14 @@ class Sampler(Configurable):
         """True when every step commits at least one active mask of every row that has one (an
         adaptive sampler whose rule always keeps its best position): the engine's progress rule is then
         a no-op and is skipped. tests/samplers/test_commits_every_step.py holds each one that says so."""
+        return False
+
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        """Whether rows at different steps of a block of ``width`` columns (``steps`` budgeted, None for
+        an adaptive sampler) may share one step (``dllm.engine.running.RunningDecode``): the step reads
+        no step index, nothing of the block's start but its width, and decides each row from that
+        row's logits and canvas alone, at temperature 0. False unless a sampler says so (and a test
+        of tests/test_running_decode.py holds it)."""
         return False
 
     def max_block_steps(self, block_len: int) -> int:

@@ -35,6 +35,7 @@ Deliberate differences, documented:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -144,6 +145,9 @@ class LowConfidence(_LLaDARemasking):
     """LLaDA reference: commit the scheduled number of most confident masks per step."""
 
     fused_scores = True
+
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return steps is not None and width % steps == 0  # every step commits width / steps: no step index
 
     def _window_scores(self, window_logits, x0, inp):
         probs = torch.softmax(window_logits, dim=-1)  # [B, W, V] in the logits dtype, as LLaDA HEAD

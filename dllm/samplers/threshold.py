@@ -136,6 +136,9 @@ class Threshold(Sampler):
     def commits_every_step(self) -> bool:
         return self.config.schedule_steps is None  # threshold_commit always keeps the most confident mask
 
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return self.config.schedule_steps is None  # the threshold rule reads no step index
+
     def begin_block(self, state: DecodeState) -> None:
         if self.config.schedule_steps is not None:
             assert state.block_masks_at_start is not None

@@ -290,9 +290,10 @@ def count_generate(model: Any, prompts: Any, *, trace: bool = False, **generate_
     return counter
 
 
-def count_backend(model: Any, mode: str, requests: Any, *, stream: bool = True, max_running: int = 32) -> DispatchCounter:
+def count_backend(model: Any, mode: str, requests: Any, *, stream: bool = True, max_running: int = 32,
+                  join: bool = True) -> DispatchCounter:
     """Serve ``requests`` (``BenchRequest``s of ``dllm bench serve``, all queued at once) on a
-    ``DiffusionBackend`` of ``mode``, counted on the scheduler's loop thread, which runs every decode
+    ``DiffusionBackend`` of ``mode`` (``join``: its option), counted on the scheduler's loop thread, which runs every decode
     and forward; the whole run is ``counter.current``. RuntimeError when a request does not finish."""
     from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.serve.backends.jobs import Done, JobRequest
@@ -308,7 +309,7 @@ def count_backend(model: Any, mode: str, requests: Any, *, stream: bool = True, 
 
     Scheduler._loop = counted
     try:
-        backend = DiffusionBackend(model, name="counted", mode=mode, max_running=max_running)
+        backend = DiffusionBackend(model, name="counted", mode=mode, max_running=max_running, join=join)
         with backend._cond:  # all queued before the loop takes any
             jobs = [backend.submit(JobRequest(backend.encode_prompt(r.prompt), r.max_tokens,
                                               DecodeSettings(sampler=r.sampler, cache=r.cache), stream=stream))

@@ -4,13 +4,18 @@ Every mode runs on the one scheduler (``dllm.serve.backends.scheduler``: one thr
 ``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.backends.batcher``);
 the modes are its admission policies (``dllm.serve.backends.schedule_policy``, ``mode=...``):
 
-- ``continuous`` (default): up to ``max_running`` requests decode at once. Requests queued together
-  with the same settings (seeds aside: each row draws from its own generator) and length start as
-  one real ``generate`` call of at most ``max_group`` rows (under light load, one request); a
-  request joins the running batch at its first forward and leaves after its last, whatever block or
-  step the others are at, with its own length, stops, sampler, cache and seed. A row of a group
-  that is done early (EOS, a stop string, a cancel) ends its request at once and is released from
-  its group's call (``dllm.rows``): its group's later forwards skip it; the other rows are unchanged.
+- ``continuous`` (default): up to ``max_running`` requests decode at once. Requests whose settings
+  one canvas can serve (greedy, no cache, one block, ``low_confidence`` or ``threshold``:
+  ``dllm.engine.running``) join the running decode of their settings at its next step (answers of
+  any length that commit the same count per step): one state, one sampler step and one commit per
+  step for all of them (``dllm.serve.backends.joined``; ``join=False`` turns it off). Other requests
+  queued together with the same settings (seeds aside: each row draws from its own generator) and
+  length start as one real ``generate`` call of at most ``max_group`` rows (under light load, one
+  request); a request joins the running batch at its first forward and leaves after its last,
+  whatever block or step the others are at, with its own length, stops, sampler, cache and seed. A
+  row of a group that is done early (EOS, a stop string, a cancel) ends its request at once and is
+  released from its group's call (``dllm.rows``): its group's later forwards skip it; the other rows
+  are unchanged.
 - ``static``: the classic baseline. Up to ``max_running`` queued requests with the same settings
   and length run as one ``generate`` batch; the next batch starts once the whole batch has ended (a
   row done early is released from it as in a continuous group).
@@ -33,6 +38,7 @@ from typing import Optional, Sequence, Union
 
 from dllm.cache.block_causal import block_size_of
 from dllm.engine import generate
+from dllm.engine.running import group_of
 from dllm.inputs import decode_answer, encode_prompts
 from dllm.options import SettingError
 from dllm.samplers import make_sampler
@@ -40,6 +46,7 @@ from dllm.rows import release_rows
 from dllm.serve.backends.base import BadRequest
 from dllm.serve.backends.batcher import BatchedModel, BatcherConfig
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, Step
+from dllm.serve.backends.joined import JoinedDecode
 from dllm.settings import DecodeSettings
 from dllm.serve.backends.prompts import chat_ids, text_ids
 from dllm.serve.backends.schedule_policy import MODES, make_policy
@@ -74,20 +81,24 @@ class _Row:
         ``g``: this row's generated ids, ``traces``: every row's trace (read once per step for all rows,
         None when no row asked for step events)."""
         mask = state.mask_id
-        if self.revises:
-            final = max(0, state.block_start - state.prompt_length)
-        else:
-            final = next((i for i, t in enumerate(g) if t == mask), len(g))
         self.nfe, self.forwarded = state.nfe, state.forwarded_tokens  # the call's (a static batch's: shared)
-        if final != self.final:  # decode only when the final prefix grew
-            self.final = final
-            self._send(g[:final], complete=False)
+        self.observe_answer(g, mask, max(0, state.block_start - state.prompt_length) if self.revises else None)
         if self.job.request.step_events and traces is not None:
             trace = traces[self.r]
             self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,
                                tokens=tuple(None if t == mask else self._piece(t) for t in g),
                                trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace)
                                                                    if s == state.step - 1)))
+        return self.stream.ended is not None
+
+    def observe_answer(self, g: list[int], mask: int, final: Optional[int] = None) -> bool:
+        """Send the new final text of the answer ``g`` (its ids, ``mask`` where undecided): its prefix
+        up to ``final``, default its first mask. True when the answer is final (EOS or a stop string)."""
+        if final is None:
+            final = next((i for i, t in enumerate(g) if t == mask), len(g))
+        if final != self.final:  # decode only when the final prefix grew
+            self.final = final
+            self._send(g[:final], complete=False)
         return self.stream.ended is not None
 
     def _piece(self, t: int) -> str:
@@ -141,7 +152,7 @@ class DiffusionBackend(Scheduler):
                  mode: str = "continuous", max_running: int = 32, max_queue: int = 256,
                  max_running_tokens: int = 1 << 20, max_tokens_limit: Optional[int] = None,
                  chat_template: Optional[str] = None, batcher: BatcherConfig = BatcherConfig(),
-                 max_group: Optional[int] = None, mirror: Optional[Mirror] = None) -> None:
+                 max_group: Optional[int] = None, mirror: Optional[Mirror] = None, join: bool = True) -> None:
         policy = make_policy(mode, max_group, max_running)  # refuses a bad mode or max_group
         if mirror is not None and mode not in MIRRORED_MODES:
             raise ValueError(f"a model split over ranks is served with --mode {' or '.join(MIRRORED_MODES)} (one "
@@ -162,6 +173,9 @@ class DiffusionBackend(Scheduler):
         self._pieces: dict[int, str] = {}
         self._tok_lock = threading.Lock()
         self._served = BatchedModel(model, self)  # what each group's generate sees: forwards go to the loop
+        self.join = join  # continuous mode: requests join the running decode of their key where one can serve them
+        self._joined: dict[tuple, JoinedDecode] = {}  # continuous mode: the running decode of each key
+        self._groups: dict[tuple, Optional[tuple]] = {}  # (settings, length) -> its running decode's group_of
         self.start()
 
     def resolve_settings(self, *, max_tokens: int, sampler: Optional[str] = None, cache: Optional[str] = None,
@@ -222,10 +236,41 @@ class DiffusionBackend(Scheduler):
     def _new_row(self, job: Job, r: int, revises: bool) -> _Row:
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
-    def _run_jobs(self, jobs: list[Job]) -> None:
-        """One ``generate`` call on the group's prompts (jobs of one key): a decode of the step loop,
-        its forwards merged with the other decodes'."""
-        self._decode(jobs, self._served)
+    def _run_jobs(self, jobs: list[Job]) -> Optional[list[Job]]:
+        """Continuous mode, settings one canvas can serve (``dllm.serve.backends.joined``): the jobs
+        join the running decode of their key (returned: it ends them), or start it and run it here.
+        Otherwise one ``generate`` call on the group's prompts: a decode of the step loop, its
+        forwards merged with the other decodes'."""
+        key = self._joined_key(jobs)
+        if key is None:
+            self._decode(jobs, self._served)
+            return None
+        running = self._joined.get(key)
+        if running is not None:
+            running.admit(jobs)
+            return jobs
+        running = self._joined[key] = JoinedDecode(self, key[0], key[1])
+        running.admit(jobs)
+        try:
+            running.run()
+        finally:
+            del self._joined[key]
+        return jobs
+
+    def _joined_key(self, jobs: list[Job]) -> Optional[tuple]:
+        """The key of the running decode the jobs may join (``dllm.engine.running``), or None: joining
+        off (``join=False``), not in continuous mode, a job that asks for step events, or settings one
+        canvas cannot serve."""
+        if not self.join or self.mode != "continuous" or any(j.request.step_events for j in jobs):
+            return None
+        r = jobs[0].request
+        settings = dataclasses.replace(r.settings, seed=None)
+        group = self._groups.get((settings, r.max_tokens), ())
+        if group == ():
+            if len(self._groups) >= 4096:  # requests' own settings: keep the memo bounded
+                self._groups.clear()
+            group = self._groups[settings, r.max_tokens] = group_of(self.model, settings, r.max_tokens)
+        return None if group is None else (settings, group)
 
     def _decode(self, jobs: list[Job], model) -> None:
         """``generate`` on the jobs' prompts as one batch (rows decode as they would alone). A row whose

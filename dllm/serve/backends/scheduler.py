@@ -172,8 +172,10 @@ class Scheduler(Backend):
                              f"{self.max_positions} positions")
 
     # ---- subclasses ----
-    def _run_jobs(self, jobs: list[Job]) -> None:
-        """Decode a group of jobs (one key), emitting each one's events (a Done or Failed last)."""
+    def _run_jobs(self, jobs: list[Job]) -> Optional[list[Job]]:
+        """Decode a group of jobs (one key), emitting each one's events (a Done or Failed last). Or hand
+        some to a decode that already runs (a backend's running batch), returning them: that decode
+        then ends them and calls ``_release`` for each."""
         raise NotImplementedError
 
     def _key(self, job: Job) -> Hashable:
@@ -228,26 +230,32 @@ class Scheduler(Backend):
     def _serve_group(self, group: list[Job]) -> None:
         """Decode a group taken by ``_next`` (cancelled jobs fail at once); every job ends with a Done
         or a Failed, and leaves the running set."""
+        handed: list[Job] = []
         try:
             live = [job for job in group if not job.cancelled]
             for job in group:
                 if job.cancelled:
                     job.emit(Failed("cancelled by the client", 499))
             if live:
-                self._run_jobs(live)
+                handed = self._run_jobs(live) or []
         except BaseException as err:  # noqa: BLE001 - a failed job must not kill the loop
             for job in group:
                 job.emit(Failed(f"{type(err).__name__}: {err}", 500))
         finally:
-            for job in group:
-                if not job.finished:
-                    job.emit(Failed("the decode ended without a result", 500))
-            with self._cond:
-                for job in group:
-                    self._running.pop(job.id, None)
+            gone = {job.id for job in handed}
+            self._release([job for job in group if job.id not in gone])
+
+    def _release(self, jobs: list[Job]) -> None:
+        """Jobs whose decode is over leave the running set (one that sent no final event fails)."""
+        for job in jobs:
+            if not job.finished:
+                job.emit(Failed("the decode ended without a result", 500))
+        with self._cond:
+            for job in jobs:
+                if self._running.pop(job.id, None) is not None:
                     self._running_tokens -= self._cost(job)
                     self.completed += 1
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     # ---- the loop (its thread; groups are greenlets) ----
     def call(self, method: str, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:

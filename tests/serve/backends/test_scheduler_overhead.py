@@ -19,9 +19,9 @@ def model():
     return load_model("tiny-random-llada")
 
 
-def count(model, mode: str, stream: bool = True) -> DispatchCounter:
+def count(model, mode: str, stream: bool = True, join: bool = True) -> DispatchCounter:
     """32 requests queued at once, every one finished (``count_backend`` raises otherwise)."""
-    return count_backend(model, mode, stress_requests(32), stream=stream, max_running=16)
+    return count_backend(model, mode, stress_requests(32), stream=stream, max_running=16, join=join)
 
 
 def outside(counter: DispatchCounter) -> tuple[int, int, int]:
@@ -56,10 +56,24 @@ def test_at_most_two_syncs_outside_forwards_per_forward_call(model, stream):
     assert syncs <= 2 * calls, (syncs, calls)
 
 
-def test_unstreamed_requests_read_nothing_per_step(model):
-    """No stream, stop strings or step events: the callback reads nothing; generate's own reads only."""
-    streamed = outside(count(model, "continuous", stream=True))
-    plain = count(model, "continuous", stream=False)
+def test_unstreamed_requests_of_generate_calls_read_nothing_per_step(model):
+    """No stream, stop strings or step events, a generate call per group (``join=False``): the callback
+    reads nothing; generate's own reads only."""
+    streamed = outside(count(model, "continuous", stream=True, join=False))
+    plain = count(model, "continuous", stream=False, join=False)
     sites = DispatchCounter.sync_sites([plain.current])
     assert not any("serve/backends/" in s for s in sites), sites
     assert outside(plain)[2] < streamed[2]
+
+
+def test_unstreamed_requests_of_a_running_decode_are_read_where_rows_end(model):
+    """The same requests joining one running decode (the default): its answers are read only at a step
+    where a row ends, never more than once per request; streamed, every step."""
+    def reads(counter: DispatchCounter) -> int:
+        return sum(n for site, n in DispatchCounter.sync_sites([counter.current]).items() if "tolist" in site)
+
+    streamed, plain = count(model, "continuous", stream=True), count(model, "continuous", stream=False)
+    assert 0 < reads(plain) < reads(streamed)
+    assert reads(plain) <= 32
+    assert outside(plain)[2] < outside(streamed)[2]
+    assert outside(plain)[1] < outside(count(model, "continuous", stream=False, join=False))[1]

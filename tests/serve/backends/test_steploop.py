@@ -1,5 +1,7 @@
-"""Continuous batching's step loop: queued jobs of one key decode as one call, the loop survives a
-failed decode, and a cancelled row of a group leaves its forwards and the others' answers unchanged."""
+"""Continuous batching's step loop with a generate call per group (``join=False``; the running decode
+that requests join is tests/serve/backends/test_joined.py): queued jobs of one key decode as one call,
+the loop survives a failed decode, and a cancelled row of a group leaves its forwards and the others'
+answers unchanged."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def test_prompts_have_the_lengths_the_tests_need(llada):
 
 
 def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(llada):
-    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4, max_running=16)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4, max_running=16, join=False)
     sizes = recording(engine)
     other = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     specs = ([(p, 8, SLOW, False) for p in SEVEN]  # one key: 4 rows, then 2 ...
@@ -90,7 +92,7 @@ def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
-    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=4, join=False)  # generate calls
     sizes = recording(engine)
     slow = DecodeSettings(sampler="low_confidence", cache=cache)
     specs = [(TEN[0], 24, slow, True)] + [(p, 24, slow, False) for p in TEN[1:]]
@@ -111,7 +113,7 @@ def test_a_cancelled_row_of_a_group_fails_alone(llada, cache):
 
 
 def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
-    engine = DiffusionBackend(llada, name="tiny-llada")
+    engine = DiffusionBackend(llada, name="tiny-llada", join=False)  # generate calls
     decode, calls = engine._decode, []
 
     def flaky(jobs, model):

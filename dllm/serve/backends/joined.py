@@ -1,0 +1,85 @@
+"""Continuous batching with one decode state per setting: requests join a running decode.
+
+In ``continuous`` mode a group of requests whose settings can share one canvas
+(``dllm.engine.running.unsupported_reason``: greedy, no cache, no guidance, one block, a sampler whose
+step reads no step index) does not start a ``generate`` call of its own: it joins the
+``RunningDecode`` of its key (the settings, seeds aside, and ``group_of``: answers of any length that
+commit the same count per step), if one runs, at that decode's next step, and every step of the decode is
+one forward (merged with the other decodes' by the loop, ``dllm.serve.backends.batcher``), one sampler
+step and one commit for all of its rows, whatever step each row is at. A row ends after its last step
+or as soon as its answer is final (EOS or a stop string in its final prefix, streamed or not), or when
+its client leaves; it then leaves the decode. The decode's greenlet (the first group's) runs until no
+row is left, ending each job itself (``Scheduler._release``).
+
+Each answer equals ``dllm.generate`` of its prompt alone (tests/serve/test_joined.py), and its counts
+are that call's: its own forwards, and forwards x its own prompt + answer length.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dllm.engine.running import RunningDecode
+from dllm.serve.backends.jobs import Failed, Job
+from dllm.settings import DecodeSettings
+
+
+class JoinedDecode:
+    """The running decode of one key and its jobs' rows (``backend``: a ``DiffusionBackend``)."""
+
+    def __init__(self, backend: Any, settings: DecodeSettings, group: tuple) -> None:
+        self.backend = backend
+        self.decode = RunningDecode(backend._served, settings, group, read=backend.read)
+        self.mask_id = self.decode.mask_id
+        self.rows: dict[int, Any] = {}  # job id -> its row (dllm.serve.backends.diffusion._Row)
+        self.started: dict[int, float] = {}
+
+    def admit(self, jobs: list[Job]) -> None:
+        """The jobs' rows join at the decode's next step."""
+        now = time.perf_counter()
+        for job in jobs:
+            self.rows[job.id] = self.backend._new_row(job, len(self.rows), False)
+            self.started[job.id] = now
+            self.decode.add(job.request.prompt_ids, job.request.max_tokens, job.id)
+
+    def run(self) -> None:
+        """Step until no row is left; every job ends with a Done or Failed (an error fails them all)."""
+        try:
+            while len(self.decode):
+                self._leave_cancelled()
+                watch = any(r.job.request.stream or r.job.request.stop for r in self.rows.values())
+                for st in self.decode.step(watch):
+                    row = self.rows[st.tag]
+                    row.nfe, row.forwarded = st.nfe, st.forwarded_tokens
+                    if st.done:
+                        self._end(st.tag, st.ids)
+                    elif st.ids is not None and row.observe_answer(st.ids, self.mask_id):
+                        self._end(st.tag, None)  # final early: the text the whole decode would give
+                        self.decode.remove([st.tag])
+        except BaseException as err:  # noqa: BLE001 - every job of the decode fails, the loop goes on
+            for row in self.rows.values():
+                row.job.emit(Failed(f"{type(err).__name__}: {err}", 500))
+        finally:
+            self.backend._release([row.job for row in self.rows.values()])
+            self.rows.clear()
+
+    def _leave_cancelled(self) -> None:
+        gone = [tag for tag, row in self.rows.items() if row.job.cancelled]
+        for tag in gone:
+            self.rows[tag].job.emit(Failed("cancelled by the client", 499))
+            self._release(tag)
+        self.decode.remove(gone)
+
+    def _end(self, tag: int, ids) -> None:
+        row = self.rows[tag]
+        row.finish(ids, row.job.request.max_tokens, self.started[tag])
+        self._release(tag)
+
+    def _release(self, tag: int) -> None:
+        row = self.rows.pop(tag)
+        self.started.pop(tag, None)
+        self.backend._release([row.job])
+
+
+__all__ = ["JoinedDecode"]
