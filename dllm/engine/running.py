@@ -282,6 +282,8 @@ class RunningDecode:
             out.append(RowStep(row.tag, mine, done, row.steps, row.steps * (row.prompt_length + row.gen_length)))
             if done:
                 self._leaving.add(row.tag)
+        if all(st.done for st in out):  # every row ended: nothing to keep until a next join
+            self._regroup()
         return out
 
 
