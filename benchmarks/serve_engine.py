@@ -3,8 +3,8 @@
     python benchmarks/serve_engine.py [MODEL] [--null-model] [--n 128] [--repeats 3] [--settings low_confidence@none ...]
 
 ``dllm bench serve``'s requests (the same draw of stress-task prompts, ``max_tokens`` = the answer
-length), all queued at once on a ``DiffusionBackend`` of each mode (continuous, static, serial) in
-interleaved rounds; torch forward hooks on the model time every forward and count the rows and
+length), all queued at once on a ``DiffusionBackend`` of each mode (continuous, ``cont-nojoin``:
+continuous with ``join=False``, static, serial) in interleaved rounds; torch forward hooks on the model time every forward and count the rows and
 tokens it computed (and the real ones among them: the key-padding mask). Prints per mode the median
 requests/s, the share of the wall time spent in forwards, forward calls, forwarded tokens (padded
 and real), microseconds per forwarded token, and the scheduler's own microseconds per running row
@@ -86,8 +86,12 @@ class ForwardMeter:
         self.seconds += time.perf_counter() - self._t0
 
 
+NOJOIN = "cont-nojoin"  # continuous with join=False: a generate call per group of requests
+
+
 def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
-    engine = DiffusionBackend(model, name=args.model, mode=mode, max_running=args.max_running,
+    engine = DiffusionBackend(model, name=args.model, mode="continuous" if mode == NOJOIN else mode,
+                              max_running=args.max_running, join=mode != NOJOIN,
                               batcher=BatcherConfig(max_tokens=args.max_batch_tokens))
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
@@ -114,7 +118,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
                     help="SAMPLER[@CACHE] items, request i takes item i mod their number (default low_confidence@none)")
-    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--modes", nargs="+", choices=(*MODES, NOJOIN), default=[MODES[0], NOJOIN, *MODES[1:]],
+                    help=f"serving modes ({NOJOIN}: continuous with join=False; default: all)")
     ap.add_argument("--max-running", type=int, default=32, help="rows decoding at once (default 32)")
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
     ap.add_argument("--request-timeout", type=float, default=600.0)

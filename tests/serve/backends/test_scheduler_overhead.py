@@ -1,6 +1,6 @@
 """The step loop's own work, counted on its thread with a dispatch-mode counter (what a GPU's host
 would issue): continuous batching spends no more ATen calls and host syncs outside the model's
-forwards than static batching for the same requests, the running decodes' step reads are one copy
+forwards than static batching for the same requests, per request and (within 1.2x) per forward call, the running decodes' step reads are one copy
 per round of the loop, and a forward call costs at most two host syncs outside the model."""
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def test_continuous_costs_no_more_outside_forwards_than_static(model):
     assert cont_calls < stat_calls  # continuous merged the decodes' forwards ...
     assert cont_aten <= 1.2 * stat_aten  # ... at no more scheduler, sampler and engine work
     assert cont_syncs <= stat_syncs
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_forward_call_of_continuous_costs_at_most_1_2x_static(model, stream):
+    """Issue 45's bar, per forward call: the running decode's one sampler step and commit for all of its
+    rows (dllm.engine.running) against static batching's one generate step per batch."""
+    cont_calls, cont_aten, _ = outside(count(model, "continuous", stream=stream))
+    stat_calls, stat_aten, _ = outside(count(model, "static", stream=stream))
+    assert cont_aten / cont_calls <= 1.2 * stat_aten / stat_calls, (cont_aten / cont_calls, stat_aten / stat_calls)
 
 
 @pytest.mark.parametrize("mode", ["continuous", "static", "serial"])
