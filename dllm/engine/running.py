@@ -7,12 +7,12 @@ pays each call's sampler step and commit once per step (continuous batching in
 canvas: a row joins (``add``) before any step and leaves after its last, and each ``step`` is one
 forward, one sampler step and one commit for all rows, whatever step each row is at.
 
-Rows are aligned on their answers: every row's answer starts at the same column ``s`` of the canvas
-(its prompt ends there, left-padded; a shorter answer is right-padded; explicit positions and a
-key-padding mask, as in ``generate``'s ragged batches), so the block window is one for every row. A
-row whose prompt or answer is longer pads the others further when it joins; rows leaving trim the
-columns no row needs. Rows of one decode may have answers of any length as long as they commit the
-same count per step (``group_of``).
+Rows are aligned on their ends: every row's answer ends at the canvas' last column (each row
+left-padded, explicit positions and a key-padding mask, as in ``generate``'s ragged batches), so one
+window, the last W columns (W the longest answer), holds every row's answer: a shorter answer's row
+has prompt tokens left of it in the window, which are no masks. A longer row pads the others further
+left when it joins; rows leaving trim the columns no row needs. Rows of one decode may have answers
+of any length as long as they commit the same count per step (``group_of``).
 
 Which decodes can run this way (``unsupported_reason``): greedy (temperature 0), no guidance, no KV
 cache (every step forwards the whole canvas), one block (``block_length`` >= ``gen_length``), a model
@@ -47,6 +47,7 @@ from dllm.settings import DecodeSettings
 from dllm.state import DecodeState, StepInput
 
 Read = Callable[[list[torch.Tensor]], list[list]]
+Split = Callable[[list[int]], list[list[int]]]  # rows' forward lengths (ascending) -> groups of rows, one call each
 
 
 def _read_now(tensors: list[torch.Tensor]) -> list[list]:
@@ -112,10 +113,11 @@ class RunningDecode:
     next step; ``step`` runs one forward, sampler step and commit for every row and returns each row's
     ``RowStep`` (ended rows leave); ``remove`` takes rows out before the next step."""
 
-    def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now) -> None:
+    def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now,
+                 split: Optional[Split] = None) -> None:
         if group not in (("adaptive",),) and not (len(group) == 2 and group[0] == "fixed" and group[1] >= 1):
             raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
-        self.model, self.settings, self.group, self.read = model, settings, group, read
+        self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
         self._groups: dict[int, Optional[tuple]] = {}  # gen_length -> group_of (resolved once per length)
         self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
@@ -129,8 +131,10 @@ class RunningDecode:
         self.rows: list[_Row] = []
         self._joining: list[tuple[list[int], int, Hashable]] = []
         self._leaving: set[Hashable] = set()
-        self.x = self.kpm = self.positions = self._answers = None  # [R, L] canvas, mask, positions; [R, W] view
+        # [R, L] canvas, key-padding mask, positions and prompt columns; [R, W] the window's view
+        self.x = self.kpm = self.positions = self.prompt_mask = self._answers = None
         self.state: Optional[DecodeState] = None  # what the sampler reads, remade when the rows change
+        self._calls: list[tuple[int, int, int, bool]] = []  # the step's forwards: (row0, row1, width, padded)
         self.forwards = 0  # steps run (one forward each)
 
     def __len__(self) -> int:
@@ -161,13 +165,8 @@ class RunningDecode:
 
     # ---- the rows' canvas --------------------------------------------------------------------
     @property
-    def answer_start(self) -> int:
-        """Column s where every row's answer starts."""
-        return 0 if self.x is None else self.x.shape[1] - self.answer_width
-
-    @property
     def answer_width(self) -> int:
-        """W: the longest answer of a row in the canvas."""
+        """W: the longest answer of a row in the canvas; the window is the canvas' last W columns."""
         return max((row.gen_length for row in self.rows), default=0) if self.x is not None else 0
 
     def _regroup(self) -> None:
@@ -185,65 +184,104 @@ class RunningDecode:
             self._remake_state()
 
     def _keep(self, keep: list[int]) -> None:
-        """Only rows ``keep`` stay; columns no kept row needs (left of every prompt, right of every
-        answer) are trimmed."""
-        s, w = self.answer_start, self.answer_width
+        """Only rows ``keep`` stay; the columns left of every kept row are trimmed."""
         self.rows = [self.rows[i] for i in keep]
         if not keep:
-            self.x = self.kpm = self.positions = self._answers = None
+            self.x = self.kpm = self.positions = self.prompt_mask = self._answers = None
             return
         idx = torch.tensor(keep, device=self.device)  # the kept rows (one upload, when rows leave)
-        c0 = s - max(row.prompt_length for row in self.rows)
-        c1 = s + max(row.gen_length for row in self.rows)
-        self.x, self.kpm, self.positions = (t.index_select(0, idx)[:, c0:c1] for t in (self.x, self.kpm, self.positions))
-        assert c1 <= s + w
+        c0 = self.x.shape[1] - max(row.prompt_length + row.gen_length for row in self.rows)
+        self.x, self.kpm, self.positions, self.prompt_mask = (
+            t.index_select(0, idx)[:, c0:] for t in (self.x, self.kpm, self.positions, self.prompt_mask))
 
     def _join(self) -> None:
-        """Append the queued rows, each padded so that its answer starts at column s (the others padded
-        further left when a joining prompt is longer, further right when a joining answer is)."""
+        """Append the queued rows, each left-padded so that its answer ends at the canvas' last column
+        (the others padded further left when a joining row is longer)."""
         joining, self._joining = self._joining, []
-        s, w = self.answer_start, self.answer_width
-        s_new = max([s] + [len(ids) for ids, _, _ in joining])
-        w_new = max([w] + [g for _, g, _ in joining])
-        ids_rows, kpm_rows, pos_rows = [], [], []
+        length = 0 if self.x is None else self.x.shape[1]
+        new_length = max([length] + [len(ids) + g for ids, g, _ in joining])
+        ids_rows, kpm_rows, pos_rows, prompt_rows = [], [], [], []
         for ids, g, tag in joining:
-            left, right = s_new - len(ids), w_new - g
-            ids_rows.append([self.pad_id] * left + ids + [self.mask_id] * g + [self.pad_id] * right)
-            kpm_rows.append([0] * left + [1] * (len(ids) + g) + [0] * right)
-            pos_rows.append([0] * left + list(range(len(ids) + g)) + [0] * right)
-        new = torch.tensor([ids_rows, kpm_rows, pos_rows], dtype=torch.long, device=self.device)  # [3, n, L]
-        x, kpm, pos = new[0], new[1].bool(), new[2]
+            pad = new_length - len(ids) - g
+            ids_rows.append([self.pad_id] * pad + ids + [self.mask_id] * g)
+            kpm_rows.append([0] * pad + [1] * (len(ids) + g))
+            pos_rows.append([0] * pad + list(range(len(ids) + g)))
+            prompt_rows.append([1] * (pad + len(ids)) + [0] * g)
+        new = torch.tensor([ids_rows, kpm_rows, pos_rows, prompt_rows], dtype=torch.long, device=self.device)
+        x, kpm, pos, prompt = new[0], new[1].bool(), new[2], new[3].bool()  # [n, L] each
         if self.x is not None:
-            grow = (s_new - s, w_new - w)  # pad the running rows further left / right
-            if grow != (0, 0):
+            grow = new_length - length  # pad the running rows further left
+            if grow:
                 pad = torch.nn.functional.pad
-                self.x = pad(self.x, grow, value=self.pad_id)
-                self.kpm = pad(self.kpm, grow, value=False)
-                self.positions = pad(self.positions, grow, value=0)
-            x, kpm, pos = torch.cat([self.x, x]), torch.cat([self.kpm, kpm]), torch.cat([self.positions, pos])
+                self.x = pad(self.x, (grow, 0), value=self.pad_id)
+                self.kpm = pad(self.kpm, (grow, 0), value=False)
+                self.positions = pad(self.positions, (grow, 0), value=0)
+                self.prompt_mask = pad(self.prompt_mask, (grow, 0), value=True)
+            x, kpm = torch.cat([self.x, x]), torch.cat([self.kpm, kpm])
+            pos, prompt = torch.cat([self.positions, pos]), torch.cat([self.prompt_mask, prompt])
         self.rows.extend(_Row(tag, len(ids), g) for ids, g, tag in joining)
-        self.x, self.kpm, self.positions = x, kpm, pos
+        order = sorted(range(len(self.rows)), key=lambda r: self.rows[r].prompt_length + self.rows[r].gen_length)
+        if order != list(range(len(self.rows))):  # rows by length: the step's calls take row ranges
+            idx = torch.tensor(order, device=self.device)
+            x, kpm, pos, prompt = (t.index_select(0, idx) for t in (x, kpm, pos, prompt))
+            self.rows = [self.rows[r] for r in order]
+        self.x, self.kpm, self.positions, self.prompt_mask = x, kpm, pos, prompt
 
     def _remake_state(self) -> None:
-        """The ``DecodeState`` the sampler reads: one block of W columns at its start, every row's
-        answer masked (a fixed-step sampler sees W / k steps of k masks each: its commit count; a
-        ``joins_mid_block`` sampler reads no more of a row's progress than its canvas)."""
+        """The ``DecodeState`` the sampler reads: one block, the canvas' last W columns, at its start
+        (a fixed-step sampler sees W / k steps of k masks each: its commit count; a ``joins_mid_block``
+        sampler reads no more of a row's progress than its canvas: a shorter answer's window columns
+        left of it are its prompt, never a mask)."""
         if not self.rows:
             self.state = None
             return
-        s, w, n = self.answer_start, self.answer_width, len(self.rows)
-        self._answers = self.x[:, s:]  # [R, W] the answers (right-padded), written in place
+        length, w, n = self.x.shape[1], self.answer_width, len(self.rows)
+        s = length - w
+        self._answers = self.x[:, s:]  # [R, W] the window (each row's answer at its end), written in place
         self.state = DecodeState(
-            x=self.x, key_padding_mask=self.kpm, positions=self.positions,
-            prompt_mask=(column_ids(self.x.shape[1], self.device) < s).expand(n, -1), prompt_length=s,
-            gen_length=w, mask_id=self.mask_id, temperature=0.0, generator=None,
+            x=self.x, key_padding_mask=self.kpm, positions=self.positions, prompt_mask=self.prompt_mask,
+            prompt_length=s, gen_length=w, mask_id=self.mask_id, temperature=0.0, generator=None,
             trace=self.x.new_full((n, w), -1),  # not kept: a running decode reports no commit steps
-            padded=any(row.prompt_length < s or row.gen_length < w for row in self.rows), block_start=s,
-            block_end=s + w, block_length=w, block_steps=None if self.per_step is None else w // self.per_step,
+            padded=any(row.prompt_length + row.gen_length < length for row in self.rows), block_start=s,
+            block_end=length, block_length=w, block_steps=None if self.per_step is None else w // self.per_step,
             block_masks_at_start=self.x.new_full((n,), w), extras=dict(self.extras))
         self.sampler.begin_block(self.state)
+        self._calls = self._plan_calls(length, w)
+
+    def _plan_calls(self, length: int, w: int) -> list[tuple[int, int, int, bool]]:
+        """The step's forwards: ``split`` of the rows' lengths (each at least the window and a shifted
+        family's first column), every call a range of rows over the canvas' last ``width`` columns."""
+        floor = w + self.extras[LOGIT_SHIFT_KEY]  # logits_rows needs a >= the shift
+        need = [max(row.prompt_length + row.gen_length, floor) for row in self.rows]  # ascending
+        groups = [list(range(len(need)))] if self.split is None else self.split(need)
+        calls, r0 = [], 0
+        for group in groups:
+            if group != list(range(r0, r0 + len(group))) or not group:
+                raise ValueError(f"split must return consecutive runs of rows in order, got {groups!r}")
+            r1 = r0 + len(group)
+            width = min(max(need[r0:r1]), length)
+            padded = any(row.prompt_length + row.gen_length < width for row in self.rows[r0:r1])
+            calls.append((r0, r1, width, padded))
+            r0 = r1
+        if r0 != len(need):
+            raise ValueError(f"split must cover every row once, got {groups!r} for {len(need)} rows")
+        return calls
 
     # ---- one step ----------------------------------------------------------------------------
+    def _forward(self, r0: int, r1: int, width: int, padded: bool, w: int) -> torch.Tensor:
+        """Logits [r1 - r0, W, V] of the window for rows ``[r0, r1)``, forwarded over the canvas' last
+        ``width`` columns (the whole canvas for one call of every row)."""
+        length = self.x.shape[1]
+        whole = (r0, r1, width) == (0, self.x.shape[0], length)
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return t if whole else t[r0:r1, length - width:]
+        kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (width - w, width),
+                                  "key_padding_mask": cut(self.kpm) if padded else None}
+        if padded and self._passes_padded:
+            kwargs["padded"] = True  # the mask has padding: the model need not read it back
+        return self.model(cut(self.x), **kwargs).logits
+
+
     def step(self, watch: bool = False) -> list[RowStep]:
         """One forward, sampler step and commit for every row (after the queued joins and leaves).
         ``watch``: read every row's answer (``RowStep.ids``) even where no row ends. Rows that end
@@ -253,11 +291,8 @@ class RunningDecode:
         if state is None:
             return []
         s, w = state.block_start, state.gen_length
-        kwargs: dict[str, Any] = {"positions": self.positions, "logits_rows": (s, s + w),
-                                  "key_padding_mask": self.kpm if state.padded else None}
-        if state.padded and self._passes_padded:
-            kwargs["padded"] = True  # the mask has padding: the model need not read it back
-        logits = self.model(self.x, **kwargs).logits  # [R, W, V]
+        parts = [self._forward(*call, w) for call in self._calls]
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, W, V]
         self.forwards += 1
         answers = self._answers  # [R, W]
         active = answers == self.mask_id  # [R, W]: a right pad is no mask
@@ -274,7 +309,7 @@ class RunningDecode:
         ids = self.read([answers])[0] if watch or k is None or any(ends) else None
         out = []
         for r, row in enumerate(self.rows):
-            mine = None if ids is None else ids[r][:row.gen_length]
+            mine = None if ids is None else ids[r][w - row.gen_length:]  # the row's answer ends the window
             done = ends[r] if k is not None else self.mask_id not in mine
             if k is None and not done and row.steps >= self.sampler.max_block_steps(row.gen_length):
                 raise RuntimeError(f"a row still has masks after {row.steps} steps of a block of {row.gen_length}; "

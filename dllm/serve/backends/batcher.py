@@ -78,6 +78,24 @@ def plan_groups(items: list[Pending], config: BatcherConfig) -> list[list[Pendin
                        fixed_cost=config.call_cost_tokens)
 
 
+@dataclass(frozen=True)
+class _Row:
+    """One row of a running decode as ``plan_merges`` reads a pending forward."""
+
+    index: int
+    length: int
+    rows: int = 1
+    mergeable: bool = True
+
+
+def split_rows(lengths: list[int], config: BatcherConfig) -> list[list[int]]:
+    """A running decode's rows (``dllm.engine.running``; their forward lengths, ascending) -> the calls
+    its step makes, by the loop's own cost model and bounds (``plan_merges``): runs of consecutive rows."""
+    calls = plan_merges([_Row(i, n) for i, n in enumerate(lengths)], max_rows=config.max_rows,
+                        max_tokens=config.max_tokens, fixed_cost=config.call_cost_tokens)
+    return [[row.index for row in call] for call in calls]
+
+
 def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:
     """One forward for several callers' plain forwards (no cache): each left-padded to the longest,
     with explicit positions and a key-padding mask; each gets its own logits back, sliced to the
@@ -143,4 +161,4 @@ class BatchedModel:
         raise AttributeError(f"a served model is shared; set {name!r} on the backend's model before serving")
 
 
-__all__ = ["BatcherConfig", "BatchedModel", "Pending", "merged_forward", "plan_groups"]
+__all__ = ["BatcherConfig", "BatchedModel", "Pending", "merged_forward", "plan_groups", "split_rows"]

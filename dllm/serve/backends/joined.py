@@ -4,15 +4,17 @@ In ``continuous`` mode a group of requests whose settings can share one canvas
 (``dllm.engine.running.unsupported_reason``: greedy, no cache, no guidance, one block, a sampler whose
 step reads no step index) does not start a ``generate`` call of its own: it joins the
 ``RunningDecode`` of its key (the settings, seeds aside, and ``group_of``: answers of any length that
-commit the same count per step), if one runs, at that decode's next step, and every step of the decode is
-one forward (merged with the other decodes' by the loop, ``dllm.serve.backends.batcher``), one sampler
-step and one commit for all of its rows, whatever step each row is at. A row ends after its last step
-or as soon as its answer is final (EOS or a stop string in its final prefix, streamed or not), or when
-its client leaves; it then leaves the decode. The decode's greenlet (the first group's) runs until no
-row is left, ending each job itself (``Scheduler._release``).
+commit the same count per step), if one runs, at that decode's next step, and every step of the
+decode is one sampler step and one commit for all of its rows, whatever step each row is at. Its
+forward is split into calls of rows of neighbouring lengths by the loop's own cost model
+(``split_rows``), and the loop may merge those calls with the other decodes' forwards
+(``dllm.serve.backends.batcher``). A row ends after its last step or as soon as its answer is final
+(EOS or a stop string in its final prefix, streamed or not), or when its client leaves; it then
+leaves the decode. The decode's greenlet (the first group's) runs until no row is left, ending each
+job itself (``Scheduler._release``).
 
-Each answer equals ``dllm.generate`` of its prompt alone (tests/serve/test_joined.py), and its counts
-are that call's: its own forwards, and forwards x its own prompt + answer length.
+Each answer equals ``dllm.generate`` of its prompt alone (tests/serve/backends/test_joined.py), and its
+counts are that call's: its own forwards, and forwards x its own prompt + answer length.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from dllm.engine.running import RunningDecode
+from dllm.serve.backends.batcher import split_rows
 from dllm.serve.backends.jobs import Failed, Job
 from dllm.settings import DecodeSettings
 
@@ -30,7 +33,8 @@ class JoinedDecode:
 
     def __init__(self, backend: Any, settings: DecodeSettings, group: tuple) -> None:
         self.backend = backend
-        self.decode = RunningDecode(backend._served, settings, group, read=backend.read)
+        self.decode = RunningDecode(backend._served, settings, group, read=backend.read,
+                                    split=lambda lengths: split_rows(lengths, backend.batcher))
         self.mask_id = self.decode.mask_id
         self.rows: dict[int, Any] = {}  # job id -> its row (dllm.serve.backends.diffusion._Row)
         self.started: dict[int, float] = {}
