@@ -47,6 +47,10 @@ def run(model, settings: DecodeSettings, gens: list[int], joins=JOINS, watch: bo
     ("low_confidence", 4, [8, 8, 8, 8, 8, 8]),  # two tokens per step (steps=4 of 8)
     ("threshold", None, [8, 4, 12, 8, 6, 10]),
     ("threshold:threshold=0.5", None, [8, 4, 12, 8, 6, 10]),
+    ("eb:gamma=0.5", None, [8, 4, 12, 8, 6, 10]),
+    ("eb:gamma=0.5,proxy=margin", None, [8, 4, 12, 8, 6, 10]),
+    ("localleap", None, [8, 4, 12, 8, 6, 10]),
+    ("hierarchy", None, [8, 4, 12, 8, 6, 10]),
 ])
 def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, gens):
     settings = DecodeSettings(sampler=spec, steps=steps)
@@ -131,4 +135,4 @@ def test_only_the_samplers_tested_here_say_they_join_mid_block():
         sampler = make_sampler(name.split()[0])  # "name (alias ...)"
         if sampler.joins_mid_block(8, 8) or sampler.joins_mid_block(8, None):
             joining.add(sampler.name)
-    assert joining == {"low_confidence", "threshold"}
+    assert joining == {"low_confidence", "threshold", "eb", "localleap", "hierarchy"}

@@ -17,9 +17,10 @@ of any length as long as they commit the same count per step (``group_of``).
 Which decodes can run this way (``unsupported_reason``): greedy (temperature 0), no guidance, no KV
 cache (every step forwards the whole canvas), one block (``block_length`` >= ``gen_length``), a model
 without a block-causal mask, and a sampler whose step treats a row alike at every step of its block
-(``Sampler.joins_mid_block``: ``threshold`` without ``schedule_steps``, whose rule reads no step index;
-``low_confidence`` when its steps split the answer evenly, so that every step commits the same count:
-rows of one decode then commit the same count, their answers may differ in length).
+(``Sampler.joins_mid_block``: ``threshold`` without ``schedule_steps``, ``eb``, ``localleap`` and
+``hierarchy``, whose rules read no step index; ``low_confidence`` when its steps split the answer
+evenly, so that every step commits the same count: rows of one decode then commit the same count,
+their answers may differ in length).
 A row then decodes to the tokens ``generate`` gives its prompt alone (float32: equal logits up to
 summation order, the tolerance of ``generate``'s own ragged batches; tests/test_running_decode.py).
 

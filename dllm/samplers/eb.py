@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -80,6 +81,9 @@ class EntropyBounded(Sampler):
     Config = EBConfig
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
+
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return True  # the entropy bound reads each row's own window only, no step index
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         x0, logp = propose_with_log_probs(inp)  # [B, W], [B, W, V]

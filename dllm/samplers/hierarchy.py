@@ -22,7 +22,7 @@ tied position).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -85,6 +85,9 @@ class Hierarchy(Sampler):
     @property
     def commits_every_step(self) -> bool:
         return True  # the row's most confident mask is always committed
+
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return True  # runs, bars and the top-1 read each row's own masks only, no step index
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config

@@ -23,6 +23,7 @@ whose neighbourhood is the closed interval ``[j - radius, j + radius]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +65,9 @@ class LocalLeap(Sampler):
 
     Config = LocalLeapConfig
     fixed_steps = False
+
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return True  # anchors and bars read each row's own masks only, no step index
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         """The rule as ``threshold_commit`` with the per-position bar, in fewer calls: i is near an anchor
