@@ -8,7 +8,9 @@
 #   pip download fastapi uvicorn greenlet --python-version 3.12 --only-binary=:all: --implementation cp \
 #     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .wheels/serve
 # Then the engine-only tables (benchmarks/serve_engine.py: no HTTP; tiny-random-llada, its --null-model,
-# tiny-llada): requests/s, the forwards' share of wall time, scheduler us per running row per step.
+# tiny-llada, and tiny-llada with --call-cost-tokens 100000: a launch-bound call, so no forward is split
+# or left unmerged to save padding): requests/s, the forwards' share of wall time, scheduler us per
+# running row per step.
 # The goal on a GPU: continuous >= 1.0x static at inf and <= 0.7x its p99 at 80% load.
 # Writes under ${OUT:-benchmarks/gpu-serve-$(date +%F)}; the steps' timeouts sum to 4.5 minutes.
 # DEVICE=cpu N=16 REPEATS=1 bash benchmarks/gpu-serve.sh runs the same steps on a CPU (a smoke test; CI).
@@ -23,15 +25,17 @@ if ! python3 -c "import fastapi, uvicorn, prometheus_client, greenlet, aiohttp" 
   echo "FastAPI, uvicorn, prometheus-client, greenlet or aiohttp is missing (see the header):"; cat "$O/imports.txt"
   exit 1
 fi
-step 100 serve.txt dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates 32 inf \
+step 90 serve.txt dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates 32 inf \
   --modes continuous static serial --repeats "$REPEATS" --no-progress --out "$O/serve"
 step 60 serve-mixed.txt dllm bench serve --model tiny-llada --device "$DEVICE" --n "$N" --rates inf \
   --modes continuous static serial --settings low_confidence@none threshold@dual fast@none \
   --repeats "$REPEATS" --no-progress --out "$O/serve-mixed"
-step 40 engine.txt python3 benchmarks/serve_engine.py tiny-random-llada --device "$DEVICE" --n "$N" \
+step 30 engine.txt python3 benchmarks/serve_engine.py tiny-random-llada --device "$DEVICE" --n "$N" \
   --repeats "$REPEATS"
 step 30 engine-null.txt python3 benchmarks/serve_engine.py tiny-random-llada --null-model --device "$DEVICE" \
   --n "$N" --repeats "$REPEATS"
 step 40 engine-tiny-llada.txt python3 benchmarks/serve_engine.py tiny-llada --device "$DEVICE" --n "$N" \
   --repeats "$REPEATS"
+step 20 engine-tiny-llada-onecall.txt python3 benchmarks/serve_engine.py tiny-llada --device "$DEVICE" --n "$N" \
+  --repeats "$REPEATS" --modes continuous static --call-cost-tokens 100000
 finish

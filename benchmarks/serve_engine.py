@@ -92,7 +92,9 @@ NOJOIN = "cont-nojoin"  # continuous with join=False: a generate call per group 
 def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
     engine = DiffusionBackend(model, name=args.model, mode="continuous" if mode == NOJOIN else mode,
                               max_running=args.max_running, join=mode != NOJOIN,
-                              batcher=BatcherConfig(max_tokens=args.max_batch_tokens))
+                              batcher=BatcherConfig(max_tokens=args.max_batch_tokens,
+                                                    **({} if args.call_cost_tokens is None
+                                                       else {"call_cost_tokens": args.call_cost_tokens})))
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
         with engine._cond:  # queue every request before the backend takes any: the load at rate inf
@@ -122,6 +124,8 @@ def main() -> None:
                     help=f"serving modes ({NOJOIN}: continuous with join=False; default: all)")
     ap.add_argument("--max-running", type=int, default=32, help="rows decoding at once (default 32)")
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
+    ap.add_argument("--call-cost-tokens", type=int, default=None,
+                    help="one forward call's cost beyond its tokens, in tokens (default: BatcherConfig's, 128)")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--device", default=None, help="the model's device (default: the loader's)")
@@ -142,6 +146,7 @@ def main() -> None:
     lines = [f"# python benchmarks/serve_engine.py {args.model}{' --null-model' if args.null_model else ''} "
              f"--n {args.n} --repeats {args.repeats} --settings {' '.join(s + '@' + c for s, c in args.settings)} "
              f"--max-running {args.max_running} --max-batch-tokens {args.max_batch_tokens} --threads {args.threads}"
+             + (f" --call-cost-tokens {args.call_cost_tokens}" if args.call_cost_tokens is not None else "")
              + (f" --device {args.device}" if args.device else ""),
              f"# torch {torch.__version__}; all requests queued at once, no HTTP; median of {args.repeats} "
              f"interleaved rounds",

@@ -26,7 +26,7 @@ from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, blo
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
-                  "max_batch_rows", "max_batch_tokens", "max_group", "join", "tensor_parallel")
+                  "max_batch_rows", "max_batch_tokens", "call_cost_tokens", "max_group", "join", "tensor_parallel")
 SPEC_ONLY = ("drafter", "tree", "block_size")
 
 
@@ -51,6 +51,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="continuous mode: rows in one merged forward (default 64)")
     d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
                    help="continuous mode: rows x padded length of one merged forward (default 65536)")
+    d.add_argument("--call-cost-tokens", type=at_least(0), default=None,
+                   help="continuous mode: what one forward call costs beyond its tokens, in tokens, for merging "
+                        "forwards and splitting a running decode's (default 128, a small model on a CPU core; "
+                        "larger where a call is launch-bound, a small model on a GPU)")
     d.add_argument("--max-group", type=POSITIVE, default=None,
                    help="continuous mode: queued requests with the same settings (seeds aside) and length start as "
                         "one generate call of at most this many rows (default: --max-running)")
@@ -210,7 +214,8 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
                               temperature=args.temperature or 0.0, seed=args.seed,
                               options=tuple(sorted(dict(args.option).items())))
     batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
-                                                  ("max_tokens", args.max_batch_tokens)) if v is not None})
+                                                  ("max_tokens", args.max_batch_tokens),
+                                                  ("call_cost_tokens", args.call_cost_tokens)) if v is not None})
     mirror, mode = None, args.mode or "continuous"
     if args.tensor_parallel is not None:
         model, mirror = load_split_model(args)

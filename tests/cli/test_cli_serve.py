@@ -122,6 +122,13 @@ def test_the_flags_build_the_engine(tmp_path):
         assert (engine.defaults.cache, engine.defaults.block_length) == ("dual", 4)
         s = engine.stats()
         assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.max_rows == 6
+        assert engine.join and engine.batcher.call_cost_tokens == 128  # the defaults
+    finally:
+        engine.close()
+    args = p.parse_args(["--model", "tiny-llada", "--no-join", "--call-cost-tokens", "4096"])
+    engine = build_backend(args, chat_template=None)
+    try:
+        assert not engine.join and engine.batcher.call_cost_tokens == 4096
     finally:
         engine.close()
 
