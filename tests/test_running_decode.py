@@ -120,6 +120,10 @@ def test_groups_and_what_cannot_join(model):
     decode = RunningDecode(model, low, ("fixed", 1))
     with pytest.raises(ValueError, match="non-empty prompt"):
         decode.add([], 8, "y")
+    decode.add(PROMPTS[0], 8, "z")
+    with pytest.raises(ValueError, match="tagged 'z' is already"):
+        decode.add(PROMPTS[1], 8, "z")
+    decode.remove(["z"])
     assert decode.step() == []  # no rows: nothing runs
 
 
@@ -136,3 +140,29 @@ def test_only_the_samplers_tested_here_say_they_join_mid_block():
         if sampler.joins_mid_block(8, 8) or sampler.joins_mid_block(8, None):
             joining.add(sampler.name)
     assert joining == {"low_confidence", "threshold", "eb", "localleap", "hierarchy"}
+
+
+def test_a_split_forward_gives_the_same_rows(model):
+    """The step's forward in several calls (``split``: here pairs of rows) changes no row's answer."""
+    settings, gens = DecodeSettings(sampler="threshold"), [8, 4, 12, 8, 6, 10]
+    calls: list[int] = []
+
+    def pairs(lengths):
+        assert lengths == sorted(lengths)  # rows are kept by length
+        calls.append(len(lengths))
+        return [list(range(i, min(i + 2, len(lengths)))) for i in range(0, len(lengths), 2)]
+
+    decode = RunningDecode(model, settings, group_of(model, settings, 8), split=pairs)
+    for i in range(6):
+        decode.add(PROMPTS[i], gens[i], i)
+    ended = {}
+    while len(decode):
+        ended.update({st.tag: st.ids for st in decode.step() if st.done})
+    assert calls  # the split was asked
+    for i in range(6):
+        assert ended[i] == dllm.generate(model, [PROMPTS[i]], gen_length=gens[i], sampler="threshold").generated_ids[0]
+    bad = RunningDecode(model, settings, ("adaptive",), split=lambda lengths: [[1], [0]])
+    bad.add(PROMPTS[0], 8, "a")
+    bad.add(PROMPTS[1], 8, "b")
+    with pytest.raises(ValueError, match="consecutive runs"):
+        bad.step()

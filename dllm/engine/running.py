@@ -136,7 +136,7 @@ class RunningDecode:
         self.x = self.kpm = self.positions = self.prompt_mask = self._answers = None
         self.state: Optional[DecodeState] = None  # what the sampler reads, remade when the rows change
         self._calls: list[tuple[int, int, int, bool]] = []  # the step's forwards: (row0, row1, width, padded)
-        self.forwards = 0  # steps run (one forward each)
+        self.forwards = 0  # steps run (each one forward of every row, in one call or more: ``split``)
 
     def __len__(self) -> int:
         """Rows still to decode: running and queued ones, less those leaving."""
@@ -152,6 +152,8 @@ class RunningDecode:
         if self.max_positions is not None and len(ids) + gen_length > self.max_positions:
             raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({gen_length}) exceeds the model's "
                              f"{self.max_positions} positions")
+        if any(row.tag == tag for row in self.rows) or any(item[-1] == tag for item in self._joining):
+            raise ValueError(f"a row tagged {tag!r} is already in this decode")
         group = self._groups.get(gen_length, ())
         if group == ():
             group = self._groups[gen_length] = group_of(self.model, self.settings, gen_length)
