@@ -65,7 +65,7 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, gens):
 
 
 def test_a_row_removed_mid_way_leaves_the_others_unchanged(model):
-    settings, gens = DecodeSettings(sampler="low_confidence"), [8] * 6
+    settings = DecodeSettings(sampler="low_confidence")
     decode = RunningDecode(model, settings, group_of(model, settings, 8))
     for i in range(4):
         decode.add(PROMPTS[i], 8, i)

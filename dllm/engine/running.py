@@ -41,7 +41,6 @@ from dllm.cache.block_causal import block_size_of
 from dllm.engine.forwards import takes_padded
 from dllm.engine.loop import _guarantee_progress
 from dllm.inputs import model_device
-from dllm.samplers.chunked import column_ids
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.samplers import make_sampler
 from dllm.settings import DecodeSettings

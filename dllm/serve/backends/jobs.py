@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Optional, Union
+from typing import AsyncIterator, Iterator, Optional, Union
 
 from dllm.settings import DecodeSettings
 
