@@ -41,23 +41,32 @@ def run(model, settings: DecodeSettings, gens: list[int], joins=JOINS, watch: bo
     return ended, decode
 
 
-@pytest.mark.parametrize("spec, steps, gens", [
-    ("low_confidence", None, [8, 4, 12, 8, 6, 10]),  # one token per step, answers of any length
-    ("low_confidence:ties=first", None, [8, 4, 12, 8, 6, 10]),
-    ("low_confidence", 4, [8, 8, 8, 8, 8, 8]),  # two tokens per step (steps=4 of 8)
-    ("threshold", None, [8, 4, 12, 8, 6, 10]),
-    ("threshold:threshold=0.5", None, [8, 4, 12, 8, 6, 10]),
-    ("eb:gamma=0.5", None, [8, 4, 12, 8, 6, 10]),
-    ("eb:gamma=0.5,proxy=margin", None, [8, 4, 12, 8, 6, 10]),
-    ("localleap", None, [8, 4, 12, 8, 6, 10]),
-    ("hierarchy", None, [8, 4, 12, 8, 6, 10]),
+GENS = [8, 4, 12, 8, 6, 10]
+
+
+@pytest.mark.parametrize("spec, steps, block, gens", [
+    ("low_confidence", None, None, GENS),  # one token per step, answers of any length
+    ("low_confidence:ties=first", None, None, GENS),
+    ("low_confidence", 4, None, [8] * 6),  # two tokens per step (steps=4 of 8)
+    ("threshold", None, None, GENS),
+    ("threshold:threshold=0.5", None, None, GENS),
+    ("eb:gamma=0.5", None, None, GENS),
+    ("eb:gamma=0.5,proxy=margin", None, None, GENS),
+    ("localleap", None, None, GENS),
+    ("hierarchy", None, None, GENS),
+    ("low_confidence", None, 4, GENS),  # blocks of 4 (a last one of 2): rows at different blocks
+    ("low_confidence", 4, 4, [8] * 6),  # two blocks of two steps
+    ("threshold", None, 4, GENS),
+    ("threshold:threshold=0.5", None, 3, GENS),
+    ("eb:gamma=0.5", None, 4, GENS),
+    ("hierarchy", None, 4, GENS),
 ])
-def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, gens):
-    settings = DecodeSettings(sampler=spec, steps=steps)
+def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gens):
+    settings = DecodeSettings(sampler=spec, steps=steps, block_length=block)
     ended, decode = run(model, settings, gens)
     assert sorted(ended) == list(range(len(PROMPTS)))
     for i, (p, g) in enumerate(zip(PROMPTS, gens)):
-        alone = dllm.generate(model, [p], gen_length=g, **settings.generate_kwargs())
+        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **settings.generate_kwargs())
         assert ended[i].ids == alone.generated_ids[0], i
         assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
     assert decode.forwards < sum(st.nfe for st in ended.values())  # rows shared forwards
@@ -102,11 +111,11 @@ def test_groups_and_what_cannot_join(model):
         "temperature": DecodeSettings(temperature=1.0, seed=1),
         "cfg_scale": DecodeSettings(cfg_scale=1.0),
         "cache 'dual'": DecodeSettings(cache="dual"),
-        "block_length=4": DecodeSettings(block_length=4),
         "sampler 'fast'": DecodeSettings(sampler="fast"),
         "sampler 'random'": DecodeSettings(sampler="random"),
         "sampler 'threshold'": DecodeSettings(sampler="threshold:schedule_steps=4"),
         "sampler 'low_confidence'": DecodeSettings(sampler="low_confidence", steps=3),  # 8 / 3: uneven
+        "masks per step": DecodeSettings(sampler="low_confidence", block_length=6, steps=4),  # 6, 2 in 2 steps each
     }
     for why, settings in refused.items():
         reason = unsupported_reason(model, settings, 8)
@@ -166,3 +175,27 @@ def test_a_split_forward_gives_the_same_rows(model):
     bad.add(PROMPTS[1], 8, "b")
     with pytest.raises(ValueError, match="consecutive runs"):
         bad.step()
+
+
+def test_answers_that_end_early_stop_as_generate_does():
+    """Task prompts with room after their answers: after a block holding an EOS with no mask before it
+    a row stops, as ``generate(stop_at_eos=True)`` stops it (the same ids, its masks EOS, its NFE)."""
+    model = dllm.load("tiny-llada", dtype=torch.float32)
+    texts = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
+             "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
+    prompts = dllm.engine.loop.encode_prompts(model, texts)
+    settings, g = DecodeSettings(sampler="threshold", block_length=4), 32
+    decode = RunningDecode(model, settings, group_of(model, settings, g))
+    ended, joins = {}, {0: [0, 1, 2], 3: [3], 5: [4, 5]}
+    for t in range(100):
+        for i in joins.get(t, []):
+            decode.add(prompts[i], g, i)
+        ended.update({st.tag: st for st in decode.step() if st.done})
+        if len(ended) == len(texts):
+            break
+    early = 0
+    for i, p in enumerate(prompts):
+        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **settings.generate_kwargs())
+        assert (ended[i].ids, ended[i].nfe) == (alone.generated_ids[0], alone.nfe), i
+        early += alone.nfe < dllm.generate(model, [p], gen_length=g, **settings.generate_kwargs()).nfe
+    assert early >= 1  # an answer ended blocks before its last (the sort: at its first block)

@@ -5,29 +5,31 @@ longest row. A server's requests arrive one by one, so a running batch of severa
 pays each call's sampler step and commit once per step (continuous batching in
 ``dllm.serve.backends``). A ``RunningDecode`` instead holds every running row of one setting in ONE
 canvas: a row joins (``add``) before any step and leaves after its last, and each ``step`` is one
-forward, one sampler step and one commit for all rows, whatever step each row is at.
+forward, one sampler step and one commit for all rows, whatever block and step each row is at.
 
-Rows are aligned on their ends: every row's answer ends at the canvas' last column (each row
-left-padded, explicit positions and a key-padding mask, as in ``generate``'s ragged batches), so one
-window, the last W columns (W the longest answer), holds every row's answer: a shorter answer's row
-has prompt tokens left of it in the window, which are no masks. A longer row pads the others further
-left when it joins; rows leaving trim the columns no row needs. Rows of one decode may have answers
-of any length as long as they commit the same count per step (``group_of``).
+Rows are aligned on their current blocks: every row's current block ends at the same canvas column
+E (each row padded left and right; explicit positions and a key-padding mask, as in ``generate``'s
+ragged batches), so one window, the Wb columns left of E (Wb the widest current block), holds every
+row's block; a narrower block's row has committed tokens or prompt left of it in the window, which
+are no masks. When a row moves to its next block it is shifted left by that block's width (a roll of
+its row), so that block ends at E; a row that joins with a longer prompt or answer pads the others,
+and rows leaving trim the columns no row needs. Rows of one decode may have answers and prompts of
+any length as long as they commit the same count per step (``group_of``).
 
 Which decodes can run this way (``unsupported_reason``): greedy (temperature 0), no guidance, no KV
-cache (every step forwards the whole canvas), one block (``block_length`` >= ``gen_length``), a model
-without a block-causal mask, and a sampler whose step treats a row alike at every step of its block
-(``Sampler.joins_mid_block``: ``threshold`` without ``schedule_steps``, ``eb``, ``localleap`` and
-``hierarchy``, whose rules read no step index; ``low_confidence`` when its steps split the answer
-evenly, so that every step commits the same count: rows of one decode then commit the same count,
-their answers may differ in length).
-A row then decodes to the tokens ``generate`` gives its prompt alone (float32: equal logits up to
-summation order, the tolerance of ``generate``'s own ragged batches; tests/test_running_decode.py).
+cache (every step forwards the whole canvas), a model without a block-causal mask, and a sampler
+whose step treats a row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
+without ``schedule_steps``, ``eb``, ``localleap`` and ``hierarchy``, whose rules read no step index;
+``low_confidence`` when its steps split every block evenly, so that every step commits the same
+count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
+with its NFE (after a block that is not its last, a row whose answer holds an EOS with no mask before
+it ends, its masks EOS); float32: equal logits up to summation order, the tolerance of ``generate``'s
+own ragged batches (tests/test_running_decode.py).
 
-Host reads: a fixed-step sampler's rows end after a known number of steps, so the canvas is read
-only at a step where a row ends or a caller watches its rows (``watch``); an adaptive sampler's step
-reads the answers once (a row ends when it has no mask left). ``read`` (default: at once) is how the
-reads are made, so a server can join them with its other decodes' reads.
+Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
+only at a step where a row's block ends or a caller watches its rows (``watch``); an adaptive
+sampler's step reads them once (a block ends when it has no mask left). ``read`` (default: at once)
+is how the reads are made, so a server can join them with its other decodes' reads.
 """
 
 from __future__ import annotations
@@ -78,13 +80,23 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> tuple[Optional[s
     resolved = settings.resolve(model, [[0]], gen_length)
     if resolved.policy.name != "none":
         return f"cache {resolved.policy.name!r} (a running decode forwards the whole canvas every step)", None
-    if len(resolved.plan.blocks) != 1:
-        return f"block_length={settings.block_length} < gen_length={gen_length} (one block per answer only)", None
-    s, e, steps = resolved.plan.blocks[0]
-    if not resolved.sampler.joins_mid_block(e - s, steps):
-        return (f"sampler {resolved.sampler.name!r} with these options (its step depends on the step index "
-                f"or on other rows: Sampler.joins_mid_block)"), None
-    return None, ("adaptive",) if steps is None else ("fixed", (e - s) // steps)
+    sampler, blocks = resolved.sampler, resolved.plan.blocks
+    if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
+        return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
+                f"other rows: Sampler.joins_mid_block)"), None
+    if blocks[0][2] is None:
+        return None, ("adaptive",)
+    per_step = {(e - s) // steps for s, e, steps in blocks}
+    if len(per_step) != 1:
+        return (f"sampler {sampler.name!r} with steps={settings.steps}: its blocks commit {sorted(per_step)} masks "
+                f"per step (a running decode's rows commit one count)"), None
+    return None, ("fixed", per_step.pop())
+
+
+def answer_blocks(model, settings: DecodeSettings, gen_length: int) -> tuple[tuple[int, int, int], ...]:
+    """The blocks ``generate`` decodes an answer of ``gen_length`` in: (start, end, steps or 0)."""
+    plan = settings.resolve(model, [[0]], gen_length).plan
+    return tuple((s, e, steps or 0) for s, e, steps in plan.blocks)
 
 
 @dataclass
@@ -105,13 +117,33 @@ class _Row:
     tag: Hashable
     prompt_length: int
     gen_length: int
-    steps: int = 0
+    blocks: tuple[tuple[int, int, int], ...]  # the answer's blocks: (start, end, steps or 0), answer columns
+    left: int = 0  # canvas column of the row's first token (its prompt's first)
+    block: int = 0  # the current block
+    block_step: int = 0  # steps taken in it
+    steps: int = 0  # steps taken in all
+
+    @property
+    def end(self) -> int:
+        """The current block's end, in answer columns."""
+        return self.blocks[self.block][1]
+
+    @property
+    def width(self) -> int:
+        return self.blocks[self.block][1] - self.blocks[self.block][0]
+
+    @property
+    def answer(self) -> int:
+        """Canvas column of the row's first answer position."""
+        return self.left + self.prompt_length
 
 
 class RunningDecode:
     """Every running row of one setting in one canvas (module docstring). ``add`` queues a row for the
     next step; ``step`` runs one forward, sampler step and commit for every row and returns each row's
-    ``RowStep`` (ended rows leave); ``remove`` takes rows out before the next step."""
+    ``RowStep`` (ended rows leave); ``remove`` takes rows out before the next step. ``split``: how the
+    step's forward is cut into calls (rows' forward lengths, in row order -> consecutive runs of rows;
+    None: one call)."""
 
     def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now,
                  split: Optional[Split] = None) -> None:
@@ -119,21 +151,25 @@ class RunningDecode:
             raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
         self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
-        self._groups: dict[int, Optional[tuple]] = {}  # gen_length -> group_of (resolved once per length)
+        self._plans: dict[int, tuple[Optional[tuple], tuple]] = {}  # gen_length -> (group_of, its blocks)
         self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
+        eos_ids = tuple(getattr(model, "eos_ids", ()) or ())
+        self.eos_ids = frozenset(eos_ids)
+        self.fill_id = int(eos_ids[0]) if eos_ids else (1 if self.mask_id == 0 else 0)  # as dllm.rows.release_rows
         self.max_positions = getattr(model, "max_positions", None)
         self.device = model_device(model)
-        self.extras = {"eos_ids": tuple(getattr(model, "eos_ids", ()) or ()),
-                       LOGIT_SHIFT_KEY: int(getattr(model, "logit_shift", 0))}
+        self.extras = {"eos_ids": eos_ids, LOGIT_SHIFT_KEY: int(getattr(model, "logit_shift", 0))}
         self._passes_padded = takes_padded(model)
         self.rows: list[_Row] = []
         self._joining: list[tuple[list[int], int, Hashable]] = []
         self._leaving: set[Hashable] = set()
-        # [R, L] canvas, key-padding mask, positions and prompt columns; [R, W] the window's view
-        self.x = self.kpm = self.positions = self.prompt_mask = self._answers = None
-        self.state: Optional[DecodeState] = None  # what the sampler reads, remade when the rows change
+        # [R, L] canvas, key-padding mask, positions and prompt columns; E: where every current block ends
+        self.x = self.kpm = self.positions = self.prompt_mask = self._window = None
+        self.block_end = 0  # E
+        self.state: Optional[DecodeState] = None  # what the sampler reads, remade when the layout changes
+        self._stale = True  # the canvas tensors or the window changed since the state was made
         self._calls: list[tuple[int, int, int, bool]] = []  # the step's forwards: (row0, row1, width, padded)
         self.forwards = 0  # steps run (each one forward of every row, in one call or more: ``split``)
 
@@ -153,9 +189,7 @@ class RunningDecode:
                              f"{self.max_positions} positions")
         if any(row.tag == tag for row in self.rows) or any(item[-1] == tag for item in self._joining):
             raise ValueError(f"a row tagged {tag!r} is already in this decode")
-        group = self._groups.get(gen_length, ())
-        if group == ():
-            group = self._groups[gen_length] = group_of(self.model, self.settings, gen_length)
+        group = self._plan(gen_length)[0]
         if group != self.group:
             raise ValueError(f"a row of gen_length={gen_length} is in group {group!r}, this decode's is "
                              f"{self.group!r} (dllm.engine.running.group_of)")
@@ -165,104 +199,161 @@ class RunningDecode:
         """Rows that leave before their end (a cancel, a stop string): gone from the next step on."""
         self._leaving.update(tags)
 
+    def _plan(self, gen_length: int) -> tuple[Optional[tuple], tuple]:
+        plan = self._plans.get(gen_length)
+        if plan is None:
+            group = group_of(self.model, self.settings, gen_length)
+            blocks = answer_blocks(self.model, self.settings, gen_length) if group is not None else ()
+            plan = self._plans[gen_length] = (group, blocks)
+        return plan
+
     # ---- the rows' canvas --------------------------------------------------------------------
     @property
-    def answer_width(self) -> int:
-        """W: the longest answer of a row in the canvas; the window is the canvas' last W columns."""
-        return max((row.gen_length for row in self.rows), default=0) if self.x is not None else 0
+    def window(self) -> int:
+        """Wb: the widest current block; the window is the Wb columns left of E."""
+        return max((row.width for row in self.rows), default=0)
 
     def _regroup(self) -> None:
-        """Apply the queued leaves and joins (one new canvas for both) and remake the sampler's state."""
+        """Apply the queued leaves and joins, then remake the sampler's state if the layout changed."""
         leaving = self._leaving
         if leaving:
             self._leaving = set()
-            keep = [i for i, row in enumerate(self.rows) if row.tag not in leaving]
             self._joining = [item for item in self._joining if item[-1] not in leaving]
+            keep = [i for i, row in enumerate(self.rows) if row.tag not in leaving]
             if len(keep) < len(self.rows):
                 self._keep(keep)
         if self._joining:
             self._join()
-        if leaving or self.state is None or self.state.batch_size != len(self.rows):
+        if self._stale:
             self._remake_state()
 
-    def _keep(self, keep: list[int]) -> None:
-        """Only rows ``keep`` stay; the columns left of every kept row are trimmed."""
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.x = self.kpm = self.positions = self.prompt_mask = self._answers = None
+    def _pad(self, left: int, right: int) -> None:
+        """Pad every row ``left`` columns on the left and ``right`` on the right."""
+        if left or right:
+            pad = torch.nn.functional.pad
+            self.x = pad(self.x, (left, right), value=self.pad_id)
+            self.kpm = pad(self.kpm, (left, right), value=False)
+            self.positions = pad(self.positions, (left, right), value=0)
+            self.prompt_mask = pad(self.prompt_mask, (left, right), value=True)
+            for row in self.rows:
+                row.left += left
+            self.block_end += left
+            self._stale = True
+
+    def _trim(self) -> None:
+        """Drop the columns no row needs: left of every row, right of every answer."""
+        if not self.rows:
+            self.x = self.kpm = self.positions = self.prompt_mask = self._window = None
+            self.block_end, self.state = 0, None
             return
-        idx = torch.tensor(keep, device=self.device)  # the kept rows (one upload, when rows leave)
-        c0 = self.x.shape[1] - max(row.prompt_length + row.gen_length for row in self.rows)
-        self.x, self.kpm, self.positions, self.prompt_mask = (
-            t.index_select(0, idx)[:, c0:] for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+        c0 = min(row.left for row in self.rows)
+        c1 = self.block_end + max(row.gen_length - row.end for row in self.rows)
+        if c0 or c1 < self.x.shape[1]:
+            self.x, self.kpm, self.positions, self.prompt_mask = (
+                t[:, c0:c1] for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+            for row in self.rows:
+                row.left -= c0
+            self.block_end -= c0
+            self._stale = True
+
+    def _keep(self, keep: list[int]) -> None:
+        """Only rows ``keep`` stay (one upload of their indices)."""
+        self.rows = [self.rows[i] for i in keep]
+        if keep:
+            idx = torch.tensor(keep, device=self.device)
+            self.x, self.kpm, self.positions, self.prompt_mask = (
+                t.index_select(0, idx) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+        self._stale = True
+        self._trim()
 
     def _join(self) -> None:
-        """Append the queued rows, each left-padded so that its answer ends at the canvas' last column
-        (the others padded further left when a joining row is longer)."""
+        """Append the queued rows, each padded so that its first block ends at column E (the others
+        padded further when a joining row reaches further left or right)."""
         joining, self._joining = self._joining, []
-        length = 0 if self.x is None else self.x.shape[1]
-        new_length = max([length] + [len(ids) + g for ids, g, _ in joining])
+        new = [_Row(tag, len(ids), g, self._plan(g)[1]) for ids, g, tag in joining]
+        if self.x is None:
+            self.x = self.kpm = self.positions = self.prompt_mask = torch.zeros((0, 0), dtype=torch.long,
+                                                                                device=self.device)
+            self.kpm, self.prompt_mask = self.kpm.bool(), self.prompt_mask.bool()
+        e_old, right_old = self.block_end, self.x.shape[1] - self.block_end
+        e_new = max([e_old] + [row.prompt_length + row.end for row in new])
+        right_new = max([right_old] + [row.gen_length - row.end for row in new])
+        self._pad(e_new - e_old, right_new - right_old)
+        width = e_new + right_new
         ids_rows, kpm_rows, pos_rows, prompt_rows = [], [], [], []
-        for ids, g, tag in joining:
-            pad = new_length - len(ids) - g
-            ids_rows.append([self.pad_id] * pad + ids + [self.mask_id] * g)
-            kpm_rows.append([0] * pad + [1] * (len(ids) + g))
-            pos_rows.append([0] * pad + list(range(len(ids) + g)))
-            prompt_rows.append([1] * (pad + len(ids)) + [0] * g)
-        new = torch.tensor([ids_rows, kpm_rows, pos_rows, prompt_rows], dtype=torch.long, device=self.device)
-        x, kpm, pos, prompt = new[0], new[1].bool(), new[2], new[3].bool()  # [n, L] each
-        if self.x is not None:
-            grow = new_length - length  # pad the running rows further left
-            if grow:
-                pad = torch.nn.functional.pad
-                self.x = pad(self.x, (grow, 0), value=self.pad_id)
-                self.kpm = pad(self.kpm, (grow, 0), value=False)
-                self.positions = pad(self.positions, (grow, 0), value=0)
-                self.prompt_mask = pad(self.prompt_mask, (grow, 0), value=True)
-            x, kpm = torch.cat([self.x, x]), torch.cat([self.kpm, kpm])
-            pos, prompt = torch.cat([self.positions, pos]), torch.cat([self.prompt_mask, prompt])
-        self.rows.extend(_Row(tag, len(ids), g) for ids, g, tag in joining)
+        for (ids, g, _), row in zip(joining, new):
+            row.left = e_new - row.prompt_length - row.end
+            right = width - row.left - len(ids) - g
+            ids_rows.append([self.pad_id] * row.left + ids + [self.mask_id] * g + [self.pad_id] * right)
+            kpm_rows.append([0] * row.left + [1] * (len(ids) + g) + [0] * right)
+            pos_rows.append([0] * row.left + list(range(len(ids) + g)) + [0] * right)
+            prompt_rows.append([1] * (row.left + len(ids)) + [0] * g + [1] * right)
+        t = torch.tensor([ids_rows, kpm_rows, pos_rows, prompt_rows], dtype=torch.long, device=self.device)
+        self.x = torch.cat([self.x, t[0]])
+        self.kpm = torch.cat([self.kpm, t[1].bool()])
+        self.positions = torch.cat([self.positions, t[2]])
+        self.prompt_mask = torch.cat([self.prompt_mask, t[3].bool()])
+        self.rows.extend(new)
         order = sorted(range(len(self.rows)), key=lambda r: self.rows[r].prompt_length + self.rows[r].gen_length)
-        if order != list(range(len(self.rows))):  # rows by length: the step's calls take row ranges
+        if order != list(range(len(self.rows))):  # rows by length: the step's calls take runs of rows
             idx = torch.tensor(order, device=self.device)
-            x, kpm, pos, prompt = (t.index_select(0, idx) for t in (x, kpm, pos, prompt))
+            self.x, self.kpm, self.positions, self.prompt_mask = (
+                t.index_select(0, idx) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
             self.rows = [self.rows[r] for r in order]
-        self.x, self.kpm, self.positions, self.prompt_mask = x, kpm, pos, prompt
+        self.block_end = e_new
+        self._stale = True
+
+    def _advance(self, r: int) -> None:
+        """Row ``r`` moves to its next block: shifted left by that block's width (a roll of its row),
+        so that the block ends at E."""
+        row = self.rows[r]
+        row.block, row.block_step = row.block + 1, 0
+        shift = row.width
+        if row.left < shift:  # not enough columns left of it: pad every row
+            self._pad(shift - row.left, 0)
+        for t in (self.x, self.kpm, self.positions, self.prompt_mask):
+            t[r].copy_(t[r].roll(-shift))  # the pads it rolls out of the left come in on the right
+        row.left -= shift
+        self._stale = True  # its calls' widths, maybe the window
 
     def _remake_state(self) -> None:
-        """The ``DecodeState`` the sampler reads: one block, the canvas' last W columns, at its start
-        (a fixed-step sampler sees W / k steps of k masks each: its commit count; a ``joins_mid_block``
-        sampler reads no more of a row's progress than its canvas: a shorter answer's window columns
-        left of it are its prompt, never a mask)."""
+        """The ``DecodeState`` the sampler reads: one block, the window, at its start (a fixed-step
+        sampler sees Wb / k steps of k masks each: its commit count; a ``joins_mid_block`` sampler
+        reads no more of a row's progress than its canvas)."""
+        self._stale = False
         if not self.rows:
             self.state = None
             return
-        length, w, n = self.x.shape[1], self.answer_width, len(self.rows)
-        s = length - w
-        self._answers = self.x[:, s:]  # [R, W] the window (each row's answer at its end), written in place
+        e, w, n = self.block_end, self.window, len(self.rows)
+        s = e - w
+        self._window = self.x[:, s:e]  # [R, Wb] each row's current block at its end, written in place
         self.state = DecodeState(
             x=self.x, key_padding_mask=self.kpm, positions=self.positions, prompt_mask=self.prompt_mask,
-            prompt_length=s, gen_length=w, mask_id=self.mask_id, temperature=0.0, generator=None,
-            trace=self.x.new_full((n, w), -1),  # not kept: a running decode reports no commit steps
-            padded=any(row.prompt_length + row.gen_length < length for row in self.rows), block_start=s,
-            block_end=length, block_length=w, block_steps=None if self.per_step is None else w // self.per_step,
+            prompt_length=s, gen_length=self.x.shape[1] - s, mask_id=self.mask_id, temperature=0.0,
+            generator=None, trace=self.x.new_full((n, self.x.shape[1] - s), -1),  # not kept: no commit steps
+            padded=any(row.left > 0 or row.left + row.prompt_length + row.gen_length < self.x.shape[1]
+                       for row in self.rows), block_start=s, block_end=e, block_length=w,
+            block_steps=None if self.per_step is None else w // self.per_step,
             block_masks_at_start=self.x.new_full((n,), w), extras=dict(self.extras))
         self.sampler.begin_block(self.state)
-        self._calls = self._plan_calls(length, w)
+        self._calls = self._plan_calls()
 
-    def _plan_calls(self, length: int, w: int) -> list[tuple[int, int, int, bool]]:
-        """The step's forwards: ``split`` of the rows' lengths (each at least the window and a shifted
-        family's first column), every call a range of rows over the canvas' last ``width`` columns."""
-        floor = w + self.extras[LOGIT_SHIFT_KEY]  # logits_rows needs a >= the shift
-        need = [max(row.prompt_length + row.gen_length, floor) for row in self.rows]  # ascending
+    def _plan_calls(self) -> list[tuple[int, int, int, bool]]:
+        """The step's forwards: ``split`` of the rows' lengths (the canvas right of each row's left
+        edge, at least the window and what follows it, and a shifted family's first column), every
+        call a run of rows over the canvas' last ``width`` columns."""
+        length, s = self.x.shape[1], self.state.block_start
+        floor = length - s + self.extras[LOGIT_SHIFT_KEY]  # logits_rows needs a >= the shift
+        need = [min(max(length - row.left, floor), length) for row in self.rows]
         groups = [list(range(len(need)))] if self.split is None else self.split(need)
         calls, r0 = [], 0
         for group in groups:
             if group != list(range(r0, r0 + len(group))) or not group:
                 raise ValueError(f"split must return consecutive runs of rows in order, got {groups!r}")
             r1 = r0 + len(group)
-            width = min(max(need[r0:r1]), length)
-            padded = any(row.prompt_length + row.gen_length < width for row in self.rows[r0:r1])
+            width = max(need[r0:r1])
+            padded = any(row.left > length - width or row.left + row.prompt_length + row.gen_length < length
+                         for row in self.rows[r0:r1])
             calls.append((r0, r1, width, padded))
             r0 = r1
         if r0 != len(need):
@@ -270,58 +361,85 @@ class RunningDecode:
         return calls
 
     # ---- one step ----------------------------------------------------------------------------
-    def _forward(self, r0: int, r1: int, width: int, padded: bool, w: int) -> torch.Tensor:
-        """Logits [r1 - r0, W, V] of the window for rows ``[r0, r1)``, forwarded over the canvas' last
+    def _forward(self, r0: int, r1: int, width: int, padded: bool) -> torch.Tensor:
+        """Logits [r1 - r0, Wb, V] of the window for rows ``[r0, r1)``, forwarded over the canvas' last
         ``width`` columns (the whole canvas for one call of every row)."""
-        length = self.x.shape[1]
+        length, state = self.x.shape[1], self.state
         whole = (r0, r1, width) == (0, self.x.shape[0], length)
+
         def cut(t: torch.Tensor) -> torch.Tensor:
             return t if whole else t[r0:r1, length - width:]
-        kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (width - w, width),
+        a = width - (length - state.block_start)  # the window's first column in the call
+        kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (a, a + state.block_length),
                                   "key_padding_mask": cut(self.kpm) if padded else None}
         if padded and self._passes_padded:
             kwargs["padded"] = True  # the mask has padding: the model need not read it back
         return self.model(cut(self.x), **kwargs).logits
 
-
     def step(self, watch: bool = False) -> list[RowStep]:
         """One forward, sampler step and commit for every row (after the queued joins and leaves).
-        ``watch``: read every row's answer (``RowStep.ids``) even where no row ends. Rows that end
+        ``watch``: read every row's answer (``RowStep.ids``) even where no block ends. Rows that end
         leave the decode. Returns one ``RowStep`` per row of this step, in row order."""
         self._regroup()
         state = self.state
         if state is None:
             return []
-        s, w = state.block_start, state.gen_length
-        parts = [self._forward(*call, w) for call in self._calls]
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, W, V]
+        w = state.block_length
+        parts = [self._forward(*call) for call in self._calls]
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, Wb, V]
         self.forwards += 1
-        answers = self._answers  # [R, W]
-        active = answers == self.mask_id  # [R, W]: a right pad is no mask
-        inp = StepInput(logits=logits, tokens=answers, active=active, query_start=s, window=(0, w), step=0,
-                        steps=state.block_steps, mask_id=self.mask_id, temperature=0.0, generator=None)
+        window = self._window  # [R, Wb]
+        active = window == self.mask_id  # [R, Wb]: left of a narrower block are no masks
+        inp = StepInput(logits=logits, tokens=window, active=active, query_start=state.block_start,
+                        window=(0, w), step=0, steps=state.block_steps, mask_id=self.mask_id, temperature=0.0,
+                        generator=None)
         decision = self.sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=False,
                                      adaptive=self.per_step is None and not self.sampler.commits_every_step)
-        torch.where(commit, decision.tokens, answers, out=answers)  # in place: the canvas view
+        torch.where(commit, decision.tokens, window, out=window)  # in place: the canvas view
+        return self._after_step(watch)
+
+    def _after_step(self, watch: bool) -> list[RowStep]:
+        """Count the step, read the answers where needed, end blocks and rows, move rows on."""
+        k = self.per_step
         for row in self.rows:
             row.steps += 1
-        k = self.per_step
-        ends = [k is not None and row.steps * k >= row.gen_length for row in self.rows]
-        ids = self.read([answers])[0] if watch or k is None or any(ends) else None
-        out = []
+            row.block_step += 1
+        ends = [k is not None and row.block_step * k >= row.width for row in self.rows]
+        a0 = min(row.answer for row in self.rows)
+        ids = self.read([self.x[:, a0:]])[0] if watch or k is None or any(ends) else None
+        out, moving = [], []
         for r, row in enumerate(self.rows):
-            mine = None if ids is None else ids[r][w - row.gen_length:]  # the row's answer ends the window
-            done = ends[r] if k is not None else self.mask_id not in mine
-            if k is None and not done and row.steps >= self.sampler.max_block_steps(row.gen_length):
-                raise RuntimeError(f"a row still has masks after {row.steps} steps of a block of {row.gen_length}; "
+            answer = None if ids is None else ids[r][row.answer - a0:row.answer - a0 + row.gen_length]
+            s_b, e_b, _ = row.blocks[row.block]
+            block_done = ends[r] if k is not None else self.mask_id not in answer[s_b:e_b]
+            if k is None and not block_done and row.block_step >= self.sampler.max_block_steps(row.width):
+                raise RuntimeError(f"a row still has masks after {row.block_step} steps of a block of {row.width}; "
                                    f"sampler {self.sampler!r} broke progress")
-            out.append(RowStep(row.tag, mine, done, row.steps, row.steps * (row.prompt_length + row.gen_length)))
+            done = block_done and (row.block + 1 == len(row.blocks) or self._answer_ended(answer))
+            if done and self.mask_id in answer:  # an EOS stop: its masks become EOS, as generate's release
+                answer = [self.fill_id if t == self.mask_id else t for t in answer]
+            out.append(RowStep(row.tag, answer, done, row.steps, row.steps * (row.prompt_length + row.gen_length)))
             if done:
                 self._leaving.add(row.tag)
+            elif block_done:
+                moving.append(r)
+        for r in moving:
+            self._advance(r)
+        if moving:
+            self._trim()
         if all(st.done for st in out):  # every row ended: nothing to keep until a next join
             self._regroup()
         return out
 
+    def _answer_ended(self, answer: list[int]) -> bool:
+        """``stop_at_eos``'s rule after a block: an EOS/EoT with no mask before it."""
+        for t in answer:
+            if t == self.mask_id:
+                return False
+            if t in self.eos_ids:
+                return True
+        return False
 
-__all__ = ["RowStep", "RunningDecode", "group_of", "unsupported_reason"]
+
+__all__ = ["RowStep", "RunningDecode", "answer_blocks", "group_of", "unsupported_reason"]

@@ -26,7 +26,7 @@ import torch
 
 from dllm.engine.forwards import takes_padded
 from dllm.models.base import ModelOutput, default_positions
-from dllm.serve.backends.packing import plan_merges
+from dllm.serve.backends.packing import call_cost, plan_merges
 
 
 @dataclass(frozen=True)
@@ -78,22 +78,28 @@ def plan_groups(items: list[Pending], config: BatcherConfig) -> list[list[Pendin
                        fixed_cost=config.call_cost_tokens)
 
 
-@dataclass(frozen=True)
-class _Row:
-    """One row of a running decode as ``plan_merges`` reads a pending forward."""
-
-    index: int
-    length: int
-    rows: int = 1
-    mergeable: bool = True
-
-
 def split_rows(lengths: list[int], config: BatcherConfig) -> list[list[int]]:
-    """A running decode's rows (``dllm.engine.running``; their forward lengths, ascending) -> the calls
-    its step makes, by the loop's own cost model and bounds (``plan_merges``): runs of consecutive rows."""
-    calls = plan_merges([_Row(i, n) for i, n in enumerate(lengths)], max_rows=config.max_rows,
-                        max_tokens=config.max_tokens, fixed_cost=config.call_cost_tokens)
-    return [[row.index for row in call] for call in calls]
+    """A running decode's rows (``dllm.engine.running``; their forward lengths, in row order) -> the
+    calls its step makes: runs of consecutive rows at the least cost of the loop's own model
+    (``packing.call_cost``: the call cost plus rows x the run's longest length), each within the row
+    and token bounds of one call (a row alone may exceed them)."""
+    n = len(lengths)
+    best: list[Optional[int]] = [0] + [None] * n  # best[k]: least cost of the first k rows
+    cut = [0] * (n + 1)  # cut[k]: where the last run of that plan starts
+    for k in range(1, n + 1):
+        longest = 0
+        for j in range(k - 1, -1, -1):
+            longest, rows = max(longest, lengths[j]), k - j
+            if j < k - 1 and (rows > config.max_rows or rows * longest > config.max_tokens):
+                break
+            cost = best[j] + call_cost(rows, longest, config.call_cost_tokens)
+            if best[k] is None or cost <= best[k]:  # equal costs: the longer run, fewer calls
+                best[k], cut[k] = cost, j
+    runs, k = [], n
+    while k > 0:
+        runs.append(list(range(cut[k], k)))
+        k = cut[k]
+    return runs[::-1]
 
 
 def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:

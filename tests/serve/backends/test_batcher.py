@@ -83,3 +83,16 @@ def test_plan_groups_bounds_and_padding():
 def test_batcher_config_refuses_bad_bounds(field, value):
     with pytest.raises(ValueError, match=field):
         BatcherConfig(**{field: value})
+
+
+def test_split_rows_cuts_a_running_decode_into_runs_of_consecutive_rows():
+    from dllm.serve.backends.batcher import split_rows
+
+    config = BatcherConfig(max_rows=64, max_tokens=10_000, call_cost_tokens=64)
+    assert split_rows([10, 12, 11, 40, 42], config) == [[0, 1, 2], [3, 4]]  # 36 + 84 + 2 calls < 5 x 42 + 1 call
+    assert split_rows([40, 10, 42], config) == [[0, 1, 2]]  # in row order: a split saves less than a call
+    assert split_rows([10, 12, 11, 40, 42], BatcherConfig(call_cost_tokens=10**6)) == [[0, 1, 2, 3, 4]]
+    runs = split_rows([10] * 5, BatcherConfig(max_rows=2, call_cost_tokens=0))
+    assert [r for run in runs for r in run] == list(range(5)) and len(runs) == 3 and max(map(len, runs)) == 2
+    assert split_rows([500], BatcherConfig(max_tokens=100)) == [[0]]  # a row alone may exceed the bounds
+    assert split_rows([], config) == []

@@ -18,6 +18,7 @@ PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] cop
 SLOW = DecodeSettings(sampler="low_confidence")  # one token per step: joinable
 THRESHOLD = DecodeSettings(sampler="threshold:threshold=0.8")  # joinable, another decode
 DUAL = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)  # a generate call
+BLOCKS = DecodeSettings(sampler="threshold:threshold=0.8", block_length=4)  # joinable: rows at different blocks
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,9 @@ def request(engine, prompt, n, settings, stream=False, step_events=False):
 
 def test_requests_arriving_mid_decode_join_it_and_answer_as_alone(llada, monkeypatch):
     engine = DiffusionBackend(llada, name="tiny-llada")
-    first = [(PROMPTS[0], 12, SLOW, True), (PROMPTS[1], 12, SLOW, False)]
+    first = [(PROMPTS[0], 12, SLOW, True), (PROMPTS[1], 12, SLOW, False), (PROMPTS[2], 12, BLOCKS, False)]
     later = [(PROMPTS[2], 4, SLOW, True), (PROMPTS[3], 16, SLOW, False), (PROMPTS[4], 8, THRESHOLD, True),
-             (PROMPTS[5], 8, DUAL, False)]
+             (PROMPTS[5], 8, DUAL, False), (PROMPTS[0], 16, BLOCKS, True), (PROMPTS[1], 10, BLOCKS, False)]
     jobs: list = []
     decodes = at_step(monkeypatch, 3, lambda: jobs.extend(engine.submit(request(engine, p, n, s, stream))
                                                           for p, n, s, stream in later))
@@ -71,7 +72,7 @@ def test_requests_arriving_mid_decode_join_it_and_answer_as_alone(llada, monkeyp
         engine.close()
     low = {id(d) for d in decodes if d.group == ("fixed", 1)}
     assert len(low) == 1  # the four low_confidence rows (answers of 4 to 16 tokens) shared one decode
-    assert len({id(d) for d in decodes}) == 2  # and threshold's its own; the cached request a generate call
+    assert len({id(d) for d in decodes}) == 3  # threshold's and the blocks' their own; the cached one a generate call
 
 
 def test_a_cancelled_row_leaves_the_running_decode(llada, monkeypatch):
