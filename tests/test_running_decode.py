@@ -4,6 +4,8 @@ what cannot run this way is refused with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from dllm.settings import DecodeSettings
 
 PROMPTS = [[5 + i % 7 for i in range(n)] for n in (3, 9, 5, 12, 4, 7)]
 JOINS = {0: [0, 1], 2: [2], 3: [3, 4], 6: [5]}  # step -> rows that join before it
+SEED = 100  # row i's seed: SEED + i (temperature > 0)
 
 
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
@@ -32,7 +35,7 @@ def run(model, settings: DecodeSettings, gens: list[int], joins=JOINS, watch: bo
     ended, t = {}, 0
     while len(decode) or any(step >= t for step in joins):
         for i in joins.get(t, []):
-            decode.add(PROMPTS[i], gens[i], i)
+            decode.add(PROMPTS[i], gens[i], i, seed=SEED + i)
         for st in decode.step(watch):
             assert st.tag not in ended
             if st.done:
@@ -60,13 +63,22 @@ GENS = [8, 4, 12, 8, 6, 10]
     ("threshold:threshold=0.5", None, 3, GENS),
     ("eb:gamma=0.5", None, 4, GENS),
     ("hierarchy", None, 4, GENS),
+    ("low_confidence@1.0", None, None, GENS),  # sampled: each row from its own seed
+    ("low_confidence@0.7", None, 4, GENS),
+    ("threshold@1.0", None, None, GENS),
+    ("threshold:stats=torch@0.7", None, 3, GENS),
+    ("eb:gamma=0.5@1.0", None, 4, GENS),
+    ("localleap@1.0", None, None, GENS),
+    ("hierarchy@1.0", None, 4, GENS),
 ])
 def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gens):
-    settings = DecodeSettings(sampler=spec, steps=steps, block_length=block)
+    spec, _, temperature = spec.partition("@")
+    settings = DecodeSettings(sampler=spec, steps=steps, block_length=block, temperature=float(temperature or 0))
     ended, decode = run(model, settings, gens)
     assert sorted(ended) == list(range(len(PROMPTS)))
     for i, (p, g) in enumerate(zip(PROMPTS, gens)):
-        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **settings.generate_kwargs())
+        seeded = dataclasses.replace(settings, seed=SEED + i if settings.temperature else None)
+        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **seeded.generate_kwargs())
         assert ended[i].ids == alone.generated_ids[0], i
         assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
     assert decode.forwards < sum(st.nfe for st in ended.values())  # rows shared forwards
@@ -108,7 +120,6 @@ def test_groups_and_what_cannot_join(model):
     assert group_of(model, DecodeSettings(sampler="low_confidence", steps=4), 8) == ("fixed", 2)
     assert group_of(model, DecodeSettings(sampler="threshold"), 5) == ("adaptive",)
     refused = {
-        "temperature": DecodeSettings(temperature=1.0, seed=1),
         "cfg_scale": DecodeSettings(cfg_scale=1.0),
         "cache 'dual'": DecodeSettings(cache="dual"),
         "sampler 'fast'": DecodeSettings(sampler="fast"),

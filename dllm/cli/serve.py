@@ -60,7 +60,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                         "one generate call of at most this many rows (default: --max-running)")
     d.add_argument("--no-join", dest="join", action="store_const", const=False, default=None,
                    help="continuous mode: every group of requests runs as its own generate call, also where "
-                        "one running decode could hold them all (greedy, no cache: "
+                        "one running decode could hold them all (no cache, a sampler that reads no step index: "
                         "dllm.serve.backends.joined)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")

@@ -16,13 +16,14 @@ its row), so that block ends at E; a row that joins with a longer prompt or answ
 and rows leaving trim the columns no row needs. Rows of one decode may have answers and prompts of
 any length as long as they commit the same count per step (``group_of``).
 
-Which decodes can run this way (``unsupported_reason``): greedy (temperature 0), no guidance, no KV
-cache (every step forwards the whole canvas), a model without a block-causal mask, and a sampler
-whose step treats a row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
+Which decodes can run this way (``unsupported_reason``): no guidance, no KV cache (every step
+forwards the whole canvas), a model without a block-causal mask, and a sampler whose step treats a
+row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
 without ``schedule_steps``, ``eb``, ``localleap`` and ``hierarchy``, whose rules read no step index;
 ``low_confidence`` when its steps split every block evenly, so that every step commits the same
 count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
-with its NFE (after a block that is not its last, a row whose answer holds an EOS with no mask before
+with its seed at temperature > 0 (each row draws from its own generator what it draws alone:
+``dllm.samplers.draws.WindowRows``), with its NFE (after a block that is not its last, a row whose answer holds an EOS with no mask before
 it ends, its masks EOS); float32: equal logits up to summation order, the tolerance of ``generate``'s
 own ragged batches (tests/test_running_decode.py).
 
@@ -45,6 +46,7 @@ from dllm.engine.loop import _guarantee_progress
 from dllm.inputs import model_device
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.samplers import make_sampler
+from dllm.samplers.draws import WindowRows
 from dllm.settings import DecodeSettings
 from dllm.state import DecodeState, StepInput
 
@@ -71,8 +73,6 @@ def group_of(model, settings: DecodeSettings, gen_length: int) -> Optional[tuple
 
 
 def _check(model, settings: DecodeSettings, gen_length: int) -> tuple[Optional[str], Optional[tuple]]:
-    if settings.temperature != 0:
-        return f"temperature={settings.temperature} (sampled rows draw over their own canvas)", None
     if settings.cfg_scale != 0:
         return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None
     if block_size_of(model) is not None:
@@ -122,6 +122,7 @@ class _Row:
     block: int = 0  # the current block
     block_step: int = 0  # steps taken in it
     steps: int = 0  # steps taken in all
+    generator: Optional[torch.Generator] = None  # its own draws (temperature > 0)
 
     @property
     def end(self) -> int:
@@ -153,6 +154,7 @@ class RunningDecode:
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
         self._plans: dict[int, tuple[Optional[tuple], tuple]] = {}  # gen_length -> (group_of, its blocks)
         self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
+        self.temperature = float(settings.temperature)
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
         eos_ids = tuple(getattr(model, "eos_ids", ()) or ())
@@ -163,12 +165,13 @@ class RunningDecode:
         self.extras = {"eos_ids": eos_ids, LOGIT_SHIFT_KEY: int(getattr(model, "logit_shift", 0))}
         self._passes_padded = takes_padded(model)
         self.rows: list[_Row] = []
-        self._joining: list[tuple[list[int], int, Hashable]] = []
+        self._joining: list[tuple[list[int], int, Optional[int], Hashable]] = []  # (prompt, gen_length, seed, tag)
         self._leaving: set[Hashable] = set()
         # [R, L] canvas, key-padding mask, positions and prompt columns; E: where every current block ends
         self.x = self.kpm = self.positions = self.prompt_mask = self._window = None
         self.block_end = 0  # E
         self.state: Optional[DecodeState] = None  # what the sampler reads, remade when the layout changes
+        self._draws: Optional[WindowRows] = None  # the rows' generators over the window (temperature > 0)
         self._stale = True  # the canvas tensors or the window changed since the state was made
         self._calls: list[tuple[int, int, int, bool]] = []  # the step's forwards: (row0, row1, width, padded)
         self.forwards = 0  # steps run (each one forward of every row, in one call or more: ``split``)
@@ -176,11 +179,12 @@ class RunningDecode:
     def __len__(self) -> int:
         """Rows still to decode: running and queued ones, less those leaving."""
         gone = self._leaving
-        return sum(row.tag not in gone for row in self.rows) + sum(tag not in gone for *_, tag in self._joining)
+        return sum(row.tag not in gone for row in self.rows) + sum(item[-1] not in gone for item in self._joining)
 
-    def add(self, prompt_ids: Sequence[int], gen_length: int, tag: Hashable) -> None:
+    def add(self, prompt_ids: Sequence[int], gen_length: int, tag: Hashable, seed: Optional[int] = None) -> None:
         """Queue a row (its prompt's ids, its answer's length) to join at the next step; ``tag`` names
-        it in ``RowStep``. Its settings' ``group_of`` must be this decode's."""
+        it in ``RowStep``. Its settings' ``group_of`` must be this decode's. ``seed`` (temperature > 0):
+        the row draws what ``generate(seed=seed)`` draws for its prompt alone (None: a fresh seed)."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("a row needs a non-empty prompt")
@@ -193,7 +197,9 @@ class RunningDecode:
         if group != self.group:
             raise ValueError(f"a row of gen_length={gen_length} is in group {group!r}, this decode's is "
                              f"{self.group!r} (dllm.engine.running.group_of)")
-        self._joining.append((ids, gen_length, tag))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1] or None, got {seed!r}")
+        self._joining.append((ids, gen_length, seed, tag))
 
     def remove(self, tags: Sequence[Hashable]) -> None:
         """Rows that leave before their end (a cancel, a stop string): gone from the next step on."""
@@ -270,7 +276,7 @@ class RunningDecode:
         """Append the queued rows, each padded so that its first block ends at column E (the others
         padded further when a joining row reaches further left or right)."""
         joining, self._joining = self._joining, []
-        new = [_Row(tag, len(ids), g, self._plan(g)[1]) for ids, g, tag in joining]
+        new = [_Row(tag, len(ids), g, self._plan(g)[1], generator=self._generator(seed)) for ids, g, seed, tag in joining]
         if self.x is None:
             self.x = self.kpm = self.positions = self.prompt_mask = torch.zeros((0, 0), dtype=torch.long,
                                                                                 device=self.device)
@@ -281,7 +287,7 @@ class RunningDecode:
         self._pad(e_new - e_old, right_new - right_old)
         width = e_new + right_new
         ids_rows, kpm_rows, pos_rows, prompt_rows = [], [], [], []
-        for (ids, g, _), row in zip(joining, new):
+        for (ids, g, _, _), row in zip(joining, new):
             row.left = e_new - row.prompt_length - row.end
             right = width - row.left - len(ids) - g
             ids_rows.append([self.pad_id] * row.left + ids + [self.mask_id] * g + [self.pad_id] * right)
@@ -302,6 +308,14 @@ class RunningDecode:
             self.rows = [self.rows[r] for r in order]
         self.block_end = e_new
         self._stale = True
+
+    def _generator(self, seed: Optional[int]) -> Optional[torch.Generator]:
+        """A row's own generator (temperature > 0): seeded as ``generate(seed=...)`` seeds it."""
+        if self.temperature == 0:
+            return None
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()))  # as dllm.samplers.draws.make_generator
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def _advance(self, r: int) -> None:
         """Row ``r`` moves to its next block: shifted left by that block's width (a roll of its row),
@@ -326,11 +340,16 @@ class RunningDecode:
             return
         e, w, n = self.block_end, self.window, len(self.rows)
         s = e - w
+        self._draws = None if self.temperature == 0 else WindowRows(
+            tuple(row.generator for row in self.rows), tuple(w - row.width for row in self.rows),
+            widths=tuple(row.width for row in self.rows), window=w,
+            queries=tuple((row.prompt_length + row.gen_length, row.prompt_length + row.blocks[row.block][0],
+                           row.prompt_length + row.end) for row in self.rows))
         self._window = self.x[:, s:e]  # [R, Wb] each row's current block at its end, written in place
         self.state = DecodeState(
             x=self.x, key_padding_mask=self.kpm, positions=self.positions, prompt_mask=self.prompt_mask,
-            prompt_length=s, gen_length=self.x.shape[1] - s, mask_id=self.mask_id, temperature=0.0,
-            generator=None, trace=self.x.new_full((n, self.x.shape[1] - s), -1),  # not kept: no commit steps
+            prompt_length=s, gen_length=self.x.shape[1] - s, mask_id=self.mask_id, temperature=self.temperature,
+            generator=self._draws, trace=self.x.new_full((n, self.x.shape[1] - s), -1),  # not kept: no commit steps
             padded=any(row.left > 0 or row.left + row.prompt_length + row.gen_length < self.x.shape[1]
                        for row in self.rows), block_start=s, block_end=e, block_length=w,
             block_steps=None if self.per_step is None else w // self.per_step,
@@ -391,8 +410,8 @@ class RunningDecode:
         window = self._window  # [R, Wb]
         active = window == self.mask_id  # [R, Wb]: left of a narrower block are no masks
         inp = StepInput(logits=logits, tokens=window, active=active, query_start=state.block_start,
-                        window=(0, w), step=0, steps=state.block_steps, mask_id=self.mask_id, temperature=0.0,
-                        generator=None)
+                        window=(0, w), step=0, steps=state.block_steps, mask_id=self.mask_id,
+                        temperature=self.temperature, generator=self._draws)
         decision = self.sampler.step(inp, state)
         commit = _guarantee_progress(decision, active, last=False,
                                      adaptive=self.per_step is None and not self.sampler.commits_every_step)

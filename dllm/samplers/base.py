@@ -59,8 +59,9 @@ class Sampler(Configurable):
         """Whether rows at different steps of a block of ``width`` columns (``steps`` budgeted, None for
         an adaptive sampler) may share one step (``dllm.engine.running.RunningDecode``): the step reads
         no step index, nothing of the block's start but its width, and decides each row from that
-        row's logits and canvas alone, at temperature 0. False unless a sampler says so (and a test
-        of tests/test_running_decode.py holds it)."""
+        row's logits and canvas alone, drawing (temperature > 0) only through ``draws.rand``,
+        ``chunked.gumbel_argmax`` or ``chunked.window_uniforms``. False unless a sampler says so (and
+        a test of tests/test_running_decode.py holds it)."""
         return False
 
     def max_block_steps(self, block_len: int) -> int:

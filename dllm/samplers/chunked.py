@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from dllm.samplers.draws import Generator, RowGenerators
+from dllm.samplers.draws import Generator, RowGenerators, WindowRows
 
 CHUNK_ELEMENTS: int = 1 << 22
 
@@ -181,6 +181,15 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     """
     b, q, v = shape
     ws, we = window
+    if isinstance(generator, WindowRows):  # a running decode's rows: each the block of its own query
+        generator.check_rows(b, f"uniforms of shape {tuple(shape)}")
+        if (ws, we) != (0, q) or q != generator.window:
+            raise ValueError(f"a running decode's uniforms are its window's: {window} of a query of {q} columns")
+        out = torch.full((b, q, v), 0.5, dtype=torch.float64, device=device)
+        for r, g in enumerate(generator.generators):
+            length, a, e = generator.queries[r]
+            out[r, q - (e - a):] = window_uniforms((1, length, v), (a, e), g, device, chunk_elements)[0]
+        return out
     if isinstance(generator, RowGenerators):
         generator.check_rows(b, f"uniforms of shape {tuple(shape)}")
         rows = []

@@ -59,6 +59,30 @@ class RowGenerators:
                              f"(one seed per prompt); this sampler's draws are not row-separable")
 
 
+@dataclass(frozen=True)
+class WindowRows(RowGenerators):
+    """The per-row generators of a running decode's rows (``dllm.engine.running``), whose current
+    blocks end one shared window: row r's block is the last ``widths[r]`` of the window's ``window``
+    columns. A draw over the window gives each row what it draws alone over its block (``cut``: the
+    window's columns left of it get the filler); a draw over the query (``chunked.window_uniforms``)
+    gives the block's part of what the row draws alone over its whole canvas, ``queries[r]`` =
+    (its query length, its block's start and end in it). ``pads`` is ``cut`` of every row."""
+
+    widths: tuple[int, ...] = ()
+    queries: tuple[tuple[int, int, int], ...] = ()
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = len(self.generators)
+        if len(self.widths) != n or len(self.queries) != n or not all(0 < w <= self.window for w in self.widths):
+            raise ValueError(f"WindowRows needs a width in [1, {self.window}] and a query per row, got "
+                             f"{self.widths} and {self.queries} for {n} rows")
+
+    def cut(self, row: int, query_start: Optional[int]) -> int:
+        return self.window - self.widths[row]
+
+
 Generator = Union[torch.Generator, RowGenerators, None]
 
 
@@ -123,4 +147,5 @@ def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[l
     return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)
 
 
-__all__ = ["Generator", "RowGenerators", "make_generator", "multinomial", "per_row", "rand", "rand_segments"]
+__all__ = ["Generator", "RowGenerators", "WindowRows", "make_generator", "multinomial", "per_row", "rand",
+           "rand_segments"]

@@ -1,21 +1,22 @@
 """Continuous batching with one decode state per setting: requests join a running decode.
 
 In ``continuous`` mode a group of requests whose settings can share one canvas
-(``dllm.engine.running.unsupported_reason``: greedy, no cache, no guidance, a sampler whose step
-reads no step index) does not start a ``generate`` call of its own: it joins the ``RunningDecode`` of
-its key (the settings, seeds aside, and ``group_of``: answers of any length that commit the same
-count per step), if one runs, at that decode's next step, and every step of the decode is one
-sampler step and one commit for all of its rows, whatever block and step each row is at. Its forward
-is split into calls of rows of neighbouring lengths by the loop's own cost model (``split_rows``),
-and the loop may merge those calls with the other decodes' forwards
-(``dllm.serve.backends.batcher``). A row ends after its last step, after a block that ends its answer
-(an EOS, as ``generate(stop_at_eos=True)``), as soon as its answer is final (EOS or a stop string in
-its final prefix, streamed or not), or when its client leaves; it then leaves the decode. The
-decode's greenlet (the first group's) runs until no row is left, ending each job itself
-(``Scheduler._release``).
+(``dllm.engine.running.unsupported_reason``: no cache, no guidance, a sampler whose step reads no
+step index; greedy or sampled, each row drawing from its own generator) does not start a
+``generate`` call of its own: it joins the ``RunningDecode`` of its key (the settings, seeds aside,
+and ``group_of``: answers of any length that commit the same count per step), if one runs, at that
+decode's next step, and every step of the decode is one sampler step and one commit for all of its
+rows, whatever block and step each row is at. Its forward is split into calls of rows of
+neighbouring lengths by the loop's own cost model (``split_rows``), and the loop may merge those
+calls with the other decodes' forwards (``dllm.serve.backends.batcher``). A row ends after its last
+step, after a block that ends its answer (an EOS, as ``generate(stop_at_eos=True)``), as soon as its
+answer is final (EOS or a stop string in its final prefix, streamed or not), or when its client
+leaves; it then leaves the decode. The decode's greenlet (the first group's) runs until no row is
+left, ending each job itself (``Scheduler._release``).
 
-Each answer equals ``dllm.generate`` of its prompt alone (tests/serve/backends/test_joined.py), and its
-counts are that call's: its own forwards, and forwards x its own prompt + answer length.
+Each answer equals ``dllm.generate`` of its prompt alone with its seed
+(tests/serve/backends/test_joined.py, test_seeded.py), and its counts are that call's: its own
+forwards, and forwards x its own prompt + answer length.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class JoinedDecode:
         for job in jobs:
             self.rows[job.id] = self.backend._new_row(job, len(self.rows), False)
             self.started[job.id] = now
-            self.decode.add(job.request.prompt_ids, job.request.max_tokens, job.id)
+            self.decode.add(job.request.prompt_ids, job.request.max_tokens, job.id, seed=job.request.settings.seed)
 
     def run(self) -> None:
         """Step until no row is left; every job ends with a Done or Failed (an error fails them all)."""
