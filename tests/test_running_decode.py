@@ -210,3 +210,13 @@ def test_answers_that_end_early_stop_as_generate_does():
         assert (ended[i].ids, ended[i].nfe) == (alone.generated_ids[0], alone.nfe), i
         early += alone.nfe < dllm.generate(model, [p], gen_length=g, **settings.generate_kwargs()).nfe
     assert early >= 1  # an answer ended blocks before its last (the sort: at its first block)
+
+
+def test_window_rows_are_checked():
+    from dllm.samplers.draws import WindowRows
+
+    g = torch.Generator().manual_seed(0)
+    rows = WindowRows((g, g), (0, 2), widths=(4, 2), queries=((9, 5, 9), (6, 4, 6)), window=4)
+    assert [rows.cut(r, None) for r in range(2)] == [0, 2]  # the window's columns left of each row's block
+    with pytest.raises(ValueError, match="a width in"):
+        WindowRows((g,), (0,), widths=(5,), queries=((9, 4, 9),), window=4)
