@@ -98,8 +98,10 @@ def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
         with engine._cond:  # queue every request before the backend takes any: the load at rate inf
-            jobs = [engine.submit(JobRequest(p, r.max_tokens, DecodeSettings(sampler=r.sampler, cache=r.cache)))
-                    for p, r in zip(prompts, requests)]
+            jobs = [engine.submit(JobRequest(p, r.max_tokens, DecodeSettings(
+                        sampler=r.sampler, cache=r.cache, temperature=args.temperature,
+                        seed=i if args.temperature else None)))  # sampled: request i with seed i
+                    for i, (p, r) in enumerate(zip(prompts, requests))]
             before = meter.totals()
             t0 = time.perf_counter()  # the backend starts once the lock is released
         for job in jobs:
@@ -124,6 +126,8 @@ def main() -> None:
                     help=f"serving modes ({NOJOIN}: continuous with join=False; default: all)")
     ap.add_argument("--max-running", type=int, default=32, help="rows decoding at once (default 32)")
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="every request's temperature (default 0; > 0: request i sampled with seed i)")
     ap.add_argument("--call-cost-tokens", type=int, default=None,
                     help="one forward call's cost beyond its tokens, in tokens (default: BatcherConfig's, 128)")
     ap.add_argument("--request-timeout", type=float, default=600.0)
@@ -147,6 +151,7 @@ def main() -> None:
              f"--n {args.n} --repeats {args.repeats} --settings {' '.join(s + '@' + c for s, c in args.settings)} "
              f"--max-running {args.max_running} --max-batch-tokens {args.max_batch_tokens} --threads {args.threads}"
              + (f" --call-cost-tokens {args.call_cost_tokens}" if args.call_cost_tokens is not None else "")
+             + (f" --temperature {args.temperature:g}" if args.temperature else "")
              + (f" --device {args.device}" if args.device else ""),
              f"# torch {torch.__version__}; all requests queued at once, no HTTP; median of {args.repeats} "
              f"interleaved rounds",
