@@ -21,13 +21,18 @@ every row they name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
 from dllm.state import DecodeState
 
 _HELD_MASK, _HELD_ROWS = "held_mask", "held_rows"  # DecodeState.extras keys
+
+
+def release_fill_id(eos_ids: Sequence[int], mask_id: int) -> int:
+    """The id a released row's masks become: its first EOS/EoT id, else an id that is not the mask."""
+    return int(eos_ids[0]) if eos_ids else (1 if mask_id == 0 else 0)
 
 
 def release_rows(state: DecodeState, rows: Iterable[int]) -> None:
@@ -43,7 +48,7 @@ def release_rows(state: DecodeState, rows: Iterable[int]) -> None:
         return
     state.released = state.released | frozenset(new)
     eos_ids = state.extras.get("eos_ids", ())
-    fill_id = int(eos_ids[0]) if eos_ids else (1 if state.mask_id == 0 else 0)
+    fill_id = release_fill_id(eos_ids, state.mask_id)
     device = state.x.device
     released = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
     released[sorted(state.released)] = True
@@ -100,4 +105,4 @@ def forward_held(model, x: torch.Tensor, kwargs: dict[str, Any], rows: torch.Ten
     return dataclasses.replace(out, logits=logits)
 
 
-__all__ = ["forward_held", "forward_rows", "held_mask", "release_rows"]
+__all__ = ["forward_held", "forward_rows", "held_mask", "release_fill_id", "release_rows"]

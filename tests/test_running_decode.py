@@ -140,6 +140,10 @@ def test_groups_and_what_cannot_join(model):
     decode = RunningDecode(model, low, ("fixed", 1))
     with pytest.raises(ValueError, match="non-empty prompt"):
         decode.add([], 8, "y")
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64 - 1\]"):
+        decode.add(PROMPTS[0], 8, "s", seed=-1)
+    with pytest.raises(ValueError, match="exceeds the model's"):
+        decode.add(PROMPTS[0] * 1000, 8, "p")
     decode.add(PROMPTS[0], 8, "z")
     with pytest.raises(ValueError, match="tagged 'z' is already"):
         decode.add(PROMPTS[1], 8, "z")

@@ -44,14 +44,15 @@ from dllm.cache.block_causal import block_size_of
 from dllm.engine.forwards import takes_padded
 from dllm.engine.loop import _guarantee_progress
 from dllm.inputs import model_device
+from dllm.rows import release_fill_id
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.samplers import make_sampler
-from dllm.samplers.draws import WindowRows
-from dllm.settings import DecodeSettings
+from dllm.samplers.draws import WindowRows, fresh_seed
+from dllm.settings import DecodeSettings, check_call_seed, check_positions
 from dllm.state import DecodeState, StepInput
 
 Read = Callable[[list[torch.Tensor]], list[list]]
-Split = Callable[[list[int]], list[list[int]]]  # rows' forward lengths (ascending) -> groups of rows, one call each
+Split = Callable[[list[int]], list[list[int]]]  # rows' forward lengths, in row order -> runs of rows, one call each
 
 
 def _read_now(tensors: list[torch.Tensor]) -> list[list]:
@@ -72,31 +73,30 @@ def group_of(model, settings: DecodeSettings, gen_length: int) -> Optional[tuple
     return _check(model, settings, gen_length)[1]
 
 
-def _check(model, settings: DecodeSettings, gen_length: int) -> tuple[Optional[str], Optional[tuple]]:
+Blocks = tuple[tuple[int, int, int], ...]  # an answer's blocks as ``generate`` plans them: (start, end, steps or 0)
+
+
+def _check(model, settings: DecodeSettings, gen_length: int) -> tuple[Optional[str], Optional[tuple], Blocks]:
+    """(why not, the group, the answer's blocks) of a row: one ``resolve``."""
     if settings.cfg_scale != 0:
-        return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None
+        return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None, ()
     if block_size_of(model) is not None:
-        return "a block-causal model (its blocks are fixed by the checkpoint)", None
+        return "a block-causal model (its blocks are fixed by the checkpoint)", None, ()
     resolved = settings.resolve(model, [[0]], gen_length)
     if resolved.policy.name != "none":
-        return f"cache {resolved.policy.name!r} (a running decode forwards the whole canvas every step)", None
+        return f"cache {resolved.policy.name!r} (a running decode forwards the whole canvas every step)", None, ()
     sampler, blocks = resolved.sampler, resolved.plan.blocks
     if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
-                f"other rows: Sampler.joins_mid_block)"), None
+                f"other rows: Sampler.joins_mid_block)"), None, ()
+    planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
     if blocks[0][2] is None:
-        return None, ("adaptive",)
+        return None, ("adaptive",), planned
     per_step = {(e - s) // steps for s, e, steps in blocks}
     if len(per_step) != 1:
         return (f"sampler {sampler.name!r} with steps={settings.steps}: its blocks commit {sorted(per_step)} masks "
-                f"per step (a running decode's rows commit one count)"), None
-    return None, ("fixed", per_step.pop())
-
-
-def answer_blocks(model, settings: DecodeSettings, gen_length: int) -> tuple[tuple[int, int, int], ...]:
-    """The blocks ``generate`` decodes an answer of ``gen_length`` in: (start, end, steps or 0)."""
-    plan = settings.resolve(model, [[0]], gen_length).plan
-    return tuple((s, e, steps or 0) for s, e, steps in plan.blocks)
+                f"per step (a running decode's rows commit one count)"), None, ()
+    return None, ("fixed", per_step.pop()), planned
 
 
 @dataclass
@@ -117,7 +117,7 @@ class _Row:
     tag: Hashable
     prompt_length: int
     gen_length: int
-    blocks: tuple[tuple[int, int, int], ...]  # the answer's blocks: (start, end, steps or 0), answer columns
+    blocks: Blocks  # the answer's blocks, in answer columns
     left: int = 0  # canvas column of the row's first token (its prompt's first)
     block: int = 0  # the current block
     block_step: int = 0  # steps taken in it
@@ -152,15 +152,14 @@ class RunningDecode:
             raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
         self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
-        self._plans: dict[int, tuple[Optional[tuple], tuple]] = {}  # gen_length -> (group_of, its blocks)
+        self._plans: dict[int, tuple[Optional[tuple], Blocks]] = {}  # gen_length -> (group_of, its blocks)
         self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
         self.temperature = float(settings.temperature)
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
         eos_ids = tuple(getattr(model, "eos_ids", ()) or ())
         self.eos_ids = frozenset(eos_ids)
-        self.fill_id = int(eos_ids[0]) if eos_ids else (1 if self.mask_id == 0 else 0)  # as dllm.rows.release_rows
-        self.max_positions = getattr(model, "max_positions", None)
+        self.fill_id = release_fill_id(eos_ids, self.mask_id)  # what an EOS stop makes of a row's masks
         self.device = model_device(model)
         self.extras = {"eos_ids": eos_ids, LOGIT_SHIFT_KEY: int(getattr(model, "logit_shift", 0))}
         self._passes_padded = takes_padded(model)
@@ -188,29 +187,24 @@ class RunningDecode:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("a row needs a non-empty prompt")
-        if self.max_positions is not None and len(ids) + gen_length > self.max_positions:
-            raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({gen_length}) exceeds the model's "
-                             f"{self.max_positions} positions")
+        check_positions(self.model, len(ids), gen_length)
+        check_call_seed(seed)
         if any(row.tag == tag for row in self.rows) or any(item[-1] == tag for item in self._joining):
             raise ValueError(f"a row tagged {tag!r} is already in this decode")
         group = self._plan(gen_length)[0]
         if group != self.group:
             raise ValueError(f"a row of gen_length={gen_length} is in group {group!r}, this decode's is "
                              f"{self.group!r} (dllm.engine.running.group_of)")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
-            raise ValueError(f"seed must be an integer in [0, 2**64 - 1] or None, got {seed!r}")
         self._joining.append((ids, gen_length, seed, tag))
 
     def remove(self, tags: Sequence[Hashable]) -> None:
         """Rows that leave before their end (a cancel, a stop string): gone from the next step on."""
         self._leaving.update(tags)
 
-    def _plan(self, gen_length: int) -> tuple[Optional[tuple], tuple]:
+    def _plan(self, gen_length: int) -> tuple[Optional[tuple], Blocks]:
         plan = self._plans.get(gen_length)
         if plan is None:
-            group = group_of(self.model, self.settings, gen_length)
-            blocks = answer_blocks(self.model, self.settings, gen_length) if group is not None else ()
-            plan = self._plans[gen_length] = (group, blocks)
+            plan = self._plans[gen_length] = _check(self.model, self.settings, gen_length)[1:]
         return plan
 
     # ---- the rows' canvas --------------------------------------------------------------------
@@ -232,6 +226,11 @@ class RunningDecode:
             self._join()
         if self._stale:
             self._remake_state()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """``fn`` of each [R, L] tensor of the canvas: ids, key-padding mask, positions, prompt columns."""
+        self.x, self.kpm, self.positions, self.prompt_mask = (
+            fn(t) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
 
     def _pad(self, left: int, right: int) -> None:
         """Pad every row ``left`` columns on the left and ``right`` on the right."""
@@ -255,8 +254,7 @@ class RunningDecode:
         c0 = min(row.left for row in self.rows)
         c1 = self.block_end + max(row.gen_length - row.end for row in self.rows)
         if c0 or c1 < self.x.shape[1]:
-            self.x, self.kpm, self.positions, self.prompt_mask = (
-                t[:, c0:c1] for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+            self._apply(lambda t: t[:, c0:c1])
             for row in self.rows:
                 row.left -= c0
             self.block_end -= c0
@@ -267,8 +265,7 @@ class RunningDecode:
         self.rows = [self.rows[i] for i in keep]
         if keep:
             idx = torch.tensor(keep, device=self.device)
-            self.x, self.kpm, self.positions, self.prompt_mask = (
-                t.index_select(0, idx) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+            self._apply(lambda t: t.index_select(0, idx))
         self._stale = True
         self._trim()
 
@@ -303,8 +300,7 @@ class RunningDecode:
         order = sorted(range(len(self.rows)), key=lambda r: self.rows[r].prompt_length + self.rows[r].gen_length)
         if order != list(range(len(self.rows))):  # rows by length: the step's calls take runs of rows
             idx = torch.tensor(order, device=self.device)
-            self.x, self.kpm, self.positions, self.prompt_mask = (
-                t.index_select(0, idx) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+            self._apply(lambda t: t.index_select(0, idx))
             self.rows = [self.rows[r] for r in order]
         self.block_end = e_new
         self._stale = True
@@ -313,9 +309,7 @@ class RunningDecode:
         """A row's own generator (temperature > 0): seeded as ``generate(seed=...)`` seeds it."""
         if self.temperature == 0:
             return None
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, ()))  # as dllm.samplers.draws.make_generator
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(fresh_seed() if seed is None else seed)
 
     def _advance(self, r: int) -> None:
         """Row ``r`` moves to its next block: shifted left by that block's width (a roll of its row),
@@ -461,4 +455,4 @@ class RunningDecode:
         return False
 
 
-__all__ = ["RowStep", "RunningDecode", "answer_blocks", "group_of", "unsupported_reason"]
+__all__ = ["RowStep", "RunningDecode", "group_of", "unsupported_reason"]

@@ -134,6 +134,11 @@ def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, 
     return torch.cat(parts)
 
 
+def fresh_seed() -> int:
+    """A seed for a row given none, from the global generator (so ``torch.manual_seed`` fixes it)."""
+    return int(torch.randint(0, 2**62, ()))
+
+
 def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[list[int]],
                    device: torch.device) -> Generator:
     """``generate``'s generator: None (the global one), one seeded ``torch.Generator``, or per-row
@@ -142,10 +147,10 @@ def make_generator(seed: Union[int, Sequence[Optional[int]], None], rows: list[l
     draws alone."""
     if not isinstance(seed, (list, tuple)):
         return None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    fresh = [int(torch.randint(0, 2**62, ())) if s is None else s for s in seed]
+    fresh = [fresh_seed() if s is None else s for s in seed]
     longest = max(len(r) for r in rows)
     return RowGenerators.seeded(fresh, [longest - len(r) for r in rows], device)
 
 
-__all__ = ["Generator", "RowGenerators", "WindowRows", "make_generator", "multinomial", "per_row", "rand",
+__all__ = ["Generator", "RowGenerators", "WindowRows", "fresh_seed", "make_generator", "multinomial", "per_row", "rand",
            "rand_segments"]
