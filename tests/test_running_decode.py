@@ -11,6 +11,7 @@ import torch
 
 import dllm
 from dllm.engine.running import RunningDecode, group_of, unsupported_reason
+from dllm.inputs import encode_prompts
 from dllm.samplers import list_samplers, make_sampler
 from dllm.settings import DecodeSettings
 
@@ -198,7 +199,7 @@ def test_answers_that_end_early_stop_as_generate_does():
     model = dllm.load("tiny-llada", dtype=torch.float32)
     texts = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
              "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
-    prompts = dllm.engine.loop.encode_prompts(model, texts)
+    prompts = encode_prompts(model, texts)
     settings, g = DecodeSettings(sampler="threshold", block_length=4), 32
     decode = RunningDecode(model, settings, group_of(model, settings, g))
     ended, joins = {}, {0: [0, 1, 2], 3: [3], 5: [4, 5]}
