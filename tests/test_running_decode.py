@@ -86,8 +86,52 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gen
     assert len(decode) == 0 and decode.x is None
 
 
-def test_a_row_removed_mid_way_leaves_the_others_unchanged(model):
-    settings = DecodeSettings(sampler="low_confidence")
+CACHED_GENS = [8, 4, 12, 8, 4, 12]  # every block of 4 columns
+
+
+@pytest.mark.parametrize("spec, cache, block, gens", [
+    ("low_confidence", "dual", 4, CACHED_GENS),  # rows at different blocks: full and cached rows in one step
+    ("threshold", "dual", 4, CACHED_GENS),
+    ("threshold", "prefix", 4, CACHED_GENS),
+    ("threshold", "auto", 4, CACHED_GENS),  # dual with dInfer's look-back and look-ahead
+    ("threshold", "dual:refresh=2", 4, CACHED_GENS),
+    ("low_confidence", "dual:warmup=2", 4, CACHED_GENS),
+    ("eb:gamma=0.5", "prefix", 4, CACHED_GENS),
+    ("threshold", "dual", None, [8] * 6),  # one block per row
+    ("low_confidence@1.0", "dual", 4, CACHED_GENS),  # each row draws over its own query, as alone
+    ("threshold@0.7", "prefix", 4, CACHED_GENS),
+])
+def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
+    spec, _, temperature = spec.partition("@")
+    settings = DecodeSettings(sampler=spec, cache=cache, block_length=block, temperature=float(temperature or 0))
+    ended, decode = run(model, settings, gens)
+    assert sorted(ended) == list(range(len(PROMPTS)))
+    for i, (p, g) in enumerate(zip(PROMPTS, gens)):
+        seeded = dataclasses.replace(settings, seed=SEED + i if settings.temperature else None)
+        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **seeded.generate_kwargs())
+        assert ended[i].ids == alone.generated_ids[0], i
+        assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
+    assert decode.forwards < sum(st.nfe for st in ended.values())
+    assert len(decode) == 0 and decode.x is None and decode.kv is None
+
+
+def test_cached_groups_and_refusals(model):
+    dual = DecodeSettings(sampler="threshold", cache="dual", block_length=4)
+    assert group_of(model, dual, 8) == group_of(model, dual, 12) == ("adaptive", "cached", 4)
+    assert group_of(model, DecodeSettings(cache="prefix"), 8) == ("fixed", 1, "cached", 8)
+    assert group_of(model, DecodeSettings(cache="prefix"), 6) == ("fixed", 1, "cached", 6)  # its own decode
+    reason = unsupported_reason(model, dual, 6)  # blocks of 4 and 2
+    assert reason is not None and "blocks of [2, 4] columns" in reason
+    reason = unsupported_reason(model, DecodeSettings(cache="window"), 8)
+    assert reason is not None and "cache 'window'" in reason
+    for bad in [("adaptive", "cached"), ("adaptive", "cached", 0), ("fixed", 1, "width", 4), ["adaptive"]]:
+        with pytest.raises(ValueError, match="group must be"):
+            RunningDecode(model, dual, bad)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_a_row_removed_mid_way_leaves_the_others_unchanged(model, cache):
+    settings = DecodeSettings(sampler="low_confidence", cache=cache)
     decode = RunningDecode(model, settings, group_of(model, settings, 8))
     for i in range(4):
         decode.add(PROMPTS[i], 8, i)
@@ -101,7 +145,7 @@ def test_a_row_removed_mid_way_leaves_the_others_unchanged(model):
                 ended[st.tag] = st.ids
     assert sorted(ended) == [0, 2, 3] and len(decode) == 0
     for i in (0, 2, 3):
-        assert ended[i] == dllm.generate(model, [PROMPTS[i]], gen_length=8).generated_ids[0]
+        assert ended[i] == dllm.generate(model, [PROMPTS[i]], gen_length=8, cache=cache).generated_ids[0]
 
 
 def test_a_fixed_step_decode_reads_only_where_a_row_ends(model):
@@ -122,7 +166,7 @@ def test_groups_and_what_cannot_join(model):
     assert group_of(model, DecodeSettings(sampler="threshold"), 5) == ("adaptive",)
     refused = {
         "cfg_scale": DecodeSettings(cfg_scale=1.0),
-        "cache 'dual'": DecodeSettings(cache="dual"),
+        "cache 'drift'": DecodeSettings(cache="drift"),
         "sampler 'fast'": DecodeSettings(sampler="fast"),
         "sampler 'random'": DecodeSettings(sampler="random"),
         "sampler 'threshold'": DecodeSettings(sampler="threshold:schedule_steps=4"),

@@ -60,7 +60,11 @@ class PrefixCache(CachePolicy):
 
     def cached_query(self, state: DecodeState, shift: int) -> Query:
         length = state.x.shape[1]
-        return Query(state.block_start - shift, length, length)
+        return Query(*self.cached_span(length, state.block_start, state.block_end, shift), length)
+
+    def cached_span(self, length: int, start: int, end: int, shift: int) -> tuple[int, int]:
+        """The query columns of a cached step of block ``[start, end)`` on a canvas of ``length``."""
+        return start - shift, length
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,10 @@ class DualCache(CachePolicy):
     Config = DualConfig
 
     def cached_query(self, state: DecodeState, shift: int) -> Query:
-        cfg, length = self.config, state.x.shape[1]
-        start = max(0, state.block_start - max(shift, cfg.look_back))
-        return Query(start, min(length, state.block_end + cfg.look_ahead), length)
+        length = state.x.shape[1]
+        return Query(*self.cached_span(length, state.block_start, state.block_end, shift), length)
+
+    def cached_span(self, length: int, start: int, end: int, shift: int) -> tuple[int, int]:
+        """The query columns of a cached step of block ``[start, end)`` on a canvas of ``length``."""
+        cfg = self.config
+        return max(0, start - max(shift, cfg.look_back)), min(length, end + cfg.look_ahead)

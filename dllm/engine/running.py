@@ -16,8 +16,8 @@ its row), so that block ends at E; a row that joins with a longer prompt or answ
 and rows leaving trim the columns no row needs. Rows of one decode may have answers and prompts of
 any length as long as they commit the same count per step (``group_of``).
 
-Which decodes can run this way (``unsupported_reason``): no guidance, no KV cache (every step
-forwards the whole canvas), a model without a block-causal mask, and a sampler whose step treats a
+Which decodes can run this way (``unsupported_reason``): no guidance, a model without a block-causal
+mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats a
 row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
 without ``schedule_steps``, ``eb``, ``localleap`` and ``hierarchy``, whose rules read no step index;
 ``low_confidence`` when its steps split every block evenly, so that every step commits the same
@@ -27,6 +27,17 @@ with its seed at temperature > 0 (each row draws from its own generator what it 
 it ends, its masks EOS); float32: equal logits up to summation order, the tolerance of ``generate``'s
 own ragged batches (tests/test_running_decode.py).
 
+Under a ``prefix`` or ``dual`` cache the decode keeps K/V buffers of its canvas ([R, Hkv, L, hd] per
+layer, padded, trimmed and reordered with its rows). A step forwards its rows in up to two calls: the
+rows at a full forward of their block (its first step, or the policy's ``refresh`` / ``warmup``
+steps) over the whole canvas, writing their K/V rows, and the others as the policy's cached query of
+the window against the buffers (``KVCache.held_view`` when not every row is in the call). A row's
+K/V are rewritten whole at its block's first step, so a row that moves to its next block (a roll of
+its tokens) needs no roll of its buffers. Every cached row queries the same columns, so rows share a
+decode only when every block of theirs has one width (``group_of`` ends with ``("cached", width)``): a
+narrower block's query would recompute columns its own decode keeps cached. A row's counts are its
+own call's: its full forwards x its prompt + answer, its cached ones x its own query length.
+
 Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
 only at a step where a row's block ends or a caller watches its rows (``watch``); an adaptive
 sampler's step reads them once (a block ends when it has no mask left). ``read`` (default: at once)
@@ -35,15 +46,19 @@ is how the reads are made, so a server can join them with its other decodes' rea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 import torch
 
+from dllm.cache.base import CachePolicy
 from dllm.cache.block_causal import block_size_of
+from dllm.cache.prefix_dual import DualCache, PrefixCache
 from dllm.engine.forwards import takes_padded
 from dllm.engine.loop import _guarantee_progress
 from dllm.inputs import model_device
+from dllm.models.core.kv import KVCache
 from dllm.rows import release_fill_id
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.samplers import make_sampler
@@ -68,35 +83,60 @@ def unsupported_reason(model, settings: DecodeSettings, gen_length: int) -> Opti
 
 def group_of(model, settings: DecodeSettings, gen_length: int) -> Optional[tuple]:
     """Rows of ``settings`` (seeds aside) that may share one decode have the same group: ``("fixed",
-    k)`` for a fixed-step sampler committing k masks per step, ``("adaptive",)`` otherwise; None when
-    the row cannot join one (``unsupported_reason``)."""
+    k)`` for a fixed-step sampler committing k masks per step, ``("adaptive",)`` otherwise, followed by
+    ``("cached", w)`` under a cache (every block w wide); None when the row cannot join one
+    (``unsupported_reason``)."""
     return _check(model, settings, gen_length)[1]
 
 
 Blocks = tuple[tuple[int, int, int], ...]  # an answer's blocks as ``generate`` plans them: (start, end, steps or 0)
+Checked = tuple[Optional[str], Optional[tuple], Blocks, Optional[CachePolicy]]  # why not, group, blocks, cache
 
 
-def _check(model, settings: DecodeSettings, gen_length: int) -> tuple[Optional[str], Optional[tuple], Blocks]:
-    """(why not, the group, the answer's blocks) of a row: one ``resolve``."""
+def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
+    """(why not, the group, the answer's blocks, the cache policy or None) of a row: one ``resolve``."""
     if settings.cfg_scale != 0:
-        return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None, ()
+        return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None, (), None
     if block_size_of(model) is not None:
-        return "a block-causal model (its blocks are fixed by the checkpoint)", None, ()
+        return "a block-causal model (its blocks are fixed by the checkpoint)", None, (), None
     resolved = settings.resolve(model, [[0]], gen_length)
-    if resolved.policy.name != "none":
-        return f"cache {resolved.policy.name!r} (a running decode forwards the whole canvas every step)", None, ()
+    policy = resolved.policy if resolved.policy.uses_kv else None
+    if policy is not None and not isinstance(policy, (PrefixCache, DualCache)):
+        return (f"cache {policy.name!r} (a running decode serves the caches none, prefix, dual and presets of "
+                f"them)"), None, (), None
     sampler, blocks = resolved.sampler, resolved.plan.blocks
     if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
-                f"other rows: Sampler.joins_mid_block)"), None, ()
+                f"other rows: Sampler.joins_mid_block)"), None, (), None
     planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
+    widths = sorted({e - s for s, e, _ in blocks})
+    cached = () if policy is None else ("cached", widths[0])
+    if cached and len(widths) > 1:
+        return (f"cache {policy.name!r} with blocks of {widths} columns (a running decode's cached rows share "
+                f"one block width: make gen_length a multiple of block_length)"), None, (), None
     if blocks[0][2] is None:
-        return None, ("adaptive",), planned
+        return None, ("adaptive",) + cached, planned, policy
     per_step = {(e - s) // steps for s, e, steps in blocks}
     if len(per_step) != 1:
         return (f"sampler {sampler.name!r} with steps={settings.steps}: its blocks commit {sorted(per_step)} masks "
-                f"per step (a running decode's rows commit one count)"), None, ()
-    return None, ("fixed", per_step.pop()), planned
+                f"per step (a running decode's rows commit one count)"), None, (), None
+    return None, ("fixed", per_step.pop()) + cached, planned, policy
+
+
+def _check_group(group: Any) -> tuple[Optional[int], Optional[int]]:
+    """(masks per step or None, the cached block width or None) of a ``group_of`` value; ValueError
+    when it is not one."""
+    ok = isinstance(group, tuple)
+    base, cached = (group[:-2], group[-2:]) if ok and len(group) > 2 else (group, ())
+    ok = ok and (base == ("adaptive",) or (len(base) == 2 and base[0] == "fixed" and _positive(base[1])))
+    if not ok or (cached and not (cached[0] == "cached" and _positive(cached[1]))):
+        raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1), followed by ('cached', width >= 1) "
+                         f"under a cache (group_of), got {group!r}")
+    return (base[1] if base[0] == "fixed" else None), (cached[1] if cached else None)
+
+
+def _positive(k: Any) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool) and k >= 1
 
 
 @dataclass
@@ -122,6 +162,7 @@ class _Row:
     block: int = 0  # the current block
     block_step: int = 0  # steps taken in it
     steps: int = 0  # steps taken in all
+    forwarded: int = 0  # tokens its own call would have forwarded so far
     generator: Optional[torch.Generator] = None  # its own draws (temperature > 0)
 
     @property
@@ -144,16 +185,16 @@ class RunningDecode:
     next step; ``step`` runs one forward, sampler step and commit for every row and returns each row's
     ``RowStep`` (ended rows leave); ``remove`` takes rows out before the next step. ``split``: how the
     step's forward is cut into calls (rows' forward lengths, in row order -> consecutive runs of rows;
-    None: one call)."""
+    None: one call; under a cache the split is not used: its calls are the full and the cached rows)."""
 
     def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now,
                  split: Optional[Split] = None) -> None:
-        if group not in (("adaptive",),) and not (len(group) == 2 and group[0] == "fixed" and group[1] >= 1):
-            raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
+        self.per_step, self.cached_width = _check_group(group)  # masks a step commits; the cached block width
         self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
-        self._plans: dict[int, tuple[Optional[tuple], Blocks]] = {}  # gen_length -> (group_of, its blocks)
-        self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
+        self._plans: dict[int, tuple[Optional[tuple], Blocks, Optional[CachePolicy]]] = {}  # gen_length -> _check[1:]
+        self.policy: Optional[CachePolicy] = None  # the cache policy (set with the first row)
+        self.kv: Optional[KVCache] = None  # [R, Hkv, L, hd] per layer under a cache
         self.temperature = float(settings.temperature)
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
@@ -191,17 +232,18 @@ class RunningDecode:
         check_call_seed(seed)
         if any(row.tag == tag for row in self.rows) or any(item[-1] == tag for item in self._joining):
             raise ValueError(f"a row tagged {tag!r} is already in this decode")
-        group = self._plan(gen_length)[0]
+        group, _, policy = self._plan(gen_length)
         if group != self.group:
             raise ValueError(f"a row of gen_length={gen_length} is in group {group!r}, this decode's is "
                              f"{self.group!r} (dllm.engine.running.group_of)")
+        self.policy = policy
         self._joining.append((ids, gen_length, seed, tag))
 
     def remove(self, tags: Sequence[Hashable]) -> None:
         """Rows that leave before their end (a cancel, a stop string): gone from the next step on."""
         self._leaving.update(tags)
 
-    def _plan(self, gen_length: int) -> tuple[Optional[tuple], Blocks]:
+    def _plan(self, gen_length: int) -> tuple[Optional[tuple], Blocks, Optional[CachePolicy]]:
         plan = self._plans.get(gen_length)
         if plan is None:
             plan = self._plans[gen_length] = _check(self.model, self.settings, gen_length)[1:]
@@ -227,10 +269,15 @@ class RunningDecode:
         if self._stale:
             self._remake_state()
 
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """``fn`` of each [R, L] tensor of the canvas: ids, key-padding mask, positions, prompt columns."""
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor],
+               kv_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+        """``fn`` of each [R, L] tensor of the canvas: ids, key-padding mask, positions, prompt columns;
+        ``kv_fn`` of each K/V buffer [R, Hkv, L, hd] (None: ``fn``, which then takes rows only)."""
         self.x, self.kpm, self.positions, self.prompt_mask = (
             fn(t) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+        if self.kv is not None:
+            kv_fn = kv_fn or fn
+            self.kv = KVCache([kv_fn(t) for t in self.kv.k], [kv_fn(t) for t in self.kv.v])
 
     def _pad(self, left: int, right: int) -> None:
         """Pad every row ``left`` columns on the left and ``right`` on the right."""
@@ -240,6 +287,9 @@ class RunningDecode:
             self.kpm = pad(self.kpm, (left, right), value=False)
             self.positions = pad(self.positions, (left, right), value=0)
             self.prompt_mask = pad(self.prompt_mask, (left, right), value=True)
+            if self.kv is not None:  # zeros: a padding key is masked, and 0 x a finite value is 0
+                self.kv = KVCache([pad(t, (0, 0, left, right)) for t in self.kv.k],
+                                  [pad(t, (0, 0, left, right)) for t in self.kv.v])
             for row in self.rows:
                 row.left += left
             self.block_end += left
@@ -248,13 +298,13 @@ class RunningDecode:
     def _trim(self) -> None:
         """Drop the columns no row needs: left of every row, right of every answer."""
         if not self.rows:
-            self.x = self.kpm = self.positions = self.prompt_mask = self._window = None
+            self.x = self.kpm = self.positions = self.prompt_mask = self._window = self.kv = None
             self.block_end, self.state = 0, None
             return
         c0 = min(row.left for row in self.rows)
         c1 = self.block_end + max(row.gen_length - row.end for row in self.rows)
         if c0 or c1 < self.x.shape[1]:
-            self._apply(lambda t: t[:, c0:c1])
+            self._apply(lambda t: t[:, c0:c1], lambda t: t[:, :, c0:c1].contiguous())
             for row in self.rows:
                 row.left -= c0
             self.block_end -= c0
@@ -278,6 +328,8 @@ class RunningDecode:
             self.x = self.kpm = self.positions = self.prompt_mask = torch.zeros((0, 0), dtype=torch.long,
                                                                                 device=self.device)
             self.kpm, self.prompt_mask = self.kpm.bool(), self.prompt_mask.bool()
+            if self.policy is not None:
+                self.kv = self.model.new_kv_cache(0, 0)
         e_old, right_old = self.block_end, self.x.shape[1] - self.block_end
         e_new = max([e_old] + [row.prompt_length + row.end for row in new])
         right_new = max([right_old] + [row.gen_length - row.end for row in new])
@@ -296,6 +348,9 @@ class RunningDecode:
         self.kpm = torch.cat([self.kpm, t[1].bool()])
         self.positions = torch.cat([self.positions, t[2]])
         self.prompt_mask = torch.cat([self.prompt_mask, t[3].bool()])
+        if self.kv is not None:  # a joining row's K/V are written by its first step, a full forward
+            self.kv = KVCache([torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.k],
+                              [torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.v])
         self.rows.extend(new)
         order = sorted(range(len(self.rows)), key=lambda r: self.rows[r].prompt_length + self.rows[r].gen_length)
         if order != list(range(len(self.rows))):  # rows by length: the step's calls take runs of rows
@@ -313,7 +368,7 @@ class RunningDecode:
 
     def _advance(self, r: int) -> None:
         """Row ``r`` moves to its next block: shifted left by that block's width (a roll of its row),
-        so that the block ends at E."""
+        so that the block ends at E. Its K/V buffers stay: its next step is a full forward."""
         row = self.rows[r]
         row.block, row.block_step = row.block + 1, 0
         shift = row.width
@@ -349,7 +404,7 @@ class RunningDecode:
             block_steps=None if self.per_step is None else w // self.per_step,
             block_masks_at_start=self.x.new_full((n,), w), extras=dict(self.extras))
         self.sampler.begin_block(self.state)
-        self._calls = self._plan_calls()
+        self._calls = self._plan_calls() if self.kv is None else []
 
     def _plan_calls(self) -> list[tuple[int, int, int, bool]]:
         """The step's forwards: ``split`` of the rows' lengths (the canvas right of each row's left
@@ -389,6 +444,47 @@ class RunningDecode:
             kwargs["padded"] = True  # the mask has padding: the model need not read it back
         return self.model(cut(self.x), **kwargs).logits
 
+    def _cached_logits(self) -> torch.Tensor:
+        """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``
+        of their block's step) over the whole canvas, the others as the policy's cached query."""
+        assert self.policy is not None and self.kv is not None
+        state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
+        s, e, length = state.block_start, state.block_end, self.x.shape[1]
+        full = [policy.is_refresh(row.block_step) for row in self.rows]
+        c0, c1 = policy.cached_span(length, s, e, shift)
+        parts, queries = [], []
+        for row, is_full in zip(self.rows, full):  # its own call's query: the canvas, or its cached query
+            own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
+            r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
+            row.forwarded += r1 - r0
+            queries.append((r1 - r0, bs - r0, be - r0))
+        if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
+            self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
+        for is_full in (True, False):
+            rows = [r for r, f in enumerate(full) if f == is_full]
+            if rows:
+                a, b = (0, length) if is_full else (c0, c1)
+                parts.append((rows, self._kv_forward(rows, a, b)))
+        if len(parts) == 1:
+            return parts[0][1]
+        (rows_a, part_a), (rows_b, part_b) = parts
+        idx = torch.tensor(rows_a + rows_b, device=self.device)
+        return torch.empty_like(torch.cat([part_a, part_b])).index_copy_(0, idx, torch.cat([part_a, part_b]))
+
+    def _kv_forward(self, rows: list[int], a: int, b: int) -> torch.Tensor:
+        """Logits [len(rows), Wb, V] of the window for ``rows`` from a forward of canvas columns
+        ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
+        state, length = self.state, self.x.shape[1]
+        x, positions, kpm = self.x[:, a:b], self.positions[:, a:b], self.kpm if state.padded else None
+        if len(rows) == len(self.rows):
+            view = self.kv.view(a, length)
+        else:
+            idx = torch.tensor(rows, device=self.device)
+            x, positions, kpm = x[idx], positions[idx], None if kpm is None else kpm[idx]
+            view = self.kv.held_view(idx, a, length)
+        head = (state.block_start - a, state.block_end - a)
+        return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
+
     def step(self, watch: bool = False) -> list[RowStep]:
         """One forward, sampler step and commit for every row (after the queued joins and leaves).
         ``watch``: read every row's answer (``RowStep.ids``) even where no block ends. Rows that end
@@ -398,8 +494,13 @@ class RunningDecode:
         if state is None:
             return []
         w = state.block_length
-        parts = [self._forward(*call) for call in self._calls]
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, Wb, V]
+        if self.kv is None:
+            parts = [self._forward(*call) for call in self._calls]
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, Wb, V]
+            for row in self.rows:
+                row.forwarded += row.prompt_length + row.gen_length
+        else:
+            logits = self._cached_logits()  # [R, Wb, V]
         self.forwards += 1
         window = self._window  # [R, Wb]
         active = window == self.mask_id  # [R, Wb]: left of a narrower block are no masks
@@ -432,7 +533,7 @@ class RunningDecode:
             done = block_done and (row.block + 1 == len(row.blocks) or self._answer_ended(answer))
             if done and self.mask_id in answer:  # an EOS stop: its masks become EOS, as generate's release
                 answer = [self.fill_id if t == self.mask_id else t for t in answer]
-            out.append(RowStep(row.tag, answer, done, row.steps, row.steps * (row.prompt_length + row.gen_length)))
+            out.append(RowStep(row.tag, answer, done, row.steps, row.forwarded))
             if done:
                 self._leaving.add(row.tag)
             elif block_done:

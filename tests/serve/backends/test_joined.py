@@ -17,7 +17,7 @@ PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] cop
            "[BOS] sort G F E D C B A [SEP]", "[BOS] reverse K J I H G F [SEP]", "[BOS] copy P O N M [SEP]"]
 SLOW = DecodeSettings(sampler="low_confidence")  # one token per step: joinable
 THRESHOLD = DecodeSettings(sampler="threshold:threshold=0.8")  # joinable, another decode
-DUAL = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)  # a generate call
+DUAL = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)  # joinable, K/V buffers
 BLOCKS = DecodeSettings(sampler="threshold:threshold=0.8", block_length=4)  # joinable: rows at different blocks
 
 
@@ -72,7 +72,8 @@ def test_requests_arriving_mid_decode_join_it_and_answer_as_alone(llada, monkeyp
         engine.close()
     low = {id(d) for d in decodes if d.group == ("fixed", 1)}
     assert len(low) == 1  # the four low_confidence rows (answers of 4 to 16 tokens) shared one decode
-    assert len({id(d) for d in decodes}) == 3  # threshold's and the blocks' their own; the cached one a generate call
+    assert len({id(d) for d in decodes}) == 4  # threshold's, the blocks' and the cached one's their own
+    assert {d.policy.name for d in decodes if d.group == ("adaptive", "cached", 4)} == {"dual"}
 
 
 def test_a_cancelled_row_leaves_the_running_decode(llada, monkeypatch):

@@ -76,7 +76,7 @@ def test_queued_jobs_of_one_key_decode_as_one_call_whatever_their_prompt_length(
 
 
 def test_with_a_cache_prompts_of_other_lengths_share_the_call(llada):
-    engine = DiffusionBackend(llada, name="tiny-llada", max_group=8)
+    engine = DiffusionBackend(llada, name="tiny-llada", max_group=8, join=False)
     sizes = recording(engine)
     dual = DecodeSettings(sampler="threshold:threshold=0.8", cache="dual", block_length=4)
     prompts = [SEVEN[0], TEN[0], PROMPTS[2], SEVEN[1]]  # 7, 10, 6 and 7 tokens
