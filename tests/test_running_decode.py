@@ -86,7 +86,7 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gen
     assert len(decode) == 0 and decode.x is None
 
 
-CACHED_GENS = [8, 4, 12, 8, 4, 12]  # every block of 4 columns
+CACHED_GENS = [8, 4, 12, 8, 6, 10]  # blocks of 4, and last ones of 2: cached rows of two widths in a step
 
 
 @pytest.mark.parametrize("spec, cache, block, gens", [
@@ -98,6 +98,8 @@ CACHED_GENS = [8, 4, 12, 8, 4, 12]  # every block of 4 columns
     ("low_confidence", "dual:warmup=2", 4, CACHED_GENS),
     ("eb:gamma=0.5", "prefix", 4, CACHED_GENS),
     ("threshold", "dual", None, [8] * 6),  # one block per row
+    ("threshold", "dual", None, GENS),  # one block per row, of its own width: a full row's canvas inside the window
+    ("low_confidence", "prefix", None, GENS),
     ("low_confidence@1.0", "dual", 4, CACHED_GENS),  # each row draws over its own query, as alone
     ("threshold@0.7", "prefix", 4, CACHED_GENS),
 ])
@@ -117,16 +119,9 @@ def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
 
 def test_cached_groups_and_refusals(model):
     dual = DecodeSettings(sampler="threshold", cache="dual", block_length=4)
-    assert group_of(model, dual, 8) == group_of(model, dual, 12) == ("adaptive", "cached", 4)
-    assert group_of(model, DecodeSettings(cache="prefix"), 8) == ("fixed", 1, "cached", 8)
-    assert group_of(model, DecodeSettings(cache="prefix"), 6) == ("fixed", 1, "cached", 6)  # its own decode
-    reason = unsupported_reason(model, dual, 6)  # blocks of 4 and 2
-    assert reason is not None and "blocks of [2, 4] columns" in reason
+    assert group_of(model, dual, 6) == group_of(model, dual, 12) == ("adaptive",)  # blocks of 2 and 4 share one
     reason = unsupported_reason(model, DecodeSettings(cache="window"), 8)
     assert reason is not None and "cache 'window'" in reason
-    for bad in [("adaptive", "cached"), ("adaptive", "cached", 0), ("fixed", 1, "width", 4), ["adaptive"]]:
-        with pytest.raises(ValueError, match="group must be"):
-            RunningDecode(model, dual, bad)
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])

@@ -31,11 +31,10 @@ Under a ``prefix`` or ``dual`` cache the decode keeps K/V buffers of its canvas 
 layer, padded, trimmed and reordered with its rows). A step forwards its rows in up to two calls: the
 rows at a full forward of their block (its first step, or the policy's ``refresh`` / ``warmup``
 steps) over the whole canvas, writing their K/V rows, and the others as the policy's cached query of
-the window against the buffers (``KVCache.held_view`` when not every row is in the call). A row's
-K/V are rewritten whole at its block's first step, so a row that moves to its next block (a roll of
-its tokens) needs no roll of its buffers. Every cached row queries the same columns, so rows share a
-decode only when every block of theirs has one width (``group_of`` ends with ``("cached", width)``): a
-narrower block's query would recompute columns its own decode keeps cached. A row's counts are its
+their block against the buffers, one call per block width (a narrower block's row queries its own
+block, as alone: the window's columns left of it stay cached), through ``KVCache.held_view`` when not
+every row is in the call. A row's K/V are rewritten whole at its block's first step, so a row that
+moves to its next block (a roll of its tokens) needs no roll of its buffers. A row's counts are its
 own call's: its full forwards x its prompt + answer, its cached ones x its own query length.
 
 Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
@@ -83,9 +82,8 @@ def unsupported_reason(model, settings: DecodeSettings, gen_length: int) -> Opti
 
 def group_of(model, settings: DecodeSettings, gen_length: int) -> Optional[tuple]:
     """Rows of ``settings`` (seeds aside) that may share one decode have the same group: ``("fixed",
-    k)`` for a fixed-step sampler committing k masks per step, ``("adaptive",)`` otherwise, followed by
-    ``("cached", w)`` under a cache (every block w wide); None when the row cannot join one
-    (``unsupported_reason``)."""
+    k)`` for a fixed-step sampler committing k masks per step, ``("adaptive",)`` otherwise; None when
+    the row cannot join one (``unsupported_reason``)."""
     return _check(model, settings, gen_length)[1]
 
 
@@ -109,34 +107,13 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
                 f"other rows: Sampler.joins_mid_block)"), None, (), None
     planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
-    widths = sorted({e - s for s, e, _ in blocks})
-    cached = () if policy is None else ("cached", widths[0])
-    if cached and len(widths) > 1:
-        return (f"cache {policy.name!r} with blocks of {widths} columns (a running decode's cached rows share "
-                f"one block width: make gen_length a multiple of block_length)"), None, (), None
     if blocks[0][2] is None:
-        return None, ("adaptive",) + cached, planned, policy
+        return None, ("adaptive",), planned, policy
     per_step = {(e - s) // steps for s, e, steps in blocks}
     if len(per_step) != 1:
         return (f"sampler {sampler.name!r} with steps={settings.steps}: its blocks commit {sorted(per_step)} masks "
                 f"per step (a running decode's rows commit one count)"), None, (), None
-    return None, ("fixed", per_step.pop()) + cached, planned, policy
-
-
-def _check_group(group: Any) -> tuple[Optional[int], Optional[int]]:
-    """(masks per step or None, the cached block width or None) of a ``group_of`` value; ValueError
-    when it is not one."""
-    ok = isinstance(group, tuple)
-    base, cached = (group[:-2], group[-2:]) if ok and len(group) > 2 else (group, ())
-    ok = ok and (base == ("adaptive",) or (len(base) == 2 and base[0] == "fixed" and _positive(base[1])))
-    if not ok or (cached and not (cached[0] == "cached" and _positive(cached[1]))):
-        raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1), followed by ('cached', width >= 1) "
-                         f"under a cache (group_of), got {group!r}")
-    return (base[1] if base[0] == "fixed" else None), (cached[1] if cached else None)
-
-
-def _positive(k: Any) -> bool:
-    return isinstance(k, int) and not isinstance(k, bool) and k >= 1
+    return None, ("fixed", per_step.pop()), planned, policy
 
 
 @dataclass
@@ -189,7 +166,9 @@ class RunningDecode:
 
     def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now,
                  split: Optional[Split] = None) -> None:
-        self.per_step, self.cached_width = _check_group(group)  # masks a step commits; the cached block width
+        if group not in (("adaptive",),) and not (len(group) == 2 and group[0] == "fixed" and group[1] >= 1):
+            raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
+        self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
         self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split
         self.sampler = make_sampler(settings.sampler, **dict(settings.options))
         self._plans: dict[int, tuple[Optional[tuple], Blocks, Optional[CachePolicy]]] = {}  # gen_length -> _check[1:]
@@ -352,13 +331,22 @@ class RunningDecode:
             self.kv = KVCache([torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.k],
                               [torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.v])
         self.rows.extend(new)
-        order = sorted(range(len(self.rows)), key=lambda r: self.rows[r].prompt_length + self.rows[r].gen_length)
-        if order != list(range(len(self.rows))):  # rows by length: the step's calls take runs of rows
+        self._sort_rows()
+        self.block_end = e_new
+        self._stale = True
+
+    def _sort_rows(self) -> None:
+        """Rows by length (the step's calls take runs of rows), under a cache by their block's width
+        first (a cached call takes the rows of one width)."""
+        def key(r: int) -> tuple[int, int]:
+            row = self.rows[r]
+            return (row.width if self.kv is not None else 0), row.prompt_length + row.gen_length
+        order = sorted(range(len(self.rows)), key=key)
+        if order != list(range(len(self.rows))):
             idx = torch.tensor(order, device=self.device)
             self._apply(lambda t: t.index_select(0, idx))
             self.rows = [self.rows[r] for r in order]
-        self.block_end = e_new
-        self._stale = True
+            self._stale = True
 
     def _generator(self, seed: Optional[int]) -> Optional[torch.Generator]:
         """A row's own generator (temperature > 0): seeded as ``generate(seed=...)`` seeds it."""
@@ -446,12 +434,12 @@ class RunningDecode:
 
     def _cached_logits(self) -> torch.Tensor:
         """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``
-        of their block's step) over the whole canvas, the others as the policy's cached query."""
+        of their block's step) over the whole canvas, the others as the policy's cached query of their
+        block, one call per block width (a narrower block's logits padded on the left: no masks there)."""
         assert self.policy is not None and self.kv is not None
         state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
-        s, e, length = state.block_start, state.block_end, self.x.shape[1]
+        e, length, wb = state.block_end, self.x.shape[1], state.block_length
         full = [policy.is_refresh(row.block_step) for row in self.rows]
-        c0, c1 = policy.cached_span(length, s, e, shift)
         parts, queries = [], []
         for row, is_full in zip(self.rows, full):  # its own call's query: the canvas, or its cached query
             own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
@@ -460,29 +448,53 @@ class RunningDecode:
             queries.append((r1 - r0, bs - r0, be - r0))
         if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
             self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
-        for is_full in (True, False):
-            rows = [r for r, f in enumerate(full) if f == is_full]
-            if rows:
-                a, b = (0, length) if is_full else (c0, c1)
-                parts.append((rows, self._kv_forward(rows, a, b)))
-        if len(parts) == 1:
-            return parts[0][1]
-        (rows_a, part_a), (rows_b, part_b) = parts
-        idx = torch.tensor(rows_a + rows_b, device=self.device)
-        return torch.empty_like(torch.cat([part_a, part_b])).index_copy_(0, idx, torch.cat([part_a, part_b]))
+        # the cached rows of one width are runs of rows (rows are kept by width: ``_sort_rows``), each
+        # forwarded through slices of the buffers; the rows at a full forward in one call of their own
+        runs: list[tuple[int, int, int]] = []  # (first row, end row, width)
+        for r, (row, is_full) in enumerate(zip(self.rows, full)):
+            if not is_full:
+                if runs and runs[-1][1] == r and runs[-1][2] == row.width:
+                    runs[-1] = (runs[-1][0], r + 1, row.width)
+                else:
+                    runs.append((r, r + 1, row.width))
+        fulls = [r for r, is_full in enumerate(full) if is_full]
+        if runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
+            return self._kv_forward(0, len(self.rows), *policy.cached_span(length, e - wb, e, shift), e - wb)
+        logits = None
+        for r0, r1, w in runs:
+            part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
+            if logits is None:
+                logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
+            logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
+            logits[r0:r1, wb - w:] = part
+        if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
+            a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
+            if fulls == list(range(fulls[0], fulls[-1] + 1)):
+                part = self._kv_forward(fulls[0], fulls[-1] + 1, a, length, e - wb)
+                if logits is None:
+                    return part
+                logits[fulls[0]:fulls[-1] + 1] = part
+            else:
+                idx = torch.tensor(fulls, device=self.device)  # one upload: the rows of the call
+                part = self._kv_forward(0, 0, a, length, e - wb, idx)
+                logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
+                logits.index_copy_(0, idx, part)
+        return logits
 
-    def _kv_forward(self, rows: list[int], a: int, b: int) -> torch.Tensor:
-        """Logits [len(rows), Wb, V] of the window for ``rows`` from a forward of canvas columns
-        ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
-        state, length = self.state, self.x.shape[1]
+    def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [N, E - s, V] of columns ``[s, E)`` for rows ``[r0, r1)`` (or the rows ``idx`` [N]) from
+        a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
+        state, length, kv = self.state, self.x.shape[1], self.kv
         x, positions, kpm = self.x[:, a:b], self.positions[:, a:b], self.kpm if state.padded else None
-        if len(rows) == len(self.rows):
-            view = self.kv.view(a, length)
-        else:
-            idx = torch.tensor(rows, device=self.device)
+        if idx is not None:
             x, positions, kpm = x[idx], positions[idx], None if kpm is None else kpm[idx]
-            view = self.kv.held_view(idx, a, length)
-        head = (state.block_start - a, state.block_end - a)
+            view = kv.held_view(idx, a, length)
+        elif (r0, r1) == (0, len(self.rows)):
+            view = kv.view(a, length)
+        else:  # slices of the buffers: the forward writes and reads them in place
+            x, positions, kpm = x[r0:r1], positions[r0:r1], None if kpm is None else kpm[r0:r1]
+            view = KVCache([t[r0:r1] for t in kv.k], [t[r0:r1] for t in kv.v]).view(a, length)
+        head = (s - a, state.block_end - a)
         return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
 
     def step(self, watch: bool = False) -> list[RowStep]:
@@ -542,6 +554,8 @@ class RunningDecode:
             self._advance(r)
         if moving:
             self._trim()
+            if self.kv is not None:  # a row at a narrower last block
+                self._sort_rows()
         if all(st.done for st in out):  # every row ended: nothing to keep until a next join
             self._regroup()
         return out

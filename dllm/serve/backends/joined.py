@@ -1,13 +1,14 @@
 """Continuous batching with one decode state per setting: requests join a running decode.
 
 In ``continuous`` mode a group of requests whose settings can share one canvas
-(``dllm.engine.running.unsupported_reason``: no cache, no guidance, a sampler whose step reads no
-step index; greedy or sampled, each row drawing from its own generator) does not start a
+(``dllm.engine.running.unsupported_reason``: no cache or ``prefix`` / ``dual``, no guidance, a
+sampler whose step reads no step index; greedy or sampled, each row drawing from its own generator) does not start a
 ``generate`` call of its own: it joins the ``RunningDecode`` of its key (the settings, seeds aside,
 and ``group_of``: answers of any length that commit the same count per step), if one runs, at that
 decode's next step, and every step of the decode is one sampler step and one commit for all of its
-rows, whatever block and step each row is at. Its forward is split into calls of rows of
-neighbouring lengths by the loop's own cost model (``split_rows``), and the loop may merge those
+rows, whatever block and step each row is at. Without a cache its forward is split into calls of
+rows of neighbouring lengths by the loop's own cost model (``split_rows``; under a cache its calls
+are the rows at a full forward and the cached rows of each block width), and the loop may merge those
 calls with the other decodes' forwards (``dllm.serve.backends.batcher``). A row ends after its last
 step, after a block that ends its answer (an EOS, as ``generate(stop_at_eos=True)``), as soon as its
 answer is final (EOS or a stop string in its final prefix, streamed or not), or when its client
