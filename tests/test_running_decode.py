@@ -73,8 +73,14 @@ GENS = [8, 4, 12, 8, 6, 10]
     ("hierarchy@1.0", None, 4, GENS),
 ])
 def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gens):
+    check_as_alone(model, spec, dict(steps=steps, block_length=block), gens)
+
+
+def check_as_alone(model, spec: str, fields: dict, gens: list[int]) -> None:
+    """Rows of ``spec`` (``SAMPLER[@TEMPERATURE]``) and settings ``fields`` joining at the steps of
+    ``JOINS`` end with the ids and counts of ``generate`` on each prompt alone, with its seed."""
     spec, _, temperature = spec.partition("@")
-    settings = DecodeSettings(sampler=spec, steps=steps, block_length=block, temperature=float(temperature or 0))
+    settings = DecodeSettings(sampler=spec, temperature=float(temperature or 0), **fields)
     ended, decode = run(model, settings, gens)
     assert sorted(ended) == list(range(len(PROMPTS)))
     for i, (p, g) in enumerate(zip(PROMPTS, gens)):
@@ -83,7 +89,7 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gen
         assert ended[i].ids == alone.generated_ids[0], i
         assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
     assert decode.forwards < sum(st.nfe for st in ended.values())  # rows shared forwards
-    assert len(decode) == 0 and decode.x is None
+    assert len(decode) == 0 and decode.x is None and decode.kv is None
 
 
 CACHED_GENS = [8, 4, 12, 8, 6, 10]  # blocks of 4, and last ones of 2: cached rows of two widths in a step
@@ -104,17 +110,7 @@ CACHED_GENS = [8, 4, 12, 8, 6, 10]  # blocks of 4, and last ones of 2: cached ro
     ("threshold@0.7", "prefix", 4, CACHED_GENS),
 ])
 def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
-    spec, _, temperature = spec.partition("@")
-    settings = DecodeSettings(sampler=spec, cache=cache, block_length=block, temperature=float(temperature or 0))
-    ended, decode = run(model, settings, gens)
-    assert sorted(ended) == list(range(len(PROMPTS)))
-    for i, (p, g) in enumerate(zip(PROMPTS, gens)):
-        seeded = dataclasses.replace(settings, seed=SEED + i if settings.temperature else None)
-        alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **seeded.generate_kwargs())
-        assert ended[i].ids == alone.generated_ids[0], i
-        assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
-    assert decode.forwards < sum(st.nfe for st in ended.values())
-    assert len(decode) == 0 and decode.x is None and decode.kv is None
+    check_as_alone(model, spec, dict(cache=cache, block_length=block), gens)
 
 
 def test_cached_groups_and_refusals(model):

@@ -23,19 +23,17 @@ without ``schedule_steps``, ``eb``, ``localleap`` and ``hierarchy``, whose rules
 ``low_confidence`` when its steps split every block evenly, so that every step commits the same
 count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
 with its seed at temperature > 0 (each row draws from its own generator what it draws alone:
-``dllm.samplers.draws.WindowRows``), with its NFE (after a block that is not its last, a row whose answer holds an EOS with no mask before
-it ends, its masks EOS); float32: equal logits up to summation order, the tolerance of ``generate``'s
-own ragged batches (tests/test_running_decode.py).
+``dllm.samplers.draws.WindowRows``, over its own query), with its NFE (after a block that is not its
+last, a row whose answer holds an EOS with no mask before it ends, its masks EOS); float32: equal
+logits up to summation order, the tolerance of ``generate``'s own ragged batches
+(tests/test_running_decode.py).
 
-Under a ``prefix`` or ``dual`` cache the decode keeps K/V buffers of its canvas ([R, Hkv, L, hd] per
-layer, padded, trimmed and reordered with its rows). A step forwards its rows in up to two calls: the
-rows at a full forward of their block (its first step, or the policy's ``refresh`` / ``warmup``
-steps) over the whole canvas, writing their K/V rows, and the others as the policy's cached query of
-their block against the buffers, one call per block width (a narrower block's row queries its own
-block, as alone: the window's columns left of it stay cached), through ``KVCache.held_view`` when not
-every row is in the call. A row's K/V are rewritten whole at its block's first step, so a row that
-moves to its next block (a roll of its tokens) needs no roll of its buffers. A row's counts are its
-own call's: its full forwards x its prompt + answer, its cached ones x its own query length.
+Under a ``prefix`` or ``dual`` cache the decode also keeps the K/V buffers of its canvas
+(``dllm.engine.running_canvas``), and a step forwards the rows at a full forward of their block in one
+call and the other rows as the policy's cached query of their own block, one call per block width
+(``dllm.engine.running_forwards``): a row's K/V are rewritten whole at its block's first step, so a
+row that moves to its next block needs no roll of its buffers. A row's counts are its own call's:
+its full forwards x its prompt + answer, its cached ones x its own query length.
 
 Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
 only at a step where a row's block ends or a caller watches its rows (``watch``); an adaptive
@@ -45,9 +43,8 @@ is how the reads are made, so a server can join them with its other decodes' rea
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -56,12 +53,14 @@ from dllm.cache.block_causal import block_size_of
 from dllm.cache.prefix_dual import DualCache, PrefixCache
 from dllm.engine.forwards import takes_padded
 from dllm.engine.loop import _guarantee_progress
+from dllm.engine.running_canvas import Blocks, RunningCanvas, RunningRow
+from dllm.engine.running_forwards import RunningForwards
 from dllm.inputs import model_device
 from dllm.models.core.kv import KVCache
 from dllm.rows import release_fill_id
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.samplers import make_sampler
-from dllm.samplers.draws import WindowRows, fresh_seed
+from dllm.samplers.draws import WindowRows
 from dllm.settings import DecodeSettings, check_call_seed, check_positions
 from dllm.state import DecodeState, StepInput
 
@@ -87,7 +86,6 @@ def group_of(model, settings: DecodeSettings, gen_length: int) -> Optional[tuple
     return _check(model, settings, gen_length)[1]
 
 
-Blocks = tuple[tuple[int, int, int], ...]  # an answer's blocks as ``generate`` plans them: (start, end, steps or 0)
 Checked = tuple[Optional[str], Optional[tuple], Blocks, Optional[CachePolicy]]  # why not, group, blocks, cache
 
 
@@ -129,35 +127,7 @@ class RowStep:
     forwarded_tokens: int
 
 
-@dataclass
-class _Row:
-    tag: Hashable
-    prompt_length: int
-    gen_length: int
-    blocks: Blocks  # the answer's blocks, in answer columns
-    left: int = 0  # canvas column of the row's first token (its prompt's first)
-    block: int = 0  # the current block
-    block_step: int = 0  # steps taken in it
-    steps: int = 0  # steps taken in all
-    forwarded: int = 0  # tokens its own call would have forwarded so far
-    generator: Optional[torch.Generator] = None  # its own draws (temperature > 0)
-
-    @property
-    def end(self) -> int:
-        """The current block's end, in answer columns."""
-        return self.blocks[self.block][1]
-
-    @property
-    def width(self) -> int:
-        return self.blocks[self.block][1] - self.blocks[self.block][0]
-
-    @property
-    def answer(self) -> int:
-        """Canvas column of the row's first answer position."""
-        return self.left + self.prompt_length
-
-
-class RunningDecode:
+class RunningDecode(RunningCanvas, RunningForwards):
     """Every running row of one setting in one canvas (module docstring). ``add`` queues a row for the
     next step; ``step`` runs one forward, sampler step and commit for every row and returns each row's
     ``RowStep`` (ended rows leave); ``remove`` takes rows out before the next step. ``split``: how the
@@ -183,7 +153,7 @@ class RunningDecode:
         self.device = model_device(model)
         self.extras = {"eos_ids": eos_ids, LOGIT_SHIFT_KEY: int(getattr(model, "logit_shift", 0))}
         self._passes_padded = takes_padded(model)
-        self.rows: list[_Row] = []
+        self.rows: list[RunningRow] = []
         self._joining: list[tuple[list[int], int, Optional[int], Hashable]] = []  # (prompt, gen_length, seed, tag)
         self._leaving: set[Hashable] = set()
         # [R, L] canvas, key-padding mask, positions and prompt columns; E: where every current block ends
@@ -228,7 +198,6 @@ class RunningDecode:
             plan = self._plans[gen_length] = _check(self.model, self.settings, gen_length)[1:]
         return plan
 
-    # ---- the rows' canvas --------------------------------------------------------------------
     @property
     def window(self) -> int:
         """Wb: the widest current block; the window is the Wb columns left of E."""
@@ -247,125 +216,6 @@ class RunningDecode:
             self._join()
         if self._stale:
             self._remake_state()
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor],
-               kv_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
-        """``fn`` of each [R, L] tensor of the canvas: ids, key-padding mask, positions, prompt columns;
-        ``kv_fn`` of each K/V buffer [R, Hkv, L, hd] (None: ``fn``, which then takes rows only)."""
-        self.x, self.kpm, self.positions, self.prompt_mask = (
-            fn(t) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
-        if self.kv is not None:
-            kv_fn = kv_fn or fn
-            self.kv = KVCache([kv_fn(t) for t in self.kv.k], [kv_fn(t) for t in self.kv.v])
-
-    def _pad(self, left: int, right: int) -> None:
-        """Pad every row ``left`` columns on the left and ``right`` on the right."""
-        if left or right:
-            pad = torch.nn.functional.pad
-            self.x = pad(self.x, (left, right), value=self.pad_id)
-            self.kpm = pad(self.kpm, (left, right), value=False)
-            self.positions = pad(self.positions, (left, right), value=0)
-            self.prompt_mask = pad(self.prompt_mask, (left, right), value=True)
-            if self.kv is not None:  # zeros: a padding key is masked, and 0 x a finite value is 0
-                self.kv = KVCache([pad(t, (0, 0, left, right)) for t in self.kv.k],
-                                  [pad(t, (0, 0, left, right)) for t in self.kv.v])
-            for row in self.rows:
-                row.left += left
-            self.block_end += left
-            self._stale = True
-
-    def _trim(self) -> None:
-        """Drop the columns no row needs: left of every row, right of every answer."""
-        if not self.rows:
-            self.x = self.kpm = self.positions = self.prompt_mask = self._window = self.kv = None
-            self.block_end, self.state = 0, None
-            return
-        c0 = min(row.left for row in self.rows)
-        c1 = self.block_end + max(row.gen_length - row.end for row in self.rows)
-        if c0 or c1 < self.x.shape[1]:
-            self._apply(lambda t: t[:, c0:c1], lambda t: t[:, :, c0:c1].contiguous())
-            for row in self.rows:
-                row.left -= c0
-            self.block_end -= c0
-            self._stale = True
-
-    def _keep(self, keep: list[int]) -> None:
-        """Only rows ``keep`` stay (one upload of their indices)."""
-        self.rows = [self.rows[i] for i in keep]
-        if keep:
-            idx = torch.tensor(keep, device=self.device)
-            self._apply(lambda t: t.index_select(0, idx))
-        self._stale = True
-        self._trim()
-
-    def _join(self) -> None:
-        """Append the queued rows, each padded so that its first block ends at column E (the others
-        padded further when a joining row reaches further left or right)."""
-        joining, self._joining = self._joining, []
-        new = [_Row(tag, len(ids), g, self._plan(g)[1], generator=self._generator(seed)) for ids, g, seed, tag in joining]
-        if self.x is None:
-            self.x = self.kpm = self.positions = self.prompt_mask = torch.zeros((0, 0), dtype=torch.long,
-                                                                                device=self.device)
-            self.kpm, self.prompt_mask = self.kpm.bool(), self.prompt_mask.bool()
-            if self.policy is not None:
-                self.kv = self.model.new_kv_cache(0, 0)
-        e_old, right_old = self.block_end, self.x.shape[1] - self.block_end
-        e_new = max([e_old] + [row.prompt_length + row.end for row in new])
-        right_new = max([right_old] + [row.gen_length - row.end for row in new])
-        self._pad(e_new - e_old, right_new - right_old)
-        width = e_new + right_new
-        ids_rows, kpm_rows, pos_rows, prompt_rows = [], [], [], []
-        for (ids, g, _, _), row in zip(joining, new):
-            row.left = e_new - row.prompt_length - row.end
-            right = width - row.left - len(ids) - g
-            ids_rows.append([self.pad_id] * row.left + ids + [self.mask_id] * g + [self.pad_id] * right)
-            kpm_rows.append([0] * row.left + [1] * (len(ids) + g) + [0] * right)
-            pos_rows.append([0] * row.left + list(range(len(ids) + g)) + [0] * right)
-            prompt_rows.append([1] * (row.left + len(ids)) + [0] * g + [1] * right)
-        t = torch.tensor([ids_rows, kpm_rows, pos_rows, prompt_rows], dtype=torch.long, device=self.device)
-        self.x = torch.cat([self.x, t[0]])
-        self.kpm = torch.cat([self.kpm, t[1].bool()])
-        self.positions = torch.cat([self.positions, t[2]])
-        self.prompt_mask = torch.cat([self.prompt_mask, t[3].bool()])
-        if self.kv is not None:  # a joining row's K/V are written by its first step, a full forward
-            self.kv = KVCache([torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.k],
-                              [torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.v])
-        self.rows.extend(new)
-        self._sort_rows()
-        self.block_end = e_new
-        self._stale = True
-
-    def _sort_rows(self) -> None:
-        """Rows by length (the step's calls take runs of rows), under a cache by their block's width
-        first (a cached call takes the rows of one width)."""
-        def key(r: int) -> tuple[int, int]:
-            row = self.rows[r]
-            return (row.width if self.kv is not None else 0), row.prompt_length + row.gen_length
-        order = sorted(range(len(self.rows)), key=key)
-        if order != list(range(len(self.rows))):
-            idx = torch.tensor(order, device=self.device)
-            self._apply(lambda t: t.index_select(0, idx))
-            self.rows = [self.rows[r] for r in order]
-            self._stale = True
-
-    def _generator(self, seed: Optional[int]) -> Optional[torch.Generator]:
-        """A row's own generator (temperature > 0): seeded as ``generate(seed=...)`` seeds it."""
-        if self.temperature == 0:
-            return None
-        return torch.Generator(device=self.device).manual_seed(fresh_seed() if seed is None else seed)
-
-    def _advance(self, r: int) -> None:
-        """Row ``r`` moves to its next block: shifted left by that block's width (a roll of its row),
-        so that the block ends at E. Its K/V buffers stay: its next step is a full forward."""
-        row = self.rows[r]
-        row.block, row.block_step = row.block + 1, 0
-        shift = row.width
-        if row.left < shift:  # not enough columns left of it: pad every row
-            self._pad(shift - row.left, 0)
-        for t in (self.x, self.kpm, self.positions, self.prompt_mask):
-            t[r].copy_(t[r].roll(-shift))  # the pads it rolls out of the left come in on the right
-        row.left -= shift
-        self._stale = True  # its calls' widths, maybe the window
 
     def _remake_state(self) -> None:
         """The ``DecodeState`` the sampler reads: one block, the window, at its start (a fixed-step
@@ -393,109 +243,6 @@ class RunningDecode:
             block_masks_at_start=self.x.new_full((n,), w), extras=dict(self.extras))
         self.sampler.begin_block(self.state)
         self._calls = self._plan_calls() if self.kv is None else []
-
-    def _plan_calls(self) -> list[tuple[int, int, int, bool]]:
-        """The step's forwards: ``split`` of the rows' lengths (the canvas right of each row's left
-        edge, at least the window and what follows it, and a shifted family's first column), every
-        call a run of rows over the canvas' last ``width`` columns."""
-        length, s = self.x.shape[1], self.state.block_start
-        floor = length - s + self.extras[LOGIT_SHIFT_KEY]  # logits_rows needs a >= the shift
-        need = [min(max(length - row.left, floor), length) for row in self.rows]
-        groups = [list(range(len(need)))] if self.split is None else self.split(need)
-        calls, r0 = [], 0
-        for group in groups:
-            if group != list(range(r0, r0 + len(group))) or not group:
-                raise ValueError(f"split must return consecutive runs of rows in order, got {groups!r}")
-            r1 = r0 + len(group)
-            width = max(need[r0:r1])
-            padded = any(row.left > length - width or row.left + row.prompt_length + row.gen_length < length
-                         for row in self.rows[r0:r1])
-            calls.append((r0, r1, width, padded))
-            r0 = r1
-        if r0 != len(need):
-            raise ValueError(f"split must cover every row once, got {groups!r} for {len(need)} rows")
-        return calls
-
-    # ---- one step ----------------------------------------------------------------------------
-    def _forward(self, r0: int, r1: int, width: int, padded: bool) -> torch.Tensor:
-        """Logits [r1 - r0, Wb, V] of the window for rows ``[r0, r1)``, forwarded over the canvas' last
-        ``width`` columns (the whole canvas for one call of every row)."""
-        length, state = self.x.shape[1], self.state
-        whole = (r0, r1, width) == (0, self.x.shape[0], length)
-
-        def cut(t: torch.Tensor) -> torch.Tensor:
-            return t if whole else t[r0:r1, length - width:]
-        a = width - (length - state.block_start)  # the window's first column in the call
-        kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (a, a + state.block_length),
-                                  "key_padding_mask": cut(self.kpm) if padded else None}
-        if padded and self._passes_padded:
-            kwargs["padded"] = True  # the mask has padding: the model need not read it back
-        return self.model(cut(self.x), **kwargs).logits
-
-    def _cached_logits(self) -> torch.Tensor:
-        """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``
-        of their block's step) over the whole canvas, the others as the policy's cached query of their
-        block, one call per block width (a narrower block's logits padded on the left: no masks there)."""
-        assert self.policy is not None and self.kv is not None
-        state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
-        e, length, wb = state.block_end, self.x.shape[1], state.block_length
-        full = [policy.is_refresh(row.block_step) for row in self.rows]
-        parts, queries = [], []
-        for row, is_full in zip(self.rows, full):  # its own call's query: the canvas, or its cached query
-            own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
-            r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
-            row.forwarded += r1 - r0
-            queries.append((r1 - r0, bs - r0, be - r0))
-        if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
-            self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
-        # the cached rows of one width are runs of rows (rows are kept by width: ``_sort_rows``), each
-        # forwarded through slices of the buffers; the rows at a full forward in one call of their own
-        runs: list[tuple[int, int, int]] = []  # (first row, end row, width)
-        for r, (row, is_full) in enumerate(zip(self.rows, full)):
-            if not is_full:
-                if runs and runs[-1][1] == r and runs[-1][2] == row.width:
-                    runs[-1] = (runs[-1][0], r + 1, row.width)
-                else:
-                    runs.append((r, r + 1, row.width))
-        fulls = [r for r, is_full in enumerate(full) if is_full]
-        if runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
-            return self._kv_forward(0, len(self.rows), *policy.cached_span(length, e - wb, e, shift), e - wb)
-        logits = None
-        for r0, r1, w in runs:
-            part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
-            if logits is None:
-                logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
-            logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
-            logits[r0:r1, wb - w:] = part
-        if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
-            a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
-            if fulls == list(range(fulls[0], fulls[-1] + 1)):
-                part = self._kv_forward(fulls[0], fulls[-1] + 1, a, length, e - wb)
-                if logits is None:
-                    return part
-                logits[fulls[0]:fulls[-1] + 1] = part
-            else:
-                idx = torch.tensor(fulls, device=self.device)  # one upload: the rows of the call
-                part = self._kv_forward(0, 0, a, length, e - wb, idx)
-                logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
-                logits.index_copy_(0, idx, part)
-        return logits
-
-    def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits [N, E - s, V] of columns ``[s, E)`` for rows ``[r0, r1)`` (or the rows ``idx`` [N]) from
-        a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
-        state, length, kv = self.state, self.x.shape[1], self.kv
-        x, positions, kpm = self.x[:, a:b], self.positions[:, a:b], self.kpm if state.padded else None
-        if idx is not None:
-            x, positions, kpm = x[idx], positions[idx], None if kpm is None else kpm[idx]
-            view = kv.held_view(idx, a, length)
-        elif (r0, r1) == (0, len(self.rows)):
-            view = kv.view(a, length)
-        else:  # slices of the buffers: the forward writes and reads them in place
-            x, positions, kpm = x[r0:r1], positions[r0:r1], None if kpm is None else kpm[r0:r1]
-            view = KVCache([t[r0:r1] for t in kv.k], [t[r0:r1] for t in kv.v]).view(a, length)
-        head = (s - a, state.block_end - a)
-        return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
 
     def step(self, watch: bool = False) -> list[RowStep]:
         """One forward, sampler step and commit for every row (after the queued joins and leaves).

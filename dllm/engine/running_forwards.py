@@ -1,0 +1,128 @@
+"""The forwards of a ``RunningDecode`` step (``dllm.engine.running``): logits of the window for every row.
+
+Without a cache every row is forwarded over the canvas' last columns it needs, in calls of
+consecutive rows (the caller's ``split``). Under a ``prefix`` or ``dual`` cache, the rows at a full
+forward of their block (its first step, or the policy's ``refresh`` / ``warmup`` steps) are one call
+over the canvas that rewrites their K/V rows, and the others are the policy's cached query of their
+own block against the buffers, one call per run of rows of one block width (rows are kept by width),
+through slices of the buffers. ``RunningForwards`` is a mixin of ``RunningDecode``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from dllm.models.core.kv import KVCache
+from dllm.schedule import LOGIT_SHIFT_KEY
+
+
+class RunningForwards:
+    """The step's forwards of ``RunningDecode`` (module docstring)."""
+
+    def _plan_calls(self) -> list[tuple[int, int, int, bool]]:
+        """The step's forwards: ``split`` of the rows' lengths (the canvas right of each row's left
+        edge, at least the window and what follows it, and a shifted family's first column), every
+        call a run of rows over the canvas' last ``width`` columns."""
+        length, s = self.x.shape[1], self.state.block_start
+        floor = length - s + self.extras[LOGIT_SHIFT_KEY]  # logits_rows needs a >= the shift
+        need = [min(max(length - row.left, floor), length) for row in self.rows]
+        groups = [list(range(len(need)))] if self.split is None else self.split(need)
+        calls, r0 = [], 0
+        for group in groups:
+            if group != list(range(r0, r0 + len(group))) or not group:
+                raise ValueError(f"split must return consecutive runs of rows in order, got {groups!r}")
+            r1 = r0 + len(group)
+            width = max(need[r0:r1])
+            padded = any(row.left > length - width or row.left + row.prompt_length + row.gen_length < length
+                         for row in self.rows[r0:r1])
+            calls.append((r0, r1, width, padded))
+            r0 = r1
+        if r0 != len(need):
+            raise ValueError(f"split must cover every row once, got {groups!r} for {len(need)} rows")
+        return calls
+
+    def _forward(self, r0: int, r1: int, width: int, padded: bool) -> torch.Tensor:
+        """Logits [r1 - r0, Wb, V] of the window for rows ``[r0, r1)``, forwarded over the canvas' last
+        ``width`` columns (the whole canvas for one call of every row)."""
+        length, state = self.x.shape[1], self.state
+        whole = (r0, r1, width) == (0, self.x.shape[0], length)
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return t if whole else t[r0:r1, length - width:]
+        a = width - (length - state.block_start)  # the window's first column in the call
+        kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (a, a + state.block_length),
+                                  "key_padding_mask": cut(self.kpm) if padded else None}
+        if padded and self._passes_padded:
+            kwargs["padded"] = True  # the mask has padding: the model need not read it back
+        return self.model(cut(self.x), **kwargs).logits
+
+    def _cached_logits(self) -> torch.Tensor:
+        """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``
+        of their block's step) over the whole canvas, the others as the policy's cached query of their
+        block, one call per block width (a narrower block's logits padded on the left: no masks there)."""
+        assert self.policy is not None and self.kv is not None
+        state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
+        e, length, wb = state.block_end, self.x.shape[1], state.block_length
+        full = [policy.is_refresh(row.block_step) for row in self.rows]
+        queries = []
+        for row, is_full in zip(self.rows, full):  # its own call's query: the canvas, or its cached query
+            own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
+            r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
+            row.forwarded += r1 - r0
+            queries.append((r1 - r0, bs - r0, be - r0))
+        if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
+            self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
+        # the cached rows of one width are runs of rows (rows are kept by width: ``_sort_rows``), each
+        # forwarded through slices of the buffers; the rows at a full forward in one call of their own
+        runs: list[tuple[int, int, int]] = []  # (first row, end row, width)
+        for r, (row, is_full) in enumerate(zip(self.rows, full)):
+            if not is_full:
+                if runs and runs[-1][1] == r and runs[-1][2] == row.width:
+                    runs[-1] = (runs[-1][0], r + 1, row.width)
+                else:
+                    runs.append((r, r + 1, row.width))
+        fulls = [r for r, is_full in enumerate(full) if is_full]
+        if runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
+            return self._kv_forward(0, len(self.rows), *policy.cached_span(length, e - wb, e, shift), e - wb)
+        logits = None
+        for r0, r1, w in runs:
+            part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
+            if logits is None:
+                logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
+            logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
+            logits[r0:r1, wb - w:] = part
+        if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
+            a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
+            if fulls == list(range(fulls[0], fulls[-1] + 1)):
+                part = self._kv_forward(fulls[0], fulls[-1] + 1, a, length, e - wb)
+                if logits is None:
+                    return part
+                logits[fulls[0]:fulls[-1] + 1] = part
+            else:
+                idx = torch.tensor(fulls, device=self.device)  # one upload: the rows of the call
+                part = self._kv_forward(0, 0, a, length, e - wb, idx)
+                logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
+                logits.index_copy_(0, idx, part)
+        return logits
+
+    def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [N, E - s, V] of columns ``[s, E)`` for rows ``[r0, r1)`` (or the rows ``idx`` [N]) from
+        a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
+        state, length, kv = self.state, self.x.shape[1], self.kv
+        x, positions, kpm = self.x[:, a:b], self.positions[:, a:b], self.kpm if state.padded else None
+        if idx is not None:
+            x, positions, kpm = x[idx], positions[idx], None if kpm is None else kpm[idx]
+            view = kv.held_view(idx, a, length)
+        elif (r0, r1) == (0, len(self.rows)):
+            view = kv.view(a, length)
+        else:  # slices of the buffers: the forward writes and reads them in place
+            x, positions, kpm = x[r0:r1], positions[r0:r1], None if kpm is None else kpm[r0:r1]
+            view = KVCache([t[r0:r1] for t in kv.k], [t[r0:r1] for t in kv.v]).view(a, length)
+        head = (s - a, state.block_end - a)
+        return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
+
+
+__all__ = ["RunningForwards"]
