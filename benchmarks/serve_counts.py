@@ -2,7 +2,7 @@
 host would issue): ATen calls and host syncs, per forward call and per request, continuous against
 static, for streamed and unstreamed requests.
 
-    python benchmarks/serve_counts.py [MODEL] [--n 64] [--out benchmarks/results/serve-counts.txt]
+    python benchmarks/serve_counts.py [MODEL] [--n 64] [--settings low_confidence@none ...] [--out FILE]
 
 ``dllm bench serve``'s requests (stress-task prompts, ``max_tokens`` = the answer length), all queued
 at once on a ``DiffusionBackend`` of each mode, counted on the scheduler's loop thread
@@ -19,7 +19,7 @@ import argparse
 import torch
 
 from dllm.eval.bench.counters import count_backend
-from dllm.eval.bench.serving.serve import stress_requests
+from dllm.eval.bench.serving.serve import parse_setting, stress_requests
 from dllm.scoring.exact_match import load_model
 
 
@@ -27,12 +27,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="tiny-random-llada", help="a servable model (default tiny-random-llada)")
     ap.add_argument("--n", type=int, default=64, help="requests (default 64)")
+    ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
+                    help="SAMPLER[@CACHE] items, request i takes item i mod their number (default low_confidence@none)")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = load_model(args.model)
-    requests = stress_requests(args.n)
-    lines = [f"# python benchmarks/serve_counts.py {args.model} --n {args.n}",
+    requests = stress_requests(args.n, settings=args.settings)
+    settings = " ".join(f"{s}@{c}" for s, c in args.settings)
+    lines = [f"# python benchmarks/serve_counts.py {args.model} --n {args.n} --settings {settings}",
              f"# torch {torch.__version__}; counted on the loop thread; outside = not inside the model's forward",
              f"{'requests':<12}{'mode':<12}{'forwards':>9}{'ATen/call':>11}{'ATen/req':>10}{'syncs/call':>12}"
              f"{'syncs/req':>11}"]

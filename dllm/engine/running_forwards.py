@@ -92,7 +92,8 @@ class RunningForwards:
             part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
             if logits is None:
                 logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
-            logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
+            if w < wb:
+                logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
             logits[r0:r1, wb - w:] = part
         if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
             a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)

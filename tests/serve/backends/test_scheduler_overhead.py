@@ -19,9 +19,13 @@ def model():
     return load_model("tiny-random-llada")
 
 
-def count(model, mode: str, stream: bool = True, join: bool = True) -> DispatchCounter:
+PLAIN, CACHED = ("low_confidence", "none"), ("threshold", "dual")  # (sampler, cache) of every request
+
+
+def count(model, mode: str, stream: bool = True, join: bool = True, setting=PLAIN) -> DispatchCounter:
     """32 requests queued at once, every one finished (``count_backend`` raises otherwise)."""
-    return count_backend(model, mode, stress_requests(32), stream=stream, max_running=16, join=join)
+    return count_backend(model, mode, stress_requests(32, settings=(setting,)), stream=stream, max_running=16,
+                         join=join)
 
 
 def outside(counter: DispatchCounter) -> tuple[int, int, int]:
@@ -39,11 +43,13 @@ def test_continuous_costs_no_more_outside_forwards_than_static(model):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_forward_call_of_continuous_costs_at_most_1_2x_static(model, stream):
+@pytest.mark.parametrize("setting", [PLAIN, CACHED])
+def test_a_forward_call_of_continuous_costs_at_most_1_2x_static(model, stream, setting):
     """Issue 45's bar, per forward call: the running decode's one sampler step and commit for all of its
-    rows (dllm.engine.running) against static batching's one generate step per batch."""
-    cont_calls, cont_aten, _ = outside(count(model, "continuous", stream=stream))
-    stat_calls, stat_aten, _ = outside(count(model, "static", stream=stream))
+    rows (dllm.engine.running; under a cache, its calls of full and cached rows) against static
+    batching's one generate step per batch."""
+    cont_calls, cont_aten, _ = outside(count(model, "continuous", stream=stream, setting=setting))
+    stat_calls, stat_aten, _ = outside(count(model, "static", stream=stream, setting=setting))
     assert cont_aten / cont_calls <= 1.2 * stat_aten / stat_calls, (cont_aten / cont_calls, stat_aten / stat_calls)
 
 
@@ -60,8 +66,9 @@ def test_the_decodes_step_reads_are_one_copy_per_round(model, mode):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_at_most_two_syncs_outside_forwards_per_forward_call(model, stream):
-    calls, _, syncs = outside(count(model, "continuous", stream=stream))
+@pytest.mark.parametrize("setting", [PLAIN, CACHED])
+def test_at_most_two_syncs_outside_forwards_per_forward_call(model, stream, setting):
+    calls, _, syncs = outside(count(model, "continuous", stream=stream, setting=setting))
     assert syncs <= 2 * calls, (syncs, calls)
 
 
