@@ -76,9 +76,10 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gen
     check_as_alone(model, spec, dict(steps=steps, block_length=block), gens)
 
 
-def check_as_alone(model, spec: str, fields: dict, gens: list[int]) -> None:
+def check_as_alone(model, spec: str, fields: dict, gens: list[int], own_tokens: bool = True) -> None:
     """Rows of ``spec`` (``SAMPLER[@TEMPERATURE]``) and settings ``fields`` joining at the steps of
-    ``JOINS`` end with the ids and counts of ``generate`` on each prompt alone, with its seed."""
+    ``JOINS`` end with the ids and counts of ``generate`` on each prompt alone, with its seed
+    (``own_tokens=False``: forwarded tokens at least alone's, LoPA's compacted variant batches)."""
     spec, _, temperature = spec.partition("@")
     settings = DecodeSettings(sampler=spec, temperature=float(temperature or 0), **fields)
     ended, decode = run(model, settings, gens)
@@ -87,7 +88,9 @@ def check_as_alone(model, spec: str, fields: dict, gens: list[int]) -> None:
         seeded = dataclasses.replace(settings, seed=SEED + i if settings.temperature else None)
         alone = dllm.generate(model, [p], gen_length=g, stop_at_eos=True, **seeded.generate_kwargs())
         assert ended[i].ids == alone.generated_ids[0], i
-        assert (ended[i].nfe, ended[i].forwarded_tokens) == (alone.nfe, alone.forwarded_tokens), i
+        assert ended[i].nfe == alone.nfe, i
+        assert ended[i].forwarded_tokens == alone.forwarded_tokens or (
+            not own_tokens and ended[i].forwarded_tokens > alone.forwarded_tokens), i
     assert decode.forwards < sum(st.nfe for st in ended.values())  # rows shared forwards
     assert len(decode) == 0 and decode.x is None and decode.kv is None
 
@@ -113,11 +116,25 @@ def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
     check_as_alone(model, spec, dict(cache=cache, block_length=block), gens)
 
 
+@pytest.mark.parametrize("spec, block", [
+    ("fast", None),  # LoPA, reuse: rows carry their winner's logits; compacted variant batches
+    ("fast:compact=False", None),  # static variant batches (as on CUDA): every row's counts as alone
+    ("fast", 4),
+    ("fast:compact=False", 4),
+    ("lopa", 4),  # no reuse: every step forwards, then its variants, with the bonus fills
+    ("lopa:branches=2,verify_variants=False", None),
+])
+def test_lopa_rows_decode_as_alone(model, spec, block):
+    check_as_alone(model, spec, dict(block_length=block), GENS, own_tokens="compact=False" in spec)
+
+
 def test_cached_groups_and_refusals(model):
     dual = DecodeSettings(sampler="threshold", cache="dual", block_length=4)
     assert group_of(model, dual, 6) == group_of(model, dual, 12) == ("adaptive",)  # blocks of 2 and 4 share one
     reason = unsupported_reason(model, DecodeSettings(cache="window"), 8)
     assert reason is not None and "cache 'window'" in reason
+    reason = unsupported_reason(model, DecodeSettings(sampler="fast", cache="dual"), 8)
+    assert reason is not None and "variant forwards" in reason
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
@@ -158,7 +175,7 @@ def test_groups_and_what_cannot_join(model):
     refused = {
         "cfg_scale": DecodeSettings(cfg_scale=1.0),
         "cache 'drift'": DecodeSettings(cache="drift"),
-        "sampler 'fast'": DecodeSettings(sampler="fast"),
+        "sampler 'ssd'": DecodeSettings(sampler="ssd"),
         "sampler 'random'": DecodeSettings(sampler="random"),
         "sampler 'threshold'": DecodeSettings(sampler="threshold:schedule_steps=4"),
         "sampler 'low_confidence'": DecodeSettings(sampler="low_confidence", steps=3),  # 8 / 3: uneven
@@ -199,7 +216,7 @@ def test_only_the_samplers_tested_here_say_they_join_mid_block():
         sampler = make_sampler(name.split()[0])  # "name (alias ...)"
         if sampler.joins_mid_block(8, 8) or sampler.joins_mid_block(8, None):
             joining.add(sampler.name)
-    assert joining == {"low_confidence", "threshold", "eb", "localleap", "hierarchy"}
+    assert joining == {"low_confidence", "threshold", "eb", "localleap", "hierarchy", "lopa", "fast"}
 
 
 def test_a_split_forward_gives_the_same_rows(model):

@@ -104,6 +104,9 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
     if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
                 f"other rows: Sampler.joins_mid_block)"), None, (), None
+    if sampler.needs_variants and policy is not None:
+        return (f"sampler {sampler.name!r} under cache {policy.name!r} (its variant forwards would run against "
+                f"copies of the K/V buffers, which a running decode does not make)"), None, (), None
     planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
     if blocks[0][2] is None:
         return None, ("adaptive",), planned, policy
@@ -144,6 +147,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
         self._plans: dict[int, tuple[Optional[tuple], Blocks, Optional[CachePolicy]]] = {}  # gen_length -> _check[1:]
         self.policy: Optional[CachePolicy] = None  # the cache policy (set with the first row)
         self.kv: Optional[KVCache] = None  # [R, Hkv, L, hd] per layer under a cache
+        self._carried: Optional[torch.Tensor] = None  # [R, W, V] the logits a step's variants left (next_logits)
         self.temperature = float(settings.temperature)
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
@@ -253,11 +257,15 @@ class RunningDecode(RunningCanvas, RunningForwards):
         if state is None:
             return []
         w = state.block_length
-        if self.kv is None:
+        carried, self._carried = self._carried, None
+        if carried is not None and any(row.carried for row in self.rows):
+            logits = self._with_carried(carried)  # [R, Wb, V]
+        elif self.kv is None:
             parts = [self._forward(*call) for call in self._calls]
             logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, Wb, V]
             for row in self.rows:
                 row.forwarded += row.prompt_length + row.gen_length
+                row.nfe += 1
         else:
             logits = self._cached_logits()  # [R, Wb, V]
         self.forwards += 1
@@ -265,8 +273,11 @@ class RunningDecode(RunningCanvas, RunningForwards):
         active = window == self.mask_id  # [R, Wb]: left of a narrower block are no masks
         inp = StepInput(logits=logits, tokens=window, active=active, query_start=state.block_start,
                         window=(0, w), step=0, steps=state.block_steps, mask_id=self.mask_id,
-                        temperature=self.temperature, generator=self._draws)
+                        temperature=self.temperature, generator=self._draws,
+                        forward_variants=self._variant_forward if self.sampler.needs_variants else None)
         decision = self.sampler.step(inp, state)
+        if decision.next_logits is not None:  # LoPA's reuse: the rows still in their block read them next
+            self._carried = decision.next_logits  # [R, Wb, V]
         commit = _guarantee_progress(decision, active, last=False,
                                      adaptive=self.per_step is None and not self.sampler.commits_every_step)
         torch.where(commit, decision.tokens, window, out=window)  # in place: the canvas view
@@ -278,6 +289,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
         for row in self.rows:
             row.steps += 1
             row.block_step += 1
+            row.carried = False
         ends = [k is not None and row.block_step * k >= row.width for row in self.rows]
         a0 = min(row.answer for row in self.rows)
         ids = self.read([self.x[:, a0:]])[0] if watch or k is None or any(ends) else None
@@ -292,11 +304,13 @@ class RunningDecode(RunningCanvas, RunningForwards):
             done = block_done and (row.block + 1 == len(row.blocks) or self._answer_ended(answer))
             if done and self.mask_id in answer:  # an EOS stop: its masks become EOS, as generate's release
                 answer = [self.fill_id if t == self.mask_id else t for t in answer]
-            out.append(RowStep(row.tag, answer, done, row.steps, row.forwarded))
+            out.append(RowStep(row.tag, answer, done, row.nfe, row.forwarded))
             if done:
                 self._leaving.add(row.tag)
             elif block_done:
                 moving.append(r)
+            else:
+                row.carried = self._carried is not None
         for r in moving:
             self._advance(r)
         if moving:

@@ -34,7 +34,9 @@ class RunningRow:
     block: int = 0  # the current block
     block_step: int = 0  # steps taken in it
     steps: int = 0  # steps taken in all
+    nfe: int = 0  # forwards it took part in (its step's, its variants')
     forwarded: int = 0  # tokens its own call would have forwarded so far
+    carried: bool = False  # its next step reads the logits its last step's variants left (LoPA's reuse)
     generator: Optional[torch.Generator] = None  # its own draws (temperature > 0)
 
     @property
@@ -59,9 +61,12 @@ class RunningCanvas:
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor],
                kv_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
         """``fn`` of each [R, L] tensor of the canvas: ids, key-padding mask, positions, prompt columns;
-        ``kv_fn`` of each K/V buffer [R, Hkv, L, hd] (None: ``fn``, which then takes rows only)."""
+        ``kv_fn`` of each K/V buffer [R, Hkv, L, hd] (None: ``fn``, which then takes rows only, and
+        maps the carried logits [R, W, V] too)."""
         self.x, self.kpm, self.positions, self.prompt_mask = (
             fn(t) for t in (self.x, self.kpm, self.positions, self.prompt_mask))
+        if kv_fn is None and self._carried is not None:
+            self._carried = fn(self._carried)
         if self.kv is not None:
             kv_fn = kv_fn or fn
             self.kv = KVCache([kv_fn(t) for t in self.kv.k], [kv_fn(t) for t in self.kv.v])
@@ -85,7 +90,7 @@ class RunningCanvas:
     def _trim(self) -> None:
         """Drop the columns no row needs: left of every row, right of every answer."""
         if not self.rows:
-            self.x = self.kpm = self.positions = self.prompt_mask = self._window = self.kv = None
+            self.x = self.kpm = self.positions = self.prompt_mask = self._window = self.kv = self._carried = None
             self.block_end, self.state = 0, None
             return
         c0 = min(row.left for row in self.rows)
@@ -139,6 +144,8 @@ class RunningCanvas:
         if self.kv is not None:  # a joining row's K/V are written by its first step, a full forward
             self.kv = KVCache([torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.k],
                               [torch.cat([b, b.new_zeros((len(new), *b.shape[1:]))]) for b in self.kv.v])
+        if self._carried is not None:  # a joining row's first step forwards
+            self._carried = torch.cat([self._carried, self._carried.new_zeros((len(new), *self._carried.shape[1:]))])
         self.rows.extend(new)
         self._sort_rows()
         self.block_end = e_new

@@ -72,6 +72,7 @@ class RunningForwards:
             own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
             r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
             row.forwarded += r1 - r0
+            row.nfe += 1
             queries.append((r1 - r0, bs - r0, be - r0))
         if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
             self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
@@ -108,6 +109,50 @@ class RunningForwards:
                 logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
                 logits.index_copy_(0, idx, part)
         return logits
+
+    def _rows_forward(self, rows: list[int], idx: torch.Tensor, tokens: Optional[torch.Tensor] = None,
+                      group: int = 1) -> torch.Tensor:
+        """Logits [N, Wb, V] of the window for the batch rows ``idx`` [N] (``rows``: the distinct ones,
+        on the host; each ``group`` times in runs), forwarded without a cache from the leftmost of their
+        first columns; ``tokens`` [N, Wb]: the window's tokens of each (verification variants), else the
+        canvas'. Counts one forward of each row, ``group`` x its length."""
+        state, shift = self.state, self.extras[LOGIT_SHIFT_KEY]
+        s, e = state.block_start, state.block_end
+        a = min(min(self.rows[r].left for r in rows), s - shift)
+        x = self.x[:, a:].index_select(0, idx)  # [N, L - a] a copy
+        if tokens is not None:
+            x[:, s - a:e - a] = tokens
+        kwargs: dict[str, Any] = {"positions": self.positions[:, a:].index_select(0, idx), "logits_rows": (s - a, e - a)}
+        if state.padded:
+            kwargs["key_padding_mask"] = self.kpm[:, a:].index_select(0, idx)
+            if self._passes_padded:
+                kwargs["padded"] = True
+        for r in rows:
+            row = self.rows[r]
+            row.nfe += 1
+            row.forwarded += group * (row.prompt_length + row.gen_length)
+        return self.model(x, **kwargs).logits
+
+    def _with_carried(self, carried: torch.Tensor) -> torch.Tensor:
+        """The step's logits [R, Wb, V] when some rows carry the logits their last step's variants left
+        (``StepOutput.next_logits``, [R, W', V] as the window was then: each row's block at its right
+        end): those rows run no forward; the others (joined, or at a new block) are forwarded."""
+        wb, wc = self.state.block_length, carried.shape[1]
+        logits = carried[:, wc - wb:] if wc >= wb else torch.nn.functional.pad(carried, (0, 0, wb - wc, 0))
+        fresh = [r for r, row in enumerate(self.rows) if not row.carried]
+        if fresh:
+            idx = torch.tensor(fresh, device=self.device)  # one upload: the rows of the call
+            logits = logits.index_copy(0, idx, self._rows_forward(fresh, idx))
+        return logits
+
+    def _variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1, *,
+                         every_row: bool = False) -> torch.Tensor:
+        """``StepInput.forward_variants`` without a cache: copies of the batch rows ``rows`` [N] (runs
+        of ``group`` variants of one row) whose window holds ``tokens`` [N, Wb] -> the window's logits
+        [N, Wb, V]. ``every_row``: the runs are every row in order; else the runs' rows are read back
+        (a sampler that compacts its variants has read its own counts already)."""
+        distinct = list(range(len(self.rows))) if every_row else rows[::group].tolist()
+        return self._rows_forward(distinct, rows, tokens, group)
 
     def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [N, E - s, V] of columns ``[s, E)`` for rows ``[r0, r1)`` (or the rows ``idx`` [N]) from

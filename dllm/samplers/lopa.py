@@ -139,6 +139,9 @@ class LoPA(Sampler):
     def commits_every_step(self) -> bool:
         return True  # every winner holds the anchor, the threshold rule, which keeps each row's best mask
 
+    def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
+        return True  # no step index: each row's anchor, variants and winner come from its own logits
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
         active = window_of(inp.active, inp.window)  # [B, W] masks of the block
