@@ -19,9 +19,9 @@ any length as long as they commit the same count per step (``group_of``).
 Which decodes can run this way (``unsupported_reason``): no guidance, a model without a block-causal
 mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats a
 row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
-without ``schedule_steps``, ``eb``, ``localleap`` and ``hierarchy``, whose rules read no step index;
-``low_confidence`` when its steps split every block evenly, so that every step commits the same
-count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
+without ``schedule_steps``, ``eb``, ``localleap``, ``hierarchy``, ``lopa`` and ``fast``, whose rules read
+no step index; ``low_confidence`` when its steps split every block evenly, so that every step commits
+the same count); a sampler with variant forwards (LoPA) without a cache. A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
 with its seed at temperature > 0 (each row draws from its own generator what it draws alone:
 ``dllm.samplers.draws.WindowRows``, over its own query), with its NFE (after a block that is not its
 last, a row whose answer holds an EOS with no mask before it ends, its masks EOS); float32: equal
@@ -34,6 +34,14 @@ call and the other rows as the policy's cached query of their own block, one cal
 (``dllm.engine.running_forwards``): a row's K/V are rewritten whole at its block's first step, so a
 row that moves to its next block needs no roll of its buffers. A row's counts are its own call's:
 its full forwards x its prompt + answer, its cached ones x its own query length.
+
+LoPA's variant forwards (``StepInput.forward_variants``) are copies of their rows with the window's
+tokens replaced, forwarded as one call; with ``reuse`` a row whose block goes on carries its winner's
+logits (``StepOutput.next_logits``) and runs no forward at its next step, while rows that joined or
+moved to a new block are forwarded apart. Its NFE is alone's; its forwarded tokens too with static
+variant batches (``compact=False``), while a compacted batch forwards as many variants for every row
+as the row with the most candidates needs (``dllm.samplers.lopa``), so the row's count is then the
+variants forwarded for it, at least alone's.
 
 Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
 only at a step where a row's block ends or a caller watches its rows (``watch``); an adaptive

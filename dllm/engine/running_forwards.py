@@ -5,7 +5,9 @@ consecutive rows (the caller's ``split``). Under a ``prefix`` or ``dual`` cache,
 forward of their block (its first step, or the policy's ``refresh`` / ``warmup`` steps) are one call
 over the canvas that rewrites their K/V rows, and the others are the policy's cached query of their
 own block against the buffers, one call per run of rows of one block width (rows are kept by width),
-through slices of the buffers. ``RunningForwards`` is a mixin of ``RunningDecode``.
+through slices of the buffers. A sampler's variant forwards (LoPA) and the rows that carry no logits
+from their last step's variants are forwarded as copies of their rows (no cache).
+``RunningForwards`` is a mixin of ``RunningDecode``.
 """
 
 from __future__ import annotations
