@@ -219,9 +219,10 @@ def test_only_the_samplers_tested_here_say_they_join_mid_block():
     assert joining == {"low_confidence", "threshold", "eb", "localleap", "hierarchy", "lopa", "fast"}
 
 
-def test_a_split_forward_gives_the_same_rows(model):
+@pytest.mark.parametrize("spec", ["threshold", "fast"])  # fast: its variant forwards in the same calls
+def test_a_split_forward_gives_the_same_rows(model, spec):
     """The step's forward in several calls (``split``: here pairs of rows) changes no row's answer."""
-    settings, gens = DecodeSettings(sampler="threshold"), [8, 4, 12, 8, 6, 10]
+    settings, gens = DecodeSettings(sampler=spec), [8, 4, 12, 8, 6, 10]
     calls: list[int] = []
 
     def pairs(lengths):
@@ -237,7 +238,7 @@ def test_a_split_forward_gives_the_same_rows(model):
         ended.update({st.tag: st.ids for st in decode.step() if st.done})
     assert calls  # the split was asked
     for i in range(6):
-        assert ended[i] == dllm.generate(model, [PROMPTS[i]], gen_length=gens[i], sampler="threshold").generated_ids[0]
+        assert ended[i] == dllm.generate(model, [PROMPTS[i]], gen_length=gens[i], sampler=spec).generated_ids[0]
     bad = RunningDecode(model, settings, ("adaptive",), split=lambda lengths: [[1], [0]])
     bad.add(PROMPTS[0], 8, "a")
     bad.add(PROMPTS[1], 8, "b")

@@ -17,16 +17,16 @@ and rows leaving trim the columns no row needs. Rows of one decode may have answ
 any length as long as they commit the same count per step (``group_of``).
 
 Which decodes can run this way (``unsupported_reason``): no guidance, a model without a block-causal
-mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats a
-row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold``
-without ``schedule_steps``, ``eb``, ``localleap``, ``hierarchy``, ``lopa`` and ``fast``, whose rules read
-no step index; ``low_confidence`` when its steps split every block evenly, so that every step commits
-the same count); a sampler with variant forwards (LoPA) without a cache. A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone,
-with its seed at temperature > 0 (each row draws from its own generator what it draws alone:
-``dllm.samplers.draws.WindowRows``, over its own query), with its NFE (after a block that is not its
-last, a row whose answer holds an EOS with no mask before it ends, its masks EOS); float32: equal
-logits up to summation order, the tolerance of ``generate``'s own ragged batches
-(tests/test_running_decode.py).
+mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats
+a row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold`` without
+``schedule_steps``, ``eb``, ``localleap``, ``hierarchy``, ``lopa`` and ``fast``, whose rules read no
+step index; ``low_confidence`` when its steps split every block evenly, so that every step commits
+the same count); a sampler with variant forwards (LoPA) without a cache. A row then decodes to the
+tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone, with its seed at temperature > 0
+(each row draws from its own generator what it draws alone: ``dllm.samplers.draws.WindowRows``, over
+its own query), with its NFE (after a block that is not its last, a row whose answer holds an EOS
+with no mask before it ends, its masks EOS); float32: equal logits up to summation order, the
+tolerance of ``generate``'s own ragged batches (tests/test_running_decode.py).
 
 Under a ``prefix`` or ``dual`` cache the decode also keeps the K/V buffers of its canvas
 (``dllm.engine.running_canvas``), and a step forwards the rows at a full forward of their block in one

@@ -12,6 +12,7 @@ from their last step's variants are forwarded as copies of their rows (no cache)
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any, Optional
 
@@ -115,24 +116,37 @@ class RunningForwards:
     def _rows_forward(self, rows: list[int], idx: torch.Tensor, tokens: Optional[torch.Tensor] = None,
                       group: int = 1) -> torch.Tensor:
         """Logits [N, Wb, V] of the window for the batch rows ``idx`` [N] (``rows``: the distinct ones,
-        on the host; each ``group`` times in runs), forwarded without a cache from the leftmost of their
-        first columns; ``tokens`` [N, Wb]: the window's tokens of each (verification variants), else the
-        canvas'. Counts one forward of each row, ``group`` x its length."""
-        state, shift = self.state, self.extras[LOGIT_SHIFT_KEY]
-        s, e = state.block_start, state.block_end
-        a = min(min(self.rows[r].left for r in rows), s - shift)
-        x = self.x[:, a:].index_select(0, idx)  # [N, L - a] a copy
-        if tokens is not None:
-            x[:, s - a:e - a] = tokens
-        kwargs: dict[str, Any] = {"positions": self.positions[:, a:].index_select(0, idx), "logits_rows": (s - a, e - a)}
-        if state.padded:
-            kwargs["key_padding_mask"] = self.kpm[:, a:].index_select(0, idx)
-            if self._passes_padded:
-                kwargs["padded"] = True
+        ascending, on the host; each ``group`` times in runs), forwarded without a cache in the step's
+        calls (``split``: the rows of a call together, from the leftmost of their first columns);
+        ``tokens`` [N, Wb]: the window's tokens of each (verification variants), else the canvas'.
+        Counts one forward of each row, ``group`` x its length."""
+        starts = [call[0] for call in self._calls]  # the first row of each of the step's calls
+        parts, j0 = [], 0
+        for j in range(1, len(rows) + 1):
+            if j == len(rows) or bisect.bisect_right(starts, rows[j]) != bisect.bisect_right(starts, rows[j0]):
+                sub = slice(j0 * group, j * group)
+                parts.append(self._rows_call(rows[j0:j], idx[sub], None if tokens is None else tokens[sub]))
+                j0 = j
         for r in rows:
             row = self.rows[r]
             row.nfe += 1
             row.forwarded += group * (row.prompt_length + row.gen_length)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _rows_call(self, rows: list[int], idx: torch.Tensor, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        """One call of ``_rows_forward``: the batch rows ``idx`` [n] of the distinct ``rows``."""
+        state, shift = self.state, self.extras[LOGIT_SHIFT_KEY]
+        s, e = state.block_start, state.block_end
+        a = min(min(self.rows[r].left for r in rows), s - shift)
+        x = self.x[:, a:].index_select(0, idx)  # [n, L - a] a copy
+        if tokens is not None:
+            x[:, s - a:e - a] = tokens
+        kwargs: dict[str, Any] = {"positions": self.positions[:, a:].index_select(0, idx),
+                                  "logits_rows": (s - a, e - a)}
+        if state.padded:
+            kwargs["key_padding_mask"] = self.kpm[:, a:].index_select(0, idx)
+            if self._passes_padded:
+                kwargs["padded"] = True
         return self.model(x, **kwargs).logits
 
     def _with_carried(self, carried: torch.Tensor) -> torch.Tensor:
