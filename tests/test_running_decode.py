@@ -123,9 +123,15 @@ def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
     ("fast:compact=False", 4),
     ("lopa", 4),  # no reuse: every step forwards, then its variants, with the bonus fills
     ("lopa:branches=2,verify_variants=False", None),
+    ("fast@dual", None),  # under a cache: each row's variants against copies of its buffers
+    ("fast:compact=False@dual", 4),
+    ("fast@auto", 4),
+    ("lopa@prefix", 4),
 ])
 def test_lopa_rows_decode_as_alone(model, spec, block):
-    check_as_alone(model, spec, dict(block_length=block), GENS, own_tokens="compact=False" in spec)
+    spec, _, cache = spec.partition("@")
+    check_as_alone(model, spec, dict(block_length=block, cache=cache or "none"), GENS,
+                   own_tokens="compact=False" in spec)
 
 
 def test_cached_groups_and_refusals(model):
@@ -133,8 +139,7 @@ def test_cached_groups_and_refusals(model):
     assert group_of(model, dual, 6) == group_of(model, dual, 12) == ("adaptive",)  # blocks of 2 and 4 share one
     reason = unsupported_reason(model, DecodeSettings(cache="window"), 8)
     assert reason is not None and "cache 'window'" in reason
-    reason = unsupported_reason(model, DecodeSettings(sampler="fast", cache="dual"), 8)
-    assert reason is not None and "variant forwards" in reason
+    assert group_of(model, DecodeSettings(sampler="fast", cache="dual"), 8) == ("adaptive",)
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])

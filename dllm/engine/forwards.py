@@ -142,7 +142,7 @@ class StepForwards:
         return logits, shadow
 
     def variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1, *,
-                        every_row: bool = False) -> torch.Tensor:
+                        every_row: bool = False, host_rows: Optional[list[int]] = None) -> torch.Tensor:
         """Verification variants (``Sampler.needs_variants``; one NFE per call): forwards of copies
         of the batch rows ``rows`` [N] whose columns of the step's view (the query, or the block for a
         ``reads_block_only`` sampler) hold ``tokens`` [N, Q].
@@ -156,6 +156,7 @@ class StepForwards:
         one row, which share one copy of its buffers per layer (``RowsView.attend``). ``every_row``:
         the caller knows the runs are every batch row in order (``rows`` = each of 0..B-1 ``group``
         times), so the layers read the rows' buffers as they are instead of gathering a copy.
+        ``host_rows``: the runs' rows on the host, when the sampler has them (not needed here).
         """
         state = self.state
         v0 = self._view_start  # tokens cover the step's view: canvas columns [v0, v0 + Q)

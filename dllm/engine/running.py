@@ -21,12 +21,12 @@ mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sample
 a row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold`` without
 ``schedule_steps``, ``eb``, ``localleap``, ``hierarchy``, ``lopa`` and ``fast``, whose rules read no
 step index; ``low_confidence`` when its steps split every block evenly, so that every step commits
-the same count); a sampler with variant forwards (LoPA) without a cache. A row then decodes to the
-tokens ``generate(..., stop_at_eos=True)`` gives its prompt alone, with its seed at temperature > 0
-(each row draws from its own generator what it draws alone: ``dllm.samplers.draws.WindowRows``, over
-its own query), with its NFE (after a block that is not its last, a row whose answer holds an EOS
-with no mask before it ends, its masks EOS); float32: equal logits up to summation order, the
-tolerance of ``generate``'s own ragged batches (tests/test_running_decode.py).
+the same count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its
+prompt alone, with its seed at temperature > 0 (each row draws from its own generator what it draws
+alone: ``dllm.samplers.draws.WindowRows``, over its own query), with its NFE (after a block that is
+not its last, a row whose answer holds an EOS with no mask before it ends, its masks EOS); float32:
+equal logits up to summation order, the tolerance of ``generate``'s own ragged batches
+(tests/test_running_decode.py).
 
 Under a ``prefix`` or ``dual`` cache the decode also keeps the K/V buffers of its canvas
 (``dllm.engine.running_canvas``), and a step forwards the rows at a full forward of their block in one
@@ -36,7 +36,8 @@ row that moves to its next block needs no roll of its buffers. A row's counts ar
 its full forwards x its prompt + answer, its cached ones x its own query length.
 
 LoPA's variant forwards (``StepInput.forward_variants``) are copies of their rows with the window's
-tokens replaced, forwarded as one call; with ``reuse`` a row whose block goes on carries its winner's
+tokens replaced, forwarded in the step's calls (under a cache: each row's block query against copies
+of its buffers, as alone); with ``reuse`` a row whose block goes on carries its winner's
 logits (``StepOutput.next_logits``) and runs no forward at its next step, while rows that joined or
 moved to a new block are forwarded apart. Its NFE is alone's; its forwarded tokens too with static
 variant batches (``compact=False``), while a compacted batch forwards as many variants for every row
@@ -112,9 +113,6 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
     if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
                 f"other rows: Sampler.joins_mid_block)"), None, (), None
-    if sampler.needs_variants and policy is not None:
-        return (f"sampler {sampler.name!r} under cache {policy.name!r} (its variant forwards would run against "
-                f"copies of the K/V buffers, which a running decode does not make)"), None, (), None
     planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
     if blocks[0][2] is None:
         return None, ("adaptive",), planned, policy

@@ -5,8 +5,9 @@ consecutive rows (the caller's ``split``). Under a ``prefix`` or ``dual`` cache,
 forward of their block (its first step, or the policy's ``refresh`` / ``warmup`` steps) are one call
 over the canvas that rewrites their K/V rows, and the others are the policy's cached query of their
 own block against the buffers, one call per run of rows of one block width (rows are kept by width),
-through slices of the buffers. A sampler's variant forwards (LoPA) and the rows that carry no logits
-from their last step's variants are forwarded as copies of their rows (no cache).
+through slices of the buffers. A sampler's variant forwards (LoPA) are copies of their rows (under
+a cache, each row's block query against copies of its buffers, ``KVCache.rows_view``), and rows that
+carry the logits their last step's variants left run no forward.
 ``RunningForwards`` is a mixin of ``RunningDecode``.
 """
 
@@ -62,36 +63,40 @@ class RunningForwards:
             kwargs["padded"] = True  # the mask has padding: the model need not read it back
         return self.model(cut(self.x), **kwargs).logits
 
-    def _cached_logits(self) -> torch.Tensor:
+    def _cached_logits(self, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``
         of their block's step) over the whole canvas, the others as the policy's cached query of their
-        block, one call per block width (a narrower block's logits padded on the left: no masks there)."""
+        block, one call per block width (a narrower block's logits padded on the left: no masks there).
+        ``out``: the step's logits where some rows carry theirs (``_with_carried``): only the other rows
+        are forwarded, into it."""
         assert self.policy is not None and self.kv is not None
         state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
         e, length, wb = state.block_end, self.x.shape[1], state.block_length
-        full = [policy.is_refresh(row.block_step) for row in self.rows]
+        take = [out is None or not row.carried for row in self.rows]
+        full = [t and policy.is_refresh(row.block_step) for t, row in zip(take, self.rows)]
         queries = []
-        for row, is_full in zip(self.rows, full):  # its own call's query: the canvas, or its cached query
+        for row, t, is_full in zip(self.rows, take, full):  # its own call's query: the canvas, or its cached one
             own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
             r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
-            row.forwarded += r1 - r0
-            row.nfe += 1
+            if t:
+                row.forwarded += r1 - r0
+                row.nfe += 1
             queries.append((r1 - r0, bs - r0, be - r0))
         if self._draws is not None:  # a row draws over its own query, as alone (chunked.window_uniforms)
             self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
         # the cached rows of one width are runs of rows (rows are kept by width: ``_sort_rows``), each
         # forwarded through slices of the buffers; the rows at a full forward in one call of their own
         runs: list[tuple[int, int, int]] = []  # (first row, end row, width)
-        for r, (row, is_full) in enumerate(zip(self.rows, full)):
-            if not is_full:
+        for r, (row, t, is_full) in enumerate(zip(self.rows, take, full)):
+            if t and not is_full:
                 if runs and runs[-1][1] == r and runs[-1][2] == row.width:
                     runs[-1] = (runs[-1][0], r + 1, row.width)
                 else:
                     runs.append((r, r + 1, row.width))
         fulls = [r for r, is_full in enumerate(full) if is_full]
-        if runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
+        if out is None and runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
             return self._kv_forward(0, len(self.rows), *policy.cached_span(length, e - wb, e, shift), e - wb)
-        logits = None
+        logits = out
         for r0, r1, w in runs:
             part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
             if logits is None:
@@ -111,7 +116,40 @@ class RunningForwards:
                 part = self._kv_forward(0, 0, a, length, e - wb, idx)
                 logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
                 logits.index_copy_(0, idx, part)
+        assert logits is not None
         return logits
+
+    def _cached_variants(self, rows: list[int], idx: torch.Tensor, tokens: torch.Tensor, group: int) -> torch.Tensor:
+        """``_variant_forward`` under a cache: each row's variants as its block's cached query against
+        copies of its buffers (``KVCache.rows_view``: the forward of the later step each stands for, as
+        alone), one call per run of rows of one block width -> [N, Wb, V]."""
+        state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
+        e, length, wb = state.block_end, self.x.shape[1], state.block_length
+        parts, j0 = [], 0
+        for j in range(1, len(rows) + 1):
+            w = self.rows[rows[j0]].width
+            if j < len(rows) and self.rows[rows[j]].width == w:
+                continue
+            sub = slice(j0 * group, j * group)
+            a, b = policy.cached_span(length, e - w, e, shift)
+            lo = max(a, e - wb)  # the window's columns in the query: the variants' tokens
+            x = self.x[:, a:b].index_select(0, idx[sub])  # [n, b - a] a copy
+            x[:, lo - a:e - a] = tokens[sub, lo - (e - wb):]
+            kwargs: dict[str, Any] = {"positions": self.positions[:, a:b].index_select(0, idx[sub]),
+                                      "cache": self.kv.rows_view(idx[sub], a, length, None, group),
+                                      "logits_rows": (e - w - a, e - a)}
+            if state.padded:
+                kwargs["key_padding_mask"] = self.kpm.index_select(0, idx[sub])
+            part = self.model(x, **kwargs).logits  # [n, w, V]
+            parts.append(torch.nn.functional.pad(part, (0, 0, wb - w, 0)) if w < wb else part)
+            for r in rows[j0:j]:  # as alone: its variants x its cached query
+                row = self.rows[r]
+                own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
+                r0, r1 = policy.cached_span(own, bs, be, shift)
+                row.nfe += 1
+                row.forwarded += group * (r1 - r0)
+            j0 = j
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _rows_forward(self, rows: list[int], idx: torch.Tensor, tokens: Optional[torch.Tensor] = None,
                       group: int = 1) -> torch.Tensor:
@@ -155,6 +193,8 @@ class RunningForwards:
         end): those rows run no forward; the others (joined, or at a new block) are forwarded."""
         wb, wc = self.state.block_length, carried.shape[1]
         logits = carried[:, wc - wb:] if wc >= wb else torch.nn.functional.pad(carried, (0, 0, wb - wc, 0))
+        if self.kv is not None:
+            return self._cached_logits(out=logits)
         fresh = [r for r, row in enumerate(self.rows) if not row.carried]
         if fresh:
             idx = torch.tensor(fresh, device=self.device)  # one upload: the rows of the call
@@ -162,12 +202,17 @@ class RunningForwards:
         return logits
 
     def _variant_forward(self, tokens: torch.Tensor, rows: torch.Tensor, group: int = 1, *,
-                         every_row: bool = False) -> torch.Tensor:
-        """``StepInput.forward_variants`` without a cache: copies of the batch rows ``rows`` [N] (runs
-        of ``group`` variants of one row) whose window holds ``tokens`` [N, Wb] -> the window's logits
-        [N, Wb, V]. ``every_row``: the runs are every row in order; else the runs' rows are read back
-        (a sampler that compacts its variants has read its own counts already)."""
-        distinct = list(range(len(self.rows))) if every_row else rows[::group].tolist()
+                         every_row: bool = False, host_rows: Optional[list[int]] = None) -> torch.Tensor:
+        """``StepInput.forward_variants``: copies of the batch rows ``rows`` [N] (runs of ``group``
+        variants of one row) whose window holds ``tokens`` [N, Wb] -> the window's logits [N, Wb, V].
+        ``every_row``: the runs are every row in order; else ``host_rows`` are the runs' rows, or they
+        are read back."""
+        if every_row:
+            distinct = list(range(len(self.rows)))
+        else:
+            distinct = list(host_rows) if host_rows is not None else rows[::group].tolist()
+        if self.kv is not None:
+            return self._cached_variants(distinct, rows, tokens, group)
         return self._rows_forward(distinct, rows, tokens, group)
 
     def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:

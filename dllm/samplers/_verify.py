@@ -26,12 +26,13 @@ def every_row_runs(n_rows: int, n: int, device: torch.device) -> tuple[torch.Ten
     return rows, constant(("every row runs", n_rows, n, device), lambda: rows.repeat_interleave(n))
 
 
-def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
-                            rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                            host_rows: Optional[list[int]] = None) -> torch.Tensor:
     """ONE batched forward of variants that differ from the canvas only inside the block window.
 
     window_tokens: [R, N, W] long, N variants of each of R batch rows (their block-window tokens);
-    rows: [R] long, the batch row of each (default: every row in order, R = B).
+    rows: [R] long, the batch row of each (default: every row in order, R = B); ``host_rows``: the same
+    on the host when the caller has them (a running decode then reads nothing back).
     Returns the window's logits [R * N, W, V], the N variants of a row next to each other.
     """
     assert inp.forward_variants is not None, "the engine must provide forward_variants"
@@ -48,4 +49,5 @@ def forward_window_variants(inp: StepInput, window_tokens: torch.Tensor,
         variant_rows = every_row_runs(n_rows, n, window_tokens.device)[1]  # [R * N] each row n times, in runs
     else:
         variant_rows = rows[:, None].expand(n_rows, n).reshape(-1)
-    return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n, every_row=every_row)
+    kwargs = {} if host_rows is None else {"host_rows": host_rows}
+    return inp.forward_variants(full.reshape(n_rows * n, -1), variant_rows, n, every_row=every_row, **kwargs)

@@ -181,15 +181,17 @@ class LoPA(Sampler):
         if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
             return self._lookahead(inp, x0, probs, active, anchor, base, n_extra)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
+        live_host = [r for r, c in enumerate(host_counts) if c > 0]  # the same rows, ascending
         commit_l, out_l, next_l = self._lookahead(inp, x0[live], probs[live], active[live], anchor[live],
-                                                  base[live], n_extra, rows=live)
+                                                  base[live], n_extra, rows=live, host_rows=live_host)
         commit = anchor.index_copy(0, live, commit_l)  # [B, W]
         out = base.index_copy(0, live, out_l)  # [B, W]
         nxt = next_l.new_zeros((base.shape[0], *next_l.shape[1:])).index_copy(0, live, next_l)  # [B, W, V]
         return commit, out, nxt
 
     def _lookahead(self, inp: StepInput, x0, probs, active, anchor, base, n_extra: int,
-                   rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 2-5 for the batch rows ``rows`` [N] (default: every row, N = B), whose tensors are
         given in window coordinates [N, W]; ``n_extra`` (<= W) variant positions per row. Returns
         (commit [N, W] bool, tokens [N, W] long, the winner's logits [N, W, V]). A row with no mask
@@ -211,7 +213,7 @@ class LoPA(Sampler):
         variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
 
         # 3. one batched forward of the N * k variants
-        v_logits = forward_window_variants(inp, variants, rows).reshape(n_rows, k, w, -1)  # [N, k, W, V]
+        v_logits = forward_window_variants(inp, variants, rows, host_rows).reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
         v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]

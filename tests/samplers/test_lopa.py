@@ -27,7 +27,8 @@ class StubVariants:
         self.default = default  # logits rows of canvases missing from the table (None: KeyError)
         self.calls = []
 
-    def __call__(self, tokens, rows, group=1, every_row=False):
+    def __call__(self, tokens, rows, group=1, every_row=False, host_rows=None):
+        assert host_rows is None or host_rows == rows[::group].tolist()  # the same rows on the host
         self.calls.append((tokens.tolist(), rows.tolist()))
         missing = [] if self.default is None else _logits(self.default)
         return torch.stack([self.table.get(tuple(t), missing) if self.default is not None

@@ -19,7 +19,7 @@ def model():
     return load_model("tiny-random-llada")
 
 
-PLAIN, CACHED = ("low_confidence", "none"), ("threshold", "dual")  # (sampler, cache) of every request
+PLAIN, CACHED, LOPA = ("low_confidence", "none"), ("threshold", "dual"), ("fast", "auto")  # (sampler, cache)
 
 
 def count(model, mode: str, stream: bool = True, join: bool = True, setting=PLAIN) -> DispatchCounter:
@@ -43,7 +43,7 @@ def test_continuous_costs_no_more_outside_forwards_than_static(model):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-@pytest.mark.parametrize("setting", [PLAIN, CACHED])
+@pytest.mark.parametrize("setting", [PLAIN, CACHED, LOPA])
 def test_a_forward_call_of_continuous_costs_at_most_1_2x_static(model, stream, setting):
     """Issue 45's bar, per forward call: the running decode's one sampler step and commit for all of its
     rows (dllm.engine.running; under a cache, its calls of full and cached rows) against static
@@ -66,7 +66,7 @@ def test_the_decodes_step_reads_are_one_copy_per_round(model, mode):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-@pytest.mark.parametrize("setting", [PLAIN, CACHED])
+@pytest.mark.parametrize("setting", [PLAIN, CACHED, LOPA])
 def test_at_most_two_syncs_outside_forwards_per_forward_call(model, stream, setting):
     calls, _, syncs = outside(count(model, "continuous", stream=stream, setting=setting))
     assert syncs <= 2 * calls, (syncs, calls)
