@@ -76,6 +76,12 @@ def test_rows_joining_at_any_step_decode_as_alone(model, spec, steps, block, gen
     check_as_alone(model, spec, dict(steps=steps, block_length=block), gens)
 
 
+@pytest.mark.parametrize("spec, block", [("low_confidence", None), ("threshold", 4), ("low_confidence@1.0", 4)])
+def test_guided_rows_decode_as_alone(model, spec, block):
+    """Classifier-free guidance: each row also forwarded with its prompt masked, as alone."""
+    check_as_alone(model, spec, dict(block_length=block, cfg_scale=1.5), GENS)
+
+
 def check_as_alone(model, spec: str, fields: dict, gens: list[int], own_tokens: bool = True) -> None:
     """Rows of ``spec`` (``SAMPLER[@TEMPERATURE]``) and settings ``fields`` joining at the steps of
     ``JOINS`` end with the ids and counts of ``generate`` on each prompt alone, with its seed
@@ -178,7 +184,8 @@ def test_groups_and_what_cannot_join(model):
     assert group_of(model, DecodeSettings(sampler="low_confidence", steps=4), 8) == ("fixed", 2)
     assert group_of(model, DecodeSettings(sampler="threshold"), 5) == ("adaptive",)
     refused = {
-        "cfg_scale": DecodeSettings(cfg_scale=1.0),
+        "cfg_scale=1.0 with cache 'dual'": DecodeSettings(cfg_scale=1.0, cache="dual"),
+        "cfg_scale=1.0 with sampler 'fast'": DecodeSettings(cfg_scale=1.0, sampler="fast"),
         "cache 'drift'": DecodeSettings(cache="drift"),
         "sampler 'ssd'": DecodeSettings(sampler="ssd"),
         "sampler 'random'": DecodeSettings(sampler="random"),

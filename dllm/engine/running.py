@@ -16,17 +16,18 @@ its row), so that block ends at E; a row that joins with a longer prompt or answ
 and rows leaving trim the columns no row needs. Rows of one decode may have answers and prompts of
 any length as long as they commit the same count per step (``group_of``).
 
-Which decodes can run this way (``unsupported_reason``): no guidance, a model without a block-causal
-mask, no cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats
-a row alike at every step of its block (``Sampler.joins_mid_block``: ``threshold`` without
+Which decodes can run this way (``unsupported_reason``): a model without a block-causal mask, no
+cache or Fast-dLLM's ``prefix`` / ``dual`` (``auto`` too), and a sampler whose step treats a row
+alike at every step of its block (``Sampler.joins_mid_block``: ``threshold`` without
 ``schedule_steps``, ``eb``, ``localleap``, ``hierarchy``, ``lopa`` and ``fast``, whose rules read no
 step index; ``low_confidence`` when its steps split every block evenly, so that every step commits
-the same count). A row then decodes to the tokens ``generate(..., stop_at_eos=True)`` gives its
-prompt alone, with its seed at temperature > 0 (each row draws from its own generator what it draws
-alone: ``dllm.samplers.draws.WindowRows``, over its own query), with its NFE (after a block that is
-not its last, a row whose answer holds an EOS with no mask before it ends, its masks EOS); float32:
-equal logits up to summation order, the tolerance of ``generate``'s own ragged batches
-(tests/test_running_decode.py).
+the same count); guidance (``cfg_scale``) without a cache or variant forwards, each row forwarded
+again with its prompt masked (LLaDA's unconditional copy). A row then decodes to the tokens
+``generate(..., stop_at_eos=True)`` gives its prompt alone, with its seed at temperature > 0 (each
+row draws from its own generator what it draws alone: ``dllm.samplers.draws.WindowRows``, over its
+own query), with its NFE (after a block that is not its last, a row whose answer holds an EOS with
+no mask before it ends, its masks EOS); float32: equal logits up to summation order, the tolerance
+of ``generate``'s own ragged batches (tests/test_running_decode.py).
 
 Under a ``prefix`` or ``dual`` cache the decode also keeps the K/V buffers of its canvas
 (``dllm.engine.running_canvas``), and a step forwards the rows at a full forward of their block in one
@@ -100,8 +101,6 @@ Checked = tuple[Optional[str], Optional[tuple], Blocks, Optional[CachePolicy]]  
 
 def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
     """(why not, the group, the answer's blocks, the cache policy or None) of a row: one ``resolve``."""
-    if settings.cfg_scale != 0:
-        return f"cfg_scale={settings.cfg_scale} (guidance forwards a second copy of each row)", None, (), None
     if block_size_of(model) is not None:
         return "a block-causal model (its blocks are fixed by the checkpoint)", None, (), None
     resolved = settings.resolve(model, [[0]], gen_length)
@@ -113,6 +112,10 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
     if not all(sampler.joins_mid_block(e - s, steps) for s, e, steps in blocks):
         return (f"sampler {sampler.name!r} with these options (its step depends on the step index or on "
                 f"other rows: Sampler.joins_mid_block)"), None, (), None
+    if settings.cfg_scale != 0 and (policy is not None or sampler.needs_variants):
+        what = f"cache {policy.name!r}" if policy is not None else f"sampler {sampler.name!r}'s variant forwards"
+        return (f"cfg_scale={settings.cfg_scale} with {what} (a running decode guides plain forwards only: a "
+                f"second, unconditional copy of each row)"), None, (), None
     planned = tuple((s, e, steps or 0) for s, e, steps in blocks)
     if blocks[0][2] is None:
         return None, ("adaptive",), planned, policy
@@ -155,6 +158,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
         self.kv: Optional[KVCache] = None  # [R, Hkv, L, hd] per layer under a cache
         self._carried: Optional[torch.Tensor] = None  # [R, W, V] the logits a step's variants left (next_logits)
         self.temperature = float(settings.temperature)
+        self.cfg_scale = float(settings.cfg_scale)  # > 0: each row also forwarded with its prompt masked
         self.mask_id = int(model.mask_id)
         self.pad_id = int(model.pad_id if model.pad_id is not None else model.eos_id)
         eos_ids = tuple(getattr(model, "eos_ids", ()) or ())
@@ -270,7 +274,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
             parts = [self._forward(*call) for call in self._calls]
             logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, Wb, V]
             for row in self.rows:
-                row.forwarded += row.prompt_length + row.gen_length
+                row.forwarded += (row.prompt_length + row.gen_length) * (2 if self.cfg_scale > 0 else 1)
                 row.nfe += 1
         else:
             logits = self._cached_logits()  # [R, Wb, V]

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from dllm.engine.forwards import guided
 from dllm.models.core.kv import KVCache
 from dllm.schedule import LOGIT_SHIFT_KEY
 
@@ -59,9 +60,16 @@ class RunningForwards:
         a = width - (length - state.block_start)  # the window's first column in the call
         kwargs: dict[str, Any] = {"positions": cut(self.positions), "logits_rows": (a, a + state.block_length),
                                   "key_padding_mask": cut(self.kpm) if padded else None}
+        x = cut(self.x)
+        if self.cfg_scale > 0:  # LLaDA's guidance: the unconditional copies (prompt and pads masked) follow
+            x = torch.cat([x, x.masked_fill(cut(self.prompt_mask), self.mask_id)])
+            kwargs["positions"] = kwargs["positions"].repeat(2, 1)
+            if padded:
+                kwargs["key_padding_mask"] = kwargs["key_padding_mask"].repeat(2, 1)
+            return guided(self.model(x, **kwargs).logits, self.cfg_scale)
         if padded and self._passes_padded:
             kwargs["padded"] = True  # the mask has padding: the model need not read it back
-        return self.model(cut(self.x), **kwargs).logits
+        return self.model(x, **kwargs).logits
 
     def _cached_logits(self, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [R, Wb, V] of the window under a cache: the rows at a full forward (``is_refresh``

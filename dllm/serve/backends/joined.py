@@ -1,23 +1,24 @@
 """Continuous batching with one decode state per setting: requests join a running decode.
 
 In ``continuous`` mode a group of requests whose settings can share one canvas
-(``dllm.engine.running.unsupported_reason``: no cache or ``prefix`` / ``dual``, no guidance, a
-sampler whose step reads no step index; greedy or sampled, each row drawing from its own generator) does not start a
-``generate`` call of its own: it joins the ``RunningDecode`` of its key (the settings, seeds aside,
-and ``group_of``: answers of any length that commit the same count per step), if one runs, at that
-decode's next step, and every step of the decode is one sampler step and one commit for all of its
-rows, whatever block and step each row is at. Without a cache its forward is split into calls of
-rows of neighbouring lengths by the loop's own cost model (``split_rows``; under a cache its calls
-are the rows at a full forward and the cached rows of each block width), and the loop may merge those
-calls with the other decodes' forwards (``dllm.serve.backends.batcher``). A row ends after its last
-step, after a block that ends its answer (an EOS, as ``generate(stop_at_eos=True)``), as soon as its
-answer is final (EOS or a stop string in its final prefix, streamed or not), or when its client
-leaves; it then leaves the decode. The decode's greenlet (the first group's) runs until no row is
-left, ending each job itself (``Scheduler._release``).
+(``dllm.engine.running.unsupported_reason``: no cache or ``prefix`` / ``dual``, guidance without a
+cache, a sampler whose step reads no step index; greedy or sampled, each row drawing from its own
+generator) does not start a ``generate`` call of its own: it joins the ``RunningDecode`` of its key
+(the settings, seeds aside, and ``group_of``: answers of any length that commit the same count per
+step), if one runs, at that decode's next step, and every step of the decode is one sampler step and
+one commit for all of its rows, whatever block and step each row is at. Without a cache its forward
+is split into calls of rows of neighbouring lengths by the loop's own cost model (``split_rows``;
+under a cache its calls are the rows at a full forward and the cached rows of each block width), and
+the loop may merge those calls with the other decodes' forwards (``dllm.serve.backends.batcher``). A
+row ends after its last step, after a block that ends its answer (an EOS, as
+``generate(stop_at_eos=True)``), as soon as its answer is final (EOS or a stop string in its final
+prefix, streamed or not), or when its client leaves; it then leaves the decode. The decode's
+greenlet (the first group's) runs until no row is left, ending each job itself
+(``Scheduler._release``).
 
 Each answer equals ``dllm.generate`` of its prompt alone with its seed
-(tests/serve/backends/test_joined.py, test_seeded.py), and its counts are that call's: its own
-forwards, and forwards x its own prompt + answer length.
+(tests/serve/backends/test_joined.py, test_seeded.py), and its counts are that call's
+(``dllm.engine.running``).
 """
 
 from __future__ import annotations
