@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 
+from dllm.cli.args import call_cost_tokens
 from dllm.eval.bench.serving.serve import parse_setting, stress_requests
 from dllm.models.base import ModelOutput
 from dllm.scoring.exact_match import load_model
@@ -128,8 +129,9 @@ def main() -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="every request's temperature (default 0; > 0: request i sampled with seed i)")
-    ap.add_argument("--call-cost-tokens", type=int, default=None,
-                    help="one forward call's cost beyond its tokens, in tokens (default: BatcherConfig's, 128)")
+    ap.add_argument("--call-cost-tokens", type=call_cost_tokens, default=None,
+                    help="one forward call's cost beyond its tokens, in tokens, or auto (measured for the model "
+                         "at the backend's start, as dllm serve does); default: BatcherConfig's, 128")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--device", default=None, help="the model's device (default: the loader's)")

@@ -39,6 +39,16 @@ def at_least(low: int) -> Callable[[str], int]:
 POSITIVE = at_least(1)
 
 
+def call_cost_tokens(text: str) -> Any:
+    """An argparse type: ``auto`` or an integer >= 0 (``BatcherConfig.call_cost_tokens``)."""
+    if text == "auto":
+        return text
+    try:
+        return at_least(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be auto or an integer >= 0, got {text!r}") from None
+
+
 def output_file(text: str) -> str:
     """An argparse type: a file the command writes after its run, refused before the run when it cannot be
     (a directory, or a path under an existing file); missing parent directories are made by the command."""

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from dllm.cli.args import POSITIVE, add_quantization, add_threads, at_least, block_size, flag_plan, option
+from dllm.cli.args import (POSITIVE, add_quantization, add_threads, at_least, block_size, call_cost_tokens,
+                           flag_plan, option)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
@@ -51,10 +52,11 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="continuous mode: rows in one merged forward (default 64)")
     d.add_argument("--max-batch-tokens", type=POSITIVE, default=None,
                    help="continuous mode: rows x padded length of one merged forward (default 65536)")
-    d.add_argument("--call-cost-tokens", type=at_least(0), default=None,
+    d.add_argument("--call-cost-tokens", type=call_cost_tokens, default=None,
                    help="continuous mode: what one forward call costs beyond its tokens, in tokens, for merging "
-                        "forwards and splitting a running decode's (default 128, a small model on a CPU core; "
-                        "larger where a call is launch-bound, a small model on a GPU)")
+                        "forwards and splitting a running decode's (default auto: measured for the model on its "
+                        "device at start, two forwards timed; large where a call is launch-bound, a small model "
+                        "on a GPU; tens of tokens of a small model on a CPU core)")
     d.add_argument("--max-group", type=POSITIVE, default=None,
                    help="continuous mode: queued requests with the same settings (seeds aside) and length start as "
                         "one generate call of at most this many rows (default: --max-running)")
@@ -213,9 +215,12 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
                               block_length=args.block_length, steps=args.steps,
                               temperature=args.temperature or 0.0, seed=args.seed,
                               options=tuple(sorted(dict(args.option).items())))
+    call_cost = args.call_cost_tokens  # default: measured at start, except on ranks that must forward together
+    if call_cost is None and args.tensor_parallel is None:
+        call_cost = "auto"
     batcher = BatcherConfig(**{k: v for k, v in (("max_rows", args.max_batch_rows),
                                                   ("max_tokens", args.max_batch_tokens),
-                                                  ("call_cost_tokens", args.call_cost_tokens)) if v is not None})
+                                                  ("call_cost_tokens", call_cost)) if v is not None})
     mirror, mode = None, args.mode or "continuous"
     if args.tensor_parallel is not None:
         model, mirror = load_split_model(args)

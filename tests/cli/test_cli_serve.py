@@ -122,7 +122,8 @@ def test_the_flags_build_the_engine(tmp_path):
         assert (engine.defaults.cache, engine.defaults.block_length) == ("dual", 4)
         s = engine.stats()
         assert (s.max_running, s.max_queue) == (3, 5) and engine.batcher.max_rows == 6
-        assert engine.join and engine.batcher.call_cost_tokens == 128  # the defaults
+        cost = engine.batcher.call_cost_tokens  # the default: measured for the model when the loop started
+        assert engine.join and isinstance(cost, int) and not isinstance(cost, bool) and cost >= 0
     finally:
         engine.close()
     args = p.parse_args(["--model", "tiny-llada", "--no-join", "--call-cost-tokens", "4096"])

@@ -19,28 +19,39 @@ as ``generate`` on a padded batch).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
 from dllm.engine.forwards import takes_padded
 from dllm.models.base import ModelOutput, default_positions
-from dllm.serve.backends.packing import call_cost, plan_merges
+from dllm.serve.backends.packing import call_cost, measure_call_cost, plan_merges
 
 
 @dataclass(frozen=True)
 class BatcherConfig:
     max_rows: int = 64  # rows in one merged forward (a request's call may bring several: CFG, variants)
     max_tokens: int = 65536  # rows x padded length of one merged forward
-    call_cost_tokens: int = 128  # one call's cost beyond its tokens, in tokens (dllm.serve.backends.packing)
+    call_cost_tokens: Union[int, str] = 128  # one call's cost beyond its tokens, in tokens
+    #   (dllm.serve.backends.packing); "auto": measured for the served model when its loop starts
+
+    def resolved(self, model) -> "BatcherConfig":
+        """This config with ``call_cost_tokens="auto"`` measured for ``model`` (``measure_call_cost``)."""
+        if self.call_cost_tokens != "auto":
+            return self
+        return dataclasses.replace(self, call_cost_tokens=measure_call_cost(model))
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_tokens", "call_cost_tokens"):
+            if name == "call_cost_tokens" and self.call_cost_tokens == "auto":
+                continue
             value = getattr(self, name)
             low = 0 if name == "call_cost_tokens" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+                what = ' or "auto" (measured for the model)' if name == "call_cost_tokens" else ""
+                raise ValueError(f"{name} must be an integer >= {low}{what}, got {value!r}")
 
 
 @dataclass

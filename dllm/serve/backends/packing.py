@@ -3,8 +3,9 @@
 A merged call pads every row to its longest one, so merging a 12-column forward with a 36-column one
 triples the first one's work; running them apart costs one more call. The cost of a call is modelled
 as ``call_cost + rows x padded length`` (in forwarded tokens): ``call_cost`` is what one call costs
-beyond its tokens (kernel launches, the Python of the layers), large on a GPU, about a hundred tokens
-of a small model on a CPU core. The plan sorts the mergeable forwards by length and splits them into
+beyond its tokens (kernel launches, the Python of the layers), large on a GPU, tens of tokens of a
+small model on a CPU core; ``measure_call_cost`` measures it for a model on its device (``dllm serve``
+does at start, ``--call-cost-tokens auto``). The plan sorts the mergeable forwards by length and splits them into
 runs of neighbouring lengths with the least total cost (a dynamic programme over the runs of equal
 length), under the row and token bounds of one call. Forwards that cannot be merged run alone.
 
@@ -14,7 +15,11 @@ equal to each call's own forward), so any plan gives the same tokens.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, TypeVar
+import statistics
+import time
+from typing import Any, Protocol, Sequence, TypeVar
+
+import torch
 
 
 class Forward(Protocol):
@@ -82,4 +87,40 @@ def plan_merges(items: Sequence[F], *, max_rows: int, max_tokens: int, fixed_cos
     return alone + calls[::-1]
 
 
-__all__ = ["call_cost", "plan_merges"]
+def measure_call_cost(model: Any, shapes: tuple[tuple[int, int], tuple[int, int]] = ((1, 16), (8, 64)),
+                      repeats: int = 3) -> int:
+    """One call's cost beyond its tokens, in tokens, for ``model`` on its device: plain forwards of
+    the two ``shapes`` (rows, columns) of mask tokens, each warmed up once and timed ``repeats``
+    times (medians, the device synchronised), the line t = a + b x tokens through them, and a / b,
+    rounded (0 when the fixed part measures negative; the largest forward's tokens x 64 when the
+    per-token part does not, a call then costing what its tokens do not)."""
+    device = next(model.parameters()).device
+    mask = int(getattr(model, "mask_id", 0))
+
+    def timed(rows: int, cols: int) -> float:
+        ids = torch.full((rows, cols), mask, dtype=torch.long, device=device)
+        times = []
+        for i in range(repeats + 1):  # the first run warms up (allocations, kernels chosen)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            model(ids)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    (r1, c1), (r2, c2) = shapes
+    n1, n2 = r1 * c1, r2 * c2
+    if not 0 < n1 < n2:
+        raise ValueError(f"shapes must be two (rows, columns) of growing size, got {shapes!r}")
+    with torch.inference_mode():
+        t1, t2 = timed(r1, c1), timed(r2, c2)
+    per_token = (t2 - t1) / (n2 - n1)
+    if per_token <= 0:
+        return n2 * 64
+    return max(0, round((t1 - per_token * n1) / per_token))
+
+
+__all__ = ["call_cost", "measure_call_cost", "plan_merges"]

@@ -70,7 +70,9 @@ class Scheduler(Backend):
     def __init__(self, config: SchedulerConfig, policy: SchedulePolicy, model: Any = None,
                  batcher: BatcherConfig = BatcherConfig()) -> None:
         self.limits = dataclasses.replace(config, max_running=policy.max_running(config.max_running))
-        self.policy, self.model_for_loop, self.batcher = policy, model, batcher
+        # call_cost_tokens="auto": measured once, here, on the model the loop runs
+        self.batcher = batcher.resolved(model) if model is not None else batcher
+        self.policy, self.model_for_loop = policy, model
         self._cond = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}

@@ -79,10 +79,38 @@ def test_plan_groups_bounds_and_padding():
 
 
 @pytest.mark.parametrize("field,value", [("max_rows", 0), ("max_tokens", -1), ("call_cost_tokens", -1),
-                                         ("max_rows", True), ("call_cost_tokens", 1.5)])
+                                         ("max_rows", True), ("call_cost_tokens", 1.5), ("call_cost_tokens", "fast")])
 def test_batcher_config_refuses_bad_bounds(field, value):
     with pytest.raises(ValueError, match=field):
         BatcherConfig(**{field: value})
+
+
+class _ClockedModel(torch.nn.Module):
+    """A forward that costs ``fixed + per_token x tokens`` seconds of a fake clock (no sleeping)."""
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.fixed, self.per_token, self.now, self.calls = fixed, per_token, 0.0, []
+
+    def forward(self, ids):
+        self.calls.append(tuple(ids.shape))
+        self.now += self.fixed + self.per_token * ids.numel()
+        return ids
+
+
+@pytest.mark.parametrize("fixed, per_token, expected", [(0.004, 50e-6, 80), (0.0, 1e-4, 0), (0.002, 0.0, 512 * 64)])
+def test_the_call_cost_is_measured_from_two_forward_sizes(monkeypatch, fixed, per_token, expected):
+    from dllm.serve.backends import packing
+
+    model = _ClockedModel(fixed, per_token)
+    monkeypatch.setattr(packing.time, "perf_counter", lambda: model.now)
+    assert packing.measure_call_cost(model) == expected  # a / b of t = a + b x tokens; no per-token cost: huge
+    assert sorted(set(model.calls)) == [(1, 16), (8, 64)] and len(model.calls) == 8  # a warm-up and 3 each
+    resolved = BatcherConfig(call_cost_tokens="auto").resolved(model)
+    assert resolved.call_cost_tokens == expected and BatcherConfig(call_cost_tokens=7).resolved(model).call_cost_tokens == 7
+    with pytest.raises(ValueError, match="growing size"):
+        packing.measure_call_cost(model, shapes=((8, 64), (1, 16)))
 
 
 def test_split_rows_cuts_a_running_decode_into_runs_of_consecutive_rows():
