@@ -8,9 +8,9 @@
 #   pip download fastapi uvicorn greenlet --python-version 3.12 --only-binary=:all: --implementation cp \
 #     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .wheels/serve
 # Then the engine-only tables (benchmarks/serve_engine.py: no HTTP; tiny-random-llada, its --null-model,
-# tiny-llada, and tiny-llada with --call-cost-tokens 100000: a launch-bound call, so no forward is split
-# or left unmerged to save padding): requests/s, the forwards' share of wall time, scheduler us per
-# running row per step.
+# tiny-llada, and tiny-llada with --call-cost-tokens auto: the call cost measured on the GPU, as
+# dllm serve (and so dllm bench serve above) does by default; the table prints it): requests/s, the
+# forwards' share of wall time, scheduler us per running row per step.
 # The goal on a GPU: continuous >= 1.0x static at inf and <= 0.7x its p99 at 80% load.
 # Writes under ${OUT:-benchmarks/gpu-serve-$(date +%F)}; the steps' timeouts sum to 4.5 minutes.
 # DEVICE=cpu N=16 REPEATS=1 bash benchmarks/gpu-serve.sh runs the same steps on a CPU (a smoke test; CI).
@@ -36,6 +36,6 @@ step 30 engine-null.txt python3 benchmarks/serve_engine.py tiny-random-llada --n
   --n "$N" --repeats "$REPEATS"
 step 40 engine-tiny-llada.txt python3 benchmarks/serve_engine.py tiny-llada --device "$DEVICE" --n "$N" \
   --repeats "$REPEATS"
-step 20 engine-tiny-llada-onecall.txt python3 benchmarks/serve_engine.py tiny-llada --device "$DEVICE" --n "$N" \
-  --repeats "$REPEATS" --modes continuous static --call-cost-tokens 100000
+step 20 engine-tiny-llada-auto.txt python3 benchmarks/serve_engine.py tiny-llada --device "$DEVICE" --n "$N" \
+  --repeats "$REPEATS" --modes continuous static --call-cost-tokens auto
 finish

@@ -96,6 +96,7 @@ def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
                               batcher=BatcherConfig(max_tokens=args.max_batch_tokens,
                                                     **({} if args.call_cost_tokens is None
                                                        else {"call_cost_tokens": args.call_cost_tokens})))
+    call_cost = engine.batcher.call_cost_tokens  # measured here with --call-cost-tokens auto
     try:
         prompts = [engine.encode_prompt(r.prompt) for r in requests]
         with engine._cond:  # queue every request before the backend takes any: the load at rate inf
@@ -112,7 +113,8 @@ def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
         engine.close()
     seconds, calls, rows, tokens, real = (now - then for now, then in zip(meter.totals(), before))
     return {"rps": len(requests) / wall, "share": seconds / wall, "calls": calls, "tokens": tokens,
-            "real": real, "us_per_token": 1e6 * seconds / tokens, "us_per_row_step": 1e6 * (wall - seconds) / rows}
+            "real": real, "us_per_token": 1e6 * seconds / tokens, "us_per_row_step": 1e6 * (wall - seconds) / rows,
+            "call_cost": call_cost}
 
 
 def main() -> None:
@@ -149,6 +151,7 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved: a drifting machine slows every mode alike
         for mode in args.modes:
             runs[mode].append(run_mode(model, meter, mode, requests, args))
+    costs = [r["call_cost"] for rs in runs.values() for r in rs]
     lines = [f"# python benchmarks/serve_engine.py {args.model}{' --null-model' if args.null_model else ''} "
              f"--n {args.n} --repeats {args.repeats} --settings {' '.join(s + '@' + c for s, c in args.settings)} "
              f"--max-running {args.max_running} --max-batch-tokens {args.max_batch_tokens} --threads {args.threads}"
@@ -156,10 +159,12 @@ def main() -> None:
              + (f" --temperature {args.temperature:g}" if args.temperature else "")
              + (f" --device {args.device}" if args.device else ""),
              f"# torch {torch.__version__}; all requests queued at once, no HTTP; median of {args.repeats} "
-             f"interleaved rounds",
+             f"interleaved rounds"
+             + (f"; call cost measured at each backend's start: {min(costs)}-{max(costs)} tokens"
+                if args.call_cost_tokens == "auto" else ""),
              f"{'mode':<12}{'req/s':>8}{'forward share':>15}{'calls':>8}{'tokens':>9}{'real':>9}{'us/token':>10}"
              f"{'sched us/row/step':>19}"]
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "call_cost"} for m, rs in runs.items()}
     for mode, r in med.items():
         lines.append(f"{mode:<12}{r['rps']:>8.1f}{r['share']:>15.2f}{r['calls']:>8.0f}{r['tokens']:>9.0f}"
                      f"{r['real']:>9.0f}{r['us_per_token']:>10.1f}{r['us_per_row_step']:>19.1f}")

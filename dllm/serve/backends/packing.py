@@ -21,6 +21,8 @@ from typing import Any, Protocol, Sequence, TypeVar
 
 import torch
 
+from dllm.inputs import model_device
+
 
 class Forward(Protocol):
     """What the plan reads of a pending forward."""
@@ -94,7 +96,7 @@ def measure_call_cost(model: Any, shapes: tuple[tuple[int, int], tuple[int, int]
     times (medians, the device synchronised), the line t = a + b x tokens through them, and a / b,
     rounded (0 when the fixed part measures negative; the largest forward's tokens x 64 when the
     per-token part does not, a call then costing what its tokens do not)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     mask = int(getattr(model, "mask_id", 0))
 
     def timed(rows: int, cols: int) -> float:
