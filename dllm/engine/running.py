@@ -130,7 +130,8 @@ def _check(model, settings: DecodeSettings, gen_length: int) -> Checked:
 class RowStep:
     """One row after a step: its caller's ``tag``, its answer's ids when the step read them (None
     otherwise), whether it ended (no mask left; it has left the decode), and its counts as
-    ``generate`` on its prompt alone reports them (forwards; forwarded tokens: forwards x its own length)."""
+    ``generate`` on its prompt alone reports them (forwards; forwarded tokens: the rows x query
+    columns its own call's forwards would compute; LoPA's compacted variants: at least that)."""
 
     tag: Hashable
     ids: Optional[list[int]]
