@@ -138,6 +138,10 @@ class RowStep:
     done: bool
     nfe: int
     forwarded_tokens: int
+    step: int = 0  # the step's index among the row's own steps (from 0), as its own call counts them
+    block: int = 0  # the block it decoded
+    canvas: Optional[list[int]] = None  # the answer as the step left it (masks and all) when ``ids`` differ
+    #   from it: an EOS stop made its masks EOS in ``ids``
 
 
 class RunningDecode(RunningCanvas, RunningForwards):
@@ -313,9 +317,10 @@ class RunningDecode(RunningCanvas, RunningForwards):
                 raise RuntimeError(f"a row still has masks after {row.block_step} steps of a block of {row.width}; "
                                    f"sampler {self.sampler!r} broke progress")
             done = block_done and (row.block + 1 == len(row.blocks) or self._answer_ended(answer))
+            canvas = None
             if done and self.mask_id in answer:  # an EOS stop: its masks become EOS, as generate's release
-                answer = [self.fill_id if t == self.mask_id else t for t in answer]
-            out.append(RowStep(row.tag, answer, done, row.nfe, row.forwarded))
+                canvas, answer = answer, [self.fill_id if t == self.mask_id else t for t in answer]
+            out.append(RowStep(row.tag, answer, done, row.nfe, row.forwarded, row.steps - 1, row.block, canvas))
             if done:
                 self._leaving.add(row.tag)
             elif block_done:

@@ -259,9 +259,8 @@ class DiffusionBackend(Scheduler):
 
     def _joined_key(self, jobs: list[Job]) -> Optional[tuple]:
         """The key of the running decode the jobs may join (``dllm.engine.running``), or None: joining
-        off (``join=False``), not in continuous mode, a job that asks for step events, or settings one
-        canvas cannot serve."""
-        if not self.join or self.mode != "continuous" or any(j.request.step_events for j in jobs):
+        off (``join=False``), not in continuous mode, or settings one canvas cannot serve."""
+        if not self.join or self.mode != "continuous":
             return None
         r = jobs[0].request
         settings = dataclasses.replace(r.settings, seed=None)

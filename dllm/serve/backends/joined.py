@@ -18,7 +18,8 @@ greenlet (the first group's) runs until no row is left, ending each job itself
 
 Each answer equals ``dllm.generate`` of its prompt alone with its seed
 (tests/serve/backends/test_joined.py, test_seeded.py), and its counts are that call's
-(``dllm.engine.running``).
+(``dllm.engine.running``); a request with ``step_events`` gets the ``Step`` events that call's step
+callback gives it (the trace of each answer position kept here, from the answers read each step).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from dllm.engine.running import RunningDecode
 from dllm.serve.backends.batcher import split_rows
-from dllm.serve.backends.jobs import Failed, Job
+from dllm.serve.backends.jobs import Failed, Job, Step
 from dllm.settings import DecodeSettings
 
 
@@ -42,6 +43,7 @@ class JoinedDecode:
         self.mask_id = self.decode.mask_id
         self.rows: dict[int, Any] = {}  # job id -> its row (dllm.serve.backends.diffusion._Row)
         self.started: dict[int, float] = {}
+        self.traces: dict[int, list[int]] = {}  # job id -> the step that committed each answer position (-1: none yet)
 
     def admit(self, jobs: list[Job]) -> None:
         """The jobs' rows join at the decode's next step."""
@@ -56,10 +58,13 @@ class JoinedDecode:
         try:
             while len(self.decode):
                 self._leave_cancelled()
-                watch = any(r.job.request.stream or r.job.request.stop for r in self.rows.values())
+                watch = any(r.job.request.stream or r.job.request.stop or r.job.request.step_events
+                            for r in self.rows.values())
                 for st in self.decode.step(watch):
                     row = self.rows[st.tag]
                     row.nfe, row.forwarded = st.nfe, st.forwarded_tokens
+                    if row.job.request.step_events and st.ids is not None:
+                        self._step_event(row, st)
                     if st.done:
                         self._end(st.tag, st.ids)
                     elif st.ids is not None and row.observe_answer(st.ids, self.mask_id):
@@ -71,6 +76,18 @@ class JoinedDecode:
         finally:
             self.backend._release([row.job for row in self.rows.values()])
             self.rows.clear()
+
+    def _step_event(self, row, st) -> None:
+        """The row's ``Step`` event, as its own ``generate`` call's step callback makes it: the answer
+        after the step (None where masked), the step that committed each position, this step's commits."""
+        canvas = st.canvas if st.canvas is not None else st.ids
+        trace = self.traces.setdefault(st.tag, [-1] * len(canvas))
+        for i, t in enumerate(canvas):
+            if t != self.mask_id and trace[i] == -1:
+                trace[i] = st.step
+        row.job.emit(Step(step=st.step, block=st.block, nfe=st.nfe,
+                          tokens=tuple(None if t == self.mask_id else row._piece(t) for t in canvas),
+                          trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace) if s == st.step)))
 
     def _leave_cancelled(self) -> None:
         gone = [tag for tag, row in self.rows.items() if row.job.cancelled]
@@ -87,6 +104,7 @@ class JoinedDecode:
     def _release(self, tag: int) -> None:
         row = self.rows.pop(tag)
         self.started.pop(tag, None)
+        self.traces.pop(tag, None)
         self.backend._release([row.job])
 
 

@@ -10,7 +10,7 @@ import pytest
 import dllm
 from dllm.engine.running import RunningDecode
 from dllm.serve.backends.diffusion import DiffusionBackend
-from dllm.serve.backends.jobs import Delta, Done, Failed, JobRequest
+from dllm.serve.backends.jobs import Delta, Done, Failed, JobRequest, Step
 from dllm.settings import DecodeSettings
 
 PROMPTS = ["[BOS] sort D A C B [SEP]", "[BOS] reverse A B C D [SEP]", "[BOS] copy A B C [SEP]",
@@ -112,17 +112,36 @@ def test_a_failing_running_decode_fails_its_jobs_and_the_loop_goes_on(llada, mon
         engine.close()
 
 
-def test_step_events_and_join_false_run_generate_calls(llada):
-    for engine, n_requests in ((DiffusionBackend(llada, name="tiny-llada", join=False), 2),
-                               (DiffusionBackend(llada, name="tiny-llada"), 1)):
-        calls = []
-        decode = engine._decode
-        engine._decode = lambda jobs, model, decode=decode: (calls.append(len(jobs)), decode(jobs, model))[1]
+def test_join_false_runs_generate_calls(llada):
+    engine = DiffusionBackend(llada, name="tiny-llada", join=False)
+    calls = []
+    decode = engine._decode
+    engine._decode = lambda jobs, model, decode=decode: (calls.append(len(jobs)), decode(jobs, model))[1]
+    try:
+        jobs = [engine.submit(request(engine, PROMPTS[0], 6, SLOW)) for _ in range(2)]
+        for job in jobs:
+            assert isinstance(job.result(timeout=60), Done)
+    finally:
+        engine.close()
+    assert sum(calls) == 2
+
+
+def test_step_events_of_a_running_decode_are_its_own_generate_calls(llada):
+    """A request with step events joins a running decode and gets the Step events (step, block, NFE,
+    tokens, trace, commits) that its own ``generate`` call gives it (``join=False``, one request per
+    call: every request here has its own settings or length)."""
+    specs = [(PROMPTS[0], 12, SLOW), (PROMPTS[1], 8, THRESHOLD), (PROMPTS[2], 16, BLOCKS), (PROMPTS[3], 8, DUAL),
+             (PROMPTS[4], 10, DecodeSettings(sampler="fast")), (PROMPTS[5], 9, SLOW)]
+
+    def events(join: bool) -> list:
+        engine = DiffusionBackend(llada, name="tiny-llada", join=join)
         try:
-            jobs = [engine.submit(request(engine, PROMPTS[0], 6, SLOW, step_events=n_requests == 1))
-                    for _ in range(n_requests)]
-            for job in jobs:
-                assert isinstance(job.result(timeout=60), Done)
+            jobs = [engine.submit(request(engine, p, n, s, stream=True, step_events=True)) for p, n, s in specs]
+            out = [list(job.events(timeout=60)) for job in jobs]
         finally:
             engine.close()
-        assert sum(calls) == n_requests
+        return [([e for e in ev if isinstance(e, Step)], ev[-1].text) for ev in out]
+
+    joined, alone = events(True), events(False)
+    assert all(steps for steps, _ in joined)
+    assert joined == alone
