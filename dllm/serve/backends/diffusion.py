@@ -5,8 +5,8 @@ Every mode runs on the one scheduler (``dllm.serve.backends.scheduler``: one thr
 the modes are its admission policies (``dllm.serve.backends.schedule_policy``, ``mode=...``):
 
 - ``continuous`` (default): up to ``max_running`` requests decode at once. Requests whose settings
-  one canvas can serve (no cache or ``prefix`` / ``dual``, a sampler whose step reads no step index, greedy or seeded:
-  ``dllm.engine.running``) join the running decode of their settings at its next step (answers of
+  one canvas can serve (no cache or ``prefix`` / ``dual``, a sampler whose step reads no step index,
+  greedy or seeded: ``dllm.engine.running``) join the running decode of their settings at its next step (answers of
   any length that commit the same count per step): one state, one sampler step and one commit per
   step for all of them (``dllm.serve.backends.joined``; ``join=False`` turns it off). Other requests
   queued together with the same settings (seeds aside: each row draws from its own generator) and
