@@ -67,7 +67,7 @@ class JoinedDecode:
                         self._step_event(row, st)
                     if st.done:
                         self._end(st.tag, st.ids)
-                    elif st.ids is not None and row.observe_answer(st.ids, self.mask_id):
+                    elif st.ids is not None and self._observe(row, st.ids):
                         self._end(st.tag, None)  # final early: the text the whole decode would give
                         self.decode.remove([st.tag])
         except BaseException as err:  # noqa: BLE001 - every job of the decode fails, the loop goes on
@@ -76,6 +76,22 @@ class JoinedDecode:
         finally:
             self.backend._release([row.job for row in self.rows.values()])
             self.rows.clear()
+
+    def _observe(self, row, ids: list[int]) -> bool:
+        """Whether the row's answer is final after a step (``_Row.observe_answer``, which also streams
+        its new final text). A request that is not streamed and has no stop strings gets no text
+        before its end (as a ``generate`` call's rows), so its answer is decoded only once an EOS is in
+        its final prefix, where it ends."""
+        request = row.job.request
+        if request.stream or request.stop:
+            return row.observe_answer(ids, self.mask_id)
+        eos = self.backend.eos_ids
+        for t in ids:
+            if t == self.mask_id:
+                return False
+            if t in eos:
+                return row.observe_answer(ids, self.mask_id)
+        return False
 
     def _step_event(self, row, st) -> None:
         """The row's ``Step`` event, as its own ``generate`` call's step callback makes it: the answer
