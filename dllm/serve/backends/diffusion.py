@@ -84,12 +84,15 @@ class _Row:
         self.nfe, self.forwarded = state.nfe, state.forwarded_tokens  # the call's (a static batch's: shared)
         self.observe_answer(g, mask, max(0, state.block_start - state.prompt_length) if self.revises else None)
         if self.job.request.step_events and traces is not None:
-            trace = traces[self.r]
-            self.job.emit(Step(step=state.step - 1, block=state.block_index, nfe=state.nfe,
-                               tokens=tuple(None if t == mask else self._piece(t) for t in g),
-                               trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace)
-                                                                   if s == state.step - 1)))
+            self.emit_step(state.step - 1, state.block_index, state.nfe, g, traces[self.r], mask)
         return self.stream.ended is not None
+
+    def emit_step(self, step: int, block: int, nfe: int, g: list[int], trace: list[int], mask: int) -> None:
+        """The ``Step`` event of step ``step``: the answer ``g`` after it (None where ``mask``), the step
+        that committed each position (``trace``, -1 while masked) and this step's commits."""
+        tokens = tuple(None if t == mask else self._piece(t) for t in g)
+        self.job.emit(Step(step=step, block=block, nfe=nfe, tokens=tokens, trace=tuple(trace),
+                           committed=tuple(i for i, s in enumerate(trace) if s == step)))
 
     def observe_answer(self, g: list[int], mask: int, final: Optional[int] = None) -> bool:
         """Send the new final text of the answer ``g`` (its ids, ``mask`` where undecided): its prefix

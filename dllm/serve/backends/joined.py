@@ -29,7 +29,7 @@ from typing import Any
 
 from dllm.engine.running import RunningDecode
 from dllm.serve.backends.batcher import split_rows
-from dllm.serve.backends.jobs import Failed, Job, Step
+from dllm.serve.backends.jobs import Failed, Job
 from dllm.settings import DecodeSettings
 
 
@@ -101,9 +101,7 @@ class JoinedDecode:
         for i, t in enumerate(canvas):
             if t != self.mask_id and trace[i] == -1:
                 trace[i] = st.step
-        row.job.emit(Step(step=st.step, block=st.block, nfe=st.nfe,
-                          tokens=tuple(None if t == self.mask_id else row._piece(t) for t in canvas),
-                          trace=tuple(trace), committed=tuple(i for i, s in enumerate(trace) if s == st.step)))
+        row.emit_step(st.step, st.block, st.nfe, canvas, trace, self.mask_id)
 
     def _leave_cancelled(self) -> None:
         gone = [tag for tag, row in self.rows.items() if row.job.cancelled]
