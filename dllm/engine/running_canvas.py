@@ -53,6 +53,12 @@ class RunningRow:
         """Canvas column of the row's first answer position."""
         return self.left + self.prompt_length
 
+    @property
+    def own_block(self) -> tuple[int, int, int]:
+        """(its own canvas' length, its current block's start and end in it): the row alone, unpadded."""
+        return (self.prompt_length + self.gen_length, self.prompt_length + self.blocks[self.block][0],
+                self.prompt_length + self.end)
+
 
 
 class RunningCanvas:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any, Optional
+import itertools
+from typing import Any, Optional, Union
 
 import torch
 
@@ -84,7 +85,7 @@ class RunningForwards:
         full = [t and policy.is_refresh(row.block_step) for t, row in zip(take, self.rows)]
         queries = []
         for row, t, is_full in zip(self.rows, take, full):  # its own call's query: the canvas, or its cached one
-            own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
+            own, bs, be = row.own_block
             r0, r1 = (0, own) if is_full else policy.cached_span(own, bs, be, shift)
             if t:
                 row.forwarded += r1 - r0
@@ -94,19 +95,18 @@ class RunningForwards:
             self._draws = self.state.generator = dataclasses.replace(self._draws, queries=tuple(queries))
         # the cached rows of one width are runs of rows (rows are kept by width: ``_sort_rows``), each
         # forwarded through slices of the buffers; the rows at a full forward in one call of their own
-        runs: list[tuple[int, int, int]] = []  # (first row, end row, width)
-        for r, (row, t, is_full) in enumerate(zip(self.rows, take, full)):
-            if t and not is_full:
-                if runs and runs[-1][1] == r and runs[-1][2] == row.width:
-                    runs[-1] = (runs[-1][0], r + 1, row.width)
-                else:
-                    runs.append((r, r + 1, row.width))
+        cached = [row.width if t and not is_full else 0 for row, t, is_full in zip(self.rows, take, full)]
+        runs = []  # (first row, end row, width) of each run of cached rows of one width
+        for w, run in itertools.groupby(range(len(cached)), key=cached.__getitem__):
+            run = list(run)
+            if w:
+                runs.append((run[0], run[-1] + 1, w))
         fulls = [r for r, is_full in enumerate(full) if is_full]
         if out is None and runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
-            return self._kv_forward(0, len(self.rows), *policy.cached_span(length, e - wb, e, shift), e - wb)
+            return self._kv_forward(slice(None), *policy.cached_span(length, e - wb, e, shift), e - wb)
         logits = out
         for r0, r1, w in runs:
-            part = self._kv_forward(r0, r1, *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
+            part = self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
             if logits is None:
                 logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
             if w < wb:
@@ -115,13 +115,13 @@ class RunningForwards:
         if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
             a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
             if fulls == list(range(fulls[0], fulls[-1] + 1)):
-                part = self._kv_forward(fulls[0], fulls[-1] + 1, a, length, e - wb)
+                part = self._kv_forward(slice(fulls[0], fulls[-1] + 1), a, length, e - wb)
                 if logits is None:
                     return part
                 logits[fulls[0]:fulls[-1] + 1] = part
             else:
                 idx = torch.tensor(fulls, device=self.device)  # one upload: the rows of the call
-                part = self._kv_forward(0, 0, a, length, e - wb, idx)
+                part = self._kv_forward(idx, a, length, e - wb)
                 logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
                 logits.index_copy_(0, idx, part)
         assert logits is not None
@@ -134,10 +134,9 @@ class RunningForwards:
         state, policy, shift = self.state, self.policy, self.extras[LOGIT_SHIFT_KEY]
         e, length, wb = state.block_end, self.x.shape[1], state.block_length
         parts, j0 = [], 0
-        for j in range(1, len(rows) + 1):
-            w = self.rows[rows[j0]].width
-            if j < len(rows) and self.rows[rows[j]].width == w:
-                continue
+        for w, run in itertools.groupby(rows, key=lambda r: self.rows[r].width):  # rows are kept by width
+            run = list(run)
+            j = j0 + len(run)
             sub = slice(j0 * group, j * group)
             a, b = policy.cached_span(length, e - w, e, shift)
             lo = max(a, e - wb)  # the window's columns in the query: the variants' tokens
@@ -150,10 +149,9 @@ class RunningForwards:
                 kwargs["key_padding_mask"] = self.kpm.index_select(0, idx[sub])
             part = self.model(x, **kwargs).logits  # [n, w, V]
             parts.append(torch.nn.functional.pad(part, (0, 0, wb - w, 0)) if w < wb else part)
-            for r in rows[j0:j]:  # as alone: its variants x its cached query
+            for r in run:  # as alone: its variants x its cached query
                 row = self.rows[r]
-                own, bs, be = (row.prompt_length + n for n in (row.gen_length, row.blocks[row.block][0], row.end))
-                r0, r1 = policy.cached_span(own, bs, be, shift)
+                r0, r1 = policy.cached_span(*row.own_block, shift)
                 row.nfe += 1
                 row.forwarded += group * (r1 - r0)
             j0 = j
@@ -168,11 +166,11 @@ class RunningForwards:
         Counts one forward of each row, ``group`` x its length."""
         starts = [call[0] for call in self._calls]  # the first row of each of the step's calls
         parts, j0 = [], 0
-        for j in range(1, len(rows) + 1):
-            if j == len(rows) or bisect.bisect_right(starts, rows[j]) != bisect.bisect_right(starts, rows[j0]):
-                sub = slice(j0 * group, j * group)
-                parts.append(self._rows_call(rows[j0:j], idx[sub], None if tokens is None else tokens[sub]))
-                j0 = j
+        for _, run in itertools.groupby(rows, key=lambda r: bisect.bisect_right(starts, r)):  # by call
+            run = list(run)
+            sub = slice(j0 * group, (j0 + len(run)) * group)
+            parts.append(self._rows_call(run, idx[sub], None if tokens is None else tokens[sub]))
+            j0 += len(run)
         for r in rows:
             row = self.rows[r]
             row.nfe += 1
@@ -223,19 +221,20 @@ class RunningForwards:
             return self._cached_variants(distinct, rows, tokens, group)
         return self._rows_forward(distinct, rows, tokens, group)
 
-    def _kv_forward(self, r0: int, r1: int, a: int, b: int, s: int, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits [N, E - s, V] of columns ``[s, E)`` for rows ``[r0, r1)`` (or the rows ``idx`` [N]) from
-        a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the buffers' ``[0, L)``."""
+    def _kv_forward(self, rows: Union[slice, torch.Tensor], a: int, b: int, s: int) -> torch.Tensor:
+        """Logits [N, E - s, V] of columns ``[s, E)`` for the ``rows`` (a slice of rows, or their indices
+        [N]) from a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the
+        buffers' ``[0, L)``."""
         state, length, kv = self.state, self.x.shape[1], self.kv
         x, positions, kpm = self.x[:, a:b], self.positions[:, a:b], self.kpm if state.padded else None
-        if idx is not None:
-            x, positions, kpm = x[idx], positions[idx], None if kpm is None else kpm[idx]
-            view = kv.held_view(idx, a, length)
-        elif (r0, r1) == (0, len(self.rows)):
+        if isinstance(rows, torch.Tensor):
+            x, positions, kpm = x[rows], positions[rows], None if kpm is None else kpm[rows]
+            view = kv.held_view(rows, a, length)
+        elif rows.indices(len(self.rows))[:2] == (0, len(self.rows)):
             view = kv.view(a, length)
         else:  # slices of the buffers: the forward writes and reads them in place
-            x, positions, kpm = x[r0:r1], positions[r0:r1], None if kpm is None else kpm[r0:r1]
-            view = KVCache([t[r0:r1] for t in kv.k], [t[r0:r1] for t in kv.v]).view(a, length)
+            x, positions, kpm = x[rows], positions[rows], None if kpm is None else kpm[rows]
+            view = KVCache([t[rows] for t in kv.k], [t[rows] for t in kv.v]).view(a, length)
         head = (s - a, state.block_end - a)
         return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
 
