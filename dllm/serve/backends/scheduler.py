@@ -106,9 +106,12 @@ class Scheduler(Backend):
         return job
 
     def stats(self) -> BackendStats:
+        """``running`` counts the jobs that have not sent their final event: a job whose ``Done`` a
+        client already holds is not counted, though its group may not have left the loop yet."""
         with self._cond:
             forwards, rows = self._forwards()
-            return BackendStats(queued=len(self._queue), running=len(self._running),
+            running = sum(not job.finished for job in self._running.values())
+            return BackendStats(queued=len(self._queue), running=running,
                                 max_running=self.limits.max_running, max_queue=self.limits.max_queue,
                                 forwards=forwards, forwarded_rows=rows, closed=self._closed)
 

@@ -133,6 +133,26 @@ def test_a_failed_decode_fails_its_jobs_and_the_loop_goes_on(llada):
         engine.close()
 
 
+def test_a_job_whose_result_is_out_no_longer_counts_as_running(llada):
+    import threading
+
+    engine = DiffusionBackend(llada, name="tiny-llada", join=False)
+    release, held = engine._release, threading.Event()
+
+    def slow_release(jobs):  # the group leaves the loop only once the test has read the stats
+        held.wait(timeout=30)
+        release(jobs)
+
+    engine._release = slow_release
+    try:
+        done = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 6, SLOW)).result(timeout=60)
+        assert isinstance(done, Done)
+        assert engine.stats().running == 0  # its Done is out, though its group is still in the loop
+    finally:
+        held.set()
+        engine.close()
+
+
 def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
     import torch
 
