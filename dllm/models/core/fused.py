@@ -1,9 +1,9 @@
 """Fused projections for the fused inference layer: the same transformer layer in fewer, larger ops.
 
 A GPU runs a cached decode step's small matmuls in microseconds, so the step is bound by the ops
-Python issues per layer. ``TransformerBlock``'s fused path is made of ``FusedWeight`` (here), the
-one-op norm (``dllm.models.core.norm.rms_norm_one_op``) and the table RoPE of q and k together
-(``dllm.models.core.rope.rope_rows``); the module-by-module path in ``transformer.py`` stays beside it as
+Python issues per layer. ``TransformerBlock``'s fused path (``dllm.models.core.fused_layer``) is made of
+``FusedWeight`` (here), the one-op norm (``dllm.models.core.norm.fused_norm``) and the table RoPE of q
+and k together (``dllm.models.core.rope.rope_rows``); the module-by-module path in ``transformer.py`` stays beside it as
 the reference, and the tests compare the two (tests/models/core/test_fused.py).
 
 - ``FusedWeight``: the q/k/v (or gate/up) weights concatenated into one matrix, with the original
@@ -15,7 +15,6 @@ the reference, and the tests compare the two (tests/models/core/test_fused.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -99,17 +98,3 @@ def linear_or_module(module: nn.Module, weight: Optional[torch.Tensor], x: torch
             or module._parameters.get("weight") is not weight):
         return module(x)
     return F.linear(x, weight)
-
-
-@dataclass(frozen=True)
-class FusedLayer:
-    """What one layer's fused path reads, gathered once (``Transformer.fused_layers``): the q/k/v and
-    gate/up ``FusedWeight``, whether norms and RoPE run as the one-launch operators, and the output
-    and down projections' weights when they may run as ``F.linear`` (None: their modules are called;
-    ``linear_or_module`` checks their hooks and weights at every call)."""
-
-    qkv: FusedWeight
-    gate_up: Optional[FusedWeight]  # None: an MoE feed-forward, run as its module
-    ops: bool
-    o_weight: Optional[torch.Tensor] = None
-    down_weight: Optional[torch.Tensor] = None

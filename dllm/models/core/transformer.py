@@ -28,12 +28,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
-from dllm.kernels.fused_ops import rope_rows as fused_rope_rows
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedLayer, FusedWeight, linear_or_module, plain_weight, refused
+from dllm.models.core.fused import FusedWeight, linear_or_module, plain_weight, refused
+from dllm.models.core.fused_layer import FusedLayer, fused_qkv_rows, fused_residual_out
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.moe import SparseMoE
-from dllm.models.core.norm import RMSNorm, qk_norms_fused, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.models.core.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
@@ -92,26 +92,6 @@ class Attention(nn.Module):
         self._fused = refused(self._fused, (self.q_proj, self.k_proj, self.v_proj))
         return self._fused
 
-    def qkv_fused(self, x: torch.Tensor, w: FusedWeight, cos_sin: torch.Tensor,
-                  ops: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``qkv`` in one matmul and one rotation of q and k together: x [B, T, D] (normed),
-        ``cos_sin`` [B, T, 2, 1, hd] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views).
-        ``ops``: the q/k norms and the rotation as the one-launch operators (``dllm.kernels.fused_ops``)."""
-        b, t, _ = x.shape
-        h, hk = self.n_heads, self.n_kv_heads
-        qkv = F.linear(x, w.weight, w.bias).view(b, t, h + 2 * hk, self.head_dim)  # [B, T, H + 2Hkv, hd]
-        if self.qk_norm:
-            qk = qk_norms_fused(self.q_norm, self.k_norm, qkv, h, hk, ops)  # [B, T, H + Hkv, hd]
-        else:
-            qk = qkv[:, :, :h + hk]
-        rd = cos_sin.shape[-1]
-        if rd < self.head_dim:  # partial rotary (LLaDA 2.x): the first rd channels turn, the rest pass
-            qk = torch.cat((rope_rows(qk[..., :rd], cos_sin, fp32=self.rope_fp32), qk[..., rd:]), dim=-1)
-        else:
-            qk = (fused_rope_rows if ops else rope_rows)(qk, cos_sin, fp32=self.rope_fp32)
-        q, k = qk.transpose(1, 2).split_with_sizes([h, hk], dim=1)  # [B, H|Hkv, T, hd]
-        return q, k, qkv[:, :, h + hk:].transpose(1, 2)
-
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -150,12 +130,6 @@ class MLP(nn.Module):
         """gate and up weights as one [2F, D] matrix (as ``Attention.fused_qkv``)."""
         self._fused = refused(self._fused, (self.gate_proj, self.up_proj))
         return self._fused
-
-    def forward_fused(self, x: torch.Tensor, w: FusedWeight, down: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``forward`` with one gate-up matmul: [B, T, D] -> [B, T, D], the same values. ``down``: the
-        down projection's weight, run as ``F.linear`` (None: its module)."""
-        gate, up = F.linear(x, w.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
-        return linear_or_module(self.down_proj, down, F.silu(gate).mul_(up))
 
 
 class TransformerBlock(nn.Module):
@@ -209,20 +183,16 @@ class TransformerBlock(nn.Module):
                  fused: Optional[FusedLayer] = None):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
         if fused is not None:
-            return self.attn.qkv_fused(self.attn_norm.fused(h, fused.ops), fused.qkv, cos, fused.ops)
+            return fused_qkv_rows(fused, h, cos)
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
     def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedLayer] = None) -> torch.Tensor:
         """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]."""
+        if fused is not None:
+            return fused_residual_out(fused, h, out)
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, -1)  # [B, T, H*hd]
-        if fused is None:
-            h = h + self.attn.o_proj(out)
-            return h + self.mlp(self.mlp_norm(h))
-        h = h + linear_or_module(self.attn.o_proj, fused.o_weight, out)
-        if fused.gate_up is None:  # an MoE feed-forward (LLaDA 2.x): its module
-            return h + self.mlp(self.mlp_norm.fused(h, fused.ops))
-        return h + self.mlp.forward_fused(self.mlp_norm.fused(h, fused.ops), fused.gate_up, fused.down_weight)
+        h = h + self.attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, D]
+        return h + self.mlp(self.mlp_norm(h))
 
 
 def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[int, ...]:
@@ -290,7 +260,7 @@ class Transformer(nn.Module):
         if self.fused is False or torch.is_grad_enabled():
             return None
         state = self._fused_layers  # built only past the dtype test below (a dtype change unfuses)
-        if state and state[0].qkv.linears[0].weight.data_ptr() != state[0].qkv.weight.data_ptr():
+        if state and state[0].qkv.linears[0]._parameters["weight"].data_ptr() != state[0].qkv.weight.data_ptr():
             state = None  # a projection was replaced by assignment
         if state is None and self.fused is None and self.embed.weight.dtype == torch.float32:
             return None
@@ -301,7 +271,8 @@ class Transformer(nn.Module):
             ops = self.embed.weight.is_cuda if self.fused_ops is None else self.fused_ops
             self._plain_head = self.lm_head is not None and plain_weight(self.lm_head) is not None
             state = self._fused_layers = [
-                FusedLayer(p[0], p[1], ops, plain_weight(layer.attn.o_proj),
+                FusedLayer(p[0], p[1], ops, layer.attn, layer.mlp, layer.attn_norm, layer.mlp_norm, layer.attn.o_proj,
+                           None if p[1] is None else layer.mlp.down_proj, plain_weight(layer.attn.o_proj),
                            None if p[1] is None else plain_weight(layer.mlp.down_proj))
                 for layer, p in zip(self.layers, pairs) if p is not None] if ok else []
         return state or None
@@ -396,14 +367,15 @@ class Transformer(nn.Module):
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
             attn_mask = self._block_causal(positions, attn_mask, cache)
-        embed = self.embed
+        mods = self._modules  # submodules read from the dict: Module.__getattr__ costs ~0.4 us a read
+        embed = mods["embed"]
         if fused is None or embed._forward_hooks or embed._forward_pre_hooks or type(embed) is not nn.Embedding:
             h = embed(input_ids)  # [B, T, D] (a hooked embedding runs as a module: soft inputs, timers)
         else:
-            h = F.embedding(input_ids, embed.weight)
+            h = F.embedding(input_ids, embed._parameters["weight"])
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(mods["layers"]):
             kv_attend = None if cache is None else functools.partial(cache.attend, i)
             want_probs = i in attn_layers
             h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
@@ -417,11 +389,13 @@ class Transformer(nn.Module):
             h = cache.query_rows(h, *head_rows)  # [B, g * (b - a), D]
         elif head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row
-        hooked = bool(self.norm._forward_hooks or self.norm._forward_pre_hooks)  # a timer's hooks see the module
-        h = self.norm(h) if fused is None or hooked else self.norm.fused(h, fused[0].ops)
-        head = self.lm_head
+        norm = mods["norm"]
+        hooked = bool(norm._forward_hooks or norm._forward_pre_hooks)  # a timer's hooks see the module
+        h = norm(h) if fused is None or hooked else fused_norm(norm, h, fused[0].ops)
+        head = mods.get("lm_head")  # None when tied (then a plain attribute)
         if head is not None:  # [B, T, V]; a module call where device-map or timer hooks must run
-            logits = linear_or_module(head, head.weight if fused is not None and self._plain_head else None, h)
+            plain = fused is not None and self._plain_head
+            logits = linear_or_module(head, head._parameters["weight"] if plain else None, h)
         else:
-            logits = F.linear(h, self.embed.weight.to(h.device))
+            logits = F.linear(h, embed.weight.to(h.device))
         return logits, hidden, attn

@@ -5,6 +5,7 @@ buffer rows ``[0, key_end)``. ``StaticView``: the same with the written columns 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -123,7 +124,7 @@ class CacheView:
         if self.memo is None:
             return make()
         hit = self.memo.get(name)
-        if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
+        if hit is not None and len(hit[0]) == len(inputs) and all(map(operator.is_, hit[0], inputs)):
             return hit[1]
         value = make()
         self.memo[name] = (inputs, value)
