@@ -213,7 +213,13 @@ class StepForwards:
         if self.graphs is not None and every_row:  # captured once per shape, replayed (dllm.engine.graphs)
             logits = self.graphs.variants(ids, positions, kpm, rows, group, vq.start, vq.key_end, head)
         if logits is None:
-            view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=every_row, stacked=True)
+            if every_row:  # the same rows and columns at every step of the block: one view, which keeps the
+                # RoPE rows (and a block-causal mask) made from the block's positions
+                view = self.views.memo(("stacked view", vq.start, vq.key_end, group, n),
+                                       lambda: state.kv.rows_view(rows, vq.start, vq.key_end, None, group,
+                                                                  every_row=True, stacked=True, reuse=True))
+            else:
+                view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=False, stacked=True)
             logits = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view).logits
         return logits.view(rows.shape[0], -1, logits.shape[-1])  # [N, W, V]
 

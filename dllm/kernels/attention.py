@@ -106,7 +106,9 @@ def _sdpa(q, k, v, mask, return_probs: bool, name: str) -> tuple[torch.Tensor, N
     if return_probs:
         raise ValueError(f"the {name} attention backend cannot return attention probabilities; "
                          "use attn_backend='reference'")
-    if k.shape[1] != q.shape[1] and _SDPA_GQA:
+    if k.shape[1] == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False), None
+    if _SDPA_GQA:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=True), None
     k = _expand_kv(k, q.shape[1])
     v = _expand_kv(v, q.shape[1])

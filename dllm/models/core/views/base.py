@@ -79,12 +79,13 @@ class CacheView:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the fresh k/v [R, Hkv, T, hd] of layer ``layer`` in place; return the keys and
         values to attend ([R, Hkv, key_end, hd])."""
-        t = k.shape[2]
-        kb, vb = self.kv.k[layer], self.kv.v[layer]
-        if self.kv.drift_probe is not None and self.is_full(t):
-            self.kv.drift_probe.record(layer, self.kv.n_layers, k, kb[:, :, :t])
+        t, kv = k.shape[2], self.kv
+        kb, vb = kv.k[layer], kv.v[layer]
+        full = self.is_full(t)
+        if full and kv.drift_probe is not None:
+            kv.drift_probe.record(layer, kv.n_layers, k, kb[:, :, :t])
         self.write(kb, vb, k, v)
-        if self.is_full(t):
+        if full:
             return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
         if self.key_end == kb.shape[2]:
             return kb, vb  # every column attended (dual): the buffers themselves
