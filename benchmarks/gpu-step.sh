@@ -4,13 +4,15 @@
 #   1. per-step ms at LLaDA-8B width (random bf16 weights) with 8 layers: none / prefix / dual, batch 1
 #      and 8, with the GPU-busy share and kernel launches per step from the profiler (breakdown-8.json);
 #   2. the same at 32 layers, dual, batch 1 (against the 3.7 ms weight-read floor; breakdown-32.json);
+#      with 8 layers and dual, the norms and RoPE as ATen ops (--layer-paths fused) against the one-launch
+#      operators that CUDA's default path runs (breakdown-paths.json: fewer launches, more host per call);
 #   3. SDAR-8B's shapes with its block cache (block 4; breakdown-sdar.json);
 #   4. Fast-dLLM's transcribed dual-cache driver against dllm's loop at the same shapes (driver.txt);
 #   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa (kernels.json).
 # Steps 1-3 time each case eager and with generate(cuda_graphs=True) (the cached forwards replayed as
 # CUDA graphs; on a CPU the same static step runs eagerly).
-# 7 files under ${OUT:-benchmarks/gpu-step-$(date +%F)} (gpu.txt, log.txt with every table, 5 JSON); about
-# 5 minutes on an H200 (the limits add to 330 s). DEVICE=cpu bash benchmarks/gpu-step.sh: tiny shapes.
+# 8 files under ${OUT:-benchmarks/gpu-step-$(date +%F)} (gpu.txt, log.txt with every table, 6 JSON); about
+# 5 minutes on an H200 (the limits add to 340 s). DEVICE=cpu bash benchmarks/gpu-step.sh: tiny shapes.
 O=${OUT:-benchmarks/gpu-step-$(date +%F)}
 . "$(dirname "$0")/lib-gpu.sh"
 if [ "$DEVICE" = cuda ]; then
@@ -22,11 +24,13 @@ B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler
    --cuda-graphs)
 step 60 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,prefix,dual \
   --json "$O/breakdown-8.json"
-step 50 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,dual --batch 8 \
+step 40 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,dual --batch 8 \
   --json "$O/breakdown-8-batch8.json"
 step 70 log.txt "${B[@]}" --layers "$L32" --prompt-length "$P" --block-length 32 --caches dual \
   --json "$O/breakdown-32.json"
-step 60 log.txt "${B[@]}" --family sdar --layers "$L8" --prompt-length "$P" --block-length 4 \
+step 40 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches dual \
+  --layer-paths fused,ops --json "$O/breakdown-paths.json"
+step 50 log.txt "${B[@]}" --family sdar --layers "$L8" --prompt-length "$P" --block-length 4 \
   --caches block --warmup 2 --steps 2 --json "$O/breakdown-sdar.json"
 step 60 log.txt python3 benchmarks/step_overhead.py "${DRIVER[@]}" --device "$DEVICE" --prompt-length "$P" \
   --gen-length 32 --block-length 32 --threads 4

@@ -23,6 +23,10 @@ reference column is a lower bound on its step time.
 cached forward replayed as a CUDA graph; on a CPU the same static step runs eagerly); a replay runs
 no module, so those rows split nothing but the step time.
 
+``--layer-paths`` times every case on each listed layer path (``LAYER_PATHS``): ``fused`` runs the norms
+and RoPE as ATen ops, ``ops`` as the one-launch ``dllm::`` operators (fewer launches per layer, more host
+time per call: on CUDA which one a step prefers is a measurement), ``reference`` module by module.
+
 ``--compile [BACKEND]`` times every case a second time with the layers compiled
 (``dllm.models.compile_model``; default backend inductor) on the same model: the "compile" column.
 
@@ -58,6 +62,11 @@ SDAR_8B = dict(d_model=4096, n_heads=32, n_kv_heads=8, mlp_hidden=12288, vocab_s
 FAMILIES = ("llada", "sdar")  # SDAR: block-causal, its block cache and block length 4
 WIDTHS = ("8b", "tiny")
 COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
+# --layer-paths: name -> Transformer.set_fused(fused, ops=ops). default: the dtype's and device's choice
+# (fused for bfloat16/float16, with the one-launch operators on CUDA); fused: norms and RoPE as ATen ops;
+# ops: as the one-launch operators dllm::rms_norm / rope_rows (custom ops: one launch each on CUDA, more
+# host time per call than an ATen op); reference: module by module
+LAYER_PATHS = {"default": (None, None), "fused": (True, False), "ops": (True, True), "reference": (False, None)}
 
 
 class _Stop(Exception):
@@ -189,16 +198,19 @@ def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0, *, 
 
 
 def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int,
-               batch: int = 1) -> dict[str, float]:
+               batch: int = 1, layer_path: str = "default") -> dict[str, float]:
     """ATen calls and kernel-like ops per layer, ATen calls outside the layers and host syncs per
     step of one block, counted on a narrow copy of ``model``'s family, layers and dtype (what is
-    issued does not depend on the width), over the steps after the first forward."""
+    issued does not depend on the width) on ``layer_path`` (``LAYER_PATHS``; "default" counts the CPU's
+    choice), over the steps after the first forward."""
     from dllm.eval.bench.counters import DispatchCounter, count_generate
     from dllm.models.tiny import tiny
 
     cfg = model.config
     narrow = tiny(model.family, tokenizer=False, n_layers=cfg.n_layers, **shapes_of(model.family, "tiny"),
                   max_positions=max(cfg.max_positions, 2 * prompt_length + 64), dtype=model.dtype)
+    fused, ops = LAYER_PATHS[layer_path]
+    narrow.transformer.set_fused(fused, ops=ops)
     prompt = torch.randint(10, 500, (batch, prompt_length), generator=torch.Generator().manual_seed(0))
     counter = count_generate(narrow, prompt, sampler=sampler, gen_length=block_length, block_length=block_length,
                              cache=cache)
@@ -207,8 +219,15 @@ def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_len
 
 
 def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int, steps: int,
-             device: torch.device, warmup: int = 3, batch: int = 1, cuda_graphs: bool = False) -> dict[str, Any]:
+             device: torch.device, warmup: int = 3, batch: int = 1, cuda_graphs: bool = False,
+             layer_path: str = "default") -> dict[str, Any]:
+    """One case on ``model`` with its layers on ``layer_path`` (``LAYER_PATHS``; the model is left so)."""
     from dllm.samplers import make_sampler
+
+    if layer_path not in LAYER_PATHS:
+        raise ValueError(f"layer_path must be one of {sorted(LAYER_PATHS)}, got {layer_path!r}")
+    fused, ops = LAYER_PATHS[layer_path]
+    model.transformer.set_fused(fused, ops=ops)
 
     gen = torch.Generator().manual_seed(0)
     high = min(1000, model.config.vocab_size)  # ids past the special tokens, within the vocabulary
@@ -249,7 +268,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     forward = parts["layer"] * n_layers + parts["embedding"] + parts["head"]
     base = 32 * parts["layer"] + parts["embedding"]
     counts = count_case(model, cache=cache, sampler=sampler, prompt_length=prompt_length, block_length=block_length,
-                        batch=batch)
+                        batch=batch, layer_path=layer_path)
     gpu = {}
     if device.type == "cuda":
         from dllm.eval.bench.gpu_profile import profile_generate
@@ -258,7 +277,8 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
                                warmup=warmup, steps=steps, cuda_graphs=cuda_graphs)
     return {
         **counts, **gpu,
-        "cache": cache, "sampler": sampler, "steps_timed": len(clock.step_times), "warmup_steps": max(1, warmup),
+        "cache": cache, "layer_path": layer_path, "sampler": sampler, "steps_timed": len(clock.step_times),
+        "warmup_steps": max(1, warmup),
         "batch": batch, "family": model.family,
         "query_rows": query_rows, "logits_rows": clock.logits_rows[-1] if clock.logits_rows else 0,
         **{f"{k}_s": v for k, v in parts.items()},
@@ -288,7 +308,7 @@ def _opt(r: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    head = (f"{'dtype':<9}{'compile':<9}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
+    head = (f"{'dtype':<9}{'compile':<9}{'path':<10}{'cache':<6}{'rows':>9} {'layer ms':>9}{'head ms':>9}{'ref head':>9}{'stats ms':>9}"
             f"{'ref stats':>10}{'engine ms':>10}{'engine %':>9}{'step ms':>9}{'x32 ms':>9}{'ref x32':>9}{'peak MiB':>9}"
             f"{'aten/L':>8}{'kern/L':>8}{'aten out':>9}{'syncs':>7}{'gpu busy':>9}{'launch':>8}")
     lines = [head, "-" * len(head)]
@@ -296,7 +316,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
         busy = "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.0f}%"
         lines.append(
-            f"{r['dtype']:<9}{r.get('compile', 'eager'):<9}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
+            f"{r['dtype']:<9}{r.get('compile', 'eager'):<9}{r.get('layer_path', 'default'):<10}{r['cache']:<6}{str(r['logits_rows']) + '/' + str(r['query_rows']):>9} "
             f"{1e3 * r['layer_s']:>9.1f}{1e3 * r['head_s']:>9.1f}{1e3 * r['reference_head_s']:>9.1f}"
             f"{1e3 * r['statistics_s']:>9.2f}{1e3 * r['reference_statistics_s']:>10.2f}{1e3 * r['engine_s']:>10.2f}"
             f"{100 * r['engine_share']:>8.1f}%{1e3 * r['step_s']:>9.1f}{1e3 * r['projected_step_32_s']:>9.0f}"
@@ -327,6 +347,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also time every case with generate(cuda_graphs=True): the cached forwards replayed as "
                         "CUDA graphs (on a CPU: the same static step run eagerly); only the step time is split")
+    p.add_argument("--layer-paths", default="default",
+                   help="comma-separated layer paths, each timed: default (the dtype's and device's choice), "
+                        "fused (norms and RoPE as ATen ops), ops (as the one-launch dllm:: operators), "
+                        "reference (module by module); default: default")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1),
@@ -339,6 +363,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         p.error(f"--dtypes: {bad} not valid; choose from float32, bfloat16, float16")
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
+    paths = [c.strip() for c in args.layer_paths.split(",") if c.strip()]
+    bad = [c for c in paths if c not in LAYER_PATHS]
+    if bad or not paths:
+        p.error(f"--layer-paths: {bad or paths} not valid; choose from {', '.join(LAYER_PATHS)}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     from dllm.models.loading import resolve_device
@@ -361,12 +389,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     from dllm.models.core.compile import compile_model
                     compile_model(model, mode)
                 graphs = (True if device.type == "cuda" else "static") if mode == "graphs" else False
-                for cache in caches:
-                    r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
-                                 block_length=args.block_length, steps=args.steps, device=device, warmup=args.warmup,
-                                 batch=args.batch, cuda_graphs=graphs)
-                    rows.append({"dtype": dtype, "compile": mode, **r})
-                    print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+                for path in paths:
+                    for cache in caches:
+                        r = run_case(model, cache=cache, sampler=args.sampler, prompt_length=args.prompt_length,
+                                     block_length=args.block_length, steps=args.steps, device=device,
+                                     warmup=args.warmup, batch=args.batch, cuda_graphs=graphs, layer_path=path)
+                        rows.append({"dtype": dtype, "compile": mode, **r})
+                        print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
             del model
         write()
         return 0

@@ -97,3 +97,23 @@ def test_cuda_without_cuda_is_refused_before_a_model_is_built(monkeypatch, capsy
     with pytest.raises(SystemExit):
         main(["--device", "cuda"])
     assert "--device: device 'cuda': CUDA is not available" in capsys.readouterr().err
+
+
+def test_layer_paths_are_timed_and_counted_each():
+    """``--layer-paths fused,ops``: a row per path; the one-launch operators issue fewer kernel-like
+    ops per layer than the ATen norms and RoPE (counted on the CPU model: what a GPU launches)."""
+    model = _model().to(torch.bfloat16)
+    rows = {path: run_case(model, cache="dual", sampler="threshold", prompt_length=40, block_length=16, steps=1,
+                           device=torch.device("cpu"), layer_path=path) for path in ("fused", "ops")}
+    assert {r["layer_path"] for r in rows.values()} == {"fused", "ops"}
+    assert rows["ops"]["kernels_per_layer"] < rows["fused"]["kernels_per_layer"]
+    assert "ops" in format_rows([{"dtype": "bfloat16", **rows["ops"]}])
+    with pytest.raises(ValueError, match="layer_path must be one of"):
+        run_case(model, cache="dual", sampler="threshold", prompt_length=40, block_length=16, steps=1,
+                 device=torch.device("cpu"), layer_path="fastest")
+
+
+def test_a_bad_layer_path_flag_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--layer-paths", "fused,turbo", "--width", "tiny"])
+    assert "--layer-paths: ['turbo'] not valid" in capsys.readouterr().err
