@@ -8,7 +8,7 @@
     qk = rms_norm_qk(qk, q_w, k_w, h, eps, round_once=True)  # [B, T, H + Hkv, hd]; q_w, k_w [hd]
     qk = rope_rows(qk, cos_sin, fp32=True)          # [B, T, H', hd], cos_sin [B, T, 2, 1, hd]
 
-Dispatch (``torch.library.custom_op``):
+Dispatch (a ``torch.library.Library``: each implementation registered directly):
 - CUDA: the Triton kernels of ``dllm.kernels.triton_fused`` (imported on the first CUDA call), for
   float32 / float16 / bfloat16 tensors. Without triton, or for other dtypes, the references below.
 - Any other device: the references themselves, ``dllm.kernels.layer_ops.rms_norm_one_op``,
@@ -25,6 +25,7 @@ This module imports torch and the references when it loads, triton on the first 
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Optional
 
@@ -68,14 +69,12 @@ def triton_unavailable() -> Optional[str]:
 # dllm::rms_norm
 
 
-@torch.library.custom_op("dllm::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool) -> torch.Tensor:
     """Every device but CUDA: ``rms_norm_one_op``, contiguous."""
     check_norm_shapes(x, weight)
     return rms_norm_one_op(x, weight, eps, round_once=round_once).contiguous()
 
 
-@_rms_norm_op.register_kernel("cuda")
 def _rms_norm_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool) -> torch.Tensor:
     """CUDA: one Triton launch (``triton_fused.rms_norm_triton``); the reference without triton."""
     check_norm_shapes(x, weight)
@@ -85,7 +84,6 @@ def _rms_norm_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once
     return kernels.rms_norm_triton(x, weight, eps, round_once=round_once)
 
 
-@_rms_norm_op.register_fake
 def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool) -> torch.Tensor:
     check_norm_shapes(x, weight)
     return x.new_empty(x.shape, dtype=rms_norm_dtype(x, weight, round_once))
@@ -95,7 +93,6 @@ def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once
 # dllm::rms_norm_qk
 
 
-@torch.library.custom_op("dllm::rms_norm_qk", mutates_args=())
 def _rms_norm_qk_op(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
                     round_once: bool) -> torch.Tensor:
     """Every device but CUDA: ``dllm.kernels.layer_ops.rms_norm_qk`` (contiguous)."""
@@ -103,7 +100,6 @@ def _rms_norm_qk_op(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     return rms_norm_qk_reference(x, q_weight, k_weight, n_q, eps, round_once=round_once)
 
 
-@_rms_norm_qk_op.register_kernel("cuda")
 def _rms_norm_qk_cuda(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
                       round_once: bool) -> torch.Tensor:
     """CUDA: one Triton launch (``triton_fused.rms_norm_triton`` with a second weight from head
@@ -116,7 +112,6 @@ def _rms_norm_qk_cuda(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.T
     return kernels.rms_norm_triton(x, q_weight, eps, round_once=round_once, second=(k_weight, n_q))
 
 
-@_rms_norm_qk_op.register_fake
 def _rms_norm_qk_fake(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
                       round_once: bool) -> torch.Tensor:
     check_qk_norm_shapes(x, q_weight, k_weight, n_q)
@@ -127,14 +122,12 @@ def _rms_norm_qk_fake(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.T
 # dllm::rope_rows
 
 
-@torch.library.custom_op("dllm::rope_rows", mutates_args=())
 def _rope_rows_op(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch.Tensor:
     """Every device but CUDA: ``dllm.kernels.layer_ops.rope_rows``, contiguous."""
     check_rope_shapes(x, cos_sin)
     return rope_rows_reference(x, cos_sin, fp32=fp32).contiguous()
 
 
-@_rope_rows_op.register_kernel("cuda")
 def _rope_rows_cuda(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch.Tensor:
     """CUDA: one Triton launch (``triton_fused.rope_rows_triton``); the reference without triton."""
     check_rope_shapes(x, cos_sin)
@@ -144,11 +137,35 @@ def _rope_rows_cuda(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch
     return kernels.rope_rows_triton(x, cos_sin, fp32=fp32)
 
 
-@_rope_rows_op.register_fake
 def _rope_rows_fake(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch.Tensor:
     check_rope_shapes(x, cos_sin)
     return x.new_empty(x.shape, dtype=rope_rows_dtype(x, cos_sin, fp32))
 
+
+# ----------------------------------------------------------------------------------------------
+# Registration: a ``torch.library.Library`` with each implementation registered directly (the
+# reference for every device, the Triton one for CUDA, a fake for meta tensors and tracing), not
+# ``torch.library.custom_op``, whose kernels run inside a wrapper that checks the outputs for
+# aliasing at every call: host time a cached step pays per launch, four times per layer on CUDA.
+
+def _no_backward(name: str, ctx, grad):
+    raise RuntimeError(f"dllm::{name} has no backward: the one-launch operators are for inference (the fused "
+                       "layer runs only without autograd); differentiate the reference in dllm.kernels.layer_ops")
+
+
+_LIB = torch.library.Library("dllm", "DEF")
+for _name, _schema, _reference, _cuda, _fake in (
+        ("rms_norm", "(Tensor x, Tensor weight, float eps, bool round_once) -> Tensor",
+         _rms_norm_op, _rms_norm_cuda, _rms_norm_fake),
+        ("rms_norm_qk", "(Tensor x, Tensor q_weight, Tensor k_weight, int n_q, float eps, bool round_once) -> Tensor",
+         _rms_norm_qk_op, _rms_norm_qk_cuda, _rms_norm_qk_fake),
+        ("rope_rows", "(Tensor x, Tensor cos_sin, bool fp32) -> Tensor", _rope_rows_op, _rope_rows_cuda,
+         _rope_rows_fake)):
+    _LIB.define(_name + _schema)
+    _LIB.impl(_name, _reference, "CompositeExplicitAutograd")
+    _LIB.impl(_name, _cuda, "CUDA")
+    torch.library.register_fake(f"dllm::{_name}", _fake, lib=_LIB)
+    torch.library.register_autograd(f"dllm::{_name}", functools.partial(_no_backward, _name), lib=_LIB)
 
 # ----------------------------------------------------------------------------------------------
 # Python entry points

@@ -358,3 +358,13 @@ def test_rope_rows_cuda_bf16(fp32: bool) -> None:
     out, ref = rope_rows(x, cos_sin, fp32=fp32), rope_rows_reference(x, cos_sin, fp32=fp32)
     same = assert_kernel_close(f"cuda rope_rows bf16 fp32={fp32}", ref, out)
     assert same >= 0.99, f"only {same:.4f} of outputs bit-identical"
+
+
+def test_the_ops_refuse_a_backward_with_a_clear_error() -> None:
+    """The operators are for inference: a backward through one raises, naming the reference to use."""
+    x = torch.randn(2, 3, 4, HD, requires_grad=True)
+    cos_sin = RopeTable(HD, 10000.0).lookup(torch.arange(3).expand(2, 3), torch.float32, 8)
+    for out in (rms_norm(x, torch.ones(HD), EPS, round_once=False), rope_rows(x, cos_sin, fp32=True),
+                rms_norm_qk(x, torch.ones(HD), torch.ones(HD), 2, EPS, round_once=True)):
+        with pytest.raises(RuntimeError, match="has no backward.*dllm.kernels.layer_ops"):
+            out.sum().backward()
