@@ -294,3 +294,18 @@ def test_progress_rule_equals_its_reference():
                 fast = _guarantee_progress(decision, active, last=last, adaptive=adaptive)
                 ref = _guarantee_progress_reference(decision, active, last=last, adaptive=adaptive)
                 assert torch.equal(fast, ref), (active, commit, score, last, adaptive)
+
+
+@pytest.mark.parametrize("sampler, counted", [("low_confidence", True), ("threshold", False), ("fast", False),
+                                              ("threshold:schedule_steps=4", True)])
+def test_the_block_mask_counts_are_made_for_samplers_that_read_them(model, sampler, counted):
+    """``DecodeState.block_masks_at_start`` (one sum per block) is made for a sampler that says it reads
+    it (``Sampler.reads_block_masks``) and left None otherwise; the tokens do not depend on it."""
+    seen = []
+    kw = dict(gen_length=8, block_length=4, steps=8) if sampler == "low_confidence" else dict(gen_length=8,
+                                                                                              block_length=4)
+    dllm.generate(model, [_ids(model, 6)], sampler=sampler, callback=lambda s: seen.append(
+        None if s.block_masks_at_start is None else s.block_masks_at_start.tolist()), **kw)
+    assert seen and all((m is not None) == counted for m in seen)
+    if counted:
+        assert all(0 <= m[0] <= 4 for m in seen)

@@ -185,7 +185,7 @@ class Decode(StepForwards):
         block = self.views.get("x", s, e)  # [B, W]
         self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
         self._soft = self._unsettled = None
-        state.block_masks_at_start = self._masks.sum(dim=1)  # [B]
+        state.block_masks_at_start = self._masks.sum(dim=1) if sampler.reads_block_masks else None  # [B]
         sampler.begin_block(state)
         refines = sampler.refines  # steps past the masks: bounded by the nominal block
         max_steps = block_steps if block_steps is not None else sampler.max_block_steps(

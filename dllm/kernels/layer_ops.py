@@ -117,6 +117,12 @@ def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Te
     """Rotate x [B, T, H', hd] (q and k heads side by side) by ``cos_sin`` [B, T, 2, 1, hd]
     (``RopeTable.lookup``). fp32: rotate in float32 and cast back (LLaDA); else in x's dtype."""
     cos, sin = cos_sin.unbind(2)  # [B, T, 1, hd] each (one view call)
+    return rope_rows_pair(x, cos, sin, fp32=fp32)
+
+
+def rope_rows_pair(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: bool) -> torch.Tensor:
+    """``rope_rows`` with the table's cos and signed sin apart, [B, T, 1, hd] each (``cos_sin.unbind(2)``,
+    which a forward makes once for all its layers)."""
     half = x.shape[-1] // 2
     if fp32 and x.dtype != torch.float32:
         x32 = x.float()
@@ -125,5 +131,5 @@ def rope_rows(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool) -> torch.Te
 
 
 __all__ = ["KERNEL_DTYPES", "check_norm_shapes", "check_qk_norm_shapes", "check_rope_shapes", "rms_norm_dtype",
-           "rms_norm_one_op", "rms_norm_qk", "rms_norm_reference", "rms_norm_supported", "rope_rows",
+           "rms_norm_one_op", "rms_norm_qk", "rms_norm_reference", "rms_norm_supported", "rope_rows", "rope_rows_pair",
            "rope_rows_dtype", "rope_rows_supported"]

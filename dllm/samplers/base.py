@@ -55,6 +55,12 @@ class Sampler(Configurable):
         a no-op and is skipped. tests/samplers/test_commits_every_step.py holds each one that says so."""
         return False
 
+    @property
+    def reads_block_masks(self) -> bool:
+        """Whether the sampler reads ``DecodeState.block_masks_at_start`` (each row's masks in the block
+        at its start, one sum per block); the engine leaves it None for one that says False."""
+        return True
+
     def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
         """Whether rows at different steps of a block of ``width`` columns (``steps`` budgeted, None for
         an adaptive sampler) may share one step (``dllm.engine.running.RunningDecode``): the step reads

@@ -139,6 +139,10 @@ class LoPA(Sampler):
     def commits_every_step(self) -> bool:
         return True  # every winner holds the anchor, the threshold rule, which keeps each row's best mask
 
+    @property
+    def reads_block_masks(self) -> bool:
+        return False
+
     def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
         return True  # no step index: each row's anchor, variants and winner come from its own logits
 

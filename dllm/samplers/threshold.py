@@ -136,6 +136,10 @@ class Threshold(Sampler):
     def commits_every_step(self) -> bool:
         return self.config.schedule_steps is None  # threshold_commit always keeps the most confident mask
 
+    @property
+    def reads_block_masks(self) -> bool:
+        return self.config.schedule_steps is not None  # the schedule's quotas (begin_block)
+
     def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
         return self.config.schedule_steps is None  # the threshold rule reads no step index
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.kernels.fused_ops import rope_rows as op_rope_rows
-from dllm.kernels.layer_ops import rope_rows
+from dllm.kernels.layer_ops import rope_rows, rope_rows_pair
 from dllm.models.core.fused import FusedWeight, linear_or_module
 from dllm.models.core.norm import RMSNorm, fused_norm, qk_norms_fused
 
@@ -44,11 +44,13 @@ class FusedLayer:
     down_weight: Optional[torch.Tensor] = None
 
 
-def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos_sin: torch.Tensor
+def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The attention norm, q/k/v in one matmul and one rotation of q and k together: h [B, T, D],
-    ``cos_sin`` [B, T, 2, 1, hd] (``RopeTable.lookup``) -> q [B, H, T, hd], k and v [B, Hkv, T, hd]
-    (strided views)."""
+    """The attention norm, q/k/v in one matmul and one rotation of q and k together: h [B, T, D] ->
+    q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views). ``cos``, ``sin``: the RoPE table's cos
+    and signed sin [B, T, 1, hd] (``Transformer.forward`` unbinds the table once for every layer); with
+    ``sin`` None, ``cos`` is the whole table [B, T, 2, 1, hd] (``RopeTable.lookup``), which the
+    one-launch ``dllm::rope_rows`` takes."""
     attn = p.attn
     b, t, _ = h.shape
     nh, nk, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
@@ -58,11 +60,15 @@ def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos_sin: torch.Tensor
         qk = qk_norms_fused(attn.q_norm, attn.k_norm, qkv, nh, nk, p.ops)  # [B, T, H + Hkv, hd]
     else:
         qk = qkv[:, :, :nh + nk]
-    rd = cos_sin.shape[-1]
+    rd, fp32 = cos.shape[-1], attn.rope_fp32
     if rd < hd:  # partial rotary (LLaDA 2.x): the first rd channels turn, the rest pass
-        qk = torch.cat((rope_rows(qk[..., :rd], cos_sin, fp32=attn.rope_fp32), qk[..., rd:]), dim=-1)
+        turned = rope_rows(qk[..., :rd], cos, fp32=fp32) if sin is None else rope_rows_pair(qk[..., :rd], cos, sin,
+                                                                                            fp32=fp32)
+        qk = torch.cat((turned, qk[..., rd:]), dim=-1)
+    elif sin is None:
+        qk = (op_rope_rows if p.ops else rope_rows)(qk, cos, fp32=fp32)
     else:
-        qk = (op_rope_rows if p.ops else rope_rows)(qk, cos_sin, fp32=attn.rope_fp32)
+        qk = rope_rows_pair(qk, cos, sin, fp32=fp32)
     q, k = qk.transpose(1, 2).split_with_sizes([nh, nk], dim=1)  # [B, H|Hkv, T, hd]
     return q, k, qkv[:, :, nh + nk:].transpose(1, 2)
 

@@ -170,8 +170,8 @@ class TransformerBlock(nn.Module):
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.core.compile`` compiles)
         around the K/V write and the attention backend, which stay eager. ``fused``: the layer's
-        fused weights (``fused_weights``); ``cos`` is then the [B, T, 2, 1, hd] RoPE table rows
-        (``dllm.models.core.fused.RopeTable``) and ``sin`` is unused."""
+        fused weights (``Transformer.fused_layers``); ``cos`` and ``sin`` are then the RoPE table's
+        rows (``dllm.models.core.rope.RopeTable``) as ``fused_qkv_rows`` takes them."""
         q, k, v = self.qkv_rows(h, cos, sin, fused)
         if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
             out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]
@@ -183,7 +183,7 @@ class TransformerBlock(nn.Module):
                  fused: Optional[FusedLayer] = None):
         """h [B, T, D] -> rotated q [B, H, T, hd], rotated k and v [B, Hkv, T, hd]."""
         if fused is not None:
-            return fused_qkv_rows(fused, h, cos)
+            return fused_qkv_rows(fused, h, cos, sin)
         return self.attn.qkv(self.attn_norm(h), cos, sin)
 
     def residual_out(self, h: torch.Tensor, out: torch.Tensor, fused: Optional[FusedLayer] = None) -> torch.Tensor:
@@ -293,12 +293,16 @@ class Transformer(nn.Module):
         self._attn_fn = resolution.backend.fn
         return self.attn_backend
 
-    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, cache) -> torch.Tensor:
-        """The RoPE table rows of ``positions`` [B, T] -> [B, T, 2, 1, hd] (kept on a reused cache view)."""
-        def make() -> torch.Tensor:
-            return self._rope_table.lookup(positions, dtype, self.config.max_positions)
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, cache, *,
+                   pair: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The RoPE table rows of ``positions`` [B, T] (kept on a reused cache view): ``pair``: (cos, signed
+        sin) [B, T, 1, hd] each, unbound once for every layer; else (the table [B, T, 2, 1, hd], None),
+        what the one-launch ``dllm::rope_rows`` takes."""
+        def make() -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+            table = self._rope_table.lookup(positions, dtype, self.config.max_positions)
+            return table.unbind(2) if pair else (table, None)
 
-        return make() if cache is None else cache.memoized(f"rope_rows:{dtype}", (positions,), make)
+        return make() if cache is None else cache.memoized(f"rope_rows:{dtype}:{pair}", (positions,), make)
 
     def _block_causal(self, positions: torch.Tensor, attn_mask: Optional[torch.Tensor], cache) -> torch.Tensor:
         """``attn_mask`` ANDed with the block-causal mask of the queries' ``positions`` [B, T] and
@@ -362,7 +366,7 @@ class Transformer(nn.Module):
         fused = self.fused_layers()
         if fused is not None:
             dtype = torch.float32 if self.config.rope_fp32 else fused[0].qkv.weight.dtype
-            cos, sin = self._rope_rows(positions, dtype, cache), None  # [B, T, 2, 1, hd]
+            cos, sin = self._rope_rows(positions, dtype, cache, pair=not fused[0].ops)
         else:
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:

@@ -72,7 +72,7 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
 OUTSIDE_ATEN = {  # (family, sampler): (ATen path, as on CUDA)
     ("llada", "low_confidence"): (20, 19), ("llada", "threshold"): (21, 20),
     ("dream", "low_confidence"): (26, 25), ("dream", "threshold"): (22, 21),
-    ("sdar", "low_confidence"): (26, 26), ("sdar", "threshold"): (30, 30),
+    ("sdar", "low_confidence"): (27, 26), ("sdar", "threshold"): (30, 30),
     ("fastdllm_v2", "low_confidence"): (28, 27), ("fastdllm_v2", "threshold"): (23, 22),
 }
 
