@@ -13,7 +13,11 @@ The measured choice and the candidates it beat are in docs/results/samplers.md (
 what it is").
 The preset also sets ``compact="auto"``: on CUDA its steps read nothing back to the host (static
 variant batches, see ``dllm.samplers.lopa``: the same tokens for a few more forwards); elsewhere the
-variant batch is compacted (one host read per step, the fewest forwarded tokens). Re-run the choice when the embedded models change:
+variant batch is compacted (one host read per step, the fewest forwarded tokens). And ``stats="auto"``:
+on CUDA the anchor's and the variants' arg-max and confidences come from one fused pass over the
+logits (``dllm.kernels.triton_stats``, float32) instead of float64 / float32 softmaxes over the
+vocabulary; the same tokens except where two candidates tie within float32 rounding
+(tests/kernels/test_fused_sampler_stats.py); elsewhere the softmaxes. Re-run the choice when the embedded models change:
 
     dllm bench choose-fast --threads 1
 
@@ -27,8 +31,9 @@ from typing import Any
 from dllm.registry import preset_class
 from dllm.samplers.base import Sampler, register_sampler, samplers
 
-# (registered sampler, option defaults); compact="auto": static variant batches on CUDA (no host read)
-CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 3, "reuse": True, "compact": "auto"})
+# (registered sampler, option defaults); compact="auto": static variant batches on CUDA (no host read);
+# stats="auto": the fused vocabulary statistics on CUDA
+CHOICE: tuple[str, dict[str, Any]] = ("lopa", {"branches": 3, "reuse": True, "compact": "auto", "stats": "auto"})
 
 
 def preset(name: str, base_name: str, defaults: dict[str, Any], doc: str) -> type[Sampler]:

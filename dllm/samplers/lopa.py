@@ -62,7 +62,9 @@ Greedy only (temperature 0), enforced by the engine; under a cache each variant 
 cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
 ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
 ``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
-reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True). The paper's defaults for
+reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``stats`` (``"torch"``: the softmaxes above; ``"fused"`` /
+``"auto"``: the arg-max, max-prob and entropy from one float32 pass of ``dllm.kernels.triton_stats``,
+``dllm.samplers.stats``). The paper's defaults for
 D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
@@ -70,6 +72,7 @@ scripts' plain mean over the remaining masks is).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -82,6 +85,7 @@ from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy,
 from dllm.samplers._verify import every_row_runs, forward_window_variants
 from dllm.samplers.chunked import column_ids
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.stats import check_stats, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
 CONFIDENCE_KINDS = ("negative_entropy", "max_prob")
@@ -98,6 +102,8 @@ class LoPAConfig:
     compact: Union[bool, str] = True  # read the candidate counts on the host (one sync per step) to
     #   forward only the rows and variants that can win, and no variant forward when the anchor fills
     #   every block; False: static shapes, no host read; "auto": False on CUDA, True elsewhere
+    stats: str = "torch"  # torch | fused | auto: where the anchor's and the variants' arg-max and
+    #   confidences are computed (dllm.samplers.stats; fused: one pass over the logits, float32)
 
     def __post_init__(self) -> None:
         check_int("branches", self.branches, 1, hint=" (variant 0 is the anchor itself)")
@@ -108,13 +114,54 @@ class LoPAConfig:
         check_bool("reuse", self.reuse)
         if self.compact != "auto" and not isinstance(self.compact, bool):
             raise ValueError(f'compact must be True, False or "auto" (static shapes on CUDA only), got {self.compact!r}')
+        check_stats(self.stats)
 
 
-def confidence_of(probs: torch.Tensor, tokens: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-position confidence (larger = more certain). probs [..., V], tokens [...] -> [...]."""
-    if kind == "max_prob":
-        return gather_prob(probs, tokens)
-    return negative_entropy(probs)
+class Proposals:
+    """Per position of some logits [..., V]: the arg-max without the mask id (``tokens``) and, when
+    asked for, its max-prob confidence and the ``confidence`` kind's value. ``fused``: all from one pass
+    of ``dllm.kernels.triton_stats.vocab_stats`` (float32; the entropy without the 1e-10 of Dream's
+    formula); else from a ``dtype`` softmax as the reference computes them, each made on first use."""
+
+    def __init__(self, logits: Optional[torch.Tensor], mask_id: int, fused: bool, dtype: torch.dtype) -> None:
+        self._stats = self._probs = None
+        self._top: Optional[torch.Tensor] = None
+        if logits is None:  # rows() fills the fields
+            return
+        if fused:
+            from dllm.kernels.triton_stats import vocab_stats
+
+            self._stats = vocab_stats(logits, banned=mask_id)
+            self.tokens = self._stats.argmax  # [...]
+        else:
+            self._probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
+            self.tokens = argmax_excluding(logits, mask_id)  # [...]
+
+    @property
+    def max_prob(self) -> torch.Tensor:
+        """p(tokens) [...]."""
+        if self._top is None:
+            self._top = self._stats.top1_prob if self._stats is not None else gather_prob(self._probs, self.tokens)
+        return self._top
+
+    def confidence(self, kind: str) -> torch.Tensor:
+        """The ``confidence`` kind's value (larger = more certain) [...]: ``max_prob``, or Dream's
+        ``sum p log p`` (``negative_entropy``)."""
+        if kind == "max_prob":
+            return self.max_prob
+        return -self._stats.entropy if self._stats is not None else negative_entropy(self._probs)
+
+    def rows(self, idx: torch.Tensor) -> "Proposals":
+        """The rows ``idx`` [N] of the leading dim."""
+        out = Proposals(None, 0, False, torch.float32)
+        out.tokens = self.tokens[idx]
+        out._probs = None if self._probs is None else self._probs[idx]
+        out._top = None if self._top is None else self._top[idx]
+        if self._stats is not None:
+            out._stats = dataclasses.replace(self._stats, **{f.name: getattr(self._stats, f.name)[idx] for f in
+                                                             dataclasses.fields(self._stats)
+                                                             if getattr(self._stats, f.name) is not None})
+        return out
 
 
 def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
@@ -153,24 +200,24 @@ class LoPA(Sampler):
 
         # 1. anchor B0' from the step's logits
         logits = window_of(inp.logits, inp.window)  # [B, W, V]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # float64 as Fast-dLLM
-        x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
-        conf = gather_prob(probs, x0)  # [B, W] max-prob confidence
-        anchor = threshold_commit(conf, active, cfg.tau_conf)  # [B, W]
+        fused = use_fused(cfg.stats, logits)
+        props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
+        x0 = props.tokens  # [B, W]
+        anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
         base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
         commit, out, nxt = anchor, base, None
         if cfg.branches > 1 or cfg.bonus or cfg.reuse:  # 2-5: the lookahead
             if cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda):
-                commit, out, nxt = self._compact_lookahead(inp, x0, probs, active, anchor, base)
+                commit, out, nxt = self._compact_lookahead(inp, props, active, anchor, base, fused)
             else:
-                commit, out, nxt = self._lookahead(inp, x0, probs, active, anchor, base,
-                                                   min(cfg.branches - 1, base.shape[1]))
+                commit, out, nxt = self._lookahead(inp, props, active, anchor, base,
+                                                   min(cfg.branches - 1, base.shape[1]), fused)
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
         decision.next_logits = nxt if cfg.reuse else None
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
 
-    def _compact_lookahead(self, inp: StepInput, x0, probs, active, anchor, base
+    def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool
                            ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """``compact=True``: the lookahead of the rows with masks left after the anchor only, with as
         many variants as the most candidates of a row, none when no row has one. One host read (the
@@ -183,17 +230,17 @@ class LoPA(Sampler):
         if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
             return anchor, base, None
         if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
-            return self._lookahead(inp, x0, probs, active, anchor, base, n_extra)
+            return self._lookahead(inp, props, active, anchor, base, n_extra, fused)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
         live_host = [r for r, c in enumerate(host_counts) if c > 0]  # the same rows, ascending
-        commit_l, out_l, next_l = self._lookahead(inp, x0[live], probs[live], active[live], anchor[live],
-                                                  base[live], n_extra, rows=live, host_rows=live_host)
+        commit_l, out_l, next_l = self._lookahead(inp, props.rows(live), active[live], anchor[live], base[live],
+                                                  n_extra, fused, rows=live, host_rows=live_host)
         commit = anchor.index_copy(0, live, commit_l)  # [B, W]
         out = base.index_copy(0, live, out_l)  # [B, W]
         nxt = next_l.new_zeros((base.shape[0], *next_l.shape[1:])).index_copy(0, live, next_l)  # [B, W, V]
         return commit, out, nxt
 
-    def _lookahead(self, inp: StepInput, x0, probs, active, anchor, base, n_extra: int,
+    def _lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, n_extra: int, fused: bool,
                    rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 2-5 for the batch rows ``rows`` [N] (default: every row, N = B), whose tensors are
@@ -205,10 +252,11 @@ class LoPA(Sampler):
         n_rows, w = base.shape
         k = 1 + n_extra  # variants per row, variant 0 = B0'
         dev = base.device
+        x0 = props.tokens  # [N, W]
 
         # 2. variant positions: the best k - 1 remaining masks by the confidence kind
         cand = active > anchor  # [N, W] active masks the anchor leaves (bool: True > False only)
-        rank = torch.where(cand, confidence_of(probs, x0, cfg.confidence), float("-inf"))  # [N, W]
+        rank = torch.where(cand, props.confidence(cfg.confidence), float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
         real = torch.gather(cand, 1, pos)  # [N, k-1]; fewer candidates: duplicates of B0', never valid
         # p_j of variant j as a one-hot row; variant 0 and the invalid ones at -1, which matches no column
@@ -220,9 +268,10 @@ class LoPA(Sampler):
         v_logits = forward_window_variants(inp, variants, rows, host_rows).reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
-        v_tok = argmax_excluding(v_logits, inp.mask_id)  # [N, k, W]
-        v_conf = confidence_of(torch.softmax(v_logits, dim=-1, dtype=torch.float32), v_tok, cfg.confidence)  # [N, k, W]
-        score = score_variants(v_conf, cand[:, None, :] > extra)  # [N, k] on the masks left after B0' + p_j
+        v_props = Proposals(v_logits, inp.mask_id, fused, torch.float32)
+        v_tok = v_props.tokens  # [N, k, W]
+        score = score_variants(v_props.confidence(cfg.confidence), cand[:, None, :] > extra)  # [N, k] on the
+        #   masks left after B0' + p_j
         valid = real
         if cfg.verify_variants and k > 1:
             # variant j's token must still be B0's arg-max at p_j
@@ -237,8 +286,10 @@ class LoPA(Sampler):
         w_logits = v_logits[sel, win]  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
             w_tok = v_tok[sel, win]  # [N, W]
-            w_probs = torch.softmax(w_logits, dim=-1, dtype=torch.float64)  # float64 as step 1
-            w_conf = gather_prob(w_probs, w_tok)  # [N, W]
+            if fused:  # the variants' pass has the winner's p(x0) already
+                w_conf = v_props.max_prob[sel, win]  # [N, W]
+            else:
+                w_conf = gather_prob(torch.softmax(w_logits, dim=-1, dtype=torch.float64), w_tok)  # float64 as step 1
             more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
             commit = commit | more
             out = torch.where(more, w_tok, out)

@@ -73,3 +73,39 @@ def test_auto_takes_the_fused_path_only_on_cuda():
     logits = torch.zeros(1, 2, 8, device=DEVICE)
     assert use_fused("auto", logits) == (DEVICE.type == "cuda")
     assert use_fused("fused", logits) and not use_fused("torch", logits)
+
+
+LOPA = [("lopa", {}), ("lopa", {"confidence": "max_prob", "compact": False}), ("lopa", {"bonus": True, "reuse": False}),
+        ("fast", {}), ("fast", {"compact": False})]
+
+
+@pytest.mark.parametrize("sampler, options", LOPA, ids=["lopa", "lopa-maxprob-static", "lopa-bonus", "fast",
+                                                        "fast-static"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_lopa_with_fused_stats_gives_the_reference_tokens(sampler, options, cache):
+    """LoPA's anchor, variant ranking, variant scores and bonus from the fused statistics (float32, one
+    pass) against the float64 / float32 softmaxes: the same tokens and forwards on a ragged batch."""
+    model = tiny("llada", seed=3).to(DEVICE)
+    kw = dict(gen_length=12, block_length=4, cache=cache)
+    ref = _generate(model, PROMPTS, sampler, "torch", options, **kw)
+    fused = _generate(model, PROMPTS, sampler, "fused", options, **kw)
+    assert torch.equal(fused.generated, ref.generated), f"{fused.generated.tolist()} != {ref.generated.tolist()}"
+    assert (fused.nfe, fused.forwarded_tokens) == (ref.nfe, ref.forwarded_tokens)
+
+
+def test_lopa_proposals_agree_between_the_two_paths():
+    from dllm.samplers.lopa import Proposals
+
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(3, 2, 5, 300, generator=g) * 3).to(DEVICE)  # [N, k, W, V]
+    ref, fused = Proposals(logits, 7, False, torch.float64), Proposals(logits, 7, True, torch.float64)
+    assert torch.equal(fused.tokens, ref.tokens) and not (ref.tokens == 7).any()
+    torch.testing.assert_close(fused.max_prob.double(), ref.max_prob, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fused.confidence("negative_entropy").double(), ref.confidence("negative_entropy"),
+                               rtol=1e-4, atol=1e-6)  # Dream's + 1e-10 inside the log: far below this
+    rows = torch.tensor([2, 0], device=DEVICE)
+    for props in (ref, fused):
+        sub = props.rows(rows)
+        assert torch.equal(sub.tokens, props.tokens[rows])
+        assert torch.equal(sub.confidence("max_prob"), props.confidence("max_prob")[rows])
+        assert torch.equal(sub.confidence("negative_entropy"), props.confidence("negative_entropy")[rows])
