@@ -3,8 +3,8 @@
 ``TransformerBlock`` keeps its module-by-module path as the reference; its fused path
 (``Transformer.fused_layers``) runs ``fused_qkv_rows`` and ``fused_residual_out`` here on a
 ``FusedLayer``: the layer's modules and fused weights gathered once. The functions read parameters
-from the modules' ``_parameters`` and plain attributes (never ``nn.Module.__getattr__``, ~0.4 us a
-read) and call no module but a hooked or replaced projection, because on a GPU a cached step's
+from the modules' ``_parameters`` and plain attributes (never ``nn.Module.__getattr__``, a Python
+call per read) and call no module but a hooked or replaced projection, because on a GPU a cached step's
 layer is bound by the Python around its ~14 launches. The same values as the reference, bit for
 bit off CUDA (tests/models/core/test_fused.py).
 """

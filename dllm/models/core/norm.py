@@ -37,8 +37,8 @@ class RMSNorm(nn.Module):
 def fused_norm(norm: RMSNorm, x: torch.Tensor, ops: bool = False) -> torch.Tensor:
     """``norm``'s RMSNorm of x [..., D] in one ATen kernel (``rms_norm_one_op``), or with ``ops`` as the
     one-launch operator ``dllm::rms_norm`` (a Triton kernel on CUDA; the same function elsewhere).
-    Reads the module's current weight from ``_parameters``, without ``nn.Module.__getattr__`` (~0.4 us
-    a read: the fused layer's Python is what bounds a cached step on a GPU)."""
+    Reads the module's current weight from ``_parameters``, without ``nn.Module.__getattr__`` (a Python
+    call per read: the fused layer's Python is what bounds a cached step on a GPU)."""
     weight = norm._parameters["weight"]
     if ops:
         return fused_rms_norm(x, weight, norm.eps, round_once=norm.round_once)

@@ -371,7 +371,7 @@ class Transformer(nn.Module):
             cos, sin = rope_cos_sin(positions, rope_dim, self.config.rope_theta)  # [B, 1, T, rope_dim]
         if self.config.block_causal:
             attn_mask = self._block_causal(positions, attn_mask, cache)
-        mods = self._modules  # submodules read from the dict: Module.__getattr__ costs ~0.4 us a read
+        mods = self._modules  # submodules read from the dict: Module.__getattr__ is a Python call per read
         embed = mods["embed"]
         if fused is None or embed._forward_hooks or embed._forward_pre_hooks or type(embed) is not nn.Embedding:
             h = embed(input_ids)  # [B, T, D] (a hooked embedding runs as a module: soft inputs, timers)
