@@ -146,7 +146,7 @@ def _rope_rows_fake(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch
 # Registration: a ``torch.library.Library`` with each implementation registered directly (the
 # reference for every device, the Triton one for CUDA, a fake for meta tensors and tracing), not
 # ``torch.library.custom_op``, whose kernels run inside a wrapper that checks the outputs for
-# aliasing at every call: host time a cached step pays per launch, four times per layer on CUDA.
+# aliasing at every call: host time a cached step pays per launch, three or four times per layer on CUDA.
 
 def _no_backward(name: str, ctx, grad):
     raise RuntimeError(f"dllm::{name} has no backward: the one-launch operators are for inference (the fused "
