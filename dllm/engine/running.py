@@ -161,6 +161,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
         self._plans: dict[int, tuple[Optional[tuple], Blocks, Optional[CachePolicy]]] = {}  # gen_length -> _check[1:]
         self.policy: Optional[CachePolicy] = None  # the cache policy (set with the first row)
         self.kv: Optional[KVCache] = None  # [R, Hkv, L, hd] per layer under a cache
+        self._kv_slices: Optional[tuple[KVCache, dict]] = None  # (the buffers, their row slices: _kv_rows)
         self._carried: Optional[torch.Tensor] = None  # [R, W, V] the logits a step's variants left (next_logits)
         self.temperature = float(settings.temperature)
         self.cfg_scale = float(settings.cfg_scale)  # > 0: each row also forwarded with its prompt masked
@@ -259,7 +260,8 @@ class RunningDecode(RunningCanvas, RunningForwards):
             padded=any(row.left > 0 or row.left + row.prompt_length + row.gen_length < self.x.shape[1]
                        for row in self.rows), block_start=s, block_end=e, block_length=w,
             block_steps=None if self.per_step is None else w // self.per_step,
-            block_masks_at_start=self.x.new_full((n,), w), extras=dict(self.extras))
+            block_masks_at_start=self.x.new_full((n,), w) if self.sampler.reads_block_masks else None,
+            extras=dict(self.extras))
         self.sampler.begin_block(self.state)
         self._calls = self._plan_calls() if self.kv is None else []
 

@@ -221,6 +221,19 @@ class RunningForwards:
             return self._cached_variants(distinct, rows, tokens, group)
         return self._rows_forward(distinct, rows, tokens, group)
 
+    def _kv_rows(self, rows: slice) -> KVCache:
+        """The buffers' rows ``rows`` as a ``KVCache`` of slices (views: a forward writes and reads them in
+        place), made once per buffers object: every change of the rows' layout makes new buffers."""
+        kv, memo = self.kv, self._kv_slices
+        assert kv is not None
+        if memo is None or memo[0] is not kv:
+            memo = self._kv_slices = (kv, {})
+        key = (rows.start, rows.stop)
+        sub = memo[1].get(key)
+        if sub is None:
+            sub = memo[1][key] = KVCache([t[rows] for t in kv.k], [t[rows] for t in kv.v])
+        return sub
+
     def _kv_forward(self, rows: Union[slice, torch.Tensor], a: int, b: int, s: int) -> torch.Tensor:
         """Logits [N, E - s, V] of columns ``[s, E)`` for the ``rows`` (a slice of rows, or their indices
         [N]) from a forward of canvas columns ``[a, b)`` that writes their K/V and attends to the
@@ -234,7 +247,7 @@ class RunningForwards:
             view = kv.view(a, length)
         else:  # slices of the buffers: the forward writes and reads them in place
             x, positions, kpm = x[rows], positions[rows], None if kpm is None else kpm[rows]
-            view = KVCache([t[rows] for t in kv.k], [t[rows] for t in kv.v]).view(a, length)
+            view = self._kv_rows(rows).view(a, length)
         head = (s - a, state.block_end - a)
         return self.model(x, positions=positions, key_padding_mask=kpm, cache=view, logits_rows=head).logits
 
