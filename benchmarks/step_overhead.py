@@ -106,23 +106,27 @@ class DriverClock:
 
 
 class ForwardClock:
-    """Wall time spent inside ``model``'s forwards while active (an instance attribute shadows the
-    class's ``forward``, so only this model's calls are timed): a step's time outside it is what a
-    replayed CUDA graph of the forward leaves on the host."""
+    """Wall time spent inside ``model``'s forwards while active (instance attributes shadow the
+    class's ``forward`` and ``cached_logits``, so only this model's calls are timed): a step's time
+    outside them is what a replayed CUDA graph of the forward leaves on the host."""
 
     def __init__(self, model) -> None:
         self.model, self.seconds, self.on = model, 0.0, True
 
-    def __enter__(self) -> "ForwardClock":
-        inner = type(self.model).forward.__get__(self.model)
+    NAMES = ("forward", "cached_logits")  # the engine's cached steps call cached_logits, not the module
 
-        def timed(*args, **kwargs):
-            return timed_call(self, inner, self.model.device, *args, **kwargs)
-        self.model.forward = timed
+    def __enter__(self) -> "ForwardClock":
+        for name in self.NAMES:
+            inner = getattr(type(self.model), name).__get__(self.model)
+
+            def timed(*args, _inner=inner, **kwargs):
+                return timed_call(self, _inner, self.model.device, *args, **kwargs)
+            setattr(self.model, name, timed)
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.model.forward
+        for name in self.NAMES:
+            delattr(self.model, name)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from dllm.cache.base import Query
+from dllm.models.base import DiffusionLM
 from dllm.rows import forward_held, forward_rows
 
 
@@ -94,13 +95,19 @@ class StepForwards:
         if logits is not None:
             attn: dict[int, torch.Tensor] = {}
         else:
-            if held is None:
-                if kwargs["key_padding_mask"] is not None and kwargs.get("cache") is None and takes_padded(self.model):
-                    kwargs["padded"] = True  # every row of a left-padded batch: the mask is not read back
-                out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
-            else:  # released rows (dllm.rows) are not computed
-                out = forward_held(self.model, x, kwargs, held)
-            logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
+            view = kwargs.get("cache")
+            if held is None and view is not None and soft is None and not self.attn_layers and isinstance(
+                    self.model, DiffusionLM):  # the model itself (not a served model's wrapper): no module call
+                logits, attn = self.model.cached_logits(x, kwargs["positions"], kwargs["key_padding_mask"], view,
+                                                        rows), {}
+            else:
+                if held is None:
+                    if kwargs["key_padding_mask"] is not None and view is None and takes_padded(self.model):
+                        kwargs["padded"] = True  # every row of a left-padded batch: the mask is not read back
+                    out = self.model(x, want_attn_layers=self.attn_layers, **kwargs)
+                else:  # released rows (dllm.rows) are not computed
+                    out = forward_held(self.model, x, kwargs, held)
+                logits, attn = out.logits, {k: v[:, :, query.n_extra:] for k, v in out.attn.items()}  # query rows
         if self.cfg_scale > 0:
             b = self.state.batch_size
             logits = guided(logits, self.cfg_scale)
@@ -220,7 +227,10 @@ class StepForwards:
                                                                   every_row=True, stacked=True, reuse=True))
             else:
                 view = state.kv.rows_view(rows, vq.start, vq.key_end, None, group, every_row=False, stacked=True)
-            logits = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view).logits
+            if isinstance(self.model, DiffusionLM):  # the model itself: no module call
+                logits = self.model.cached_logits(ids, positions, kpm, view, head)
+            else:
+                logits = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view).logits
         return logits.view(rows.shape[0], -1, logits.shape[-1])  # [N, W, V]
 
     def _count(self, forwarded: int) -> None:
