@@ -94,9 +94,12 @@ class _LLaDARemasking(Sampler):
         # commit counts of this block from the masks it holds now (on the device)
         schedule = transfer_schedule(state.block_masks_at_start, state.block_steps)  # [B, S]
         state.extras["llada_schedule"] = schedule
-        if self.config.ties == "reference":  # the steps' topk prefixes, once per block: [S, B, k_0]
-            k0 = full_block_count(state.block_end - state.block_start, state.block_steps, 0)  # the largest k
-            state.extras["llada_keep"] = prefix_masks(schedule.t(), k0)
+        if self.config.ties == "reference":  # the steps' topk prefixes, once per block: [B, k] each
+            width, steps = state.block_end - state.block_start, state.block_steps
+            k0 = full_block_count(width, steps, 0)  # the largest k
+            keep = prefix_masks(schedule.t(), k0)  # [S, B, k0]
+            state.extras["llada_keep"] = [m if k == k0 else m[:, :k] for m, k in
+                                          zip(keep.unbind(0), (full_block_count(width, steps, i) for i in range(steps)))]
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
@@ -124,9 +127,8 @@ class _LLaDARemasking(Sampler):
         tokens = expand_window(x0, inp.window, width, inp.mask_id)
         if self.config.ties == "reference":
             assert inp.steps is not None
-            k_max = full_block_count(state.block_end - state.block_start, inp.steps, inp.step)  # host int
-            keep = state.extras["llada_keep"][inp.step, :, :k_max]  # [B, k_max]: the first n[j, i] ranks
-            commit = top_k_of_topk(score, None, k_max, inp.active, keep=keep)
+            keep = state.extras["llada_keep"][inp.step]  # [B, k_max]: the first n[j, i] ranks (k_max a host int)
+            commit = top_k_of_topk(score, None, keep.shape[1], inp.active, keep=keep)
         else:
             commit = take_top_k(score, state.extras["llada_schedule"][:, inp.step], inp.active)
         return StepOutput(commit=commit, tokens=tokens, score=score, active_only=True)

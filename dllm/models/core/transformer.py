@@ -376,7 +376,7 @@ class Transformer(nn.Module):
         if fused is None or embed._forward_hooks or embed._forward_pre_hooks or type(embed) is not nn.Embedding:
             h = embed(input_ids)  # [B, T, D] (a hooked embedding runs as a module: soft inputs, timers)
         else:
-            h = F.embedding(input_ids, embed._parameters["weight"])
+            h = torch.embedding(embed._parameters["weight"], input_ids)  # F.embedding's op, without its wrapper
         hidden: dict[int, torch.Tensor] = {}
         attn: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(mods["layers"]):
