@@ -56,9 +56,8 @@ class StepForwards:
             x, positions = state.x[:, cols], state.positions[:, cols]  # [B, Q]
         kpm = state.key_padding_mask if state.padded else None  # [B, L] canvas-wide
         if self.cfg_scale > 0:
-            x = torch.cat([x, x.masked_fill(state.prompt_mask[:, query.columns()], state.mask_id)], dim=0)
-            positions = positions.repeat(2, 1)
-            kpm = None if kpm is None else kpm.repeat(2, 1)
+            x, positions, kpm = with_unconditional(x, state.prompt_mask[:, query.columns()], state.mask_id,
+                                                   positions, kpm)
         kwargs = {"positions": positions, "key_padding_mask": kpm}
         if state.kv is not None:
             kwargs["cache"] = self._cache_view(query)
@@ -181,9 +180,7 @@ class StepForwards:
         positions = state.positions[rows]
         kv_rows = rows
         if self.cfg_scale > 0:
-            x = torch.cat([x, x.masked_fill(state.prompt_mask[rows], state.mask_id)])
-            positions = positions.repeat(2, 1)
-            kpm = None if kpm is None else kpm.repeat(2, 1)
+            x, positions, kpm = with_unconditional(x, state.prompt_mask[rows], state.mask_id, positions, kpm)
             kv_rows = torch.cat([rows, rows + state.batch_size])  # the unconditional half's buffers
         extra = {} if state.kv is None else {"cache": state.kv.rows_view(kv_rows, vq.start, vq.key_end, vq.extra,
                                                                          group, every_row=every_row)}
@@ -238,10 +235,19 @@ class StepForwards:
         self.state.forwarded_tokens += forwarded
 
 
+def with_unconditional(x: torch.Tensor, prompt_mask: torch.Tensor, mask_id: int, positions: torch.Tensor,
+                       kpm: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """LLaDA's guidance batch: the rows x [B, Q] (positions [B, Q], key padding mask [B, L] or None)
+    followed by their unconditional copies, whose prompt columns (``prompt_mask`` [B, Q]) are the mask
+    id -> [2B, Q], [2B, Q], [2B, L] or None (``guided`` combines their logits)."""
+    x = torch.cat([x, x.masked_fill(prompt_mask, mask_id)])
+    return x, positions.repeat(2, 1), None if kpm is None else kpm.repeat(2, 1)
+
+
 def guided(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     """LLaDA's classifier-free guidance: [2B, ...] (conditional rows, then unconditional) -> [B, ...]."""
     cond, un = logits.chunk(2, dim=0)
     return un + (cfg_scale + 1) * (cond - un)
 
 
-__all__ = ["StepForwards", "guided"]
+__all__ = ["StepForwards", "guided", "with_unconditional"]

@@ -318,7 +318,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
             if k is None and not block_done and row.block_step >= self.sampler.max_block_steps(row.width):
                 raise RuntimeError(f"a row still has masks after {row.block_step} steps of a block of {row.width}; "
                                    f"sampler {self.sampler!r} broke progress")
-            done = block_done and (row.block + 1 == len(row.blocks) or self._answer_ended(answer))
+            done = block_done and (row.block + 1 == len(row.blocks) or self.answer_ended(answer))
             canvas = None
             if done and self.mask_id in answer:  # an EOS stop: its masks become EOS, as generate's release
                 canvas, answer = answer, [self.fill_id if t == self.mask_id else t for t in answer]
@@ -339,8 +339,8 @@ class RunningDecode(RunningCanvas, RunningForwards):
             self._regroup()
         return out
 
-    def _answer_ended(self, answer: list[int]) -> bool:
-        """``stop_at_eos``'s rule after a block: an EOS/EoT with no mask before it."""
+    def answer_ended(self, answer: list[int]) -> bool:
+        """``stop_at_eos``'s rule: the answer's ids hold an EOS/EoT with no mask before it."""
         for t in answer:
             if t == self.mask_id:
                 return False

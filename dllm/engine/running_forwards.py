@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from dllm.engine.forwards import guided
+from dllm.engine.forwards import guided, with_unconditional
 from dllm.models.core.kv import KVCache
 from dllm.schedule import LOGIT_SHIFT_KEY
 
@@ -63,10 +63,8 @@ class RunningForwards:
                                   "key_padding_mask": cut(self.kpm) if padded else None}
         x = cut(self.x)
         if self.cfg_scale > 0:  # LLaDA's guidance: the unconditional copies (prompt and pads masked) follow
-            x = torch.cat([x, x.masked_fill(cut(self.prompt_mask), self.mask_id)])
-            kwargs["positions"] = kwargs["positions"].repeat(2, 1)
-            if padded:
-                kwargs["key_padding_mask"] = kwargs["key_padding_mask"].repeat(2, 1)
+            x, kwargs["positions"], kwargs["key_padding_mask"] = with_unconditional(
+                x, cut(self.prompt_mask), self.mask_id, kwargs["positions"], kwargs["key_padding_mask"])
             return guided(self.model(x, **kwargs).logits, self.cfg_scale)
         if padded and self._passes_padded:
             kwargs["padded"] = True  # the mask has padding: the model need not read it back

@@ -305,6 +305,13 @@ class DiffusionLM(PromptsMixin, nn.Module):
         head_rows: Optional[tuple[int, int]] = None,
     ) -> ModelOutput:
         positions = self._check_cached_inputs(input_ids, positions, key_padding_mask, cache)
+        return self._cached_call(input_ids, positions, key_padding_mask, cache, want_attn_layers, want_hidden_layers,
+                                 head_rows)
+
+    def _cached_call(self, input_ids: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                     cache: Any, want_attn_layers: tuple[int, ...], want_hidden_layers: tuple[int, ...],
+                     head_rows: Optional[tuple[int, int]]) -> ModelOutput:
+        """A cached forward of checked inputs (``_cached_forward``, ``cached_logits``)."""
         attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, 1, K] or None
         raw, hidden, attn = self._raw_forward(input_ids, positions, attn_mask, want_attn_layers,
                                               want_hidden_layers, cache=cache, **self._head_kwargs(head_rows))
@@ -322,9 +329,7 @@ class DiffusionLM(PromptsMixin, nn.Module):
             return self(input_ids, positions=positions, key_padding_mask=key_padding_mask, cache=cache,
                         logits_rows=logits_rows).logits
         head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])
-        attn_mask = cache.attn_mask(key_padding_mask, input_ids.shape[1])  # [B, 1, 1, K] or None
-        raw = self._raw_forward(input_ids, positions, attn_mask, (), (), cache=cache, **self._head_kwargs(head_rows))[0]
-        return self._final_logits(raw, head_rows)
+        return self._cached_call(input_ids, positions, key_padding_mask, cache, (), (), head_rows).logits
 
     def _check_cached_inputs(
         self,

@@ -62,9 +62,9 @@ Greedy only (temperature 0), enforced by the engine; under a cache each variant 
 cached query on its own copy of the buffers (a mid-block ``refresh`` is refused). Options:
 ``branches`` (k, default 4), ``tau_conf`` (0.9), ``confidence`` (``"negative_entropy"``, Dream's
 ``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
-reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``stats`` (``"torch"``: the softmaxes above; ``"fused"`` /
-``"auto"``: the arg-max, max-prob and entropy from one float32 pass of ``dllm.kernels.triton_stats``,
-``dllm.samplers.stats``). The paper's defaults for
+reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``stats`` (``"torch"``:
+the softmaxes above; ``"fused"`` / ``"auto"``: the arg-max, max-prob and entropy from one float32
+pass of ``dllm.kernels.triton_stats``, ``dllm.samplers.stats``). The paper's defaults for
 D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).

@@ -83,14 +83,8 @@ class JoinedDecode:
         before its end (as a ``generate`` call's rows), so its answer is decoded only once an EOS is in
         its final prefix, where it ends."""
         request = row.job.request
-        if request.stream or request.stop:
+        if request.stream or request.stop or self.decode.answer_ended(ids):
             return row.observe_answer(ids, self.mask_id)
-        eos = self.backend.eos_ids
-        for t in ids:
-            if t == self.mask_id:
-                return False
-            if t in eos:
-                return row.observe_answer(ids, self.mask_id)
         return False
 
     def _step_event(self, row, st) -> None:
