@@ -1,25 +1,37 @@
-"""Fused projections for the fused inference layer: the same transformer layer in fewer, larger ops.
+"""The fused inference layer: the same transformer layer in fewer, larger ops.
 
 A GPU runs a cached decode step's small matmuls in microseconds, so the step is bound by the ops
-Python issues per layer. ``TransformerBlock``'s fused path (``dllm.models.core.fused_layer``) is made of
-``FusedWeight`` (here), the one-op norm (``dllm.models.core.norm.fused_norm``) and the table RoPE of q
-and k together (``dllm.models.core.rope.rope_rows``); the module-by-module path in ``transformer.py`` stays beside it as
-the reference, and the tests compare the two (tests/models/core/test_fused.py).
+Python issues per layer, and by the Python around them. ``TransformerBlock``'s fused path is made of
+``FusedWeight`` (the q/k/v and gate/up projections as one matrix each), the one-op norm
+(``dllm.models.core.norm.fused_norm``) and the table RoPE of q and k together
+(``dllm.kernels.layer_ops.rope_rows``); the module-by-module path in ``transformer.py`` stays beside
+it as the reference, and the tests compare the two (tests/models/core/test_fused.py): the same values,
+bit for bit off CUDA.
 
 - ``FusedWeight``: the q/k/v (or gate/up) weights concatenated into one matrix, with the original
   ``nn.Linear`` parameters re-pointed into it (no second copy of the weights; ``state_dict``, the
   checkpoint key maps, saving, training and quantization still see the separate projections).
   ``valid()`` notices when something replaced a parameter (``load_state_dict``, ``.to()``), and
   the layer then fuses again.
+- ``FusedLayer``, ``fused_qkv_rows``, ``fused_residual_out``: the layer's two halves as plain
+  functions over its modules and fused weights gathered once (``Transformer.fused_layers``). They
+  read parameters from the modules' ``_parameters`` and plain attributes (never
+  ``nn.Module.__getattr__``, a Python call per read) and call no module but a hooked or replaced
+  projection.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from dllm.kernels.fused_ops import rope_rows as op_rope_rows
+from dllm.kernels.layer_ops import rope_rows, rope_rows_pair
+from dllm.models.core.norm import RMSNorm, fused_norm, qk_norms_fused
 
 
 class FusedWeight:
@@ -80,7 +92,6 @@ def refused(current: Optional[FusedWeight], linears: Sequence[nn.Module]) -> Opt
     return FusedWeight(linears) if fusable(linears) else None
 
 
-__all__ = ["FusedWeight", "fusable", "refused"]
 
 
 def plain_weight(module: nn.Module) -> Optional[torch.Tensor]:
@@ -98,3 +109,68 @@ def linear_or_module(module: nn.Module, weight: Optional[torch.Tensor], x: torch
             or module._parameters.get("weight") is not weight):
         return module(x)
     return F.linear(x, weight)
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """What one layer's fused path reads, gathered once (``Transformer.fused_layers``): the q/k/v and
+    gate/up ``FusedWeight``, whether norms and RoPE run as the one-launch operators, the layer's
+    modules, and the output and down projections' weights when they may run as ``F.linear`` (None:
+    their modules are called; ``linear_or_module`` checks their hooks and weights at every call)."""
+
+    qkv: FusedWeight
+    gate_up: Optional[FusedWeight]  # None: an MoE feed-forward, run as its module
+    ops: bool
+    attn: nn.Module  # the layer's Attention (head counts, q/k norms)
+    mlp: nn.Module  # its MLP or SparseMoE
+    attn_norm: RMSNorm
+    mlp_norm: RMSNorm
+    o_proj: nn.Linear
+    down_proj: Optional[nn.Linear]  # None with an MoE feed-forward
+    o_weight: Optional[torch.Tensor] = None
+    down_weight: Optional[torch.Tensor] = None
+
+
+def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention norm, q/k/v in one matmul and one rotation of q and k together: h [B, T, D] ->
+    q [B, H, T, hd], k and v [B, Hkv, T, hd] (strided views). ``cos``, ``sin``: the RoPE table's cos
+    and signed sin [B, T, 1, hd] (``Transformer.forward`` unbinds the table once for every layer); with
+    ``sin`` None, ``cos`` is the whole table [B, T, 2, 1, hd] (``RopeTable.lookup``), which the
+    one-launch ``dllm::rope_rows`` takes."""
+    attn = p.attn
+    b, t, _ = h.shape
+    nh, nk, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    w = p.qkv
+    qkv = F.linear(fused_norm(p.attn_norm, h, p.ops), w.weight, w.bias).view(b, t, nh + 2 * nk, hd)  # [B, T, H + 2Hkv, hd]
+    if attn.qk_norm:
+        qk = qk_norms_fused(attn.q_norm, attn.k_norm, qkv, nh, nk, p.ops)  # [B, T, H + Hkv, hd]
+    else:
+        qk = qkv[:, :, :nh + nk]
+    rd, fp32 = cos.shape[-1], attn.rope_fp32
+    if rd < hd:  # partial rotary (LLaDA 2.x): the first rd channels turn, the rest pass
+        turned = rope_rows(qk[..., :rd], cos, fp32=fp32) if sin is None else rope_rows_pair(qk[..., :rd], cos, sin,
+                                                                                            fp32=fp32)
+        qk = torch.cat((turned, qk[..., rd:]), dim=-1)
+    elif sin is None:
+        qk = (op_rope_rows if p.ops else rope_rows)(qk, cos, fp32=fp32)
+    else:
+        qk = rope_rows_pair(qk, cos, sin, fp32=fp32)
+    q, k = qk.transpose(1, 2).split_with_sizes([nh, nk], dim=1)  # [B, H|Hkv, T, hd]
+    return q, k, qkv[:, :, nh + nk:].transpose(1, 2)
+
+
+def fused_residual_out(p: FusedLayer, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """h [B, T, D], attention output [B, H, T, hd] -> the layer's output [B, T, D]: the output
+    projection and residual, the MLP norm, one gate-up matmul, SiLU times up, down and residual."""
+    b, _, t, _ = out.shape
+    h = h + linear_or_module(p.o_proj, p.o_weight, out.transpose(1, 2).reshape(b, t, -1))  # [B, T, D]
+    x = fused_norm(p.mlp_norm, h, p.ops)
+    if p.gate_up is None:  # an MoE feed-forward (LLaDA 2.x): its module
+        return h + p.mlp(x)
+    gate, up = F.linear(x, p.gate_up.weight).chunk(2, dim=-1)  # [B, T, F] each (views)
+    return h + linear_or_module(p.down_proj, p.down_weight, F.silu(gate).mul_(up))
+
+
+__all__ = ["FusedLayer", "FusedWeight", "fusable", "fused_qkv_rows", "fused_residual_out", "linear_or_module",
+           "plain_weight", "refused"]

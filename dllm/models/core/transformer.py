@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedWeight, linear_or_module, plain_weight, refused
-from dllm.models.core.fused_layer import FusedLayer, fused_qkv_rows, fused_residual_out
+from dllm.models.core.fused import (FusedLayer, FusedWeight, fused_qkv_rows, fused_residual_out, linear_or_module,
+                                    plain_weight, refused)
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.moe import SparseMoE
 from dllm.models.core.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
