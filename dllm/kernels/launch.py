@@ -1,6 +1,11 @@
-"""Launch geometry of the Triton attention kernel: tile sizes and the flash-decoding key split.
+"""Launching the Triton kernels: who watches a launch, and the attention kernel's launch geometry.
 
-Pure functions of the shapes (no triton, no device): ``plan_attention`` returns the ``AttnPlan``
+``observed_launch`` runs ``kernel[grid](...)`` and tells the launch observers (``LAUNCH_OBSERVERS``;
+``dllm.eval.bench.counters.DispatchCounter`` is one) that it happened: a dispatch mode sees ATen
+calls only, and a Triton launch costs the host as much as one. With no observer it is the launch
+and one list test.
+
+The geometry: pure functions of the shapes (no triton, no device): ``plan_attention`` returns the ``AttnPlan``
 that ``dllm.kernels.triton_attention.flash_attention`` launches, ``plan_splits`` the key split
 alone. The kernel's grid is ``(query_tiles, B * H, splits)``: one program per query tile, head and
 key range, each reading keys ``[s * split_len, (s + 1) * split_len)``.
@@ -20,7 +25,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Protocol
+
+
+class LaunchObserver(Protocol):
+    def launch_begins(self, name: str) -> None: ...
+
+    def launch_ends(self, name: str) -> None: ...
+
+
+LAUNCH_OBSERVERS: list[LaunchObserver] = []  # told of every Triton launch of dllm.kernels
+
+
+def observed_launch(name: str, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+    """``kernel[grid](*args, **kwargs)``, between ``launch_begins(name)`` and ``launch_ends(name)`` of
+    every observer (under ``TRITON_INTERPRET=1`` the launch itself runs torch ops, which an observer
+    that counts ATen calls leaves out)."""
+    if not LAUNCH_OBSERVERS:
+        return kernel[grid](*args, **kwargs)
+    for obs in LAUNCH_OBSERVERS:
+        obs.launch_begins(name)
+    try:
+        return kernel[grid](*args, **kwargs)
+    finally:
+        for obs in LAUNCH_OBSERVERS:
+            obs.launch_ends(name)
 
 
 def next_pow2(n: int) -> int:
@@ -116,4 +145,5 @@ def plan_attention(batch: int, heads: int, q_len: int, n_keys: int, head_dim: in
     return AttnPlan(block_m, block_n, block_d, query_tiles, splits, split_len)
 
 
-__all__ = ["AttnPlan", "SplitConfig", "fixed_splits", "next_pow2", "plan_attention", "plan_splits"]
+__all__ = ["AttnPlan", "LAUNCH_OBSERVERS", "LaunchObserver", "SplitConfig", "fixed_splits", "next_pow2",
+           "observed_launch", "plan_attention", "plan_splits"]

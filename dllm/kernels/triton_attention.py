@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.autotune import RequestRefused
-from dllm.kernels.launch import next_pow2, plan_attention
+from dllm.kernels.launch import next_pow2, observed_launch, plan_attention
 from dllm.kernels.reference import key_end_tensor
 
 
@@ -259,7 +259,8 @@ def flash_attention(
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     # GPU launch settings are first guesses (untuned): tune with ``dllm bench kernels``
     launch = {} if interp else {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 3 if block_d <= 128 else 2}
-    _attn_fwd_kernel[(m_tiles, bsz * h, num_splits)](
+    observed_launch(
+        "flash_attention", _attn_fwd_kernel, (m_tiles, bsz * h, num_splits),
         q, k, v, out, lse, kp, qa, ke,
         *q.stride(), *k.stride(), *v.stride(), *o_strides,
         kp.stride(0) if key_padding is not None else 0, kp.stride(1) if key_padding is not None else 0,
@@ -321,8 +322,8 @@ def _merge_splits(part: torch.Tensor, part_lse: torch.Tensor, dtype: torch.dtype
     block_d = max(16, next_pow2(d))
     block_r = max(1, 2048 // block_d)
     launch = {} if _interpreted(_merge_kernel) else {"num_warps": 4}
-    _merge_kernel[(triton.cdiv(rows, block_r),)](part, part_lse, out, lse, rows, s, HEAD_DIM=d, BLOCK_D=block_d,
-                                                BLOCK_R=block_r, WRITE_LSE=return_lse, **launch)
+    observed_launch("merge_splits", _merge_kernel, (triton.cdiv(rows, block_r),), part, part_lse, out, lse, rows,
+                    s, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, WRITE_LSE=return_lse, **launch)
     return out, lse
 
 

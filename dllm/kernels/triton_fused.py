@@ -35,7 +35,7 @@ import triton.language as tl
 
 from dllm.kernels.layer_ops import (check_norm_shapes, check_qk_norm_shapes, check_rope_shapes, rms_norm_dtype,
                                     rms_norm_supported, rope_rows_dtype, rope_rows_supported)
-from dllm.kernels.launch import next_pow2
+from dllm.kernels.launch import next_pow2, observed_launch
 from dllm.kernels.triton_attention import _check_device, _interpreted
 
 _MAX_BLOCK_D = 8192  # RMSNorm: channels per tile (a longer row is walked in tiles)
@@ -158,7 +158,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_
     rows = x.numel() // d
     block = block_d or min(next_pow2(d), _MAX_BLOCK_D)
     warps = 8 if block >= 2048 else 4 if block >= 512 else 1
-    _rms_norm_kernel[(rows,)](
+    observed_launch(
+        "rms_norm", _rms_norm_kernel, (rows,),
         x4, weight.contiguous(), weight2.contiguous(), out,
         x4.shape[1], x4.shape[2], d, int(split),
         *x4.stride(), float(eps),
@@ -186,7 +187,8 @@ def rope_rows_triton(x: torch.Tensor, cos_sin: torch.Tensor, *, fp32: bool,
     block_h = block_h or max(1, min(next_pow2(h), _ROPE_TILE // block_d))
     round_products = not fp32 and dtype != torch.float32
     warps = 4 if block_h * block_d >= 1024 else 1
-    _rope_rows_kernel[(bsz * t, triton.cdiv(h, block_h))](
+    observed_launch(
+        "rope_rows", _rope_rows_kernel, (bsz * t, triton.cdiv(h, block_h)),
         x, cs, out,
         t, h, hd, hd // 2,
         *x.stride(), *cs.stride(),

@@ -13,7 +13,8 @@ running scalars in float32 (m = running max, Z = sum exp(l - m), S = sum exp(l -
 plus the two largest logits (for margin and gap), the best allowed logit (banned id excluded) with
 its first index, and the best Gumbel-perturbed score with its index and raw logit.
 
-Outputs (``dllm.kernels.reference.VocabStats``): argmax, top1_prob, margin, entropy, gap, lse, and at
+Outputs (``PackedVocabStats``: the fields of ``dllm.kernels.reference.VocabStats``, views of two
+tensors): argmax, top1_prob, margin, entropy, gap, lse, and at
 T > 0 sample, sample_prob. Shapes follow the leading dims of the logits.
 
 Random numbers at T > 0, two ways:
@@ -30,14 +31,14 @@ plain-PyTorch neighbour is ``dllm.kernels.reference.vocab_stats_reference``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from dllm.kernels.reference import VocabStats
-from dllm.kernels.launch import next_pow2 as _next_pow2
+from dllm.kernels.launch import next_pow2 as _next_pow2, observed_launch
 from dllm.kernels.triton_attention import _check_device, _interpreted
 
 _NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
@@ -139,7 +140,7 @@ def vocab_stats(
     uniforms: Optional[torch.Tensor] = None,  # [..., V] in (0, 1); or
     seed: Optional[int] = None,  # Philox seed (not torch's stream)
     block_v: Optional[int] = None,
-) -> VocabStats:
+) -> "PackedVocabStats":
     """Per-row statistics of ``logits`` in one fused pass (see the module docstring and
     ``VocabStats`` for the fields). At ``temperature > 0`` pass exactly one of ``uniforms`` /
     ``seed``. Float fields are float32, ``argmax`` / ``sample`` int64; shapes are ``logits.shape[:-1]``.
@@ -174,26 +175,76 @@ def vocab_stats(
             raise TypeError(f"uniforms must be float32/float64, got {uniforms.dtype}")
         u3 = _rows3(uniforms)
     n = x3.shape[0] * x3.shape[1]
-    out_idx = torch.full((n, 2), -1, dtype=torch.int64, device=logits.device)
-    out_val = torch.full((n, 6), float("nan"), dtype=torch.float32, device=logits.device)
+    out_idx = torch.empty((*lead, 2), dtype=torch.int64, device=logits.device)  # every read slot is written
+    out_val = torch.empty((*lead, 6), dtype=torch.float32, device=logits.device)
     if n:
         interp = _interpreted(_vocab_stats_kernel)
         block = block_v or min(_next_pow2(vocab), 1024 if interp else 2048)
         launch = {} if interp else {"num_warps": 8 if block >= 2048 else 4}
-        _vocab_stats_kernel[(n,)](
+        observed_launch(
+            "vocab_stats", _vocab_stats_kernel, (n,),
             x3, u3, out_idx, out_val,
             x3.stride(0), x3.stride(1), u3.stride(0), u3.stride(1),
             x3.shape[1], vocab, -1 if banned is None else banned,
             1.0 / temperature if temperature > 0 else 0.0, 0 if seed is None else int(seed),
             BLOCK_V=block, NOISE=noise, **launch,
         )
-    idx = out_idx.reshape(*lead, 2)
-    val = out_val.reshape(*lead, 6)
-    return VocabStats(
-        argmax=idx[..., 0], top1_prob=val[..., 0], margin=val[..., 1], entropy=val[..., 2],
-        gap=val[..., 3], lse=val[..., 4],
-        sample=idx[..., 1] if noise else None, sample_prob=val[..., 5] if noise else None,
-    )
+    return PackedVocabStats(out_idx, out_val, sampled=noise != _NOISE_NONE)
+
+
+class PackedVocabStats:
+    """``VocabStats``' fields as views of the kernel's two outputs, each made on its first read:
+    ``idx`` int64 [..., 2] (argmax, sample) and ``val`` float32 [..., 6] (top1_prob, margin, entropy,
+    gap, lse, sample_prob). A caller that reads one field issues one view, not eight; a kernel that
+    reads the statistics takes ``idx`` / ``val`` themselves (``dllm.kernels.triton_lopa``)."""
+
+    FIELDS = VocabStats.FIELDS
+
+    def __init__(self, idx: torch.Tensor, val: torch.Tensor, sampled: bool) -> None:
+        self.idx, self.val, self.sampled = idx, val, sampled
+        self._views: dict[str, torch.Tensor] = {}
+
+    def _view(self, name: str, t: torch.Tensor, col: int) -> torch.Tensor:
+        got = self._views.get(name)
+        if got is None:
+            got = self._views[name] = t[..., col]
+        return got
+
+    @property
+    def argmax(self) -> torch.Tensor:
+        return self._view("argmax", self.idx, 0)
+
+    @property
+    def top1_prob(self) -> torch.Tensor:
+        return self._view("top1_prob", self.val, 0)
+
+    @property
+    def margin(self) -> torch.Tensor:
+        return self._view("margin", self.val, 1)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        return self._view("entropy", self.val, 2)
+
+    @property
+    def gap(self) -> torch.Tensor:
+        return self._view("gap", self.val, 3)
+
+    @property
+    def lse(self) -> torch.Tensor:
+        return self._view("lse", self.val, 4)
+
+    @property
+    def sample(self) -> Optional[torch.Tensor]:
+        return self._view("sample", self.idx, 1) if self.sampled else None
+
+    @property
+    def sample_prob(self) -> Optional[torch.Tensor]:
+        return self._view("sample_prob", self.val, 5) if self.sampled else None
+
+    def rows(self, index: Any) -> "PackedVocabStats":
+        """The statistics of ``t[index]`` for an index of the leading dims (two indexing calls)."""
+        return PackedVocabStats(self.idx[index], self.val[index], self.sampled)
 
 
 def _rows3(t: torch.Tensor) -> torch.Tensor:
@@ -210,4 +261,4 @@ def _rows3(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-2], t.shape[-1])
 
 
-__all__ = ["vocab_stats", "VocabStats"]
+__all__ = ["PackedVocabStats", "vocab_stats", "VocabStats"]

@@ -72,7 +72,7 @@ scripts' plain mean over the remaining masks is).
 
 from __future__ import annotations
 
-import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -157,10 +157,7 @@ class Proposals:
         out.tokens = self.tokens[idx]
         out._probs = None if self._probs is None else self._probs[idx]
         out._top = None if self._top is None else self._top[idx]
-        if self._stats is not None:
-            out._stats = dataclasses.replace(self._stats, **{f.name: getattr(self._stats, f.name)[idx] for f in
-                                                             dataclasses.fields(self._stats)
-                                                             if getattr(self._stats, f.name) is not None})
+        out._stats = None if self._stats is None else self._stats.rows(idx)
         return out
 
 
@@ -182,6 +179,12 @@ class LoPA(Sampler):
     needs_variants = True
     greedy_only = True
 
+    def __init__(self, config: Optional[LoPAConfig] = None, **options) -> None:
+        super().__init__(config, **options)
+        # (weak reference to the logits a step handed on, their statistics): the fused static path
+        #   (_fused_lookahead) takes them for the next anchor when it is given those very logits
+        self._carried: Optional[tuple[weakref.ref, object]] = None
+
     @property
     def commits_every_step(self) -> bool:
         return True  # every winner holds the anchor, the threshold rule, which keeps each row's best mask
@@ -201,21 +204,52 @@ class LoPA(Sampler):
         # 1. anchor B0' from the step's logits
         logits = window_of(inp.logits, inp.window)  # [B, W, V]
         fused = use_fused(cfg.stats, logits)
-        props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
-        x0 = props.tokens  # [B, W]
-        anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
-        base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
-        commit, out, nxt = anchor, base, None
-        if cfg.branches > 1 or cfg.bonus or cfg.reuse:  # 2-5: the lookahead
-            if cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda):
+        lookahead = cfg.branches > 1 or cfg.bonus or cfg.reuse  # steps 2-5
+        compact = cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda)
+        if fused and lookahead and not compact:  # static shapes: two launches around the variant forward
+            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)
+        else:
+            props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
+            x0 = props.tokens  # [B, W]
+            anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
+            base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
+            commit, out, nxt = anchor, base, None
+            if lookahead and compact:
                 commit, out, nxt = self._compact_lookahead(inp, props, active, anchor, base, fused)
-            else:
+            elif lookahead:
                 commit, out, nxt = self._lookahead(inp, props, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]), fused)
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
         decision.next_logits = nxt if cfg.reuse else None
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
+
+    def _fused_lookahead(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, cur: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Steps 1-5 with static shapes on the fused statistics: ``vocab_stats`` of the block's logits
+        (or, with ``reuse``, the winner's statistics of the last step, when these logits are its
+        logits), ``lopa_propose`` (anchor and variants), the variant forward, ``vocab_stats`` of the
+        variants, ``lopa_select`` (scores, guard, winner, fills, bonus): the same decisions as
+        ``_lookahead`` on the same statistics (``dllm.kernels.triton_lopa``). Same returns."""
+        from dllm.kernels.triton_lopa import lopa_propose, lopa_select
+        from dllm.kernels.triton_stats import vocab_stats
+
+        cfg = self.config
+        carried, self._carried = self._carried, None
+        stats = carried[1] if carried is not None and carried[0]() is logits else None
+        if stats is None:
+            stats = vocab_stats(logits, banned=inp.mask_id)  # [B, W]
+        variants, at, anchor = lopa_propose(stats.idx, stats.val, active, cur, min(cfg.branches - 1, cur.shape[1]),
+                                            cfg.tau_conf, cfg.confidence)  # [B, k, W], [B, k], [B, W]
+        v_logits = forward_window_variants(inp, variants)  # [B * k, W, V]
+        v_stats = vocab_stats(v_logits, banned=inp.mask_id)  # [B * k, W]
+        commit, out, win = lopa_select(v_stats.idx, v_stats.val, stats.idx, active, variants, at, anchor,
+                                       cfg.tau_conf, cfg.confidence, cfg.verify_variants,
+                                       cfg.bonus and not cfg.reuse)  # [B, W], [B, W], [B] rows of v_logits
+        w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
+        if cfg.reuse:  # the next step's anchor reads these logits: their statistics are made
+            self._carried = (weakref.ref(w_logits), v_stats.rows(win))
+        return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool
                            ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:

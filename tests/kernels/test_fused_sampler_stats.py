@@ -76,11 +76,12 @@ def test_auto_takes_the_fused_path_only_on_cuda():
 
 
 LOPA = [("lopa", {}), ("lopa", {"confidence": "max_prob", "compact": False}), ("lopa", {"bonus": True, "reuse": False}),
+        ("lopa", {"compact": False}), ("lopa", {"compact": False, "verify_variants": False, "branches": 5}),
         ("fast", {}), ("fast", {"compact": False})]
 
 
-@pytest.mark.parametrize("sampler, options", LOPA, ids=["lopa", "lopa-maxprob-static", "lopa-bonus", "fast",
-                                                        "fast-static"])
+@pytest.mark.parametrize("sampler, options", LOPA, ids=["lopa", "lopa-maxprob-static", "lopa-bonus", "lopa-static",
+                                                        "lopa-noguard-static", "fast", "fast-static"])
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_lopa_with_fused_stats_gives_the_reference_tokens(sampler, options, cache):
     """LoPA's anchor, variant ranking, variant scores and bonus from the fused statistics (float32, one

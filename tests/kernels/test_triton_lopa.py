@@ -1,0 +1,120 @@
+"""LoPA's two selection kernels (``dllm.kernels.triton_lopa``, the static ``stats="fused"`` path) against
+the torch ops of ``dllm.samplers.lopa`` on the same float32 statistics (the compacted path, which
+runs those ops): the same commits and tokens for one step, on random and on tied confidences, rows
+without masks, rows the anchor fills, fewer candidates than variants, with and without the guard and
+the bonus. Plus the launch observer: a static ``fast`` step launches the vocabulary statistics once,
+its anchor reading the statistics the last step's winner handed on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.kernels.launch import LAUNCH_OBSERVERS
+from dllm.models import tiny
+from dllm.samplers import make_sampler
+from dllm.state import StepInput
+
+from .conftest import DEVICE
+
+V = 40
+MASK = 39
+
+
+def _step_input(logits: torch.Tensor, tokens: torch.Tensor, active: torch.Tensor, seed: int) -> StepInput:
+    """A StepInput whose variant forward is a fixed function of each variant's canvas and row."""
+    g = torch.Generator().manual_seed(seed)
+    b, w = tokens.shape
+    table = (torch.randn(b, w, V, generator=g) * 2).to(DEVICE)  # [B, W, V] per row
+    emb = torch.randn(V, V, generator=g).to(DEVICE)  # [V, V] per canvas token
+
+    def forward_variants(canvas: torch.Tensor, rows: torch.Tensor, n: int, every_row: bool = False,
+                         host_rows=None) -> torch.Tensor:
+        return table[rows] + emb[canvas].roll(1, dims=1)  # [R * n, W, V]: column c sees its left token
+
+    return StepInput(logits=logits, tokens=tokens, active=active, query_start=0, window=(0, w), step=0,
+                     steps=None, mask_id=MASK, temperature=0.0, generator=None, forward_variants=forward_variants)
+
+
+def _case(kind: str, seed: int) -> StepInput:
+    g = torch.Generator().manual_seed(seed)
+    b, w = 4, 8
+    logits = torch.randn(b, w, V, generator=g) * 3  # [B, W, V]
+    active = torch.rand(b, w, generator=g) < 0.7
+    if kind == "ties":  # every column alike: the ranking and the threshold's best tie everywhere
+        logits = logits[:, :1].expand(b, w, V).clone()
+    elif kind == "edge":  # row 0 without masks, row 1 with one, row 2 all confident (the anchor fills it)
+        active[0] = False
+        active[1] = False
+        active[1, 5] = True
+        logits[2] = 0.0
+        logits[2, :, 3] = 30.0
+        active[2] = True
+    tokens = torch.randint(0, MASK, (b, w), generator=g)
+    tokens[active] = MASK
+    return _step_input(logits.to(DEVICE), tokens.to(DEVICE), active.to(DEVICE), seed)
+
+
+_SLOW = pytest.mark.slow  # the interpreter runs the kernels' variant loop slowly: more variants under -m slow
+OPTIONS = [{}, {"confidence": "max_prob"}, {"reuse": True}, pytest.param({"verify_variants": False}, marks=_SLOW),
+           pytest.param({"branches": 6}, marks=_SLOW), pytest.param({"branches": 2, "bonus": False}, marks=_SLOW),
+           pytest.param({"branches": 12, "tau_conf": 0.5}, marks=_SLOW)]
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "edge"])
+@pytest.mark.parametrize("options", OPTIONS, ids=["default", "max_prob", "reuse", "noguard", "k6", "k2-nobonus", "k12-tau0.5"])
+def test_the_kernels_decide_as_the_torch_ops(kind, options):
+    for seed in range(2):
+        inp = _case(kind, seed)
+        kernels = make_sampler("lopa", stats="fused", compact=False, **options).step(inp, None)
+        ops = make_sampler("lopa", stats="fused", compact=True, **options).step(inp, None)
+        assert torch.equal(kernels.commit, ops.commit), (kind, seed, kernels.commit, ops.commit)
+        assert torch.equal(kernels.tokens[kernels.commit], ops.tokens[ops.commit])
+        if options.get("reuse"):  # the winner's logits, for the rows that keep masks (the rest are unread)
+            left = (inp.active & ~kernels.commit).any(dim=1)
+            assert torch.equal(kernels.next_logits[left], ops.next_logits[left])
+
+
+def test_bad_arguments_are_refused():
+    from dllm.kernels.triton_lopa import lopa_propose
+    from dllm.kernels.triton_stats import vocab_stats
+
+    st = vocab_stats(torch.randn(2, 4, V, device=DEVICE), banned=MASK)
+    active = torch.ones(2, 4, dtype=torch.bool, device=DEVICE)
+    cur = torch.full((2, 4), MASK, device=DEVICE)
+    with pytest.raises(ValueError, match="n_extra must be in"):
+        lopa_propose(st.idx, st.val, active, cur, 5, 0.9, "max_prob")
+    with pytest.raises(ValueError, match="confidence must be"):
+        lopa_propose(st.idx, st.val, active, cur, 1, 0.9, "margin")
+    with pytest.raises(ValueError, match="must match active"):
+        lopa_propose(st.idx, st.val, active[:1], cur[:1], 1, 0.9, "max_prob")
+
+
+class _Launches:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def launch_begins(self, name: str) -> None:
+        self.names.append(name)
+
+    def launch_ends(self, name: str) -> None:
+        pass
+
+
+def test_a_static_fast_step_reads_the_vocabulary_once():
+    """With reuse, the anchor of a step is made from the statistics of the logits the last step's
+    winner handed on: one ``vocab_stats`` launch per step (the variants'), two at a block's first step."""
+    model = tiny("llada", seed=3).to(DEVICE)
+    seen = _Launches()
+    LAUNCH_OBSERVERS.append(seen)
+    try:
+        out = dllm.generate(model, [[11, 12, 13, 14]], sampler="fast", compact=False, stats="fused", gen_length=8,
+                            block_length=4)
+    finally:
+        LAUNCH_OBSERVERS.remove(seen)
+    blocks = 2
+    n_select = seen.names.count("lopa_select")
+    assert seen.names.count("lopa_propose") == n_select > blocks
+    assert seen.names.count("vocab_stats") == n_select + blocks, seen.names
+    assert (out.generated != model.mask_id).all()
