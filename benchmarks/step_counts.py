@@ -12,7 +12,12 @@ is the call's first step (the prompt's prefill, with the call's setup). ``path``
 (``set_fused(True, ops=True)``: norms and RoPE as the one-launch operators, as the fused layer runs
 on CUDA; on a CPU their reference implementation runs, so this row counts what a GPU launches).
 ``fast`` is counted as it runs on CUDA there too (``compact=False``: static variant batches; on a
-CPU it compacts them, one host read per step). The syncs column lists the three most frequent sync
+CPU it compacts them, one host read per step), with the torch statistics and, in the row
+``fast, stats=fused``, as CUDA runs it by default: the fused vocabulary statistics and LoPA's two
+selection kernels (``dllm.kernels.triton_lopa``), each Triton launch counted as one call and one
+kernel. That row runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set by this script)
+on a float16 copy of the model (the interpreter has no bfloat16); the interpreter's own torch ops are
+not counted. The syncs column lists the three most frequent sync
 sites. A second table counts every registered sampler on LLaDA with the dual cache, fused+ops; a
 sampler that reads one layer's attention maps (``dawn``: that layer runs the reference attention) is
 also counted with 32 layers, LLaDA-8B's depth, where its mean per layer is what a GPU launches.
@@ -21,7 +26,10 @@ also counted with 32 layers, LLaDA-8B's depth, where its mean per layer is what 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the fused rows run interpreted
 
 import torch
 
@@ -31,6 +39,15 @@ from dllm.models.tiny import tiny
 RUNS = (("llada", "dual", 8), ("dream", "dual", 8), ("sdar", "block", 4), ("fastdllm_v2", "block", 8),
         ("llada2", "block", 4))
 SAMPLERS = ("low_confidence", "threshold", "fast")
+FUSED_FAST = "fast:compact=False,stats=fused"  # as CUDA runs fast by default (the kernels: float16 here)
+
+
+def _row(family: str, cache: str, label: str, path: str, counter: DispatchCounter) -> str:
+    steps = counter.cached_steps(24 + 16)
+    s = DispatchCounter.mean(steps)
+    sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
+    return (f"| {family} | {cache} | {label} | {path} | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | "
+            f"{s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")
 
 
 def rows() -> list[str]:
@@ -38,18 +55,18 @@ def rows() -> list[str]:
     prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
     for family, cache, block in RUNS:
         model = tiny(family, dtype=torch.bfloat16)
+        kw = dict(cache=cache, gen_length=16, block_length=block)
         for path in ("reference", "fused", "fused+ops"):
             model.transformer.set_fused(path != "reference", ops=path == "fused+ops")
+            fused = model.transformer.fused_ready() if path != "reference" else False
+            label = path if path == "reference" or fused else f"{path} (n/a: reference)"
             for sampler in SAMPLERS:
                 spec = "fast:compact=False" if path == "fused+ops" and sampler == "fast" else sampler  # as on CUDA
-                counter = count_generate(model, prompt, sampler=spec, cache=cache, gen_length=16, block_length=block)
-                steps = counter.cached_steps(24 + 16)
-                s = DispatchCounter.mean(steps)
-                sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
-                fused = model.transformer.fused_ready() if path != "reference" else False
-                label = path if path == "reference" or fused else f"{path} (n/a: reference)"
-                out.append(f"| {family} | {cache} | {sampler} | {label} | {s['aten_per_layer']:.1f} | "
-                           f"{s['kernels_per_layer']:.1f} | {s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")
+                out.append(_row(family, cache, sampler, label, count_generate(model, prompt, sampler=spec, **kw)))
+        half = tiny(family, dtype=torch.float16)
+        half.transformer.set_fused(True, ops=True)
+        out.append(_row(family, cache, "fast, stats=fused", "fused+ops (float16)",
+                        count_generate(half, prompt, sampler=FUSED_FAST, **kw)))
     return out
 
 
@@ -68,9 +85,14 @@ def sampler_rows() -> list[str]:
     model.transformer.set_fused(True, ops=True)
     deep = tiny("llada", dtype=torch.bfloat16, n_layers=DEEP_LAYERS)  # LLaDA-8B's depth, the tiny width
     deep.transformer.set_fused(True, ops=True)
+    half = tiny("llada", dtype=torch.float16)  # the interpreter's dtype for the kernels of fast / lopa
+    half.transformer.set_fused(True, ops=True)
     for name in samplers.names():
-        spec = f"{name}:compact=False" if name in ("fast", "lopa") else name  # as on CUDA
-        for label, m in ((spec, model),) + (((f"{spec} ({DEEP_LAYERS} layers)", deep),) if name in MAPS else ()):
+        spec = name
+        if name in ("fast", "lopa"):  # as on CUDA: static variant batches, the fused statistics and kernels
+            spec = f"{name}:compact=False,stats=fused"
+        first = half if name in ("fast", "lopa") else model
+        for label, m in ((spec, first),) + (((f"{spec} ({DEEP_LAYERS} layers)", deep),) if name in MAPS else ()):
             steps = count_generate(m, prompt, sampler=spec, cache="dual", gen_length=16, block_length=8).cached_steps(40)
             s = DispatchCounter.mean(steps)
             out.append(f"| {label} | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | "
@@ -87,13 +109,14 @@ def main() -> None:
         table, per_sampler = rows(), sampler_rows()
     text = "\n".join([
         "# python benchmarks/step_counts.py" + (f" --out {args.out}" if args.out else ""),
-        f"# torch {torch.__version__}; means over the cached steps (bfloat16, batch 1)",
+        f"# torch {torch.__version__}; means over the cached steps (bfloat16, batch 1; the fused fast rows "
+        "float16); a Triton launch counts as one call",
         "| family | cache | sampler | path | ATen calls / layer | kernel-like / layer | ATen outside layers / step "
         "| host syncs / step | sync sites (calls over the run) |",
         "|---|---|---|---|---|---|---|---|---|",
         *table,
         "",
-        "# every registered sampler: llada, dual cache, fused+ops (as on CUDA)",
+        "# every registered sampler: llada, dual cache, fused+ops (as on CUDA; fast and lopa float16)",
         "| sampler | ATen calls / layer | kernel-like / layer | ATen outside layers / step | host syncs / step |",
         "|---|---|---|---|---|",
         *per_sampler])

@@ -22,6 +22,12 @@ Kinds of ATen call:
 
 Counts are taken under ``torch.inference_mode`` as ``generate`` runs: composite ops (``linear``,
 ``scaled_dot_product_attention``) are then seen as one call each, as Python issues them.
+
+A Triton launch of ``dllm.kernels`` (``dllm.kernels.launch.observed_launch``) is counted as one call
+and one kernel, where it was made (``triton:NAME`` in the traces), and the ATen calls made inside it
+are left out: under ``TRITON_INTERPRET=1`` (a CPU) the interpreter runs torch ops that a GPU would
+not, so a CPU run counts a fused path as a GPU launches it. A launch from inside a dispatched op (a
+``torch.library`` operator whose CUDA kernel is Triton) is that op's own call, not counted again.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -44,6 +50,7 @@ _SYNC_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select"
                        "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})
 _PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
 _HERE = os.path.abspath(__file__)
+_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))), "kernels", "launch.py")
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
@@ -91,7 +98,7 @@ def caller_line() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if path != _HERE and not path.startswith(_TORCH) and "/contextlib.py" not in path:
+        if path != _HERE and path != _LAUNCH and not path.startswith(_TORCH) and "/contextlib.py" not in path:
             root = path.rfind("/dllm/")
             if root >= 0:
                 short = path[root + 1:]
@@ -144,8 +151,14 @@ class _Dispatch(TorchDispatchMode):
         self.owner = owner
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.owner._record(func, args, out)
+        owner = self.owner
+        owner._in_op += 1
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            owner._in_op -= 1
+        if not owner._in_launch:  # a Triton launch's own torch ops (the interpreter's) are not a GPU's
+            owner._record(func, args, out)
         return out
 
 
@@ -156,7 +169,9 @@ class _Function(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in _PY_SYNCS and args and isinstance(args[0], torch.Tensor):
+        if self.owner._in_launch:  # the interpreter's reads inside a Triton launch
+            pass
+        elif name in _PY_SYNCS and args and isinstance(args[0], torch.Tensor):
             self.owner._sync(f"Tensor.{name}")
         elif func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor):
             self.owner._sync("upload torch.tensor(python data)")
@@ -177,6 +192,8 @@ class DispatchCounter:
         self._depth_forward = 0
         self._hooks: list[Any] = []
         self._modes: list[Any] = []
+        self._in_op = 0  # depth of dispatched ATen calls running now
+        self._in_launch = 0  # depth of counted Triton launches running now
         core = getattr(model, "transformer", model)
         layers = getattr(core, "layers", None)
         if layers is not None:
@@ -222,6 +239,29 @@ class DispatchCounter:
         if _is_sync(func, args):
             self._sync(op_name(func))
 
+    def launch_begins(self, name: str) -> None:
+        """A Triton launch (``dllm.kernels.launch`` observer): one call and one kernel, unless it runs
+        inside a dispatched op (counted as that op)."""
+        if self._in_op or self._in_launch:
+            self._in_launch += bool(self._in_launch)
+            return
+        self._in_launch = 1
+        c = self.current
+        if self._depth_layer:
+            c.layer_aten += 1
+            c.layer_kernels += 1
+            c.layer_ops[f"triton:{name}"] += 1
+        else:
+            c.outside_aten += 1
+            c.outside_kernels += 1
+            if self.trace:
+                c.outside_ops[f"triton:{name} @ {caller_line()}"] += 1
+        c.forward_aten += self._depth_forward > 0
+
+    def launch_ends(self, name: str) -> None:
+        if self._in_launch:
+            self._in_launch -= 1
+
     def _sync(self, what: str) -> None:
         self.current.syncs.append(f"{what} @ {caller_line()}")
         if self._depth_forward:
@@ -234,12 +274,19 @@ class DispatchCounter:
 
     # ---- context -----------------------------------------------------------------------------------
     def __enter__(self) -> "DispatchCounter":
+        from dllm.kernels.launch import LAUNCH_OBSERVERS
+
         self._modes = [_Function(self), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
+        LAUNCH_OBSERVERS.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        from dllm.kernels.launch import LAUNCH_OBSERVERS
+
+        if self in LAUNCH_OBSERVERS:
+            LAUNCH_OBSERVERS.remove(self)
         for m in reversed(self._modes):
             m.__exit__(*exc)
         for h in self._hooks:

@@ -3,6 +3,8 @@ decode path keeps (kernel-like ops per layer, host syncs)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -96,6 +98,34 @@ def test_cached_step_calls_and_no_sync_in_forwards(family, cache, sampler, ops):
     # low_confidence with a step budget reads nothing; an adaptive sampler reads its loop test, once
     # per step (a block's first test needs no read: the block has masks until a step writes it)
     assert stats["syncs"] <= (0 if sampler == "low_confidence" else 1), DispatchCounter.sync_sites(steps)
+
+
+# fast as CUDA runs it by default (static variant batches, the fused statistics and LoPA's two selection
+# kernels), counted with the kernels in Triton's interpreter on a float16 model (no bfloat16 there): ATen
+# calls plus Triton launches outside the layers per cached step, measured (benchmarks/results/step-counts.txt)
+FAST_FUSED_OUTSIDE = {("llada", "dual"): 27, ("dream", "dual"): 35, ("fastdllm_v2", "block"): 36}
+
+
+@pytest.mark.parametrize("family,cache", list(FAST_FUSED_OUTSIDE))
+def test_fast_as_on_cuda_launches_its_selection_as_two_kernels(family, cache):
+    from dllm.samplers.stats import fused_unavailable_reason
+
+    if fused_unavailable_reason() is not None:
+        pytest.skip(fused_unavailable_reason())
+    model = tiny(family, dtype=torch.float16)
+    model.transformer.set_fused(True, ops=True)
+    prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
+    kw = dict(cache=cache, gen_length=16, block_length=8, trace=True)
+    fused = count_generate(model, prompt, sampler="fast:compact=False,stats=fused", **kw).cached_steps(40)
+    torch_ops = count_generate(model, prompt, sampler="fast:compact=False", **kw).cached_steps(40)
+    stats = DispatchCounter.mean(fused)
+    assert stats["aten_outside"] <= FAST_FUSED_OUTSIDE[(family, cache)], stats
+    assert stats["aten_outside"] < DispatchCounter.mean(torch_ops)["aten_outside"] - 25
+    assert stats["kernels_per_layer"] <= 16 and stats["syncs"] <= 1, stats
+    launches = sum((s.outside_ops for s in fused), Counter())
+    per_step = {name.split(" @ ")[0]: n / len(fused) for name, n in launches.items() if name.startswith("triton:")}
+    assert per_step["triton:lopa_propose"] == per_step["triton:lopa_select"] == 1.0, per_step
+    assert per_step["triton:vocab_stats"] < 1.5, per_step  # the anchor reads the winner's statistics
 
 
 @pytest.mark.parametrize("family,cache", [("llada", "dual"), ("llada", "prefix"), ("dream", "dual"),
