@@ -192,6 +192,20 @@ def vocab_stats(
     return PackedVocabStats(out_idx, out_val, sampled=noise != _NOISE_NONE)
 
 
+def _field(name: str, tensor: str, col: int, sampled_only: bool = False) -> property:
+    """A ``PackedVocabStats`` field: the view ``<tensor>[..., col]``, made once (None for a sample
+    field of statistics taken at T = 0)."""
+    def get(self: "PackedVocabStats") -> Optional[torch.Tensor]:
+        if sampled_only and not self.sampled:
+            return None
+        got = self._views.get(name)
+        if got is None:
+            got = self._views[name] = getattr(self, tensor)[..., col]
+        return got
+
+    return property(get, doc=f"``VocabStats.{name}``: ``{tensor}[..., {col}]``")
+
+
 class PackedVocabStats:
     """``VocabStats``' fields as views of the kernel's two outputs, each made on its first read:
     ``idx`` int64 [..., 2] (argmax, sample) and ``val`` float32 [..., 6] (top1_prob, margin, entropy,
@@ -204,43 +218,14 @@ class PackedVocabStats:
         self.idx, self.val, self.sampled = idx, val, sampled
         self._views: dict[str, torch.Tensor] = {}
 
-    def _view(self, name: str, t: torch.Tensor, col: int) -> torch.Tensor:
-        got = self._views.get(name)
-        if got is None:
-            got = self._views[name] = t[..., col]
-        return got
-
-    @property
-    def argmax(self) -> torch.Tensor:
-        return self._view("argmax", self.idx, 0)
-
-    @property
-    def top1_prob(self) -> torch.Tensor:
-        return self._view("top1_prob", self.val, 0)
-
-    @property
-    def margin(self) -> torch.Tensor:
-        return self._view("margin", self.val, 1)
-
-    @property
-    def entropy(self) -> torch.Tensor:
-        return self._view("entropy", self.val, 2)
-
-    @property
-    def gap(self) -> torch.Tensor:
-        return self._view("gap", self.val, 3)
-
-    @property
-    def lse(self) -> torch.Tensor:
-        return self._view("lse", self.val, 4)
-
-    @property
-    def sample(self) -> Optional[torch.Tensor]:
-        return self._view("sample", self.idx, 1) if self.sampled else None
-
-    @property
-    def sample_prob(self) -> Optional[torch.Tensor]:
-        return self._view("sample_prob", self.val, 5) if self.sampled else None
+    argmax = _field("argmax", "idx", 0)
+    top1_prob = _field("top1_prob", "val", 0)
+    margin = _field("margin", "val", 1)
+    entropy = _field("entropy", "val", 2)
+    gap = _field("gap", "val", 3)
+    lse = _field("lse", "val", 4)
+    sample = _field("sample", "idx", 1, sampled_only=True)
+    sample_prob = _field("sample_prob", "val", 5, sampled_only=True)
 
     def rows(self, index: Any) -> "PackedVocabStats":
         """The statistics of ``t[index]`` for an index of the leading dims (two indexing calls)."""

@@ -64,7 +64,9 @@ cached query on its own copy of the buffers (a mid-block ``refresh`` is refused)
 ``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
 reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``stats`` (``"torch"``:
 the softmaxes above; ``"fused"`` / ``"auto"``: the arg-max, max-prob and entropy from one float32
-pass of ``dllm.kernels.triton_stats``, ``dllm.samplers.stats``). The paper's defaults for
+pass of ``dllm.kernels.triton_stats``, ``dllm.samplers.stats``; with static shapes the steps around
+the variant forward are then two Triton launches, ``dllm.kernels.triton_lopa``, and with ``reuse``
+the next anchor reads the winner's statistics instead of a second pass). The paper's defaults for
 D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
