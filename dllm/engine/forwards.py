@@ -201,8 +201,13 @@ class StepForwards:
         state, n = self.state, rows.shape[0] // group
         first = slice(None) if every_row else rows[::group]  # [n] each run's row
         v0, q = self._view_start, tokens.shape[1]
+        a = v0 - vq.start  # query columns left of the tokens (a logit shift's one)
         if v0 == vq.start and q == vq.length:  # the tokens are the query's columns: no canvas copy
             ids = tokens.reshape(n, -1)  # [n, g*Q]
+        elif every_row and 0 < a and v0 + q >= vq.end:  # the query is a canvas prefix, then the tokens
+            ids, tail = self.views.memo(("stacked ids", vq.start, vq.end, v0, group),
+                                        lambda: self._stacked_ids(vq, v0, group))
+            tail.copy_(tokens.view(n, group, q)[:, :, :vq.length - a])  # [n, g, Q - a]
         else:
             x = state.x[rows].clone()  # [N, L]
             x[:, v0:v0 + q] = tokens
@@ -229,6 +234,18 @@ class StepForwards:
             else:
                 logits = self.model(ids, positions=positions, key_padding_mask=kpm, logits_rows=head, cache=view).logits
         return logits.view(rows.shape[0], -1, logits.shape[-1])  # [N, W, V]
+
+    def _stacked_ids(self, vq: Query, v0: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids of a block's stacked variant forwards whose query starts ``a = v0 - vq.start`` columns
+        left of the variants' tokens (Dream's and Fast-dLLM v2's logit shift): a buffer [B, g, Q] whose
+        first ``a`` columns are the canvas' (fixed while the block decodes: steps write their block
+        only), made once per block. Returns (ids [B, g*Q], the buffer's token columns [B, g, Q - a]),
+        views of one buffer that each step's variants overwrite in place."""
+        a = v0 - vq.start
+        left = self.state.x[:, vq.start:v0]  # [B, a]
+        buf = left[:, None, :].expand(-1, group, -1)
+        buf = torch.cat([buf, buf.new_empty((*buf.shape[:2], vq.length - a))], dim=2)  # [B, g, Q]
+        return buf.view(buf.shape[0], -1), buf[:, :, a:]
 
     def _count(self, forwarded: int) -> None:
         self.state.nfe += 1

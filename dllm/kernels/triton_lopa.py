@@ -26,6 +26,8 @@ Tests: tests/kernels/test_triton_lopa.py (the interpreter on CPU, against the to
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -38,21 +40,25 @@ _SLOT_TOP1, _SLOT_ENTROPY = 0, 2  # columns of vocab_stats' val tensor [..., 6]
 
 @triton.jit
 def _lopa_propose_kernel(
-    SIdx, SVal,  # the step's statistics: int64 [N, W, 2] (argmax), float32 [N, W, 6]; any row strides
+    SIdx, SVal,  # the step's statistics: int64 [M, W, 2] (argmax), float32 [M, W, 6]; any row strides
+    SRows,  # int64 [N]: row n's statistics are row SRows[n] (HAS_ROWS), else row n
     Active, Cur,  # bool [N, W], int64 [N, W] (strided views of the block window)
     Variants, At, Anchor,  # out: int64 [N, K, W], int64 [N, K], bool [N, W] (contiguous)
     s_in, s_iw, s_vn, s_vw, s_an, s_aw, s_cn, s_cw,
     W, K, tau,
-    CONF_SLOT: tl.constexpr, NEGATE: tl.constexpr, BLOCK_W: tl.constexpr,
+    CONF_SLOT: tl.constexpr, NEGATE: tl.constexpr, HAS_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
+    r = n
+    if HAS_ROWS:
+        r = tl.load(SRows + n)
     w = tl.arange(0, BLOCK_W)
     inw = w < W
     NEG_INF: tl.constexpr = float("-inf")
     act = tl.load(Active + n * s_an + w * s_aw, mask=inw, other=0) != 0
-    x0 = tl.load(SIdx + n * s_in + w * s_iw, mask=inw, other=0)
-    top1 = tl.load(SVal + n * s_vn + w * s_vw, mask=inw, other=0.0)
-    conf = tl.load(SVal + n * s_vn + w * s_vw + CONF_SLOT, mask=inw, other=0.0)
+    x0 = tl.load(SIdx + r * s_in + w * s_iw, mask=inw, other=0)
+    top1 = tl.load(SVal + r * s_vn + w * s_vw, mask=inw, other=0.0)
+    conf = tl.load(SVal + r * s_vn + w * s_vw + CONF_SLOT, mask=inw, other=0.0)
     if NEGATE:
         conf = -conf
     cur = tl.load(Cur + n * s_cn + w * s_cw, mask=inw, other=0)
@@ -78,15 +84,18 @@ def _lopa_propose_kernel(
 @triton.jit
 def _lopa_select_kernel(
     VIdx, VVal,  # the variants' statistics: int64 [N * K, W, 2], float32 [N * K, W, 6] (contiguous)
-    SIdx, s_in, s_iw,  # the step's arg-max (x0), as in _lopa_propose_kernel
+    SIdx, SRows, s_in, s_iw,  # the step's arg-max (x0), as in _lopa_propose_kernel
     Active, s_an, s_aw,
     Variants, At, Anchor,  # _lopa_propose_kernel's outputs
     Commit, Out, Win,  # out: bool [N, W], int64 [N, W], int64 [N] (n * K + the winning variant)
     W, K, tau,
     CONF_SLOT: tl.constexpr, NEGATE: tl.constexpr, VERIFY: tl.constexpr, BONUS: tl.constexpr,
-    BLOCK_W: tl.constexpr,
+    HAS_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
+    r = n
+    if HAS_ROWS:
+        r = tl.load(SRows + n)
     w = tl.arange(0, BLOCK_W)
     inw = w < W
     NEG_INF: tl.constexpr = float("-inf")
@@ -94,7 +103,7 @@ def _lopa_select_kernel(
     act = tl.load(Active + n * s_an + w * s_aw, mask=inw, other=0) != 0
     anchor = tl.load(Anchor + n * W + w, mask=inw, other=0) != 0
     cand = act & (anchor == 0)
-    x0 = tl.load(SIdx + n * s_in + w * s_iw, mask=inw, other=0)
+    x0 = tl.load(SIdx + r * s_in + w * s_iw, mask=inw, other=0)
     base = tl.load(Variants + n * K * W + w, mask=inw, other=0)
     tok0 = tl.load(VIdx + (n * K * W + w) * 2, mask=inw, other=-1)  # variant 0's arg-max
     agrees = tok0 == x0
@@ -145,44 +154,69 @@ def _slot(confidence: str) -> tuple[int, bool]:
     raise ValueError(f"confidence must be 'negative_entropy' or 'max_prob', got {confidence!r}")
 
 
+def _check_rows(idx: torch.Tensor, val: torch.Tensor, rows: Optional[torch.Tensor], n_rows: int, width: int) -> None:
+    lead = n_rows if rows is None else idx.shape[0]
+    if tuple(idx.shape) != (lead, width, 2) or tuple(val.shape) != (lead, width, 6):
+        raise ValueError(f"LoPA's statistics must be [{'M' if rows is not None else n_rows}, {width}, 2 / 6] "
+                         f"(idx / val), got {tuple(idx.shape)} / {tuple(val.shape)}")
+    if rows is not None and (rows.shape != (n_rows,) or rows.dtype != torch.long):
+        raise ValueError(f"rows must be a long tensor [{n_rows}], got {rows.dtype} {tuple(rows.shape)}")
+
+
 def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur: torch.Tensor, n_extra: int,
-                 tau: float, confidence: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 tau: float, confidence: str, rows: Optional[torch.Tensor] = None,
+                 out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The anchor and the variants of a LoPA step (module docstring) in one launch.
 
-    idx [N, W, 2] / val [N, W, 6]: ``vocab_stats`` of the block's logits (``PackedVocabStats.idx/val``);
-    active [N, W] bool: the block's masks; cur [N, W] long: its tokens; ``n_extra`` (>= 0) variant
-    positions per row. Returns (variants [N, 1 + n_extra, W] long, variant 0 = B0'; at [N, 1 + n_extra]
-    long: variant j's filled column, -1 for variant 0 and for the copies a row without enough
-    candidates gets; anchor [N, W] bool)."""
+    idx [N, W, 2] / val [N, W, 6]: ``vocab_stats`` of the block's logits (``PackedVocabStats.idx/val``),
+    or [M, W, ...] with ``rows`` [N] long: row n's statistics are row ``rows[n]`` (the winners' rows
+    of the last step's variant statistics, read in place); active [N, W] bool: the block's masks;
+    cur [N, W] long: its tokens; ``n_extra`` (>= 0) variant positions per row. Returns (variants
+    [N, 1 + n_extra, W] long, variant 0 = B0'; at [N, 1 + n_extra] long: variant j's filled column,
+    -1 for variant 0 and for the copies a row without enough candidates gets; anchor [N, W] bool),
+    written into ``out`` when given (three contiguous tensors of those shapes and dtypes, which a
+    caller keeps from step to step: no allocation; ``propose_buffers`` makes them)."""
     slot, negate = _slot(confidence)
     _check_device(val, _lopa_propose_kernel)
     n_rows, width = active.shape
-    if idx.shape[:2] != (n_rows, width) or val.shape[:2] != (n_rows, width) or cur.shape != active.shape:
-        raise ValueError(f"lopa_propose: statistics {tuple(idx.shape)} / {tuple(val.shape)} and tokens "
-                         f"{tuple(cur.shape)} must match active {tuple(active.shape)}")
+    if cur.shape != active.shape:
+        raise ValueError(f"lopa_propose: tokens {tuple(cur.shape)} must match active {tuple(active.shape)}")
+    _check_rows(idx, val, rows, n_rows, width)
     if not 0 <= n_extra <= width:
         raise ValueError(f"n_extra must be in [0, {width}] (the block's width), got {n_extra}")
     k = 1 + n_extra
-    variants = torch.empty((n_rows, k, width), dtype=torch.long, device=val.device)
-    at = torch.empty((n_rows, k), dtype=torch.long, device=val.device)
-    anchor = torch.empty((n_rows, width), dtype=torch.bool, device=val.device)
+    if out is None:
+        out = propose_buffers(n_rows, k, width, val.device)
+    variants, at, anchor = out
+    if (variants.shape, at.shape, anchor.shape) != ((n_rows, k, width), (n_rows, k), (n_rows, width)):
+        raise ValueError(f"lopa_propose: out buffers {[tuple(t.shape) for t in out]} for {(n_rows, k, width)}")
     if n_rows:
         observed_launch("lopa_propose", _lopa_propose_kernel, (n_rows,),
-                        idx, val, active, cur, variants, at, anchor,
+                        idx, val, idx if rows is None else rows, active, cur, variants, at, anchor,
                         idx.stride(0), idx.stride(1), val.stride(0), val.stride(1), active.stride(0),
                         active.stride(1), cur.stride(0), cur.stride(1), width, k, float(tau),
-                        CONF_SLOT=slot, NEGATE=negate, BLOCK_W=max(16, next_pow2(width)))
+                        CONF_SLOT=slot, NEGATE=negate, HAS_ROWS=rows is not None, BLOCK_W=max(16, next_pow2(width)))
     return variants, at, anchor
+
+
+def propose_buffers(n_rows: int, k: int, width: int, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty outputs of ``lopa_propose``: variants [N, k, W] long, at [N, k] long, anchor [N, W] bool."""
+    return (torch.empty((n_rows, k, width), dtype=torch.long, device=device),
+            torch.empty((n_rows, k), dtype=torch.long, device=device),
+            torch.empty((n_rows, width), dtype=torch.bool, device=device))
 
 
 def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, active: torch.Tensor,
                 variants: torch.Tensor, at: torch.Tensor, anchor: torch.Tensor, tau: float, confidence: str,
-                verify: bool, bonus: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                verify: bool, bonus: bool, rows: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The winner of a LoPA step and what it commits (module docstring) in one launch.
 
     v_idx [N * K, W, 2] / v_val [N * K, W, 6] (or [N, K, W, ...]): ``vocab_stats`` of the variants'
     logits [N * K, W, V] (contiguous, variant j of row n at n * K + j);
-    idx: the step's statistics as in ``lopa_propose`` (x0 = its arg-max); active, and ``lopa_propose``'s
+    idx (and ``rows``): the step's statistics as in ``lopa_propose`` (x0 = its arg-max); active, and ``lopa_propose``'s
     variants / at / anchor. ``verify``: the guard; ``bonus``: also the threshold fills of the winner's
     statistics. Returns (commit [N, W] bool, tokens [N, W] long, win [N] long: the winner's row of the
     variant batch [N * K, ...], ``n * K + j`` for variant j of row n)."""
@@ -200,11 +234,12 @@ def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, act
     win = torch.empty((n_rows,), dtype=torch.long, device=v_val.device)
     if n_rows:
         observed_launch("lopa_select", _lopa_select_kernel, (n_rows,),
-                        v_idx, v_val, idx, idx.stride(0), idx.stride(1), active, active.stride(0),
+                        v_idx, v_val, idx, idx if rows is None else rows, idx.stride(0), idx.stride(1), active,
+                        active.stride(0),
                         active.stride(1), variants, at, anchor, commit, out, win, width, k, float(tau),
                         CONF_SLOT=slot, NEGATE=negate, VERIFY=bool(verify), BONUS=bool(bonus),
-                        BLOCK_W=max(16, next_pow2(width)))
+                        HAS_ROWS=rows is not None, BLOCK_W=max(16, next_pow2(width)))
     return commit, out, win
 
 
-__all__ = ["lopa_propose", "lopa_select"]
+__all__ = ["lopa_propose", "lopa_select", "propose_buffers"]

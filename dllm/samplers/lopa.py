@@ -185,7 +185,10 @@ class LoPA(Sampler):
         super().__init__(config, **options)
         # (weak reference to the logits a step handed on, their statistics): the fused static path
         #   (_fused_lookahead) takes them for the next anchor when it is given those very logits
-        self._carried: Optional[tuple[weakref.ref, object]] = None
+        self._carried: Optional[tuple[weakref.ref, object, torch.Tensor]] = None
+        # lopa_propose's outputs by (rows, variants, width, device), rewritten at every step: they live
+        #   only until the step's lopa_select has read them (the variant forward reads its ids first)
+        self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def commits_every_step(self) -> bool:
@@ -229,28 +232,37 @@ class LoPA(Sampler):
     def _fused_lookahead(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, cur: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 1-5 with static shapes on the fused statistics: ``vocab_stats`` of the block's logits
-        (or, with ``reuse``, the winner's statistics of the last step, when these logits are its
-        logits), ``lopa_propose`` (anchor and variants), the variant forward, ``vocab_stats`` of the
-        variants, ``lopa_select`` (scores, guard, winner, fills, bonus): the same decisions as
-        ``_lookahead`` on the same statistics (``dllm.kernels.triton_lopa``). Same returns."""
-        from dllm.kernels.triton_lopa import lopa_propose, lopa_select
+        (or, with ``reuse``, when these logits are the last step's winner's, that step's variant
+        statistics at the winners' rows, read in place), ``lopa_propose`` (anchor and variants), the
+        variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
+        fills, bonus): the same decisions as ``_lookahead`` on the same statistics
+        (``dllm.kernels.triton_lopa``). Same returns."""
+        from dllm.kernels.triton_lopa import lopa_propose, lopa_select, propose_buffers
         from dllm.kernels.triton_stats import vocab_stats
 
         cfg = self.config
         carried, self._carried = self._carried, None
-        stats = carried[1] if carried is not None and carried[0]() is logits else None
-        if stats is None:
-            stats = vocab_stats(logits, banned=inp.mask_id)  # [B, W]
-        variants, at, anchor = lopa_propose(stats.idx, stats.val, active, cur, min(cfg.branches - 1, cur.shape[1]),
-                                            cfg.tau_conf, cfg.confidence)  # [B, k, W], [B, k], [B, W]
+        if carried is not None and carried[0]() is logits:  # the winners' rows of the last variant statistics
+            stats, rows = carried[1], carried[2]
+        else:
+            stats, rows = vocab_stats(logits, banned=inp.mask_id), None  # [B, W]
+        (b, w), k = cur.shape, 1 + min(cfg.branches - 1, cur.shape[1])
+        key = (b, k, w, cur.device)
+        buffers = self._buffers.pop(key, None)  # taken while the step uses them: a decode that steps this
+        if buffers is None:  # sampler while this step's variant forward waits (a served greenlet) makes its own
+            buffers = propose_buffers(b, k, w, cur.device)
+        variants, at, anchor = lopa_propose(stats.idx, stats.val, active, cur, k - 1, cfg.tau_conf, cfg.confidence,
+                                            rows, buffers)  # [B, k, W], [B, k], [B, W]
         v_logits = forward_window_variants(inp, variants)  # [B * k, W, V]
         v_stats = vocab_stats(v_logits, banned=inp.mask_id)  # [B * k, W]
         commit, out, win = lopa_select(v_stats.idx, v_stats.val, stats.idx, active, variants, at, anchor,
                                        cfg.tau_conf, cfg.confidence, cfg.verify_variants,
-                                       cfg.bonus and not cfg.reuse)  # [B, W], [B, W], [B] rows of v_logits
+                                       cfg.bonus and not cfg.reuse, rows)  # [B, W], [B, W], [B] rows of v_logits
+        if len(self._buffers) < 16:
+            self._buffers[key] = buffers
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
-        if cfg.reuse:  # the next step's anchor reads these logits: their statistics are made
-            self._carried = (weakref.ref(w_logits), v_stats.rows(win))
+        if cfg.reuse:  # the next step's anchor reads these logits: their statistics are rows win of v_stats
+            self._carried = (weakref.ref(w_logits), v_stats, win)
         return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool

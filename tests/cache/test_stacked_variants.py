@@ -113,8 +113,9 @@ def test_fast_as_on_cuda_stays_within_the_per_layer_bars(family, cache):
     assert stats["aten_per_layer"] <= (31 if family == "sdar" else 26), stats
     assert stats["kernels_per_layer"] <= 16, stats
     assert stats["syncs_in_forward"] == 0
-    # outside the layers: 67-84 today, with slack for a step more or less per block (the bar of 30 is not met; 77-94 before the lookahead's
-    # one-hot positions and the progress rule in 7 calls): a change that adds calls to the step fails here
+    # outside the layers with the torch statistics: 66-83 today, with slack for a step more or less per block
+    # (77-94 before the lookahead's one-hot positions and the progress rule in 7 calls); as CUDA runs it, on
+    # the fused statistics and LoPA's kernels, 21.6-28.0 (tests/eval/bench/test_counters.py holds those)
     assert stats["aten_outside"] <= {"llada": 71, "dream": 79, "fastdllm_v2": 81, "sdar": 88}[family], stats
 
 

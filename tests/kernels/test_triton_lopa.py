@@ -63,7 +63,8 @@ OPTIONS = [{}, {"confidence": "max_prob"}, {"reuse": True}, pytest.param({"verif
 
 
 @pytest.mark.parametrize("kind", ["random", "ties", "edge"])
-@pytest.mark.parametrize("options", OPTIONS, ids=["default", "max_prob", "reuse", "noguard", "k6", "k2-nobonus", "k12-tau0.5"])
+@pytest.mark.parametrize("options", OPTIONS,
+                         ids=["default", "max_prob", "reuse", "noguard", "k6", "k2-nobonus", "k12-tau0.5"])
 def test_the_kernels_decide_as_the_torch_ops(kind, options):
     for seed in range(2):
         inp = _case(kind, seed)
@@ -88,7 +89,33 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="confidence must be"):
         lopa_propose(st.idx, st.val, active, cur, 1, 0.9, "margin")
     with pytest.raises(ValueError, match="must match active"):
+        lopa_propose(st.idx, st.val, active[:1], cur, 1, 0.9, "max_prob")
+    with pytest.raises(ValueError, match="statistics must be"):
         lopa_propose(st.idx, st.val, active[:1], cur[:1], 1, 0.9, "max_prob")
+    with pytest.raises(ValueError, match="rows must be a long tensor"):
+        lopa_propose(st.idx, st.val, active, cur, 1, 0.9, "max_prob", rows=torch.zeros(3, dtype=torch.long))
+
+
+def test_statistics_read_through_rows_equal_the_gathered_rows():
+    """The carried path: row n's statistics read at row ``rows[n]`` of a larger batch, in place."""
+    from dllm.kernels.triton_lopa import lopa_propose, lopa_select
+    from dllm.kernels.triton_stats import vocab_stats
+
+    g = torch.Generator().manual_seed(4)
+    big = vocab_stats((torch.randn(6, 8, V, generator=g) * 3).to(DEVICE), banned=MASK)  # [M, W]
+    rows = torch.tensor([4, 1, 5], device=DEVICE)
+    active = (torch.rand(3, 8, generator=g) < 0.8).to(DEVICE)
+    cur = torch.where(active, MASK, 3)
+    via_rows = lopa_propose(big.idx, big.val, active, cur, 2, 0.6, "negative_entropy", rows)
+    gathered = lopa_propose(big.idx[rows], big.val[rows], active, cur, 2, 0.6, "negative_entropy")
+    assert all(torch.equal(a, b) for a, b in zip(via_rows, gathered))
+    variants, at, anchor = gathered
+    v = vocab_stats((torch.randn(3 * 3, 8, V, generator=g) * 3).to(DEVICE), banned=MASK)  # [N * k, W]
+    picks = [lopa_select(v.idx, v.val, big.idx, active, variants, at, anchor, 0.6, "negative_entropy", True, True,
+                         rows),
+             lopa_select(v.idx, v.val, big.idx[rows], active, variants, at, anchor, 0.6, "negative_entropy", True,
+                         True)]
+    assert all(torch.equal(a, b) for a, b in zip(*picks))
 
 
 class _Launches:

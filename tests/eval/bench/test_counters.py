@@ -87,7 +87,8 @@ def test_cached_step_calls_and_no_sync_in_forwards(family, cache, sampler, ops):
     model.transformer.set_fused(True, ops=ops)
     block = 4 if family == "sdar" else 8
     prompt = torch.randint(10, 40, (1, 24), generator=torch.Generator().manual_seed(0))
-    counter = count_generate(model, prompt, sampler=sampler, cache=cache, gen_length=16, block_length=block)
+    for _ in range(2):  # the first call makes the process' constant tensors (column ids, ...): counted once only
+        counter = count_generate(model, prompt, sampler=sampler, cache=cache, gen_length=16, block_length=block)
     steps = counter.cached_steps(24 + 16)
     assert steps, "the cached steps forward fewer columns than the canvas"
     stats = DispatchCounter.mean(steps)
@@ -103,7 +104,7 @@ def test_cached_step_calls_and_no_sync_in_forwards(family, cache, sampler, ops):
 # fast as CUDA runs it by default (static variant batches, the fused statistics and LoPA's two selection
 # kernels), counted with the kernels in Triton's interpreter on a float16 model (no bfloat16 there): ATen
 # calls plus Triton launches outside the layers per cached step, measured (benchmarks/results/step-counts.txt)
-FAST_FUSED_OUTSIDE = {("llada", "dual"): 27, ("dream", "dual"): 35, ("fastdllm_v2", "block"): 36}
+FAST_FUSED_OUTSIDE = {("llada", "dual"): 22, ("dream", "dual"): 28, ("fastdllm_v2", "block"): 28}  # bar: 30
 
 
 @pytest.mark.parametrize("family,cache", list(FAST_FUSED_OUTSIDE))
@@ -120,7 +121,7 @@ def test_fast_as_on_cuda_launches_its_selection_as_two_kernels(family, cache):
     torch_ops = count_generate(model, prompt, sampler="fast:compact=False", **kw).cached_steps(40)
     stats = DispatchCounter.mean(fused)
     assert stats["aten_outside"] <= FAST_FUSED_OUTSIDE[(family, cache)], stats
-    assert stats["aten_outside"] < DispatchCounter.mean(torch_ops)["aten_outside"] - 25
+    assert stats["aten_outside"] < DispatchCounter.mean(torch_ops)["aten_outside"] - 40
     assert stats["kernels_per_layer"] <= 16 and stats["syncs"] <= 1, stats
     launches = sum((s.outside_ops for s in fused), Counter())
     per_step = {name.split(" @ ")[0]: n / len(fused) for name, n in launches.items() if name.startswith("triton:")}
