@@ -23,11 +23,12 @@ bit for bit off CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.nn.modules.module as _mod
 
 from dllm.kernels.fused_ops import rope_rows as op_rope_rows
 from dllm.kernels.layer_ops import rope_rows, rope_rows_pair
@@ -109,6 +110,17 @@ def linear_or_module(module: nn.Module, weight: Optional[torch.Tensor], x: torch
             or module._parameters.get("weight") is not weight):
         return module(x)
     return F.linear(x, weight)
+
+
+def call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)``, skipping ``nn.Module.__call__``'s dispatch when nothing would run
+    around ``forward``: no hook on the module, no global module hook, not compiled (``module.compile()``
+    routes the call). A replaced ``forward`` (accelerate's device-map wrapper) is what runs either way."""
+    if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+            or module._compiled_call_impl is not None or _mod._global_forward_hooks
+            or _mod._global_forward_pre_hooks or _mod._global_backward_hooks or _mod._global_backward_pre_hooks):
+        return module(*args, **kwargs)
+    return module.forward(*args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import (FusedLayer, FusedWeight, fused_qkv_rows, fused_residual_out, linear_or_module,
-                                    plain_weight, refused)
+from dllm.models.core.fused import (FusedLayer, FusedWeight, call_module, fused_qkv_rows, fused_residual_out,
+                                    linear_or_module, plain_weight, refused)
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.moe import SparseMoE
 from dllm.models.core.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
@@ -382,8 +382,9 @@ class Transformer(nn.Module):
         for i, layer in enumerate(mods["layers"]):
             kv_attend = None if cache is None else functools.partial(cache.attend, i)
             want_probs = i in attn_layers
-            h, probs = layer(h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs,
-                             kv_attend, None if fused is None else fused[i])
+            args = (h, cos, sin, attn_mask, probs_fn if want_probs else self._attn_fn, want_probs, kv_attend,
+                    None if fused is None else fused[i])
+            h, probs = layer(*args) if fused is None else call_module(layer, *args)  # fused: no __call__ unless hooked
             if want_probs:
                 assert probs is not None
                 attn[i] = probs

@@ -17,6 +17,7 @@ from dllm.models.base import DiffusionLM, SpecialIds
 from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
                                     write_safetensors)
 from dllm.models.core.config import TransformerConfig
+from dllm.models.core.fused import call_module
 from dllm.models.families.keymap import KeyMap
 from dllm.models.tokenizer import save_tokenizer, token_id
 from dllm.models.core.transformer import Transformer
@@ -164,8 +165,8 @@ class TransformerLM(DiffusionLM):
         cache: Any = None,
         head_rows: Optional[tuple[int, int]] = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        return self.transformer(input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
-                                cache=cache, head_rows=head_rows)
+        return call_module(self.transformer, input_ids, positions, attn_mask, want_attn_layers, want_hidden_layers,
+                           cache, head_rows)
 
     def shadow_forward(
         self,

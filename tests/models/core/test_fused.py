@@ -224,3 +224,35 @@ def test_attention_maps_on_the_fused_path_equal_the_reference(family):
     assert torch.equal(outs[0].logits, outs[1].logits)
     assert outs[0].attn.keys() == outs[1].attn.keys() == {1, 2}
     assert all(torch.equal(outs[0].attn[i], outs[1].attn[i]) for i in (1, 2))
+
+
+def test_layers_skip_the_module_call_unless_something_watches_it():
+    """The fused path runs an unhooked layer's (and the transformer's) ``forward`` without
+    ``nn.Module.__call__``; a hook on the layer, a global module hook or a compiled module still get
+    the module call: the hook sees every forward and the logits are the same."""
+    from dllm.models.core.fused import call_module
+
+    model = tiny("llada", dtype=torch.bfloat16, seed=1)
+    ids = torch.randint(5, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+    plain = model(ids).logits
+    seen = []
+    handle = model.transformer.layers[1].register_forward_hook(lambda m, a, o: seen.append("layer"))
+    glob = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, o: seen.append("global") if m is model.transformer.layers[0] else None)
+    try:
+        hooked = model(ids).logits
+    finally:
+        handle.remove()
+        glob.remove()
+    assert seen == ["global", "layer"]
+    assert torch.equal(hooked, plain)
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    m = Twice()
+    m._compiled_call_impl = lambda x: 3 * x  # what Module.compile() installs: the call must take it
+    assert call_module(m, torch.ones(1)).item() == 3.0
+    m._compiled_call_impl = None
+    assert call_module(m, torch.ones(1)).item() == 2.0
