@@ -79,12 +79,11 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 
 from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
-from dllm.samplers._verify import every_row_runs, forward_window_variants
+from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.chunked import column_ids
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats, use_fused
@@ -308,7 +307,7 @@ class LoPA(Sampler):
         pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
         real = torch.gather(cand, 1, pos)  # [N, k-1]; fewer candidates: duplicates of B0', never valid
         # p_j of variant j as a one-hot row; variant 0 and the invalid ones at -1, which matches no column
-        at = F.pad(torch.where(real, pos, -1), (1, 0), value=-1)  # [N, k]
+        at = torch.constant_pad_nd(torch.where(real, pos, -1), (1, 0), -1)  # [N, k] (F.pad's op, no wrapper)
         extra = at[:, :, None] == column_ids(w, dev)  # [N, k, W]
         variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
 
@@ -324,11 +323,11 @@ class LoPA(Sampler):
         if cfg.verify_variants and k > 1:
             # variant j's token must still be B0's arg-max at p_j
             valid = real & torch.gather(v_tok[:, 0] == x0, 1, pos)  # [N, k-1]
-        score = torch.where(F.pad(valid, (1, 0), value=True), score, float("-inf"))  # [N, k]
+        score = torch.where(torch.constant_pad_nd(valid, (1, 0), True), score, float("-inf"))  # [N, k]
         win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
-        sel = every_row_runs(n_rows, 1, dev)[0]  # [N] 0..N-1
+        sel = column_ids(n_rows, dev)  # [N] 0..N-1
         won = extra[sel, win]  # [N, W] the winner's p_j
         commit, out = anchor | won, torch.where(won, x0, base)  # [N, W] its fills and canvas
         w_logits = v_logits[sel, win]  # [N, W, V] the winner's
