@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import argmax_excluding, column_ids, gumbel_argmax, pick_last, softmax_prob
+from dllm.samplers.chunked import argmax_excluding, column_ids, constant, gumbel_argmax, pick_last, softmax_prob
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
@@ -24,10 +24,9 @@ def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     mask_count: [B] long, masks of each row in the block at its start. Returns [B, S] long whose
     rows sum to ``mask_count``. (32 masks / 5 steps -> 7, 7, 6, 6, 6.)
     """
-    base = mask_count // steps  # [B]
-    rem = mask_count % steps  # [B]
-    i = torch.arange(steps, device=mask_count.device)  # [S]
-    return base[:, None] + (i[None, :] < rem[:, None]).long()  # [B, S]
+    base = mask_count[:, None] // steps  # [B, 1]
+    i = column_ids(steps, mask_count.device)  # [S], made once per S
+    return base + (i < mask_count[:, None] % steps)  # [B, S] long (bool promotes on the add)
 
 
 def full_block_count(width: int, steps: int, step: int) -> int:
@@ -54,7 +53,7 @@ TIES = ("reference", "first")  # how equal scores at a top-k cut are resolved (t
 
 def prefix_masks(counts: torch.Tensor, k: int) -> torch.Tensor:
     """counts [...] long -> bool [..., k]: ``arange(k) < counts[..., None]`` (the first counts entries)."""
-    return torch.arange(k, device=counts.device) < counts[..., None]
+    return column_ids(k, counts.device) < counts[..., None]
 
 
 def top_k_of_topk(score: torch.Tensor, counts: Optional[torch.Tensor], k_max: int,
@@ -79,7 +78,8 @@ def top_k_of_topk(score: torch.Tensor, counts: Optional[torch.Tensor], k_max: in
     if keep is None:
         assert counts is not None
         keep = prefix_masks(counts.reshape(-1), k_max)  # [B, k_max]
-    return torch.zeros_like(eligible).scatter_(1, idx, keep) & eligible
+    zeros = constant(("zeros", eligible.shape, eligible.dtype, eligible.device), lambda: torch.zeros_like(eligible))
+    return zeros.scatter(1, idx, keep) & eligible  # a new map: the kept zeros are never written
 
 
 def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:

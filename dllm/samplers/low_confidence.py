@@ -55,7 +55,7 @@ from dllm.samplers._ops import (
 )
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import window_uniforms
+from dllm.samplers.chunked import max_prob_excluding, window_uniforms
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -152,6 +152,9 @@ class LowConfidence(_LLaDARemasking):
         return steps is not None and width % steps == 0  # every step commits width / steps: no step index
 
     def _window_scores(self, window_logits, x0, inp):
+        if inp.temperature == 0 and not self.config.confidence_eos_eot_inf:  # x0 is the arg-max without the mask:
+            # p(x0) is the largest probability without it (the softmax is monotone), three calls, no gather
+            return max_prob_excluding(window_logits, inp.mask_id)  # [B, W] in the logits dtype
         probs = torch.softmax(window_logits, dim=-1)  # [B, W, V] in the logits dtype, as LLaDA HEAD
         return gather_prob(probs, x0)
 
