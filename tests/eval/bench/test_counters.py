@@ -72,10 +72,10 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
 # issue's bar is 30. The ATen path's final norm of LLaDA and Qwen2 is one call more (the weight
 # multiply after the rounding).
 OUTSIDE_ATEN = {  # (family, sampler): (ATen path, as on CUDA)
-    ("llada", "low_confidence"): (19, 18), ("llada", "threshold"): (21, 20),
-    ("dream", "low_confidence"): (25, 24), ("dream", "threshold"): (22, 21),
-    ("sdar", "low_confidence"): (26, 25), ("sdar", "threshold"): (30, 29),
-    ("fastdllm_v2", "low_confidence"): (27, 26), ("fastdllm_v2", "threshold"): (23, 22),
+    ("llada", "low_confidence"): (17, 16), ("llada", "threshold"): (21, 20),
+    ("dream", "low_confidence"): (23, 22), ("dream", "threshold"): (22, 21),
+    ("sdar", "low_confidence"): (23, 22), ("sdar", "threshold"): (30, 29),
+    ("fastdllm_v2", "low_confidence"): (25, 24), ("fastdllm_v2", "threshold"): (23, 22),
 }
 
 
