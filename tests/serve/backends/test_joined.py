@@ -5,6 +5,8 @@ from inside the decode's step (the loop's thread), so the joins happen at a know
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 import dllm
@@ -95,16 +97,21 @@ def test_a_cancelled_row_leaves_the_running_decode(llada, monkeypatch):
 
 def test_a_failing_running_decode_fails_its_jobs_and_the_loop_goes_on(llada, monkeypatch):
     engine = DiffusionBackend(llada, name="tiny-llada")
+    step, steps, armed = RunningDecode.step, Counter(), [True]
 
-    def boom():
-        raise RuntimeError("boom in the running decode")
+    def boom_at_second_step(self, watch=False):  # every decode's own second step while armed: whether the
+        steps[id(self)] += 1  # jobs joined one decode or a busy loop started them in two, each fails
+        if armed[0] and steps[id(self)] == 2:
+            raise RuntimeError("boom in the running decode")
+        return step(self, watch)
 
-    at_step(monkeypatch, 2, boom)
+    monkeypatch.setattr(RunningDecode, "step", boom_at_second_step)
     try:
         jobs = [engine.submit(request(engine, p, 8, SLOW)) for p in PROMPTS[:3]]
         for job in jobs:
             final = job.result(timeout=60)
             assert isinstance(final, Failed) and final.status == 500 and "boom in the running decode" in final.message
+        armed[0] = False
         done = engine.submit(request(engine, PROMPTS[3], 8, SLOW)).result(timeout=60)
         assert isinstance(done, Done) and done.text == offline(llada, PROMPTS[3], 8)
         assert engine.stats().running == 0
