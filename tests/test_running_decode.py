@@ -133,6 +133,10 @@ def test_cached_rows_decode_as_alone(model, spec, cache, block, gens):
     ("fast:compact=False@dual", 4),
     ("fast@auto", 4),
     ("lopa@prefix", 4),
+    # as CUDA runs fast (the fused statistics and LoPA's selection kernels, here interpreted): a row's
+    # carried statistics are its decode's, which the sampler takes only for those very logits
+    pytest.param("fast:compact=False,stats=fused", 4, marks=pytest.mark.slow),
+    pytest.param("fast:compact=False,stats=fused@dual", 4, marks=pytest.mark.slow),
 ])
 def test_lopa_rows_decode_as_alone(model, spec, block):
     spec, _, cache = spec.partition("@")
