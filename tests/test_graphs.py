@@ -110,3 +110,19 @@ def test_cuda_graphs_give_the_eager_tokens(family, cache, sampler):
     eager, _ = _decode(model, [list(range(10, 22))], False, **kw)
     graphed, g = _decode(model, [list(range(10, 22))], True, **kw)
     assert torch.equal(eager.sequences, graphed.sequences) and g.replays > 0
+
+
+@pytest.mark.parametrize("family", ["llada", pytest.param("dream", marks=pytest.mark.slow)])
+def test_static_step_with_lopas_kernels_gives_the_eager_tokens(family):
+    """fast as CUDA runs it (static variant batches on the fused statistics and LoPA's selection kernels,
+    interpreted here) under the static step: the captured variant forward reads the ids the kernels
+    wrote, and the carried statistics are those of the replayed logits."""
+    model = tiny(family, seed=3)
+    prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
+    kw = dict(sampler="fast:compact=False,stats=fused", cache="dual", gen_length=16, block_length=8)
+    eager, _ = _decode(model, prompts, False, **kw)
+    static, g = _decode(model, prompts, "static", **kw)
+    reference = dllm.generate(model, prompts, **{**kw, "sampler": "fast:compact=False"})
+    assert torch.equal(eager.sequences, static.sequences) and torch.equal(static.sequences, reference.sequences)
+    assert eager.nfe == static.nfe == reference.nfe
+    assert [k for k in g._graphs if k[0] == "variants"]
