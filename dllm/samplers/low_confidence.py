@@ -55,7 +55,7 @@ from dllm.samplers._ops import (
 )
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import max_prob_excluding, window_uniforms
+from dllm.samplers.chunked import constant, max_prob_excluding, window_uniforms
 from dllm.samplers.stats import check_stats, fused_propose, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -78,6 +78,17 @@ class LLaDAConfig:
                              "would need a second pass over EOS-masked logits); use stats='torch' or 'auto'")
 
 
+def keep_table(width: int, steps: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """``prefix_masks(transfer_schedule(m, steps), k0)`` for every mask count m in [0, width] (bool
+    [width + 1, S, k0], k0 the largest count), and each step's count for a full block, made once per
+    (width, steps, device): a block's prefixes are then its rows' mask counts looked up."""
+    def make() -> tuple[torch.Tensor, list[int]]:
+        ks = [full_block_count(width, steps, i) for i in range(steps)]
+        counts = torch.arange(width + 1, device=device)  # [W + 1]
+        return prefix_masks(transfer_schedule(counts, steps), ks[0]), ks  # [W + 1, S, k0]
+    return constant(("llada keep", width, steps, device), make)
+
+
 class _LLaDARemasking(Sampler):
     Config = LLaDAConfig
     fixed_steps = True
@@ -92,14 +103,14 @@ class _LLaDARemasking(Sampler):
     def begin_block(self, state: DecodeState) -> None:
         assert state.block_steps is not None and state.block_masks_at_start is not None
         # commit counts of this block from the masks it holds now (on the device)
-        schedule = transfer_schedule(state.block_masks_at_start, state.block_steps)  # [B, S]
-        state.extras["llada_schedule"] = schedule
+        masks, width, steps = state.block_masks_at_start, state.block_end - state.block_start, state.block_steps
         if self.config.ties == "reference":  # the steps' topk prefixes, once per block: [B, k] each
-            width, steps = state.block_end - state.block_start, state.block_steps
-            k0 = full_block_count(width, steps, 0)  # the largest k
-            keep = prefix_masks(schedule.t(), k0)  # [S, B, k0]
-            state.extras["llada_keep"] = [m if k == k0 else m[:, :k] for m, k in
-                                          zip(keep.unbind(0), (full_block_count(width, steps, i) for i in range(steps)))]
+            table, ks = keep_table(width, steps, masks.device)  # [W + 1, S, k0]: every mask count's, made once
+            k0 = ks[0]  # the largest k
+            keep = table.index_select(0, masks).unbind(1)  # S x [B, k0]: prefix_masks of the rows' schedules
+            state.extras["llada_keep"] = [m if k == k0 else m[:, :k] for m, k in zip(keep, ks)]
+        else:
+            state.extras["llada_schedule"] = transfer_schedule(masks, steps)  # [B, S]
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
