@@ -39,6 +39,21 @@ _SLOT_TOP1, _SLOT_ENTROPY = 0, 2  # columns of vocab_stats' val tensor [..., 6]
 
 
 @triton.jit
+def _row_start(SRows, SIdx, s_in, s_iw, Active, s_an, s_aw, W, HAS_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+    """A program's batch row n, its columns, their block masks and its statistics' arg-max (x0, read
+    at row SRows[n] when HAS_ROWS)."""
+    n = tl.program_id(0).to(tl.int64)
+    r = n
+    if HAS_ROWS:
+        r = tl.load(SRows + n)
+    w = tl.arange(0, BLOCK_W)
+    inw = w < W
+    act = tl.load(Active + n * s_an + w * s_aw, mask=inw, other=0) != 0
+    x0 = tl.load(SIdx + r * s_in + w * s_iw, mask=inw, other=0)
+    return n, r, w, inw, act, x0
+
+
+@triton.jit
 def _lopa_propose_kernel(
     SIdx, SVal,  # the step's statistics: int64 [M, W, 2] (argmax), float32 [M, W, 6]; any row strides
     SRows,  # int64 [N]: row n's statistics are row SRows[n] (HAS_ROWS), else row n
@@ -48,15 +63,8 @@ def _lopa_propose_kernel(
     W, K, tau,
     CONF_SLOT: tl.constexpr, NEGATE: tl.constexpr, HAS_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    n = tl.program_id(0).to(tl.int64)
-    r = n
-    if HAS_ROWS:
-        r = tl.load(SRows + n)
-    w = tl.arange(0, BLOCK_W)
-    inw = w < W
+    n, r, w, inw, act, x0 = _row_start(SRows, SIdx, s_in, s_iw, Active, s_an, s_aw, W, HAS_ROWS, BLOCK_W)
     NEG_INF: tl.constexpr = float("-inf")
-    act = tl.load(Active + n * s_an + w * s_aw, mask=inw, other=0) != 0
-    x0 = tl.load(SIdx + r * s_in + w * s_iw, mask=inw, other=0)
     top1 = tl.load(SVal + r * s_vn + w * s_vw, mask=inw, other=0.0)
     conf = tl.load(SVal + r * s_vn + w * s_vw + CONF_SLOT, mask=inw, other=0.0)
     if NEGATE:
@@ -92,18 +100,11 @@ def _lopa_select_kernel(
     CONF_SLOT: tl.constexpr, NEGATE: tl.constexpr, VERIFY: tl.constexpr, BONUS: tl.constexpr,
     HAS_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    n = tl.program_id(0).to(tl.int64)
-    r = n
-    if HAS_ROWS:
-        r = tl.load(SRows + n)
-    w = tl.arange(0, BLOCK_W)
-    inw = w < W
+    n, r, w, inw, act, x0 = _row_start(SRows, SIdx, s_in, s_iw, Active, s_an, s_aw, W, HAS_ROWS, BLOCK_W)
     NEG_INF: tl.constexpr = float("-inf")
     POS_INF: tl.constexpr = float("inf")
-    act = tl.load(Active + n * s_an + w * s_aw, mask=inw, other=0) != 0
     anchor = tl.load(Anchor + n * W + w, mask=inw, other=0) != 0
     cand = act & (anchor == 0)
-    x0 = tl.load(SIdx + r * s_in + w * s_iw, mask=inw, other=0)
     base = tl.load(Variants + n * K * W + w, mask=inw, other=0)
     tok0 = tl.load(VIdx + (n * K * W + w) * 2, mask=inw, other=-1)  # variant 0's arg-max
     agrees = tok0 == x0
