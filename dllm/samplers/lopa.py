@@ -66,7 +66,8 @@ reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``sta
 the softmaxes above; ``"fused"`` / ``"auto"``: the arg-max, max-prob and entropy from one float32
 pass of ``dllm.kernels.triton_stats``, ``dllm.samplers.stats``; with static shapes the steps around
 the variant forward are then two Triton launches, ``dllm.kernels.triton_lopa``, and with ``reuse``
-the next anchor reads the winner's statistics instead of a second pass). The paper's defaults for
+the next anchor reads the winner's statistics instead of a second pass; ``"auto"`` takes them on a
+device once a probe has run them there, ``dllm.samplers.lopa_probe``). The paper's defaults for
 D2F-Dream are 7-14 branches; its branch score variant
 ``alpha * creation conf + (1 - alpha) * mean of the lowest fraction`` is not implemented (the
 scripts' plain mean over the remaining masks is).
@@ -86,6 +87,7 @@ from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy,
 from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.chunked import column_ids
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.lopa_probe import use_kernels
 from dllm.samplers.stats import check_stats, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -210,8 +212,8 @@ class LoPA(Sampler):
         fused = use_fused(cfg.stats, logits)
         lookahead = cfg.branches > 1 or cfg.bonus or cfg.reuse  # steps 2-5
         compact = cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda)
-        if fused and lookahead and not compact:  # static shapes: two launches around the variant forward
-            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)
+        if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device)):
+            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
         else:
             props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
             x0 = props.tokens  # [B, W]

@@ -145,3 +145,34 @@ def test_a_static_fast_step_reads_the_vocabulary_once():
     assert seen.names.count("lopa_propose") == n_select > blocks
     assert seen.names.count("vocab_stats") == n_select + blocks, seen.names
     assert (out.generated != model.mask_id).all()
+
+
+def test_auto_takes_the_kernels_only_where_the_probe_passed(monkeypatch):
+    """stats="auto" runs LoPA's kernels on a device once a probe has run them there and found the torch
+    ops' decisions; a kernel that fails (here: made to raise) leaves auto on the torch ops, with one
+    warning naming why, and the same tokens."""
+    import dllm.kernels.triton_lopa as kernels
+    import dllm.samplers.lopa as lopa
+    from dllm.samplers import lopa_probe
+
+    assert lopa_probe.kernels_refused(str(torch.device(DEVICE))) is None  # the interpreter here
+    model = tiny("llada", seed=3).to(DEVICE)
+    prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
+    kw = dict(gen_length=12, block_length=4, cache="dual")
+    want = dllm.generate(model, prompts, sampler="fast:compact=True,stats=fused", **kw)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the kernel did not compile")
+
+    monkeypatch.setattr(lopa, "use_fused", lambda choice, logits: choice != "torch")  # auto fused on a CPU too
+    monkeypatch.setattr(kernels, "lopa_propose", broken)
+    lopa_probe.kernels_refused.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="the kernel did not compile"):
+            got = dllm.generate(model, prompts, sampler="fast:compact=False", **kw)  # stats="auto"
+        assert torch.equal(got.sequences, want.sequences)
+        with pytest.raises(RuntimeError, match="did not compile"):  # asked for outright: the error is the caller's
+            dllm.generate(model, prompts, sampler="fast:compact=False,stats=fused", **kw)
+    finally:
+        lopa_probe.kernels_refused.cache_clear()
+        lopa_probe._warn_once.cache_clear()
