@@ -38,7 +38,7 @@ MAX_GROUPS_OFF_CPU = 8  # off the CPU, more groups than this (launch-bound small
 
 class _Memo(threading.local):
     """The last conversion, per thread: [(mask, version or None, groups or None)]. Holding the mask
-    keeps its id from being reused; ``_version`` catches in-place edits, except on inference-mode
+    keeps its id from being reused; ``tensor_version`` catches in-place edits, except on inference-mode
     tensors, which have none: those are assumed not to be edited in place between calls (the models
     build a fresh mask per forward), as in ``dllm.kernels.triton_attention``."""
 
@@ -49,7 +49,8 @@ class _Memo(threading.local):
 _memo = _Memo()
 
 
-def _version(t: torch.Tensor) -> Optional[int]:
+def tensor_version(t: torch.Tensor) -> Optional[int]:
+    """``t``'s version counter (bumped by every in-place write), None for an inference tensor (untracked)."""
     return None if t.is_inference() else t._version
 
 
@@ -62,7 +63,7 @@ def padding_groups(mask: torch.Tensor) -> Optional[list[Group]]:
     rows grouped by their run), and at least ``MIN_PADDED`` of the keys are pads; else None. One
     host sync (remembered for the same mask object)."""
     last = _memo.last
-    if last and last[0][0] is mask and last[0][1] == _version(mask):
+    if last and last[0][0] is mask and last[0][1] == tensor_version(mask):
         return last[0][2]
     b, tk = mask.shape[0], mask.shape[-1]
     m = mask.reshape(b, tk)  # [B, Tk]
@@ -78,7 +79,7 @@ def padding_groups(mask: torch.Tensor) -> Optional[list[Group]]:
         for row, (s0, n) in enumerate(zip(starts, counts)):
             by_run.setdefault((s0, s0 + n), []).append(row)
         groups = [(s0, e0, torch.tensor(rows, device=m.device)) for (s0, e0), rows in sorted(by_run.items())]
-    _memo.last = [(mask, _version(mask), groups)]
+    _memo.last = [(mask, tensor_version(mask), groups)]
     return groups
 
 

@@ -55,6 +55,7 @@ import triton.language as tl
 
 from dllm.kernels.autotune import RequestRefused
 from dllm.kernels.launch import next_pow2, observed_launch, plan_attention
+from dllm.kernels.packed import tensor_version
 from dllm.kernels.reference import key_end_tensor
 
 
@@ -337,14 +338,10 @@ class UnsupportedMaskError(RequestRefused):
 
 # The models pass ONE mask object to every layer of a forward: remember the last conversion so the
 # check below (a host sync) runs once per forward, not once per layer. Holding the tensor keeps its
-# id from being reused; ``_version`` catches in-place edits, except on inference-mode tensors, which
+# id from being reused; ``tensor_version`` catches in-place edits, except on inference-mode tensors, which
 # have no version counter: those are assumed not to be edited in place between calls (the models
 # build a fresh mask per forward).
 _last_conversion: list = []  # [(mask, version or None, (key_padding, query_attends_all))]
-
-
-def _version(t: torch.Tensor) -> Optional[int]:
-    return None if t.is_inference() else t._version
 
 
 def mask_to_key_padding(
@@ -364,7 +361,7 @@ def mask_to_key_padding(
         raise UnsupportedMaskError(
             f"the triton attention backend takes key-padding masks [B, 1, 1, Tk] or [B, 1, Tq, Tk] "
             f"(B={batch}, Tq={n_queries}, Tk={n_keys}), got {tuple(mask.shape)}; use attn_backend='sdpa'")
-    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == _version(mask):
+    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == tensor_version(mask):
         return _last_conversion[0][2]
     m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
     if mask.shape[2] == 1:
@@ -378,7 +375,7 @@ def mask_to_key_padding(
                 "the triton attention backend supports masks of the form key_padding | pad_queries "
                 "only (padding masks); this mask is not one; use attn_backend='sdpa' or 'reference'")
         result = (keys, pad_q if bool(pad_q.any()) else None)
-    _last_conversion[:] = [(mask, _version(mask), result)]
+    _last_conversion[:] = [(mask, tensor_version(mask), result)]
     return result
 
 

@@ -184,9 +184,11 @@ class LoPA(Sampler):
 
     def __init__(self, config: Optional[LoPAConfig] = None, **options) -> None:
         super().__init__(config, **options)
-        # (weak reference to the logits a step handed on, their statistics): the fused static path
-        #   (_fused_lookahead) takes them for the next anchor when it is given those very logits
-        self._carried: Optional[tuple[weakref.ref, object, torch.Tensor]] = None
+        # (weak reference to the logits a step handed on, their version, their statistics, the rows): the
+        #   fused static path (_fused_lookahead) takes them for the next anchor when it is given those very
+        #   logits, not written in place since (tracked outside inference mode; inside it the engines hand
+        #   the same object on unwritten, and a running decode hands a new view)
+        self._carried: Optional[tuple[weakref.ref, Optional[int], object, torch.Tensor]] = None
         # lopa_propose's outputs by (rows, variants, width, device), rewritten at every step: they live
         #   only until the step's lopa_select has read them (the variant forward reads its ids first)
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -238,13 +240,14 @@ class LoPA(Sampler):
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
         (``dllm.kernels.triton_lopa``). Same returns."""
+        from dllm.kernels.packed import tensor_version
         from dllm.kernels.triton_lopa import lopa_propose, lopa_select, propose_buffers
         from dllm.kernels.triton_stats import vocab_stats
 
         cfg = self.config
         carried, self._carried = self._carried, None
-        if carried is not None and carried[0]() is logits:  # the winners' rows of the last variant statistics
-            stats, rows = carried[1], carried[2]
+        if carried is not None and carried[0]() is logits and carried[1] == tensor_version(logits):  # those very
+            stats, rows = carried[2], carried[3]  # logits, unwritten since: the winners' rows of the variant stats
         else:
             stats, rows = vocab_stats(logits, banned=inp.mask_id), None  # [B, W]
         (b, w), k = cur.shape, 1 + min(cfg.branches - 1, cur.shape[1])
@@ -263,7 +266,7 @@ class LoPA(Sampler):
             self._buffers[key] = buffers
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
         if cfg.reuse:  # the next step's anchor reads these logits: their statistics are rows win of v_stats
-            self._carried = (weakref.ref(w_logits), v_stats, win)
+            self._carried = (weakref.ref(w_logits), tensor_version(w_logits), v_stats, win)
         return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool
