@@ -196,6 +196,9 @@ class RunningForwards:
         (``StepOutput.next_logits``, [R, W', V] as the window was then: each row's block at its right
         end): those rows run no forward; the others (joined, or at a new block) are forwarded."""
         wb, wc = self.state.block_length, carried.shape[1]
+        if wc == wb and all(row.carried for row in self.rows):  # nothing to forward or write into them: the
+            # very object the sampler handed on (LoPA then reads the statistics it kept of it)
+            return carried if self.kv is None else self._cached_logits(out=carried)
         logits = carried[:, wc - wb:] if wc >= wb else torch.nn.functional.pad(carried, (0, 0, wb - wc, 0))
         if self.kv is not None:
             return self._cached_logits(out=logits)

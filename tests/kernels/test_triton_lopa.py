@@ -176,3 +176,26 @@ def test_auto_takes_the_kernels_only_where_the_probe_passed(monkeypatch):
     finally:
         lopa_probe.kernels_refused.cache_clear()
         lopa_probe._warn_once.cache_clear()
+
+
+def test_a_running_decode_hands_its_rows_carried_logits_on_as_they_are():
+    """A served decode whose every row carries its logits passes them on as the very object LoPA handed
+    on, so the anchor reads the kept statistics there too (no second pass over the vocabulary)."""
+    from dllm.engine.running import RunningDecode, group_of
+    from dllm.settings import DecodeSettings
+
+    model = tiny("llada", seed=3).to(DEVICE)
+    settings = DecodeSettings(sampler="fast:compact=False,stats=fused", block_length=8)
+    decode = RunningDecode(model, settings, group_of(model, settings, 16))
+    for i, prompt in enumerate([[11, 12, 13, 14], [21, 22, 23, 24, 25]]):
+        decode.add(prompt, 16, i)
+    seen = _Launches()
+    LAUNCH_OBSERVERS.append(seen)
+    try:
+        with torch.inference_mode():
+            while len(decode):
+                decode.step()
+    finally:
+        LAUNCH_OBSERVERS.remove(seen)
+    steps = seen.names.count("lopa_select")
+    assert steps > 4 and seen.names.count("vocab_stats") < 1.5 * steps, seen.names
