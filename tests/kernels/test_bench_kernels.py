@@ -53,3 +53,17 @@ def test_ratios_to_sdpa_and_the_auto_choice():
         assert line["auto_chose"] == "sdpa" and "not probed" in by["auto"]["note"]
         assert str(line["triton/sdpa"]).endswith("(interpreted)")
     assert "| shape | sdpa_ms | triton/sdpa | auto/sdpa | auto_chose |" in format_table([line], RATIO_COLUMNS)
+
+
+def test_fast_step_rows_time_the_kernels_against_the_torch_path():
+    from dllm.eval.bench.kernels import LoPAShape
+
+    rows = run_kernel_bench([LoPAShape(2, 8, 256, "fp32")], ("triton", "sdpa", "reference"), device=DEVICE,
+                            repeats=1, warmup=0)
+    assert [(r["kind"], r["backend"]) for r in rows] == [("lopa", "triton"), ("lopa", "reference")]
+    assert rows[0]["shape"] == "fast-step-B2-W8-V256-fp32"
+    for r in rows:
+        assert r["ms"] > 0 and r["note"] == "same commits", r
+        assert r["interpreted"] == (INTERPRETED and r["backend"] == "triton")
+    assert rows[1]["speedup"] == 1.0
+    assert any(isinstance(s, LoPAShape) and s.vocab == 126464 for s in default_shapes(__import__("torch").device("cuda")))

@@ -3,7 +3,9 @@
 ``run_kernel_bench(shapes, backends)`` returns one dict per (shape, backend):
 
 - ``kind``: "attention" (a cached step: a query block against the whole key set, LLaDA/Dream
-  heads, a key-padding mask) or "stats" (per-row vocabulary statistics over [N, V] logits);
+  heads, a key-padding mask), "stats" (per-row vocabulary statistics over [N, V] logits) or "lopa"
+  (``fast``'s sampler step with a free forward: the fused statistics and LoPA's two selection kernels
+  as ``triton``, the torch statistics and ops as ``reference``);
 - ``shape``: a readable label, e.g. ``B1-H32-Hkv32-Tq32-Tk2048-D128-bf16-pad16``;
 - ``backend``: an attention backend name (``triton``, ``sdpa``, ``reference``), ``auto`` (a fresh
   ``dllm.kernels.autotune.AutoAttention``: its probe runs in the warm-up, ``note`` says what it
@@ -73,7 +75,22 @@ class StatsShape:
         return f"N{self.rows}-V{self.vocab}-{self.dtype}" + (f"-T{self.temperature:g}" if self.temperature else "")
 
 
-Shape = Union[AttnShape, StatsShape]
+@dataclass(frozen=True)
+class LoPAShape:
+    """One ``fast`` step's sampler work with a free forward: ``batch`` rows, a block of ``width``
+    positions, a ``vocab``-wide vocabulary, ``fast``'s three variants (their logits made beforehand)."""
+
+    batch: int
+    width: int
+    vocab: int
+    dtype: str = "bf16"
+
+    @property
+    def label(self) -> str:
+        return f"fast-step-B{self.batch}-W{self.width}-V{self.vocab}-{self.dtype}"
+
+
+Shape = Union[AttnShape, StatsShape, LoPAShape]
 
 
 def default_shapes(device: torch.device) -> list[Shape]:
@@ -88,18 +105,21 @@ def default_shapes(device: torch.device) -> list[Shape]:
             StatsShape(32, 126464, "bf16"),
             StatsShape(32, 126464, "bf16", temperature=1.0),
             StatsShape(256, 126464, "bf16"),
+            LoPAShape(1, 32, 126464, "bf16"),
+            LoPAShape(8, 32, 126464, "bf16"),
         ]
     return [  # CPU: small enough for the Triton interpreter (~2.5 ms per program and tile)
         AttnShape(1, 4, 4, 32, 256, 64, "fp32", pad=16),
         AttnShape(1, 4, 2, 32, 256, 64, "fp16"),
         StatsShape(8, 4096, "fp32"),
         StatsShape(8, 4096, "fp32", temperature=1.0),
+        LoPAShape(1, 8, 4096, "fp32"),
     ]
 
 
 def tiny_shapes() -> list[Shape]:
     """The smallest meaningful shapes: a CPU smoke run (Triton interpreted) in seconds."""
-    return [AttnShape(1, 2, 1, 16, 64, 32, "fp32", pad=8), StatsShape(2, 256, "fp32")]
+    return [AttnShape(1, 2, 1, 16, 64, 32, "fp32", pad=8), StatsShape(2, 256, "fp32"), LoPAShape(1, 8, 256, "fp32")]
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int) -> float:
@@ -207,6 +227,54 @@ def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device
     return rows
 
 
+def _lopa_rows(shape: LoPAShape, backends: Sequence[str], device: torch.device, repeats: int,
+               warmup: int, seed: int, mask_id: int = 0) -> list[dict[str, Any]]:
+    """``fast:compact=False``'s sampler step (statistics, anchor, variants, scores, winner; its
+    variant forward returns logits made beforehand) with the fused statistics and LoPA's two kernels
+    (``triton``) against the torch statistics and ops (``reference``), on the same inputs. A step
+    without carried statistics: two passes over the vocabulary (a block's first; later steps read
+    one). ``note``: whether the two commit the same positions."""
+    from dllm.samplers import make_sampler
+    from dllm.state import StepInput
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = _DTYPES[shape.dtype]
+    b, w, v, k = shape.batch, shape.width, shape.vocab, 3  # fast's branches
+    logits = (4 * torch.randn(b, w, v, generator=g, device=device)).to(dt)  # [B, W, V]
+    v_logits = (4 * torch.randn(b * k, w, v, generator=g, device=device)).to(dt)  # [B * k, W, V]
+    active = torch.rand(b, w, generator=g, device=device) < 0.75
+    tokens = torch.where(active, mask_id, 1 + torch.arange(w, device=device).expand(b, w) % (v - 1))
+    inp = StepInput(logits=logits, tokens=tokens, active=active, query_start=0, window=(0, w), step=0, steps=None,
+                    mask_id=mask_id, temperature=0.0, generator=None,
+                    forward_variants=lambda canvas, rows, n, every_row=False, host_rows=None: v_logits)
+    rows: list[dict[str, Any]] = []
+    decisions = {}
+    for name in backends:
+        row: dict[str, Any] = {"kind": "lopa", "shape": shape.label, "backend": name, "ms": None, "speedup": None,
+                               "max_abs_err": None, "note": ""}
+        if name == "triton":
+            reason = _triton_refusal()
+            if reason is None and _interpreted() and dt == torch.bfloat16:
+                reason = "triton: bf16 is not supported by the interpreter"
+            if reason is not None:
+                row["note"] = reason
+                rows.append(row)
+                continue
+            sampler = make_sampler("fast", compact=False, stats="fused")
+        elif name == "reference":
+            sampler = make_sampler("fast", compact=False, stats="torch")
+        else:
+            continue
+        decisions[name] = sampler.step(inp, None).commit
+        row["ms"] = round(_time_ms(lambda: sampler.step(inp, None), device, repeats, warmup), 4)
+        rows.append(row)
+    if len(decisions) == 2:
+        same = torch.equal(decisions["triton"], decisions["reference"])
+        for row in rows:
+            row["note"] = "same commits" if same else "commits differ (float32 statistics: near-ties)"
+    return rows
+
+
 def run_kernel_bench(
     shapes: Optional[Sequence[Shape]] = None,
     backends: Sequence[str] = ("triton", "sdpa", "auto", "reference"),
@@ -237,7 +305,8 @@ def run_kernel_bench(
                 r["vs_sdpa"] = round(r["ms"] / sdpa, 2) if sdpa and r["ms"] else None
             base = sdpa or next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
         else:
-            rows = _stats_rows(shape, backends, dev, repeats, warmup, seed)
+            rows = (_stats_rows if isinstance(shape, StatsShape) else _lopa_rows)(shape, backends, dev, repeats,
+                                                                                 warmup, seed)
             base = next((r["ms"] for r in rows if r["backend"] == "reference" and r["ms"]), None)
         for r in rows:
             if base and r["ms"]:
@@ -321,5 +390,5 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["run_kernel_bench", "format_report", "format_table", "default_shapes", "tiny_shapes", "sdpa_ratios", "AttnShape", "StatsShape",
-           "COLUMNS", "RATIO_COLUMNS"]
+__all__ = ["run_kernel_bench", "format_report", "format_table", "default_shapes", "tiny_shapes", "sdpa_ratios",
+           "AttnShape", "LoPAShape", "StatsShape", "COLUMNS", "RATIO_COLUMNS"]
