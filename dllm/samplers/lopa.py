@@ -214,7 +214,7 @@ class LoPA(Sampler):
         fused = use_fused(cfg.stats, logits)
         lookahead = cfg.branches > 1 or cfg.bonus or cfg.reuse  # steps 2-5
         compact = cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda)
-        if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device)):
+        if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device, LoPA)):
             commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
         else:
             props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM

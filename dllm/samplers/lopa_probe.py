@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -48,18 +48,17 @@ def _probe_input(device: torch.device, seed: int) -> StepInput:
 
 
 @functools.lru_cache(maxsize=None)
-def kernels_refused(device: str) -> Optional[str]:
+def kernels_refused(device: str, lopa: Callable[..., Any]) -> Optional[str]:
     """None when LoPA's kernels ran on ``device`` and decided as the torch ops on the probe; else why
-    not (the exception, or the first differing case). Cached per device for the process."""
-    from dllm.samplers import make_sampler
-
+    not (the exception, or the first differing case). ``lopa``: the sampler class (``LoPA``; passed
+    in, so this module imports no sampler). Cached per device for the process."""
     dev = torch.device(device)
     try:
         for seed in range(2):
             inp = _probe_input(dev, seed)
             for options in ({}, {"confidence": "max_prob", "reuse": True}):
-                kernels = make_sampler("lopa", stats="fused", compact=False, **options).step(inp, None)
-                ops = make_sampler("lopa", stats="fused", compact=True, **options).step(inp, None)
+                kernels = lopa(stats="fused", compact=False, **options).step(inp, None)
+                ops = lopa(stats="fused", compact=True, **options).step(inp, None)
                 if not (torch.equal(kernels.commit, ops.commit)
                         and torch.equal(kernels.tokens[kernels.commit], ops.tokens[ops.commit])):
                     return f"the kernels' commits differ from the torch ops' on the probe (seed {seed}, {options})"
@@ -68,9 +67,9 @@ def kernels_refused(device: str) -> Optional[str]:
     return None
 
 
-def use_kernels(device: torch.device) -> bool:
+def use_kernels(device: torch.device, lopa: Callable[..., Any]) -> bool:
     """Whether ``stats="auto"`` runs LoPA's kernels on ``device`` (warns once per device when not)."""
-    reason = kernels_refused(str(device))
+    reason = kernels_refused(str(device), lopa)
     if reason is not None:
         _warn_once(str(device), reason)
     return reason is None

@@ -155,7 +155,7 @@ def test_auto_takes_the_kernels_only_where_the_probe_passed(monkeypatch):
     import dllm.samplers.lopa as lopa
     from dllm.samplers import lopa_probe
 
-    assert lopa_probe.kernels_refused(str(torch.device(DEVICE))) is None  # the interpreter here
+    assert lopa_probe.kernels_refused(str(torch.device(DEVICE)), lopa.LoPA) is None  # the interpreter here
     model = tiny("llada", seed=3).to(DEVICE)
     prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
     kw = dict(gen_length=12, block_length=4, cache="dual")
