@@ -7,8 +7,10 @@
 #      with 8 layers and dual, the norms and RoPE as ATen ops (--layer-paths fused) against the one-launch
 #      operators that CUDA's default path runs (breakdown-paths.json: fewer launches, more host per call);
 #   3. SDAR-8B's shapes with its block cache (block 4; breakdown-sdar.json);
-#   4. Fast-dLLM's transcribed dual-cache driver against dllm's loop at the same shapes (driver.txt);
-#   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa (kernels.json).
+#   4. Fast-dLLM's transcribed dual-cache driver against dllm's loop at the same shapes (3 rounds of 3
+#      decodes per setting, to fit its 60 s with eight settings; fast with LoPA's kernels; in log.txt);
+#   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa, and fast's
+#      sampler step with LoPA's kernels against the torch path (kernels.json).
 # Steps 1-3 time each case eager and with generate(cuda_graphs=True) (the cached forwards replayed as
 # CUDA graphs; on a CPU the same static step runs eagerly).
 # 8 files under ${OUT:-benchmarks/gpu-step-$(date +%F)} (gpu.txt, log.txt with every table, 6 JSON); about
@@ -16,7 +18,7 @@
 O=${OUT:-benchmarks/gpu-step-$(date +%F)}
 . "$(dirname "$0")/lib-gpu.sh"
 if [ "$DEVICE" = cuda ]; then
-  W=(--width 8b); P=1024; L8=8; L32=32; DRIVER=(--width 8b --layers 8); KERNELS=()
+  W=(--width 8b); P=1024; L8=8; L32=32; DRIVER=(--width 8b --layers 8 --rounds 3 --repeat 3); KERNELS=()
 else
   W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1 --tiny)
 fi
