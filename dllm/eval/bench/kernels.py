@@ -140,6 +140,17 @@ def _interpreted() -> bool:
     return interp(_attn_fwd_kernel)
 
 
+def _bf16_refusal(dtype: torch.dtype) -> Optional[str]:
+    """Why a Triton kernel cannot take ``dtype`` here: bfloat16 in the interpreter (None: it can)."""
+    return "triton: bf16 is not supported by the interpreter" if dtype == torch.bfloat16 and _interpreted() else None
+
+
+def _row(kind: str, shape: Shape, backend: str) -> dict[str, Any]:
+    """A result row before its backend ran (``ms`` None until timed)."""
+    return {"kind": kind, "shape": shape.label, "backend": backend, "ms": None, "speedup": None,
+            "max_abs_err": None, "note": ""}
+
+
 def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.device, repeats: int,
                     warmup: int, seed: int) -> list[dict[str, Any]]:
     from dllm.kernels.attention import backends as registry
@@ -157,8 +168,7 @@ def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.dev
     ref_out = registry.get("reference").fn(q, k, v, mask, False)[0].float()
     rows: list[dict[str, Any]] = []
     for name in backends:
-        row: dict[str, Any] = {"kind": "attention", "shape": shape.label, "backend": name, "ms": None,
-                               "speedup": None, "max_abs_err": None, "note": ""}
+        row = _row("attention", shape, name)
         auto = None
         if name == "auto":
             from dllm.kernels.autotune import AutoAttention, AutoConfig
@@ -167,8 +177,8 @@ def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.dev
         else:
             backend = registry.get(name)
             fn, reason = backend.fn, backend.refusal(need_probs=False)
-        if reason is None and name == "triton" and _interpreted() and dt == torch.bfloat16:
-            reason = "triton: bf16 is not supported by the interpreter"
+        if reason is None and name == "triton":
+            reason = _bf16_refusal(dt)
         if reason is not None:
             row["note"] = reason
         else:
@@ -197,14 +207,11 @@ def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device
     ref = vocab_stats_reference(logits, banned, temp, uniforms)
     rows: list[dict[str, Any]] = []
     for name in backends:
-        row: dict[str, Any] = {"kind": "stats", "shape": shape.label, "backend": name, "ms": None,
-                               "speedup": None, "max_abs_err": None, "note": ""}
+        row = _row("stats", shape, name)
         if name == "reference":
             fn: Callable[[], Any] = lambda: vocab_stats_reference(logits, banned, temp, uniforms)
         elif name == "triton":
-            reason = _triton_refusal()
-            if reason is None and _interpreted() and dt == torch.bfloat16:
-                reason = "triton: bf16 is not supported by the interpreter"
+            reason = _triton_refusal() or _bf16_refusal(dt)
             if reason is not None:
                 row["note"] = reason
                 rows.append(row)
@@ -250,12 +257,9 @@ def _lopa_rows(shape: LoPAShape, backends: Sequence[str], device: torch.device, 
     rows: list[dict[str, Any]] = []
     decisions = {}
     for name in backends:
-        row: dict[str, Any] = {"kind": "lopa", "shape": shape.label, "backend": name, "ms": None, "speedup": None,
-                               "max_abs_err": None, "note": ""}
+        row = _row("lopa", shape, name)
         if name == "triton":
-            reason = _triton_refusal()
-            if reason is None and _interpreted() and dt == torch.bfloat16:
-                reason = "triton: bf16 is not supported by the interpreter"
+            reason = _triton_refusal() or _bf16_refusal(dt)
             if reason is not None:
                 row["note"] = reason
                 rows.append(row)
