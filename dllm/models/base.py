@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 import torch.nn as nn
-from torch.nn.modules import module as nn_module
 
 from dllm.models.core.config import TransformerConfig
+from dllm.models.core.fused import watched
 from dllm.models.core.views import CacheView, StackedView
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.models.core.soft_inputs import SoftInputs, applied_to
@@ -58,11 +58,6 @@ class ModelOutput:
     logits: torch.Tensor
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     attn: dict[int, torch.Tensor] = field(default_factory=dict)
-
-
-def _global_module_hooks() -> bool:
-    """Whether a global ``nn.Module`` forward hook is registered (``register_module_forward_hook``)."""
-    return bool(getattr(nn_module, "_global_forward_hooks", None) or getattr(nn_module, "_global_forward_pre_hooks", None))
 
 
 def default_positions(input_ids: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -323,9 +318,9 @@ class DiffusionLM(PromptsMixin, nn.Module):
         logits_rows=logits_rows).logits`` for a cached forward whose inputs the caller built valid (the
         engine's steps: a ``CacheView`` of its own buffers, the positions of the query's columns),
         without the module call and the input checks: the same logits (tests/models/test_cached_logits.py),
-        less host time per step. Where a hook is on this module (it must see the call) the module is
-        called."""
-        if self._forward_hooks or self._forward_pre_hooks or _global_module_hooks():
+        less host time per step. Where something runs around this module's forward (a hook, which must
+        see the call, or a compiled call: ``dllm.models.core.fused.watched``) the module is called."""
+        if watched(self):
             return self(input_ids, positions=positions, key_padding_mask=key_padding_mask, cache=cache,
                         logits_rows=logits_rows).logits
         head_rows = None if logits_rows is None else self._head_rows(logits_rows, input_ids.shape[-1])

@@ -93,8 +93,6 @@ def refused(current: Optional[FusedWeight], linears: Sequence[nn.Module]) -> Opt
     return FusedWeight(linears) if fusable(linears) else None
 
 
-
-
 def plain_weight(module: nn.Module) -> Optional[torch.Tensor]:
     """The weight of a bias-free ``nn.Linear`` the fused path may run as ``F.linear`` (``fusable``:
     plain, unhooked, a real floating weight), else None: the module is called."""
@@ -112,15 +110,20 @@ def linear_or_module(module: nn.Module, weight: Optional[torch.Tensor], x: torch
     return F.linear(x, weight)
 
 
+def watched(module: nn.Module) -> bool:
+    """Whether ``module(...)`` runs anything around ``module.forward``: a hook on the module, a global
+    module hook, or a compiled call (``module.compile()`` routes the call)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or module._compiled_call_impl is not None
+                or _mod._global_forward_hooks or _mod._global_forward_pre_hooks or _mod._global_backward_hooks
+                or _mod._global_backward_pre_hooks)
+
+
 def call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)``, skipping ``nn.Module.__call__``'s dispatch when nothing would run
-    around ``forward``: no hook on the module, no global module hook, not compiled (``module.compile()``
-    routes the call). A replaced ``forward`` (accelerate's device-map wrapper) is what runs either way."""
-    if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-            or module._compiled_call_impl is not None or _mod._global_forward_hooks
-            or _mod._global_forward_pre_hooks or _mod._global_backward_hooks or _mod._global_backward_pre_hooks):
-        return module(*args, **kwargs)
-    return module.forward(*args, **kwargs)
+    around ``forward`` (``watched``). A replaced ``forward`` (accelerate's device-map wrapper) is
+    what runs either way."""
+    return module(*args, **kwargs) if watched(module) else module.forward(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -184,5 +187,5 @@ def fused_residual_out(p: FusedLayer, h: torch.Tensor, out: torch.Tensor) -> tor
     return h + linear_or_module(p.down_proj, p.down_weight, F.silu(gate).mul_(up))
 
 
-__all__ = ["FusedLayer", "FusedWeight", "fusable", "fused_qkv_rows", "fused_residual_out", "linear_or_module",
-           "plain_weight", "refused"]
+__all__ = ["FusedLayer", "FusedWeight", "call_module", "fusable", "fused_qkv_rows", "fused_residual_out",
+           "linear_or_module", "plain_weight", "refused", "watched"]
