@@ -42,6 +42,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dllm.kernels import launch
+
 _NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
                           "sym_numel", "sym_storage_offset", "detach", "alias"})
@@ -50,7 +52,7 @@ _SYNC_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select"
                        "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})
 _PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
 _HERE = os.path.abspath(__file__)
-_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))), "kernels", "launch.py")
+_LAUNCH = os.path.abspath(launch.__file__)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
@@ -193,7 +195,7 @@ class DispatchCounter:
         self._hooks: list[Any] = []
         self._modes: list[Any] = []
         self._in_op = 0  # depth of dispatched ATen calls running now
-        self._in_launch = 0  # depth of counted Triton launches running now
+        self._in_launch = 0  # depth of Triton launches running now
         core = getattr(model, "transformer", model)
         layers = getattr(core, "layers", None)
         if layers is not None:
@@ -241,11 +243,10 @@ class DispatchCounter:
 
     def launch_begins(self, name: str) -> None:
         """A Triton launch (``dllm.kernels.launch`` observer): one call and one kernel, unless it runs
-        inside a dispatched op (counted as that op)."""
-        if self._in_op or self._in_launch:
-            self._in_launch += bool(self._in_launch)
+        inside a dispatched op (counted as that op) or inside another launch."""
+        self._in_launch += 1
+        if self._in_op or self._in_launch > 1:
             return
-        self._in_launch = 1
         c = self.current
         if self._depth_layer:
             c.layer_aten += 1
@@ -259,8 +260,7 @@ class DispatchCounter:
         c.forward_aten += self._depth_forward > 0
 
     def launch_ends(self, name: str) -> None:
-        if self._in_launch:
-            self._in_launch -= 1
+        self._in_launch -= 1
 
     def _sync(self, what: str) -> None:
         self.current.syncs.append(f"{what} @ {caller_line()}")
@@ -274,19 +274,15 @@ class DispatchCounter:
 
     # ---- context -----------------------------------------------------------------------------------
     def __enter__(self) -> "DispatchCounter":
-        from dllm.kernels.launch import LAUNCH_OBSERVERS
-
         self._modes = [_Function(self), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
-        LAUNCH_OBSERVERS.append(self)
+        launch.LAUNCH_OBSERVERS.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        from dllm.kernels.launch import LAUNCH_OBSERVERS
-
-        if self in LAUNCH_OBSERVERS:
-            LAUNCH_OBSERVERS.remove(self)
+        if self in launch.LAUNCH_OBSERVERS:
+            launch.LAUNCH_OBSERVERS.remove(self)
         for m in reversed(self._modes):
             m.__exit__(*exc)
         for h in self._hooks:

@@ -74,8 +74,8 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
 OUTSIDE_ATEN = {  # (family, sampler): (ATen path, as on CUDA)
     ("llada", "low_confidence"): (17, 16), ("llada", "threshold"): (21, 20),
     ("dream", "low_confidence"): (23, 22), ("dream", "threshold"): (22, 21),
-    ("sdar", "low_confidence"): (23, 22), ("sdar", "threshold"): (30, 29),
-    ("fastdllm_v2", "low_confidence"): (25, 24), ("fastdllm_v2", "threshold"): (23, 22),
+    ("sdar", "low_confidence"): (21, 21), ("sdar", "threshold"): (30, 29),
+    ("fastdllm_v2", "low_confidence"): (24, 23), ("fastdllm_v2", "threshold"): (23, 22),
 }
 
 
