@@ -84,11 +84,13 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, rou
 
 
 def rms_norm_one_op(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_once: bool) -> torch.Tensor:
-    """``rms_norm_reference`` in one ATen kernel (two with ``round_once=False``: the weight multiply
-    after the rounding is a second op). Falls back to the reference where torch lacks the kernel."""
+    """``rms_norm_reference`` in one ATen kernel (two with ``round_once=False`` outside float32: the
+    weight multiply after the rounding is a second op; in float32 there is no rounding between, and
+    ``x * rstd * w`` is the same product whichever side the weight is on). Falls back to the reference
+    where torch lacks the kernel."""
     if _FUSED_NORM is None or weight.dtype != x.dtype:
         return rms_norm_reference(x, weight, eps, round_once=round_once)
-    if round_once:
+    if round_once or x.dtype == torch.float32:
         return _FUSED_NORM(x, [x.shape[-1]], weight, eps)[0]
     return weight * _FUSED_NORM(x, [x.shape[-1]], None, eps)[0]
 

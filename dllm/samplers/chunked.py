@@ -95,6 +95,12 @@ def banned_column(v: int, banned: int, device: torch.device) -> torch.Tensor:
     return constant(("banned column", v, banned, device), make)
 
 
+def without_column(z: torch.Tensor, banned: int) -> torch.Tensor:
+    """A copy of z [..., V] with column ``banned`` (0 <= banned < V) at -inf: one ``where`` call
+    (``masked_fill`` out of place is a copy and a fill, two)."""
+    return torch.where(banned_column(z.shape[-1], banned, z.device), float("-inf"), z)
+
+
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
     """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
 
@@ -112,7 +118,7 @@ def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
         return z.argmax(dim=-1)
     if banned == 0:  # a row of -inf would give index 0 back
         return z[..., 1:].argmax(dim=-1) + 1
-    return z.masked_fill(banned_column(v, banned, z.device), float("-inf")).argmax(dim=-1)
+    return without_column(z, banned).argmax(dim=-1)
 
 
 def max_prob_excluding(logits: torch.Tensor, banned: Optional[int],
@@ -126,7 +132,7 @@ def max_prob_excluding(logits: torch.Tensor, banned: Optional[int],
     probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
     v = probs.shape[-1]
     if banned is not None and 0 <= banned < v:
-        probs = probs.masked_fill(banned_column(v, banned, probs.device), float("-inf"))
+        probs = without_column(probs, banned)
     return probs.amax(dim=-1)
 
 
@@ -209,4 +215,4 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
 
 
 __all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "max_prob_excluding",
-           "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms"]
+           "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms", "without_column"]

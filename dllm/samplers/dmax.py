@@ -44,7 +44,7 @@ from dllm.models.core.soft_inputs import SoftInputs
 from dllm.options import check_optional_int, check_unit
 from dllm.samplers._ops import expand_window, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, banned_column, pick_last
+from dllm.samplers.chunked import argmax_excluding, pick_last, without_column
 from dllm.state import DecodeState, StepInput, StepOutput
 
 OPEN_KEY = "dmax_open"  # state.extras: [B, W] bool, the block's masks at its start in rows not settled
@@ -71,7 +71,7 @@ def top1_prob(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.T
     id, one ``max`` gives the arg-max (its first index, as ``argmax``) and the value at it."""
     v = logits.shape[-1]
     if 0 < mask_id < v:  # argmax_excluding's own rule: the mask's column at -inf
-        best, x0 = logits.masked_fill(banned_column(v, mask_id, logits.device), float("-inf")).max(dim=-1)
+        best, x0 = without_column(logits, mask_id).max(dim=-1)
     else:
         x0 = argmax_excluding(logits, mask_id)  # [B, W]
         best = pick_last(logits, x0)  # [B, W]

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import banned_column, column_ids, constant
+from dllm.samplers.chunked import column_ids, constant, without_column
 from dllm.samplers.sdar import block_of
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -158,7 +158,7 @@ class FastDLLMv2Sampler(Sampler):
 def _never_the_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     """x0 [B, W], with the arg-max of the logits [B, W, V] without the mask id where it is the mask id
     (see the module docstring)."""
-    other = logits.masked_fill(banned_column(logits.shape[-1], mask_id, logits.device), float("-inf"))
+    other = without_column(logits, mask_id)
     return torch.where(x0 == mask_id, other.argmax(dim=-1), x0)
 
 
