@@ -164,6 +164,19 @@ def _check_rows(idx: torch.Tensor, val: torch.Tensor, rows: Optional[torch.Tenso
         raise ValueError(f"rows must be a long tensor [{n_rows}], got {rows.dtype} {tuple(rows.shape)}")
 
 
+def _checked_out(name: str, out: tuple[torch.Tensor, ...], shapes: tuple[tuple[int, ...], ...],
+                 dtypes: tuple[torch.dtype, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``out`` when its tensors are contiguous, of ``shapes`` and ``dtypes``, on ``device`` (the kernels
+    write them row-major); raises ValueError naming what was given and what is needed otherwise."""
+    if len(out) != len(shapes) or any(
+            tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous()
+            for t, shape, dtype in zip(out, shapes, dtypes)):
+        got = [(str(t.dtype), tuple(t.shape), str(t.device), t.is_contiguous()) for t in out]
+        raise ValueError(f"{name}: out must be contiguous tensors {list(zip(map(str, dtypes), shapes))} on "
+                         f"{device}, got (dtype, shape, device, contiguous) {got}")
+    return tuple(out)
+
+
 def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur: torch.Tensor, n_extra: int,
                  tau: float, confidence: str, rows: Optional[torch.Tensor] = None,
                  out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
@@ -189,9 +202,8 @@ def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur
     k = 1 + n_extra
     if out is None:
         out = propose_buffers(n_rows, k, width, val.device)
-    variants, at, anchor = out
-    if (variants.shape, at.shape, anchor.shape) != ((n_rows, k, width), (n_rows, k), (n_rows, width)):
-        raise ValueError(f"lopa_propose: out buffers {[tuple(t.shape) for t in out]} for {(n_rows, k, width)}")
+    variants, at, anchor = _checked_out("lopa_propose", out, ((n_rows, k, width), (n_rows, k), (n_rows, width)),
+                                        (torch.long, torch.long, torch.bool), val.device)
     if n_rows:
         observed_launch("lopa_propose", _lopa_propose_kernel, (n_rows,),
                         idx, val, idx if rows is None else rows, active, cur, variants, at, anchor,
@@ -211,7 +223,8 @@ def propose_buffers(n_rows: int, k: int, width: int, device: torch.device
 
 def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, active: torch.Tensor,
                 variants: torch.Tensor, at: torch.Tensor, anchor: torch.Tensor, tau: float, confidence: str,
-                verify: bool, bonus: bool, rows: Optional[torch.Tensor] = None
+                verify: bool, bonus: bool, rows: Optional[torch.Tensor] = None,
+                out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The winner of a LoPA step and what it commits (module docstring) in one launch.
 
@@ -220,7 +233,8 @@ def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, act
     idx (and ``rows``): the step's statistics as in ``lopa_propose`` (x0 = its arg-max); active, and ``lopa_propose``'s
     variants / at / anchor. ``verify``: the guard; ``bonus``: also the threshold fills of the winner's
     statistics. Returns (commit [N, W] bool, tokens [N, W] long, win [N] long: the winner's row of the
-    variant batch [N * K, ...], ``n * K + j`` for variant j of row n)."""
+    variant batch [N * K, ...], ``n * K + j`` for variant j of row n), written into ``out`` when given
+    (three contiguous tensors of those shapes and dtypes, ``select_buffers``: no allocation)."""
     slot, negate = _slot(confidence)
     _check_device(v_val, _lopa_select_kernel)
     n_rows, k, width = variants.shape
@@ -230,17 +244,25 @@ def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, act
                          f"be [{n_rows * k}, {width}, 2 / 6]: the variants' {(n_rows, k, width)} flattened")
     if not (v_idx.is_contiguous() and v_val.is_contiguous()):
         raise ValueError("lopa_select needs contiguous variant statistics (as vocab_stats writes them)")
-    commit = torch.empty((n_rows, width), dtype=torch.bool, device=v_val.device)
-    out = torch.empty((n_rows, width), dtype=torch.long, device=v_val.device)
-    win = torch.empty((n_rows,), dtype=torch.long, device=v_val.device)
+    if out is None:
+        out = select_buffers(n_rows, width, v_val.device)
+    commit, tokens, win = _checked_out("lopa_select", out, ((n_rows, width), (n_rows, width), (n_rows,)),
+                                       (torch.bool, torch.long, torch.long), v_val.device)
     if n_rows:
         observed_launch("lopa_select", _lopa_select_kernel, (n_rows,),
                         v_idx, v_val, idx, idx if rows is None else rows, idx.stride(0), idx.stride(1), active,
                         active.stride(0),
-                        active.stride(1), variants, at, anchor, commit, out, win, width, k, float(tau),
+                        active.stride(1), variants, at, anchor, commit, tokens, win, width, k, float(tau),
                         CONF_SLOT=slot, NEGATE=negate, VERIFY=bool(verify), BONUS=bool(bonus),
                         HAS_ROWS=rows is not None, BLOCK_W=max(16, next_pow2(width)))
-    return commit, out, win
+    return commit, tokens, win
 
 
-__all__ = ["lopa_propose", "lopa_select", "propose_buffers"]
+def select_buffers(n_rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty outputs of ``lopa_select``: commit [N, W] bool, tokens [N, W] long, win [N] long."""
+    return (torch.empty((n_rows, width), dtype=torch.bool, device=device),
+            torch.empty((n_rows, width), dtype=torch.long, device=device),
+            torch.empty((n_rows,), dtype=torch.long, device=device))
+
+
+__all__ = ["lopa_propose", "lopa_select", "propose_buffers", "select_buffers"]

@@ -140,10 +140,13 @@ def vocab_stats(
     uniforms: Optional[torch.Tensor] = None,  # [..., V] in (0, 1); or
     seed: Optional[int] = None,  # Philox seed (not torch's stream)
     block_v: Optional[int] = None,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # (idx [..., 2] int64, val [..., 6] float32)
 ) -> "PackedVocabStats":
     """Per-row statistics of ``logits`` in one fused pass (see the module docstring and
     ``VocabStats`` for the fields). At ``temperature > 0`` pass exactly one of ``uniforms`` /
     ``seed``. Float fields are float32, ``argmax`` / ``sample`` int64; shapes are ``logits.shape[:-1]``.
+    ``out``: the two output tensors to write (contiguous, ``logits.shape[:-1]`` + (2,) int64 and + (6,)
+    float32, on the logits' device), which a caller keeps from step to step: no allocation.
 
     >>> st = vocab_stats(logits[:, ws:we], banned=mask_id)  # doctest: +SKIP
     >>> x0, conf = st.argmax, st.top1_prob
@@ -175,8 +178,11 @@ def vocab_stats(
             raise TypeError(f"uniforms must be float32/float64, got {uniforms.dtype}")
         u3 = _rows3(uniforms)
     n = x3.shape[0] * x3.shape[1]
-    out_idx = torch.empty((*lead, 2), dtype=torch.int64, device=logits.device)  # every read slot is written
-    out_val = torch.empty((*lead, 6), dtype=torch.float32, device=logits.device)
+    if out is None:
+        out_idx = torch.empty((*lead, 2), dtype=torch.int64, device=logits.device)  # every read slot is written
+        out_val = torch.empty((*lead, 6), dtype=torch.float32, device=logits.device)
+    else:
+        out_idx, out_val = _checked_out(out, lead, logits.device)
     if n:
         interp = _interpreted(_vocab_stats_kernel)
         block = block_v or min(_next_pow2(vocab), 1024 if interp else 2048)
@@ -190,6 +196,20 @@ def vocab_stats(
             BLOCK_V=block, NOISE=noise, **launch,
         )
     return PackedVocabStats(out_idx, out_val, sampled=noise != _NOISE_NONE)
+
+
+def _checked_out(out: tuple[torch.Tensor, torch.Tensor], lead: torch.Size, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``vocab_stats``' ``out`` when it is two contiguous tensors [*lead, 2] int64 and [*lead, 6] float32
+    on ``device``; raises ValueError naming what is wrong otherwise."""
+    idx, val = out
+    want = ((*lead, 2), torch.int64), ((*lead, 6), torch.float32)
+    for t, (shape, dtype) in zip((idx, val), want):
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous():
+            raise ValueError(f"vocab_stats: out must be contiguous int64 {(*lead, 2)} and float32 {(*lead, 6)} "
+                             f"on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}"
+                             f"{'' if t.is_contiguous() else ' (not contiguous)'}")
+    return idx, val
 
 
 def _field(name: str, tensor: str, col: int, sampled_only: bool = False) -> property:

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
@@ -90,6 +90,9 @@ from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.lopa_probe import use_kernels
 from dllm.samplers.stats import check_stats, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
+
+if TYPE_CHECKING:
+    from dllm.samplers.lopa_buffers import StepBuffers
 
 CONFIDENCE_KINDS = ("negative_entropy", "max_prob")
 
@@ -184,14 +187,12 @@ class LoPA(Sampler):
 
     def __init__(self, config: Optional[LoPAConfig] = None, **options) -> None:
         super().__init__(config, **options)
-        # (weak reference to the logits a step handed on, their version, their statistics, the rows): the
-        #   fused static path (_fused_lookahead) takes them for the next anchor when it is given those very
-        #   logits, not written in place since (tracked outside inference mode; inside it the engines hand
-        #   the same object on unwritten, and a running decode hands a new view)
-        self._carried: Optional[tuple[weakref.ref, Optional[int], object, torch.Tensor]] = None
-        # lopa_propose's outputs by (rows, variants, width, device), rewritten at every step: they live
-        #   only until the step's lopa_select has read them (the variant forward reads its ids first)
-        self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # (weak reference to the logits a step handed on or None, their version, the step's StepBuffers):
+        #   the fused static path (_fused_lookahead) takes it at every step, reads the last variant
+        #   statistics for the anchor when it is given those very logits, not written in place since
+        #   (tracked outside inference mode; inside it the engines hand the same object on unwritten, and
+        #   a running decode hands a new view), and writes its outputs into the buffers
+        self._carried: Optional[tuple[Optional[weakref.ref], Optional[int], "StepBuffers"]] = None
 
     @property
     def commits_every_step(self) -> bool:
@@ -239,34 +240,38 @@ class LoPA(Sampler):
         statistics at the winners' rows, read in place), ``lopa_propose`` (anchor and variants), the
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
-        (``dllm.kernels.triton_lopa``). Same returns."""
+        (``dllm.kernels.triton_lopa``). Same returns; every output but the winner's logits is written
+        into the step's ``StepBuffers`` (no allocation), which the next step rewrites: the commit and
+        tokens returned are read before it, as the engines do."""
         from dllm.kernels.packed import tensor_version
-        from dllm.kernels.triton_lopa import lopa_propose, lopa_select, propose_buffers
+        from dllm.kernels.triton_lopa import lopa_propose, lopa_select
         from dllm.kernels.triton_stats import vocab_stats
+        from dllm.samplers.lopa_buffers import StepBuffers
 
         cfg = self.config
-        carried, self._carried = self._carried, None
-        if carried is not None and carried[0]() is logits and carried[1] == tensor_version(logits):  # those very
-            stats, rows = carried[2], carried[3]  # logits, unwritten since: the winners' rows of the variant stats
-        else:
-            stats, rows = vocab_stats(logits, banned=inp.mask_id), None  # [B, W]
         (b, w), k = cur.shape, 1 + min(cfg.branches - 1, cur.shape[1])
         key = (b, k, w, cur.device)
-        buffers = self._buffers.pop(key, None)  # taken while the step uses them: a decode that steps this
-        if buffers is None:  # sampler while this step's variant forward waits (a served greenlet) makes its own
-            buffers = propose_buffers(b, k, w, cur.device)
-        variants, at, anchor = lopa_propose(stats.idx, stats.val, active, cur, k - 1, cfg.tau_conf, cfg.confidence,
-                                            rows, buffers)  # [B, k, W], [B, k], [B, W]
+        carried, self._carried = self._carried, None  # this step owns its buffers until it hands them on
+        bufs = carried[2] if carried is not None and carried[2].key == key else StepBuffers.make(*key)
+        last_idx, last_val, last_win = bufs.last()
+        if (carried is not None and carried[0] is not None and carried[0]() is logits
+                and carried[1] == tensor_version(logits)):  # those very logits, unwritten since: the winners'
+            idx, val, rows = last_idx, last_val, last_win  # rows of the last variant statistics, in place
+        else:  # the last statistics are not read: their first rows take the block's [B, W]
+            stats = vocab_stats(logits, banned=inp.mask_id, out=(last_idx[:b], last_val[:b]))
+            idx, val, rows = stats.idx, stats.val, None
+        variants, at, anchor = lopa_propose(idx, val, active, cur, k - 1, cfg.tau_conf, cfg.confidence, rows,
+                                            bufs.propose)  # [B, k, W], [B, k], [B, W]
         v_logits = forward_window_variants(inp, variants)  # [B * k, W, V]
-        v_stats = vocab_stats(v_logits, banned=inp.mask_id)  # [B * k, W]
-        commit, out, win = lopa_select(v_stats.idx, v_stats.val, stats.idx, active, variants, at, anchor,
+        next_idx, next_val, next_win = bufs.next()
+        v_stats = vocab_stats(v_logits, banned=inp.mask_id, out=(next_idx, next_val))  # [B * k, W]
+        commit, out, win = lopa_select(v_stats.idx, v_stats.val, idx, active, variants, at, anchor,
                                        cfg.tau_conf, cfg.confidence, cfg.verify_variants,
-                                       cfg.bonus and not cfg.reuse, rows)  # [B, W], [B, W], [B] rows of v_logits
-        if len(self._buffers) < 16:
-            self._buffers[key] = buffers
+                                       cfg.bonus and not cfg.reuse, rows, (*bufs.select, next_win))
+        bufs.flip()  # [B, W], [B, W], [B] rows of v_logits
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
-        if cfg.reuse:  # the next step's anchor reads these logits: their statistics are rows win of v_stats
-            self._carried = (weakref.ref(w_logits), tensor_version(w_logits), v_stats, win)
+        # with reuse the next step's anchor reads these logits: their statistics are rows win of v_stats
+        self._carried = (weakref.ref(w_logits) if cfg.reuse else None, tensor_version(w_logits), bufs)
         return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool

@@ -96,6 +96,51 @@ def test_bad_arguments_are_refused():
         lopa_propose(st.idx, st.val, active, cur, 1, 0.9, "max_prob", rows=torch.zeros(3, dtype=torch.long))
 
 
+def test_out_buffers_are_written_in_place_and_checked():
+    from dllm.kernels.triton_lopa import lopa_propose, lopa_select, propose_buffers, select_buffers
+    from dllm.kernels.triton_stats import vocab_stats
+
+    inp = _case("random", 0)
+    st = vocab_stats(inp.logits, banned=MASK)
+    fresh = lopa_propose(st.idx, st.val, inp.active, inp.tokens, 2, 0.6, "negative_entropy")
+    given = propose_buffers(4, 3, 8, st.val.device)
+    into = lopa_propose(st.idx, st.val, inp.active, inp.tokens, 2, 0.6, "negative_entropy", out=given)
+    assert all(a is b for a, b in zip(into, given)) and all(torch.equal(a, b) for a, b in zip(into, fresh))
+    variants, at, anchor = fresh
+    v = vocab_stats(inp.forward_variants(variants.view(12, 8), torch.arange(4).repeat_interleave(3), 3),
+                    banned=MASK)  # [N * k, W]
+    args = (v.idx, v.val, st.idx, inp.active, variants, at, anchor, 0.6, "negative_entropy", True, True)
+    given = select_buffers(4, 8, st.val.device)
+    into, fresh = lopa_select(*args, out=given), lopa_select(*args)
+    assert all(a is b for a, b in zip(into, given)) and all(torch.equal(a, b) for a, b in zip(into, fresh))
+    commit, tokens, win = given
+    for bad in [(commit.long(), tokens, win), (commit, tokens[:3], win), (commit, tokens.t(), win), (commit, tokens)]:
+        with pytest.raises(ValueError, match="lopa_select: out must be contiguous tensors"):
+            lopa_select(*args, out=bad)
+    with pytest.raises(ValueError, match="lopa_propose: out must be contiguous tensors"):
+        lopa_propose(st.idx, st.val, inp.active, inp.tokens, 2, 0.6, "max_prob", out=propose_buffers(4, 2, 8, DEVICE))
+
+
+def test_a_decode_stepping_the_sampler_meanwhile_changes_no_decision():
+    """The fused static step hands its buffers on to the next step of the sampler, whoever makes it: a
+    decode stepping the same sampler between two steps of another (a served greenlet) takes them, and
+    the other's next step recomputes its anchor instead of reading what was overwritten."""
+    a, b = _case("random", 0), _case("edge", 1)
+    alone = make_sampler("fast", stats="fused", compact=False)
+    first = alone.step(a, None)  # its commit and tokens are buffers the sampler's next step rewrites
+    first_commit = first.commit.clone()
+    a2 = _step_input(first.next_logits, torch.where(first.commit, first.tokens, a.tokens), a.active & ~first.commit, 0)
+    want = alone.step(a2, None)
+    shared = make_sampler("fast", stats="fused", compact=False)
+    got_first = shared.step(a, None)
+    assert torch.equal(got_first.commit, first_commit)
+    a2 = _step_input(got_first.next_logits, torch.where(got_first.commit, got_first.tokens, a.tokens),
+                     a.active & ~got_first.commit, 0)
+    shared.step(b, None)  # the other decode, between the two steps
+    got = shared.step(a2, None)
+    assert torch.equal(got.commit, want.commit) and torch.equal(got.tokens[got.commit], want.tokens[want.commit])
+
+
 def test_statistics_read_through_rows_equal_the_gathered_rows():
     """The carried path: row n's statistics read at row ``rows[n]`` of a larger batch, in place."""
     from dllm.kernels.triton_lopa import lopa_propose, lopa_select

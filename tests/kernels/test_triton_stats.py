@@ -133,6 +133,19 @@ def test_philox_draws_follow_the_tempered_softmax():
     assert chi2 < 30.0, f"chi-square {chi2:.1f} over 6 degrees of freedom (p < 1e-4)"
 
 
+def test_out_buffers_are_written_in_place_and_checked():
+    x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    idx = torch.empty(3, 5, 2, dtype=torch.int64, device=DEVICE)
+    val = torch.empty(3, 5, 6, dtype=torch.float32, device=DEVICE)
+    st, ref = vocab_stats(x, banned=7, out=(idx, val)), vocab_stats(x, banned=7)
+    assert st.idx is idx and st.val is val
+    assert torch.equal(st.argmax, ref.argmax) and torch.equal(st.top1_prob, ref.top1_prob)
+    assert torch.equal(st.entropy, ref.entropy)
+    for bad in [(idx[:2], val), (idx, val.double()), (idx.transpose(0, 1).contiguous().transpose(0, 1), val)]:
+        with pytest.raises(ValueError, match="out must be contiguous int64"):
+            vocab_stats(x, out=bad)
+
+
 def test_argument_checks():
     x = torch.zeros(2, 10, device=DEVICE)
     with pytest.raises(ValueError, match="exactly one of uniforms"):

@@ -269,7 +269,7 @@ def _lopa_rows(shape: LoPAShape, backends: Sequence[str], device: torch.device, 
             sampler = make_sampler("fast", compact=False, stats="torch")
         else:
             continue
-        decisions[name] = sampler.step(inp, None).commit
+        decisions[name] = sampler.step(inp, None).commit.clone()  # the fused step rewrites its outputs next step
         row["ms"] = round(_time_ms(lambda: sampler.step(inp, None), device, repeats, warmup), 4)
         rows.append(row)
     if len(decisions) == 2:
