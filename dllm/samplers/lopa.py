@@ -258,7 +258,7 @@ class LoPA(Sampler):
                 and carried[1] == tensor_version(logits)):  # those very logits, unwritten since: the winners'
             idx, val, rows = last_idx, last_val, last_win  # rows of the last variant statistics, in place
         else:  # the last statistics are not read: their first rows take the block's [B, W]
-            stats = vocab_stats(logits, banned=inp.mask_id, out=(last_idx[:b], last_val[:b]))
+            stats = vocab_stats(logits, banned=inp.mask_id, out=bufs.last_heads())
             idx, val, rows = stats.idx, stats.val, None
         variants, at, anchor = lopa_propose(idx, val, active, cur, k - 1, cfg.tau_conf, cfg.confidence, rows,
                                             bufs.propose)  # [B, k, W], [B, k], [B, W]

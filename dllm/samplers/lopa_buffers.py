@@ -24,6 +24,13 @@ class StepBuffers:
     stats: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # 2 x (idx [N*K, W, 2] int64, val [N*K, W, 6] float32)
     wins: tuple[torch.Tensor, ...]  # 2 x [N] long: rows of the variant batch
     turn: int = field(default=0)  # stats[turn], wins[turn]: the last step's (what a reuse reads)
+    # the first N rows of each stats set, [N, W, 2] / [N, W, 6]: where a step whose anchor reads no
+    #   carried statistics writes the block's (views made once, not per step)
+    heads: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.key[0]
+        self.heads = tuple((idx[:n], val[:n]) for idx, val in self.stats)
 
     @classmethod
     def make(cls, n_rows: int, k: int, width: int, device: torch.device) -> "StepBuffers":
@@ -42,6 +49,10 @@ class StepBuffers:
     def last(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(idx, val, win) the last step wrote: its variant statistics and winners."""
         return (*self.stats[self.turn], self.wins[self.turn])
+
+    def last_heads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first N rows of ``last``'s statistics (idx, val): the block's own when nothing is carried."""
+        return self.heads[self.turn]
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(idx, val, win) this step writes (never what it reads: ``last``)."""

@@ -29,6 +29,24 @@ def test_block_mask_is_the_block_causal_mask_of_the_columns(start, t, key_end):
                                                                               pos[:, :key_end], 3))
 
 
+def test_a_block_mask_covered_by_the_last_is_its_slice():
+    """SDAR's block cache forwards a block with the one before it, then the block's variants alone:
+    the second mask is rows of the first, sliced instead of compared anew; anything else is made anew."""
+    kv = KVCache.allocate(1, 2, 1, 12, 4, dtype=torch.float32, devices=[torch.device("cpu")])
+    pos = _positions()
+    kv.fix_positions(pos)
+    wide = kv.block_mask(4, 8, 12, 4)
+    for start, t, key_end, bs in [(8, 4, 12, 4), (4, 3, 12, 4), (6, 4, 12, 4), (8, 4, 12, 3), (8, 4, 10, 4),
+                                  (2, 4, 12, 4)]:
+        got = kv.block_mask(start, t, key_end, bs)
+        assert torch.equal(got, block_causal_mask(pos[:, start:start + t], pos[:, :key_end], bs)), (start, t)
+        covered = (key_end, bs) == (12, 4) and 4 <= start and start + t <= 12
+        assert (got.untyped_storage().data_ptr() == wide.untyped_storage().data_ptr()) == covered, (start, t)
+        wide = kv.block_mask(4, 8, 12, 4)  # the wide one again: the last made
+    kv.fix_positions(pos.clone())  # new positions: nothing of the old is read
+    assert kv.block_mask(8, 4, 12, 4).untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
+
+
 def test_fixed_positions_are_never_written():
     kv = KVCache.allocate(1, 2, 1, 12, 4, dtype=torch.float32, devices=[torch.device("cpu")])
     pos = _positions()

@@ -43,6 +43,9 @@ class KVCache:
         self.positions: Optional[torch.Tensor] = None
         self.positions_fixed = False
         self._block_ids: Optional[tuple[int, torch.Tensor, torch.Tensor]] = None
+        # (start, n_queries, key_end, block_size, mask): block_mask's last, whose query rows cover the
+        #   next call's when a block's first forward also writes the block before (SDAR's block cache)
+        self._last_block_mask: Optional[tuple[int, int, int, int, torch.Tensor]] = None
         # RowsView.attend's stacked masks without padding, by shape and columns: the same for every
         # variant forward of a block (``grouped_mask``), so built once instead of once per step
         self.grouped_masks: dict[tuple, torch.Tensor] = {}
@@ -58,14 +61,26 @@ class KVCache:
         if positions.shape != (self.rows, self.length) or positions.dtype.is_floating_point:
             raise ValueError(f"fix_positions takes integer positions [{self.rows}, {self.length}], got "
                              f"{positions.dtype} {list(positions.shape)}")
-        self.positions, self.positions_fixed, self._block_ids = positions, True, None
+        self.positions, self.positions_fixed, self._block_ids, self._last_block_mask = positions, True, None, None
 
     def block_mask(self, start: int, n_queries: int, key_end: int, block_size: int) -> torch.Tensor:
         """With ``fix_positions``: bool [R, 1, T, key_end], True where the key's block
         (``position // block_size``) is at most the query's, for the queries at columns ``[start,
         start + T)``: ``dllm.models.core.transformer.block_causal_mask`` of the columns' positions,
-        from block ids computed once per call (a slice of each side and one comparison)."""
+        from block ids computed once per call (a slice of each side and one comparison), or a slice of
+        the last mask made when its query columns cover these with the same keys (the values are a
+        function of the fixed positions alone)."""
         assert self.positions_fixed and self.positions is not None
+        last = self._last_block_mask
+        if last is not None and last[2:4] == (key_end, block_size) and last[0] <= start \
+                and start + n_queries <= last[0] + last[1]:
+            return last[4][:, :, start - last[0]:start - last[0] + n_queries]  # [R, 1, T, K]
+        mask = self._block_mask(start, n_queries, key_end, block_size)
+        self._last_block_mask = (start, n_queries, key_end, block_size, mask)
+        return mask
+
+    def _block_mask(self, start: int, n_queries: int, key_end: int, block_size: int) -> torch.Tensor:
+        """``block_mask`` made anew from the block ids."""
         if self._block_ids is None or self._block_ids[0] != block_size:
             ids = torch.div(self.positions, block_size, rounding_mode="floor")  # [R, L]
             r, length = ids.shape
