@@ -85,7 +85,7 @@ from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
 from dllm.samplers._verify import forward_window_variants
-from dllm.samplers.chunked import column_ids
+from dllm.samplers.chunked import column_ids, constant
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.lopa_probe import use_kernels
 from dllm.samplers.stats import check_stats, use_fused
@@ -165,6 +165,12 @@ class Proposals:
         out._top = None if self._top is None else self._top[idx]
         out._stats = None if self._stats is None else self._stats.rows(idx)
         return out
+
+
+def variant_offsets(n_rows: int, k: int, device: torch.device) -> torch.Tensor:
+    """[N] long ``n * k``: the first row of each batch row's ``k`` variants in the flat variant batch
+    (made once per shape, ``constant``)."""
+    return constant(("variant offsets", n_rows, k, device), lambda: column_ids(n_rows, device) * k)
 
 
 def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
@@ -280,7 +286,7 @@ class LoPA(Sampler):
         many variants as the most candidates of a row, none when no row has one. One host read (the
         candidate counts): the variant batch's shape depends on them. Same returns as ``_lookahead``;
         the winner's logits are zeros for the rows left out (the next step reads none of them)."""
-        counts = (active & ~anchor).sum(dim=1)  # [B]
+        counts = (active > anchor).sum(dim=1)  # [B] masks the anchor leaves (bool: True > False only)
         host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
         n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)
         n_extra = min(self.config.branches - 1, most)
@@ -314,37 +320,39 @@ class LoPA(Sampler):
         # 2. variant positions: the best k - 1 remaining masks by the confidence kind
         cand = active > anchor  # [N, W] active masks the anchor leaves (bool: True > False only)
         rank = torch.where(cand, props.confidence(cfg.confidence), float("-inf"))  # [N, W]
-        pos = rank.argsort(dim=1, descending=True, stable=True)[:, :n_extra]  # [N, k-1]
+        pos = rank.argsort(dim=1, descending=True, stable=True).narrow(1, 0, n_extra)  # [N, k-1]
         real = torch.gather(cand, 1, pos)  # [N, k-1]; fewer candidates: duplicates of B0', never valid
         # p_j of variant j as a one-hot row; variant 0 and the invalid ones at -1, which matches no column
         at = torch.constant_pad_nd(torch.where(real, pos, -1), (1, 0), -1)  # [N, k] (F.pad's op, no wrapper)
-        extra = at[:, :, None] == column_ids(w, dev)  # [N, k, W]
-        variants = torch.where(extra, x0[:, None, :], base[:, None, :])  # [N, k, W] window tokens
+        # (views by method, not by indexing: a Python ``[:, None]`` costs about twice the call)
+        extra = at.unsqueeze(2) == column_ids(w, dev)  # [N, k, W]
+        variants = torch.where(extra, x0.unsqueeze(1), base.unsqueeze(1))  # [N, k, W] window tokens
 
         # 3. one batched forward of the N * k variants
-        v_logits = forward_window_variants(inp, variants, rows, host_rows).reshape(n_rows, k, w, -1)  # [N, k, W, V]
+        v_flat = forward_window_variants(inp, variants, rows, host_rows)  # [N * k, W, V]
+        v_logits = v_flat.reshape(n_rows, k, w, -1)  # [N, k, W, V]
 
         # 4. score each variant on its own remaining masks (float32 is plenty for a ranking)
         v_props = Proposals(v_logits, inp.mask_id, fused, torch.float32)
         v_tok = v_props.tokens  # [N, k, W]
-        score = score_variants(v_props.confidence(cfg.confidence), cand[:, None, :] > extra)  # [N, k] on the
+        score = score_variants(v_props.confidence(cfg.confidence), cand.unsqueeze(1) > extra)  # [N, k] on the
         #   masks left after B0' + p_j
         valid = real
         if cfg.verify_variants and k > 1:
             # variant j's token must still be B0's arg-max at p_j
-            valid = real & torch.gather(v_tok[:, 0] == x0, 1, pos)  # [N, k-1]
+            valid = real & torch.gather(v_tok.select(1, 0) == x0, 1, pos)  # [N, k-1]
         score = torch.where(torch.constant_pad_nd(valid, (1, 0), True), score, float("-inf"))  # [N, k]
         win = score.argmax(dim=1)  # [N] first maximum: ties go to the lower variant, B0' first
 
         # 5. commit the winner's fills (+ the threshold fills of its own logits)
-        sel = column_ids(n_rows, dev)  # [N] 0..N-1
-        won = extra[sel, win]  # [N, W] the winner's p_j
+        flat = win if n_rows == 1 else win + variant_offsets(n_rows, k, dev)  # [N] rows of the variant batch
+        won = extra.view(n_rows * k, w).index_select(0, flat)  # [N, W] the winner's p_j
         commit, out = anchor | won, torch.where(won, x0, base)  # [N, W] its fills and canvas
-        w_logits = v_logits[sel, win]  # [N, W, V] the winner's
+        w_logits = v_flat.index_select(0, flat)  # [N, W, V] the winner's
         if cfg.bonus and not cfg.reuse:  # with reuse the next step's anchor makes these fills
-            w_tok = v_tok[sel, win]  # [N, W]
+            w_tok = v_tok.view(n_rows * k, w).index_select(0, flat)  # [N, W]
             if fused:  # the variants' pass has the winner's p(x0) already
-                w_conf = v_props.max_prob[sel, win]  # [N, W]
+                w_conf = v_props.max_prob.reshape(n_rows * k, w).index_select(0, flat)  # [N, W]
             else:
                 w_conf = gather_prob(torch.softmax(w_logits, dim=-1, dtype=torch.float64), w_tok)  # float64 as step 1
             more = threshold_commit(w_conf, active & ~commit, cfg.tau_conf)  # [N, W]
