@@ -197,8 +197,9 @@ class LoPA(Sampler):
         #   the fused static path (_fused_lookahead) takes it at every step, reads the last variant
         #   statistics for the anchor when it is given those very logits, not written in place since
         #   (tracked outside inference mode; inside it the engines hand the same object on unwritten, and
-        #   a running decode hands a new view), and writes its outputs into the buffers
-        self._carried: Optional[tuple[Optional[weakref.ref], Optional[int], "StepBuffers"]] = None
+        #   a running decode hands a new view), and writes its outputs into the buffers. Held in a list of
+        #   at most one: ``list.pop`` hands it to exactly one step, also when threads share this sampler
+        self._carried: list[tuple[Optional[weakref.ref], Optional[int], "StepBuffers"]] = []
 
     @property
     def commits_every_step(self) -> bool:
@@ -257,7 +258,10 @@ class LoPA(Sampler):
         cfg = self.config
         (b, w), k = cur.shape, 1 + min(cfg.branches - 1, cur.shape[1])
         key = (b, k, w, cur.device)
-        carried, self._carried = self._carried, None  # this step owns its buffers until it hands them on
+        try:  # this step owns the buffers until it hands them on
+            carried: Optional[tuple[Optional[weakref.ref], Optional[int], StepBuffers]] = self._carried.pop()
+        except IndexError:
+            carried = None
         bufs = carried[2] if carried is not None and carried[2].key == key else StepBuffers.make(*key)
         last_idx, last_val, last_win = bufs.last()
         if (carried is not None and carried[0] is not None and carried[0]() is logits
@@ -277,7 +281,7 @@ class LoPA(Sampler):
         bufs.flip()  # [B, W], [B, W], [B] rows of v_logits
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
         # with reuse the next step's anchor reads these logits: their statistics are rows win of v_stats
-        self._carried = (weakref.ref(w_logits) if cfg.reuse else None, tensor_version(w_logits), bufs)
+        self._carried = [(weakref.ref(w_logits) if cfg.reuse else None, tensor_version(w_logits), bufs)]
         return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool
