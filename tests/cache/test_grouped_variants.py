@@ -60,6 +60,26 @@ def test_the_stacked_mask_sees_the_row_and_only_its_own_variant():
     assert own.tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_a_mask_for_fewer_variants_is_the_kept_one_sliced(padded, dtype):
+    """lopa's compacted steps change the variant count within a block: the stacked mask for g variants
+    is the top-left part of one kept for more (no new mask), equal to one built for g."""
+    model = tiny("llada", seed=2, n_layers=1)
+    _, _, kpm, kv = _filled(model, 2, 10)
+    rows = torch.tensor([0, 1])
+    per_row = kv.rows_view(rows, 6, 9).attn_mask(kpm, 2) if padded else None  # [2, 1, 2, 9] or None
+    built = {g: kv.rows_view(rows.repeat_interleave(g), 6, 9, group=g).grouped_mask(per_row, 2, 2,
+                                                                                   torch.device("cpu"), dtype)
+             for g in (2, 3)}
+    view = kv.rows_view(rows.repeat_interleave(2), 6, 9, group=2)
+    assert view._fewer_variants((2, 2, 2, 9, 6, not padded, "x", None, None)) is None  # nothing kept yet
+    kv.grouped_masks[(2, 2, 3, 9, 6, not padded, "x", None, None)] = built[3]
+    sliced = view._fewer_variants((2, 2, 2, 9, 6, not padded, "x", None, None))
+    assert torch.equal(sliced, built[2]) and sliced.data_ptr() == built[3].data_ptr()
+    assert view._fewer_variants((2, 2, 2, 9, 4, not padded, "x", None, None)) is None  # another block's
+
+
 def _ungrouped(monkeypatch):
     monkeypatch.setattr(KV.RowsView, "attend", KV.CacheView.attend)
     monkeypatch.setattr(StepForwards, "stacks_variants", lambda self, group, vq: False)

@@ -76,14 +76,29 @@ class RowsView(CacheView):
             call_key = (n, t, g, key_end, self.start, mask is None, kind, q.dtype, q.device)
             built = self.kv.grouped_masks.get(call_key) if shared else None
             if built is None:
-                # [n, 1, gT, K + gT]; sdpa on CPU runs an additive float mask faster than a boolean one
-                built = self.grouped_mask(mask, n, t, q.device, None if kind == "bool" else q.dtype)
+                # fewer variants than a mask kept for this block: its top-left part; else [n, 1, gT, K + gT]
+                #   anew (sdpa on CPU runs an additive float mask faster than a boolean one)
+                built = self._fewer_variants(call_key) if shared else None
+                if built is None:
+                    built = self.grouped_mask(mask, n, t, q.device, None if kind == "bool" else q.dtype)
                 if shared:
                     if len(self.kv.grouped_masks) >= 16:
                         self.kv.grouped_masks.clear()
                     self.kv.grouped_masks[call_key] = built
             self._masks[key] = built
         return attn_fn(q, keys, values, self._masks[key], False)  # [n, H, gT, hd]
+
+    def _fewer_variants(self, call_key: tuple) -> Optional[torch.Tensor]:
+        """The kept stacked mask of ``call_key`` = (n, t, g, key_end, ...) made from one kept for more
+        variants G > g with the rest of the key equal, or None. Variant j's rows see the row's keys and
+        their own block only, so the first g variants' mask is the first g*T rows and the first
+        K + g*T columns of the G variants' (a slice, no new mask; ``lopa``'s compacted steps change
+        the variant count within a block)."""
+        n, t, g = call_key[:3]
+        for other, mask in self.kv.grouped_masks.items():
+            if other[:2] == (n, t) and other[3:] == call_key[3:] and other[2] > g:
+                return mask[:, :, :g * t, :call_key[3] + g * t]
+        return None
 
     def grouped_mask(self, mask: Optional[torch.Tensor], n: int, t: int, device: torch.device,
                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
