@@ -84,13 +84,14 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, rou
 
 
 def rms_norm_one_op(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_once: bool) -> torch.Tensor:
-    """``rms_norm_reference`` in one ATen kernel (two with ``round_once=False`` outside float32: the
-    weight multiply after the rounding is a second op; in float32 there is no rounding between, and
-    ``x * rstd * w`` is the same product whichever side the weight is on). Falls back to the reference
-    where torch lacks the kernel."""
+    """``rms_norm_reference`` in one ATen kernel (two with ``round_once=False``: the weight multiply
+    after the rounding is a second op, except in float32 on a CPU, where there is no rounding between
+    and the kernel's ``x * rstd * w`` is the same product as the reference's, bit for bit:
+    tests/models/core/test_fused.py; other devices keep two ops until that is checked there). Falls
+    back to the reference where torch lacks the kernel."""
     if _FUSED_NORM is None or weight.dtype != x.dtype:
         return rms_norm_reference(x, weight, eps, round_once=round_once)
-    if round_once or x.dtype == torch.float32:
+    if round_once or (x.dtype == torch.float32 and x.device.type == "cpu"):
         return _FUSED_NORM(x, [x.shape[-1]], weight, eps)[0]
     return weight * _FUSED_NORM(x, [x.shape[-1]], None, eps)[0]
 
