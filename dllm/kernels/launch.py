@@ -1,4 +1,5 @@
-"""Launching the Triton kernels: who watches a launch, and the attention kernel's launch geometry.
+"""Launching the Triton kernels: who watches a launch, the output tensors a caller hands a kernel
+(``checked_out``), and the attention kernel's launch geometry.
 
 ``observed_launch`` runs ``kernel[grid](...)`` and tells the launch observers (``LAUNCH_OBSERVERS``;
 ``dllm.eval.bench.counters.DispatchCounter`` is one) that it happened: a dispatch mode sees ATen
@@ -27,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+import torch
+
 
 class LaunchObserver(Protocol):
     def launch_begins(self, name: str) -> None: ...
@@ -50,6 +53,21 @@ def observed_launch(name: str, kernel: Any, grid: Any, *args: Any, **kwargs: Any
     finally:
         for obs in LAUNCH_OBSERVERS:
             obs.launch_ends(name)
+
+
+def checked_out(name: str, out: tuple[torch.Tensor, ...], shapes: tuple[tuple[int, ...], ...],
+                dtypes: tuple[torch.dtype, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A kernel's ``out`` tensors given by its caller, when they are contiguous, of ``shapes`` and
+    ``dtypes``, on ``device`` (the kernels write them row-major); raises ValueError naming the kernel,
+    what was given and what is needed otherwise."""
+    if len(out) != len(shapes) or any(
+            tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device or not t.is_contiguous()
+            for t, shape, dtype in zip(out, shapes, dtypes)):
+        got = [(str(t.dtype), tuple(t.shape), str(t.device), t.is_contiguous()) for t in out]
+        want = [(str(dtype), tuple(shape)) for dtype, shape in zip(dtypes, shapes)]
+        raise ValueError(f"{name}: out must be contiguous tensors {want} on {device}, got (dtype, shape, "
+                         f"device, contiguous) {got}")
+    return tuple(out)
 
 
 def next_pow2(n: int) -> int:
@@ -145,5 +163,5 @@ def plan_attention(batch: int, heads: int, q_len: int, n_keys: int, head_dim: in
     return AttnPlan(block_m, block_n, block_d, query_tiles, splits, split_len)
 
 
-__all__ = ["AttnPlan", "LAUNCH_OBSERVERS", "LaunchObserver", "SplitConfig", "fixed_splits", "next_pow2",
+__all__ = ["AttnPlan", "LAUNCH_OBSERVERS", "LaunchObserver", "SplitConfig", "checked_out", "fixed_splits", "next_pow2",
            "observed_launch", "plan_attention", "plan_splits"]

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm.kernels.launch import next_pow2, observed_launch
+from dllm.kernels.launch import checked_out, next_pow2, observed_launch
 from dllm.kernels.triton_attention import _check_device
 
 _SLOT_TOP1, _SLOT_ENTROPY = 0, 2  # columns of vocab_stats' val tensor [..., 6]
@@ -164,19 +164,6 @@ def _check_rows(idx: torch.Tensor, val: torch.Tensor, rows: Optional[torch.Tenso
         raise ValueError(f"rows must be a long tensor [{n_rows}], got {rows.dtype} {tuple(rows.shape)}")
 
 
-def _checked_out(name: str, out: tuple[torch.Tensor, ...], shapes: tuple[tuple[int, ...], ...],
-                 dtypes: tuple[torch.dtype, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``out`` when its tensors are contiguous, of ``shapes`` and ``dtypes``, on ``device`` (the kernels
-    write them row-major); raises ValueError naming what was given and what is needed otherwise."""
-    if len(out) != len(shapes) or any(
-            tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous()
-            for t, shape, dtype in zip(out, shapes, dtypes)):
-        got = [(str(t.dtype), tuple(t.shape), str(t.device), t.is_contiguous()) for t in out]
-        raise ValueError(f"{name}: out must be contiguous tensors {list(zip(map(str, dtypes), shapes))} on "
-                         f"{device}, got (dtype, shape, device, contiguous) {got}")
-    return tuple(out)
-
-
 def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur: torch.Tensor, n_extra: int,
                  tau: float, confidence: str, rows: Optional[torch.Tensor] = None,
                  out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
@@ -202,7 +189,7 @@ def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur
     k = 1 + n_extra
     if out is None:
         out = propose_buffers(n_rows, k, width, val.device)
-    variants, at, anchor = _checked_out("lopa_propose", out, ((n_rows, k, width), (n_rows, k), (n_rows, width)),
+    variants, at, anchor = checked_out("lopa_propose", out, ((n_rows, k, width), (n_rows, k), (n_rows, width)),
                                         (torch.long, torch.long, torch.bool), val.device)
     if n_rows:
         observed_launch("lopa_propose", _lopa_propose_kernel, (n_rows,),
@@ -246,7 +233,7 @@ def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, act
         raise ValueError("lopa_select needs contiguous variant statistics (as vocab_stats writes them)")
     if out is None:
         out = select_buffers(n_rows, width, v_val.device)
-    commit, tokens, win = _checked_out("lopa_select", out, ((n_rows, width), (n_rows, width), (n_rows,)),
+    commit, tokens, win = checked_out("lopa_select", out, ((n_rows, width), (n_rows, width), (n_rows,)),
                                        (torch.bool, torch.long, torch.long), v_val.device)
     if n_rows:
         observed_launch("lopa_select", _lopa_select_kernel, (n_rows,),

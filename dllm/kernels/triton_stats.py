@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.reference import VocabStats
-from dllm.kernels.launch import next_pow2 as _next_pow2, observed_launch
+from dllm.kernels.launch import checked_out, next_pow2 as _next_pow2, observed_launch
 from dllm.kernels.triton_attention import _check_device, _interpreted
 
 _NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
@@ -178,11 +178,8 @@ def vocab_stats(
             raise TypeError(f"uniforms must be float32/float64, got {uniforms.dtype}")
         u3 = _rows3(uniforms)
     n = x3.shape[0] * x3.shape[1]
-    if out is None:
-        out_idx = torch.empty((*lead, 2), dtype=torch.int64, device=logits.device)  # every read slot is written
-        out_val = torch.empty((*lead, 6), dtype=torch.float32, device=logits.device)
-    else:
-        out_idx, out_val = _checked_out(out, lead, logits.device)
+    out_idx, out_val = (stats_buffers(lead, logits.device) if out is None  # every read slot is written
+                        else checked_out("vocab_stats", out, ((*lead, 2), (*lead, 6)), STATS_DTYPES, logits.device))
     if n:
         interp = _interpreted(_vocab_stats_kernel)
         block = block_v or min(_next_pow2(vocab), 1024 if interp else 2048)
@@ -198,18 +195,13 @@ def vocab_stats(
     return PackedVocabStats(out_idx, out_val, sampled=noise != _NOISE_NONE)
 
 
-def _checked_out(out: tuple[torch.Tensor, torch.Tensor], lead: torch.Size, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``vocab_stats``' ``out`` when it is two contiguous tensors [*lead, 2] int64 and [*lead, 6] float32
-    on ``device``; raises ValueError naming what is wrong otherwise."""
-    idx, val = out
-    want = ((*lead, 2), torch.int64), ((*lead, 6), torch.float32)
-    for t, (shape, dtype) in zip((idx, val), want):
-        if tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous():
-            raise ValueError(f"vocab_stats: out must be contiguous int64 {(*lead, 2)} and float32 {(*lead, 6)} "
-                             f"on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}"
-                             f"{'' if t.is_contiguous() else ' (not contiguous)'}")
-    return idx, val
+STATS_DTYPES = (torch.int64, torch.float32)  # vocab_stats' two outputs: idx [..., 2] and val [..., 6]
+
+
+def stats_buffers(lead: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty outputs of ``vocab_stats`` for logits [*lead, V]: idx [*lead, 2] int64, val [*lead, 6] float32."""
+    return (torch.empty((*lead, 2), dtype=STATS_DTYPES[0], device=device),
+            torch.empty((*lead, 6), dtype=STATS_DTYPES[1], device=device))
 
 
 def _field(name: str, tensor: str, col: int, sampled_only: bool = False) -> property:
@@ -266,4 +258,4 @@ def _rows3(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-2], t.shape[-1])
 
 
-__all__ = ["PackedVocabStats", "vocab_stats", "VocabStats"]
+__all__ = ["PackedVocabStats", "STATS_DTYPES", "stats_buffers", "vocab_stats", "VocabStats"]

@@ -281,7 +281,7 @@ class LoPA(Sampler):
         bufs.flip()  # [B, W], [B, W], [B] rows of v_logits
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
         # with reuse the next step's anchor reads these logits: their statistics are rows win of v_stats
-        self._carried = [(weakref.ref(w_logits) if cfg.reuse else None, tensor_version(w_logits), bufs)]
+        self._carried = [(weakref.ref(w_logits), tensor_version(w_logits), bufs) if cfg.reuse else (None, None, bufs)]
         return commit, out, w_logits
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool

@@ -35,16 +35,12 @@ class StepBuffers:
     @classmethod
     def make(cls, n_rows: int, k: int, width: int, device: torch.device) -> "StepBuffers":
         from dllm.kernels.triton_lopa import propose_buffers, select_buffers
-
-        rows = n_rows * k
-
-        def stats() -> tuple[torch.Tensor, torch.Tensor]:
-            return (torch.empty((rows, width, 2), dtype=torch.int64, device=device),
-                    torch.empty((rows, width, 6), dtype=torch.float32, device=device))
+        from dllm.kernels.triton_stats import stats_buffers
 
         commit, tokens, win = select_buffers(n_rows, width, device)
+        stats = tuple(stats_buffers((n_rows * k, width), device) for _ in range(2))  # the variants' [N*K, W]
         return cls((n_rows, k, width, device), propose_buffers(n_rows, k, width, device), (commit, tokens),
-                   (stats(), stats()), (win, torch.empty_like(win)))
+                   stats, (win, torch.empty_like(win)))
 
     def last(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(idx, val, win) the last step wrote: its variant statistics and winners."""

@@ -140,6 +140,12 @@ def _interpreted() -> bool:
     return interp(_attn_fwd_kernel)
 
 
+def _kernel_refusal(dtype: torch.dtype) -> Optional[str]:
+    """Why a Triton kernel of ``dtype`` cannot run here (no Triton backend, or bfloat16 in the
+    interpreter); None: it can."""
+    return _triton_refusal() or _bf16_refusal(dtype)
+
+
 def _bf16_refusal(dtype: torch.dtype) -> Optional[str]:
     """Why a Triton kernel cannot take ``dtype`` here: bfloat16 in the interpreter (None: it can)."""
     return "triton: bf16 is not supported by the interpreter" if dtype == torch.bfloat16 and _interpreted() else None
@@ -211,7 +217,7 @@ def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device
         if name == "reference":
             fn: Callable[[], Any] = lambda: vocab_stats_reference(logits, banned, temp, uniforms)
         elif name == "triton":
-            reason = _triton_refusal() or _bf16_refusal(dt)
+            reason = _kernel_refusal(dt)
             if reason is not None:
                 row["note"] = reason
                 rows.append(row)
@@ -259,7 +265,7 @@ def _lopa_rows(shape: LoPAShape, backends: Sequence[str], device: torch.device, 
     for name in backends:
         row = _row("lopa", shape, name)
         if name == "triton":
-            reason = _triton_refusal() or _bf16_refusal(dt)
+            reason = _kernel_refusal(dt)
             if reason is not None:
                 row["note"] = reason
                 rows.append(row)
