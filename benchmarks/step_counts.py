@@ -18,7 +18,9 @@ selection kernels (``dllm.kernels.triton_lopa``), each Triton launch counted as 
 kernel. That row runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set by this script)
 on a float16 copy of the model (the interpreter has no bfloat16); the interpreter's own torch ops are
 not counted. The syncs column lists the three most frequent sync
-sites. A second table counts every registered sampler on LLaDA with the dual cache, fused+ops; a
+sites. The rows ``sdar (trained tiny-sdar ...)`` count SDAR on the trained ``tiny-sdar`` (three task
+prompts), where a block takes several steps as with real models (the random one fills each block of 4 in
+one step, so its once-per-block work is counted at every step). A second table counts every registered sampler on LLaDA with the dual cache, fused+ops; a
 sampler that reads one layer's attention maps (``dawn``: that layer runs the reference attention) is
 also counted with 32 layers, LLaDA-8B's depth, where its mean per layer is what a GPU launches.
 """
@@ -70,6 +72,37 @@ def rows() -> list[str]:
     return out
 
 
+TRAINED_PROMPTS = ("[BOS] reverse A B C D E F G H [SEP]", "[BOS] sort D A C B H G F E [SEP]",
+                   "[BOS] copy A B C D E F G H A B C D [SEP]")
+
+
+def trained_sdar_rows() -> list[str]:
+    """SDAR's block cache on the trained ``tiny-sdar`` (block 4), as on CUDA: the random model fills
+    each block in one step, so every counted step there is a block's first (its once-per-block work,
+    counted at every step); a trained model takes 2-4 steps per block, as real ones do. Means over the
+    cached steps of three task prompts, 16 generated positions each."""
+    import dllm
+
+    out = []
+    for dtype, sampler in ((torch.bfloat16, "low_confidence"), (torch.bfloat16, "threshold"),
+                           (torch.float16, FUSED_FAST)):
+        model = dllm.load("tiny-sdar", dtype=dtype)
+        model.transformer.set_fused(True, ops=True)
+        steps, blocks = [], 0
+        for text in TRAINED_PROMPTS:
+            ids = torch.tensor([model.tokenizer.encode(text)])  # [1, P]
+            counter = count_generate(model, ids, sampler=sampler, cache="block", gen_length=16, block_length=4)
+            steps += counter.cached_steps(ids.shape[1] + 16)
+            blocks += 4
+        s = DispatchCounter.mean(steps)
+        sites = ", ".join(f"{k} x{v}" for k, v in DispatchCounter.sync_sites(steps).most_common(3))
+        label = "fast, stats=fused" if sampler == FUSED_FAST else sampler
+        out.append(f"| sdar (trained tiny-sdar, {len(steps) / blocks:.1f} cached steps / block) | block | {label} | "
+                   f"fused+ops ({str(dtype).split('.')[-1]}) | {s['aten_per_layer']:.1f} | {s['kernels_per_layer']:.1f} | "
+                   f"{s['aten_outside']:.1f} | {s['syncs']:.2f} | {sites or '-'} |")
+    return out
+
+
 DEEP_LAYERS = 32  # LLaDA-8B's layers
 MAPS = ("dawn",)  # samplers that read one layer's attention maps: that layer runs the reference attention,
 #   so their mean per layer depends on the depth; also counted at LLaDA-8B's depth
@@ -106,7 +139,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     with torch.no_grad():
-        table, per_sampler = rows(), sampler_rows()
+        table, per_sampler = rows() + trained_sdar_rows(), sampler_rows()
     text = "\n".join([
         "# python benchmarks/step_counts.py" + (f" --out {args.out}" if args.out else ""),
         f"# torch {torch.__version__}; means over the cached steps (bfloat16, batch 1; the fused fast rows "

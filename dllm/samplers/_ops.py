@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import argmax_excluding, column_ids, constant, gumbel_argmax, pick_last, softmax_prob
+from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, gumbel_argmax, max_prob_excluding, pick_last,
+                                    rows_per_chunk, softmax_prob)
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
@@ -144,11 +145,18 @@ def propose(logits: torch.Tensor, temperature: float, generator: Generator,
 def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
     Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
-    reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``)."""
+    reference softmax, float32 from the fused kernel (``stats``, see ``dllm.samplers.stats``). At
+    T = 0, x0 is the arg-max without the mask id, so ``p(x0)`` is the largest probability without it
+    (the softmax is monotone in the logits): ``chunked.max_prob_excluding``, one call fewer than the
+    gather, when the float64 softmax fits one piece (``dllm.samplers.chunked``)."""
     logits = window_of(inp.logits, inp.window)  # [B, W, V]
+    v = logits.shape[-1]
     if use_fused(stats, logits):
         noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
         x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
+    elif inp.temperature == 0 and logits.numel() <= rows_per_chunk(v) * v:
+        x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
+        conf = max_prob_excluding(logits, inp.mask_id, torch.float64)  # [B, W]
     else:
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf = softmax_prob(logits, x0)  # [B, W] float64

@@ -70,11 +70,12 @@ class Credit(Sampler):
         else:
             credit.mul_(cfg.beta)
         # credit: raw top-1 token (never the mask id) gets p_top1 ** gamma, masked positions only
-        raw_probs = torch.softmax(logits.float(), dim=-1)  # [B, W, V]
+        logits32 = logits.float()  # [B, W, V] (no copy when the logits are float32 already)
+        raw_probs = torch.softmax(logits32, dim=-1)  # [B, W, V]
         raw_top = argmax_excluding(logits, inp.mask_id)  # [B, W]
         boost = gather_prob(raw_probs, raw_top).pow(cfg.gamma) * active  # [B, W]
         credit.scatter_add_(2, raw_top[..., None], boost[..., None])
-        fused = logits.float() + cfg.alpha * torch.log1p(credit)  # [B, W, V]
+        fused = logits32 + cfg.alpha * torch.log1p(credit)  # [B, W, V]
 
         x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf_w = softmax_prob(fused, x0)  # [B, W] float64

@@ -82,6 +82,10 @@ class EntropyBounded(Sampler):
     reads_block_only = True  # the engine computes the block's logits only
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the prefix's first entry (a row's first active mask in proxy order) always passes
+
     def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
         return True  # the entropy bound reads each row's own window only, no step index
 

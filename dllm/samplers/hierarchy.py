@@ -27,9 +27,9 @@ from typing import Callable, Optional
 import torch
 
 from dllm.options import check_unit
-from dllm.samplers._ops import expand_window, propose_with_confidence, window_of
+from dllm.samplers._ops import propose_with_confidence
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, column_ids, constant, max_prob_excluding, rows_per_chunk
+from dllm.samplers.chunked import column_ids, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -91,7 +91,7 @@ class Hierarchy(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
-        tokens, conf = _propose(inp)  # [B, Q], [B, Q] float64 (-inf off the window)
+        tokens, conf = propose_with_confidence(inp)  # [B, Q], [B, Q] float64 (-inf off the window)
         active = inp.active  # [B, Q]
         score = torch.where(active, conf, float("-inf"))  # [B, Q]
         dev = score.device
@@ -102,18 +102,3 @@ class Hierarchy(Sampler):
         bar = torch.where(run_firsts(score, active), low, high)  # [B, Q] float64
         bar.scatter_(1, score.argmax(dim=1, keepdim=True), float("-inf"))
         return StepOutput(commit=score > bar, tokens=tokens, score=conf, active_only=True)
-
-
-def _propose(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """``propose_with_confidence``: (tokens [B, Q], ``p(x0)`` float64 [B, Q], -inf off the window). At
-    T = 0, x0 is the arg-max without the mask id, so ``p(x0)`` is the largest probability without it
-    (the softmax is monotone in the logits): ``chunked.max_prob_excluding``, when the float64 softmax
-    fits one piece (``dllm.samplers.chunked``)."""
-    logits = window_of(inp.logits, inp.window)  # [B, W, V]
-    v = logits.shape[-1]
-    if inp.temperature > 0 or logits.numel() > rows_per_chunk(v) * v:
-        return propose_with_confidence(inp)
-    x0 = argmax_excluding(logits, inp.mask_id)  # [B, W]
-    conf = max_prob_excluding(logits, inp.mask_id, torch.float64)  # [B, W]
-    q = inp.logits.shape[1]
-    return expand_window(x0, inp.window, q, inp.mask_id), expand_window(conf, inp.window, q, float("-inf"))

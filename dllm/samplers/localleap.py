@@ -66,6 +66,10 @@ class LocalLeap(Sampler):
     Config = LocalLeapConfig
     fixed_steps = False
 
+    @property
+    def commits_every_step(self) -> bool:
+        return True  # the row's most confident active mask is always committed
+
     def joins_mid_block(self, width: int, steps: Optional[int]) -> bool:
         return True  # anchors and bars read each row's own masks only, no step index
 

@@ -63,12 +63,11 @@ from dllm.samplers._ops import (
     TIES,
     expand_window,
     propose_with_confidence,
-    ranks_of,
     take_top_k,
     threshold_commit,
     transfer_schedule,
 )
-from dllm.samplers.chunked import softmax_prob
+from dllm.samplers.chunked import column_ids, constant, softmax_prob
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -184,7 +183,8 @@ class FactorConfig:
 
 
 def factor_prefix(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor:
-    """Length of the longest prefix with ``(k + 1)(1 - c_(k)) <= f`` for k = 2..n (>= 1).
+    """Length of the longest prefix with ``(k + 1)(1 - c_(k)) <= f`` for k = 2..n (>= 1), the rule as
+    written (``factor_prefix_mask`` is the step's form).
 
     conf_sorted: [B, N] descending (-inf past the active count). Returns [B] long.
     """
@@ -192,6 +192,18 @@ def factor_prefix(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor:
     ok = (k + 1) * (1 - conf_sorted) <= factor  # [B, N]
     ok[:, 0] = True  # top-1 always
     return ok.long().cumprod(dim=1).sum(dim=1)  # first failure ends the prefix
+
+
+def factor_prefix_mask(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor:
+    """The prefix of ``factor_prefix`` as a bool map of the sorted axis, in five calls: the factors
+    ``k + 1`` and the first column's bool are constants made once per shape, and the first failure
+    ends the prefix by a running minimum. conf_sorted: [B, N] descending -> [B, N] bool."""
+    n, device, dtype = conf_sorted.shape[1], conf_sorted.device, conf_sorted.dtype
+    k1 = constant(("factor k + 1", n, device, dtype),
+                  lambda: torch.arange(2, n + 2, device=device, dtype=dtype))  # [N]: k + 1 for k = 1..N
+    first = constant(("first column", n, device), lambda: column_ids(n, device) == 0)  # [N]
+    ok = (k1 * (1 - conf_sorted) <= factor) | first  # [B, N] top-1 always
+    return ok.cummin(dim=1).values  # first failure ends the prefix
 
 
 @register_sampler("factor")
@@ -208,8 +220,8 @@ class Factor(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tokens, conf = propose_with_confidence(inp, self.config.stats)
-        conf = conf.masked_fill(~inp.active, float("-inf"))
+        conf = torch.where(inp.active, conf, float("-inf"))  # [B, Q]
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
-        n = factor_prefix(sorted_conf, self.config.factor)  # [B]
-        commit = inp.active & (ranks_of(order) < n[:, None])
+        within = factor_prefix_mask(sorted_conf, self.config.factor)  # [B, Q] in sorted order
+        commit = within.scatter(1, order, within) & inp.active  # back to positions (order: a permutation)
         return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)

@@ -155,3 +155,26 @@ def test_argmax_excluding_is_the_argmax_without_the_banned_id(vocab):
         assert torch.equal(got[keep], z.argmax(-1)[keep])  # elsewhere exactly the arg-max
     ties = torch.tensor([[3.0, 1.0, 3.0, 3.0]])
     assert argmax_excluding(ties, 0).item() == 2 and argmax_excluding(ties, 1).item() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_confidence_is_the_gathered_probability_bit_for_bit(dtype):
+    """At T = 0 ``propose_with_confidence`` takes p(x0) as the largest probability without the mask id
+    (``max_prob_excluding``): the same float64 bits as the softmax gathered at the arg-max, ties,
+    a dominant mask id and a window narrower than the query included."""
+    from dllm.samplers._ops import propose_with_confidence
+    from dllm.state import StepInput
+
+    g = torch.Generator().manual_seed(11)
+    v, mask_id = 50, 7
+    logits = (torch.randn(6, 9, v, generator=g) * 4).to(dtype)
+    logits[::2, :, mask_id] = 30.0  # the mask id is the arg-max there
+    logits[1, :, 3] = logits[1, :, 5] = 20.0  # equal maxima
+    inp = StepInput(logits=logits, tokens=torch.full((6, 9), mask_id), active=torch.ones(6, 9, dtype=torch.bool),
+                    query_start=0, window=(2, 8), step=0, steps=None, mask_id=mask_id, temperature=0.0,
+                    generator=None)
+    tokens, conf = propose_with_confidence(inp)
+    x0 = argmax_excluding(logits[:, 2:8], mask_id)
+    assert torch.equal(tokens[:, 2:8], x0)
+    assert torch.equal(conf[:, 2:8], softmax_prob(logits[:, 2:8], x0))
+    assert conf[:, :2].isneginf().all() and conf[:, 8:].isneginf().all()

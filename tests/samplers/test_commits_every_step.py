@@ -17,7 +17,9 @@ CANDIDATES = ("threshold", "threshold:threshold=1.0", "threshold:threshold=0.5",
               "prophet", "fastdllm_v2", "hierarchy", "dmax", "sdar", "sdar:strategy=low_confidence_static",
               "klass", "klass:unmask=min_kl", "dus", "ssd", "ssd:draft=1", "spec_threshold",
               "spec_threshold:draft=1,threshold=1.0", "cover",
-              "cover:threshold=0.05,verify_threshold=1.0,same_argmax_passes=False")
+              "cover:threshold=0.05,verify_threshold=1.0,same_argmax_passes=False",
+              "eb", "eb:gamma=0.0", "eb:proxy=confidence", "eb:proxy=margin", "localleap",
+              "localleap:threshold=1.0,relaxed_threshold=1.0,radius=0")
 DECLARED = [spec for spec in CANDIDATES if make_sampler(spec).commits_every_step]
 
 

@@ -6,7 +6,8 @@ import torch
 import dllm
 from dllm.models import tiny
 from dllm.samplers import make_sampler
-from dllm.samplers.threshold import factor_prefix
+from dllm.samplers._ops import propose_with_confidence, ranks_of
+from dllm.samplers.threshold import factor_prefix, factor_prefix_mask
 from dllm.state import StepInput
 
 MASK, V = 9, 10
@@ -49,6 +50,35 @@ def test_threshold_is_inclusive_and_respects_active():
 ])
 def test_factor_prefix(conf, f, n):
     assert factor_prefix(torch.tensor([conf], dtype=torch.float64), f).tolist() == [n]
+
+
+@pytest.mark.parametrize("f", [0.01, 0.5, 1.0, 4.0])
+def test_factor_prefix_mask_is_the_prefix_of_the_rule_as_written(f):
+    g = torch.Generator().manual_seed(3)
+    conf = torch.rand(64, 9, generator=g, dtype=torch.float64)
+    conf[::3] = conf[::3].round(decimals=1)  # ties
+    conf[::4, 5:] = float("-inf")  # fewer active masks than positions
+    conf[7] = float("-inf")  # none
+    conf_sorted = conf.sort(dim=1, descending=True).values
+    mask = factor_prefix_mask(conf_sorted, f)  # [B, N]
+    n = factor_prefix(conf_sorted, f)  # [B]
+    assert torch.equal(mask, torch.arange(9)[None] < n[:, None])
+
+
+@pytest.mark.parametrize("f", [0.01, 1.0, 4.0])
+def test_factor_step_commits_what_the_rule_as_written_commits(f):
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(16, 8, V, generator=g) * 3
+    logits[::2, :, 1] = 4.0  # equal confidences
+    active = torch.rand(16, 8, generator=g) < 0.7
+    inp = StepInput(logits=logits, tokens=torch.full((16, 8), MASK), active=active, query_start=0, window=(0, 8),
+                    step=0, steps=None, mask_id=MASK, temperature=0.0, generator=None)
+    out = make_sampler("factor", factor=f).step(inp, None)
+    tokens, conf = propose_with_confidence(inp)
+    conf = conf.masked_fill(~active, float("-inf"))
+    sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)
+    literal = active & (ranks_of(order) < factor_prefix(sorted_conf, f)[:, None])
+    assert torch.equal(out.commit, literal) and torch.equal(out.tokens, tokens)
 
 
 def test_factor_commits_the_prefix_in_confidence_order():
