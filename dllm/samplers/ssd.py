@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int
-from dllm.samplers._ops import argmax_excluding, gather_prob, ranks_of, window_of, window_output
+from dllm.samplers._ops import argmax_excluding, ranks_of, window_of, window_output
 from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant
+from dllm.samplers.chunked import column_ids, constant, max_prob_excluding
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -47,9 +47,11 @@ class SSDConfig:
 def reference_scores(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
     """The reference's choice rule: ``low_confidence`` scores (softmax in the logits dtype at the
     arg-max token), -inf off active positions. logits [R, Q, V], active [R, Q] ->
-    (tokens [R, Q], score [R, Q]); its choice is the first position of the largest score."""
+    (tokens [R, Q], score [R, Q]); its choice is the first position of the largest score. The score at
+    the arg-max is the largest probability without the mask id (the rounded softmax is monotone in
+    the logits): ``chunked.max_prob_excluding``, one call fewer than a gather."""
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
-    return tokens, torch.where(active, gather_prob(torch.softmax(logits, dim=-1), tokens), float("-inf"))
+    return tokens, torch.where(active, max_prob_excluding(logits, mask_id), float("-inf"))
 
 
 def reference_ranks(logits: torch.Tensor, active: torch.Tensor, current: torch.Tensor, mask_id: int):
