@@ -24,9 +24,10 @@ separate programs and merged by their log-sum-exp. The rule (``SplitConfig``):
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Protocol
 
 import torch
 
@@ -40,10 +41,56 @@ class LaunchObserver(Protocol):
 LAUNCH_OBSERVERS: list[LaunchObserver] = []  # told of every Triton launch of dllm.kernels
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch a kernel wrapper asked for: ``kernel[grid](*args, **kwargs)``."""
+
+    name: str
+    kernel: Any
+    grid: Any
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class Recording:
+    """Launches recorded instead of run (``record_launches``), for a GPU of ``sms`` SMs that is not
+    here: the wrappers plan their launches for it and accept tensors of any device."""
+
+    sms: int
+    launches: list[Launch] = field(default_factory=list)
+
+
+_RECORDING: list[Recording] = []
+
+
+def recording() -> Optional[Recording]:
+    """The recording in progress (``record_launches``), or None."""
+    return _RECORDING[-1] if _RECORDING else None
+
+
+@contextlib.contextmanager
+def record_launches(sms: int) -> Iterator[Recording]:
+    """Within the block, ``observed_launch`` records each launch and runs nothing (the outputs stay
+    unwritten), the wrappers' device check passes any tensor and their launch plans take ``sms`` SMs:
+    what ``dllm.kernels.ahead`` compiles for a GPU target from a machine without one."""
+    if sms < 1:
+        raise ValueError(f"sms must be >= 1, got {sms}")
+    rec = Recording(sms)
+    _RECORDING.append(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.remove(rec)
+
+
 def observed_launch(name: str, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)``, between ``launch_begins(name)`` and ``launch_ends(name)`` of
     every observer (under ``TRITON_INTERPRET=1`` the launch itself runs torch ops, which an observer
-    that counts ATen calls leaves out)."""
+    that counts ATen calls leaves out); recorded and not run inside ``record_launches``."""
+    if _RECORDING:
+        _RECORDING[-1].launches.append(Launch(name, kernel, grid, args, kwargs))
+        return None
     if not LAUNCH_OBSERVERS:
         return kernel[grid](*args, **kwargs)
     for obs in LAUNCH_OBSERVERS:
@@ -163,5 +210,6 @@ def plan_attention(batch: int, heads: int, q_len: int, n_keys: int, head_dim: in
     return AttnPlan(block_m, block_n, block_d, query_tiles, splits, split_len)
 
 
-__all__ = ["AttnPlan", "LAUNCH_OBSERVERS", "LaunchObserver", "SplitConfig", "checked_out", "fixed_splits", "next_pow2",
-           "observed_launch", "plan_attention", "plan_splits"]
+__all__ = ["AttnPlan", "LAUNCH_OBSERVERS", "Launch", "LaunchObserver", "Recording", "SplitConfig", "checked_out",
+           "fixed_splits", "next_pow2", "observed_launch", "plan_attention", "plan_splits", "record_launches",
+           "recording"]

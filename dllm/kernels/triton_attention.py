@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.autotune import RequestRefused
-from dllm.kernels.launch import next_pow2, observed_launch, plan_attention
+from dllm.kernels.launch import next_pow2, observed_launch, plan_attention, recording
 from dllm.kernels.packed import tensor_version
 from dllm.kernels.reference import key_end_tensor
 
@@ -177,6 +177,8 @@ def unavailable_reason() -> Optional[str]:
 
 
 def _check_device(t: torch.Tensor, kernel) -> None:
+    if recording() is not None:  # launches recorded for a GPU target, run nowhere (dllm.kernels.ahead)
+        return
     if _interpreted(kernel):
         if t.dtype == torch.bfloat16:
             raise TypeError("bfloat16 is not supported by the Triton interpreter (it treats bf16 as raw "
@@ -279,8 +281,13 @@ def flash_attention(
     return (out, lse) if return_lse else out
 
 
-@functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
+    rec = recording()
+    return rec.sms if rec is not None else _device_sms(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
