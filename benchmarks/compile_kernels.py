@@ -136,7 +136,7 @@ def main() -> None:
         raise SystemExit(f"cannot compile here: {reason}")
     lines = ["# python benchmarks/compile_kernels.py" + (f" --targets {args.targets}" if args.targets != "sm90,sm80"
                                                          else "") + (f" --out {args.out}" if args.out else ""),
-             f"# triton {triton.__version__}, torch {torch.__version__}; compiled here (no GPU): registers per thread, "
+             f"# triton {triton.__version__} (from {Path(triton.__file__).parent.parent}), torch {torch.__version__}; compiled here (no GPU): registers per thread, "
              "local memory per thread in bytes (spills), shared memory per block, and blocks per SM (its limit) "
              "from the target's limits"]
     for name in names:
