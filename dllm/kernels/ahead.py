@@ -8,10 +8,12 @@ with the ``ptxas`` that the triton wheel bundles, to a cubin, whose resources ``
 -res-usage`` (bundled as well) reads back.
 
 ``compile_launch`` compiles one launch a wrapper asked for (``dllm.kernels.launch.record_launches``
-records them, with the wrappers planning for the target's SM count) with the launch's own argument
-types, constexprs and options, and reports registers per thread, spilled bytes, shared memory, and
-the blocks per SM that these allow (``occupancy``: an estimate from the target's limits).
-``benchmarks/compile_kernels.py`` compiles every kernel at LLaDA-8B's shapes.
+records them, with the wrappers planning for the target's SM count), specialised as Triton's JIT
+specialises a first launch on a GPU (``specialize``: its argument types, integers equal to 1 as
+constants, 16-byte alignment hints, the launch options), and reports registers per thread, local
+memory, shared memory, and the blocks per SM that these allow (``occupancy``: an estimate from the
+target's limits). ``benchmarks/compile_kernels.py`` compiles every kernel at LLaDA-8B's, Dream-7B's
+and SDAR-8B's shapes.
 
 The kernels must be decorated without the interpreter: run this in a process where
 ``TRITON_INTERPRET`` is unset when triton is imported (``unavailable_reason`` says why not).
