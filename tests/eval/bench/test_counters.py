@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import dllm
-
 from dllm.eval.bench.counters import DispatchCounter, count_generate, is_kernel
 from dllm.models.tiny import tiny
 
