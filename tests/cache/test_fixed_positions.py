@@ -84,3 +84,29 @@ def test_a_reused_view_gives_the_logits_of_fresh_views(family, dtype):
         again = model(q_ids, positions=q_pos, key_padding_mask=kpm, cache=view).logits
         fresh = model(q_ids, positions=q_pos, key_padding_mask=kpm, cache=kv.view(4, 8)).logits
     assert torch.equal(first, again) and torch.equal(first, fresh)
+
+
+@pytest.mark.parametrize("key_end", [8, 12])  # a prefix cache's keys, a dual cache's (every column)
+def test_a_reused_view_keeps_its_buffer_views(key_end):
+    """A reused view makes each layer's buffer views once (where the fresh K/V go, the keys attended:
+    ``CacheView.buffer_views``) and writes and reads through them: the same buffers and keys as a
+    fresh view, which slices them at every forward; new buffers (another layer, a new cache) get views
+    of their own."""
+    g = torch.Generator().manual_seed(3)
+    kv = KVCache.allocate(2, 2, 2, 12, 4, dtype=torch.float32, devices=[torch.device("cpu")] * 2)
+    view, fresh = kv.view(4, key_end, reuse=True), kv.view(4, key_end)
+    for step in range(3):
+        k, v = torch.randn(2, 2, 4, 4, generator=g), torch.randn(2, 2, 4, 4, generator=g)  # [R, Hkv, T, hd]
+        keys, values = view.update(1, k, v)
+        assert torch.equal(kv.k[1][:, :, 4:8], k) and torch.equal(kv.v[1][:, :, 4:8], v)
+        want_k, want_v = fresh.update(1, k, v)
+        assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+        assert keys.data_ptr() == kv.k[1].data_ptr() and keys.shape[2] == key_end
+        if step:
+            assert keys is last  # made once: no slicing at the block's later steps
+        last = keys
+    other, _ = view.update(0, k, v)  # another layer: its own buffers
+    assert other.data_ptr() == kv.k[0].data_ptr() and torch.equal(kv.k[0][:, :, 4:8], k)
+    kv.k[1] = kv.k[1].clone()  # buffers replaced (a held-rows forward, a resize): views made again
+    again, _ = view.update(1, k, v)
+    assert again is not last and again.data_ptr() == kv.k[1].data_ptr()

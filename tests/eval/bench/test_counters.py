@@ -68,15 +68,22 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
     ("llada", "dual"): (21, 14), ("dream", "dual"): (19, 14), ("sdar", "block"): (20, 15),
     ("fastdllm_v2", "block"): (19, 14),
 }
+# ATen calls per layer of a cached step (views and kernels), measured: a reused view keeps the layer's
+# buffer views, where the fresh K/V go and the keys it attends (CacheView.buffer_views), so a block's
+# later steps slice nothing (the bar is 35)
+LAYER_ATEN = {  # (family, cache): (ATen path, as on CUDA)
+    ("llada", "dual"): (31, 24), ("dream", "dual"): (29, 24), ("sdar", "block"): (34, 28),
+    ("fastdllm_v2", "block"): (29, 24),
+}
 # ATen calls outside the layers per cached step (embedding, RoPE rows, final norm, head, the shift of
 # Dream and Fast-dLLM v2, the sampler, the engine's commit and block bookkeeping), measured; the
 # issue's bar is 30. The ATen path's final norm of LLaDA and Qwen2 is one call more (the weight
 # multiply after the rounding).
 OUTSIDE_ATEN = {  # (family, sampler): (ATen path, as on CUDA)
-    ("llada", "low_confidence"): (17, 16), ("llada", "threshold"): (21, 20),
-    ("dream", "low_confidence"): (23, 22), ("dream", "threshold"): (22, 21),
-    ("sdar", "low_confidence"): (21, 21), ("sdar", "threshold"): (30, 29),
-    ("fastdllm_v2", "low_confidence"): (24, 23), ("fastdllm_v2", "threshold"): (23, 22),
+    ("llada", "low_confidence"): (17, 16), ("llada", "threshold"): (20, 19),
+    ("dream", "low_confidence"): (23, 22), ("dream", "threshold"): (21, 20),
+    ("sdar", "low_confidence"): (21, 21), ("sdar", "threshold"): (29, 28),
+    ("fastdllm_v2", "low_confidence"): (24, 23), ("fastdllm_v2", "threshold"): (22, 21),
 }
 
 
@@ -94,7 +101,7 @@ def test_cached_step_calls_and_no_sync_in_forwards(family, cache, sampler, ops):
     assert steps, "the cached steps forward fewer columns than the canvas"
     stats = DispatchCounter.mean(steps)
     assert stats["kernels_per_layer"] <= LAYER_KERNELS[(family, cache)][ops], stats
-    assert stats["aten_per_layer"] <= 35, stats
+    assert stats["aten_per_layer"] <= LAYER_ATEN[(family, cache)][ops], stats
     assert stats["aten_outside"] <= min(OUTSIDE_ATEN[(family, sampler)][ops], 30), stats
     assert stats["syncs_in_forward"] == 0, DispatchCounter.sync_sites(steps)
     # low_confidence with a step budget reads nothing; an adaptive sampler reads its loop test, once
