@@ -160,8 +160,9 @@ def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos: torch.Tensor, sin: Optio
     qkv = F.linear(fused_norm(p.attn_norm, h, p.ops), w.weight, w.bias).view(b, t, nh + 2 * nk, hd)  # [B, T, H + 2Hkv, hd]
     if attn.qk_norm:
         qk = qk_norms_fused(attn.q_norm, attn.k_norm, qkv, nh, nk, p.ops)  # [B, T, H + Hkv, hd]
+        v = qkv[:, :, nh + nk:]  # [B, T, Hkv, hd]
     else:
-        qk = qkv[:, :, :nh + nk]
+        qk, v = qkv.split_with_sizes([nh + nk, nk], dim=2)  # views: one call for both
     rd, fp32 = cos.shape[-1], attn.rope_fp32
     if rd < hd:  # partial rotary (LLaDA 2.x): the first rd channels turn, the rest pass
         turned = rope_rows(qk[..., :rd], cos, fp32=fp32) if sin is None else rope_rows_pair(qk[..., :rd], cos, sin,
@@ -172,7 +173,7 @@ def fused_qkv_rows(p: FusedLayer, h: torch.Tensor, cos: torch.Tensor, sin: Optio
     else:
         qk = rope_rows_pair(qk, cos, sin, fp32=fp32)
     q, k = qk.transpose(1, 2).split_with_sizes([nh, nk], dim=1)  # [B, H|Hkv, T, hd]
-    return q, k, qkv[:, :, nh + nk:].transpose(1, 2)
+    return q, k, v.transpose(1, 2)
 
 
 def fused_residual_out(p: FusedLayer, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -72,8 +72,8 @@ LAYER_KERNELS = {  # (family, cache): (ATen path, as on CUDA)
 # buffer views, where the fresh K/V go and the keys it attends (CacheView.buffer_views), so a block's
 # later steps slice nothing (the bar is 35)
 LAYER_ATEN = {  # (family, cache): (ATen path, as on CUDA)
-    ("llada", "dual"): (31, 24), ("dream", "dual"): (29, 24), ("sdar", "block"): (34, 28),
-    ("fastdllm_v2", "block"): (29, 24),
+    ("llada", "dual"): (30, 23), ("dream", "dual"): (28, 23), ("sdar", "block"): (34, 28),
+    ("fastdllm_v2", "block"): (28, 23),
 }
 # ATen calls outside the layers per cached step (embedding, RoPE rows, final norm, head, the shift of
 # Dream and Fast-dLLM v2, the sampler, the engine's commit and block bookkeeping), measured; the
