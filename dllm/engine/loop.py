@@ -32,7 +32,7 @@ from dllm.outputs import finish_output, stop_finished_rows
 from dllm.engine.forwards import StepForwards
 from dllm.rows import held_mask
 from dllm.samplers import Sampler
-from dllm.samplers.chunked import column_ids
+from dllm.samplers.chunked import column_ids, neg_inf
 from dllm.samplers.draws import make_generator
 from dllm.options import check_bool
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
@@ -329,7 +329,7 @@ def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: boo
     commit = decision.commit if decision.active_only else decision.commit & active
     if adaptive:
         score = decision.score if decision.score is not None else 1.0
-        best = torch.where(active, score, float("-inf")).argmax(dim=1, keepdim=True)  # [B, 1]
+        best = torch.where(active, score, neg_inf(active.device)).argmax(dim=1, keepdim=True)  # [B, 1]
         # the best active mask of each row that committed none: active and no commit in its row
         # (bool > bool: True > False only); a row without an active mask has none to take
         fallback = (column_ids(active.shape[1], active.device) == best) & (active > commit.any(dim=1, keepdim=True))

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, gumbel_argmax, max_prob_excluding, pick_last,
-                                    rows_per_chunk, softmax_prob)
+from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, gumbel_argmax, max_prob_excluding, neg_inf,
+                                    pick_last, rows_per_chunk, softmax_prob)
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
@@ -43,7 +43,7 @@ def take_top_k(score: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> 
     score: [B, Q] float (ineligible entries may hold anything); k: [B] or [] long;
     eligible: [B, Q] bool. Ranks come from one stable descending sort, so no per-row loop.
     """
-    score = torch.where(eligible, score, float("-inf"))
+    score = torch.where(eligible, score, neg_inf(score.device))
     ranks = ranks_of(score.argsort(dim=-1, descending=True, stable=True))  # [B, Q]
     k = k.reshape(-1, 1) if k.dim() else k
     return (ranks < k) & eligible
@@ -74,7 +74,7 @@ def top_k_of_topk(score: torch.Tensor, counts: Optional[torch.Tensor], k_max: in
     """
     if k_max == 0:
         return torch.zeros_like(eligible)
-    score = torch.where(eligible, score, float("-inf"))
+    score = torch.where(eligible, score, neg_inf(score.device))
     idx = torch.topk(score, k_max, dim=-1).indices  # [B, k_max] sorted by score
     if keep is None:
         assert counts is not None
@@ -88,7 +88,7 @@ def top1(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     bool map; a row with nothing eligible gets nothing. Equals ``take_top_k(score, 1, eligible)``
     (its stable sort also ranks the lowest index first) without the sort.
     score, eligible: [..., N] -> [..., N] bool."""
-    best = torch.where(eligible, score, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
+    best = torch.where(eligible, score, neg_inf(score.device)).argmax(dim=-1, keepdim=True)  # [..., 1]
     return (column_ids(eligible.shape[-1], eligible.device) == best) & eligible
 
 
@@ -100,7 +100,7 @@ def threshold_commit(conf: torch.Tensor, eligible: torch.Tensor, tau) -> torch.T
     hit = conf >= tau  # [..., N]
     if hit.shape != eligible.shape:  # a threshold tensor that broadcasts the shape up
         return (eligible & hit) | top1(conf, eligible)
-    best = torch.where(eligible, conf, float("-inf")).argmax(dim=-1, keepdim=True)  # [..., 1]
+    best = torch.where(eligible, conf, neg_inf(conf.device)).argmax(dim=-1, keepdim=True)  # [..., 1]
     return hit.scatter_(-1, best, True) & eligible
 
 

@@ -95,10 +95,19 @@ def banned_column(v: int, banned: int, device: torch.device) -> torch.Tensor:
     return constant(("banned column", v, banned, device), make)
 
 
+def neg_inf(device: torch.device) -> torch.Tensor:
+    """-inf as a 0-dim float32 tensor on ``device``, made once (``constant``): ``torch.where(m, x,
+    neg_inf(d))`` is ``torch.where(m, x, float("-inf"))`` in x's dtype without wrapping the Python
+    scalar into a tensor at every call (a third of a small ``where``'s host time on a CPU)."""
+    return constant(("-inf", device), lambda: torch.full((), float("-inf"), device=device))
+
+
 def without_column(z: torch.Tensor, banned: int) -> torch.Tensor:
     """A copy of z [..., V] with column ``banned`` (0 <= banned < V) at -inf: one ``where`` call
     (``masked_fill`` out of place is a copy and a fill, two)."""
-    return torch.where(banned_column(z.shape[-1], banned, z.device), float("-inf"), z)
+    cols, inf = constant(("banned column, -inf", z.shape[-1], banned, z.device),
+                         lambda: (banned_column(z.shape[-1], banned, z.device), neg_inf(z.device)))
+    return torch.where(cols, inf, z)
 
 
 def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
@@ -215,4 +224,5 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
 
 
 __all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "max_prob_excluding",
-           "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms", "without_column"]
+           "neg_inf", "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms",
+           "without_column"]

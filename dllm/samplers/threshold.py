@@ -67,7 +67,7 @@ from dllm.samplers._ops import (
     threshold_commit,
     transfer_schedule,
 )
-from dllm.samplers.chunked import column_ids, constant, softmax_prob
+from dllm.samplers.chunked import column_ids, constant, neg_inf, softmax_prob
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.stats import check_stats
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -220,7 +220,7 @@ class Factor(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tokens, conf = propose_with_confidence(inp, self.config.stats)
-        conf = torch.where(inp.active, conf, float("-inf"))  # [B, Q]
+        conf = torch.where(inp.active, conf, neg_inf(conf.device))  # [B, Q]
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
         within = factor_prefix_mask(sorted_conf, self.config.factor)  # [B, Q] in sorted order
         commit = within.scatter(1, order, within) & inp.active  # back to positions (order: a permutation)
