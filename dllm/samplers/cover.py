@@ -49,7 +49,7 @@ import torch
 from dllm.options import check_bool, check_int, check_number, check_unit
 from dllm.samplers._ops import propose, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, constant, softmax_prob
+from dllm.samplers.chunked import argmax_excluding, constant, neg_inf, softmax_prob
 from dllm.samplers.wino import as_column, draft_caps, wide_in_count
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -107,7 +107,7 @@ def draft_count(conf: torch.Tensor, tau: float, cap: torch.Tensor, n_masks: torc
 def draft(conf: torch.Tensor, active: torch.Tensor, tau: float, cap: torch.Tensor) -> torch.Tensor:
     """Masks to commit: ``conf > tau`` (the ``cap`` most confident when more qualify), else the top-1.
     conf [B, W] float64, active [B, W] bool, cap [B] or [B, 1] long -> [B, W] bool."""
-    conf = torch.where(active, conf, float("-inf"))
+    conf = torch.where(active, conf, neg_inf(conf.device))
     rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W] the active masks first
     return rank < draft_count(conf, tau, as_column(cap), active.sum(dim=1, keepdim=True))
 

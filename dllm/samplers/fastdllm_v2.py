@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant, without_column
+from dllm.samplers.chunked import column_ids, constant, neg_inf, without_column
 from dllm.samplers.sdar import block_of
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY, SUB_BLOCK_KEY, grid_start
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -145,7 +145,7 @@ class FastDLLMv2Sampler(Sampler):
         x0, p = sample_with_top_p(wl, cfg.top_p, inp.temperature, inp.generator)
         x0 = _never_the_mask(x0, wl, inp.mask_id)
         masks = inp.active.gather(1, rows) & inside  # [B, sbs]
-        conf = torch.where(masks, p, float("-inf"))
+        conf = torch.where(masks, p, neg_inf(p.device))
         chosen = conf > cfg.threshold
         chosen.scatter_(1, conf.argmax(dim=1, keepdim=True), True)
         chosen &= masks
@@ -175,7 +175,7 @@ def _one_sub_block(inp: StepInput, threshold: float) -> StepOutput:
     other row)."""
     x0, p = sample_with_top_p(inp.logits, 1.0, 0.0, None)  # [B, Q] x2
     x0 = _never_the_mask(x0, inp.logits, inp.mask_id)
-    conf = torch.where(inp.active, p, float("-inf"))  # [B, Q]
+    conf = torch.where(inp.active, p, neg_inf(p.device))  # [B, Q]
     chosen = conf > threshold
     chosen.scatter_(1, conf.argmax(dim=1, keepdim=True), True)
     return StepOutput(commit=chosen & inp.active, tokens=x0, active_only=True)

@@ -29,7 +29,7 @@ import torch
 from dllm.options import check_unit
 from dllm.samplers._ops import propose_with_confidence
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant
+from dllm.samplers.chunked import column_ids, constant, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -62,7 +62,7 @@ def run_firsts(score: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
 def run_argmax(score: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     """In each maximal run of consecutive active positions, its highest-scoring position
     (leftmost on ties), as a bool map. score: [B, Q] float; active: [B, Q] bool -> [B, Q] bool."""
-    return run_firsts(torch.where(active, score, float("-inf")), active) & active
+    return run_firsts(torch.where(active, score, neg_inf(score.device)), active) & active
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Hierarchy(Sampler):
         cfg = self.config
         tokens, conf = propose_with_confidence(inp)  # [B, Q], [B, Q] float64 (-inf off the window)
         active = inp.active  # [B, Q]
-        score = torch.where(active, conf, float("-inf"))  # [B, Q]
+        score = torch.where(active, conf, neg_inf(conf.device))  # [B, Q]
         dev = score.device
         # a run's best passes at c > low_threshold (or > threshold), any other mask at c > threshold, the
         # row's best at any c (-inf: off the masks nothing passes, so the commit holds masks only)

@@ -53,7 +53,7 @@ import torch
 from dllm.options import check_bool, check_choice, check_int, check_number, check_unit
 from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids
+from dllm.samplers.chunked import column_ids, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")
@@ -130,7 +130,7 @@ class KLASS(Sampler):
         if not cfg.reset_each_block:
             state.extras[NEXT_KEY] = _next_block_logits(inp, state, active)
 
-        scored = torch.where(active, conf, float("-inf"))  # [B, W] the active masks' confidences
+        scored = torch.where(active, conf, neg_inf(conf.device))  # [B, W] the active masks' confidences
         ready = (since <= t + 1 - cfg.history) & (scored > cfg.conf_threshold)  # [B, W] active only
         if cfg.unmask == "max_conf":
             ready = top1(conf, ready)

@@ -67,8 +67,8 @@ import torch.nn as nn
 from dllm.options import SettingError, check_bool, check_choice, check_unit
 from dllm.samplers._ops import TIES, gumbel_perturb, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import (argmax_excluding, constant, max_prob_excluding, rows_per_chunk, softmax_prob,
-                                    window_uniforms)
+from dllm.samplers.chunked import (argmax_excluding, constant, max_prob_excluding, neg_inf, rows_per_chunk,
+                                    softmax_prob, window_uniforms)
 from dllm.state import DecodeState, StepInput, StepOutput
 
 FILTER_CONFIG = "filter.json"
@@ -375,7 +375,7 @@ class Learn2PD(Sampler):
         """The most confident mask of each row with one ([B, W] bool; anything in a row without one: the
         caller keeps active positions). ``ties="reference"``: ``torch.topk(c, 1)`` over the canvas row of
         ``length`` columns, -inf off the block's masks, as the reference; ``"first"``: the lowest index."""
-        score = torch.where(active, conf, float("-inf"))  # [B, W]
+        score = torch.where(active, conf, neg_inf(conf.device))  # [B, W]
         w = conf.shape[1]
         if self.config.ties == "first":
             return _columns(0, w, conf.device) == score.argmax(dim=1, keepdim=True)

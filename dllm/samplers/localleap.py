@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from dllm.options import check_int, check_number, check_unit
 from dllm.samplers._ops import propose_with_confidence
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -79,7 +80,7 @@ class LocalLeap(Sampler):
         is its own anchor, so the positions that pass their bar are the near ones with ``c >= tau_relax``."""
         cfg = self.config
         tokens, conf = propose_with_confidence(inp)  # [B, Q] long, [B, Q] float64 (-inf off the window)
-        conf = torch.where(inp.active, conf, float("-inf"))  # [B, Q] anchors and commits: active masks only
+        conf = torch.where(inp.active, conf, neg_inf(conf.device))  # [B, Q] anchors and commits: active masks only
         near = window_max(conf, cfg.radius) >= cfg.threshold  # [B, Q]
         commit = near & (conf >= cfg.relaxed_threshold)  # [B, Q]
         commit.scatter_(-1, conf.argmax(dim=-1, keepdim=True), True)  # always the most confident active mask

@@ -53,7 +53,7 @@ import torch
 from dllm.options import check_number
 from dllm.samplers._ops import expand_window, gather_prob, propose, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant, max_prob_excluding
+from dllm.samplers.chunked import column_ids, constant, max_prob_excluding, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 EARLY_PHASE, MID_PHASE = 0.33, 0.67  # progress boundaries of the three thresholds (Prophet)
@@ -154,7 +154,7 @@ class Prophet(Sampler):
             torch.where(fire & masked, x0, fill_q, out=fill_q)
         run.fired |= fire
         tokens = torch.where(fill_q != inp.mask_id, fill_q, x0)  # stored in fired rows only
-        best = torch.where(inp.active, score, float("-inf")).argmax(dim=1, keepdim=True)  # [B, 1]
+        best = torch.where(inp.active, score, neg_inf(score.device)).argmax(dim=1, keepdim=True)  # [B, 1]
         cols = column_ids(q, dev)  # [Q]
         commit = inp.active & (run.fired | (cols == best))  # [B, Q]
         # every mask of the query right of the block is committed now too (engine: ``beyond``);

@@ -50,7 +50,7 @@ from dllm.options import check_choice, check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers._ops import expand_window, window_of
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, column_ids
+from dllm.samplers.chunked import argmax_excluding, column_ids, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
@@ -136,7 +136,7 @@ def choose(conf: torch.Tensor, masks: torch.Tensor, n: int, strategy: str, thres
         idx = column_ids(w, conf.device)  # [W]
         first = torch.where(masks, idx, w).min(dim=1, keepdim=True).values  # [B, 1]
         return masks & (idx >= first) & (idx < first + n)
-    score = torch.where(masks, conf, float("-inf"))  # [B, W]
+    score = torch.where(masks, conf, neg_inf(conf.device))  # [B, W]
     top = torch.zeros_like(masks)
     if k > 0:
         top.scatter_(1, torch.topk(score, k, dim=-1).indices, True)

@@ -33,7 +33,7 @@ from dllm.options import check_int, check_unit
 from dllm.samplers._ops import argmax_excluding, ranks_of, window_of, window_output
 from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant, max_prob_excluding
+from dllm.samplers.chunked import column_ids, constant, max_prob_excluding, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -53,7 +53,7 @@ def confidence(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
     probability without the mask id (``chunked.max_prob_excluding``, one call fewer than a gather)."""
     tokens = argmax_excluding(logits, mask_id)  # [R, Q]
     conf = max_prob_excluding(logits, mask_id, torch.float64)  # [R, Q]
-    return tokens, torch.where(active, conf, float("-inf"))
+    return tokens, torch.where(active, conf, neg_inf(conf.device))
 
 
 def threshold_keys(conf: torch.Tensor, tokens: torch.Tensor, tau: float) -> torch.Tensor:

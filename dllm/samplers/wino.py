@@ -29,7 +29,7 @@ import torch
 from dllm.options import check_int, check_unit
 from dllm.samplers._ops import gather_prob, propose, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import constant
+from dllm.samplers.chunked import constant, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 START_LAST_ACCEPT = 30  # the release's ``last_accept`` at the start of every block
@@ -83,7 +83,7 @@ def wide_in(conf: torch.Tensor, active: torch.Tensor, tau1: float, cap: torch.Te
 
     conf [B, W] float64 (any value off ``active``), active [B, W] bool, cap [B] or [B, 1] long -> [B, W] bool.
     """
-    conf = torch.where(active, conf, float("-inf"))
+    conf = torch.where(active, conf, neg_inf(conf.device))
     rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]
     return rank < wide_in_count(conf, tau1, as_column(cap))
 
@@ -135,7 +135,7 @@ class Wino(Sampler):
         current = window_of(inp.tokens, inp.window)  # [B, W]
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
         conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), x0)  # [B, W]
-        conf = torch.where(active, conf, float("-inf"))  # [B, W] also the step's score
+        conf = torch.where(active, conf, neg_inf(conf.device))  # [B, W] also the step's score
         n_masks = active.sum(dim=1, keepdim=True)  # [B, 1]
         cap = draft_caps(active.shape[1], cfg.accept_ratio, cfg.min_accept, cfg.max_accept, active.device)[n_masks]
         rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]
