@@ -82,6 +82,12 @@ def unavailable_reason() -> Optional[str]:
         return f"triton with its NVIDIA backend is not installed ({exc})"
     if _tool("cuobjdump") is None:
         return f"the triton wheel has no bundled cuobjdump ({triton.__version__})"
+    try:  # what ``specialize`` follows: Triton 3.x's JIT binder
+        from triton.runtime import jit
+    except ImportError as exc:
+        return f"triton {triton.__version__}'s JIT internals differ from 3.x ({exc})"
+    if not (hasattr(jit, "create_function_from_signature") and hasattr(jit.JITFunction, "_pack_args")):
+        return f"triton {triton.__version__}'s JIT internals differ from 3.x (its binder or _pack_args)"
     return None
 
 
