@@ -169,7 +169,7 @@ def test_bench_kernels_ctrl_c_keeps_the_finished_shapes(capsys, monkeypatch, tmp
 
     real, calls = bench.run_kernel_bench, []
 
-    def interrupt_second(shapes, **kw):
+    def interrupt_second(shapes, backends=None, **kw):
         calls.append(shapes)
         if len(calls) == 2:
             raise KeyboardInterrupt
@@ -296,3 +296,21 @@ def test_eval_tasks_ctrl_c_keeps_the_finished_columns(capsys, monkeypatch, tmp_p
     saved = json.loads(path.read_text())
     assert list(saved["summary"]) == ["1"] and saved["interrupted"] and saved["tasks"]["copy"] == {"1": 1.0}
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"interrupted: 1 finished column is saved in {path}"
+
+
+def test_bench_kernels_tiles_adds_the_kernels_launch_settings(capsys, monkeypatch):
+    """``--tiles`` times the Triton kernel at every tile of ``kernel_tiles.TILES`` too (the rows' backends)."""
+    import dllm.eval.bench.kernels as bench
+    from dllm.eval.bench.kernel_tiles import tile_names
+
+    seen = []
+
+    def record(shapes, backends=None, **kw):
+        seen.append(tuple(backends))
+        return []
+
+    monkeypatch.setattr(bench, "run_kernel_bench", record)
+    assert main(["bench", "kernels", "--tiny", "--tiles", "--no-progress"]) == 0
+    assert main(["bench", "kernels", "--tiny", "--no-progress"]) == 0
+    with_tiles, without = seen[0], seen[-1]
+    assert with_tiles == without + tuple(tile_names()) and "triton" in without

@@ -71,6 +71,9 @@ def kernels_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--repeats", type=POSITIVE, default=5, help="timed calls per row (default 5)")
     p.add_argument("--tiny", action="store_true", help="the smallest shapes only (a CPU smoke run in seconds)")
+    p.add_argument("--tiles", action="store_true",
+                   help="also time the Triton attention kernel at other tile shapes and warps (rows triton[MxNwW]; "
+                        "dllm.eval.bench.kernel_tiles.TILES)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the rows here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -103,10 +106,15 @@ def run_kernels(args) -> int:
     device = checked_device(args.device)
     shapes = (tiny_shapes() if getattr(args, "tiny", False)
               else default_shapes(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))))
+    backends = ("triton", "sdpa", "auto", "reference")
+    if getattr(args, "tiles", False):
+        from dllm.eval.bench.kernel_tiles import tile_names
+
+        backends += tuple(tile_names())
     rows: list[dict] = []
     try:
         for shape in tqdm(shapes, disable=args.no_progress, desc="bench kernels", unit="shape"):
-            rows += run_kernel_bench([shape], device=device, repeats=args.repeats)
+            rows += run_kernel_bench([shape], backends=backends, device=device, repeats=args.repeats)
     except KeyboardInterrupt:
         if not rows:
             raise

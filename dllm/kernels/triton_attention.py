@@ -201,6 +201,8 @@ def flash_attention(
     block_m: Optional[int] = None,
     block_n: Optional[int] = None,
     num_splits: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Bidirectional GQA attention of a query block against a key set, see the module docstring.
 
@@ -213,6 +215,8 @@ def flash_attention(
     Tq / BLOCK_M programs, e.g. 32 for LLaDA-8B with a 32-token block) against thousands of keys,
     too few programs to fill a GPU; default: ``dllm.kernels.launch.plan_splits`` for the device's
     SM count (1 in the interpreter). block_m / block_n: see ``dllm.kernels.launch.plan_attention``.
+    num_warps / num_stages: the compiled kernel's launch options (default 4 and 3 up to head dim 128,
+    else 8 and 2; the interpreter ignores them): ``dllm bench kernels --tiles`` times other choices.
 
     >>> out = flash_attention(q, k, v, key_padding=valid, key_end=64)  # doctest: +SKIP
     """
@@ -229,6 +233,10 @@ def flash_attention(
     if d > 256:
         raise ValueError(f"head dim {d} > 256 is not supported")
     _check_device(q, _attn_fwd_kernel)
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be a power of two from 1 to 16, got {num_warps!r}")
+    if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
+        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     if key_padding is not None and tuple(key_padding.shape) != (bsz, tk):
         raise ValueError(f"key_padding must be bool [B={bsz}, Tk={tk}], got {tuple(key_padding.shape)}")
     if query_attends_all is not None:
@@ -261,7 +269,8 @@ def flash_attention(
     o_strides = out.stride()[-4:]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     # GPU launch settings are first guesses (untuned): tune with ``dllm bench kernels``
-    launch = {} if interp else {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 3 if block_d <= 128 else 2}
+    launch = {} if interp else {"num_warps": num_warps or (4 if block_d <= 128 else 8),
+                                "num_stages": num_stages or (3 if block_d <= 128 else 2)}
     observed_launch(
         "flash_attention", _attn_fwd_kernel, (m_tiles, bsz * h, num_splits),
         q, k, v, out, lse, kp, qa, ke,

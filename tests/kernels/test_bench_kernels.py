@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from dllm.eval.bench.kernels import (COLUMNS, RATIO_COLUMNS, AttnShape, StatsShape, default_shapes, format_table,
                                      run_kernel_bench, sdpa_ratios, tiny_shapes)
 
@@ -67,3 +70,32 @@ def test_fast_step_rows_time_the_kernels_against_the_torch_path():
         assert r["interpreted"] == (INTERPRETED and r["backend"] == "triton")
     assert rows[1]["speedup"] == 1.0
     assert any(isinstance(s, LoPAShape) and s.vocab == 126464 for s in default_shapes(__import__("torch").device("cuda")))
+
+
+def test_tile_rows_time_the_kernel_at_other_launch_settings():
+    from dllm.eval.bench.kernel_tiles import TILES, Tile, tile_names
+    from dllm.eval.bench.kernels import TILE_COLUMNS, format_report
+
+    names = tile_names(TILES[:2])
+    rows = run_kernel_bench(tiny_shapes()[:1], ("triton", "sdpa", *names), device=DEVICE, repeats=1, warmup=0)
+    by = {r["backend"]: r for r in rows}
+    for name in names:  # the same outputs as the default launch, within float error
+        assert by[name]["ms"] is not None and by[name]["max_abs_err"] < 1e-4, by[name]
+        assert by[name]["interpreted"] == by["triton"]["interpreted"]
+    (line,) = sdpa_ratios(rows)
+    fastest = min((r for r in rows if r["backend"].startswith("triton")), key=lambda r: r["ms"])
+    assert line["best_triton"] == fastest["backend"]
+    assert "| best_triton | best/sdpa |" in format_table([line], TILE_COLUMNS) and "best_triton" in format_report(rows)
+    assert Tile.parse("triton[32x64w8]") == Tile(32, 64, 8) and Tile.parse("triton") is None
+    with pytest.raises(ValueError, match="Tile.block_n must be a power of two >= 16, got 48"):
+        Tile(32, 48, 4)
+
+
+def test_flash_attention_refuses_bad_launch_options():
+    from dllm.kernels.triton_attention import flash_attention
+
+    q = torch.randn(1, 2, 16, 32)
+    with pytest.raises(ValueError, match="num_warps must be a power of two from 1 to 16, got 3"):
+        flash_attention(q, q, q, num_warps=3)
+    with pytest.raises(ValueError, match="num_stages must be an int >= 1, got 0"):
+        flash_attention(q, q, q, num_stages=0)

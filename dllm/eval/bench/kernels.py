@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from dllm.eval.bench.kernel_tiles import Tile, best_triton, tiled_attention
 from dllm.eval.bench.timing import timed
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -176,14 +177,17 @@ def _attention_rows(shape: AttnShape, backends: Sequence[str], device: torch.dev
     for name in backends:
         row = _row("attention", shape, name)
         auto = None
+        tile = Tile.parse(name)
         if name == "auto":
             from dllm.kernels.autotune import AutoAttention, AutoConfig
 
             fn, reason = (auto := AutoAttention(AutoConfig(), registry.get)), None
+        elif tile is not None:  # the triton kernel at another tile (--tiles)
+            fn, reason = tiled_attention(tile), registry.get("triton").refusal(need_probs=False)
         else:
             backend = registry.get(name)
             fn, reason = backend.fn, backend.refusal(need_probs=False)
-        if reason is None and name == "triton":
+        if reason is None and name.startswith("triton"):
             reason = _bf16_refusal(dt)
         if reason is not None:
             row["note"] = reason
@@ -321,7 +325,7 @@ def run_kernel_bench(
         for r in rows:
             if base and r["ms"]:
                 r["speedup"] = round(base / r["ms"], 2)
-            r["interpreted"] = interpreted and r["backend"] == "triton"
+            r["interpreted"] = interpreted and r["backend"].startswith("triton")
             r.setdefault("vs_sdpa", None)
         results.extend(rows)
     return results
@@ -329,6 +333,7 @@ def run_kernel_bench(
 
 COLUMNS = ("kind", "shape", "backend", "ms", "speedup", "vs_sdpa", "max_abs_err", "interpreted", "note")
 RATIO_COLUMNS = ("shape", "sdpa_ms", "triton/sdpa", "auto/sdpa", "auto_chose")
+TILE_COLUMNS = RATIO_COLUMNS + ("best_triton", "best/sdpa")  # sdpa_ratios' lines with --tiles
 
 
 def sdpa_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -349,6 +354,11 @@ def sdpa_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             line[f"{name}/sdpa"] = ratio
         note = (rs.get("auto") or {}).get("note", "")
         line["auto_chose"] = note.split(" ", 2)[1].split(";")[0] if note.startswith("chose ") else None
+        if any(Tile.parse(name) for name in rs):  # --tiles: the fastest of the kernel's launch settings
+            best = best_triton(list(rs.values()))
+            line["best_triton"] = None if best is None else best["backend"]
+            ratio = None if best is None else best.get("vs_sdpa")
+            line["best/sdpa"] = f"{ratio} (interpreted)" if ratio is not None and best.get("interpreted") else ratio
         out.append(line)
     return out
 
@@ -374,8 +384,10 @@ def format_report(rows: Sequence[dict[str, Any]]) -> str:
     text = format_table(rows)
     ratios = sdpa_ratios(rows)
     if ratios:
-        text += ("\n\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose:\n\n"
-                 + format_table(ratios, RATIO_COLUMNS))
+        tiles = any("best_triton" in line for line in ratios)
+        text += ("\n\nAttention time over sdpa's (below 1: faster than sdpa), and what auto chose"
+                 + (" (best_triton: the kernel's fastest launch setting)" if tiles else "") + ":\n\n"
+                 + format_table(ratios, TILE_COLUMNS if tiles else RATIO_COLUMNS))
     return text
 
 
