@@ -86,8 +86,11 @@ def _launches(sms: int) -> list[Launch]:
 def rows(target: ahead.Target) -> list[str]:
     """One row per distinct result; ``programs``: how many of the distinct specialisations (argument
     alignments, strides equal to 1, ...) compiled to it."""
+    from tqdm import tqdm
+
     counts: dict[str, int] = {}
-    for launch in ahead.distinct(_launches(target.sms), target):
+    launches = ahead.distinct(_launches(target.sms), target)
+    for launch in tqdm(launches, desc=f"compile for {target.name}", unit="program", leave=False):
         c = ahead.compile_launch(launch, target)
         pointers = ahead.pointer_types(launch, target)
         fits = f"{c.blocks_per_sm} ({c.limited_by})" if c.launches else f"CANNOT LAUNCH ({c.limited_by})"
