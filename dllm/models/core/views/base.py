@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Union
 
 import torch
 
@@ -86,33 +86,30 @@ class CacheView:
             kv.drift_probe.record(layer, kv.n_layers, k, kb[:, :, :t])
         if self.memo is None or self.n_extra or type(self).write is not CacheView.write:
             self.write(kb, vb, k, v)
-            if full:
-                return k, v  # the attended set IS the fresh set: no cache read, exactly a plain forward
-            if self.key_end == kb.shape[2]:
-                return kb, vb  # every column attended (dual): the buffers themselves
-            return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
+            # full: the attended set IS the fresh set (no cache read, exactly a plain forward)
+            return (k, v) if full else self.attended_keys(kb, vb)
         k_to, v_to, keys, values = self.buffer_views(layer, kb, vb, t)  # made once per reused view
         k_to.copy_(k)
         v_to.copy_(v)
         return (k, v) if full else (keys, values)
 
+    def attended_keys(self, kb: torch.Tensor, vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's buffers kb / vb up to ``key_end``: the buffers themselves when every column is
+        attended (dual), else their first ``key_end`` columns."""
+        if self.key_end == kb.shape[2]:
+            return kb, vb
+        return kb[:, :, :self.key_end], vb[:, :, :self.key_end]
+
     def buffer_views(self, layer: int, kb: torch.Tensor, vb: torch.Tensor,
-                     t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(where the fresh K and V of ``t`` rows go, the attended K and V) of layer ``layer``'s buffers
-        kb / vb: ``write``'s and ``update``'s views, made once and kept on a reused view (``memo``),
-        whose forwards write the same columns and attend to the same keys (the steps of a block: two
-        to four ATen calls per layer fewer). The same tensors' storage, so the same reads and writes."""
-        key = ("buffer views", layer)
-        hit = self.memo.get(key) if self.memo is not None else None
-        if hit is not None and hit[0] is kb and hit[1] is vb and hit[2].shape[2] == t:
-            return hit[2:]
+                     t: int) -> tuple[torch.Tensor, ...]:
+        """(where the fresh K and V of ``t`` rows go, the attended K and V) of layer ``layer``'s buffers:
+        ``write``'s and ``update``'s views, made once per reused view while the buffers are the same
+        objects (``memoized``: the steps of a block write the same columns and attend to the same keys,
+        two to four ATen calls per layer fewer; views share the buffers' storage, so the same reads
+        and writes)."""
         end = self.start + t
-        full = self.key_end == kb.shape[2]  # every column attended (dual): the buffers themselves
-        made = (kb[:, :, self.start:end], vb[:, :, self.start:end], kb if full else kb[:, :, :self.key_end],
-                vb if full else vb[:, :, :self.key_end])
-        if self.memo is not None:
-            self.memo[key] = (kb, vb, *made)
-        return made
+        return self.memoized(("buffer views", layer, t), (kb, vb),
+                             lambda: (kb[:, :, self.start:end], vb[:, :, self.start:end], *self.attended_keys(kb, vb)))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                attn_fn, return_probs: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -142,9 +139,9 @@ class CacheView:
         return self.memoized("attn_mask", (key_padding_mask,),
                              lambda: key_padding_mask[:, None, None, :self.key_end])  # [R, 1, 1, K]
 
-    def memoized(self, name: str, inputs: tuple, make: Callable[[], Any]) -> Any:
-        """``make()``, kept on a reused view (``memo``) and given again while ``inputs`` are the same
-        objects as when it was made; on any other view ``make()`` each time."""
+    def memoized(self, name: Hashable, inputs: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, kept on a reused view (``memo``) under ``name`` and given again while ``inputs``
+        are the same objects as when it was made; on any other view ``make()`` each time."""
         if self.memo is None:
             return make()
         hit = self.memo.get(name)

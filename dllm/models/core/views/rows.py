@@ -59,7 +59,8 @@ class RowsView(CacheView):
         n, t, key_end = q.shape[0], q.shape[2] // g, self.key_end
         kb, vb = self.kv.k[layer], self.kv.v[layer]
         if self.every_row and n == kb.shape[0]:  # the rows in order: read in place (cat copies them)
-            k_rows, v_rows = self._attended(layer, kb, vb)
+            # a block's variant forwards read the same keys: their views kept on a reused view
+            k_rows, v_rows = self.memoized(("attended", layer), (kb, vb), lambda: self.attended_keys(kb, vb))
         else:
             sel = self.select[::g].to(kb.device)  # [n] one buffer row per group
             k_rows, v_rows = kb[:, :, :key_end].index_select(0, sel), vb[:, :, :key_end].index_select(0, sel)
@@ -87,20 +88,6 @@ class RowsView(CacheView):
                     self.kv.grouped_masks[call_key] = built
             self._masks[key] = built
         return attn_fn(q, keys, values, self._masks[key], False)  # [n, H, gT, hd]
-
-    def _attended(self, layer: int, kb: torch.Tensor, vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``layer``'s buffers kb / vb up to ``key_end`` (the buffers themselves when that is all of
-        them), kept on a reused view (``memo``: a block's variant forwards read the same keys)."""
-        if self.key_end == kb.shape[2]:
-            return kb, vb
-        key = ("attended", layer)
-        hit = self.memo.get(key) if self.memo is not None else None
-        if hit is not None and hit[0] is kb and hit[1] is vb:
-            return hit[2], hit[3]
-        made = kb[:, :, :self.key_end], vb[:, :, :self.key_end]
-        if self.memo is not None:
-            self.memo[key] = (kb, vb, *made)
-        return made
 
     def _fewer_variants(self, call_key: tuple) -> Optional[torch.Tensor]:
         """The kept stacked mask of ``call_key`` = (n, t, g, key_end, ...) made from one kept for more
