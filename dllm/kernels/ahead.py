@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-
 from dllm.kernels.launch import Launch
+
 
 @dataclass(frozen=True)
 class Target:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import triton
@@ -401,15 +401,17 @@ def triton_attention(
     v: torch.Tensor,
     mask: Optional[torch.Tensor] = None,  # bool, [B, 1, 1, Tk] or [B, 1, Tq, Tk] padding mask
     return_probs: bool = False,
+    **launch: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The ``attn_backend="triton"`` function (signature of ``dllm.kernels.attention`` backends)."""
+    """The ``attn_backend="triton"`` function (signature of ``dllm.kernels.attention`` backends);
+    ``launch``: ``flash_attention``'s launch settings (``block_m``, ``block_n``, ``num_warps``, ...)."""
     if return_probs:
         raise ValueError("the triton attention backend cannot return attention probabilities; "
                          "use attn_backend='reference'")
     key_padding = query_attends_all = None
     if mask is not None:
         key_padding, query_attends_all = mask_to_key_padding(mask, q.shape[0], q.shape[2], k.shape[2])
-    return flash_attention(q, k, v, key_padding, query_attends_all), None
+    return flash_attention(q, k, v, key_padding, query_attends_all, **launch), None
 
 
 __all__ = ["flash_attention", "triton_attention", "mask_to_key_padding", "unavailable_reason",

@@ -10,6 +10,7 @@ dim 128, is the row ``triton``), timed on the same inputs with its error against
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -55,19 +56,9 @@ def tile_names(tiles: Sequence[Tile] = TILES) -> list[str]:
 
 def tiled_attention(tile: Tile) -> Callable[..., tuple[torch.Tensor, None]]:
     """The ``triton`` attention backend's function (same signature) launched at ``tile``."""
-    from dllm.kernels.triton_attention import flash_attention, mask_to_key_padding
+    from dllm.kernels.triton_attention import triton_attention
 
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
-           return_probs: bool = False) -> tuple[torch.Tensor, None]:
-        if return_probs:
-            raise ValueError("the triton attention kernel returns no probabilities")
-        key_padding = query_attends_all = None
-        if mask is not None:
-            key_padding, query_attends_all = mask_to_key_padding(mask, q.shape[0], q.shape[2], k.shape[2])
-        return flash_attention(q, k, v, key_padding, query_attends_all, block_m=tile.block_m, block_n=tile.block_n,
-                               num_warps=tile.num_warps), None
-
-    return fn
+    return functools.partial(triton_attention, block_m=tile.block_m, block_n=tile.block_n, num_warps=tile.num_warps)
 
 
 def best_triton(rows: Sequence[dict[str, Any]]) -> Optional[dict[str, Any]]:
