@@ -1,7 +1,7 @@
 """Every Triton kernel of ``dllm.kernels`` compiled for NVIDIA GPUs on this machine, without one: the
 launches its wrappers make at LLaDA-8B's, Dream-7B's and SDAR-8B's shapes (bfloat16; batch 1 and 8;
 a 32-wide block against 1,056 and 4,096 keys), each compiled by Triton's compiler and the ptxas it
-bundles (``dllm.kernels.ahead``), with registers per thread, local memory (spills), shared memory and
+bundles (``dllm.kernels.triton.ahead``), with registers per thread, local memory (spills), shared memory and
 the blocks per SM these allow on each target; then the attention kernel's tile shapes and warps at
 LLaDA-8B's cached step on the first target (what a GPU's timing would choose among).
 
@@ -25,8 +25,8 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton's default, said
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from dllm.kernels import ahead  # noqa: E402
-from dllm.kernels.launch import Launch, record_launches  # noqa: E402
+from dllm.kernels.triton import ahead  # noqa: E402
+from dllm.kernels.triton.launch import Launch, record_launches  # noqa: E402
 
 # (label, heads, kv heads, head dim, d_model, vocab, mask id)
 MODELS = (("LLaDA-8B", 32, 32, 128, 4096, 126464, 126336), ("Dream-7B", 28, 4, 128, 3584, 152064, 151666),
@@ -37,10 +37,10 @@ BLOCK, KEYS = 32, (1056, 4096)
 def _launches(sms: int) -> list[Launch]:
     """Every launch the wrappers make for the cached steps of the models above, recorded for a GPU of
     ``sms`` SMs (nothing runs; the tensors are CPU placeholders of the right dtypes and shapes)."""
-    from dllm.kernels.triton_attention import flash_attention, triton_attention
-    from dllm.kernels.triton_fused import rms_norm_triton, rope_rows_triton
-    from dllm.kernels.triton_lopa import lopa_propose, lopa_select
-    from dllm.kernels.triton_stats import stats_buffers, vocab_stats
+    from dllm.kernels.triton.attention import flash_attention, triton_attention
+    from dllm.kernels.triton.fused import rms_norm_triton, rope_rows_triton
+    from dllm.kernels.triton.lopa import lopa_propose, lopa_select
+    from dllm.kernels.triton.stats import stats_buffers, vocab_stats
 
     bf16 = torch.bfloat16
     with record_launches(sms) as rec:
@@ -103,7 +103,7 @@ def rows(target: ahead.Target) -> list[str]:
 def attention_rows(target: ahead.Target) -> list[str]:
     """The attention kernel's tile shapes and warps at LLaDA-8B's cached step (batch 1, a 32-row block
     against 4,096 keys, split over the keys as planned for the target), num_stages 1 and 3."""
-    from dllm.kernels.triton_attention import flash_attention
+    from dllm.kernels.triton.attention import flash_attention
 
     q = torch.empty(1, 32, BLOCK, 128, dtype=torch.bfloat16)
     k = torch.empty(1, 32, 4096, 128, dtype=torch.bfloat16)

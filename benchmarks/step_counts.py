@@ -14,7 +14,7 @@ on CUDA; on a CPU their reference implementation runs, so this row counts what a
 ``fast`` is counted as it runs on CUDA there too (``compact=False``: static variant batches; on a
 CPU it compacts them, one host read per step), with the torch statistics and, in the row
 ``fast, stats=fused``, as CUDA runs it by default: the fused vocabulary statistics and LoPA's two
-selection kernels (``dllm.kernels.triton_lopa``), each Triton launch counted as one call and one
+selection kernels (``dllm.kernels.triton.lopa``), each Triton launch counted as one call and one
 kernel. That row runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, set by this script)
 on a float16 copy of the model (the interpreter has no bfloat16); the interpreter's own torch ops are
 not counted. The syncs column lists the three most frequent sync

@@ -14,7 +14,7 @@ Backends:
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long padded batch runs
   one unmasked call per group of rows with the same real keys, over those keys (``dllm.kernels.packed``).
 - ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
-- ``triton``: the Triton flash-attention forward (``dllm.kernels.triton_attention``).
+- ``triton``: the Triton flash-attention forward (``dllm.kernels.triton.attention``).
 
 ``resolve_backend("auto", need_probs=...)``: where ``auto``'s candidates (``sdpa``, ``triton``)
 can both run on this host, the ``auto`` backend: ``dllm.kernels.autotune.AutoAttention``, which
@@ -164,7 +164,7 @@ class _LazyTritonBackend(Backend):
 
         if importlib.util.find_spec("triton") is None:
             return f"{self.name}: triton is not installed (pip install triton)"
-        from dllm.kernels.triton_attention import unavailable_reason
+        from dllm.kernels.triton.attention import unavailable_reason
 
         reason = unavailable_reason()
         return f"{self.name}: {reason}" if reason else super().refusal(need_probs=need_probs)
@@ -174,7 +174,7 @@ class _LazyTritonBackend(Backend):
             return f"{self.name}: no CUDA device (on CPU Triton runs only interpreted: too slow to time, not probed)"
         reason = self.refusal(need_probs=False)
         if reason is None:
-            from dllm.kernels.triton_attention import _attn_fwd_kernel, _interpreted
+            from dllm.kernels.triton.attention import _attn_fwd_kernel, _interpreted
 
             if _interpreted(_attn_fwd_kernel):
                 return f"{self.name}: runs in the Triton interpreter here (CPU): too slow to time, not probed"
@@ -195,14 +195,14 @@ class _LazyTritonBackend(Backend):
 
 
 def _triton_attention(q, k, v, mask=None, return_probs=False):
-    from dllm.kernels.triton_attention import triton_attention
+    from dllm.kernels.triton.attention import triton_attention
 
     return triton_attention(q, k, v, mask, return_probs)
 
 
 backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5, differentiable=False),
              description="Triton flash-attention forward (GQA in-kernel, key-padding masks; "
-                         "dllm.kernels.triton_attention)")
+                         "dllm.kernels.triton.attention)")
 
 
 @dataclass(frozen=True)

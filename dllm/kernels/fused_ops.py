@@ -9,7 +9,7 @@
     qk = rope_rows(qk, cos_sin, fp32=True)          # [B, T, H', hd], cos_sin [B, T, 2, 1, hd]
 
 Dispatch (a ``torch.library.Library``: each implementation registered directly):
-- CUDA: the Triton kernels of ``dllm.kernels.triton_fused`` (imported on the first CUDA call), for
+- CUDA: the Triton kernels of ``dllm.kernels.triton.fused`` (imported on the first CUDA call), for
   float32 / float16 / bfloat16 tensors. Without triton, or for other dtypes, the references below.
 - Any other device: the references themselves, ``dllm.kernels.layer_ops.rms_norm_one_op``,
   ``dllm.kernels.layer_ops.rms_norm_qk`` and ``dllm.kernels.layer_ops.rope_rows`` (so a CPU run is
@@ -46,12 +46,12 @@ _TRITON_MISSING: Optional[str] = None  # why the kernels cannot be imported, onc
 
 
 def triton_kernels() -> Optional[ModuleType]:
-    """``dllm.kernels.triton_fused``, or None when triton is not installed (the reason is then in
+    """``dllm.kernels.triton.fused``, or None when triton is not installed (the reason is then in
     ``triton_unavailable()``)."""
     global _TRITON, _TRITON_MISSING
     if _TRITON is None and _TRITON_MISSING is None:
         try:
-            from dllm.kernels import triton_fused
+            from dllm.kernels.triton import fused as triton_fused
         except ImportError as exc:
             _TRITON_MISSING = f"{type(exc).__name__}: {exc}"
         else:
@@ -76,7 +76,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: 
 
 
 def _rms_norm_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, round_once: bool) -> torch.Tensor:
-    """CUDA: one Triton launch (``triton_fused.rms_norm_triton``); the reference without triton."""
+    """CUDA: one Triton launch (``dllm.kernels.triton.fused.rms_norm_triton``); the reference without triton."""
     check_norm_shapes(x, weight)
     kernels = triton_kernels()
     if kernels is None or not rms_norm_supported(x, weight, round_once) or weight.device != x.device:
@@ -102,7 +102,7 @@ def _rms_norm_qk_op(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
 
 def _rms_norm_qk_cuda(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int, eps: float,
                       round_once: bool) -> torch.Tensor:
-    """CUDA: one Triton launch (``triton_fused.rms_norm_triton`` with a second weight from head
+    """CUDA: one Triton launch (``dllm.kernels.triton.fused.rms_norm_triton`` with a second weight from head
     ``n_q`` on); the reference without triton."""
     check_qk_norm_shapes(x, q_weight, k_weight, n_q)
     kernels = triton_kernels()
@@ -129,7 +129,7 @@ def _rope_rows_op(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch.T
 
 
 def _rope_rows_cuda(x: torch.Tensor, cos_sin: torch.Tensor, fp32: bool) -> torch.Tensor:
-    """CUDA: one Triton launch (``triton_fused.rope_rows_triton``); the reference without triton."""
+    """CUDA: one Triton launch (``dllm.kernels.triton.fused.rope_rows_triton``); the reference without triton."""
     check_rope_shapes(x, cos_sin)
     kernels = triton_kernels()
     if kernels is None or not rope_rows_supported(x, cos_sin, fp32) or cos_sin.device != x.device:

@@ -40,7 +40,7 @@ class _Memo(threading.local):
     """The last conversion, per thread: [(mask, version or None, groups or None)]. Holding the mask
     keeps its id from being reused; ``tensor_version`` catches in-place edits, except on inference-mode
     tensors, which have none: those are assumed not to be edited in place between calls (the models
-    build a fresh mask per forward), as in ``dllm.kernels.triton_attention``."""
+    build a fresh mask per forward), as in ``dllm.kernels.triton.attention``."""
 
     def __init__(self) -> None:
         self.last: list = []

@@ -1,4 +1,4 @@
-"""Plain-PyTorch neighbours of the Triton kernels (``triton_attention``, ``triton_stats``).
+"""Plain-PyTorch neighbours of the Triton kernels (``dllm.kernels.triton``).
 
 Each function here computes exactly what its kernel promises, in the most readable way and in
 float64, so the kernel tests compare against ground truth rather than against another fast path.
@@ -48,7 +48,7 @@ def attention_reference(
     key_end: Union[int, torch.Tensor, None] = None,  # keys at or past it are ignored ([B] or int)
     sm_scale: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference of ``triton_attention.flash_attention``: (out [B, H, Tq, D] in q's dtype, lse
+    """Reference of ``dllm.kernels.triton.attention.flash_attention``: (out [B, H, Tq, D] in q's dtype, lse
     [B, H, Tq] float32, natural log of the softmax denominator of the scaled scores).
 
     Query row t of batch row b attends to key j iff ``j < key_end[b]`` and
@@ -122,7 +122,7 @@ def vocab_stats_reference(
     temperature: float = 0.0,
     uniforms: Optional[torch.Tensor] = None,  # [..., V] in (0, 1), needed when temperature > 0
 ) -> VocabStats:
-    """Reference of ``triton_stats.vocab_stats`` in float64 (see ``VocabStats`` for the fields).
+    """Reference of ``dllm.kernels.triton.stats.vocab_stats`` in float64 (see ``VocabStats`` for the fields).
 
     Allocates float64 [..., V] copies: fine for tests, which is why the kernel exists.
     """

@@ -15,7 +15,7 @@ The preset also sets ``compact="auto"``: on CUDA its steps read nothing back to 
 variant batches, see ``dllm.samplers.lopa``: the same tokens for a few more forwards); elsewhere the
 variant batch is compacted (one host read per step, the fewest forwarded tokens). And ``stats="auto"``:
 on CUDA the anchor's and the variants' arg-max and confidences come from one fused pass over the
-logits (``dllm.kernels.triton_stats``, float32) instead of float64 / float32 softmaxes over the
+logits (``dllm.kernels.triton.stats``, float32) instead of float64 / float32 softmaxes over the
 vocabulary; the same tokens except where two candidates tie within float32 rounding
 (tests/kernels/test_fused_sampler_stats.py); elsewhere the softmaxes. Re-run the choice when the embedded models change:
 

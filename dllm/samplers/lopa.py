@@ -64,8 +64,8 @@ cached query on its own copy of the buffers (a mid-block ``refresh`` is refused)
 ``sum p log p``, as the released scripts; or ``"max_prob"``), ``bonus`` (True; no effect with
 reuse), ``verify_variants`` (True), ``reuse`` (False), ``compact`` (True), ``stats`` (``"torch"``:
 the softmaxes above; ``"fused"`` / ``"auto"``: the arg-max, max-prob and entropy from one float32
-pass of ``dllm.kernels.triton_stats``, ``dllm.samplers.stats``; with static shapes the steps around
-the variant forward are then two Triton launches, ``dllm.kernels.triton_lopa``, and with ``reuse``
+pass of ``dllm.kernels.triton.stats``, ``dllm.samplers.stats``; with static shapes the steps around
+the variant forward are then two Triton launches, ``dllm.kernels.triton.lopa``, and with ``reuse``
 the next anchor reads the winner's statistics instead of a second pass; ``"auto"`` takes them on a
 device once a probe has run them there, ``dllm.samplers.lopa_probe``). The paper's defaults for
 D2F-Dream are 7-14 branches; its branch score variant
@@ -126,7 +126,7 @@ class LoPAConfig:
 class Proposals:
     """Per position of some logits [..., V]: the arg-max without the mask id (``tokens``) and, when
     asked for, its max-prob confidence and the ``confidence`` kind's value. ``fused``: all from one pass
-    of ``dllm.kernels.triton_stats.vocab_stats`` (float32; the entropy without the 1e-10 of Dream's
+    of ``dllm.kernels.triton.stats.vocab_stats`` (float32; the entropy without the 1e-10 of Dream's
     formula); else from a ``dtype`` softmax as the reference computes them, each made on first use."""
 
     def __init__(self, logits: Optional[torch.Tensor], mask_id: int, fused: bool, dtype: torch.dtype) -> None:
@@ -135,7 +135,7 @@ class Proposals:
         if logits is None:  # rows() fills the fields
             return
         if fused:
-            from dllm.kernels.triton_stats import vocab_stats
+            from dllm.kernels.triton.stats import vocab_stats
 
             self._stats = vocab_stats(logits, banned=mask_id)
             self.tokens = self._stats.argmax  # [...]
@@ -247,12 +247,12 @@ class LoPA(Sampler):
         statistics at the winners' rows, read in place), ``lopa_propose`` (anchor and variants), the
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
-        (``dllm.kernels.triton_lopa``). Same returns; every output but the winner's logits is written
+        (``dllm.kernels.triton.lopa``). Same returns; every output but the winner's logits is written
         into the step's ``StepBuffers`` (no allocation), which the next step rewrites: the commit and
         tokens returned are read before it, as the engines do."""
         from dllm.kernels.packed import tensor_version
-        from dllm.kernels.triton_lopa import lopa_propose, lopa_select
-        from dllm.kernels.triton_stats import vocab_stats
+        from dllm.kernels.triton.lopa import lopa_propose, lopa_select
+        from dllm.kernels.triton.stats import vocab_stats
         from dllm.samplers.lopa_buffers import StepBuffers
 
         cfg = self.config

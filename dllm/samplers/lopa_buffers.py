@@ -34,8 +34,8 @@ class StepBuffers:
 
     @classmethod
     def make(cls, n_rows: int, k: int, width: int, device: torch.device) -> "StepBuffers":
-        from dllm.kernels.triton_lopa import propose_buffers, select_buffers
-        from dllm.kernels.triton_stats import stats_buffers
+        from dllm.kernels.triton.lopa import propose_buffers, select_buffers
+        from dllm.kernels.triton.stats import stats_buffers
 
         commit, tokens, win = select_buffers(n_rows, width, device)
         stats = tuple(stats_buffers((n_rows * k, width), device) for _ in range(2))  # the variants' [N*K, W]

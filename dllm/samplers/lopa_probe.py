@@ -1,6 +1,6 @@
 """Whether ``stats="auto"`` may run LoPA's selection kernels on a device: a probe once per device.
 
-``dllm.kernels.triton_lopa`` compiles two Triton kernels at their first launch. ``stats="fused"``
+``dllm.kernels.triton.lopa`` compiles two Triton kernels at their first launch. ``stats="fused"``
 asks for them outright (an error is the caller's); ``stats="auto"``, the default of ``fast``, takes
 them on a device only after this probe has run them there once on a small synthetic step (random
 and tied statistics, a row without masks, a row the anchor fills) and found the same commits and

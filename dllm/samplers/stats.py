@@ -4,7 +4,7 @@ A confidence sampler needs, per position of the block window, the proposal ``x0`
 the mask id at T = 0, LLaDA's Gumbel-max sample at T > 0) and its probability ``p(x0)``. The
 reference path (``torch``) gets them from a full softmax over [B, W, V] (float64 in Fast-dLLM, the
 logits dtype in LLaDA): for LLaDA-8B's 126,464-word vocabulary that is a [B, W, V] float64 copy per
-step. The ``fused`` path reads the logits once in ``dllm.kernels.triton_stats.vocab_stats`` and keeps
+step. The ``fused`` path reads the logits once in ``dllm.kernels.triton.stats.vocab_stats`` and keeps
 float32 running scalars; nothing of size V is allocated except, at T > 0, the uniforms, which are
 still drawn with torch so that a seed gives the reference's random stream.
 
@@ -41,7 +41,7 @@ def check_stats(value: object) -> str:
 def fused_unavailable_reason() -> Optional[str]:
     """Why the fused kernel cannot run in this process (None when it can)."""
     try:
-        from dllm.kernels.triton_attention import unavailable_reason
+        from dllm.kernels.triton.attention import unavailable_reason
     except ImportError as exc:  # triton missing
         return f"triton is not importable ({exc}); pip install triton"
     return unavailable_reason()
@@ -70,7 +70,7 @@ def fused_propose(
     Returns (x0 [B, W] long, p(x0) [B, W] float32): the arg-max (T = 0) or the Gumbel-max draw on
     ``noise`` (T > 0), never ``mask_id``, and its softmax probability at temperature 1.
     """
-    from dllm.kernels.triton_stats import vocab_stats
+    from dllm.kernels.triton.stats import vocab_stats
 
     if temperature > 0:
         st = vocab_stats(window_logits, banned=mask_id, temperature=temperature, uniforms=noise)

@@ -20,12 +20,12 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton): kernel tests skipped", allow_module_level=True)
 
 if not torch.cuda.is_available():
-    if "dllm.kernels.triton_attention" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("dllm.kernels.triton_attention was imported without TRITON_INTERPRET=1 and there is "
+    if "dllm.kernels.triton.attention" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("dllm.kernels.triton.attention was imported without TRITON_INTERPRET=1 and there is "
                     "no GPU; run the kernel tests in their own session", allow_module_level=True)
     os.environ["TRITON_INTERPRET"] = "1"
 
-from dllm.kernels.triton_attention import _attn_fwd_kernel, _interpreted, unavailable_reason  # noqa: E402
+from dllm.kernels.triton.attention import _attn_fwd_kernel, _interpreted, unavailable_reason  # noqa: E402
 
 if unavailable_reason() is not None:
     pytest.skip(f"the Triton kernels cannot run here: {unavailable_reason()}", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""The kernels compiled ahead of time for NVIDIA targets (``dllm.kernels.ahead``): launches recorded
+"""The kernels compiled ahead of time for NVIDIA targets (``dllm.kernels.triton.ahead``): launches recorded
 instead of run, the occupancy arithmetic, and every kernel compiled for sm_90 by
 ``benchmarks/compile_kernels.py`` in a process without the interpreter."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dllm.kernels import ahead
-from dllm.kernels.launch import record_launches, recording
-from dllm.kernels.triton_stats import stats_buffers, vocab_stats
+from dllm.kernels.triton import ahead
+from dllm.kernels.triton.launch import record_launches, recording
+from dllm.kernels.triton.stats import stats_buffers, vocab_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_the_interpreter_compiles_nothing():
 def _compiling_env() -> dict:
     """The environment of a process that compiles (no interpreter); skips the test when it cannot."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    check = subprocess.run([sys.executable, "-c", "from dllm.kernels import ahead; print(ahead.unavailable_reason())"],
+    check = subprocess.run([sys.executable, "-c", "from dllm.kernels.triton import ahead; print(ahead.unavailable_reason())"],
                            env=env, cwd=ROOT, capture_output=True, text=True)
     if check.stdout.strip() != "None":
         pytest.skip(f"no NVIDIA compiler here: {check.stdout.strip() or check.stderr[-300:]}")
@@ -86,9 +86,9 @@ def test_every_kernel_compiles_and_launches_on_sm90(tmp_path):
 
 def test_a_launch_with_arguments_the_kernel_lacks_is_refused():
     env = _compiling_env()
-    code = ("from dllm.kernels import ahead\n"
-            "from dllm.kernels.launch import Launch\n"
-            "from dllm.kernels.triton_lopa import _lopa_propose_kernel as k\n"
+    code = ("from dllm.kernels.triton import ahead\n"
+            "from dllm.kernels.triton.launch import Launch\n"
+            "from dllm.kernels.triton.lopa import _lopa_propose_kernel as k\n"
             "try:\n    ahead.specialize(Launch('x', k, (1,), (), {'NOT_A_PARAM': 1}), ahead.TARGETS['sm90'])\n"
             "except (KeyError, TypeError) as e:\n    print(type(e).__name__, e)\n")
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)

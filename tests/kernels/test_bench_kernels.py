@@ -92,7 +92,7 @@ def test_tile_rows_time_the_kernel_at_other_launch_settings():
 
 
 def test_flash_attention_refuses_bad_launch_options():
-    from dllm.kernels.triton_attention import flash_attention
+    from dllm.kernels.triton.attention import flash_attention
 
     q = torch.randn(1, 2, 16, 32)
     with pytest.raises(ValueError, match="num_warps must be a power of two from 1 to 16, got 3"):

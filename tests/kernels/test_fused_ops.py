@@ -1,5 +1,5 @@
 """``dllm::rms_norm`` / ``dllm::rms_norm_qk`` / ``dllm::rope_rows`` (``dllm.kernels.fused_ops``) and their Triton kernels
-(``dllm.kernels.triton_fused``): the ops equal their references bit for bit off CUDA, are one
+(``dllm.kernels.triton.fused``): the ops equal their references bit for bit off CUDA, are one
 dispatcher call each, trace under ``torch.compile``; the kernels (interpreted on CPU, compiled on a
 GPU) match the references to the last ulp or so."""
 
@@ -16,7 +16,7 @@ import torch
 from dllm.eval.bench.counters import DispatchCounter
 from dllm.kernels.fused_ops import rms_norm, rms_norm_qk, rope_rows, triton_unavailable
 from dllm.kernels.layer_ops import rms_norm_qk as rms_norm_qk_reference
-from dllm.kernels.triton_fused import rms_norm_triton, rope_rows_triton
+from dllm.kernels.triton.fused import rms_norm_triton, rope_rows_triton
 from dllm.models.core.norm import rms_norm_one_op
 from dllm.models.core.rope import RopeTable
 from dllm.models.core.rope import rope_rows as rope_rows_reference
@@ -249,7 +249,7 @@ def test_cpu_path_needs_no_triton() -> None:
         "x = torch.randn(2, 3, 8, 16); w = torch.ones(16)\n"
         "f.rms_norm(x, w, 1e-6, round_once=False)\n"
         "f.rope_rows(x, torch.randn(2, 3, 2, 1, 16), fp32=True)\n"
-        "assert 'dllm.kernels.triton_fused' not in sys.modules\n"
+        "assert 'dllm.kernels.triton.fused' not in sys.modules\n"
         "assert torch.equal(f._rms_norm_cuda(x, w, 1e-6, True), f.rms_norm_one_op(x, w, 1e-6, round_once=True))\n"
         "assert torch.equal(f._rms_norm_qk_cuda(x, w, w, 5, 1e-6, True), f.rms_norm_qk(x, w, w, 5, 1e-6, round_once=True))\n"
         "assert f.triton_unavailable() is not None\n"

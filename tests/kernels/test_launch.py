@@ -1,4 +1,4 @@
-"""``dllm.kernels.launch``: the Triton attention kernel's tile sizes and flash-decoding key split
+"""``dllm.kernels.triton.launch``: the Triton attention kernel's tile sizes and flash-decoding key split
 (pure functions), and the split merge kernel against the plain-PyTorch merge."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from dllm.kernels.launch import SplitConfig, fixed_splits, plan_attention, plan_splits
+from dllm.kernels.triton.launch import SplitConfig, fixed_splits, plan_attention, plan_splits
 from dllm.kernels.reference import attention_reference
-from dllm.kernels.triton_attention import _merge_splits, flash_attention
+from dllm.kernels.triton.attention import _merge_splits, flash_attention
 
 from .conftest import DEVICE
 from .helpers import assert_close

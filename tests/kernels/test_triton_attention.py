@@ -1,4 +1,4 @@
-"""``triton_attention.flash_attention`` against ``reference.attention_reference`` over a grid of shapes,
+"""``dllm.kernels.triton.attention.flash_attention`` against ``reference.attention_reference`` over a grid of shapes,
 dtypes and mask patterns; the mask adapter of the ``triton`` backend; the backend's registration."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from dllm.kernels.attention import reference_attention, resolve_backend
 from dllm.kernels.reference import attention_reference
-from dllm.kernels.triton_attention import (
+from dllm.kernels.triton.attention import (
     UnsupportedMaskError,
     flash_attention,
     mask_to_key_padding,

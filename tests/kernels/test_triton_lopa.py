@@ -1,4 +1,4 @@
-"""LoPA's two selection kernels (``dllm.kernels.triton_lopa``, the static ``stats="fused"`` path) against
+"""LoPA's two selection kernels (``dllm.kernels.triton.lopa``, the static ``stats="fused"`` path) against
 the torch ops of ``dllm.samplers.lopa`` on the same float32 statistics (the compacted path, which
 runs those ops): the same commits and tokens for one step, on random and on tied confidences, rows
 without masks, rows the anchor fills, fewer candidates than variants, with and without the guard and
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.kernels.launch import LAUNCH_OBSERVERS
+from dllm.kernels.triton.launch import LAUNCH_OBSERVERS
 from dllm.models import tiny
 from dllm.samplers import make_sampler
 from dllm.state import StepInput
@@ -78,8 +78,8 @@ def test_the_kernels_decide_as_the_torch_ops(kind, options):
 
 
 def test_bad_arguments_are_refused():
-    from dllm.kernels.triton_lopa import lopa_propose
-    from dllm.kernels.triton_stats import vocab_stats
+    from dllm.kernels.triton.lopa import lopa_propose
+    from dllm.kernels.triton.stats import vocab_stats
 
     st = vocab_stats(torch.randn(2, 4, V, device=DEVICE), banned=MASK)
     active = torch.ones(2, 4, dtype=torch.bool, device=DEVICE)
@@ -97,8 +97,8 @@ def test_bad_arguments_are_refused():
 
 
 def test_out_buffers_are_written_in_place_and_checked():
-    from dllm.kernels.triton_lopa import lopa_propose, lopa_select, propose_buffers, select_buffers
-    from dllm.kernels.triton_stats import vocab_stats
+    from dllm.kernels.triton.lopa import lopa_propose, lopa_select, propose_buffers, select_buffers
+    from dllm.kernels.triton.stats import vocab_stats
 
     inp = _case("random", 0)
     st = vocab_stats(inp.logits, banned=MASK)
@@ -143,8 +143,8 @@ def test_a_decode_stepping_the_sampler_meanwhile_changes_no_decision():
 
 def test_statistics_read_through_rows_equal_the_gathered_rows():
     """The carried path: row n's statistics read at row ``rows[n]`` of a larger batch, in place."""
-    from dllm.kernels.triton_lopa import lopa_propose, lopa_select
-    from dllm.kernels.triton_stats import vocab_stats
+    from dllm.kernels.triton.lopa import lopa_propose, lopa_select
+    from dllm.kernels.triton.stats import vocab_stats
 
     g = torch.Generator().manual_seed(4)
     big = vocab_stats((torch.randn(6, 8, V, generator=g) * 3).to(DEVICE), banned=MASK)  # [M, W]
@@ -196,7 +196,7 @@ def test_auto_takes_the_kernels_only_where_the_probe_passed(monkeypatch):
     """stats="auto" runs LoPA's kernels on a device once a probe has run them there and found the torch
     ops' decisions; a kernel that fails (here: made to raise) leaves auto on the torch ops, with one
     warning naming why, and the same tokens."""
-    import dllm.kernels.triton_lopa as kernels
+    import dllm.kernels.triton.lopa as kernels
     import dllm.samplers.lopa as lopa
     from dllm.samplers import lopa_probe
 

@@ -1,4 +1,4 @@
-"""``triton_stats.vocab_stats`` against ``reference.vocab_stats_reference`` (float64) on random and
+"""``dllm.kernels.triton.stats.vocab_stats`` against ``reference.vocab_stats_reference`` (float64) on random and
 adversarial rows; Gumbel-max with external uniforms equals the samplers' arg-max; Philox draws."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dllm.kernels.reference import vocab_stats_reference
-from dllm.kernels.triton_stats import vocab_stats
+from dllm.kernels.triton.stats import vocab_stats
 from dllm.samplers._ops import argmax_excluding, gumbel_perturb
 
 from .conftest import DEVICE, INTERPRETED

@@ -23,7 +23,7 @@ Kinds of ATen call:
 Counts are taken under ``torch.inference_mode`` as ``generate`` runs: composite ops (``linear``,
 ``scaled_dot_product_attention``) are then seen as one call each, as Python issues them.
 
-A Triton launch of ``dllm.kernels`` (``dllm.kernels.launch.observed_launch``) is counted as one call
+A Triton launch of ``dllm.kernels`` (``dllm.kernels.triton.launch.observed_launch``) is counted as one call
 and one kernel, where it was made (``triton:NAME`` in the traces), and the ATen calls made inside it
 are left out: under ``TRITON_INTERPRET=1`` (a CPU) the interpreter runs torch ops that a GPU would
 not, so a CPU run counts a fused path as a GPU launches it. A launch from inside a dispatched op (a
@@ -42,7 +42,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dllm.kernels import launch
+from dllm.kernels.triton import launch
 
 _NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
@@ -242,7 +242,7 @@ class DispatchCounter:
             self._sync(op_name(func))
 
     def launch_begins(self, name: str) -> None:
-        """A Triton launch (``dllm.kernels.launch`` observer): one call and one kernel, unless it runs
+        """A Triton launch (``dllm.kernels.triton.launch`` observer): one call and one kernel, unless it runs
         inside a dispatched op (counted as that op) or inside another launch."""
         self._in_launch += 1
         if self._in_op or self._in_launch > 1:

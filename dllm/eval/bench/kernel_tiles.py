@@ -56,7 +56,7 @@ def tile_names(tiles: Sequence[Tile] = TILES) -> list[str]:
 
 def tiled_attention(tile: Tile) -> Callable[..., tuple[torch.Tensor, None]]:
     """The ``triton`` attention backend's function (same signature) launched at ``tile``."""
-    from dllm.kernels.triton_attention import triton_attention
+    from dllm.kernels.triton.attention import triton_attention
 
     return functools.partial(triton_attention, block_m=tile.block_m, block_n=tile.block_n, num_warps=tile.num_warps)
 

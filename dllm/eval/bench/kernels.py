@@ -10,7 +10,7 @@
 - ``backend``: an attention backend name (``triton``, ``sdpa``, ``reference``), ``auto`` (a fresh
   ``dllm.kernels.autotune.AutoAttention``: its probe runs in the warm-up, ``note`` says what it
   chose), or, for stats,
-  ``triton`` (``triton_stats.vocab_stats``) / ``reference`` (the float64 PyTorch computation the
+  ``triton`` (``dllm.kernels.triton.stats.vocab_stats``) / ``reference`` (the float64 PyTorch computation the
   samplers do today, ``reference.vocab_stats_reference``);
 - ``ms``: median wall time per call over ``repeats`` (after ``warmup`` calls), device-synchronised;
   None when the backend cannot run here (``note`` says why);
@@ -136,7 +136,7 @@ def _triton_refusal() -> Optional[str]:
 def _interpreted() -> bool:
     if _triton_refusal() is not None:
         return False
-    from dllm.kernels.triton_attention import _attn_fwd_kernel, _interpreted as interp
+    from dllm.kernels.triton.attention import _attn_fwd_kernel, _interpreted as interp
 
     return interp(_attn_fwd_kernel)
 
@@ -226,7 +226,7 @@ def _stats_rows(shape: StatsShape, backends: Sequence[str], device: torch.device
                 row["note"] = reason
                 rows.append(row)
                 continue
-            from dllm.kernels.triton_stats import vocab_stats
+            from dllm.kernels.triton.stats import vocab_stats
 
             fn = lambda: vocab_stats(logits, banned=banned, temperature=temp, uniforms=uniforms)
         else:

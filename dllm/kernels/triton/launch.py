@@ -7,7 +7,7 @@ calls only, and a Triton launch costs the host as much as one. With no observer 
 and one list test.
 
 The geometry: pure functions of the shapes (no triton, no device): ``plan_attention`` returns the ``AttnPlan``
-that ``dllm.kernels.triton_attention.flash_attention`` launches, ``plan_splits`` the key split
+that ``dllm.kernels.triton.attention.flash_attention`` launches, ``plan_splits`` the key split
 alone. The kernel's grid is ``(query_tiles, B * H, splits)``: one program per query tile, head and
 key range, each reading keys ``[s * split_len, (s + 1) * split_len)``.
 
@@ -73,7 +73,7 @@ def recording() -> Optional[Recording]:
 def record_launches(sms: int) -> Iterator[Recording]:
     """Within the block, ``observed_launch`` records each launch and runs nothing (the outputs stay
     unwritten), the wrappers' device check passes any tensor and their launch plans take ``sms`` SMs:
-    what ``dllm.kernels.ahead`` compiles for a GPU target from a machine without one."""
+    what ``dllm.kernels.triton.ahead`` compiles for a GPU target from a machine without one."""
     if sms < 1:
         raise ValueError(f"sms must be >= 1, got {sms}")
     rec = Recording(sms)

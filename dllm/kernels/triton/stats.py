@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.reference import VocabStats
-from dllm.kernels.launch import checked_out, next_pow2 as _next_pow2, observed_launch
-from dllm.kernels.triton_attention import _check_device, _interpreted
+from dllm.kernels.triton.launch import checked_out, next_pow2 as _next_pow2, observed_launch
+from dllm.kernels.triton.attention import _check_device, _interpreted
 
 _NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
 
@@ -222,7 +222,7 @@ class PackedVocabStats:
     """``VocabStats``' fields as views of the kernel's two outputs, each made on its first read:
     ``idx`` int64 [..., 2] (argmax, sample) and ``val`` float32 [..., 6] (top1_prob, margin, entropy,
     gap, lse, sample_prob). A caller that reads one field issues one view, not eight; a kernel that
-    reads the statistics takes ``idx`` / ``val`` themselves (``dllm.kernels.triton_lopa``)."""
+    reads the statistics takes ``idx`` / ``val`` themselves (``dllm.kernels.triton.lopa``)."""
 
     FIELDS = VocabStats.FIELDS
 

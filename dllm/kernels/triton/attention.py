@@ -20,7 +20,7 @@ everything (the square masks ``keys | pad_queries`` that the models built until 
 
 A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split
 into ranges run by separate programs (flash-decoding); each writes a float32 partial output and
-its log-sum-exp, and one more kernel merges them (``num_splits``: ``dllm.kernels.launch``; 1 in the
+its log-sum-exp, and one more kernel merges them (``num_splits``: ``dllm.kernels.triton.launch``; 1 in the
 interpreter unless asked for).
 
 Public API:
@@ -39,7 +39,7 @@ Notes:
   bits (triton-lang/triton#11584), so bf16 is refused there; fp32/fp16 are exact enough to test.
 - A query row with no allowed key returns 0 (and lse -inf) instead of NaN.
 - Tested on CPU under the interpreter only so far: GPU compilation, bf16, tile sizes / num_warps and
-  the split heuristic (``dllm.kernels.launch``) still need a GPU run (``pytest tests/kernels`` and ``dllm bench kernels``).
+  the split heuristic (``dllm.kernels.triton.launch``) still need a GPU run (``pytest tests/kernels`` and ``dllm bench kernels``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from dllm.kernels.autotune import RequestRefused
-from dllm.kernels.launch import next_pow2, observed_launch, plan_attention, recording
+from dllm.kernels.triton.launch import next_pow2, observed_launch, plan_attention, recording
 from dllm.kernels.packed import tensor_version
 from dllm.kernels.reference import key_end_tensor
 
@@ -168,7 +168,7 @@ def unavailable_reason() -> Optional[str]:
     if _interpreted(_attn_fwd_kernel):
         return None
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return ("TRITON_INTERPRET=1 was set after dllm.kernels.triton_attention was imported; set it "
+        return ("TRITON_INTERPRET=1 was set after dllm.kernels.triton.attention was imported; set it "
                 "before (in the shell or a conftest) to run the kernels on CPU")
     if not torch.cuda.is_available():
         return ("no CUDA device, and TRITON_INTERPRET=1 is not set (triton has no CPU backend; the "
@@ -177,7 +177,7 @@ def unavailable_reason() -> Optional[str]:
 
 
 def _check_device(t: torch.Tensor, kernel) -> None:
-    if recording() is not None:  # launches recorded for a GPU target, run nowhere (dllm.kernels.ahead)
+    if recording() is not None:  # launches recorded for a GPU target, run nowhere (dllm.kernels.triton.ahead)
         return
     if _interpreted(kernel):
         if t.dtype == torch.bfloat16:
@@ -213,8 +213,8 @@ def flash_attention(
     num_splits: split the keys into this many ranges run by separate programs (flash-decoding), then
     merge the float32 partial outputs by their lse. A cached step has few query tiles (B x H x
     Tq / BLOCK_M programs, e.g. 32 for LLaDA-8B with a 32-token block) against thousands of keys,
-    too few programs to fill a GPU; default: ``dllm.kernels.launch.plan_splits`` for the device's
-    SM count (1 in the interpreter). block_m / block_n: see ``dllm.kernels.launch.plan_attention``.
+    too few programs to fill a GPU; default: ``dllm.kernels.triton.launch.plan_splits`` for the device's
+    SM count (1 in the interpreter). block_m / block_n: see ``dllm.kernels.triton.launch.plan_attention``.
     num_warps / num_stages: the compiled kernel's launch options (default 4 and 3 up to head dim 128,
     else 8 and 2; the interpreter ignores them): ``dllm bench kernels --tiles`` times other choices.
 

@@ -35,8 +35,8 @@ import triton.language as tl
 
 from dllm.kernels.layer_ops import (check_norm_shapes, check_qk_norm_shapes, check_rope_shapes, rms_norm_dtype,
                                     rms_norm_supported, rope_rows_dtype, rope_rows_supported)
-from dllm.kernels.launch import next_pow2, observed_launch
-from dllm.kernels.triton_attention import _check_device, _interpreted
+from dllm.kernels.triton.launch import next_pow2, observed_launch
+from dllm.kernels.triton.attention import _check_device, _interpreted
 
 _MAX_BLOCK_D = 8192  # RMSNorm: channels per tile (a longer row is walked in tiles)
 _ROPE_TILE = 4096  # RoPE: heads * channels per program, at most

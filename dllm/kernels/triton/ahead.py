@@ -7,7 +7,7 @@ compiler does not need the GPU: ``triton.compile`` with a ``GPUTarget`` lowers a
 with the ``ptxas`` that the triton wheel bundles, to a cubin, whose resources ``cuobjdump
 -res-usage`` (bundled as well) reads back.
 
-``compile_launch`` compiles one launch a wrapper asked for (``dllm.kernels.launch.record_launches``
+``compile_launch`` compiles one launch a wrapper asked for (``dllm.kernels.triton.launch.record_launches``
 records them, with the wrappers planning for the target's SM count), specialised as Triton's JIT
 specialises a first launch on a GPU (``specialize``: its argument types, integers equal to 1 as
 constants, 16-byte alignment hints, the launch options), and reports registers per thread, local
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from dllm.kernels.launch import Launch
+from dllm.kernels.triton.launch import Launch
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ anchor's threshold rule, the ranking of the variant positions, the variants' can
 variant's score over its remaining masks, the guard, the winner, its fills and the bonus). Each op
 is a kernel launch and a Python dispatch; on a GPU the step is bound by those, not by the math.
 Here they are two kernels, one program per batch row, reading the vocabulary statistics that
-``dllm.kernels.triton_stats.vocab_stats`` wrote (its ``idx`` [..., 2] / ``val`` [..., 6] tensors,
+``dllm.kernels.triton.stats.vocab_stats`` wrote (its ``idx`` [..., 2] / ``val`` [..., 6] tensors,
 read in place: no field is sliced out on the host):
 
 - ``lopa_propose``: from the step's statistics, the anchor ``B0'`` (Fast-dLLM's threshold rule on
@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm.kernels.launch import checked_out, next_pow2, observed_launch
-from dllm.kernels.triton_attention import _check_device
+from dllm.kernels.triton.launch import checked_out, next_pow2, observed_launch
+from dllm.kernels.triton.attention import _check_device
 
 _SLOT_TOP1, _SLOT_ENTROPY = 0, 2  # columns of vocab_stats' val tensor [..., 6]
 
