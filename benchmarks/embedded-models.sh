@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Numbers for the embedded models (README "Measured"): per-task exact match at k = 1, 2, 4 tokens
-# per step, the sampler comparison (with every candidate of dllm.eval.choose_fast, which then picks
+# per step, the sampler comparison (with every candidate of `dllm bench choose-fast`, which then picks
 # `fast`), the stress-suite accuracy of each cache policy, and the long-prompt cache benchmark.
 # One model per core (one torch thread each); writes under benchmarks/results/ (the latest run only;
 # git keeps the earlier ones). Tables for the docs: python benchmarks/tables.py
@@ -8,7 +8,7 @@ set -euo pipefail
 R=benchmarks/results
 run_model() {
   m=$1
-  dllm eval-tasks --model "$m" --k 1 2 4 --per-size 8 --threads 1 --json "$R/eval-tasks-$m.json"
+  dllm eval tasks --model "$m" --k 1 2 4 --per-size 8 --threads 1 --json "$R/eval-tasks-$m.json"
   dllm compare --model "$m" --threads 1 --n 8 --no-progress --out "$R/compare-$m" --samplers \
     low_confidence low_confidence:k=2 threshold threshold:threshold=0.8 threshold:threshold=0.7 factor \
     eb:gamma=0.01 eb:gamma=0.1 localleap hierarchy credit klass dawn wino ssd spec_threshold \
@@ -31,6 +31,6 @@ for m in "${models[@]}"; do
 done
 wait
 if [ -f "$R/compare-tiny-llada/compare.json" ] && [ -f "$R/compare-tiny-dream/compare.json" ]; then
-  python -m dllm.eval.choose_fast --results "$R/compare-tiny-llada/compare.json" \
+  dllm bench choose-fast --results "$R/compare-tiny-llada/compare.json" \
     "$R/compare-tiny-dream/compare.json" --out "$R/fast-choice.json"
 fi

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dllm import tasks as T
-from dllm.eval.bench.choose_cache import PAIRS
+from dllm.eval.bench.choose.cache import PAIRS
 from dllm.eval.compare import task_examples
 from dllm.scoring.exact_match import decode_and_score, load_model
 from dllm.settings import DecodeSettings

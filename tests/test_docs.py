@@ -203,6 +203,58 @@ def test_every_dllm_command_shown_is_registered() -> None:
     assert not bad, "\n".join(bad)
 
 
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.sh"))
+SCRIPT_FILE = re.compile(r"python3? (benchmarks/[\w./-]+\.py)")
+
+
+def _stale_in_script(script: Path) -> list[str]:
+    """The commands of a shell script that no longer exist: a ``dllm <words>`` the registry does not
+    know, a ``python -m <module>`` that cannot be imported, a ``python benchmarks/<file>.py`` that is
+    not there. Comments are read too (they tell a reader what to run)."""
+    import importlib.util
+
+    from dllm.cli.registry import UsageError
+    from dllm.cli.table import REGISTRY
+
+    bad = []
+    for n, line in enumerate(script.read_text(encoding="utf-8").splitlines(), 1):
+        where = f"{script.name}:{n}"
+        for m in DLLM_WORDS.finditer(line):
+            words = [w.strip("`").rstrip(":;,.)") for w in m[1].split()]
+            if not words or words[0].startswith(("-", "<", "$", "\"", "...")):
+                continue
+            if words[0] in REGISTRY.groups and (len(words) == 1 or words[1].startswith("-")):
+                continue
+            try:
+                REGISTRY.find(words)
+            except UsageError as err:
+                bad.append(f"{where}: dllm {' '.join(words)}: {err}")
+        for target in re.findall(r"python3? -m (dllm[\w.]*)", line):
+            if importlib.util.find_spec(target) is None:
+                bad.append(f"{where}: python -m {target}: no such module")
+        for path in SCRIPT_FILE.findall(line):
+            if not (ROOT / path).is_file():
+                bad.append(f"{where}: {path}: no such file")
+    return bad
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_command_of_a_benchmark_script_exists(script: Path) -> None:
+    """The benchmark scripts that CI does not run end to end (``embedded-models.sh`` takes hours) rot
+    silently when a command moves: each command they name must still exist."""
+    bad = _stale_in_script(script)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_script_check_sees_a_stale_command(tmp_path: Path) -> None:
+    script = tmp_path / "s.sh"
+    script.write_text("dllm eval tasks --k 1\npython -m dllm.eval.choose_fast --results x\n"
+                      "dllm bench nonsense\npython3 benchmarks/gone.py\n")
+    message = "\n".join(_stale_in_script(script))
+    assert "choose_fast" in message and "bench nonsense" in message and "gone.py" in message
+    assert "eval tasks" not in message
+
+
 def test_the_command_check_sees_a_stale_command(tmp_path: Path, monkeypatch) -> None:
     page = tmp_path / "p.md"
     page.write_text("Run `dllm eval-tasks --k 1` and `dllm bench nonsense`, or `python -m dllm.eval.choose_fast`.\n")

@@ -4,7 +4,7 @@ Like the ``fast`` sampler, ``auto`` is an existing policy with chosen option def
 registered under its own name, so ``dllm.generate(model, prompt, sampler="fast", cache="auto")``
 needs no options; options given by the caller override the preset's.
 
-The choice follows the rule of ``dllm.eval.choose_cache``: with the ``fast`` sampler, accuracy within
+The choice follows the rule of ``dllm.eval.bench.choose.cache``: with the ``fast`` sampler, accuracy within
 1 point of ``cache="none"`` on the short suite (PB-mini, both PB-mini models) and on the long-prompt
 suite (both long-prompt models), each suite on enough examples that one weighs at most half a point,
 and at least 3x the wall-clock speed of ``none`` at prompt 1,024 + 256 generated; the fastest candidate

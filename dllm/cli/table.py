@@ -71,9 +71,9 @@ COMMANDS = (
     Command("bench", "frontier", "the accuracy / tokens-per-second frontier against Fast-dLLM's threshold and "
                                  "factor points (chosen on dev, reported on test)", target="dllm.eval.bench.frontier:main"),
     Command("bench", "choose-fast", "choose the `fast` sampler alias by measurement",
-            target="dllm.eval.bench.choose_fast:main"),
+            target="dllm.eval.bench.choose.fast:main"),
     Command("bench", "choose-cache", "choose the `auto` cache policy by measurement",
-            target="dllm.eval.bench.choose_cache:main"),
+            target="dllm.eval.bench.choose.cache:main"),
     # dllm eval
     Command("eval", "tasks", "exact match on the stress-task test split at k tokens per step",
             build=f"{_EVAL_ARGS}:eval_tasks_args", target="dllm.eval.task_eval:run_eval_tasks",

@@ -4,7 +4,7 @@
 its own name so that ``dllm.generate(model, prompt, sampler="fast")`` needs no options. Options
 given by the caller still override the preset's defaults.
 
-The choice follows the rule of ``dllm bench choose-fast`` (``dllm.eval.bench.choose_fast``): over the whole stress suite, on every
+The choice follows the rule of ``dllm bench choose-fast`` (``dllm.eval.bench.choose.fast``): over the whole stress suite, on every
 embedded model and on the oracle, a candidate must keep the accuracy of the one-token-per-step
 reference (``low_confidence``) within 1 point, be at least as accurate as ``threshold`` (0.9), and
 commit at least 1.2x its tokens per forward; among the candidates that pass, the one that forwards

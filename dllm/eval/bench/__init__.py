@@ -2,6 +2,6 @@
 
 ``throughput`` (``dllm bench throughput``), ``caches`` (``dllm bench caches``), ``kernels``
 (``dllm bench kernels``), ``breakdown`` (``dllm bench breakdown``), ``e2e`` (``dllm bench e2e``),
-``choose_fast`` / ``choose_cache`` (how ``fast`` and ``auto`` were chosen), ``timing`` (timers and
+``choose`` (``fast`` / ``cache``: how ``fast`` and ``auto`` were chosen), ``timing`` (timers and
 peak memory).
 """

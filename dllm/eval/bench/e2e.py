@@ -2,7 +2,7 @@
 
     dllm bench e2e --n 8 --threads 2 --out benchmarks/results/e2e
 
-For every (model, suite) pair of ``dllm.eval.bench.choose_cache.PAIRS`` (the PB-mini models on the short
+For every (model, suite) pair of ``dllm.eval.bench.choose.cache.PAIRS`` (the PB-mini models on the short
 suite, the long-prompt models on the long suite, blocks of 4), one ``dllm compare`` run decodes the
 same examples with
 
@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.eval.bench.choose_cache import label, resolving_n, select_pairs
+from dllm.eval.bench.choose.cache import label, resolving_n, select_pairs
 from dllm.eval.interrupt import finished, until_interrupted
 
 FASTDLLM = "threshold:cache=dual"
@@ -106,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="dllm bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default=None, help="our cache (default: auto when registered, else drift)")
     ap.add_argument("--n", type=int, default=8,
-                    help="test examples per task, at least; raised per suite by choose_cache.resolving_n")
+                    help="test examples per task, at least; raised per suite by dllm.eval.bench.choose.cache.resolving_n")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per setting, interleaved; the median wall time is reported")
     ap.add_argument("--threads", type=int, default=None)

@@ -109,7 +109,7 @@ class Row:
 def candidate_grid(model, caches: Sequence[str]) -> list[str]:
     """Our candidates for ``model``: every registered sampler that can decode it (defaults, the
     ``SWEEPS`` values; k = 1, 2 for fixed-step samplers), each with every cache of ``caches``."""
-    from dllm.eval.bench.choose_fast import cannot_run
+    from dllm.eval.bench.choose.fast import cannot_run
     from dllm.samplers import make_sampler, samplers
 
     out: list[str] = []

@@ -207,7 +207,7 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
     """
     from tqdm.auto import tqdm
 
-    from dllm.eval.bench.choose_fast import cannot_run
+    from dllm.eval.bench.choose.fast import cannot_run
 
     refused = {s.spec: why for s in config.settings if (why := cannot_run(model, s.spec)) is not None}
     if refused:  # before any decoding, not at the first cell of such a sampler

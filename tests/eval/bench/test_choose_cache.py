@@ -1,8 +1,8 @@
-"""The auto-cache rule (dllm/eval/bench/choose_cache.py) and the end-to-end verdict (dllm/eval/bench/e2e.py)."""
+"""The auto-cache rule (dllm/eval/bench/choose/cache.py) and the end-to-end verdict (dllm/eval/bench/e2e.py)."""
 
 import pytest
 
-from dllm.eval.bench import choose_cache as C
+from dllm.eval.bench.choose import cache as C
 from dllm.eval.bench import e2e
 
 ACC = {"a/short": {"none": 0.90, "dual": 0.80, "drift": 0.895, "slow": 0.90},

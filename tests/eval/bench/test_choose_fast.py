@@ -1,11 +1,11 @@
-"""The rule that picks the ``fast`` alias (``dllm.eval.bench.choose_fast``), on hand-built results."""
+"""The rule that picks the ``fast`` alias (``dllm.eval.bench.choose.fast``), on hand-built results."""
 
 import json
 from dataclasses import asdict
 
 import pytest
 
-from dllm.eval.bench.choose_fast import choose, judge
+from dllm.eval.bench.choose.fast import choose, judge
 from dllm.eval.compare import SamplerResult
 
 
@@ -70,7 +70,7 @@ def _compare_files(tmp_path, **models) -> list[str]:
 
 
 def test_cli_judges_saved_compare_results(tmp_path, capsys):
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     paths = _compare_files(tmp_path, m1=dict(a=(0.90, 3.0), b=(0.5, 4.0)), m2=dict(a=(0.89, 2.5), b=(0.9, 9.0)))
     out = tmp_path / "choice.json"
@@ -84,7 +84,7 @@ def test_cli_judges_saved_compare_results(tmp_path, capsys):
 def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):
     """An earlier --out holds every model's results and what could not run: judging it again gives
     the same verdicts without decoding anything."""
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     first = tmp_path / "first.json"
     paths = _compare_files(tmp_path, m1=dict(a=(0.90, 3.0)), m2=dict(a=(0.90, 2.5)))
@@ -102,7 +102,7 @@ def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):
 
 
 def _choice_file(tmp_path, name, **models) -> str:
-    """A saved choose_fast --out holding every model's rows (8 examples per task)."""
+    """A saved choose-fast --out holding every model's rows (8 examples per task)."""
     p = tmp_path / name
     p.write_text(json.dumps({"n_per_task": 8, "results": {m: [asdict(r) for r in rows] for m, rows in models.items()}}))
     return str(p)
@@ -111,7 +111,7 @@ def _choice_file(tmp_path, name, **models) -> str:
 def test_cli_merges_new_candidates_into_an_earlier_run(tmp_path, capsys):
     """New candidates decoded beside an earlier run: the rows merge per model by label, and the
     candidate with the fewest forwarded tokens over BOTH runs wins."""
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     old = _choice_file(tmp_path, "old.json", m1=_model() + [_r("a", 0.90, 3.0, 170)],
                        m2=_model() + [_r("a", 0.9, 3.0, 170)])
@@ -126,7 +126,7 @@ def test_cli_merges_new_candidates_into_an_earlier_run(tmp_path, capsys):
 
 
 def test_cli_refuses_runs_that_decoded_the_same_sampler_differently(tmp_path):
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     other = [_r("low_confidence", 0.90, 1.0), _r("threshold", 0.85, 2.0), _r("n", 0.9, 2.6)]  # threshold: 0.88 before
     old = _choice_file(tmp_path, "old.json", m1=_model(a=(0.9, 3.0)))
@@ -136,7 +136,7 @@ def test_cli_refuses_runs_that_decoded_the_same_sampler_differently(tmp_path):
 
 
 def test_cli_refuses_runs_of_different_n(tmp_path, capsys):
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     old = _choice_file(tmp_path, "old.json", m1=_model(a=(0.9, 3.0)))
     p = tmp_path / "n4.json"
@@ -148,7 +148,7 @@ def test_cli_refuses_runs_of_different_n(tmp_path, capsys):
 
 @pytest.mark.parametrize("threads", ["0", "-2"])
 def test_cli_rejects_threads_below_one(threads, capsys):
-    from dllm.eval.bench.choose_fast import main
+    from dllm.eval.bench.choose.fast import main
 
     with pytest.raises(SystemExit):
         main(["--threads", threads, "--results", "unused.json"])
@@ -156,7 +156,7 @@ def test_cli_rejects_threads_below_one(threads, capsys):
 
 
 def test_a_candidate_a_model_cannot_run_fails_with_the_reason():
-    from dllm.eval.bench.choose_fast import cannot_run
+    from dllm.eval.bench.choose.fast import cannot_run
     from dllm.models import load
 
     oracle = load("oracle", dtype=None)

@@ -153,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ns = set()
         for path in args.results:
             payload = json.loads(Path(path).read_text())
-            if isinstance(payload["results"], dict):  # an earlier choose_fast --out: every model's results
+            if isinstance(payload["results"], dict):  # an earlier choose-fast --out: every model's results
                 for model, rows in payload["results"].items():
                     merge_rows(results.setdefault(model, []), [SamplerResult(**r) for r in rows], model, path)
                 for model, why in payload.get("skipped", {}).items():
