@@ -246,6 +246,36 @@ def test_every_command_of_a_benchmark_script_exists(script: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is an importable module (False for a name inside a module that is not a package)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_every_dllm_import_of_a_benchmark_script_resolves(script: Path) -> None:
+    """``from dllm.x import y`` in a benchmark script names a module that imports and a ``y`` it has
+    (or a submodule): a module that moves fails here, not on the next run of a script CI never runs."""
+    import ast
+    import importlib
+
+    bad = []
+    for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dllm":
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and not _is_module(f"{node.module}.{alias.name}"):
+                    bad.append(f"{script.name}:{node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            bad += [f"{script.name}:{node.lineno}: import {a.name}" for a in node.names
+                    if a.name.split(".")[0] == "dllm" and not _is_module(a.name)]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_script_check_sees_a_stale_command(tmp_path: Path) -> None:
     script = tmp_path / "s.sh"
     script.write_text("dllm eval tasks --k 1\npython -m dllm.eval.choose_fast --results x\n"
