@@ -52,7 +52,7 @@ def versions() -> str:
 
 def load_any(name: str, method: Optional[str]) -> torch.nn.Module:
     if name.startswith("tiny-ar-dflash"):
-        from dllm.drafters.dflash.dflash2_io import load_any_dflash
+        from dllm.drafters.dflash.dflash2.io import load_any_dflash
 
         return load_any_dflash(name, quantization=method)
     if name.startswith("tiny-ar"):

@@ -145,7 +145,7 @@ def test_end_to_end_distribution_matches_the_target(small_target, drafter):
         tree = "taps:estimator=head,budget=5" if builder == "taps-head" else f"{builder}:budget=5"
     if drafter.startswith("dflash"):  # a random DFlash (2) drafter sampling its drafts (full q)
         from dllm.drafters.base import make_drafter
-        from dllm.drafters.dflash.dflash2_io import random_dflash2
+        from dllm.drafters.dflash.dflash2.io import random_dflash2
         from dllm.drafters.dflash.io import random_dflash
 
         build = random_dflash if drafter == "dflash" else functools.partial(

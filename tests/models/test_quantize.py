@@ -103,7 +103,7 @@ def test_int8_ar_target_and_drafter() -> None:
     """tiny-ar loaded int8 by load_target decodes the long copy tasks (which float32 solves) like float32 (outputs counted), and a
     speculative loop with an int8 DFlash drafter stays lossless: the target's own greedy tokens."""
     from dllm.drafters.dflash.drafter import DFlashBlockDrafter
-    from dllm.drafters.dflash.dflash2_io import load_any_dflash
+    from dllm.drafters.dflash.dflash2.io import load_any_dflash
     from dllm.models.targets import load_target
     from dllm.drafters.loop import speculative_generate
     from dllm.models.task_tokenizer import task_tokenizer

@@ -10,7 +10,7 @@ K/V are never stored, so nothing has to be cropped. Finished rows leave the cach
 
 Options (``DFlashOptions``):
 - ``model``: embedded name, directory or Hub id of an official DFlash or DFlash 2 checkpoint, or of a
-  DFlare one (Tencent/AngelSlim ``QwenDFlareDraftModel``, arXiv 2606.02091: ``dflare_model.py``; it
+  DFlare one (Tencent/AngelSlim ``QwenDFlareDraftModel``, arXiv 2606.02091: ``dflare/model.py``; it
   drafts exactly as DFlash, through its own per-layer context fusion) (``load_any_dflash`` picks the
   architecture from ``config.json``),
   or pass a loaded ``DFlashDrafter`` as ``model=`` (like ``dlm``'s ``model=``).
@@ -46,8 +46,8 @@ import torch.nn as nn
 from dllm.drafters.base import Draft, DraftContext, DraftSession, DraftSetup, Drafter, TargetInfo, register_drafter
 from dllm.drafters.dflash.block_head import has_block_head, load_block_head
 from dllm.drafters.dflash.cache import DraftKVCache
-from dllm.drafters.dflash.dflash2_io import load_any_dflash
-from dllm.drafters.dflash.dflash2_model import DFlash2Drafter, draft_block2
+from dllm.drafters.dflash.dflash2.io import load_any_dflash
+from dllm.drafters.dflash.dflash2.model import DFlash2Drafter, draft_block2
 from dllm.drafters.dflash.model import (DFlashDrafter, DraftBlock, draft_block, make_block, target_embedding,
                                         target_head)
 from dllm.drafters.dflash.static_draft import StaticDraft, static_draft_issue

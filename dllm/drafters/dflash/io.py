@@ -33,7 +33,7 @@ from dllm.models.quantize import quantize_model, refuse_quantized_save
 
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURE_V2 = "DFlash2DraftModel"
-ARCHITECTURE_DFLARE = "QwenDFlareDraftModel"  # DFlare (Tencent/AngelSlim), loaded by dflare_io.py
+ARCHITECTURE_DFLARE = "QwenDFlareDraftModel"  # DFlare (Tencent/AngelSlim), loaded by dflare/io.py
 DEFAULT_BLOCK_SIZE = 16  # the reference's default when config.json has no block_size
 
 # fields every DFlash config.json must carry (the rest have Qwen3 or DFlash defaults)
@@ -75,11 +75,11 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> DFlash
     archs = hf.get("architectures") or []
     if ARCHITECTURE_V2 in archs:
         raise ValueError(f"{source}: a DFlash 2 checkpoint ({ARCHITECTURE_V2}: grouped dynamic convolutions and a "
-                         f"candidate selector); load it with dllm.drafters.dflash.dflash2_io.load_dflash2 (or "
+                         f"candidate selector); load it with dllm.drafters.dflash.dflash2.io.load_dflash2 (or "
                          f"load_any_dflash, which picks the architecture)")
     if ARCHITECTURE_DFLARE in archs:
         raise ValueError(f"{source}: a DFlare checkpoint ({ARCHITECTURE_DFLARE}: per-layer fusion of the tapped target "
-                         f"layers); load it with dllm.drafters.dflash.dflare_io.load_dflare (or load_any_dflash, "
+                         f"layers); load it with dllm.drafters.dflash.dflare.io.load_dflare (or load_any_dflash, "
                          f"which picks the architecture)")
     problems = _not_a_drafter(hf, source)
     if problems:

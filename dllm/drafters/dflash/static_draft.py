@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.drafters.dflash.dflare_model import DFlareDrafter
+from dllm.drafters.dflash.dflare.model import DFlareDrafter
 from dllm.drafters.dflash.model import DFlashDrafter, DraftBlock
 from dllm.drafters.dflash.ops import apply_rotary
 from dllm.drafters.fast_path.static_target import plain_linear

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Union
 
-from dllm.drafters.dflash.dflare_io import random_dflare, save_dflare
+from dllm.drafters.dflash.dflare.io import random_dflare, save_dflare
 from dllm.registry import Registry
 from dllm.train.drafters.dflash_train import DFlashRecipe, train_block_drafter
 

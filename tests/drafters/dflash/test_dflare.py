@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from dllm.drafters.dflash.cache import DraftKVCache
-from dllm.drafters.dflash.dflare_io import (config_from_hf_dflare, load_dflare, random_dflare, save_dflare)
-from dllm.drafters.dflash.dflare_model import DFlareConfig, DFlareDrafter, fuse_layers, fusion_init
-from dllm.drafters.dflash.dflash2_io import load_any_dflash
+from dllm.drafters.dflash.dflare.io import (config_from_hf_dflare, load_dflare, random_dflare, save_dflare)
+from dllm.drafters.dflash.dflare.model import DFlareConfig, DFlareDrafter, fuse_layers, fusion_init
+from dllm.drafters.dflash.dflash2.io import load_any_dflash
 from dllm.drafters.dflash.io import load_dflash, random_dflash, save_dflash
 from dllm.drafters.dflash.model import DFlashDrafter, draft_block, make_block
 from dllm.models.checkpoint import CheckpointError
@@ -246,7 +246,7 @@ def test_int8_dflare_drafter_stays_lossless(target, tmp_path):
 def test_the_authors_qwen3_4b_config_parses():
     """The fields of AngelSlim's ``configs/qwen3_dflare.json`` (Qwen3-4B target, 7 draft layers, 9 taps,
     with its training extras) read as a DFlare config, and write back with the extras kept."""
-    from dllm.drafters.dflash.dflare_io import config_to_hf_dflare
+    from dllm.drafters.dflash.dflare.io import config_to_hf_dflare
 
     hf = {"architectures": ["QwenDFlareDraftModel"], "attention_bias": False, "attention_dropout": 0.0,
           "block_size": 16, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dllm.drafters.base import make_drafter
-from dllm.drafters.dflash.dflare_io import random_dflare
+from dllm.drafters.dflash.dflare.io import random_dflare
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.drafters.verify import SamplingParams

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dllm.drafters.base import make_drafter
-from dllm.drafters.dflash.dflare_model import DFlareDrafter
+from dllm.drafters.dflash.dflare.model import DFlareDrafter
 from dllm.drafters.loop import speculative_generate
 from dllm.models.loading import locate
 from dllm.models.targets import load_target

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from dllm.drafters.dflash.dflash2_io import (config_from_hf2, config_to_hf2, dflash_version, load_any_dflash,
+from dllm.drafters.dflash.dflash2.io import (config_from_hf2, config_to_hf2, dflash_version, load_any_dflash,
                                              load_dflash2, random_dflash2, save_dflash2)
-from dllm.drafters.dflash.dflash2_model import (DFlash2Config, DFlash2Drafter, causal_windows, draft_block2,
+from dllm.drafters.dflash.dflash2.model import (DFlash2Config, DFlash2Drafter, causal_windows, draft_block2,
                                                 grouped_dynamic_conv)
 from dllm.drafters.dflash.io import random_dflash, save_dflash
 from dllm.drafters.dflash.model import (DFlashDrafter, DraftKVCache, extract_context_feature, make_block,

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from dllm.drafters.dflash.config import DFlashConfig
-from dllm.drafters.dflash.dflare_model import DFlareConfig, DFlareDrafter
+from dllm.drafters.dflash.dflare.model import DFlareConfig, DFlareDrafter
 from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_DFLARE, config_from_hf, config_to_hf, drafter_config,
                                      load_drafter_checkpoint, save_drafter_checkpoint)
 
@@ -98,7 +98,7 @@ def random_dflare(
     dtype: torch.dtype = torch.float32,
 ) -> DFlareDrafter:
     """A freshly initialised DFlare drafter for a target (sizes and default taps as ``random_dflash``;
-    weights N(0, 0.02), norms 1, fusion logits ``dflare_model.fusion_init``)."""
+    weights N(0, 0.02), norms 1, fusion logits ``dflare.model.fusion_init``)."""
     base = drafter_config(target_config, num_draft_layers, block_size, mask_token_id, target_layer_ids=target_layer_ids)
     model = DFlareDrafter(dflare_config(base))
     model.init_weights(generator=torch.Generator().manual_seed(seed))

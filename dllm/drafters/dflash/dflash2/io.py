@@ -14,7 +14,7 @@ drafter fields (read from ``dflash_config`` first, then the top level, as the re
 A checkpoint written by the reference from a freshly built model (``save_pretrained`` without that
 mapping) names the codebooks ``...codebook.weight``; ``load_dflash2`` accepts both spellings.
 Nothing here runs remote code. ``load_any_dflash`` dispatches on ``architectures`` between both versions
-and DFlare (``dflare_io.py``).
+and DFlare (``dflare/io.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from dllm.drafters.dflash.dflash2_model import DFlash2Config, DFlash2Drafter
+from dllm.drafters.dflash.dflash2.model import DFlash2Config, DFlash2Drafter
 from dllm.drafters.dflash.config import DFlashConfig
-from dllm.drafters.dflash.dflare_io import is_dflare_config, load_dflare
+from dllm.drafters.dflash.dflare.io import is_dflare_config, load_dflare
 from dllm.drafters.dflash.io import (ARCHITECTURE, ARCHITECTURE_DFLARE, ARCHITECTURE_V2, _draft_value, config_from_hf,
                                      config_to_hf, load_dflash, load_drafter_checkpoint, random_dflash,
                                      save_drafter_checkpoint)
@@ -136,7 +136,7 @@ def load_any_dflash(
     target: Any = None,
     quantization: Optional[str] = None,
 ) -> DFlashDrafter:
-    """``load_dflash``, ``load_dflash2`` or ``dflare_io.load_dflare``, by the checkpoint's ``architectures``
+    """``load_dflash``, ``load_dflash2`` or ``dflare.io.load_dflare``, by the checkpoint's ``architectures``
     (ValueError for none of them)."""
     directory = locate(name_or_path)
     hf = read_config(directory)
