@@ -63,7 +63,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--no-join", dest="join", action="store_const", const=False, default=None,
                    help="continuous mode: every group of requests runs as its own generate call, also where "
                         "one running decode could hold them all (no cache, a sampler that reads no step index: "
-                        "dllm.serve.backends.joined)")
+                        "dllm.serve.backends.scheduling.joined)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--drafter", default=None, help="drafter spec (see `dllm drafters`): dflash:model=tiny-ar-dflash")
     s.add_argument("--tree", default=None, help="verify draft trees: a tree builder spec (ddtree:budget=64)")
@@ -207,7 +207,7 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
                                   max_running_tokens=args.max_running_tokens,
                                   max_tokens_limit=args.max_tokens_limit, chat_template=chat_template)
     from dllm.models import load
-    from dllm.serve.backends.batcher import BatcherConfig
+    from dllm.serve.backends.scheduling.batcher import BatcherConfig
     from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.settings import DecodeSettings
 

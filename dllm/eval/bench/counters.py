@@ -340,7 +340,7 @@ def count_backend(model: Any, mode: str, requests: Any, *, stream: bool = True, 
     and forward; the whole run is ``counter.current``. RuntimeError when a request does not finish."""
     from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.serve.backends.jobs import Done, JobRequest
-    from dllm.serve.backends.scheduler import Scheduler
+    from dllm.serve.backends.scheduling.scheduler import Scheduler
     from dllm.settings import DecodeSettings
 
     counter = DispatchCounter(model)

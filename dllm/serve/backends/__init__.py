@@ -1,3 +1,3 @@
 """The serving backends: requests and their events (``jobs``), the backend interface (``base``), the
-scheduler, continuous batching by merged forwards (``batcher``), final-prefix text streaming
+scheduler with its admission policies and merged forwards (``scheduling``), final-prefix text streaming
 (``stream``), and the diffusion and speculative backends."""

@@ -1,14 +1,14 @@
 """Serving a diffusion model: every request is ``dllm.generate`` on its prompt alone.
 
-Every mode runs on the one scheduler (``dllm.serve.backends.scheduler``: one thread, each running
-``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.backends.batcher``);
-the modes are its admission policies (``dllm.serve.backends.schedule_policy``, ``mode=...``):
+Every mode runs on the one scheduler (``dllm.serve.backends.scheduling.scheduler``: one thread, each running
+``generate`` call a greenlet, their forwards merged step by step, ``dllm.serve.backends.scheduling.batcher``);
+the modes are its admission policies (``dllm.serve.backends.scheduling.policy``, ``mode=...``):
 
 - ``continuous`` (default): up to ``max_running`` requests decode at once. Requests whose settings
   one canvas can serve (no cache or ``prefix`` / ``dual``, a sampler whose step reads no step index,
   greedy or seeded: ``dllm.engine.running``) join the running decode of their settings at its next step (answers of
   any length that commit the same count per step): one state, one sampler step and one commit per
-  step for all of them (``dllm.serve.backends.joined``; ``join=False`` turns it off). Other requests
+  step for all of them (``dllm.serve.backends.scheduling.joined``; ``join=False`` turns it off). Other requests
   queued together with the same settings (seeds aside: each row draws from its own generator) and
   length start as one real ``generate`` call of at most ``max_group`` rows (under light load, one
   request); a request joins the running batch at its first forward and leaves after its last,
@@ -44,13 +44,13 @@ from dllm.options import SettingError
 from dllm.samplers import make_sampler
 from dllm.rows import release_rows
 from dllm.serve.backends.base import BadRequest
-from dllm.serve.backends.batcher import BatchedModel, BatcherConfig
+from dllm.serve.backends.scheduling.batcher import BatchedModel, BatcherConfig
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, Step
-from dllm.serve.backends.joined import JoinedDecode
+from dllm.serve.backends.scheduling.joined import JoinedDecode
 from dllm.settings import DecodeSettings
 from dllm.serve.backends.prompts import chat_ids, text_ids
-from dllm.serve.backends.schedule_policy import MODES, make_policy
-from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
+from dllm.serve.backends.scheduling.policy import MODES, make_policy
+from dllm.serve.backends.scheduling.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.backends.stream import TextStream
 from dllm.serve.backends.tensor_parallel import Call, Mirror
 
@@ -240,7 +240,7 @@ class DiffusionBackend(Scheduler):
         return _Row(job, r, TextStream(self.decode, self.eos_ids, job.request.stop), revises, self._pieces)
 
     def _run_jobs(self, jobs: list[Job]) -> Optional[list[Job]]:
-        """Continuous mode, settings one canvas can serve (``dllm.serve.backends.joined``): the jobs
+        """Continuous mode, settings one canvas can serve (``dllm.serve.backends.scheduling.joined``): the jobs
         join the running decode of their key (returned: it ends them), or start it and run it here.
         Otherwise one ``generate`` call on the group's prompts: a decode of the step loop, its
         forwards merged with the other decodes'."""

@@ -2,7 +2,7 @@
 
 Every request runs the real ``speculative_generate`` on its prompt alone, so a served request
 returns exactly the offline tokens (greedy, or sampled with its seed). Requests are jobs of the one
-scheduler (``dllm.serve.backends.scheduler``): each runs as a greenlet on its loop thread and yields
+scheduler (``dllm.serve.backends.scheduling.scheduler``): each runs as a greenlet on its loop thread and yields
 its turn after every verification round (``Scheduler.yield_turn``), so the running requests take
 turns round by round, first come first served. A request joins at its prefill and leaves after its
 last round, and each round's accepted tokens are final, so they stream as one delta per round.
@@ -24,8 +24,8 @@ from dllm.drafters.verify import SamplingParams
 from dllm.serve.backends.base import BadRequest
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, SpeculativeSettings
 from dllm.serve.backends.prompts import chat_ids, text_ids
-from dllm.serve.backends.schedule_policy import Continuous
-from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
+from dllm.serve.backends.scheduling.policy import Continuous
+from dllm.serve.backends.scheduling.scheduler import Scheduler, SchedulerConfig, max_tokens_limit as default_limit
 from dllm.serve.backends.stream import TextStream
 from dllm.settings import SettingError, check_call_seed
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.serve.backends.batcher import BatcherConfig, Pending, merged_forward, plan_groups
+from dllm.serve.backends.scheduling.batcher import BatcherConfig, Pending, merged_forward, plan_groups
 
 
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
@@ -101,7 +101,7 @@ class _ClockedModel(torch.nn.Module):
 
 @pytest.mark.parametrize("fixed, per_token, expected", [(0.004, 50e-6, 80), (0.0, 1e-4, 0), (0.002, 0.0, 512 * 64)])
 def test_the_call_cost_is_measured_from_two_forward_sizes(monkeypatch, fixed, per_token, expected):
-    from dllm.serve.backends import packing
+    from dllm.serve.backends.scheduling import packing
 
     model = _ClockedModel(fixed, per_token)
     monkeypatch.setattr(packing.time, "perf_counter", lambda: model.now)
@@ -114,7 +114,7 @@ def test_the_call_cost_is_measured_from_two_forward_sizes(monkeypatch, fixed, pe
 
 
 def test_split_rows_cuts_a_running_decode_into_runs_of_consecutive_rows():
-    from dllm.serve.backends.batcher import split_rows
+    from dllm.serve.backends.scheduling.batcher import split_rows
 
     config = BatcherConfig(max_rows=64, max_tokens=10_000, call_cost_tokens=64)
     assert split_rows([10, 12, 11, 40, 42], config) == [[0, 1, 2], [3, 4]]  # 36 + 84 + 2 calls < 5 x 42 + 1 call

@@ -18,8 +18,8 @@ import pytest
 from dllm.serve.backends.base import BadRequest
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest
 from dllm.settings import DecodeSettings
-from dllm.serve.backends.schedule_policy import Continuous
-from dllm.serve.backends.scheduler import Scheduler, SchedulerConfig
+from dllm.serve.backends.scheduling.policy import Continuous
+from dllm.serve.backends.scheduling.scheduler import Scheduler, SchedulerConfig
 from dllm.serve.http.app import begin_drain, create_app, end_drain
 from tests.serve.servers import FakeBackend, LiveServer
 

@@ -1,4 +1,4 @@
-"""Continuous mode's running decodes (``dllm.serve.backends.joined``): requests that arrive while a
+"""Continuous mode's running decodes (``dllm.serve.backends.scheduling.joined``): requests that arrive while a
 decode of their settings runs join it at its next step and answer as ``dllm.generate`` alone; a
 cancelled row leaves it; a failing decode fails its jobs and the loop goes on. Jobs are submitted
 from inside the decode's step (the loop's thread), so the joins happen at a known step."""

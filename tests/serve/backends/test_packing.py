@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dllm.serve.backends.packing import call_cost, plan_merges
+from dllm.serve.backends.scheduling.packing import call_cost, plan_merges
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,7 @@ from dllm.eval.bench.serving.loopback import LOOPBACK, serve_in_thread, wait_rea
 def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,
                   max_batch_tokens: Optional[int] = None):
     """A ``DiffusionBackend`` in ``mode`` with the server's default settings."""
-    from dllm.serve.backends.batcher import BatcherConfig
+    from dllm.serve.backends.scheduling.batcher import BatcherConfig
     from dllm.serve.backends.diffusion import DiffusionBackend
     from dllm.settings import DecodeSettings
 

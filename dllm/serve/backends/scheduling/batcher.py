@@ -1,10 +1,10 @@
 """The running batch's forwards: many ``generate`` calls, one batched model forward per step.
 
 Each running decode (one ``dllm.generate`` call on a group of requests that share settings and length,
-often one request) runs as a greenlet on the scheduler's one thread (``dllm.serve.backends.scheduler``),
+often one request) runs as a greenlet on the scheduler's one thread (``dllm.serve.backends.scheduling.scheduler``),
 with a ``BatchedModel`` as its model: a forward hands its inputs (a ``Pending``) to the loop and
 switches back to it. Once every running decode has a forward pending, the loop groups the pending
-forwards by neighbouring lengths (``plan_groups``; ``dllm.serve.backends.packing``: padding against the
+forwards by neighbouring lengths (``plan_groups``; ``dllm.serve.backends.scheduling.packing``: padding against the
 cost of one more call), left-pads each group to one length (explicit positions, key-padding mask: the
 backend's own batching rule), runs it as one forward (``merged_forward``), and resumes every decode
 with its own rows. A forward with a KV-cache
@@ -27,7 +27,7 @@ import torch
 
 from dllm.engine.forwards import takes_padded
 from dllm.models.base import ModelOutput, default_positions
-from dllm.serve.backends.packing import call_cost, measure_call_cost, plan_merges
+from dllm.serve.backends.scheduling.packing import call_cost, measure_call_cost, plan_merges
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class BatcherConfig:
     max_rows: int = 64  # rows in one merged forward (a request's call may bring several: CFG, variants)
     max_tokens: int = 65536  # rows x padded length of one merged forward
     call_cost_tokens: Union[int, str] = 128  # one call's cost beyond its tokens, in tokens
-    #   (dllm.serve.backends.packing); "auto": measured for the served model when its loop starts
+    #   (dllm.serve.backends.scheduling.packing); "auto": measured for the served model when its loop starts
 
     def resolved(self, model) -> "BatcherConfig":
         """This config with ``call_cost_tokens="auto"`` measured for ``model`` (``measure_call_cost``)."""
@@ -82,7 +82,7 @@ class Pending:
 
 
 def plan_groups(items: list[Pending], config: BatcherConfig) -> list[list[Pending]]:
-    """Pending forwards -> the calls to run (``dllm.serve.backends.packing.plan_merges``): mergeable
+    """Pending forwards -> the calls to run (``dllm.serve.backends.scheduling.packing.plan_merges``): mergeable
     ones grouped by neighbouring lengths at the least modelled cost, under the row and token bounds;
     the others one by one."""
     return plan_merges(items, max_rows=config.max_rows, max_tokens=config.max_tokens,
@@ -161,7 +161,7 @@ class BatchedModel:
 
     def __init__(self, model, scheduler) -> None:
         object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "_scheduler", scheduler)  # dllm.serve.backends.scheduler.Scheduler
+        object.__setattr__(self, "_scheduler", scheduler)  # dllm.serve.backends.scheduling.scheduler.Scheduler
 
     def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> ModelOutput:
         return self._scheduler.call("forward", input_ids, kwargs)

@@ -1,4 +1,4 @@
-"""Admission policies of the scheduler (``dllm.serve.backends.scheduler``): when the head of the queue
+"""Admission policies of the scheduler (``dllm.serve.backends.scheduling.scheduler``): when the head of the queue
 may start, and which queued jobs start with it as one group (one ``generate`` call).
 
 Jobs are taken first come, first served; a policy never lets a later job overtake the head. Jobs of

@@ -1,7 +1,7 @@
 """The one scheduler every backend runs on: the queue, admission, the running batch, its step loop.
 
 Jobs wait in one FIFO queue (first come, first served: a request is never overtaken by a later
-one). The admission policy (``dllm.serve.backends.schedule_policy``: continuous, static, serial) says
+one). The admission policy (``dllm.serve.backends.scheduling.policy``: continuous, static, serial) says
 when the head starts and which queued jobs of its key start with it as one group; a group starts only
 while the running jobs (at most ``max_running``) and their token budget (prompt + max_tokens,
 summed) leave room for it, so a long request waits at the head instead of being overtaken forever.
@@ -11,9 +11,9 @@ every unfinished job ends with a 503.
 
 One thread runs everything: each running group is a greenlet (the backend's ``_run_jobs``: a
 ``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
-model wrapped by ``dllm.serve.backends.batcher.BatchedModel``) or yields its turn (``yield_turn``:
+model wrapped by ``dllm.serve.backends.scheduling.batcher.BatchedModel``) or yields its turn (``yield_turn``:
 a speculative round) or ends. Once every running group waits, the loop runs the forwards (merged
-where they can be: ``dllm.serve.backends.batcher``), resumes each group with its result, and starts
+where they can be: ``dllm.serve.backends.scheduling.batcher``), resumes each group with its result, and starts
 what the policy admits between two such steps. A group's host read of a step (``read``: the canvas
 for streamed text) is made together with the reads of the other groups resumed in that round, as
 one copy, and the groups go on to their next forwards in the same round. So there is no lock handoff between a forward and
@@ -33,9 +33,9 @@ import greenlet
 import torch
 
 from dllm.serve.backends.base import Backend, BackendStats, BadRequest
-from dllm.serve.backends.batcher import BatcherConfig, Pending, merged_forward, plan_groups
+from dllm.serve.backends.scheduling.batcher import BatcherConfig, Pending, merged_forward, plan_groups
 from dllm.serve.backends.jobs import BackendClosed, Failed, Job, JobRequest, QueueFull
-from dllm.serve.backends.schedule_policy import SchedulePolicy
+from dllm.serve.backends.scheduling.policy import SchedulePolicy
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ step), if one runs, at that decode's next step, and every step of the decode is 
 one commit for all of its rows, whatever block and step each row is at. Without a cache its forward
 is split into calls of rows of neighbouring lengths by the loop's own cost model (``split_rows``;
 under a cache its calls are the rows at a full forward and the cached rows of each block width), and
-the loop may merge those calls with the other decodes' forwards (``dllm.serve.backends.batcher``). A
+the loop may merge those calls with the other decodes' forwards (``dllm.serve.backends.scheduling.batcher``). A
 row ends after its last step, after a block that ends its answer (an EOS, as
 ``generate(stop_at_eos=True)``), as soon as its answer is final (EOS or a stop string in its final
 prefix, streamed or not), or when its client leaves; it then leaves the decode. The decode's
@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from dllm.engine.running import RunningDecode
-from dllm.serve.backends.batcher import split_rows
+from dllm.serve.backends.scheduling.batcher import split_rows
 from dllm.serve.backends.jobs import Failed, Job
 from dllm.settings import DecodeSettings
 
