@@ -100,7 +100,7 @@ def ar_score(examples: Sequence[T.Example], answers: Sequence[list[int]]) -> lis
 def spec_run(target, model, examples: Sequence[T.Example]) -> tuple[list[list[int]], float]:
     from dllm.drafters.dflash.drafter import DFlashBlockDrafter
     from dllm.drafters.loop import speculative_generate
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     tok, drafter = task_tokenizer(), DFlashBlockDrafter(model=model, sample=False)
     outs, forwards, tokens = [], 0, 0

@@ -68,7 +68,7 @@ from dllm.drafters.target import (Target, cache_length, check_positions, check_t
                                   crop_to, select_rows)
 from dllm.drafters.verify import SamplingParams, next_tokens, verify
 from dllm.inputs import Prompts, prompt_rows
-from dllm.models.tokenizer import encode_text
+from dllm.models.text.tokenizer import encode_text
 from dllm.options import check_bool, check_int
 from dllm.settings import check_call_seed
 

@@ -219,7 +219,7 @@ def check_tokenizer(tokenizer, vocab_size: int) -> None:
     """A tokenizer with tokens past the target's vocabulary is another model's: refuse it."""
     if tokenizer is None:
         return
-    from dllm.models.tokenizer import tokenizer_size
+    from dllm.models.text.tokenizer import tokenizer_size
 
     n = tokenizer_size(tokenizer)
     if n > vocab_size:

@@ -2,9 +2,9 @@
 loading (embedded name, local directory or Hub id) and tiny random models.
 
 Layout: ``base.py`` (DiffusionLM), ``loading.py`` (``load``), ``targets.py`` (``load_target``: AR targets),
-``checkpoint.py`` (safetensors files), ``quantize.py``, ``tokenizer.py`` / ``task_tokenizer.py``, ``tiny.py``
-/ ``make_embedded.py`` (tiny random models and the shipped checkpoints in ``embedded/``), ``oracle.py``;
-``core/`` (the shared transformer, its norms, RoPE, fused weights, K/V buffers, MoE, WINO's shadow block,
+``checkpoint.py`` (safetensors files), ``quantize.py``, ``tiny.py`` / ``make_embedded.py`` (tiny random
+models and the shipped checkpoints in ``embedded/``), ``oracle.py``; ``text/`` (tokenizers, the task
+tokenizer, chat templates and prompt ids), ``core/`` (the shared transformer, its norms, RoPE, fused weights, K/V buffers, MoE, WINO's shadow block,
 padding-free forwards, ``torch.compile``) and ``families/`` (``TransformerLM``, key maps, one module per
 checkpoint family, the family registry).
 

@@ -23,7 +23,7 @@ from dllm.models.core.fused import watched
 from dllm.models.core.views import CacheView, StackedView
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.models.core.soft_inputs import SoftInputs, applied_to
-from dllm.models.prompting import PromptsMixin
+from dllm.models.text.prompting import PromptsMixin
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,7 @@ def _skip_pads(row: Sequence[int], pad_id: int) -> int:
 
 
 def _task_tokenizer() -> Any:
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     return task_tokenizer()
 

@@ -25,7 +25,7 @@ from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedde
                                  resolve_device, resolve_dtype)
 from dllm.models.parallel.plan import check_tensor_parallel
 from dllm.models.quantize import check_quantization, quantize_model
-from dllm.models.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
+from dllm.models.text.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
 
 PathLike = Union[str, Path]
 

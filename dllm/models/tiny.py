@@ -21,7 +21,7 @@ from dllm.models.families.llada import LLADA_SPECIAL_TOKENS
 from dllm.models.families.pretrained import TransformerLM
 from dllm.models.families.sdar import SDAR_SPECIAL_TOKENS
 from dllm.models.families.fastdllm_v2 import FASTDLLM_V2_SPECIAL_TOKENS as _FD2
-from dllm.models.tokenizer import build_word_tokenizer, token_id, tokenizer_size
+from dllm.models.text.tokenizer import build_word_tokenizer, token_id, tokenizer_size
 
 DIGITS = tuple("0123456789")
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz")

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from dllm import tasks as T
-from dllm.models.task_tokenizer import task_tokenizer
-from dllm.models.tokenizer import save_tokenizer
+from dllm.models.text.task_tokenizer import task_tokenizer
+from dllm.models.text.tokenizer import save_tokenizer
 from dllm.options import Overridable
 from dllm.registry import Registry
 from dllm.tasks.vocab import BOS, EOS, PAD, word_id

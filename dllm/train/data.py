@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 
 from dllm import tasks as T
-from dllm.models.task_tokenizer import task_tokenizer
+from dllm.models.text.task_tokenizer import task_tokenizer
 
 MAX_REDRAWS = 1000  # test-prompt rejections in a row before giving up on a (task, size)
 

@@ -20,7 +20,7 @@ def _build(directory, tokenizer: bool = True):
     near-ties, so greedy decoding is stable across implementations), EOS 2, saved with its tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from dllm.models.tokenizer import build_word_tokenizer, save_tokenizer
+    from dllm.models.text.tokenizer import build_word_tokenizer, save_tokenizer
 
     tok = build_word_tokenizer(WORDS, ["<pad>", "<eos>"], eos_token="<eos>", pad_token="<pad>")
     cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -9,7 +9,7 @@ from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
 from dllm.drafters.plan import Plan
 from dllm.models import load
-from dllm.models.task_tokenizer import task_tokenizer
+from dllm.models.text.task_tokenizer import task_tokenizer
 
 
 def target88():
@@ -32,7 +32,7 @@ def test_prefix_vocabulary_drafts_losslessly():
 
 
 def test_prefix_with_other_words_is_refused():
-    from dllm.models.tokenizer import build_word_tokenizer
+    from dllm.models.text.tokenizer import build_word_tokenizer
 
     llada = load("tiny-llada")
     words = [f"w{i}" for i in range(78)]

@@ -9,7 +9,7 @@ import torch
 
 from dllm.models.targets import load_target, resolve_target
 from dllm.models import ModelNotFoundError
-from dllm.models.tokenizer import build_word_tokenizer, save_tokenizer
+from dllm.models.text.tokenizer import build_word_tokenizer, save_tokenizer
 from tests.drafters.speculative_helpers import tiny_target
 
 WORDS = "the a cat dog sat on mat ran to and it was big small red blue".split()

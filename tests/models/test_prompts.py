@@ -12,7 +12,7 @@ import dllm
 from dllm import tasks as T
 from dllm.inputs import encode_prompts
 from dllm.models import load, tiny
-from dllm.models.tokenizer import build_word_tokenizer
+from dllm.models.text.tokenizer import build_word_tokenizer
 
 LLADA_HI = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -106,7 +106,7 @@ def test_int8_ar_target_and_drafter() -> None:
     from dllm.drafters.dflash.dflash2.io import load_any_dflash
     from dllm.models.targets import load_target
     from dllm.drafters.loop import speculative_generate
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     examples = [ex for task in ("copy_long", "double_long") for ex in T.test_split(task, n=2)]
     target, _ = load_target("tiny-ar")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm import tasks as T
-from dllm.models.task_tokenizer import task_tokenizer
+from dllm.models.text.task_tokenizer import task_tokenizer
 from dllm.train import MixtureConfig, TaskMixture
 from .helpers import FEW_TASKS
 

@@ -55,7 +55,7 @@ from lm_eval.api.model import LM
 from dllm.eval.harness.config import decode_setting, default_device, split_model_args
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
-from dllm.models.tokenizer import encode_text
+from dllm.models.text.tokenizer import encode_text
 from dllm.settings import steps_for  # noqa: F401  (k -> steps, re-exported for the harness's users)
 
 log = logging.getLogger(__name__)

@@ -65,7 +65,7 @@ def acceptance_by_position(commits: Sequence[int], block_size: int) -> list[floa
 
 @lru_cache(maxsize=1)
 def task_vocab() -> dict[str, int]:
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     return task_tokenizer().get_vocab()
 

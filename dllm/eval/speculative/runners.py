@@ -119,7 +119,7 @@ def loop_runner(target, drafter, block_size: int, tree: Optional[str] = None) ->
     from dllm.drafters.loop import speculative_generate
     from dllm.drafters.plan import Plan
 
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     device = device_of(target)
     tokenizer = task_tokenizer()  # the prompts are task prompts; a drafter checks its vocabulary against it

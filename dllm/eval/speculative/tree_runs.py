@@ -64,7 +64,7 @@ def tree_runner(target, drafter, block_size: int, tree: str) -> Runner:
     from dllm.drafters.loop import speculative_generate
     from dllm.drafters.plan import Plan
     from dllm.drafters.trees import make_tree_builder
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     make_tree_builder(tree)  # a bad spec fails here, not inside the first timed call
     device = device_of(target)

@@ -19,7 +19,7 @@ from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, ch
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.fused import call_module
 from dllm.models.families.keymap import KeyMap
-from dllm.models.tokenizer import save_tokenizer, token_id
+from dllm.models.text.tokenizer import save_tokenizer, token_id
 from dllm.models.core.transformer import Transformer
 
 GENERATION_CONFIG = "generation_config.json"

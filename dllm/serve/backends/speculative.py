@@ -74,7 +74,7 @@ class SpeculativeBackend(Scheduler):
     # ---- prompts ----
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
         from dllm.inputs import prompt_rows
-        from dllm.models.tokenizer import encode_text
+        from dllm.models.text.tokenizer import encode_text
 
         def encode(p):
             with self._tok_lock:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.models.task_tokenizer import task_tokenizer
+from dllm.models.text.task_tokenizer import task_tokenizer
 from dllm.tasks.vocab import BOS, EOS, MASK, PAD, word_id
 from dllm.models.base import SpecialIds
 from dllm.models.core.config import TransformerConfig

@@ -178,7 +178,7 @@ def test_one_token_rounds_equal_target_generate_at_a_near_tie(tiny_pair):
     differently from transformers' separate ones and flipped it, so one-row forwards run those."""
     from dllm import tasks as T
     from dllm.drafters.base import make_drafter
-    from dllm.models.task_tokenizer import task_tokenizer
+    from dllm.models.text.task_tokenizer import task_tokenizer
 
     target = tiny_pair[0]
     ex = [e for t in ("copy_long", "double_long", "reverse_long") for s in T.get_task(t).default_sizes

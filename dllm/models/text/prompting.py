@@ -70,7 +70,7 @@ class PromptsMixin:
         {"role", "content"} messages) and applies the chat template; tokenised without adding
         special tokens (the template already has them). Words the tokenizer does not know are a
         ValueError naming them (``tokenizer.encode_text``), never its unknown token."""
-        from dllm.models.tokenizer import encode_text
+        from dllm.models.text.tokenizer import encode_text
 
         tok = self._require_tokenizer()
         if chat:

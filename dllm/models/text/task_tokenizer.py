@@ -20,7 +20,7 @@ def task_tokenizer(chat_template: Optional[str] = None, size: Optional[int] = No
 
     size: keep only the first ``size`` words (the vocabulary is append-only, so a model trained
     before words were appended keeps its exact tokenizer: ``size=PB_MINI_VOCAB_SIZE`` = 80)."""
-    from dllm.models.tokenizer import build_word_tokenizer
+    from dllm.models.text.tokenizer import build_word_tokenizer
 
     full = vocabulary()
     if size is not None and not (isinstance(size, int) and len(SPECIALS) < size <= len(full)):
