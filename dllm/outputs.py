@@ -18,7 +18,7 @@ def stop_finished_rows(state: DecodeState) -> bool:
     region. That is every EOS of the decoded blocks, and also one that an all-in sampler (Prophet)
     committed past the current block together with everything before it: a row alone stops at that
     block, so in a batch it must stop there too (its remaining masks become EOS at once, instead of
-    the all-in fill of a later block's query).
+    the all-in commit of a later block's query).
     """
     eos_ids = state.extras.get("eos_ids", ())
     if not eos_ids:

@@ -110,7 +110,7 @@ def without_column(z: torch.Tensor, banned: int) -> torch.Tensor:
     return torch.where(cols, inf, z)
 
 
-def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
+def argmax_excluding(z: torch.Tensor, banned: int, keepdim: bool = False) -> torch.Tensor:
     """``argmax(z, -1)``, except that the ``banned`` id (the mask token) is never returned.
 
     Where the arg-max is ``banned`` the runner-up is taken (the first index among equal runners-up);
@@ -118,16 +118,16 @@ def argmax_excluding(z: torch.Tensor, banned: int) -> torch.Tensor:
     references): the arg-max of z with ``banned``'s column at -inf, two calls (a copy of z, then
     ``argmax``; a row of -inf gives index 0, the lowest id that is not ``banned`` unless it is 0,
     taken apart). The same index as comparing the maxima of the two sides of ``banned`` for every z
-    without NaN. z: [..., V] float -> [...] long.
+    without NaN. z: [..., V] float -> [...] long ([..., 1] with ``keepdim``, ready for a gather).
     """
     v = z.shape[-1]
     if v < 2:
         raise ValueError(f"argmax_excluding needs at least 2 ids to choose from, got V = {v}")
     if not 0 <= banned < v:  # not an id of this vocabulary: nothing to exclude
-        return z.argmax(dim=-1)
+        return z.argmax(dim=-1, keepdim=keepdim)
     if banned == 0:  # a row of -inf would give index 0 back
-        return z[..., 1:].argmax(dim=-1) + 1
-    return without_column(z, banned).argmax(dim=-1)
+        return z[..., 1:].argmax(dim=-1, keepdim=keepdim) + 1
+    return without_column(z, banned).argmax(dim=-1, keepdim=keepdim)
 
 
 def max_prob_excluding(logits: torch.Tensor, banned: Optional[int],
@@ -138,11 +138,17 @@ def max_prob_excluding(logits: torch.Tensor, banned: Optional[int],
     Two calls (three with a column to exclude) instead of the arg-max and a gather; the whole
     [..., V] softmax at once (callers over ``CHUNK_ELEMENTS`` take the chunked gather instead).
     banned: an id never proposed (the mask token), or None. [..., V] -> [...]."""
-    probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
-    v = probs.shape[-1]
-    if banned is not None and 0 <= banned < v:
-        probs = without_column(probs, banned)
-    return probs.amax(dim=-1)
+    return max_excluding(torch.softmax(logits, dim=-1, dtype=dtype), banned)  # [..., V] -> [...]
+
+
+def max_excluding(values: torch.Tensor, banned: Optional[int]) -> torch.Tensor:
+    """The largest of values [..., V] without column ``banned`` (None, or not an id of V: every
+    column) -> [...]: ``where`` and ``amax``, one call fewer than an arg-max and its gather. The
+    maximum of a monotone function of logits (their softmax) is its value at the logits' arg-max,
+    so it is ``p(argmax_excluding(logits, banned))`` exactly."""
+    if banned is not None and 0 <= banned < values.shape[-1]:
+        values = without_column(values, banned)
+    return values.amax(dim=-1)
 
 
 def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:

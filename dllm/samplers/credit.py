@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_number, check_unit
-from dllm.samplers._ops import argmax_excluding, expand_window, gather_prob, propose, softmax_prob, threshold_commit
+from dllm.samplers._ops import argmax_excluding, expand_window, propose, proposal_prob, threshold_commit, window_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -60,9 +60,8 @@ class Credit(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
-        ws, we = inp.window
-        logits = inp.logits[:, ws:we]  # [B, W, V] raw logits of the block
-        active = inp.active[:, ws:we]  # [B, W]
+        logits = window_of(inp.logits, inp.window)  # [B, W, V] raw logits of the block
+        active = window_of(inp.active, inp.window)  # [B, W]
         credit = state.extras.get("credit")
         if credit is None or credit.shape != logits.shape:
             credit = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # [B, W, V]
@@ -70,15 +69,15 @@ class Credit(Sampler):
         else:
             credit.mul_(cfg.beta)
         # credit: raw top-1 token (never the mask id) gets p_top1 ** gamma, masked positions only
-        logits32 = logits.float()  # [B, W, V] (no copy when the logits are float32 already)
+        logits32 = logits if logits.dtype == torch.float32 else logits.float()  # [B, W, V]
         raw_probs = torch.softmax(logits32, dim=-1)  # [B, W, V]
-        raw_top = argmax_excluding(logits, inp.mask_id)  # [B, W]
-        boost = gather_prob(raw_probs, raw_top).pow(cfg.gamma) * active  # [B, W]
-        credit.scatter_add_(2, raw_top[..., None], boost[..., None])
+        raw_top = argmax_excluding(logits, inp.mask_id, keepdim=True)  # [B, W, 1]
+        boost = raw_probs.gather(-1, raw_top).pow(cfg.gamma) * active[..., None]  # [B, W, 1]
+        credit.scatter_add_(2, raw_top, boost)
         fused = logits32 + cfg.alpha * torch.log1p(credit)  # [B, W, V]
 
         x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf_w = softmax_prob(fused, x0)  # [B, W] float64
+        conf_w = proposal_prob(fused, x0, inp.temperature, inp.mask_id)  # [B, W] float64
         width = inp.logits.shape[1]
         tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]
         conf = expand_window(conf_w, inp.window, width, float("-inf"))  # [B, Q]

@@ -45,6 +45,7 @@ Decisions where we differ from the authors' code:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,15 +54,16 @@ import torch
 from dllm.options import check_bool, check_choice, check_int, check_number, check_unit
 from dllm.samplers._ops import gather_prob, propose_with_log_probs, top1, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, neg_inf
+from dllm.samplers.chunked import column_ids, max_excluding, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 UNMASK_MODES = ("all", "max_conf", "min_kl")
 EXTRAS_KEY = "klass"  # state.extras[EXTRAS_KEY] = (logp [B, W, V] float64, since [B, W] long, t) or None: the
 #   last step's log-probabilities, per position the first step of its current run of KLs below kappa
 #   (t + 1 where the last KL is not below), and t, the last step's index since the history started
-NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = (canvas column, logits [B, N, V], valid [B]) of the
-#   columns right of the window at each row's last step (a next block's first KL compares with them)
+NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = (canvas column, logits [B, N, V], valid [B], settled) of
+#   the columns right of the window at each row's last step (a next block's first KL compares with them);
+#   settled: no later step of this block can change valid (see ``_next_block_logits``)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor, p: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -69,7 +71,9 @@ def kl_divergence(logp: torch.Tensor, logq: torch.Tensor, p: Optional[torch.Tens
     0 * inf = nan); p > 0 where q = 0 gives inf. [..., V] -> [...]. ``p``: ``logp.exp()`` when the
     caller has it."""
     p = logp.exp() if p is None else p
-    return torch.where(p > 0, p * (logp - logq), 0.0).sum(dim=-1)
+    # a p = 0 term is 0 * -inf or 0 * nan = nan: counted 0 (every other term, inf included, as is)
+    terms = (p * (logp - logq)).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)  # [..., V]
+    return terms.sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ class KLASS(Sampler):
         x0, logp = propose_with_log_probs(inp)  # [B, W], [B, W, V] float64
         active = window_of(inp.active, inp.window)  # [B, W]
         probs = logp.exp()  # [B, W, V]
-        conf = gather_prob(probs, x0)  # [B, W] float64
+        # p(x0); at T = 0 x0 is the arg-max without the mask id: the largest probability without it
+        conf = gather_prob(probs, x0) if inp.temperature > 0 else max_excluding(probs, inp.mask_id)  # [B, W] float64
         prev = state.extras.get(EXTRAS_KEY)
         if prev is not None and prev[0].shape != logp.shape:  # another window: start afresh
             prev = None
@@ -155,6 +160,11 @@ def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor)
     block end); a row whose block is already full keeps what it stored at its own last step, so it
     carries what it would carry decoding alone. A copy in the logits dtype: the float64
     log-probabilities are computed only when a block starts.
+
+    Steps that do not reach the next block only clear ``valid`` for the rows with masks, and a row's
+    masks only shrink within a block (KLASS never re-masks): after the first such step, the rows with
+    masks at a later one had them then too and are cleared already, so ``valid`` is settled for the
+    rest of the block (no calls at those steps).
     """
     ws, we = inp.window
     col = inp.query_start + we
@@ -164,14 +174,16 @@ def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor)
     old = state.extras.get(NEXT_KEY)
     if old is None or old[0] != col:  # the block's first step (every row has masks) or no carry
         return None if reached == 0 else (col, inp.logits[:, we:we + n].clone(),
-                                          torch.ones(active.shape[0], dtype=torch.bool, device=active.device))
-    rows = active.any(dim=1)  # [B]
+                                          torch.ones(active.shape[0], dtype=torch.bool, device=active.device), False)
     if reached == 0:
-        return col, old[1], old[2] > rows  # bool >: valid and not rows
+        if old[3]:
+            return old
+        return col, old[1], old[2] > active.any(dim=1), True  # bool >: valid and no masks in the row
+    rows = active.any(dim=1)  # [B]
     right = inp.logits[:, we:we + n]  # [B, N, V]
     if right.shape != old[1].shape:
-        return col, right.clone(), rows.clone()
-    return col, torch.where(rows[:, None, None], right, old[1]), old[2] | rows
+        return col, right.clone(), rows.clone(), False
+    return col, torch.where(rows[:, None, None], right, old[1]), old[2] | rows, False
 
 
 def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optional[torch.Tensor]:
@@ -181,6 +193,6 @@ def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optio
     ws, we = inp.window
     if carried is None or carried[0] != inp.query_start + ws or carried[1].shape[1] < we - ws:
         return None
-    col, logits, valid = carried
+    col, logits, valid, _ = carried
     kl = kl_divergence(logp, torch.log_softmax(logits[:, :we - ws], dim=-1, dtype=torch.float64))  # [B, W]
     return kl.masked_fill(~valid[:, None], float("inf"))

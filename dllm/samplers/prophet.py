@@ -21,7 +21,7 @@ Decisions:
   (``inf``) the output equals ``low_confidence`` with ``steps = gen_length``, at T = 0 and, under
   the same seed, at T > 0 (the same float64 uniforms over the whole query are drawn).
 - Confidence of the base step: ``softmax(l)[x0]`` in the logits dtype, as LLaDA's reference.
-  Proposals (base and fill): arg-max at T = 0, LLaDA's float64 Gumbel-max at T > 0, never the mask id.
+  Proposals (base and all-in): arg-max at T = 0, LLaDA's float64 Gumbel-max at T > 0, never the mask id.
 - Monitored positions: the released eval forces "The answer is" at generated offsets 200-202 and
   monitors the 5 positions from 204, committed or not. A generic decoder has no known answer span,
   so by default we monitor ALL remaining masked positions of the whole canvas (our
@@ -35,9 +35,9 @@ Decisions:
   ``global_step / steps`` (its step counter is 1-based), and it needs no step budget.
 - All-in across blocks: when a row fires, its proposals for every remaining mask of the query are
   committed at once: the current block through ``commit`` and every later block through
-  ``StepOutput.beyond``, so later blocks need no forward (one NFE for the whole rest). The
-  proposals are also stored (``state.extras["prophet_fill"]``, canvas coordinates) for masks
-  outside the query.
+  ``StepOutput.beyond``, so later blocks need no forward (one NFE for the whole rest). Nothing is
+  stored: every mask the query holds is committed in the step that fires, so the step's tokens are
+  its proposals.
 - KV caches: a cached step queries only part of the canvas (e.g. the block), so only the queried
   masks are monitored and stored; a block-start step is a full forward and covers everything; a
   mask with no stored token is committed, when its block comes, with the proposal of that step.
@@ -88,13 +88,12 @@ class _Run:
     tensors, made at the block's first step (outside the block a row that has not fired keeps its
     canvas until the block ends)."""
 
-    fill: torch.Tensor  # [B, L] long: stored all-in tokens (canvas), the mask id where none
     fired: torch.Tensor  # [B, 1] bool: rows that went all in
     taus: torch.Tensor  # [L - lp + 1] float64: the threshold by the row's committed generated positions
     block: tuple[int, int] = (-1, -1)  # the current block's canvas columns
     tau_rows: Optional[torch.Tensor] = None  # [B, W + 1] float64: the threshold by the block's masks left
     #   (NaN in a row that fired before the block: it never fires again)
-    views: dict = field(default_factory=dict)  # (q0, Q, what) -> the block's tensors per query
+    views: dict = field(default_factory=dict)  # (q0, Q, "span") -> the block's monitored span per query
 
 
 def thresholds(cfg: ProphetConfig, most: int, gen_length: int, device: torch.device) -> torch.Tensor:
@@ -125,7 +124,7 @@ class Prophet(Sampler):
         masked = inp.active if only_block else inp.tokens == inp.mask_id  # [B, Q]
         left = inp.active.sum(dim=1, keepdim=True)  # [B, 1] the block's masks
 
-        # proposals over the whole query (the all-in fill needs every position), as LLaDA draws them
+        # proposals over the whole query (the all-in commit needs every position), as LLaDA draws them
         x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id, query_start=inp.query_start)  # [B, Q]
         conf = self._confidence(window_of(logits, inp.window), x0, inp)  # [B, W]
         score = expand_window(conf, inp.window, q, float("-inf"))  # [B, Q]
@@ -145,22 +144,19 @@ class Prophet(Sampler):
         if cfg.span is not None:  # a span is monitored committed or not: keep fired rows out
             tau = torch.where(run.fired, float("nan"), tau)
         # (without a span a row that fired in this block fires again only with masks in its query, which it
-        # commits now anyway, with the same tokens: x0 where nothing is stored)
+        # commits now anyway)
         fire = mean_gap >= tau  # [B, 1], compared in float64
 
-        # 3. all in: store the proposals of every remaining mask of the query, commit the block now
-        fill_q = run.views[(q0, q, "fill")]  # [B, Q] view into the stored fill
-        if not only_block:  # a query that is the block commits every mask it would store now
-            torch.where(fire & masked, x0, fill_q, out=fill_q)
+        # 3. all in: commit every remaining mask of the query now, with its proposal
         run.fired |= fire
-        tokens = torch.where(fill_q != inp.mask_id, fill_q, x0)  # stored in fired rows only
         best = torch.where(inp.active, score, neg_inf(score.device)).argmax(dim=1, keepdim=True)  # [B, 1]
         cols = column_ids(q, dev)  # [Q]
         commit = inp.active & (run.fired | (cols == best))  # [B, Q]
-        # every mask of the query right of the block is committed now too (engine: ``beyond``);
-        # masks outside the query (a KV cache's short query) come from the stored fill later
+        # every mask of the query right of the block is committed now too (engine: ``beyond``); a mask
+        # outside the query (a KV cache's short query) is committed when its block comes, with the
+        # proposal of that step (a fired row commits all its active masks at every step)
         beyond = None if we == q else run.fired & masked
-        return StepOutput(commit=commit, tokens=tokens, score=score, beyond=beyond, active_only=True)
+        return StepOutput(commit=commit, tokens=x0, score=score, beyond=beyond, active_only=True)
 
     @staticmethod
     def _confidence(logits: torch.Tensor, x0: torch.Tensor, inp: StepInput) -> torch.Tensor:
@@ -176,12 +172,11 @@ class Prophet(Sampler):
         x, lp = state.x, state.prompt_length
         run = state.extras.get("prophet")
         if run is None:
-            fill = torch.full_like(x, inp.mask_id)  # [B, L]
             fired = torch.zeros(x.shape[0], 1, dtype=torch.bool, device=x.device)  # [B, 1]
-            run = state.extras["prophet"] = _Run(fill, fired, thresholds(self.config, x.shape[1] - lp,
-                                                                        state.gen_length, x.device))
-            state.extras["prophet_fill"], state.extras["prophet_fired"] = fill, fired
-        q0, q = inp.query_start, inp.tokens.shape[1]
+            run = state.extras["prophet"] = _Run(fired, thresholds(self.config, x.shape[1] - lp,
+                                                                  state.gen_length, x.device))
+            state.extras["prophet_fired"] = fired
+        q0 = inp.query_start
         s, e = q0 + inp.window[0], q0 + inp.window[1]  # the block's canvas columns
         if run.block != (s, e):
             done = (x[:, lp:] != inp.mask_id).sum(dim=1, keepdim=True)  # [B, 1] committed generated positions
@@ -189,17 +184,15 @@ class Prophet(Sampler):
             committed = outside + (e - s) - torch.arange(e - s + 1, device=x.device)  # [B, W + 1] by masks left
             run.tau_rows = torch.where(run.fired, float("nan"), run.taus[committed])
             run.block, run.views = (s, e), {}
-        if (q0, q, "fill") not in run.views:
-            run.views[(q0, q, "fill")] = run.fill[:, q0:q0 + q]
         return run
 
     def _span(self, run: _Run, q0: int, q: int, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
         """The query's monitored positions [B, Q] and their count [B, 1] (``span``; made once per query)."""
         key = (q0, q, "span")
         if key not in run.views:
-            cols = torch.arange(q0, q0 + q, device=run.fill.device)  # canvas columns of the query
+            cols = torch.arange(q0, q0 + q, device=run.fired.device)  # canvas columns of the query
             lp, (a, b) = state.prompt_length, self.config.span
             start, end = lp + a, lp + min(b, state.gen_length)
-            monitored = ((cols >= start) & (cols < end)).expand(run.fill.shape[0], q)
+            monitored = ((cols >= start) & (cols < end)).expand(run.fired.shape[0], q)
             run.views[key] = (monitored, monitored.sum(dim=1, keepdim=True))
         return run.views[key]

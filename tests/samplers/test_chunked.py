@@ -155,6 +155,28 @@ def test_argmax_excluding_is_the_argmax_without_the_banned_id(vocab):
         assert torch.equal(got[keep], z.argmax(-1)[keep])  # elsewhere exactly the arg-max
     ties = torch.tensor([[3.0, 1.0, 3.0, 3.0]])
     assert argmax_excluding(ties, 0).item() == 2 and argmax_excluding(ties, 1).item() == 0
+    for banned in (0, 1, vocab):  # keepdim: the same index with the last axis kept, on every path
+        z = torch.randn(4, 3, vocab, generator=g)
+        assert torch.equal(argmax_excluding(z, banned, keepdim=True), argmax_excluding(z, banned)[..., None])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_excluding_is_the_probability_at_the_argmax_bit_for_bit(dtype):
+    """``max_excluding`` of a monotone function of the logits (their float64 softmax, as ``credit``
+    reads it, or the exp of their float64 log-softmax, as ``klass``) is that function gathered at
+    ``argmax_excluding``: equal maxima, a dominant banned id and a banned id outside V included."""
+    from dllm.samplers.chunked import max_excluding, pick_last
+
+    g = torch.Generator().manual_seed(5)
+    v = 40
+    logits = (torch.randn(5, 7, v, generator=g) * 4).to(dtype)
+    logits[::2, :, 6] = 30.0  # the banned id is the arg-max there
+    logits[1, :, 2] = logits[1, :, 9] = 20.0  # equal maxima
+    for probs in (torch.softmax(logits, dim=-1, dtype=torch.float64),
+                  torch.log_softmax(logits, dim=-1, dtype=torch.float64).exp()):
+        for banned in (6, 0, v - 1, v, None):
+            x0 = argmax_excluding(logits, banned if banned is not None else v)
+            assert torch.equal(max_excluding(probs, banned), pick_last(probs, x0)), banned
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -56,6 +56,22 @@ def test_kl_divergence():
     assert kl_divergence(q.log(), p.log()).item() == math.inf  # q > 0 where p = 0
 
 
+def test_kl_divergence_equals_the_guarded_sum_bit_for_bit():
+    """The KL as computed (``nan_to_num`` of the products) against its definition with the p = 0 terms
+    selected away (``where``): the same float64 bits on distributions with zeros on either side,
+    underflowing tails (p = 0 with a finite log p) and infinite terms."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 30, generator=g, dtype=torch.float64) * 6
+    logits[::3, :7] = -math.inf  # p = 0
+    logits[1::4, 7:10] = -800.0  # exp underflows to 0, log p finite
+    logp, logq = torch.log_softmax(logits, -1), torch.log_softmax(logits.roll(1, 0), -1)
+    p = logp.exp()
+    want = torch.where(p > 0, p * (logp - logq), 0.0).sum(dim=-1)
+    got = kl_divergence(logp, logq, p)
+    assert torch.equal(got, want) and got.isinf().any() and not got.isnan().any()
+    assert torch.equal(kl_divergence(logp, logq), want)  # p from logp
+
+
 # ---- the rule -----------------------------------------------------------------------------------------
 def test_stable_confident_positions_wait_h_steps_then_commit_together():
     logits = _logits([_dist(0.95, 1), _dist(0.9, 2), _dist(0.5, 3), _dist(0.7, 4)])
@@ -304,6 +320,35 @@ def test_the_next_blocks_distributions_are_carried_from_each_rows_last_step():
     inp = _input(logits, [[False, False, True, True]])
     inp.window = (2, 4)
     assert reset.step(inp, state).commit[0].tolist() == [False, False, False, True]  # top-1 only
+
+
+def test_steps_short_of_the_next_block_clear_the_carry_of_rows_with_masks_once():
+    """A dual cache's cached steps stop at the block's end: each clears ``valid`` for the rows with
+    masks (their last step did not see the next block). After the first such step the carry is
+    settled (masks only shrink within a block), and later ones return it unchanged, as the literal
+    rule ``valid &= ~rows_with_masks`` at every step would leave it."""
+    from dllm.samplers.klass import NEXT_KEY
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 8, V, generator=g)  # [B, Q, V]: a block of 4 and the next block's 4
+    sampler = make_sampler("klass", history=1)
+    state = SimpleNamespace(extras={}, block_length=4)
+    sampler.begin_block(state)
+    full = _input(logits, [[True] * 4 + [False] * 4, [True, False, False, False] + [False] * 4,
+                           [True] * 4 + [False] * 4])
+    full.window = (0, 4)
+    sampler.step(full, state)  # the block-start forward reaches the next block: every row valid
+    assert state.extras[NEXT_KEY][2].tolist() == [True, True, True] and not state.extras[NEXT_KEY][3]
+    want = torch.ones(3, dtype=torch.bool)
+    for active in ([[False, True, True, True], [False] * 4, [True, False, True, False]],  # row 1 is full
+                   [[False, False, True, True], [False] * 4, [False, False, True, False]],
+                   [[False, False, False, True], [False] * 4, [False] * 4]):
+        short = _input(logits[:, :4], active)  # the cached query: the block only
+        sampler.step(short, state)
+        want &= ~torch.tensor(active).any(dim=1)
+        carried = state.extras[NEXT_KEY]
+        assert torch.equal(carried[2], want) and carried[3] and carried[0] == 4
+    assert want.tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])

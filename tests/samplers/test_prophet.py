@@ -48,11 +48,11 @@ def test_fires_by_progress_phase(committed, tau):
         gaps = [50.0] * LP + [0.0] * committed + [gap] * (G - committed)  # committed ones are not monitored
         window = (LP + committed, LP + committed + 2)
         out = make_sampler("prophet").step(_input(state, gaps, window, best=window[0] + 1), state)
-        if fires:
+        if fires:  # the block now, every later mask of the query through beyond, with the proposals
             assert out.commit[0, window[0]:window[1]].all() and out.commit.sum() == 2
-            fill = state.extras["prophet_fill"][0]
-            assert fill[LP + committed:].tolist() == [i % 8 for i in range(LP + committed, LP + G)]
-            assert fill[:LP + committed].eq(MASK).all()
+            assert out.beyond[0].nonzero().flatten().tolist() == list(range(LP + committed, LP + G))
+            assert out.tokens[0, LP + committed:].tolist() == [i % 8 for i in range(LP + committed, LP + G)]
+            assert state.extras["prophet_fired"].all()
         else:  # a normal one-token step: the most confident active mask
             assert out.commit[0].nonzero().flatten().tolist() == [window[0] + 1]
             assert not state.extras["prophet_fired"].any()
@@ -79,17 +79,21 @@ def test_span_monitors_only_its_positions_committed_or_not():
     assert out.commit.sum() == 1
 
 
-def test_all_in_fill_is_used_in_later_blocks():
+def test_a_fired_row_commits_every_mask_of_a_later_block_with_that_steps_proposals():
+    """The masks a firing step's query held are all committed by it (the block through ``commit``, the
+    rest through ``beyond``); a mask it did not hold (a cached query stops at its block) is committed
+    when its block comes, at once, with the proposal of that step."""
     sampler = make_sampler("prophet")
     state = _state(0)
     out = sampler.step(_input(state, [50.0] * (LP + G), (LP, LP + 5)), state)  # fires
-    state.x[0, LP:LP + 5] = out.tokens[0, LP:LP + 5]
+    assert out.commit[0, LP:LP + 5].all() and out.beyond[0, LP + 5:].all()
+    state.x[0, LP:LP + 5] = out.tokens[0, LP:LP + 5]  # as if the query had stopped at the block's end
     # next block: new logits propose other tokens (and a gap that would not fire)
     inp = _input(state, [0.5] * (LP + G), (LP + 5, LP + G))
     inp.logits[0, :, 5] = 3.0
     out2 = sampler.step(inp, state)
     assert out2.commit[0, LP + 5:].all() and out2.commit.sum() == 5
-    assert out2.tokens[0, LP + 5:].tolist() == [i % 8 for i in range(LP + 5, LP + G)]
+    assert out2.tokens[0, LP + 5:].tolist() == [5] * 5
 
 
 @pytest.mark.parametrize("options,match", [
