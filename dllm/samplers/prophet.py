@@ -39,8 +39,9 @@ Decisions:
   stored: every mask the query holds is committed in the step that fires, so the step's tokens are
   its proposals.
 - KV caches: a cached step queries only part of the canvas (e.g. the block), so only the queried
-  masks are monitored and stored; a block-start step is a full forward and covers everything; a
-  mask with no stored token is committed, when its block comes, with the proposal of that step.
+  masks are monitored and committed; a block-start step is a full forward and covers everything; a
+  mask outside a firing step's query is committed when its block comes, at that block's first step,
+  with the proposal of that step.
 """
 
 from __future__ import annotations
