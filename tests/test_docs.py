@@ -173,29 +173,37 @@ def _code_texts(page: Path) -> list[str]:
     return [b.code for b in extract_blocks(page) if b.lang == "bash"] + INLINE_CODE.findall(text)
 
 
+def _unknown_commands(line: str) -> list[str]:
+    """The registry's error for each ``dllm <words>`` of one line of shell text it does not resolve
+    (``dllm/cli/table.py``); the CLI itself, a placeholder and a group's own listing pass."""
+    from dllm.cli.registry import UsageError
+    from dllm.cli.table import REGISTRY
+
+    errors = []
+    for m in DLLM_WORDS.finditer(line):
+        raw = m[1].split()
+        if not raw or raw[0].startswith(("-", "<", "$", "...")):
+            continue  # `dllm --help`, `dllm <group> <command>`, `--model dllm ...`
+        words = [w.strip("`").rstrip(":;,.)") for w in raw]
+        if words[0] in REGISTRY.groups and (len(words) == 1 or words[1] in ("-h", "--help")):
+            continue  # `dllm bench`, `dllm bench --help`: the group's list of commands
+        try:
+            REGISTRY.find(words)
+        except UsageError as err:
+            errors.append(f"dllm {' '.join(words)}: {err}")
+    return errors
+
+
 def test_every_dllm_command_shown_is_registered() -> None:
     """Each ``dllm <words>`` in the pages' commands names a command of the registry (``dllm/cli/table.py``),
     and ``python -m`` appears only for lm-eval's harness, ``dllm.train`` and ``dllm`` itself: a command that
     moves or is renamed fails here, not in a reader's shell."""
-    from dllm.cli.registry import UsageError
-    from dllm.cli.table import REGISTRY
-
     bad = []
     for page in PAGES:
         for text in _code_texts(page):
             for line in text.splitlines():
                 line = line.split(" #", 1)[0]
-                for m in DLLM_WORDS.finditer(line):
-                    raw = m[1].split()
-                    if not raw or raw[0].startswith(("-", "<", "$", "...")):
-                        continue  # `dllm --help`, `dllm <group> <command>`, `--model dllm ...`
-                    words = [w.rstrip(":;,.)") for w in raw]
-                    if words[0] in REGISTRY.groups and (len(words) == 1 or words[1] in ("-h", "--help")):
-                        continue  # `dllm bench`, `dllm bench --help`: the group's list of commands
-                    try:
-                        REGISTRY.find(words)
-                    except UsageError as err:
-                        bad.append(f"{page.relative_to(ROOT)}: {line.strip()!r}: {err}")
+                bad += [f"{page.relative_to(ROOT)}: {line.strip()!r}: {err}" for err in _unknown_commands(line)]
                 for target in PYTHON_M.findall(line):
                     if target not in PYTHON_M_ALLOWED:
                         bad.append(f"{page.relative_to(ROOT)}: {line.strip()!r}: python -m {target} "
@@ -211,26 +219,12 @@ def _stale_in_script(script: Path) -> list[str]:
     """The commands of a shell script that no longer exist: a ``dllm <words>`` the registry does not
     know, a ``python -m <module>`` that cannot be imported, a ``python benchmarks/<file>.py`` that is
     not there. Comments are read too (they tell a reader what to run)."""
-    import importlib.util
-
-    from dllm.cli.registry import UsageError
-    from dllm.cli.table import REGISTRY
-
     bad = []
     for n, line in enumerate(script.read_text(encoding="utf-8").splitlines(), 1):
         where = f"{script.name}:{n}"
-        for m in DLLM_WORDS.finditer(line):
-            words = [w.strip("`").rstrip(":;,.)") for w in m[1].split()]
-            if not words or words[0].startswith(("-", "<", "$", "\"", "...")):
-                continue
-            if words[0] in REGISTRY.groups and (len(words) == 1 or words[1].startswith("-")):
-                continue
-            try:
-                REGISTRY.find(words)
-            except UsageError as err:
-                bad.append(f"{where}: dllm {' '.join(words)}: {err}")
-        for target in re.findall(r"python3? -m (dllm[\w.]*)", line):
-            if importlib.util.find_spec(target) is None:
+        bad += [f"{where}: {err}" for err in _unknown_commands(line)]
+        for target in PYTHON_M.findall(line):
+            if not _is_module(target):
                 bad.append(f"{where}: python -m {target}: no such module")
         for path in SCRIPT_FILE.findall(line):
             if not (ROOT / path).is_file():
