@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -61,9 +61,18 @@ UNMASK_MODES = ("all", "max_conf", "min_kl")
 EXTRAS_KEY = "klass"  # state.extras[EXTRAS_KEY] = (logp [B, W, V] float64, since [B, W] long, t) or None: the
 #   last step's log-probabilities, per position the first step of its current run of KLs below kappa
 #   (t + 1 where the last KL is not below), and t, the last step's index since the history started
-NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = (canvas column, logits [B, N, V], valid [B], settled) of
-#   the columns right of the window at each row's last step (a next block's first KL compares with them);
-#   settled: no later step of this block can change valid (see ``_next_block_logits``)
+NEXT_KEY = "klass_next"  # state.extras[NEXT_KEY] = a ``Carry`` or None
+
+
+class Carry(NamedTuple):
+    """The columns right of the window at each row's last step (a next block's first KL compares with
+    them): ``col`` their first canvas column, ``logits`` [B, N, V], ``valid`` [B] bool, and
+    ``settled``: no later step of this block can change ``valid`` (see ``_next_block_logits``)."""
+
+    col: int
+    logits: torch.Tensor
+    valid: torch.Tensor
+    settled: bool
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor, p: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -151,9 +160,9 @@ class KLASS(Sampler):
         return out
 
 
-def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor) -> Optional[tuple]:
-    """What a block that starts after this step compares its first distributions with: (canvas
-    column e, logits [B, N, V] of the N <= BL columns from e, valid [B] bool), or None.
+def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor) -> Optional[Carry]:
+    """What a block that starts after this step compares its first distributions with: a ``Carry`` of
+    canvas column e, the logits [B, N, V] of the N <= BL columns from e and valid [B] bool, or None.
 
     A row that still had masks in the block (``active`` [B, W] bool) takes this step's logits of those
     columns -- valid only if the query reached them (``cache="dual"``'s cached steps stop at the
@@ -172,18 +181,19 @@ def _next_block_logits(inp: StepInput, state: DecodeState, active: torch.Tensor)
     n = getattr(state, "block_length", 0) or (q - we)
     reached = max(0, min(we + n, q) - we)  # columns of the query right of the window (at most n)
     old = state.extras.get(NEXT_KEY)
-    if old is None or old[0] != col:  # the block's first step (every row has masks) or no carry
-        return None if reached == 0 else (col, inp.logits[:, we:we + n].clone(),
-                                          torch.ones(active.shape[0], dtype=torch.bool, device=active.device), False)
+    if old is None or old.col != col:  # the block's first step (every row has masks) or no carry
+        return None if reached == 0 else Carry(col, inp.logits[:, we:we + n].clone(),
+                                               torch.ones(active.shape[0], dtype=torch.bool, device=active.device),
+                                               False)
     if reached == 0:
-        if old[3]:
+        if old.settled:
             return old
-        return col, old[1], old[2] > active.any(dim=1), True  # bool >: valid and no masks in the row
+        return old._replace(valid=old.valid > active.any(dim=1), settled=True)  # bool >: valid, no masks in the row
     rows = active.any(dim=1)  # [B]
     right = inp.logits[:, we:we + n]  # [B, N, V]
-    if right.shape != old[1].shape:
-        return col, right.clone(), rows.clone(), False
-    return col, torch.where(rows[:, None, None], right, old[1]), old[2] | rows, False
+    if right.shape != old.logits.shape:
+        return Carry(col, right.clone(), rows.clone(), False)
+    return Carry(col, torch.where(rows[:, None, None], right, old.logits), old.valid | rows, False)
 
 
 def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optional[torch.Tensor]:
@@ -191,8 +201,7 @@ def _carried_kl(logp: torch.Tensor, inp: StepInput, state: DecodeState) -> Optio
     for rows that have none; None when nothing was carried (``_next_block_logits``)."""
     carried = state.extras.get(NEXT_KEY)
     ws, we = inp.window
-    if carried is None or carried[0] != inp.query_start + ws or carried[1].shape[1] < we - ws:
+    if carried is None or carried.col != inp.query_start + ws or carried.logits.shape[1] < we - ws:
         return None
-    col, logits, valid, _ = carried
-    kl = kl_divergence(logp, torch.log_softmax(logits[:, :we - ws], dim=-1, dtype=torch.float64))  # [B, W]
-    return kl.masked_fill(~valid[:, None], float("inf"))
+    kl = kl_divergence(logp, torch.log_softmax(carried.logits[:, :we - ws], dim=-1, dtype=torch.float64))  # [B, W]
+    return kl.masked_fill(~carried.valid[:, None], float("inf"))

@@ -338,7 +338,7 @@ def test_steps_short_of_the_next_block_clear_the_carry_of_rows_with_masks_once()
                            [True] * 4 + [False] * 4])
     full.window = (0, 4)
     sampler.step(full, state)  # the block-start forward reaches the next block: every row valid
-    assert state.extras[NEXT_KEY][2].tolist() == [True, True, True] and not state.extras[NEXT_KEY][3]
+    assert state.extras[NEXT_KEY].valid.tolist() == [True, True, True] and not state.extras[NEXT_KEY].settled
     want = torch.ones(3, dtype=torch.bool)
     for active in ([[False, True, True, True], [False] * 4, [True, False, True, False]],  # row 1 is full
                    [[False, False, True, True], [False] * 4, [False, False, True, False]],
@@ -347,7 +347,7 @@ def test_steps_short_of_the_next_block_clear_the_carry_of_rows_with_masks_once()
         sampler.step(short, state)
         want &= ~torch.tensor(active).any(dim=1)
         carried = state.extras[NEXT_KEY]
-        assert torch.equal(carried[2], want) and carried[3] and carried[0] == 4
+        assert torch.equal(carried.valid, want) and carried.settled and carried.col == 4
     assert want.tolist() == [False, True, False]
 
 
