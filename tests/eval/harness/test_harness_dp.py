@@ -24,6 +24,7 @@ from dllm.models import load  # noqa: E402
 
 TASKS = ("copy", "sort_num", "pick_pair", "shuffle_2tok")
 PER_SIZE = 2
+ATTEMPTS = 3  # launches when a rank aborts at exit (_aborted_at_exit)
 
 # Run by every process; lm-eval's own tasks are not indexed (seconds per process, not ours to test).
 SCRIPT = """
@@ -62,11 +63,11 @@ def test_two_processes_give_the_single_process_numbers(tmp_path):
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "--main_process_port", "0", str(tmp_path / "run.py"), str(tmp_path),
            ",".join(lm_task_name(t) for t in TASKS)]
-    for attempt in range(2):
+    for _ in range(ATTEMPTS):
         for r in (0, 1):
             (tmp_path / f"rank{r}.json").unlink(missing_ok=True)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode == 0 or not _aborted_at_exit(proc.stderr, tmp_path) or attempt:
+        if proc.returncode == 0 or not _aborted_at_exit(proc.stderr):
             break
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -79,12 +80,12 @@ def test_two_processes_give_the_single_process_numbers(tmp_path):
     assert "results" not in ranks[1]
 
 
-def _aborted_at_exit(stderr: str, out) -> bool:
-    """A rank that aborts during interpreter finalization, after both ranks wrote their results
-    (``terminate called without an active exception``; ``PYTHONFAULTHANDLER=1`` shows no Python frame
-    left). Seen about once in 15-60 launches on a loaded 2-core machine, never under gdb; the root
-    cause (C++ threads of the CPU process group or of torchrun's store torn down at exit) is not
-    found, and an ``atexit`` ``destroy_process_group`` does not prevent it. The test runs the launch
-    once more then, and the second run must pass; any other failure fails at once."""
-    return ("terminate called without an active exception" in stderr
-            and all((out / f"rank{r}.json").is_file() for r in (0, 1)))
+def _aborted_at_exit(stderr: str) -> bool:
+    """A rank that aborts as its generation ends or after (``terminate called without an active
+    exception``; with ``PYTHONFAULTHANDLER=1`` no Python frame is left, so during interpreter
+    finalization). Seen once in 15-60 launches on an idle 2-core machine and more often under CI's
+    parallel load, never under gdb; the root cause (C++ threads of the CPU process group or of
+    torchrun's store torn down at exit) is not found, and an ``atexit`` ``destroy_process_group``
+    does not prevent it. The launch then runs again (``ATTEMPTS`` in all), and the last run must
+    pass; any other failure fails at once."""
+    return "terminate called without an active exception" in stderr
