@@ -100,8 +100,8 @@ class RunningForwards:
             if w:
                 runs.append((run[0], run[-1] + 1, w))
         fulls = [r for r, is_full in enumerate(full) if is_full]
-        if out is None and runs == [(0, len(self.rows), wb)]:  # every row cached, one width: one call, no copy
-            return self._kv_forward(slice(None), *policy.cached_span(length, e - wb, e, shift), e - wb)
+        if out is None and fulls == list(range(fulls[0], fulls[-1] + 1) if fulls else []):
+            return self._cached_pieces(runs, fulls, length, e, wb, shift)  # every row, the full ones in a run
         logits = out
         for r0, r1, w in runs:
             part = self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
@@ -124,6 +124,22 @@ class RunningForwards:
                 logits.index_copy_(0, idx, part)
         assert logits is not None
         return logits
+
+    def _cached_pieces(self, runs: list[tuple[int, int, int]], fulls: list[int], length: int, e: int, wb: int,
+                       shift: int) -> torch.Tensor:
+        """``_cached_logits`` when every row is forwarded and the rows at a full forward are one run:
+        the calls' logits in row order, a narrower block's padded on the left (no masks there), joined
+        by one ``cat`` instead of copies into a new tensor -> [R, Wb, V]."""
+        policy = self.policy
+        pieces = []  # (first row, logits [n, Wb, V])
+        for r0, r1, w in runs:
+            part = self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w)  # [n, w, V]
+            pieces.append((r0, torch.nn.functional.pad(part, (0, 0, wb - w, 0)) if w < wb else part))
+        if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
+            a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
+            pieces.append((fulls[0], self._kv_forward(slice(fulls[0], fulls[-1] + 1), a, length, e - wb)))
+        pieces.sort(key=lambda piece: piece[0])  # the runs and the full rows tile [0, R)
+        return pieces[0][1] if len(pieces) == 1 else torch.cat([part for _, part in pieces])
 
     def _cached_variants(self, rows: list[int], idx: torch.Tensor, tokens: torch.Tensor, group: int) -> torch.Tensor:
         """``_variant_forward`` under a cache: each row's variants as its block's cached query against

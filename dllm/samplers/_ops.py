@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, gumbel_argmax, max_prob_excluding, neg_inf,
+from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, greedy_with_prob, gumbel_argmax, neg_inf,
                                     pick_last, rows_per_chunk, softmax_prob)
 from dllm.samplers.stats import fused_propose, use_fused
 from dllm.samplers.draws import Generator
@@ -142,29 +142,31 @@ def propose(logits: torch.Tensor, temperature: float, generator: Generator,
     return gumbel_argmax(logits, temperature, generator, mask_id, query_start=query_start)
 
 
-def proposal_prob(logits: torch.Tensor, x0: torch.Tensor, temperature: float, mask_id: int) -> torch.Tensor:
-    """``p(x0)`` from the float64 softmax of logits [..., V], x0 [...] from ``propose`` -> [...] float64.
-    At T = 0, x0 is the arg-max without the mask id, so ``p(x0)`` is the largest probability without
-    it (the softmax is monotone in the logits): ``chunked.max_prob_excluding``, one call fewer than the
-    gather, when the softmax fits one piece (``dllm.samplers.chunked``); else the (chunked) gather."""
+def propose_with_prob(logits: torch.Tensor, temperature: float, generator: Generator,
+                      mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``propose`` and ``p(x0)`` from the float64 softmax of logits [..., V] -> ([...] long, [...]
+    float64). At T = 0, x0 is the arg-max without the mask id and p(x0) the largest probability
+    without it (the softmax is monotone in the logits): both from one softmax
+    (``chunked.greedy_with_prob``, three calls) when it fits one piece (``dllm.samplers.chunked``);
+    else the proposals, then the (chunked) gather."""
     v = logits.shape[-1]
     if temperature == 0 and logits.numel() <= rows_per_chunk(v) * v:
-        return max_prob_excluding(logits, mask_id, torch.float64)
-    return softmax_prob(logits, x0)
+        return greedy_with_prob(logits, mask_id)
+    x0 = propose(logits, temperature, generator, mask_id)
+    return x0, softmax_prob(logits, x0)
 
 
 def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Fast-dLLM proposals and confidences over the block window, placed in query coordinates.
     Returns (tokens [B, Q] long, confidence [B, Q], -inf off the window): float64 from the
-    reference softmax (``proposal_prob``), float32 from the fused kernel (``stats``, see
+    reference softmax (``propose_with_prob``), float32 from the fused kernel (``stats``, see
     ``dllm.samplers.stats``)."""
     logits = window_of(inp.logits, inp.window)  # [B, W, V]
     if use_fused(stats, logits):
         noise = gumbel_uniforms(logits, inp.temperature, inp.generator)  # the ones ``propose`` draws
         x0, conf = fused_propose(logits, inp.temperature, noise, inp.mask_id)  # [B, W], [B, W] f32
     else:
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = proposal_prob(logits, x0, inp.temperature, inp.mask_id)  # [B, W] float64
+        x0, conf = propose_with_prob(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W], float64
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),
             expand_window(conf, inp.window, width, float("-inf")))

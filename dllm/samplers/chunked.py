@@ -151,6 +151,24 @@ def max_excluding(values: torch.Tensor, banned: Optional[int]) -> torch.Tensor:
     return values.amax(dim=-1)
 
 
+def greedy_with_prob(logits: torch.Tensor, banned: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(argmax_excluding(logits, banned), p)`` with p its probability under the float64 softmax of
+    all of logits [..., V] (``banned``'s column in the denominator): three calls (softmax, ``where``,
+    ``max``) instead of five (``where`` and ``argmax`` for the token, softmax, ``where`` and ``amax``
+    for p). The float64 softmax is increasing in the logits, so its first maximum without ``banned``
+    is the logits' own, and strictly so for float32/float16/bfloat16 logits: two of them give the
+    same float64 ``exp(l - max)`` only if they differ by less than 2^-53 near a row maximum under
+    2^-29 in magnitude, or both underflow, more than 745 below the maximum. So the one exception: a
+    ``banned`` id more than 745 above every other id gives them all p = 0 (as the gather does), and
+    the token is then the first of them, not their arg-max (tested). One piece of [..., V] float64
+    (callers check ``rows_per_chunk``). -> (x0 [...] long, p [...] float64)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # [..., V]
+    if banned is not None and 0 <= banned < probs.shape[-1]:
+        probs = without_column(probs, banned)
+    p, x0 = probs.max(dim=-1)  # the first index of the maximum, as argmax
+    return x0, p
+
+
 def _perturb(l64: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.exp(l64) / (-torch.log(u)) ** temperature  # LLaDA's exp(l) / (-log u)^T
 
@@ -229,6 +247,6 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "gumbel_argmax", "max_prob_excluding",
-           "neg_inf", "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms",
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "greedy_with_prob", "gumbel_argmax",
+           "max_prob_excluding", "neg_inf", "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms",
            "without_column"]

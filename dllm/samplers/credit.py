@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_number, check_unit
-from dllm.samplers._ops import argmax_excluding, expand_window, propose, proposal_prob, threshold_commit, window_of
+from dllm.samplers._ops import argmax_excluding, expand_window, propose_with_prob, threshold_commit, window_of
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -76,8 +76,7 @@ class Credit(Sampler):
         credit.scatter_add_(2, raw_top, boost)
         fused = logits32 + cfg.alpha * torch.log1p(credit)  # [B, W, V]
 
-        x0 = propose(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf_w = proposal_prob(fused, x0, inp.temperature, inp.mask_id)  # [B, W] float64
+        x0, conf_w = propose_with_prob(fused, inp.temperature, inp.generator, inp.mask_id)  # [B, W], float64
         width = inp.logits.shape[1]
         tokens = expand_window(x0, inp.window, width, inp.mask_id)  # [B, Q]
         conf = expand_window(conf_w, inp.window, width, float("-inf"))  # [B, Q]

@@ -181,8 +181,8 @@ def test_max_excluding_is_the_probability_at_the_argmax_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_greedy_confidence_is_the_gathered_probability_bit_for_bit(dtype):
-    """At T = 0 ``propose_with_confidence`` takes p(x0) as the largest probability without the mask id
-    (``max_prob_excluding``): the same float64 bits as the softmax gathered at the arg-max, ties,
+    """At T = 0 ``propose_with_confidence`` takes x0 and p(x0) from one float64 softmax, the largest
+    probability without the mask id (``greedy_with_prob``): the arg-max's token and the same float64 bits as the softmax gathered at the arg-max, ties,
     a dominant mask id and a window narrower than the query included."""
     from dllm.samplers._ops import propose_with_confidence
     from dllm.state import StepInput
@@ -200,3 +200,35 @@ def test_greedy_confidence_is_the_gathered_probability_bit_for_bit(dtype):
     assert torch.equal(tokens[:, 2:8], x0)
     assert torch.equal(conf[:, 2:8], softmax_prob(logits[:, 2:8], x0))
     assert conf[:, :2].isneginf().all() and conf[:, 8:].isneginf().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_greedy_with_prob_is_the_argmax_and_its_gathered_probability(dtype):
+    """``greedy_with_prob`` (one softmax, ``where``, ``max``) against the five-call path it replaces
+    (``argmax_excluding`` of the logits, the float64 softmax gathered there): the same tokens and
+    bits with maxima one ulp apart, equal maxima, ``-inf`` columns, a dominant banned id, the banned
+    id 0, V - 1 or outside V, and logits near 0 and near the dtype's largest values."""
+    from dllm.samplers.chunked import greedy_with_prob
+
+    g = torch.Generator().manual_seed(3)
+    v = 64
+    logits = (torch.randn(8, 5, v, generator=g) * 3).to(dtype)
+    top = logits.amax(dim=-1, keepdim=True)
+    logits[0] = torch.where(logits[0] == top[0], logits[0], -float("inf"))  # only the maxima finite
+    nxt = torch.nextafter(top[1], torch.full_like(top[1], float("inf")))  # one ulp above the maximum
+    logits[1].scatter_(-1, torch.full_like(top[1], 17, dtype=torch.long), nxt)
+    logits[2, :, 4] = logits[2, :, 40] = logits[2].amax() + 1  # equal maxima
+    logits[3] *= 1e-3  # near 0
+    logits[4] = logits[4] / logits[4].abs().amax() * (0.5 * torch.finfo(dtype).max)  # near the largest
+    logits[5, :, 9] = logits[5].amax() + 700  # a dominant id (banned below): the others' p ~ 1e-300
+    for banned in (9, 0, v - 1, v, None):
+        x0, p = greedy_with_prob(logits, banned)
+        want = argmax_excluding(logits, banned if banned is not None else v)
+        assert torch.equal(x0, want), banned
+        assert torch.equal(p, softmax_prob(logits, want)), banned
+    # the documented exception: every other id more than 745 below the banned one underflows to p = 0,
+    # so the token is the first such id, not the logits' arg-max; p is 0 either way
+    logits[5, :, 9] = logits[5].amax() + 800
+    x0, p = greedy_with_prob(logits[5], 9)
+    want = argmax_excluding(logits[5], 9)
+    assert (p == 0).all() and torch.equal(p, softmax_prob(logits[5], want)) and (x0 == 0).all()
