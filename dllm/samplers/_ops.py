@@ -142,17 +142,17 @@ def propose(logits: torch.Tensor, temperature: float, generator: Generator,
     return gumbel_argmax(logits, temperature, generator, mask_id, query_start=query_start)
 
 
-def propose_with_prob(logits: torch.Tensor, temperature: float, generator: Generator,
-                      mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def propose_with_prob(logits: torch.Tensor, temperature: float, generator: Generator, mask_id: int,
+                      query_start: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``propose`` and ``p(x0)`` from the float64 softmax of logits [..., V] -> ([...] long, [...]
     float64). At T = 0, x0 is the arg-max without the mask id and p(x0) the largest probability
     without it (the softmax is monotone in the logits): both from one softmax
     (``chunked.greedy_with_prob``, three calls) when it fits one piece (``dllm.samplers.chunked``);
-    else the proposals, then the (chunked) gather."""
+    else the proposals, then the (chunked) gather. ``query_start``: as ``propose``'s."""
     v = logits.shape[-1]
     if temperature == 0 and logits.numel() <= rows_per_chunk(v) * v:
         return greedy_with_prob(logits, mask_id)
-    x0 = propose(logits, temperature, generator, mask_id)
+    x0 = propose(logits, temperature, generator, mask_id, query_start)
     return x0, softmax_prob(logits, x0)
 
 

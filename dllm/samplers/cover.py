@@ -47,7 +47,7 @@ from typing import Optional
 import torch
 
 from dllm.options import check_bool, check_int, check_number, check_unit
-from dllm.samplers._ops import propose, ranks_of, window_of, window_output
+from dllm.samplers._ops import propose_with_prob, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import argmax_excluding, constant, neg_inf, softmax_prob
 from dllm.samplers.wino import as_column, draft_caps, wide_in_count
@@ -195,8 +195,8 @@ class Cover(Sampler):
         others = in_view - 1  # [B, 1]
         seeds = choose_seeds(rec, committed, cfg, others)  # [B, W]
 
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = torch.where(active, softmax_prob(logits, x0), float("-inf"))  # [B, W] float64
+        x0, p0 = propose_with_prob(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W], float64
+        conf = torch.where(active, p0, float("-inf"))  # [B, W] float64
         n_masks = active.sum(dim=1, keepdim=True)  # [B, 1]
         cap = draft_caps(active.shape[1], cfg.accept_ratio, cfg.min_accept, cfg.max_accept, active.device)[n_masks]
         rank = ranks_of(conf.argsort(dim=1, descending=True, stable=True))  # [B, W]

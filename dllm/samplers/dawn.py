@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import propose, softmax_prob, top1
+from dllm.samplers._ops import propose_with_prob, top1
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -151,8 +151,7 @@ class Dawn(Sampler):
 
         # proposals and confidence for every position before the block end
         head = logits[:, :we]  # [B, we, V]
-        x0 = propose(head, inp.temperature, inp.generator, mask_id, query_start=inp.query_start)  # [B, we]
-        c = softmax_prob(head, x0)  # [B, we] float64, a few rows at a time
+        x0, c = propose_with_prob(head, inp.temperature, inp.generator, mask_id, inp.query_start)  # [B, we], float64
         tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
         tokens[:, :we] = x0
         conf = torch.full((bsz, q), float("-inf"), dtype=torch.float64, device=logits.device)

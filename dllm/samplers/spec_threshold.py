@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import argmax_excluding, ranks_of, window_of, window_output
+from dllm.samplers._ops import ranks_of, window_of, window_output
 from dllm.samplers._verify import forward_window_variants
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import column_ids, constant, max_prob_excluding, neg_inf
+from dllm.samplers.chunked import column_ids, constant, greedy_with_prob, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -49,10 +49,10 @@ class SpecThresholdConfig:
 
 def confidence(logits: torch.Tensor, active: torch.Tensor, mask_id: int):
     """The reference's proposals and scores. logits [R, Q, V], active [R, Q] ->
-    (tokens [R, Q] arg-max, confidence [R, Q] float64 softmax at them, -inf off active): the largest
-    probability without the mask id (``chunked.max_prob_excluding``, one call fewer than a gather)."""
-    tokens = argmax_excluding(logits, mask_id)  # [R, Q]
-    conf = max_prob_excluding(logits, mask_id, torch.float64)  # [R, Q]
+    (tokens [R, Q] arg-max, confidence [R, Q] float64 softmax at them, -inf off active): both from
+    one float64 softmax (``chunked.greedy_with_prob``: the largest probability without the mask id
+    and where it stands, three calls instead of five)."""
+    tokens, conf = greedy_with_prob(logits, mask_id)  # [R, Q], [R, Q] float64
     return tokens, torch.where(active, conf, neg_inf(conf.device))
 
 

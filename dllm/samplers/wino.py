@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import gather_prob, propose, ranks_of, window_of, window_output
+from dllm.samplers._ops import gather_prob, propose_with_prob, ranks_of, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import constant, neg_inf
 from dllm.state import DecodeState, StepInput, StepOutput
@@ -133,8 +133,7 @@ class Wino(Sampler):
         logits = window_of(inp.logits, inp.window)  # [B, W, V]
         active = window_of(inp.active, inp.window)  # [B, W] (the block's masks: the rest is committed)
         current = window_of(inp.tokens, inp.window)  # [B, W]
-        x0 = propose(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W]
-        conf = gather_prob(torch.softmax(logits, dim=-1, dtype=torch.float64), x0)  # [B, W]
+        x0, conf = propose_with_prob(logits, inp.temperature, inp.generator, inp.mask_id)  # [B, W], float64
         conf = torch.where(active, conf, neg_inf(conf.device))  # [B, W] also the step's score
         n_masks = active.sum(dim=1, keepdim=True)  # [B, 1]
         cap = draft_caps(active.shape[1], cfg.accept_ratio, cfg.min_accept, cfg.max_accept, active.device)[n_masks]
