@@ -35,7 +35,9 @@ semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or one key p
 - Data parallel: launched as several processes (``accelerate launch --multi_gpu --num_processes N``
   or ``torchrun --nproc_per_node N``; without a GPU too, the processes then share a gloo group),
   ``rank``/``world_size`` come from ``accelerate.Accelerator`` and lm-eval shards the requests;
-  ``all_gather`` and ``gather_object`` go through accelerate / ``torch.distributed``. Note that
+  ``all_gather`` goes through accelerate, ``gather_object`` through ``dllm.eval.harness.gather``
+  (torch's, returning only once Gloo's workers let go of its tensors: lm-eval's last gather can no
+  longer abort a CPU process at exit). Note that
   ``accelerate launch --cpu --num_processes N`` starts a single process (accelerate's multi-CPU
   launch needs mpirun and a hostfile).
 
@@ -53,6 +55,7 @@ import torch
 from lm_eval.api.model import LM
 
 from dllm.eval.harness.config import decode_setting, default_device, split_model_args
+from dllm.eval.harness.gather import gather_object
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.text.tokenizer import encode_text
@@ -164,9 +167,7 @@ class DllmLM(LM):
     def gather_object(self, obj: Any, dst: int = 0) -> Optional[list]:
         if self.accelerator is None:
             return [obj]
-        result = [None] * self.world_size if self.rank == dst else None
-        torch.distributed.gather_object(obj=obj, object_gather_list=result, dst=dst)
-        return result
+        return gather_object(obj, dst)  # returns after Gloo's workers let go of its tensors: no abort at exit
 
     def barrier(self) -> None:
         if self.accelerator is not None:

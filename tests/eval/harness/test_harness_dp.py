@@ -24,7 +24,6 @@ from dllm.models import load  # noqa: E402
 
 TASKS = ("copy", "sort_num", "pick_pair", "shuffle_2tok")
 PER_SIZE = 2
-ATTEMPTS = 3  # launches when a rank aborts at exit (_aborted_at_exit)
 
 # Run by every process; lm-eval's own tasks are not indexed (seconds per process, not ours to test).
 SCRIPT = """
@@ -63,12 +62,9 @@ def test_two_processes_give_the_single_process_numbers(tmp_path):
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "--main_process_port", "0", str(tmp_path / "run.py"), str(tmp_path),
            ",".join(lm_task_name(t) for t in TASKS)]
-    for _ in range(ATTEMPTS):
-        for r in (0, 1):
-            (tmp_path / f"rank{r}.json").unlink(missing_ok=True)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode == 0 or not _aborted_at_exit(proc.stderr):
-            break
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # one launch: the abort at exit that made it flaky (a Gloo worker releasing lm-eval's last gather
+    # during finalization) is closed by dllm.eval.harness.gather (test_gather_exit.py)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
@@ -79,13 +75,3 @@ def test_two_processes_give_the_single_process_numbers(tmp_path):
     assert ranks[0]["results"] == {lm_task_name(t): want[t] for t in TASKS}
     assert "results" not in ranks[1]
 
-
-def _aborted_at_exit(stderr: str) -> bool:
-    """A rank that aborts as its generation ends or after (``terminate called without an active
-    exception``; with ``PYTHONFAULTHANDLER=1`` no Python frame is left, so during interpreter
-    finalization). Seen once in 15-60 launches on an idle 2-core machine and more often under CI's
-    parallel load, never under gdb; the root cause (C++ threads of the CPU process group or of
-    torchrun's store torn down at exit) is not found, and an ``atexit`` ``destroy_process_group``
-    does not prevent it. The launch then runs again (``ATTEMPTS`` in all), and the last run must
-    pass; any other failure fails at once."""
-    return "terminate called without an active exception" in stderr

@@ -1,0 +1,59 @@
+"""``dllm.eval.harness.gather``: torch's ``gather_object`` on a Gloo group of two CPU processes, returning
+only once the group's workers let go of the collectives' tensors (the abort-at-exit race it closes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dllm.eval.harness.gather import gather_object, released
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        got = {dst: gather_object({"rank": rank, "text": "x" * (100 * rank + 3)}, dst=dst) for dst in (0, 1)}
+        try:
+            gather_object("x", dst=2)
+            bad = None
+        except ValueError as err:
+            bad = str(err)
+        # without the wait, a worker can still hold a finished collective's tensors when it returns
+        outs = [torch.zeros(1) for _ in range(2)]
+        dist.all_gather(outs, torch.full((1,), float(rank)))
+        ok = released(outs)
+        torch.save({"got": got, "bad": bad, "released": ok, "counts": [t._use_count() for t in outs],
+                    "values": [t.item() for t in outs]}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gather_object_on_two_gloo_processes(tmp_path):
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    want = [{"rank": 0, "text": "xxx"}, {"rank": 1, "text": "x" * 103}]  # unequal sizes: padded and cut
+    for r, res in enumerate(ranks):
+        assert res["got"] == {r: want, 1 - r: None}
+        assert res["bad"] == "dst must be a rank in [0, 2), got 2"
+        assert res["released"] and res["counts"] == [1, 1] and res["values"] == [0.0, 1.0]
+
+
+def test_released_waits_for_other_holders_and_gives_up_after_its_timeout():
+    t = torch.zeros(4)
+    assert released([t])
+    view = t[:2]  # another holder of t
+    assert not released([t], timeout=0.01)
+    del view
+    assert released([t], timeout=0.01)
