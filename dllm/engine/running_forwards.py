@@ -99,47 +99,35 @@ class RunningForwards:
             run = list(run)
             if w:
                 runs.append((run[0], run[-1] + 1, w))
+        pieces = [(r0, r1, self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w))
+                  for r0, r1, w in runs]  # (first row, end row, logits [n, w, V])
         fulls = [r for r, is_full in enumerate(full) if is_full]
-        if out is None and fulls == list(range(fulls[0], fulls[-1] + 1) if fulls else []):
-            return self._cached_pieces(runs, fulls, length, e, wb, shift)  # every row, the full ones in a run
-        logits = out
-        for r0, r1, w in runs:
-            part = self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w)  # [N, w, V]
-            if logits is None:
-                logits = part.new_empty((len(self.rows), wb, part.shape[-1]))
-            if w < wb:
-                logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
-            logits[r0:r1, wb - w:] = part
+        idx = scattered = None
         if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
             a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
             if fulls == list(range(fulls[0], fulls[-1] + 1)):
-                part = self._kv_forward(slice(fulls[0], fulls[-1] + 1), a, length, e - wb)
-                if logits is None:
-                    return part
-                logits[fulls[0]:fulls[-1] + 1] = part
+                pieces.append((fulls[0], fulls[-1] + 1, self._kv_forward(slice(fulls[0], fulls[-1] + 1), a, length,
+                                                                         e - wb)))
             else:
                 idx = torch.tensor(fulls, device=self.device)  # one upload: the rows of the call
-                part = self._kv_forward(idx, a, length, e - wb)
-                logits = part.new_empty((len(self.rows), *part.shape[1:])) if logits is None else logits
-                logits.index_copy_(0, idx, part)
-        assert logits is not None
+                scattered = self._kv_forward(idx, a, length, e - wb)  # [len(fulls), Wb, V]
+        if out is None and idx is None:  # every row forwarded, the calls tile the rows: one cat in row order,
+            pieces.sort(key=lambda piece: piece[0])  # a narrower block's logits padded on the left (no masks)
+            parts = [torch.nn.functional.pad(p, (0, 0, wb - p.shape[1], 0)) if p.shape[1] < wb else p
+                     for _, _, p in pieces]
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+        logits = out
+        if logits is None:
+            first = pieces[0][2] if pieces else scattered
+            logits = first.new_empty((len(self.rows), wb, first.shape[-1]))
+        for r0, r1, part in pieces:
+            w = part.shape[1]
+            if w < wb:
+                logits[r0:r1, :wb - w] = 0  # left of a narrower block: no masks there
+            logits[r0:r1, wb - w:] = part
+        if idx is not None:
+            logits.index_copy_(0, idx, scattered)
         return logits
-
-    def _cached_pieces(self, runs: list[tuple[int, int, int]], fulls: list[int], length: int, e: int, wb: int,
-                       shift: int) -> torch.Tensor:
-        """``_cached_logits`` when every row is forwarded and the rows at a full forward are one run:
-        the calls' logits in row order, a narrower block's padded on the left (no masks there), joined
-        by one ``cat`` instead of copies into a new tensor -> [R, Wb, V]."""
-        policy = self.policy
-        pieces = []  # (first row, logits [n, Wb, V])
-        for r0, r1, w in runs:
-            part = self._kv_forward(slice(r0, r1), *policy.cached_span(length, e - w, e, shift), e - w)  # [n, w, V]
-            pieces.append((r0, torch.nn.functional.pad(part, (0, 0, wb - w, 0)) if w < wb else part))
-        if fulls:  # from the leftmost of their first columns (what is left of it is padding of theirs) or
-            a = min(min(self.rows[r].left for r in fulls), e - wb - shift)  # the window's (past the shift)
-            pieces.append((fulls[0], self._kv_forward(slice(fulls[0], fulls[-1] + 1), a, length, e - wb)))
-        pieces.sort(key=lambda piece: piece[0])  # the runs and the full rows tile [0, R)
-        return pieces[0][1] if len(pieces) == 1 else torch.cat([part for _, part in pieces])
 
     def _cached_variants(self, rows: list[int], idx: torch.Tensor, tokens: torch.Tensor, group: int) -> torch.Tensor:
         """``_variant_forward`` under a cache: each row's variants as its block's cached query against
