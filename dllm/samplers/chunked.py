@@ -146,9 +146,13 @@ def max_excluding(values: torch.Tensor, banned: Optional[int]) -> torch.Tensor:
     column) -> [...]: ``where`` and ``amax``, one call fewer than an arg-max and its gather. The
     maximum of a monotone function of logits (their softmax) is its value at the logits' arg-max,
     so it is ``p(argmax_excluding(logits, banned))`` exactly."""
-    if banned is not None and 0 <= banned < values.shape[-1]:
-        values = without_column(values, banned)
-    return values.amax(dim=-1)
+    return _excluded(values, banned).amax(dim=-1)
+
+
+def _excluded(values: torch.Tensor, banned: Optional[int]) -> torch.Tensor:
+    """values [..., V] with column ``banned`` at -inf (``without_column``), or values itself where
+    ``banned`` is None or not an id of V."""
+    return without_column(values, banned) if banned is not None and 0 <= banned < values.shape[-1] else values
 
 
 def greedy_with_prob(logits: torch.Tensor, banned: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,9 +166,7 @@ def greedy_with_prob(logits: torch.Tensor, banned: Optional[int]) -> tuple[torch
     ``banned`` id more than 745 above every other id gives them all p = 0 (as the gather does), and
     the token is then the first of them, not their arg-max (tested). One piece of [..., V] float64
     (callers check ``rows_per_chunk``). -> (x0 [...] long, p [...] float64)."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # [..., V]
-    if banned is not None and 0 <= banned < probs.shape[-1]:
-        probs = without_column(probs, banned)
+    probs = _excluded(torch.softmax(logits, dim=-1, dtype=torch.float64), banned)  # [..., V]
     p, x0 = probs.max(dim=-1)  # the first index of the maximum, as argmax
     return x0, p
 
