@@ -251,13 +251,15 @@ LONG, SHORT = 400, 3  # LONG: many seconds of decoding for 20 rows on a CPU; SHO
 
 
 def serve_one(url: str, i: int, results: list, streaming: threading.Semaphore) -> None:
-    """Request i: streamed when i is even (``streaming`` released once its reply began), LONG
+    """Request i: streamed when i is even (``streaming`` released once its reply began, or it failed), LONG
     max_tokens when i % 4 < 2; its outcome in results[i]."""
     body = {"model": "tiny-llada", "prompt": PROMPT, "max_tokens": LONG if i % 4 < 2 else SHORT,
             "stream": i % 2 == 0}
+    began = False
     try:
         if body["stream"]:
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+                began = True
                 streaming.release()
                 results[i] = (body, r.status_code, dict(r.headers), list(r.iter_lines()))
         else:
@@ -265,6 +267,8 @@ def serve_one(url: str, i: int, results: list, streaming: threading.Semaphore) -
             results[i] = (body, r.status_code, dict(r.headers), r.text)
     except Exception as err:  # noqa: BLE001 - reported by the test
         results[i] = (body, None, {}, f"{type(err).__name__}: {err}")
+        if body["stream"] and not began:
+            streaming.release()  # the test reports this error at once instead of waiting for the stream
 
 
 def outcome(body: dict, status: Optional[int], headers: dict, got: Any) -> tuple[str, str]:
@@ -307,8 +311,10 @@ def test_a_signal_with_a_drain_timeout_ends_every_request_cleanly(tmp_path, sig)
                    for i in range(20)]
         for t in threads:
             t.start()
-        for _ in range(10):  # every streamed reply began
-            assert streaming.acquire(timeout=60)
+        for _ in range(10):  # every streamed reply began (or failed: reported here)
+            assert streaming.acquire(timeout=60), (results, log.read_text()[-3000:])
+        failed = [r for r in results if r is not None and r[1] is None]  # a request that raised
+        assert not failed, (failed, log.read_text()[-3000:])
         deadline = time.monotonic() + 60
         while True:  # the LONG ones are decoding
             health = httpx.get(url + "/health", timeout=10).json()
