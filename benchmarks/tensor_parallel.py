@@ -54,7 +54,7 @@ def make_models(root: Path) -> None:
 
 
 def check(path: Path, expert_parallel: bool, n: int) -> dict:
-    import torch.distributed as dist
+    from dllm.models.parallel.objects import all_gather_object  # (a rank's last collective: released before exit)
 
     whole = dllm.load(path, dtype="float32")
     split = dllm.load(path, dtype="float32", tensor_parallel=n, expert_parallel=expert_parallel)
@@ -79,8 +79,7 @@ def check(path: Path, expert_parallel: bool, n: int) -> dict:
                     pass
                 continue
             got = dllm.generate(split, PROMPTS, sampler, **kwargs).generated.tolist()
-            every = [None] * n
-            dist.all_gather_object(every, got)
+            every = all_gather_object(got)
             out["runs"].append({"sampler": sampler, "cache": cache, "equal": got == want,
                                 "ranks_agree": all(e == every[0] for e in every)})
     return out
@@ -94,7 +93,7 @@ DRAFTERS = ("ngram", "dflash:model=tiny-ar-dflash")
 def check_target(name: str, n: int) -> dict:
     """``speculative_generate`` with a target split by transformers' tensor-parallel plan
     (``load_target(..., tensor_parallel=N)``) against the whole target: greedy, a ragged batch."""
-    import torch.distributed as dist
+    from dllm.models.parallel.objects import all_gather_object
 
     whole, tok = dllm.load_target(name, dtype="float32")
     split, _ = dllm.load_target(name, dtype="float32", tensor_parallel=n)
@@ -104,8 +103,7 @@ def check_target(name: str, n: int) -> dict:
     for drafter in DRAFTERS:
         want = dllm.speculative_generate(whole, drafter, TARGET_PROMPTS, max_new_tokens=40, tokenizer=tok)
         got = dllm.speculative_generate(split, drafter, TARGET_PROMPTS, max_new_tokens=40, tokenizer=tok)
-        every = [None] * n
-        dist.all_gather_object(every, got.generated)
+        every = all_gather_object(got.generated)
         out["runs"].append({"sampler": drafter, "cache": "-", "equal": got.generated == want.generated,
                             "ranks_agree": all(e == every[0] for e in every)})
     return out

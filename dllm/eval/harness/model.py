@@ -35,7 +35,7 @@ semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or one key p
 - Data parallel: launched as several processes (``accelerate launch --multi_gpu --num_processes N``
   or ``torchrun --nproc_per_node N``; without a GPU too, the processes then share a gloo group),
   ``rank``/``world_size`` come from ``accelerate.Accelerator`` and lm-eval shards the requests;
-  ``all_gather`` goes through accelerate, ``gather_object`` through ``dllm.eval.harness.gather``
+  ``all_gather`` goes through accelerate, ``gather_object`` through ``dllm.models.parallel.objects``
   (torch's, returning only once Gloo's workers let go of its tensors: lm-eval's last gather can no
   longer abort a CPU process at exit). Note that
   ``accelerate launch --cpu --num_processes N`` starts a single process (accelerate's multi-CPU
@@ -55,7 +55,7 @@ import torch
 from lm_eval.api.model import LM
 
 from dllm.eval.harness.config import decode_setting, default_device, split_model_args
-from dllm.eval.harness.gather import gather_object
+from dllm.models.parallel.objects import gather_object
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.text.tokenizer import encode_text

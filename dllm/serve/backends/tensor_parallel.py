@@ -40,12 +40,11 @@ class Call:
 
 
 def _broadcast(obj: Any = None) -> Any:
-    """Rank 0 sends ``obj``; every other rank returns what rank 0 sent."""
-    import torch.distributed as dist
+    """Rank 0 sends ``obj``; every other rank returns what rank 0 sent (the stop message last: by
+    ``broadcast_object``, whose Gloo tensors are released before a rank exits)."""
+    from dllm.models.parallel.objects import broadcast_object
 
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return broadcast_object(obj, src=0)
 
 
 class Mirror:

@@ -64,7 +64,7 @@ def test_two_processes_give_the_single_process_numbers(tmp_path):
            ",".join(lm_task_name(t) for t in TASKS)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     # one launch: the abort at exit that made it flaky (a Gloo worker releasing lm-eval's last gather
-    # during finalization) is closed by dllm.eval.harness.gather (test_gather.py)
+    # during finalization) is closed by dllm.models.parallel.objects (tests/models/parallel/test_objects.py)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]

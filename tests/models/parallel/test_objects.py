@@ -1,6 +1,7 @@
-"""``dllm.eval.harness.gather``: torch's ``gather_object`` on a Gloo group of two CPU processes, returning
-only once the group's workers let go of the collectives' tensors, and the abort at exit that this closes,
-reproduced: two processes whose last act is a ``gather_object``. With ``torch.distributed.gather_object``
+"""``dllm.models.parallel.objects``: torch's ``gather_object``, ``all_gather_object`` and
+``broadcast_object_list`` on a Gloo group of two CPU processes, returning only once the group's workers
+let go of the collectives' tensors, and the abort at exit that this closes, reproduced: two processes
+whose last act is one of them. With ``torch.distributed.gather_object``
 about a quarter of such runs abort (a worker destroys the finished collective's tensors while the
 interpreter finalizes: "terminate called without an active exception", seen 26 times in 100 torchrun
 launches on a 2-core machine); with ours none may."""
@@ -18,17 +19,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dllm.eval.harness.gather import gather_object, released
+from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, released
 
 RUNS = 8  # launches of the exit test: at the observed abort rate a regression passes all with probability ~0.1
 
-LAST_GATHER = textwrap.dedent("""
+LAST_CALL = textwrap.dedent("""
+    import sys
     import torch.distributed as dist
-    from dllm.eval.harness.gather import gather_object
+    from dllm.models.parallel import objects
     dist.init_process_group("gloo")
-    out = gather_object({"rank": dist.get_rank(), "x": list(range(100))}, dst=0)
+    obj = {"rank": dist.get_rank(), "x": list(range(100))}
+    name = sys.argv[1]
+    out = objects.all_gather_object(obj) if name == "all_gather_object" else getattr(objects, name)(obj)
     print(out)
 """)
+WHOLE = [{"rank": 0, "x": list(range(100))}, {"rank": 1, "x": list(range(100))}]
+LAST_OUTPUTS = {"gather_object": [str(WHOLE), "None"], "all_gather_object": [str(WHOLE)] * 2,
+                "broadcast_object": [str(WHOLE[0])] * 2}
 
 
 def _free_port() -> int:
@@ -43,28 +50,34 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         got = {dst: gather_object({"rank": rank, "text": "x" * (100 * rank + 3)}, dst=dst) for dst in (0, 1)}
-        try:
-            gather_object("x", dst=2)
-            bad = None
-        except ValueError as err:
-            bad = str(err)
+        every = all_gather_object({"rank": rank, "text": "x" * (100 * rank + 3)})
+        sent = [broadcast_object({"from": rank, "long": "y" * (50 * rank)} if rank == src else None, src=src)
+                for src in (1, 0)]
+        bad = []
+        for call in (lambda: gather_object("x", dst=2), lambda: broadcast_object("x", src=-1)):
+            try:
+                call()
+            except ValueError as err:
+                bad.append(str(err))
         # without the wait, a worker can still hold a finished collective's tensors when it returns
         outs = [torch.zeros(1) for _ in range(2)]
         dist.all_gather(outs, torch.full((1,), float(rank)))
         ok = released(outs)
-        torch.save({"got": got, "bad": bad, "released": ok, "counts": [t._use_count() for t in outs],
+        torch.save({"got": got, "every": every, "sent": sent, "bad": bad, "released": ok, "counts": [t._use_count() for t in outs],
                     "values": [t.item() for t in outs]}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_gather_object_on_two_gloo_processes(tmp_path):
+def test_objects_on_two_gloo_processes(tmp_path):
     mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     want = [{"rank": 0, "text": "xxx"}, {"rank": 1, "text": "x" * 103}]  # unequal sizes: padded and cut
     for r, res in enumerate(ranks):
         assert res["got"] == {r: want, 1 - r: None}
-        assert res["bad"] == "dst must be a rank in [0, 2), got 2"
+        assert res["every"] == want
+        assert res["sent"] == [{"from": 1, "long": "y" * 50}, {"from": 0, "long": ""}]
+        assert res["bad"] == ["dst must be a rank in [0, 2), got 2", "src must be a rank in [0, 2), got -1"]
         assert res["released"] and res["counts"] == [1, 1] and res["values"] == [0.0, 1.0]
 
 
@@ -78,16 +91,16 @@ def test_released_waits_for_other_holders_and_gives_up_after_its_timeout():
 
 
 @pytest.mark.slow
-def test_a_last_gather_never_aborts_the_process_at_exit(tmp_path):
-    script = tmp_path / "last_gather.py"
-    script.write_text(LAST_GATHER)
+@pytest.mark.parametrize("name", sorted(LAST_OUTPUTS))
+def test_a_last_collective_never_aborts_the_process_at_exit(name, tmp_path):
+    script = tmp_path / "last_call.py"
+    script.write_text(LAST_CALL)
     for _ in range(RUNS):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
                "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+        procs = [subprocess.Popen([sys.executable, str(script), name], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in (0, 1)]
         outs = [p.communicate(timeout=120) for p in procs]
         for r, (p, (out, err)) in enumerate(zip(procs, outs)):
             assert "terminate called" not in err and p.returncode == 0, (r, p.returncode, err[-2000:])
-        assert outs[0][0].strip() == str([{"rank": 0, "x": list(range(100))}, {"rank": 1, "x": list(range(100))}])
-        assert outs[1][0].strip() == "None"
+        assert [out.strip() for out, _ in outs] == LAST_OUTPUTS[name]
