@@ -5,7 +5,6 @@ is served."""
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,6 +16,7 @@ import ray  # noqa: E402
 
 import dllm  # noqa: E402
 from dllm import tasks as T  # noqa: E402
+from dllm.models.parallel.group import free_port  # noqa: E402
 from dllm.serve.ray_app import REPLICA_HEADER, DiffusionReplica, application, run  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts Ray and two replica processes (~1 min on 2 cores)
@@ -25,10 +25,6 @@ MODEL = "tiny-llada"
 SETTINGS = ({"sampler": "low_confidence", "cache": "none"}, {"sampler": "threshold", "cache": "dual"})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

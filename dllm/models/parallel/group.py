@@ -4,6 +4,7 @@ one ``DeviceMesh`` dimension ("tp") over every rank, and the device each rank co
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -57,10 +58,17 @@ def tensor_parallel_group(n: int, device: Union[str, torch.device, None] = None)
     return TPGroup(mesh, mesh.get_group(), mesh.get_local_rank(), n, dev)
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now (a group's MASTER_PORT, or a server, binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def all_reduce_(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
     """Sum ``tensor`` over the group in place (every rank ends with the same values) and return it."""
     dist.all_reduce(tensor, group=group)
     return tensor
 
 
-__all__ = ["TPGroup", "all_reduce_", "rank_device", "tensor_parallel_group"]
+__all__ = ["TPGroup", "all_reduce_", "free_port", "rank_device", "tensor_parallel_group"]

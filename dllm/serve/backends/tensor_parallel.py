@@ -21,11 +21,12 @@ import argparse
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
+
+from dllm.models.parallel.group import free_port
 
 STOP = "stop"  # the message that ends a follower
 IDLE_TIMEOUT = datetime.timedelta(days=7)  # a follower waits this long for the next call (gloo's default: 30 min)
@@ -115,10 +116,6 @@ def follow(model: Any) -> None:
             return
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank: int, size: int, port: int) -> dict[str, str]:

@@ -9,7 +9,6 @@ launches on a 2-core machine); with ours none may."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dllm.models.parallel.group import free_port
 from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, released
 
 RUNS = 8  # launches of the exit test: at the observed abort rate a regression passes all with probability ~0.1
@@ -38,10 +38,6 @@ LAST_OUTPUTS = {"gather_object": [str(WHOLE), "None"], "all_gather_object": [str
                 "broadcast_object": [str(WHOLE[0])] * 2}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -70,7 +66,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_objects_on_two_gloo_processes(tmp_path):
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     want = [{"rank": 0, "text": "xxx"}, {"rank": 1, "text": "x" * 103}]  # unequal sizes: padded and cut
     for r, res in enumerate(ranks):
@@ -96,7 +92,7 @@ def test_a_last_collective_never_aborts_the_process_at_exit(name, tmp_path):
     script = tmp_path / "last_call.py"
     script.write_text(LAST_CALL)
     for _ in range(RUNS):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
                "OMP_NUM_THREADS": "1"}
         procs = [subprocess.Popen([sys.executable, str(script), name], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in (0, 1)]

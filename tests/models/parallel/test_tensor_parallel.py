@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import dllm
 from dllm.models import loading
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.moe import MoEConfig
+from dllm.models.parallel.group import free_port
 from dllm.models.parallel.plan import ParallelPlan, check_plan
 from dllm.models.parallel.shard import TensorParallel, splits_vocab
 
@@ -97,10 +97,6 @@ def test_each_rank_keeps_its_heads_columns_and_experts():
     assert ep.local("layers.1.mlp.gate.weight", w) is w  # the router on every rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -108,7 +104,7 @@ def one_rank_group(monkeypatch):
     import torch.distributed as dist
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port())}.items():
+                       "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)
     yield
     if dist.is_initialized():
@@ -142,7 +138,7 @@ def torchrun(n: int, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{n}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
-                           f"--master-port={_free_port()}", str(ROOT / "benchmarks" / "tensor_parallel.py"),
+                           f"--master-port={free_port()}", str(ROOT / "benchmarks" / "tensor_parallel.py"),
                            "--models", str(tmp_path / "models"), "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

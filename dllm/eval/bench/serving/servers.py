@@ -11,7 +11,6 @@ model forwards and the rows over them from the server's /metrics (their ratio is
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from dllm.eval.bench.serving.loopback import LOOPBACK, serve_in_thread, wait_ready
+from dllm.models.parallel.group import free_port
 
 
 def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,
@@ -33,11 +33,6 @@ def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,
                             max_queue=max_queue, batcher=batcher)
 
 
-def free_port() -> int:
-    """A port of 127.0.0.1 that is free now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int) -> list[str]:
