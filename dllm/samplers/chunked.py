@@ -166,8 +166,15 @@ def greedy_with_prob(logits: torch.Tensor, banned: Optional[int]) -> tuple[torch
     ``banned`` id more than 745 above every other id gives them all p = 0 (as the gather does), and
     the token is then the first of them, not their arg-max (tested). One piece of [..., V] float64
     (callers check ``rows_per_chunk``). -> (x0 [...] long, p [...] float64)."""
-    probs = _excluded(torch.softmax(logits, dim=-1, dtype=torch.float64), banned)  # [..., V]
-    p, x0 = probs.max(dim=-1)  # the first index of the maximum, as argmax
+    return greedy_of_probs(torch.softmax(logits, dim=-1, dtype=torch.float64), banned)
+
+
+def greedy_of_probs(probs: torch.Tensor, banned: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``greedy_with_prob`` on a float64 softmax already made (``probs`` [..., V], of float32, float16 or
+    bfloat16 logits, left as it is): ``where`` and ``max``, two calls. -> (x0 [...] long, p [...])."""
+    if probs.dtype != torch.float64:
+        raise ValueError(f"greedy_of_probs reads the arg-max off a float64 softmax, got {probs.dtype}")
+    p, x0 = _excluded(probs, banned).max(dim=-1)  # the first index of the maximum, as argmax
     return x0, p
 
 
@@ -249,6 +256,6 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "greedy_with_prob", "gumbel_argmax",
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "greedy_of_probs", "greedy_with_prob", "gumbel_argmax",
            "max_prob_excluding", "neg_inf", "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms",
            "without_column"]

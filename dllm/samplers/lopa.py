@@ -85,7 +85,7 @@ from dllm.options import check_bool, check_choice, check_int, check_unit
 from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
                                 window_output)
 from dllm.samplers._verify import forward_window_variants
-from dllm.samplers.chunked import column_ids, constant
+from dllm.samplers.chunked import column_ids, constant, greedy_of_probs
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.lopa_probe import use_kernels
 from dllm.samplers.stats import check_stats, use_fused
@@ -123,11 +123,17 @@ class LoPAConfig:
         check_stats(self.stats)
 
 
+# logits whose float64 softmax has its maximum at their own arg-max (``chunked.greedy_with_prob``)
+_GREEDY_FROM_PROBS = (torch.float32, torch.float16, torch.bfloat16)
+
+
 class Proposals:
     """Per position of some logits [..., V]: the arg-max without the mask id (``tokens``) and, when
     asked for, its max-prob confidence and the ``confidence`` kind's value. ``fused``: all from one pass
     of ``dllm.kernels.triton.stats.vocab_stats`` (float32; the entropy without the 1e-10 of Dream's
-    formula); else from a ``dtype`` softmax as the reference computes them, each made on first use."""
+    formula); else from a ``dtype`` softmax as the reference computes them, each made on first use; a
+    float64 softmax gives the tokens and their probability together (``chunked.greedy_of_probs``: two
+    calls instead of five, with ``greedy_with_prob``'s one documented exception)."""
 
     def __init__(self, logits: Optional[torch.Tensor], mask_id: int, fused: bool, dtype: torch.dtype) -> None:
         self._stats = self._probs = None
@@ -141,7 +147,10 @@ class Proposals:
             self.tokens = self._stats.argmax  # [...]
         else:
             self._probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
-            self.tokens = argmax_excluding(logits, mask_id)  # [...]
+            if dtype == torch.float64 and logits.dtype in _GREEDY_FROM_PROBS:  # both from the softmax (exact)
+                self.tokens, self._top = greedy_of_probs(self._probs, mask_id)  # [...], [...]
+            else:
+                self.tokens = argmax_excluding(logits, mask_id)  # [...]
 
     @property
     def max_prob(self) -> torch.Tensor:
@@ -290,14 +299,15 @@ class LoPA(Sampler):
         many variants as the most candidates of a row, none when no row has one. One host read (the
         candidate counts): the variant batch's shape depends on them. Same returns as ``_lookahead``;
         the winner's logits are zeros for the rows left out (the next step reads none of them)."""
-        counts = (active > anchor).sum(dim=1)  # [B] masks the anchor leaves (bool: True > False only)
+        cand = active > anchor  # [B, W] masks the anchor leaves (bool: True > False only)
+        counts = cand.sum(dim=1)  # [B]
         host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
         n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)
         n_extra = min(self.config.branches - 1, most)
         if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
             return anchor, base, None
         if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
-            return self._lookahead(inp, props, active, anchor, base, n_extra, fused)
+            return self._lookahead(inp, props, active, anchor, base, n_extra, fused, cand=cand)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
         live_host = [r for r, c in enumerate(host_counts) if c > 0]  # the same rows, ascending
         commit_l, out_l, next_l = self._lookahead(inp, props.rows(live), active[live], anchor[live], base[live],
@@ -308,13 +318,13 @@ class LoPA(Sampler):
         return commit, out, nxt
 
     def _lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, n_extra: int, fused: bool,
-                   rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None,
+                   cand: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 2-5 for the batch rows ``rows`` [N] (default: every row, N = B), whose tensors are
         given in window coordinates [N, W]; ``n_extra`` (<= W) variant positions per row. Returns
         (commit [N, W] bool, tokens [N, W] long, the winner's logits [N, W, V]). A row with no mask
         left after the anchor has no valid variant but ``B0'``, which scores ``+inf`` and adds
-        nothing: it commits the anchor."""
+        nothing: it commits the anchor. ``cand``: ``active > anchor`` where the caller has it."""
         cfg = self.config
         n_rows, w = base.shape
         k = 1 + n_extra  # variants per row, variant 0 = B0'
@@ -322,7 +332,8 @@ class LoPA(Sampler):
         x0 = props.tokens  # [N, W]
 
         # 2. variant positions: the best k - 1 remaining masks by the confidence kind
-        cand = active > anchor  # [N, W] active masks the anchor leaves (bool: True > False only)
+        if cand is None:
+            cand = active > anchor  # [N, W] active masks the anchor leaves (bool: True > False only)
         rank = torch.where(cand, props.confidence(cfg.confidence), float("-inf"))  # [N, W]
         pos = rank.argsort(dim=1, descending=True, stable=True).narrow(1, 0, n_extra)  # [N, k-1]
         real = torch.gather(cand, 1, pos)  # [N, k-1]; fewer candidates: duplicates of B0', never valid

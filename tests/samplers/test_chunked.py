@@ -208,7 +208,7 @@ def test_greedy_with_prob_is_the_argmax_and_its_gathered_probability(dtype):
     (``argmax_excluding`` of the logits, the float64 softmax gathered there): the same tokens and
     bits with maxima one ulp apart, equal maxima, ``-inf`` columns, a dominant banned id, the banned
     id 0, V - 1 or outside V, and logits near 0 and near the dtype's largest values."""
-    from dllm.samplers.chunked import greedy_with_prob
+    from dllm.samplers.chunked import greedy_of_probs, greedy_with_prob
 
     g = torch.Generator().manual_seed(3)
     v = 64
@@ -221,11 +221,16 @@ def test_greedy_with_prob_is_the_argmax_and_its_gathered_probability(dtype):
     logits[3] *= 1e-3  # near 0
     logits[4] = logits[4] / logits[4].abs().amax() * (0.5 * torch.finfo(dtype).max)  # near the largest
     logits[5, :, 9] = logits[5].amax() + 700  # a dominant id (banned below): the others' p ~ 1e-300
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)
     for banned in (9, 0, v - 1, v, None):
         x0, p = greedy_with_prob(logits, banned)
         want = argmax_excluding(logits, banned if banned is not None else v)
         assert torch.equal(x0, want), banned
         assert torch.equal(p, softmax_prob(logits, want)), banned
+        x0, p = greedy_of_probs(probs, banned)  # the same off a softmax already made (LoPA's Proposals)
+        assert torch.equal(x0, want) and torch.equal(p, softmax_prob(logits, want)), banned
+    with pytest.raises(ValueError, match="float64 softmax, got torch.float32"):
+        greedy_of_probs(probs.float(), 9)
     # the documented exception: every other id more than 745 below the banned one underflows to p = 0,
     # so the token is the first such id, not the logits' arg-max; p is 0 either way
     logits[5, :, 9] = logits[5].amax() + 800
