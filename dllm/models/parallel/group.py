@@ -66,9 +66,32 @@ def free_port() -> int:
 
 
 def all_reduce_(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
-    """Sum ``tensor`` over the group in place (every rank ends with the same values) and return it."""
+    """Sum ``tensor`` over the group in place (every rank ends with the same values) and return it;
+    on gloo, once the group's worker has let go of it (``settled``)."""
+    before = tensor._use_count()
     dist.all_reduce(tensor, group=group)
+    settled(group, [tensor], [before])
     return tensor
 
 
-__all__ = ["TPGroup", "all_reduce_", "free_port", "rank_device", "tensor_parallel_group"]
+_GLOO: dict[int, bool] = {}  # id(group) -> whether it runs on gloo (None: the default group)
+SETTLE_TIMEOUT_S = 1.0  # the longest wait for a worker to let go of a finished collective's tensors
+
+
+def settled(group: Optional[Any], tensors: list[torch.Tensor], counts: list[int]) -> None:
+    """After a collective on ``group`` returned: on gloo, wait (the GIL released) until its worker holds
+    none of ``tensors`` (each back to its holders before the call, ``counts``), so that no worker is
+    still releasing them under the GIL when the process exits (the abort of
+    ``dllm.models.parallel.objects``; a model's all-reduce is a rank's last collective whenever a script
+    ends after ``generate``). Other backends: nothing."""
+    gloo = _GLOO.get(id(group))
+    if gloo is None:
+        gloo = _GLOO[id(group)] = dist.get_backend(group) == "gloo"
+    if gloo:
+        from dllm.models.parallel.objects import released
+
+        released(tensors, SETTLE_TIMEOUT_S, counts)
+
+
+__all__ = ["SETTLE_TIMEOUT_S", "TPGroup", "all_reduce_", "free_port", "rank_device", "settled",
+           "tensor_parallel_group"]

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.models.core.moe import ExpertMLP, MoEConfig, SparseMoE, combine_experts
-from dllm.models.parallel.group import all_reduce_
+from dllm.models.parallel.group import all_reduce_, settled
 
 
 class RowParallelLinear(nn.Linear):
@@ -61,7 +61,10 @@ class VocabParallelHead(nn.Linear):
 
         local = F.linear(x, self.weight).contiguous()  # [..., V / N]
         parts = [torch.empty_like(local) for _ in range(self.size)]
+        tensors = [local, *parts]
+        counts = [t._use_count() for t in tensors]
         dist.all_gather(parts, local, group=self.group)
+        settled(self.group, tensors, counts)
         return torch.cat(parts, dim=-1)
 
 

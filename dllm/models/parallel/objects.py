@@ -110,12 +110,15 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
     return obj if mine else _unpickle([buffer], [size])[0]
 
 
-def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S) -> bool:
+def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S,
+             counts: Optional[list[int]] = None) -> bool:
     """Wait, the GIL released, until nothing but the caller holds each of ``tensors`` (no views of
-    them may be alive): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
+    them may be alive), or, given ``counts``, until each is held no more than that (its holders
+    before the collective): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
+    limits = counts if counts is not None else [1] * len(tensors)
     deadline = time.monotonic() + timeout
     spins = 0
-    while any(t._use_count() > 1 for t in tensors):
+    while any(t._use_count() > n for t, n in zip(tensors, limits)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0 if spins < 50 else 0.0005)  # a worker usually lets go within microseconds

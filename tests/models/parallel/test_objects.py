@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dllm.models.parallel.group import free_port
+from dllm.models.parallel.group import all_reduce_, free_port
 from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, released
 
 RUNS = 8  # launches of the exit test: at the observed abort rate a regression passes all with probability ~0.1
@@ -59,7 +59,10 @@ def _rank(rank: int, port: int, out: str) -> None:
         outs = [torch.zeros(1) for _ in range(2)]
         dist.all_gather(outs, torch.full((1,), float(rank)))
         ok = released(outs)
-        torch.save({"got": got, "every": every, "sent": sent, "bad": bad, "released": ok, "counts": [t._use_count() for t in outs],
+        # a model's all-reduce (RowParallelLinear's) returns once the worker let go of its tensor too
+        summed = all_reduce_(torch.full((3,), float(rank + 1)), None)
+        settled_ok = summed._use_count() == 1 and summed.tolist() == [3.0] * 3
+        torch.save({"settled": settled_ok, "got": got, "every": every, "sent": sent, "bad": bad, "released": ok, "counts": [t._use_count() for t in outs],
                     "values": [t.item() for t in outs]}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -71,7 +74,7 @@ def test_objects_on_two_gloo_processes(tmp_path):
     want = [{"rank": 0, "text": "xxx"}, {"rank": 1, "text": "x" * 103}]  # unequal sizes: padded and cut
     for r, res in enumerate(ranks):
         assert res["got"] == {r: want, 1 - r: None}
-        assert res["every"] == want
+        assert res["every"] == want and res["settled"]
         assert res["sent"] == [{"from": 1, "long": "y" * 50}, {"from": 0, "long": ""}]
         assert res["bad"] == ["dst must be a rank in [0, 2), got 2", "src must be a rank in [0, 2), got -1"]
         assert res["released"] and res["counts"] == [1, 1] and res["values"] == [0.0, 1.0]
