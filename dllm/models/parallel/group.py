@@ -11,6 +11,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
+from dllm.models.parallel.objects import holders, released
+
 LAUNCH_HINT = "run the script under `torchrun --nproc-per-node {n} script.py`"
 
 
@@ -68,9 +70,10 @@ def free_port() -> int:
 def all_reduce_(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
     """Sum ``tensor`` over the group in place (every rank ends with the same values) and return it;
     on gloo, once the group's worker has let go of it (``settled``)."""
-    before = tensor._use_count()
+    held = [tensor]
+    before = holders(held)
     dist.all_reduce(tensor, group=group)
-    settled(group, [tensor], [before])
+    settled(group, held, before)
     return tensor
 
 
@@ -78,9 +81,9 @@ _GLOO: dict[int, bool] = {}  # id(group) -> whether it runs on gloo (None: the d
 SETTLE_TIMEOUT_S = 1.0  # the longest wait for a worker to let go of a finished collective's tensors
 
 
-def settled(group: Optional[Any], tensors: list[torch.Tensor], counts: list[int]) -> None:
+def settled(group: Optional[Any], tensors: list[torch.Tensor], before: list[tuple[int, int]]) -> None:
     """After a collective on ``group`` returned: on gloo, wait (the GIL released) until its worker holds
-    none of ``tensors`` (each back to its holders before the call, ``counts``), so that no worker is
+    none of ``tensors`` (each back to its references before the call, ``objects.holders``), so that no worker is
     still releasing them under the GIL when the process exits (the abort of
     ``dllm.models.parallel.objects``; a model's all-reduce is a rank's last collective whenever a script
     ends after ``generate``). Other backends: nothing."""
@@ -88,9 +91,7 @@ def settled(group: Optional[Any], tensors: list[torch.Tensor], counts: list[int]
     if gloo is None:
         gloo = _GLOO[id(group)] = dist.get_backend(group) == "gloo"
     if gloo:
-        from dllm.models.parallel.objects import released
-
-        released(tensors, SETTLE_TIMEOUT_S, counts)
+        released(tensors, SETTLE_TIMEOUT_S, before)
 
 
 __all__ = ["SETTLE_TIMEOUT_S", "TPGroup", "all_reduce_", "free_port", "rank_device", "settled",

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from dllm.models.core.moe import ExpertMLP, MoEConfig, SparseMoE, combine_experts
 from dllm.models.parallel.group import all_reduce_, settled
+from dllm.models.parallel.objects import holders
 
 
 class RowParallelLinear(nn.Linear):
@@ -62,9 +63,9 @@ class VocabParallelHead(nn.Linear):
         local = F.linear(x, self.weight).contiguous()  # [..., V / N]
         parts = [torch.empty_like(local) for _ in range(self.size)]
         tensors = [local, *parts]
-        counts = [t._use_count() for t in tensors]
+        before = holders(tensors)
         dist.all_gather(parts, local, group=self.group)
-        settled(self.group, tensors, counts)
+        settled(self.group, tensors, before)
         return torch.cat(parts, dim=-1)
 
 

@@ -14,16 +14,17 @@ Gloo's workers either).
 
 ``gather_object``, ``all_gather_object`` and ``broadcast_object`` here are torch's algorithms
 (pickle, exchange the sizes, exchange the bytes padded to the longest) on tensors they hold, and
-return once the workers have dropped every reference to them (``Tensor._use_count``, waited for
-with the GIL released), so no collective's clean-up outlives the call. Other backends (NCCL) take
+return once the workers have dropped every reference to them (``Tensor._use_count`` and the
+Python reference a held impl keeps, both waited for with the GIL released), so no collective's clean-up outlives the call. Other backends (NCCL) take
 torch's functions unchanged.
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,7 @@ def _payload(obj: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def _sizes(size: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's payload size (an all-gather of ``size``)."""
     sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]  # world x [1]
-    dist.all_gather(sizes, size)
+    _settled([size, *sizes], lambda: dist.all_gather(sizes, size))
     return sizes
 
 
@@ -72,8 +73,7 @@ def gather_object(obj: Any, dst: int = 0) -> Optional[list]:
     sizes = _sizes(size)
     padded = _padded(payload, max(int(s.item()) for s in sizes))
     outputs = [torch.empty_like(padded) for _ in sizes] if dist.get_rank() == dst else None
-    dist.gather(padded, gather_list=outputs, dst=dst)
-    released([size, *sizes, padded, *(outputs or [])])
+    _settled([padded, *(outputs or [])], lambda: dist.gather(padded, gather_list=outputs, dst=dst))
     return None if outputs is None else _unpickle(outputs, sizes)
 
 
@@ -88,8 +88,7 @@ def all_gather_object(obj: Any) -> list:
     sizes = _sizes(size)
     padded = _padded(payload, max(int(s.item()) for s in sizes))
     outputs = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(outputs, padded)
-    released([size, *sizes, padded, *outputs])
+    _settled([padded, *outputs], lambda: dist.all_gather(outputs, padded))
     return _unpickle(outputs, sizes)
 
 
@@ -103,22 +102,42 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
         return box[0]
     mine = dist.get_rank() == src
     payload, size = _payload(obj) if mine else (None, torch.zeros(1, dtype=torch.long))
-    dist.broadcast(size, src=src)
+    _settled([size], lambda: dist.broadcast(size, src=src))
     buffer = payload if mine else torch.empty(int(size.item()), dtype=torch.uint8)  # [n]
-    dist.broadcast(buffer, src=src)
-    released([size, buffer])
+    _settled([buffer], lambda: dist.broadcast(buffer, src=src))
     return obj if mine else _unpickle([buffer], [size])[0]
 
 
+def _holds(t: torch.Tensor) -> tuple[int, int]:
+    """(C++ references to t's TensorImpl, Python references to t). While C++ code (a Gloo work) holds
+    the impl, the impl holds a Python reference too, dropped under the GIL (``decref_pyobject``) after
+    the C++ count fell: both must be back before the worker is done with t."""
+    return t._use_count(), sys.getrefcount(t)
+
+
+def holders(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """Each tensor's ``(C++, Python)`` references now (before a collective): what ``released`` waits
+    for them to return to. Take it and wait on the same list, so that the Python references match
+    (both counted by this one function: no loop variable or iterator holds a tensor meanwhile)."""
+    return [_holds(tensors[i]) for i in range(len(tensors))]
+
+
+def _settled(tensors: list[torch.Tensor], collective: Callable[[], Any]) -> None:
+    """Run ``collective`` (on ``tensors``) and return once the Gloo worker let go of each of them."""
+    before = holders(tensors)
+    collective()
+    released(tensors, RELEASE_TIMEOUT_S, before)
+
+
 def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S,
-             counts: Optional[list[int]] = None) -> bool:
-    """Wait, the GIL released, until nothing but the caller holds each of ``tensors`` (no views of
-    them may be alive), or, given ``counts``, until each is held no more than that (its holders
-    before the collective): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
-    limits = counts if counts is not None else [1] * len(tensors)
+             before: Optional[list[tuple[int, int]]] = None) -> bool:
+    """Wait, the GIL released, until each of ``tensors`` is back to its references ``before`` a
+    collective (``holders``; None: until nothing but the caller holds it in C++, no views of it
+    alive): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
+    limits = before if before is not None else [(1, sys.maxsize)] * len(tensors)
     deadline = time.monotonic() + timeout
     spins = 0
-    while any(t._use_count() > n for t, n in zip(tensors, limits)):
+    while any(now[0] > was[0] or now[1] > was[1] for now, was in zip(holders(tensors), limits)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0 if spins < 50 else 0.0005)  # a worker usually lets go within microseconds
@@ -126,4 +145,4 @@ def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S,
     return True
 
 
-__all__ = ["RELEASE_TIMEOUT_S", "all_gather_object", "broadcast_object", "gather_object", "released"]
+__all__ = ["RELEASE_TIMEOUT_S", "all_gather_object", "broadcast_object", "gather_object", "holders", "released"]
