@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from dllm.models.parallel.objects import holders, released
+from dllm.models.parallel.objects import settled
 
 LAUNCH_HINT = "run the script under `torchrun --nproc-per-node {n} script.py`"
 
@@ -69,30 +69,25 @@ def free_port() -> int:
 
 def all_reduce_(tensor: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
     """Sum ``tensor`` over the group in place (every rank ends with the same values) and return it;
-    on gloo, once the group's worker has let go of it (``settled``)."""
-    held = [tensor]
-    before = holders(held)
-    dist.all_reduce(tensor, group=group)
-    settled(group, held, before)
+    on gloo, once the group's worker has let go of it (``collective``)."""
+    collective(group, [tensor], lambda: dist.all_reduce(tensor, group=group))
     return tensor
 
 
-_GLOO: dict[int, bool] = {}  # id(group) -> whether it runs on gloo (None: the default group)
 SETTLE_TIMEOUT_S = 1.0  # the longest wait for a worker to let go of a finished collective's tensors
 
 
-def settled(group: Optional[Any], tensors: list[torch.Tensor], before: list[tuple[int, int]]) -> None:
-    """After a collective on ``group`` returned: on gloo, wait (the GIL released) until its worker holds
-    none of ``tensors`` (each back to its references before the call, ``objects.holders``), so that no worker is
-    still releasing them under the GIL when the process exits (the abort of
-    ``dllm.models.parallel.objects``; a model's all-reduce is a rank's last collective whenever a script
-    ends after ``generate``). Other backends: nothing."""
-    gloo = _GLOO.get(id(group))
-    if gloo is None:
-        gloo = _GLOO[id(group)] = dist.get_backend(group) == "gloo"
-    if gloo:
-        released(tensors, SETTLE_TIMEOUT_S, before)
+def collective(group: Optional[Any], tensors: list[torch.Tensor], call: Callable[[], Any]) -> None:
+    """Run ``call``, a collective on ``group`` (None: the default group) over ``tensors``. On gloo it
+    returns once the group's worker let go of them (``objects.settled``, at most ``SETTLE_TIMEOUT_S``),
+    so that no worker is still releasing them under the GIL when the process exits (the abort of
+    ``dllm.models.parallel.objects``; a model's all-reduce is a rank's last collective whenever a
+    script ends after ``generate``). Other backends: ``call`` alone."""
+    if dist.get_backend(group) == "gloo":
+        settled(tensors, call, SETTLE_TIMEOUT_S)
+    else:
+        call()
 
 
-__all__ = ["SETTLE_TIMEOUT_S", "TPGroup", "all_reduce_", "free_port", "rank_device", "settled",
+__all__ = ["SETTLE_TIMEOUT_S", "TPGroup", "all_reduce_", "collective", "free_port", "rank_device",
            "tensor_parallel_group"]

@@ -19,8 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dllm.models.core.moe import ExpertMLP, MoEConfig, SparseMoE, combine_experts
-from dllm.models.parallel.group import all_reduce_, settled
-from dllm.models.parallel.objects import holders
+from dllm.models.parallel.group import all_reduce_, collective
 
 
 class RowParallelLinear(nn.Linear):
@@ -62,10 +61,7 @@ class VocabParallelHead(nn.Linear):
 
         local = F.linear(x, self.weight).contiguous()  # [..., V / N]
         parts = [torch.empty_like(local) for _ in range(self.size)]
-        tensors = [local, *parts]
-        before = holders(tensors)
-        dist.all_gather(parts, local, group=self.group)
-        settled(self.group, tensors, before)
+        collective(self.group, [local, *parts], lambda: dist.all_gather(parts, local, group=self.group))
         return torch.cat(parts, dim=-1)
 
 

@@ -46,7 +46,7 @@ def _payload(obj: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def _sizes(size: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's payload size (an all-gather of ``size``)."""
     sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]  # world x [1]
-    _settled([size, *sizes], lambda: dist.all_gather(sizes, size))
+    settled([size, *sizes], lambda: dist.all_gather(sizes, size))
     return sizes
 
 
@@ -73,7 +73,7 @@ def gather_object(obj: Any, dst: int = 0) -> Optional[list]:
     sizes = _sizes(size)
     padded = _padded(payload, max(int(s.item()) for s in sizes))
     outputs = [torch.empty_like(padded) for _ in sizes] if dist.get_rank() == dst else None
-    _settled([padded, *(outputs or [])], lambda: dist.gather(padded, gather_list=outputs, dst=dst))
+    settled([padded, *(outputs or [])], lambda: dist.gather(padded, gather_list=outputs, dst=dst))
     return None if outputs is None else _unpickle(outputs, sizes)
 
 
@@ -88,7 +88,7 @@ def all_gather_object(obj: Any) -> list:
     sizes = _sizes(size)
     padded = _padded(payload, max(int(s.item()) for s in sizes))
     outputs = [torch.empty_like(padded) for _ in sizes]
-    _settled([padded, *outputs], lambda: dist.all_gather(outputs, padded))
+    settled([padded, *outputs], lambda: dist.all_gather(outputs, padded))
     return _unpickle(outputs, sizes)
 
 
@@ -102,9 +102,9 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
         return box[0]
     mine = dist.get_rank() == src
     payload, size = _payload(obj) if mine else (None, torch.zeros(1, dtype=torch.long))
-    _settled([size], lambda: dist.broadcast(size, src=src))
+    settled([size], lambda: dist.broadcast(size, src=src))
     buffer = payload if mine else torch.empty(int(size.item()), dtype=torch.uint8)  # [n]
-    _settled([buffer], lambda: dist.broadcast(buffer, src=src))
+    settled([buffer], lambda: dist.broadcast(buffer, src=src))
     return obj if mine else _unpickle([buffer], [size])[0]
 
 
@@ -122,22 +122,20 @@ def holders(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
     return [_holds(tensors[i]) for i in range(len(tensors))]
 
 
-def _settled(tensors: list[torch.Tensor], collective: Callable[[], Any]) -> None:
-    """Run ``collective`` (on ``tensors``) and return once the Gloo worker let go of each of them."""
+def settled(tensors: list[torch.Tensor], collective: Callable[[], Any], timeout: float = RELEASE_TIMEOUT_S) -> None:
+    """Run ``collective`` (a Gloo collective on ``tensors``) and return once its worker let go of each
+    of them (``released``, at most ``timeout`` seconds)."""
     before = holders(tensors)
     collective()
-    released(tensors, RELEASE_TIMEOUT_S, before)
+    released(tensors, before, timeout)
 
 
-def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S,
-             before: Optional[list[tuple[int, int]]] = None) -> bool:
+def released(tensors: list[torch.Tensor], before: list[tuple[int, int]], timeout: float = RELEASE_TIMEOUT_S) -> bool:
     """Wait, the GIL released, until each of ``tensors`` is back to its references ``before`` a
-    collective (``holders``; None: until nothing but the caller holds it in C++, no views of it
-    alive): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
-    limits = before if before is not None else [(1, sys.maxsize)] * len(tensors)
+    collective (``holders``): True, or False after ``timeout`` seconds (never a hang; the race at worst)."""
     deadline = time.monotonic() + timeout
     spins = 0
-    while any(now[0] > was[0] or now[1] > was[1] for now, was in zip(holders(tensors), limits)):
+    while any(now[0] > was[0] or now[1] > was[1] for now, was in zip(holders(tensors), before)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0 if spins < 50 else 0.0005)  # a worker usually lets go within microseconds
@@ -145,4 +143,5 @@ def released(tensors: list[torch.Tensor], timeout: float = RELEASE_TIMEOUT_S,
     return True
 
 
-__all__ = ["RELEASE_TIMEOUT_S", "all_gather_object", "broadcast_object", "gather_object", "holders", "released"]
+__all__ = ["RELEASE_TIMEOUT_S", "all_gather_object", "broadcast_object", "gather_object", "holders", "released",
+           "settled"]

@@ -116,8 +116,6 @@ def follow(model: Any) -> None:
             return
 
 
-
-
 def rank_env(rank: int, size: int, port: int) -> dict[str, str]:
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port)}

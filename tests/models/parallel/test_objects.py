@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dllm.models.parallel.group import all_reduce_, free_port
-from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, released
+from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, holders, released
 
 RUNS = 8  # launches of the exit test: at the observed abort rate a regression passes all with probability ~0.1
 
@@ -57,8 +57,9 @@ def _rank(rank: int, port: int, out: str) -> None:
                 bad.append(str(err))
         # without the wait, a worker can still hold a finished collective's tensors when it returns
         outs = [torch.zeros(1) for _ in range(2)]
+        before = holders(outs)
         dist.all_gather(outs, torch.full((1,), float(rank)))
-        ok = released(outs)
+        ok = released(outs, before) and holders(outs) == before
         # a model's all-reduce (RowParallelLinear's) returns once the worker let go of its tensor too
         summed = all_reduce_(torch.full((3,), float(rank + 1)), None)
         settled_ok = summed._use_count() == 1 and summed.tolist() == [3.0] * 3
@@ -82,11 +83,17 @@ def test_objects_on_two_gloo_processes(tmp_path):
 
 def test_released_waits_for_other_holders_and_gives_up_after_its_timeout():
     t = torch.zeros(4)
-    assert released([t])
-    view = t[:2]  # another holder of t
-    assert not released([t], timeout=0.01)
+    held = [t]
+    before = holders(held)
+    assert released(held, before)
+    view = t[:2]  # another holder of t's impl (C++)
+    assert not released(held, before, timeout=0.01)
     del view
-    assert released([t], timeout=0.01)
+    assert released(held, before, timeout=0.01)
+    extra = {"t": t}  # another Python reference (what a held impl keeps until its worker drops it)
+    assert not released(held, before, timeout=0.01)
+    del extra
+    assert released(held, before, timeout=0.01)
 
 
 @pytest.mark.slow

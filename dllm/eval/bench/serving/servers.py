@@ -33,8 +33,6 @@ def build_backend(model, name: str, mode: str, max_running: int, max_queue: int,
                             max_queue=max_queue, batcher=batcher)
 
 
-
-
 def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int) -> list[str]:
     """``dllm serve`` for one mode of the bench (``python -m dllm.cli serve ...``)."""
     cmd = [sys.executable, "-m", "dllm.cli", "serve", "--model", args.model, "--mode", mode, "--host", LOOPBACK,
