@@ -9,7 +9,7 @@ from dllm import tasks as T
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts
 from dllm.samplers import make_sampler
-from dllm.samplers.dawn import dependency_graph, greedy_mis
+from dllm.samplers.dawn import dependency_graph, greedy_mis, greedy_mis_by_picks
 
 from builders import MASK, V, decode_state, step_input
 
@@ -73,6 +73,48 @@ def test_dependency_graph_removes_sinks_self_edges_and_pads():
     assert not e_all[:, 4].any()
 
 
+def _greedy_mis_loop(cand, conflict, score):
+    """DAWN's loop for one row in Python: candidates by score (descending, leftmost on ties), each
+    kept unless a kept one conflicts with it."""
+    order = sorted((i for i in range(len(cand)) if cand[i]), key=lambda i: (-score[i], i))
+    kept = []
+    for i in order:
+        if not any(conflict[i][j] for j in kept):
+            kept.append(i)
+    return [i in kept for i in range(len(cand))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_mis_fixed_point_equals_the_picks_and_the_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, n = 16, 4 + seed * 5  # up to 29 positions; dense and sparse graphs, repeated scores (ties)
+    upper = torch.rand(b, n, n, generator=g) < torch.rand(b, 1, 1, generator=g)
+    conflict = torch.triu(upper, 1)
+    conflict = conflict | conflict.transpose(1, 2)
+    cand = torch.rand(b, n, generator=g) < 0.8
+    score = torch.randint(0, 4, (b, n), generator=g).double() / 4
+    score[0] = 0.5  # every candidate tied: the leftmost order decides
+    conflict[1] = ~torch.eye(n, dtype=torch.bool)  # a clique: one pick
+    fast = greedy_mis(cand, conflict, score, rounds=n)
+    assert torch.equal(fast, greedy_mis_by_picks(cand, conflict, score, rounds=n))
+    for r in range(b):
+        assert fast[r].tolist() == _greedy_mis_loop(cand[r].tolist(), conflict[r].tolist(), score[r].tolist())
+
+
+def test_greedy_mis_a_chain_ranked_against_its_order_needs_every_round():
+    # a path 0-1-...-7 with scores rising along it: 7 is kept, which drops 6, keeps 5, ... a chain of 7
+    # earlier-ranked links, the longest a row of 8 can have, settled only by the last round
+    n = 8
+    conflict = torch.zeros(1, n, n, dtype=torch.bool)
+    for i in range(n - 1):
+        conflict[0, i, i + 1] = conflict[0, i + 1, i] = True
+    cand = torch.ones(1, n, dtype=torch.bool)
+    score = torch.arange(n, dtype=torch.float64)[None]
+    want = [i % 2 == 1 for i in range(n)]
+    assert greedy_mis(cand, conflict, score, rounds=n)[0].tolist() == want
+    assert greedy_mis(cand, conflict, score, rounds=n - 1)[0].tolist() != want  # one round short
+
+
 def test_greedy_mis_batched():
     chain = torch.zeros(4, 4, dtype=torch.bool)
     for i in range(3):
@@ -81,6 +123,7 @@ def test_greedy_mis_batched():
     cand = torch.tensor([[True] * 4, [True] * 4, [False] * 4])
     score = torch.tensor([[0.5, 0.9, 0.8, 0.7], [0.9, 0.5, 0.5, 0.9], [0.9, 0.9, 0.9, 0.9]])
     chosen = greedy_mis(cand, conflict, score, rounds=4)
+    assert torch.equal(chosen, greedy_mis_by_picks(cand, conflict, score, rounds=4))
     assert chosen.tolist() == [
         [False, True, False, True],  # 1 first (drops 0, 2), then 3
         [True, False, False, True],  # 0 and 3 tie: leftmost first (drops 1), then 3 (drops 2)
