@@ -17,7 +17,7 @@ engine must reproduce token for token:
 
 They are written against a plain ``model_fn`` callable instead of a Hugging Face model so they can
 be driven by toy functions (``tests/reference/test_transcripts_*.py``) and by ``dllm``'s tiny models
-(``tests/samplers/test_reference_equality.py``).  They live under ``tests/`` on purpose: they are
+(``tests/samplers/test_reference_{equality,ties}.py``).  They live under ``tests/`` on purpose: they are
 oracles, not library code, and must stay literal transcriptions (no speed-ups, no clean-ups that
 change the random-number stream or the floating-point operations).
 """
