@@ -23,6 +23,8 @@ def compare_args(p: argparse.ArgumentParser) -> None:
                    help="timed runs per sampler, interleaved; the median wall time is reported")
     p.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
     add_model_place(p, dtype="float32")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="every sampler's cached forwards replayed as CUDA graphs (a CUDA model; default: off)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_threads(p, "1 on a busy machine")
 

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from dllm import tasks as T
+from dllm.engine.graphs import check_graphs_option
 from dllm.eval.interrupt import finished, until_interrupted
+from dllm.inputs import model_device
 from dllm.models.core.moe import ExpertCounter, count_experts, has_experts
 from dllm.options import check_int, check_optional_int
 from dllm.scoring.exact_match import decode_and_score, load_model
@@ -86,16 +88,16 @@ def task_examples(task_names: Sequence[str], n: int) -> list[T.Example]:
 
 
 def run_sampler(model, spec: DecodeSettings, examples: Sequence[T.Example], *, block_length: Optional[int],
-                max_batch: int = 64, progress=None) -> SamplerResult:
+                max_batch: int = 64, progress=None, cuda_graphs: Any = False) -> SamplerResult:
     from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory
-    from dllm.inputs import model_device
 
     device = model_device(model)
     can_peak = reset_peak_memory(device)
     # one batch per (task, answer length): see decode_and_score's ``by_task``
     setting = replace(spec, block_length=block_length) if block_length is not None else spec
     with expert_counter(model) as experts:
-        tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress)
+        tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress,
+                                 cuda_graphs=cuda_graphs)
     peak = peak_memory_mb(device) if can_peak else None
     total, rows, wall = tally.examples, tally.row_forwards, tally.seconds
     return SamplerResult(
@@ -161,19 +163,21 @@ def median_wall(runs: Sequence[SamplerResult]) -> SamplerResult:
 
 def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n: int, *,
             block_length: Optional[int] = None, show_progress: bool = True, repeats: int = 1,
-            runs: Optional[list[list[SamplerResult]]] = None) -> list[SamplerResult]:
+            runs: Optional[list[list[SamplerResult]]] = None, cuda_graphs: Any = False) -> list[SamplerResult]:
     """Every sampler on the same examples, ``repeats`` interleaved rounds; one row per sampler
     (``summarize``). ``runs``: a list the finished runs are appended to as they end (one list per
-    sampler), so a caller interrupted midway keeps them."""
+    sampler), so a caller interrupted midway keeps them. ``cuda_graphs``: ``generate``'s, for every
+    sampler (True: the cached forwards replayed as CUDA graphs, a CUDA model; checked before any run)."""
     from tqdm.auto import tqdm
 
     check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
     parsed = check_compare(specs, n, block_length)
+    check_graphs_option(cuda_graphs, model_device(model))
     names = list(task_names) if task_names else list(T.suite_task_names())
     examples = task_examples(names, n)
     # warm-up (not recorded): first-call costs (allocations, the oracle's answer tables) would
     # otherwise be charged to whichever sampler runs first
-    run_sampler(model, parsed[0], examples, block_length=block_length)
+    run_sampler(model, parsed[0], examples, block_length=block_length, cuda_graphs=cuda_graphs)
     runs = [] if runs is None else runs
     runs.extend([] for _ in parsed)
     with tqdm(total=repeats * len(parsed) * len(examples), disable=not show_progress, desc="compare",
@@ -181,7 +185,8 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
         for _ in range(repeats):  # interleaved rounds: a change in the machine's load hits every sampler
             for spec, mine in zip(parsed, runs):
                 bar.set_postfix_str(spec.label)
-                mine.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar))
+                mine.append(run_sampler(model, spec, examples, block_length=block_length, progress=bar,
+                                        cuda_graphs=cuda_graphs))
     return summarize(runs)
 
 
@@ -252,7 +257,8 @@ def run_compare(args) -> int:
     def body() -> int:
         model = load_model(args.model, args.dtype, args.device)
         compare(model, specs, args.tasks, args.n, block_length=args.block_length,
-                show_progress=not args.no_progress, repeats=args.repeats, runs=runs)
+                show_progress=not args.no_progress, repeats=args.repeats, runs=runs,
+                cuda_graphs=getattr(args, "cuda_graphs", False))
         save(summarize(runs))
         return 0
 
@@ -260,6 +266,7 @@ def run_compare(args) -> int:
         print(format_results(results))
         payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
                    "block_length": args.block_length, "repeats": args.repeats, "interrupted": interrupted,
+                   "cuda_graphs": getattr(args, "cuda_graphs", False),
                    "results": [asdict(r) for r in results]}
         (out / "compare.json").write_text(json.dumps(payload, indent=2))
         try:

@@ -148,6 +148,7 @@ def decode_and_score(
     progress: Any = None,
     seed: Optional[int] = None,
     record: bool = False,
+    cuda_graphs: Any = False,
     **options: Any,
 ) -> Tally:
     """Decode every example as ``L_ans`` generated positions and score it with ``T.score``.
@@ -163,6 +164,8 @@ def decode_and_score(
     by_length: long prompts are batched with prompts of similar length (``length_batches``).
     progress: anything with ``update(n)`` (a tqdm bar), advanced by the rows of each batch.
     seed: ``generate``'s seed for every call (None: its default).
+    cuda_graphs: ``generate``'s ``cuda_graphs`` for every call (False: eager; True: the cached forwards
+        replayed as CUDA graphs; ``"static"``: the same static step run eagerly, any device).
     record: also keep every example's ``Outcome`` (``Tally.outcomes``): the forwards it takes
         decoded alone (the steps that changed its row, ``RowSteps``, times the forwards per step of
         its call), its content tokens and its unmasking trace.
@@ -184,6 +187,8 @@ def decode_and_score(
         index[id(ex)].append(i)
     tally = Tally(defaultdict(int), defaultdict(int))
     extra: dict[str, Any] = {} if seed is None else {"seed": seed}
+    if cuda_graphs is not False:
+        extra["cuda_graphs"] = cuda_graphs
     eos = T.word_id(T.EOS)
     device_type = model_device(model).type
     was_training = model.training

@@ -107,3 +107,37 @@ def test_a_mixture_of_experts_model_gets_an_experts_per_forward_column():
     assert "experts/fwd" in table.splitlines()[0]
     dense = compare(load("tiny-llada"), ["low_confidence"], ["copy"], 2, show_progress=False)
     assert dense[0].experts_per_forward is None and "experts/fwd" not in format_results(dense)
+
+
+def test_cuda_graphs_reach_every_run_and_change_no_token(monkeypatch):
+    """``compare(cuda_graphs=...)`` hands the option to each ``generate`` call: the static step (the path
+    CUDA graphs capture, run eagerly here) replays the cached forwards and gives the rows of eager."""
+    from dllm.engine.graphs import StepGraphs
+    from dllm.eval.compare import compare
+    from dllm.models import load
+
+    model = load("tiny-llada")
+    specs = ["low_confidence:cache=dual", "fast:cache=dual"]  # one token a step: cached steps after the first
+    eager = compare(model, specs, ["sort", "copy"], 2, show_progress=False)
+    calls = []
+    real = StepGraphs.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.mode)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepGraphs, "forward", counted)
+    static = compare(model, specs, ["sort", "copy"], 2, show_progress=False, cuda_graphs="static")
+    assert calls and set(calls) == {"static"}
+    for a, b in zip(eager, static):
+        assert (a.label, a.accuracy, a.per_task, a.forwarded_tokens, a.nfe_per_example, a.extra["solved"]) == \
+               (b.label, b.accuracy, b.per_task, b.forwarded_tokens, b.nfe_per_example, b.extra["solved"])
+
+
+def test_cuda_graphs_on_a_cpu_model_are_refused_before_any_run(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--model", "oracle", "--samplers", "threshold", "--tasks", "copy", "--n", "1",
+                 "--out", str(out), "--no-progress", "--cuda-graphs"]) == 2
+    err = capsys.readouterr().err
+    assert "cuda_graphs=True captures CUDA graphs, but the model is on cpu" in err
+    assert not (out / "compare.json").exists()

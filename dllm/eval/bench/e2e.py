@@ -100,7 +100,9 @@ def plot(results: dict, ours: str, path: Path) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm import tasks as T
     from dllm.cache import caches
+    from dllm.engine.graphs import check_graphs_option
     from dllm.eval.compare import compare, format_results
+    from dllm.inputs import model_device
     from dllm.scoring.exact_match import load_model
 
     ap = argparse.ArgumentParser(prog="dllm bench e2e", description=__doc__.split("\n\n")[0])
@@ -114,6 +116,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE", help="default: every pair of PAIRS")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="earlier e2e.json files (same --cache) whose pairs join this run's table and plot")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="every setting's cached forwards replayed as CUDA graphs (generate(cuda_graphs=True); "
+                         "a CUDA device); Fast-dLLM's own loop is benchmarks/e2e_driver.py")
     ap.add_argument("--out", default="runs/e2e")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -136,6 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         old = json.loads(Path(path).read_text())
         if old["ours"] != ours:
             ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
+        if old.get("cuda_graphs", False) != args.cuda_graphs:
+            ap.error(f"--merge {path}: measured with cuda_graphs={old.get('cuda_graphs', False)}, this run with "
+                     f"cuda_graphs={args.cuda_graphs}")
         results.update(old["results"])
         verdicts.update(old["verdicts"])
         if isinstance(old.get("n_per_task"), dict):  # an older file holds one number for every pair
@@ -146,15 +154,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for model_name, suite, block in pairs:
             try:
                 model = load_model(model_name, device=args.device)
-            except ValueError as err:  # a bad --device names the valid ones
+                check_graphs_option(args.cuda_graphs, model_device(model))
+            except ValueError as err:  # a bad --device names the valid ones; graphs need a CUDA model
                 ap.error(str(err))
             names = T.suite_task_names(suite)
             key = f"{model_name}/{suite}"
             n_per_task[key] = resolving_n(args.n, len(names))
             rows = compare(model, specs(cache), names, n_per_task[key], block_length=block,
-                           show_progress=not args.no_progress, repeats=args.repeats)
+                           show_progress=not args.no_progress, repeats=args.repeats, cuda_graphs=args.cuda_graphs)
             print(f"\n== {key} (blocks of {block}, n = {n_per_task[key]} per task, median of {args.repeats} "
-                  f"timed runs)\n{format_results(rows)}")
+                  f"timed runs{', CUDA graphs' if args.cuda_graphs else ''})\n{format_results(rows)}")
             results[key] = {r.label: asdict(r) for r in rows}
             verdicts[key] = verdict(results[key], ours)
             v = verdicts[key]
@@ -166,7 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"forwarded tokens x{v['forwarded_ratio']:.2f}"
                   f"{'' if every is None else f', faster in every round: {every}'}{discordant}: "
                   f"{'dominates' if v['dominates'] else 'does NOT dominate'}", flush=True)
-            write(out, ours, n_per_task, args.repeats, verdicts, results)  # after every pair: a kill keeps them
+            write(out, ours, n_per_task, args.repeats, verdicts, results,  # after every pair: a kill keeps them
+                  args.cuda_graphs)
         print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
         return 0
 
@@ -177,12 +187,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return until_interrupted(run, kept)
 
 
-def write(out: Path, ours: str, n_per_task: dict, repeats: int, verdicts: dict, results: dict) -> None:
+def write(out: Path, ours: str, n_per_task: dict, repeats: int, verdicts: dict, results: dict,
+          cuda_graphs: bool = False) -> None:
     """e2e.json and e2e.png under ``out`` for the pairs measured so far."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.json").write_text(json.dumps({"ours": ours, "fastdllm": FASTDLLM, "n_per_task": n_per_task,
-                                              "repeats": repeats, "verdicts": verdicts, "results": results},
-                                             indent=2))
+                                              "repeats": repeats, "cuda_graphs": cuda_graphs, "verdicts": verdicts,
+                                              "results": results}, indent=2))
     plot(results, ours, out / "e2e.png")
 
 

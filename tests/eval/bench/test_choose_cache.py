@@ -132,6 +132,20 @@ def test_e2e_runs_one_pair_on_the_given_device(tmp_path, capsys):
     assert all(r["examples"] == 7 * tasks for r in rows.values())
     v = out["verdicts"]["tiny-llada/pb-mini"]
     assert v["speed_ratio"] > 0 and f"tokens/s x{v['speed_ratio']:.2f}" in capsys.readouterr().out
+    assert out["cuda_graphs"] is False
+    # an eager file does not merge into a run with CUDA graphs (refused before the model loads, on any device)
+    with pytest.raises(SystemExit):
+        e2e.main(["--merge", str(tmp_path / "e2e.json"), "--cuda-graphs", "--out", str(tmp_path / "g")])
+    assert "measured with cuda_graphs=False, this run with cuda_graphs=True" in capsys.readouterr().err
+
+
+def test_e2e_cuda_graphs_on_a_cpu_model_are_refused_before_any_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        e2e.main(["--pairs", "tiny-llada/pb-mini", "--device", "cpu", "--cuda-graphs", "--no-progress",
+                  "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "cuda_graphs=True captures CUDA graphs, but the model is on cpu" in capsys.readouterr().err
+    assert not (tmp_path / "e2e.json").exists()
 
 
 def test_paired_outcomes_count_discordant_examples_and_give_the_exact_sign_test():
