@@ -1,4 +1,5 @@
-"""dllm/engine/graphs.py: the static cached step (captured as CUDA graphs on a GPU) against the ordinary path."""
+"""dllm/engine/graphs.py: the static cached step (captured as CUDA graphs on a GPU) against the ordinary path
+(run as cuda_graphs="check": every replay also checked against its capture, dllm/engine/graph_check.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_static_step_gives_the_eager_tokens(family, cache, sampler, dtype):
     prompts = [list(range(10, 22)), list(range(22 - 12 + block, 22))]  # ragged, left padded
     kw = dict(sampler=sampler, cache=cache, gen_length=16, block_length=block)
     eager, _ = _decode(model, prompts, False, **kw)
-    static, g = _decode(model, prompts, "static", **kw)
+    static, g = _decode(model, prompts, "check", **kw)  # "static", each replay checked against its capture
     assert torch.equal(eager.sequences, static.sequences) and torch.equal(eager.trace, static.trace)
     assert eager.nfe == static.nfe and eager.forwarded_tokens == static.forwarded_tokens
     assert g is not None and g.captures <= graphs.MAX_GRAPHS
@@ -87,7 +88,7 @@ def test_more_shapes_than_the_bound_run_eagerly(monkeypatch):
 
 def test_bad_values_are_refused():
     model = tiny("llada")
-    with pytest.raises(ValueError, match="cuda_graphs must be False, True or 'static'"):
+    with pytest.raises(ValueError, match="cuda_graphs must be False, True, 'static' .* or 'check' .*, got 'yes'"):
         dllm.generate(model, [[5, 6]], gen_length=4, cuda_graphs="yes")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cuda_graphs=True captures CUDA graphs, but the model is on cpu"):

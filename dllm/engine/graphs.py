@@ -11,18 +11,20 @@ whole canvas, so one graph serves every block of a call; the prefix cache captur
 
 ``cuda_graphs="static"`` runs the same static path eagerly (``EagerRunner``: the step function is
 called again on replay), on any device: it is what the CPU tests compare with the ordinary path,
-token for token, and what shows that nothing in the step reads a Python value that changes between
-blocks.
+token for token. ``cuda_graphs="check"`` runs it eagerly too and traces every run
+(``dllm.engine.graph_check.CheckedRunner``): each replay must issue the capture's operators on the same
+external memory with the same Python scalars, and the capture must read nothing back to the host, else
+``GraphReplayError`` says what a graph would have replayed wrong and where.
 
 Verification variants of every row forwarded as one sequence per row (``StackedView``: ``lopa`` and
 ``fast`` with static shapes, ``compact=False``, as on CUDA; compacted, when every row is live, one
 shape per variant count) are captured the same way (``variants``), with their columns as a device
 tensor (``StaticStackedView``), on models without a block-causal mask and with an attention backend
-that takes the stacked mask. Not captured (they run as before): full forwards (refreshes), forwards
-with released rows, with the policy's extra columns, with attention maps or hidden states, other
-variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS`` shapes, variants
-included; later shapes run eagerly. Graphs live as
-long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
+that takes the stacked mask. Not captured (they run as before): every forward of a mixture-of-experts
+model whose expert layers would read their counts back (``StepGraphs.refused`` says why), full forwards
+(refreshes), forwards with released rows, with the policy's extra columns, with attention maps or
+hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS``
+shapes, variants included; later shapes run eagerly. Graphs live as long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
 captures, replays and the CUDA memory the captures took (``captured_bytes``).
 """
 
@@ -33,7 +35,9 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from dllm.engine.graph_check import CheckedRunner
 from dllm.models.core.kv import KVCache, StaticView
+from dllm.models.core.moe import experts_read_back, has_experts
 from dllm.models.core.views import StaticStackedView, grouped_backend
 
 MAX_GRAPHS = 8  # captured shapes per generate call
@@ -42,9 +46,10 @@ GraphsOption = Union[bool, str]
 
 
 def check_graphs_option(value: Any, device: torch.device) -> GraphsOption:
-    """``cuda_graphs`` of ``generate``: False (eager), True (CUDA graphs; a CUDA model), "static"."""
-    if not (value is False or value is True or value == "static"):
-        raise ValueError(f"cuda_graphs must be False, True or 'static' (the static step run eagerly), got {value!r}")
+    """``cuda_graphs`` of ``generate``: False (eager), True (CUDA graphs; a CUDA model), "static", "check"."""
+    if not (value is False or value is True or value in ("static", "check")):
+        raise ValueError(f"cuda_graphs must be False, True, 'static' (the static step run eagerly) or 'check' (run "
+                         f"eagerly, each replay checked against the capture), got {value!r}")
     if value is True and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True captures CUDA graphs, but the model is on {device}; use "
                          f"cuda_graphs='static' for the same static step run eagerly, or False")
@@ -108,6 +113,7 @@ class StepGraphs:
     def __init__(self, model: Any, kv: KVCache, mode: GraphsOption) -> None:
         self.model, self.kv, self.mode = model, kv, mode
         self._graphs: dict[tuple, _Captured] = {}
+        self.refused: Optional[str] = self._refusal(model)  # why nothing of this call is captured, or None
         self.pool = torch.cuda.graph_pool_handle() if mode is True else None
         self.captures = 0
         self.replays = 0
@@ -144,7 +150,7 @@ class StepGraphs:
         ``[start, start + t)``; None past ``MAX_GRAPHS`` shapes."""
         entry = self._graphs.get(key)
         if entry is None:
-            if len(self._graphs) >= MAX_GRAPHS:
+            if len(self._graphs) >= MAX_GRAPHS or self.refused is not None:
                 return None
             entry = self._capture(x, positions, key_padding_mask, start, make_view, logits_rows, t)
             self._graphs[key] = entry
@@ -169,13 +175,29 @@ class StepGraphs:
         def step() -> torch.Tensor:  # a view per run: it keeps what one forward derives (its masks)
             return self.model(static_x, cache=make_view(cols), **kwargs).logits
 
-        runner: Any = CudaGraphRunner(self.pool) if self.mode is True else EagerRunner()
+        runner: Any = (CudaGraphRunner(self.pool) if self.mode is True else
+                       CheckedRunner() if self.mode == "check" else EagerRunner())
         before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0
         out = runner.capture(step)
         if self.mode is True:
             self.captured_bytes += torch.cuda.memory_allocated(x.device) - before
         self.captures += 1
         return _Captured(runner, static_x, static_pos, cols, base, out)
+
+    @staticmethod
+    def _refusal(model: Any) -> Optional[str]:
+        """Why this model's forwards cannot be captured (they read a device value back), or None."""
+        config = getattr(model, "config", None)
+        width = getattr(config, "d_model", None)
+        if width is None or not has_experts(model):
+            return None
+        with torch.inference_mode():  # as generate's forwards run (autograd off: the experts may stack)
+            hidden = torch.empty(1, width, dtype=model.dtype, device=model.device)  # rows as the MoE layers get
+            reads = experts_read_back(model, hidden)
+        if reads:
+            return ("its mixture-of-experts layers loop over the experts, sized by a read of their counts "
+                    "(grouped matmuls need bfloat16 on sm90/sm100, or a CPU)")
+        return None
 
     @property
     def shapes(self) -> int:

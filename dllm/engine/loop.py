@@ -94,7 +94,9 @@ def generate(
         callback: called with the ``DecodeState`` after every step (live views).
         cuda_graphs: False (eager); True: every cached forward is captured once per shape as a CUDA
             graph and replayed (``dllm.engine.graphs``; a CUDA model; the same tokens as eager); "static": the
-            same static step run eagerly, on any device.
+            same static step run eagerly, on any device; "check": "static" with every replay checked against
+            the capture (``dllm.engine.graph_check``: the operators, external memory and scalars a graph
+            would replay; ``GraphReplayError`` where they differ).
         skip_released: True: once a row is released (``dllm.rows``: its answer ended under
             ``stop_at_eos``, or ``release_rows`` in a callback) later forwards compute only the held
             rows; False: every row is forwarded to the end (the reference path; the same tokens).

@@ -153,7 +153,10 @@ class APD(Sampler):
         v = logits.shape[-1]
         flat = draws.rand_segments([n * v for n in counts], inp.generator, logits.device, torch.float64)
         u = torch.full(active.shape + (v,), 0.5, dtype=torch.float64, device=logits.device)
-        u[active] = flat.view(-1, v)  # row-major: each row's drafts in order
+        # the drafted positions in row-major order (the stable sort puts them first), each row's drafts in
+        # order; their number is known here, so no boolean-mask write (a nonzero, read back on CUDA)
+        at = (~active).flatten().to(torch.int8).argsort(stable=True)[:sum(counts)]  # [n]
+        u.view(-1, v).index_copy_(0, at, flat.view(-1, v))
         return argmax_excluding(gumbel_perturb(logits / t, t, u), inp.mask_id)  # the reference scales first
 
 

@@ -42,23 +42,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dllm.engine.graph_check import is_host_read, op_name
 from dllm.kernels.triton import launch
 
 _NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
                           "sym_numel", "sym_storage_offset", "detach", "alias"})
-_SYNC_OPS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
-                       "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose",
-                       "repeat_interleave", "masked_scatter_", "argwhere", "nonzero_static_host"})
 _PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
 _HERE = os.path.abspath(__file__)
 _LAUNCH = os.path.abspath(launch.__file__)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
-
-
-def op_name(func: Any) -> str:
-    """``aten.mm.default`` -> ``mm``."""
-    return getattr(func, "__name__", str(func)).split(".")[0]
 
 
 def _storages(x: Any) -> set[int]:
@@ -83,16 +76,6 @@ def is_kernel(func: Any, args: tuple = (), out: Any = None) -> bool:
         return not getattr(func, "is_view", False)
     produced = _storages(out)
     return bool(produced) and not produced <= _storages(args)
-
-
-def _is_sync(func: Any, args: tuple) -> bool:
-    name = op_name(func)
-    if name == "index":  # boolean-mask indexing: the result's size depends on the data
-        indices = args[1] if len(args) > 1 else ()
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
-    if name == "repeat_interleave":  # repeats as a tensor: the result's size is read back
-        return getattr(func, "_overloadname", "") in ("Tensor", "self_Tensor")
-    return name in _SYNC_OPS
 
 
 def caller_line() -> str:
@@ -238,7 +221,7 @@ class DispatchCounter:
             if self.trace:
                 c.outside_ops[f"{op_name(func)} @ {caller_line()}"] += 1
         c.forward_aten += self._depth_forward > 0
-        if _is_sync(func, args):
+        if is_host_read(func, args):
             self._sync(op_name(func))
 
     def launch_begins(self, name: str) -> None:

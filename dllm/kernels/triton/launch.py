@@ -33,6 +33,9 @@ import torch
 
 
 class LaunchObserver(Protocol):
+    """Told of each launch; an observer may also define ``launch_called(name, grid, args, kwargs)``, called
+    after ``launch_begins`` with the launch's arguments (``dllm.engine.graph_check`` traces them)."""
+
     def launch_begins(self, name: str) -> None: ...
 
     def launch_ends(self, name: str) -> None: ...
@@ -95,6 +98,9 @@ def observed_launch(name: str, kernel: Any, grid: Any, *args: Any, **kwargs: Any
         return kernel[grid](*args, **kwargs)
     for obs in LAUNCH_OBSERVERS:
         obs.launch_begins(name)
+        called = getattr(obs, "launch_called", None)
+        if called is not None:
+            called(name, grid, args, kwargs)
     try:
         return kernel[grid](*args, **kwargs)
     finally:

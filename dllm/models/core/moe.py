@@ -177,12 +177,18 @@ class SparseMoE(nn.Module):
         self.unstack()
         return super()._apply(fn, recurse)
 
+    def grouped_for(self, x: torch.Tensor) -> Optional["StackedExperts"]:
+        """The stacked experts when rows like ``x`` [N, D] run as grouped matmuls (no host sync), else
+        None (``combine_experts``: a loop over experts sized by a read of their counts)."""
+        stacked = self.stacked_experts() if self.log is None and grouped_supported(x) else None
+        return stacked if stacked is not None and stacked.aligned(x) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         flat = x.reshape(-1, d)  # [N, D]
         idx, weights = self.gate(flat)  # [N, K], [N, K] f32
-        stacked = self.stacked_experts() if self.log is None and grouped_supported(flat) else None
-        if stacked is not None and stacked.aligned(flat):
+        stacked = self.grouped_for(flat)
+        if stacked is not None:
             y = combine_grouped(stacked, flat, idx, weights).view(b, t, d)
         else:
             y = combine_experts(self.experts, flat, idx, weights, self.log, self.layer).view(b, t, d)
@@ -326,6 +332,13 @@ def has_experts(model: nn.Module) -> bool:
     return any(isinstance(m, SparseMoE) for m in model.modules())
 
 
+def experts_read_back(model: nn.Module, hidden: torch.Tensor) -> bool:
+    """True when a MoE layer of ``model`` would route hidden rows like ``hidden`` [..., D] through the
+    per-expert loop, which reads the experts' counts back to the host (a CUDA graph cannot capture it)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return any(m.grouped_for(flat) is None for m in model.modules() if isinstance(m, SparseMoE))
+
+
 @contextlib.contextmanager
 def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
     """``with count_experts(model) as c: ...`` -> ``c.mean_distinct()`` experts per layer per forward
@@ -345,4 +358,4 @@ def count_experts(model: nn.Module) -> Iterator[ExpertCounter]:
 
 __all__ = ["ExpertCounter", "ExpertMLP", "ExpertUse", "MoEConfig", "Router", "SparseMoE", "StackedExperts",
            "combine_experts", "combine_grouped", "count_experts", "group_limited_topk", "grouped_supported",
-           "has_experts", "moe_reference", "route"]
+           "experts_read_back", "has_experts", "moe_reference", "route"]

@@ -1,0 +1,123 @@
+"""dllm/engine/graph_check.py: a replay that a CUDA graph would get wrong is refused, naming what and where;
+a replayable step passes; and generate(cuda_graphs="check") finds every family's captured forwards replayable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.engine.graph_check import CheckedRunner, GraphReplayError, is_host_read, traced
+from dllm.engine.graphs import GRAPHS_KEY
+from dllm.models.tiny import tiny
+
+W = torch.randn(4, 4)
+
+
+def test_a_replayable_step_passes_and_replays_its_static_inputs():
+    x = torch.zeros(2, 4)  # the static input buffer
+    runner = CheckedRunner()
+    out = runner.capture(lambda: torch.relu(x @ W).sum(dim=1))
+    assert torch.equal(out, torch.zeros(2))
+    x.copy_(torch.ones(2, 4))  # new inputs, written into the same memory
+    runner.replay()
+    runner.replay()
+    assert torch.equal(runner.out, torch.relu(torch.ones(2, 4) @ W).sum(dim=1)) and runner.replays == 2
+
+
+def test_a_python_scalar_that_changes_is_named():
+    n = {"rows": 2}
+    x = torch.randn(4, 4)
+    runner = CheckedRunner()
+    runner.capture(lambda: x[: n["rows"]].sum(dim=0))
+    n["rows"] = 3  # a graph would still slice 2 rows
+    with pytest.raises(GraphReplayError, match=r"aten.slice.Tensor at .*test_graph_check.py:\d+\), argument 3: "
+                                                r"captured 2, replayed 3"):
+        runner.replay()
+
+
+def test_a_new_input_tensor_is_named():
+    box = {"x": torch.randn(2, 4)}
+    runner = CheckedRunner()
+    runner.capture(lambda: box["x"] * 2)
+    box["x"] = torch.randn(2, 4)  # another tensor: a graph reads the captured one's memory
+    with pytest.raises(GraphReplayError, match=r"aten.mul.Tensor .*argument 0: captured \('external'"):
+        runner.replay()
+
+
+def test_another_path_through_the_python_is_named():
+    flag = {"on": True}
+    x = torch.randn(3)
+    runner = CheckedRunner()
+    runner.capture(lambda: x.exp() if flag["on"] else x.sin())
+    flag["on"] = False
+    with pytest.raises(GraphReplayError, match=r"operator 0: the capture issued aten.exp.default .* the replay "
+                                                r"aten.sin.default"):
+        runner.replay()
+
+
+@pytest.mark.parametrize("step,what", [
+    (lambda x: x + x.sum().item(), "_local_scalar_dense"),
+    (lambda x: x[x > 0], "index"),
+    (lambda x: x.masked_fill(x > 0, 0.0) + len(x.tolist()), "Tensor.tolist"),
+    (lambda x: x + torch.tensor([1.0, 2.0, 3.0]), "torch.tensor"),
+    (lambda x: x.index_put_((x > 0,), torch.tensor(0.0)), "index_put_"),
+])
+def test_a_host_read_or_upload_in_the_step_is_refused_at_capture(step, what):
+    x = torch.randn(3)
+    with pytest.raises(GraphReplayError, match=rf"\({what}.* at .*test_graph_check.py|{what} at"):
+        CheckedRunner().capture(lambda: step(x))
+
+
+def test_a_python_scalar_written_into_a_tensor_is_a_constant():
+    x = torch.zeros(4)
+    cols = torch.tensor([1, 2])
+    runner = CheckedRunner()
+    runner.capture(lambda: x.clone().index_fill_(0, cols, 5.0) + 0.5)  # scalars baked into the kernels
+    runner.replay()
+    assert torch.equal(runner.out, torch.tensor([0.5, 5.5, 5.5, 0.5]))
+
+
+def test_host_reads_include_boolean_mask_writes():
+    m = torch.tensor([True, False])
+    assert is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(2), [m], torch.tensor(1.0)))
+    assert not is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(2), [torch.tensor([0])], torch.tensor(1.0)))
+    one = torch.tensor([1])
+    _, entries = traced(lambda: torch.zeros(2).index_fill_(0, one, 1.0))  # an index tensor: no read
+    assert [e.op for e in entries][-1] == "aten.index_fill_.int_Scalar"
+
+
+_RUNS = [("llada", "dual"), ("llada", "prefix"), ("dream", "dual"), ("sdar", "block"), ("fastdllm_v2", "block"),
+         ("llada2", "block")]
+
+
+@pytest.mark.parametrize("sampler", ["threshold", "fast:compact=False"])
+@pytest.mark.parametrize("family,cache", _RUNS)
+def test_every_familys_captured_forwards_would_replay(family, cache, sampler):
+    """bfloat16 (grouped expert matmuls for LLaDA 2's MoE, as on an H100/H200), ragged left-padded rows."""
+    model = tiny(family, dtype=torch.bfloat16)
+    block = 4 if family in ("sdar", "llada2") else 8
+    prompts = [list(range(10, 22)), list(range(22 - 12 + block, 22))]
+    kw = dict(sampler=sampler, cache=cache, gen_length=16, block_length=block)
+    eager = dllm.generate(model, prompts, **kw)
+    seen = {}
+    checked = dllm.generate(model, prompts, cuda_graphs="check",
+                            callback=lambda st: seen.setdefault("g", st.extras.get(GRAPHS_KEY)), **kw)
+    assert torch.equal(eager.sequences, checked.sequences)
+    g = seen["g"]
+    assert g.refused is None and g.captures >= 1
+    if cache == "dual":  # one shape for every block: its later forwards are checked replays
+        assert sum(c.runner.replays for c in g._graphs.values()) >= 4
+
+
+def test_a_moe_model_whose_experts_read_back_is_not_captured():
+    """float32 experts loop over the experts, sized by a read of their counts: nothing is captured, and
+    the call says why (a CUDA graph could not hold that read)."""
+    model = tiny("llada2", dtype=torch.float32)
+    seen = {}
+    out = dllm.generate(model, [list(range(10, 22))], cache="block", gen_length=8, block_length=4, cuda_graphs="check",
+                        callback=lambda st: seen.setdefault("g", st.extras.get(GRAPHS_KEY)))
+    g = seen["g"]
+    assert g.captures == 0 and "mixture-of-experts layers loop over the experts" in g.refused
+    eager = dllm.generate(model, [list(range(10, 22))], cache="block", gen_length=8, block_length=4)
+    assert torch.equal(out.sequences, eager.sequences)
