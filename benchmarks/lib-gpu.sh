@@ -13,12 +13,14 @@ else
 fi
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$O/gpu.txt" 2>&1
 
-# step SECONDS FILE COMMAND...: run COMMAND with a time limit, its output appended to $O/FILE
+# step SECONDS FILE COMMAND...: run COMMAND with a time limit, its output appended to $O/FILE. At the limit
+# the command gets SIGTERM (dllm bench breakdown / e2e / serve then write what they finished, as on Ctrl-C),
+# and SIGKILL 20 s later if it is still running
 step() {
   local limit=$1 file=$2
   shift 2
   echo "\$ $*" >> "$O/$file"
-  timeout "$limit" "$@" >> "$O/$file" 2>&1
+  timeout -k 20 "$limit" "$@" >> "$O/$file" 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "FAILED (exit $rc): $*" | tee -a "$O/gpu.txt"

@@ -2,26 +2,45 @@
 
 ``until_interrupted(body, finish)`` runs ``body()``; a KeyboardInterrupt anywhere in it (a progress
 bar, a decode, a model load) calls ``finish()``, which writes what is finished and returns where it
-went, prints ``interrupted: ...`` as one line and returns 130 (the shell's status for SIGINT).
+went, prints ``interrupted: ...`` as one line and returns 130 (the shell's status for SIGINT). A
+SIGTERM (``timeout``'s signal, ``kill``) does the same while ``body`` runs in the main thread, and
+returns 143 (128 + SIGTERM).
 ``dllm stress``, ``dllm bench spec``, ``dllm bench trees``, ``dllm bench breakdown``, ``dllm compare`` and
 ``dllm eval tasks`` end this way.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Callable
 
 INTERRUPTED = 130  # 128 + SIGINT
+TERMINATED = 143  # 128 + SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where the main thread is, handled as a Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated()
 
 
 def until_interrupted(body: Callable[[], int], finish: Callable[[], str]) -> int:
     """``body()``'s status, or, on Ctrl-C, 130 after ``finish()`` (it saves the finished part and
-    returns a short clause saying what and where) is printed as ``interrupted: <clause>``."""
+    returns a short clause saying what and where) is printed as ``interrupted: <clause>``; on SIGTERM
+    the same, 143 (the main thread only: a signal handler can be set there alone)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     try:
         return body()
-    except KeyboardInterrupt:
-        print(f"interrupted: {finish()}", flush=True)
-        return INTERRUPTED
+    except KeyboardInterrupt as stop:
+        print(f"{'terminated' if isinstance(stop, _Terminated) else 'interrupted'}: {finish()}", flush=True)
+        return TERMINATED if isinstance(stop, _Terminated) else INTERRUPTED
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def finished(count: int, unit: str, where: str | None, hint: str = "") -> str:
@@ -33,4 +52,4 @@ def finished(count: int, unit: str, where: str | None, hint: str = "") -> str:
     return f"{count} finished {plural} {verb} {place}{hint}"
 
 
-__all__ = ["INTERRUPTED", "finished", "until_interrupted"]
+__all__ = ["INTERRUPTED", "TERMINATED", "finished", "until_interrupted"]
