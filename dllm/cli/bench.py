@@ -102,6 +102,7 @@ def run_kernels(args) -> int:
     from tqdm import tqdm
 
     from dllm.eval.bench.kernels import default_shapes, format_report, format_table, run_kernel_bench, tiny_shapes
+    from dllm.eval.interrupt import terminate_as_interrupt
 
     device = checked_device(args.device)
     shapes = (tiny_shapes() if getattr(args, "tiny", False)
@@ -113,8 +114,9 @@ def run_kernels(args) -> int:
         backends += tuple(tile_names())
     rows: list[dict] = []
     try:
-        for shape in tqdm(shapes, disable=args.no_progress, desc="bench kernels", unit="shape"):
-            rows += run_kernel_bench([shape], backends=backends, device=device, repeats=args.repeats)
+        with terminate_as_interrupt():  # a timeout's SIGTERM keeps the finished rows too
+            for shape in tqdm(shapes, disable=args.no_progress, desc="bench kernels", unit="shape"):
+                rows += run_kernel_bench([shape], backends=backends, device=device, repeats=args.repeats)
     except KeyboardInterrupt:
         if not rows:
             raise

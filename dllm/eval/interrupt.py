@@ -11,9 +11,10 @@ returns 143 (128 + SIGTERM).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
@@ -27,20 +28,31 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated()
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside, a SIGTERM raises a KeyboardInterrupt (``_Terminated``) where the main thread is, so the
+    code that saves a finished part on Ctrl-C does it on ``timeout`` and ``kill`` too; the handler
+    before is restored after. In another thread (no handler can be set there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def until_interrupted(body: Callable[[], int], finish: Callable[[], str]) -> int:
     """``body()``'s status, or, on Ctrl-C, 130 after ``finish()`` (it saves the finished part and
     returns a short clause saying what and where) is printed as ``interrupted: <clause>``; on SIGTERM
-    the same, 143 (the main thread only: a signal handler can be set there alone)."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+    the same, 143 (``terminate_as_interrupt``)."""
     try:
-        return body()
+        with terminate_as_interrupt():
+            return body()
     except KeyboardInterrupt as stop:
         print(f"{'terminated' if isinstance(stop, _Terminated) else 'interrupted'}: {finish()}", flush=True)
         return TERMINATED if isinstance(stop, _Terminated) else INTERRUPTED
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def finished(count: int, unit: str, where: str | None, hint: str = "") -> str:
@@ -52,4 +64,4 @@ def finished(count: int, unit: str, where: str | None, hint: str = "") -> str:
     return f"{count} finished {plural} {verb} {place}{hint}"
 
 
-__all__ = ["INTERRUPTED", "TERMINATED", "finished", "until_interrupted"]
+__all__ = ["INTERRUPTED", "TERMINATED", "finished", "terminate_as_interrupt", "until_interrupted"]
