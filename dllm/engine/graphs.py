@@ -24,8 +24,9 @@ that takes the stacked mask. Not captured (they run as before): every forward of
 model whose expert layers would read their counts back (``StepGraphs.refused`` says why), full forwards
 (refreshes), forwards with released rows, with the policy's extra columns, with attention maps or
 hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS``
-shapes, variants included; later shapes run eagerly. Graphs live as long as the call (its K/V buffers are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's
-captures, replays and the CUDA memory the captures took (``captured_bytes``).
+shapes, variants included; later shapes run eagerly. Graphs live as long as the call (its K/V buffers
+are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's captures, replays and the CUDA memory
+the captures took (``captured_bytes``).
 """
 
 from __future__ import annotations
