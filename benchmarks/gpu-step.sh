@@ -11,10 +11,12 @@
 #      decodes per setting, to fit its 60 s with eight settings; fast with LoPA's kernels; in log.txt);
 #   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa, and fast's
 #      sampler step with LoPA's kernels against the torch path (kernels.json).
+# First, the check that the graphs are right: tests/test_graphs.py's CUDA test (real CUDA graphs give the
+# eager tokens: LLaDA dual, SDAR block, LLaDA 2's grouped experts; skipped on a CPU).
 # Steps 1-3 time each case eager and with generate(cuda_graphs=True) (the cached forwards replayed as
 # CUDA graphs; on a CPU the same static step runs eagerly).
 # 8 files under ${OUT:-benchmarks/gpu-step-$(date +%F)} (gpu.txt, log.txt with every table, 6 JSON); about
-# 5 minutes on an H200 (the limits add to 340 s). DEVICE=cpu bash benchmarks/gpu-step.sh: tiny shapes.
+# 5 minutes on an H200 (the limits add to 395 s). DEVICE=cpu bash benchmarks/gpu-step.sh: tiny shapes.
 O=${OUT:-benchmarks/gpu-step-$(date +%F)}
 . "$(dirname "$0")/lib-gpu.sh"
 if [ "$DEVICE" = cuda ]; then
@@ -22,6 +24,7 @@ if [ "$DEVICE" = cuda ]; then
 else
   W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1 --tiny)
 fi
+step 45 log.txt python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py -k cuda_graphs_give_the_eager_tokens
 B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler low_confidence --steps 5 --warmup 3
    --cuda-graphs)
 step 60 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,prefix,dual \
