@@ -121,3 +121,18 @@ def test_a_moe_model_whose_experts_read_back_is_not_captured():
     assert g.captures == 0 and "mixture-of-experts layers loop over the experts" in g.refused
     eager = dllm.generate(model, [list(range(10, 22))], cache="block", gen_length=8, block_length=4)
     assert torch.equal(out.sequences, eager.sequences)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_recommended_setting_replays_right(family):
+    """fast + auto (a dual cache with a window of recomputed columns), fast as CUDA runs it (static
+    variant batches), ragged rows, several blocks: checked replays, the eager tokens."""
+    model = tiny(family, dtype=torch.bfloat16)
+    prompts = [list(range(10, 60)), list(range(20, 60))]
+    kw = dict(sampler="fast:compact=False", cache="auto", gen_length=96, block_length=16)
+    eager = dllm.generate(model, prompts, **kw)
+    seen = {}
+    checked = dllm.generate(model, prompts, cuda_graphs="check",
+                            callback=lambda st: seen.setdefault("g", st.extras.get(GRAPHS_KEY)), **kw)
+    assert torch.equal(eager.sequences, checked.sequences)
+    assert seen["g"].captures >= 1 and sum(c.runner.replays for c in seen["g"]._graphs.values()) >= 20
