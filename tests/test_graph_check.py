@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dllm
 from dllm.engine.graph_check import CheckedRunner, GraphReplayError, is_host_read, traced
@@ -12,6 +13,7 @@ from dllm.engine.graphs import GRAPHS_KEY
 from dllm.models.tiny import tiny
 
 W = torch.randn(4, 4)
+MASK, TWO = torch.tensor([True, False, True]), torch.tensor([1.0, 2.0])
 
 
 def test_a_replayable_step_passes_and_replays_its_static_inputs():
@@ -61,7 +63,7 @@ def test_another_path_through_the_python_is_named():
     (lambda x: x[x > 0], "index"),
     (lambda x: x.masked_fill(x > 0, 0.0) + len(x.tolist()), "Tensor.tolist"),
     (lambda x: x + torch.tensor([1.0, 2.0, 3.0]), "torch.tensor"),
-    (lambda x: x.index_put_((x > 0,), torch.tensor(0.0)), "index_put_"),
+    (lambda x: x.index_put_((MASK,), TWO), "index_put_"),  # several values at a mask: a nonzero
 ])
 def test_a_host_read_or_upload_in_the_step_is_refused_at_capture(step, what):
     x = torch.randn(3)
@@ -79,9 +81,8 @@ def test_a_python_scalar_written_into_a_tensor_is_a_constant():
 
 
 def test_host_reads_include_boolean_mask_writes():
-    m = torch.tensor([True, False])
-    assert is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(2), [m], torch.tensor(1.0)))
-    assert not is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(2), [torch.tensor([0])], torch.tensor(1.0)))
+    assert is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(3), [MASK], TWO))
+    assert not is_host_read(torch.ops.aten.index_put_.default, (torch.zeros(3), [torch.tensor([0, 2])], TWO))
     one = torch.tensor([1])
     _, entries = traced(lambda: torch.zeros(2).index_fill_(0, one, 1.0))  # an index tensor: no read
     assert [e.op for e in entries][-1] == "aten.index_fill_.int_Scalar"
@@ -136,3 +137,70 @@ def test_the_recommended_setting_replays_right(family):
                             callback=lambda st: seen.setdefault("g", st.extras.get(GRAPHS_KEY)), **kw)
     assert torch.equal(eager.sequences, checked.sequences)
     assert seen["g"].captures >= 1 and sum(c.runner.replays for c in seen["g"]._graphs.values()) >= 20
+
+
+def test_a_split_moe_model_is_not_captured_and_never_stacks_absent_experts():
+    """Expert parallelism: a rank's ParallelMoE holds AbsentExperts (no projections) and always runs the
+    experts' loop; the refusal says so without stacking them (an AttributeError before)."""
+    from dllm.models.core.moe import MoEConfig, experts_read_back
+    from dllm.models.parallel.layers import AbsentExpert, ParallelMoE
+
+    layer = ParallelMoE(16, MoEConfig(n_experts=4, top_k=2, expert_hidden=8), 0, None, range(0, 2), 8, False)
+    assert isinstance(layer.experts[3], AbsentExpert)
+    model = torch.nn.Sequential(layer).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert "loop over the experts" in experts_read_back(model, torch.zeros(1, 16, dtype=torch.bfloat16))
+
+
+def test_counting_experts_is_named_as_the_reason():
+    from dllm.models.core.moe import count_experts, experts_read_back
+
+    model = tiny("llada2", dtype=torch.bfloat16)
+    hidden = torch.zeros(1, model.config.d_model, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert experts_read_back(model, hidden) is None  # grouped matmuls (bfloat16 on a CPU)
+        with count_experts(model):
+            assert "being counted" in experts_read_back(model, hidden)
+
+
+@pytest.mark.parametrize("write,reads", [
+    (lambda x, m: x.index_put_((m,), torch.tensor(0.0)), False),  # x[mask] = 0.0: a masked_fill on CUDA
+    (lambda x, m: x.index_put_((m,), torch.ones(int(m.sum()))), True),  # several values: a nonzero
+    (lambda x, m: x.index_put_((m,), torch.tensor(1.0), accumulate=True), True),
+])
+def test_boolean_mask_writes_read_back_unless_one_value(write, reads):
+    x, m = torch.zeros(4), torch.tensor([True, False, True, False])
+    with _HostReads() as seen:
+        write(x, m)
+    assert seen.any == reads
+
+
+def test_sizes_given_or_read():
+    r = torch.tensor([1, 2])
+    with _HostReads() as seen:
+        torch.repeat_interleave(torch.tensor([5, 6]), r, output_size=3)
+    assert not seen.any
+    with _HostReads() as seen:
+        torch.repeat_interleave(torch.tensor([5, 6]), r)
+    assert seen.any
+    with _HostReads() as seen:
+        torch.bincount(r)
+    assert seen.any
+
+
+def test_numpy_asarray_is_a_read():
+    import numpy as np
+
+    x = torch.zeros(3)
+    with pytest.raises(GraphReplayError, match="__array__"):
+        CheckedRunner().capture(lambda: x + float(np.asarray(x).sum()))
+
+
+class _HostReads(TorchDispatchMode):
+    """Whether any operator inside was a host read (``is_host_read``)."""
+
+    any = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.any = self.any or is_host_read(func, args, kwargs)
+        return func(*args, **(kwargs or {}))

@@ -34,10 +34,12 @@ from torch.utils._pytree import tree_leaves
 
 from dllm.kernels.triton import launch
 
-# operators whose result is read back to the host or sized by the data (not capturable)
+# operators whose result is read back to the host or sized by the data (not capturable); bincount and histc
+# read their range back on CUDA (below the dispatcher, where a mode does not see it)
 HOST_READS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
                         "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose", "masked_scatter_",
-                        "argwhere", "nonzero_static_host"})
+                        "argwhere", "nonzero_static_host", "bincount", "histc"})
+_INDEX_PUTS = ("index_put", "index_put_", "_index_put_impl_")
 _HERE = os.path.abspath(__file__)
 _LAUNCH = os.path.abspath(launch.__file__)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
@@ -48,14 +50,24 @@ def op_name(func: Any) -> str:
     return getattr(func, "__name__", str(func)).split(".")[0]
 
 
-def is_host_read(func: Any, args: tuple) -> bool:
+def is_host_read(func: Any, args: tuple, kwargs: Optional[dict] = None) -> bool:
     """An operator that reads a device value back to the host, or whose result's size depends on one."""
     name = op_name(func)
-    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):  # a boolean mask: the positions are
-        indices = args[1] if len(args) > 1 else ()  # found by a nonzero, whose size is read back
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
-    if name == "repeat_interleave":  # repeats as a tensor: the result's size is read back
-        return getattr(func, "_overloadname", "") in ("Tensor", "self_Tensor")
+    kwargs = kwargs or {}
+    if name == "index" or name in _INDEX_PUTS:  # a boolean mask: the positions are found by a nonzero,
+        indices = args[1] if len(args) > 1 else ()  # whose size is read back
+        masks = [i for i in indices or () if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+        if not masks:
+            return False
+        if name in _INDEX_PUTS:  # x[mask] = one value: CUDA runs it as a masked_fill (no read)
+            value = args[2] if len(args) > 2 else kwargs.get("values")
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            one = isinstance(value, torch.Tensor) and value.numel() == 1
+            return not (len(indices) == 1 and one and not accumulate)
+        return True
+    if name == "repeat_interleave":  # repeats as a tensor: the result's size is read back, unless given
+        return (getattr(func, "_overloadname", "") in ("Tensor", "self_Tensor")
+                and kwargs.get("output_size") is None)
     return name in HOST_READS
 
 
@@ -126,7 +138,7 @@ class _Tracer(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._in_launch:  # the interpreter's own operators inside a Triton launch
             return func(*args, **kwargs)
-        if is_host_read(func, args):
+        if is_host_read(func, args, kwargs):
             raise GraphReplayError(f"the captured step reads a device value back to the host "
                                    f"({op_name(func)} at {issued_at()}): a CUDA graph cannot capture it")
         if op_name(func) == "lift_fresh" and isinstance(args[0], torch.Tensor):  # a tensor made of Python data
@@ -156,10 +168,12 @@ class _Tracer(TorchDispatchMode):
 
 
 class _PythonReads(TorchFunctionMode):
-    """Refuses the reads of a device tensor that bypass the dispatcher (``Tensor.tolist``, ``.numpy``)."""
+    """Refuses the reads of a device tensor that bypass the dispatcher (``Tensor.tolist``, ``.numpy``,
+    ``numpy.asarray``'s ``__array__``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("tolist", "numpy") and args and isinstance(args[0], torch.Tensor):
+        name = getattr(func, "__name__", "")
+        if name in ("tolist", "numpy", "__array__") and args and isinstance(args[0], torch.Tensor):
             raise GraphReplayError(f"the captured step reads a device value back to the host (Tensor."
                                    f"{func.__name__} at {issued_at()}): a CUDA graph cannot capture it")
         return func(*args, **(kwargs or {}))

@@ -194,11 +194,7 @@ class StepGraphs:
             return None
         with torch.inference_mode():  # as generate's forwards run (autograd off: the experts may stack)
             hidden = torch.empty(1, width, dtype=model.dtype, device=model.device)  # rows as the MoE layers get
-            reads = experts_read_back(model, hidden)
-        if reads:
-            return ("its mixture-of-experts layers loop over the experts, sized by a read of their counts "
-                    "(grouped matmuls need bfloat16 on sm90/sm100, or a CPU)")
-        return None
+            return experts_read_back(model, hidden)
 
     @property
     def shapes(self) -> int:

@@ -95,7 +95,7 @@ def run_sampler(model, spec: DecodeSettings, examples: Sequence[T.Example], *, b
     can_peak = reset_peak_memory(device)
     # one batch per (task, answer length): see decode_and_score's ``by_task``
     setting = replace(spec, block_length=block_length) if block_length is not None else spec
-    with expert_counter(model) as experts:
+    with expert_counter(model, cuda_graphs is False) as experts:
         tally = decode_and_score(model, examples, setting, by_task=True, max_batch=max_batch, progress=progress,
                                  cuda_graphs=cuda_graphs)
     peak = peak_memory_mb(device) if can_peak else None
@@ -112,9 +112,10 @@ def run_sampler(model, spec: DecodeSettings, examples: Sequence[T.Example], *, b
 
 
 @contextlib.contextmanager
-def expert_counter(model) -> Iterator[Optional[ExpertCounter]]:
-    """``count_experts(model)`` for a mixture-of-experts model, None for a dense one."""
-    if not has_experts(model):
+def expert_counter(model, on: bool = True) -> Iterator[Optional[ExpertCounter]]:
+    """``count_experts(model)`` for a mixture-of-experts model, None for a dense one or when not ``on``
+    (with CUDA graphs: counting runs the experts' loop, which a capture cannot hold, so no experts/fwd)."""
+    if not on or not has_experts(model):
         yield None
         return
     with count_experts(model) as counter:

@@ -33,14 +33,14 @@ def terminate_as_interrupt() -> Iterator[None]:
     """Inside, a SIGTERM raises a KeyboardInterrupt (``_Terminated``) where the main thread is, so the
     code that saves a finished part on Ctrl-C does it on ``timeout`` and ``kill`` too; the handler
     before is restored after. In another thread (no handler can be set there) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield  # no handler can be set here, or the process was told to ignore SIGTERM: leave it so
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # a handler not set from Python reads as None: the default stands for it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def until_interrupted(body: Callable[[], int], finish: Callable[[], str]) -> int:

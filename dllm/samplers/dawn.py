@@ -110,7 +110,8 @@ def greedy_mis(cand: torch.Tensor, conflict: torch.Tensor, score: torch.Tensor, 
     ``score`` (descending, leftmost on ties), each kept unless a kept one conflicts with it.
 
     cand: [B, N] bool candidates; conflict: [B, N, N] bool symmetric; score: [B, N] float. ``rounds``
-    >= the most candidates of a row. -> [B, N] bool.
+    >= the most candidates of a row, required (with fewer, two conflicting candidates may both be kept;
+    the step passes the window's width). -> [B, N] bool.
 
     Fast path: instead of ``rounds`` picks of the best remaining candidate (``greedy_mis_by_picks``,
     ten calls a round), the greedy set is the fixed point of ``kept = cand & ~(some earlier-ranked

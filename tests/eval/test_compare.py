@@ -141,3 +141,24 @@ def test_cuda_graphs_on_a_cpu_model_are_refused_before_any_run(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "cuda_graphs=True captures CUDA graphs, but the model is on cpu" in err
     assert not (out / "compare.json").exists()
+
+
+def test_cuda_graphs_on_a_moe_model_capture_and_leave_out_the_expert_count(monkeypatch):
+    """Counting experts runs their loop (a read of their counts, which a capture cannot hold): with graphs
+    the rows have no experts/fwd, and the forwards are captured."""
+    from dllm.engine.graphs import StepGraphs
+    from dllm.eval.compare import compare
+    from dllm.models.tiny import tiny
+
+    moe = tiny("llada2", dtype=torch.bfloat16)  # grouped expert matmuls on a CPU
+    refused = []
+    real = StepGraphs.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        refused.append(self.refused)
+
+    monkeypatch.setattr(StepGraphs, "__init__", init)
+    rows = compare(moe, ["low_confidence:cache=block"], ["copy"], 1, block_length=4, show_progress=False,
+                   cuda_graphs="static")
+    assert refused and set(refused) == {None} and rows[0].experts_per_forward is None

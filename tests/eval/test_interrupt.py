@@ -58,3 +58,15 @@ def test_timeout_of_a_command_keeps_its_finished_part(tmp_path):
                          text=True, timeout=60)
     assert run.returncode == TERMINATED, run.stderr  # the command's own status (plain timeout says 124)
     assert int(out.read_text()) > 0 and "terminated:" in run.stdout
+
+
+def test_an_ignored_sigterm_stays_ignored():
+    from dllm.eval.interrupt import terminate_as_interrupt
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with terminate_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

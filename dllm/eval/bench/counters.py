@@ -143,7 +143,7 @@ class _Dispatch(TorchDispatchMode):
         finally:
             owner._in_op -= 1
         if not owner._in_launch:  # a Triton launch's own torch ops (the interpreter's) are not a GPU's
-            owner._record(func, args, out)
+            owner._record(func, args, out, kwargs)
         return out
 
 
@@ -208,7 +208,7 @@ class DispatchCounter:
         self._depth_forward -= 1
 
     # ---- recording ---------------------------------------------------------------------------------
-    def _record(self, func: Any, args: tuple, out: Any) -> None:
+    def _record(self, func: Any, args: tuple, out: Any, kwargs: Any = None) -> None:
         c = self.current
         kernel = is_kernel(func, args, out)
         if self._depth_layer:
@@ -221,7 +221,7 @@ class DispatchCounter:
             if self.trace:
                 c.outside_ops[f"{op_name(func)} @ {caller_line()}"] += 1
         c.forward_aten += self._depth_forward > 0
-        if is_host_read(func, args):
+        if is_host_read(func, args, kwargs):
             self._sync(op_name(func))
 
     def launch_begins(self, name: str) -> None:

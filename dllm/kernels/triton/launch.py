@@ -96,15 +96,17 @@ def observed_launch(name: str, kernel: Any, grid: Any, *args: Any, **kwargs: Any
         return None
     if not LAUNCH_OBSERVERS:
         return kernel[grid](*args, **kwargs)
-    for obs in LAUNCH_OBSERVERS:
-        obs.launch_begins(name)
-        called = getattr(obs, "launch_called", None)
-        if called is not None:
-            called(name, grid, args, kwargs)
+    begun = []  # each observer that began hears the end, whatever raises
     try:
+        for obs in list(LAUNCH_OBSERVERS):
+            obs.launch_begins(name)
+            begun.append(obs)
+            called = getattr(obs, "launch_called", None)
+            if called is not None:
+                called(name, grid, args, kwargs)
         return kernel[grid](*args, **kwargs)
     finally:
-        for obs in LAUNCH_OBSERVERS:
+        for obs in begun:
             obs.launch_ends(name)
 
 

@@ -332,11 +332,18 @@ def has_experts(model: nn.Module) -> bool:
     return any(isinstance(m, SparseMoE) for m in model.modules())
 
 
-def experts_read_back(model: nn.Module, hidden: torch.Tensor) -> bool:
-    """True when a MoE layer of ``model`` would route hidden rows like ``hidden`` [..., D] through the
-    per-expert loop, which reads the experts' counts back to the host (a CUDA graph cannot capture it)."""
+def experts_read_back(model: nn.Module, hidden: torch.Tensor) -> Optional[str]:
+    """Why a MoE layer of ``model`` would route hidden rows like ``hidden`` [..., D] through the
+    per-expert loop, which reads the experts' counts back to the host (a CUDA graph cannot capture it),
+    or None when every layer runs grouped matmuls (or there is none)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
-    return any(m.grouped_for(flat) is None for m in model.modules() if isinstance(m, SparseMoE))
+    for m in model.modules():
+        if isinstance(m, SparseMoE) and m.grouped_for(flat) is None:
+            if m.log is not None:
+                return "its experts are being counted (count_experts: the loop over the experts logs them)"
+            return ("its mixture-of-experts layers loop over the experts, sized by a read of their counts "
+                    "(grouped matmuls need bfloat16 on sm90/sm100 or a CPU, one process, unhooked experts)")
+    return None
 
 
 @contextlib.contextmanager

@@ -88,6 +88,11 @@ class ParallelMoE(SparseMoE):
         if cfg.n_shared:
             self.shared_experts = ExpertMLP(d_model, shared_hidden)
 
+    def grouped_for(self, x: torch.Tensor) -> None:
+        """Never: a rank's experts run in ``combine_experts``'s loop (absent ones give zeros), sized by a
+        read of their counts."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, D]
         b, t, d = x.shape
         flat = x.reshape(-1, d)  # [N, D]
