@@ -35,7 +35,8 @@ from torch.utils._pytree import tree_leaves
 from dllm.kernels.triton import launch
 
 # operators whose result is read back to the host or sized by the data (not capturable); bincount and histc
-# read their range back on CUDA (below the dispatcher, where a mode does not see it)
+# read their range back on CUDA, below the dispatcher, where a mode does not see it (so does multinomial,
+# below, for one sample or none replaced: its sanity checks of the probabilities)
 HOST_READS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
                         "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose", "masked_scatter_",
                         "argwhere", "nonzero_static_host", "bincount", "histc"})
@@ -65,6 +66,10 @@ def is_host_read(func: Any, args: tuple, kwargs: Optional[dict] = None) -> bool:
             one = isinstance(value, torch.Tensor) and value.numel() == 1
             return not (len(indices) == 1 and one and not accumulate)
         return True
+    if name == "multinomial":  # aten's fast path checks the probabilities on the host first
+        samples = args[1] if len(args) > 1 else kwargs.get("num_samples", 1)
+        replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
+        return samples == 1 or not replacement
     if name == "repeat_interleave":  # repeats as a tensor: the result's size is read back, unless given
         return (getattr(func, "_overloadname", "") in ("Tensor", "self_Tensor")
                 and kwargs.get("output_size") is None)

@@ -115,19 +115,39 @@ def rand_segments(lengths: Sequence[int], generator: Generator, device: torch.de
                       for n, g in zip(lengths, generator.generators)])
 
 
+def race(probs: torch.Tensor, num_samples: int, generator: Optional[torch.Generator], replacement: bool
+         ) -> torch.Tensor:
+    """``torch.multinomial(probs [N, V], num_samples, replacement, generator)`` without its host reads.
+
+    For one sample, or samples without replacement, torch draws ``q = empty_like(probs).exponential_(1)``
+    and takes the arg-max (top-k) of ``probs / q`` (aten ``multinomial_out``'s fast path), after reading
+    two sanity checks of ``probs`` back to the host (finite and non-negative; no row summing to 0): a
+    sync per call on CUDA. This is that path without the checks, the same draws from the same generator
+    (tests/samplers/test_row_seeds.py compares it with torch's); the callers' probabilities are softmax
+    outputs, which pass the checks. Samples with replacement (another algorithm) stay torch's."""
+    if replacement and num_samples > 1:
+        return torch.multinomial(probs, num_samples, replacement=True, generator=generator)
+    q = torch.empty_like(probs).exponential_(1, generator=generator)  # [N, V]
+    ratio = probs / q
+    if num_samples == 1:
+        return ratio.argmax(dim=-1, keepdim=True)  # [N, 1]
+    return torch.topk(ratio, num_samples).indices  # [N, k]
+
+
 def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, replacement: bool = False,
                 segments: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """``torch.multinomial(probs [N, V], num_samples)``; per row: the N rows split into the batch rows'
-    consecutive segments (``segments``; default N / B each), each drawn from its row's generator."""
+    """``torch.multinomial(probs [N, V], num_samples)`` (``race``: no host read); per row: the N rows split
+    into the batch rows' consecutive segments (``segments``; default N / B each), each drawn from its row's
+    generator."""
     if not isinstance(generator, RowGenerators):
-        return torch.multinomial(probs, num_samples, replacement=replacement, generator=generator)
+        return race(probs, num_samples, generator, replacement)
     b = len(generator)
     if segments is None:
         if probs.shape[0] % b:
             generator.check_rows(probs.shape[0], "a multinomial's distributions")
         segments = [probs.shape[0] // b] * b
     generator.check_rows(len(segments), "a multinomial's segments")
-    parts = [torch.multinomial(p, num_samples, replacement=replacement, generator=g)
+    parts = [race(p, num_samples, g, replacement)
              for p, g, n in zip(probs.split([int(n) for n in segments]), generator.generators, segments) if n]
     if not parts:
         return torch.empty((0, num_samples), dtype=torch.long, device=probs.device)

@@ -73,3 +73,23 @@ def test_unseeded_entries_are_fresh(llada):
 def test_bad_seed_lists(llada, seed, match):
     with pytest.raises(ValueError, match=match):
         dllm.generate(llada, PROMPTS, seed=seed, gen_length=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,replacement", [(1, True), (1, False), (3, False), (2, True)])
+def test_the_race_draws_what_torch_multinomial_draws(dtype, k, replacement):
+    """draws.race is aten's multinomial fast path without its host reads: the same samples, and the
+    generator left in the same state, for every seed (rows with one certain entry included)."""
+    from dllm.engine.graph_check import is_host_read
+    from dllm.samplers.draws import race
+
+    for seed in range(40):
+        g = torch.Generator().manual_seed(seed)
+        p = torch.softmax(torch.randn(7, 50, generator=g) * 3, dim=-1).to(dtype)
+        p[0] = 0
+        p[0, 5] = 1
+        g1, g2 = torch.Generator().manual_seed(seed + 99), torch.Generator().manual_seed(seed + 99)
+        assert torch.equal(torch.multinomial(p, k, replacement=replacement, generator=g1), race(p, k, g2, replacement))
+        assert torch.equal(g1.get_state(), g2.get_state())
+    reads = is_host_read(torch.ops.aten.multinomial.default, (p, k, replacement))
+    assert reads == (k == 1 or not replacement)  # the fast path's sanity checks, which race leaves out
