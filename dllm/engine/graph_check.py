@@ -41,6 +41,7 @@ HOST_READS = frozenset({"item", "_local_scalar_dense", "nonzero", "masked_select
                         "unique_consecutive", "unique_dim", "equal", "is_nonzero", "allclose", "masked_scatter_",
                         "argwhere", "nonzero_static_host", "bincount", "histc"})
 _INDEX_PUTS = ("index_put", "index_put_", "_index_put_impl_")
+PYTHON_READS = ("tolist", "numpy", "__array__")  # Tensor methods that read a device tensor back, not dispatched
 _HERE = os.path.abspath(__file__)
 _LAUNCH = os.path.abspath(launch.__file__)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
@@ -57,8 +58,7 @@ def is_host_read(func: Any, args: tuple, kwargs: Optional[dict] = None) -> bool:
     kwargs = kwargs or {}
     if name == "index" or name in _INDEX_PUTS:  # a boolean mask: the positions are found by a nonzero,
         indices = args[1] if len(args) > 1 else ()  # whose size is read back
-        masks = [i for i in indices or () if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
-        if not masks:
+        if not any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
             return False
         if name in _INDEX_PUTS:  # x[mask] = one value: CUDA runs it as a masked_fill (no read)
             value = args[2] if len(args) > 2 else kwargs.get("values")
@@ -76,14 +76,22 @@ def is_host_read(func: Any, args: tuple, kwargs: Optional[dict] = None) -> bool:
     return name in HOST_READS
 
 
-def issued_at() -> str:
-    """``path:line`` of the innermost frame outside torch, this file and the launch wrapper."""
+def issued_at(*skip: str) -> str:
+    """``path:line`` of the innermost frame outside torch, contextlib, this file, the launch wrapper and
+    the files ``skip`` (absolute paths): where an operator was issued. The path from ``dllm/`` for the
+    package's files, else relative to the working directory (the file's name when outside it)."""
+    skipped = {_HERE, _LAUNCH, *skip}
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if path not in (_HERE, _LAUNCH) and not path.startswith(_TORCH) and "/contextlib.py" not in path:
+        if path not in skipped and not path.startswith(_TORCH) and "/contextlib.py" not in path:
             root = path.rfind("/dllm/")
-            return f"{path[root + 1:] if root >= 0 else os.path.basename(path)}:{frame.f_lineno}"
+            if root >= 0:
+                short = path[root + 1:]
+            else:
+                rel = os.path.relpath(path)
+                short = os.path.basename(path) if rel.startswith("..") else rel
+            return f"{short}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
 
@@ -177,8 +185,7 @@ class _PythonReads(TorchFunctionMode):
     ``numpy.asarray``'s ``__array__``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in ("tolist", "numpy", "__array__") and args and isinstance(args[0], torch.Tensor):
+        if getattr(func, "__name__", "") in PYTHON_READS and args and isinstance(args[0], torch.Tensor):
             raise GraphReplayError(f"the captured step reads a device value back to the host (Tensor."
                                    f"{func.__name__} at {issued_at()}): a CUDA graph cannot capture it")
         return func(*args, **(kwargs or {}))
@@ -240,5 +247,5 @@ class CheckedRunner:
         self.replays += 1
 
 
-__all__ = ["CheckedRunner", "Entry", "GraphReplayError", "HOST_READS", "first_difference", "is_host_read",
-           "issued_at", "op_name", "traced"]
+__all__ = ["CheckedRunner", "Entry", "GraphReplayError", "HOST_READS", "PYTHON_READS", "first_difference",
+           "is_host_read", "issued_at", "op_name", "traced"]

@@ -38,7 +38,7 @@ import torch
 
 from dllm.engine.graph_check import CheckedRunner
 from dllm.models.core.kv import KVCache, StaticView
-from dllm.models.core.moe import experts_read_back, has_experts
+from dllm.models.core.moe import experts_read_back
 from dllm.models.core.views import StaticStackedView, grouped_backend
 
 MAX_GRAPHS = 8  # captured shapes per generate call
@@ -188,9 +188,8 @@ class StepGraphs:
     @staticmethod
     def _refusal(model: Any) -> Optional[str]:
         """Why this model's forwards cannot be captured (they read a device value back), or None."""
-        config = getattr(model, "config", None)
-        width = getattr(config, "d_model", None)
-        if width is None or not has_experts(model):
+        width = getattr(getattr(model, "config", None), "d_model", None)
+        if width is None:
             return None
         with torch.inference_mode():  # as generate's forwards run (autograd off: the experts may stack)
             hidden = torch.empty(1, width, dtype=model.dtype, device=model.device)  # rows as the MoE layers get

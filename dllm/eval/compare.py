@@ -259,7 +259,7 @@ def run_compare(args) -> int:
         model = load_model(args.model, args.dtype, args.device)
         compare(model, specs, args.tasks, args.n, block_length=args.block_length,
                 show_progress=not args.no_progress, repeats=args.repeats, runs=runs,
-                cuda_graphs=getattr(args, "cuda_graphs", False))
+                cuda_graphs=args.cuda_graphs)
         save(summarize(runs))
         return 0
 
@@ -267,7 +267,7 @@ def run_compare(args) -> int:
         print(format_results(results))
         payload = {"model": args.model, "n_per_task": args.n, "tasks": args.tasks or "all",
                    "block_length": args.block_length, "repeats": args.repeats, "interrupted": interrupted,
-                   "cuda_graphs": getattr(args, "cuda_graphs", False),
+                   "cuda_graphs": args.cuda_graphs,
                    "results": [asdict(r) for r in results]}
         (out / "compare.json").write_text(json.dumps(payload, indent=2))
         try:

@@ -63,8 +63,8 @@ import torch
 
 from dllm.options import check_int, check_unit
 from dllm.samplers._ops import propose_with_prob, top1
-from dllm.samplers.chunked import constant
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 

@@ -124,7 +124,9 @@ def race(probs: torch.Tensor, num_samples: int, generator: Optional[torch.Genera
     two sanity checks of ``probs`` back to the host (finite and non-negative; no row summing to 0): a
     sync per call on CUDA. This is that path without the checks, the same draws from the same generator
     (tests/samplers/test_row_seeds.py compares it with torch's); the callers' probabilities are softmax
-    outputs, which pass the checks. Samples with replacement (another algorithm) stay torch's."""
+    outputs, which pass the checks. Samples with replacement (another algorithm) stay torch's. (The
+    speculative loop's ``dllm.drafters.verify.sample_categorical`` races too, in float32 with the zero
+    draw clamped: other draws than torch's, which it need not match.)"""
     if replacement and num_samples > 1:
         return torch.multinomial(probs, num_samples, replacement=True, generator=generator)
     q = torch.empty_like(probs).exponential_(1, generator=generator)  # [N, V]

@@ -33,7 +33,6 @@ not, so a CPU run counts a fused path as a GPU launches it. A launch from inside
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,16 +41,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dllm.engine.graph_check import is_host_read, op_name
+from dllm.engine.graph_check import PYTHON_READS, is_host_read, issued_at, op_name
 from dllm.kernels.triton import launch
 
 _NOT_KERNELS = frozenset({"item", "is_nonzero", "_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty",
                           "new_empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
                           "sym_numel", "sym_storage_offset", "detach", "alias"})
-_PY_SYNCS = ("tolist", "numpy")  # Tensor methods that read a device tensor back
 _HERE = os.path.abspath(__file__)
-_LAUNCH = os.path.abspath(launch.__file__)
-_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _storages(x: Any) -> set[int]:
@@ -80,19 +76,7 @@ def is_kernel(func: Any, args: tuple = (), out: Any = None) -> bool:
 
 def caller_line() -> str:
     """``path:line`` of the innermost frame outside torch and this file (where the sync was issued)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if path != _HERE and path != _LAUNCH and not path.startswith(_TORCH) and "/contextlib.py" not in path:
-            root = path.rfind("/dllm/")
-            if root >= 0:
-                short = path[root + 1:]
-            else:
-                rel = os.path.relpath(path)
-                short = os.path.basename(path) if rel.startswith("..") else rel
-            return f"{short}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "?"
+    return issued_at(_HERE)
 
 
 @dataclass
@@ -156,7 +140,7 @@ class _Function(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if self.owner._in_launch:  # the interpreter's reads inside a Triton launch
             pass
-        elif name in _PY_SYNCS and args and isinstance(args[0], torch.Tensor):
+        elif name in PYTHON_READS and args and isinstance(args[0], torch.Tensor):
             self.owner._sync(f"Tensor.{name}")
         elif func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor):
             self.owner._sync("upload torch.tensor(python data)")

@@ -15,8 +15,8 @@ Gloo's workers either).
 ``gather_object``, ``all_gather_object`` and ``broadcast_object`` here are torch's algorithms
 (pickle, exchange the sizes, exchange the bytes padded to the longest) on tensors they hold, and
 return once the workers have dropped every reference to them (``Tensor._use_count`` and the
-Python reference a held impl keeps, both waited for with the GIL released), so no collective's clean-up outlives the call. Other backends (NCCL) take
-torch's functions unchanged.
+Python reference a held impl keeps, both waited for with the GIL released), so no collective's
+clean-up outlives the call. Other backends (NCCL) take torch's functions unchanged.
 """
 
 from __future__ import annotations
