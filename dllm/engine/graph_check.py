@@ -222,18 +222,26 @@ def first_difference(captured: list[Entry], replayed: list[Entry]) -> Optional[s
 
 
 class CheckedRunner:
-    """``cuda_graphs="check"``: runs the step once untraced (warm-up, as ``CudaGraphRunner``), then traced
-    (the capture), then at each ``replay`` traced again against the capture's trace."""
+    """``cuda_graphs="check"``: runs the step untraced at ``warm`` (its first use, the warm-up of
+    ``CudaGraphRunner``: lazily made constants exist before the traced runs; ``capture`` runs it so first
+    when nothing warmed it), traced at ``capture``, then at each ``replay`` traced again against the
+    capture's trace."""
 
     def __init__(self) -> None:
         self._fn: Optional[Callable[[], torch.Tensor]] = None
         self.out: Optional[torch.Tensor] = None
         self.trace: list[Entry] = []
         self.replays = 0
+        self._warmed = False
+
+    def warm(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self._warmed = True
+        return fn()
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         self._fn = fn
-        fn()  # warm-up: lazily made constants exist before the traced runs
+        if not self._warmed:
+            self.warm(fn)
         self.out, self.trace = traced(fn)
         return self.out
 

@@ -4,7 +4,11 @@ A cached decode step on a GPU is bound by launching its kernels from Python. ``g
 cuda_graphs=True)`` runs every cached forward of a call (the query a cache policy computes against
 the K/V buffers) through a ``StepGraphs``: the first forward of each shape (rows, query length,
 attended keys, logits rows) is captured with ``torch.cuda.CUDAGraph`` on static input buffers; every
-later one copies its inputs into those buffers and replays the graph (one launch). A block's place in
+later one copies its inputs into those buffers and replays the graph (one launch). A shape is captured
+at its second forward, not its first: the first runs the same static step eagerly, which is the warm-up a
+capture needs (kernels chosen, ``auto`` attention probed, constants made), so no forward runs only to
+warm up, and a shape that a call forwards once (the block-causal caches' last steps of a block, a
+threshold step that fills a block) costs no capture at all. A block's place in
 the canvas reaches the graph as data, never as a Python int: the query columns are a device tensor the
 K/V write indexes with (``dllm.models.core.kv.StaticView``). With the dual cache the attended keys are the
 whole canvas, so one graph serves every block of a call; the prefix cache captures once per block.
@@ -24,9 +28,9 @@ that takes the stacked mask. Not captured (they run as before): every forward of
 model whose expert layers would read their counts back (``StepGraphs.refused`` says why), full forwards
 (refreshes), forwards with released rows, with the policy's extra columns, with attention maps or
 hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS``
-shapes, variants included; later shapes run eagerly. Graphs live as long as the call (its K/V buffers
-are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's captures, replays and the CUDA memory
-the captures took (``captured_bytes``).
+shapes, variants included; later shapes run as before. Graphs live as long as the call (its K/V buffers
+are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's first runs, captures, replays and the
+CUDA memory the captures took (``captured_bytes``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dllm.models.core.moe import experts_read_back
 from dllm.models.core.views import StaticStackedView, grouped_backend
 
 MAX_GRAPHS = 8  # captured shapes per generate call
+MAX_SHAPES = 32  # shapes a call keeps static inputs for (seen once or captured); later ones run as before
 GRAPHS_KEY = "step_graphs"  # DecodeState.extras: the call's StepGraphs (captures, replays), when on
 GraphsOption = Union[bool, str]
 
@@ -58,11 +63,16 @@ def check_graphs_option(value: Any, device: torch.device) -> GraphsOption:
 
 
 class EagerRunner:
-    """``capture`` runs the step once; ``replay`` runs it again into the same output buffer."""
+    """``warm`` runs the step (its first use); ``capture`` runs it and keeps its output buffer;
+    ``replay`` runs it again into that buffer."""
 
     def __init__(self) -> None:
         self._fn: Optional[Callable[[], torch.Tensor]] = None
         self.out: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def warm(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return fn()
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         self._fn = fn
@@ -75,20 +85,31 @@ class EagerRunner:
 
 
 class CudaGraphRunner:
-    """Warm the step up on a side stream, capture it into a ``torch.cuda.CUDAGraph``, replay it."""
+    """``warm``: the step's first use, run on a side stream (as PyTorch asks of a warm-up before a
+    capture: kernels chosen, ``auto`` attention probed, workspaces made outside the capture; its output is
+    the step's); ``capture`` records it into a ``torch.cuda.CUDAGraph`` (``warmup`` more runs first, none
+    after a ``warm``) and runs it; ``replay`` replays it."""
 
-    def __init__(self, pool: Any = None, warmup: int = 2) -> None:
+    def __init__(self, pool: Any = None, warmup: int = 0) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.pool, self.warmup = pool, warmup
         self.out: Optional[torch.Tensor] = None
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+    @staticmethod
+    def warm(fn: Callable[[], torch.Tensor], runs: int = 1) -> torch.Tensor:
+        """``fn()`` run ``runs`` times on a side stream; the last output, safe to read on the current one."""
+        main, stream = torch.cuda.current_stream(), torch.cuda.Stream()
+        stream.wait_stream(main)
         with torch.cuda.stream(stream):
-            for _ in range(self.warmup):  # kernels chosen, auto attention probed, outside the capture
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
+            for _ in range(runs):
+                out = fn()
+        main.wait_stream(stream)
+        out.record_stream(main)  # made on the side stream, read on this one: not reused before that read
+        return out
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.warmup:
+            self.warm(fn, self.warmup)
         with torch.cuda.graph(self.graph, pool=self.pool):
             self.out = fn()
         self.graph.replay()  # capturing records the kernels without running them
@@ -99,13 +120,14 @@ class CudaGraphRunner:
 
 
 @dataclass
-class _Captured:
+class _Shape:
     runner: Any
+    step: Callable[[], torch.Tensor]  # the static step: the model on the static inputs below
     x: torch.Tensor  # [R, T] static input ids
     positions: torch.Tensor  # [R, T]
     cols: torch.Tensor  # [T] canvas columns of the query rows
     base: torch.Tensor  # [T] arange(T): cols = base + start
-    out: torch.Tensor  # the logits the step writes
+    out: Optional[torch.Tensor] = None  # the logits the captured step writes; None until captured
 
 
 class StepGraphs:
@@ -113,9 +135,10 @@ class StepGraphs:
 
     def __init__(self, model: Any, kv: KVCache, mode: GraphsOption) -> None:
         self.model, self.kv, self.mode = model, kv, mode
-        self._graphs: dict[tuple, _Captured] = {}
+        self._graphs: dict[tuple, _Shape] = {}  # every shape seen, captured or not
         self.refused: Optional[str] = self._refusal(model)  # why nothing of this call is captured, or None
         self.pool = torch.cuda.graph_pool_handle() if mode is True else None
+        self.first_runs = 0  # shapes' first forwards, run eagerly (the capture's warm-up)
         self.captures = 0
         self.replays = 0
         self.captured_bytes = 0  # CUDA memory the captures took (static buffers, graph pool); 0 when eager
@@ -147,25 +170,37 @@ class StepGraphs:
     def _run(self, key: tuple, x: torch.Tensor, positions: torch.Tensor, start: int,
              make_view: Callable[[torch.Tensor], Any], key_padding_mask: Optional[torch.Tensor],
              logits_rows: Optional[tuple[int, int]], t: int) -> Optional[torch.Tensor]:
-        """Replay the capture of ``key`` with these inputs (capture it first), its query columns
-        ``[start, start + t)``; None past ``MAX_GRAPHS`` shapes."""
+        """The logits of the static step of ``key`` on these inputs, its query columns ``[start, start +
+        t)``: run eagerly at the shape's first forward, captured at its second, replayed after; None (the
+        caller runs it as before) once ``MAX_GRAPHS`` shapes are captured or ``MAX_SHAPES`` seen."""
         entry = self._graphs.get(key)
+        full = self.captures >= MAX_GRAPHS  # no room for another graph: new shapes run as before
         if entry is None:
-            if len(self._graphs) >= MAX_GRAPHS or self.refused is not None:
+            if full or len(self._graphs) >= MAX_SHAPES or self.refused is not None:
                 return None
-            entry = self._capture(x, positions, key_padding_mask, start, make_view, logits_rows, t)
-            self._graphs[key] = entry
-            return entry.out.clone()
+            entry = self._graphs[key] = self._static(x, positions, key_padding_mask, start, make_view, logits_rows, t)
+            self.first_runs += 1
+            return entry.runner.warm(entry.step)  # the step's own output: nothing static to copy
+        if entry.out is None and full:
+            return None
         entry.x.copy_(x)
         entry.positions.copy_(positions)
         torch.add(entry.base, start, out=entry.cols)
-        entry.runner.replay()
-        self.replays += 1
+        if entry.out is not None:
+            entry.runner.replay()
+            self.replays += 1
+        else:
+            before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0
+            entry.out = entry.runner.capture(entry.step)
+            if self.mode is True:
+                self.captured_bytes += torch.cuda.memory_allocated(x.device) - before
+            self.captures += 1
         return entry.out.clone()  # the next replay overwrites the static output; a sampler may keep this
 
-    def _capture(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                 start: int, make_view: Callable[[torch.Tensor], Any], logits_rows: Optional[tuple[int, int]],
-                 t: int) -> _Captured:
+    def _static(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                start: int, make_view: Callable[[torch.Tensor], Any], logits_rows: Optional[tuple[int, int]],
+                t: int) -> _Shape:
+        """A shape's static inputs (copies of these) and its step function, not captured yet."""
         base = torch.arange(t, device=x.device)
         cols = base + start
         static_x, static_pos = x.clone(), positions.clone()
@@ -178,12 +213,7 @@ class StepGraphs:
 
         runner: Any = (CudaGraphRunner(self.pool) if self.mode is True else
                        CheckedRunner() if self.mode == "check" else EagerRunner())
-        before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0
-        out = runner.capture(step)
-        if self.mode is True:
-            self.captured_bytes += torch.cuda.memory_allocated(x.device) - before
-        self.captures += 1
-        return _Captured(runner, static_x, static_pos, cols, base, out)
+        return _Shape(runner, step, static_x, static_pos, cols, base)
 
     @staticmethod
     def _refusal(model: Any) -> Optional[str]:
@@ -197,7 +227,8 @@ class StepGraphs:
 
     @property
     def shapes(self) -> int:
-        return len(self._graphs)
+        """Shapes captured."""
+        return sum(entry.out is not None for entry in self._graphs.values())
 
 
 __all__ = ["GRAPHS_KEY", "CudaGraphRunner", "EagerRunner", "MAX_GRAPHS", "StepGraphs", "check_graphs_option"]
