@@ -21,7 +21,9 @@ reference column is a lower bound on its step time.
 
 ``--cuda-graphs`` times every case again with ``generate(cuda_graphs=True)`` (``dllm.engine.graphs``: each
 cached forward replayed as a CUDA graph; on a CPU the same static step runs eagerly); a replay runs
-no module, so those rows split nothing but the step time.
+no module, so those rows split nothing but the step time. Their JSON rows also say how the call's
+shapes ran (``graph_first_runs``, ``graph_captures``, ``graph_replays``) and the CUDA memory the
+captures took (``graph_mb``).
 
 ``--layer-paths`` times every case on each listed layer path (``LAYER_PATHS``): ``fused`` runs the norms
 and RoPE as ATen ops, ``ops`` as the one-launch ``dllm::`` operators (fewer launches per layer, more host
@@ -53,6 +55,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from dllm.engine.graphs import GRAPHS_KEY
 from dllm.eval.bench.gpu_profile import decode_block
 from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
 from dllm.eval.interrupt import finished, until_interrupted
@@ -242,9 +245,11 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
     # the prefill (cached runs) and the first `warmup` steps are outside the clock: it starts at the
     # warmup-th callback, then times `steps` steps
     seen = [0]
+    graphs: dict[str, Any] = {}  # the call's StepGraphs, when cuda_graphs is on
 
     def callback(state):
         seen[0] += 1
+        graphs.setdefault("g", state.extras.get(GRAPHS_KEY))
         if clock.started is None:
             if seen[0] >= max(1, warmup):
                 reset_peak_memory(device)
@@ -275,8 +280,11 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
 
         gpu = profile_generate(model, prompt, sampler=sampler, cache=cache, block_length=block_length,
                                warmup=warmup, steps=steps, cuda_graphs=cuda_graphs)
+    g = graphs.get("g")
+    held = {} if g is None else {"graph_first_runs": g.first_runs, "graph_captures": g.captures,
+                                 "graph_replays": g.replays, "graph_mb": g.captured_bytes / 2**20}
     return {
-        **counts, **gpu,
+        **counts, **gpu, **held,
         "cache": cache, "layer_path": layer_path, "sampler": sampler, "steps_timed": len(clock.step_times),
         "warmup_steps": max(1, warmup),
         "batch": batch, "family": model.family,

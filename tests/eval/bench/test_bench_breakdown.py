@@ -36,6 +36,19 @@ def test_a_sampler_forward_is_not_counted_as_statistics():
     assert r["statistics_s"] >= 0 and r["layer_s"] > 0
 
 
+def test_a_graphed_case_reports_its_captures():
+    """``--cuda-graphs`` (on a CPU the static step run eagerly): the row says how the call's one dual-cache
+    shape ran: its first forward eagerly, captured at the second, replayed after (no CUDA memory here)."""
+    r = run_case(_model(), cache="dual", sampler="threshold", prompt_length=40, block_length=16, steps=2,
+                 device=torch.device("cpu"), cuda_graphs="static")
+    assert r["steps_timed"] == 2
+    assert (r["graph_first_runs"], r["graph_captures"]) == (1, 1) and r["graph_replays"] >= 2
+    assert r["graph_mb"] == 0
+    eager = run_case(_model(), cache="dual", sampler="threshold", prompt_length=40, block_length=16, steps=2,
+                     device=torch.device("cpu"))
+    assert "graph_captures" not in eager
+
+
 def test_the_clock_ignores_untimed_calls():
     model = _model(1)
     clock = StepClock(model, type("S", (), {"step": lambda self, i, s: None})(), torch.device("cpu"), 1)
