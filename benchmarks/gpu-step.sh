@@ -6,7 +6,8 @@
 #   2. the same at 32 layers, dual, batch 1 (against the 3.7 ms weight-read floor; breakdown-32.json);
 #      with 8 layers and dual, the norms and RoPE as ATen ops (--layer-paths fused) against the one-launch
 #      operators that CUDA's default path runs (breakdown-paths.json: fewer launches, more host per call);
-#   3. SDAR-8B's shapes with its block cache (block 4; breakdown-sdar.json);
+#   3. SDAR-8B's shapes with its block cache (block 4; one step timed after 3: a block's shape is captured
+#      at its second cached forward and replayed from its third; breakdown-sdar.json);
 #   4. Fast-dLLM's transcribed dual-cache driver against dllm's loop at the same shapes (3 rounds of 3
 #      decodes per setting, to fit its 60 s with eight settings; fast with LoPA's kernels; in log.txt);
 #   5. dllm bench kernels: every attention backend and auto's choice, as ratios to sdpa, and fast's
@@ -36,7 +37,7 @@ step 70 log.txt "${B[@]}" --layers "$L32" --prompt-length "$P" --block-length 32
 step 40 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches dual \
   --layer-paths fused,ops --json "$O/breakdown-paths.json"
 step 50 log.txt "${B[@]}" --family sdar --layers "$L8" --prompt-length "$P" --block-length 4 \
-  --caches block --warmup 2 --steps 2 --json "$O/breakdown-sdar.json"
+  --caches block --warmup 3 --steps 1 --json "$O/breakdown-sdar.json"
 step 60 log.txt python3 benchmarks/step_overhead.py "${DRIVER[@]}" --device "$DEVICE" --prompt-length "$P" \
   --gen-length 32 --block-length 32 --threads 4
 step 30 log.txt dllm bench kernels --device "$DEVICE" "${KERNELS[@]}" --json "$O/kernels.json"
