@@ -11,7 +11,8 @@ issues (Python, ATen calls, host syncs), which is what bounds a cached step on a
 at LLaDA-8B's shapes (``benchmarks/gpu-step.sh``). One prompt of ``--prompt-length``
 tokens, ``--gen-length`` positions in blocks of ``--block-length``, one thread. Each setting runs
 ``--rounds`` times in interleaved rounds; the table gives the median microseconds per forward (wall /
-NFE) with the range, the ratio to the transcription's step at the same rule, and, for dllm, the ATen
+NFE) with the range, the ratio to the transcription's step at the same rule, the same per decode step
+(``fast`` forwards its variants at every step and twice at a block's first), and, for dllm, the ATen
 calls and host syncs per step counted with ``dllm.eval.bench.counters`` and the time per step spent
 outside the model's forward calls (what stays on the host when the forward is a replayed CUDA graph). On
 CUDA two more rows run ``threshold`` and ``fast:compact=False`` with ``cuda_graphs=True`` (their counts are
@@ -77,7 +78,19 @@ def runner(label: str, model, prompt: torch.Tensor, args) -> Callable[[], int]:
 
     def run_engine() -> int:
         return dllm.generate(model, prompt, **kwargs).nfe
+    run_engine.kwargs = kwargs  # type: ignore[attr-defined]
     return run_engine
+
+
+def forwards_per_step(run: Callable[[], int], model, prompt: torch.Tensor) -> float:
+    """NFE over decode steps of one decode (the driver: one forward a step; ``fast``: its variant
+    forwards, and two forwards at a block's first step)."""
+    kwargs = getattr(run, "kwargs", None)
+    if kwargs is None:
+        return 1.0
+    steps = [0]
+    out = dllm.generate(model, prompt, callback=lambda st: steps.__setitem__(0, steps[0] + 1), **kwargs)
+    return out.nfe / steps[0]
 
 
 def timed_call(clock, fn, device, *args, **kwargs):
@@ -166,6 +179,7 @@ def main() -> None:
     with torch.inference_mode():
         for run in runs.values():  # warm-up
             run()
+        per_fwd = {label: forwards_per_step(run, model, prompt) for label, run in runs.items()}
         for r in range(args.rounds):
             for label, run in runs.items():
                 sync(model.device)
@@ -191,11 +205,13 @@ def main() -> None:
              f"--layer-path {args.layer_path}",
              f"# torch {torch.__version__}; us per forward = wall / NFE, median [min-max] of the rounds; "
              f"aten/step and syncs/step counted on the CPU model of the same layers",
-             "# outside fwd: us per step outside the model's forward calls (timed in runs of their own, "
+             "# outside fwd: us per forward (wall / NFE) outside the model's forward calls (timed in runs of their own, "
              "each forward wrapped by a clock), median of the rounds; x driver: dllm's over the driver's whole "
              "step, and x drv out: over the driver's own outside fwd (same rule)",
-             f"{'setting':36s} {'us/step':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
-             f" {'outside fwd':>12s} {'x driver':>9s} {'x drv out':>11s}"]
+             "# us/step: wall / decode steps (us/fwd x fwd/step; the driver forwards once a step) and x driver: over "
+             "the driver's step",
+             f"{'setting':36s} {'us/fwd':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"
+             f" {'outside fwd':>12s} {'x driver':>9s} {'x drv out':>11s} {'fwd/step':>9s} {'us/step':>8s} {'x driver':>9s}"]
     for label, (spec, rule) in settings.items():
         base = med[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"]
         aten = syncs = "-"
@@ -216,8 +232,9 @@ def main() -> None:
         if spec is not None:
             drv = statistics.median(outside[f"Fast-dLLM driver, {'threshold 0.9' if rule == 'threshold' else 'low_confidence'}"])
             rest = f"{out_med:12.0f} {out_med / base:9.2f} {out_med / drv:11.2f}"
+        step_us = med[label] * per_fwd[label]
         lines.append(f"{label:36s} {med[label]:9.0f} {f'[{lo:.0f}-{hi:.0f}]':>15s} {med[label] / base:9.2f} "
-                     f"{aten:>10s} {syncs:>11s} {rest}")
+                     f"{aten:>10s} {syncs:>11s} {rest} {per_fwd[label]:9.2f} {step_us:8.0f} {step_us / base:9.2f}")
     text = "\n".join(lines)
     print(text)
     if args.out:
