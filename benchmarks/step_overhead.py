@@ -207,7 +207,8 @@ def main() -> None:
              f"aten/step and syncs/step counted on the CPU model of the same layers",
              "# outside fwd: us per forward (wall / NFE) outside the model's forward calls (timed in runs of their own, "
              "each forward wrapped by a clock), median of the rounds; x driver: dllm's over the driver's whole "
-             "step, and x drv out: over the driver's own outside fwd (same rule)",
+             "step, and x drv out: over the driver's own outside fwd (same rule; the driver forwards once a step, "
+             "so its columns are per step too, dllm's per forward: x fwd/step for dllm's per step)",
              "# us/step: wall / decode steps (us/fwd x fwd/step; the driver forwards once a step) and x driver: over "
              "the driver's step",
              f"{'setting':36s} {'us/fwd':>9s} {'range':>15s} {'x driver':>9s} {'aten/step':>10s} {'syncs/step':>11s}"

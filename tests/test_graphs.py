@@ -34,8 +34,8 @@ def test_static_step_gives_the_eager_tokens(family, cache, sampler, dtype):
     static, g = _decode(model, prompts, "check", **kw)  # "static", each replay checked against its capture
     assert torch.equal(eager.sequences, static.sequences) and torch.equal(eager.trace, static.trace)
     assert eager.nfe == static.nfe and eager.forwarded_tokens == static.forwarded_tokens
-    assert g is not None and g.captures == g.shapes <= graphs.MAX_GRAPHS
-    assert g.first_runs == len(g._graphs) >= 1  # each shape's first forward runs eagerly (the warm-up)
+    assert g is not None and g.captures <= graphs.MAX_GRAPHS
+    assert g.first_runs >= 1  # each shape's first forward runs the static step eagerly (the warm-up)
     if cache in ("dual", "window") and sampler != "fast":  # one shape serves a call's blocks: captured
         assert g.captures >= 1  # (fast's later steps read its verification variants' logits)
     variants = [k for k in g._graphs if k[0] == "variants"]
@@ -85,6 +85,30 @@ def test_more_shapes_than_the_bound_run_eagerly(monkeypatch):
     static, g = _decode(model, [list(range(10, 20))], "static", **kw)
     assert torch.equal(eager.sequences, static.sequences)
     assert g.shapes == 2
+
+
+def test_no_new_shape_is_taken_once_the_graphs_are_full(monkeypatch):
+    """The prefix cache attends to a longer prefix every block: with room for one graph, the first
+    block's shape is run, captured and replayed, and no later block's shape is even run statically."""
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
+    model = tiny("llada")
+    kw = dict(sampler="low_confidence", cache="prefix", gen_length=16, block_length=4, steps=16)  # 4 blocks
+    eager, _ = _decode(model, [list(range(10, 20))], False, **kw)
+    static, g = _decode(model, [list(range(10, 20))], "static", **kw)
+    assert torch.equal(eager.sequences, static.sequences)
+    assert (g.first_runs, g.captures, g.shapes, len(g._graphs)) == (1, 1, 1, 1) and g.replays >= 1
+
+
+def test_shapes_seen_once_are_bounded_and_never_captured(monkeypatch):
+    """SDAR's block cache with threshold forwards each block's shape once on the tiny model: each is run
+    statically, none is captured; past MAX_SHAPES later shapes run as before."""
+    monkeypatch.setattr(graphs, "MAX_SHAPES", 2)
+    model = tiny("sdar")
+    kw = dict(sampler="threshold", cache="block", gen_length=16, block_length=4)
+    eager, _ = _decode(model, [list(range(10, 22))], False, **kw)
+    static, g = _decode(model, [list(range(10, 22))], "static", **kw)
+    assert torch.equal(eager.sequences, static.sequences)
+    assert (g.first_runs, g.captures, g.replays, len(g._graphs)) == (2, 0, 0, 2)
 
 
 def test_bad_values_are_refused():

@@ -2,10 +2,10 @@
 
 A cached decode step on a GPU is bound by launching its kernels from Python. ``generate(...,
 cuda_graphs=True)`` runs every cached forward of a call (the query a cache policy computes against
-the K/V buffers) through a ``StepGraphs``: the first forward of each shape (rows, query length,
-attended keys, logits rows) is captured with ``torch.cuda.CUDAGraph`` on static input buffers; every
-later one copies its inputs into those buffers and replays the graph (one launch). A shape is captured
-at its second forward, not its first: the first runs the same static step eagerly, which is the warm-up a
+the K/V buffers) through a ``StepGraphs``: each shape (rows, query length, attended keys, logits
+rows) is captured with ``torch.cuda.CUDAGraph`` on static input buffers; every later forward of it
+copies its inputs into those buffers and replays the graph (one launch). A shape is captured at its
+second forward, not its first: the first runs the same static step eagerly, which is the warm-up a
 capture needs (kernels chosen, ``auto`` attention probed, constants made), so no forward runs only to
 warm up, and a shape that a call forwards once (the block-causal caches' last steps of a block, a
 threshold step that fills a block) costs no capture at all. A block's place in
@@ -30,7 +30,7 @@ model whose expert layers would read their counts back (``StepGraphs.refused`` s
 hidden states, other variant forwards and shadow blocks. A call captures at most ``MAX_GRAPHS``
 shapes, variants included; later shapes run as before. Graphs live as long as the call (its K/V buffers
 are the call's); ``state.extras[GRAPHS_KEY]`` reports the call's first runs, captures, replays and the
-CUDA memory the captures took (``captured_bytes``).
+CUDA memory the captures reserved (``captured_bytes``: the growth of the graphs' private pool).
 """
 
 from __future__ import annotations
@@ -85,30 +85,33 @@ class EagerRunner:
 
 
 class CudaGraphRunner:
-    """``warm``: the step's first use, run on a side stream (as PyTorch asks of a warm-up before a
-    capture: kernels chosen, ``auto`` attention probed, workspaces made outside the capture; its output is
-    the step's); ``capture`` records it into a ``torch.cuda.CUDAGraph`` (``warmup`` more runs first, none
-    after a ``warm``) and runs it; ``replay`` replays it."""
+    """``warm``: a run of the step on the side stream ``stream`` (one per ``StepGraphs``: the caching
+    allocator reuses a block only on the stream that freed it), the warm-up PyTorch asks for before a
+    capture (kernels chosen, ``auto`` attention probed, workspaces made outside the capture); its output
+    is the step's. ``capture`` records the step into a ``torch.cuda.CUDAGraph`` (after ``warmup`` warm
+    runs when nothing warmed it) and runs it; ``replay`` replays it."""
 
-    def __init__(self, pool: Any = None, warmup: int = 0) -> None:
+    def __init__(self, pool: Any = None, stream: Optional[Any] = None, warmup: int = 2) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.pool, self.warmup = pool, warmup
+        self.stream = stream if stream is not None else torch.cuda.Stream()
         self.out: Optional[torch.Tensor] = None
+        self._warmed = False
 
-    @staticmethod
-    def warm(fn: Callable[[], torch.Tensor], runs: int = 1) -> torch.Tensor:
-        """``fn()`` run ``runs`` times on a side stream; the last output, safe to read on the current one."""
-        main, stream = torch.cuda.current_stream(), torch.cuda.Stream()
+    def warm(self, fn: Callable[[], torch.Tensor], runs: int = 1) -> torch.Tensor:
+        """``fn()`` run ``runs`` times on the side stream; the last output, safe to read on the current one."""
+        main, stream = torch.cuda.current_stream(), self.stream
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
             for _ in range(runs):
                 out = fn()
         main.wait_stream(stream)
         out.record_stream(main)  # made on the side stream, read on this one: not reused before that read
+        self._warmed = True
         return out
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        if self.warmup:
+        if not self._warmed:
             self.warm(fn, self.warmup)
         with torch.cuda.graph(self.graph, pool=self.pool):
             self.out = fn()
@@ -138,10 +141,11 @@ class StepGraphs:
         self._graphs: dict[tuple, _Shape] = {}  # every shape seen, captured or not
         self.refused: Optional[str] = self._refusal(model)  # why nothing of this call is captured, or None
         self.pool = torch.cuda.graph_pool_handle() if mode is True else None
+        self.stream = torch.cuda.Stream() if mode is True else None  # every shape's warm runs
         self.first_runs = 0  # shapes' first forwards, run eagerly (the capture's warm-up)
         self.captures = 0
         self.replays = 0
-        self.captured_bytes = 0  # CUDA memory the captures took (static buffers, graph pool); 0 when eager
+        self.captured_bytes = 0  # CUDA memory the captures reserved (the graphs' pool grew by); 0 when eager
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
                 start: int, key_end: int, logits_rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
@@ -190,10 +194,13 @@ class StepGraphs:
             entry.runner.replay()
             self.replays += 1
         else:
-            before = torch.cuda.memory_allocated(x.device) if self.mode is True else 0
+            before = 0
+            if self.mode is True:  # torch.cuda.graph empties the allocator's cache as it begins: so first here
+                torch.cuda.empty_cache()
+                before = torch.cuda.memory_reserved(x.device)
             entry.out = entry.runner.capture(entry.step)
-            if self.mode is True:
-                self.captured_bytes += torch.cuda.memory_allocated(x.device) - before
+            if self.mode is True:  # the private pool's new segments: what the graphs hold while the call runs
+                self.captured_bytes += torch.cuda.memory_reserved(x.device) - before
             self.captures += 1
         return entry.out.clone()  # the next replay overwrites the static output; a sampler may keep this
 
@@ -208,10 +215,12 @@ class StepGraphs:
         if logits_rows is not None:
             kwargs["logits_rows"] = logits_rows
 
+        # key_padding_mask stays the first forward's object: a call's padding never changes (the key
+        # records only whether there is one)
         def step() -> torch.Tensor:  # a view per run: it keeps what one forward derives (its masks)
             return self.model(static_x, cache=make_view(cols), **kwargs).logits
 
-        runner: Any = (CudaGraphRunner(self.pool) if self.mode is True else
+        runner: Any = (CudaGraphRunner(self.pool, self.stream) if self.mode is True else
                        CheckedRunner() if self.mode == "check" else EagerRunner())
         return _Shape(runner, step, static_x, static_pos, cols, base)
 
