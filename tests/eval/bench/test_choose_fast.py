@@ -51,6 +51,20 @@ def test_choose_breaks_a_tie_in_forwarded_tokens_by_tpf():
     assert choose(res, ["a", "b"])[0] == "b"
 
 
+def test_the_forwards_cost_takes_the_most_tokens_per_forward():
+    """Same results, the other cost: c passes with the least compute, a with the most tokens per forward
+    (the pick where a step costs its forwards); b still fails on m2; equal TPF: the fewer tokens."""
+    res = {"m1": _model() + [_r("a", 0.90, 3.0, 200), _r("b", 0.90, 4.0, 90), _r("c", 0.90, 2.5, 150),
+                             _r("d", 0.90, 3.0, 300)],
+           "m2": _model() + [_r("a", 0.90, 3.0, 200), _r("b", 0.80, 9.0, 90), _r("c", 0.90, 2.8, 150),
+                             _r("d", 0.90, 3.0, 300)]}
+    assert choose(res, ["a", "b", "c", "d"])[0] == "c"
+    winner, verdicts = choose(res, ["a", "b", "c", "d"], cost="forwards")
+    assert winner == "a" and [v.label for v in verdicts] == ["a", "d", "c", "b"]
+    with pytest.raises(ValueError, match="cost must be one of .*'tokens', 'forwards'.*got 'time'"):
+        choose(res, ["a"], cost="time")
+
+
 def test_no_winner_and_missing_results():
     res = {"m": _model(a=(0.5, 3.0))}
     winner, verdicts = choose(res, ["a"])
@@ -79,6 +93,11 @@ def test_cli_judges_saved_compare_results(tmp_path, capsys):
     assert "fast = a" in printed and "PASS  a" in printed and "fail  b" in printed
     saved = json.loads(out.read_text())
     assert saved["winner"] == "a" and {v["label"] for v in saved["verdicts"]} == {"a", "b"}
+    assert saved["cost"] == "tokens"
+    assert main(["--results", *paths, "--out", str(out), "--cost", "forwards"]) == 0
+    printed = capsys.readouterr().out
+    assert "the most tokens per forward wins" in printed and "by forwards = a" in printed
+    assert json.loads(out.read_text())["cost"] == "forwards"
 
 
 def test_cli_rejudges_an_earlier_choice_file(tmp_path, capsys):

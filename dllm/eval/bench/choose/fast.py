@@ -19,6 +19,12 @@ forward). The bar already guarantees the gain in forwards; above it, the winner 
 spends the least compute, because a candidate that buys tokens per forward with larger forwards
 (verification variants) pays for them in time wherever a forward is compute-bound (a CPU, a GPU at
 large batch). The choices made under earlier rules are in docs/results/samplers.md.
+
+``--cost forwards`` ranks the passing candidates by tokens per forward instead (the most first; ties:
+the fewer forwarded tokens): the cost of a device where a step costs its forwards, whatever their rows
+(a GPU at batch 1, where a forward is bound by its kernel launches or its weight read up to a few
+hundred rows). It names the candidate to time there; ``fast`` stays the ``tokens`` choice until such a
+timing says otherwise. ``--results`` applies it to finished runs: nothing is decoded.
 No candidate passing is a result too: it is printed as such and ``choose`` returns None.
 Every verdict reports the candidate's forwarded-token ratio and mean tokens per forward.
 """
@@ -44,6 +50,7 @@ CANDIDATES = (
     "lopa:branches=2,reuse=True", "lopa:branches=3,reuse=True",
 )  # fmt: skip
 MIN_TPF_GAIN = 1.2  # a candidate needs >= this x the baseline's tokens per forward on every model
+COSTS = ("tokens", "forwards")  # what ranks the passing candidates: forwarded tokens, or forwards
 
 
 @dataclass(frozen=True)
@@ -115,11 +122,18 @@ def cannot_run(model, spec: str) -> Optional[str]:
     return None
 
 
-def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[str], **kw) -> tuple[Optional[str], list[Verdict]]:
+def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[str], cost: str = "tokens",
+           **kw) -> tuple[Optional[str], list[Verdict]]:
     """(the winning label or None, every candidate's verdict, best first: the passing ones by
-    forwarded tokens (fewest first, then the higher TPF), then the failing ones by TPF)."""
+    forwarded tokens (fewest first, then the higher TPF), or with ``cost="forwards"`` by TPF (highest
+    first, then the fewer forwarded tokens), then the failing ones by TPF)."""
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+
     def order(v: Verdict) -> tuple:
-        return (False, v.forwarded_ratio, -v.mean_tpf) if v.passes else (True, -v.mean_tpf, v.forwarded_ratio)
+        if not v.passes:
+            return (True, -v.mean_tpf, v.forwarded_ratio)
+        return (False, v.forwarded_ratio, -v.mean_tpf) if cost == "tokens" else (False, -v.mean_tpf, v.forwarded_ratio)
 
     verdicts = sorted((judge(results, c, **kw) for c in candidates), key=order)
     winner = verdicts[0].label if verdicts and verdicts[0].passes else None
@@ -139,6 +153,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     ap.add_argument("--results", nargs="+", default=None,
                     help="compare.json files of `dllm compare` runs (or an earlier --out) to judge instead of running them")
+    ap.add_argument("--cost", default="tokens", choices=COSTS,
+                    help="what ranks the candidates that pass: tokens (default: the fewest forwarded tokens, the "
+                         "choice of fast) or forwards (the most tokens per forward: a GPU at batch 1)")
     args = ap.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -181,16 +198,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         candidates = [c for c in (list(CANDIDATES) if not args.results else
                                   [r.label for r in next(iter(results.values()))])
                       if c in shared and c not in (REFERENCE, BASELINE)]
-    winner, verdicts = choose(results, candidates, skipped=skipped)
+    winner, verdicts = choose(results, candidates, cost=args.cost, skipped=skipped)
+    wins = "the fewest forwarded tokens wins" if args.cost == "tokens" else "the most tokens per forward wins"
     print(f"\ncandidates (rule: acc >= low_confidence - 1 pt, acc >= threshold, TPF >= {MIN_TPF_GAIN:g} x threshold, "
-          "on every model; the fewest forwarded tokens wins; fwd = forwarded tokens / threshold's)")
+          f"on every model; {wins}; fwd = forwarded tokens / threshold's)")
     for v in verdicts:
         print(f"  {'PASS' if v.passes else 'fail'}  {v.label:<30} mean TPF {v.mean_tpf:5.2f}  fwd {v.forwarded_ratio:4.2f}x  "
               f"{'; '.join(v.reasons)}")
-    print(f"\nfast = {winner}" if winner else "\nno candidate passes on every model")
+    chosen = "fast" if args.cost == "tokens" else "by forwards"
+    print(f"\n{chosen} = {winner}" if winner else "\nno candidate passes on every model")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"n_per_task": args.n, "winner": winner,
+    out.write_text(json.dumps({"n_per_task": args.n, "cost": args.cost, "winner": winner,
                                "verdicts": [asdict(v) for v in verdicts], "skipped": skipped,
                                "results": {m: [asdict(r) for r in rs] for m, rs in results.items()}}, indent=2))
     print(f"wrote {out}")
