@@ -136,6 +136,11 @@ class StepInput:
     # samplers that declare ``shadow_block``: [B, W, V] leave-one-out logits of the block window,
     # [:, k] predicts query position ws + k without seeing its token (``DiffusionLM.shadow_forward``)
     shadow_logits: Optional[torch.Tensor] = None
+    # the values of the last step's ``StepOutput.read_next``, read to the host with the engine's test that
+    # the block still has masks (one read for both), when this step follows that one in its block; None
+    # where the engine read nothing for it (a block's first step, engines without that test)
+    host_read: Optional[list[int]] = None
+    reads_next: bool = False  # the engine reads a ``StepOutput.read_next`` with its next test of the block's masks
 
     @property
     def is_last_step(self) -> bool:
@@ -170,6 +175,9 @@ class StepOutput:
     settled: Optional[torch.Tensor] = None  # [B] bool: rows whose block is final (refining samplers): the
     #   engine runs a refining sampler's block while a row has masks or is not settled, at most
     #   ``max_block_steps`` steps
+    read_next: Optional[torch.Tensor] = None  # [K] integer: values the next step of the block needs on the
+    #   host (LoPA's candidate counts, the shape of its variant batch): the engine reads them with its own test
+    #   of the block's masks, one host read for both, and hands them over as ``StepInput.host_read``
 
 
 @dataclass

@@ -174,6 +174,8 @@ class Decode(StepForwards):
         #   next forwards (StepOutput.soft), None: token inputs
         self._unsettled: Optional[torch.Tensor] = None  # [B] bool: rows a refining sampler has not settled
         self._wrote_beyond = False  # a step committed past its block (StepOutput.beyond): first tests read
+        self._read_next: Optional[torch.Tensor] = None  # [K] the last step's StepOutput.read_next, unread
+        self._host_read: Optional[list[int]] = None  # its values, for the next step (StepInput.host_read)
 
     # ---- the block loop -------------------------------------------------------------------------
     def run_block(self, b: int, s: int, e: int, block_steps: Optional[int]) -> None:
@@ -187,6 +189,7 @@ class Decode(StepForwards):
         block = self.views.get("x", s, e)  # [B, W]
         self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
         self._soft = self._unsettled = None
+        self._read_next = self._host_read = None  # a block's first step gets nothing read for it
         state.block_masks_at_start = self._masks.sum(dim=1) if sampler.reads_block_masks else None  # [B]
         sampler.begin_block(state)
         refines = sampler.refines  # steps past the masks: bounded by the nominal block
@@ -201,7 +204,7 @@ class Decode(StepForwards):
                         return
                 else:
                     left = self._masks if self._unsettled is None else self._masks | self._unsettled[:, None]
-                    if not bool(left.any()):  # one host sync per adaptive step: the loop condition
+                    if not self._block_left(left):  # one host sync per adaptive step: the loop condition
                         return
             state.block_step = i
             self._step(i, s, e, block_steps)
@@ -209,6 +212,18 @@ class Decode(StepForwards):
             raise RuntimeError(  # with the skipped first test, still <= 1 read per step
                 f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
             )
+
+    def _block_left(self, left: torch.Tensor) -> bool:
+        """Whether ``left`` [B, W] (the block's masks, or unsettled rows) has a True: the adaptive loop's
+        test, its one host read per step. The last step's ``read_next`` is read with it (one read for
+        both) and kept for the next step (``StepInput.host_read``)."""
+        extra, self._read_next = self._read_next, None
+        if extra is None:
+            return bool(left.any())
+        per_row = left.sum(dim=1)  # [B] long: its rows' counts, in one tensor with the sampler's
+        host = torch.cat((per_row, extra if extra.dtype == per_row.dtype else extra.to(per_row.dtype))).tolist()
+        self._host_read = host[per_row.shape[0]:]
+        return any(host[:per_row.shape[0]])
 
     def _block_has_masks(self, s: int, e: int) -> bool:
         """Whether the block at canvas columns ``[s, e)`` has a mask to decode at its start, read only
@@ -254,9 +269,15 @@ class Decode(StepForwards):
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
             generator=state.generator, attn=attn,
             forward_variants=self.variant_forward if sampler.needs_variants else None,
-            shadow_logits=shadow,
+            shadow_logits=shadow, host_read=self._host_read, reads_next=block_steps is None,
         )
+        self._host_read = None
         decision = sampler.step(inp, state)
+        if decision.read_next is not None and block_steps is None:  # read with the next step's loop test
+            if decision.read_next.dim() != 1 or decision.read_next.dtype.is_floating_point:
+                raise RuntimeError(f"sampler {sampler.name!r} returned read_next {tuple(decision.read_next.shape)} "
+                                   f"{decision.read_next.dtype}; it must be a 1-D integer tensor")
+            self._read_next = decision.read_next
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt

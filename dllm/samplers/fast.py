@@ -13,7 +13,8 @@ The measured choice and the candidates it beat are in docs/results/samplers.md (
 what it is").
 The preset also sets ``compact="auto"``: on CUDA its steps read nothing back to the host (static
 variant batches, see ``dllm.samplers.lopa``: the same tokens for a few more forwards); elsewhere the
-variant batch is compacted (one host read per step, the fewest forwarded tokens). And ``stats="auto"``:
+variant batch is compacted (the fewest forwarded tokens; the candidate counts read once per block, later
+steps' with the engine's test of the block's masks). And ``stats="auto"``:
 on CUDA the anchor's and the variants' arg-max and confidences come from one fused pass over the
 logits (``dllm.kernels.triton.stats``, float32) instead of float64 / float32 softmaxes over the
 vocabulary; the same tokens except where two candidates tie within float32 rounding

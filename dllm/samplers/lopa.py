@@ -34,8 +34,12 @@ Cost, stated honestly: 2 NFE per step (the step's forward plus one batched varia
 up to ``(1 + branches) x L`` forwarded tokens per row and step (L = canvas length). The variant batch
 has two shapes (the option ``compact``):
 
-- ``compact=True`` (default): the step reads each row's candidate count on the host (one sync per
-  step; the batch's shape depends on them). Rows without remaining masks are left out of the
+- ``compact=True`` (default): the step reads each row's candidate count on the host (the batch's
+  shape depends on them): one sync per step, or with ``reuse`` under the engine's block loop about one
+  per block, at its first step: a step that leaves the block a next step for sure (a row with two
+  candidates or more) makes that step's anchor from the logits it hands on, and the engine reads its
+  counts with its own test of the block's masks (``StepOutput.read_next``, one read for both); after
+  a step that may have filled the block the next step reads its own. Rows without remaining masks are left out of the
   variant forward, the variant count is clamped to ``1 + the most candidates of any row`` (a row
   with fewer candidates forwards duplicate canvases that cannot win), and the variant forward is
   skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE).
@@ -82,12 +86,12 @@ from typing import TYPE_CHECKING, Optional, Union
 import torch
 
 from dllm.options import check_bool, check_choice, check_int, check_unit
-from dllm.samplers._ops import (argmax_excluding, gather_prob, negative_entropy, threshold_commit, window_of,
-                                window_output)
+from dllm.samplers._ops import gather_prob, threshold_commit, window_of, window_output
 from dllm.samplers._verify import forward_window_variants
-from dllm.samplers.chunked import column_ids, constant, greedy_of_probs
 from dllm.samplers.base import Sampler, register_sampler
+from dllm.samplers.chunked import column_ids
 from dllm.samplers.lopa_probe import use_kernels
+from dllm.samplers.lopa_proposals import Proposals, _NextAnchor, score_variants, variant_offsets
 from dllm.samplers.stats import check_stats, use_fused
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -123,73 +127,6 @@ class LoPAConfig:
         check_stats(self.stats)
 
 
-# logits whose float64 softmax has its maximum at their own arg-max (``chunked.greedy_with_prob``)
-_GREEDY_FROM_PROBS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class Proposals:
-    """Per position of some logits [..., V]: the arg-max without the mask id (``tokens``) and, when
-    asked for, its max-prob confidence and the ``confidence`` kind's value. ``fused``: all from one pass
-    of ``dllm.kernels.triton.stats.vocab_stats`` (float32; the entropy without the 1e-10 of Dream's
-    formula); else from a ``dtype`` softmax as the reference computes them, each made on first use; a
-    float64 softmax gives the tokens and their probability together (``chunked.greedy_of_probs``: two
-    calls instead of five, with ``greedy_with_prob``'s one documented exception)."""
-
-    def __init__(self, logits: Optional[torch.Tensor], mask_id: int, fused: bool, dtype: torch.dtype) -> None:
-        self._stats = self._probs = None
-        self._top: Optional[torch.Tensor] = None
-        if logits is None:  # rows() fills the fields
-            return
-        if fused:
-            from dllm.kernels.triton.stats import vocab_stats
-
-            self._stats = vocab_stats(logits, banned=mask_id)
-            self.tokens = self._stats.argmax  # [...]
-        else:
-            self._probs = torch.softmax(logits, dim=-1, dtype=dtype)  # [..., V]
-            if dtype == torch.float64 and logits.dtype in _GREEDY_FROM_PROBS:  # both from the softmax (exact)
-                self.tokens, self._top = greedy_of_probs(self._probs, mask_id)  # [...], [...]
-            else:
-                self.tokens = argmax_excluding(logits, mask_id)  # [...]
-
-    @property
-    def max_prob(self) -> torch.Tensor:
-        """p(tokens) [...]."""
-        if self._top is None:
-            self._top = self._stats.top1_prob if self._stats is not None else gather_prob(self._probs, self.tokens)
-        return self._top
-
-    def confidence(self, kind: str) -> torch.Tensor:
-        """The ``confidence`` kind's value (larger = more certain) [...]: ``max_prob``, or Dream's
-        ``sum p log p`` (``negative_entropy``)."""
-        if kind == "max_prob":
-            return self.max_prob
-        return -self._stats.entropy if self._stats is not None else negative_entropy(self._probs)
-
-    def rows(self, idx: torch.Tensor) -> "Proposals":
-        """The rows ``idx`` [N] of the leading dim."""
-        out = Proposals(None, 0, False, torch.float32)
-        out.tokens = self.tokens[idx]
-        out._probs = None if self._probs is None else self._probs[idx]
-        out._top = None if self._top is None else self._top[idx]
-        out._stats = None if self._stats is None else self._stats.rows(idx)
-        return out
-
-
-def variant_offsets(n_rows: int, k: int, device: torch.device) -> torch.Tensor:
-    """[N] long ``n * k``: the first row of each batch row's ``k`` variants in the flat variant batch
-    (made once per shape, ``constant``)."""
-    return constant(("variant offsets", n_rows, k, device), lambda: column_ids(n_rows, device) * k)
-
-
-def score_variants(conf: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
-    """Mean confidence over each variant's remaining masks; ``+inf`` where none remain.
-    conf [..., W] float, remaining [..., W] bool -> [...] float."""
-    total = (conf * remaining).sum(dim=-1)  # conf is finite: the masked-out terms are zeros
-    mean = total / remaining.sum(dim=-1)  # 0 / 0 = NaN where none remain, and only there
-    return torch.nan_to_num(mean, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
-
-
 @register_sampler("lopa")
 class LoPA(Sampler):
     """LoPA: threshold anchor + one-token lookahead variants scored in one batched forward."""
@@ -209,6 +146,9 @@ class LoPA(Sampler):
         #   a running decode hands a new view), and writes its outputs into the buffers. Held in a list of
         #   at most one: ``list.pop`` hands it to exactly one step, also when threads share this sampler
         self._carried: list[tuple[Optional[weakref.ref], Optional[int], "StepBuffers"]] = []
+        # compacted with reuse: the next step's anchor, made by this step from the winner's logits it hands on
+        # (``_NextAnchor``); taken by the next step when it is given those very logits
+        self._next: list[_NextAnchor] = []
 
     @property
     def commits_every_step(self) -> bool:
@@ -234,18 +174,24 @@ class LoPA(Sampler):
         if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device, LoPA)):
             commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
         else:
-            props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
+            made = self._made_anchor(inp, logits) if compact else None
+            if made is not None:  # the last step made this anchor from these logits, read its counts
+                props, anchor = made.props, made.anchor
+            else:
+                props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
+                anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
             x0 = props.tokens  # [B, W]
-            anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
             base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
-            commit, out, nxt = anchor, base, None
+            commit, out, nxt, goes_on = anchor, base, None, False
             if lookahead and compact:
-                commit, out, nxt = self._compact_lookahead(inp, props, active, anchor, base, fused)
+                commit, out, nxt, goes_on = self._compact_lookahead(inp, props, active, anchor, base, fused, made)
             elif lookahead:
                 commit, out, nxt = self._lookahead(inp, props, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]), fused)
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
         decision.next_logits = nxt if cfg.reuse else None
+        if compact and cfg.reuse and goes_on and inp.reads_next:  # the block has a next step: make its anchor
+            decision.read_next = self._make_next_anchor(inp, nxt, active > commit, fused)
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
 
@@ -293,21 +239,63 @@ class LoPA(Sampler):
         self._carried = [(weakref.ref(w_logits), tensor_version(w_logits), bufs) if cfg.reuse else (None, None, bufs)]
         return commit, out, w_logits
 
-    def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool
-                           ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    def _make_next_anchor(self, inp: StepInput, nxt: torch.Tensor, active_next: torch.Tensor, fused: bool
+                          ) -> torch.Tensor:
+        """The next step's anchor, made now from the winner's logits ``nxt`` [B, W, V] this step hands on and
+        the block's masks after its commit ``active_next`` [B, W] (what the next step is given: the
+        same calls on the same values), kept for it; returns its candidate counts [B], which the engine
+        reads with its test of the block's masks (``StepOutput.read_next``): the next step's shape
+        then costs no read of its own. A block's last step makes one anchor that no step takes."""
+        from dllm.kernels.packed import tensor_version
+
+        props = Proposals(nxt, inp.mask_id, fused, torch.float64)
+        anchor = threshold_commit(props.max_prob, active_next, self.config.tau_conf)  # [B, W]
+        cand = active_next > anchor  # [B, W]
+        counts = cand.sum(dim=1)  # [B]
+        self._next = [_NextAnchor(weakref.ref(nxt), tensor_version(nxt), props, anchor, cand, counts)]
+        return counts
+
+    def _made_anchor(self, inp: StepInput, logits: torch.Tensor) -> Optional[_NextAnchor]:
+        """The anchor the last step made for these very logits (not written in place since), with
+        the counts the engine read for it in ``host_read``, else None."""
+        from dllm.kernels.packed import tensor_version
+
+        try:
+            made = self._next.pop()
+        except IndexError:
+            return None
+        if made.logits() is not inp.logits or made.version != tensor_version(logits) or made.anchor.shape != \
+                inp.active.shape:
+            return None
+        if inp.host_read is not None and len(inp.host_read) == made.counts.shape[0]:
+            made.host_counts = list(inp.host_read)
+        return made
+
+    def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool,
+                           made: Optional[_NextAnchor] = None
+                           ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], bool]:
         """``compact=True``: the lookahead of the rows with masks left after the anchor only, with as
         many variants as the most candidates of a row, none when no row has one. One host read (the
-        candidate counts): the variant batch's shape depends on them. Same returns as ``_lookahead``;
-        the winner's logits are zeros for the rows left out (the next step reads none of them)."""
-        cand = active > anchor  # [B, W] masks the anchor leaves (bool: True > False only)
-        counts = cand.sum(dim=1)  # [B]
-        host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
+        candidate counts): the variant batch's shape depends on them; none when the last step made this
+        anchor and the engine read its counts (``made``). Returns ``_lookahead``'s and whether the block
+        has a next step for sure (a row with two candidates or more: the winner fills one); the winner's
+        logits are zeros for the rows left out (the next step reads none of them)."""
+        if made is not None:
+            cand, counts = made.cand, made.counts  # [B, W], [B]
+        else:
+            cand = active > anchor  # [B, W] masks the anchor leaves (bool: True > False only)
+            counts = cand.sum(dim=1)  # [B]
+        if made is not None and made.host_counts is not None:
+            host_counts = made.host_counts  # read by the engine with its test of the block's masks
+        else:
+            host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
         n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)
         n_extra = min(self.config.branches - 1, most)
         if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
-            return anchor, base, None
+            return anchor, base, None, False
+        goes_on = most >= 2
         if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
-            return self._lookahead(inp, props, active, anchor, base, n_extra, fused, cand=cand)
+            return (*self._lookahead(inp, props, active, anchor, base, n_extra, fused, cand=cand), goes_on)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
         live_host = [r for r, c in enumerate(host_counts) if c > 0]  # the same rows, ascending
         commit_l, out_l, next_l = self._lookahead(inp, props.rows(live), active[live], anchor[live], base[live],
@@ -315,7 +303,7 @@ class LoPA(Sampler):
         commit = anchor.index_copy(0, live, commit_l)  # [B, W]
         out = base.index_copy(0, live, out_l)  # [B, W]
         nxt = next_l.new_zeros((base.shape[0], *next_l.shape[1:])).index_copy(0, live, next_l)  # [B, W, V]
-        return commit, out, nxt
+        return commit, out, nxt, goes_on
 
     def _lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, n_extra: int, fused: bool,
                    rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None,

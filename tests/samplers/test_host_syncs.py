@@ -3,7 +3,7 @@
 ``begin_block`` / ``step`` issues, counted per decode step by ``dllm.eval.bench.counters``.
 
 ``low_confidence``, ``threshold`` and ``fast`` issue none (``fast`` as it runs on CUDA: its variant
-batch is compacted elsewhere, one read per step, ``compact="auto"``). Every other sampler is held to the most
+batch is compacted elsewhere, one read at a block's first step, ``compact="auto"``). Every other sampler is held to the most
 syncs in one step measured when its rule was last changed (``MOST_PER_STEP``), so a new sync fails
 here. The engine's own syncs (its adaptive loop condition, prompt preparation) and the model's are
 not the sampler's and are not counted. ``benchmarks/host_syncs.py`` prints the same counts as a table

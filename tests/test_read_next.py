@@ -1,0 +1,76 @@
+"""StepOutput.read_next: values a step leaves for the next step of its block, read to the host with the
+engine's test that the block still has masks (one read for both) and handed over as StepInput.host_read.
+LoPA's compacted lookahead with reuse (``fast`` on a CPU) makes its next anchor so: its variant batch's
+shape then costs no read of its own after a block's first step, with the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm.eval.bench.counters import count_generate
+from dllm.models import tiny
+from dllm.samplers.base import NoOptions, Sampler
+from dllm.samplers.threshold import Threshold
+from dllm.state import StepOutput
+
+PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
+
+
+class _Recorder(Sampler):
+    """Threshold's decisions (tau 1), plus read_next = [block step, rows]; records every step's host_read."""
+
+    Config = NoOptions
+    fixed_steps = False
+
+    def __init__(self, dtype=torch.long, **options) -> None:
+        super().__init__(None, **options)
+        self.inner, self.dtype, self.seen = Threshold(threshold=1.0), dtype, []  # one token a step
+
+    def step(self, inp, state):
+        self.seen.append((state.block_index, inp.step, inp.host_read, inp.reads_next))
+        out = self.inner.step(inp, state)
+        out.read_next = torch.tensor([inp.step, inp.tokens.shape[0]], dtype=self.dtype, device=inp.tokens.device)
+        return out
+
+
+def test_the_engine_hands_the_values_to_the_next_step_of_the_block():
+    model = tiny("llada", seed=3)
+    smp = _Recorder()
+    ref = dllm.generate(model, PROMPTS, sampler="threshold", gen_length=16, block_length=8, threshold=1.0)
+    out = dllm.generate(model, PROMPTS, sampler=smp, gen_length=16, block_length=8)
+    assert torch.equal(out.sequences, ref.sequences)  # reading them changes nothing else
+    assert len(smp.seen) == out.steps > 2
+    for (block, i, host, reads), prev in zip(smp.seen, [None] + smp.seen[:-1]):
+        assert reads
+        if i == 0:  # a block's first step follows no test of its masks: nothing read for it
+            assert host is None
+        else:
+            assert prev[:2] == (block, i - 1) and host == [i - 1, len(PROMPTS)]
+
+
+def test_a_read_next_that_is_not_an_integer_vector_is_refused():
+    with pytest.raises(RuntimeError, match="returned read_next .*float32; it must be a 1-D integer tensor"):
+        dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_Recorder(dtype=torch.float32), gen_length=8,
+                      block_length=8)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_fast_reads_its_variant_counts_once_a_block(family, cache):
+    """fast as on a CPU (compacted, reuse): the candidate counts are read in the sampler at a block's
+    first step, later steps get them with the engine's test (but after a step that may have filled the
+    block: a step leaving a row at most one candidate); the same tokens as static batches, which read
+    nothing (and forward more)."""
+    model = tiny(family, seed=3)
+    kw = dict(gen_length=16, block_length=8, cache=cache, tau_conf=1.0)  # several lookahead steps a block
+    counter = count_generate(model, PROMPTS, sampler="fast", **kw)
+    sampler_reads = sum("dllm/samplers/lopa.py" in site for step in counter.steps for site in step.syncs)
+    merged = sum("tolist @ dllm/engine/loop.py" in site for step in counter.steps for site in step.syncs)
+    assert 1 <= sampler_reads <= 4 < len(counter.steps)  # a block's first step (2 blocks), and after a
+    assert merged >= len(counter.steps) - 2 - sampler_reads  # step that may have filled it; else merged
+    out = dllm.generate(model, PROMPTS, sampler="fast", **kw)
+    static = dllm.generate(model, PROMPTS, sampler="fast", compact=False, **kw)
+    assert torch.equal(out.sequences, static.sequences) and out.nfe <= static.nfe
+    assert len(counter.steps) == out.steps
