@@ -176,6 +176,7 @@ class Decode(StepForwards):
         self._wrote_beyond = False  # a step committed past its block (StepOutput.beyond): first tests read
         self._read_next: Optional[torch.Tensor] = None  # [K] the last step's StepOutput.read_next, unread
         self._host_read: Optional[list[int]] = None  # its values, for the next step (StepInput.host_read)
+        self._max_steps = 0  # the current block's most steps
 
     # ---- the block loop -------------------------------------------------------------------------
     def run_block(self, b: int, s: int, e: int, block_steps: Optional[int]) -> None:
@@ -195,6 +196,7 @@ class Decode(StepForwards):
         refines = sampler.refines  # steps past the masks: bounded by the nominal block
         max_steps = block_steps if block_steps is not None else sampler.max_block_steps(
             max(e - s, state.block_length) if refines else e - s)
+        self._max_steps = max_steps
         for i in range(max_steps):
             if block_steps is None:
                 if i:
@@ -269,15 +271,18 @@ class Decode(StepForwards):
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
             generator=state.generator, attn=attn,
             forward_variants=self.variant_forward if sampler.needs_variants else None,
-            shadow_logits=shadow, host_read=self._host_read, reads_next=block_steps is None,
+            shadow_logits=shadow, host_read=self._host_read,
+            reads_next=block_steps is None and i + 1 < self._max_steps,  # a test of the block follows
         )
         self._host_read = None
         decision = sampler.step(inp, state)
-        if decision.read_next is not None and block_steps is None:  # read with the next step's loop test
-            if decision.read_next.dim() != 1 or decision.read_next.dtype.is_floating_point:
-                raise RuntimeError(f"sampler {sampler.name!r} returned read_next {tuple(decision.read_next.shape)} "
-                                   f"{decision.read_next.dtype}; it must be a 1-D integer tensor")
-            self._read_next = decision.read_next
+        if decision.read_next is not None and inp.reads_next:  # read with the next step's loop test
+            r = decision.read_next
+            if r.dim() != 1 or r.dtype.is_floating_point or r.dtype.is_complex or r.device != state.x.device:
+                raise RuntimeError(f"sampler {sampler.name!r} returned read_next {tuple(r.shape)} {r.dtype} on "
+                                   f"{r.device}; it must be a 1-D integer tensor on the canvas' device "
+                                   f"{state.x.device}")
+            self._read_next = r
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt

@@ -174,7 +174,7 @@ class LoPA(Sampler):
         if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device, LoPA)):
             commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
         else:
-            made = self._made_anchor(inp, logits) if compact else None
+            made = self._made_anchor(inp, logits, state) if compact else None
             if made is not None:  # the last step made this anchor from these logits, read its counts
                 props, anchor = made.props, made.anchor
             else:
@@ -191,7 +191,7 @@ class LoPA(Sampler):
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
         decision.next_logits = nxt if cfg.reuse else None
         if compact and cfg.reuse and goes_on and inp.reads_next:  # the block has a next step: make its anchor
-            decision.read_next = self._make_next_anchor(inp, nxt, active > commit, fused)
+            decision.read_next = self._make_next_anchor(inp, nxt, active > commit, fused, state)
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
 
@@ -239,8 +239,8 @@ class LoPA(Sampler):
         self._carried = [(weakref.ref(w_logits), tensor_version(w_logits), bufs) if cfg.reuse else (None, None, bufs)]
         return commit, out, w_logits
 
-    def _make_next_anchor(self, inp: StepInput, nxt: torch.Tensor, active_next: torch.Tensor, fused: bool
-                          ) -> torch.Tensor:
+    def _make_next_anchor(self, inp: StepInput, nxt: torch.Tensor, active_next: torch.Tensor, fused: bool,
+                          state: DecodeState) -> torch.Tensor:
         """The next step's anchor, made now from the winner's logits ``nxt`` [B, W, V] this step hands on and
         the block's masks after its commit ``active_next`` [B, W] (what the next step is given: the
         same calls on the same values), kept for it; returns its candidate counts [B], which the engine
@@ -252,20 +252,21 @@ class LoPA(Sampler):
         anchor = threshold_commit(props.max_prob, active_next, self.config.tau_conf)  # [B, W]
         cand = active_next > anchor  # [B, W]
         counts = cand.sum(dim=1)  # [B]
-        self._next = [_NextAnchor(weakref.ref(nxt), tensor_version(nxt), props, anchor, cand, counts)]
+        self._next = [_NextAnchor(weakref.ref(nxt), tensor_version(nxt), props, anchor, cand, counts, state.released)]
         return counts
 
-    def _made_anchor(self, inp: StepInput, logits: torch.Tensor) -> Optional[_NextAnchor]:
-        """The anchor the last step made for these very logits (not written in place since), with
-        the counts the engine read for it in ``host_read``, else None."""
+    def _made_anchor(self, inp: StepInput, logits: torch.Tensor, state: DecodeState) -> Optional[_NextAnchor]:
+        """The anchor the last step made for these very logits (not written in place since, and no row
+        released since: a release fills the row's masks), with the counts the engine read for it in
+        ``host_read``, else None."""
         from dllm.kernels.packed import tensor_version
 
         try:
             made = self._next.pop()
         except IndexError:
             return None
-        if made.logits() is not inp.logits or made.version != tensor_version(logits) or made.anchor.shape != \
-                inp.active.shape:
+        if (made.logits() is not inp.logits or made.version != tensor_version(logits)
+                or made.anchor.shape != inp.active.shape or made.released is not state.released):
             return None
         if inp.host_read is not None and len(inp.host_read) == made.counts.shape[0]:
             made.host_counts = list(inp.host_read)

@@ -91,6 +91,7 @@ class _NextAnchor:
     anchor: torch.Tensor  # [B, W] bool
     cand: torch.Tensor  # [B, W] bool: the masks it leaves
     counts: torch.Tensor  # [B] long: cand per row
+    released: frozenset  # the decode's released rows then (a release rewrites their masks: a new set)
     host_counts: Optional[list[int]] = None  # counts on the host, as the engine read them
 
 
