@@ -11,20 +11,20 @@
 # on the two short e2e pairs: tiny-llada eager and with CUDA graphs, tiny-dream with graphs. The tokens/s
 # columns decide compact="auto". Writes 8 files under ${OUT:-benchmarks/gpu-fast-$(date +%F)} (gpu.txt, log.txt
 # with every table, a compare.json and compare.png per run); the limits add to 240 s. DEVICE=cpu bash
-# benchmarks/gpu-fast.sh: the same runs on one example per task, eager.
+# benchmarks/gpu-fast.sh: the same runs on one example of three tasks, eager.
 O=${OUT:-benchmarks/gpu-fast-$(date +%F)}
 . "$(dirname "$0")/lib-gpu.sh"
 if [ "$DEVICE" = cuda ]; then
-  N=8; REPEATS=3
+  N=8; REPEATS=3; TASKS=()
 else
-  N=1; REPEATS=1
+  N=1; REPEATS=1; TASKS=(--tasks copy add_lsb chain)
 fi
 SAMPLERS=("threshold:cache=dual" "fast:cache=auto" "fast:compact=True,cache=auto" "fast:branches=8,cache=auto")
 run() {  # MODEL MODE
   local graphs=()
   [ "$2" = graphs ] && graphs=(--cuda-graphs)
   step 80 log.txt dllm compare --model "$1" --device "$DEVICE" --block-length 4 --n "$N" --repeats "$REPEATS" \
-    --samplers "${SAMPLERS[@]}" "${graphs[@]}" --no-progress --out "$O/$1-$2"
+    --samplers "${SAMPLERS[@]}" "${graphs[@]}" "${TASKS[@]}" --no-progress --out "$O/$1-$2"
 }
 run tiny-llada eager
 if [ "$DEVICE" = cuda ]; then
