@@ -175,11 +175,10 @@ class LoPA(Sampler):
             commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
         else:
             made = self._made_anchor(inp, logits, state) if compact else None
-            if made is not None:  # the last step made this anchor from these logits, read its counts
+            if made is not None:  # the last step made this anchor from these logits
                 props, anchor = made.props, made.anchor
             else:
-                props = Proposals(logits, inp.mask_id, fused, torch.float64)  # float64 as Fast-dLLM
-                anchor = threshold_commit(props.max_prob, active, cfg.tau_conf)  # [B, W]
+                props, anchor = self._anchor(inp, logits, active, fused)
             x0 = props.tokens  # [B, W]
             base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
             commit, out, nxt, goes_on = anchor, base, None, False
@@ -239,17 +238,23 @@ class LoPA(Sampler):
         self._carried = [(weakref.ref(w_logits), tensor_version(w_logits), bufs) if cfg.reuse else (None, None, bufs)]
         return commit, out, w_logits
 
+    def _anchor(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, fused: bool
+                ) -> tuple[Proposals, torch.Tensor]:
+        """Step 1: the proposals of ``logits`` [B, W, V] (float64 as Fast-dLLM) and the anchor ``B0'``,
+        the threshold rule on the active masks ``active`` [B, W] -> (proposals, anchor [B, W] bool)."""
+        props = Proposals(logits, inp.mask_id, fused, torch.float64)
+        return props, threshold_commit(props.max_prob, active, self.config.tau_conf)
+
     def _make_next_anchor(self, inp: StepInput, nxt: torch.Tensor, active_next: torch.Tensor, fused: bool,
                           state: DecodeState) -> torch.Tensor:
-        """The next step's anchor, made now from the winner's logits ``nxt`` [B, W, V] this step hands on and
-        the block's masks after its commit ``active_next`` [B, W] (what the next step is given: the
-        same calls on the same values), kept for it; returns its candidate counts [B], which the engine
-        reads with its test of the block's masks (``StepOutput.read_next``): the next step's shape
-        then costs no read of its own. A block's last step makes one anchor that no step takes."""
+        """The next step's anchor (``_anchor``), made now from the winner's logits ``nxt`` [B, W, V] this
+        step hands on and the block's masks after its commit ``active_next`` [B, W], which is what the
+        next step is given; kept for it. Returns its candidate counts [B], which the engine reads with its
+        test of the block's masks (``StepOutput.read_next``): the next step's shape then costs no read of
+        its own. Made only where the block surely has a next step, which takes it."""
         from dllm.kernels.packed import tensor_version
 
-        props = Proposals(nxt, inp.mask_id, fused, torch.float64)
-        anchor = threshold_commit(props.max_prob, active_next, self.config.tau_conf)  # [B, W]
+        props, anchor = self._anchor(inp, nxt, active_next, fused)
         cand = active_next > anchor  # [B, W]
         counts = cand.sum(dim=1)  # [B]
         self._next = [_NextAnchor(weakref.ref(nxt), tensor_version(nxt), props, anchor, cand, counts, state.released)]
@@ -257,8 +262,7 @@ class LoPA(Sampler):
 
     def _made_anchor(self, inp: StepInput, logits: torch.Tensor, state: DecodeState) -> Optional[_NextAnchor]:
         """The anchor the last step made for these very logits (not written in place since, and no row
-        released since: a release fills the row's masks), with the counts the engine read for it in
-        ``host_read``, else None."""
+        released since: a release fills the row's masks), else None."""
         from dllm.kernels.packed import tensor_version
 
         try:
@@ -268,8 +272,6 @@ class LoPA(Sampler):
         if (made.logits() is not inp.logits or made.version != tensor_version(logits)
                 or made.anchor.shape != inp.active.shape or made.released is not state.released):
             return None
-        if inp.host_read is not None and len(inp.host_read) == made.counts.shape[0]:
-            made.host_counts = list(inp.host_read)
         return made
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool,
@@ -286,8 +288,8 @@ class LoPA(Sampler):
         else:
             cand = active > anchor  # [B, W] masks the anchor leaves (bool: True > False only)
             counts = cand.sum(dim=1)  # [B]
-        if made is not None and made.host_counts is not None:
-            host_counts = made.host_counts  # read by the engine with its test of the block's masks
+        if made is not None and inp.host_read is not None and len(inp.host_read) == counts.shape[0]:
+            host_counts = inp.host_read  # made.counts, read by the engine with its test of the block's masks
         else:
             host_counts = counts.tolist()  # intentional host sync (compact=True only): the batch shape
         n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)

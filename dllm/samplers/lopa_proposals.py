@@ -92,7 +92,6 @@ class _NextAnchor:
     cand: torch.Tensor  # [B, W] bool: the masks it leaves
     counts: torch.Tensor  # [B] long: cand per row
     released: frozenset  # the decode's released rows then (a release rewrites their masks: a new set)
-    host_counts: Optional[list[int]] = None  # counts on the host, as the engine read them
 
 
 __all__ = ["Proposals", "score_variants", "variant_offsets"]

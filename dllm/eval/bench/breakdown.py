@@ -23,7 +23,7 @@ reference column is a lower bound on its step time.
 cached forward replayed as a CUDA graph; on a CPU the same static step runs eagerly); a replay runs
 no module, so those rows split nothing but the step time. Their JSON rows also say how the call's
 shapes ran (``graph_first_runs``, ``graph_captures``, ``graph_replays``) and the CUDA memory the
-captures took (``graph_mb``).
+captures reserved (``graph_mb``: the growth of the graphs' private pool).
 
 ``--layer-paths`` times every case on each listed layer path (``LAYER_PATHS``): ``fused`` runs the norms
 and RoPE as ATen ops, ``ops`` as the one-launch ``dllm::`` operators (fewer launches per layer, more host
