@@ -97,10 +97,11 @@ def test_a_cancelled_row_leaves_the_running_decode(llada, monkeypatch):
 
 def test_a_failing_running_decode_fails_its_jobs_and_the_loop_goes_on(llada, monkeypatch):
     engine = DiffusionBackend(llada, name="tiny-llada")
-    step, steps, armed = RunningDecode.step, Counter(), [True]
+    step, steps, armed, alive = RunningDecode.step, Counter(), [True], []
 
     def boom_at_second_step(self, watch=False):  # every decode's own second step while armed: whether the
-        steps[id(self)] += 1  # jobs joined one decode or a busy loop started them in two, each fails
+        alive.append(self)  # jobs joined one decode or a busy loop started them in two, each fails; the
+        steps[id(self)] += 1  # decodes are kept alive so that a new one never takes a failed one's id
         if armed[0] and steps[id(self)] == 2:
             raise RuntimeError("boom in the running decode")
         return step(self, watch)
