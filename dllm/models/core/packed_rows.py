@@ -28,16 +28,25 @@ from typing import Any, Optional
 import torch
 
 from dllm.kernels.packed import MIN_WORK, few_enough, padding_groups
+from dllm.models.core.views.packed import PackedView
+
+# share of pad columns below which a short batch runs padded (the packing costs about 5% of a forward)
+MIN_PADDED_TOKENS = 1 / 16
 
 
 def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
                        attn_mask: Optional[torch.Tensor], head_rows: Optional[tuple[int, int]]
                        ) -> Optional[torch.Tensor]:
     """The logits of ``model.forward`` (shifted, [B, T, V] or the ``head_rows`` [B, b - a, V]) computed
-    per group of rows with the same real columns; None when the batch does not qualify (see the module)."""
+    per group of rows with the same real columns, or for short rows on a CPU from their packed tokens
+    (``packed_tokens_logits``); None when the batch does not qualify (see the module)."""
     b, t = input_ids.shape
-    if attn_mask is None or b < 2 or t * t < MIN_WORK or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
+    if attn_mask is None or b < 2 or attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[2] != 1:
         return None
+    if t * t < MIN_WORK:  # short rows: their tokens packed, or the padded forward
+        if not packs_tokens(model, input_ids.device):
+            return None
+        return packed_tokens_logits(model, input_ids, positions, attn_mask, head_rows)
     groups = padding_groups(attn_mask)
     if groups is None or not few_enough(groups, input_ids.device) or (
             head_rows is not None and not all(s0 <= head_rows[0] and head_rows[1] <= e0 for s0, e0, _ in groups)):
@@ -60,4 +69,26 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
     return out
 
 
-__all__ = ["packed_rows_logits"]
+def packs_tokens(model: Any, device: torch.device) -> bool:
+    """Whether ``model`` on ``device`` runs a short padded batch as its packed tokens (``PackedView``):
+    on a CPU (on an accelerator a short batch is bound by launches, which the packing adds to), for a
+    model that packs padded rows (``packs_padded_rows``) and whose attention masks are the batch's key
+    mask alone (not block-causal)."""
+    return (device.type == "cpu" and bool(getattr(model, "packs_padded_rows", False))
+            and getattr(model, "block_size", None) is None)
+
+
+def packed_tokens_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
+                         head_rows: Optional[tuple[int, int]]) -> Optional[torch.Tensor]:
+    """The padded forward's logits from one forward of the batch's real tokens (``PackedView``):
+    input_ids / positions [B, T], attn_mask [B, 1, 1, T] bool -> [B, T | b - a, V]; None when fewer
+    than ``MIN_PADDED_TOKENS`` of the columns are pads (one host read: the real tokens)."""
+    view = PackedView.of(attn_mask.reshape(input_ids.shape))
+    if view.tokens > (1 - MIN_PADDED_TOKENS) * input_ids.numel():
+        return None
+    raw, _, _ = model._raw_forward(view.pack(input_ids), view.pack(positions), attn_mask, (), (), cache=view,
+                                   **model._head_kwargs(head_rows))
+    return model._final_logits(raw, head_rows)
+
+
+__all__ = ["packed_rows_logits", "packed_tokens_logits", "packs_tokens"]

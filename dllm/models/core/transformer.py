@@ -33,6 +33,7 @@ from dllm.models.core.fused import (FusedLayer, FusedWeight, call_module, fused_
                                     linear_or_module, plain_weight, refused)
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.moe import SparseMoE
+from dllm.models.core.views.packed import PackedView
 from dllm.models.core.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
 from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
 
@@ -344,7 +345,7 @@ class Transformer(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
-        cache=None,  # dllm.models.core.kv.CacheView or None
+        cache=None,  # dllm.models.core.kv.CacheView, a PackedView (packed tokens, no cache) or None
         head_rows: Optional[tuple[int, int]] = None,  # (a, b): the final norm and LM head on rows [a, b) only
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Returns (logits [B, T, V] in the model dtype, hidden {i: [B, T, D]}, attn {i: [B, H, T, K] f32}).
@@ -390,7 +391,9 @@ class Transformer(nn.Module):
                 attn[i] = probs
             if i in hidden_layers:
                 hidden[i] = h
-        if isinstance(cache, StackedView) and head_rows is not None:  # every variant's rows [a, b)
+        if isinstance(cache, PackedView):  # the packed tokens back in their rows: [B, T | b - a, D]
+            h = cache.query_rows(h, *(head_rows or (0, cache.columns)))
+        elif isinstance(cache, StackedView) and head_rows is not None:  # every variant's rows [a, b)
             h = cache.query_rows(h, *head_rows)  # [B, g * (b - a), D]
         elif head_rows is not None and (head_rows[0] != 0 or head_rows[1] != h.shape[1]):
             h = h[:, head_rows[0]:head_rows[1]]  # [B, b - a, D]: norm and head are per row

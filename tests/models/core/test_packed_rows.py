@@ -61,8 +61,11 @@ def test_the_path_is_taken_only_where_it_applies():
     assert packed_rows_logits(model, ids, positions, mask, None) is not None
     assert packed_rows_logits(model, ids, positions, mask, (200, 300)) is None  # row 4 starts at 210
     assert packed_rows_logits(model, ids[:1], positions[:1], mask[:1], None) is None  # one row
-    short, short_real = _batch(model, (40, 20, 40))
-    assert packed_rows_logits(model, short, torch.zeros_like(short), short_real[:, None, None, :], None) is None
+    short, short_real = _batch(model, (40, 20, 40))  # short rows: their packed tokens (test_packed_tokens.py)
+    short_mask = short_real[:, None, None, :]
+    model.packs_padded_rows = False  # a model that does not pack: the padded forward
+    assert packed_rows_logits(model, short, torch.zeros_like(short), short_mask, None) is None
+    model.packs_padded_rows = True
     with torch.no_grad():  # hidden states asked for: the padded forward answers, with them
         out = model(ids, key_padding_mask=real, want_hidden_layers=(0,))
     assert 0 in out.hidden and out.hidden[0].shape[:2] == ids.shape

@@ -68,8 +68,13 @@ def test_the_decodes_step_reads_are_one_copy_per_round(model, mode):
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("setting", [PLAIN, CACHED, LOPA])
 def test_at_most_two_syncs_outside_forwards_per_forward_call(model, stream, setting):
-    calls, _, syncs = outside(count(model, "continuous", stream=stream, setting=setting))
-    assert syncs <= 2 * calls, (syncs, calls)
+    counter = count(model, "continuous", stream=stream, setting=setting)
+    calls, _, syncs = outside(counter)
+    # a merged call's packed tokens (dllm/models/core/views/packed.py) read their count on a CPU only,
+    # where that read waits for nothing: not a host sync of the loop (on a GPU the batch stays padded)
+    packing = sum(n for site, n in DispatchCounter.sync_sites([counter.current]).items()
+                  if "models/core/views/packed.py" in site)
+    assert packing <= calls and syncs - packing <= 2 * calls, (syncs, packing, calls)
 
 
 def test_unstreamed_requests_of_generate_calls_read_nothing_per_step(model):

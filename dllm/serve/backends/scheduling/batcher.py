@@ -26,7 +26,9 @@ from typing import Any, Optional, Union
 import torch
 
 from dllm.engine.forwards import takes_padded
+from dllm.inputs import model_device
 from dllm.models.base import ModelOutput, default_positions
+from dllm.models.core.packed_rows import packs_tokens
 from dllm.serve.backends.scheduling.packing import call_cost, measure_call_cost, plan_merges
 
 
@@ -36,12 +38,19 @@ class BatcherConfig:
     max_tokens: int = 65536  # rows x padded length of one merged forward
     call_cost_tokens: Union[int, str] = 128  # one call's cost beyond its tokens, in tokens
     #   (dllm.serve.backends.scheduling.packing); "auto": measured for the served model when its loop starts
+    packed: Optional[bool] = None  # whether a merged call costs its real tokens, not rows x padded length
+    #   (the model forwards a padded batch's tokens packed: dllm.models.core.packed_rows.packs_tokens);
+    #   None: asked of the served model when its loop starts
 
     def resolved(self, model) -> "BatcherConfig":
-        """This config with ``call_cost_tokens="auto"`` measured for ``model`` (``measure_call_cost``)."""
-        if self.call_cost_tokens != "auto":
-            return self
-        return dataclasses.replace(self, call_cost_tokens=measure_call_cost(model))
+        """This config with ``call_cost_tokens="auto"`` measured for ``model`` (``measure_call_cost``)
+        and ``packed=None`` asked of it."""
+        out = self
+        if self.call_cost_tokens == "auto":
+            out = dataclasses.replace(out, call_cost_tokens=measure_call_cost(model))
+        if self.packed is None:
+            out = dataclasses.replace(out, packed=packs_tokens(model, model_device(model)))
+        return out
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_tokens", "call_cost_tokens"):
@@ -86,7 +95,7 @@ def plan_groups(items: list[Pending], config: BatcherConfig) -> list[list[Pendin
     ones grouped by neighbouring lengths at the least modelled cost, under the row and token bounds;
     the others one by one."""
     return plan_merges(items, max_rows=config.max_rows, max_tokens=config.max_tokens,
-                       fixed_cost=config.call_cost_tokens)
+                       fixed_cost=config.call_cost_tokens, packed=bool(config.packed))
 
 
 def split_rows(lengths: list[int], config: BatcherConfig) -> list[list[int]]:
@@ -98,12 +107,13 @@ def split_rows(lengths: list[int], config: BatcherConfig) -> list[list[int]]:
     best: list[Optional[int]] = [0] + [None] * n  # best[k]: least cost of the first k rows
     cut = [0] * (n + 1)  # cut[k]: where the last run of that plan starts
     for k in range(1, n + 1):
-        longest = 0
+        longest = real = 0
         for j in range(k - 1, -1, -1):
             longest, rows = max(longest, lengths[j]), k - j
             if j < k - 1 and (rows > config.max_rows or rows * longest > config.max_tokens):
                 break
-            cost = best[j] + call_cost(rows, longest, config.call_cost_tokens)
+            real += lengths[j]
+            cost = best[j] + call_cost(rows, longest, config.call_cost_tokens, real if config.packed else None)
             if best[k] is None or cost <= best[k]:  # equal costs: the longer run, fewer calls
                 best[k], cut[k] = cost, j
     runs, k = [], n

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Protocol, Sequence, TypeVar
+from typing import Any, Optional, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -40,9 +40,11 @@ class Forward(Protocol):
 F = TypeVar("F", bound=Forward)
 
 
-def call_cost(rows: int, length: int, fixed: int) -> int:
-    """Modelled cost of one call of ``rows`` rows padded to ``length`` columns, in forwarded tokens."""
-    return fixed + rows * length
+def call_cost(rows: int, length: int, fixed: int, real: Optional[int] = None) -> int:
+    """Modelled cost of one call of ``rows`` rows padded to ``length`` columns, in forwarded tokens;
+    ``real``: the call's real tokens, given where the model forwards a padded batch as its real tokens
+    packed (``dllm.models.core.views.packed``: its padding costs next to nothing), which is then the cost."""
+    return fixed + (rows * length if real is None else real)
 
 
 def _runs(items: Sequence[F], max_rows: int, max_tokens: int) -> list[list[F]]:
@@ -59,11 +61,12 @@ def _runs(items: Sequence[F], max_rows: int, max_tokens: int) -> list[list[F]]:
     return runs
 
 
-def plan_merges(items: Sequence[F], *, max_rows: int, max_tokens: int, fixed_cost: int) -> list[list[F]]:
+def plan_merges(items: Sequence[F], *, max_rows: int, max_tokens: int, fixed_cost: int,
+                packed: bool = False) -> list[list[F]]:
     """The calls to run for ``items`` (pending forwards): unmergeable ones alone, in arrival order;
     the mergeable ones grouped by neighbouring lengths at the least modelled cost (``call_cost`` with
-    ``fixed_cost``), each call within ``max_rows`` rows and ``max_tokens`` rows x padded length.
-    A forward larger than the bounds runs alone."""
+    ``fixed_cost``; ``packed``: a call costs its real tokens), each call within ``max_rows`` rows and
+    ``max_tokens`` rows x padded length. A forward larger than the bounds runs alone."""
     alone = [[item] for item in items if not item.mergeable]
     merge = sorted((item for item in items if item.mergeable), key=lambda item: item.length)  # stable
     runs = _runs(merge, max_rows, max_tokens)
@@ -72,12 +75,13 @@ def plan_merges(items: Sequence[F], *, max_rows: int, max_tokens: int, fixed_cos
     best = [0] + [None] * n  # best[k]: least cost of the first k runs
     cut = [0] * (n + 1)  # cut[k]: where the last call of that plan starts
     for k in range(1, n + 1):
-        length, total = runs[k - 1][0].length, 0  # the call's padded length: its longest run, the last
+        length, total, real = runs[k - 1][0].length, 0, 0  # the call's padded length: its longest run, the last
         for j in range(k - 1, -1, -1):
             total += rows[j]
+            real += rows[j] * runs[j][0].length
             if j < k - 1 and (total > max_rows or total * length > max_tokens):
                 break
-            cost = best[j] + call_cost(total, length, fixed_cost)
+            cost = best[j] + call_cost(total, length, fixed_cost, real if packed else None)
             if best[k] is None or cost < best[k]:
                 best[k], cut[k] = cost, j
     calls: list[list[F]] = []
