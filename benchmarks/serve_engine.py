@@ -4,7 +4,8 @@
 
 ``dllm bench serve``'s requests (the same draw of stress-task prompts, ``max_tokens`` = the answer
 length), all queued at once on a ``DiffusionBackend`` of each mode (continuous, ``cont-nojoin``:
-continuous with ``join=False``, static, serial) in interleaved rounds; torch forward hooks on the model time every forward and count the rows and
+continuous with ``join=False``, static, serial; ``cont-padded`` on request: continuous with the
+model's padded forward) in interleaved rounds; torch forward hooks on the model time every forward and count the rows and
 tokens it computed (and the real ones among them: the key-padding mask). Prints per mode the median
 requests/s, the share of the wall time spent in forwards, forward calls, forwarded tokens (padded
 and real), microseconds per forwarded token, and the scheduler's own microseconds per running row
@@ -88,9 +89,22 @@ class ForwardMeter:
 
 
 NOJOIN = "cont-nojoin"  # continuous with join=False: a generate call per group of requests
+PADDED = "cont-padded"  # continuous with the model's padded forward (packs_padded_rows = False): merged
+#   calls of short rows forward their padding (dllm.models.core.views.packed), planned by padded length
 
 
 def run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
+    if mode != PADDED:
+        return _run_mode(model, meter, mode, requests, args)
+    packs = model.packs_padded_rows
+    model.packs_padded_rows = False
+    try:
+        return _run_mode(model, meter, "continuous", requests, args)
+    finally:
+        model.packs_padded_rows = packs
+
+
+def _run_mode(model, meter: ForwardMeter, mode: str, requests, args) -> dict:
     engine = DiffusionBackend(model, name=args.model, mode="continuous" if mode == NOJOIN else mode,
                               max_running=args.max_running, join=mode != NOJOIN,
                               batcher=BatcherConfig(max_tokens=args.max_batch_tokens,
@@ -125,7 +139,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
                     help="SAMPLER[@CACHE] items, request i takes item i mod their number (default low_confidence@none)")
-    ap.add_argument("--modes", nargs="+", choices=(*MODES, NOJOIN), default=[MODES[0], NOJOIN, *MODES[1:]],
+    ap.add_argument("--modes", nargs="+", choices=(*MODES, NOJOIN, PADDED), default=[MODES[0], NOJOIN, *MODES[1:]],
                     help=f"serving modes ({NOJOIN}: continuous with join=False; default: all)")
     ap.add_argument("--max-running", type=int, default=32, help="rows decoding at once (default 32)")
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
@@ -157,7 +171,8 @@ def main() -> None:
              f"--max-running {args.max_running} --max-batch-tokens {args.max_batch_tokens} --threads {args.threads}"
              + (f" --call-cost-tokens {args.call_cost_tokens}" if args.call_cost_tokens is not None else "")
              + (f" --temperature {args.temperature:g}" if args.temperature else "")
-             + (f" --device {args.device}" if args.device else ""),
+             + (f" --device {args.device}" if args.device else "")
+             + (f" --modes {' '.join(args.modes)}" if args.modes != [MODES[0], NOJOIN, *MODES[1:]] else ""),
              f"# torch {torch.__version__}; all requests queued at once, no HTTP; median of {args.repeats} "
              f"interleaved rounds"
              + (f"; call cost measured at each backend's start: {min(costs)}-{max(costs)} tokens"

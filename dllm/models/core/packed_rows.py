@@ -30,8 +30,9 @@ import torch
 from dllm.kernels.packed import MIN_WORK, few_enough, padding_groups
 from dllm.models.core.views.packed import PackedView
 
-# share of pad columns below which a short batch runs padded (the packing costs about 5% of a forward)
-MIN_PADDED_TOKENS = 1 / 16
+# share of pad columns below which a short batch runs padded (on a CPU the packing breaks even near
+# 1/10 of the columns padded: benchmarks/packed_tokens.py)
+MIN_PADDED_TOKENS = 1 / 8
 
 
 def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
