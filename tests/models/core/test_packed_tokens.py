@@ -16,18 +16,13 @@ from dllm.models.core.packed_rows import MIN_PADDED_TOKENS, packed_rows_logits, 
 from dllm.models.core.views.packed import PackedView
 from dllm.serve.backends.scheduling.batcher import BatcherConfig, split_rows
 from dllm.serve.backends.scheduling.packing import plan_merges
+from tests.models.core.test_packed_rows import _batch as _rows_batch, _both
 
 LENGTHS = (40, 17, 33, 40, 9, 26)  # real columns per row (short: t * t under MIN_WORK)
 
 
-def _batch(model, lengths=LENGTHS, seed=0, side="left"):
-    g = torch.Generator().manual_seed(seed)
-    t = max(lengths)
-    ids = torch.randint(10, 60, (len(lengths), t), generator=g)
-    real = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]  # [B, T] left padding
-    if side == "right":
-        real = real.flip(-1)
-    return ids.masked_fill(~real, model.pad_id), real
+def _batch(model, lengths=LENGTHS, side="left"):
+    return _rows_batch(model, lengths, side=side)
 
 
 def _counted(monkeypatch):
@@ -41,15 +36,6 @@ def _counted(monkeypatch):
 
     monkeypatch.setattr(packed_rows, "packed_tokens_logits", counted)
     return calls
-
-
-def _both(model, *args, **kwargs):
-    model.packs_padded_rows = True
-    fast = model(*args, **kwargs).logits
-    model.packs_padded_rows = False
-    ref = model(*args, **kwargs).logits
-    model.packs_padded_rows = True
-    return fast, ref
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
