@@ -9,6 +9,7 @@ import torch
 import dllm
 from dllm import tasks as T
 from dllm.models import tiny
+from dllm.models.core import packed_rows
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.train import diffusion_loss
 
@@ -71,11 +72,16 @@ def test_the_path_is_taken_only_where_it_applies():
     assert 0 in out.hidden and out.hidden[0].shape[:2] == ids.shape
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, (40, 17, 33, 9)], ids=["long", "short"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_the_objective_and_its_gradients_match(side):
-    """The training objective (whose batches are right-padded) on both layouts."""
+def test_the_objective_and_its_gradients_match(side, lengths, monkeypatch):
+    """The training objective (whose batches are right-padded) on both layouts; short rows run as their
+    packed tokens (dllm.models.core.views.packed), long ones per group of rows."""
     model = tiny("llada", seed=2)
-    ids, real = _batch(model, side=side)
+    ids, real = _batch(model, lengths, side=side)
+    packed = []
+    monkeypatch.setattr(packed_rows, "packed_tokens_logits",
+                        lambda *a, inner=packed_rows.packed_tokens_logits: packed.append(inner(*a)) or packed[-1])
     answer = real & (torch.rand(real.shape, generator=torch.Generator().manual_seed(1)) < 0.2)
     results = {}
     for packs in (True, False):
@@ -85,6 +91,7 @@ def test_the_objective_and_its_gradients_match(side):
         out.loss.backward()
         results[packs] = (out.loss.detach(), [p.grad.clone() for p in model.parameters()])
     model.packs_padded_rows = True
+    assert len(packed) == (0 if lengths == LENGTHS else 1) and None not in packed  # short rows: packed, once
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[True][1], results[False][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
