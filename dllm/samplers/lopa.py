@@ -47,6 +47,10 @@ has two shapes (the option ``compact``):
   CUDA graph): every row forwards ``min(branches, 1 + W)`` variants whatever its candidates -- a
   row whose block the anchor fills forwards ``B0'`` only, which wins and commits the anchor -- and
   the variant forward runs even when the anchor fills every row's block.
+- ``compact="block"``: static shapes, and one host read at a block's first step (in a running
+  decode of the serving loop, which has no step index, at every step): when the anchor leaves no
+  mask in any row's block there, the variant forward is skipped and the step commits the anchor (the
+  block ends). Short answers' trailing blocks end so; the later steps read nothing.
 - ``compact="auto"``: static shapes on CUDA (where a step is bound by launches and syncs), compacted
   elsewhere (where it is bound by the forwarded tokens).
 
@@ -111,7 +115,9 @@ class LoPAConfig:
     reuse: bool = False  # hand the winner's logits to the next step (the paper's loop: 1 forward per step)
     compact: Union[bool, str] = True  # read the candidate counts on the host (one sync per step) to
     #   forward only the rows and variants that can win, and no variant forward when the anchor fills
-    #   every block; False: static shapes, no host read; "auto": False on CUDA, True elsewhere
+    #   every block; False: static shapes, no host read; "block": static shapes, no variant forward
+    #   when the anchor fills every block at a block's first step (one read there); "auto": False on
+    #   CUDA, True elsewhere
     stats: str = "torch"  # torch | fused | auto: where the anchor's and the variants' arg-max and
     #   confidences are computed (dllm.samplers.stats; fused: one pass over the logits, float32)
 
@@ -122,9 +128,16 @@ class LoPAConfig:
         check_bool("bonus", self.bonus)
         check_bool("verify_variants", self.verify_variants)
         check_bool("reuse", self.reuse)
-        if self.compact != "auto" and not isinstance(self.compact, bool):
-            raise ValueError(f'compact must be True, False or "auto" (static shapes on CUDA only), got {self.compact!r}')
+        if self.compact not in ("auto", "block") and not isinstance(self.compact, bool):
+            raise ValueError(f'compact must be True, False, "block" (static shapes, one read at a block\'s first '
+                             f'step) or "auto" (static shapes on CUDA only), got {self.compact!r}')
         check_stats(self.stats)
+
+
+def fills_every_block(active: torch.Tensor, anchor: torch.Tensor) -> bool:
+    """Whether the anchor [B, W] commits every active mask [B, W] of every row: one host read (an
+    intentional sync, ``compact="block"`` only, at a block's first step)."""
+    return not bool((active > anchor).any())  # bool: True > False only
 
 
 @register_sampler("lopa")
@@ -171,8 +184,10 @@ class LoPA(Sampler):
         fused = use_fused(cfg.stats, logits)
         lookahead = cfg.branches > 1 or cfg.bonus or cfg.reuse  # steps 2-5
         compact = cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda)
+        first_read = cfg.compact == "block" and inp.step == 0  # static shapes, one read at the block's first step
         if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device, LoPA)):
-            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur)  # two launches around the variants
+            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur, first_read)  # two launches around
+            #   the variants
         else:
             made = self._made_anchor(inp, logits, state) if compact else None
             if made is not None:  # the last step made this anchor from these logits
@@ -184,7 +199,7 @@ class LoPA(Sampler):
             commit, out, nxt, goes_on = anchor, base, None, False
             if lookahead and compact:
                 commit, out, nxt, goes_on = self._compact_lookahead(inp, props, active, anchor, base, fused, made)
-            elif lookahead:
+            elif lookahead and not (first_read and fills_every_block(active, anchor)):
                 commit, out, nxt = self._lookahead(inp, props, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]), fused)
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
@@ -194,14 +209,15 @@ class LoPA(Sampler):
         decision.active_only = True  # the anchor, the variant positions and the bonus are active masks
         return decision
 
-    def _fused_lookahead(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, cur: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _fused_lookahead(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, cur: torch.Tensor,
+                         first_read: bool = False) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Steps 1-5 with static shapes on the fused statistics: ``vocab_stats`` of the block's logits
         (or, with ``reuse``, when these logits are the last step's winner's, that step's variant
         statistics at the winners' rows, read in place), ``lopa_propose`` (anchor and variants), the
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
-        (``dllm.kernels.triton.lopa``). Same returns; every output but the winner's logits is written
+        (``dllm.kernels.triton.lopa``); with ``first_read`` (``compact="block"`` at a block's first
+        step) no variant forward when the anchor fills every row's block. Same returns; every output but the winner's logits is written
         into the step's ``StepBuffers`` (no allocation), which the next step rewrites: the commit and
         tokens returned are read before it, as the engines do."""
         from dllm.kernels.packed import tensor_version
@@ -226,6 +242,9 @@ class LoPA(Sampler):
             idx, val, rows = stats.idx, stats.val, None
         variants, at, anchor = lopa_propose(idx, val, active, cur, k - 1, cfg.tau_conf, cfg.confidence, rows,
                                             bufs.propose)  # [B, k, W], [B, k], [B, W]
+        if first_read and fills_every_block(active, anchor):  # the block ends here: B0' is the step
+            self._carried = [(None, None, bufs)]
+            return anchor, variants[:, 0], None
         v_logits = forward_window_variants(inp, variants)  # [B * k, W, V]
         next_idx, next_val, next_win = bufs.next()
         v_stats = vocab_stats(v_logits, banned=inp.mask_id, out=(next_idx, next_val))  # [B * k, W]

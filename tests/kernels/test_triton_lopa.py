@@ -192,6 +192,18 @@ def test_a_static_fast_step_reads_the_vocabulary_once():
     assert (out.generated != model.mask_id).all()
 
 
+def test_block_mode_on_the_kernels_skips_the_filled_blocks_variants():
+    """compact="block" on the fused static path: the anchor of ``lopa_propose`` read at a block's first
+    step, no variant forward where it fills every block; the static path's tokens."""
+    model = tiny("llada", seed=3).to(DEVICE)
+    kw = dict(sampler="fast", stats="fused", gen_length=12, block_length=4, cache="dual", tau_conf=0.05)
+    prompts = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
+    static = dllm.generate(model, prompts, compact=False, **kw)
+    block = dllm.generate(model, prompts, compact="block", **kw)
+    assert torch.equal(block.sequences, static.sequences)
+    assert block.nfe < static.nfe
+
+
 def test_auto_takes_the_kernels_only_where_the_probe_passed(monkeypatch):
     """stats="auto" runs LoPA's kernels on a device once a probe has run them there and found the torch
     ops' decisions; a kernel that fails (here: made to raise) leaves auto on the torch ops, with one

@@ -5,6 +5,7 @@ import torch
 
 import dllm
 from dllm import tasks as T
+from dllm.eval.bench.counters import count_generate
 from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts, score_generation
 from dllm.samplers import make_sampler
@@ -35,10 +36,10 @@ class StubVariants:
                             else self.table[tuple(t)] for t in tokens.tolist()])
 
 
-def _input(step_rows, tokens, variants):
+def _input(step_rows, tokens, variants, step=0):
     """StepInput for hand-built logits: step_rows [B][W] of (p, tok), tokens [B][W] (M = masked)."""
     logits = torch.stack([_logits(r) for r in step_rows])  # [B, W, V]
-    return step_input(logits, tokens=tokens, forward_variants=variants)
+    return step_input(logits, tokens=tokens, forward_variants=variants, step=step)
 
 
 ANY = [(0.99, 0)] * 5  # logits of positions a test does not read (committed or non-mask)
@@ -154,6 +155,23 @@ def test_static_variant_batch_reads_nothing_back():
     assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3]
 
 
+def test_block_mode_skips_the_variant_forward_only_where_its_first_step_fills_every_block():
+    # compact="block": static shapes, and at a block's first step (step 0) the anchor's fill is read
+    confident = [[(0.95, 1), (0.92, 2), (0.99, 3)]]
+
+    def never(tokens, rows, group=1):
+        raise AssertionError("no variant forward when the anchor fills every block at the first step")
+
+    out = make_sampler("lopa", compact="block").step(_input(confident, [[M, M, M]], never), None)
+    assert out.commit[0].all() and out.tokens[0].tolist() == [1, 2, 3] and out.next_logits is None
+    stub = StubVariants({}, default=[(0.5, 0)] * 3)  # a later step reads nothing: the static batch runs
+    make_sampler("lopa", compact="block").step(_input(confident, [[M, M, M]], stub, step=1), None)
+    assert len(stub.calls) == 1 and stub.calls[0][0] == [[1, 2, 3]] * 4
+    stub = StubVariants(_table(), default=[(0.5, 0)] * 5)  # masks left at the first step: the static batch
+    make_sampler("lopa", branches=8, compact="block").step(_input(STEP[:1], TOKENS[:1], stub), None)
+    assert len(stub.calls[0][0]) == 1 + 5
+
+
 # ---- end to end on tiny models -----------------------------------------------------------------------
 PROMPTS = [[7, 8, 9, 10, 11], [12, 13], [14, 15, 16]]
 
@@ -205,6 +223,22 @@ def test_static_shapes_decode_the_same_tokens(family, cache, reuse):
     out = dllm.generate(model, PROMPTS, compact=False, **kw)
     assert torch.equal(out.sequences, ref.sequences)
     assert out.nfe >= ref.nfe and out.forwarded_tokens >= ref.forwarded_tokens
+    block = dllm.generate(model, PROMPTS, compact="block", **kw)  # static shapes, the first steps read
+    assert torch.equal(block.sequences, ref.sequences)
+    assert ref.nfe <= block.nfe <= out.nfe and block.forwarded_tokens <= out.forwarded_tokens
+
+
+def test_block_mode_saves_the_forwards_of_blocks_its_first_step_fills():
+    # tau_conf 0.05: the anchor takes nearly every mask at a block's first step, so most blocks end there
+    model = tiny("llada", seed=3)
+    kw = dict(sampler="fast", gen_length=12, block_length=4, cache="dual", tau_conf=0.05)
+    static = dllm.generate(model, PROMPTS, compact=False, **kw)
+    counter = count_generate(model, PROMPTS, compact="block", **kw)
+    block = dllm.generate(model, PROMPTS, compact="block", **kw)
+    assert torch.equal(block.sequences, static.sequences)
+    assert block.nfe < static.nfe
+    reads = [[site for site in step.syncs if "dllm/samplers/lopa.py" in site] for step in counter.steps]
+    assert all(len(r) <= 1 for r in reads) and 0 < sum(map(len, reads)) <= 12 // 4  # one per block at most
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -284,6 +318,7 @@ def test_shuffle_with_a_noisy_oracle(oracle):
     (dict(confidence="entropy"), r"confidence must be one of 'negative_entropy', 'max_prob', got 'entropy'"),
     (dict(bonus="yes"), r"bonus must be True or False, got 'yes'"),
     (dict(reuse=1), r"reuse must be True or False, got 1"),
+    (dict(compact="yes"), r"compact must be True, False, \"block\" .* or \"auto\" .*got 'yes'"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
