@@ -40,6 +40,8 @@ class NullModel(torch.nn.Module):
     ``token`` most likely everywhere, a few others behind it. Plain forwards only (serve with
     ``cache=none``); logits are a fresh tensor each call (samplers may write into theirs)."""
 
+    packs_padded_rows = False  # its forward packs nothing: the merge plan counts padded tokens, as before
+
     def __init__(self, model, token: int) -> None:
         super().__init__()
         self.__dict__["inner"] = model  # not a submodule: its parameters are not this model's

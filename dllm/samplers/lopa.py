@@ -217,7 +217,8 @@ class LoPA(Sampler):
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
         (``dllm.kernels.triton.lopa``); with ``first_read`` (``compact="block"`` at a block's first
-        step) no variant forward when the anchor fills every row's block. Same returns; every output but the winner's logits is written
+        step) no variant forward when the anchor fills every row's block. Same returns; every output
+        but the winner's logits is written
         into the step's ``StepBuffers`` (no allocation), which the next step rewrites: the commit and
         tokens returned are read before it, as the engines do."""
         from dllm.kernels.packed import tensor_version

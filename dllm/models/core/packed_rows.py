@@ -84,8 +84,8 @@ def packed_tokens_logits(model: Any, input_ids: torch.Tensor, positions: torch.T
     """The padded forward's logits from one forward of the batch's real tokens (``PackedView``):
     input_ids / positions [B, T], attn_mask [B, 1, 1, T] bool -> [B, T | b - a, V]; None when fewer
     than ``MIN_PADDED_TOKENS`` of the columns are pads (one host read: the real tokens)."""
-    view = PackedView.of(attn_mask.reshape(input_ids.shape))
-    if view.tokens > (1 - MIN_PADDED_TOKENS) * input_ids.numel():
+    view = PackedView.of(attn_mask.reshape(input_ids.shape), most=int((1 - MIN_PADDED_TOKENS) * input_ids.numel()))
+    if view is None:
         return None
     raw, _, _ = model._raw_forward(view.pack(input_ids), view.pack(positions), attn_mask, (), (), cache=view,
                                    **model._head_kwargs(head_rows))

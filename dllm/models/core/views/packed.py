@@ -35,11 +35,14 @@ class PackedView:
     columns: int  # T
 
     @classmethod
-    def of(cls, real: torch.Tensor) -> "PackedView":
-        """real [B, T] bool (True: a real token) -> the packing (one host read: N)."""
+    def of(cls, real: torch.Tensor, most: Optional[int] = None) -> Optional["PackedView"]:
+        """real [B, T] bool (True: a real token) -> the packing (one host read: N); None when there are
+        more than ``most`` real tokens (nothing else made then)."""
         b, t = real.shape
         index = real.reshape(-1).nonzero().squeeze(1)  # [N]
         n = index.shape[0]
+        if most is not None and n > most:
+            return None
         source = torch.full((b * t,), n, dtype=torch.long, device=real.device)
         source[index] = torch.arange(n, device=real.device)
         return cls(index, source, b, t)

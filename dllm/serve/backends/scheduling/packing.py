@@ -5,7 +5,9 @@ triples the first one's work; running them apart costs one more call. The cost o
 as ``call_cost + rows x padded length`` (in forwarded tokens): ``call_cost`` is what one call costs
 beyond its tokens (kernel launches, the Python of the layers), large on a GPU, tens of tokens of a
 small model on a CPU core; ``measure_call_cost`` measures it for a model on its device (``dllm serve``
-does at start, ``--call-cost-tokens auto``). The plan sorts the mergeable forwards by length and splits them into
+does at start, ``--call-cost-tokens auto``). Where the model forwards a padded batch's real tokens
+packed (``dllm.models.core.views.packed``, ``BatcherConfig.packed``), a call costs ``call_cost + its
+real tokens`` instead. The plan sorts the mergeable forwards by length and splits them into
 runs of neighbouring lengths with the least total cost (a dynamic programme over the runs of equal
 length), under the row and token bounds of one call. Forwards that cannot be merged run alone.
 
