@@ -177,12 +177,15 @@ def read_chat_template(path: Optional[str]) -> Optional[str]:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now (a taken port is refused before the model loads)."""
+    """The listening socket, bound and listening now (a taken port is refused before the model loads;
+    a client that connects as soon as the address is printed waits in the backlog until uvicorn
+    accepts, instead of being refused before uvicorn's own ``listen``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError as err:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
