@@ -91,9 +91,10 @@ def rms_norm_one_op(x: torch.Tensor, weight: torch.Tensor, eps: float, *, round_
     back to the reference where torch lacks the kernel."""
     if _FUSED_NORM is None or weight.dtype != x.dtype:
         return rms_norm_reference(x, weight, eps, round_once=round_once)
-    if round_once or (x.dtype == torch.float32 and x.device.type == "cpu"):
-        return _FUSED_NORM(x, [x.shape[-1]], weight, eps)[0]
-    return weight * _FUSED_NORM(x, [x.shape[-1]], None, eps)[0]
+    # ``is_cpu`` and the weight's own shape: no device object or list built per call (a layer makes three)
+    if round_once or (x.is_cpu and x.dtype == torch.float32):
+        return _FUSED_NORM(x, weight.shape, weight, eps)[0]
+    return weight * _FUSED_NORM(x, weight.shape, None, eps)[0]
 
 
 def check_qk_norm_shapes(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, n_q: int) -> None:
