@@ -48,7 +48,8 @@ class NullModel(torch.nn.Module):
         v = int(model.config.vocab_size)
         row = torch.linspace(0.0, -4.0, v)
         row[token] = 2.0
-        self.register_buffer("row", row.to(next(model.parameters()).dtype))
+        weight = next(model.parameters())
+        self.register_buffer("row", row.to(device=weight.device, dtype=weight.dtype))  # on the model's device
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -66,11 +67,15 @@ class NullModel(torch.nn.Module):
 
 
 class ForwardMeter:
-    """Torch forward hooks on the model: time in forwards, calls, rows and tokens computed, real tokens."""
+    """Torch forward hooks on the model: time in forwards, calls, rows and tokens computed, real tokens.
+    On CUDA each hook synchronises the device first, so a forward's time is its kernels' too, not only
+    their launches (and the scheduler's time is not charged with them)."""
 
     def __init__(self, model) -> None:
         self.seconds, self.calls, self.rows, self.tokens, self.real = 0.0, 0, 0, 0, 0
         self._t0 = 0.0
+        device = torch.device(model.device)  # a NullModel's is its inner model's
+        self._cuda = device if device.type == "cuda" else None
         model.register_forward_pre_hook(self._pre, with_kwargs=True)
         model.register_forward_hook(self._post)
 
@@ -84,10 +89,16 @@ class ForwardMeter:
         self.rows += x.shape[0]
         self.tokens += x.numel()
         self.real += int(kpm.sum()) if kpm is not None and kpm.shape == x.shape else x.numel()
+        self._sync()
         self._t0 = time.perf_counter()
 
     def _post(self, module, args, output) -> None:
+        self._sync()
         self.seconds += time.perf_counter() - self._t0
+
+    def _sync(self) -> None:
+        if self._cuda is not None and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(self._cuda)
 
 
 NOJOIN = "cont-nojoin"  # continuous with join=False: a generate call per group of requests

@@ -94,7 +94,11 @@ def forwards_per_step(run: Callable[[], int], model, prompt: torch.Tensor) -> fl
 
 
 def timed_call(clock, fn, device, *args, **kwargs):
-    """``fn(*args, **kwargs)``, its wall time (between device syncs) added to ``clock.seconds``."""
+    """``fn(*args, **kwargs)``, its wall time (between device syncs) added to ``clock.seconds``; a call
+    made while a CUDA graph captures (``generate(cuda_graphs=True)`` captures a shape's second forward)
+    runs untimed: a device sync there would break the capture."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fn(*args, **kwargs)
     sync(device)
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)
@@ -168,7 +172,7 @@ def main() -> None:
         model = build_model(args.layers, dtype, args.device)
     else:
         model = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2, mlp_hidden=32,
-                     seed=0).to(args.device)
+                     seed=0, max_positions=max(512, args.prompt_length + args.gen_length)).to(args.device)
     prompt = torch.randint(10, 40, (1, args.prompt_length), generator=torch.Generator().manual_seed(0)).to(args.device)
     path = {"default": None, "fused": True, "reference": False}[args.layer_path]
     model.transformer.set_fused(path)
@@ -221,7 +225,7 @@ def main() -> None:
             if spec == "low_confidence":
                 kwargs["steps"] = args.gen_length
             counted = tiny("llada", dtype=dtype, n_layers=args.layers, d_model=16, n_heads=2, n_kv_heads=2,
-                           mlp_hidden=32, seed=0)
+                           mlp_hidden=32, seed=0, max_positions=max(512, args.prompt_length + args.gen_length))
             counted.transformer.set_fused(path)
             stats = DispatchCounter.mean(count_generate(counted, prompt.cpu(), **kwargs).steps)
             n_layers = model.config.n_layers

@@ -28,3 +28,11 @@ def test_gpu_script_runs_on_cpu(script, tmp_path):
     log = (tmp_path / "out" / "gpu.txt").read_text() if (tmp_path / "out" / "gpu.txt").exists() else ""
     assert run.returncode == 0, f"{script} failed:\n{log}\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
     assert "FAILED" not in log
+    files = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert len(files) <= MAX_FILES, f"{script} wrote {len(files)} files; the device brings back {MAX_FILES}: {files}"
+
+
+# what the device machine's run brings back from $OUT; a script writing more loses the rest silently (a
+# CPU run skips the CUDA-only steps: gpu-speed.sh's graphs run writes 2 files more on CUDA, 8 in all)
+MAX_FILES = 8
+

@@ -184,13 +184,17 @@ class _LazyTritonBackend(Backend):
         reason = super().request_refusal(q, k, v, mask, return_probs, needs_grad)
         if reason is not None:
             return reason
+        if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
+            return (f"{self.name}: takes boolean key-padding masks [B, 1, 1|Tq, Tk] only, got "
+                    f"{mask.dtype} {tuple(mask.shape)}")
+        if mask is not None and mask.shape[2] != 1:  # a row mask (SDAR's block-causal, ragged batches' pad rows)
+            return (f"{self.name}: converts a [B, 1, Tq, Tk] mask to key padding with a host read per new mask, "
+                    f"which a CUDA graph capture cannot make, so auto leaves row masks to sdpa (got "
+                    f"{tuple(mask.shape)}; attn_backend='triton' still takes them eagerly)")
         if q.device.type != "cuda":
             return f"{self.name}: needs CUDA tensors, got {q.device.type}"
         if q.dtype not in _TRITON_DTYPES or q.shape[-1] > 256:
             return f"{self.name}: takes float32/float16/bfloat16 with head dim <= 256, got {q.dtype}, {q.shape[-1]}"
-        if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
-            return (f"{self.name}: takes boolean key-padding masks [B, 1, 1|Tq, Tk] only, got "
-                    f"{mask.dtype} {tuple(mask.shape)}")
         return None
 
 

@@ -8,7 +8,8 @@ LM head is drawn with a large std so greedy decoding rarely meets ties.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Optional, Union
 
 import torch
 
@@ -93,9 +94,14 @@ def tiny(
     dtype: torch.dtype = torch.float32,
     tokenizer: bool = True,
     attn_backend: str = "auto",
+    device: Optional[Union[str, torch.device]] = None,
     **overrides: Any,
 ) -> TransformerLM:
     """A small random model of ``family`` ("llada" | "dream" | "sdar").
+
+    device: build and initialise the weights there (None: the CPU). A large random model (the
+    benchmarks' LLaDA-8B width) is then made on the GPU in seconds instead of drawn on one CPU
+    thread and copied; its values come from that device's generator.
 
     overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
     (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny
@@ -105,6 +111,9 @@ def tiny(
     cls = family_class(family)
     if family == "llada2":
         from dllm.models.families.llada2 import tiny_llada2
+
+        if device is not None:
+            raise ValueError(f"tiny('llada2') builds on the CPU only (move it with .to()), got device={device!r}")
 
         return tiny_llada2(seed, dtype=dtype, attn_backend=attn_backend, **overrides)
     valid = set(TransformerConfig.field_names()) | set(_SPECIAL_NAMES)
@@ -125,7 +134,8 @@ def tiny(
         raise ValueError(f"tiny(): vocab_size {config.vocab_size} is smaller than the tiny tokenizer "
                          f"({n_tokens} tokens); pass tokenizer=False or a larger vocab_size")
     special = SpecialIds(**ids)
-    model = cls(config, special, tokenizer=tok if tokenizer else None, attn_backend=attn_backend)
+    with torch.device(device) if device is not None else contextlib.nullcontext():  # every parameter made there
+        model = cls(config, special, tokenizer=tok if tokenizer else None, attn_backend=attn_backend)
     init_weights(model, seed)
     model.to(dtype)
     model.hf_config = model.to_hf_config(config, special, dtype)

@@ -211,6 +211,20 @@ def test_resolve_auto_here():
     assert "CUDA" in backends.get("triton").request_refusal(cpu, cpu, cpu, None, False, False)
 
 
+def test_auto_never_gives_triton_a_row_mask():
+    """A [B, 1, Tq, Tk] mask (SDAR's block-causal one, a ragged batch's pad rows) is converted by the
+    Triton backend with a host read, which a CUDA graph capture cannot make: auto refuses it there
+    (on any device: the mask is checked before the device), key-padding masks are left to the device
+    check."""
+    triton = backends.get("triton")
+    q = torch.zeros(2, 1, 4, 16)
+    rows = torch.ones(2, 1, 4, 8, dtype=torch.bool)
+    keys = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    reason = triton.request_refusal(q, q, q, rows, False, False)
+    assert reason is not None and "row masks" in reason and "(2, 1, 4, 8)" in reason
+    assert "CUDA" in triton.request_refusal(q, q, q, keys, False, False)
+
+
 @pytest.fixture
 def measuring_auto():
     """The process-wide auto policy measuring sdpa against sdpa_plain (both run on CPU)."""

@@ -196,8 +196,9 @@ def build_model(layers: int, dtype: torch.dtype, device: str, seed: int = 0, *, 
                 width: str = "8b"):
     from dllm.models.tiny import tiny
 
-    model = tiny(family, tokenizer=False, n_layers=layers, max_positions=8192, seed=seed, **shapes_of(family, width))
-    return model.to(dtype=dtype, device=device).eval()
+    model = tiny(family, tokenizer=False, n_layers=layers, max_positions=8192, seed=seed, **shapes_of(family, width),
+                 device=device)  # made and drawn on the device: an 8B-width layer is ~0.9 GB of float32 to draw
+    return model.to(dtype=dtype).eval()
 
 
 def count_case(model, *, cache: str, sampler: str, prompt_length: int, block_length: int,

@@ -382,6 +382,10 @@ def mask_to_key_padding(
     m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
     if mask.shape[2] == 1:
         result = (m[:, 0], None)
+    elif mask.is_cuda and torch.cuda.is_current_stream_capturing():  # the check below reads the mask back
+        raise UnsupportedMaskError(
+            f"the triton attention backend reads a new [B, 1, Tq, Tk] mask back to check its form, which a CUDA "
+            f"graph capture cannot do (got {tuple(mask.shape)}); use attn_backend='sdpa' or 'auto' with cuda_graphs")
     else:
         keys = m.all(dim=1)  # [B, Tk]: a key is real iff every real query may see it
         pad_q = m.all(dim=2) & ~keys.all(dim=1, keepdim=True)  # [B, Tq]: pad queries see everything

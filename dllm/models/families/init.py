@@ -16,13 +16,16 @@ def init_weights(model: TransformerLM, seed: int) -> None:
 
     Linear weights ~ N(0, 1/fan_in) so attention is far from uniform; embeddings ~ N(0, 1); biases
     ~ N(0, 0.1); norm weights ~ 1 + N(0, 0.1) (not exactly one, so a swapped norm shows); LM head
-    (or tied embedding) ~ N(0, HEAD_STD^2).
+    (or tied embedding) ~ N(0, HEAD_STD^2). Drawn on the weights' device, from a generator of that
+    device (a model built on a GPU, ``tiny(..., device=...)``, draws there: other values than a CPU
+    model's, as deterministic).
     """
-    gen = torch.Generator().manual_seed(seed)
+    device = next(model.transformer.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     tied = model.config.tie_embeddings
     with torch.no_grad():
         for name, p in model.transformer.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device)
             if name == "lm_head.weight" or (tied and name == "embed.weight"):
                 value = noise * HEAD_STD
             elif name == "embed.weight":

@@ -130,3 +130,20 @@ def test_a_bad_layer_path_flag_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--layer-paths", "fused,turbo", "--width", "tiny"])
     assert "--layer-paths: ['turbo'] not valid" in capsys.readouterr().err
+
+
+def test_the_benchmark_model_is_built_on_its_device():
+    """``build_model`` makes and draws the weights on the device it is given (an 8B-width layer drawn
+    on one CPU thread and copied took seconds a layer); on the CPU the same weights as ``tiny``."""
+    from dllm.eval.bench.breakdown import build_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(1, torch.bfloat16, device, width="tiny")
+    assert {p.device.type for p in model.parameters()} == {device}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    if device == "cpu":
+        ref = tiny("llada", tokenizer=False, n_layers=1, max_positions=8192, seed=0, d_model=64, n_heads=4,
+                   n_kv_heads=4, mlp_hidden=128, vocab_size=512).to(torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+    ids = torch.randint(5, 60, (1, 8), device=device)
+    assert model(ids).logits.shape == (1, 8, 512)

@@ -90,6 +90,7 @@ def test_a_backend_that_fails_is_undone(model):
     if "dllm_test_broken" not in _COMPILER_FNS:  # registered once per process
         torch._dynamo.register_backend(broken, name="dllm_test_broken")
 
+    torch._dynamo.reset()  # code an earlier test compiled (the slow inductor cases) would be reused, not recompiled
     ids = torch.randint(0, 70, (1, 9))
     ref = model(ids).logits
     with pytest.raises(RuntimeError, match="failed on the first forward; the compile was undone .* no code generator"):
