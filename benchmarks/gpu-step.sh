@@ -25,10 +25,10 @@ if [ "$DEVICE" = cuda ]; then
 else
   W=(--width tiny); P=64; L8=2; L32=3; DRIVER=(--layers 1 --rounds 1 --repeat 1); KERNELS=(--repeats 1 --tiny)
 fi
-step 45 log.txt python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py -k cuda_graphs_give_the_eager_tokens
+step 60 log.txt python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py -k cuda_graphs_give_the_eager_tokens
 B=(dllm bench breakdown --device "$DEVICE" "${W[@]}" --dtypes bfloat16 --sampler low_confidence --steps 5 --warmup 3
    --cuda-graphs)
-step 60 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,prefix,dual \
+step 45 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,prefix,dual \
   --json "$O/breakdown-8.json"
 step 40 log.txt "${B[@]}" --layers "$L8" --prompt-length "$P" --block-length 32 --caches none,dual --batch 8 \
   --json "$O/breakdown-8-batch8.json"

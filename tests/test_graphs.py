@@ -147,13 +147,19 @@ def test_the_cuda_cases_replay_where_expected_as_the_static_step_does():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family,cache,sampler,replays", _CUDA_CASES)
 def test_cuda_graphs_give_the_eager_tokens(family, cache, sampler, replays):
+    """Real CUDA graphs give the eager tokens, capturing and replaying what the static step run eagerly on
+    the same GPU does (the GPU's bfloat16 confidences may end a block in another number of steps than a
+    CPU's, which moves the captures of the adaptive samplers: ``replays`` is what this CPU expects)."""
     model = tiny(family, dtype=torch.bfloat16).cuda()
     kw = dict(sampler=sampler, cache=cache, gen_length=16, block_length=4 if cache == "block" else 8)
     eager, _ = _decode(model, [list(range(10, 22))], False, **kw)
     graphed, g = _decode(model, [list(range(10, 22))], True, **kw)
+    _, s = _decode(model, [list(range(10, 22))], "static", **kw)
     assert torch.equal(eager.sequences, graphed.sequences)
     if g.refused is None:  # LLaDA 2's experts are captured on sm90 / sm100 only (grouped matmuls)
-        assert (g.captures > 0) == (g.replays > 0) == replays, (g.captures, g.replays)
+        assert (g.first_runs, g.captures, g.replays) == (s.first_runs, s.captures, s.replays)
+        if sampler == "low_confidence":  # a step budget: the same steps on any device
+            assert (g.captures > 0) == (g.replays > 0) == replays, (g.captures, g.replays)
 
 
 @pytest.mark.parametrize("family", ["llada", pytest.param("dream", marks=pytest.mark.slow)])
