@@ -167,6 +167,40 @@ def test_readme_is_short() -> None:
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
 
 
+def _table_width(row: str) -> int:
+    """Cells of a Markdown table row (a ``|`` inside code spans or escaped as ``\\|`` does not split)."""
+    bare = re.sub(r"`[^`]*`", "x", row.strip()).replace("\\|", "")
+    return bare.strip("|").count("|") + 1
+
+
+def bad_table_rows(text: str) -> list[str]:
+    """Rows of the Markdown tables of ``text`` whose cell count differs from their header's."""
+    lines, bad, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip()):
+            width, i = _table_width(lines[i]), i + 2
+            while i < len(lines) and lines[i].startswith("|"):
+                if _table_width(lines[i]) != width:
+                    bad.append(f"line {i + 1}: {_table_width(lines[i])} cells, the header {width}: {lines[i][:60]}")
+                i += 1
+        else:
+            i += 1
+    return bad
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_table_row_has_its_header_s_cells(page: Path) -> None:
+    """A row of another table pasted into one renders as a broken row (README's drafters table held
+    three rows of a 10-column results table)."""
+    assert bad_table_rows(page.read_text(encoding="utf-8")) == []
+
+
+def test_the_table_check_sees_a_stray_row() -> None:
+    table = "| a | b |\n|---|---|\n| `x|y` | 2 |\n| 1 | 2 | 3 |\n"
+    assert len(bad_table_rows(table)) == 1 and "3 cells" in bad_table_rows(table)[0]
+
+
 def _code_texts(page: Path) -> list[str]:
     """The page's shell text: every fenced bash block and every inline code span."""
     text = page.read_text(encoding="utf-8")
