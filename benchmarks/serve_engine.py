@@ -102,6 +102,7 @@ class ForwardMeter:
 
 
 NOJOIN = "cont-nojoin"  # continuous with join=False: a generate call per group of requests
+DEFAULT_MODES = [MODES[0], NOJOIN, *MODES[1:]]  # every mode but cont-padded: continuous first
 PADDED = "cont-padded"  # continuous with the model's padded forward (packs_padded_rows = False): merged
 #   calls of short rows forward their padding (dllm.models.core.views.packed), planned by padded length
 
@@ -152,7 +153,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--settings", nargs="+", type=parse_setting, default=[("low_confidence", "none")],
                     help="SAMPLER[@CACHE] items, request i takes item i mod their number (default low_confidence@none)")
-    ap.add_argument("--modes", nargs="+", choices=(*MODES, NOJOIN, PADDED), default=[MODES[0], NOJOIN, *MODES[1:]],
+    ap.add_argument("--modes", nargs="+", choices=(*MODES, NOJOIN, PADDED), default=DEFAULT_MODES,
                     help=f"serving modes ({NOJOIN}: continuous with join=False; default: all)")
     ap.add_argument("--max-running", type=int, default=32, help="rows decoding at once (default 32)")
     ap.add_argument("--max-batch-tokens", type=int, default=768, help="tokens of one merged forward (default 768)")
@@ -185,7 +186,7 @@ def main() -> None:
              + (f" --call-cost-tokens {args.call_cost_tokens}" if args.call_cost_tokens is not None else "")
              + (f" --temperature {args.temperature:g}" if args.temperature else "")
              + (f" --device {args.device}" if args.device else "")
-             + (f" --modes {' '.join(args.modes)}" if args.modes != [MODES[0], NOJOIN, *MODES[1:]] else ""),
+             + (f" --modes {' '.join(args.modes)}" if args.modes != DEFAULT_MODES else ""),
              f"# torch {torch.__version__}; all requests queued at once, no HTTP; median of {args.repeats} "
              f"interleaved rounds"
              + (f"; call cost measured at each backend's start: {min(costs)}-{max(costs)} tokens"

@@ -180,8 +180,9 @@ def bad_table_rows(text: str) -> list[str]:
         if lines[i].startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip()):
             width, i = _table_width(lines[i]), i + 2
             while i < len(lines) and lines[i].startswith("|"):
-                if _table_width(lines[i]) != width:
-                    bad.append(f"line {i + 1}: {_table_width(lines[i])} cells, the header {width}: {lines[i][:60]}")
+                cells = _table_width(lines[i])
+                if cells != width:
+                    bad.append(f"line {i + 1}: {cells} cells, the header {width}: {lines[i][:60]}")
                 i += 1
         else:
             i += 1
