@@ -9,6 +9,9 @@ import torch
 # Tiny matmuls gain nothing from threads, and on a busy 2-core machine torch's thread pool
 # spin-waits: each op became ~100-1000x slower (measured 252 ms vs 1.6 ms per tiny forward).
 torch.set_num_threads(1)
+# The same for the processes tests start (CLI commands, the GPU scripts' CPU runs, servers, gloo ranks):
+# two test workers each running a two-thread subprocess oversubscribe the cores in the same way.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 # Without a GPU the Triton kernels run in its interpreter, which must be switched on before anything
 # (transformers, the dflash package, dllm.kernels) imports triton; tests/kernels/conftest.py relies on it.

@@ -209,13 +209,22 @@ def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[
     return tuple(sorted(out))
 
 
+def embedding(n: int, d: int) -> nn.Embedding:
+    """``nn.Embedding(n, d)``; built on the meta device (``dllm.models.loading``: the weights are read
+    next) without its ``normal_`` init, whose meta kernel (``torch._refs``) imports ``torch._dynamo``,
+    about 1.5 s of every process that loads a checkpoint."""
+    if torch.empty(0).device.type == "meta":  # inside ``with torch.device("meta")``
+        return nn.Embedding(n, d, _weight=torch.empty(n, d))
+    return nn.Embedding(n, d)
+
+
 class Transformer(nn.Module):
     """Embedding -> n_layers TransformerBlocks -> RMSNorm -> LM head (or tied embedding)."""
 
     def __init__(self, cfg: TransformerConfig, attn_backend: str = "auto") -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_round_once)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)

@@ -35,7 +35,7 @@ import json
 import math
 import random
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -189,12 +189,14 @@ def summarize(mode: str, rate: float, outcomes: Sequence[Outcome], duration: flo
     return row
 
 
-def write(out: Path, meta: dict, rows: list[dict]) -> None:
+def write(out: Path, meta: dict, rows: list[dict], *, with_plot: bool = True) -> None:
+    """serve.json of the rows so far and, ``with_plot``, serve.png (a plot costs about 0.5 s: drawn once
+    the rows are done, or kept on Ctrl-C)."""
     out.mkdir(parents=True, exist_ok=True)
     table = median_rows(rows)
     (out / "serve.json").write_text(json.dumps({**meta, "rows": rows, "table": table, "verdicts": verdicts(table)},
                                                indent=2))
-    if rows:
+    if rows and with_plot:
         plot(table, out / "serve.png")
 
 
@@ -312,7 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         row = bench_row(urls[mode], args.model, mode, requests, rate, extra=extra, args=args,
                                         count_tokens=token_counter(model))
                         rows.append({**row, "repeat": repeat})
-                        write(out, meta, rows)
+                        write(out, meta, rows, with_plot=False)
+        write(out, meta, rows)
         table = median_rows(rows)
         print(format_table(table))
         for v in verdicts(table):
@@ -340,16 +343,13 @@ def token_counter(model) -> Optional[Callable[[str], int]]:
 
 @contextmanager
 def open_servers(model, requests: Sequence[BenchRequest], extra: dict, args: argparse.Namespace) -> Iterator[dict]:
-    """Every mode's server (``dllm.eval.bench.serving.servers.mode_server``), each warmed by two requests:
+    """Every mode's server (``dllm.eval.bench.serving.servers.mode_servers``), each warmed by two requests:
     {mode: url}; all stopped on exit."""
-    from dllm.eval.bench.serving.servers import mode_server
+    from dllm.eval.bench.serving.servers import mode_servers
 
-    with ExitStack() as stack:
-        urls = {}
-        for mode in args.modes:
-            urls[mode] = stack.enter_context(mode_server(model, args.model, mode,
-                                                         max_queue=max(256, 2 * len(requests)), args=args))
-            asyncio.run(run_load(urls[mode], args.model, requests[:2], math.inf, extra=extra,
+    with mode_servers(model, args.model, args.modes, max_queue=max(256, 2 * len(requests)), args=args) as urls:
+        for url in urls.values():
+            asyncio.run(run_load(url, args.model, requests[:2], math.inf, extra=extra,
                                  max_seconds=args.max_seconds, request_timeout=args.request_timeout,
                                  count_tokens=None))  # first forwards, threads started
         yield urls

@@ -1,6 +1,6 @@
 """The servers of ``dllm bench serve``: one model, one serving mode, on 127.0.0.1, in a thread or a process.
 
-``mode_server`` yields the URL of one: ``--server process`` (the default) runs ``dllm serve --model M
+``mode_servers`` yields the URL of one per mode: ``--server process`` (the default) runs ``dllm serve --model M
 --mode MODE --port P`` (the real command line, in its own process, so that the load generator does
 not share an interpreter lock with the server, as in vLLM's serving benchmark) and stops it with
 SIGTERM; ``--server thread`` serves the app (``dllm.serve.http.app.create_app`` on a ``DiffusionBackend``)
@@ -14,8 +14,8 @@ import argparse
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from contextlib import ExitStack, contextmanager
+from typing import Iterator, Optional, Sequence
 
 from dllm.eval.bench.serving.loopback import LOOPBACK, serve_in_thread, wait_ready
 from dllm.models.parallel.group import free_port
@@ -46,43 +46,81 @@ def serve_command(args: argparse.Namespace, mode: str, port: int, max_queue: int
 
 
 @contextmanager
-def mode_server(model, name: str, mode: str, *, max_queue: int, args: argparse.Namespace) -> Iterator[str]:
-    """The URL of a server in ``mode`` (see the module docstring); stopped on exit."""
-    if args.server == "thread":
-        from dllm.serve.http.app import create_app
+def mode_servers(model, name: str, modes: Sequence[str], *, max_queue: int, args: argparse.Namespace
+                 ) -> Iterator[dict[str, str]]:
+    """{mode: URL} of a server per mode (see the module docstring); all stopped on exit. Processes are
+    started together and then waited for, so their imports and model loads overlap."""
+    with ExitStack() as stack:
+        if args.server == "thread":
+            yield {mode: stack.enter_context(_thread_server(model, name, mode, max_queue, args)) for mode in modes}
+            return
+        procs = {}
+        stack.enter_context(_stopped(procs))
+        for mode, port in zip(modes, _free_ports(len(modes))):
+            cmd = serve_command(args, mode, port, max_queue)
+            procs[mode] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL), f"http://{LOOPBACK}:{port}", cmd)
+        _wait_up(procs, time.monotonic() + args.startup_timeout, args.startup_timeout)
+        yield {mode: url for mode, (_, url, _) in procs.items()}
 
-        backend = build_backend(model, name, mode, args.max_running, max_queue,
-                                getattr(args, "max_batch_tokens", None) if mode == "continuous" else None)
-        try:
-            with serve_in_thread(create_app(backend), ready_path="/health") as live:
-                yield live.url
-        finally:
-            backend.close(drain=False)
-        return
-    port = free_port()
-    cmd = serve_command(args, mode, port, max_queue)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    url = f"http://{LOOPBACK}:{port}"
+
+@contextmanager
+def _thread_server(model, name: str, mode: str, max_queue: int, args: argparse.Namespace) -> Iterator[str]:
+    """``--server thread``: the app on the bench's model, served from a thread of this process."""
+    from dllm.serve.http.app import create_app
+
+    backend = build_backend(model, name, mode, args.max_running, max_queue,
+                            getattr(args, "max_batch_tokens", None) if mode == "continuous" else None)
     try:
-        deadline = time.monotonic() + args.startup_timeout
-        while True:
+        with serve_in_thread(create_app(backend), ready_path="/health") as live:
+            yield live.url
+    finally:
+        backend.close(drain=False)
+
+
+@contextmanager
+def _stopped(procs: dict) -> Iterator[None]:
+    """On exit every process of ``procs`` ({mode: (Popen, ...)}, filled inside) gets SIGTERM (``dllm serve``
+    drains and exits) at once, then each is waited for; SIGKILL after 60 s."""
+    try:
+        yield
+    finally:
+        for proc, *_ in procs.values():
+            proc.terminate()
+        for proc, *_ in procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_up(procs: dict, deadline: float, timeout: float) -> None:
+    """Until every server of ``procs`` ({mode: (Popen, url, cmd)}) answers /health, polling each in turn;
+    an error naming the command of one that exits, or of one still silent at ``deadline`` (monotonic)."""
+    pending = dict(procs)
+    while pending:
+        for mode, (proc, url, cmd) in list(pending.items()):
             if proc.poll() is not None:
                 raise RuntimeError(f"the {mode} server exited with status {proc.returncode}: {' '.join(cmd)}")
             try:
-                wait_ready(url + "/health", min(deadline, time.monotonic() + 1.0))
-                break
+                wait_ready(url + "/health", 0.0)  # one try
+                del pending[mode]
             except RuntimeError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} server did not answer within {args.startup_timeout:.0f} s: "
+                    raise RuntimeError(f"the {mode} server did not answer within {timeout:.0f} s: "
                                        f"{' '.join(cmd)}") from None
-        yield url
-    finally:
-        proc.terminate()  # SIGTERM: dllm serve drains and exits
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if pending:
+            time.sleep(0.05)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports of 127.0.0.1 (the OS may hand a port out twice once it is closed)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def forward_counts(url: str) -> Optional[tuple[float, float]]:
@@ -101,4 +139,4 @@ def forward_counts(url: str) -> Optional[tuple[float, float]]:
     return None if forwards is None or rows is None else (forwards, rows)
 
 
-__all__ = ["build_backend", "forward_counts", "free_port", "mode_server", "serve_command"]
+__all__ = ["build_backend", "forward_counts", "free_port", "mode_servers", "serve_command"]
