@@ -292,3 +292,27 @@ def test_special_ids_prefer_config_then_tokenizer_then_defaults():
     small = dict(big, vocab_size=112)
     with pytest.raises(ValueError, match=r"mask_id comes from the family default 151666, which is outside"):
         Dream.from_hf_config(small)
+
+
+def test_loading_a_checkpoint_imports_no_compiler():
+    """The model is built on the meta device without nn.Embedding's normal_ init, whose meta kernel imports
+    torch._dynamo (about a second of every ``dllm serve`` / ``dllm generate`` start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dllm; m = dllm.load('tiny-llada'); "
+            "print(type(m.transformer.embed).__name__, m.transformer.embed.weight.device, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["Embedding", "cpu", "False"]
+
+
+def test_an_embedding_built_off_meta_keeps_torch_init():
+    from dllm.models.core.transformer import embedding
+
+    torch.manual_seed(3)
+    ours = embedding(11, 4)
+    torch.manual_seed(3)
+    assert torch.equal(ours.weight, torch.nn.Embedding(11, 4).weight)
+    with torch.device("meta"):
+        meta = embedding(11, 4)
+    assert meta.weight.is_meta and meta.weight.shape == (11, 4) and meta.weight.requires_grad
