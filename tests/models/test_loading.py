@@ -301,7 +301,7 @@ def test_loading_a_checkpoint_imports_no_compiler():
     import sys
 
     code = ("import sys, dllm; m = dllm.load('tiny-llada'); "
-            "print(type(m.transformer.embed).__name__, m.transformer.embed.weight.device, 'torch._dynamo' in sys.modules)")
+            "e = m.transformer.embed; print(type(e).__name__, e.weight.device, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["Embedding", "cpu", "False"]
 

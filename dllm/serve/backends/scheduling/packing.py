@@ -17,7 +17,6 @@ equal to each call's own forward), so any plan gives the same tokens.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Optional, Protocol, Sequence, TypeVar
 
@@ -99,7 +98,8 @@ def measure_call_cost(model: Any, shapes: tuple[tuple[int, int], tuple[int, int]
                       repeats: int = 3) -> int:
     """One call's cost beyond its tokens, in tokens, for ``model`` on its device: plain forwards of
     the two ``shapes`` (rows, columns) of mask tokens, each warmed up once and timed ``repeats``
-    times (medians, the device synchronised), the line t = a + b x tokens through them, and a / b,
+    times (the fastest, the device synchronised: a process taking the core mid-run, as the servers
+    ``dllm bench serve`` starts together do, only adds time), the line t = a + b x tokens through them, and a / b,
     rounded (0 when the fixed part measures negative; the largest forward's tokens x 64 when the
     per-token part does not, a call then costing what its tokens do not)."""
     device = model_device(model)
@@ -117,7 +117,7 @@ def measure_call_cost(model: Any, shapes: tuple[tuple[int, int], tuple[int, int]
                 torch.cuda.synchronize(device)
             if i:
                 times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)
 
     (r1, c1), (r2, c2) = shapes
     n1, n2 = r1 * c1, r2 * c2
