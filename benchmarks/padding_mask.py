@@ -19,7 +19,7 @@ import torch
 from dllm import tasks as T
 from dllm.scoring.exact_match import load_model
 from dllm.inputs import init_state
-from dllm.models.base import padding_attn_mask, square_padding_mask
+from dllm.models.inputs import padding_attn_mask, square_padding_mask
 
 
 def padded_batch(model, rows: int, gen: int = 4):

@@ -27,7 +27,7 @@ import torch
 
 from dllm.cli.args import call_cost_tokens
 from dllm.eval.bench.serving.serve import parse_setting, stress_requests
-from dllm.models.base import ModelOutput
+from dllm.models.inputs import ModelOutput
 from dllm.scoring.exact_match import load_model
 from dllm.serve.backends.scheduling.batcher import BatcherConfig
 from dllm.serve.backends.diffusion import MODES, DiffusionBackend

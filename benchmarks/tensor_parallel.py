@@ -177,7 +177,7 @@ def shapes_table() -> str:
     from dllm.models.core.config import TransformerConfig
     from dllm.models.core.moe import MoEConfig
     from dllm.models.families.registry import family_class
-    from dllm.models.base import SpecialIds
+    from dllm.models.inputs import SpecialIds
     from dllm.models.parallel.plan import ParallelPlan, check_plan
     from dllm.models.parallel.shard import TensorParallel, splits_vocab
 

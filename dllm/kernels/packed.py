@@ -2,7 +2,7 @@
 
 A ragged batch is padded to its longest row (left-padded prompts in the engine, right-padded
 examples in training), and a broadcast key mask ``[B, 1, 1, Tk]`` hides the pads
-(``dllm.models.base.padding_attn_mask``). sdpa then pays for every padded key of every row: a batch
+(``dllm.models.inputs.padding_attn_mask``). sdpa then pays for every padded key of every row: a batch
 of long-prompt suite prompts of 256, 512, 1,024 and 2,040 words (two each) spends 2x the attention
 of its real keys, and the masked call cannot use the unmasked kernels. Here the rows are grouped by
 their run of real columns ``[start, end)`` (one contiguous run per row), and each group attends to

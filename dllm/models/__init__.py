@@ -13,7 +13,8 @@ checkpoint family, the family registry).
 >>> out = model(ids, key_padding_mask=real)     # out.logits[:, i] predicts position i
 """
 
-from dllm.models.base import DiffusionLM, ModelOutput, SpecialIds
+from dllm.models.base import DiffusionLM
+from dllm.models.inputs import ModelOutput, SpecialIds
 from dllm.models.checkpoint import CheckpointError
 from dllm.models.core.compile import compile_model, uncompile_model
 from dllm.models.core.config import TransformerConfig

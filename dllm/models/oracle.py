@@ -55,7 +55,8 @@ import torch
 
 from dllm import tasks as T
 from dllm.tasks.base import Task
-from dllm.models.base import DiffusionLM, SpecialIds
+from dllm.models.base import DiffusionLM
+from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 
 NEG_LOGIT = -1e4  # "impossible": finite, so sums and guidance stay finite; exp() underflows to 0

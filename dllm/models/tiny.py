@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.dream import DREAM_SPECIAL_TOKENS
 from dllm.models.families.init import HEAD_STD, init_weights  # noqa: F401 (re-exported)

@@ -5,7 +5,7 @@ import torch
 
 from dllm.cache import KVCache
 from dllm.models import tiny
-from dllm.models.base import default_positions
+from dllm.models.inputs import default_positions
 from dllm.models.core.transformer import rope_cos_sin
 
 

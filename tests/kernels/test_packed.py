@@ -9,7 +9,7 @@ import dllm
 from dllm import tasks as T
 from dllm.kernels import packed
 from dllm.kernels.attention import backends, sdpa_attention, sdpa_plain_attention
-from dllm.models.base import padding_attn_mask
+from dllm.models.inputs import padding_attn_mask
 
 
 def _batch(pads, tk=300, h=4, hkv=2, hd=16, tq=None, seed=0):

@@ -18,7 +18,7 @@ from dllm.kernels.triton.attention import (
     mask_to_key_padding,
     triton_attention,
 )
-from dllm.models.base import padding_attn_mask, square_padding_mask
+from dllm.models.inputs import padding_attn_mask, square_padding_mask
 
 from .conftest import DEVICE, INTERPRETED
 from .helpers import assert_close

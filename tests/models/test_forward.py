@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dllm.models import tiny
-from dllm.models.base import default_positions, padding_attn_mask, square_padding_mask
+from dllm.models.inputs import default_positions, padding_attn_mask, square_padding_mask
 
 from .helpers import random_ids
 

@@ -15,7 +15,7 @@ Qwen2). Allowed keys are described per key and per row, never per (query, key) p
 
 ``key_padding`` is the canvas padding mask; ``query_attends_all`` marks pad queries that attend to
 everything (the square masks ``keys | pad_queries`` that the models built until 2026-12-02; their
-``dllm.models.base.padding_attn_mask`` is now the broadcast key mask [B, 1, 1, T]);
+``dllm.models.inputs.padding_attn_mask`` is now the broadcast key mask [B, 1, 1, T]);
 ``key_end`` lets a caller pass a whole buffer and have the keys past a window ignored.
 
 A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split

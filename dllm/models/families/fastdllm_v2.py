@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dllm.models.base import SpecialIds, shifted_by_one
+from dllm.models.inputs import SpecialIds, shifted_by_one
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.dream import DREAM_CHAT_TEMPLATE
 from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.inputs import SpecialIds
 from dllm.models.checkpoint import CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import INTERNAL_LAYER_PREFIX, KeyMap

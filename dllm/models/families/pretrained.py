@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 
 import torch
 
-from dllm.models.base import DiffusionLM, SpecialIds
+from dllm.models.base import DiffusionLM
+from dllm.models.inputs import SpecialIds
 from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
                                     write_safetensors)
 from dllm.models.core.config import TransformerConfig

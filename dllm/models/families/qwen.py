@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import KeyMap
 from dllm.models.families.pretrained import DTYPE_NAMES

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dllm.models.base import SpecialIds
+from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.pretrained import TransformerLM, require_fields, resolve_special
 from dllm.models.families.qwen import qwen_hf_fields, qwen_keymap, qwen_transformer_config

@@ -17,7 +17,7 @@ import torch
 
 from dllm.models.text.task_tokenizer import task_tokenizer
 from dllm.tasks.vocab import BOS, EOS, MASK, PAD, word_id
-from dllm.models.base import SpecialIds
+from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.registry import family_class
 from dllm.models.families.pretrained import TransformerLM

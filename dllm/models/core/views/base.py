@@ -133,7 +133,7 @@ class CacheView:
     def attn_mask(self, key_padding_mask: Optional[torch.Tensor], n_queries: int) -> Optional[torch.Tensor]:
         """bool [R, 1, 1, key_end] (True = attend, broadcast over the queries) from the canvas-wide
         padding mask [R, L]: every query attends to the real keys only, as
-        ``dllm.models.base.padding_attn_mask`` does. None when there is no padding."""
+        ``dllm.models.inputs.padding_attn_mask`` does. None when there is no padding."""
         if key_padding_mask is None:
             return None
         return self.memoized("attn_mask", (key_padding_mask,),

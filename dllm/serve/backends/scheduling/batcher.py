@@ -27,7 +27,7 @@ import torch
 
 from dllm.engine.forwards import takes_padded
 from dllm.inputs import model_device
-from dllm.models.base import ModelOutput, default_positions
+from dllm.models.inputs import ModelOutput, default_positions
 from dllm.models.core.packed_rows import packs_tokens
 from dllm.serve.backends.scheduling.packing import call_cost, measure_call_cost, plan_merges
 
