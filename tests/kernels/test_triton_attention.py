@@ -12,12 +12,8 @@ import torch
 
 from dllm.kernels.attention import reference_attention, resolve_backend
 from dllm.kernels.reference import attention_reference
-from dllm.kernels.triton.attention import (
-    UnsupportedMaskError,
-    flash_attention,
-    mask_to_key_padding,
-    triton_attention,
-)
+from dllm.kernels.triton.attention import flash_attention, triton_attention
+from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_key_padding
 from dllm.models.inputs import padding_attn_mask, square_padding_mask
 
 from .conftest import DEVICE, INTERPRETED

@@ -28,7 +28,8 @@ Public API:
   -> out [, lse [B, H, Tq] float32] — the kernel contract.
 - ``triton_attention(q, k, v, mask=None, return_probs=False)`` — the ``attn_backend="triton"``
   function: turns boolean masks ([B, 1, 1, Tk], the models', or [B, 1, Tq, Tk] of the form
-  ``keys | pad_queries``) into the contract's vectors; refuses other masks and ``return_probs``.
+  ``keys | pad_queries``) into the contract's vectors (``dllm.kernels.triton.padding``); refuses other
+  masks and ``return_probs``.
 - ``unavailable_reason()`` — None when the kernel can run here, else why not.
 
 Dtypes: float32 (dot products in IEEE fp32, not TF32), float16 and, on a GPU only, bfloat16; the
@@ -53,10 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm.kernels.autotune import RequestRefused
 from dllm.kernels.triton.launch import next_pow2, observed_launch, plan_attention, recording
-from dllm.kernels.packed import tensor_version
 from dllm.kernels.reference import key_end_tensor
+from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_key_padding
 
 
 def _interpreted(fn) -> bool:
@@ -342,61 +342,6 @@ def _merge_splits(part: torch.Tensor, part_lse: torch.Tensor, dtype: torch.dtype
     observed_launch("merge_splits", _merge_kernel, (triton.cdiv(rows, block_r),), part, part_lse, out, lse, rows,
                     s, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_R=block_r, WRITE_LSE=return_lse, **launch)
     return out, lse
-
-
-# ----------------------------------------------------------------------------------------------
-# Backend adapter: the models' boolean masks -> key padding + pad-query rows
-
-
-class UnsupportedMaskError(RequestRefused):
-    """The mask is not of a form the kernel can express (key padding, optionally with pad queries)."""
-
-
-# The models pass ONE mask object to every layer of a forward: remember the last conversion so the
-# check below (a host sync) runs once per forward, not once per layer. Holding the tensor keeps its
-# id from being reused; ``tensor_version`` catches in-place edits, except on inference-mode tensors, which
-# have no version counter: those are assumed not to be edited in place between calls (the models
-# build a fresh mask per forward).
-_last_conversion: list = []  # [(mask, version or None, (key_padding, query_attends_all))]
-
-
-def mask_to_key_padding(
-    mask: torch.Tensor, batch: int, n_queries: int, n_keys: int
-) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """bool mask broadcastable to [B, 1, Tq, Tk] -> (key_padding [B, Tk], query_attends_all [B, Tq] | None).
-
-    Accepted: [B|1, 1, 1, Tk] (pure key padding) and [B|1, 1, Tq, Tk] equal to
-    ``keys[:, None, :] | pad_queries[:, :, None]`` (what ``padding_attn_mask`` and
-    ``CacheView.attn_mask`` build). Anything else (per-head masks, float masks, masks that are
-    not of that form) raises ``UnsupportedMaskError``.
-    """
-    if mask.dtype != torch.bool:
-        raise UnsupportedMaskError(f"the triton attention backend takes boolean masks only, got {mask.dtype}")
-    if (mask.dim() != 4 or mask.shape[0] not in (1, batch) or mask.shape[1] != 1
-            or mask.shape[2] not in (1, n_queries) or mask.shape[3] != n_keys):
-        raise UnsupportedMaskError(
-            f"the triton attention backend takes key-padding masks [B, 1, 1, Tk] or [B, 1, Tq, Tk] "
-            f"(B={batch}, Tq={n_queries}, Tk={n_keys}), got {tuple(mask.shape)}; use attn_backend='sdpa'")
-    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == tensor_version(mask):
-        return _last_conversion[0][2]
-    m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
-    if mask.shape[2] == 1:
-        result = (m[:, 0], None)
-    elif mask.is_cuda and torch.cuda.is_current_stream_capturing():  # the check below reads the mask back
-        raise UnsupportedMaskError(
-            f"the triton attention backend reads a new [B, 1, Tq, Tk] mask back to check its form, which a CUDA "
-            f"graph capture cannot do (got {tuple(mask.shape)}); use attn_backend='sdpa' or 'auto' with cuda_graphs")
-    else:
-        keys = m.all(dim=1)  # [B, Tk]: a key is real iff every real query may see it
-        pad_q = m.all(dim=2) & ~keys.all(dim=1, keepdim=True)  # [B, Tq]: pad queries see everything
-        # (a row without padded keys needs no pad-query flags: every query sees every key anyway)
-        if not bool(((keys[:, None, :] | pad_q[:, :, None]) == m).all()):  # host sync, once per mask
-            raise UnsupportedMaskError(
-                "the triton attention backend supports masks of the form key_padding | pad_queries "
-                "only (padding masks); this mask is not one; use attn_backend='sdpa' or 'reference'")
-        result = (keys, pad_q if bool(pad_q.any()) else None)
-    _last_conversion[:] = [(mask, tensor_version(mask), result)]
-    return result
 
 
 def triton_attention(
