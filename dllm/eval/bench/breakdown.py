@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -57,7 +55,7 @@ import torch
 
 from dllm.engine.graphs import GRAPHS_KEY
 from dllm.eval.bench.gpu_profile import decode_block
-from dllm.eval.bench.timing import peak_memory_mb, reset_peak_memory, sync, timed
+from dllm.eval.bench.timing import StepClock, StepsDone, peak_memory_mb, reset_peak_memory, timed
 from dllm.eval.interrupt import finished, until_interrupted
 
 LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden=12288, vocab_size=126_464)
@@ -70,103 +68,6 @@ COMPONENTS = ("layer", "embedding", "head", "statistics", "engine")
 # ops: as the one-launch operators dllm::rms_norm / rope_rows (custom ops: one launch each on CUDA, more
 # host time per call than an ATen op); reference: module by module
 LAYER_PATHS = {"default": (None, None), "fused": (True, False), "ops": (True, True), "reference": (False, None)}
-
-
-class _Stop(Exception):
-    """Raised by the step callback once the timed steps are done."""
-
-
-class StepClock:
-    """Accumulates wall time per component over the timed steps of one ``generate`` call."""
-
-    def __init__(self, model, sampler, device: torch.device, steps: int, components: bool = True) -> None:
-        self.device, self.steps = device, steps
-        self.total: dict[str, float] = defaultdict(float)
-        self.layer_calls = 0
-        self.started: Optional[float] = None  # wall clock of the current step's start
-        self.step_times: list[float] = []
-        self.logits_rows: list[int] = []
-        self._open: dict[int, float] = {}
-        self._in_stats = False
-        self._forward_in_stats = 0.0
-        tr = model.transformer
-        self._hooks = []
-        if not components:  # CUDA graphs: a replay runs no module, and no sync may sit inside a capture
-            return
-        for layer in tr.layers:
-            self._time_module(layer, "layer")
-        self._time_module(tr.embed, "embedding")
-        self._time_module(tr.norm, "head")
-        if tr.lm_head is not None:
-            self._time_module(tr.lm_head, "head")
-        self._wrap_sampler(sampler)
-
-    def _now(self) -> float:
-        sync(self.device)
-        return time.perf_counter()
-
-    def _time_module(self, module, name: str) -> None:
-        def pre(mod, args):
-            self._open[id(mod)] = self._now()
-
-        def post(mod, args, out):
-            spent = self._now() - self._open.pop(id(mod))
-            if self.started is None:
-                return
-            if self._in_stats:  # a forward the sampler makes itself (verification variants)
-                self._forward_in_stats += spent
-            self.total[name] += spent
-            if name == "layer":
-                self.layer_calls += 1
-            if mod is getattr(self, "_last_head", None):
-                self.logits_rows.append(int(out.shape[1]))
-
-        self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-        if name == "head":
-            self._last_head = module
-
-    def _wrap_sampler(self, sampler) -> None:
-        inner = sampler.step
-
-        def step(inp, state):
-            if self.started is None:
-                return inner(inp, state)
-            self._in_stats, self._forward_in_stats = True, 0.0
-            t0 = self._now()
-            try:
-                return inner(inp, state)
-            finally:
-                self.total["statistics"] += self._now() - t0 - self._forward_in_stats
-                self._in_stats = False
-
-        sampler.step = step
-
-    def begin(self) -> None:
-        self.started = self._now()
-
-    def end_step(self, state) -> None:
-        if self.started is None:
-            return
-        now = self._now()
-        self.step_times.append(now - self.started)
-        self.started = now
-        if len(self.step_times) >= self.steps:
-            raise _Stop
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-
-    def per_step(self, n_layers: int) -> dict[str, float]:
-        """Mean seconds per step: one layer, embedding, head, statistics, engine, step."""
-        n = max(1, len(self.step_times))
-        step = sum(self.step_times) / n
-        layers = self.total["layer"] / n
-        out = {"layer": layers / n_layers, "embedding": self.total["embedding"] / n,
-               "head": self.total["head"] / n, "statistics": self.total["statistics"] / n}
-        out["engine"] = max(0.0, step - layers - out["embedding"] - out["head"] - out["statistics"])
-        out["step"] = step
-        return out
 
 
 def reference_statistics_seconds(logits: torch.Tensor, repeats: int = 1) -> float:
@@ -260,7 +161,7 @@ def run_case(model, *, cache: str, sampler: str, prompt_length: int, block_lengt
 
     try:
         decode_block(model, prompt, sampler=smp, cache=cache, block_length=block_length, callback=callback,
-                     cuda_graphs=cuda_graphs, stop=_Stop)
+                     cuda_graphs=cuda_graphs, stop=StepsDone)
     finally:
         clock.close()
         grab.remove()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from dllm.eval.bench.breakdown import StepClock, format_rows, main, reference_statistics_seconds, run_case
+from dllm.eval.bench.breakdown import format_rows, main, reference_statistics_seconds, run_case
+from dllm.eval.bench.timing import StepClock
 from dllm.models.tiny import tiny
 
 
