@@ -54,7 +54,7 @@ def embedding(n: int, d: int) -> nn.Embedding:
     """``nn.Embedding(n, d)``; built on the meta device (``dllm.models.loading``: the weights are read
     next) without its ``normal_`` init, whose meta kernel (``torch._refs``) imports ``torch._dynamo``,
     about 1.5 s of every process that loads a checkpoint."""
-    if torch.empty(0).device.type == "meta":  # inside ``with torch.device("meta")``
+    if torch.get_default_device().type == "meta":  # inside ``with torch.device("meta")``
         return nn.Embedding(n, d, _weight=torch.empty(n, d))
     return nn.Embedding(n, d)
 

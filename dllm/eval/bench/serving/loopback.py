@@ -67,20 +67,23 @@ def serve_in_thread(app: Any, *, port: int = 0, startup_timeout: float = 60.0,
     return LoopbackServer(url, port, server, thread)
 
 
-def wait_ready(url: str, deadline: float) -> None:
-    """Poll ``url`` until it answers 200; RuntimeError after ``deadline`` (time.monotonic)."""
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now (one request)."""
     import urllib.request
 
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def wait_ready(url: str, deadline: float) -> None:
+    """Poll ``url`` until it answers 200; RuntimeError after ``deadline`` (time.monotonic)."""
+    while not answers(url):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} did not answer 200 in time")
         time.sleep(0.05)
 
 
-__all__ = ["LOOPBACK", "LoopbackServer", "serve_in_thread", "wait_ready"]
+__all__ = ["LOOPBACK", "LoopbackServer", "answers", "serve_in_thread", "wait_ready"]

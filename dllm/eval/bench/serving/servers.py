@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from typing import Iterator, Optional, Sequence
 
-from dllm.eval.bench.serving.loopback import LOOPBACK, serve_in_thread, wait_ready
+from dllm.eval.bench.serving.loopback import LOOPBACK, answers, serve_in_thread
 from dllm.models.parallel.group import free_port
 
 
@@ -55,7 +55,7 @@ def mode_servers(model, name: str, modes: Sequence[str], *, max_queue: int, args
             yield {mode: stack.enter_context(_thread_server(model, name, mode, max_queue, args)) for mode in modes}
             return
         procs = {}
-        stack.enter_context(_stopped(procs))
+        stack.callback(_stop, procs)  # every process started below, also when a later start fails
         for mode, port in zip(modes, _free_ports(len(modes))):
             cmd = serve_command(args, mode, port, max_queue)
             procs[mode] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL), f"http://{LOOPBACK}:{port}", cmd)
@@ -77,21 +77,17 @@ def _thread_server(model, name: str, mode: str, max_queue: int, args: argparse.N
         backend.close(drain=False)
 
 
-@contextmanager
-def _stopped(procs: dict) -> Iterator[None]:
-    """On exit every process of ``procs`` ({mode: (Popen, ...)}, filled inside) gets SIGTERM (``dllm serve``
-    drains and exits) at once, then each is waited for; SIGKILL after 60 s."""
-    try:
-        yield
-    finally:
-        for proc, *_ in procs.values():
-            proc.terminate()
-        for proc, *_ in procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def _stop(procs: dict) -> None:
+    """SIGTERM to every process of ``procs`` ({mode: (Popen, ...)}) at once (``dllm serve`` drains and
+    exits), then each waited for; SIGKILL after 60 s."""
+    for proc, *_ in procs.values():
+        proc.terminate()
+    for proc, *_ in procs.values():
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _wait_up(procs: dict, deadline: float, timeout: float) -> None:
@@ -102,13 +98,10 @@ def _wait_up(procs: dict, deadline: float, timeout: float) -> None:
         for mode, (proc, url, cmd) in list(pending.items()):
             if proc.poll() is not None:
                 raise RuntimeError(f"the {mode} server exited with status {proc.returncode}: {' '.join(cmd)}")
-            try:
-                wait_ready(url + "/health", 0.0)  # one try
+            if answers(url + "/health"):
                 del pending[mode]
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} server did not answer within {timeout:.0f} s: "
-                                       f"{' '.join(cmd)}") from None
+            elif time.monotonic() > deadline:
+                raise RuntimeError(f"the {mode} server did not answer within {timeout:.0f} s: {' '.join(cmd)}")
         if pending:
             time.sleep(0.05)
 
