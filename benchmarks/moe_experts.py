@@ -5,7 +5,7 @@
 A random LLaDA 2 MoE model with LLaDA2.0-mini's routing (256 experts in 8 groups, 4 groups kept,
 top-8, one shared expert; ``dllm.models.families.llada2.tiny_llada2`` at toy width) forwards T tokens of a
 block (T = tokens decided per step: 1 is autoregressive decoding, 32 a whole block); for each T the
-mean distinct experts per MoE layer per forward (``dllm.models.core.moe.count_experts``) is reported
+mean distinct experts per MoE layer per forward (``dllm.models.core.layer.moe.count_experts``) is reported
 beside what uniform routing would give, ``E (1 - (1 - K/E)^T)``. Per committed token the expert
 weights read fall from K to distinct/T, while the weights a step reads grow with T: the "expert
 explosion" of parallel decoding. A second table decodes with the exact block cache at k committed
@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import torch
 
 from dllm.models.families.llada2 import tiny_llada2
-from dllm.models.core.moe import MoEConfig, count_experts
+from dllm.models.core.layer.moe import MoEConfig, count_experts
 
 MINI_ROUTING = MoEConfig(n_experts=256, top_k=8, expert_hidden=8, n_shared=1, n_group=8, topk_group=4,
                          routed_scaling=2.5, first_dense=1)

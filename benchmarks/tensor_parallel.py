@@ -175,7 +175,7 @@ SHAPES = {
 def shapes_table() -> str:
     """Parameter bytes per rank (bf16) of the released shapes, split on the meta device."""
     from dllm.models.core.config import TransformerConfig
-    from dllm.models.core.moe import MoEConfig
+    from dllm.models.core.layer.moe import MoEConfig
     from dllm.models.families.registry import family_class
     from dllm.models.inputs import SpecialIds
     from dllm.models.parallel.plan import ParallelPlan, check_plan

@@ -150,7 +150,7 @@ def test_the_recommended_setting_replays_right(family):
 def test_a_split_moe_model_is_not_captured_and_never_stacks_absent_experts():
     """Expert parallelism: a rank's ParallelMoE holds AbsentExperts (no projections) and always runs the
     experts' loop; the refusal says so without stacking them (an AttributeError before)."""
-    from dllm.models.core.moe import MoEConfig, experts_read_back
+    from dllm.models.core.layer.moe import MoEConfig, experts_read_back
     from dllm.models.parallel.layers import AbsentExpert, ParallelMoE
 
     layer = ParallelMoE(16, MoEConfig(n_experts=4, top_k=2, expert_hidden=8), 0, None, range(0, 2), 8, False)
@@ -161,7 +161,7 @@ def test_a_split_moe_model_is_not_captured_and_never_stacks_absent_experts():
 
 
 def test_counting_experts_is_named_as_the_reason():
-    from dllm.models.core.moe import count_experts, experts_read_back
+    from dllm.models.core.layer.moe import count_experts, experts_read_back
 
     model = tiny("llada2", dtype=torch.bfloat16)
     hidden = torch.zeros(1, model.config.d_model, dtype=torch.bfloat16)

@@ -42,7 +42,7 @@ import torch
 
 from dllm.engine.graph_check import CheckedRunner
 from dllm.models.core.kv import KVCache, StaticView
-from dllm.models.core.moe import experts_read_back
+from dllm.models.core.layer.moe import experts_read_back
 from dllm.models.core.views import StaticStackedView, grouped_backend
 
 MAX_GRAPHS = 8  # captured shapes per generate call

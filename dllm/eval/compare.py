@@ -32,7 +32,7 @@ from dllm import tasks as T
 from dllm.engine.graphs import check_graphs_option
 from dllm.eval.interrupt import finished, until_interrupted
 from dllm.inputs import model_device
-from dllm.models.core.moe import ExpertCounter, count_experts, has_experts
+from dllm.models.core.layer.moe import ExpertCounter, count_experts, has_experts
 from dllm.options import check_int, check_optional_int
 from dllm.scoring.exact_match import decode_and_score, load_model
 from dllm.settings import DecodeSettings
@@ -59,7 +59,7 @@ class SamplerResult:
     # set, model and interpreter included); None where it cannot be measured
     peak_memory_mb: Optional[float] = None
     # mixture-of-experts models (LLaDA 2): distinct experts per MoE layer per forward, averaged over layers
-    # and forwards (``dllm.models.core.moe.count_experts``); None for a dense model
+    # and forwards (``dllm.models.core.layer.moe.count_experts``); None for a dense model
     experts_per_forward: Optional[float] = None
     pareto: bool = False
     extra: dict[str, Any] = field(default_factory=dict)

@@ -8,7 +8,7 @@ float32, cast back and then multiply by the weight (two roundings); SDAR's ``SDA
 flash-attn's ``rms_norm_fn``, which multiplies by the weight in float32 and rounds once
 (``round_once``). Identical in float32. ``rms_norm_one_op`` computes either through ATen's single
 fused kernel. ``rope_rows`` rotates with ``x * cos + roll(x) * sin_signed``; with ``sin_signed =
-cat(-sin, sin)`` (``dllm.models.core.rope.RopeTable``) it equals ``x * cos + rotate_half(x) * sin`` bit for
+cat(-sin, sin)`` (``dllm.models.core.layer.rope.RopeTable``) it equals ``x * cos + rotate_half(x) * sin`` bit for
 bit (negation is exact).
 """
 

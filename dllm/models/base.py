@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import watched
+from dllm.models.core.layer.fused import watched
 from dllm.models.core.views import CacheView, StackedView
 from dllm.models.core.packed_rows import packed_rows_logits
 from dllm.models.core.soft_inputs import SoftInputs, applied_to
@@ -241,7 +241,7 @@ class DiffusionLM(PromptsMixin, nn.Module):
         engine's steps: a ``CacheView`` of its own buffers, the positions of the query's columns),
         without the module call and the input checks: the same logits (tests/models/test_cached_logits.py),
         less host time per step. Where something runs around this module's forward (a hook, which must
-        see the call, or a compiled call: ``dllm.models.core.fused.watched``) the module is called."""
+        see the call, or a compiled call: ``dllm.models.core.layer.fused.watched``) the module is called."""
         if watched(self):
             return self(input_ids, positions=positions, key_padding_mask=key_padding_mask, cache=cache,
                         logits_rows=logits_rows).logits

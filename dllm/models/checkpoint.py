@@ -64,7 +64,7 @@ def _remove_old_weights(directory: Path) -> None:
 
 def _own_memory(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a copy when it is a slice of larger memory (a projection re-pointed into a fused
-    weight, ``dllm.models.core.fused``): safetensors refuses tensors that share memory."""
+    weight, ``dllm.models.core.layer.fused``): safetensors refuses tensors that share memory."""
     return t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t
 
 

@@ -21,7 +21,7 @@ from dllm.models.families.pretrained import GENERATION_CONFIG, TransformerLM
 from dllm.models.quantize import QuantizationError, check_quantization, quantize_model
 from dllm.models.parallel.plan import check_tensor_parallel
 from dllm.models.text.tokenizer import load_tokenizer, tokenizer_size
-from dllm.models.core.layer import TransformerBlock
+from dllm.models.core.layer.block import TransformerBlock
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "merges.txt", "*.jinja"]

@@ -10,7 +10,7 @@ import torch
 
 from dllm.models import tiny
 from dllm.models.core.kv import KVCache, StaticView
-from dllm.models.core.layer import block_causal_mask
+from dllm.models.core.layer.block import block_causal_mask
 
 
 def _positions() -> torch.Tensor:

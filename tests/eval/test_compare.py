@@ -92,7 +92,7 @@ def test_a_mixture_of_experts_model_gets_an_experts_per_forward_column():
     count_experts does over the same decode; a dense model has no such column."""
     from dllm.eval.compare import compare, format_results, task_examples
     from dllm.models import load
-    from dllm.models.core.moe import count_experts
+    from dllm.models.core.layer.moe import count_experts
     from dllm.models.tiny import tiny
     from dllm.scoring.exact_match import decode_and_score
 

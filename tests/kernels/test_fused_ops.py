@@ -17,9 +17,9 @@ from dllm.eval.bench.counters import DispatchCounter
 from dllm.kernels.fused_ops import rms_norm, rms_norm_qk, rope_rows, triton_unavailable
 from dllm.kernels.layer_ops import rms_norm_qk as rms_norm_qk_reference
 from dllm.kernels.triton.fused import rms_norm_triton, rope_rows_triton
-from dllm.models.core.norm import rms_norm_one_op
-from dllm.models.core.rope import RopeTable
-from dllm.models.core.rope import rope_rows as rope_rows_reference
+from dllm.models.core.layer.norm import rms_norm_one_op
+from dllm.models.core.layer.rope import RopeTable
+from dllm.models.core.layer.rope import rope_rows as rope_rows_reference
 
 from .conftest import DEVICE, INTERPRETED
 

@@ -66,7 +66,7 @@ class KVCache:
     def block_mask(self, start: int, n_queries: int, key_end: int, block_size: int) -> torch.Tensor:
         """With ``fix_positions``: bool [R, 1, T, key_end], True where the key's block
         (``position // block_size``) is at most the query's, for the queries at columns ``[start,
-        start + T)``: ``dllm.models.core.layer.block_causal_mask`` of the columns' positions,
+        start + T)``: ``dllm.models.core.layer.block.block_causal_mask`` of the columns' positions,
         from block ids computed once per call (a slice of each side and one comparison), or a slice of
         the last mask made when its query columns cover these with the same keys (the values are a
         function of the fixed positions alone)."""

@@ -12,7 +12,7 @@ head's q and k (``qk_norm``) before RoPE and may have ``head_dim != d_model / n_
 Parameter names are internal (``embed``, ``layers.N.attn.q_proj`` ...); ``families/keymap.py`` and the
 family files translate them to the official checkpoint names.
 
-The layers (``dllm.models.core.layer``) are small modules with the projection (``Attention.qkv``)
+The layers (``dllm.models.core.layer.block``) are small modules with the projection (``Attention.qkv``)
 split from the attention itself. A cached forward (``dllm.cache``) runs the layers on a slice of
 query positions: between the two, the layer hands its fresh (rotated) k/v to the cache view, which
 writes them into the preallocated buffers in place and returns the keys/values to attend.
@@ -29,12 +29,12 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn, backends, resolve_backend
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedLayer, call_module, linear_or_module, plain_weight
+from dllm.models.core.layer.fused import FusedLayer, call_module, linear_or_module, plain_weight
 from dllm.models.core.kv import CacheView, StackedView
 from dllm.models.core.views.packed import PackedView
-from dllm.models.core.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
-from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
-from dllm.models.core.layer import TransformerBlock, block_causal_mask, combine_masks
+from dllm.models.core.layer.norm import RMSNorm, fused_norm, rms_norm  # noqa: F401 (rms_norm: re-exported)
+from dllm.models.core.layer.rope import RopeTable, apply_rope, rope_cos_sin, rope_inv_freq, rope_rows, rotate_half  # noqa: F401
+from dllm.models.core.layer.block import TransformerBlock, block_causal_mask, combine_masks
 
 
 def normalize_layers(indices: Iterable[int], n_layers: int, what: str) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ The network is the shared transformer (``core/transformer.py``) with the switche
 causal attention (``attention = "block_causal"``; trained and decoded in blocks of 32), per-head
 RMSNorm of q and k before RoPE (``qk_norm``; ``use_qk_norm``, absent = true as dFactory), partial rotary (``rope_dim = head_dim *
 partial_rotary_factor``, cos/sin in the activation dtype), an explicit ``head_dim``; its first
-``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.core.moe.SparseMoE``
+``first_k_dense_replace`` layers keep a dense SwiGLU and the others a ``dllm.models.core.layer.moe.SparseMoE``
 (swapped in after the transformer is built). Logits are not shifted.
 
 Checkpoint layouts: model_type ``llada2_moe`` (the Hugging Face release; the keys dFactory's
@@ -33,7 +33,7 @@ from dllm.models.inputs import SpecialIds
 from dllm.models.checkpoint import CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import INTERNAL_LAYER_PREFIX, KeyMap
-from dllm.models.core.moe import MoEConfig, SparseMoE
+from dllm.models.core.layer.moe import MoEConfig, SparseMoE
 from dllm.models.families.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
 
 LLADA2_MODEL_TYPES = ("llada2_moe", "llada2_moe_veomni")

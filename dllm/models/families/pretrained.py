@@ -18,7 +18,7 @@ from dllm.models.inputs import SpecialIds
 from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
                                     write_safetensors)
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import call_module
+from dllm.models.core.layer.fused import call_module
 from dllm.models.families.keymap import KeyMap
 from dllm.models.text.tokenizer import save_tokenizer, token_id
 from dllm.models.core.transformer import Transformer

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.models.core.moe import ExpertMLP, MoEConfig, SparseMoE, combine_experts
+from dllm.models.core.layer.moe import ExpertMLP, MoEConfig, SparseMoE, combine_experts
 from dllm.models.parallel.group import all_reduce_, collective
 
 

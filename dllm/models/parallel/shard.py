@@ -22,8 +22,8 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from dllm.models.core.moe import MoEConfig, SparseMoE
-from dllm.models.core.layer import MLP
+from dllm.models.core.layer.moe import MoEConfig, SparseMoE
+from dllm.models.core.layer.block import MLP
 from dllm.models.parallel.group import TPGroup
 from dllm.models.parallel.layers import ParallelMoE, RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 from dllm.models.parallel.plan import ParallelPlan

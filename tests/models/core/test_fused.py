@@ -1,4 +1,4 @@
-"""The fused layer path (dllm/models/core/fused.py) against the module-by-module reference."""
+"""The fused layer path (dllm/models/core/layer/fused.py) against the module-by-module reference."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dllm
-from dllm.models.core.norm import rms_norm_one_op, rms_norm_reference
-from dllm.models.core.rope import RopeTable, apply_rope, rope_cos_sin, rope_rows
+from dllm.models.core.layer.norm import rms_norm_one_op, rms_norm_reference
+from dllm.models.core.layer.rope import RopeTable, apply_rope, rope_cos_sin, rope_rows
 from dllm.models.tiny import tiny
 
 DENSE = ("llada", "dream", "sdar", "fastdllm_v2")
@@ -178,7 +178,7 @@ def test_every_sampler_gives_the_same_tokens_fused(family, sampler):
 
 
 def test_offloaded_or_meta_projections_are_not_fused():
-    from dllm.models.core.fused import fusable
+    from dllm.models.core.layer.fused import fusable
 
     lins = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)]
     assert fusable(lins)
@@ -230,7 +230,7 @@ def test_layers_skip_the_module_call_unless_something_watches_it():
     """The fused path runs an unhooked layer's (and the transformer's) ``forward`` without
     ``nn.Module.__call__``; a hook on the layer, a global module hook or a compiled module still get
     the module call: the hook sees every forward and the logits are the same."""
-    from dllm.models.core.fused import call_module
+    from dllm.models.core.layer.fused import call_module
 
     model = tiny("llada", dtype=torch.bfloat16, seed=1)
     ids = torch.randint(5, 40, (2, 12), generator=torch.Generator().manual_seed(0))

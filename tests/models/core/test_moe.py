@@ -1,4 +1,4 @@
-"""dllm.models.core.moe: LLaDA 2.x routing (group-limited top-k, normalised + scaled weights), the
+"""dllm.models.core.layer.moe: LLaDA 2.x routing (group-limited top-k, normalised + scaled weights), the
 expert-batched forward against the per-token reference, and the experts-per-forward count."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm.models.core.moe import MoEConfig, SparseMoE, count_experts, group_limited_topk, moe_reference, route
+from dllm.models.core.layer.moe import MoEConfig, SparseMoE, count_experts, group_limited_topk, moe_reference, route
 
 CFG = MoEConfig(n_experts=16, top_k=4, expert_hidden=24, n_shared=1, n_group=4, topk_group=2, routed_scaling=2.5)
 
@@ -110,7 +110,7 @@ def test_grouped_matmuls_equal_the_expert_loop(monkeypatch, dtype: torch.dtype, 
     loop over experts' values bit for bit on a CPU in half precision, with experts that get no token
     (1 and 5 tokens reach at most 4 and 16 of the 16 experts). float32 keeps the loop."""
     from dllm.eval.bench.counters import DispatchCounter
-    from dllm.models.core import moe as M
+    from dllm.models.core.layer import moe as M
 
     moe = make_moe(dtype=dtype)
     x = torch.randn(1, tokens, 32, generator=torch.Generator().manual_seed(4)).to(dtype)

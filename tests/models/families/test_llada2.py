@@ -12,7 +12,7 @@ import torch
 
 from dllm.models import load
 from dllm.models.families.llada2 import LLaDA2, tiny_llada2
-from dllm.models.core.moe import MoEConfig, SparseMoE, count_experts
+from dllm.models.core.layer.moe import MoEConfig, SparseMoE, count_experts
 from tests.reference.modelling.llada2_modeling import RefLLaDA2MoeModelLM
 
 # llada2_mini's config.json (dFactory configs/model_configs/llada2_mini) at toy sizes

@@ -11,7 +11,7 @@ import torch
 from dllm.models import load, tiny
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.sdar import SDAR
-from dllm.models.core.layer import block_causal_mask
+from dllm.models.core.layer.block import block_causal_mask
 from tests.reference.modelling.sdar_modeling import RefCache, RefSDARForCausalLM
 
 from ..helpers import assert_regenerated, logits_atol, random_ids

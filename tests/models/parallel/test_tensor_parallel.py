@@ -21,7 +21,7 @@ import torch
 import dllm
 from dllm.models import loading
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.moe import MoEConfig
+from dllm.models.core.layer.moe import MoEConfig
 from dllm.models.parallel.group import free_port
 from dllm.models.parallel.plan import ParallelPlan, check_plan
 from dllm.models.parallel.shard import TensorParallel, splits_vocab

@@ -3,7 +3,7 @@
 A GPU runs a cached decode step's small matmuls in microseconds, so the step is bound by the ops
 Python issues per layer, and by the Python around them. ``TransformerBlock``'s fused path is made of
 ``FusedWeight`` (the q/k/v and gate/up projections as one matrix each), the one-op norm
-(``dllm.models.core.norm.fused_norm``) and the table RoPE of q and k together
+(``dllm.models.core.layer.norm.fused_norm``) and the table RoPE of q and k together
 (``dllm.kernels.layer_ops.rope_rows``); the module-by-module path in ``transformer.py`` stays beside
 it as the reference, and the tests compare the two (tests/models/core/test_fused.py): the same values,
 bit for bit off CUDA.
@@ -32,7 +32,7 @@ import torch.nn.modules.module as _mod
 
 from dllm.kernels.fused_ops import rope_rows as op_rope_rows
 from dllm.kernels.layer_ops import rope_rows, rope_rows_pair
-from dllm.models.core.norm import RMSNorm, fused_norm, qk_norms_fused
+from dllm.models.core.layer.norm import RMSNorm, fused_norm, qk_norms_fused
 
 
 class FusedWeight:

@@ -5,7 +5,7 @@
 The projection (``Attention.qkv``) is split from the attention itself: a cached forward's layer hands
 its fresh (rotated) k/v to the cache view between the two (``KVAttend``), and the layer's two halves
 (``TransformerBlock.qkv_rows``, ``residual_out``) are pure functions of their inputs, which
-``dllm.models.core.compile`` compiles; with fused weights they run ``dllm.models.core.fused``.
+``dllm.models.core.compile`` compiles; with fused weights they run ``dllm.models.core.layer.fused``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 from dllm.kernels.attention import AttentionFn
 from dllm.models.core.config import TransformerConfig
-from dllm.models.core.fused import FusedLayer, FusedWeight, fused_qkv_rows, fused_residual_out, refused
-from dllm.models.core.moe import SparseMoE
-from dllm.models.core.norm import RMSNorm
-from dllm.models.core.rope import apply_rope
+from dllm.models.core.layer.fused import FusedLayer, FusedWeight, fused_qkv_rows, fused_residual_out, refused
+from dllm.models.core.layer.moe import SparseMoE
+from dllm.models.core.layer.norm import RMSNorm
+from dllm.models.core.layer.rope import apply_rope
 
 # a cached forward's attention (``CacheView.attend`` of one layer): (q [B, H, T, hd], fresh k and v
 # [B, Hkv, T, hd], mask [B, 1, T|1, K] or None, the backend, return_probs) -> (out [B, H, T, hd], probs)
@@ -29,7 +29,7 @@ KVAttend = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
 # ----------------------------------------------------------------------------------------------
-# Masks (RMSNorm: dllm.models.core.norm; RoPE: dllm.models.core.rope)
+# Masks (RMSNorm: dllm.models.core.layer.norm; RoPE: dllm.models.core.layer.rope)
 
 
 def block_causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -158,7 +158,7 @@ class TransformerBlock(nn.Module):
         """Two pure halves (``qkv_rows``, ``residual_out``: what ``dllm.models.core.compile`` compiles)
         around the K/V write and the attention backend, which stay eager. ``fused``: the layer's
         fused weights (``Transformer.fused_layers``); ``cos`` and ``sin`` are then the RoPE table's
-        rows (``dllm.models.core.rope.RopeTable``) as ``fused_qkv_rows`` takes them."""
+        rows (``dllm.models.core.layer.rope.RopeTable``) as ``fused_qkv_rows`` takes them."""
         q, k, v = self.qkv_rows(h, cos, sin, fused)
         if kv_attend is not None:  # cached forward: store the fresh rows, attend to the buffer
             out, probs = kv_attend(q, k, v, mask, attn_fn, return_probs)  # [B, H, T, hd]

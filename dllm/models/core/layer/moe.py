@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dllm.models.core.fused import FusedWeight, fusable
+from dllm.models.core.layer.fused import FusedWeight, fusable
 
 _GROUPED_MM = getattr(torch, "_grouped_mm", None)  # torch >= 2.8: one matmul over groups of rows
 
