@@ -101,7 +101,8 @@ def run_kernels(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from dllm.eval.bench.kernels import default_shapes, format_report, format_table, run_kernel_bench, tiny_shapes
+    from dllm.eval.bench.kernel_report import format_report, format_table
+    from dllm.eval.bench.kernels import default_shapes, run_kernel_bench, tiny_shapes
     from dllm.eval.interrupt import terminate_as_interrupt
 
     device = checked_device(args.device)

@@ -1,12 +1,12 @@
-"""``dllm.eval.bench.kernels``: one row per (shape, backend), errors measured, refusals reported."""
+"""``dllm.eval.bench.kernels`` and its report (``kernel_report``): one row per (shape, backend), errors measured, refusals reported."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dllm.eval.bench.kernels import (COLUMNS, RATIO_COLUMNS, AttnShape, StatsShape, default_shapes, format_table,
-                                     run_kernel_bench, sdpa_ratios, tiny_shapes)
+from dllm.eval.bench.kernel_report import COLUMNS, RATIO_COLUMNS, format_table, sdpa_ratios
+from dllm.eval.bench.kernels import AttnShape, StatsShape, default_shapes, run_kernel_bench, tiny_shapes
 
 from .conftest import DEVICE, INTERPRETED
 
@@ -74,7 +74,7 @@ def test_fast_step_rows_time_the_kernels_against_the_torch_path():
 
 def test_tile_rows_time_the_kernel_at_other_launch_settings():
     from dllm.eval.bench.kernel_tiles import TILES, Tile, tile_names
-    from dllm.eval.bench.kernels import TILE_COLUMNS, format_report
+    from dllm.eval.bench.kernel_report import TILE_COLUMNS, format_report
 
     names = tile_names(TILES[:2])
     rows = run_kernel_bench(tiny_shapes()[:1], ("triton", "sdpa", *names), device=DEVICE, repeats=1, warmup=0)
