@@ -17,3 +17,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 # (transformers, the dflash package, dllm.kernels) imports triton; tests/kernels/conftest.py relies on it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The slow suite's longest tests (20-50 s each on two busy cores: `python -m pytest -q -m slow -n 2
+# --durations=40`) are handed out first. pytest-xdist hands tests out in collection order, so a long
+# test collected last (tests/train/ comes last) runs while the other worker has nothing left to do.
+LONGEST_FIRST = (
+    "tests/test_gpu_scripts.py",
+    "tests/models/parallel/test_tensor_parallel.py",
+    "tests/cli/test_serve_tensor_parallel.py",
+    "tests/train/test_learn2pd.py",
+    "tests/models/parallel/test_objects.py",
+    "tests/test_docs.py::test_example_runs[docs/guides/evaluation.md",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Stable reorder: the tests under ``LONGEST_FIRST`` first (only the order changes, never which run)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
