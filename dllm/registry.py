@@ -56,6 +56,7 @@ class Registry(Generic[T]):
         self.base = base  # for registries of Configurable classes: the class ``make`` accepts instances of
         self._entries: dict[str, Entry[T]] = {}  # canonical name -> entry
         self._aliases: dict[str, str] = {}  # alias -> canonical name
+        self.version = 0  # counts ``add`` calls: what is derived from the entries is stale once it moves
 
     def register(
         self, name: str, *, aliases: tuple[str, ...] = (), description: str | None = None
@@ -78,6 +79,7 @@ class Registry(Generic[T]):
         self._entries[name] = Entry(name, obj, tuple(aliases), description)
         for alias in aliases:
             self._aliases[alias] = name
+        self.version += 1
 
     def register_class(
         self, name: str, *, aliases: tuple[str, ...] = (), description: str | None = None

@@ -2,6 +2,8 @@
 attend to ONE copy of its buffers, their queries stacked, each masked to its own fresh keys. The
 reference is one copy per variant (``CacheView.attend`` on ``gather`` + ``view``)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -153,3 +155,21 @@ def test_every_row_in_order_reads_the_buffers_in_place_with_the_same_logits(fami
     assert len(kv.grouped_masks) == 1  # built once, kept for the block's next variant forwards
     again = model(variants[:, 8:12], cache=kv.rows_view(select, start, key_end, group=g, every_row=True), **kw)
     assert len(kv.grouped_masks) == 1 and torch.equal(again.logits, in_place.logits)
+
+
+def test_the_mask_kind_follows_a_backend_registered_again(monkeypatch):
+    """``grouped_backend`` keeps its table per state of the backends registry: a backend registered
+    again under a name the table knows is asked for by its new function, and the old one is unknown."""
+    sdpa = backends.get("sdpa")
+    assert KV.grouped_backend(sdpa.fn) == "float"
+    assert KV.grouped_backend(backends.get("reference").fn) == "bool"
+
+    def wrapped(q, k, v, mask=None, return_probs=False):
+        return sdpa.fn(q, k, v, mask, return_probs)
+
+    entries = dict(backends._entries)
+    monkeypatch.setattr(backends, "_entries", entries)  # restored after the test
+    monkeypatch.setattr(backends, "version", backends.version)
+    with pytest.warns(UserWarning, match="registered again"):
+        backends.add("sdpa", dataclasses.replace(sdpa, fn=wrapped))
+    assert KV.grouped_backend(wrapped) == "float" and KV.grouped_backend(sdpa.fn) is None

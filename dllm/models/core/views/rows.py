@@ -297,9 +297,16 @@ def grouped_backend(attn_fn) -> Optional[str]:
     takes padding masks only; the layout then falls back to one copy per variant)."""
     from dllm.kernels.attention import AUTO, backends
 
-    # the measuring "auto" sends an arbitrary float mask to sdpa (its fallback), so it takes "float"
-    return {backends.get("sdpa").fn: "float", backends.get("sdpa_plain").fn: "float", AUTO.fn: "float",
-            backends.get("reference").fn: "bool"}.get(attn_fn)
+    version, table = _GROUPED
+    if version != backends.version:  # built once per registry state (a stacked forward asks twice a layer)
+        # the measuring "auto" sends an arbitrary float mask to sdpa (its fallback), so it takes "float"
+        table = {backends.get("sdpa").fn: "float", backends.get("sdpa_plain").fn: "float", AUTO.fn: "float",
+                 backends.get("reference").fn: "bool"}
+        _GROUPED[:] = [backends.version, table]
+    return table.get(attn_fn)
+
+
+_GROUPED: list = [-1, {}]  # [the backends registry's version, {attention fn: mask kind}]
 
 
 __all__ = ["HeldView", "RowsView", "StackedView", "StaticStackedView", "grouped_backend", "stack_groups",
