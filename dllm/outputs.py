@@ -9,6 +9,7 @@ from dllm.rows import release_rows
 from dllm.state import DecodeState, GenerationOutput
 
 _EOS_TENSOR = "eos_ids_tensor"  # state.extras: the EOS ids on the device, made once per call
+_ENDED_UNREAD = "blocks_ended_unread"  # state.extras: blocks a step ended without a read (fills_block)
 
 
 def stop_finished_rows(state: DecodeState) -> bool:
@@ -44,6 +45,12 @@ def eos_tensor(state: DecodeState) -> torch.Tensor:
     return t
 
 
+def ended_unread(state: DecodeState) -> list[tuple[int, int]]:
+    """The call's blocks ``(start, end)`` that a step ended without a read (``StepOutput.fills_block``),
+    appended to by the block loop; ``finish_output`` checks them in its one read."""
+    return state.extras.setdefault(_ENDED_UNREAD, [])
+
+
 def finish_output(model, state: DecodeState, wall: float, return_trace: bool) -> GenerationOutput:
     gen = state.generated  # [B, G]
     eos_ids = state.extras.get("eos_ids", ())
@@ -54,12 +61,19 @@ def finish_output(model, state: DecodeState, wall: float, return_trace: bool) ->
         content = (before_eos & committed).sum()
     else:
         content = committed.sum()
-    counts = torch.stack([committed.sum(), content])  # [2]
+    checks = [committed.sum(), content]
+    ended = state.extras.get(_ENDED_UNREAD)
+    if ended:  # blocks a sampler ended without a read: their masks left, which must be none
+        checks.append(sum((state.x[:, s:e] == state.mask_id).sum() for s, e in ended))
+    counts = torch.stack(checks)  # [2 or 3]
     tokenizer = getattr(model, "tokenizer", None)
     host = torch.cat([counts, gen.flatten()]).tolist()  # the call's one read: counts and every row's ids
     generated_tokens, content_tokens = host[:2]
-    width = gen.shape[1]
-    ids = [host[2 + r * width:2 + (r + 1) * width] for r in range(gen.shape[0])]
+    if ended and host[2]:
+        raise RuntimeError(f"{host[2]} masks are left in blocks whose last step said it ended them "
+                           f"(StepOutput.fills_block, blocks {ended}); the sampler broke its contract")
+    n, width = len(checks), gen.shape[1]
+    ids = [host[n + r * width:n + (r + 1) * width] for r in range(gen.shape[0])]
     texts = None
     if tokenizer is not None:
         texts = [decode_answer(tokenizer, row, eos_ids, state.mask_id) for row in ids]
@@ -71,4 +85,4 @@ def finish_output(model, state: DecodeState, wall: float, return_trace: bool) ->
     )
 
 
-__all__ = ["eos_tensor", "finish_output", "stop_finished_rows"]
+__all__ = ["ended_unread", "eos_tensor", "finish_output", "stop_finished_rows"]

@@ -178,6 +178,10 @@ class StepOutput:
     read_next: Optional[torch.Tensor] = None  # [K] integer: values the next step of the block needs on the
     #   host (LoPA's candidate counts, the shape of its variant batch): the engine reads them with its own test
     #   of the block's masks, one host read for both, and hands them over as ``StepInput.host_read``
+    fills_block: bool = False  # known on the host without a read (LoPA's candidate counts, read for its batch
+    #   shape, are all zero): ``commit`` holds every active mask of every row, so this step ends the block and
+    #   the engine skips its test of the block's masks (one host read less). With no remask, beyond,
+    #   rewrite, settled or soft inputs; a sampler that says so and leaves a mask fails the call
 
 
 @dataclass

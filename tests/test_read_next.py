@@ -92,3 +92,51 @@ def test_a_row_released_mid_block_is_not_decoded_by_a_made_anchor(family, at):
 
     out, static = run(True), run(False)
     assert torch.equal(out.sequences, static.sequences) and out.generated_tokens == static.generated_tokens
+
+
+class _Ends(Sampler):
+    """Threshold's decisions (tau 1: one token a step) that always say they end the block
+    (StepOutput.fills_block), optionally with a re-mask too."""
+
+    Config = NoOptions
+    fixed_steps = False
+
+    def __init__(self, remask=False, **options) -> None:
+        super().__init__(None, **options)
+        self.inner, self.remask = Threshold(threshold=1.0), remask
+
+    def step(self, inp, state):
+        out = self.inner.step(inp, state)
+        out.fills_block = True
+        if self.remask:
+            out.remask = torch.zeros_like(out.commit)
+        return out
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_a_step_whose_anchor_fills_the_block_ends_it_without_a_read(family, cache):
+    """fast's counts read at a block's first step say that the anchor fills every row's block (every
+    mask clears tau): that step ends the block (StepOutput.fills_block), so the block costs that one
+    read and no test of its masks; the same tokens as the threshold rule it applies."""
+    model = tiny(family, seed=3)
+    kw = dict(gen_length=16, block_length=8, cache=cache)
+    counter = count_generate(model, PROMPTS, sampler="fast", tau_conf=1e-9, **kw)
+    sites = [site for step in counter.steps for site in step.syncs]
+    assert len(counter.steps) == 2  # one step a block
+    assert sum("dllm/samplers/lopa.py" in site for site in sites) == 2
+    assert not [site for site in sites if "dllm/engine/loop.py" in site]  # before: one test per block
+    out = dllm.generate(model, PROMPTS, sampler="fast", tau_conf=1e-9, **kw)
+    ref = dllm.generate(model, PROMPTS, sampler="threshold", threshold=1e-9, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.nfe == ref.nfe == 2
+
+
+def test_a_sampler_that_says_it_ended_a_block_with_masks_left_fails_the_call():
+    with pytest.raises(RuntimeError, match=r"masks are left in blocks whose last step said it ended them .*"
+                                           r"blocks \[\(5, 13\)\]"):
+        dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_Ends(), gen_length=8, block_length=8)
+
+
+def test_fills_block_with_a_remask_is_refused():
+    with pytest.raises(RuntimeError, match="returned fills_block with remask, beyond"):
+        dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_Ends(remask=True), gen_length=8, block_length=8)

@@ -42,7 +42,9 @@ has two shapes (the option ``compact``):
   a step that may have filled the block the next step reads its own. Rows without remaining masks are left out of the
   variant forward, the variant count is clamped to ``1 + the most candidates of any row`` (a row
   with fewer candidates forwards duplicate canvases that cannot win), and the variant forward is
-  skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE).
+  skipped when the anchor leaves no mask in any row's block (that step costs 1 NFE; it ends the block,
+  which the counts tell the host, so the engine runs no test of the block's masks after it:
+  ``StepOutput.fills_block``).
 - ``compact=False``: static shapes, nothing read back to the host (a step can be captured in a
   CUDA graph): every row forwards ``min(branches, 1 + W)`` variants whatever its candidates -- a
   row whose block the anchor fills forwards ``B0'`` only, which wins and commits the anchor -- and
@@ -50,7 +52,8 @@ has two shapes (the option ``compact``):
 - ``compact="block"``: static shapes, and one host read at a block's first step (in a running
   decode of the serving loop, which has no step index, at every step): when the anchor leaves no
   mask in any row's block there, the variant forward is skipped and the step commits the anchor (the
-  block ends). Short answers' trailing blocks end so; the later steps read nothing.
+  block ends, with no test of its masks after: ``StepOutput.fills_block``). Short answers' trailing
+  blocks end so; the later steps read nothing.
 - ``compact="auto"``: static shapes on CUDA (where a step is bound by launches and syncs), compacted
   elsewhere (where it is bound by the forwarded tokens).
 
@@ -185,9 +188,10 @@ class LoPA(Sampler):
         lookahead = cfg.branches > 1 or cfg.bonus or cfg.reuse  # steps 2-5
         compact = cfg.compact is True or (cfg.compact == "auto" and not logits.is_cuda)
         first_read = cfg.compact == "block" and inp.step == 0  # static shapes, one read at the block's first step
+        filled = False  # the anchor fills every row's block, read on the host: the step ends the block
         if fused and lookahead and not compact and (cfg.stats == "fused" or use_kernels(logits.device, LoPA)):
-            commit, out, nxt = self._fused_lookahead(inp, logits, active, cur, first_read)  # two launches around
-            #   the variants
+            commit, out, nxt, filled = self._fused_lookahead(inp, logits, active, cur, first_read)  # two launches
+            #   around the variants
         else:
             made = self._made_anchor(inp, logits, state) if compact else None
             if made is not None:  # the last step made this anchor from these logits
@@ -198,11 +202,15 @@ class LoPA(Sampler):
             base = torch.where(anchor, x0, cur)  # [B, W] the canvas B0'
             commit, out, nxt, goes_on = anchor, base, None, False
             if lookahead and compact:
-                commit, out, nxt, goes_on = self._compact_lookahead(inp, props, active, anchor, base, fused, made)
-            elif lookahead and not (first_read and fills_every_block(active, anchor)):
+                commit, out, nxt, goes_on, filled = self._compact_lookahead(inp, props, active, anchor, base, fused,
+                                                                            made)
+            elif lookahead and first_read and fills_every_block(active, anchor):
+                filled = True  # B0' is the step
+            elif lookahead:
                 commit, out, nxt = self._lookahead(inp, props, active, anchor, base,
                                                    min(cfg.branches - 1, base.shape[1]), fused)
         decision = window_output(inp, commit, out, None)  # no score: the engine's progress rule is skipped
+        decision.fills_block = filled
         decision.next_logits = nxt if cfg.reuse else None
         if compact and cfg.reuse and goes_on and inp.reads_next:  # the block has a next step: make its anchor
             decision.read_next = self._make_next_anchor(inp, nxt, active > commit, fused, state)
@@ -210,14 +218,16 @@ class LoPA(Sampler):
         return decision
 
     def _fused_lookahead(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, cur: torch.Tensor,
-                         first_read: bool = False) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+                         first_read: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], bool]:
         """Steps 1-5 with static shapes on the fused statistics: ``vocab_stats`` of the block's logits
         (or, with ``reuse``, when these logits are the last step's winner's, that step's variant
         statistics at the winners' rows, read in place), ``lopa_propose`` (anchor and variants), the
         variant forward, ``vocab_stats`` of the variants, ``lopa_select`` (scores, guard, winner,
         fills, bonus): the same decisions as ``_lookahead`` on the same statistics
         (``dllm.kernels.triton.lopa``); with ``first_read`` (``compact="block"`` at a block's first
-        step) no variant forward when the anchor fills every row's block. Same returns; every output
+        step) no variant forward when the anchor fills every row's block. ``_lookahead``'s returns and
+        whether the anchor filled every row's block (read at ``first_read`` only); every output
         but the winner's logits is written
         into the step's ``StepBuffers`` (no allocation), which the next step rewrites: the commit and
         tokens returned are read before it, as the engines do."""
@@ -245,7 +255,7 @@ class LoPA(Sampler):
                                             bufs.propose)  # [B, k, W], [B, k], [B, W]
         if first_read and fills_every_block(active, anchor):  # the block ends here: B0' is the step
             self._carried = [(None, None, bufs)]
-            return anchor, variants[:, 0], None
+            return anchor, variants[:, 0], None, True
         v_logits = forward_window_variants(inp, variants)  # [B * k, W, V]
         next_idx, next_val, next_win = bufs.next()
         v_stats = vocab_stats(v_logits, banned=inp.mask_id, out=(next_idx, next_val))  # [B * k, W]
@@ -256,7 +266,7 @@ class LoPA(Sampler):
         w_logits = v_logits.index_select(0, win)  # [B, W, V] the winner's
         # with reuse the next step's anchor reads these logits: their statistics are rows win of v_stats
         self._carried = [(weakref.ref(w_logits), tensor_version(w_logits), bufs) if cfg.reuse else (None, None, bufs)]
-        return commit, out, w_logits
+        return commit, out, w_logits, False
 
     def _anchor(self, inp: StepInput, logits: torch.Tensor, active: torch.Tensor, fused: bool
                 ) -> tuple[Proposals, torch.Tensor]:
@@ -296,13 +306,14 @@ class LoPA(Sampler):
 
     def _compact_lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, fused: bool,
                            made: Optional[_NextAnchor] = None
-                           ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], bool]:
+                           ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], bool, bool]:
         """``compact=True``: the lookahead of the rows with masks left after the anchor only, with as
         many variants as the most candidates of a row, none when no row has one. One host read (the
         candidate counts): the variant batch's shape depends on them; none when the last step made this
-        anchor and the engine read its counts (``made``). Returns ``_lookahead``'s and whether the block
-        has a next step for sure (a row with two candidates or more: the winner fills one); the winner's
-        logits are zeros for the rows left out (the next step reads none of them)."""
+        anchor and the engine read its counts (``made``). Returns ``_lookahead``'s, whether the block
+        has a next step for sure (a row with two candidates or more: the winner fills one) and whether the
+        anchor fills every row's block (no candidate in any row: the step ends the block, known on the host);
+        the winner's logits are zeros for the rows left out (the next step reads none of them)."""
         if made is not None:
             cand, counts = made.cand, made.counts  # [B, W], [B]
         else:
@@ -315,10 +326,10 @@ class LoPA(Sampler):
         n_live, most = sum(c > 0 for c in host_counts), max(host_counts, default=0)
         n_extra = min(self.config.branches - 1, most)
         if n_live == 0 or (n_extra == 0 and not (self.config.bonus or self.config.reuse)):
-            return anchor, base, None, False
+            return anchor, base, None, False, n_live == 0
         goes_on = most >= 2
         if n_live == base.shape[0]:  # every row, in order: no gather (its layers read the buffers in place)
-            return (*self._lookahead(inp, props, active, anchor, base, n_extra, fused, cand=cand), goes_on)
+            return (*self._lookahead(inp, props, active, anchor, base, n_extra, fused, cand=cand), goes_on, False)
         live = (counts == 0).to(torch.int8).argsort(stable=True)[:n_live]  # [N] rows with candidates
         live_host = [r for r, c in enumerate(host_counts) if c > 0]  # the same rows, ascending
         commit_l, out_l, next_l = self._lookahead(inp, props.rows(live), active[live], anchor[live], base[live],
@@ -326,7 +337,7 @@ class LoPA(Sampler):
         commit = anchor.index_copy(0, live, commit_l)  # [B, W]
         out = base.index_copy(0, live, out_l)  # [B, W]
         nxt = next_l.new_zeros((base.shape[0], *next_l.shape[1:])).index_copy(0, live, next_l)  # [B, W, V]
-        return commit, out, nxt, goes_on
+        return commit, out, nxt, goes_on, False
 
     def _lookahead(self, inp: StepInput, props: Proposals, active, anchor, base, n_extra: int, fused: bool,
                    rows: Optional[torch.Tensor] = None, host_rows: Optional[list[int]] = None,
