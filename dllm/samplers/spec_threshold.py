@@ -107,8 +107,11 @@ class SpecThreshold(Sampler):
         # variant k = S1 + d_1 .. d_k: its masks are the drafts after d_k
         variant_active = rank3 >= k_col  # [B, N, W]
         if not bool(variant_active.any()):  # one host sync: nothing left to verify in any row
-            # C0 (and the positions not active, rank < -W: the engine keeps active only)
-            return window_output(inp, rank < 0, tokens0, conf0)
+            # C0 (and the positions not active, rank < -W: the engine keeps active only), which holds every
+            # active mask: the block ends here, known on the host (the engine then runs no test of it)
+            out = window_output(inp, rank < 0, tokens0, conf0)
+            out.fills_block = True
+            return out
         proposal = torch.where(active, tokens0, cur)[:, None, :]  # [B, 1, W] the arg-max tokens on the masks
         variant_tokens = torch.where(variant_active, inp.mask_id, proposal)  # [B, N, W]
         variant_logits = forward_window_variants(inp, variant_tokens)  # [B*N, W, V]
