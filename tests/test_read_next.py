@@ -140,3 +140,15 @@ def test_a_sampler_that_says_it_ended_a_block_with_masks_left_fails_the_call():
 def test_fills_block_with_a_remask_is_refused():
     with pytest.raises(RuntimeError, match="returned fills_block with remask, beyond"):
         dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_Ends(remask=True), gen_length=8, block_length=8)
+
+
+def test_spec_threshold_ends_a_block_that_its_first_set_fills_without_a_read():
+    """spec_threshold reads whether any draft is left to verify; where none is, its first set holds every
+    mask and the step ends the block (StepOutput.fills_block): no test of the block's masks follows."""
+    model = tiny("llada", seed=3)
+    kw = dict(gen_length=16, block_length=8, threshold=1e-9)
+    counter = count_generate(model, PROMPTS, sampler="spec_threshold", **kw)
+    sites = [site for step in counter.steps for site in step.syncs]
+    assert len(counter.steps) == 2 and not [site for site in sites if "dllm/engine/loop.py" in site]
+    out = dllm.generate(model, PROMPTS, sampler="spec_threshold", **kw)
+    assert torch.equal(out.sequences, dllm.generate(model, PROMPTS, sampler="threshold", **kw).sequences)
