@@ -177,7 +177,6 @@ class Decode(StepForwards):
         self._read_next: Optional[torch.Tensor] = None  # [K] the last step's StepOutput.read_next, unread
         self._host_read: Optional[list[int]] = None  # its values, for the next step (StepInput.host_read)
         self._max_steps = 0  # the current block's most steps
-        self._ended = False  # the last step ended its block, known on the host (StepOutput.fills_block)
 
     # ---- the block loop -------------------------------------------------------------------------
     def run_block(self, b: int, s: int, e: int, block_steps: Optional[int]) -> None:
@@ -192,7 +191,6 @@ class Decode(StepForwards):
         self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
         self._soft = self._unsettled = None
         self._read_next = self._host_read = None  # a block's first step gets nothing read for it
-        self._ended = False
         state.block_masks_at_start = self._masks.sum(dim=1) if sampler.reads_block_masks else None  # [B]
         sampler.begin_block(state)
         refines = sampler.refines  # steps past the masks: bounded by the nominal block
@@ -201,9 +199,6 @@ class Decode(StepForwards):
         self._max_steps = max_steps
         for i in range(max_steps):
             if block_steps is None:
-                if self._ended:  # the last step's commit held every mask, which its sampler knew: no read
-                    ended_unread(state).append((s, e))  # checked with the call's one read (finish_output)
-                    return
                 if i:
                     self._masks = block == state.mask_id
                 if not i:  # the first test: known without a read unless a step wrote past its block
@@ -214,7 +209,9 @@ class Decode(StepForwards):
                     if not self._block_left(left):  # one host sync per adaptive step: the loop condition
                         return
             state.block_step = i
-            self._step(i, s, e, block_steps)
+            if self._step(i, s, e, block_steps) and block_steps is None:  # its commits filled the block, which
+                ended_unread(state).append((s, e))  # its sampler knew: no test (checked in the call's one read)
+                return
         if block_steps is None and bool((block == state.mask_id).any()):  # only after a block's every step:
             raise RuntimeError(  # with the skipped first test, still <= 1 read per step
                 f"block [{s}, {e}) still has masks after {max_steps} steps; sampler {sampler!r} broke progress"
@@ -243,7 +240,9 @@ class Decode(StepForwards):
             return True
         return bool((state.x[:, s:e] == state.mask_id).any())  # the one read of this block's first test
 
-    def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> None:
+    def _step(self, i: int, s: int, e: int, block_steps: Optional[int]) -> bool:
+        """One step of the block at canvas columns ``[s, e)``; returns whether it ended the block, known on
+        the host (``StepOutput.fills_block``)."""
         state, sampler = self.state, self.sampler
         shadow, attn = None, {}
         carried, self._carried = self._carried, None
@@ -288,7 +287,8 @@ class Decode(StepForwards):
                                    f"{r.device}; it must be a 1-D integer tensor on the canvas' device "
                                    f"{state.x.device}")
             self._read_next = r
-        self._ended = decision.fills_block and self._ends_block(decision)
+        if decision.fills_block:
+            self._check_fills_block(decision)
         commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
@@ -313,16 +313,16 @@ class Decode(StepForwards):
         state.step += 1
         if self.callback is not None:
             self.callback(state)
+        return decision.fills_block
 
-    def _ends_block(self, decision: StepOutput) -> bool:
-        """Whether a step's ``fills_block`` may end its block without a read: its commits hold the step's
-        active masks, which are every mask of the block (a view starting inside the block has none left of
-        it), so it must change nothing else; a sampler that says so otherwise breaks the contract."""
+    def _check_fills_block(self, decision: StepOutput) -> None:
+        """A step's ``fills_block`` ends its block without a read: its commits hold the step's active
+        masks, which are every mask of the block (a view starting inside the block has none left of it),
+        so it must change nothing else; a sampler that says so otherwise breaks the contract."""
         if any(x is not None for x in (decision.remask, decision.beyond, decision.rewrite, decision.settled,
                                        decision.soft)):
             raise RuntimeError(f"sampler {self.sampler.name!r} returned fills_block with remask, beyond, rewrite, "
                                f"settled or soft inputs; it means the step's commits alone end the block")
-        return True
 
     def _earlier_commits(self, wanted: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor, s: int, e: int,
                          q0: int) -> torch.Tensor:

@@ -291,6 +291,9 @@ def unstack_groups(x: torch.Tensor, g: int) -> torch.Tensor:
     return x.reshape(n, h, g, gt // g, hd).transpose(1, 2).reshape(n * g, h, gt // g, hd)
 
 
+_GROUPED: list = [-1, {}]  # grouped_backend's [the backends registry's version, {attention fn: mask kind}]
+
+
 def grouped_backend(attn_fn) -> Optional[str]:
     """The mask ``RowsView.attend``'s stacked layout passes to ``attn_fn``: "float" (additive, sdpa),
     "bool" (reference), or None when the backend cannot take an arbitrary mask (the Triton kernel
@@ -304,9 +307,6 @@ def grouped_backend(attn_fn) -> Optional[str]:
                  backends.get("reference").fn: "bool"}
         _GROUPED[:] = [backends.version, table]
     return table.get(attn_fn)
-
-
-_GROUPED: list = [-1, {}]  # [the backends registry's version, {attention fn: mask kind}]
 
 
 __all__ = ["HeldView", "RowsView", "StackedView", "StaticStackedView", "grouped_backend", "stack_groups",
