@@ -142,6 +142,15 @@ def test_fills_block_with_a_remask_is_refused():
         dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_Ends(remask=True), gen_length=8, block_length=8)
 
 
+class _RefiningEnds(_Ends):
+    refines = True  # its block runs while a row has masks or is not settled: no step ends it alone
+
+
+def test_fills_block_from_a_refining_sampler_is_refused():
+    with pytest.raises(RuntimeError, match="returned fills_block .* or while it refines"):
+        dllm.generate(tiny("llada", seed=3), PROMPTS, sampler=_RefiningEnds(), gen_length=8, block_length=8)
+
+
 def test_spec_threshold_ends_a_block_that_its_first_set_fills_without_a_read():
     """spec_threshold reads whether any draft is left to verify; where none is, its first set holds every
     mask and the step ends the block (StepOutput.fills_block): no test of the block's masks follows."""

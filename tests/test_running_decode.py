@@ -204,8 +204,9 @@ def test_groups_and_what_cannot_join(model):
         reason = unsupported_reason(model, settings, 8)
         assert reason is not None and why in reason, (why, reason)
         assert group_of(model, settings, 8) is None
-    with pytest.raises(ValueError, match="cannot|group"):
-        RunningDecode(model, low, ("fixed", 0))
+    for bad in (("fixed", 0), None, ("fixed",), ["adaptive"], ("fixed", 1.5)):  # None: group_of's refusal
+        with pytest.raises(ValueError, match=r"group must be \('adaptive',\) or \('fixed', k >= 1\)"):
+            RunningDecode(model, low, bad)
     two_per_step = RunningDecode(model, DecodeSettings(sampler="low_confidence", steps=4), ("fixed", 1))
     with pytest.raises(ValueError, match=r"group \('fixed', 2\), this decode's is \('fixed', 1\)"):
         two_per_step.add(PROMPTS[0], 8, "x")

@@ -33,7 +33,7 @@ from dllm.engine.forwards import StepForwards
 from dllm.rows import held_mask
 from dllm.samplers import Sampler
 from dllm.samplers.chunked import column_ids, neg_inf
-from dllm.samplers.draws import make_generator
+from dllm.samplers.draws import make_generator, per_row
 from dllm.options import check_bool
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
 from dllm.settings import DecodeSettings, default_gen_length
@@ -176,6 +176,7 @@ class Decode(StepForwards):
         self._wrote_beyond = False  # a step committed past its block (StepOutput.beyond): first tests read
         self._read_next: Optional[torch.Tensor] = None  # [K] the last step's StepOutput.read_next, unread
         self._host_read: Optional[list[int]] = None  # its values, for the next step (StepInput.host_read)
+        self._live: Optional[tuple[bool, ...]] = None  # per-row seeds: the rows that draw at the next step
         self._max_steps = 0  # the current block's most steps
 
     # ---- the block loop -------------------------------------------------------------------------
@@ -190,7 +191,7 @@ class Decode(StepForwards):
         block = self.views.get("x", s, e)  # [B, W]
         self._masks = block == state.mask_id  # [B, W] the block's masks now (the next step's, until a write)
         self._soft = self._unsettled = None
-        self._read_next = self._host_read = None  # a block's first step gets nothing read for it
+        self._read_next = self._host_read = self._live = None  # a block's first step gets nothing read for it
         state.block_masks_at_start = self._masks.sum(dim=1) if sampler.reads_block_masks else None  # [B]
         sampler.begin_block(state)
         refines = sampler.refines  # steps past the masks: bounded by the nominal block
@@ -220,14 +221,19 @@ class Decode(StepForwards):
     def _block_left(self, left: torch.Tensor) -> bool:
         """Whether ``left`` [B, W] (the block's masks, or unsettled rows) has a True: the adaptive loop's
         test, its one host read per step. The last step's ``read_next`` is read with it (one read for
-        both) and kept for the next step (``StepInput.host_read``)."""
+        both) and kept for the next step (``StepInput.host_read``); with per-row seeds the rows' counts
+        are read, and a row with none left draws nothing at the next step (``_live``: alone, it stops)."""
         extra, self._read_next = self._read_next, None
-        if extra is None:
+        rows = per_row(self.state.generator)
+        if extra is None and not rows:
             return bool(left.any())
-        per_row = left.sum(dim=1)  # [B] long: its rows' counts, in one tensor with the sampler's
-        host = torch.cat((per_row, extra if extra.dtype == per_row.dtype else extra.to(per_row.dtype))).tolist()
-        self._host_read = host[per_row.shape[0]:]
-        return any(host[:per_row.shape[0]])
+        counts = left.sum(dim=1)  # [B] long: its rows' counts, in one tensor with the sampler's
+        if extra is not None:
+            counts = torch.cat((counts, extra if extra.dtype == counts.dtype else extra.to(counts.dtype)))
+        host, b = counts.tolist(), left.shape[0]
+        self._host_read = host[b:] if extra is not None else None
+        self._live = tuple(c > 0 for c in host[:b]) if rows else None
+        return any(host[:b])
 
     def _block_has_masks(self, s: int, e: int) -> bool:
         """Whether the block at canvas columns ``[s, e)`` has a mask to decode at its start, read only
@@ -273,7 +279,7 @@ class Decode(StepForwards):
         inp = StepInput(
             logits=logits, tokens=tokens, active=active, query_start=q0, window=(s - q0, e - q0),
             step=i, steps=block_steps, mask_id=state.mask_id, temperature=state.temperature,
-            generator=state.generator, attn=attn,
+            generator=state.generator if self._live is None else state.generator.only(self._live), attn=attn,
             forward_variants=self.variant_forward if sampler.needs_variants else None,
             shadow_logits=shadow, host_read=self._host_read,
             reads_next=block_steps is None and i + 1 < self._max_steps,  # a test of the block follows
@@ -319,10 +325,11 @@ class Decode(StepForwards):
         """A step's ``fills_block`` ends its block without a read: its commits hold the step's active
         masks, which are every mask of the block (a view starting inside the block has none left of it),
         so it must change nothing else; a sampler that says so otherwise breaks the contract."""
-        if any(x is not None for x in (decision.remask, decision.beyond, decision.rewrite, decision.settled,
-                                       decision.soft)):
+        if self.sampler.refines or any(x is not None for x in (decision.remask, decision.beyond, decision.rewrite,
+                                                               decision.settled, decision.soft)):
             raise RuntimeError(f"sampler {self.sampler.name!r} returned fills_block with remask, beyond, rewrite, "
-                               f"settled or soft inputs; it means the step's commits alone end the block")
+                               f"settled or soft inputs, or while it refines (its block ends once its rows are "
+                               f"settled too); it means the step's commits alone end the block")
 
     def _earlier_commits(self, wanted: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor, s: int, e: int,
                          q0: int) -> torch.Tensor:

@@ -43,7 +43,10 @@ logits (``StepOutput.next_logits``) and runs no forward at its next step, while 
 moved to a new block are forwarded apart. Its NFE is alone's; its forwarded tokens too with static
 variant batches (``compact=False``), while a compacted batch forwards as many variants for every row
 as the row with the most candidates needs (``dllm.samplers.lopa``), so the row's count is then the
-variants forwarded for it, at least alone's.
+variants forwarded for it, at least alone's. With ``compact="block"`` (static batches, the variant
+forward skipped where the anchor fills every row's block, tested at every step here: a running decode
+has no step index) a row's tokens are alone's but not its NFE: it may share a variant forward that
+another row needs, or skip one that alone, past its block's first step, it would run.
 
 Host reads: a fixed-step sampler's blocks end after a known number of steps, so the answers are read
 only at a step where a row's block ends or a caller watches its rows (``watch``); an adaptive
@@ -153,7 +156,8 @@ class RunningDecode(RunningCanvas, RunningForwards):
 
     def __init__(self, model, settings: DecodeSettings, group: tuple, *, read: Read = _read_now,
                  split: Optional[Split] = None) -> None:
-        if group not in (("adaptive",),) and not (len(group) == 2 and group[0] == "fixed" and group[1] >= 1):
+        if group != ("adaptive",) and not (isinstance(group, tuple) and len(group) == 2 and group[0] == "fixed"
+                                            and isinstance(group[1], int) and group[1] >= 1):
             raise ValueError(f"group must be ('adaptive',) or ('fixed', k >= 1) (group_of), got {group!r}")
         self.per_step: Optional[int] = group[1] if group[0] == "fixed" else None  # masks a step commits
         self.model, self.settings, self.group, self.read, self.split = model, settings, group, read, split

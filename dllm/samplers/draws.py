@@ -10,7 +10,11 @@ row by row, each row from its own generator and in the shape it would have alone
   (0.5 for uniforms), never read since padding is never a mask;
 - a tensor over block-window columns ([B, W, ...]) is the same shape alone: row r draws ``[W, ...]``;
 - a flat draw over rows of several batch rows (Dream's masked positions, a [B*W, V] multinomial)
-  is split into the batch rows' consecutive segments.
+  is split into the batch rows' consecutive segments;
+- a row whose block is done while others still step (adaptive samplers: rows fill a block at
+  different steps) draws nothing until the next block (``RowGenerators.live``, set by the block loop
+  from its test of the block's masks): alone it runs no such step, so it starts the next block with
+  its generator where it would be alone. Its draws there get a filler, never read (it has no mask).
 
 With a plain ``torch.Generator`` (or None: the global one) every function is the one torch call it
 replaces, so seeded single-generator decodes keep their streams. Draws read the per-row segment
@@ -19,6 +23,7 @@ sizes on the host only where the sampler already did (Dream's masked rows).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -31,11 +36,26 @@ class RowGenerators:
 
     generators: tuple[torch.Generator, ...]
     pads: tuple[int, ...]
+    # the rows that draw at this step (None: every row). Alone, a row's adaptive block loop stops once
+    # its block is done; in a batch it steps on with the other rows, and must not draw there
+    live: Optional[tuple[bool, ...]] = None
 
     def __post_init__(self) -> None:
         if len(self.generators) != len(self.pads) or not self.generators:
             raise ValueError(f"RowGenerators needs one generator and one pad per row, got {len(self.generators)} "
                              f"generators and {len(self.pads)} pads")
+        if self.live is not None and len(self.live) != len(self.generators):
+            raise ValueError(f"RowGenerators.live needs a flag per row, got {len(self.live)} for "
+                             f"{len(self.generators)} rows")
+
+    def only(self, live: Optional[Sequence[bool]]) -> "RowGenerators":
+        """The same generators, drawing for the rows flagged in ``live`` only (None: every row); the
+        others get the draw functions' filler, and their generators do not move."""
+        return dataclasses.replace(self, live=None if live is None else tuple(bool(x) for x in live))
+
+    def stream(self, row: int) -> Optional[torch.Generator]:
+        """Row ``row``'s generator, or None when it draws nothing at this step (``live``)."""
+        return self.generators[row] if self.live is None or self.live[row] else None
 
     @classmethod
     def seeded(cls, seeds: Sequence[int], pads: Sequence[int], device: torch.device) -> "RowGenerators":
@@ -98,9 +118,11 @@ def rand(shape: Sequence[int], generator: Generator, device: torch.device, dtype
         return torch.rand(tuple(shape), dtype=dtype, generator=generator, device=device)
     generator.check_rows(shape[0], f"a draw of shape {tuple(shape)}")
     out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
-    for r, g in enumerate(generator.generators):
-        c = generator.cut(r, query_start)
-        out[r, c:] = torch.rand((shape[1] - c, *shape[2:]), dtype=dtype, generator=g, device=device)
+    for r in range(len(generator)):
+        g = generator.stream(r)
+        if g is not None:
+            c = generator.cut(r, query_start)
+            out[r, c:] = torch.rand((shape[1] - c, *shape[2:]), dtype=dtype, generator=g, device=device)
     return out
 
 
@@ -111,8 +133,9 @@ def rand_segments(lengths: Sequence[int], generator: Generator, device: torch.de
     if not isinstance(generator, RowGenerators):
         return torch.rand(int(sum(lengths)), dtype=dtype, generator=generator, device=device)
     generator.check_rows(len(lengths), "a flat draw")
-    return torch.cat([torch.rand(int(n), dtype=dtype, generator=g, device=device)
-                      for n, g in zip(lengths, generator.generators)])
+    return torch.cat([torch.full((int(n),), 0.5, dtype=dtype, device=device) if g is None else
+                      torch.rand(int(n), dtype=dtype, generator=g, device=device)
+                      for n, g in zip(lengths, map(generator.stream, range(len(generator))))])
 
 
 def race(probs: torch.Tensor, num_samples: int, generator: Optional[torch.Generator], replacement: bool
@@ -149,8 +172,9 @@ def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, 
             generator.check_rows(probs.shape[0], "a multinomial's distributions")
         segments = [probs.shape[0] // b] * b
     generator.check_rows(len(segments), "a multinomial's segments")
-    parts = [race(p, num_samples, g, replacement)
-             for p, g, n in zip(probs.split([int(n) for n in segments]), generator.generators, segments) if n]
+    parts = [race(p, num_samples, g, replacement) if g is not None else p.topk(num_samples).indices  # filler
+             for p, g, n in zip(probs.split([int(n) for n in segments]), map(generator.stream, range(b)), segments)
+             if n]
     if not parts:
         return torch.empty((0, num_samples), dtype=torch.long, device=probs.device)
     return torch.cat(parts)

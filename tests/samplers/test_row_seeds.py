@@ -40,6 +40,43 @@ def test_each_row_draws_what_it_draws_alone(llada, sampler, cache):
     assert batched == alone
 
 
+@pytest.fixture(scope="module")
+def trained():
+    return dllm.load("tiny-llada")
+
+
+TASKS = ["[BOS] sort D A C B [SEP]", "[BOS] sort B A [SEP]", "[BOS] reverse A B C D E [SEP]"]
+
+
+def _block_steps(model, prompts, seeds, **kw):
+    """How many steps each block of a decode of ``prompts`` runs."""
+    seen = []
+    dllm.generate(model, prompts, seed=seeds, callback=lambda st: seen.append(st.block_index), **kw)
+    return [seen.count(b) for b in range(max(seen) + 1)]
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("sampler", DRAWING)
+def test_a_row_whose_block_ends_early_draws_no_more(trained, sampler, cache):
+    """Adaptive samplers on a trained model: rows fill their blocks at different steps. A row whose
+    block is done keeps stepping with the batch but draws nothing there (alone it ran no such step),
+    so it starts the next block where it would alone."""
+    spec = "sdar:denoising_steps=3" if sampler == "sdar" else sampler  # at most a block's width of steps
+    kw = dict(sampler=spec, cache=cache, gen_length=7, block_length=3, temperature=0.7)
+    seeds = [11, 22, 33]
+    alone = [dllm.generate(trained, [p], seed=[s], **kw).generated_ids[0] for p, s in zip(TASKS, seeds)]
+    assert dllm.generate(trained, TASKS, seed=seeds, **kw).generated_ids == alone
+
+
+def test_the_rows_above_do_end_their_blocks_at_different_steps(trained):
+    """The test above can fail: under ``threshold`` the batch's rows need different steps per block."""
+    kw = dict(sampler="threshold", gen_length=7, block_length=3, temperature=0.7)
+    seeds = [11, 22, 33]
+    alone = [_block_steps(trained, [p], [s], **kw) for p, s in zip(TASKS, seeds)]
+    assert len({tuple(a) for a in alone}) > 1
+    assert _block_steps(trained, TASKS, seeds, **kw) == [max(a[b] for a in alone) for b in range(3)]
+
+
 @pytest.mark.parametrize("sampler", ["origin", "maskgit_plus", "entropy"])
 def test_dream_family(dream, sampler):
     alone, batched = _alone_and_batched(dream, sampler=sampler, gen_length=8, block_length=8, temperature=1.0)

@@ -21,11 +21,13 @@ def llada():
 
 
 def _mixed(n: int) -> list[tuple[str, DecodeSettings, int]]:
-    """Greedy and sampled requests, seeds repeated across requests, two samplers, two caches."""
+    """Greedy and sampled requests, seeds repeated across requests, three samplers (``threshold``'s rows
+    fill their blocks at different steps), two caches."""
     out = []
     for i in range(n):
         sampled = i % 3 != 0
-        settings = DecodeSettings(sampler=("low_confidence", "random")[i % 2], cache=("none", "dual")[(i // 2) % 2],
+        settings = DecodeSettings(sampler=("low_confidence", "random", "threshold", "threshold")[i % 4],
+                                     cache=("none", "dual")[(i // 2) % 2],
                                      block_length=4, temperature=1.0 if sampled else 0.0,
                                      seed=(5, 7)[i % 2] if sampled else None)
         out.append((PROMPTS[i % len(PROMPTS)], settings, (5, 8)[(i // 4) % 2]))
@@ -49,6 +51,22 @@ def test_seeded_requests_equal_offline_under_load(llada, mode):
             assert done.text == offline == "".join(e.text for e in events if isinstance(e, Delta)), (p, s, n)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_seeded_rows_that_fill_their_blocks_at_different_steps(llada, mode):
+    """``threshold`` at temperature 1: sharing a call, these four rows end blocks at different steps
+    (a row whose block is done must draw nothing more in it); each still gets its offline text."""
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, max_running=4)
+    spec = [(p, DecodeSettings(sampler="threshold", block_length=4, temperature=1.0, seed=seed))
+            for p, seed in zip(PROMPTS, (5, 7, 5, 7))]
+    try:
+        with engine._cond:
+            jobs = [engine.submit(JobRequest(engine.encode_prompt(p), 8, s)) for p, s in spec]
+        texts = [job.result(60).text for job in jobs]
+    finally:
+        engine.close()
+    assert texts == [dllm.generate(llada, p, gen_length=8, **s.generate_kwargs()).texts[0] for p, s in spec]
 
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])
