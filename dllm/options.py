@@ -41,17 +41,22 @@ def field_error(field: Optional[str], err: BaseException) -> SettingError:
     return cls(field, str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
 
 
+INT64_MAX = 2**63 - 1  # the most an integer option may be: torch takes Python ints as int64
+
+
 def is_number(value: Any) -> bool:
-    """An int or float that is not a bool and not NaN."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    """An int or float that is not a bool and not NaN (an int within int64: torch converts it)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+            and (isinstance(value, float) or -INT64_MAX <= value <= INT64_MAX))
 
 
 def check_int(name: str, value: Any, low: int, *, high: Optional[int] = None, hint: str = "") -> None:
-    """An integer (not a bool, not a float) in [low, high]."""
+    """An integer (not a bool, not a float) in [low, high] (high: at most ``INT64_MAX``)."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    ok = ok and (high is None or value <= high)
+    ok = ok and value <= (INT64_MAX if high is None else high)
     if not ok:
-        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
+        huge = high is None and isinstance(value, int) and value > INT64_MAX
+        rng = f"in [{low}, 2**63 - 1]" if huge else f">= {low}" if high is None else f"in [{low}, {high}]"
         raise SettingError(name, f"{name} must be an integer {rng}{hint}, got {value!r}")
 
 

@@ -221,6 +221,9 @@ class DecodeSettings:
         refusal = policy.sampler_refusal(sampler)
         if refusal is not None:
             raise SettingError("cache", f"sampler {sampler.name!r} {refusal}")
+        at_fault = sampler.block_refusal(block_size_of(model) or plan.block_length)
+        if at_fault is not None:
+            raise SettingError(*at_fault)
         need_attn = fit_layers(sampler.attention_layers, model)
         if need_attn and not getattr(model, "supports_kv_cache", True):
             raise SettingError("sampler", f"sampler {sampler.name!r} reads the model's attention probabilities "

@@ -34,6 +34,17 @@ BAD = [
     (DecodeSettings(seed=-3), 8, "seed", "seed"),
     (DecodeSettings(seed=[1, 2]), 8, "seed", "seed"),
     (DecodeSettings(), 0, "gen_length", "max_tokens"),
+    # options that only the block size refuses, before any forward (``Sampler.block_refusal``)
+    (DecodeSettings.of(sampler="sdar", block_length=4, options={"denoising_steps": 8}), 8, "denoising_steps",
+     "sampler_options.denoising_steps"),
+    (DecodeSettings(sampler="sdar:denoising_steps=8", block_length=4), 8, "denoising_steps", "sampler"),
+    (DecodeSettings.of(sampler="fastdllm_v2", block_length=4, options={"small_block_size": 3}), 8, "small_block_size",
+     "sampler_options.small_block_size"),
+    # sizes no call can use: refused, never allocated (an int past int64, a layer list of 10**9)
+    (DecodeSettings.of(sampler="threshold", options={"schedule_steps": 10**30}), 8, "schedule_steps",
+     "sampler_options.schedule_steps"),
+    (DecodeSettings.of(sampler="credit", options={"alpha": 10**30}), 8, "alpha", "sampler_options.alpha"),
+    (DecodeSettings.of(sampler="dawn", options={"layers": 10**9}), 8, "layers", "sampler_options.layers"),
 ]
 
 
@@ -81,3 +92,13 @@ def test_good_settings_resolve_to_the_call_generate_makes(llada):
     assert r.sampler.name == "threshold" and r.sampler.config.threshold == 0.8
     assert r.policy.name == "dual" and r.plan.block_length == 4 and len(r.plan.blocks) == 2
     assert s == DecodeSettings.of(sampler="threshold", cache="dual", block_length=4, options={"threshold": 0.8})
+
+
+def test_a_schedule_longer_than_the_block_is_the_block_s():
+    """``threshold:schedule_steps=S``: S past the block's width decodes as S = the width (its most
+    steps), without a [B, S] table."""
+    model = dllm.load("tiny-llada")
+    kw = dict(gen_length=8, block_length=4, sampler="threshold")
+    huge = dllm.generate(model, PROMPT, schedule_steps=10**9, **kw)
+    assert huge.texts == dllm.generate(model, PROMPT, schedule_steps=4, **kw).texts
+    assert huge.nfe == dllm.generate(model, PROMPT, schedule_steps=4, **kw).nfe

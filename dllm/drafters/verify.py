@@ -42,12 +42,15 @@ import torch
 from dllm.options import check_int, check_number
 
 FILTER_VALUE = float("-inf")  # transformers' warpers' default filter value
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's _SAMPLING_EPS): logits / 1e-40 overflow float32
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """The target's sampling settings. ``temperature = 0`` is greedy (top-k/top-p then unused);
-    ``top_k = 0`` and ``top_p = 1`` switch those filters off (transformers' conventions)."""
+    """The target's sampling settings. ``temperature = 0`` is greedy (top-k/top-p then unused), and so
+    is any temperature below ``GREEDY_BELOW`` (as vLLM: dividing float32 logits by 1e-40 overflows, and
+    the softmax of infinities is NaN); ``top_k = 0`` and ``top_p = 1`` switch those filters off
+    (transformers' conventions)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -60,7 +63,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 # ---- the target distribution ---------------------------------------------------------------------

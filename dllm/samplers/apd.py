@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 import torch
 
-from dllm.options import check_int, check_unit
+from dllm.options import SettingError, check_int, check_unit
 from dllm.samplers import draws
 from dllm.samplers._ops import gumbel_perturb, window_output
 from dllm.samplers.base import Sampler, register_sampler
@@ -93,8 +93,10 @@ class APDConfig:
     lookahead: Optional[int] = None  # M: at most this many drafts per step (None: the whole block)
 
     def __post_init__(self) -> None:
-        if isinstance(self.verifier, str) and not self.verifier:
-            raise ValueError("verifier must be a causal LM or the name of one (e.g. 'tiny-ar'), got ''")
+        named = isinstance(self.verifier, str)
+        if (named and not self.verifier) or (not named and not callable(self.verifier)):  # a name, or a model
+            raise SettingError("verifier", f"verifier must be a causal LM or the name of one (e.g. 'tiny-ar'), got "
+                                           f"{self.verifier!r}")
         check_unit("mixture", self.mixture)
         if self.lookahead is not None:
             check_int("lookahead", self.lookahead, 1, hint=" (or None: the whole block)")
@@ -107,6 +109,7 @@ class APD(Sampler):
     Config = APDConfig
     fixed_steps = False
     reads_block_only = True
+    loads = ("verifier",)
 
     @property
     def commits_every_step(self) -> bool:

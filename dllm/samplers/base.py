@@ -35,6 +35,8 @@ class Sampler(Configurable):
     refines: ClassVar[bool] = False  # rewrites committed tokens of the current block (StepOutput.rewrite)
     #   and runs the block past its masks until every row is settled (StepOutput.settled); its
     #   ``max_block_steps`` then receives the nominal block length (the engine's bound on such a block)
+    loads: ClassVar[tuple[str, ...]] = ()  # options naming a model or file the sampler loads: a server keeps
+    #   its own value (a request may not make it load what the request names)
     soft_inputs: ClassVar[bool] = False  # feeds mixed input embeddings (StepOutput.soft): needs a model
     #   with an input embedding (DiffusionLM.input_embedding)
     reads_block_only: ClassVar[bool] = False  # reads nothing outside the block window (logits,
@@ -75,6 +77,12 @@ class Sampler(Configurable):
         past it). One commit per step needs ``block_len``; a revising sampler must bound its
         re-masking so that it finishes within what it returns here."""
         return block_len
+
+    def block_refusal(self, block_size: int) -> Optional[tuple[str, str]]:
+        """Why this sampler's options cannot decode blocks of ``block_size`` (a block-causal model's
+        own, else the call's ``block_length``): (the option at fault, the message), or None.
+        ``DecodeSettings.resolve`` refuses the call with it before any forward; ``begin_block`` too."""
+        return None
 
 
 samplers: Registry[type[Sampler]] = Registry("sampler", base=Sampler)

@@ -68,6 +68,9 @@ from dllm.samplers.chunked import constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
+MAX_LAYERS = 1024  # the most ``layers`` may ask for (the layer list is built before the model is seen)
+
+
 @dataclass(frozen=True)
 class DawnConfig:
     tau_sink: float = 0.01  # key j is an attention sink if its column mean > this, in [0, 1]
@@ -75,13 +78,14 @@ class DawnConfig:
     tau_induce: float = 0.7  # a mask attending to a confident anchor is committed if c >= this
     tau_low: float = 0.7  # candidates of the independent set need c >= this, in [0, 1] (DAWN's generate())
     tau_high: float = 0.9  # S_high and anchor confidence (hard-coded 0.9 upstream), in [0, 1]
-    layers: int = 4  # read the attention of the last `layers` layers (DAWN: 4), >= 1
+    layers: int = 4  # read the attention of the last `layers` layers (DAWN: 4), in [1, MAX_LAYERS]; more
+    #   than the model has: all of them
 
     def __post_init__(self) -> None:
         for name in ("tau_sink", "tau_induce", "tau_low", "tau_high"):
             check_unit(name, getattr(self, name))
         check_unit("tau_edge", self.tau_edge, low_open=True)  # 0 would make every pair (and self) an edge
-        check_int("layers", self.layers, 1)
+        check_int("layers", self.layers, 1, high=MAX_LAYERS)
 
 
 def dependency_graph(

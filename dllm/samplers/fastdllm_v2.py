@@ -44,6 +44,7 @@ Differences from the original, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -103,13 +104,22 @@ class FastDLLMv2Sampler(Sampler):
         return True  # the most confident mask of the row's sub-block, which holds its first mask (or the
         #   block's first column alone, a mask at the block's first step)
 
+    def block_refusal(self, block_size: int) -> Optional[tuple[str, str]]:
+        bs, sbs = block_size, self.config.small_block_size
+        if sbs >= bs or bs % sbs == 0:
+            return None
+        valid = [d for d in range(1, bs + 1) if bs % d == 0]
+        return "small_block_size", (f"sampler 'fastdllm_v2': small_block_size={sbs} must divide the block size {bs} "
+                                    f"(valid: {', '.join(map(str, valid))}, or any width >= {bs}, which is the whole "
+                                    f"block)")
+
     def begin_block(self, state: DecodeState) -> None:
-        bs, sbs = block_of(state), self.config.small_block_size
-        if sbs < bs and bs % sbs:
-            valid = [d for d in range(1, bs + 1) if bs % d == 0]
-            raise ValueError(f"sampler 'fastdllm_v2': small_block_size={sbs} must divide the block size {bs} "
-                             f"(valid: {', '.join(map(str, valid))}, or any width >= {bs}, which is the whole block)")
-        state.extras[SUB_BLOCK_KEY] = min(sbs, bs)  # cache 'subblock' forwards this sub-block alone
+        bs = block_of(state)
+        refusal = self.block_refusal(bs)
+        if refusal is not None:
+            raise ValueError(refusal[1])
+        state.extras[SUB_BLOCK_KEY] = min(self.config.small_block_size, bs)  # cache 'subblock' forwards this
+        #   sub-block alone
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config

@@ -41,6 +41,7 @@ Differences from the original, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -164,11 +165,16 @@ class SDARSampler(Sampler):
     def commits_every_step(self) -> bool:
         return True  # every remasking rule takes at least one mask (a quota >= 1, or the first mask)
 
+    def block_refusal(self, block_size: int) -> Optional[tuple[str, str]]:
+        if self.config.denoising_steps <= block_size:
+            return None
+        return "denoising_steps", (f"sampler 'sdar': denoising_steps={self.config.denoising_steps} exceeds the block "
+                                   f"size {block_size}; a step must be able to commit a token (valid: 1 .. {block_size})")
+
     def begin_block(self, state: DecodeState) -> None:
-        bs = block_of(state)
-        if self.config.denoising_steps > bs:
-            raise ValueError(f"sampler 'sdar': denoising_steps={self.config.denoising_steps} exceeds the "
-                             f"block size {bs}; a step must be able to commit a token (valid: 1 .. {bs})")
+        refusal = self.block_refusal(block_of(state))
+        if refusal is not None:
+            raise ValueError(refusal[1])
 
     def max_block_steps(self, block_len: int) -> int:
         return self.config.denoising_steps

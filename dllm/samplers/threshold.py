@@ -145,7 +145,10 @@ class Threshold(Sampler):
     def begin_block(self, state: DecodeState) -> None:
         if self.config.schedule_steps is not None:
             assert state.block_masks_at_start is not None
-            state.extras[RESERVE_KEY] = later_quotas(state.block_masks_at_start, self.config.schedule_steps)
+            # [B, S] for S <= the block's width: its most steps (one commit each), so more columns are never
+            #   read, and with S >= the masks at the start the columns read are the same
+            width = state.block_end - state.block_start
+            state.extras[RESERVE_KEY] = later_quotas(state.block_masks_at_start, min(self.config.schedule_steps, width))
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         tokens, conf = propose_with_confidence(inp, self.config.stats)

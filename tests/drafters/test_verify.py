@@ -177,6 +177,17 @@ def test_greedy_target_probs_is_the_argmax_one_hot():
     assert torch.equal(next_tokens(logits, SamplingParams()), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("t", [1e-300, 1e-40, 1e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(t):
+    """Below GREEDY_BELOW (vLLM's 1e-5) the target is greedy: logits / 1e-40 overflow float32 and the
+    softmax of infinities is NaN, which drew id 0 (a pad) before."""
+    logits = torch.randn(3, 5, V) * 10
+    params = SamplingParams(t)
+    assert params.greedy and not SamplingParams(1e-5).greedy
+    assert torch.equal(target_probs(logits, params), target_probs(logits, SamplingParams()))
+    assert torch.equal(next_tokens(logits, params), logits.argmax(-1))
+
+
 def test_sampling_params_errors():
     with pytest.raises(ValueError, match="temperature must be"):
         SamplingParams(temperature=-1.0)

@@ -173,7 +173,8 @@ def test_missing_attention_is_a_clear_error():
     (dict(tau_edge=0.0), r"tau_edge must be a number in \(0, 1\], got 0.0"),
     (dict(tau_induce=1.5), r"tau_induce must be a number in \[0, 1\], got 1.5"),
     (dict(tau_low="0.7"), r"tau_low must be a number in \[0, 1\], got '0.7'"),
-    (dict(layers=0), r"layers must be an integer >= 1, got 0"),
+    (dict(layers=0), r"layers must be an integer in \[1, 1024\], got 0"),
+    (dict(layers=10**9), r"layers must be an integer in \[1, 1024\], got 1000000000"),  # never a 10**9 list
 ])
 def test_out_of_range(options, match):
     with pytest.raises(ValueError, match=match):

@@ -126,7 +126,8 @@ def test_the_cap_takes_the_most_confident_of_the_confident_and_carries_the_rest(
     rows = [_row(0.95, 1), _row(0.5, 2), _row(0.97, 3), _row(0.92, 4)]
     for ties in ("reference", "first"):
         sampler = make_sampler("threshold", threshold=0.9, schedule_steps=2, ties=ties)  # quotas 2, 2
-        state = SimpleNamespace(extras={}, block_masks_at_start=torch.tensor([4]), x=torch.zeros(1, 6))
+        state = SimpleNamespace(extras={}, block_masks_at_start=torch.tensor([4]), x=torch.zeros(1, 6), block_start=2,
+                                block_end=6)
         sampler.begin_block(state)
         inp = _input(rows)
         assert sampler.step(inp, state).commit[0].tolist() == [True, False, True, False], ties  # cap 4 - 2 = 2

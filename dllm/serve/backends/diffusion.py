@@ -188,13 +188,19 @@ class DiffusionBackend(Scheduler):
         """A request's settings: its own fields over the server's defaults. The default sampler's
         options apply only when the request keeps the default sampler; a default block length longer
         than the request's ``max_tokens`` becomes ``max_tokens`` (one block), as ``generate`` needs
-        ``block_length <= gen_length``. Unchecked (``check`` does that)."""
+        ``block_length <= gen_length``, and then a default ``steps`` above ``max_tokens`` becomes
+        ``max_tokens`` (one token a step: no call has more steps than positions). Unchecked (``check``
+        does that)."""
         d = self.defaults
         opts = dict(d.options) if sampler is None else {}
         opts.update(options or {})
-        if (block_length is None and d.block_length is not None and isinstance(max_tokens, int)
-                and self.block_size is None):  # a block-causal model's block is its checkpoint's
-            block_length = min(d.block_length, max_tokens) if max_tokens >= 1 else d.block_length
+        short = isinstance(max_tokens, int) and max_tokens >= 1 and self.block_size is None  # a block-causal
+        #   model's block is its checkpoint's
+        if block_length is None and d.block_length is not None and short:
+            block_length = min(d.block_length, max_tokens)
+        one_block = short and (block_length if block_length is not None else d.block_length or max_tokens) >= max_tokens
+        if steps is None and d.steps is not None and one_block and d.steps > max_tokens:
+            steps = max_tokens
         return DecodeSettings(
             sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
             block_length=block_length if block_length is not None else d.block_length,
@@ -225,9 +231,24 @@ class DiffusionBackend(Scheduler):
         """``DecodeSettings.resolve``, the checks ``dllm.generate`` runs, on this model and prompt:
         BadRequest naming the request field the ``SettingError`` names."""
         try:
-            s.resolve(self.model, [list(prompt)], gen_length)
+            sampler = s.resolve(self.model, [list(prompt)], gen_length).sampler
         except SettingError as err:
             raise BadRequest(request_param(err.field, s), str(err)) from None
+        for name in type(sampler).loads:  # a model or file: the server's own, never one the request names
+            value, own = getattr(sampler.config, name), self._own_value(type(sampler), name)
+            if value != own:
+                raise BadRequest(request_param(name, s), f"sampler {sampler.name!r}: {name} loads a model or file, "
+                                                         f"which this server fixes ({own!r}; set it when starting "
+                                                         f"the server: --sampler {sampler.name} -o {name}=...); "
+                                                         f"got {value!r}")
+
+    def _own_value(self, cls: type, name: str):
+        """The server's value of option ``name`` of sampler class ``cls``: its default sampler's when that is
+        ``cls`` (``--sampler`` / ``-o``), else the option's default."""
+        default = make_sampler(self.defaults.sampler, **dict(self.defaults.options))
+        if type(default) is cls:
+            return getattr(default.config, name)
+        return next(f.default for f in dataclasses.fields(cls.Config) if f.name == name)
 
     def check(self, request: JobRequest) -> None:
         if not isinstance(request.settings, DecodeSettings):

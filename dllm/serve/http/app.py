@@ -319,8 +319,8 @@ def create_app(backend: Backend, *, api_key: Optional[str] = None, max_body_byte
         except ApiError as e:
             metrics.count(endpoint, e.status)
             return error_response(e)
-        for d in dones:
-            metrics.observe(d)
+        for i, d in enumerate(dones):  # one per choice, n a prompt
+            metrics.observe(d, i % body.n == 0)
         metrics.count(endpoint, 200)
         return JSONResponse(reply.final(dones, body.n))
 

@@ -55,8 +55,8 @@ class Metrics:
         self.prompt_tokens = Counter("dllm_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.completion_tokens = Counter("dllm_generation_tokens", "generated tokens of finished requests",
                                          registry=r)
-        self.finished = Counter("dllm_request_success", "finished requests by finish reason", ("finish_reason",),
-                                registry=r)
+        self.finished = Counter("dllm_request_success", "finished choices (n a prompt) by finish reason",
+                                ("finish_reason",), registry=r)
         self.ttft = Histogram("dllm_time_to_first_token_seconds", "submitted -> first final text", buckets=_SECONDS,
                               registry=r)
         self.tpot = Histogram("dllm_time_per_output_token_seconds", "(end - first token) / (tokens - 1)",
@@ -75,9 +75,11 @@ class Metrics:
     def count(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
-    def observe(self, done: Done) -> None:
-        """One finished request."""
-        self.prompt_tokens.inc(done.prompt_tokens)
+    def observe(self, done: Done, first_choice: bool = True) -> None:
+        """One finished choice; its prompt's tokens are counted with its prompt's first choice only (as the
+        reply's ``usage`` counts them: once a prompt, whatever ``n``)."""
+        if first_choice:
+            self.prompt_tokens.inc(done.prompt_tokens)
         self.completion_tokens.inc(done.completion_tokens)
         self.finished.labels(finish_reason=done.finish_reason).inc()
         self.e2e.observe(done.wall_s)

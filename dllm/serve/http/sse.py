@@ -73,8 +73,10 @@ def cancel_unfinished(jobs: Sequence[Job]) -> None:
 
 
 async def stream(jobs: Sequence[Job], reply: Reply, *, n: int, include_usage: bool = False,
-                 step_events: bool = False, on_done: Optional[Callable[[Done], None]] = None) -> AsyncIterator[str]:
-    """The SSE text of a streamed reply to ``jobs`` (one per choice)."""
+                 step_events: bool = False, on_done: Optional[Callable[[Done, bool], None]] = None
+                 ) -> AsyncIterator[str]:
+    """The SSE text of a streamed reply to ``jobs`` (one per choice, ``n`` a prompt); ``on_done(done,
+    whether it is its prompt's first choice)`` as each ends."""
     dones: dict[int, Done] = {}
     try:
         if reply.chat:
@@ -90,7 +92,7 @@ async def stream(jobs: Sequence[Job], reply: Reply, *, n: int, include_usage: bo
             elif isinstance(ev, Done):
                 dones[i] = ev
                 if on_done is not None:
-                    on_done(ev)
+                    on_done(ev, i % n == 0)
                 yield data(reply.chunk(i, finish_reason=ev.finish_reason))
             elif isinstance(ev, Failed):
                 cancel_unfinished(jobs)

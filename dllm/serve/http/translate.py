@@ -42,9 +42,9 @@ def requested_max_tokens(body: Body, default: int) -> int:
     return value if value is not None else default
 
 
-def _sampler_fields(spec: str) -> Union[set[str], None]:
-    """The option names of the sampler ``spec`` names (None when it is not registered: the backend's
-    check reports that)."""
+def _sampler_fields(spec: str) -> Union[dict[str, Any], None]:
+    """The options of the sampler ``spec`` names, each with its default (None when the sampler is not
+    registered: the backend's check reports that)."""
     from dllm.registry import parse_spec
     from dllm.samplers import samplers
 
@@ -53,21 +53,35 @@ def _sampler_fields(spec: str) -> Union[set[str], None]:
         cls = samplers.get(name)
     except (KeyError, ValueError, TypeError):
         return None
-    return {f.name for f in dataclasses.fields(cls.Config)}
+    return {f.name: f.default for f in dataclasses.fields(cls.Config)}
+
+
+NUCLEUS_OFF = {"top_p": 1.0, "top_k": 0}  # the OpenAI fields' values that mean "off"
+
+
+def samplers_with(option: str) -> list[str]:
+    """The registered samplers that have ``option``."""
+    from dllm.samplers import samplers
+
+    return [e.name for e in samplers if option in {f.name for f in dataclasses.fields(e.obj.Config)}]
 
 
 def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
-    """``sampler_options`` plus ``top_p`` / ``top_k`` as the options of those names (1.0 / 0: off)."""
+    """``sampler_options`` plus ``top_p`` / ``top_k`` as the options of those names. Their "off" values
+    (1.0 / 0) given by the client turn the option off for a sampler that has it (top_p = 1.0; top_k =
+    the option's default, which is off), over the server's defaults; a sampler without it ignores them."""
     options: dict[str, Any] = dict(body.sampler_options or {})
-    nucleus = {"top_p": body.top_p if body.top_p not in (None, 1.0) else None,
-               "top_k": body.top_k if body.top_k not in (None, 0) else None}
-    for name, value in nucleus.items():
+    for name, value in (("top_p", body.top_p), ("top_k", body.top_k)):
         if value is None:
             continue
         fields = _sampler_fields(sampler)
+        if value == NUCLEUS_OFF[name]:
+            if fields is not None and name in fields and name not in options:
+                options[name] = 1.0 if name == "top_p" else fields[name]
+            continue
         if fields is not None and name not in fields:
-            raise bad_request(name, f"{name}={value}: sampler {quote(sampler)} has no {name} option (the 'dream' "
-                                    f"sampler has one); leave {name} out or pick such a sampler")
+            raise bad_request(name, f"{name}={value}: sampler {quote(sampler)} has no {name} option (samplers with "
+                                    f"one: {', '.join(samplers_with(name))}); leave {name} out or pick such a sampler")
         if name in options and options[name] != value:
             raise bad_request(name, f"{name}={value} and sampler_options.{name}={options[name]} disagree; give one")
         options[name] = value
