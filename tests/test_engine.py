@@ -278,7 +278,7 @@ def test_k_is_refused_with_a_pointer_to_steps(kw):
 def test_progress_rule_equals_its_reference():
     """The engine's progress rule in few calls commits what the rule as written commits: random
     commits, active maps (rows without masks included), scores with ties, NaN and -inf, or none."""
-    from dllm.engine.loop import _guarantee_progress, _guarantee_progress_reference
+    from dllm.engine.progress import guarantee_progress, guarantee_progress_reference
 
     g = torch.Generator().manual_seed(0)
     for trial in range(2000):
@@ -291,8 +291,8 @@ def test_progress_rule_equals_its_reference():
         decision = StepOutput(commit=commit, tokens=torch.zeros(b, w, dtype=torch.long), score=score)
         for last in (False, True):
             for adaptive in (False, True):
-                fast = _guarantee_progress(decision, active, last=last, adaptive=adaptive)
-                ref = _guarantee_progress_reference(decision, active, last=last, adaptive=adaptive)
+                fast = guarantee_progress(decision, active, last=last, adaptive=adaptive)
+                ref = guarantee_progress_reference(decision, active, last=last, adaptive=adaptive)
                 assert torch.equal(fast, ref), (active, commit, score, last, adaptive)
 
 

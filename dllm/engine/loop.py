@@ -30,9 +30,9 @@ from dllm.engine.graphs import GRAPHS_KEY, GraphsOption, StepGraphs, check_graph
 from dllm.inputs import Prompts, check_call, encode_prompts, fit_layers, init_state, model_device
 from dllm.outputs import ended_unread, finish_output, stop_finished_rows
 from dllm.engine.forwards import StepForwards
+from dllm.engine.progress import guarantee_progress
 from dllm.rows import held_mask
 from dllm.samplers import Sampler
-from dllm.samplers.chunked import column_ids, neg_inf
 from dllm.samplers.draws import make_generator, per_row
 from dllm.options import check_bool
 from dllm.schedule import BLOCK_SIZE_KEY, LOGIT_SHIFT_KEY
@@ -295,7 +295,7 @@ class Decode(StepForwards):
             self._read_next = r
         if decision.fills_block:
             self._check_fills_block(decision)
-        commit = _guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
+        commit = guarantee_progress(decision, active, last=(block_steps is not None and i == block_steps - 1),
                                      adaptive=block_steps is None and not sampler.commits_every_step)
         if decision.beyond is not None:  # all-in: masks right of the block, never the prompt
             self._wrote_beyond = True
@@ -365,43 +365,6 @@ class Decode(StepForwards):
             raise RuntimeError(f"sampler {sampler.name!r} returned soft inputs {decision.soft.width} wide for "
                                f"a block of {e - s}")
         self._soft = None if decision.soft is None else (s, decision.soft)
-
-
-def _guarantee_progress(decision: StepOutput, active: torch.Tensor, *, last: bool, adaptive: bool) -> torch.Tensor:
-    """The positions to commit: the sampler's choice among active masks, plus the progress rule.
-
-    Fixed-step samplers: the block's last step commits every remaining mask.
-    Adaptive samplers: a row with active masks that chose none commits its best-scoring one (the first
-    of equal scores; the first active mask without a score); ``_guarantee_progress_reference`` is the
-    rule as written, this its form in 7 ATen calls.
-    """
-    if last:
-        return active  # never written to: the engine only reads a commit map
-    commit = decision.commit if decision.active_only else decision.commit & active
-    if adaptive:
-        score = decision.score if decision.score is not None else 1.0
-        best = torch.where(active, score, neg_inf(active.device)).argmax(dim=1, keepdim=True)  # [B, 1]
-        # the best active mask of each row that committed none: active and no commit in its row
-        # (bool > bool: True > False only); a row without an active mask has none to take
-        fallback = (column_ids(active.shape[1], active.device) == best) & (active > commit.any(dim=1, keepdim=True))
-        commit = commit | fallback  # [B, W]
-    return commit
-
-
-def _guarantee_progress_reference(decision: StepOutput, active: torch.Tensor, *, last: bool,
-                                  adaptive: bool) -> torch.Tensor:
-    """``_guarantee_progress`` step by step (the tests compare the two)."""
-    if last:
-        return active
-    commit = decision.commit & active
-    if adaptive:
-        need = active.any(dim=1) & ~commit.any(dim=1)  # [B]
-        score = decision.score if decision.score is not None else active.float()
-        best = score.masked_fill(~active, float("-inf")).argmax(dim=1)  # [B]
-        fallback = torch.zeros_like(commit)
-        fallback.scatter_(1, best[:, None], need[:, None])
-        commit = commit | (fallback & active)
-    return commit
 
 
 __all__ = ["Decode", "generate"]

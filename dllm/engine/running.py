@@ -65,7 +65,7 @@ from dllm.cache.base import CachePolicy
 from dllm.cache.block_causal import block_size_of
 from dllm.cache.prefix_dual import DualCache, PrefixCache
 from dllm.engine.forwards import takes_padded
-from dllm.engine.loop import _guarantee_progress
+from dllm.engine.progress import guarantee_progress
 from dllm.engine.running_canvas import Blocks, RunningCanvas, RunningRow
 from dllm.engine.running_forwards import RunningForwards
 from dllm.inputs import model_device
@@ -299,7 +299,7 @@ class RunningDecode(RunningCanvas, RunningForwards):
         decision = self.sampler.step(inp, state)
         if decision.next_logits is not None:  # LoPA's reuse: the rows still in their block read them next
             self._carried = decision.next_logits  # [R, Wb, V]
-        commit = _guarantee_progress(decision, active, last=False,
+        commit = guarantee_progress(decision, active, last=False,
                                      adaptive=self.per_step is None and not self.sampler.commits_every_step)
         torch.where(commit, decision.tokens, window, out=window)  # in place: the canvas view
         return self._after_step(watch)
