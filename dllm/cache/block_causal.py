@@ -6,7 +6,9 @@ A block-causal model attends bidirectionally inside a block of ``bs`` positions 
 bs`` of the RoPE positions) and causally across blocks. The keys/values of a column depend only on
 the tokens of its own block and the blocks before it, so once a block holds no mask its K/V are
 final: reusing them is exact, not an approximation (unlike ``prefix`` / ``dual`` on a bidirectional
-model, whose keys drift as later tokens are committed).
+model, whose keys drift as later tokens are committed). Its queries stop at the block's end, so a
+sampler that reads logits right of the block (``Sampler.reads_right_of_block``: ``prophet``, ``klass``)
+decides from fewer columns than without a cache.
 
 Blocks follow the model's grid, which starts at position 0 of the prompt: the prompt's last
 ``n % bs`` tokens share a grid block with the first generated columns. The engine's first block is

@@ -21,7 +21,10 @@ policy measures the drift instead of fixing a margin:
   whole prefix).
 
 The query is fixed for the whole block (chosen at its first cached step), so verification samplers
-(``fast``) can use the policy: a variant's forward reproduces the later step it stands for. The
+(``fast``) can use the policy: a variant's forward reproduces the later step it stands for. Across
+blocks it does not: the next block's columns are chosen from the buffers the steps that ran wrote,
+so ``ssd`` / ``spec_threshold``, which skip the steps they verify, are not token-equal to
+``low_confidence`` / ``threshold`` under ``drift`` (they are under ``prefix``, ``dual``, ``window``). The
 choice reads the drift on the host once per block (one sync per block, not per step). Samplers with
 a shadow block (``wino``) cannot use it (the extra columns have no place in the shadow forward):
 the engine says so.

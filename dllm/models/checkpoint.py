@@ -146,6 +146,10 @@ def open_checkpoint(directory: str | Path) -> CheckpointReader:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"cannot parse {str(index)!r} (need a 'weight_map'): {e}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                       for k, v in weight_map.items()):
+            raise CheckpointError(f"{str(index)!r}: 'weight_map' must map each tensor name to a shard file name, "
+                                  f"got {str(weight_map)[:200]}")
         expected_file = {k: directory / v for k, v in weight_map.items()}
         files = sorted(set(expected_file.values()))
     else:

@@ -171,6 +171,8 @@ def resolve_device(device: Union[str, torch.device, None]) -> Optional[torch.dev
                              f"available devices: {available}")
     elif dev.type == "mps" and "mps" not in available_devices():
         raise ValueError(f"device {device!r}: MPS is not available; available devices: {available}")
+    elif dev.type not in ("cpu", "cuda", "mps"):  # meta, xla, ...: a weight-less or foreign device
+        raise ValueError(f"device {device!r}: dllm runs on cpu, cuda or mps; available devices: {available}")
     return dev
 
 

@@ -44,6 +44,13 @@ class Sampler(Configurable):
     #   sampler a StepInput whose query IS the block (query_start = block start, window = (0, W)).
     #   The same decisions by construction; tests/test_block_view.py compares both paths.
 
+    @property
+    def reads_right_of_block(self) -> bool:
+        """Whether its decisions read logits of columns right of the block (all the canvas's masks, the
+        next block's): the block cache of a block-causal model never forwards them (no block attends to
+        a later one), so there such a sampler decides from what it gets, not as without a cache."""
+        return False
+
     def begin_block(self, state: DecodeState) -> None:
         """Called once when a block starts (after ``state.block_*`` are set)."""
 

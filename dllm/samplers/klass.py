@@ -113,6 +113,10 @@ class KLASS(Sampler):
     def commits_every_step(self) -> bool:
         return True  # the ready masks, else the row's best active one
 
+    @property
+    def reads_right_of_block(self) -> bool:
+        return not self.config.reset_each_block  # the next block's first KL reads its logits of this step
+
     def begin_block(self, state: DecodeState) -> None:
         state.extras[EXTRAS_KEY] = None  # a new window: its KL history starts empty
         if self.config.reset_each_block:

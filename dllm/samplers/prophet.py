@@ -116,6 +116,10 @@ class Prophet(Sampler):
     def commits_every_step(self) -> bool:
         return True  # a row goes all in or commits its most confident active mask
 
+    @property
+    def reads_right_of_block(self) -> bool:
+        return True  # the gap is averaged over every monitored mask of the canvas
+
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config
         logits, dev = inp.logits, inp.logits.device  # [B, Q, V]

@@ -121,10 +121,11 @@ def propose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
 
 def never_mask(x0: torch.Tensor, logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     """x0 [B, W] with every drawn mask token replaced by the best other token of its row (logits
-    [B, W, V]). The official loop can draw the mask token itself at T > 0 and "commit" it: the
-    position stays masked and a later step decides it, which the engine reproduces as is; but at the
-    block's last step it would leave the block unfinished (the official canvas keeps a mask there), so
-    the sampler applies this on that step only. Runs whose blocks end without a mask stay
+    [B, W, V]). The official loop can draw the mask token itself (sampled at T > 0, or as the arg-max
+    at T = 0) and "commit" it: the position stays masked and a later step decides it, which the engine
+    reproduces as is; but at the block's last step it would leave the block unfinished (the official
+    canvas keeps a mask there, and after such a step its last quota is short of the masks left), so
+    that step commits every mask left with this. Runs whose blocks end without a mask stay
     token-equal to the official loop."""
     return torch.where(x0 == mask_id, argmax_excluding(logits, mask_id), x0)
 
@@ -190,12 +191,15 @@ class SDARSampler(Sampler):
                              f"step's query starts at column {inp.query_start}; use cache 'none' or 'block'")
         logits = window_of(inp.logits, (a, b))  # [B, W, V] (the query itself when it is the grid block)
         x0, conf = propose(logits, inp.temperature, cfg.top_k, cfg.top_p, inp.generator)
-        if inp.step >= cfg.denoising_steps - 1:  # the block's last step: a drawn mask would stay masked
+        last = inp.step >= cfg.denoising_steps - 1
+        if last:  # the block's last step: a drawn mask would stay masked
             x0 = never_mask(x0, logits, inp.mask_id)
         masks = window_of(inp.active, (a, b))  # [B, W] the block's masks (the prompt tail is never active)
-        quotas = transfer_counts(block_of(state), cfg.denoising_steps)
-        n = quotas[min(inp.step, cfg.denoising_steps - 1)]
-        commit = choose(conf, masks, n, cfg.strategy, cfg.threshold)  # [B, W] masks only
+        if last:  # every mask left: its quota, unless an earlier step "committed" the mask token (below)
+            commit = masks
+        else:
+            quotas = transfer_counts(block_of(state), cfg.denoising_steps)
+            commit = choose(conf, masks, quotas[inp.step], cfg.strategy, cfg.threshold)  # [B, W] masks only
         q = inp.tokens.shape[1]  # off the grid block: nothing committed, scores -inf (tokens not read)
         return StepOutput(commit=expand_window(commit, (a, b), q, False),
                           tokens=expand_window(x0, (a, b), q, inp.mask_id),

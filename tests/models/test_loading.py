@@ -113,7 +113,20 @@ def test_missing_device_is_a_clear_error(monkeypatch):
             load("oracle", device=device)
     with pytest.raises(ValueError, match=r"device 'gpu0' is not a device name; available devices: cpu"):
         load("tiny-random-llada", device="gpu0")
+    for device in ("meta", "xla"):  # names torch knows, devices dllm does not run on
+        with pytest.raises(ValueError, match=rf"device '{device}': dllm runs on cpu, cuda or mps; available devices"):
+            load("tiny-random-llada", device=device)
     assert load("tiny-random-llada", device="cpu").device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("weight_map", [[["a", "b"]], None, {"model.embed": None}, {"model.embed": 3}, "x"])
+def test_a_malformed_shard_index_names_the_file(tmp_path, weight_map):
+    from dllm.models.checkpoint import INDEX_FILE
+
+    tiny("llada").save_pretrained(tmp_path, max_shard_size=20_000)
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=re.escape(str(tmp_path / INDEX_FILE)) + ".*weight_map"):
+        load(tmp_path)
 
 
 def test_attn_backend_choice():

@@ -1,6 +1,7 @@
 """save_pretrained writes the official layout; load reads it back to identical logits."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -234,3 +235,23 @@ def test_loaded_generation_config_fields_are_kept_on_save(tmp_path):
     out = json.loads((dst / "generation_config.json").read_text())
     assert (out["steps"], out["alg"], out["transformers_version"]) == (64, "entropy", "4.46.2")
     assert out["mask_token_id"] == json.loads((dst / "config.json").read_text())["mask_token_id"]
+
+
+@pytest.mark.parametrize("family,options,said", [
+    ("llada", dict(attention="block_causal", block_size=4), "attention='block_causal' (would load as 'bidirectional')"),
+    ("dream", dict(attention="block_causal", block_size=4), "block_size=4 (would load as None)"),
+    ("llada", dict(rope_dim=8), "rope_dim=8 (would load as None)"),
+    ("sdar", dict(rope_dim=8), "rope_dim=8"),
+    ("llada", dict(norm_round_once=True, dtype=torch.bfloat16), "norm_round_once=True (would load as False)"),
+    ("llada2", dict(rope_fp32=True, dtype=torch.bfloat16), "rope_fp32=True (would load as False)"),
+    ("llada", dict(attn_head_dim=8), "attn_head_dim=8"),
+    ("llada", dict(qk_norm=True, rope_theta=1234.0), "qk_norm=True (would load as False)"),
+])
+def test_a_config_the_format_cannot_express_is_refused_before_any_file(tmp_path, family, options, said):
+    """A saved config.json must load back as this model: a setting the family's format does not store
+    is refused, and the directory keeps what it held (no new config.json over old weights)."""
+    tiny(family, seed=1).save_pretrained(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match=re.escape(said) + ".*nothing was written"):
+        tiny(family, seed=2, **options).save_pretrained(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

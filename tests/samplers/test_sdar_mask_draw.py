@@ -34,3 +34,18 @@ def test_a_model_that_always_predicts_the_mask_still_finishes():
         out = dllm.generate(model, [[5, 6, 7]], "sdar", gen_length=2 * bs, cache="block", temperature=t, seed=0)
         gen = out.sequences[0, out.prompt_length:]
         assert not (gen == model.mask_id).any() and gen.numel() == 2 * bs
+
+
+def test_a_block_whose_earlier_step_committed_the_mask_token_still_finishes():
+    """On this random model an arg-max at T = 0 is the mask token at one step of the third block: the
+    official loop "commits" it and its last quota is then one short. The last step commits every mask
+    left (before: the block ended with a mask and the call raised)."""
+    from dllm.models.tiny import tiny
+
+    model = tiny("llada2", seed=0)
+    seen = []
+    out = dllm.generate(model, [list(range(7, 17))], "sdar", gen_length=10, block_length=4,
+                        callback=lambda st: seen.append(st.x[0, 10:].clone()))
+    assert not (out.sequences == model.mask_id).any()
+    masks_left = [int((x == model.mask_id).sum()) for x in seen]
+    assert any(b - a == 0 for a, b in zip(masks_left[1:], masks_left)), masks_left  # a step committed nothing

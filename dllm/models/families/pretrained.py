@@ -290,6 +290,23 @@ class TransformerLM(DiffusionLM):
         out.update(self.to_hf_config(self.config, self.special, self.dtype))
         return out
 
+    def check_round_trip(self, config: Mapping[str, Any]) -> None:
+        """ValueError when ``config`` (this model's config.json) would load back as another model: a
+        setting the family's format does not store (a block-causal LLaDA, a partial rotary width, ...)."""
+        back = self.family_config(self.from_hf_config(config, self.tokenizer)[0])
+
+        def effective(c: TransformerConfig, f: str) -> Any:  # None spelled out: the width it stands for
+            if f == "attn_head_dim":
+                return c.head_dim
+            return (c.rope_dim or c.head_dim) if f == "rope_dim" else getattr(c, f)
+
+        lost = {f: (getattr(self.config, f), getattr(back, f)) for f in self.config.field_names()
+                if effective(self.config, f) != effective(back, f)}
+        if lost:
+            said = ", ".join(f"{f}={mine!r} (would load as {theirs!r})" for f, (mine, theirs) in sorted(lost.items()))
+            raise ValueError(f"{type(self).__name__}'s checkpoint format (config.json) cannot express {said}; "
+                             f"nothing was written")
+
     def official_generation_config(self) -> dict[str, Any]:
         """generation_config.json content: the family's fields, overlaid with a loaded file's, with
         this model's token ids (they must agree with config.json)."""
@@ -304,12 +321,14 @@ class TransformerLM(DiffusionLM):
         from dllm.models.quantize import refuse_quantized_save
 
         refuse_quantized_save(self)
+        config = self.official_config()
+        self.check_round_trip(config)
+        state = self.official_state_dict()  # before any file is written: a failure leaves the directory as it was
+        generation = json.dumps(self.official_generation_config(), indent=2, sort_keys=True)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        config = self.official_config()
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        generation = json.dumps(self.official_generation_config(), indent=2, sort_keys=True)
         (path / GENERATION_CONFIG).write_text(generation + "\n")
-        write_safetensors(self.official_state_dict(), path, max_shard_size)
+        write_safetensors(state, path, max_shard_size)
         if self.tokenizer is not None:
             save_tokenizer(self.tokenizer, path)
