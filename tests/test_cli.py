@@ -128,8 +128,8 @@ def no_model_load(monkeypatch):
 def test_compare_out_on_an_existing_file_fails_before_decoding(tmp_path, capsys, no_model_load):
     out = tmp_path / "results.json"
     out.write_text("keep me")
-    assert main(["compare", "--model", "oracle", "--n", "1", "--out", str(out), "--no-progress"]) == 2
-    assert f"--out '{out}' is a file; give a directory" in capsys.readouterr().err
+    assert _status(["compare", "--model", "oracle", "--n", "1", "--out", str(out), "--no-progress"]) == 2
+    assert f"argument --out: '{out}' is a file; give a directory" in capsys.readouterr().err
     assert out.read_text() == "keep me"
 
 
@@ -314,3 +314,65 @@ def test_bench_kernels_tiles_adds_the_kernels_launch_settings(capsys, monkeypatc
     assert main(["bench", "kernels", "--tiny", "--no-progress"]) == 0
     with_tiles, without = seen[0], seen[-1]
     assert with_tiles == without + tuple(tile_names()) and "triton" in without
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["bench", "e2e", "--threads", "0"], "argument --threads: must be an integer >= 1, got 0"),
+    (["bench", "frontier", "--threads", "-1"], "argument --threads: must be an integer >= 1, got -1"),
+    (["bench", "choose-cache", "--threads", "0"], "argument --threads: must be an integer >= 1, got 0"),
+    (["generate", "--model", "tiny-llada", "--prompt", "x", "--order-png", "o.txt"], "the plot is written as PNG"),
+    (["bench", "trees", "--png", "t.txt"], "argument --png: 't.txt': the plot is written as PNG"),
+    (["eval-tasks", "--model", "oracle", "--json", "/proc/x/r.json"], "no file can be written under '/proc'"),
+    (["bench", "spec", "--out", "/proc/x/r.json"], "argument --out: '/proc/x/r.json': no file can be written"),
+    (["bench", "breakdown", "--json", "/proc/x/b.json"], "argument --json: '/proc/x/b.json': no file can be"),
+    (["bench", "spec", "--methods", "ngram", "--seed", "-1"], "--seed must be an integer in [0, 2**64 - 1], got -1"),
+])
+def test_outputs_and_numbers_are_refused_before_the_run(capsys, argv, match):
+    """Before anything loads or runs: an output path no file can be written at, a plot path that is
+    not a PNG, a thread count below 1, a seed out of range (each once found only after the run)."""
+    assert _status(argv) == 2
+    assert match in capsys.readouterr().err
+
+
+def _status(argv) -> int:
+    """``main(argv)``'s exit status, from its return or from argparse's SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_json_inputs_that_are_not_the_commands_output_name_the_file(tmp_path, capsys):
+    empty, bad = tmp_path / "empty.json", tmp_path / "bad.json"
+    empty.write_text("{}")
+    bad.write_text("x")
+    for argv, match in (
+            (["bench", "choose-fast", "--results", str(empty)], f"--results {empty}: expected the JSON object "
+                                                                  f"`dllm compare --out`"),
+            (["bench", "choose-fast", "--results", str(bad)], f"--results {bad}: not JSON"),
+            (["bench", "e2e", "--merge", str(empty), "--n", "1"], f"--merge {empty}: expected the JSON object "
+                                                                    f"`dllm bench e2e --out` writes, with 'ours'"),
+            (["bench", "choose-cache", "--merge", str(empty), "--n", "1"], f"--merge {empty}: expected the JSON "
+                                                                             f"object `dllm bench choose-cache")):
+        assert _status(argv) == 2
+        assert match in capsys.readouterr().err
+
+
+def test_bench_caches_keeps_its_finished_runs_on_ctrl_c(tmp_path, capsys, monkeypatch):
+    import dllm.eval.bench.caches as caches
+
+    def one_then_interrupt(*args, results, **kwargs):
+        results.append({"policy": "none", "sampler": "low_confidence", "wall_s": 0.1})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(caches, "run_cache_bench", one_then_interrupt)
+    out = tmp_path / "c.json"
+    argv = ["bench", "caches", "--layers", "1", "--prompt-length", "8", "--gen-length", "4", "--block-length", "4",
+            "--json", str(out), "--no-progress"]
+    assert main(argv) == 130
+    assert "interrupted: 1 finished run is saved in" in capsys.readouterr().out
+    assert json.loads(out.read_text())[0]["policy"] == "none"
+    for flag, value, match in (("--device", "bogus", "device 'bogus' is not a device name"),
+                               ("--dtype", "bogus", "dtype 'bogus' is not supported")):
+        assert main(argv[:-3] + [flag, value]) == 2
+        assert match in capsys.readouterr().err

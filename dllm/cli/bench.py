@@ -46,25 +46,41 @@ def caches_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_caches(args) -> int:
+    """``dllm bench caches``; Ctrl-C (or SIGTERM) prints and writes the finished runs."""
     from dllm.eval.bench.caches import format_table, run_cache_bench
+    from dllm.eval.interrupt import finished, until_interrupted
     from dllm.models import load, tiny
+    from dllm.models.loading import resolve_device, resolve_dtype
 
     if args.model.startswith("tiny-random-") and args.layers:
         family = args.model.removeprefix("tiny-random-")
-        model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length)
-        if args.device:
-            model = model.to(args.device)
+        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype, {}, None)  # ValueError naming the
+        #   valid ones; no --dtype: float32
+        model = tiny(family, seed=0, n_layers=args.layers, max_positions=args.prompt_length + args.gen_length,
+                     dtype=dtype)
+        model = model if device is None else model.to(device)
         label = f"tiny random {family}, {args.layers} layers"
     else:
         model = load(args.model, dtype=args.dtype, device=args.device)
         label = args.model
-    rows = run_cache_bench(model, args.prompt_length, args.gen_length, args.block_length,
-                           samplers=args.samplers, policies=args.caches, repeats=args.repeats,
-                           progress=not args.no_progress)
-    print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
-    print(format_table(rows))
-    _write_json(args.json, rows)
-    return 0
+    rows: list = []
+
+    def report() -> None:
+        print(f"{label}: prompt {args.prompt_length}, gen {args.gen_length}, block {args.block_length}")
+        print(format_table(rows))
+        _write_json(args.json, rows)
+
+    def body() -> int:
+        run_cache_bench(model, args.prompt_length, args.gen_length, args.block_length, samplers=args.samplers,
+                        policies=args.caches, repeats=args.repeats, progress=not args.no_progress, results=rows)
+        report()
+        return 0
+
+    def finish() -> str:
+        report()
+        return finished(len(rows), "run", args.json)
+
+    return until_interrupted(body, finish)
 
 
 def kernels_args(p: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from dllm.cli.args import add_decode_args, add_model_place, add_quantization
+from dllm.cli.args import add_decode_args, add_model_place, add_quantization, output_png
 
 
 def load_model(args) -> Any:
@@ -33,7 +33,7 @@ def generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-at-eos", action="store_true",
                    help="after each block, rows that produced EOS are finished (default: decode every block)")
     add_model_place(p)
-    p.add_argument("--order-png", default=None, metavar="PATH",
+    p.add_argument("--order-png", type=output_png, default=None, metavar="PATH",
                    help="also write a heatmap of the step at which each position was committed (.png)")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the transformer layers (default backend: inductor)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from dllm.cli.args import POSITIVE, add_model_place, add_threads, output_file
+from dllm.cli.args import POSITIVE, add_model_place, add_threads, output_dir, output_file
 
 
 def compare_args(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
     p.add_argument("--repeats", type=POSITIVE, default=1,
                    help="timed runs per sampler, interleaved; the median wall time is reported")
-    p.add_argument("--out", default="runs/compare", help="a directory: compare.json and compare.png")
+    p.add_argument("--out", type=output_dir, default="runs/compare", help="a directory: compare.json and compare.png")
     add_model_place(p, dtype="float32")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="every sampler's cached forwards replayed as CUDA graphs (a CUDA model; default: off)")
@@ -40,7 +40,7 @@ def stress_args(p: argparse.ArgumentParser) -> None:
                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
     p.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
-    p.add_argument("--out", default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
+    p.add_argument("--out", type=output_dir, default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
     p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
     p.add_argument("--metrics", default="dllm", metavar="dllm|parallelbench[:OPTION=VALUE,...]",
                    help="summary definitions: dllm (default) or ParallelBench's (nominal-k TPS, interpolated "

@@ -65,7 +65,8 @@ def run_spec(args: argparse.Namespace) -> int:
         return 0
     for j, text in enumerate(texts):
         print(text if len(texts) == 1 else f"[{j}] {text}")
-    print(f"tau {stats['tau']} (mean accepted drafts per round {stats['accepted_per_round']}, block size "
+    print(f"tau {stats['tau']} tokens per verification round (mean accepted drafts per round "
+          f"{stats['accepted_per_round']}, block size "
           f"{out.block_size if out.row_block_sizes is None else out.row_block_sizes}) | target forwards "
           f"{out.target_forwards}, drafter forwards {out.drafter_forwards} | "
           f"{out.generated_tokens} tokens in {stats['wall_time_s']} s, {stats['tokens_per_second']} tokens/s",

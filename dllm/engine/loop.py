@@ -119,6 +119,9 @@ def generate(
     sampler_obj, policy, plan = resolved.sampler, resolved.policy, resolved.plan
 
     device = model_device(model)
+    prepared = time.perf_counter()
+    sampler_obj.prepare(device)  # a sampler's own model (APD's verifier) loads outside the wall time
+    t_start += time.perf_counter() - prepared
     if cuda_graphs is True and getattr(model, "sharding", None) is not None:  # collectives inside a capture
         raise ValueError("cuda_graphs=True on a model split over ranks (tensor_parallel) is not supported yet; "
                          "use cuda_graphs='static' or False")

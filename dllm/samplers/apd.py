@@ -111,6 +111,9 @@ class APD(Sampler):
     reads_block_only = True
     loads = ("verifier",)
 
+    def prepare(self, device: torch.device) -> None:
+        load_verifier(self.config.verifier, device)  # loaded once a process (a name), before any clock
+
     @property
     def commits_every_step(self) -> bool:
         return True  # the first draft of every row with masks is always accepted

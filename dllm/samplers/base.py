@@ -14,10 +14,13 @@ Two kinds of samplers:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from dllm.registry import Configurable, NoOptions, Registry
 from dllm.state import DecodeState, StepInput, StepOutput
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Sampler(Configurable):
@@ -50,6 +53,10 @@ class Sampler(Configurable):
         next block's): the block cache of a block-causal model never forwards them (no block attends to
         a later one), so there such a sampler decides from what it gets, not as without a cache."""
         return False
+
+    def prepare(self, device: torch.device) -> None:
+        """Load what the sampler needs besides the model (APD's verifier) before a timed decode:
+        ``generate`` calls it and leaves its time out of ``wall_time``, an evaluation before its clock."""
 
     def begin_block(self, state: DecodeState) -> None:
         """Called once when a block starts (after ``state.block_*`` are set)."""

@@ -171,7 +171,7 @@ def decode_and_score(
         its call), its content tokens and its unmasking trace.
     """
     setting = settings_of(sampler, tokens_per_step, block_length, options)
-    setting.check()
+    setting.check().prepare(model_device(model))  # a sampler's own model loads before the clock
     check_int("max_batch", max_batch, 1, hint=" (examples per batch)")
     from dllm.cache.block_causal import block_size_of
     from dllm.engine import generate

@@ -109,3 +109,26 @@ def test_the_shipped_verifier_is_trained_on_the_tiny_models_tasks():
         solved += sum(T.score(ex, [words[t] for t in a]) for ex, a in zip(exs, answers))
     assert solved >= 10
     assert json.loads((EMBEDDED_DIR / "tiny-ar-mini" / "training.json").read_text())["recipe"]["name"] == "tiny-ar-mini"
+
+
+def test_the_verifier_loads_before_any_clock():
+    """``Sampler.prepare``: APD loads its verifier there (once a process), and ``generate`` leaves that
+    time out of its wall time, as an evaluation leaves it out of its clock."""
+    import time
+
+    from dllm.samplers import apd
+    from dllm.samplers.threshold import Threshold
+
+    apd._LOADED.pop("tiny-ar-mini@cpu", None)
+    dllm.samplers.make_sampler("apd").prepare(torch.device("cpu"))
+    assert "tiny-ar-mini@cpu" in apd._LOADED
+
+    class Slow(Threshold):
+        seen: list = []
+
+        def prepare(self, device):
+            self.seen.append(device)
+            time.sleep(0.5)
+
+    out = dllm.generate(dllm.load("tiny-random-llada"), [[5, 6, 7]], sampler=Slow(), gen_length=4)
+    assert Slow.seen == [torch.device("cpu")] and out.wall_time < 0.4

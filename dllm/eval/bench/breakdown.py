@@ -53,6 +53,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from dllm.cli.args import output_file
 from dllm.engine.graphs import GRAPHS_KEY
 from dllm.eval.bench.gpu_profile import decode_block
 from dllm.eval.bench.timing import StepClock, StepsDone, peak_memory_mb, reset_peak_memory, timed
@@ -261,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="comma-separated layer paths, each timed: default (the dtype's and device's choice), "
                         "fused (norms and RoPE as ATen ops), ops (as the one-launch dllm:: operators), "
                         "reference (module by module); default: default")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     for name, low in (("--layers", 1), ("--prompt-length", 1), ("--block-length", 1), ("--steps", 1), ("--warmup", 1),
                       ("--batch", 1)):

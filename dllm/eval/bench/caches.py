@@ -53,8 +53,10 @@ def run_cache_bench(
     warmup: bool = True,
     seed: int = 0,
     progress: bool = False,
+    results: Optional[list[dict[str, Any]]] = None,
 ) -> list[dict[str, Any]]:
-    """Decode the same random prompt with every (policy, sampler); one result dict per pair.
+    """Decode the same random prompt with every (policy, sampler); one result dict per pair, appended
+    to ``results`` as each run ends (a caller's list keeps the finished runs on Ctrl-C).
 
     samplers: sampler specs ("low_confidence", "threshold:threshold=0.7").
     policies: anything ``generate(cache=...)`` takes ("dual", "dual:refresh=4", a policy instance).
@@ -70,7 +72,7 @@ def run_cache_bench(
     length = prompt_len + gen_len
     specs = [format_spec(*parse_spec(s, "sampler")) for s in samplers]  # normalised labels
     made = sorted((make_cache(p) for p in policies), key=lambda p: p.spec != "none")  # "none" first
-    results: list[dict[str, Any]] = []
+    results = [] if results is None else results
     reference: dict[str, tuple[torch.Tensor, float]] = {}  # sampler spec -> (none's tokens, wall)
     bar = tqdm(total=len(specs) * len(made), disable=not progress, desc="bench caches", unit="run")
     for spec in specs:

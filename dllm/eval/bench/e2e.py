@@ -29,6 +29,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dllm.cli.args import output_dir, read_json_object
+from dllm.cli.args import POSITIVE
 from dllm.eval.bench.choose.cache import label, resolving_n, select_pairs
 from dllm.eval.interrupt import finished, until_interrupted
 
@@ -111,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="test examples per task, at least; raised per suite by dllm.eval.bench.choose.cache.resolving_n")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per setting, interleaved; the median wall time is reported")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     ap.add_argument("--device", default=None, help="e.g. cuda (default: where dllm.models.load puts it)")
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE", help="default: every pair of PAIRS")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -119,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="every setting's cached forwards replayed as CUDA graphs (generate(cuda_graphs=True); "
                          "a CUDA device); Fast-dLLM's own loop is benchmarks/e2e_driver.py")
-    ap.add_argument("--out", default="runs/e2e")
+    ap.add_argument("--out", type=output_dir, default="runs/e2e")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.n < 1 or args.repeats < 1:
@@ -138,7 +140,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as err:
         ap.error(str(err))
     for path in args.merge or ():
-        old = json.loads(Path(path).read_text())
+        try:
+            old = read_json_object(path, "--merge", ("ours", "results", "verdicts"), "`dllm bench e2e --out`")
+        except ValueError as err:
+            ap.error(str(err))
         if old["ours"] != ours:
             ap.error(f"--merge {path}: measured {old['ours']!r}, this run measures {ours!r}")
         if old.get("cuda_graphs", False) != args.cuda_graphs:

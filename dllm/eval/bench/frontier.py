@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dllm.cli.args import output_dir
+from dllm.cli.args import POSITIVE
 from dllm.eval.interrupt import finished, until_interrupted
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
@@ -273,9 +275,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds on the test split")
     ap.add_argument("--speed-bar", type=float, default=1.1)
     ap.add_argument("--tpf-bar", type=float, default=1.3)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default="runs/frontier")
+    ap.add_argument("--out", type=output_dir, default="runs/frontier")
     ap.add_argument("--resume", action="store_true",
                     help="reuse the dev rows of --out's frontier.json (same model, suite and --dev) and measure the rest")
     ap.add_argument("--no-progress", action="store_true")

@@ -33,9 +33,11 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from dllm.cli.args import output_file
 from dllm import tasks as T
 from dllm.eval.interrupt import finished, until_interrupted
-from dllm.eval.speculative.flags import check_common_args, check_temperatures, failure_reason, split_list
+from dllm.eval.speculative.flags import (check_common_args, check_not_all_skipped, check_temperatures, failure_reason,
+                                         split_list)
 from dllm.eval.speculative.report import (COLUMNS, Row, acceptance_by_position, compare_to_baseline, format_table,
                                           summarize, task_vocab)
 from dllm.eval.speculative.runners import (METHODS, MORE_METHODS, Method, Runner, Sample, commits_from_starts, counting,
@@ -228,7 +230,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="prompt i is seeded with seed + i")
     ap.add_argument("--device", default=None, help="where the target loads (default CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--out", type=output_file, default=None, help="write the rows as JSON here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     for key, value in (FULL if args.full else QUICK).items():
@@ -307,6 +309,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   max_new_tokens=args.max_new_tokens, progress=not args.no_progress, block_size=args.block_size,
                   rows_out=rows, tree=args.tree)
         report()
+        check_not_all_skipped(rows)
         return 0
 
     def keep() -> str:

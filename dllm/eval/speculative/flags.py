@@ -44,7 +44,18 @@ def check_common_args(args: argparse.Namespace, positive: Sequence[str]) -> argp
         value = getattr(args, flag)
         if value is not None and value != "auto" and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be an integer >= 1, got {value}")
+    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
+        raise ValueError(f"--seed must be an integer in [0, 2**64 - 1], got {args.seed}")
     return args
 
 
-__all__ = ["check_common_args", "check_temperatures", "failure_reason", "split_list"]
+def check_not_all_skipped(rows: Sequence) -> None:
+    """ValueError when no row but ``target.generate``'s baseline ran (every method or configuration
+    skipped, as bad settings make them): the command then fails, naming the first reason, rather than
+    report a table of nothing. ``rows``: ``report.Row``s."""
+    tried = [r for r in rows if r.method != "generate"]
+    if tried and all(r.status == "skipped" for r in tried):
+        raise ValueError(f"every method was skipped, so nothing was measured; the first reason: {tried[0].reason}")
+
+
+__all__ = ["check_common_args", "check_not_all_skipped", "check_temperatures", "failure_reason", "split_list"]

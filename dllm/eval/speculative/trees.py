@@ -42,9 +42,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from dllm.cli.args import output_file, output_png
 from dllm import tasks as T
 from dllm.eval.interrupt import until_interrupted
-from dllm.eval.speculative.flags import check_common_args, check_temperatures, split_list
+from dllm.eval.speculative.flags import check_common_args, check_not_all_skipped, check_temperatures, split_list
 from dllm.eval.speculative.report import format_table
 from dllm.eval.speculative.runners import device_of
 from dllm.eval.speculative.tree_cost import COST_SIZES, CostCurve, fit_line, forward_cost
@@ -162,8 +163,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--cost-repeats", type=int, default=15, help="timed forwards per size (cost curve; median)")
     ap.add_argument("--device", default=None, help="where the target loads (default CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
-    ap.add_argument("--out", default=None, help="write everything as JSON here")
-    ap.add_argument("--png", default=None, help="write the tau / tokens/s vs budget plot here")
+    ap.add_argument("--out", type=output_file, default=None, help="write everything as JSON here")
+    ap.add_argument("--png", type=output_png, default=None, help="write the tau / tokens/s vs budget plot here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     args.trees = split_list(args.trees)
@@ -247,6 +248,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"wrote {png}")
         except ImportError:
             print("no plot: install matplotlib for --png (pip install matplotlib)")
+    check_not_all_skipped(bench.held_out + bench.reported)
     return 0
 
 

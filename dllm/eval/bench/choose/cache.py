@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from dllm.cli.args import output_file, read_json_object
+from dllm.cli.args import POSITIVE
 from dllm.eval.interrupt import finished, until_interrupted
 
 SAMPLER = "fast"
@@ -159,14 +161,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="test examples per task (accuracy), at least; raised per suite by resolving_n")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs per policy (speed; the median, after one warm-up run when > 1)")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     ap.add_argument("--pairs", nargs="+", default=None, metavar="MODEL/SUITE",
                     help="measure the accuracy of these pairs only (default: every pair of PAIRS)")
     ap.add_argument("--speed-models", nargs="*", default=None,
                     help="default: SPEED_MODELS; 'none' (or no name): skip the speed measurement")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="earlier outputs whose accuracy/speed-up entries are added before judging")
-    ap.add_argument("--out", default="runs/cache-choice.json")
+    ap.add_argument("--out", type=output_file, default="runs/cache-choice.json")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     from dllm.cache import make_cache
@@ -193,7 +195,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--speed-models: {err}")
     out = Path(args.out)
     partial = out.with_name(out.stem + ".partial.json")
-    merged = [(path, json.loads(Path(path).read_text())) for path in args.merge or ()]  # before the run rewrites any
+    try:  # before the run rewrites any
+        merged = [(path, read_json_object(path, "--merge", ("accuracy", "speedup"), "`dllm bench choose-cache --out`"))
+                  for path in args.merge or ()]
+    except ValueError as err:
+        ap.error(str(err))
 
     def kept() -> str:  # measure_accuracy writes the partial file after every pair
         done = len(json.loads(partial.read_text()).get("accuracy", {})) if partial.exists() else 0

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from dllm.cli.args import output_file, read_json_object
 from dllm.eval.compare import SamplerResult, compare, format_results
 from dllm.settings import DecodeSettings
 
@@ -148,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--candidates", nargs="+", default=None,
                     help="default: CANDIDATES, or with --results every other sampler in them")
     ap.add_argument("--n", type=int, default=8, help="test examples per task")
-    ap.add_argument("--out", default="runs/fast-choice.json")
+    ap.add_argument("--out", type=output_file, default="runs/fast-choice.json")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
     ap.add_argument("--results", nargs="+", default=None,
@@ -169,7 +170,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.results:
         ns = set()
         for path in args.results:
-            payload = json.loads(Path(path).read_text())
+            try:
+                payload = read_json_object(path, "--results", ("results",),
+                                           "`dllm compare --out` or `dllm bench choose-fast --out`")
+            except ValueError as err:
+                ap.error(str(err))
             if isinstance(payload["results"], dict):  # an earlier choose-fast --out: every model's results
                 for model, rows in payload["results"].items():
                     merge_rows(results.setdefault(model, []), [SamplerResult(**r) for r in rows], model, path)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from dllm.cli.args import output_dir
 from dllm.eval.bench.serving.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
 from dllm.eval.interrupt import finished, until_interrupted
 
@@ -250,7 +251,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="the draw of the requests and of the arrival gaps")
     ap.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default="runs/serve", help="folder of serve.json and serve.png")
+    ap.add_argument("--out", type=output_dir, default="runs/serve", help="folder of serve.json and serve.png")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -289,8 +290,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from dllm.models.loading import load
+    from dllm.models.loading import ModelNotFoundError, load, locate, resolve_device
 
+    try:  # here, not as a server process that exits at its start
+        locate(args.model)
+        resolve_device(args.device)
+    except (ModelNotFoundError, ValueError) as err:
+        ap.error(f"--model {args.model!r}: {err}" if isinstance(err, ModelNotFoundError) else str(err))
     # the thread servers share one model; a process server loads its own
     model = load(args.model, device=args.device) if args.server == "thread" else None
     requests = stress_requests(args.n, args.tasks, args.seed, args.settings)
