@@ -164,6 +164,13 @@ class Drafter(Configurable):
         """The block size B a call uses when it gives none (K = B - 1 drafts per round)."""
         return self.default_block_size
 
+    @property
+    def gives_distributions(self) -> Optional[bool]:
+        """Whether its drafts carry per-position distributions (``Draft.logits``), which draft trees and
+        verify-length policies read: True / False, or None when not known before a round (then a
+        round that needs them says so)."""
+        return None
+
     def check_target(self, info: TargetInfo) -> None:
         """ValueError when this drafter cannot serve the target (called before anything runs)."""
         if self.vocab_size is not None and self.vocab_size != info.vocab_size:

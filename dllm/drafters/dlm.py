@@ -61,6 +61,10 @@ class DLMDrafter(Drafter):
 
     Config = DLMConfig
 
+    @property
+    def gives_distributions(self) -> Optional[bool]:
+        return bool(self.config.marginals)  # marginals=True: one more forward for them
+
     def __init__(self, config: Optional[DLMConfig] = None, *, model: Any = None, **options: Any) -> None:
         if isinstance(model, str):
             options["model"] = model

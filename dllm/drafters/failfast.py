@@ -89,6 +89,7 @@ class FailFastDrafter(DLMDrafter):
 
     Config = FailFastConfig
     trims_last_block = True  # near max_new_tokens draft no more than a row may still emit
+    gives_distributions = False  # chunks of tokens (their confidences decide the length, not returned)
 
     @property
     def block_size(self) -> int:

@@ -323,10 +323,10 @@ def _cap(lengths: Optional[torch.Tensor], own: Optional[list[int]]) -> Optional[
 
 
 def _draft_logits(draft: Draft, builder) -> torch.Tensor:
-    if draft.logits is None:
-        raise ValueError(f"tree builder {builder.spec!r} builds trees from the drafter's per-position "
-                         f"distributions, but this drafter returns tokens only (Draft.logits is None); "
-                         f"use a drafter that gives them (dflash) or no tree")
+    if draft.logits is None:  # a drafter that did not say so before the call (gives_distributions None)
+        from dllm.drafters.trees.builders import tokens_only
+
+        raise ValueError(tokens_only(builder.spec))
     return draft.logits
 
 

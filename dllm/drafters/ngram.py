@@ -51,6 +51,7 @@ class NgramDrafter(Drafter):
     """Prompt lookup: copy what followed the latest earlier match of the last n-gram (model-free)."""
 
     Config = NgramConfig
+    gives_distributions = False  # copied tokens, no distribution
 
     def propose(self, ctx: DraftContext) -> Draft:
         k, cfg = ctx.num_draft, self.config

@@ -87,6 +87,7 @@ class DFlashBlockDrafter(Drafter):
 
     Config = DFlashOptions
     trims_last_block = True  # as dflash_generate: verify_size = min(block_size, max_length - start)
+    gives_distributions = True
 
     def __init__(self, config: Optional[DFlashOptions] = None, *, model: Any = None, **options: Any) -> None:
         if isinstance(model, (str, Path)):

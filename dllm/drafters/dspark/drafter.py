@@ -69,6 +69,7 @@ class DSparkDrafter(Drafter):
     """DSpark: parallel block drafting + a Markov head, verify length scheduled by confidence (arXiv 2607.05147)."""
 
     Config = DSparkOptions
+    gives_distributions = True
 
     def __init__(self, config: Optional[DSparkOptions] = None, *, model: Any = None, **options: Any) -> None:
         if isinstance(model, (str, Path)):

@@ -60,12 +60,20 @@ class ScheduledDrafter(Drafter):
                             f"got {type(drafter).__name__}")
         self.inner: Drafter = drafter
         self.policy: VerifyLength = make_verify_length(self.config.policy)
+        if self.policy.cuts and drafter.gives_distributions is False:  # known now, not at the first round
+            raise ValueError(f"a verify-length policy needs the inner drafter's per-position distributions, but "
+                             f"{drafter.name!r} returns tokens only; use a drafter that gives them (dflash, dspark, "
+                             f"dlm:marginals=true)")
         self.trims_last_block = drafter.trims_last_block  # type: ignore[misc]  # the inner drafter's rule
         self.default_block_size = drafter.default_block_size  # type: ignore[misc]
 
     @property
     def target_layers(self) -> tuple[int, ...]:
         return self.inner.target_layers
+
+    @property
+    def gives_distributions(self) -> Optional[bool]:
+        return self.inner.gives_distributions
 
     @property
     def vocab_size(self) -> Optional[int]:

@@ -75,6 +75,12 @@ class TapsConfig(TreeConfig):
         check_number("decay", self.decay, low=0.0, high=1.0, low_open=True, hint=" (1 = no constant penalty)")
 
 
+
+def tokens_only(spec: str) -> str:
+    """The refusal of a tree builder ``spec`` over a drafter that returns tokens only."""
+    return (f"tree builder {spec!r} builds trees from the drafter's per-position distributions, but this "
+            f"drafter returns tokens only (Draft.logits is None); use a drafter that gives them (dflash) or no tree")
+
 class TreeBuilder(Configurable):
     """Base class: ``build(log_probs [R, K, V], paths) -> Tree`` from the drafter's per-depth
     log-marginals (and, for builders that use them, the drafter's path-conditioned estimates
@@ -92,7 +98,10 @@ class TreeBuilder(Configurable):
         raise NotImplementedError(f"{type(self).__name__} must implement build")
 
     def check_drafter(self, drafter: Any) -> None:
-        """ValueError when this builder cannot work with ``drafter`` (called before a call runs)."""
+        """ValueError when this builder cannot work with ``drafter`` (called before a call runs): one whose
+        drafts carry no per-position distributions (``Drafter.gives_distributions`` False)."""
+        if getattr(drafter, "gives_distributions", None) is False:
+            raise ValueError(tokens_only(self.spec))
 
     def tree_for(self, log_probs: torch.Tensor, paths: Optional["PathScorer"] = None) -> Tree:
         """``build``, then the budget rule when ``cost_per_node`` > 0 (what the loop calls)."""
@@ -262,6 +271,7 @@ class TapsBuilder(TreeBuilder):
         return self.config.estimator != "marginal"
 
     def check_drafter(self, drafter: Any) -> None:
+        super().check_drafter(drafter)
         if self.config.estimator == "head" and getattr(drafter, "path_head", None) is None:
             raise ValueError(self.NO_HEAD)
 

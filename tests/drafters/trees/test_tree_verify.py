@@ -84,9 +84,14 @@ def test_sampled_trees_are_reproducible(pair):
 
 def test_a_tree_needs_a_drafter_with_distributions():
     target = tiny_target(vocab=24, hidden=32, eos=None, seed=1)
-    with pytest.raises(ValueError, match="returns tokens only"):
-        speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8,
-                             plan=Plan(block_size=4, tree="ddtree:budget=8"))
+    # refused before the call runs (Drafter.gives_distributions), also where no round would build a tree
+    for plan, n in ((Plan(block_size=4, tree="ddtree:budget=8"), 8), (Plan(block_size=4, tree="ddtree:budget=8"), 1),
+                    (Plan(block_size=1, tree="ddtree:budget=8"), 8)):
+        with pytest.raises(ValueError, match="returns tokens only"):
+            speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=n, plan=plan)
+    with pytest.raises(ValueError, match="verify-length policy needs the inner drafter's per-position distributions, "
+                                         "but 'ngram' returns tokens only"):
+        speculative_generate(target, "scheduled:inner=(ngram)", PROMPTS[:1], max_new_tokens=1)
     with pytest.raises(ValueError, match="budget"):
         speculative_generate(target, "ngram", PROMPTS[:1], max_new_tokens=8,
                              plan=Plan(block_size=4, tree="ddtree:budget=0"))
