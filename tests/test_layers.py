@@ -26,7 +26,7 @@ from pathlib import Path
 import dllm
 
 LAYERS: dict[str, int] = {
-    "options": -0.5, "registry": 0, "lazy": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
+    "options": -0.5, "flags": -0.5, "registry": 0, "lazy": 0, "state": 0, "schedule": 0, "inputs": 0.5, "rows": 0.55, "outputs": 0.6,
     "tasks": 1, "kernels": 1,
     "models": 2,
     "samplers": 3, "cache": 3,

@@ -7,9 +7,10 @@ before a command loads anything.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from dllm.flags import (POSITIVE, at_least, output_dir, output_file, output_png,  # noqa: F401 (re-exported)
+                        read_json_object)
 from dllm.registry import parse_option
 
 
@@ -21,24 +22,6 @@ def option(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-POSITIVE = at_least(1)
-
-
 def call_cost_tokens(text: str) -> Any:
     """An argparse type: ``auto`` or an integer >= 0 (``BatcherConfig.call_cost_tokens``)."""
     if text == "auto":
@@ -47,67 +30,6 @@ def call_cost_tokens(text: str) -> Any:
         return at_least(0)(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be auto or an integer >= 0, got {text!r}") from None
-
-
-def output_file(text: str) -> str:
-    """An argparse type: a file the command writes after its run, refused before the run when it cannot be
-    (a directory, a path under an existing file, or under a directory where no file can be made: probed
-    with a temporary file, removed at once); missing parent directories are made by the command."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path ({path / 'results.json'})")
-    _check_writable(text, path)
-    return text
-
-
-def output_dir(text: str) -> str:
-    """An argparse type: a directory the command writes its results into after its run, refused before the
-    run when it cannot be (an existing file, a path under one, or where no file can be made)."""
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a file; give a directory for the results")
-    _check_writable(text, path / "results")
-    return text
-
-
-def output_png(text: str) -> str:
-    """``output_file`` for a PNG plot (the suffix says the format)."""
-    if Path(text).suffix.lower() != ".png":
-        raise argparse.ArgumentTypeError(f"{text!r}: the plot is written as PNG; give a path ending in .png")
-    return output_file(text)
-
-
-def _check_writable(text: str, path: Path) -> None:
-    """``path``'s nearest existing parent is a directory a file can be made in."""
-    import tempfile
-
-    parent = next((q for q in path.parents if q.exists()), Path("."))
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as err:
-        raise argparse.ArgumentTypeError(f"{text!r}: no file can be written under {str(parent)!r} "
-                                         f"({err.strerror or err})") from None
-
-
-def read_json_object(path: str, flag: str, required: tuple[str, ...], made_by: str) -> dict[str, Any]:
-    """The JSON object in ``path`` given with ``flag``, holding every key of ``required``; ValueError
-    naming the flag, the file and what it lacks (``made_by``: the command whose output it should be)."""
-    import json
-
-    try:
-        payload = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ValueError(f"{flag} {path}: cannot read it ({err.strerror or err})") from None
-    except ValueError as err:
-        raise ValueError(f"{flag} {path}: not JSON ({err}); give the JSON that {made_by} wrote") from None
-    missing = [k for k in required if not isinstance(payload, dict) or k not in payload]
-    if missing:
-        raise ValueError(f"{flag} {path}: expected the JSON object {made_by} writes, with "
-                         f"{', '.join(map(repr, required))}; it lacks {', '.join(map(repr, missing))}")
-    return payload
 
 
 def no_options(p: argparse.ArgumentParser) -> None:

@@ -26,7 +26,17 @@ count gives other float sums). The AR target / AR draft / DFlash drafters are si
 Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
 reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``, ``--save-every``,
 ``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
-(schedule unchanged).
+(schedule unchanged). Counts are checked as the flags are parsed (``--steps`` / ``--log-every`` /
+``--max-steps`` >= 1; ``--eval-every`` / ``--save-every`` / ``--threads`` >= 0, 0 meaning never / at the
+end / torch's default), and so is ``--device`` (one this machine has).
+
+The single-run recipes take fewer flags (``RECIPE_FLAGS``), and any other flag given is an error naming
+it, not a flag silently dropped: AR runs take ``--max-steps``, ``--init-from``, ``--start-phase``,
+``--eval-every``, ``--log-every``; the DFlash / DFlare / JetSpec / DSpark drafter runs ``--target``,
+``--max-steps``, ``--time-limit`` (seconds of training steps; the drafter reached is evaluated and
+saved), ``--log-every`` and ``--tiny`` (a 16-row pool, for tests), JetSpec and DSpark ``--init-from`` (the
+DFlash drafter they start from); the Learn2PD filters ``--steps`` (epochs), ``--seed``, ``--lr``. They
+train on the CPU (``--device cpu`` only), and none has ``--resume``, ``--save-every`` or an export.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dllm.train import flags
 from dllm.train.data import MixtureConfig
 
 
@@ -66,28 +77,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the stage plan and exit (nothing trained)")
     ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
     ap.add_argument("--resume", action="store_true", help="keep finished stages, continue the unfinished one")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads of every stage (0: torch default)")
-    ap.add_argument("--device", default=None, help="cpu | cuda | cuda:0 ...")
-    ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=int, default=None,
+    ap.add_argument("--threads", type=flags.at_least(0), default=None,
+                    help="torch threads of every stage (0: torch default)")
+    ap.add_argument("--device", type=flags.device, default=None,
+                    help="cpu | cuda | cuda:0 ... (the AR, drafter and filter recipes: cpu only)")
+    ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=flags.at_least(1), default=None,
                     help="stop every stage after this many steps (smoke runs; the schedule is unchanged)")
     ap.add_argument("--from-stage", default=None, help="skip the stages before this one")
     ap.add_argument("--until-stage", default=None, help="stop after this stage (it is exported)")
     ap.add_argument("--init-from", default=None,
                     help="weights the first trained stage starts from (a model name or a directory); AR "
                          "recipes: with --start-phase")
-    ap.add_argument("--time-limit", type=float, default=None, help="seconds per stage (then checkpoint and stop)")
+    ap.add_argument("--time-limit", type=flags.seconds, default=None,
+                    help="seconds per stage (then checkpoint and stop); drafter recipes: seconds of training "
+                         "steps (then evaluate and save)")
     ap.add_argument("--no-export", action="store_true", help="do not export the last stage")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--probe", nargs="+", default=None, metavar="MODEL [TASK:SIZE",
                     help="exact match of MODEL on TASK:SIZE cases, the curriculum variants lookup_kW / count_cM "
                          "included (dllm/train/probe.py), and exit")
     ap.add_argument("--n", type=int, default=16, help="--probe: examples per case")
-    ap.add_argument("--target", default=None, help="DFlash recipes: the AR target (embedded name or directory)")
-    ap.add_argument("--start-phase", type=int, default=0, help="AR recipes: skip the phases before this one")
-    ap.add_argument("--steps", type=int, default=None, help="schedule horizon of every stage")
-    ap.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0: never)")
-    ap.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0: at the end)")
-    ap.add_argument("--log-every", type=int, default=None, help="JSONL training line every N steps")
+    ap.add_argument("--target", default=None, help="drafter recipes: the AR target (embedded name or directory)")
+    ap.add_argument("--start-phase", type=flags.at_least(0), default=0,
+                    help="AR recipes: skip the phases before this one")
+    ap.add_argument("--steps", type=flags.at_least(1), default=None, help="schedule horizon of every stage")
+    ap.add_argument("--eval-every", type=flags.at_least(0), default=None, help="evaluate every N steps (0: never)")
+    ap.add_argument("--save-every", type=flags.at_least(0), default=None,
+                    help="checkpoint every N steps (0: at the end)")
+    ap.add_argument("--log-every", type=flags.at_least(1), default=None, help="JSONL training line every N steps")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (weights stay fp32)")
     ap.add_argument("--compile", action="store_true", default=None, help="torch.compile the transformer")
@@ -99,6 +116,65 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tasks", default=None, help=argparse.SUPPRESS)  # comma-separated task names
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # d32, 1 layer, batch 8
     return ap
+
+
+# The flags each kind of recipe honours (argparse dests). Any other flag given is refused by name before
+# anything is loaded or written, so that no flag is silently dropped.
+_EVERY_RECIPE = frozenset({"recipe", "out", "dry_run", "threads", "device", "no_progress", "steps", "seed"})
+_DRAFTER = _EVERY_RECIPE | {"target", "max_steps", "time_limit", "log_every", "batch_size", "lr", "warmup", "tiny"}
+RECIPE_FLAGS: dict[str, frozenset[str]] = {
+    "diffusion chain": _EVERY_RECIPE | {
+        "resume", "max_steps", "from_stage", "until_stage", "init_from", "time_limit", "no_export", "eval_every",
+        "save_every", "log_every", "bf16", "compile", "batch_size", "lr", "warmup", "eval_per_size", "tasks", "tiny",
+        "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden"},
+    "AR run": _EVERY_RECIPE | {"max_steps", "init_from", "start_phase", "eval_every", "log_every", "batch_size", "lr",
+                               "warmup", "eval_per_size"},
+    "drafter run": _DRAFTER,
+    "warm-started drafter run": _DRAFTER | {"init_from"},  # JetSpec, DSpark: the DFlash drafter they start from
+    "filter fit": _EVERY_RECIPE | {"lr"},
+}
+CPU_ONLY = frozenset(RECIPE_FLAGS) - {"diffusion chain"}  # their trainers run on the CPU
+
+
+def recipe_kind(name: str) -> str:
+    """The kind of run recipe ``name`` is (a key of ``RECIPE_FLAGS``)."""
+    from dllm.train.ar import ar_recipes
+    from dllm.train.drafters.dspark_train import dspark_recipes
+    from dllm.train.drafters.jetspec_train import jetspec_recipes
+    from dllm.train.learn2pd import filter_recipes
+    from dllm.train.recipes import curricula
+
+    if name in curricula:
+        return "diffusion chain"
+    if name in ar_recipes:
+        return "AR run"
+    if name in filter_recipes:
+        return "filter fit"
+    return "warm-started drafter run" if name in jetspec_recipes or name in dspark_recipes else "drafter run"
+
+
+def check_recipe_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An argparse error (exit status 2) naming the flags given that ``args.recipe``'s kind of run does not
+    honour, and the flags it takes; and one for a ``--device`` other than the CPU where the recipe's trainer
+    runs on the CPU only."""
+    kind = recipe_kind(args.recipe)
+    taken = RECIPE_FLAGS[kind]
+    given = [dest for dest, value in vars(args).items() if value != ap.get_default(dest)]
+    refused = [_flag(dest) for dest in given if dest not in taken]
+    what = f"recipe {args.recipe!r} ({'an' if kind[0] in 'AEIOU' else 'a'} {kind})"
+    if refused:
+        ap.error(f"{', '.join(refused)}: not taken by {what}; it takes "
+                 f"{', '.join(_flag(d) for d in sorted(taken - {'recipe'}))}")
+    if args.device is not None and kind in CPU_ONLY:
+        import torch
+
+        if torch.device(args.device).type != "cpu":
+            ap.error(f"--device {args.device}: {what} trains on the CPU only; pass --device cpu or leave it out")
+
+
+def _flag(dest: str) -> str:
+    """The flag of an argparse dest (every flag here is spelled as its dest)."""
+    return "--" + dest.replace("_", "-")
 
 
 def overrides(args: argparse.Namespace):
@@ -149,6 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.recipe is None:
         ap.error("--recipe NAME is required (or --list-recipes, --probe)")
+    check_recipe_flags(ap, args)
     from dllm.train.learn2pd import filter_recipes
 
     if args.recipe in filter_recipes:  # the learn2pd sampler's filters (dllm/train/learn2pd.py)
@@ -201,56 +278,67 @@ def _filter_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
+# --tiny for a drafter run: a few regenerated rows and held-out examples (tests); explicit flags still win
+TINY_DRAFTER = {"pool": 16, "batch_size": 4, "eval_examples": 1}
+
+
 def _speculative_recipe(args: argparse.Namespace) -> int:
     """The AR target / AR draft / DFlash / DFlare / JetSpec / DSpark drafter recipes (``dllm/train/ar.py``,
-    ``drafters/dflash_train.py``, ``dflare_train.py``, ``jetspec_train.py``, ``dspark_train.py``)."""
+    ``drafters/dflash_train.py``, ``dflare_train.py``, ``jetspec_train.py``, ``dspark_train.py``): one run
+    each, with every flag of ``RECIPE_FLAGS`` for its kind applied (``_speculative_run``)."""
     from dataclasses import asdict
 
-    from dllm.train.ar import ar_recipes, train_ar
-    from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
-    from dllm.train.drafters.dflare_train import dflare_recipes, train_dflare
-    from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
-    from dllm.train.drafters.jetspec_train import jetspec_recipes, train_jetspec
-
+    recipe, module, train = _speculative_run(args)
     out = args.out or f"runs/{args.recipe}"
-    common = {"steps": args.steps, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
-              "warmup": args.warmup}
-    if args.recipe in ar_recipes:
-        recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every)
-        module = "dllm/train/ar.py"
-    elif args.recipe in jetspec_recipes:
-        recipe = jetspec_recipes.get(args.recipe).with_overrides(**common, target=args.target)
-        module = "dllm/train/drafters/jetspec_train.py"
-    elif args.recipe in dspark_recipes:
-        recipe = dspark_recipes.get(args.recipe).with_overrides(**common, target=args.target)
-        module = "dllm/train/drafters/dspark_train.py"
-    elif args.recipe in dflare_recipes:
-        recipe = dflare_recipes.get(args.recipe).with_overrides(**common, target=args.target)
-        module = "dllm/train/drafters/dflare_train.py"
-    else:
-        recipe = dflash_recipes.get(args.recipe).with_overrides(**common, target=args.target)
-        module = "dllm/train/drafters/dflash_train.py"
     if args.dry_run:
-        print(f"recipe {recipe.name}: one run of {module}")
+        stop = [f"{args.max_steps} steps" if args.max_steps else "",
+                f"{args.time_limit:g} s of steps" if args.time_limit else ""]
+        print(f"recipe {recipe.name}: one run of {module}"
+              + (f", stopped after {' or '.join(s for s in stop if s)}" if any(stop) else ""))
         print(json.dumps(asdict(recipe), default=str))
         return 0
     try:
-        if args.recipe in ar_recipes:
-            last = train_ar(recipe, out, threads=args.threads or 0, progress=not args.no_progress,
-                            stop_at=args.max_steps, start_phase=args.start_phase, init_from=args.init_from)
-        elif args.recipe in jetspec_recipes:
-            last = train_jetspec(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
-        elif args.recipe in dspark_recipes:
-            last = train_dspark(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
-        elif args.recipe in dflare_recipes:
-            last = train_dflare(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
-        else:
-            last = train_dflash(recipe, out, threads=args.threads or 0, progress=not args.no_progress)
+        last = train(recipe, out)
     except KeyboardInterrupt:
         print(f"\ninterrupted: {args.recipe} (its run directory {out} keeps what was written)", file=sys.stderr)
         return 130
     print(json.dumps({"out": out, **last}))
     return 0
+
+
+def _speculative_run(args: argparse.Namespace):
+    """(the recipe with the flags' overrides, its module, ``train(recipe, out)``) of an AR or drafter recipe.
+    ``--max-steps`` stops the run after that many steps (the schedule unchanged), ``--time-limit`` (drafters)
+    after that many seconds of training steps; the drafter reached is evaluated and saved as ``final/``.
+    ``--init-from`` is the AR run's starting weights, JetSpec's and DSpark's DFlash warm start."""
+    from functools import partial
+
+    from dllm.train.ar import ar_recipes, train_ar
+    from dllm.train.drafters.dflare_train import dflare_recipes, train_dflare
+    from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
+    from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
+    from dllm.train.drafters.jetspec_train import jetspec_recipes, train_jetspec
+
+    common = {"steps": args.steps, "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr,
+              "warmup": args.warmup, "log_every": args.log_every}
+    run = {"threads": args.threads or 0, "progress": not args.no_progress, "stop_at": args.max_steps}
+    if args.recipe in ar_recipes:
+        recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every,
+                                                            eval_per_size=args.eval_per_size)
+        return recipe, "dllm/train/ar.py", partial(train_ar, **run, start_phase=args.start_phase,
+                                                   init_from=args.init_from)
+    drafter = {**common, "target": args.target}
+    if args.tiny:
+        drafter = {**drafter, **{k: v for k, v in TINY_DRAFTER.items() if drafter.get(k) is None}}
+    for registry, train, module, warm_start in ((jetspec_recipes, train_jetspec, "jetspec_train.py", "init_from"),
+                                                (dspark_recipes, train_dspark, "dspark_train.py", "init"),
+                                                (dflare_recipes, train_dflare, "dflare_train.py", None),
+                                                (dflash_recipes, train_dflash, "dflash_train.py", None)):
+        if args.recipe in registry:
+            recipe = registry.get(args.recipe).with_overrides(**drafter, **({warm_start: args.init_from}
+                                                                            if warm_start else {}))
+            return recipe, f"dllm/train/drafters/{module}", partial(train, **run, time_limit=args.time_limit)
+    raise ValueError(f"recipe {args.recipe!r} is not an AR or drafter recipe")
 
 
 if __name__ == "__main__":

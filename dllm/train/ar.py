@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from dllm import tasks as T
 from dllm.models.text.task_tokenizer import task_tokenizer
 from dllm.models.text.tokenizer import save_tokenizer
-from dllm.options import Overridable
+from dllm.options import Overridable, check_int
 from dllm.registry import Registry
 from dllm.tasks.vocab import BOS, EOS, PAD, word_id
 from dllm.train.data import Batch, MixtureConfig, TaskMixture
@@ -226,6 +226,8 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
     ``start_phase=i, init_from=OUT/phase-(i-1)`` continues a run exactly where phase i begins."""
     from tqdm.auto import tqdm
 
+    if stop_at is not None:
+        check_int("stop_at", stop_at, 1, hint=" (stop after this many steps)")
     if threads > 0:
         torch.set_num_threads(threads)
     out = Path(out)

@@ -62,6 +62,10 @@ def check_options(cur: Curriculum, opts: RunOptions) -> None:
         raise ValueError(f"threads must be an integer >= 0 (0: torch's default), got {opts.threads!r}")
     if opts.time_limit is not None and not opts.time_limit > 0:
         raise ValueError(f"time_limit must be > 0 seconds, got {opts.time_limit!r}")
+    if opts.device is not None:
+        from dllm.models.loading import resolve_device
+
+        resolve_device(opts.device)  # ValueError naming the devices that exist
     for name in (opts.from_stage, opts.until_stage):
         if name is not None:
             cur.stage(name)  # ValueError listing the stages
@@ -188,8 +192,12 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
         log: Callable[[str], None] = print) -> dict:
     """Train every selected stage (skipping finished ones on resume), then export. Returns a summary;
     Ctrl-C anywhere raises :class:`StageInterrupted` (the finished stages stay on disk)."""
+    from dllm.train.trainer import check_intervals
+
     check_options(cur, opts)
     init = first_init(cur, opts)  # before plan.json is written: a refused start leaves nothing behind
+    for stage in selected(cur, opts):  # every stage's steps and intervals, before plan.json too
+        check_intervals(stage_recipe(stage, opts, init, override).train)
     _check_plan_file(cur, opts)
     progress = _Progress()
     try:

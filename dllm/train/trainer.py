@@ -41,7 +41,8 @@ import torch
 from dllm.train.data import Batch, TaskMixture
 from dllm.scoring.exact_match import EvalResult, eval_examples, evaluate
 from dllm.train.block_objective import training_loss
-from dllm.train.recipes import Recipe, build_model, count_parameters
+from dllm.options import check_int
+from dllm.train.recipes import Recipe, TrainConfig, build_model, count_parameters
 from dllm.train.schedule import check_phases, lr_factor, phase_index, scheduled_lr_factor
 
 STATE_FILE = "trainer_state.pt"
@@ -81,6 +82,13 @@ def _set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def check_intervals(cfg: TrainConfig) -> None:
+    """Refuse a ``steps`` or ``log_every`` below 1 and an ``eval_every`` or ``save_every`` below 0 (0: never /
+    at the end only), naming the field: ValueError (``SettingError``)."""
+    for name, low in (("steps", 1), ("log_every", 1), ("eval_every", 0), ("save_every", 0)):
+        check_int(name, getattr(cfg, name), low)
+
+
 class Trainer:
     """Train ``recipe`` into ``out``.
 
@@ -91,6 +99,7 @@ class Trainer:
     def __init__(self, recipe: Recipe, out: Union[str, Path], *, resume: bool = False,
                  progress: bool = True) -> None:
         cfg = recipe.train
+        check_intervals(cfg)
         self.recipe, self.cfg = recipe, cfg
         self.out = Path(out)
         self.progress = progress
@@ -290,4 +299,4 @@ class Trainer:
         (self.out / "recipe.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
-__all__ = ["Trainer", "checkpoints", "lr_factor", "mask_generator", "param_groups"]
+__all__ = ["Trainer", "check_intervals", "checkpoints", "lr_factor", "mask_generator", "param_groups"]

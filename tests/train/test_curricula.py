@@ -129,8 +129,9 @@ def test_mixture_specs_are_checked():
 def test_bad_options_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["--recipe", "tiny-llada-long", "--dry-run", "--from-stage", "nope"]) == 2
     assert "has no stage 'nope'; valid: tiny-llada, length, kc-k1a" in capsys.readouterr().err
-    assert main(["--recipe", "tiny-llada-long", "--dry-run", "--max-steps", "0"]) == 2
-    assert "max_steps must be an integer >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # an argparse error: tests/train/test_cli_flags.py has the others
+        main(["--recipe", "tiny-llada-long", "--dry-run", "--max-steps", "0"])
+    assert exc.value.code == 2 and "--max-steps/--stop-at: must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["--recipe", "tiny-llada-long", "--dry-run", "--from-stage", "cc-2", "--until-stage", "cc-1"]) == 2
     assert "comes before" in capsys.readouterr().err
     assert main(["--recipe", "tiny-llada-long", "--from-stage", "cc-2", "--out", str(tmp_path)]) == 2

@@ -53,7 +53,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dllm.cli.args import output_file
+from dllm.flags import output_file
 from dllm.engine.graphs import GRAPHS_KEY
 from dllm.eval.bench.gpu_profile import decode_block
 from dllm.eval.bench.timing import StepClock, StepsDone, peak_memory_mb, reset_peak_memory, timed

@@ -29,8 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.cli.args import output_dir, read_json_object
-from dllm.cli.args import POSITIVE
+from dllm.flags import POSITIVE, output_dir, read_json_object
 from dllm.eval.bench.choose.cache import label, resolving_n, select_pairs
 from dllm.eval.interrupt import finished, until_interrupted
 

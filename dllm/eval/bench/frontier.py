@@ -39,8 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from dllm.cli.args import output_dir
-from dllm.cli.args import POSITIVE
+from dllm.flags import POSITIVE, output_dir
 from dllm.eval.interrupt import finished, until_interrupted
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)

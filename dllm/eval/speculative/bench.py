@@ -33,7 +33,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from dllm.cli.args import output_file
+from dllm.flags import output_file
 from dllm import tasks as T
 from dllm.eval.interrupt import finished, until_interrupted
 from dllm.eval.speculative.flags import (check_common_args, check_not_all_skipped, check_temperatures, failure_reason,

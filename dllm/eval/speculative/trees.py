@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dllm.cli.args import output_file, output_png
+from dllm.flags import output_file, output_png
 from dllm import tasks as T
 from dllm.eval.interrupt import until_interrupted
 from dllm.eval.speculative.flags import check_common_args, check_not_all_skipped, check_temperatures, split_list

@@ -43,6 +43,7 @@ from dllm.drafters.dflash.model import extract_context_feature
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
+from dllm.train.flags import at_least
 from dllm.train.drafters.dflash_train import ANSWER_TOKENS, block_loss, regenerate
 
 
@@ -196,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eval-n", type=int, default=8, help="test instances per size of the evaluation")
     ap.add_argument("--trees", nargs="*", default=[], metavar="B/SPEC",
                     help="tree plans besides the chain sizes, e.g. 32/ddtree:budget=32 (block size / tree builder)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=at_least(1), default=1, help="torch threads (default: 1)")
     ap.add_argument("--out", default="runs/block-head")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -12,7 +12,7 @@ the reference's) tapping every layer of the target, saved with ``save_dflare`` i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from dllm.drafters.dflash.dflare.io import random_dflare, save_dflare
 from dllm.registry import Registry
@@ -33,13 +33,14 @@ dflare_recipes.add("tiny-ar-dflare-short", DFlashRecipe(
 
 
 def train_dflare(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
-                 target: Any = None) -> dict[str, Any]:
+                 target: Any = None, stop_at: Optional[int] = None, time_limit: Optional[float] = None
+                 ) -> dict[str, Any]:
     """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' DFlare layout): the DFlash
-    run (``train_block_drafter``) with a DFlare drafter."""
+    run (``train_block_drafter``, ``stop_at`` / ``time_limit`` included) with a DFlare drafter."""
     if recipe.block_sizes or recipe.fill_prob > 0:
         raise ValueError("the DFlare recipe trains one block size without filled slots (as the authors')")
     return train_block_drafter(recipe, out, build=random_dflare, save=save_dflare, threads=threads,
-                               progress=progress, target=target)
+                               progress=progress, target=target, stop_at=stop_at, time_limit=time_limit)
 
 
 __all__ = ["dflare_recipes", "train_dflare"]

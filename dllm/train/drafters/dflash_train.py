@@ -39,8 +39,8 @@ from dllm.registry import Registry
 from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
 from dllm.train.data import MixtureConfig
-from dllm.train.drafters.steps import (draft_data, pad_rows, regenerate, start_run, train_steps,  # noqa: F401
-                                      write_record)
+from dllm.train.drafters.steps import (check_stop, draft_data, pad_rows, regenerate, start_run,  # noqa: F401
+                                      train_steps, write_record)
 
 
 ANSWER_TOKENS = 66  # new tokens covering the longest long-answer answer (the heads' trainers regenerate to it)
@@ -222,18 +222,23 @@ def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list
 
 
 def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
-                 target: Any = None) -> dict[str, Any]:
-    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the z-lab format)."""
+                 target: Any = None, stop_at: Optional[int] = None, time_limit: Optional[float] = None
+                 ) -> dict[str, Any]:
+    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the z-lab format); ``stop_at`` /
+    ``time_limit`` end the training early (``train_steps``), the drafter reached is evaluated and saved."""
     return train_block_drafter(recipe, out, build=random_dflash, save=save_dflash, threads=threads,
-                               progress=progress, target=target)
+                               progress=progress, target=target, stop_at=stop_at, time_limit=time_limit)
 
 
 def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: Callable[..., Any],
                         save: Callable[[Any, Path], Path], threads: int = 0, progress: bool = True,
-                        target: Any = None) -> dict[str, Any]:
+                        target: Any = None, stop_at: Optional[int] = None,
+                        time_limit: Optional[float] = None) -> dict[str, Any]:
     """The DFlash training run with the drafter ``build(target, num_layers, block_size, mask_id, seed=,
     target_layer_ids=)`` makes, written by ``save(drafter, dir)`` (DFlash's, or DFlare's: its authors
-    train it with the DFlash trainer)."""
+    train it with the DFlash trainer). ``stop_at`` / ``time_limit``: as ``train_steps``; the result's
+    ``step`` is the step reached."""
+    check_stop(stop_at, time_limit)  # before the target is loaded and the data regenerated
     # not seeded here: the drafter is built from seed=recipe.seed
     out, target = start_run(recipe, out, threads=threads, target=target, seed=False)
     drafter = build(target, recipe.num_layers, recipe.block_size, word_id(MASK), seed=recipe.seed,
@@ -253,11 +258,11 @@ def train_block_drafter(recipe: DFlashRecipe, out: Union[str, Path], *, build: C
             fills = count * (torch.rand(anchors.shape, generator=gen) < recipe.fill_prob)
         return block_loss(drafter, target, ids, lengths, anchors, recipe.gamma, block, fills)
 
-    train_steps(recipe, [p for p in drafter.parameters() if p.requires_grad], step_loss, data, log, t0,
-                weight_decay=recipe.weight_decay, progress=progress)
+    done = train_steps(recipe, [p for p in drafter.parameters() if p.requires_grad], step_loss, data, log, t0,
+                       weight_decay=recipe.weight_decay, progress=progress, stop_at=stop_at, time_limit=time_limit)
     drafter.eval()
     held_rows, held_lens = data.held_rows, data.held_lens
-    result = {"step": recipe.steps, **teacher_forced_tau(drafter, target, held_rows, held_lens)}
+    result = {"step": done, **teacher_forced_tau(drafter, target, held_rows, held_lens)}
     for block in recipe.block_sizes:  # the trained size is measured above already
         result[f"tau_teacher_forced_block{block}"] = (result["tau_teacher_forced"] if block == drafter.block_size else
                                                       teacher_forced_tau(drafter, target, held_rows, held_lens,

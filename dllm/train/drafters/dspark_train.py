@@ -40,7 +40,7 @@ from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
 from dllm.train.data import MixtureConfig
 from dllm.train.drafters.dflash_train import block_layout, pad_rows, sample_anchors
-from dllm.train.drafters.steps import draft_data, start_run, train_steps, write_record
+from dllm.train.drafters.steps import check_stop, draft_data, start_run, train_steps, write_record
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,11 @@ def init_model(recipe: DSparkRecipe, target) -> DSparkModel:
 
 
 def train_dspark(recipe: DSparkRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
-                 target: Any = None) -> dict[str, Any]:
-    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' format)."""
+                 target: Any = None, stop_at: Optional[int] = None, time_limit: Optional[float] = None
+                 ) -> dict[str, Any]:
+    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' format); ``stop_at`` /
+    ``time_limit`` end the training early (``train_steps``), the drafter reached is evaluated and saved."""
+    check_stop(stop_at, time_limit)  # before the target is loaded and the data regenerated
     out, target = start_run(recipe, out, threads=threads, target=target)
     model = init_model(recipe, target)
     t0 = time.perf_counter()
@@ -184,10 +187,10 @@ def train_dspark(recipe: DSparkRecipe, out: Union[str, Path], *, threads: int = 
         anchors = sample_anchors(prompt_lens, lengths, recipe.anchors, gen)
         return dspark_loss(dspark_pass(model, target, ids, lengths, anchors), recipe)
 
-    train_steps(recipe, [p for p in model.parameters() if p.requires_grad], step_loss, data, log, t0,
-                weight_decay=0.0, progress=progress)
+    done = train_steps(recipe, [p for p in model.parameters() if p.requires_grad], step_loss, data, log, t0,
+                       weight_decay=0.0, progress=progress, stop_at=stop_at, time_limit=time_limit)
     model.eval()
-    result = {"step": recipe.steps, **teacher_forced_tau(model, target, data.held_rows, data.held_lens, recipe)}
+    result = {"step": done, **teacher_forced_tau(model, target, data.held_rows, data.held_lens, recipe)}
     log.write(json.dumps(result) + "\n")
     log.close()
     write_record(save_dspark(model, out / "final"), recipe, result, t0)

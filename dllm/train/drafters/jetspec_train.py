@@ -33,7 +33,7 @@ from dllm.tasks.vocab import MASK, word_id
 from dllm.train.ar import LONG_MIXTURE
 from dllm.train.data import MixtureConfig
 from dllm.train.drafters.dflash_train import block_layout, pad_rows, sample_anchors
-from dllm.train.drafters.steps import draft_data, start_run, train_steps, write_record
+from dllm.train.drafters.steps import check_stop, draft_data, start_run, train_steps, write_record
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,13 @@ def teacher_forced_tau(drafter: DFlashDrafter, target, rows: list[list[int]], pr
 
 
 def train_jetspec(recipe: JetSpecRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
-                  target: Any = None) -> dict[str, Any]:
-    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' layout)."""
+                  target: Any = None, stop_at: Optional[int] = None, time_limit: Optional[float] = None
+                  ) -> dict[str, Any]:
+    """Train ``recipe`` into ``out`` (``log.jsonl``, ``final/`` in the authors' layout); ``stop_at`` /
+    ``time_limit`` end the training early (``train_steps``), the head reached is evaluated and saved."""
     from dllm.drafters.dflash.io import load_dflash
+
+    check_stop(stop_at, time_limit)  # before the target is loaded and the data regenerated
     out, target = start_run(recipe, out, threads=threads, target=target)
     if recipe.init_from is not None:
         drafter = causal_copy(load_dflash(recipe.init_from, dtype=torch.float32))
@@ -145,9 +149,10 @@ def train_jetspec(recipe: JetSpecRecipe, out: Union[str, Path], *, threads: int 
         anchors = sample_anchors(prompt_lens, lengths, recipe.anchors, gen)
         return causal_loss(drafter, target, ids, lengths, anchors, recipe.gamma)
 
-    train_steps(recipe, list(drafter.parameters()), step_loss, data, log, t0, weight_decay=0.0, progress=progress)
+    done = train_steps(recipe, list(drafter.parameters()), step_loss, data, log, t0, weight_decay=0.0,
+                       progress=progress, stop_at=stop_at, time_limit=time_limit)
     drafter.eval()
-    result = {"step": recipe.steps, "tau_teacher_forced_at_init": before,
+    result = {"step": done, "tau_teacher_forced_at_init": before,
               **teacher_forced_tau(drafter, target, held_rows, held_lens)}
     log.write(json.dumps(result) + "\n")
     log.close()

@@ -37,6 +37,7 @@ from dllm.scoring.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
+from dllm.train.flags import at_least
 from dllm.train.drafters.dflash_train import ANSWER_TOKENS, block_pass, regenerate
 
 
@@ -166,7 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eval-from", type=int, default=8, help="first test instance per size of the evaluation")
     ap.add_argument("--eval-n", type=int, default=4, help="test instances per size of the evaluation")
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=at_least(1), default=1, help="torch threads (default: 1)")
     ap.add_argument("--out", default="runs/path-head")
     args = ap.parse_args(argv)
     recipe = PathHeadRecipe(drafter=args.drafter, target=args.target, prompts=args.prompts, epochs=args.epochs,

@@ -12,11 +12,12 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO, Union
+from typing import Any, Callable, Optional, TextIO, Union
 
 import torch
 
 from dllm import tasks as T
+from dllm.options import check_int, check_number
 from dllm.tasks.vocab import PAD, word_id
 from dllm.train.ar import greedy_answers, hf_tokenizer
 from dllm.train.data import TaskMixture
@@ -89,13 +90,30 @@ def draft_data(target: Any, recipe: Any) -> DraftData:
     return DraftData(prompts, rows, held_prompts, regenerate(target, held_prompts, longest))
 
 
+def check_stop(stop_at: Optional[int], time_limit: Optional[float]) -> None:
+    """Refuse a ``stop_at`` that is not an integer >= 1 or a ``time_limit`` that is not > 0 seconds (None: no limit)."""
+    if stop_at is not None:
+        check_int("stop_at", stop_at, 1, hint=" (stop after this many steps)")
+    if time_limit is not None:
+        check_number("time_limit", time_limit, low=0.0, low_open=True, hint=" (seconds of training steps)")
+
+
 def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLoss, data: DraftData, log: TextIO,
-                t0: float, *, weight_decay: float, progress: bool = True) -> None:
+                t0: float, *, weight_decay: float, progress: bool = True, stop_at: Optional[int] = None,
+                time_limit: Optional[float] = None) -> int:
     """``recipe.steps`` AdamW steps (warm-up then cosine to ``min_lr_ratio``, gradients clipped at
     ``recipe.clip``) over batches of ``recipe.batch_size`` rows taken in one seeded shuffled order;
-    every ``recipe.log_every`` steps the mean loss and training tau go to ``log`` (JSON lines)."""
+    every ``recipe.log_every`` steps, and after the last step, the mean loss and training tau go to
+    ``log`` (JSON lines).
+
+    ``stop_at`` stops after that many steps (smoke runs), ``time_limit`` after the first step that
+    ends more than that many seconds after the loop began; the schedule's horizon stays
+    ``recipe.steps`` either way. Returns the number of steps taken."""
     from tqdm.auto import tqdm
 
+    check_stop(stop_at, time_limit)
+    end = recipe.steps if stop_at is None else min(stop_at, recipe.steps)
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, warmup=recipe.warmup, total=recipe.steps, min_ratio=recipe.min_lr_ratio))
@@ -103,7 +121,8 @@ def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLo
     order = torch.randperm(len(data.rows), generator=gen).tolist()
     losses: list[float] = []
     accepted: list[float] = []
-    for step in tqdm(range(recipe.steps), disable=not progress, desc=recipe.name):
+    done = 0
+    for step in tqdm(range(end), disable=not progress, desc=recipe.name):
         start = (step * recipe.batch_size) % len(order)
         pick = [order[(start + i) % len(order)] for i in range(recipe.batch_size)]
         ids, lengths = pad_rows([data.rows[i] for i in pick])
@@ -116,13 +135,18 @@ def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLo
         sched.step()
         losses.append(float(loss.detach()))
         accepted.append(float(acc.float().mean()))
-        if (step + 1) % recipe.log_every == 0:
-            log.write(json.dumps({"step": step + 1, "loss": sum(losses) / len(losses),
+        done = step + 1
+        out_of_time = deadline is not None and time.perf_counter() > deadline
+        if done % recipe.log_every == 0 or done == end or out_of_time:  # the last steps' line too
+            log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses),
                                   "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
                                   "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
             log.flush()
             losses.clear()
             accepted.clear()
+        if out_of_time:
+            break
+    return done
 
 
 def write_record(final: Path, recipe: Any, result: dict[str, Any], t0: float) -> None:
@@ -132,4 +156,5 @@ def write_record(final: Path, recipe: Any, result: dict[str, Any], t0: float) ->
                                                     indent=2, sort_keys=True, default=str) + "\n")
 
 
-__all__ = ["DraftData", "StepLoss", "draft_data", "pad_rows", "regenerate", "start_run", "train_steps", "write_record"]
+__all__ = ["DraftData", "StepLoss", "check_stop", "draft_data", "pad_rows", "regenerate", "start_run", "train_steps",
+           "write_record"]

@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from dllm.cli.args import output_file, read_json_object
-from dllm.cli.args import POSITIVE
+from dllm.flags import POSITIVE, output_file, read_json_object
 from dllm.eval.interrupt import finished, until_interrupted
 
 SAMPLER = "fast"

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from dllm.cli.args import output_file, read_json_object
+from dllm.flags import output_file, read_json_object
 from dllm.eval.compare import SamplerResult, compare, format_results
 from dllm.settings import DecodeSettings
 

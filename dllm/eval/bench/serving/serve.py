@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dllm.cli.args import output_dir
+from dllm.flags import output_dir
 from dllm.eval.bench.serving.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
 from dllm.eval.interrupt import finished, until_interrupted
 
