@@ -84,6 +84,8 @@ def test_cli_order_png_writes_the_file(tmp_path, capsys):
 
 
 def test_cli_order_png_bad_suffix_is_an_error(tmp_path, capsys):
-    assert main(["generate", "--model", "tiny-llada", "--prompt", PROMPTS[0], "--gen-length", str(G),
-                 "--order-png", str(tmp_path / "order.svg")]) == 2
-    assert ".png" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # an argparse error: before the model loads
+        main(["generate", "--model", "tiny-llada", "--prompt", PROMPTS[0], "--gen-length", str(G),
+              "--order-png", str(tmp_path / "order.svg")])
+    assert exit_.value.code == 2
+    assert "give a path ending in .png" in capsys.readouterr().err
