@@ -91,4 +91,16 @@ def read_json_object(path: str, flag: str, required: tuple[str, ...], made_by: s
 
 
 
-__all__ = ["POSITIVE", "at_least", "output_dir", "output_file", "output_png", "read_json_object"]
+class Distinct(argparse.Action):
+    """A list flag (``nargs``) whose values must differ: a repeated task or k would be measured twice."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Any = None) -> None:
+        values = list(values or [])
+        again = [v for i, v in enumerate(values) if v in values[:i]]
+        if again:
+            parser.error(f"argument {option_string}: {again[0]!r} is given twice")
+        setattr(namespace, self.dest, values)
+
+
+__all__ = ["Distinct", "POSITIVE", "at_least", "output_dir", "output_file", "output_png", "read_json_object"]

@@ -326,6 +326,8 @@ def test_bench_kernels_tiles_adds_the_kernels_launch_settings(capsys, monkeypatc
     (["bench", "spec", "--out", "/proc/x/r.json"], "argument --out: '/proc/x/r.json': no file can be written"),
     (["bench", "breakdown", "--json", "/proc/x/b.json"], "argument --json: '/proc/x/b.json': no file can be"),
     (["bench", "spec", "--methods", "ngram", "--seed", "-1"], "--seed must be an integer in [0, 2**64 - 1], got -1"),
+    (["compare", "--model", "oracle", "--tasks", "sort", "copy", "sort"], "argument --tasks: 'sort' is given twice"),
+    (["eval-tasks", "--model", "oracle", "--k", "1", "1"], "argument --k: 1 is given twice"),
 ])
 def test_outputs_and_numbers_are_refused_before_the_run(capsys, argv, match):
     """Before anything loads or runs: an output path no file can be written at, a plot path that is

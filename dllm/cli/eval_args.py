@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from dllm.cli.args import POSITIVE, add_model_place, add_threads, output_dir, output_file
+from dllm.flags import Distinct
 
 
 def compare_args(p: argparse.ArgumentParser) -> None:
@@ -16,7 +17,7 @@ def compare_args(p: argparse.ArgumentParser) -> None:
                    help="model path/name (default: the embedded tiny-llada), or 'oracle' (exact posteriors)")
     p.add_argument("--samplers", nargs="*", default=None,
                    help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
-    p.add_argument("--tasks", nargs="*", default=None, help="default: every task")
+    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: every task")
     p.add_argument("--n", type=POSITIVE, default=4, help="test examples per task")
     p.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
     p.add_argument("--repeats", type=POSITIVE, default=1,
@@ -38,7 +39,7 @@ def stress_args(p: argparse.ArgumentParser) -> None:
                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress.grid)")
     p.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
-    p.add_argument("--tasks", nargs="*", default=None, help="default: the PB-mini suite")
+    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: the PB-mini suite")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
     p.add_argument("--out", type=output_dir, default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
     p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
@@ -53,8 +54,8 @@ def stress_args(p: argparse.ArgumentParser) -> None:
 
 def eval_tasks_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a model name or path (tiny-llada, oracle, ...)")
-    p.add_argument("--tasks", nargs="*", default=None, help="default: every task")
-    p.add_argument("--k", type=int, nargs="*", default=None,
+    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: every task")
+    p.add_argument("--k", type=int, nargs="*", action=Distinct, default=None,
                    help="tokens per step, fixed-step samplers only (default: 1)")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
     p.add_argument("--skip", type=int, default=0,
