@@ -7,6 +7,7 @@ command loads anything. Plain Python: no torch, no other ``dllm`` module.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,6 +28,17 @@ def at_least(low: int) -> Callable[[str], int]:
 
 
 POSITIVE = at_least(1)
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def output_file(text: str) -> str:
@@ -103,4 +115,4 @@ class Distinct(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-__all__ = ["Distinct", "POSITIVE", "at_least", "output_dir", "output_file", "output_png", "read_json_object"]
+__all__ = ["Distinct", "POSITIVE", "at_least", "output_dir", "output_file", "output_png", "read_json_object", "seconds"]

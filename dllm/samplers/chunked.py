@@ -193,12 +193,11 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator
     if isinstance(generator, RowGenerators):
         generator.check_rows(logits.shape[0], f"logits of shape {tuple(logits.shape)}")
         out = []
-        for r in range(len(generator)):
-            g = generator.stream(r)
-            c = generator.cut(r, query_start) if logits.dim() > 2 and g is not None else 0
+        for r, g in enumerate(generator.streams()):
             if g is None:  # a row that draws nothing at this step: the arg-max, as its padding columns get
                 out.append(argmax_excluding(logits[r:r + 1], mask_id))
                 continue
+            c = generator.cut(r, query_start) if logits.dim() > 2 else 0
             row = gumbel_argmax(logits[r:r + 1, c:], temperature, g, mask_id, chunk_elements)  # [1, Q - c]
             out.append(torch.cat([argmax_excluding(logits[r:r + 1, :c], mask_id), row], dim=1) if c else row)
         return torch.cat(out)
@@ -238,8 +237,8 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
         if (ws, we) != (0, q) or q != generator.window:
             raise ValueError(f"a running decode's uniforms are its window's: {window} of a query of {q} columns")
         out = torch.full((b, q, v), 0.5, dtype=torch.float64, device=device)
-        for r, g in enumerate(generator.generators):
-            if generator.stream(r) is None:
+        for r, g in enumerate(generator.streams()):
+            if g is None:  # draws nothing at this step
                 continue
             length, a, e = generator.queries[r]
             out[r, q - (e - a):] = window_uniforms((1, length, v), (a, e), g, device, chunk_elements)[0]
@@ -247,8 +246,7 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     if isinstance(generator, RowGenerators):
         generator.check_rows(b, f"uniforms of shape {tuple(shape)}")
         rows = []
-        for r in range(b):
-            g = generator.stream(r)
+        for r, g in enumerate(generator.streams()):
             if g is None:  # draws nothing at this step
                 rows.append(torch.full((1, we - ws, v), 0.5, dtype=torch.float64, device=device))
                 continue

@@ -53,9 +53,11 @@ class RowGenerators:
         others get the draw functions' filler, and their generators do not move."""
         return dataclasses.replace(self, live=None if live is None else tuple(bool(x) for x in live))
 
-    def stream(self, row: int) -> Optional[torch.Generator]:
-        """Row ``row``'s generator, or None when it draws nothing at this step (``live``)."""
-        return self.generators[row] if self.live is None or self.live[row] else None
+    def streams(self) -> list[Optional[torch.Generator]]:
+        """Each row's generator, None for a row that draws nothing at this step (``live``)."""
+        if self.live is None:
+            return list(self.generators)
+        return [g if on else None for g, on in zip(self.generators, self.live)]
 
     @classmethod
     def seeded(cls, seeds: Sequence[int], pads: Sequence[int], device: torch.device) -> "RowGenerators":
@@ -118,8 +120,7 @@ def rand(shape: Sequence[int], generator: Generator, device: torch.device, dtype
         return torch.rand(tuple(shape), dtype=dtype, generator=generator, device=device)
     generator.check_rows(shape[0], f"a draw of shape {tuple(shape)}")
     out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
-    for r in range(len(generator)):
-        g = generator.stream(r)
+    for r, g in enumerate(generator.streams()):
         if g is not None:
             c = generator.cut(r, query_start)
             out[r, c:] = torch.rand((shape[1] - c, *shape[2:]), dtype=dtype, generator=g, device=device)
@@ -135,7 +136,7 @@ def rand_segments(lengths: Sequence[int], generator: Generator, device: torch.de
     generator.check_rows(len(lengths), "a flat draw")
     return torch.cat([torch.full((int(n),), 0.5, dtype=dtype, device=device) if g is None else
                       torch.rand(int(n), dtype=dtype, generator=g, device=device)
-                      for n, g in zip(lengths, map(generator.stream, range(len(generator))))])
+                      for n, g in zip(lengths, generator.streams())])
 
 
 def race(probs: torch.Tensor, num_samples: int, generator: Optional[torch.Generator], replacement: bool
@@ -173,8 +174,7 @@ def multinomial(probs: torch.Tensor, num_samples: int, generator: Generator, *, 
         segments = [probs.shape[0] // b] * b
     generator.check_rows(len(segments), "a multinomial's segments")
     parts = [race(p, num_samples, g, replacement) if g is not None else p.topk(num_samples).indices  # filler
-             for p, g, n in zip(probs.split([int(n) for n in segments]), map(generator.stream, range(b)), segments)
-             if n]
+             for p, g, n in zip(probs.split([int(n) for n in segments]), generator.streams(), segments) if n]
     if not parts:
         return torch.empty((0, num_samples), dtype=torch.long, device=probs.device)
     return torch.cat(parts)

@@ -47,7 +47,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.train import flags
+from dllm.flags import at_least, seconds
 from dllm.train.data import MixtureConfig
 
 
@@ -67,6 +67,18 @@ def recipe_table() -> list[tuple[str, str]]:
     return rows
 
 
+def device(text: str) -> str:
+    """An argparse type: a device this machine has (``dllm.models.loading.resolve_device``), returned as
+    given; the error names the devices that exist."""
+    from dllm.models.loading import resolve_device
+
+    try:
+        resolve_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     rows = recipe_table()
     epilog = "recipes:\n" + "\n".join(f"  {n:<22} {d}" for n, d in rows)
@@ -77,18 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the stage plan and exit (nothing trained)")
     ap.add_argument("--out", default=None, help="output directory (default: runs/<recipe>)")
     ap.add_argument("--resume", action="store_true", help="keep finished stages, continue the unfinished one")
-    ap.add_argument("--threads", type=flags.at_least(0), default=None,
+    ap.add_argument("--threads", type=at_least(0), default=None,
                     help="torch threads of every stage (0: torch default)")
-    ap.add_argument("--device", type=flags.device, default=None,
+    ap.add_argument("--device", type=device, default=None,
                     help="cpu | cuda | cuda:0 ... (the AR, drafter and filter recipes: cpu only)")
-    ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=flags.at_least(1), default=None,
+    ap.add_argument("--max-steps", "--stop-at", dest="max_steps", type=at_least(1), default=None,
                     help="stop every stage after this many steps (smoke runs; the schedule is unchanged)")
     ap.add_argument("--from-stage", default=None, help="skip the stages before this one")
     ap.add_argument("--until-stage", default=None, help="stop after this stage (it is exported)")
     ap.add_argument("--init-from", default=None,
                     help="weights the first trained stage starts from (a model name or a directory); AR "
                          "recipes: with --start-phase")
-    ap.add_argument("--time-limit", type=flags.seconds, default=None,
+    ap.add_argument("--time-limit", type=seconds, default=None,
                     help="seconds per stage (then checkpoint and stop); drafter recipes: seconds of training "
                          "steps (then evaluate and save)")
     ap.add_argument("--no-export", action="store_true", help="do not export the last stage")
@@ -98,13 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "included (dllm/train/probe.py), and exit")
     ap.add_argument("--n", type=int, default=16, help="--probe: examples per case")
     ap.add_argument("--target", default=None, help="drafter recipes: the AR target (embedded name or directory)")
-    ap.add_argument("--start-phase", type=flags.at_least(0), default=0,
+    ap.add_argument("--start-phase", type=at_least(0), default=0,
                     help="AR recipes: skip the phases before this one")
-    ap.add_argument("--steps", type=flags.at_least(1), default=None, help="schedule horizon of every stage")
-    ap.add_argument("--eval-every", type=flags.at_least(0), default=None, help="evaluate every N steps (0: never)")
-    ap.add_argument("--save-every", type=flags.at_least(0), default=None,
+    ap.add_argument("--steps", type=at_least(1), default=None, help="schedule horizon of every stage")
+    ap.add_argument("--eval-every", type=at_least(0), default=None, help="evaluate every N steps (0: never)")
+    ap.add_argument("--save-every", type=at_least(0), default=None,
                     help="checkpoint every N steps (0: at the end)")
-    ap.add_argument("--log-every", type=flags.at_least(1), default=None, help="JSONL training line every N steps")
+    ap.add_argument("--log-every", type=at_least(1), default=None, help="JSONL training line every N steps")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (weights stay fp32)")
     ap.add_argument("--compile", action="store_true", default=None, help="torch.compile the transformer")

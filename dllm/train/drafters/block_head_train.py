@@ -43,7 +43,7 @@ from dllm.drafters.dflash.model import extract_context_feature
 from dllm.scoring.exact_match import eval_examples
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
-from dllm.train.flags import at_least
+from dllm.flags import at_least
 from dllm.train.drafters.dflash_train import ANSWER_TOKENS, block_loss, regenerate
 
 

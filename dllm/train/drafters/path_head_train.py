@@ -37,7 +37,7 @@ from dllm.scoring.exact_match import eval_examples
 from dllm.options import check_int
 from dllm.train.ar import LONG_MIXTURE, hf_tokenizer
 from dllm.train.data import TaskMixture
-from dllm.train.flags import at_least
+from dllm.flags import at_least
 from dllm.train.drafters.dflash_train import ANSWER_TOKENS, block_pass, regenerate
 
 
