@@ -95,19 +95,12 @@ def kernels_args(p: argparse.ArgumentParser) -> None:
 
 
 def checked_device(text: str | None) -> str | None:
-    """``--device``: None (the bench's choice) or a device this machine has; ValueError naming it else."""
-    if text is None:
-        return None
-    import torch
+    """``--device``: None (the bench's choice) or a device this machine has (``resolve_device``);
+    ValueError naming it and the devices that exist else."""
+    if text is not None:
+        from dllm.models.loading import resolve_device
 
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise ValueError(f"--device {text!r} is not a device; give cpu or cuda (cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {text!r}: CUDA is not available on this machine; give --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        resolve_device(text)
     return text
 
 
