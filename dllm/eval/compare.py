@@ -65,9 +65,22 @@ class SamplerResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def check_split(task_names: Sequence[str], n: int) -> None:
+    """ValueError unless every task's test split (``T.TEST_SPLIT_SIZE`` per default size) holds ``n``
+    examples: instances past it are not held out of training."""
+    for name in task_names:
+        task = T.get_task(name)
+        most = T.TEST_SPLIT_SIZE * len(task.default_sizes)
+        if n > most:
+            raise ValueError(f"n={n} test examples per task: the test split of {task.name!r} holds {most} "
+                             f"({T.TEST_SPLIT_SIZE} per size {list(task.default_sizes)}); give n <= {most}")
+
+
 def task_examples(task_names: Sequence[str], n: int) -> list[T.Example]:
     """The first ``n`` test examples of each task, taken round-robin over its default sizes (so that
-    ``n`` examples cover the size range), tasks in the given order."""
+    ``n`` examples cover the size range), tasks in the given order. ValueError when a task's test split
+    holds fewer than ``n`` (``check_split``)."""
+    check_split(task_names, n)
     out = []
     for name in task_names:
         task = T.get_task(name)
@@ -132,10 +145,13 @@ def mark_pareto(results: list[SamplerResult]) -> None:
         )
 
 
-def check_compare(specs: Sequence[str], n: int, block_length: Optional[int]) -> list[DecodeSettings]:
-    """The parsed specs; raises ValueError on anything that would fail later in the run."""
+def check_compare(specs: Sequence[str], n: int, block_length: Optional[int],
+                  task_names: Optional[Sequence[str]] = None) -> list[DecodeSettings]:
+    """The parsed specs; raises ValueError on anything that would fail later in the run (``task_names``:
+    the tasks, None for the PB-mini suite; each test split must hold ``n`` examples)."""
     check_int("n", n, 1, hint=" (test examples per task)")
     check_optional_int("block_length", block_length, 1)
+    check_split(list(task_names) if task_names else T.suite_task_names(), n)
     parsed = [DecodeSettings.parse(s) for s in specs]  # the text form; check(): generate's own checks
     for spec in parsed:
         spec.check()
@@ -172,7 +188,7 @@ def compare(model, specs: Sequence[str], task_names: Optional[Sequence[str]], n:
     from tqdm.auto import tqdm
 
     check_int("repeats", repeats, 1, hint=" (timed runs per sampler)")
-    parsed = check_compare(specs, n, block_length)
+    parsed = check_compare(specs, n, block_length, task_names)
     check_graphs_option(cuda_graphs, model_device(model))
     names = list(task_names) if task_names else list(T.suite_task_names())
     examples = task_examples(names, n)
@@ -247,7 +263,7 @@ def run_compare(args) -> int:
     """``dllm compare``: the table, compare.json and compare.png in ``--out``; Ctrl-C keeps the samplers
     that finished a run (exit status 130)."""
     specs = args.samplers or DEFAULT_SAMPLERS
-    check_compare(specs, args.n, args.block_length)
+    check_compare(specs, args.n, args.block_length, args.tasks)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a directory (compare writes compare.json "

@@ -162,3 +162,24 @@ def test_cuda_graphs_on_a_moe_model_capture_and_leave_out_the_expert_count(monke
     rows = compare(moe, ["low_confidence:cache=block"], ["copy"], 1, block_length=4, show_progress=False,
                    cuda_graphs="static")
     assert refused and set(refused) == {None} and rows[0].experts_per_forward is None
+
+
+def test_n_past_a_tasks_test_split_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import dllm.eval.compare as compare_mod
+    from dllm import tasks as T
+    from dllm.eval.compare import task_examples
+
+    picked = task_examples(["latin4"], 50)  # one size: its whole split
+    assert len(picked) == 50 and all(T.is_test_prompt(ex) for ex in picked)
+    with pytest.raises(ValueError, match=r"n=51 .* 'latin4' holds 50 \(50 per size \[4\]\)"):
+        task_examples(["latin4"], 51)
+    with pytest.raises(ValueError, match=r"'copy' holds 150"):
+        task_examples(["copy"], 151)
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the bad --n was refused")
+
+    monkeypatch.setattr(compare_mod, "load_model", no_load)
+    assert main(["compare", "--model", "oracle", "--samplers", "low_confidence", "--tasks", "copy", "latin4",
+                 "--n", "60", "--out", str(tmp_path / "cmp"), "--no-progress"]) == 2
+    assert "'latin4' holds 50" in capsys.readouterr().err

@@ -10,9 +10,10 @@ centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``st
 accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
 
 Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
-only the cell in progress; a rerun with ``resume=True`` and the same model, tasks, examples and grid
-skips the finished cells, and any other file is refused with the differences named. Each cell
-seeds its own randomness from its name (``cell_seed``), so a resumed run equals an uninterrupted one.
+only the cell in progress; a rerun with ``resume=True`` and the same model, tasks, examples, grid and
+rows per call (``max_batch``) skips the finished cells, and any other file is refused with the
+differences named. Each cell seeds its own randomness from its name (``cell_seed``), so a resumed run
+equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from dllm import tasks as T
-from dllm.scoring.exact_match import RowSteps, decode_and_score, eval_examples, load_model
+from dllm.scoring.exact_match import RowSteps, check_test_range, decode_and_score, eval_examples, load_model
 from dllm.eval.interrupt import finished, until_interrupted
 from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
 from dllm.eval.stress.metrics import Cell, unmasking_tau
@@ -39,21 +40,25 @@ from dllm.samplers import samplers
 FORMAT = "dllm-stress/1"  # the resume file's format tag
 RESULT_FILE = "stress.json"  # header + every cell with its per-sample outcomes (the resume file) + summary
 SUMMARY_FILE = "stress-summary.json"  # header, grid and the summary's members, 4 decimals (small enough to keep)
+DEFAULT_MAX_BATCH = 64  # rows per generate call (``dllm stress`` always uses it)
 
 
 @dataclass(frozen=True)
 class StressConfig:
-    """What a sweep decodes; everything but ``max_batch`` must match for a resume."""
+    """What a sweep decodes; all of it must match for a resume (``header``)."""
 
     model: str  # the model's name, as recorded (``oracle``, ``tiny-llada``, a path)
     grid: tuple[str, ...] = DEFAULT_GRID  # ``--grid`` entries (``stress.grid``)
     block_lengths: tuple[int, ...] = (0,)  # 0: one block of the answer length
     tasks: Optional[tuple[str, ...]] = None  # None: the PB-mini suite
     per_size: int = 4  # test examples per task size
-    max_batch: int = 64  # rows per generate call (results do not depend on it)
+    # rows per generate call: a deterministic model and sampler give the same cells at any value, but
+    # random draws (the ``random`` sampler, the oracle's logit noise) are made per call, so they differ
+    max_batch: int = DEFAULT_MAX_BATCH
 
     def __post_init__(self) -> None:
         check_int("per_size", self.per_size, 1, hint=" (test examples per task size)")
+        check_test_range(self.per_size)  # the split holds 50 per size: refused now, not after the model loads
         check_int("max_batch", self.max_batch, 1)
         object.__setattr__(self, "block_lengths", parse_block_lengths(self.block_lengths))
         names = self.tasks if self.tasks else T.suite_task_names()
@@ -75,7 +80,7 @@ class StressConfig:
         """The resume file's identity: a resume must match it exactly."""
         return {"format": FORMAT, "model": self.model, "split_version": T.SPLIT_VERSION,
                 "tasks": list(self.tasks), "per_size": self.per_size,
-                "settings": [s.label for s in self.settings]}
+                "settings": [s.label for s in self.settings], "max_batch": self.max_batch}
 
 
 def cell_seed(key: str) -> int:
@@ -84,8 +89,8 @@ def cell_seed(key: str) -> int:
 
 
 @torch.no_grad()
-def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example], *, max_batch: int = 64,
-                seed: int = 0, keep_rows: bool = False) -> Cell:
+def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example], *,
+                max_batch: int = DEFAULT_MAX_BATCH, seed: int = 0, keep_rows: bool = False) -> Cell:
     """Decode ``examples`` (one task) with one setting, greedily, in batches of one answer length
     (``decode_and_score`` with ``record=True``, batches cut in the examples' order).
 
@@ -151,6 +156,8 @@ class StressStore:
         except json.JSONDecodeError as err:
             raise ValueError(f"{str(path)!r} is not a stress result file (bad JSON: {err})") from None
         found = data.get("header", {}) if isinstance(data, dict) else {}
+        if isinstance(found, dict) and "max_batch" not in found and "max_batch" in header:
+            found = {**found, "max_batch": DEFAULT_MAX_BATCH}  # files from before it was recorded: the only CLI value
         diffs = _differences(found, header)
         if diffs:
             raise ValueError(f"cannot resume from {str(path)!r}: it was made by a different sweep: "

@@ -185,3 +185,39 @@ def test_a_sampler_the_model_cannot_run_is_refused_before_decoding(tmp_path):
     with pytest.raises(ValueError, match="cannot run: dawn: dawn reads attention"):
         run_stress(OracleLM(), config, tmp_path / "stress.json", progress=False)
     assert not (tmp_path / "stress.json").exists()
+
+
+def test_per_size_past_the_test_split_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    with pytest.raises(ValueError, match=r"test instances 0\.\.50 .* holds instances 0\.\.49"):
+        StressConfig("oracle", grid=("low_confidence:k=1",), tasks=("copy",), per_size=51)
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the bad --per-size was refused")
+
+    monkeypatch.setattr(stress_mod, "load_stress_model", no_load)
+    assert main(["stress", "--model", "oracle", "--grid", "low_confidence:k=1", "--tasks", "copy",
+                 "--per-size", "51", "--out", str(tmp_path / "st"), "--no-progress"]) == 2
+    assert "test instances 0..50" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()
+
+
+def test_rows_per_call_change_random_draws_so_a_resume_must_match_them(tmp_path):
+    # the random order is drawn per generate call: the same cell in batches of 3 and of 64 differs
+    (setting,) = build_grid(["random:k=2"], [0])
+    exs = eval_examples(["shuffle"], 8)
+    wide = decode_cell(OracleLM(), setting, "shuffle", exs, max_batch=64, seed=5)
+    narrow = decode_cell(OracleLM(), setting, "shuffle", exs, max_batch=3, seed=5)
+    assert wide.tau != narrow.tau  # other positions drawn, so another unmasking order
+    config = StressConfig("oracle", grid=("low_confidence:k=1",), tasks=("copy",), per_size=1)
+    path = tmp_path / "r.json"
+    run_stress(OracleLM(), config, path, progress=False)
+    other = StressConfig("oracle", grid=("low_confidence:k=1",), tasks=("copy",), per_size=1, max_batch=3)
+    with pytest.raises(ValueError, match="different sweep: max_batch: file 64, this run 3"):
+        StressStore.open(path, other.header(), resume=True)
+    # a file written before the header recorded it was made with the default, the only CLI value
+    data = json.loads(path.read_text())
+    del data["header"]["max_batch"]
+    path.write_text(json.dumps(data))
+    assert len(StressStore.open(path, config.header(), resume=True).cells) == 1
+    with pytest.raises(ValueError, match="max_batch: file 64, this run 3"):
+        StressStore.open(path, other.header(), resume=True)
