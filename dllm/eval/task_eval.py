@@ -72,15 +72,18 @@ def evaluate_task_table(model, task_names: Optional[Sequence[str]], ks: Sequence
 
 def format_table(result: dict, ks: Sequence[Column]) -> str:
     c0 = set(result["c0"])
-    width = max(len(t) for t in result["tasks"]) + 2
-    head = f"{'task':<{width}}C=0  " + "  ".join(f"k={k:<5}" if isinstance(k, int) else f"{k:<7}" for k in ks)
+    names = ("mean C(Y|X)=0", "mean all")
+    width = max(len(t) for t in (*result["tasks"], *names)) + 2
+    labels = [f"k={k}" if isinstance(k, int) else str(k) for k in ks]
+    cols = [max(6, len(label)) for label in labels]  # each column as wide as its label or a 6.1f cell
+    head = f"{'task':<{width}}C=0  " + "  ".join(f"{label:>{c}}" for label, c in zip(labels, cols))
     lines = [head, "-" * len(head)]
     for task in sorted(result["tasks"]):
-        cells = "  ".join(f"{100 * result['tasks'][task][k]:6.1f}" for k in ks)
+        cells = "  ".join(f"{100 * result['tasks'][task][k]:{c}.1f}" for k, c in zip(ks, cols))
         lines.append(f"{task:<{width}}{'yes' if task in c0 else '   '}  {cells}")
     lines.append("-" * len(head))
-    for key, name in (("mean_c0", "mean C(Y|X)=0"), ("mean", "mean all")):
-        cells = "  ".join(f"{100 * result['summary'][k][key]:6.1f}" for k in ks)
+    for key, name in zip(("mean_c0", "mean"), names):
+        cells = "  ".join(f"{100 * result['summary'][k][key]:{c}.1f}" for k, c in zip(ks, cols))
         lines.append(f"{name:<{width}}     {cells}")
     return "\n".join(lines)
 

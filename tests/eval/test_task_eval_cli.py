@@ -27,6 +27,19 @@ def test_eval_tasks_on_the_oracle(capsys, tmp_path):
     assert result["tasks"]["shuffle"]["1"] == 1.0 and result["tasks"]["shuffle"]["2"] == 0.0
 
 
+def test_eval_tasks_table_columns_line_up():
+    from dllm.eval.task_eval import format_table
+
+    result = {"tasks": {"copy": {1: 0.5, "low_confidence": 1.0}}, "c0": ["copy"],
+              "summary": {k: {"mean_c0": 0.5, "mean": 0.5} for k in (1, "low_confidence")}}
+    lines = [line for line in format_table(result, [1, "low_confidence"]).splitlines() if not line.startswith("-")]
+    assert len({len(line) for line in lines}) == 1  # every row ends where the header does
+    head = lines[0]
+    for label in ("k=1", "low_confidence"):  # each number ends under its label
+        end = head.index(label) + len(label)
+        assert all(line[end - 1].isdigit() and (end == len(line) or line[end] == " ") for line in lines[1:])
+
+
 def test_eval_tasks_rejects_bad_k(capsys):
     assert main(["eval-tasks", "--model", "oracle", "--tasks", "copy", "--k", "0"]) == 2
     assert "k must be an integer >= 1 (tokens per step), got 0" in capsys.readouterr().err
