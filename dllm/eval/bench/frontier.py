@@ -26,7 +26,8 @@ ratio and both forwarded-token counts (a win bought with more forwarded tokens s
 at >= their test accuracy with >= ``--speed-bar`` (1.1x) their tokens/s and >= ``--tpf-bar`` (1.3x)
 their tokens per forward. Writes ``frontier.json``, ``frontier.txt`` and ``frontier.png`` (both
 frontiers on the accuracy / tokens-per-second plane, the dev sweep in grey); Ctrl-C keeps every
-finished row, and ``--resume`` measures only the dev rows an earlier run did not leave.
+finished row, and ``--resume`` measures only the dev rows an earlier run did not leave (an earlier run
+of the same model, suite, ``--dev`` and ``--block-length``).
 """
 
 from __future__ import annotations
@@ -278,7 +279,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=output_dir, default="runs/frontier")
     ap.add_argument("--resume", action="store_true",
-                    help="reuse the dev rows of --out's frontier.json (same model, suite and --dev) and measure the rest")
+                    help="reuse the dev rows of --out's frontier.json (same model, suite, --dev and --block-length) "
+                         "and measure the rest")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.suite not in T.SUITES:
@@ -337,7 +339,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def save() -> None:
         out.mkdir(parents=True, exist_ok=True)
         doc = {"command": "dllm bench frontier " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "model": args.model, "suite": args.suite, "dev_per_size": args.dev, "test_per_size": args.test,
+               "model": args.model, "suite": args.suite, "block_length": args.block_length,
+               "dev_per_size": args.dev, "test_per_size": args.test,
                "examples": {"dev": len(dev_ex), "test": len(test_ex)}, "repeats": args.repeats,
                "margin": args.margin, "points": points, "groups": groups, "dev": {k: asdict(v) for k, v in state["dev"].items()},
                "test": {k: asdict(v) for k, v in state["test"].items()}, "picks": state["picks"],
@@ -346,9 +349,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.resume and (out / "frontier.json").exists():
         earlier = json.loads((out / "frontier.json").read_text())
-        same = {k: earlier.get(k) for k in ("model", "suite", "dev_per_size")}
-        if same != {"model": args.model, "suite": args.suite, "dev_per_size": args.dev}:
-            ap.error(f"--resume: {out / 'frontier.json'} is of {same}, not of this run's model, suite and --dev")
+        # the suite's block length is in no label (``block_label``): rows of another one must not be reused
+        same = {k: earlier.get(k) for k in ("model", "suite", "dev_per_size", "block_length")}
+        if same != {"model": args.model, "suite": args.suite, "dev_per_size": args.dev, "block_length": args.block_length}:
+            ap.error(f"--resume: {out / 'frontier.json'} is of {same}, not of this run's model, suite, --dev and "
+                     f"--block-length ({args.model!r}, {args.suite!r}, {args.dev}, {args.block_length})")
         state["dev"] = {k: Row(**v) for k, v in earlier.get("dev", {}).items() if k in points or k in candidates}
         state["skipped"] = {k: v for k, v in earlier.get("skipped", {}).items() if k in candidates}
 

@@ -22,7 +22,8 @@ the context masked. A one-token answer is estimated exactly by one forward (ever
 The greedy check (lm-eval's ``is_greedy``) is upstream's ``suffix_greedy_prediction``: starting
 from the context and T masks, commit the single most confident masked position per step, T steps;
 the answer is greedy when that reproduces it. Here it is ``dllm.generate`` with ``low_confidence``
-at one token per step, one block, batched over requests with the same answer length.
+at one token per step, one block (a block-causal model: its trained block grid), batched over
+requests with the same answer length (and, block-causal, the same context offset in the grid).
 
 Families: ``DiffusionLM.forward`` returns logits where ``[:, i]`` predicts position i for every
 family (Dream's one-position shift is undone inside its wrapper), so the same estimator is the ELBO
@@ -152,19 +153,22 @@ class MonteCarloLikelihood:
         """For each (context, answer): does one-token-per-step confidence decoding of ``len(answer)``
         masks after the context reproduce the answer? Requests with the same answer length share
         ``generate`` calls of at most ``max_batch`` rows."""
+        from dllm.cache.block_causal import block_size_of
         from dllm.engine import generate
 
         check_int("max_batch", max_batch, 1)
+        bs = block_size_of(model)  # a block-causal model: its own block grid, shared by a batch's contexts
         out = [True] * len(pairs)  # an empty answer is trivially greedy
-        by_length: dict[int, list[int]] = {}
-        for i, (_, answer) in enumerate(pairs):
+        by_length: dict[tuple[int, int], list[int]] = {}
+        for i, (context, answer) in enumerate(pairs):
             if len(answer):
-                by_length.setdefault(len(answer), []).append(i)
-        for t, idx in sorted(by_length.items()):
+                by_length.setdefault((len(answer), len(context) % bs if bs else 0), []).append(i)
+        for (t, _), idx in sorted(by_length.items()):
             for s in range(0, len(idx), max_batch):
                 chunk = idx[s:s + max_batch]
                 res = generate(model, [list(pairs[i][0]) for i in chunk], "low_confidence", gen_length=t,
-                               block_length=t, steps=t, cfg_scale=self.config.cfg_scale)
+                               block_length=None if bs else t, steps=None if bs else t,
+                               cfg_scale=self.config.cfg_scale)
                 for i, row in zip(chunk, res.generated.tolist()):
                     out[i] = row == list(pairs[i][1])
         return out

@@ -24,10 +24,14 @@ semicolons between them, ``cache=dual:look_back=16;look_ahead=16``, or one key p
 
 - ``generate_until``: requests are grouped by generation settings and decoded in batched
   ``dllm.generate`` calls of ``batch_size`` left-padded rows (the engine decodes a row alike alone
-  or in a batch). A request's ``max_gen_toks`` caps the canvas (``gen_length``). The text is cut at
+  or in a batch). A request's ``max_gen_toks`` caps the canvas (``gen_length``). A block-causal
+  model (SDAR, Fast-dLLM v2) decodes on its trained block grid, a batch holding prompts that end at
+  the same offset in it. The text is cut at
   the first EOS/EoT and decoded without special tokens, then cut at the first ``until`` string;
   with the generation kwarg ``keep_special_tokens: true`` it is the whole generated region with
-  its special tokens (the stress tasks' scorer reads the EOS padding).
+  its special tokens (the stress tasks' scorer reads the EOS padding). Sampled decoding draws each
+  request from its own seed (``generation_seeds``: ``seed``, the prompt, the k-th copy of a repeated
+  request), so a text does not depend on batching or order and lm-eval's ``repeats`` are distinct draws.
 - ``loglikelihood``: LLaDA's Monte-Carlo estimate and greedy check (``harness.likelihood``);
   ``loglikelihood_rolling``: the same estimate of the whole text after a BOS (or EOS) token.
 - Chat templates: ``apply_chat_template`` renders with the model's template (the tokenizer's own
@@ -54,9 +58,10 @@ from typing import Any, Optional, Sequence
 import torch
 from lm_eval.api.model import LM
 
+from dllm.cache.block_causal import block_size_of
 from dllm.eval.harness.config import decode_setting, default_device, split_model_args
 from dllm.models.parallel.objects import gather_object
-from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, rolling_windows
+from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, request_seed, rolling_windows
 from dllm.inputs import decode_answer
 from dllm.models.text.tokenizer import encode_text
 from dllm.settings import steps_for  # noqa: F401  (k -> steps, re-exported for the harness's users)
@@ -81,6 +86,19 @@ def cut_at_stops(text: str, until: Sequence[str]) -> str:
     cuts = [text.find(s) for s in until if s]
     cuts = [c for c in cuts if c >= 0]
     return text[:min(cuts)] if cuts else text
+
+
+def generation_seeds(seed: int, plans: Sequence[GenRequest]) -> list[int]:
+    """One seed per ``generate_until`` request, from (seed, prompt ids, canvas length, occurrence):
+    a request's sampled text depends neither on the batch it shares nor on the order of the requests,
+    and the k-th copy of a repeated request (lm-eval's ``repeats``) draws its own sample."""
+    seen: dict[tuple, int] = defaultdict(int)
+    out = []
+    for plan in plans:
+        key = (tuple(plan.ids), plan.gen_length, plan.temperature)
+        out.append(request_seed(seed, plan.ids, (plan.gen_length, seen[key])))
+        seen[key] += 1
+    return out
 
 
 class DllmLM(LM):
@@ -232,16 +250,19 @@ class DllmLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         plans = [self.plan_generation(*req.args[:2]) for req in requests]
-        groups: dict[tuple[int, float], list[int]] = defaultdict(list)
+        bs = block_size_of(self.model)  # a block-causal model: a batch's prompts share its block grid
+        groups: dict[tuple[int, float, int], list[int]] = defaultdict(list)
         for i, plan in enumerate(plans):
-            groups[(plan.gen_length, plan.temperature)].append(i)
+            groups[(plan.gen_length, plan.temperature, len(plan.ids) % bs if bs else 0)].append(i)
+        seeds = generation_seeds(self.config.seed, plans)
         texts: list[Optional[str]] = [None] * len(plans)
         bar = self._progress(None, disable_tqdm, "generate_until", total=len(plans))
-        for (gen_length, temperature), idx in sorted(groups.items()):
+        for (gen_length, temperature, _), idx in sorted(groups.items()):
             idx.sort(key=lambda i: -len(plans[i].ids))  # similar lengths share a batch: less padding
             for s in range(0, len(idx), self.config.batch_size):
                 chunk = idx[s:s + self.config.batch_size]
-                rows = self.decode([plans[i].ids for i in chunk], gen_length, temperature)
+                rows = self.decode([plans[i].ids for i in chunk], gen_length, temperature,
+                                   seeds=[seeds[i] for i in chunk])
                 for i, row in zip(chunk, rows):
                     texts[i] = self.region_text(row, plans[i])
                     self.cache_hook.add_partial("generate_until", requests[i].args, texts[i])
@@ -281,12 +302,17 @@ class DllmLM(LM):
             ids = ids[-room:]
         return GenRequest(ids, gen_length, temperature, until, keep_special)
 
-    def decode(self, rows: list[list[int]], gen_length: int, temperature: float) -> list[list[int]]:
-        """Generated ids [len(rows)][gen_length] of one batched ``dllm.generate`` call."""
+    def decode(self, rows: list[list[int]], gen_length: int, temperature: float,
+               seeds: Optional[list[int]] = None) -> list[list[int]]:
+        """Generated ids [len(rows)][gen_length] of one batched ``dllm.generate`` call; ``seeds``: one
+        per row (each row draws what it draws alone with its seed), None: the config's seed for the call."""
         from dllm.engine import generate
 
-        bl = min(self.setting.block_length or gen_length, gen_length)
-        setting = self.setting.replace(block_length=bl, temperature=temperature)
+        bl = self.setting.block_length  # a block-causal model decodes on its own grid (None: its block)
+        if block_size_of(self.model) is None:
+            bl = min(bl or gen_length, gen_length)
+        setting = self.setting.replace(block_length=bl, temperature=temperature,
+                                       **({} if seeds is None else {"seed": list(seeds)}))
         out = generate(self.model, rows, gen_length=gen_length, stop_at_eos=self.config.stop_at_eos,
                        **setting.with_steps(self.model, rows, gen_length).generate_kwargs())
         return out.generated.tolist()

@@ -130,6 +130,10 @@ def test_resume_reuses_the_dev_rows_of_the_same_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(base[:4] + ["2"] + base[5:] + ["--candidates", "low_confidence", "--resume"])  # --dev 2
     assert "--resume" in capsys.readouterr().err
+    # the suite's block length is in no label: rows decoded in blocks of 4 are not rows of blocks of 8
+    with pytest.raises(SystemExit):
+        main(base + ["--candidates", "low_confidence", "--block-length", "8", "--resume"])
+    assert "--block-length" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

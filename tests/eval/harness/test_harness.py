@@ -108,6 +108,44 @@ def test_generate_until_cuts_stops_and_respects_max_gen_toks():
     assert lm.generate_until([]) == []
 
 
+def test_sampled_generation_independent_of_batching_and_repeats_differ():
+    """lm-eval's ``repeats`` hands the same request n times: with sampling each copy is its own draw
+    (they were all one draw at --batch_size 1, the seed restarting every call), and a request's
+    text does not depend on the batch it shares or on the order of the requests."""
+    ex = T.test_split("copy", 4, n=1)[0]
+    prompt = " ".join(T.prompt_words(ex))
+    reqs = [_gen(prompt, until=[], do_sample=True, temperature=3.0, max_gen_toks=8)] * 4
+    reqs.append(_gen(" ".join(T.prompt_words(T.test_split("copy", 4, n=2)[1])), until=[], do_sample=True,
+                     temperature=3.0, max_gen_toks=8))
+    one = H.DllmLM(pretrained="tiny-llada", dtype="float32", device="cpu", batch_size=1)
+    alone = one.generate_until(reqs, disable_tqdm=True)
+    assert len(set(alone[:4])) > 1, alone  # the copies are separate samples
+    four = H.DllmLM(pretrained="tiny-llada", dtype="float32", device="cpu", batch_size=4)
+    assert four.generate_until(reqs, disable_tqdm=True) == alone
+    assert four.generate_until(reqs[::-1], disable_tqdm=True) == [alone[4], *alone[:4]]  # k-th copy: k-th draw
+
+
+def test_block_causal_model_decodes_on_its_grid_in_any_batch():
+    """SDAR (block-causal, trained block 4): generate_until decoded with block_length = the canvas
+    (refused: not the trained block) and batched prompts of lengths that end at different offsets in
+    the block grid (refused); the greedy check of loglikelihood asked for blocks of the answer's length.
+    Now each request decodes as ``dllm.generate`` decodes it alone, on the model's grid."""
+    from dllm.engine import generate
+
+    lm = H.DllmLM(pretrained="tiny-random-sdar", dtype="float32", device="cpu", batch_size=4, gen_length=6,
+                  mc_num=2)
+    words = lm.tokenizer.decode(list(range(60, 70))).split()
+    prompts = [" ".join(words[:n]) for n in (3, 4, 5, 7)]
+    texts = lm.generate_until([_gen(p, until=[]) for p in prompts] + [_gen(prompts[0], until=[], max_gen_toks=2)],
+                              disable_tqdm=True)
+    for p, g, text in zip(prompts + prompts[:1], (6, 6, 6, 6, 2), texts):
+        plan = lm.plan_generation(p, {"until": [], "max_gen_toks": g})
+        alone = generate(lm.model, [plan.ids], gen_length=g).generated[0].tolist()
+        assert text == lm.region_text(alone, plan)
+    reqs = [Instance("loglikelihood", {}, (prompts[i], " " + words[i]), 0) for i in range(3)]
+    assert len(lm.loglikelihood(reqs, disable_tqdm=True)) == 3
+
+
 def test_cut_at_stops_and_steps():
     assert H.cut_at_stops("a b c d", ["c", "b"]) == "a "
     assert H.cut_at_stops("a b", ["x", ""]) == "a b"
