@@ -38,7 +38,8 @@ def caches_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samplers", nargs="*", default=["low_confidence", "threshold"], help="sampler specs")
     p.add_argument("--caches", nargs="*", default=["none", "prefix", "dual", "window"],
                    help="cache policy specs (dual:look_back=16)")
-    p.add_argument("--repeats", type=POSITIVE, default=1, help="timed runs per cell, interleaved (default: 1)")
+    p.add_argument("--repeats", type=POSITIVE, default=1,
+                   help="timed runs per cell, back to back after one untimed run; the median is reported (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_threads(p)
     add_model_place(p)

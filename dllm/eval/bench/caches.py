@@ -71,6 +71,7 @@ def run_cache_bench(
     prompt = bench_prompt(model, batch_size, prompt_len, seed).to(device)
     length = prompt_len + gen_len
     specs = [format_spec(*parse_spec(s, "sampler")) for s in samplers]  # normalised labels
+    fixed = {spec: make_sampler(spec).fixed_steps for spec in specs}  # every spec checked before any run
     made = sorted((make_cache(p) for p in policies), key=lambda p: p.spec != "none")  # "none" first
     results = [] if results is None else results
     reference: dict[str, tuple[torch.Tensor, float]] = {}  # sampler spec -> (none's tokens, wall)
@@ -79,7 +80,7 @@ def run_cache_bench(
         for policy in made:
             bar.set_postfix_str(f"{policy.spec} x {spec}")
             kw = dict(sampler=spec, gen_length=gen_len, block_length=block, cache=policy)
-            if steps is not None and make_sampler(spec).fixed_steps:
+            if steps is not None and fixed[spec]:
                 kw["steps"] = steps
             t = timed(lambda: generate(model, prompt, **kw), device, repeats=repeats, warmup=int(warmup))
             out, wall = t.result, t.seconds

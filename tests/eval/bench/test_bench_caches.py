@@ -26,3 +26,12 @@ def test_run_cache_bench_rows():
     assert every["match_none"] == 1.0  # refresh every step is exact
     table = format_table(rows)
     assert table.count("\n") == len(rows) + 1 and "| policy |" in table
+
+
+def test_a_bad_sampler_spec_is_refused_before_any_run():
+    model = tiny("llada", seed=0)
+    rows: list = []
+    with pytest.raises(ValueError, match="nope"):
+        run_cache_bench(model, prompt_len=6, gen_len=4, block=4, samplers=["low_confidence", "nope"],
+                        policies=["none"], warmup=False, results=rows)
+    assert rows == []  # not one run was made (and lost) before the refusal
