@@ -184,3 +184,41 @@ def test_a_candidate_a_model_cannot_run_fails_with_the_reason():
     res = {"m1": _model(a=(0.9, 3.0)), "m2": _model()}
     verdict = judge(res, "a", skipped={"m2": {"a": "reads attention"}})
     assert not verdict.passes and "m2: cannot run (reads attention)" in verdict.reasons
+
+
+def test_ctrl_c_keeps_the_models_that_finished(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the second model's run: the first model's rows are written, unjudged, and
+    --results reads them back."""
+    from dllm.eval.bench.choose import fast
+
+    def compare(model, specs, tasks, n, show_progress=True):
+        if model == "m2":
+            raise KeyboardInterrupt
+        return _model(a=(0.90, 3.0))
+
+    monkeypatch.setattr(fast, "compare", compare)
+    monkeypatch.setattr("dllm.scoring.exact_match.load_model", lambda name: name)
+    monkeypatch.setattr(fast, "cannot_run", lambda model, spec: None)
+    out = tmp_path / "choice.json"
+    assert fast.main(["--models", "m1", "m2", "--candidates", "a", "--out", str(out), "--no-progress"]) == 130
+    assert f"interrupted: 1 finished model is saved in {out}" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["interrupted"] and saved["winner"] is None and list(saved["results"]) == ["m1"]
+    assert main_judges(str(out), tmp_path) == "a"
+
+
+def main_judges(path: str, tmp_path) -> str:
+    from dllm.eval.bench.choose.fast import main
+
+    again = tmp_path / "again.json"
+    assert main(["--results", path, "--out", str(again)]) == 0
+    return json.loads(again.read_text())["winner"]
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_cli_refuses_n_below_one(n, capsys):
+    from dllm.eval.bench.choose.fast import main
+
+    with pytest.raises(SystemExit):
+        main(["--n", n, "--results", "unused.json"])
+    assert "--n" in capsys.readouterr().err

@@ -27,6 +27,8 @@ hundred rows). It names the candidate to time there; ``fast`` stays the ``tokens
 timing says otherwise. ``--results`` applies it to finished runs: nothing is decoded.
 No candidate passing is a result too: it is printed as such and ``choose`` returns None.
 Every verdict reports the candidate's forwarded-token ratio and mean tokens per forward.
+Ctrl-C writes the rows of the models that finished to ``--out`` (unjudged, ``"interrupted": true``),
+which ``--results`` reads back.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from dllm.flags import output_file, read_json_object
+from dllm.flags import POSITIVE, output_file, read_json_object
 from dllm.eval.compare import SamplerResult, compare, format_results
+from dllm.eval.interrupt import finished, until_interrupted
 from dllm.settings import DecodeSettings
 
 REFERENCE = "low_confidence"
@@ -142,13 +145,11 @@ def choose(results: Mapping[str, Sequence[SamplerResult]], candidates: Sequence[
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from dllm.scoring.exact_match import load_model
-
     ap = argparse.ArgumentParser(prog="dllm bench choose-fast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["tiny-llada", "tiny-dream", "oracle"])
     ap.add_argument("--candidates", nargs="+", default=None,
                     help="default: CANDIDATES, or with --results every other sampler in them")
-    ap.add_argument("--n", type=int, default=8, help="test examples per task")
+    ap.add_argument("--n", type=POSITIVE, default=8, help="test examples per task")
     ap.add_argument("--out", type=output_file, default="runs/fast-choice.json")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 on a busy machine)")
@@ -189,12 +190,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "judge runs of one --n")
         args.n = ns.pop()
     else:
-        for name in args.models:
-            model = load_model(name)
-            why = {spec: cannot_run(model, spec) for spec in specs}
-            skipped[name] = {spec: reason for spec, reason in why.items() if reason is not None}
-            runnable = [spec for spec in specs if why[spec] is None]
-            results[name] = compare(model, runnable, None, args.n, show_progress=not args.no_progress)
+        status = until_interrupted(lambda: run_models(args, specs, results, skipped),
+                                   lambda: save_finished(args, results, skipped))
+        if status:
+            return status
     for name, rows in results.items():
         print(f"\n== {name} (n = {args.n} per task, full suite)\n{format_results(rows)}")
     candidates = args.candidates
@@ -212,13 +211,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{'; '.join(v.reasons)}")
     chosen = "fast" if args.cost == "tokens" else "by forwards"
     print(f"\n{chosen} = {winner}" if winner else "\nno candidate passes on every model")
+    write_choice(args, results, skipped, winner, [asdict(v) for v in verdicts])
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_models(args, specs: Sequence[str], results: dict[str, list[SamplerResult]],
+               skipped: dict[str, dict[str, str]]) -> int:
+    """``dllm compare`` of every runnable spec on each of ``--models`` in turn, into ``results`` (a
+    model's rows land when its run ends)."""
+    from dllm.scoring.exact_match import load_model
+
+    for name in args.models:
+        model = load_model(name)
+        why = {spec: cannot_run(model, spec) for spec in specs}
+        skipped[name] = {spec: reason for spec, reason in why.items() if reason is not None}
+        runnable = [spec for spec in specs if why[spec] is None]
+        results[name] = compare(model, runnable, None, args.n, show_progress=not args.no_progress)
+    return 0
+
+
+def write_choice(args, results: Mapping[str, list[SamplerResult]], skipped: Mapping[str, Mapping[str, str]],
+                 winner: Optional[str], verdicts: list[dict], interrupted: bool = False) -> None:
+    """``--out``: the verdicts and every model's rows (``--results`` reads the file back)."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"n_per_task": args.n, "cost": args.cost, "winner": winner,
-                               "verdicts": [asdict(v) for v in verdicts], "skipped": skipped,
-                               "results": {m: [asdict(r) for r in rs] for m, rs in results.items()}}, indent=2))
-    print(f"wrote {out}")
-    return 0
+    doc = {"n_per_task": args.n, "cost": args.cost, "winner": winner, "verdicts": verdicts,
+           "skipped": {m: why for m, why in skipped.items() if m in results},
+           "results": {m: [asdict(r) for r in rs] for m, rs in results.items()}}
+    out.write_text(json.dumps({**doc, "interrupted": True} if interrupted else doc, indent=2))
+
+
+def save_finished(args, results: Mapping[str, list[SamplerResult]], skipped: Mapping[str, Mapping[str, str]]) -> str:
+    """On Ctrl-C: the models whose runs finished, written to ``--out`` unjudged."""
+    write_choice(args, results, skipped, None, [], interrupted=True)
+    return finished(len(results), "model", args.out, f"; judge them with --results {args.out} once the rest are run")
 
 
 if __name__ == "__main__":
