@@ -29,6 +29,9 @@ Families: ``DiffusionLM.forward`` returns logits where ``[:, i]`` predicts posit
 family (Dream's one-position shift is undone inside its wrapper), so the same estimator is the ELBO
 of a Dream model too, provided the context is not empty (Dream predicts position i from position
 i - 1; the harness always gives at least a BOS/EOS token).
+A block-causal model (SDAR, Fast-dLLM v2) gets the block-diffusion
+bound instead: the sum over its grid blocks of the same estimate of each block's answer tokens given
+the clean sequence before them (``MonteCarloLikelihood.estimate``).
 
 Randomness: each request draws from its own ``torch.Generator`` seeded by ``request_seed(seed,
 context, answer)`` on the CPU, so an estimate does not depend on the order of the requests, on
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -81,12 +84,14 @@ def request_seed(seed: int, context: Sequence[int], answer: Sequence[int]) -> in
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
 
 
-def guided_answer_logits(model, x: torch.Tensor, context_length: int, cfg_scale: float) -> torch.Tensor:
+def guided_answer_logits(model, x: torch.Tensor, context_length: int, cfg_scale: float,
+                         guide_length: Optional[int] = None) -> torch.Tensor:
     """Logits [b, T, V] of the answer columns ``x[:, context_length:]`` for canvases x [b, L]
-    (no padding). ``cfg_scale > 0``: LLaDA's guidance, the unconditional copy with the context masked."""
+    (no padding). ``cfg_scale > 0``: LLaDA's guidance, the unconditional copy with its first
+    ``guide_length`` tokens (default: the context) masked."""
     if cfg_scale > 0:
         un = x.clone()
-        un[:, :context_length] = model.mask_id
+        un[:, :context_length if guide_length is None else guide_length] = model.mask_id
         cond_logits, un_logits = model(torch.cat([x, un])).logits[:, context_length:].chunk(2, dim=0)
         return un_logits + (cfg_scale + 1) * (cond_logits - un_logits)
     return model(x).logits[:, context_length:]
@@ -120,7 +125,26 @@ class MonteCarloLikelihood:
 
     @torch.no_grad()
     def estimate(self, model, context: Sequence[int], answer: Sequence[int]) -> float:
-        """The Monte-Carlo ELBO of ``answer`` after ``context`` (token ids; 0.0 for an empty answer)."""
+        """The Monte-Carlo ELBO of ``answer`` after ``context`` (token ids; 0.0 for an empty answer).
+        A block-causal model (SDAR, Fast-dLLM v2): the block-diffusion bound (BD3-LM, arXiv
+        2503.09573, eq. 8), the sum over the model's grid blocks of each block's answer tokens
+        estimated as above given the clean sequence before them (the sequence cut at the block's
+        end: block-causal attention never lets a block see later ones)."""
+        from dllm.cache.block_causal import block_size_of
+
+        bs = block_size_of(model)
+        if bs is None or len(answer) == 0:
+            return self._estimate(model, context, answer, len(context))
+        seq, start, total = [*context, *answer], len(context), 0.0
+        while start < len(seq):
+            end = min((start // bs + 1) * bs, len(seq))  # the end of the grid block holding position start
+            total += self._estimate(model, seq[:start], seq[start:end], len(context))
+            start = end
+        return total
+
+    def _estimate(self, model, context: Sequence[int], answer: Sequence[int], guide_length: int) -> float:
+        """``estimate`` of one span: the answer's tokens masked together after ``context``; guidance
+        masks the first ``guide_length`` tokens (the request's context) in its unconditional copy."""
         cfg = self.config
         t = len(answer)
         if t == 0:
@@ -143,7 +167,7 @@ class MonteCarloLikelihood:
             masked = random_masks(counts, t, generator)  # [b, t]
             x = seq.repeat(b, 1)  # [b, L]
             x[:, len(context):] = torch.where(masked.to(device), model.mask_id, target)
-            logits = guided_answer_logits(model, x, len(context), cfg.cfg_scale)  # [b, t, V]
+            logits = guided_answer_logits(model, x, len(context), cfg.cfg_scale, guide_length)  # [b, t, V]
             total += weighted_nll(logits, target, masked.to(device), counts.to(device))
         return -float(total) / batches
 
