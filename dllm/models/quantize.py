@@ -5,9 +5,11 @@
 
 - ``int8``: torchao ``Int8WeightOnlyConfig``: symmetric int8 per output row (one float scale per
   row), dequantised inside the matmul. Activations stay in the model dtype.
-- ``int4``: torchao ``IntxWeightOnlyConfig(weight_dtype=torch.int4, PerGroup(g))``: asymmetric int4
-  values with a scale and zero point per group of ``g`` input columns (the largest of 32/16/8 that
-  divides the layer's width; per row otherwise). torchao >= 0.15 keeps these values one per byte
+- ``int4``: torchao ``IntxWeightOnlyConfig(weight_dtype=torch.int4, PerGroup(g), MappingType.ASYMMETRIC)``:
+  asymmetric int4 values with a scale and zero point per group of ``g`` input columns (the largest of
+  32/16/8 that divides the layer's width; per row otherwise). The 16 levels span the group's
+  ``[min(min, 0), max(max, 0)]`` (torchao's affine qparams keep 0 exact), so a weight is off by at
+  most half a step, a 30th of that span. torchao >= 0.15 keeps these values one per byte
   (``IntxUnpackedToInt8Tensor``): int4 accuracy at int8 storage on CPU. The packed CPU int4 layout
   (``Int4OpaqueTensor``) exists only in torchao <= 0.14, which does not support this torch.
 - ``nf4``: bitsandbytes ``Linear4bit`` (4-bit NormalFloat, blocks of 64 with double-quantised
@@ -181,11 +183,15 @@ def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
 def _torchao_config(method: Method, in_features: int) -> Any:
     from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_primitives import MappingType
 
     if method.name == "int8":
         return Int8WeightOnlyConfig()
     group = int4_group_size(in_features)
-    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerAxis(0) if group is None else PerGroup(group))
+    # ASYMMETRIC: a scale and a zero point per group, so the 16 levels span [min(min, 0), max(max, 0)]
+    # (torchao's default, SYMMETRIC, fixes the zero point at 0 and spans [-absmax, absmax])
+    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerAxis(0) if group is None else PerGroup(group),
+                                mapping_type=MappingType.ASYMMETRIC)
 
 
 def _quantizer(method: Method) -> Callable[[nn.Module, str, nn.Linear], None]:

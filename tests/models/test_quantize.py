@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import dllm
+from dllm.models import tiny
 from dllm import tasks as T
 from dllm.models.quantize import (QUANTIZATIONS, NF4Linear, QuantizationError, check_quantization, check_target,
                                   quantizable_linears, quantize_model, weight_bytes)
@@ -233,3 +234,41 @@ def test_bfloat16_model_stays_bfloat16(method: str) -> None:
         a, b = ref(ids).logits, model(ids).logits
     assert b.dtype == torch.bfloat16 and model.transformer.layers[0].attn.q_proj.weight.dtype == torch.bfloat16
     assert ((a.float() - b.float()).norm() / a.float().norm()) < {"int8": 0.05, "nf4": 0.3}[method]
+
+
+@TORCHAO
+def test_int4_has_a_zero_point_per_group_and_half_a_step_of_error() -> None:
+    """int4 is asymmetric, as documented: each group of 32 columns has its own scale and zero point,
+    so its 16 levels span the group's range (widened to include 0, as torchao's affine qparams do)
+    and a weight is off by at most half a step: (max(max, 0) - min(min, 0)) / 30. (It was torchao's
+    default, symmetric: zero point 0, levels over [-absmax, absmax], so a group of weights of one
+    sign used half the levels and was off by up to twice that.)"""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 8, bias=False))
+    with torch.no_grad():
+        model[0].weight.uniform_(0.5, 1.0)  # one sign: the case symmetric int4 wastes half its levels on
+    w = model[0].weight.detach().clone()  # [8, 64]
+    quantize_model(model, "int4")
+    with torch.no_grad():
+        deq = model(torch.eye(64)).T  # [8, 64]: the weight the layer computes with
+    groups = w.view(8, 2, 32)
+    span = groups.amax(-1, keepdim=True).clamp_min(0) - groups.amin(-1, keepdim=True).clamp_max(0)
+    err = (deq - w).abs().view(8, 2, 32)
+    assert (err <= (span / 30).expand_as(groups) * 1.01 + 1e-6).all(), (err / (span / 30)).max()
+    assert model[0].weight.zero_point.ne(0).all()
+
+
+@BNB
+def test_quantizing_a_model_that_already_ran_fused_uses_the_quantized_weights() -> None:
+    """A bf16 model runs its fused layers (q/k/v and gate/up as one matrix each). quantize_model
+    replaces those projections by NF4 modules; the next forward must compute with them, as a model
+    quantized before any forward does (the fused matrices of the replaced float modules were reused:
+    float q/k/v/gate/up weights, silently)."""
+    ids = torch.randint(10, 60, (2, 12), generator=torch.Generator().manual_seed(0))
+    fresh = quantize_model(tiny("dream", dtype=torch.bfloat16), "nf4")
+    used = tiny("dream", dtype=torch.bfloat16)
+    with torch.no_grad():
+        used(ids)
+        assert used.transformer.fused_ready()  # the float model ran fused
+        quantize_model(used, "nf4")
+        assert torch.equal(used(ids).logits, fresh(ids).logits)

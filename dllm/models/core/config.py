@@ -88,10 +88,9 @@ class TransformerConfig:
                 f"TransformerConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
         if self.head_dim % 2 != 0:
-            raise ValueError(
-                f"rotate-half RoPE needs an even head_dim; d_model {self.d_model} / n_heads "
-                f"{self.n_heads} = {self.head_dim}"
-            )
+            where = (f"attn_head_dim = {hd}" if hd is not None
+                     else f"d_model {self.d_model} / n_heads {self.n_heads} = {self.head_dim}")
+            raise ValueError(f"rotate-half RoPE needs an even head_dim; got {where}")
 
     @property
     def head_dim(self) -> int:

@@ -28,3 +28,12 @@ def test_validation_names_the_value(field, value, pattern):
 def test_odd_head_dim_rejected():
     with pytest.raises(ValueError, match="even head_dim"):
         TransformerConfig(**{**BASE, "d_model": 12, "n_heads": 4, "n_kv_heads": 4})
+
+
+def test_odd_explicit_head_dim_names_attn_head_dim():
+    """An odd attn_head_dim is named as such (the message used to blame d_model / n_heads, here
+    16 / 4 = 4, and print "= 7")."""
+    with pytest.raises(ValueError, match=r"even head_dim; got attn_head_dim = 7$"):
+        TransformerConfig(**{**BASE, "attn_head_dim": 7})
+    with pytest.raises(ValueError, match=r"even head_dim; got d_model 12 / n_heads 4 = 3$"):
+        TransformerConfig(**{**BASE, "d_model": 12, "n_heads": 4, "n_kv_heads": 4})

@@ -86,9 +86,11 @@ def fusable(linears: Sequence[nn.Module]) -> bool:
 
 
 def refused(current: Optional[FusedWeight], linears: Sequence[nn.Module]) -> Optional[FusedWeight]:
-    """``current`` while its projections still read its memory, else the projections fused anew
-    (None when they cannot be: ``fusable``)."""
-    if current is not None and current.valid():
+    """``current`` while it was fused from these very ``linears`` (a projection module replaced by
+    assignment, as ``dllm.models.quantize``'s NF4 layers, leaves ``current`` holding the old ones) and
+    they still read its memory, else the projections fused anew (None when they cannot be: ``fusable``)."""
+    if (current is not None and len(current.linears) == len(linears)
+            and all(a is b for a, b in zip(current.linears, linears)) and current.valid()):
         return current
     return FusedWeight(linears) if fusable(linears) else None
 
