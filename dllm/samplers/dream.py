@@ -5,7 +5,8 @@ Dream-org/Dream-v0-* checkpoints, HKUNLP/Dream): ``origin``, ``maskgit_plus``, `
 Schedule per block of ``S`` steps: ``t = linspace(1, eps, S + 1)`` (float32); at step i,
 ``t = t_i``, ``s = t_{i+1}``.
 - ``origin``: each masked position is revealed independently with probability ``1 - s/t``
-  (all at the last step), its token drawn by ``sample_tokens``.
+  (all at the last step), its token drawn by ``sample_tokens``. It has no top-k, so it refuses
+  ``alg_temp > 0`` and ``ties="first"`` (Dream accepts ``alg_temp`` with ``origin`` and ignores it).
 - confidence algorithms: ``k = int(mean_rows(#masks) * (1 - s/t))`` (all remaining masks at the
   last step); commit the top-k masked positions by confidence (``maskgit_plus``: p(x0);
   ``topk_margin``: p(1) - p(2); ``entropy``: sum p log(p + 1e-10)); with ``alg_temp > 0`` the k
@@ -166,6 +167,17 @@ def scatter_rows(values: torch.Tensor, flat: torch.Tensor, shape: tuple[int, int
 @register_sampler("origin")
 class Origin(_DreamBase):
     """Dream reference: reveal each mask with probability 1 - s/t (random count per step)."""
+
+    def __init__(self, config: Optional[DreamConfig] = None, **options) -> None:
+        super().__init__(config, **options)
+        # options of the confidence algorithms' top-k, which origin does not have: refused, not ignored
+        if self.config.alg_temp:
+            raise ValueError(f"sampler 'origin' reveals masks at random and picks no top-k: alg_temp="
+                             f"{self.config.alg_temp!r} has nothing to sample; leave it None, or use maskgit_plus, "
+                             f"topk_margin or entropy")
+        if self.config.ties != "reference":
+            raise ValueError(f"sampler 'origin' has no top-k cut: ties={self.config.ties!r} has nothing to resolve; "
+                             f"leave ties='reference'")
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         t, s = self._times(inp, state)

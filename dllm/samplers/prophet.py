@@ -26,7 +26,8 @@ Decisions:
   monitors the 5 positions from 204, committed or not. A generic decoder has no known answer span,
   so by default we monitor ALL remaining masked positions of the whole canvas (our
   generalisation). ``span=(start, end)`` (generated coordinates, end exclusive) monitors exactly
-  those positions, committed or not, as the released eval. Without a span the all-in commit can
+  those positions, committed or not, as the released eval (clipped at ``gen_length``; a span that
+  starts at or past it is refused: it would monitor nothing). Without a span the all-in commit can
   cut a reasoning chain short: confident positions (such as the EOS padding after an answer) can
   carry the mean gap while the reasoning before them is unfinished. A row with no monitored
   position never fires.
@@ -119,6 +120,13 @@ class Prophet(Sampler):
     @property
     def reads_right_of_block(self) -> bool:
         return True  # the gap is averaged over every monitored mask of the canvas
+
+    def begin_block(self, state: DecodeState) -> None:
+        span = self.config.span
+        if span is not None and span[0] >= state.gen_length:  # monitors nothing: would never fire
+            raise ValueError(f"sampler 'prophet': span={span} starts at generated offset {span[0]}, past the "
+                             f"gen_length={state.gen_length} positions, so it monitors nothing and prophet never "
+                             f"fires; give 0 <= start < {state.gen_length} (or span=None: every remaining mask)")
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         cfg = self.config

@@ -62,7 +62,7 @@ class SDARConfig:
     denoising_steps: int = 4  # steps per block (generate.py --denoising_steps), at most the block size
     strategy: str = "low_confidence_dynamic"  # generate.py --remasking_strategy
     threshold: float = 0.85  # low_confidence_dynamic: commit every mask with p(x0) > threshold
-    top_k: int = 0  # sampling at T > 0: keep the k largest logits (0: off)
+    top_k: int = 0  # sampling at T > 0: keep the k largest logits (0: off; the vocabulary size or more: all)
     top_p: float = 1.0  # sampling at T > 0: nucleus mass (1.0: off)
 
     def __post_init__(self) -> None:
@@ -81,8 +81,9 @@ def transfer_counts(block: int, steps: int) -> list[int]:
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """[N, V]: logits below the k-th largest of their row -> -inf (ties at the k-th kept)."""
-    kth = torch.topk(logits, k).values[..., -1, None]
+    """[N, V]: logits below the k-th largest of their row -> -inf (ties at the k-th kept). A ``k`` of
+    the vocabulary size or more keeps every logit (the official ``torch.topk`` would raise)."""
+    kth = torch.topk(logits, min(k, logits.shape[-1])).values[..., -1, None]
     return torch.where(logits < kth, torch.full_like(logits, float("-inf")), logits)
 
 

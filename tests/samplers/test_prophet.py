@@ -1,5 +1,7 @@
 """Prophet's early-commit rule: the gap, the progress thresholds, the all-in fill across blocks."""
 
+import re
+
 import pytest
 import torch
 
@@ -148,3 +150,14 @@ def test_oracle_copy_goes_all_in_at_the_first_step():
     assert out.nfe == 1 < 8  # one forward decides everything, all blocks at once
     out = dllm.generate(OracleLM(), oracle_prompts(exs), sampler="prophet", gen_length=8)
     assert all(score_generation(exs, out)) and out.nfe == 1
+
+
+@pytest.mark.parametrize("span", [(8, 10), (20, 30)])
+def test_a_span_past_the_generated_region_is_refused(span):
+    """A span that starts at or past gen_length monitors nothing: prophet would silently never fire
+    (plain one-token decoding); the call is refused naming the span and gen_length."""
+    model = tiny("llada", seed=1)
+    with pytest.raises(ValueError, match=rf"span={re.escape(str(span))} .*gen_length=8"):
+        dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, span=span)
+    out = dllm.generate(model, PROMPTS, sampler="prophet", gen_length=8, block_length=4, span=(6, 12))
+    assert (out.generated != model.mask_id).all()  # a span that overlaps the region is clipped to it

@@ -6,6 +6,7 @@ tie-free cases); and the ``ties`` option on one step of equal confidences."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -179,3 +180,19 @@ def test_ties_option_is_validated():
     for name in ("low_confidence", "random", "origin", "entropy"):
         with pytest.raises(ValueError, match=r"ties must be one of 'reference', 'first', got 'last'"):
             make_sampler(name, ties="last")
+
+
+@pytest.mark.parametrize("name, options, named", [
+    ("origin", {"alg_temp": 0.5}, "alg_temp=0.5"),
+    ("origin", {"ties": "first"}, "ties='first'"),
+])
+def test_an_option_the_sampler_cannot_read_is_refused(name, options, named):
+    """``origin`` has no top-k (alg_temp and ties act on the confidence algorithms' cut only): such an
+    option is refused by name, not silently ignored."""
+    from dllm.samplers import make_sampler
+
+    with pytest.raises(ValueError, match=f"sampler '{name}'.*{re.escape(named)}"):
+        make_sampler(name, **options)
+    make_sampler(name)  # the defaults stay valid
+    make_sampler("origin", alg_temp=0.0)  # 0 (Dream's "no alg_temp") reads as None
+    make_sampler("maskgit_plus", **options)  # the option acts there

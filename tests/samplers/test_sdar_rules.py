@@ -32,3 +32,13 @@ def test_never_mask_is_the_copy_with_the_mask_column_at_minus_inf(mask_id):
     other = logits.clone()
     other[..., mask_id] = float("-inf")
     assert torch.equal(never_mask(x0, logits, mask_id), torch.where(x0 == mask_id, other.argmax(dim=-1), x0))
+
+
+def test_a_top_k_over_the_vocabulary_keeps_every_logit():
+    """``top_k`` at or above the vocabulary size filters nothing (it crashed in ``torch.topk``: "selected
+    index k out of range"), so it samples as ``top_k=0`` does, draw for draw."""
+    logits = torch.randn(2, 5, 50, generator=torch.Generator().manual_seed(2))
+    off = propose(logits, 0.8, 0, 1.0, torch.Generator().manual_seed(3))
+    for k in (50, 51, 10**6):
+        got = propose(logits, 0.8, k, 1.0, torch.Generator().manual_seed(3))
+        assert torch.equal(got[0], off[0]) and torch.equal(got[1], off[1]), k
