@@ -316,12 +316,17 @@ class Learn2PD(Sampler):
             self._on[device] = f if next(f.parameters()).device == device else _copy_to(f, device)
         return self._on[device]
 
+    def block_refusal(self, block_size: int) -> Optional[tuple[str, str]]:
+        if block_size <= self.filter.width:
+            return None
+        return "block_length", (f"sampler 'learn2pd': the filter reads blocks of at most {self.filter.width} "
+                                f"positions, this block has {block_size}; decode with block_length <= "
+                                f"{self.filter.width} or train a wider filter")
+
     def begin_block(self, state: DecodeState) -> None:
-        width = state.block_end - state.block_start
-        if width > self.filter.width:
-            raise SettingError("block_length", f"sampler 'learn2pd': the filter reads blocks of at most "
-                                               f"{self.filter.width} positions, this block has {width}; decode with "
-                                               f"block_length <= {self.filter.width} or train a wider filter")
+        refusal = self.block_refusal(state.block_end - state.block_start)
+        if refusal is not None:
+            raise SettingError(*refusal)
         state.extras["learn2pd"] = self._prepare(state)
 
     def _prepare(self, state: DecodeState) -> _Block:

@@ -114,6 +114,19 @@ def test_the_filter_pads_a_narrow_block_and_refuses_a_wide_one():
         dllm.generate(dllm.load("tiny-llada"), "[BOS] sort D A C B [SEP]", sampler="learn2pd", gen_length=40)
 
 
+def test_a_block_wider_than_the_filter_is_refused_when_the_settings_resolve():
+    """As sdar's and fastdllm_v2's options: the server's settings check (``DecodeSettings.resolve``)
+    names block_length before any decode starts, not the first block's ``begin_block``."""
+    from dllm.options import SettingError
+    from dllm.settings import DecodeSettings
+
+    model = dllm.load("tiny-llada")
+    with pytest.raises(SettingError, match="block_length <= 32") as err:
+        DecodeSettings(sampler="learn2pd", block_length=40).resolve(model, [[2, 5, 6]], 40)
+    assert err.value.field == "block_length"
+    DecodeSettings(sampler="learn2pd", block_length=32).resolve(model, [[2, 5, 6]], 40)
+
+
 def test_the_shipped_filters_load_and_name_their_recipe():
     """Both shipped filters are the authors' two-layer shape (2,112 parameters), and their
     filter.json holds the recipe that made them as the registry defines it now."""
