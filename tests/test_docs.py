@@ -167,6 +167,22 @@ def test_readme_is_short() -> None:
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
 
 
+def test_readme_names_the_caches_that_take_refresh() -> None:
+    """The README's line on ``refresh=k`` names exactly the registered cache policies whose Config has
+    ``refresh`` (it said "Every policy takes `refresh=k`", which ``drift``, ``block``, ``subblock`` and
+    ``none`` refuse)."""
+    import dataclasses
+
+    from dllm.cache import caches
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"^([^|\n]*?) takes? `refresh=k`", text, re.M)
+    assert m, "README.md no longer says which caches take `refresh=k`"
+    named = set(re.findall(r"`(\w+)`", m[1]))
+    have = {n for n in caches.names() if "refresh" in {f.name for f in dataclasses.fields(caches.get(n).Config)}}
+    assert named == have, f"README names {sorted(named)}; the policies with refresh are {sorted(have)}"
+
+
 def _table_width(row: str) -> int:
     """Cells of a Markdown table row (a ``|`` inside code spans or escaped as ``\\|`` does not split)."""
     bare = re.sub(r"`[^`]*`", "x", row.strip()).replace("\\|", "")
