@@ -15,7 +15,10 @@ from dllm.scoring.exact_match import load_model
 from dllm.models.core import kv as KV
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no options
     torch.set_num_threads(2)
     grouped = KV.RowsView.attend
     for name in ("tiny-llada", "tiny-dream"):

@@ -24,7 +24,10 @@ CONFIGS = [  # (tree spec, block size)
 ]
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no options
     torch.set_num_threads(1)
     target, tok = load_target("tiny-ar")
     drafter = make_drafter("dflash", model="tiny-ar-dflash")
