@@ -11,6 +11,11 @@ optional boolean ``mask`` broadcastable to [B, H, Tq, Tk] (True = may attend).
 Backends:
 - ``reference``: plain matmul / softmax in float32; the only one that can return the attention
   probabilities (samplers such as DAWN read the last layers' attention).
+
+A query row that the mask lets attend to no key gets output 0 (and probabilities 0) from
+``reference`` and ``triton``, as from torch's sdpa (torch >= 2.5), not the NaN of a plain softmax
+over -inf (which ``probs @ v`` would spread to every query of the batch row at the next layer,
+through the NaN value of that position).
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; a long padded batch runs
   one unmasked call per group of rows with the same real keys, over those keys (``dllm.kernels.packed``).
 - ``sdpa_plain``: the same call with the mask, always (the reference beside ``sdpa``).
@@ -93,6 +98,8 @@ def reference_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1)
+    if mask is not None:  # a query row with no allowed key: 0 (as sdpa and triton), not softmax's NaN
+        probs = probs.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     out = (probs @ v.float()).to(q.dtype)
     return out, (probs if return_probs else None)
 

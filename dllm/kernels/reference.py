@@ -85,7 +85,8 @@ def attention_reference(
 class VocabStats:
     """Per-row statistics of logits [..., V]; every field has the leading shape [...].
 
-    - ``argmax`` (long): arg-max over the vocabulary without the banned id (first index on ties).
+    - ``argmax`` (long): arg-max over the vocabulary without the banned id (first index on ties; a
+      row without a finite allowed logit gives the lowest allowed id, as ``argmax_excluding``).
     - ``top1_prob``: softmax probability of ``argmax`` (the softmax runs over ALL ids, the banned
       one included, as every sampler's confidence does).
     - ``margin``: p(1) - p(2), the two largest probabilities over all ids (Dream's topk_margin).
@@ -131,7 +132,8 @@ def vocab_stats_reference(
     logp = l - lse[..., None]
     p = logp.exp()
     allowed = l if banned is None else l.index_fill(-1, torch.tensor([banned], device=l.device), float("-inf"))
-    argmax = allowed.argmax(dim=-1)  # first maximal index
+    # first maximal index; a row of -inf gives the lowest id that is not banned (0, or 1 when 0 is)
+    argmax = allowed[..., 1:].argmax(dim=-1) + 1 if banned == 0 else allowed.argmax(dim=-1)
     top2 = l.topk(2, dim=-1).values  # [..., 2]
     stats = VocabStats(
         argmax=argmax,
@@ -147,7 +149,7 @@ def vocab_stats_reference(
         z = gumbel_scores(l, temperature, uniforms)
         if banned is not None:
             z[..., banned] = float("-inf")
-        stats.sample = z.argmax(dim=-1)
+        stats.sample = z[..., 1:].argmax(dim=-1) + 1 if banned == 0 else z.argmax(dim=-1)
         stats.sample_prob = p.gather(-1, stats.sample[..., None]).squeeze(-1)
     return stats
 

@@ -59,6 +59,11 @@ def test_fixed_splits_and_errors():
         plan_splits(4, 100, 16, 0)
     with pytest.raises(ValueError, match="min_tiles >= 1"):
         SplitConfig(min_tiles=0)
+    # tiles that tl.arange / tl.dot cannot take: named, not an interpreter or compiler error
+    with pytest.raises(ValueError, match="block_m must be a power of two >= 16, got 24"):
+        plan_attention(1, 2, 40, 100, 64, sms=None, block_m=24)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 8"):
+        flash_attention(*(torch.zeros(1, 2, 4, 16, device=DEVICE) for _ in range(3)), block_n=8)
 
 
 def test_the_planned_decode_split_matches_the_reference():

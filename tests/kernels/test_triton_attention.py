@@ -55,6 +55,8 @@ GRID = [
     Case(2, 2, 1, 16, 256, 32, "fp32", "pad+end", splits=3),  # row 1's key_end leaves a split empty
     Case(2, 2, 2, 16, 160, 16, "fp32", "empty", splits=2),
     Case(1, 4, 2, 16, 192, 32, "fp16", "padq", splits=3),
+    Case(2, 8, 2, 1, 70, 96, "fp32", "pad"),  # one query row; GQA 4:1; head dim 96; keys not a tile multiple
+    Case(1, 4, 1, 1, 33, 128, "fp16", "pad+end"),
     Case(1, 4, 2, 16, 80, 64, "bf16", "pad"),  # GPU only (the interpreter cannot do bf16)
     Case(1, 4, 2, 16, 256, 64, "bf16", "pad+end", splits=4),
 ]
@@ -193,3 +195,48 @@ def test_refusal_without_interpreter_on_cpu():
     assert out.returncode == 0, out.stderr
     assert "triton: no CUDA device, and TRITON_INTERPRET=1 is not set" in out.stdout
     assert "RAISED attention backend 'triton' cannot serve this request: triton: no CUDA device" in out.stdout
+
+
+def test_an_empty_batch_gives_an_empty_output():
+    q = torch.zeros(0, 2, 4, 16, device=DEVICE)
+    k = torch.zeros(0, 1, 8, 16, device=DEVICE)
+    out, lse = flash_attention(q, k, k, return_lse=True)
+    assert out.shape == (0, 2, 4, 16) and lse.shape == (0, 2, 4)
+    assert triton_attention(q, k, k, torch.ones(0, 1, 1, 8, dtype=torch.bool, device=DEVICE))[0].shape == (0, 2, 4, 16)
+
+
+def test_masks_that_are_not_bool_are_refused():
+    """A float mask cast to uint8 would truncate 0.5 to 0 and hide a key the caller meant to keep."""
+    q = torch.randn(2, 2, 4, 16, device=DEVICE)
+    k = torch.randn(2, 1, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"key_padding must be bool \[B=2, Tk=8\] on .*got torch.float32"):
+        flash_attention(q, k, k, torch.full((2, 8), 0.5, device=DEVICE))
+    with pytest.raises(ValueError, match=r"query_attends_all must be bool \[B=2, Tq=4\] on .*got torch.int64"):
+        flash_attention(q, k, k, torch.ones(2, 8, dtype=torch.bool, device=DEVICE),
+                        torch.ones(2, 4, dtype=torch.long, device=DEVICE))
+
+
+def test_a_row_that_may_attend_to_nothing_is_zero_in_every_backend():
+    """reference_attention gave NaN there (softmax over -inf), sdpa and triton 0: the backends disagreed."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 3, 16, generator=g).to(DEVICE) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 3, dtype=torch.bool, device=DEVICE)
+    mask[1] = False
+    ref, probs = reference_attention(q, k, v, mask, return_probs=True)
+    assert not ref.isnan().any() and not probs.isnan().any()
+    assert torch.equal(ref[1], torch.zeros_like(ref[1])) and torch.equal(probs[1], torch.zeros_like(probs[1]))
+    assert_close("masked-row", ref, triton_attention(q, k, v, mask)[0], 1e-5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), attn_mask=mask.cpu())
+    if not sdpa.isnan().any():  # torch >= 2.5 on CPU: 0 for such rows
+        assert_close("masked-row-sdpa", sdpa, ref.cpu(), 1e-5)
+
+
+def test_a_broadcast_mask_reused_at_another_batch_size():
+    """The adapter remembers its last conversion per mask object; a [1, 1, 1, Tk] mask serves any batch."""
+    mask = torch.ones(1, 1, 1, 12, dtype=torch.bool, device=DEVICE)
+    mask[..., :3] = False
+    g = torch.Generator().manual_seed(6)
+    for b in (2, 3):
+        q = torch.randn(b, 2, 4, 16, generator=g).to(DEVICE)
+        k = torch.randn(b, 2, 12, 16, generator=g).to(DEVICE)
+        assert_close(f"broadcast-B{b}", reference_attention(q, k, k, mask)[0], triton_attention(q, k, k, mask)[0], 1e-5)

@@ -121,6 +121,32 @@ def test_out_buffers_are_written_in_place_and_checked():
         lopa_propose(st.idx, st.val, inp.active, inp.tokens, 2, 0.6, "max_prob", out=propose_buffers(4, 2, 8, DEVICE))
 
 
+def test_select_refuses_strided_or_misshapen_proposals():
+    """lopa_select reads variants / at / anchor row-major and the step's arg-max at offset 0 of each
+    row: a strided view (here of a wider buffer) read so gave other commits, silently."""
+    from dllm.kernels.triton.lopa import lopa_propose, lopa_select
+    from dllm.kernels.triton.stats import vocab_stats
+
+    inp = _case("random", 0)
+    st = vocab_stats(inp.logits, banned=MASK)
+    variants, at, anchor = lopa_propose(st.idx, st.val, inp.active, inp.tokens, 2, 0.6, "negative_entropy")
+    v = vocab_stats(inp.forward_variants(variants.view(12, 8), torch.arange(4).repeat_interleave(3), 3),
+                    banned=MASK)
+    wide = torch.zeros(4, 16, dtype=torch.bool, device=DEVICE)
+    wide[:, 3:11] = anchor
+    tail = (0.6, "negative_entropy", True, True)
+    for bad in [(variants, at, wide[:, 3:11]), (variants, torch.cat([at, at], 1)[:, :3], anchor),
+                (torch.cat([variants, variants], 2)[:, :, :8], at, anchor), (variants, at.int(), anchor)]:
+        with pytest.raises(ValueError, match="variants / at / anchor must be lopa_propose's contiguous"):
+            lopa_select(v.idx, v.val, st.idx, inp.active, *bad, *tail)
+    with pytest.raises(ValueError, match="statistics must be"):
+        lopa_select(v.idx, v.val, st.idx[:2], inp.active, variants, at, anchor, *tail)
+    with pytest.raises(ValueError, match="active must be"):
+        lopa_select(v.idx, v.val, st.idx, inp.active[:, :7], variants, at, anchor, *tail)
+    with pytest.raises(ValueError, match="unit stride over the last dim"):
+        lopa_propose(st.idx, torch.cat([st.val, st.val], 2)[..., ::2], inp.active, inp.tokens, 2, 0.6, "max_prob")
+
+
 def test_a_decode_stepping_the_sampler_meanwhile_changes_no_decision():
     """The fused static step hands its buffers on to the next step of the sampler, whoever makes it: a
     decode stepping the same sampler between two steps of another (a served greenlet) takes them, and

@@ -158,3 +158,24 @@ def test_argument_checks():
         vocab_stats(x, temperature=1.0, uniforms=torch.rand(2, 9, device=DEVICE))
     with pytest.raises(TypeError, match="float32/float16/bfloat16"):
         vocab_stats(x.double())
+    with pytest.raises(ValueError, match="block_v must be a power of two .*got 24"):
+        vocab_stats(x, block_v=24)
+
+
+@pytest.mark.parametrize("banned", [0, 5, 39])
+def test_rows_without_a_finite_allowed_logit_give_the_lowest_allowed_id(banned):
+    """A row of -inf (or one where only the banned id is finite) has no maximum: the arg-max and the
+    draw are the lowest id that is not banned, as ``argmax_excluding``; never -1 (an id outside the
+    vocabulary), never the banned id."""
+    x = torch.full((3, 40), float("-inf"))
+    x[1, 0] = 2.0  # only id 0 finite: banned or not
+    x[2, 5] = 1.0
+    x = x.to(DEVICE)
+    expect = argmax_excluding(x.cpu(), banned)  # [1, 1, 5] for banned 0; [0, 0, 0] for 5; [0, 0, 5] for 39
+    st = vocab_stats(x, banned=banned, block_v=16)
+    assert st.argmax.cpu().tolist() == expect.tolist() == vocab_stats_reference(x, banned=banned).argmax.cpu().tolist()
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    drawn = vocab_stats(x, banned=banned, temperature=1.0, uniforms=u, block_v=16)
+    ref = vocab_stats_reference(x, banned=banned, temperature=1.0, uniforms=u)
+    assert drawn.sample.cpu().tolist() == expect.tolist() == ref.sample.cpu().tolist()
+    assert (vocab_stats(x, banned=banned, temperature=1.0, seed=3, block_v=16).sample.cpu() == expect).all()

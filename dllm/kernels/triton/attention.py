@@ -237,17 +237,21 @@ def flash_attention(
         raise ValueError(f"num_warps must be a power of two from 1 to 16, got {num_warps!r}")
     if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
-    if key_padding is not None and tuple(key_padding.shape) != (bsz, tk):
-        raise ValueError(f"key_padding must be bool [B={bsz}, Tk={tk}], got {tuple(key_padding.shape)}")
-    if query_attends_all is not None:
-        if key_padding is None:
-            query_attends_all = None  # every key is allowed anyway
-        elif tuple(query_attends_all.shape) != (bsz, tq):
-            raise ValueError(f"query_attends_all must be bool [B={bsz}, Tq={tq}], got {tuple(query_attends_all.shape)}")
+    if recording() is None and (k.device != q.device or v.device != q.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, flags, shape in (("key_padding", key_padding, f"B={bsz}, Tk={tk}"),
+                               ("query_attends_all", query_attends_all, f"B={bsz}, Tq={tq}")):
+        # bool only: another dtype read as uint8 would truncate (a float 0.5 would mask its key)
+        if flags is not None and (tuple(flags.shape) != ((bsz, tk) if name == "key_padding" else (bsz, tq))
+                                  or flags.dtype != torch.bool or (recording() is None and flags.device != q.device)):
+            raise ValueError(f"{name} must be bool [{shape}] on {q.device}, got {flags.dtype} "
+                             f"{tuple(flags.shape)} on {flags.device}")
+    if query_attends_all is not None and key_padding is None:
+        query_attends_all = None  # every key is allowed anyway
 
-    if tq == 0:
+    if tq == 0 or bsz == 0:  # nothing to compute (the launch plan needs a query row and a batch row)
         out = torch.empty_like(q)
-        return (out, torch.empty((bsz, h, 0), dtype=torch.float32, device=q.device)) if return_lse else out
+        return (out, torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device)) if return_lse else out
     # masks as uint8 (bool pointers are not portable across triton versions); usually [B, Tk]: tiny
     dummy = q  # stands in for absent optional pointers (never read)
     kp = key_padding.to(torch.uint8) if key_padding is not None else dummy

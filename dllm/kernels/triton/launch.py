@@ -205,6 +205,10 @@ def plan_attention(batch: int, heads: int, q_len: int, n_keys: int, head_dim: in
     if q_len < 1 or head_dim < 1 or batch < 1 or heads < 1:
         raise ValueError(f"plan_attention needs batch, heads, q_len, head_dim >= 1, got batch={batch}, "
                          f"heads={heads}, q_len={q_len}, head_dim={head_dim}")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):  # tl.arange and tl.dot need these
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 16
+                                  or value & (value - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
     block_d = max(16, next_pow2(head_dim))
     block_m = block_m or max(16, min(64, next_pow2(q_len)))
     block_n = block_n or (64 if block_d <= 128 else 32)

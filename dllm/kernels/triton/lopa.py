@@ -155,13 +155,32 @@ def _slot(confidence: str) -> tuple[int, bool]:
     raise ValueError(f"confidence must be 'negative_entropy' or 'max_prob', got {confidence!r}")
 
 
-def _check_rows(idx: torch.Tensor, val: torch.Tensor, rows: Optional[torch.Tensor], n_rows: int, width: int) -> None:
+def _check_rows(idx: torch.Tensor, val: Optional[torch.Tensor], rows: Optional[torch.Tensor], n_rows: int,
+                width: int) -> None:
+    """The step's statistics idx [N | M, W, 2] (and val [.., 6]), unit stride over their last dim (the
+    kernels read the fields at offsets 0 .. 5 of a row), and ``rows`` [N] long."""
     lead = n_rows if rows is None else idx.shape[0]
-    if tuple(idx.shape) != (lead, width, 2) or tuple(val.shape) != (lead, width, 6):
+    if (tuple(idx.shape) != (lead, width, 2) or (val is not None and tuple(val.shape) != (lead, width, 6))
+            or idx.stride(-1) != 1 or (val is not None and val.stride(-1) != 1)):
         raise ValueError(f"LoPA's statistics must be [{'M' if rows is not None else n_rows}, {width}, 2 / 6] "
-                         f"(idx / val), got {tuple(idx.shape)} / {tuple(val.shape)}")
+                         f"(idx / val) with unit stride over the last dim, got {tuple(idx.shape)} / "
+                         f"{None if val is None else tuple(val.shape)}, strides {idx.stride()} / "
+                         f"{None if val is None else val.stride()}")
     if rows is not None and (rows.shape != (n_rows,) or rows.dtype != torch.long):
         raise ValueError(f"rows must be a long tensor [{n_rows}], got {rows.dtype} {tuple(rows.shape)}")
+
+
+def _check_proposal(variants: torch.Tensor, at: torch.Tensor, anchor: torch.Tensor, active: torch.Tensor) -> None:
+    """``lopa_select``'s inputs from ``lopa_propose``: contiguous (the kernel reads them row-major, as
+    ``lopa_propose`` writes them) and of its shapes and dtypes; ``active`` [N, W] (any strides)."""
+    n_rows, k, width = variants.shape
+    want = (((n_rows, k, width), torch.long), ((n_rows, k), torch.long), ((n_rows, width), torch.bool))
+    got = (variants, at, anchor)
+    if any(tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() for t, (shape, dtype) in zip(got, want)):
+        raise ValueError(f"lopa_select: variants / at / anchor must be lopa_propose's contiguous "
+                         f"{[(str(d), s) for s, d in want]}, got {[(str(t.dtype), tuple(t.shape), t.is_contiguous()) for t in got]}")
+    if tuple(active.shape) != (n_rows, width):
+        raise ValueError(f"lopa_select: active must be [{n_rows}, {width}] like the variants' rows, got {tuple(active.shape)}")
 
 
 def lopa_propose(idx: torch.Tensor, val: torch.Tensor, active: torch.Tensor, cur: torch.Tensor, n_extra: int,
@@ -224,7 +243,11 @@ def lopa_select(v_idx: torch.Tensor, v_val: torch.Tensor, idx: torch.Tensor, act
     (three contiguous tensors of those shapes and dtypes, ``select_buffers``: no allocation)."""
     slot, negate = _slot(confidence)
     _check_device(v_val, _lopa_select_kernel)
+    if variants.dim() != 3:
+        raise ValueError(f"lopa_select: variants must be [N, K, W], got {tuple(variants.shape)}")
     n_rows, k, width = variants.shape
+    _check_proposal(variants, at, anchor, active)
+    _check_rows(idx, None, rows, n_rows, width)
     if (v_idx.numel(), v_val.numel(), v_idx.shape[-2], v_val.shape[-2]) != (n_rows * k * width * 2,
                                                                             n_rows * k * width * 6, width, width):
         raise ValueError(f"lopa_select: variant statistics {tuple(v_idx.shape)} / {tuple(v_val.shape)} must "

@@ -5,6 +5,7 @@ form ``keys | pad_queries``, the pad-query rows [B, Tq]; any other mask is refus
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
@@ -21,8 +22,14 @@ class UnsupportedMaskError(RequestRefused):
 # check below (a host sync) runs once per forward, not once per layer. Holding the tensor keeps its
 # id from being reused; ``tensor_version`` catches in-place edits, except on inference-mode tensors, which
 # have no version counter: those are assumed not to be edited in place between calls (the models
-# build a fresh mask per forward).
-_last_conversion: list = []  # [(mask, version or None, (key_padding, query_attends_all))]
+# build a fresh mask per forward). The conversion depends on the batch and query count a broadcast
+# mask is expanded to, so they are part of the key; one memo per thread (``dllm.kernels.packed``).
+class _Memo(threading.local):
+    def __init__(self) -> None:
+        self.last: Optional[tuple] = None  # (mask, version or None, batch, n_queries, (key_padding, query_attends_all))
+
+
+_memo = _Memo()
 
 
 def mask_to_key_padding(
@@ -42,8 +49,10 @@ def mask_to_key_padding(
         raise UnsupportedMaskError(
             f"the triton attention backend takes key-padding masks [B, 1, 1, Tk] or [B, 1, Tq, Tk] "
             f"(B={batch}, Tq={n_queries}, Tk={n_keys}), got {tuple(mask.shape)}; use attn_backend='sdpa'")
-    if _last_conversion and _last_conversion[0][0] is mask and _last_conversion[0][1] == tensor_version(mask):
-        return _last_conversion[0][2]
+    last = _memo.last  # read once: another call may replace it meanwhile
+    if (last is not None and last[0] is mask and last[1] == tensor_version(mask)
+            and last[2] == batch and last[3] == n_queries):
+        return last[4]
     m = mask[:, 0].expand(batch, mask.shape[2], n_keys)  # [B, Tq|1, Tk]
     if mask.shape[2] == 1:
         result = (m[:, 0], None)
@@ -60,7 +69,7 @@ def mask_to_key_padding(
                 "the triton attention backend supports masks of the form key_padding | pad_queries "
                 "only (padding masks); this mask is not one; use attn_backend='sdpa' or 'reference'")
         result = (keys, pad_q if bool(pad_q.any()) else None)
-    _last_conversion[:] = [(mask, tensor_version(mask), result)]
+    _memo.last = (mask, tensor_version(mask), batch, n_queries, result)
     return result
 
 

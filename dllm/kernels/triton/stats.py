@@ -69,7 +69,9 @@ def _vocab_stats_kernel(
     v1 = zero + NEG_INF  # largest logit (all ids)
     v2 = zero + NEG_INF  # second largest (all ids; equal to v1 on a tie)
     a_val = zero + NEG_INF  # best allowed logit
-    a_idx = tl.sum(tl.zeros([BLOCK_V], tl.int32), 0) - 1
+    # its first index; a row whose allowed ids are all -inf keeps the lowest allowed id (0, or 1 when
+    # 0 is banned), as ``argmax_excluding`` does: never -1, never the banned id
+    a_idx = tl.sum(tl.zeros([BLOCK_V], tl.int32), 0) + (banned == 0).to(tl.int32)
     g_val = zero + NEG_INF  # best perturbed score
     g_idx = a_idx
     g_logit = zero + NEG_INF  # raw logit of the best perturbed id
@@ -165,6 +167,9 @@ def vocab_stats(
             raise ValueError("temperature > 0 needs exactly one of uniforms= (a tensor like the logits) "
                              "or seed= (Philox)")
         noise = _NOISE_EXTERNAL if uniforms is not None else _NOISE_PHILOX
+    if block_v is not None and (isinstance(block_v, bool) or not isinstance(block_v, int) or block_v < 1
+                                or block_v & (block_v - 1)):
+        raise ValueError(f"block_v must be a power of two (logits per tile), got {block_v!r}")
     if banned is not None and not 0 <= banned < vocab:
         raise ValueError(f"banned id {banned} is outside the vocabulary [0, {vocab})")
 
@@ -182,7 +187,7 @@ def vocab_stats(
                         else checked_out("vocab_stats", out, ((*lead, 2), (*lead, 6)), STATS_DTYPES, logits.device))
     if n:
         interp = _interpreted(_vocab_stats_kernel)
-        block = block_v or min(_next_pow2(vocab), 1024 if interp else 2048)
+        block = block_v if block_v is not None else min(_next_pow2(vocab), 1024 if interp else 2048)
         launch = {} if interp else {"num_warps": 8 if block >= 2048 else 4}
         observed_launch(
             "vocab_stats", _vocab_stats_kernel, (n,),
