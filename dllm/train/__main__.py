@@ -28,7 +28,8 @@ reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``
 ``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
 (schedule unchanged). Counts are checked as the flags are parsed (``--steps`` / ``--log-every`` /
 ``--max-steps`` >= 1; ``--eval-every`` / ``--save-every`` / ``--threads`` >= 0, 0 meaning never / at the
-end / torch's default), and so is ``--device`` (one this machine has).
+end / torch's default; ``--batch-size`` >= 1, ``--warmup`` >= 0, ``--lr`` > 0), and so is ``--device`` (one this
+machine has).
 
 The single-run recipes take fewer flags (``RECIPE_FLAGS``), and any other flag given is an error naming
 it, not a flag silently dropped: AR runs take ``--max-steps``, ``--init-from``, ``--start-phase``,
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -77,6 +79,17 @@ def device(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def learning_rate(text: str) -> float:
+    """An argparse type: a finite learning rate > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,9 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (weights stay fp32)")
     ap.add_argument("--compile", action="store_true", default=None, help="torch.compile the transformer")
     # Hidden overrides (tests, quick experiments): model sizes and data.
-    for flag, kind in (("--d-model", int), ("--n-layers", int), ("--n-heads", int),
-                       ("--n-kv-heads", int), ("--mlp-hidden", int), ("--batch-size", int),
-                       ("--lr", float), ("--warmup", int), ("--eval-per-size", int)):
+    for flag, kind in (("--d-model", at_least(1)), ("--n-layers", at_least(1)), ("--n-heads", at_least(1)),
+                       ("--n-kv-heads", at_least(1)), ("--mlp-hidden", at_least(1)), ("--batch-size", at_least(1)),
+                       ("--lr", learning_rate), ("--warmup", at_least(0)), ("--eval-per-size", at_least(1))):
         ap.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tasks", default=None, help=argparse.SUPPRESS)  # comma-separated task names
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # d32, 1 layer, batch 8
@@ -325,7 +338,7 @@ def _speculative_run(args: argparse.Namespace):
     ``--init-from`` is the AR run's starting weights, JetSpec's and DSpark's DFlash warm start."""
     from functools import partial
 
-    from dllm.train.ar import ar_recipes, train_ar
+    from dllm.train.ar import ar_recipes, check_start, train_ar
     from dllm.train.drafters.dflare_train import dflare_recipes, train_dflare
     from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
     from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
@@ -337,6 +350,7 @@ def _speculative_run(args: argparse.Namespace):
     if args.recipe in ar_recipes:
         recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every,
                                                             eval_per_size=args.eval_per_size)
+        check_start(recipe, args.start_phase, args.max_steps)  # the dry run refuses them too
         return recipe, "dllm/train/ar.py", partial(train_ar, **run, start_phase=args.start_phase,
                                                    init_from=args.init_from)
     drafter = {**common, "target": args.target}

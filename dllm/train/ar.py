@@ -218,6 +218,19 @@ def phase_plan(recipe: ARRecipe) -> list[tuple[int, int, float, int, MixtureConf
     return plan
 
 
+def check_start(recipe: ARRecipe, start_phase: int, stop_at: Optional[int] = None) -> None:
+    """Refuse a ``start_phase`` past the recipe's last phase (it would train nothing and save the initial
+    weights as ``final/``) and a ``stop_at`` (a global step, as the phases count them) at or before the
+    first step of ``start_phase``, naming the valid values."""
+    plan = phase_plan(recipe)
+    check_int("start_phase", start_phase, 0, high=len(plan) - 1,
+              hint=f" (recipe {recipe.name!r} has {len(plan)} phase{'s' if len(plan) > 1 else ''})")
+    first = plan[start_phase][0]
+    if stop_at is not None and stop_at <= first:
+        raise ValueError(f"stop_at={stop_at} ends before phase {start_phase} of recipe {recipe.name!r}, which "
+                         f"trains steps {first + 1}..{first + plan[start_phase][1]}: pass a stop_at > {first}")
+
+
 def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,
              stop_at: Optional[int] = None, start_phase: int = 0, init_from: Optional[Union[str, Path]] = None
              ) -> dict[str, Any]:
@@ -228,6 +241,7 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
 
     if stop_at is not None:
         check_int("stop_at", stop_at, 1, hint=" (stop after this many steps)")
+    check_start(recipe, start_phase, stop_at)
     if threads > 0:
         torch.set_num_threads(threads)
     out = Path(out)
@@ -280,5 +294,5 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
     return last
 
 
-__all__ = ["ARPhase", "ARRecipe", "phase_plan", "ar_loss", "ar_recipes", "answer_targets", "build_ar_model", "exact_match",
+__all__ = ["ARPhase", "ARRecipe", "check_start", "phase_plan", "ar_loss", "ar_recipes", "answer_targets", "build_ar_model", "exact_match",
            "greedy_answers", "save_ar", "train_ar"]

@@ -9,7 +9,8 @@ a run that continues earlier stages says so there, since the recipe names its ow
 ``dllm.load(<name>)`` works offline after a plain install. bfloat16 halves the file (the official
 LLaDA and Dream checkpoints are bf16 too); ``dllm.load`` then defaults to the stored dtype. A Learn2PD
 filter run (``final/filter.json``, ``dllm/train/learn2pd.py``) is copied as is (the note goes into
-``filter.json``).
+``filter.json``), and so are an AR run's and a drafter run's ``final/`` (a transformers causal LM; a DFlash,
+JetSpec, DFlare or DSpark drafter in its authors' layout; the note goes into ``training.json``).
 """
 
 from __future__ import annotations
@@ -18,25 +19,52 @@ import argparse
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 EMBEDDED = Path(__file__).resolve().parent.parent / "models" / "embedded"
 
 
-def _last_eval(run: Path) -> dict:
-    best = run / "best.json"
-    if best.exists():
-        return json.loads(best.read_text())
-    evals = [json.loads(l) for l in (run / "log.jsonl").read_text().splitlines() if '"eval' in l]
-    return evals[-1] if evals else {}
+def _checkpoint_step(src: Path) -> Optional[int]:
+    """The step of a trainer checkpoint directory ``checkpoint-NNNNNNN`` (None for any other name)."""
+    digits = src.name[len("checkpoint-"):]
+    return int(digits) if src.name.startswith("checkpoint-") and digits.isdigit() else None
 
 
-def _is_causal_lm(src: Path) -> bool:
+def _last_eval(run: Path, src: Path) -> dict:
+    """The evaluation of the exported checkpoint ``src``: the one logged at its step (a ``best/``
+    checkpoint's step is in its ``best.json``, else its ``checkpoint-N`` name), else the last one
+    logged before it (``best.json`` itself when the log has none); the last one logged when ``src``
+    has no step."""
+    best = json.loads((src / "best.json").read_text()) if (src / "best.json").is_file() else None
+    step = best.get("step") if best is not None else _checkpoint_step(src)
+    log = run / "log.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+    evals = [e for e in lines if "event" not in e and any(k.startswith("eval") for k in e)]
+    if step is not None:
+        evals = [e for e in evals if e.get("step", step) <= step]
+        if best is not None and not any(e.get("step") == step for e in evals):
+            return best
+    return evals[-1] if evals else (best or {})
+
+
+def latest_checkpoint(run: Path) -> Optional[Path]:
+    """The newest complete ``checkpoint-N`` directory of ``run`` by step (a ``checkpoint-N.tmp`` left by a
+    killed save is not one)."""
+    found = [p for p in run.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) is not None]
+    return max(found, key=_checkpoint_step) if found else None
+
+
+# the drafter runs' final/ (dllm/train/drafters/: DFlash and JetSpec, DFlare, DSpark), in their authors' layouts
+DRAFTER_ARCHITECTURES = frozenset({"DFlashDraftModel", "QwenDFlareDraftModel", "Qwen3DSparkModel"})
+
+
+def _copied_as_is(src: Path) -> bool:
+    """A transformers causal LM (an AR run) or a drafter: saved by its trainer in its shipped layout."""
     config = src / "config.json"
     archs = json.loads(config.read_text()).get("architectures") or [] if config.exists() else []
-    return any(str(a).endswith("ForCausalLM") for a in archs)
+    return any(str(a).endswith("ForCausalLM") or a in DRAFTER_ARCHITECTURES for a in archs)
 
 
 def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat16",
@@ -47,16 +75,15 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
         return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and (run / "final" / "config.json").exists():
-        src = run / "final"  # an AR run (dllm/train/ar.py) ends in final/
+        src = run / "final"  # an AR run (dllm/train/ar.py) or a drafter run (dllm/train/drafters/) ends in final/
     if src is None:
-        ckpts = sorted(run.glob("checkpoint-*"))
-        if not ckpts:
+        src = latest_checkpoint(run)
+        if src is None:
             raise FileNotFoundError(f"no checkpoint {checkpoint!r}, no final/ and no checkpoint-* under {run}")
-        src = ckpts[-1]
     out = Path(root) / name
     if out.exists():
         shutil.rmtree(out)
-    if _is_causal_lm(src):  # a transformers causal LM, saved in its shipped layout with its training.json
+    if _copied_as_is(src):  # an AR model or a drafter, saved in its shipped layout with its training.json
         shutil.copytree(src, out)
         if note:
             info = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else {}
@@ -64,7 +91,7 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
         return out
     model = load(str(src), dtype=getattr(torch, dtype))
     model.save_pretrained(out)
-    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run), **({"note": note} if note else {})}
+    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run, src), **({"note": note} if note else {})}
     recipe = run / "recipe.json"
     if recipe.exists():
         info["recipe"] = json.loads(recipe.read_text())

@@ -125,6 +125,8 @@ def taken(directory: Path, stage: Stage, end: int) -> Optional[Path]:
 def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r) -> list[str]:
     """One line per stage (what it starts from, steps, lr, batch, warm-up, RoPE base, threads, seed, the
     task mixture with weights and size ranges, later phases), then the export line."""
+    from dllm.train.trainer import check_intervals
+
     check_options(cur, opts)
     lines = [f"recipe {cur.name}: {cur.description}"
              + (f" (replaces benchmarks/{', benchmarks/'.join(cur.replaces)})" if cur.replaces else "")]
@@ -138,6 +140,7 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
         else:
             init = f"{prev.name}/{prev.source(stage_end(prev, opts))}"
         r = stage_recipe(stage, opts, init, override)
+        check_intervals(r.train)  # a bad count or rate is refused here as in run()
         t, end = r.train, stage_end(stage, opts)
         steps = f"steps {end}" + (f" of {t.steps}" if end != t.steps else "")
         lines.append(f"{index + 1:>3}. {stage.name}: from {init or 'a fresh init (seed %d)' % t.seed}; {steps}, "

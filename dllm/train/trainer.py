@@ -41,7 +41,7 @@ import torch
 from dllm.train.data import Batch, TaskMixture
 from dllm.scoring.exact_match import EvalResult, eval_examples, evaluate
 from dllm.train.block_objective import training_loss
-from dllm.options import check_int
+from dllm.options import check_int, check_number, check_unit
 from dllm.train.recipes import Recipe, TrainConfig, build_model, count_parameters
 from dllm.train.schedule import check_phases, lr_factor, phase_index, scheduled_lr_factor
 
@@ -83,10 +83,17 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def check_intervals(cfg: TrainConfig) -> None:
-    """Refuse a ``steps`` or ``log_every`` below 1 and an ``eval_every`` or ``save_every`` below 0 (0: never /
-    at the end only), naming the field: ValueError (``SettingError``)."""
-    for name, low in (("steps", 1), ("log_every", 1), ("eval_every", 0), ("save_every", 0)):
+    """Refuse a ``steps``, ``log_every``, ``batch_size`` or ``eval_per_size`` below 1, an ``eval_every``,
+    ``save_every``, ``keep_last`` or ``warmup`` below 0 (0: never / at the end only / keep all / no
+    warm-up), an ``lr`` that is not > 0, a ``min_lr_ratio`` outside [0, 1], a ``mask_eps`` outside
+    (0, 1) and a negative ``clip`` (0: no clipping), naming the field: ValueError (``SettingError``)."""
+    for name, low in (("steps", 1), ("log_every", 1), ("batch_size", 1), ("eval_per_size", 1), ("eval_every", 0),
+                      ("save_every", 0), ("keep_last", 0), ("warmup", 0)):
         check_int(name, getattr(cfg, name), low)
+    check_number("lr", cfg.lr, low=0.0, low_open=True, finite=True)
+    check_unit("min_lr_ratio", cfg.min_lr_ratio)
+    check_unit("mask_eps", cfg.mask_eps, low_open=True, high_open=True)
+    check_number("clip", cfg.clip, low=0.0)
 
 
 class Trainer:

@@ -102,6 +102,12 @@ def test_the_flags_a_drafter_or_ar_recipe_takes_reach_its_recipe(capsys: pytest.
     ("--start-phase", "-1", "must be an integer >= 0, got -1"),
     ("--time-limit", "0", "must be a number of seconds > 0, got '0'"),
     ("--time-limit", "nan", "must be a number of seconds > 0, got 'nan'"),
+    ("--batch-size", "0", "must be an integer >= 1, got 0"),
+    ("--warmup", "-5", "must be an integer >= 0, got -5"),
+    ("--lr", "-1", "must be a number > 0, got '-1'"),
+    ("--lr", "inf", "must be a number > 0, got 'inf'"),
+    ("--eval-per-size", "0", "must be an integer >= 1, got 0"),
+    ("--d-model", "0", "must be an integer >= 1, got 0"),
 ])
 def test_bad_counts_are_argparse_errors(flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]):
     recipe = "tiny-ar" if flag == "--start-phase" else "tiny-llada"
@@ -150,6 +156,28 @@ def test_the_trainer_and_the_runner_refuse_intervals_below_one(tmp_path: Path):
     with pytest.raises(ValueError, match="log_every must be an integer >= 1, got 0"):
         run(curricula.get("tiny-llada"), RunOptions(out=tmp_path / "run"), lambda r: r.with_overrides(log_every=0))
     assert not (tmp_path / "run").exists()  # refused before plan.json
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+    ("warmup", -5, "warmup must be an integer >= 0, got -5"),
+    ("lr", -1.0, "lr must be a finite number > 0, got -1.0"),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be"),
+    ("mask_eps", 0.0, "mask_eps must be"),
+])
+def test_the_trainer_and_the_plan_refuse_bad_rates_and_sizes(tmp_path: Path, field: str, value, message: str):
+    from dllm.train.recipes import curricula
+    from dllm.train.runner import RunOptions, plan, run
+    from dllm.train.trainer import Trainer
+
+    with pytest.raises(ValueError, match=message):
+        Trainer(small_recipe(**{field: value}), tmp_path / "trainer", progress=False)
+    override = lambda r: r.with_overrides(**{field: value})  # noqa: E731
+    with pytest.raises(ValueError, match=message):  # the dry run's plan too, not only the run
+        plan(curricula.get("tiny-llada"), RunOptions(out=tmp_path / "run"), override)
+    with pytest.raises(ValueError, match=message):
+        run(curricula.get("tiny-llada"), RunOptions(out=tmp_path / "run"), override)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "trainer").exists()
 
 
 @pytest.mark.parametrize("command", ["path_head_train", "block_head_train"])

@@ -50,3 +50,46 @@ def test_export_an_ar_run_copies_its_final_directory(tmp_path):
     assert info == {"recipe": {"name": "tiny-ar-draft"}, "note": "from a test"}
     model, tok = load_target(str(out))
     assert type(model).__name__ == "Qwen3ForCausalLM" and tok is not None
+
+
+def _run_with_evals(run):
+    """A trainer-like run: evaluations at steps 1..3 (0.1, 0.3, 0.2), best/ at step 2, checkpoint-2 and -3."""
+    model = tiny("llada", seed=2)
+    for name in ("best", "checkpoint-0000002", "checkpoint-0000003"):
+        model.save_pretrained(run / name)
+    (run / "best" / "best.json").write_text(json.dumps({"step": 2, "eval_mean_c0": 0.3}))
+    lines = [{"step": s, "eval_mean_c0": v, "eval_examples": 13} for s, v in ((1, 0.1), (2, 0.3), (3, 0.2))]
+    lines.insert(2, {"event": "best", "step": 2, "eval_mean_c0": 0.3})
+    (run / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_training_json_holds_the_exported_checkpoints_own_evaluation(tmp_path):
+    run = tmp_path / "run"
+    _run_with_evals(run)
+    for checkpoint, step, score in (("best", 2, 0.3), ("checkpoint-0000002", 2, 0.3), ("checkpoint-0000003", 3, 0.2)):
+        out = export(run, "tiny-test", checkpoint=checkpoint, dtype="float32", root=tmp_path / "embedded")
+        evaluation = json.loads((out / "training.json").read_text())["evaluation"]
+        assert (evaluation["step"], evaluation["eval_mean_c0"], evaluation["eval_examples"]) == (step, score, 13), checkpoint
+
+
+def test_export_skips_a_half_written_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    tiny("llada", seed=2).save_pretrained(run / "checkpoint-0000010")
+    (run / "checkpoint-0000020.tmp").mkdir()  # a save killed before its rename
+    (run / "checkpoint-0000020.tmp" / "config.json").write_text("{}")
+    (run / "log.jsonl").write_text("")
+    out = export(run, "tiny-test", checkpoint="best", dtype="float32", root=tmp_path / "embedded")
+    assert json.loads((out / "training.json").read_text())["source"].endswith("checkpoint-0000010")
+
+
+def test_export_a_drafter_run_copies_its_final_directory(tmp_path):
+    import shutil
+
+    from dllm.drafters.dflash.io import load_dflash
+    from dllm.train.export import EMBEDDED
+
+    run = tmp_path / "run"
+    shutil.copytree(EMBEDDED / "tiny-ar-dflash", run / "final")  # what train_dflash leaves in final/
+    out = export(run, "tiny-test-dflash", root=tmp_path / "embedded", note="smoke")
+    drafter = load_dflash(out)
+    assert drafter.block_size == 16 and json.loads((out / "training.json").read_text())["note"] == "smoke"

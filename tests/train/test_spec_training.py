@@ -2,6 +2,7 @@
 that save checkpoints loadable by transformers and by load_dflash."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -92,6 +93,20 @@ def test_a_later_phase_continues_exactly_from_the_saved_phase(tmp_path):
     assert not all(torch.equal(full[k], before[k]) for k in full)  # and phase 1 trained
 
 
+def test_a_start_phase_or_stop_that_trains_nothing_is_refused(tmp_path, capsys):
+    from dllm.train.__main__ import main
+
+    recipe = small_ar(steps=2, phases=(ARPhase(2, 5e-4, LONG_MIXTURE, warmup=1),))
+    with pytest.raises(ValueError, match=r"start_phase must be an integer in \[0, 1\] \(recipe 'tiny-ar' has 2 "
+                                         r"phases\), got 2"):
+        train_ar(recipe, tmp_path / "past", progress=False, start_phase=2)
+    with pytest.raises(ValueError, match=r"stop_at=2 ends before phase 1 .* trains steps 3..4: pass a stop_at > 2"):
+        train_ar(recipe, tmp_path / "before", progress=False, start_phase=1, stop_at=2)
+    assert not (tmp_path / "past").exists() and not (tmp_path / "before").exists()  # no final/ of the init
+    with pytest.raises(ValueError, match="start_phase must be an integer in \\[0, 1\\]"):  # the dry run too
+        main(["--recipe", "tiny-ar", "--start-phase", "5", "--dry-run"])
+
+
 def test_mixed_block_sizes_cycle_with_the_same_positions_per_step():
     recipe = dflash_recipes.get("tiny-ar-dflash-mixed")
     assert recipe.block_sizes == (4, 8, 12, 16) and recipe.block_size == 16
@@ -145,3 +160,25 @@ def test_fill_options_are_checked():
         dflash_recipes.get("tiny-ar-dflash").with_overrides(fill_prob=1.5)
     with pytest.raises(ValueError, match="max_fill must be an integer >= 1 \\(filled slots after the anchor\\), got 0"):
         dflash_recipes.get("tiny-ar-dflash").with_overrides(max_fill=0)
+
+
+def test_held_out_rows_with_a_one_token_answer_are_skipped_not_a_crash():
+    from dllm.drafters.dflash.io import random_dflash
+    from dllm.drafters.jetspec.io import random_jetspec
+    from dllm.tasks.vocab import MASK
+    from dllm.train.drafters import dflash_train, dspark_train, jetspec_train
+
+    target = build_ar_model(small_ar()).eval()
+    eos = word_id(EOS)
+    rows, lens = [[5, 6, 7, eos], [5, 6, 8, 9, eos]], [3, 3]  # the first: the target said EOS at once
+    dflash = random_dflash(target, 1, 4, word_id(MASK), seed=0, target_layer_ids=(0, 1)).eval()
+    jetspec = random_jetspec(target, 1, 4, word_id(MASK), seed=0, target_layer_ids=(0, 1)).eval()
+    recipe = replace(dspark_train.dspark_recipes.get("tiny-ar-dspark"), init=None, num_layers=1, block_size=3,
+                     target_layer_ids=(0, 1))  # a random backbone (with_overrides ignores None)
+    dspark = dspark_train.init_model(recipe, target).eval()
+    for tau in (dflash_train.teacher_forced_tau(dflash, target, rows, lens),
+                jetspec_train.teacher_forced_tau(jetspec, target, rows, lens),
+                dspark_train.teacher_forced_tau(dspark, target, rows, lens, recipe)):
+        assert tau["blocks"] == 1 and 1.0 <= tau["tau_teacher_forced"] <= 2.0  # the second row's one anchor
+    assert dflash_train.teacher_forced_tau(dflash, target, rows[:1], lens[:1]) == {"tau_teacher_forced": 1.0,
+                                                                                  "blocks": 0}

@@ -215,10 +215,12 @@ def teacher_forced_tau(drafter, target, rows: list[list[int]], prompt_lens: list
         for j in range(len(rows)):
             n = int(lengths[j])
             anchors = torch.arange(int(lp[j]), n - 1)[None]
+            if anchors.numel() == 0:  # a one-token answer (the target's EOS at once): no block to draft
+                continue
             _, acc = block_loss(drafter, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors, 7.0, block)
             accepted += float(acc.float().sum())
             blocks += anchors.numel()
-    return {"tau_teacher_forced": 1.0 + accepted / blocks, "blocks": blocks}
+    return {"tau_teacher_forced": 1.0 + accepted / max(blocks, 1), "blocks": blocks}
 
 
 def train_dflash(recipe: DFlashRecipe, out: Union[str, Path], *, threads: int = 0, progress: bool = True,

@@ -141,10 +141,12 @@ def teacher_forced_tau(model: DSparkModel, target, rows: list[list[int]], prompt
         for j in range(len(rows)):
             n = int(lengths[j])
             anchors = torch.arange(prompt_lens[j], n - 1)[None]
+            if anchors.numel() == 0:  # a one-token answer (the target's EOS at once): no block to draft
+                continue
             _, acc = dspark_loss(dspark_pass(model, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors), recipe)
             accepted += float(acc.float().sum())
             blocks += anchors.numel()
-    return {"tau_teacher_forced": 1.0 + accepted / blocks, "blocks": blocks}
+    return {"tau_teacher_forced": 1.0 + accepted / max(blocks, 1), "blocks": blocks}
 
 
 def init_model(recipe: DSparkRecipe, target) -> DSparkModel:

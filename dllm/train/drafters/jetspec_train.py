@@ -114,6 +114,8 @@ def teacher_forced_tau(drafter: DFlashDrafter, target, rows: list[list[int]], pr
         for j in range(len(rows)):
             n = int(lengths[j])
             anchors = torch.arange(prompt_lens[j], n - 1)[None]
+            if anchors.numel() == 0:  # a one-token answer (the target's EOS at once): no block to draft
+                continue
             _, acc = causal_loss(drafter, target, ids[j:j + 1, :n], lengths[j:j + 1], anchors, 7.0)
             accepted += float(acc.float().sum())
             blocks += anchors.numel()
