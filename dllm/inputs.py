@@ -26,17 +26,18 @@ def prompt_rows(prompts: Prompts, encode_text: Optional[Callable[[str], list[int
     """Turn the accepted prompt forms into a list of token-id lists (one per row), validated: the
     one prompt encoder of ``dllm.generate`` and ``dllm.speculative_generate``.
 
-    Accepted: a string, a list of strings, a list of token-id lists, a LongTensor [B, Lp] (rows
-    taken as unpadded) or [Lp]. Strings go through ``encode_text`` (None: a ValueError saying
-    ``no_encoder``); it is where unknown words are refused. Token ids must be integers in
+    Accepted: a string, a list of strings, a list of token-id lists or 1-D integer tensors (ragged
+    rows), a LongTensor [B, Lp] (rows taken as unpadded) or [Lp]. Strings go through
+    ``encode_text`` (None: a ValueError saying ``no_encoder``); it is where unknown words are refused. Token ids must be integers in
     [0, vocab_size) (``vocab_name`` says whose, in the error): a float (7.5, also 7.0) or a bool is a ValueError, never truncated; ``mask_id``
     (a diffusion model's mask token) may not appear. A list mixing forms is a TypeError.
     """
-    def text(p: str) -> list[int]:
+    def text(p: str, j: Optional[int] = None) -> list[int]:
         if encode_text is None:
             raise ValueError(f"{no_encoder}: pass tokenizer=..., or token-id lists")
         if not p.strip() and not empty_text_ok:
-            raise ValueError("prompt is empty; every prompt needs at least one token")
+            which = "prompt" if j is None else f"prompt {j} ({p!r})"
+            raise ValueError(f"{which} is empty; every prompt needs at least one token")
         return list(encode_text(p))
 
     if isinstance(prompts, torch.Tensor):
@@ -51,13 +52,16 @@ def prompt_rows(prompts: Prompts, encode_text: Optional[Callable[[str], list[int
         rows = [text(prompts)]
     elif isinstance(prompts, Sequence) and len(prompts) > 0:
         if all(isinstance(p, str) for p in prompts):
-            rows = [text(p) for p in prompts]
-        elif all(isinstance(p, (list, tuple)) for p in prompts):
-            rows = [_token_ids(j, p) for j, p in enumerate(prompts)]
+            rows = [text(p, j) for j, p in enumerate(prompts)]
+        elif all(isinstance(p, (list, tuple)) or _id_row_tensor(p) for p in prompts):
+            rows = [_token_ids(j, p.tolist() if isinstance(p, torch.Tensor) else p) for j, p in enumerate(prompts)]
         else:
-            raise TypeError("prompts must be a string, a list of strings, a list of token-id lists "
-                            "or a tensor; got a list mixing "
-                            f"{sorted({type(p).__name__ for p in prompts})}")
+            kinds = sorted({_kind(p) for p in prompts})
+            got = f"a list mixing {kinds}" if len(kinds) > 1 else f"a list of {kinds[0]}"
+            if kinds == ["int"]:
+                got += f" (one prompt's token ids are a row: [{prompts!r:.60}])"
+            raise TypeError("prompts must be a string, a list of strings, a list of token-id lists (or 1-D "
+                            f"integer tensors) or a tensor; got {got}")
     else:
         raise ValueError(f"prompts must be a non-empty string, list or tensor, got {prompts!r}")
     for j, row in enumerate(rows):
@@ -70,6 +74,18 @@ def prompt_rows(prompts: Prompts, encode_text: Optional[Callable[[str], list[int
         if bad:
             raise ValueError(f"prompt {j} has token ids outside {vocab_name}[0, {vocab_size}): {bad[:5]}")
     return rows
+
+
+def _id_row_tensor(p: object) -> bool:
+    """A 1-D tensor: one prompt's token ids (``_token_ids`` refuses float and bool ids)."""
+    return isinstance(p, torch.Tensor) and p.dim() == 1
+
+
+def _kind(p: object) -> str:
+    """What a refused list element is, for the error: its type, and a tensor's shape and dtype."""
+    if isinstance(p, torch.Tensor):
+        return f"Tensor {p.dtype} {list(p.shape)}"
+    return type(p).__name__
 
 
 def _token_ids(j: int, row: Sequence) -> list[int]:

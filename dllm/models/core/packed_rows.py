@@ -11,10 +11,13 @@ with no mask at all, and scatter the logits back:
 
 The same values at every real position up to float summation order (a shifted family's first real
 column predicts nothing in either path). Pad columns get zeros (the padded forward gives them
-values no caller reads). Left-padded batches (the engine's prompts) and right-padded ones
-(training's examples) alike. Taken only for a model that opts in (``packs_padded_rows``), without
-a cache, without requested attention maps or hidden states, when the batch has >= 2 rows, at least
-``MIN_WORK`` query x key pairs per row, >= 1/8 of its columns padded
+values no caller reads), except, for a shifted family (``logit_shift = 1``: Dream, Fast-dLLM v2),
+the column just after a row's last real one: there ``logits[:, i]`` predicts position i from the
+last real token, as in the padded forward (the next token of a right-padded row). Left-padded
+batches (the engine's prompts) and right-padded ones (training's examples) alike. Taken only for a
+model that opts in (``packs_padded_rows``), without a cache, without requested attention maps or
+hidden states, when the batch has >= 2 rows, at least ``MIN_WORK`` query x key pairs per row, >= 1/8
+of its columns padded
 (``dllm.kernels.packed.padding_groups``: one host sync per forward; off the CPU at most
 ``MAX_GROUPS_OFF_CPU`` groups), and, with ``logits_rows=(a, b)``, every group's real columns
 covering ``[a, b)``. Otherwise the caller runs the padded forward, which stays the reference
@@ -53,6 +56,7 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
             head_rows is not None and not all(s0 <= head_rows[0] and head_rows[1] <= e0 for s0, e0, _ in groups)):
         return None
     out: Optional[torch.Tensor] = None
+    shift = int(getattr(model, "logit_shift", 0))
     for s0, e0, rows_at in groups:
         rows = rows_at.to(input_ids.device)
         rows_head = None if head_rows is None else (head_rows[0] - s0, head_rows[1] - s0)
@@ -65,6 +69,9 @@ def packed_rows_logits(model: Any, input_ids: torch.Tensor, positions: torch.Ten
         rows_out = rows.to(out.device)  # the head may sit on another device (device_map)
         if head_rows is None:
             out[rows_out, s0:e0] = logits
+            past = min(shift, t - e0)  # a shifted family: the columns after e0 the last real rows predict
+            if past > 0:
+                out[rows_out, e0:e0 + past] = raw[:, raw.shape[1] - shift:raw.shape[1] - shift + past].to(out.device)
         else:
             out[rows_out] = logits
     return out

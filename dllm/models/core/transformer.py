@@ -149,8 +149,13 @@ class Transformer(nn.Module):
         """The RoPE table rows of ``positions`` [B, T] (kept on a reused cache view): ``pair``: (cos, signed
         sin) [B, T, 1, hd] each, unbound once for every layer; else (the table [B, T, 2, 1, hd], None),
         what the one-launch ``dllm::rope_rows`` takes."""
+        # a bound on the positions known without reading them: the checkpoint's length, the query's, the
+        # cache's (default positions never pass the longer of the last two; past all: ``lookup``)
+        kv = getattr(cache, "kv", None)
+        bound = max(self.config.max_positions, positions.shape[-1] - 1, 0 if kv is None else kv.length - 1)
+
         def make() -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-            table = self._rope_table.lookup(positions, dtype, self.config.max_positions)
+            table = self._rope_table.lookup(positions, dtype, bound)
             return table.unbind(2) if pair else (table, None)
 
         return make() if cache is None else cache.memoized(f"rope_rows:{dtype}:{pair}", (positions,), make)

@@ -256,3 +256,19 @@ def test_layers_skip_the_module_call_unless_something_watches_it():
     assert call_module(m, torch.ones(1)).item() == 3.0
     m._compiled_call_impl = None
     assert call_module(m, torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_fused_forward_past_max_positions_equals_reference(explicit):
+    """RoPE has no table limit: a forward longer than the checkpoint's ``max_positions`` (default
+    positions) or with explicit positions past it runs on the fused path, as the reference does."""
+    m = tiny("dream", dtype=torch.bfloat16, max_positions=32)
+    t = 24 if explicit else 70  # the table holds 64 rows (the next power of two, at least 64)
+    ids = _ids(t=t)
+    positions = (torch.arange(t) * 5 + 30).expand(2, t) if explicit else None  # up to 145
+    with torch.inference_mode():
+        m.transformer.set_fused(False)
+        ref = m(ids, positions=positions).logits
+        m.transformer.set_fused(True)
+        got = m(ids, positions=positions).logits
+    assert torch.equal(got, ref)

@@ -47,11 +47,34 @@ def test_logits_equal_the_padded_forward_at_real_positions(family, side):
     if model.logit_shift:  # a shifted family's first real column predicts nothing in either path
         use &= torch.roll(real, 1, dims=1) & (torch.arange(real.shape[1]) > 0)
     torch.testing.assert_close(fast[use], ref[use], rtol=1e-5, atol=1e-5)
-    assert (fast[~real] == 0).all()
+    after = _after_last_real(real) if model.logit_shift else torch.zeros_like(real)
+    assert (fast[~real & ~after] == 0).all()
     cols = (292, 300) if side == "left" else (2, 10)  # logits_rows: 8 columns real in every row
     with torch.no_grad():
         fast, ref = _both(model, ids, key_padding_mask=real, logits_rows=cols)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+
+
+def _after_last_real(real):
+    """[B, T] bool: the first pad column after each row's last real one (a shifted family predicts it)."""
+    return ~real & torch.roll(real, 1, dims=1) & (torch.arange(real.shape[1]) > 0)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, (40, 17, 33, 9)], ids=["long", "short"])
+@pytest.mark.parametrize("family", ["dream", "fastdllm_v2"])
+def test_a_shifted_family_predicts_the_column_after_a_right_padded_row(family, lengths):
+    """logits[:, i] predicts position i: after a right-padded row's last real token that is the next
+    token, from the last real hidden state, whichever path (per group, packed tokens, padded) runs."""
+    model = tiny(family, seed=1)
+    ids, real = _batch(model, lengths, side="right")
+    after = _after_last_real(real)
+    with torch.no_grad():
+        fast, ref = _both(model, ids, key_padding_mask=real)
+        alone = torch.stack([model(ids[r:r + 1, :n + 1], key_padding_mask=real[r:r + 1, :n + 1]).logits[0, n]
+                             for r, n in enumerate(lengths) if n < ids.shape[1]])  # each row alone, one pad
+    assert after.sum() == sum(n < max(lengths) for n in lengths) and ref[after].abs().amax() > 1
+    torch.testing.assert_close(fast[after], ref[after], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast[after], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_the_path_is_taken_only_where_it_applies():

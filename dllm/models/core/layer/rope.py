@@ -69,15 +69,25 @@ class RopeTable:
         return torch.stack((cos[0, 0], signed[0, 0]), dim=1)[:, :, None].to(dtype)  # [P, 2, 1, hd]
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int) -> torch.Tensor:
-        """positions [B, T] long -> [B, T, 2, 1, hd] (cos, signed sin; a head axis to broadcast over).
-        ``max_position`` is a bound the caller knows without reading ``positions`` (no host sync)."""
+        """positions [B, T] long (>= 0) -> [B, T, 2, 1, hd] (cos, signed sin; a head axis to broadcast
+        over). ``max_position`` is a bound the caller knows without reading ``positions`` (no host
+        sync); a CPU tensor's positions past it grow the table too (CPU indexing checks its bounds)."""
         key = (positions.device, dtype)
         table = self._tables.get(key)
         if table is None or table.shape[0] <= max_position:
-            length = max(64, 1 << max_position.bit_length())
-            table = self._build(length, positions.device, dtype)
-            self._tables[key] = table
-        return table[positions]  # [B, T, 2, 1, hd]
+            table = self._grow(key, max_position)
+        try:
+            return table[positions]  # [B, T, 2, 1, hd]
+        except IndexError:  # a CPU position past the bound (explicit positions): read the largest once
+            if positions.device.type != "cpu" or positions.numel() == 0 or int(positions.min()) < 0:
+                raise
+            return self._grow(key, int(positions.max()))[positions]
+
+    def _grow(self, key: tuple[torch.device, torch.dtype], max_position: int) -> torch.Tensor:
+        """The table of ``key`` rebuilt to cover positions 0 .. ``max_position`` (a power of two)."""
+        length = max(64, 1 << max_position.bit_length())
+        table = self._tables[key] = self._build(length, key[0], key[1])
+        return table
 
 
 __all__ = ["RopeTable", "apply_rope", "rope_cos_sin", "rope_inv_freq", "rope_rows", "rotate_half"]
