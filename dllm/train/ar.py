@@ -268,12 +268,13 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+            used = sched.get_last_lr()[0]  # this step's rate (after sched.step() it is the next step's)
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
             done = step + 1
             if done % recipe.log_every == 0:
-                log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses), "lr": sched.get_last_lr()[0],
+                log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses), "lr": used,
                                       "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
                 log.flush()
                 losses.clear()

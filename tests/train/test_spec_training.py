@@ -54,12 +54,16 @@ def test_anchors_lie_in_the_answer_and_are_distinct():
 def test_ar_run_saves_a_transformers_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    recipe = small_ar(steps=3, batch_size=4, eval_every=0, eval_per_size=1, log_every=1, phases=())
+    from dllm.train.schedule import lr_factor
+
+    recipe = small_ar(steps=3, batch_size=4, eval_every=0, eval_per_size=1, log_every=1, phases=(), warmup=2)
     last = train_ar(recipe, tmp_path, progress=False)
     assert 0.0 <= last["eval"]["mean"] <= 1.0 and set(last["eval"]) >= set(T.suite_task_names("long-answer"))
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "log.jsonl").read_text().splitlines()
-              if '"loss"' in line]
-    assert len(losses) == 3 and all(x == x for x in losses)
+    logged = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(logged) == 3 and all(r["loss"] == r["loss"] for r in logged)
+    # each line's lr is the rate its step used (not the next step's)
+    assert [r["lr"] for r in logged] == pytest.approx(
+        [recipe.lr * lr_factor(s, warmup=2, total=3, min_ratio=recipe.min_lr_ratio) for s in range(3)])
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     tok = AutoTokenizer.from_pretrained(tmp_path / "final")
     assert model.config.eos_token_id == word_id(EOS) and tok.convert_tokens_to_ids("copy_long") == 80
