@@ -14,7 +14,9 @@
   no host sync, no timing;
 - a candidate that refuses the request (``probe_refusal()``: not usable on this host;
   ``request_refusal(...)``: not for these tensors) is skipped and its reason recorded; one that
-  raises ``RequestRefused`` while probed is skipped the same way;
+  raises ``RequestRefused`` while probed is skipped the same way, and so is one whose kernel fails
+  to compile or launch on this device (a Triton ``TritonError``: a tile past the GPU's shared
+  memory, say; ``probe_failures``);
 - a request no candidate serves (``return_probs``, say) goes to the first of ``AutoConfig.fallback``
   that accepts it; so does a call whose chosen backend raises ``RequestRefused`` (a mask of the
   bucket's kind but of a form that backend cannot express).
@@ -40,6 +42,17 @@ import torch
 
 class RequestRefused(ValueError):
     """A backend cannot serve this call (e.g. a mask it cannot express); nothing was computed."""
+
+
+def probe_failures() -> tuple[type[BaseException], ...]:
+    """What a candidate may raise while probed to be skipped instead of failing the call:
+    ``RequestRefused``, and Triton's compile/launch errors (``triton.errors.TritonError``:
+    ``OutOfResources``, ``CompilationError``) where Triton is installed."""
+    try:
+        from triton.errors import TritonError
+    except ImportError:  # no triton (or one without the common base): only refusals
+        return (RequestRefused,)
+    return (RequestRefused, TritonError)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +198,14 @@ class AutoConfig:
             raise ValueError(f"AutoConfig.keep_first_within must be in [0, 1), got {self.keep_first_within}")
 
 
+def failure_reason(name: str, err: BaseException) -> str:
+    """A skipped candidate's recorded reason: its refusal, or the kernel error's type and first line."""
+    if isinstance(err, RequestRefused):
+        return f"{name}: {err}"
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    return f"{name}: {type(err).__name__}" + (f": {first}" if first else "")
+
+
 def pick_fastest(times_us: dict[str, float], keep_first_within: float) -> str:
     """The key of the smallest time; the first key (in insertion order) unless another is faster by
     more than ``keep_first_within`` of its time. ``times_us`` must not be empty."""
@@ -279,19 +300,20 @@ class AutoAttention:
                 (refused.__setitem__(name, reason) if reason else eligible.append(backend))
             times: dict[str, float] = {}
             outs: dict[str, Any] = {}
+            skips = probe_failures()
             if len(eligible) >= 2:
                 for backend in eligible:
                     call = lambda fn=backend.fn: fn(q, k, v, mask, return_probs)
                     try:
                         times[backend.name], outs[backend.name] = self.timer(
                             call, q.device, warmup=cfg.warmup, repeats=cfg.repeats, budget_s=cfg.budget_ms / 1e3)
-                    except RequestRefused as e:
-                        refused[backend.name] = f"{backend.name}: {e}"
+                    except skips as e:
+                        refused[backend.name] = failure_reason(backend.name, e)
             elif eligible:
                 try:
                     outs[eligible[0].name] = eligible[0].fn(q, k, v, mask, return_probs)
-                except RequestRefused as e:
-                    refused[eligible[0].name] = f"{eligible[0].name}: {e}"
+                except skips as e:
+                    refused[eligible[0].name] = failure_reason(eligible[0].name, e)
             if outs:
                 chosen = pick_fastest(times, cfg.keep_first_within) if times else next(iter(outs))
                 chosen_fn = next(b.fn for b in eligible if b.name == chosen)
@@ -306,5 +328,5 @@ class AutoAttention:
         return out
 
 
-__all__ = ["AutoAttention", "AutoConfig", "BucketKey", "Decision", "RequestRefused", "bucket_key", "mask_kind",
-           "pick_fastest", "pow2_exponent", "time_calls"]
+__all__ = ["AutoAttention", "AutoConfig", "BucketKey", "Decision", "RequestRefused", "bucket_key", "failure_reason",
+           "mask_kind", "pick_fastest", "pow2_exponent", "probe_failures", "time_calls"]

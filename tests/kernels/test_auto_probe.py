@@ -255,3 +255,23 @@ def test_measuring_auto_in_a_tiny_model_decodes_the_same_tokens_as_sdpa(measurin
     decisions = auto_decisions()
     assert decisions and all(d.chosen in ("sdpa", "sdpa_plain") and len(d.times_us) == 2 for d in decisions)
     assert len({d.key for d in decisions}) == len(decisions)  # one probe per bucket
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_candidate_whose_kernel_fails_to_compile_is_skipped(fakes, alone):
+    """A Triton kernel that cannot run on this device (a tile past its shared memory) while probed:
+    skipped with the error's type as its reason, not an error of the forward; with no other candidate
+    the fallback serves the bucket."""
+    errors = pytest.importorskip("triton.runtime.errors")
+    reg, calls = fakes
+
+    def too_big(q, k, v, mask=None, return_probs=False):
+        calls.append("toobig")
+        raise errors.OutOfResources(232448, 101376, "shared memory")
+
+    reg.add("toobig", Fake("toobig", too_big, False, 0))
+    auto = _policy(reg, ("toobig",) if alone else ("toobig", "slow"), fallback=("fast",))
+    q, k, v = _qkv()
+    assert auto(q, k, v)[0].equal(q + (2.0 if alone else 1.0))
+    (d,) = auto.decisions()
+    assert d.chosen == ("fast" if alone else "slow") and d.refused["toobig"].startswith("toobig: OutOfResources")
