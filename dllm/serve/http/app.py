@@ -262,11 +262,14 @@ def create_app(backend: Backend, *, api_key: Optional[str] = None, max_body_byte
                default_max_tokens: int = 16, close_backend: bool = True, drain_timeout: Optional[float] = None,
                static_dir: Path = STATIC_DIR) -> FastAPI:
     """The app serving ``backend``. ``close_backend``: close it when the app shuts down (``begin_drain``),
-    giving the requests in flight at most ``drain_timeout`` seconds (None: as long as they need)."""
+    giving the requests in flight at most ``drain_timeout`` seconds (None: as long as they need).
+    ``default_max_tokens`` (a request's max_tokens when it gives none) is at most the backend's
+    ``max_tokens_limit``, so a request that leaves max_tokens out is never refused for it."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    default_max_tokens = min(default_max_tokens, backend.max_tokens_limit)
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty (leave it out to serve without one)")
 

@@ -6,6 +6,9 @@ Fields are OpenAI's (https://platform.openai.com/docs/api-reference/completions/
 ``extra_body=``): ``sampler``, ``cache`` (spec strings), ``block_length``, ``steps``, ``sampler_options``
 (an object of the sampler's Config fields) and ``dllm_events`` (per-step events when streaming).
 
+OpenAI's nullable fields take null as their default (``"n": null`` is ``n = 1``; the ``openai`` client
+sends ``n=None`` so).
+
 Every refusal is an ``ApiError`` 400 whose ``param`` names the field ("max_tokens",
 "messages[1].content", "sampler_options.threshold"): malformed JSON, a wrong type, a value out of
 range, an unknown field (the message lists the valid ones), an OpenAI feature dllm does not implement
@@ -22,7 +25,7 @@ import json
 import typing
 from typing import Any, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dllm.serve.http.errors import ApiError, bad_request, clip, quote
 
@@ -35,6 +38,13 @@ DIFFUSION_FIELDS = ("sampler", "cache", "block_length", "steps", "sampler_option
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("n", "stream", "echo", "dllm_events", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """OpenAI's ``n``, ``stream`` and ``echo`` are "integer or null" / "boolean or null" (the ``openai``
+        client sends ``n=None`` as ``"n": null``): null means the field's default."""
+        return cls.model_fields[info.field_name].default if value is None else value
 
 
 class StreamOptions(_Strict):

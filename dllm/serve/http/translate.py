@@ -6,6 +6,10 @@ says otherwise), ``max_tokens`` to ``default_max_tokens``. ``top_p`` / ``top_k``
 the sampler's options of those names (the ``dream`` sampler has them); 1.0 / 0 mean "off" and are
 dropped, so a client that always sends ``top_p=1`` works with every sampler.
 
+``seed`` takes OpenAI's range (a signed or unsigned 64-bit integer) as ``torch.Generator.manual_seed``
+does: a negative seed is its two's complement, ``seed % 2**64``; with ``n > 1`` choice j draws with
+``(seed + j) % 2**64``, so the choices differ yet reproduce, whatever the seed.
+
 A ``model`` other than the served one is 404 ``model_not_found`` (as OpenAI's and vLLM's); a prompt
 the backend cannot encode is 400 naming ``prompt`` (chat: ``messages``), in dllm's words whatever the
 tokenizer raised.
@@ -66,13 +70,33 @@ def samplers_with(option: str) -> list[str]:
     return [e.name for e in samplers if option in {f.name for f in dataclasses.fields(e.obj.Config)}]
 
 
+def _spec_options(spec: str) -> dict[str, Any]:
+    """The options the sampler spec ``spec`` sets itself (``"entropy:top_p=0.9"`` -> {"top_p": 0.9}); {}
+    for a spec that does not parse (the backend's check reports that)."""
+    from dllm.registry import parse_spec
+
+    try:
+        return parse_spec(spec, "sampler")[1]
+    except (KeyError, ValueError, TypeError):
+        return {}
+
+
 def sampler_options(body: Body, sampler: str) -> dict[str, Any]:
     """``sampler_options`` plus ``top_p`` / ``top_k`` as the options of those names. Their "off" values
     (1.0 / 0) given by the client turn the option off for a sampler that has it (top_p = 1.0; top_k =
-    the option's default, which is off), over the server's defaults; a sampler without it ignores them."""
+    the option's default, which is off), over the server's defaults; a sampler without it ignores them.
+    A sampler spec that sets the option itself (``"entropy:top_p=0.9"``, the request's or the server's
+    default) keeps its value: the "off" value is dropped, another value is refused naming the field."""
     options: dict[str, Any] = dict(body.sampler_options or {})
+    in_spec = _spec_options(sampler)
     for name, value in (("top_p", body.top_p), ("top_k", body.top_k)):
         if value is None:
+            continue
+        if name in in_spec:
+            if value != NUCLEUS_OFF[name] and value != in_spec[name]:
+                whose = "the request's" if body.sampler is not None else "the server's default"
+                raise bad_request(name, f"{name}={value} and {whose} sampler {quote(sampler)} (which sets "
+                                        f"{name}={in_spec[name]}) disagree; give {name} once")
             continue
         fields = _sampler_fields(sampler)
         if value == NUCLEUS_OFF[name]:
@@ -138,6 +162,15 @@ def prompt_ids(body: Body, backend: Backend) -> list[tuple[int, ...]]:
                     "this prompt") for i, p in enumerate(given)]
 
 
+SEED_RANGE = 2 ** 64  # torch.Generator's seeds: [0, 2**64)
+
+
+def choice_seed(seed: int, j: int) -> int:
+    """The seed of choice ``j`` of a request seeded with ``seed`` (in [-2**63, 2**64)): ``(seed + j) % 2**64``,
+    torch.Generator.manual_seed's reading of a negative seed (two's complement)."""
+    return (seed + j) % SEED_RANGE
+
+
 def check(backend: Backend, request: JobRequest, body: Body) -> None:
     """``backend.check``: a ``BadRequest`` whose ``param`` the backend took from the refused setting's
     field (``sampler_options.threshold`` for an option the request gave in ``sampler_options``)."""
@@ -152,12 +185,11 @@ def job_requests(body: Body, backend: Backend, *, default_max_tokens: int) -> li
     chosen = settings(body, backend, limit)
     stop = stop_strings(body.stop)
     ids = prompt_ids(body, backend)
-    seeded = chosen.seed is not None and body.n > 1
     requests = []
     for p in ids:
         for j in range(body.n):
-            # n > 1 with a seed: choice j draws with seed + j, so the choices differ yet reproduce
-            s = dataclasses.replace(chosen, seed=chosen.seed + j) if seeded else chosen
+            # choice j draws with seed + j (module docstring), wrapped into the generator's range
+            s = chosen if chosen.seed is None else dataclasses.replace(chosen, seed=choice_seed(chosen.seed, j))
             req = JobRequest(prompt_ids=tuple(p), max_tokens=limit, settings=s, stop=stop,
                              step_events=bool(body.stream and getattr(body, "dllm_events", False)),
                              stream=bool(body.stream))
@@ -166,5 +198,5 @@ def job_requests(body: Body, backend: Backend, *, default_max_tokens: int) -> li
     return requests
 
 
-__all__ = ["check_model", "diffusion_settings", "encoded", "sampler_options", "job_requests", "requested_max_tokens",
-           "prompt_ids", "settings", "speculative_settings"]
+__all__ = ["SEED_RANGE", "check_model", "choice_seed", "diffusion_settings", "encoded", "sampler_options",
+           "job_requests", "requested_max_tokens", "prompt_ids", "settings", "speculative_settings"]

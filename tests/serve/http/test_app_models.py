@@ -90,6 +90,17 @@ def test_diffusion_refusals_name_the_field(llada, extra, param, says):
     assert server.server.started and httpx.get(server.url + "/health").json()["running"] == 0
 
 
+def test_a_negative_seed_is_its_twos_complement(llada):
+    """OpenAI's seeds are signed 64-bit: seed -1 is served (as torch reads it, 2**64 - 1), and n = 2 from
+    the last seed wraps to 0 for its second choice."""
+    model, server, c = llada
+    kw = dict(model="tiny-llada", prompt=REVERSE, max_tokens=8, temperature=1.0)
+    wrapped = c.completions.create(seed=-1, **kw).choices[0].text
+    assert wrapped == c.completions.create(seed=2 ** 64 - 1, **kw).choices[0].text
+    pair = c.completions.create(seed=-1, n=2, **kw)
+    assert [ch.text for ch in pair.choices] == [wrapped, c.completions.create(seed=0, **kw).choices[0].text]
+
+
 @pytest.mark.slow  # loading the transformers target takes seconds; http/test_load.py covers it under load too
 def test_speculative_server_equals_offline():
     import dllm
@@ -108,3 +119,41 @@ def test_speculative_server_equals_offline():
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == out.choices[0].text
         r = post(server, "/v1/completions", {"model": "tiny-ar", "prompt": REVERSE, "sampler": "threshold"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "sampler"
+
+
+@pytest.mark.parametrize("extra,text_or_param", [
+    ({"sampler": "entropy:top_p=0.9", "top_p": 1}, None),  # a client that always sends top_p=1
+    ({"sampler": "entropy:top_k=3", "top_k": 0}, None),
+    ({"sampler": "entropy:top_p=0.9", "top_p": 0.9}, None),
+    ({"sampler": "entropy:top_p=0.9", "top_p": 0.5}, "top_p"),
+])
+def test_openai_top_p_top_k_beside_a_spec_that_sets_them(llada, extra, text_or_param):
+    """The "off" values 1 / 0 (and the spec's own value) are dropped beside a sampler spec that sets the
+    option; another value is refused naming the OpenAI field, not a ``sampler_options`` the client never sent."""
+    model, server, c = llada
+    r = post(server, "/v1/completions", {"model": "tiny-llada", "prompt": SORT, "max_tokens": 5, **extra})
+    if text_or_param is None:
+        spec = extra["sampler"]
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == offline_diffusion(model, SORT, 5, sampler=spec)[0]
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == text_or_param, r.text
+        assert "0.9" in r.json()["error"]["message"]
+
+
+def test_openai_top_p_beside_the_servers_default_spec():
+    """A server started with ``--sampler entropy:top_p=0.9``: a client's top_p=1 does not turn every request
+    into a 400; another top_p is refused naming top_p and the server's sampler."""
+    import dllm
+    from dllm.serve.backends.diffusion import DiffusionBackend
+    from dllm.settings import DecodeSettings
+
+    model = dllm.load("tiny-llada")
+    engine = DiffusionBackend(model, name="tiny-llada", defaults=DecodeSettings(sampler="entropy:top_p=0.9"))
+    with LiveServer(create_app(engine)) as server:
+        body = {"model": "tiny-llada", "prompt": SORT, "max_tokens": 5}
+        r = post(server, "/v1/completions", {**body, "top_p": 1.0})
+        assert r.status_code == 200, r.text
+        r = post(server, "/v1/completions", {**body, "top_p": 0.5})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+        assert "server's default sampler 'entropy:top_p=0.9'" in r.json()["error"]["message"]

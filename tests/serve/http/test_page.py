@@ -284,3 +284,43 @@ def test_a_speculative_server_shows_one_box_per_round(spec_server, browser, tmp_
     assert 1 <= len(page["cells"]) <= reply.usage.completion_tokens
     assert " ".join(page["cells"]) == " ".join(page["text"].split())
     assert page["tpf"] == f"{reply.usage.completion_tokens / len(page['cells']):.2f}" and float(page["tps"]) > 0
+
+
+@pytest.fixture(scope="module")
+def tuned_server():
+    """A server started with a default sampler option and temperature (``dllm serve --sampler threshold
+    -o threshold=0.5 --temperature 0.5``)."""
+    import dllm
+    from dllm.eval.bench.serving.loopback import serve_in_thread
+    from dllm.serve.backends.diffusion import DiffusionBackend
+    from dllm.serve.http.app import create_app
+    from dllm.settings import DecodeSettings
+
+    defaults = DecodeSettings(sampler="threshold", options=(("threshold", 0.5),), temperature=0.5, seed=3)
+    engine = DiffusionBackend(dllm.load(MODEL), name=MODEL, defaults=defaults)
+    with serve_in_thread(create_app(engine), ready_path="/health") as live:
+        yield live
+    engine.close(drain=False)
+
+
+def test_the_page_starts_from_the_servers_default_options_and_temperature(tuned_server, browser):
+    """The page names the sampler in each request, which drops the server's default sampler options: it
+    must show and send them (and the server's temperature), so its first run is the server's default."""
+    open_page(browser, tuned_server)
+    root = browser.find_element(By.ID, "watch-settings")
+    value = lambda name: root.find_element(By.CSS_SELECTOR, f"[data-field={name}]").get_attribute("value")
+    assert (value("sampler"), value("options"), value("temperature")) == ("threshold", "threshold=0.5", "0.5")
+    set_prompt(browser, "prompt", PROMPT)
+    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
+    field.clear()
+    field.send_keys("8")
+    browser.find_element(By.ID, "run").click()
+    wait_finished(browser, ("watch-run",))
+    page = run_result(browser, "watch-run")
+    assert page["state"] == "done", page["error"]
+    client = openai.OpenAI(base_url=tuned_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8)  # the server's defaults
+    assert page["text"] == reply.choices[0].text
+    assert int(page["nfe"]) == reply.choices[0].model_extra["dllm"]["nfe"]
+    # the side-by-side tab's B pane picks another sampler: the default sampler's options are not its own
+    assert browser.find_element(By.CSS_SELECTOR, "#b-settings [data-field=options]").get_attribute("value") == ""

@@ -117,12 +117,15 @@ function buildSettings(container, overrides = {}) {
   container.replaceChildren($("#settings-template").content.cloneNode(true));
   const field = (name) => $(`[data-field=${name}]`, container);
   const defaults = { ...server.defaults, ...overrides };
-  const [sampler, options] = splitSpec(defaults.sampler);
+  const [sampler, specOptions] = splitSpec(defaults.sampler);
   fillSelect(field("sampler"), server.samplers, sampler);
   fillSelect(field("cache"), server.caches, defaults.cache);
-  field("options").value = options;
+  // The server's default sampler options (`dllm serve -o NAME=VALUE`) belong to its default sampler; the
+  // page names the sampler in every request, which drops them on the server: they must be sent here.
+  field("options").value = specOptions || (overrides.sampler ? "" : optionsText(server.defaults.options));
   if (defaults.block_length) field("block_length").value = defaults.block_length;
   if (defaults.max_tokens) field("max_tokens").value = defaults.max_tokens;
+  if (typeof defaults.temperature === "number") field("temperature").value = defaults.temperature;
   const hint = () => {
     const entry = server.samplers.find((s) => s.name === field("sampler").value);
     field("options").placeholder = (entry && optionHint(entry)) || "k=v,k=v";
@@ -136,6 +139,13 @@ function buildSettings(container, overrides = {}) {
   if (server.kind !== "diffusion") {  // a speculative server takes none of the diffusion fields
     for (const name of ["sampler", "options", "cache", "block_length"]) field(name).closest("label").hidden = true;
   }
+}
+
+// {name: value} (the server's default sampler options) as the options field's "k=v,k=v".
+function optionsText(options) {
+  if (!options || typeof options !== "object") return "";
+  return Object.entries(options).map(([k, v]) => `${k}=${typeof v === "string" && v.includes(",") ? `(${v})` : v}`)
+    .join(",");
 }
 
 function splitSpec(spec) {
