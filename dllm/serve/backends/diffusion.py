@@ -22,8 +22,9 @@ the modes are its admission policies (``dllm.serve.backends.scheduling.policy``,
 - ``serial``: one request at a time.
 
 Streaming: after every step the row's final left prefix (committed, never revised: the leftmost
-run of committed positions, or for a sampler that re-masks the positions left of its current
-block) becomes text deltas (``dllm.serve.backends.stream.TextStream``). Once that prefix holds an EOS or a stop
+run of committed positions, or for a sampler that re-masks or rewrites committed tokens of its block,
+``Sampler.revises`` / ``Sampler.refines``, the positions left of its current block) becomes text
+deltas (``dllm.serve.backends.stream.TextStream``). Once that prefix holds an EOS or a stop
 string the answer is final and the row leaves at once (continuous/serial), with the text the whole
 decode would give. ``step_events`` requests also get one ``Step`` event per denoising step.
 """
@@ -69,7 +70,7 @@ class _Row:
     job: Job
     r: int
     stream: TextStream
-    revises: bool
+    revises: bool  # the sampler may change committed tokens of the current block (revises or refines)
     pieces: dict[int, str]
     nfe: int = 0
     forwarded: int = 0
@@ -302,7 +303,9 @@ class DiffusionBackend(Scheduler):
         forward computes it); the call ends early when no row is left."""
         req, started = jobs[0].request, time.perf_counter()
         sampler = make_sampler(req.settings.sampler, **dict(req.settings.options))
-        rows = [self._new_row(job, r, sampler.revises) for r, job in enumerate(jobs)]
+        # a sampler that re-masks (revises) or rewrites (refines: DMax) committed tokens of its block: only
+        # the blocks before the current one are final
+        rows = [self._new_row(job, r, sampler.revises or sampler.refines) for r, job in enumerate(jobs)]
         live = set(range(len(rows)))
 
         events = any(j.request.step_events for j in jobs)
@@ -332,11 +335,12 @@ class DiffusionBackend(Scheduler):
             if left:  # the call goes on without them: their rows leave its forwards (dllm.rows)
                 release_rows(state, left)
 
-        kwargs = req.settings.generate_kwargs()
+        prompts = [list(j.request.prompt_ids) for j in jobs]
+        # tokens_per_step (k) becomes steps over the call's block plan, as check_settings resolved it
+        kwargs = req.settings.with_steps(self.model, prompts, req.max_tokens).generate_kwargs()
         seeds = [j.request.settings.seed for j in jobs]
         kwargs["seed"] = None if all(s is None for s in seeds) else seeds  # one generator per row
         kwargs.update(gen_length=req.max_tokens, stop_at_eos=True)
-        prompts = [list(j.request.prompt_ids) for j in jobs]
         if self.mirror is not None:
             self.mirror.begin(Call(prompts, kwargs))
         try:

@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence, Union
 
 from dllm.drafters.base import make_drafter
 from dllm.drafters.loop import speculative_generate
-from dllm.drafters.plan import as_plan
-from dllm.drafters.target import Target
+from dllm.drafters.plan import Plan, as_plan
+from dllm.drafters.target import Target, check_tree_room
 from dllm.drafters.verify import SamplingParams
 from dllm.serve.backends.base import BadRequest
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, SpeculativeSettings
@@ -32,6 +32,18 @@ from dllm.settings import SettingError, check_call_seed
 
 class _Leave(Exception):
     pass
+
+
+def plan_trees(plan: Plan, drafter: Any) -> list[Any]:
+    """The tree builders a plan's rounds may use (``speculative_generate``: the plan's tree, or the
+    trees its block head picks from), built once; empty for the chain."""
+    from dllm.drafters.trees.builders import make_tree_builder
+
+    specs = [] if plan.tree is None else [plan.tree]
+    if plan.head is not None:
+        head = getattr(drafter, "block_head", None) if isinstance(plan.head, str) else plan.head
+        specs += list(getattr(head, "tree_specs", None) or [])
+    return [make_tree_builder(spec) for spec in specs]
 
 
 class SpeculativeBackend(Scheduler):
@@ -48,6 +60,7 @@ class SpeculativeBackend(Scheduler):
         self.defaults = SpeculativeSettings()  # greedy unless a request asks
         self.plan = as_plan(plan)
         self.drafter = make_drafter(drafter)  # loaded once, shared (each call begins its own session)
+        self._trees = plan_trees(self.plan, self.drafter)  # each must fit the target's positions
         info = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer).info
         self.drafter.check_target(info)
         self.eos_ids = frozenset(info.eos_ids)
@@ -106,6 +119,11 @@ class SpeculativeBackend(Scheduler):
             check_call_seed(s.seed)
         except SettingError as err:
             raise BadRequest(err.field, str(err)) from None
+        for builder in self._trees:  # a round's tree sits on top of the prompt + max_tokens
+            try:
+                check_tree_room(builder, self.target, len(request.prompt_ids) + request.max_tokens)
+            except ValueError as err:
+                raise BadRequest("max_tokens", str(err)) from None
 
     # ---- decoding ----
     def _run_jobs(self, jobs: list[Job]) -> None:

@@ -78,6 +78,19 @@ def test_plan_groups_bounds_and_padding():
     assert not item(1, 4, want_attn_layers=(0,)).mergeable and not item(1, 4, want_hidden_layers=(1,)).mergeable
 
 
+def test_a_forward_with_soft_inputs_runs_alone():
+    """merged_forward reads ids, positions, the mask and the logits rows only: a forward with soft inputs
+    (DMax's mixed embeddings) merged with others would lose them and decode other tokens."""
+    def item(**kw):
+        return Pending(torch.zeros(1, 6, dtype=torch.long), {"positions": torch.arange(6)[None], **kw})
+
+    soft = item(soft_inputs=object(), key_padding_mask=None, cache=None, want_attn_layers=())
+    plain = item(key_padding_mask=None, cache=None, want_attn_layers=(), logits_rows=(1, 6), padded=False)
+    assert not soft.mergeable and plain.mergeable
+    groups = plan_groups([soft, plain, item()], BatcherConfig(call_cost_tokens=10**6))
+    assert groups[0] == [soft] and len(groups) == 2
+
+
 @pytest.mark.parametrize("field,value", [("max_rows", 0), ("max_tokens", -1), ("call_cost_tokens", -1),
                                          ("max_rows", True), ("call_cost_tokens", 1.5), ("call_cost_tokens", "fast")])
 def test_batcher_config_refuses_bad_bounds(field, value):

@@ -275,3 +275,56 @@ def test_block_causal_model_served_continuously_equals_offline():
         assert err.value.param == "cache" and "block" in str(err.value)
     finally:
         engine.close()
+
+
+def test_soft_input_requests_under_load_equal_offline(llada):
+    """DMax feeds mixed input embeddings (soft inputs): its forwards run alone, never merged with
+    the other requests' (a merged forward would drop the soft inputs and decode other tokens)."""
+    engine = DiffusionBackend(llada, name="tiny-llada", max_running=8)
+    settings = [DecodeSettings(sampler="dmax"), DecodeSettings(sampler="low_confidence")]
+    try:
+        with engine._cond:  # every job queued before the loop takes any: they decode together
+            jobs = [(p, s, engine.submit(JobRequest(engine.encode_prompt(p), 8, s)))
+                    for p in PROMPTS[:4] for s in settings]
+        for p, s, job in jobs:
+            done = job.result(timeout=120)
+            assert isinstance(done, Done), done
+            assert done.text == dllm.generate(llada, p, gen_length=8, **s.generate_kwargs()).texts[0]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("n,block_length", [(5, None), (10, 5)])
+def test_a_refining_samplers_stream_is_final_only_left_of_its_block(llada, n, block_length):
+    """DMax rewrites the committed tokens of its current block until the block settles
+    (``Sampler.refines``): a streamed or stop-string request sends only the blocks before it, so its
+    text is the offline one (the committed left prefix of a mid-block step is not final)."""
+    settings = DecodeSettings(sampler="dmax", block_length=block_length)
+    prompt = PROMPTS[3]  # its blocks take several steps each: the committed tokens are rewritten
+    offline = dllm.generate(llada, prompt, gen_length=n, **settings.generate_kwargs()).texts[0]
+    engine = DiffusionBackend(llada, name="tiny-llada")
+    try:
+        for stream, stop in [(True, ()), (False, ("Z",))]:
+            job = engine.submit(JobRequest(engine.encode_prompt(prompt), n, settings, stream=stream, stop=stop))
+            events = list(job.events(timeout=60))
+            assert isinstance(events[-1], Done) and events[-1].text == offline
+            assert "".join(e.text for e in events if isinstance(e, Delta)) == offline
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("mode,join", [("static", True), ("continuous", False), ("continuous", True)])
+def test_tokens_per_step_settings_decode_in_every_mode(llada, mode, join):
+    """Settings with ``tokens_per_step`` (k, as ``DecodeSettings.parse("low_confidence:k=2")`` gives
+    them) pass the checks, so every mode decodes them: k tokens a step, as generate with those steps."""
+    settings = DecodeSettings(sampler="low_confidence", tokens_per_step=2, block_length=4)
+    ids = None
+    engine = DiffusionBackend(llada, name="tiny-llada", mode=mode, join=join)
+    try:
+        ids = engine.encode_prompt(PROMPTS[0])
+        done = engine.submit(JobRequest(ids, 8, settings)).result(timeout=60)
+    finally:
+        engine.close()
+    out = dllm.generate(llada, PROMPTS[0], gen_length=8, **settings.with_steps(llada, [ids], 8).generate_kwargs())
+    assert isinstance(done, Done), done
+    assert done.text == out.texts[0] and done.nfe == out.nfe == 4

@@ -108,3 +108,25 @@ def test_seeded_sampled_requests_equal_offline_under_load(pair, engine):
         offline = dllm.speculative_generate(target, DRAFTER, [p], max_new_tokens=20, tokenizer=tok,
                                             temperature=1.0, seed=seed)
         assert job.result(120).text == offline.texts[0]
+
+
+def test_a_request_whose_tree_would_not_fit_the_targets_positions_is_refused(pair):
+    """A tree plan's rounds need prompt + max_tokens + 1 + budget positions: a request that leaves no
+    room for the tree is a 400 naming max_tokens, not a decode that fails with a 500."""
+    from dllm.drafters.plan import Plan
+
+    target, tok = pair
+    plan = Plan(block_size=4, tree="ddtree:budget=8")
+    engine = SpeculativeBackend(target, tok, drafter=DRAFTER, name="tiny-ar", plan=plan)
+    try:
+        ids = engine.encode_prompt(PROMPTS[0])
+        room = engine.max_positions - len(ids) - 1 - 8  # the most max_tokens that leaves room for the tree
+        with pytest.raises(BadRequest) as err:
+            engine.submit(JobRequest(ids, room + 1, SpeculativeSettings()))
+        assert err.value.param == "max_tokens" and "max_position_embeddings" in str(err.value)
+        done = engine.submit(JobRequest(ids, 12, SpeculativeSettings())).result(60)
+        offline = dllm.speculative_generate(target, DRAFTER, [PROMPTS[0]], max_new_tokens=12, tokenizer=tok,
+                                            plan=plan)
+        assert isinstance(done, Done) and done.text == offline.texts[0]
+    finally:
+        engine.close()

@@ -170,3 +170,38 @@ def test_the_served_model_refuses_a_forward_from_outside_the_loop(llada):
 def test_max_group_is_checked(llada, bad):
     with pytest.raises(ValueError, match="max_group"):
         DiffusionBackend(llada, name="tiny-llada", mode="serial", max_group=bad)
+
+
+class Poisoned:
+    """The served model, but a forward whose rows hold ``token`` raises (one request's bad input)."""
+
+    def __init__(self, model, token: int) -> None:
+        self.model, self.token = model, token
+
+    def __call__(self, input_ids, **kwargs):
+        if bool((input_ids == self.token).any()):
+            raise RuntimeError("boom in one request's forward")
+        return self.model(input_ids, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_failing_forward_fails_only_its_request_not_those_merged_with_it(llada):
+    from dllm.serve.backends.scheduling.batcher import BatcherConfig
+
+    # every forward merged (one call costs more than any padding); each request its own generate call
+    engine = DiffusionBackend(llada, name="tiny-llada", join=False, batcher=BatcherConfig(call_cost_tokens=10 ** 6))
+    poison = engine.encode_prompt("[BOS] copy sudoku4 [SEP]")[2]  # a word in no other prompt or answer
+    engine.model_for_loop = Poisoned(llada, poison)
+    specs = [("[BOS] copy sudoku4 [SEP]", 3)] + [(p, n) for p, n in zip(SEVEN[:3], (4, 5, 6))]  # four keys: four calls
+    try:
+        jobs = submit_together(engine, [(p, n, SLOW, False) for p, n in specs])
+        bad = jobs[0].result(timeout=60)
+        assert isinstance(bad, Failed) and bad.status == 500 and "boom in one request's forward" in bad.message
+        for (p, n), job in zip(specs[1:], jobs[1:]):
+            done = job.result(timeout=60)
+            assert isinstance(done, Done) and done.text == offline(llada, p, n)
+        assert engine.merged_calls > 0  # the others' forwards were merged meanwhile
+    finally:
+        engine.close()

@@ -8,7 +8,8 @@ forwards by neighbouring lengths (``plan_groups``; ``dllm.serve.backends.schedul
 cost of one more call), left-pads each group to one length (explicit positions, key-padding mask: the
 backend's own batching rule), runs it as one forward (``merged_forward``), and resumes every decode
 with its own rows. A forward with a KV-cache
-view, attention maps or hidden states is not merged (its buffers belong to one call): it runs alone.
+view, attention maps, hidden states or soft inputs (any keyword ``merged_forward`` does not read) is not
+merged (its buffers belong to one call): it runs alone.
 A request joins at its first forward and leaves after its last; nothing else is synchronised, so
 rows at different blocks, steps, lengths and settings share forwards.
 
@@ -63,6 +64,9 @@ class BatcherConfig:
                 raise ValueError(f"{name} must be an integer >= {low}{what}, got {value!r}")
 
 
+MERGED_KWARGS = frozenset({"positions", "key_padding_mask", "logits_rows", "padded"})  # what merged_forward reads
+
+
 @dataclass
 class Pending:
     """One caller's forward: its arguments, then its result (or error). ``method`` "yield": no forward,
@@ -76,9 +80,13 @@ class Pending:
 
     @property
     def mergeable(self) -> bool:
+        """A plain forward ``merged_forward`` can serve: every keyword it is given is one that
+        ``merged_forward`` reads (``MERGED_KWARGS``) or unset (None, empty, False). Any other (a KV-cache
+        view, attention maps or hidden states, soft inputs) belongs to this call alone: it runs alone."""
         kw = self.kwargs
-        return (self.method == "forward" and kw.get("cache") is None and not kw.get("want_attn_layers")
-                and not kw.get("want_hidden_layers")
+        return (self.method == "forward"
+                and all(name in MERGED_KWARGS or value is None or value is False or
+                        (isinstance(value, (tuple, list)) and not value) for name, value in kw.items())
                 and not (kw.get("positions") is None and kw.get("key_padding_mask") is not None))
 
     @property

@@ -5,7 +5,9 @@ one). The admission policy (``dllm.serve.backends.scheduling.policy``: continuou
 when the head starts and which queued jobs of its key start with it as one group; a group starts only
 while the running jobs (at most ``max_running``) and their token budget (prompt + max_tokens,
 summed) leave room for it, so a long request waits at the head instead of being overtaken forever.
-A full queue refuses new jobs (``QueueFull``: HTTP 429 with Retry-After); ``close`` refuses new ones
+A full queue refuses new jobs (``QueueFull``: HTTP 429 with Retry-After); a queued job that is
+cancelled (its client left) ends with a 499 and leaves the queue at the loop's next round, or at once
+when its slot is wanted, so it never holds a slot or keeps the head waiting; ``close`` refuses new ones
 and lets the others finish, for at most a drain timeout, after which (or at once, without a drain)
 every unfinished job ends with a 503.
 
@@ -98,6 +100,8 @@ class Scheduler(Backend):
         with self._cond:
             if self._closed:
                 raise BackendClosed("the server is shutting down and takes no new requests")
+            if len(self._queue) >= self.limits.max_queue:
+                self._drop_cancelled()  # jobs whose client left hold no slot
             if len(self._queue) >= self.limits.max_queue:
                 raise QueueFull(f"the queue is full ({self.limits.max_queue} requests waiting); retry later",
                                 retry_after=self.limits.retry_after_s)
@@ -208,6 +212,7 @@ class Scheduler(Backend):
         cfg, key = self.limits, self._cached_key
         with self._cond:
             while True:
+                self._drop_cancelled()
                 room = cfg.max_running - len(self._running)
                 if self._queue and room > 0:
                     head = self._queue[0]
@@ -231,6 +236,21 @@ class Scheduler(Backend):
                 if not wait:
                     return []
                 self._cond.wait()
+
+    def _drop_cancelled(self) -> None:
+        """Under the lock: queued jobs whose client left end now (499) and leave the queue, so they
+        hold no queue slot and never keep the head waiting for rows or token budget they would not use."""
+        if not any(job.cancelled for job in self._queue):
+            return
+        kept = []
+        for job in self._queue:
+            if job.cancelled:
+                job.emit(Failed("cancelled by the client", 499))
+                self._keys.pop(job.id, None)
+            else:
+                kept.append(job)
+        self._queue.clear()
+        self._queue.extend(kept)
 
     def _serve_group(self, group: list[Job]) -> None:
         """Decode a group taken by ``_next`` (cancelled jobs fail at once); every job ends with a Done
@@ -347,22 +367,33 @@ class Scheduler(Backend):
         return 1
 
     def _execute(self, calls: list[Pending]) -> None:
+        """One planned call: a forward alone, or several merged; a merged call that fails runs each alone,
+        so an error fails only the decodes whose own forward fails, not all those merged with it."""
         model = self.model_for_loop
-        try:
-            if len(calls) == 1:
-                item = calls[0]
-                fn = model if item.method == "forward" else getattr(model, item.method)
-                item.result = fn(item.input_ids, **item.kwargs)
-                rows = item.rows
-            else:
+        if len(calls) > 1:
+            try:
                 outputs = merged_forward(model, calls)
-                for item, out in zip(calls, outputs):
-                    item.result = out
-                rows = sum(item.rows for item in calls)
-                self.merged_calls += len(calls)
+            except Exception:  # noqa: BLE001 - each forward alone says whose it is
+                for item in calls:
+                    self._execute([item])
+                return
+            except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
+                for item in calls:
+                    item.error = err
+                return
+            for item, out in zip(calls, outputs):
+                item.result = out
+            self.merged_calls += len(calls)
             self.forwards += 1
-            self.forwarded_rows += rows
-        except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
+            self.forwarded_rows += sum(item.rows for item in calls)
+            return
+        try:
+            (item,) = calls
+            fn = model if item.method == "forward" else getattr(model, item.method)
+            item.result = fn(item.input_ids, **item.kwargs)
+            self.forwards += 1
+            self.forwarded_rows += item.rows
+        except BaseException as err:  # noqa: BLE001 - handed to the group, which raises it
             for item in calls:
                 item.error = err
 
