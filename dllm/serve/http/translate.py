@@ -185,6 +185,11 @@ def job_requests(body: Body, backend: Backend, *, default_max_tokens: int) -> li
     chosen = settings(body, backend, limit)
     stop = stop_strings(body.stop)
     ids = prompt_ids(body, backend)
+    queue = backend.stats().max_queue
+    if len(ids) * body.n > queue:  # never fits the queue at once: a 429's "retry later" would never succeed
+        param = "n" if len(ids) == 1 else "prompt"
+        raise bad_request(param, f"{len(ids)} prompt(s) x n={body.n} = {len(ids) * body.n} choices, more than this "
+                                 f"server's queue holds ({queue}); send at most {queue} choices per request")
     requests = []
     for p in ids:
         for j in range(body.n):

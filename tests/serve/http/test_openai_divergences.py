@@ -193,6 +193,18 @@ def test_too_many_prompts_is_400_naming_prompt(server, engine, prompt, n):
     assert engine.checked == []  # refused before any prompt was encoded or checked
 
 
+def test_more_choices_than_the_queue_holds_is_400_not_a_429_forever(server, engine):
+    """A request whose choices can never be queued at once (n > the queue's size) is refused naming
+    n (several prompts: prompt); a 429's "retry later" would never succeed."""
+    assert engine.max_queue == 4
+    err = error(post(server, {"model": "fake", "prompt": "1 2", "n": 5}), 400)
+    assert err["param"] == "n" and "queue holds (4)" in err["message"]
+    err = error(post(server, {"model": "fake", "prompt": ["1", "2", "3"], "n": 2}), 400)
+    assert err["param"] == "prompt"
+    assert engine.jobs == []
+    assert post(server, {"model": "fake", "prompt": "1 2", "n": 4, "max_tokens": 1}).status_code == 200
+
+
 # ---- 7. error messages quote at most ~200 characters of the input ----
 
 HUGE = "x" * 20000
