@@ -88,8 +88,13 @@ class DLMDrafter(Drafter):
         """The drafter's vocabulary must be the target's or a prefix of it (the same token at every
         id the drafter has: a model trained before words were appended to a shared vocabulary)."""
         mine = getattr(self.model, "tokenizer", None)
-        if self.vocab_size > info.vocab_size or (self.vocab_size < info.vocab_size and (
-                mine is None or info.tokenizer is None)):
+        if self.vocab_size < info.vocab_size and (mine is None or info.tokenizer is None):
+            missing = "the drafter's model has no tokenizer" if mine is None else "the call has no tokenizer"
+            raise ValueError(f"the {self.name} drafter has a vocabulary of {self.vocab_size} tokens but the target's "
+                             f"logits have {info.vocab_size}; a shorter vocabulary serves only when it is a prefix "
+                             f"of the target's, which is checked on both tokenizers, and {missing}"
+                             + (" (pass the target's tokenizer=...)" if mine is not None else ""))
+        if self.vocab_size > info.vocab_size:
             super().check_target(info)  # the plain equality error
         if mine is not None and info.tokenizer is not None and mine is not info.tokenizer:
             a, b = mine.get_vocab(), info.tokenizer.get_vocab()

@@ -160,6 +160,7 @@ def speculative_generate(
     head_trees = {spec: make_tree_builder(spec) for spec in ([] if head is None else head.tree_specs)}
     for b in [builder, *head_trees.values()]:
         if b is not None:
+            tgt.check_tree(f"the draft trees of {b.spec!r}")
             check_tree_room(b, target, longest)
             b.check_drafter(drafter_obj)
     stops = StopRule(frozenset(tgt.info.eos_ids), max_new_tokens, stop_strings(stop, tokenizer), tokenizer)

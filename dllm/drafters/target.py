@@ -79,6 +79,25 @@ class Target:
         )
 
     # ---- the cache -------------------------------------------------------------------------------
+    def check_tree(self, what: str = "a draft tree") -> None:
+        """ValueError when the target cannot verify a draft tree: its sliding-window layers keep a window
+        of cache slots, which a tree's 4-D mask over every slot does not fit (transformers raised a size
+        mismatch), and the slots of a tree's rejected nodes would count in the window."""
+        from transformers import DynamicCache
+
+        try:
+            from transformers.cache_utils import DynamicSlidingWindowLayer as sliding_cls
+        except ImportError:  # pragma: no cover - older transformers
+            return
+        try:
+            layers = getattr(DynamicCache(config=self.model.config), "layers", None) or ()
+        except TypeError:  # transformers < 4.56: no config argument, every layer full attention
+            return
+        if any(type(layer) is sliding_cls for layer in layers):
+            raise ValueError(f"target {type(self.model).__name__} has sliding-window layers, which cannot verify "
+                             f"{what} (a tree's mask spans every cache slot; a window counts slots); use a "
+                             f"chain plan (an int block size, plan=8) with this target")
+
     def new_cache(self, batch_size: int):
         """A fresh ``DynamicCache`` for the model; ValueError when one of its layers cannot be cropped
         back exactly (recurrent / linear-attention / quantized layers), or holds a sliding window in a

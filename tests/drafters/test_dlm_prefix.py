@@ -31,6 +31,16 @@ def test_prefix_vocabulary_drafts_losslessly():
     assert drafter.context([2, 80, 1, 61], 3) == [2, llada.pad_id, llada.pad_id, 61]
 
 
+def test_a_prefix_vocabulary_without_the_tokenizer_says_to_pass_it():
+    """A shorter drafter vocabulary is served when the tokenizers show it is a prefix; a call without the
+    target's tokenizer was told drafter and target 'must share the tokenizer and vocabulary', as if the
+    pair could never run (it does with tokenizer=...)."""
+    drafter = make_drafter("dlm", model=load("tiny-llada"))
+    with pytest.raises(ValueError, match=r"vocabulary of 80 tokens but the target's logits have 88; a shorter "
+                                         r"vocabulary serves only when it is a prefix .*pass the target's tokenizer"):
+        speculative_generate(target88(), drafter, [[2, 5, 3]], max_new_tokens=4)
+
+
 def test_prefix_with_other_words_is_refused():
     from dllm.models.text.tokenizer import build_word_tokenizer
 

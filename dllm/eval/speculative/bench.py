@@ -96,13 +96,17 @@ def drafter_options(specs: Sequence[str], methods: Sequence[str]) -> dict[str, d
         if name not in drafters:
             raise ValueError(f"--drafter-options {spec!r}: unknown drafter {name!r}; registered: "
                              f"{', '.join(drafters.names())}")
-        if name not in methods:
-            raise ValueError(f"--drafter-options {spec!r}: {name!r} is not among --methods {','.join(methods)}")
+        canonical = drafters.canonical(name)  # an alias names its drafter, whose method runs with the options
+        if canonical not in methods:
+            also = "" if canonical == name else (f" ({name!r} names the {canonical!r} drafter" + (
+                f"; the {name!r} method is transformers' and takes no drafter options)" if name in methods else ")"))
+            raise ValueError(f"--drafter-options {spec!r}: {canonical!r}{also} is not among --methods "
+                             f"{','.join(methods)}")
         try:
             build_config(drafters.get(name).Config, options, "drafter", name)
         except (TypeError, ValueError) as err:
             raise ValueError(f"--drafter-options {spec!r}: {err}") from None
-        out[drafters.canonical(name)] = {**out.get(name, {}), **options}
+        out[canonical] = {**out.get(canonical, {}), **options}
     return out
 
 

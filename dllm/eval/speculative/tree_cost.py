@@ -70,6 +70,7 @@ def forward_cost(target, sizes: Sequence[int] = COST_SIZES, *, prefix: int = 100
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     tgt = Target(target, taps=tuple(taps))
+    tgt.check_tree("the tree forwards this times (4-D masks over the cache)")
     device, vocab = tgt.device, tgt.info.vocab_size
     gen = torch.Generator().manual_seed(seed)
     times: dict[int, list[float]] = {n: [] for n in sizes}

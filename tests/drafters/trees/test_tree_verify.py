@@ -11,7 +11,7 @@ from dllm.drafters.plan import Plan
 from dllm.drafters.trees import Tree
 from dllm.drafters.trees.verify import tree_inputs, walk_tree
 from dllm.drafters.verify import SamplingParams
-from tests.drafters.speculative_helpers import tiny_target
+from tests.drafters.speculative_helpers import hf_greedy, tiny_target
 
 
 def hand_tree() -> Tree:
@@ -120,3 +120,16 @@ def test_a_tree_larger_than_the_cache_allows_is_refused(pair):
     target, drafter = pair  # max_position_embeddings 512
     with pytest.raises(ValueError, match="needs 528 cache slots, more than the target's max_position_embeddings 512"):
         speculative_generate(target, drafter, PROMPTS[:1], max_new_tokens=20, plan=Plan(tree="ddtree:budget=500"))
+
+
+def test_a_sliding_window_target_refuses_a_tree_and_keeps_the_chain():
+    """A sliding-window layer keeps a window of cache slots, so a tree's 4-D mask over every slot does not
+    fit it (transformers raised 'The size of tensor a (11) must match the size of tensor b (14)' at the
+    first round past the window): refused before the call runs, naming the tree; the chain still runs."""
+    target = tiny_target("qwen3", seed=2, use_sliding_window=True, sliding_window=5, max_window_layers=0)
+    drafter = make_drafter("dflash", model=random_dflash(target.config, 1, 4, 100, seed=5))
+    prompt = [1, 5, 7, 9, 11, 13, 3]
+    with pytest.raises(ValueError, match="sliding-window layers, which cannot verify the draft trees of 'ddtree:budget=6'"):
+        speculative_generate(target, drafter, [prompt], max_new_tokens=12, plan=Plan(block_size=4, tree="ddtree:budget=6"))
+    out = speculative_generate(target, drafter, [prompt], max_new_tokens=12, plan=4, eos_token_id=[])
+    assert out.generated[0] == hf_greedy(target, prompt, 12, eos=None)

@@ -107,6 +107,18 @@ def test_bad_flags(argv, match):
         parse_args(argv)
 
 
+def test_drafter_options_by_an_alias_reach_the_drafter_that_runs():
+    """'prompt_lookup' is both transformers' method and an alias of the ngram drafter: its options were
+    accepted with --methods prompt_lookup and given to ngram, which did not run (silently ignored), and
+    refused with --methods ngram, which would have used them."""
+    with pytest.raises(ValueError, match="'prompt_lookup' names the 'ngram' drafter; the 'prompt_lookup' method "
+                                         "is transformers' and takes no drafter options"):
+        parse_args(["--methods", "generate,prompt_lookup", "--drafter-options", "prompt_lookup:max_ngram=2"])
+    args = parse_args(["--methods", "generate,ngram", "--drafter-options", "prompt_lookup:max_ngram=2",
+                       "--drafter-options", "ngram:min_ngram=2"])
+    assert args.drafter_options == {"ngram": {"max_ngram": 2, "min_ngram": 2}}
+
+
 def test_bad_arguments_to_run_bench(models):
     target, _ = models
     with pytest.raises(ValueError, match="valid methods"):

@@ -109,6 +109,18 @@ def test_greedy_diffs_give_the_targets_margin(models):
         B.format_diffs([row])
 
 
+def test_cost_curve_of_a_sliding_window_target_is_refused():
+    """Its 4-D masks span the whole cache, which a sliding-window layer does not keep: transformers raised
+    a tensor size mismatch mid-measurement; now the error names the sliding-window layers at once."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
+                         sliding_window=4, max_window_layers=0)
+    with pytest.raises(ValueError, match="sliding-window layers, which cannot verify the tree forwards"):
+        B.forward_cost(Qwen3ForCausalLM(config).eval(), sizes=(0, 4), prefix=8, repeats=1, warmup=0)
+
+
 def test_cost_curve(models):
     target, drafter, _ = models
     curve = B.forward_cost(target, prefix=20, repeats=3, warmup=1, taps=drafter.target_layers)
