@@ -61,7 +61,10 @@ class SpeculativeBackend(Scheduler):
         self.plan = as_plan(plan)
         self.drafter = make_drafter(drafter)  # loaded once, shared (each call begins its own session)
         self._trees = plan_trees(self.plan, self.drafter)  # each must fit the target's positions
-        info = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer).info
+        tgt = Target(target, taps=self.drafter.target_layers, tokenizer=tokenizer)
+        for builder in self._trees:  # a target that cannot verify trees is refused at start, not per request
+            tgt.check_tree(f"the draft trees of {builder.spec!r}")
+        info = tgt.info
         self.drafter.check_target(info)
         self.eos_ids = frozenset(info.eos_ids)
         self.vocab_size = info.vocab_size

@@ -130,3 +130,17 @@ def test_a_request_whose_tree_would_not_fit_the_targets_positions_is_refused(pai
         assert isinstance(done, Done) and done.text == offline.texts[0]
     finally:
         engine.close()
+
+
+def test_a_tree_plan_on_a_sliding_window_target_is_refused_at_start(pair):
+    """Such a target cannot verify a draft tree (``Target.check_tree``): the server refuses to start
+    with that plan, instead of failing every request."""
+    from dllm.drafters.dflash.io import random_dflash
+    from dllm.drafters.plan import Plan
+    from tests.drafters.speculative_helpers import tiny_target
+
+    _, tok = pair
+    target = tiny_target("qwen3", seed=2, use_sliding_window=True, sliding_window=5, max_window_layers=0)
+    drafter = dllm.make_drafter("dflash", model=random_dflash(target.config, 1, 4, 100, seed=5))
+    with pytest.raises(ValueError, match="sliding-window layers, which cannot verify the draft trees of 'ddtree:budget=6'"):
+        SpeculativeBackend(target, tok, drafter=drafter, name="sw", plan=Plan(block_size=4, tree="ddtree:budget=6"))
