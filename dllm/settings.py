@@ -170,9 +170,11 @@ class DecodeSettings:
 
     def with_steps(self, model: Any, rows: Sequence[Sequence[int]], gen_length: int) -> "DecodeSettings":
         """These settings with ``tokens_per_step`` turned into ``steps`` over the call's block plan
-        (``plan_steps``); unchanged without one."""
+        (``plan_steps``); unchanged without one. A k that ``check`` refuses (not an integer >= 1, or for
+        an adaptive sampler, which would ignore the steps) is refused here too (SettingError)."""
         if self.tokens_per_step is None:
             return self
+        self._checked()
         plan = plan_for(model, rows, gen_length, self.block_length, None, fixed_steps=False)
         return self.replace(steps=plan_steps(plan, self.tokens_per_step), tokens_per_step=None)
 
@@ -209,6 +211,9 @@ class DecodeSettings:
         sampler, policy = self._checked()
         settings = self.with_steps(model, rows, gen_length)
         policy = policy_for_model(model, policy)  # block-causal models: "auto" is "block", approximate ones refused
+        if policy.uses_kv and not getattr(model, "supports_kv_cache", True):  # refused here, not at allocate
+            raise SettingError("cache", f"cache {policy.spec!r} reuses keys/values, but {type(model).__name__} has no "
+                                        f"attention layers to cache them (no KV cache); use cache='none'")
         plan = plan_for(model, rows, gen_length, self.block_length, settings.steps, fixed_steps=sampler.fixed_steps)
         try:
             policy.check(model, block_length=plan.block_length, gen_length=gen_length)
@@ -305,10 +310,13 @@ def check_positions(model: Any, longest: int, gen_length: int) -> None:
 
 
 def _cache(cache: Any) -> CachePolicy:
+    """``make_cache``, its error naming the field ``cache``: a bad option value inside the cache spec
+    (``dual:refresh=0``) is the ``cache`` setting's, whatever option its own check names (the server
+    answers with the field as the request's ``param``)."""
     try:
         return make_cache(cache)
     except (ValueError, TypeError, KeyError) as err:
-        raise field_error("cache", err) from None
+        raise _refield(err, "cache") from None
 
 
 def _sampler(sampler: Any, options: dict[str, Any], policy: CachePolicy) -> Sampler:

@@ -26,6 +26,11 @@ BAD = [
     (DecodeSettings.of(cache="dual", options={"refresh": 4}), 8, "refresh", "sampler_options.refresh"),
     (DecodeSettings(cache="nope"), 8, "cache", "cache"),
     (DecodeSettings(cache="block"), 8, "cache", "cache"),
+    # a bad option value inside the cache spec is the cache's (it was the option's name, served as "sampler")
+    (DecodeSettings(cache="dual:refresh=0"), 8, "cache", "cache"),
+    (DecodeSettings(cache="dual:look_back=-1"), 8, "cache", "cache"),
+    (DecodeSettings(cache="window:buffer=0"), 8, "cache", "cache"),
+    (DecodeSettings(cache="drift:threshold=0"), 8, "cache", "cache"),
     (DecodeSettings(block_length=9), 8, "block_length", "block_length"),
     (DecodeSettings(steps=100), 8, "steps", "steps"),
     (DecodeSettings(block_length=4, steps=3), 8, "steps", "steps"),
@@ -102,3 +107,21 @@ def test_a_schedule_longer_than_the_block_is_the_block_s():
     huge = dllm.generate(model, PROMPT, schedule_steps=10**9, **kw)
     assert huge.texts == dllm.generate(model, PROMPT, schedule_steps=4, **kw).texts
     assert huge.nfe == dllm.generate(model, PROMPT, schedule_steps=4, **kw).nfe
+
+
+def test_a_cache_on_a_model_without_attention_is_a_setting_error():
+    """A KV cache on a model with no attention layers (an oracle) is refused by ``resolve``, naming the
+    field, before anything runs (it was a NotImplementedError from the buffers' allocation)."""
+    from dllm import tasks
+    from dllm.models.oracle import OracleLM, oracle_prompts
+
+    model = OracleLM()
+    rows = oracle_prompts(tasks.test_split("replace_random", 4, 8)[:1])
+    for cache in ("prefix", "dual", "window", "drift", "auto"):
+        with pytest.raises(SettingError, match="no attention layers.*cache='none'") as info:
+            DecodeSettings(cache=cache).resolve(model, rows, 5)
+        assert info.value.field == "cache"
+        with pytest.raises(SettingError, match="no attention layers") as info:
+            dllm.generate(model, rows, gen_length=5, steps=5, cache=cache)
+        assert info.value.field == "cache"
+    assert dllm.generate(model, rows, gen_length=5, steps=5, cache="none").nfe == 5

@@ -4,6 +4,7 @@ length) parsed into the one settings object, checked by the code ``generate`` ru
 import pytest
 
 import dllm
+from dllm.options import SettingError
 from dllm.settings import DecodeSettings, cache_spec, plan_steps, steps_for
 
 
@@ -88,3 +89,15 @@ def tiny_llada():
 def test_cache_spec_reads_semicolons():
     assert cache_spec("dual:look_back=16;look_ahead=16") == "dual:look_back=16,look_ahead=16"
     assert cache_spec(None) is None and cache_spec("dual") == "dual"
+
+
+@pytest.mark.parametrize("text,k,match", [
+    ("low_confidence", 0, "k must be an integer >= 1"),  # was a ZeroDivisionError
+    ("threshold:k=2", None, "k applies to fixed-step samplers only"),  # was steps=4, then ignored
+])
+def test_with_steps_refuses_what_check_refuses(tiny_llada, text, k, match):
+    settings = DecodeSettings.parse(text, k=k)
+    with pytest.raises(SettingError, match=match) as info:
+        settings.with_steps(tiny_llada, [[5, 6, 7]], 8)
+    assert info.value.field == "tokens_per_step"
+    assert DecodeSettings.parse("low_confidence", k=2).with_steps(tiny_llada, [[5, 6, 7]], 8).steps == 4
