@@ -49,11 +49,23 @@ def test_a_cancelled_head_does_not_keep_the_next_job_waiting_for_the_token_budge
             head = engine.submit(JobRequest(engine.encode_prompt(TEN), 24, SLOW))
             short = engine.submit(JobRequest(engine.encode_prompt(SEVEN), 4, SLOW))
             head.cancel()
+            ended: list[str] = []  # the order the loop thread ends the two jobs in
+            for name, job in (("long", long), ("short", short)):
+                job.emit = _noting_the_end(job.emit, name, ended)
         final = head.result(timeout=60)
         assert isinstance(final, Failed) and final.status == 499
         s, lg = short.result(timeout=60), long.result(timeout=60)
         assert isinstance(s, Done) and isinstance(lg, Done)
-        assert s.queue_s < lg.wall_s / 2  # started beside the long job, not after it
+        assert ended == ["short", "long"]  # 4 steps beside the long job's 24, not after them
         assert s.text == dllm.generate(llada, SEVEN, gen_length=4, sampler="low_confidence").texts[0]
     finally:
         engine.close()
+
+
+def _noting_the_end(emit, name: str, ended: list[str]):
+    """``emit`` that also notes ``name`` when the job's last event (Done / Failed) goes out."""
+    def noted(event):
+        if isinstance(event, (Done, Failed)):
+            ended.append(name)
+        emit(event)
+    return noted
