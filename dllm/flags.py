@@ -30,15 +30,22 @@ def at_least(low: int) -> Callable[[str], int]:
 POSITIVE = at_least(1)
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
+def above_zero(what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0, refused as ``must be <what> > 0, got '<text>'``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+seconds = above_zero("a number of seconds")  # a finite number of seconds > 0
 
 
 def output_file(text: str) -> str:

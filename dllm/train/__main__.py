@@ -44,12 +44,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dllm.flags import at_least, seconds
+from dllm.flags import above_zero, at_least, seconds
 from dllm.train.data import MixtureConfig
 
 
@@ -79,17 +78,6 @@ def device(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
-
-
-def learning_rate(text: str) -> float:
-    """An argparse type: a finite learning rate > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Hidden overrides (tests, quick experiments): model sizes and data.
     for flag, kind in (("--d-model", at_least(1)), ("--n-layers", at_least(1)), ("--n-heads", at_least(1)),
                        ("--n-kv-heads", at_least(1)), ("--mlp-hidden", at_least(1)), ("--batch-size", at_least(1)),
-                       ("--lr", learning_rate), ("--warmup", at_least(0)), ("--eval-per-size", at_least(1))):
+                       ("--lr", above_zero("a number")), ("--warmup", at_least(0)), ("--eval-per-size", at_least(1))):
         ap.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tasks", default=None, help=argparse.SUPPRESS)  # comma-separated task names
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # d32, 1 layer, batch 8

@@ -135,6 +135,17 @@ def set_prompt(browser, element_id: str, prompt: str) -> None:
     field.send_keys(prompt)
 
 
+def run_watch(browser, prompt: str, max_tokens: int) -> dict:
+    """The Watch tab run on ``prompt`` with ``max_tokens`` (its other settings as they are): its result."""
+    set_prompt(browser, "prompt", prompt)
+    field = browser.find_element(By.ID, "watch-settings").find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
+    field.clear()
+    field.send_keys(str(max_tokens))
+    browser.find_element(By.ID, "run").click()
+    wait_finished(browser, ("watch-run",))
+    return run_result(browser, "watch-run")
+
+
 def wait_finished(browser, run_ids: tuple[str, ...], timeout: float = 90) -> None:
     WebDriverWait(browser, timeout).until(
         lambda d: all(d.find_element(By.ID, i).get_attribute("data-state") in ("done", "error") for i in run_ids))
@@ -215,13 +226,7 @@ def test_picking_another_sampler_clears_the_options(server, client, browser):
     options.send_keys("threshold=0.5")
     sampler.select_by_value("low_confidence")
     assert options.get_attribute("value") == ""
-    set_prompt(browser, "prompt", PROMPT)
-    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
-    field.clear()
-    field.send_keys("6")
-    browser.find_element(By.ID, "run").click()
-    wait_finished(browser, ("watch-run",))
-    page = run_result(browser, "watch-run")
+    page = run_watch(browser, PROMPT, 6)
     assert page["state"] == "done", page["error"]
     assert page["text"] == api_text(client, PROMPT, 6, "low_confidence", "none")
 
@@ -268,13 +273,7 @@ def test_a_speculative_server_shows_one_box_per_round(spec_server, browser, tmp_
     hidden = [name for name in ("sampler", "cache", "block_length", "options")
               if not root.find_element(By.CSS_SELECTOR, f"[data-field={name}]").is_displayed()]
     assert hidden == ["sampler", "cache", "block_length", "options"]  # a --target server takes none of them
-    set_prompt(browser, "prompt", PROMPT)
-    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
-    field.clear()
-    field.send_keys("12")
-    browser.find_element(By.ID, "run").click()
-    wait_finished(browser, ("watch-run",))
-    page = run_result(browser, "watch-run")
+    page = run_watch(browser, PROMPT, 12)
     screenshot(browser, tmp_path, "page-speculative.png")
     assert page["state"] == "done", page["error"]
     client = openai.OpenAI(base_url=spec_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -310,13 +309,7 @@ def test_the_page_starts_from_the_servers_default_options_and_temperature(tuned_
     root = browser.find_element(By.ID, "watch-settings")
     value = lambda name: root.find_element(By.CSS_SELECTOR, f"[data-field={name}]").get_attribute("value")
     assert (value("sampler"), value("options"), value("temperature")) == ("threshold", "threshold=0.5", "0.5")
-    set_prompt(browser, "prompt", PROMPT)
-    field = root.find_element(By.CSS_SELECTOR, "[data-field=max_tokens]")
-    field.clear()
-    field.send_keys("8")
-    browser.find_element(By.ID, "run").click()
-    wait_finished(browser, ("watch-run",))
-    page = run_result(browser, "watch-run")
+    page = run_watch(browser, PROMPT, 8)
     assert page["state"] == "done", page["error"]
     client = openai.OpenAI(base_url=tuned_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8)  # the server's defaults

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dllm.flags import output_dir
+from dllm.flags import POSITIVE, output_dir
 from dllm.eval.bench.serving.serve_table import MODES, format_table, median_rows, percentile, plot, verdict_line, verdicts
 from dllm.eval.interrupt import finished, until_interrupted
 
@@ -209,20 +209,6 @@ def parse_rate(text: str) -> float:
     if not rate > 0:
         raise argparse.ArgumentTypeError(f"a rate must be > 0 requests/s (or inf), got {text!r}")
     return rate
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-POSITIVE = _positive
 
 
 def parser() -> argparse.ArgumentParser:
