@@ -6,10 +6,10 @@ when the head starts and which queued jobs of its key start with it as one group
 while the running jobs (at most ``max_running``) and their token budget (prompt + max_tokens,
 summed) leave room for it, so a long request waits at the head instead of being overtaken forever.
 A full queue refuses new jobs (``QueueFull``: HTTP 429 with Retry-After); a queued job that is
-cancelled (its client left) ends with a 499 and leaves the queue at the loop's next round, or at once
-when its slot is wanted, so it never holds a slot or keeps the head waiting; ``close`` refuses new ones
-and lets the others finish, for at most a drain timeout, after which (or at once, without a drain)
-every unfinished job ends with a 503.
+cancelled (its client left) ends with a 499 and leaves the queue at the loop's next round with room
+for a job to start, or at once when its slot is wanted, so it never holds a slot or keeps the head
+waiting; ``close`` refuses new ones and lets the others finish, for at most a drain timeout, after
+which (or at once, without a drain) every unfinished job ends with a 503.
 
 One thread runs everything: each running group is a greenlet (the backend's ``_run_jobs``: a
 ``generate`` call, a speculative decode), run until it hands the loop a forward (``call``: the
@@ -212,8 +212,9 @@ class Scheduler(Backend):
         cfg, key = self.limits, self._cached_key
         with self._cond:
             while True:
-                self._drop_cancelled()
                 room = cfg.max_running - len(self._running)
+                if room > 0:  # a job may start: first drop those whose client left (a full batch skips the scan)
+                    self._drop_cancelled()
                 if self._queue and room > 0:
                     head = self._queue[0]
                     cost = self._cost(head)
