@@ -150,8 +150,9 @@ class DecodeSettings:
     def spec(self) -> str:
         """The text form (``parse(spec)`` gives these settings back, block length and decode fields aside)."""
         extra = {} if self.tokens_per_step is None else {TOKENS_PER_STEP: self.tokens_per_step}
-        cache = {} if self.cache == "none" else {CACHE: self.cache}
-        name, spec_options = parse_spec(self.sampler, "sampler spec")
+        cache_text = _spec_text(self.cache, make_cache)
+        cache = {} if cache_text == "none" else {CACHE: cache_text}
+        name, spec_options = parse_spec(_spec_text(self.sampler, make_sampler), "sampler spec")
         return format_spec(name, {**spec_options, **dict(self.options), **extra, **cache})
 
     def generate_kwargs(self) -> dict[str, Any]:
@@ -345,6 +346,13 @@ def _sampler(sampler: Any, options: dict[str, Any], policy: CachePolicy) -> Samp
                                       f"sampler: {where}") from None
         field = err.field if isinstance(err, SettingError) and err.field in options else "sampler_options"
         raise _refield(err, field) from None
+
+
+def _spec_text(value: Any, make: Any) -> str:
+    """A sampler or cache setting as its spec string: a string as given; a mapping or an instance
+    through its registry (``Configurable.spec``: the name and the options that differ from the
+    defaults)."""
+    return value if isinstance(value, str) else make(value).spec
 
 
 def _spec_error(sampler: Any) -> Optional[BaseException]:

@@ -101,3 +101,17 @@ def test_with_steps_refuses_what_check_refuses(tiny_llada, text, k, match):
         settings.with_steps(tiny_llada, [[5, 6, 7]], 8)
     assert info.value.field == "tokens_per_step"
     assert DecodeSettings.parse("low_confidence", k=2).with_steps(tiny_llada, [[5, 6, 7]], 8).steps == 4
+
+
+def test_spec_of_mapping_and_instance_settings_reads_back():
+    """A sampler or cache given as a mapping or an instance has a spec that parses back to the same
+    sampler and cache options (before: a TypeError from the spec parser, or an instance's repr)."""
+    from dllm.cache import make_cache
+    from dllm.samplers import make_sampler
+
+    given = [DecodeSettings(sampler={"name": "threshold", "threshold": 0.8}, cache={"name": "dual", "refresh": 4}),
+             DecodeSettings(sampler=make_sampler("threshold:threshold=0.7"), cache=make_cache("prefix"))]
+    for settings in given:
+        back = DecodeSettings.parse(settings.spec)
+        assert make_sampler(back.sampler, **dict(back.options)).config == make_sampler(settings.sampler).config
+        assert make_cache(back.cache).spec == make_cache(settings.cache).spec
