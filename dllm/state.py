@@ -194,7 +194,8 @@ class GenerationOutput:
     nfe: int  # model forwards
     steps: int  # sampler steps
     forwarded_tokens: int  # sum over forwards of rows x query positions
-    generated_tokens: int  # committed generated positions, all rows (EOS padding included)
+    generated_tokens: int  # generated positions a step committed, all rows (EOS padding a step committed included;
+    #   not the EOS that stop_at_eos writes into a finished row's remaining masks, which no forward decoded: trace -1)
     content_tokens: int  # generated tokens up to (excluding) each row's first EOS/EoT
     wall_time: float  # seconds
     trace: Optional[torch.Tensor] = None  # [B, G] step at which each position was committed
@@ -207,7 +208,7 @@ class GenerationOutput:
 
     @property
     def tokens_per_forward(self) -> float:
-        """Generated tokens per row per forward (EOS padding included)."""
+        """Generated tokens per row per forward (EOS padding a step committed included; ``generated_tokens``)."""
         rows = self.sequences.shape[0]
         return self.generated_tokens / rows / max(self.nfe, 1)
 

@@ -135,6 +135,7 @@ def test_stop_at_eos_finishes_rows_early(model):
     assert out.nfe == 4  # 4 steps of the first block, then stopped
     assert (out.generated == model.eos_id).all()
     assert out.content_tokens == 0
+    assert out.generated_tokens == 4  # the first block's, which steps committed; not the EOS fill of the rest
 
 
 def test_texts_are_decoded_when_the_model_has_a_tokenizer(model):
