@@ -57,9 +57,10 @@ def test_a_forward_call_of_continuous_costs_at_most_1_2x_static(model, stream, s
 def test_the_decodes_step_reads_are_one_copy_per_round(model, mode):
     counter = count(model, mode)
     sites = DispatchCounter.sync_sites([counter.current])
-    reads = sum(n for site, n in sites.items() if "serve/backends/scheduling/scheduler.py" in site)
-    # streamed: every running decode's canvas read of a step joins one copy (Scheduler.read); a round
-    # of the loop reads after forwards, so there are no more read copies than forward calls
+    reads = sum(n for site, n in sites.items() if "serve/backends/scheduling/batcher.py" in site)
+    # streamed: every running decode's canvas read of a step joins one copy (Scheduler.read ->
+    # batcher.read_together); a round of the loop reads after forwards, so there are no more read
+    # copies than forward calls
     assert 0 < reads <= counter.current.forward_calls, sites
     assert not any("serve/backends/diffusion.py" in site for site in sites), sites  # answers: generate's read
     assert not any("samplers/" in site or "engine.py" in site for site in sites), sites

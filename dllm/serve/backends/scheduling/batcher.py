@@ -171,6 +171,26 @@ def merged_forward(model, items: list[Pending]) -> list[ModelOutput]:
     return results
 
 
+def read_together(items: list[Pending]) -> None:
+    """Every ``read`` item's tensors in one device-to-host copy (cast to long, flattened, joined):
+    each item's ``result`` is its tensors as nested lists, in order."""
+    try:
+        tensors = [t for item in items for t in item.kwargs["tensors"]]
+        host = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()  # the round's one read
+        at = 0
+        for item in items:
+            item.result = []
+            for t in item.kwargs["tensors"]:
+                n = t.numel()
+                flat = host[at:at + n]
+                at += n
+                width = t.shape[-1] if t.dim() == 2 else n
+                item.result.append(flat if t.dim() == 1 else [flat[r:r + width] for r in range(0, n, width)])
+    except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
+        for item in items:
+            item.error = err
+
+
 class BatchedModel:
     """What a decode's ``generate`` sees as the model: every attribute is the real model's, and every
     forward (``__call__``, ``forward``, ``shadow_forward``) goes through the step loop."""
@@ -196,4 +216,4 @@ class BatchedModel:
         raise AttributeError(f"a served model is shared; set {name!r} on the backend's model before serving")
 
 
-__all__ = ["BatcherConfig", "BatchedModel", "Pending", "merged_forward", "plan_groups", "split_rows"]
+__all__ = ["BatcherConfig", "BatchedModel", "Pending", "merged_forward", "plan_groups", "read_together", "split_rows"]

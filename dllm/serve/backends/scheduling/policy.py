@@ -11,6 +11,9 @@ and stops for diffusion; never for speculative jobs, whose key is their id).
 - ``static``: start only once nothing runs, the head with every queued job of its key (the classic
   batch: the next one waits for the whole batch to end).
 - ``serial``: one job at a time.
+
+The limits every policy admits within (``SchedulerConfig``: running jobs, queue length, running
+tokens) and the default ``max_tokens`` bound of a served model (``max_tokens_limit``) live here too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,28 @@ from typing import Callable, Hashable, Iterable, Optional
 from dllm.serve.backends.jobs import Job
 
 Key = Callable[[Job], Hashable]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's admission limits (the policy decides within them)."""
+
+    max_running: int = 32  # jobs decoding at once (rows of the running batch)
+    max_queue: int = 256  # jobs waiting; more are refused (429)
+    max_running_tokens: int = 1 << 20  # prompt + max_tokens summed over running jobs
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_queue", "max_running_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
+    """The largest max_tokens a request may ask for: ``given``, else the positions after a one-token
+    prompt, else 4096."""
+    return int(given if given is not None else (max_positions - 1 if max_positions else 4096))
 
 
 class SchedulePolicy(abc.ABC):
@@ -117,4 +142,5 @@ def make_policy(mode: str, max_group: Optional[int] = None, max_running: int = 3
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-__all__ = ["Continuous", "MODES", "SchedulePolicy", "Serial", "Static", "make_policy"]
+__all__ = ["Continuous", "MODES", "SchedulePolicy", "SchedulerConfig", "Serial", "Static", "make_policy",
+           "max_tokens_limit"]

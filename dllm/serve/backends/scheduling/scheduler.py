@@ -28,44 +28,23 @@ import collections
 import dataclasses
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Hashable, Optional
 
 import greenlet
 import torch
 
 from dllm.serve.backends.base import Backend, BackendStats, BadRequest
-from dllm.serve.backends.scheduling.batcher import BatcherConfig, Pending, merged_forward, plan_groups
+from dllm.serve.backends.scheduling.batcher import BatcherConfig, Pending, merged_forward, plan_groups, read_together
 from dllm.serve.backends.jobs import BackendClosed, Failed, Job, JobRequest, QueueFull
-from dllm.serve.backends.scheduling.policy import SchedulePolicy
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_running: int = 32  # jobs decoding at once (rows of the running batch)
-    max_queue: int = 256  # jobs waiting; more are refused (429)
-    max_running_tokens: int = 1 << 20  # prompt + max_tokens summed over running jobs
-    retry_after_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_running", "max_queue", "max_running_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+from dllm.serve.backends.scheduling.policy import SchedulePolicy, SchedulerConfig, max_tokens_limit
 
 
 CLOSE_POLL_S = 0.1  # how often a draining close looks at the jobs (a job may finish without a notify)
 LEAVE_GRACE_S = 10.0  # how long close waits for the ended jobs' rows to leave their decodes
 
 
-def max_tokens_limit(given: Optional[int], max_positions: Optional[int]) -> int:
-    """The largest max_tokens a request may ask for: ``given``, else the positions after a one-token
-    prompt, else 4096."""
-    return int(given if given is not None else (max_positions - 1 if max_positions else 4096))
-
-
 class Scheduler(Backend):
-    """An backend's queue, admission and running batch, on one step-loop thread. Subclasses give the
+    """A backend's queue, admission and running batch, on one step-loop thread. Subclasses give the
     grouping key (``_key``), the decode of a group (``_run_jobs``) and the model whose forwards the
     loop runs (None: the jobs run their own forwards, yielding turns)."""
 
@@ -397,26 +376,6 @@ class Scheduler(Backend):
         except BaseException as err:  # noqa: BLE001 - handed to the group, which raises it
             for item in calls:
                 item.error = err
-
-
-def read_together(items: list[Pending]) -> None:
-    """Every ``read`` item's tensors in one device-to-host copy (cast to long, flattened, joined):
-    each item's ``result`` is its tensors as nested lists, in order."""
-    try:
-        tensors = [t for item in items for t in item.kwargs["tensors"]]
-        host = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()  # the round's one read
-        at = 0
-        for item in items:
-            item.result = []
-            for t in item.kwargs["tensors"]:
-                n = t.numel()
-                flat = host[at:at + n]
-                at += n
-                width = t.shape[-1] if t.dim() == 2 else n
-                item.result.append(flat if t.dim() == 1 else [flat[r:r + width] for r in range(0, n, width)])
-    except BaseException as err:  # noqa: BLE001 - handed to the groups, which raise it
-        for item in items:
-            item.error = err
 
 
 __all__ = ["Scheduler", "SchedulerConfig", "max_tokens_limit", "read_together"]
