@@ -11,7 +11,8 @@ with its own rows. A forward with a KV-cache
 view, attention maps, hidden states or soft inputs (any keyword ``merged_forward`` does not read) is not
 merged (its buffers belong to one call): it runs alone.
 A request joins at its first forward and leaves after its last; nothing else is synchronised, so
-rows at different blocks, steps, lengths and settings share forwards.
+rows at different blocks, steps, lengths and settings share forwards. The host reads the decodes
+ask for in one round (streamed canvases) are likewise one copy (``read_together``).
 
 Greedy requests decode to the tokens ``dllm.generate`` gives each prompt alone: the batch only
 changes which rows share a matmul (float32: equal logits up to summation order, the same tolerance
