@@ -127,3 +127,112 @@ def test_refusals():
     with pytest.raises(ValueError, match="weights must be a float tensor"):
         SoftInputs(torch.ones((1, 2), dtype=torch.bool), torch.zeros((1, 2, 2), dtype=torch.long),
                    torch.zeros((1, 2, 3)))
+
+
+def _mixture(ids: torch.Tensor, mask_id: int) -> SoftInputs:
+    """A real mixture (0.7 token 20, 0.3 the mask) at every row of columns [8, 12)."""
+    span = ids[:, 8:12]
+    where = torch.ones(span.shape, dtype=torch.bool)
+    tokens = torch.stack([torch.full_like(span, 20), torch.full_like(span, mask_id)], dim=-1)
+    weights = torch.stack([torch.full(span.shape, 0.7), torch.full(span.shape, 0.3)], dim=-1)
+    return SoftInputs(where, tokens, weights, renorm_eps=1e-6, offset=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["reference", "fused"])
+@pytest.mark.parametrize("cached", [False, True], ids=["plain", "cached_logits"])
+def test_a_soft_forward_leaves_another_threads_forward_alone(dtype, cached):
+    """While one thread runs a forward with soft inputs (DMax), a token forward of the same model from
+    another thread (a second engine on a served model) gets its own logits: the soft inputs are the
+    soft forward's only. The soft forward is held inside its embedding (an event pair) while the other
+    thread runs, so the two overlap on every run."""
+    import threading
+
+    model = tiny("llada", seed=4, dtype=dtype).eval()
+    ids = _ids(model)
+    length = ids.shape[1]
+
+    def plain() -> torch.Tensor:
+        with torch.inference_mode():
+            if not cached:
+                return model(ids).logits
+            kv = model.new_kv_cache(ids.shape[0], length)
+            return model.cached_logits(ids, torch.arange(length).expand(ids.shape), None, kv.view(0, length))
+
+    alone = plain()
+    with torch.inference_mode():
+        soft_alone = model(ids, soft_inputs=_mixture(ids, model.mask_id)).logits
+    assert not torch.equal(alone, soft_alone)
+
+    inside, done = threading.Event(), threading.Event()
+    results: dict[str, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    soft_thread: list[int] = []
+
+    def hold(module, args, out):  # in the soft thread only: wait there until the plain forward is done
+        if threading.get_ident() == soft_thread[0]:
+            inside.set()
+            assert done.wait(30), "the plain forward did not finish"
+
+    def run_soft() -> None:
+        try:
+            soft_thread.append(threading.get_ident())
+            with torch.inference_mode():
+                results["soft"] = model(ids, soft_inputs=_mixture(ids, model.mask_id)).logits
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            inside.set()
+
+    def run_plain() -> None:
+        try:
+            assert inside.wait(30), "the soft forward never reached its embedding"
+            results["plain"] = plain()
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+        finally:
+            done.set()
+
+    handle = model.input_embedding().register_forward_hook(hold)
+    try:
+        threads = [threading.Thread(target=run_soft), threading.Thread(target=run_plain)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        handle.remove()
+    assert not errors, errors
+    assert torch.equal(results["plain"], alone)
+    assert torch.equal(results["soft"], soft_alone)
+    assert not model.input_embedding()._forward_hooks  # every hook removed
+
+
+@pytest.mark.parametrize("where, eps, match", [
+    (torch.ones(2, dtype=torch.bool), None, r"where must be bool \[B, W\], got torch.bool \[2\]"),
+    (torch.ones((1, 2, 1), dtype=torch.bool), None, r"where must be bool \[B, W\], got torch.bool \[1, 2, 1\]"),
+    (torch.ones((1, 2)), None, r"where must be bool \[B, W\], got torch.float32 \[1, 2\]"),
+    (torch.ones((1, 2), dtype=torch.bool), -1e-3, r"renorm_eps must be None or a finite number >= 0.*got -0.001"),
+    (torch.ones((1, 2), dtype=torch.bool), float("nan"), r"renorm_eps must be .* got nan"),
+], ids=["1d", "3d", "float", "negative-eps", "nan-eps"])
+def test_malformed_soft_inputs_are_refused_by_name(where, eps, match):
+    """A ``where`` that is not [B, W] named itself (it was a bare unpacking error); a negative ``renorm_eps``
+    (``|e| + eps`` may reach 0: an infinite input) and a NaN one are refused."""
+    tokens = torch.zeros((1, 2, 2), dtype=torch.long)
+    with pytest.raises(ValueError, match=match):
+        SoftInputs(where, tokens, torch.full((1, 2, 2), 0.5), renorm_eps=eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_hot_mixture_is_the_embedding_as_documented(dtype):
+    """The module docstring's claim: a one-hot mixture is its token's embedding exactly without
+    ``renorm_eps`` in every dtype, and with ``renorm_eps = 0`` in float32 (a half-precision norm of
+    the parts is rounded, as DMax's, so there it is only close)."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(100, 64).to(dtype)
+    tokens = torch.stack([torch.arange(100), torch.zeros(100, dtype=torch.long)], dim=-1)  # [100, 2]
+    weights = torch.stack([torch.ones(100), torch.zeros(100)], dim=-1)
+    assert torch.equal(mix_embeddings(embed, tokens, weights), embed.weight)
+    renormed = mix_embeddings(embed, tokens, weights, 0.0)
+    if dtype == torch.float32:
+        assert torch.equal(renormed, embed.weight)
+    else:
+        assert torch.allclose(renormed.float(), embed.weight.float(), rtol=1e-2, atol=0)

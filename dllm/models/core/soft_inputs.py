@@ -15,19 +15,24 @@ on the embeddings' hypersphere. As there, the parts' norms are taken in the embe
 mixture is formed in float32 (the weights' dtype), then cast to the embedding dtype.
 
 A one-hot mixture (one weight 1, the rest 0) is exactly its token's embedding without ``renorm_eps``
-and with ``renorm_eps = 0`` (tests/models/test_soft_inputs.py), so a soft input generalises the
-token path rather than approximating it.
+(any embedding dtype) and, for a float32 embedding, with ``renorm_eps = 0``
+(tests/models/test_soft_inputs.py), so a soft input generalises the token path rather than
+approximating it. With a bfloat16 / float16
+embedding and ``renorm_eps`` set, the parts' norms are rounded to that dtype (as DMax's are) while
+the mixture's is float32, so the rescale of a one-hot row is off by up to a rounding of the norm.
 
 ``DiffusionLM.forward(..., soft_inputs=...)`` applies them with ``applied_to``: a forward hook on the
 model's input embedding for the duration of one forward, which replaces the span's mixed rows of the
-embedding's output. The family code is untouched: every family that embeds ids through one
-``nn.Embedding`` (all of ``TransformerLM``'s) gets soft inputs, with or without a KV cache.
+embedding's output in that forward's thread only (another thread's forward of the same model
+meanwhile embeds its own ids). The family code is untouched: every family that embeds ids through
+one ``nn.Embedding`` (all of ``TransformerLM``'s) gets soft inputs, with or without a KV cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -47,15 +52,20 @@ class SoftInputs:
     offset: int = 0  # the span's first row among the forward's input rows
 
     def __post_init__(self) -> None:
+        if self.where.dim() != 2 or self.where.dtype != torch.bool:
+            raise ValueError(f"SoftInputs.where must be bool [B, W], got {self.where.dtype} "
+                             f"{list(self.where.shape)}")
         b, w = self.where.shape
-        if self.where.dtype != torch.bool:
-            raise ValueError(f"SoftInputs.where must be bool [B, W], got {self.where.dtype}")
         if self.tokens.dim() != 3 or self.tokens.shape[:2] != (b, w) or self.tokens.dtype.is_floating_point:
             raise ValueError(f"SoftInputs.tokens must be an integer tensor [{b}, {w}, K], got "
                              f"{self.tokens.dtype} {list(self.tokens.shape)}")
         if self.weights.shape != self.tokens.shape or not self.weights.dtype.is_floating_point:
             raise ValueError(f"SoftInputs.weights must be a float tensor {list(self.tokens.shape)} like "
                              f"tokens, got {self.weights.dtype} {list(self.weights.shape)}")
+        eps = self.renorm_eps
+        if eps is not None and not (isinstance(eps, (int, float)) and 0 <= eps < float("inf")):
+            raise ValueError(f"SoftInputs.renorm_eps must be None or a finite number >= 0 (DMax: 1e-6), "
+                             f"got {eps!r}")
 
     @property
     def width(self) -> int:
@@ -108,13 +118,20 @@ def apply_soft_inputs(h: torch.Tensor, embed: nn.Module, soft: SoftInputs) -> to
 
 @contextlib.contextmanager
 def applied_to(embed: Optional[nn.Module], soft: Optional[SoftInputs]) -> Iterator[None]:
-    """Inside the ``with``, every call of ``embed`` returns its output with ``soft`` applied (the
-    forward hook is removed on exit); ``soft=None`` changes nothing."""
+    """Inside the ``with``, every call of ``embed`` from this thread returns its output with ``soft``
+    applied (the forward hook is removed on exit); ``soft=None`` changes nothing.
+
+    The hook is the calling thread's only: a forward of the same model from another thread meanwhile
+    (a second engine on a served model, a plain forward beside a DMax decode) embeds its own ids.
+    """
     if soft is None:
         yield
         return
+    owner = threading.get_ident()  # alive until the ``with`` ends, which removes the hook
 
-    def hook(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+    def hook(module: nn.Module, args, out: torch.Tensor) -> Optional[torch.Tensor]:
+        if threading.get_ident() != owner:
+            return None  # another thread's forward: its output as it is
         return apply_soft_inputs(out, module, soft)
 
     handle = embed.register_forward_hook(hook)

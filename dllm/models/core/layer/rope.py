@@ -55,7 +55,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fp32: b
 class RopeTable:
     """cos / signed-sin tables [P, hd] for positions 0..P-1 in one dtype on one device, grown (by
     doubling) when a forward reaches past them. Values are the reference's: ``cos(p * inv_freq)``
-    of the float32 angle, then cast to ``dtype`` (LLaDA's float32 rotation keeps float32)."""
+    of the float32 angle, then cast to ``dtype`` (LLaDA's float32 rotation keeps float32). Positions
+    must be >= 0: a negative one wraps to the table's end without an error (``lookup``)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
@@ -71,7 +72,16 @@ class RopeTable:
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int) -> torch.Tensor:
         """positions [B, T] long (>= 0) -> [B, T, 2, 1, hd] (cos, signed sin; a head axis to broadcast
         over). ``max_position`` is a bound the caller knows without reading ``positions`` (no host
-        sync); a CPU tensor's positions past it grow the table too (CPU indexing checks its bounds)."""
+        sync); a CPU tensor's positions past it grow the table too (CPU indexing checks its bounds).
+
+        Negative positions are not RoPE's here: the rows are gathered by plain indexing, which wraps,
+        so a position ``-p`` with ``p <= P`` (the table's length, a power of two > ``max_position``)
+        silently reads the row of position ``P - p``, on every device; the reference rotation
+        (``rope_cos_sin``) turns by the negative angle instead. Refusing them would read the positions
+        back every forward (a host sync), so nothing checks: positions reach this table from
+        ``Transformer.forward`` (explicit ``positions`` of ``DiffusionLM.forward`` on the fused path),
+        and no dllm caller makes a negative one (``default_positions`` clamps a pad's at 0). Only a CPU
+        position below ``-P``, which indexing refuses anyway, is named (``ValueError``)."""
         key = (positions.device, dtype)
         table = self._tables.get(key)
         if table is None or table.shape[0] <= max_position:
@@ -79,8 +89,12 @@ class RopeTable:
         try:
             return table[positions]  # [B, T, 2, 1, hd]
         except IndexError:  # a CPU position past the bound (explicit positions): read the largest once
-            if positions.device.type != "cpu" or positions.numel() == 0 or int(positions.min()) < 0:
+            if positions.device.type != "cpu" or positions.numel() == 0:
                 raise
+            low = int(positions.min())
+            if low < 0:
+                raise ValueError(f"RoPE positions must be >= 0, got {low} (the fused path's table has no "
+                                 "rows for negative positions)") from None
             return self._grow(key, int(positions.max()))[positions]
 
     def _grow(self, key: tuple[torch.device, torch.dtype], max_position: int) -> torch.Tensor:
