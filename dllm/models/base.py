@@ -115,7 +115,8 @@ class DiffusionLM(PromptsMixin, nn.Module):
         soft_inputs: Optional[SoftInputs] = None,
         padded: Optional[bool] = None,
     ) -> ModelOutput:
-        """input_ids [B, T] int; positions [B, T] int (default: from the padding mask, else arange);
+        """input_ids [B, T] int; positions [B, T] int >= 0 (default: from the padding mask, else arange;
+        not checked, which would read them back);
         key_padding_mask bool [B, T] (True = real token). Returns ModelOutput with logits [B, T, V]
         where logits[:, i] predicts the token at position i.
 

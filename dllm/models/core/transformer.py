@@ -196,7 +196,7 @@ class Transformer(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T] int
-        positions: torch.Tensor,  # [B, T] int, explicit RoPE positions
+        positions: torch.Tensor,  # [B, T] int >= 0, explicit RoPE positions (fused path: a negative one wraps, RopeTable)
         attn_mask: Optional[torch.Tensor] = None,  # bool [B, 1, Tq, Tk], True = attend; None = all
         want_attn_layers: tuple[int, ...] = (),
         want_hidden_layers: tuple[int, ...] = (),
