@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -207,14 +208,45 @@ def overrides(args: argparse.Namespace):
                      **{k: v for k, v in model.items() if v is not None}}
             train = {"batch_size": 8, "eval_per_size": 1, "warmup": 2,
                      **{k: v for k, v in train.items() if v is not None}}
-        if args.tasks:
-            train["mixture"] = MixtureConfig(tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()))
-        # a shorter --steps drops the phases it never reaches; --tasks replaces every phase's mixture
+        # a shorter --steps drops the phases it never reaches; --tasks restricts every phase's mixture
         horizon = args.steps if args.steps is not None else recipe.train.steps
-        train["phases"] = () if args.tasks else tuple(p for p in recipe.train.phases if p.start < horizon)
+        phases = tuple(p for p in recipe.train.phases if p.start < horizon)
+        if args.tasks:
+            names = task_list(args.tasks)
+            train["mixture"] = restricted(recipe.train.mixture, names, recipe.name)
+            phases = tuple(replace(p, mixture=restricted(p.mixture, names, recipe.name, p.start)) for p in phases)
+        train["phases"] = phases
         return recipe.with_overrides(model, **train)
 
     return apply
+
+
+def task_list(text: str) -> tuple[str, ...]:
+    """``--tasks``'s comma-separated names, canonical (aliases and the curriculum variants ``lookup_kW`` /
+    ``count_cM`` resolved); an unknown name is a ValueError listing the valid ones."""
+    from dllm import tasks as T
+    from dllm.train.recipes.narrow_tasks import curriculum_task
+
+    names = tuple(T.get_task(curriculum_task(t.strip())).name for t in text.split(",") if t.strip())
+    if not names:
+        raise ValueError(f"--tasks {text!r}: no task named (comma-separated task names)")
+    return names
+
+
+def restricted(mix: MixtureConfig, names: Sequence[str], recipe: str, start: Optional[int] = None) -> MixtureConfig:
+    """``mix`` (recipe ``recipe``'s own, or its phase from step ``start``) restricted to the tasks ``names``,
+    each kept task with its weight and sizes; a mixture that would keep no task of positive weight is a
+    ValueError naming the phase and its tasks."""
+    have = mix.task_names()
+    weights, sizes = mix.task_weights(), mix.task_sizes()
+    keep = [i for i, n in enumerate(have) if n in names and weights[i] > 0]
+    if not keep:
+        where = f"recipe {recipe!r}" + ("" if start is None else f", its phase from step {start},")
+        hint = "" if start is None else f", or --steps {start} to end before this phase"
+        raise ValueError(f"--tasks {','.join(names)}: {where} trains none of them (its tasks: {', '.join(have)}); "
+                         f"name at least one of its tasks{hint}")
+    return replace(mix, tasks=tuple(have[i] for i in keep), weights=tuple(mix.weights[i] for i in keep)
+                   if mix.weights else (), sizes=tuple(sizes[i] for i in keep) if mix.sizes else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -14,10 +14,11 @@ batch width to the longest *sequence* instead of longest prompt + longest answer
 
 Sampling: task ~ the mixture weights, size ~ uniform over the task's sizes, then
 ``T.generate(task, rng, size)`` (multi-answer targets uniform over the valid answers); an example
-whose prompt is in the canonical test split (``T.is_test_prompt``) is redrawn with the same task and
-size. Length bucketing: the examples of ``length_bucket`` consecutive steps are drawn together,
-sorted by sequence length and dealt out as that many batches in a random order (each example's
-distribution is unchanged; measured mean width 37.4 -> 25.4 tokens with 4, real tokens ~21.7).
+whose prompt is in the canonical test split (``T.is_test_prompt``; for a training-only variant that
+carries a suite task's word, ``count_cM`` / ``lookup_kW``, that task's split too: :func:`is_held_out`)
+is redrawn with the same task and size. Length bucketing: the examples of ``length_bucket``
+consecutive steps are drawn together, sorted by sequence length and dealt out as that many batches
+in a random order (each example's distribution is unchanged; measured mean width 37.4 -> 25.4 tokens with 4, real tokens ~21.7).
 Batch ``step`` is a pure function of ``(seed, step)``, so resuming needs no data-loader state.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
@@ -142,6 +144,30 @@ def collate(examples: Sequence[T.Example], vocab: dict[str, int]) -> Batch:
     return Batch(ids, answer, real, tuple(ex.task for ex in examples))
 
 
+def is_held_out(ex: T.Example) -> bool:
+    """Whether training must redraw ``ex``: its prompt is in its task's test split (``T.is_test_prompt``),
+    or ``ex`` is of a training-only variant whose prompts carry a suite task's word (``Task.word``:
+    ``count_cM`` -> ``count_long``, ``lookup_kW`` -> ``lookup_long``; ``dllm/train/recipes/narrow_tasks.py``)
+    and its prompt is among the first ``T.TEST_SPLIT_SIZE`` instances of that task's test split at its
+    size (the prompts the evaluations of that task draw, ``T.test_split``)."""
+    if T.is_test_prompt(ex):
+        return True
+    task = T.get_task(ex.task)
+    word = task.task_word
+    return word != task.name and hash(ex.prompt) in _split_hashes(word, ex.size) and ex.prompt in {
+        held.prompt for held in T.test_split(word, ex.size, T.TEST_SPLIT_SIZE)}
+
+
+@lru_cache(maxsize=None)
+def _split_hashes(task: str, size: int) -> frozenset[int]:
+    """Hashes of the prompts of ``task``'s test split at ``size`` (empty outside its size range): a few
+    bytes per prompt, where the long tasks' prompts hold up to 2,040 words and every size may be drawn."""
+    t = T.get_task(task)
+    if not t.min_size <= size <= t.max_size:
+        return frozenset()
+    return frozenset(hash(ex.prompt) for ex in T.test_split(t.name, size, T.TEST_SPLIT_SIZE))
+
+
 def example_length(ex: T.Example) -> int:
     """Tokens of the full training sequence of ``ex`` (prompt + EOS-padded answer)."""
     return T.sequence_length(ex.task, ex.size)
@@ -177,7 +203,7 @@ class TaskMixture:
         name, size = self.names[k], rng.choice(self.sizes[k])
         for _ in range(MAX_REDRAWS):
             ex = T.generate(name, rng, size)
-            if not T.is_test_prompt(ex):
+            if not is_held_out(ex):
                 return ex
             self.rejected += 1
         raise RuntimeError(f"task {name!r} size {size}: {MAX_REDRAWS} draws in a row were test-split "
@@ -208,4 +234,4 @@ class TaskMixture:
             step += 1
 
 
-__all__ = ["Batch", "MixtureConfig", "TaskMixture", "collate", "example_length"]
+__all__ = ["Batch", "MixtureConfig", "TaskMixture", "collate", "example_length", "is_held_out"]

@@ -74,6 +74,10 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
     if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
         return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
+    if src is None and checkpoint != "best":  # only the default falls back (a run without evaluations has no best/)
+        found = sorted(p.name for p in run.glob("*") if p.is_dir() and (p / "config.json").is_file())
+        raise FileNotFoundError(f"no checkpoint {checkpoint!r} under {run}; there: {', '.join(found) or 'none'} "
+                                f"(or leave --checkpoint out: best/, else final/, else the newest checkpoint-*)")
     if src is None and (run / "final" / "config.json").exists():
         src = run / "final"  # an AR run (dllm/train/ar.py) or a drafter run (dllm/train/drafters/) ends in final/
     if src is None:

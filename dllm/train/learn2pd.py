@@ -42,6 +42,7 @@ from dllm import tasks as T
 from dllm.options import Overridable, check_choice, check_int, check_number
 from dllm.registry import Registry
 from dllm.samplers.learn2pd import INPUTS, Learn2PDFilter, block_confidence
+from dllm.train.data import is_held_out
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def training_examples(task: str, n: int, seed: int) -> list[T.Example]:
     out: list[T.Example] = []
     while len(out) < n:
         ex = T.generate(task, rng, sizes[len(out) % len(sizes)])
-        if not T.is_test_prompt(ex):
+        if not is_held_out(ex):
             out.append(ex)
     return out
 
@@ -205,7 +206,11 @@ def split(data: Traces, seed: int) -> tuple[Traces, Traces, Traces]:
 @torch.no_grad()
 def evaluate(f: Learn2PDFilter, data: Traces, thresholds: Sequence[float] = (0.9, 0.96)) -> dict[str, Any]:
     """Loss, and per threshold: accuracy, precision (a position accepted is final), the share of the
-    positions accepted, over the valid positions."""
+    positions accepted, over the valid positions. A split with no position (a small run's validation or
+    test split may hold no record) has null numbers, not NaN (``filter.json`` stays valid JSON)."""
+    if not bool(data.valid.any()):
+        return {"loss": None, "positions": 0, "final_share": None,
+                **{f"at_{t}": {"accuracy": None, "precision": None, "accepted": None} for t in thresholds}}
     logits = f(data.conf)
     out: dict[str, Any] = {"loss": round(float(masked_bce(logits, data.label, data.valid)), 5),
                            "positions": int(data.valid.sum()), "final_share": round(float(
@@ -252,6 +257,9 @@ def train_filter(recipe: FilterRecipe, out: Union[str, Path], *, threads: int = 
     data = collect(recipe, log=log)
     t_collect = time.perf_counter() - t0
     train, val, test = split(data, recipe.seed)
+    if not bool(train.valid.any()):
+        raise ValueError(f"recipe {recipe.name!r}: {len(data)} records leave the training split (80%) empty; "
+                         f"raise prompts_per_task (got {recipe.prompts_per_task}) or add tasks or models")
     with (out / "log.jsonl").open("w") as fh:
         f, history = fit(recipe, train, val, log=lambda line: (log(line), fh.write(line + "\n")))
     report = {"train": evaluate(f, train), "validation": evaluate(f, val), "test": evaluate(f, test)}

@@ -188,3 +188,45 @@ def test_head_trainers_refuse_threads_below_one(command: str, threads: str, caps
     entry = importlib.import_module(f"dllm.train.drafters.{command}").main
     err = _refused(["--threads", threads], capsys, entry)
     assert err.endswith(f"error: argument --threads: must be an integer >= 1, got {threads}")
+
+
+def _overridden(argv: list[str]):
+    """tiny-dream's recipe (three phases) as ``argv``'s overrides make it."""
+    from dllm.train.__main__ import build_parser, overrides
+    from dllm.train.recipes import get_recipe
+
+    return overrides(build_parser().parse_args(["--recipe", "tiny-dream", *argv]))(get_recipe("tiny-dream"))
+
+
+def test_tasks_restricts_every_phase_and_keeps_the_schedule():
+    """--tasks copy,sort_num on tiny-dream: its two later phases stay (their start, lr, warm-up, horizon),
+    each phase trains the two tasks at that phase's weights (the old code dropped the phases: the run
+    trained 24,000 steps at phase 0's cosine)."""
+    full, r = _overridden([]), _overridden(["--tasks", "copy, sort_num"])
+    assert len(full.train.phases) == 2
+    assert [(p.start, p.lr, p.warmup, p.horizon) for p in r.train.phases] == \
+        [(p.start, p.lr, p.warmup, p.horizon) for p in full.train.phases]
+    for mine, theirs in zip((r.train.mixture, *(p.mixture for p in r.train.phases)),
+                            (full.train.mixture, *(p.mixture for p in full.train.phases))):
+        assert mine.task_names() == ("copy", "sort_num")
+        weight = dict(zip(theirs.task_names(), theirs.weights))
+        assert mine.weights == (weight["copy"], weight["sort_num"])
+    assert r.train.phases[1].mixture.weights[1] > r.train.mixture.weights[1]  # the sort_num phase is kept
+    assert len(_overridden(["--tasks", "copy", "--steps", "12000"]).train.phases) == 1  # --steps still cuts
+
+
+def test_tasks_a_phase_cannot_train_is_refused_by_name(capsys: pytest.CaptureFixture[str]):
+    from dllm.train.recipes.base import Recipe
+    from dllm.train.__main__ import build_parser, overrides
+    from dllm.train.data import MixtureConfig
+    from dllm.train.schedule import Phase
+
+    recipe: Recipe = small_recipe(steps=20, phases=(Phase(10, MixtureConfig(tasks=("sort",)), lr=1e-3),))
+    apply = overrides(build_parser().parse_args(["--recipe", "tiny-llada", "--tasks", "copy"]))
+    with pytest.raises(ValueError, match=r"--tasks copy: recipe 'tiny-llada', its phase from step 10, trains none "
+                                         r"of them \(its tasks: sort\); .* or --steps 10 to end before this phase"):
+        apply(recipe)
+    assert main(["--recipe", "tiny-llada", "--tasks", "lookup_long", "--dry-run"]) == 2
+    assert "error: --tasks lookup_long: recipe 'tiny-llada' trains none of them" in capsys.readouterr().err
+    assert main(["--recipe", "tiny-llada", "--tasks", "nope", "--dry-run"]) == 2
+    assert "Unknown task 'nope'" in capsys.readouterr().err

@@ -92,3 +92,27 @@ def test_weights_and_sizes_are_respected():
 def test_bad_mixture_configs(kwargs, match):
     with pytest.raises((ValueError, KeyError), match=match):
         MixtureConfig(**kwargs)
+
+
+def test_a_count_curriculum_variant_never_trains_on_a_count_long_test_prompt(monkeypatch):
+    """count_c16 draws from count_long's distribution and its prompts carry count_long's word: test
+    instance 0 of count_long at 251 is a count_c16 prompt of the same words (same generator, same seed).
+    Training redraws it (is_held_out; the old check read count_c16's own split, which holds nothing)."""
+    from dllm.train.recipes.narrow_tasks import narrow_count
+
+    name = narrow_count(16)
+    held = {h.prompt for h in T.test_split("count_long", 251, n=T.TEST_SPLIT_SIZE)}
+    leaked = T.generate(name, random.Random(T.instance_seed("count_long", 251, 0)), 251)
+    assert leaked.prompt in held and not T.is_test_prompt(leaked)  # the task's own check misses it
+
+    real = T.generate
+    draws = iter([leaked])  # the mixture's first draw is the test prompt, then the generator's own
+    monkeypatch.setattr(T, "generate", lambda task, rng, size: next(draws, None) or real(task, rng, size))
+    mix = TaskMixture(MixtureConfig(tasks=(name,), sizes=((251,),), length_bucket=1), seed=0)
+    ex = mix.sample(random.Random(1))
+    assert mix.rejected == 1 and ex.prompt not in held
+
+    from dllm.train.data import is_held_out
+
+    assert is_held_out(leaked) and not is_held_out(ex)
+    assert not is_held_out(real(name, random.Random(0), 16))  # below count_long's sizes: nothing to meet

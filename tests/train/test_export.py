@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 
 from dllm.models import load, tiny
@@ -93,3 +94,19 @@ def test_export_a_drafter_run_copies_its_final_directory(tmp_path):
     out = export(run, "tiny-test-dflash", root=tmp_path / "embedded", note="smoke")
     drafter = load_dflash(out)
     assert drafter.block_size == 16 and json.loads((out / "training.json").read_text())["note"] == "smoke"
+
+
+def test_a_named_checkpoint_that_is_not_there_is_refused_not_replaced(tmp_path):
+    """--checkpoint checkpoint-0000005 (a typo, or a checkpoint keep_last deleted) exported
+    checkpoint-0000003 silently; it is an error naming what is there. The default (best) still falls back."""
+    run = tmp_path / "run"
+    _run_with_evals(run)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint 'checkpoint-0000005' under .*; there: best, "
+                                                r"checkpoint-0000002, checkpoint-0000003"):
+        export(run, "tiny-test", checkpoint="checkpoint-0000005", dtype="float32", root=tmp_path / "embedded")
+    assert not (tmp_path / "embedded").exists()
+    import shutil
+
+    shutil.rmtree(run / "best")
+    out = export(run, "tiny-test", dtype="float32", root=tmp_path / "embedded")  # no best/: the newest
+    assert json.loads((out / "training.json").read_text())["source"].endswith("checkpoint-0000003")

@@ -105,3 +105,39 @@ def test_the_shipped_filters_are_reproduced():
         first = fit(recipe.with_overrides(epochs=1), train, val, log=lambda line: None)[1][0]
         assert first["loss"] == pytest.approx(made["first"]["loss"], abs=1e-6), recipe.name
         assert first["val_loss"] == pytest.approx(made["first"]["val_loss"], abs=1e-6), recipe.name
+
+
+def _records(n: int, width: int = 16):
+    from dllm.train.learn2pd import Traces
+
+    gen = torch.Generator().manual_seed(0)
+    valid = torch.arange(width)[None, :] < 5  # [1, W]: a block of 5
+    conf = torch.rand(n, width, generator=gen) * valid
+    return Traces(conf, (conf > 0.5).float(), valid.expand(n, width).clone())
+
+
+def _no_nan(text: str):
+    def refuse(constant: str):
+        raise AssertionError(f"filter.json holds {constant}: not valid JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_an_empty_split_is_written_as_null_not_nan(tmp_path, monkeypatch):
+    """5 records split 4 / 0 / 1: the empty validation split's numbers are null in filter.json (NaN
+    before: invalid JSON); a fit whose training split would be empty is refused by name."""
+    import dllm.train.learn2pd as l2p
+
+    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print: _records(5))
+    recipe = SMALL.with_overrides(epochs=2)
+    train_filter(recipe, tmp_path / "a", threads=1, log=lambda line: None)
+    made = _no_nan((tmp_path / "a" / "final" / "filter.json").read_text())
+    assert made["records"] == {"train": 4, "validation": 0, "test": 1}
+    assert made["evaluation"]["validation"] == {"loss": None, "positions": 0, "final_share": None,
+                                                **{f"at_{t}": {"accuracy": None, "precision": None,
+                                                               "accepted": None} for t in (0.9, 0.96)}}
+    assert made["evaluation"]["test"]["positions"] == 5 and made["evaluation"]["test"]["loss"] is not None
+    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print: _records(1))
+    with pytest.raises(ValueError, match="1 records leave the training split .* empty; raise prompts_per_task"):
+        train_filter(recipe, tmp_path / "b", threads=1, log=lambda line: None)
+    assert not (tmp_path / "b" / "final").exists()

@@ -186,3 +186,43 @@ def test_held_out_rows_with_a_one_token_answer_are_skipped_not_a_crash():
         assert tau["blocks"] == 1 and 1.0 <= tau["tau_teacher_forced"] <= 2.0  # the second row's one anchor
     assert dflash_train.teacher_forced_tau(dflash, target, rows[:1], lens[:1]) == {"tau_teacher_forced": 1.0,
                                                                                   "blocks": 0}
+
+
+def test_held_out_rows_are_regenerated_to_their_own_answer_length(monkeypatch):
+    """A pool drawn at copy_long size 32 (33-token answers) and the held-out test split at 32 / 48 / 64:
+    each held-out row gets up to its own answer length (65 at 64), not the pool's longest (the old code
+    cut the target's held-out answers at 33 tokens, so tau was measured on truncated rows)."""
+    from types import SimpleNamespace
+
+    from dllm.train.data import MixtureConfig
+    from dllm.train.drafters import steps
+
+    asked: list[int] = []
+
+    def greedy(target, prompts, max_new_tokens):  # a target that never stops early
+        asked.append(max_new_tokens)
+        return [[word_id("A")] * max_new_tokens for _ in prompts]
+
+    monkeypatch.setattr(steps, "greedy_answers", greedy)
+    recipe = SimpleNamespace(mixture=MixtureConfig(tasks=("copy_long",), sizes=((32,),)), seed=0, pool=2,
+                             eval_examples=1)
+    data = steps.draft_data(None, recipe)
+    assert asked == [33, 65]
+    assert max(len(r) - len(p) for r, p in zip(data.held_rows, data.held_prompts)) == 65
+
+
+def test_the_drafter_log_gives_the_rate_each_logged_step_used():
+    """Warm-up 4 to lr 1.0: step 1 runs at 0.25, step 2 at 0.5 (the old log gave the next step's rate)."""
+    import io
+    from types import SimpleNamespace
+
+    from dllm.train.drafters.steps import DraftData, train_steps
+
+    w = torch.nn.Parameter(torch.zeros(()))
+    recipe = SimpleNamespace(name="t", steps=10, lr=1.0, warmup=4, min_lr_ratio=0.1, seed=0, batch_size=1, clip=1.0,
+                             log_every=1)
+    data = DraftData([[1]], [[1, 2]], [], [])
+    log = io.StringIO()
+    train_steps(recipe, [w], lambda step, ids, lens, plens, gen: ((w - 1) ** 2, torch.ones(1, dtype=torch.bool)),
+                data, log, 0.0, weight_decay=0.0, progress=False, stop_at=2)
+    assert [json.loads(line)["lr"] for line in log.getvalue().splitlines()] == [0.25, 0.5]

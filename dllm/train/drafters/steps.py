@@ -87,7 +87,8 @@ def draft_data(target: Any, recipe: Any) -> DraftData:
     rows = regenerate(target, prompts, longest)
     held = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_examples)]
     held_prompts = [[vocab[w] for w in T.prompt_words(ex)] for ex in held]
-    return DraftData(prompts, rows, held_prompts, regenerate(target, held_prompts, longest))
+    held_longest = max(T.answer_length(ex.task, ex.size) for ex in held)  # the test split's sizes, not the pool's
+    return DraftData(prompts, rows, held_prompts, regenerate(target, held_prompts, held_longest))
 
 
 def check_stop(stop_at: Optional[int], time_limit: Optional[float]) -> None:
@@ -131,6 +132,7 @@ def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLo
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, recipe.clip)
+        used = sched.get_last_lr()[0]  # this step's rate (after sched.step() it is the next step's)
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
@@ -139,7 +141,7 @@ def train_steps(recipe: Any, params: list[torch.nn.Parameter], step_loss: StepLo
         out_of_time = deadline is not None and time.perf_counter() > deadline
         if done % recipe.log_every == 0 or done == end or out_of_time:  # the last steps' line too
             log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses),
-                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": sched.get_last_lr()[0],
+                                  "train_tau": 1 + sum(accepted) / len(accepted), "lr": used,
                                   "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
             log.flush()
             losses.clear()

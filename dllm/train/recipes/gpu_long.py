@@ -7,11 +7,11 @@ per step (the CPU chains ran batch 8), bf16 autocast, 8 threads, a cosine horizo
 narrow-key lookups. For a session lent a GPU, bounded by wall time::
 
     python -m dllm.train --recipe tiny-llada-long-gpu --time-limit 150 --out runs/gpu-llada
-    dllm eval-tasks --model runs/gpu-llada/tiny-llada-long-gpu --tasks lookup_long lookup_any \\
+    dllm eval-tasks --model runs/gpu-llada/export/tiny-llada-long-gpu --tasks lookup_long lookup_any \\
         span_copy_far count_long --per-size 8 --device cuda
 
-The export is ``OUT/<recipe>`` (never the package's copy): replace the shipped model only if it scores
-better, then re-run tests/models/test_embedded_trained.py. On a CPU: ``--device cpu --time-limit 10``.
+The export is ``OUT/export/<recipe>`` (``dllm/train/runner.py``; never the package's copy): replace
+the shipped model only if it scores better, then re-run tests/models/test_embedded_trained.py. On a CPU: ``--device cpu --time-limit 10``.
 """
 
 from __future__ import annotations

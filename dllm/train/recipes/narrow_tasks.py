@@ -7,8 +7,10 @@
   (the suite: >= 24 items). Counting forms on short lists and then extends a doubling at a time.
 
 Their prompts carry the suite task's word (``Task.word``), so nothing new enters the vocabulary; they
-are registered under their own names (own size ranges, ``suite="curriculum"``, no held-out split) on
-first use, by :func:`curriculum_task`.
+are registered under their own names (own size ranges, ``suite="curriculum"``, no held-out split of
+their own) on first use, by :func:`curriculum_task`. Training redraws a prompt of theirs that is in the
+suite task's test split (``dllm.train.data.is_held_out``): ``count_c16`` draws from ``count_long``'s
+distribution, so it could meet ``count_long``'s test prompts.
 """
 
 from __future__ import annotations
