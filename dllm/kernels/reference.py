@@ -96,6 +96,13 @@ class VocabStats:
     - ``sample`` (long) / ``sample_prob``: at temperature T > 0 the Gumbel-max draw
       ``argmax_v l_v / T - log(-log u_v)`` without the banned id, and its probability under the
       untempered softmax (the confidence Fast-dLLM / LLaDA attach to it); None at T = 0.
+
+    Non-finite logits follow torch (``argmax``, ``topk``, ``softmax``, ``logsumexp``): NaN ranks
+    above every number, so the arg-max / sample is the first allowed NaN (score) of a row that has
+    one; a row with a NaN or a +inf anywhere (the banned id included) has a NaN softmax, so its
+    ``top1_prob``, ``margin``, ``entropy`` and ``sample_prob`` are NaN; ``lse`` is NaN with a NaN,
+    else +inf with a +inf; ``gap`` is NaN with a NaN, else ``l(1) - l(2)`` (+inf - +inf = NaN). A row
+    of -inf only: NaN probabilities, ``lse`` -inf.
     """
 
     argmax: torch.Tensor
@@ -129,8 +136,8 @@ def vocab_stats_reference(
     """
     l = logits.double()  # [..., V]
     lse = torch.logsumexp(l, dim=-1)  # [...]
-    logp = l - lse[..., None]
-    p = logp.exp()
+    logp = torch.log_softmax(l, dim=-1)  # torch's: NaN everywhere on a row with a NaN or a +inf
+    p = torch.softmax(l, dim=-1)
     allowed = l if banned is None else l.index_fill(-1, torch.tensor([banned], device=l.device), float("-inf"))
     # first maximal index; a row of -inf gives the lowest id that is not banned (0, or 1 when 0 is)
     argmax = allowed[..., 1:].argmax(dim=-1) + 1 if banned == 0 else allowed.argmax(dim=-1)
@@ -139,7 +146,7 @@ def vocab_stats_reference(
         argmax=argmax,
         top1_prob=p.gather(-1, argmax[..., None]).squeeze(-1),
         margin=(top2[..., 0] - lse).exp() - (top2[..., 1] - lse).exp(),
-        entropy=-(p * logp).nan_to_num(0.0).sum(dim=-1),  # p = 0 terms (l = -inf) contribute 0
+        entropy=-torch.where(p == 0, 0.0, p * logp).sum(dim=-1),  # p = 0 terms (l = -inf) contribute 0
         gap=top2[..., 0] - top2[..., 1],
         lse=lse,
     )

@@ -14,8 +14,9 @@ marginals and accepts the longest prefix that a small autoregressive *verifier* 
   ``w * l_D + (1 - w) * l_AR`` (``mixture`` = w; over the vocabulary both models share, the first
   ``min(V_D, V_AR)`` ids); a draft is accepted while it equals the target's arg-max, the first
   one always: the row commits that prefix;
-- a row whose accepted prefix holds an EOS commits EOS on the rest of its block (the reference
-  stops there).
+- a row whose accepted prefix holds an EOS (any of the model's ``eos_ids``: its eos and its
+  end-of-turn id, as the engine's stop rule) commits its first EOS id on the rest of its block (the
+  reference stops there).
 
 ``lookahead`` (the reference's M) caps the drafts considered per step (the reference also truncates
 the diffusion model's input at the decoding position + M; here the forward reads the query the cache
@@ -77,6 +78,15 @@ def accepted_prefix(match: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     first = active & (draft_rank(active) == 0)
     ok = match | first | ~active  # committed positions left of the drafts do not break the run
     return torch.cumprod(ok.long(), dim=1).bool() & active
+
+
+def is_any(tokens: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+    """Where ``tokens`` is one of ``ids`` (the model's EOS/EoT ids, as the engine's stop rule reads
+    them): one comparison per id, no index tensor to upload. [B, W] -> [B, W] bool."""
+    hit = torch.zeros_like(tokens, dtype=torch.bool)
+    for t in ids:
+        hit |= tokens == int(t)
+    return hit
 
 
 def mixture_argmax(diffusion_logits: torch.Tensor, verifier_logits: torch.Tensor, weight: float) -> torch.Tensor:
@@ -142,8 +152,8 @@ class APD(Sampler):
         tokens = torch.where(accept, x0, torch.full_like(x0, inp.mask_id))
         commit = accept
         eos_ids = state.extras.get("eos_ids", ())
-        if eos_ids:  # a row that accepted an EOS is done: EOS on the rest of its block
-            done = (accept & (x0 == eos_ids[0])).any(dim=1, keepdim=True)  # [B, 1]
+        if eos_ids:  # a row that accepted any of its EOS/EoT ids is done: the first EOS on the rest of its block
+            done = (accept & is_any(x0, eos_ids)).any(dim=1, keepdim=True)  # [B, 1]
             rest = inp.active[:, ws:we] & ~accept & done
             tokens = torch.where(rest, torch.full_like(x0, eos_ids[0]), tokens)
             commit = accept | rest
@@ -166,4 +176,4 @@ class APD(Sampler):
         return argmax_excluding(gumbel_perturb(logits / t, t, u), inp.mask_id)  # the reference scales first
 
 
-__all__ = ["APD", "APDConfig", "accepted_prefix", "draft_rank", "load_verifier", "mixture_argmax"]
+__all__ = ["APD", "APDConfig", "accepted_prefix", "draft_rank", "is_any", "load_verifier", "mixture_argmax"]

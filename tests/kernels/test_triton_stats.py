@@ -158,6 +158,9 @@ def test_argument_checks():
         vocab_stats(x, temperature=1.0, uniforms=torch.rand(2, 9, device=DEVICE))
     with pytest.raises(TypeError, match="float32/float16/bfloat16"):
         vocab_stats(x.double())
+    for bad in (-1.0, float("nan")):  # NaN was taken for T = 0: no draw, silently
+        with pytest.raises(ValueError, match=f"temperature must be a number >= 0, got {bad}"):
+            vocab_stats(x, temperature=bad, seed=1)
     with pytest.raises(ValueError, match="block_v must be a power of two .*got 24"):
         vocab_stats(x, block_v=24)
 
@@ -179,3 +182,50 @@ def test_rows_without_a_finite_allowed_logit_give_the_lowest_allowed_id(banned):
     ref = vocab_stats_reference(x, banned=banned, temperature=1.0, uniforms=u)
     assert drawn.sample.cpu().tolist() == expect.tolist() == ref.sample.cpu().tolist()
     assert (vocab_stats(x, banned=banned, temperature=1.0, seed=3, block_v=16).sample.cpu() == expect).all()
+
+
+def _non_finite_rows(vocab: int, banned: int) -> torch.Tensor:
+    """Rows with +inf, -inf and NaN logits, in different tiles of 16 (and on the banned id)."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(11, vocab, generator=torch.Generator().manual_seed(4))
+    x[0, 20] = inf  # one +inf
+    x[1, [20, 50]] = inf  # two +inf: gap inf - inf
+    x[2, banned] = inf  # +inf on the banned id only
+    x[3, 37] = nan  # one NaN, below the row's maximum
+    x[4, [5, 40]] = 9.0
+    x[4, 50] = nan  # a NaN in a later tile than the maximum
+    x[5, 20], x[5, 33] = inf, nan  # +inf before a NaN
+    x[6, banned] = nan  # NaN on the banned id only
+    x[7] = nan  # all NaN
+    x[8] = -inf  # all -inf
+    x[9, :40] = -inf  # -inf on the first tiles, finite after
+    x[10, 3], x[10, 60] = -inf, nan
+    return x
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    return bool(torch.isclose(a.double().cpu(), b.double().cpu(), rtol=1e-5, atol=atol, equal_nan=True).all())
+
+
+@pytest.mark.parametrize("dtype, banned", [(torch.float32, 12), (torch.float16, 0)], ids=["fp32-ban12", "fp16-ban0"])
+def test_non_finite_logits_match_the_reference(dtype, banned):
+    """NaN / +inf / -inf logits: the kernel gives what torch gives on the reference (``argmax`` /
+    ``topk`` rank NaN first, the softmax of a row with a NaN or a +inf is NaN, ``logsumexp`` is +inf
+    with a +inf), field by field, at every tiling; the Gumbel draw on the same uniforms too."""
+    vocab = 64
+    x = _non_finite_rows(vocab, banned).to(dtype).to(DEVICE)
+    ref = vocab_stats_reference(x, banned=banned)
+    assert torch.equal(ref.argmax.cpu(), argmax_excluding(x.cpu().float(), banned))  # the samplers' arg-max
+    assert ref.argmax[3] == 37 and ref.argmax[4] == 50 and ref.argmax[5] == 33 and ref.argmax[0] == 20
+    assert torch.isinf(ref.lse[0]) and torch.isnan(ref.lse[3]) and torch.isnan(ref.top1_prob[0])
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64).to(DEVICE)
+    ref_t = vocab_stats_reference(x, banned=banned, temperature=0.7, uniforms=u)
+    for block_v in (16, 64):
+        st = vocab_stats(x, banned=banned, block_v=block_v)
+        assert st.argmax.cpu().tolist() == ref.argmax.cpu().tolist(), block_v
+        for f in FLOAT_FIELDS:
+            assert _same(getattr(st, f), getattr(ref, f), ATOL[f]), (f, block_v, getattr(st, f), getattr(ref, f))
+        drawn = vocab_stats(x, banned=banned, temperature=0.7, uniforms=u, block_v=block_v)
+        assert drawn.sample.cpu().tolist() == ref_t.sample.cpu().tolist(), block_v
+        assert _same(drawn.sample_prob, ref_t.sample_prob, ATOL["sample_prob"]), block_v
+        assert (st.argmax != banned).all() and (drawn.sample != banned).all()

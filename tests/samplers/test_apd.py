@@ -9,6 +9,7 @@ import torch
 
 import dllm
 from dllm import tasks as T
+from builders import MASK, V, decode_state, log_probs, prob_row, step_input
 from dllm.samplers.apd import accepted_prefix, mixture_argmax
 from tests.reference.decoders.apd_generate import apd_generate
 
@@ -65,6 +66,37 @@ def test_accepts_a_prefix_and_always_the_first_draft():
     d = torch.tensor([[[3.0, 0.0]]])
     a = torch.tensor([[[0.0, 5.0, 9.0]]])  # the verifier's extra id is outside the shared vocabulary
     assert mixture_argmax(d, a, 0.9).tolist() == [[0]] and mixture_argmax(d, a, 0.1).tolist() == [[1]]
+
+
+class _Agrees:
+    """A verifier stub: its logits are uniform, so at mixture 1 the target is the diffusion arg-max."""
+
+    def __call__(self, ids, attention_mask=None, position_ids=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=torch.zeros(*ids.shape, V))
+
+
+def test_a_row_that_accepts_any_of_its_eos_ids_ends_its_block():
+    """A model with two EOS ids (eos and end-of-turn, as Dream/Qwen chat models): a row whose accepted
+    drafts hold either id is done, and the rest of its block becomes the first EOS id, as the engine's
+    stop rule (``answer_ended``) reads every id of ``eos_ids``. Row 0 accepts the eos, row 1 the
+    end-of-turn id, row 2 neither (it keeps its masks for later steps)."""
+    from dllm.samplers import make_sampler
+
+    eos, eot, prompt = 4, 7, 2
+    drafts = [[5, eos, 6, 3, 2], [5, eot, 6, 3, 2], [5, 6, 3, 2, 8]]  # each position's arg-max
+    logits = log_probs([[prob_row(0.9, 1)] * prompt + [prob_row(0.9, t) for t in row] for row in drafts])
+    state = decode_state((3, prompt + 5), prompt_length=prompt, mask_id=MASK)
+    state.x[:, :prompt] = 1
+    state.extras["eos_ids"] = (eos, eot)
+    inp = step_input(logits, tokens=state.x.clone(), window=(prompt, prompt + 5))
+    apd = make_sampler("apd", verifier=_Agrees(), mixture=1.0, lookahead=2)  # two drafts a step, both accepted
+    out = apd.step(inp, state)
+    commit, tokens = out.commit[:, prompt:].tolist(), out.tokens[:, prompt:].tolist()
+    assert commit[0] == commit[1] == [True] * 5 and commit[2] == [True, True, False, False, False]
+    assert tokens[0] == [5, eos, eos, eos, eos] and tokens[1] == [5, eot, eos, eos, eos]
+    assert tokens[2][:2] == [5, 6]
 
 
 def test_lookahead_caps_the_tokens_of_a_step(models):

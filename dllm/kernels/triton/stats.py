@@ -27,6 +27,12 @@ Random numbers at T > 0, two ways:
 
 Float32 accumulation (the references use float64 in Fast-dLLM, bf16 in LLaDA HEAD and Dream); the
 plain-PyTorch neighbour is ``dllm.kernels.reference.vocab_stats_reference``.
+
+Non-finite logits give what torch gives on the reference (``VocabStats``): NaN ranks above every
+number in the arg-max, the sample and the top-2; a row with a NaN or a +inf has NaN probabilities
+(``top1_prob``, ``margin``, ``entropy``, ``sample_prob``), ``lse`` +inf (NaN with a NaN). The
+kernel reads NaN as -inf in its reductions (a NaN in a max reduction gives a tree-dependent result)
+and keeps per-row flags instead; no host read.
 """
 
 from __future__ import annotations
@@ -63,23 +69,35 @@ def _vocab_stats_kernel(
     NEG_INF: tl.constexpr = float("-inf")
 
     zero = tl.sum(tl.zeros([BLOCK_V], tl.float32), 0)  # a float32 scalar to seed the loop carries
-    m = zero + NEG_INF  # running max
-    z = zero  # sum exp(l - m)
+    izero = tl.sum(tl.zeros([BLOCK_V], tl.int32), 0)  # an int32 scalar (flags: 0 / 1)
+    POS_INF: tl.constexpr = float("inf")
+    m = zero + NEG_INF  # running max of the finite logits
+    z = zero  # sum exp(l - m) over the finite logits
     s = zero  # sum exp(l - m) (l - m)
-    v1 = zero + NEG_INF  # largest logit (all ids)
+    v1 = zero + NEG_INF  # largest logit (all ids, NaN left out)
     v2 = zero + NEG_INF  # second largest (all ids; equal to v1 on a tie)
+    any_nan = izero  # 1 once a NaN logit was read (any id, the banned one included)
     a_val = zero + NEG_INF  # best allowed logit
     # its first index; a row whose allowed ids are all -inf keeps the lowest allowed id (0, or 1 when
     # 0 is banned), as ``argmax_excluding`` does: never -1, never the banned id
-    a_idx = tl.sum(tl.zeros([BLOCK_V], tl.int32), 0) + (banned == 0).to(tl.int32)
+    a_idx = izero + (banned == 0).to(tl.int32)
+    a_nan = izero  # 1 once an allowed NaN was read: a_idx is then the first one (torch's arg-max)
     g_val = zero + NEG_INF  # best perturbed score
     g_idx = a_idx
+    g_nan = izero  # 1 once an allowed NaN score was read: g_idx is then the first one
     g_logit = zero + NEG_INF  # raw logit of the best perturbed id
 
     for start in range(0, V, BLOCK_V):
         cols = start + cols0
         in_row = cols < V
-        x = tl.load(x_row + cols, mask=in_row, other=NEG_INF).to(tl.float32)
+        x_raw = tl.load(x_row + cols, mask=in_row, other=NEG_INF).to(tl.float32)
+        # torch's order puts NaN above every number (argmax, topk); here every max / arg-max reads the
+        # logits with NaN at -inf (no NaN in a reduction: its result would depend on the tree) and the
+        # NaNs are tracked apart: the first allowed one is the arg-max, any one makes the row's float
+        # statistics NaN (set at the end)
+        is_nan = x_raw != x_raw
+        x = tl.where(is_nan, NEG_INF, x_raw)
+        any_nan = tl.maximum(any_nan, tl.max(is_nan.to(tl.int32), 0))
         # -- top-2 over all ids (ties: the second equals the first)
         t1 = tl.max(x, 0)
         t1_at = tl.argmax(x, 0, tie_break_left=True)
@@ -87,25 +105,32 @@ def _vocab_stats_kernel(
         better = t1 > v1  # strict: an earlier tile keeps its (lower) index on a tie
         v2 = tl.where(better, tl.maximum(v1, t2), tl.maximum(v2, t1))
         v1 = tl.where(better, t1, v1)
-        # -- best allowed id (the banned one never wins)
+        # -- best allowed id (the banned one never wins; the first allowed NaN beats every number)
         allowed = in_row & (cols != banned)
+        nan_at = tl.min(tl.where(allowed & is_nan, cols0, BLOCK_V), 0)
+        take_nan = (a_nan == 0) & (nan_at < BLOCK_V)
+        a_idx = tl.where(take_nan, start + nan_at, a_idx)
+        a_nan = tl.where(take_nan, 1, a_nan)
         xa = tl.where(allowed, x, NEG_INF)
         ta = tl.max(xa, 0)
         ta_at = tl.argmax(xa, 0, tie_break_left=True)
-        take = ta > a_val
+        take = (ta > a_val) & (a_nan == 0)
         a_idx = tl.where(take, start + ta_at, a_idx)
         a_val = tl.where(take, ta, a_val)
-        # -- rescale the running sums to the new max, add the tile
-        m_new = tl.maximum(m, t1)
+        # -- rescale the running sums to the new max, add the tile (finite logits only: a row with a
+        # +inf or a NaN gets its softmax statistics at the end, as torch gives them)
+        xf = tl.where(x == POS_INF, NEG_INF, x)
+        m_new = tl.maximum(m, tl.max(xf, 0))
         m_shift = tl.where(m_new == NEG_INF, 0.0, m_new)  # nothing finite yet: no rescale
         alpha = tl.exp(m - m_shift)
-        e = tl.exp(x - m_shift)
-        d = tl.where(e > 0, x - m_shift, 0.0)  # -inf logits add nothing (and no 0 * inf)
+        e = tl.exp(xf - m_shift)
+        d = tl.where(e > 0, xf - m_shift, 0.0)  # -inf logits add nothing (and no 0 * inf)
         shift = tl.where(m == NEG_INF, 0.0, m - m_shift)  # z = 0 while m = -inf
         s = alpha * (s + shift * z) + tl.sum(e * d, 0)
         z = z * alpha + tl.sum(e, 0)
         m = m_new
-        # -- Gumbel-max: argmax l / T - log(-log u) over allowed ids
+        # -- Gumbel-max: argmax l / T - log(-log u) over allowed ids (a NaN score, from a NaN logit or
+        # +inf - inf, wins as in torch's arg-max of the reference scores)
         if NOISE != 0:
             if NOISE == 1:
                 u = tl.load(u_row + cols, mask=in_row, other=0.5)
@@ -113,25 +138,36 @@ def _vocab_stats_kernel(
             else:
                 u = tl.rand(seed, row.to(tl.int64) * V + cols)
                 expo = -tl.log(u)
-            score = tl.where(allowed, x * inv_temp - tl.log(expo), NEG_INF)
+            raw = x_raw * inv_temp - tl.log(expo)
+            bad = allowed & (raw != raw)
+            gnan_at = tl.min(tl.where(bad, cols0, BLOCK_V), 0)
+            take_gnan = (g_nan == 0) & (gnan_at < BLOCK_V)
+            g_idx = tl.where(take_gnan, start + gnan_at, g_idx)
+            g_nan = tl.where(take_gnan, 1, g_nan)
+            score = tl.where(allowed & (raw == raw), raw, NEG_INF)
             tg = tl.max(score, 0)
             tg_at = tl.argmax(score, 0, tie_break_left=True)
             tg_logit = tl.sum(tl.where(cols0 == tg_at, x, 0.0), 0)
-            take_g = tg > g_val
+            take_g = (tg > g_val) & (g_nan == 0)
             g_idx = tl.where(take_g, start + tg_at, g_idx)
             g_logit = tl.where(take_g, tg_logit, g_logit)
             g_val = tl.where(take_g, tg, g_val)
 
+    # torch's softmax of a row with a NaN or a +inf is NaN everywhere; its logsumexp is NaN with a NaN,
+    # else +inf with a +inf; its top-2 puts NaN first
+    nan_row = any_nan != 0
+    undefined = nan_row | (v1 == POS_INF)
     inv_z = 1.0 / z
+    nan = zero + float("nan")
     tl.store(OutIdx + row * 2, a_idx.to(tl.int64))
-    tl.store(OutVal + row * 6 + 0, tl.exp(a_val - m) * inv_z)
-    tl.store(OutVal + row * 6 + 1, (tl.exp(v1 - m) - tl.exp(v2 - m)) * inv_z)
-    tl.store(OutVal + row * 6 + 2, tl.log(z) - s * inv_z)
-    tl.store(OutVal + row * 6 + 3, v1 - v2)
-    tl.store(OutVal + row * 6 + 4, m + tl.log(z))
+    tl.store(OutVal + row * 6 + 0, tl.where(undefined, nan, tl.exp(a_val - m) * inv_z))
+    tl.store(OutVal + row * 6 + 1, tl.where(undefined, nan, (tl.exp(v1 - m) - tl.exp(v2 - m)) * inv_z))
+    tl.store(OutVal + row * 6 + 2, tl.where(undefined, nan, tl.log(z) - s * inv_z))
+    tl.store(OutVal + row * 6 + 3, tl.where(nan_row, nan, v1 - v2))
+    tl.store(OutVal + row * 6 + 4, tl.where(nan_row, nan, tl.where(v1 == POS_INF, POS_INF, m + tl.log(z))))
     if NOISE != 0:
         tl.store(OutIdx + row * 2 + 1, g_idx.to(tl.int64))
-        tl.store(OutVal + row * 6 + 5, tl.exp(g_logit - m) * inv_z)
+        tl.store(OutVal + row * 6 + 5, tl.where(undefined, nan, tl.exp(g_logit - m) * inv_z))
 
 
 def vocab_stats(
@@ -159,8 +195,8 @@ def vocab_stats(
         raise TypeError(f"logits must be float32/float16/bfloat16, got {logits.dtype}")
     _check_device(logits, _vocab_stats_kernel)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not temperature >= 0:  # NaN too (it failed both tests below and drew nothing)
+        raise ValueError(f"temperature must be a number >= 0, got {temperature}")
     noise = _NOISE_NONE
     if temperature > 0:
         if (uniforms is None) == (seed is None):
