@@ -164,8 +164,11 @@ def greedy_with_prob(logits: torch.Tensor, banned: Optional[int]) -> tuple[torch
     same float64 ``exp(l - max)`` only if they differ by less than 2^-53 near a row maximum under
     2^-29 in magnitude, or both underflow, more than 745 below the maximum. So the one exception: a
     ``banned`` id more than 745 above every other id gives them all p = 0 (as the gather does), and
-    the token is then the first of them, not their arg-max (tested). One piece of [..., V] float64
-    (callers check ``rows_per_chunk``). -> (x0 [...] long, p [...] float64)."""
+    the token is then the first of them, not their arg-max (tested). A second: a row with a +inf or
+    NaN logit has an all-NaN softmax, and its token is then the lowest allowed id, where
+    ``argmax_excluding`` and the fused ``vocab_stats`` give the first +inf / NaN (a broken model's
+    logits; detecting them would add calls to every step). One piece of [..., V] float64 (callers
+    check ``rows_per_chunk``). -> (x0 [...] long, p [...] float64)."""
     return greedy_of_probs(torch.softmax(logits, dim=-1, dtype=torch.float64), banned)
 
 

@@ -12,7 +12,8 @@ Choices (a sampler option, ``threshold:stats=fused``):
 
 - ``torch`` (default): the reference path, token-for-token equal to the published code.
 - ``fused``: the kernel; needs CUDA tensors (or ``TRITON_INTERPRET=1`` on CPU) and ``triton``.
-  Tokens equal the reference's except where two candidates tie within float32 rounding.
+  Tokens equal the reference's except where two candidates tie within float32 rounding, or on a
+  row with a +inf / NaN logit (``dllm.samplers.chunked.greedy_with_prob``).
 - ``auto``: ``fused`` when the logits are on a CUDA device and the kernel can run there, else ``torch``.
 
 The kernel module is imported only when the fused path is taken (importing it fixes whether Triton

@@ -252,43 +252,43 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
 
         model = AutoModelForCausalLM.from_pretrained(init_from, dtype=torch.float32)
     model.train()
-    log = (out / "log.jsonl").open("a")
-    last: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    for index, (first, steps, lr, warmup, mixture) in enumerate(phase_plan(recipe)):
-        if index < start_phase:
-            continue
-        opt, sched = _optimizer(model, recipe, lr, warmup, steps)
-        mix = TaskMixture(mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
-        examples = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_per_size)]
-        losses: list[float] = []
-        end = first + steps if stop_at is None else min(stop_at, first + steps)
-        for step in tqdm(range(first, end), disable=not progress, desc=f"{recipe.name} phase {index}"):
-            loss = ar_loss(model, mix.batch(step, recipe.batch_size))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            used = sched.get_last_lr()[0]  # this step's rate (after sched.step() it is the next step's)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            done = step + 1
-            if done % recipe.log_every == 0:
-                log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses), "lr": used,
-                                      "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
-                log.flush()
-                losses.clear()
-            if (recipe.eval_every and done % recipe.eval_every == 0) or done == end:
-                model.eval()
-                last = {"step": done, "eval": exact_match(model, examples)}
-                model.train()
-                log.write(json.dumps(last) + "\n")
-                log.flush()
-        if end < first + steps:  # stopped inside this phase
-            break
-        model.eval()
-        save_ar(model, out / f"phase-{index}", {"recipe": asdict(recipe), "evaluation": last})
-        model.train()
+    with (out / "log.jsonl").open("a") as log:  # closed however the run ends
+        last: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        for index, (first, steps, lr, warmup, mixture) in enumerate(phase_plan(recipe)):
+            if index < start_phase:
+                continue
+            opt, sched = _optimizer(model, recipe, lr, warmup, steps)
+            mix = TaskMixture(mixture, seed=recipe.seed, tokenizer=hf_tokenizer())
+            examples = [ex for n in recipe.mixture.task_names() for ex in T.test_split(n, None, n=recipe.eval_per_size)]
+            losses: list[float] = []
+            end = first + steps if stop_at is None else min(stop_at, first + steps)
+            for step in tqdm(range(first, end), disable=not progress, desc=f"{recipe.name} phase {index}"):
+                loss = ar_loss(model, mix.batch(step, recipe.batch_size))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+                used = sched.get_last_lr()[0]  # this step's rate (after sched.step() it is the next step's)
+                opt.step()
+                sched.step()
+                losses.append(float(loss.detach()))
+                done = step + 1
+                if done % recipe.log_every == 0:
+                    log.write(json.dumps({"step": done, "loss": sum(losses) / len(losses), "lr": used,
+                                          "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
+                    log.flush()
+                    losses.clear()
+                if (recipe.eval_every and done % recipe.eval_every == 0) or done == end:
+                    model.eval()
+                    last = {"step": done, "eval": exact_match(model, examples)}
+                    model.train()
+                    log.write(json.dumps(last) + "\n")
+                    log.flush()
+            if end < first + steps:  # stopped inside this phase
+                break
+            model.eval()
+            save_ar(model, out / f"phase-{index}", {"recipe": asdict(recipe), "evaluation": last})
+            model.train()
     model.eval()
     save_ar(model, out / "final", {"recipe": asdict(recipe), "evaluation": last,
                                    "train_seconds": round(time.perf_counter() - t0, 1)})

@@ -67,11 +67,14 @@ def _copied_as_is(src: Path) -> bool:
     return any(str(a).endswith("ForCausalLM") or a in DRAFTER_ARCHITECTURES for a in archs)
 
 
-def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat16",
+def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] = None,
            root: Path = EMBEDDED, note: str = "") -> Path:
+    """``dtype``: a diffusion run's stored dtype (None: bfloat16); a run copied as is (a filter, an AR
+    model, a drafter) keeps its own, and a ``dtype`` given for one is refused (ValueError)."""
     from dllm.models import load
 
     if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
+        _no_dtype(dtype, run / "final", "a Learn2PD filter")
         return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and checkpoint != "best":  # only the default falls back (a run without evaluations has no best/)
@@ -84,15 +87,19 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
         src = latest_checkpoint(run)
         if src is None:
             raise FileNotFoundError(f"no checkpoint {checkpoint!r}, no final/ and no checkpoint-* under {run}")
+    copied = _copied_as_is(src)  # an AR model or a drafter, saved in its shipped layout with its training.json
+    if copied:
+        _no_dtype(dtype, src, "an AR model or a drafter")  # before the old export is removed
     out = Path(root) / name
     if out.exists():
         shutil.rmtree(out)
-    if _copied_as_is(src):  # an AR model or a drafter, saved in its shipped layout with its training.json
+    if copied:
         shutil.copytree(src, out)
         if note:
             info = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else {}
             (out / "training.json").write_text(readable_json({**info, "note": note}) + "\n")
         return out
+    dtype = dtype or "bfloat16"
     model = load(str(src), dtype=getattr(torch, dtype))
     model.save_pretrained(out)
     info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run, src), **({"note": note} if note else {})}
@@ -101,6 +108,12 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: str = "bfloat1
         info["recipe"] = json.loads(recipe.read_text())
     (out / "training.json").write_text(readable_json(info) + "\n")
     return out
+
+
+def _no_dtype(dtype: Optional[str], src: Path, what: str) -> None:
+    if dtype is not None:
+        raise ValueError(f"--dtype {dtype} applies to a diffusion run's checkpoint; {src} is {what}, copied "
+                         f"as saved in its own dtype (leave --dtype out)")
 
 
 def _export_filter(src: Path, out: Path, note: str) -> Path:
@@ -130,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--run", required=True, type=Path)
     p.add_argument("--name", required=True)
     p.add_argument("--checkpoint", default="best")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="a diffusion run's stored dtype (default bfloat16); runs copied as is keep their own")
     p.add_argument("--note", default="", help="stored in training.json (e.g. the stages the run continues)")
     args = p.parse_args(argv)
     out = export(args.run, args.name, args.checkpoint, args.dtype, note=args.note)

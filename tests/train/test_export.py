@@ -110,3 +110,16 @@ def test_a_named_checkpoint_that_is_not_there_is_refused_not_replaced(tmp_path):
     shutil.rmtree(run / "best")
     out = export(run, "tiny-test", dtype="float32", root=tmp_path / "embedded")  # no best/: the newest
     assert json.loads((out / "training.json").read_text())["source"].endswith("checkpoint-0000003")
+
+
+def test_a_dtype_for_a_run_copied_as_is_is_refused(tmp_path):
+    """--dtype converts a diffusion checkpoint; an AR run is copied in its own dtype, so a dtype given
+    for it is refused by name (before: silently ignored)."""
+    from dllm.train.ar import ar_recipes, build_ar_model, save_ar
+
+    recipe = ar_recipes.get("tiny-ar-draft")
+    save_ar(build_ar_model(recipe), tmp_path / "run" / "final", extra={"recipe": {"name": recipe.name}})
+    earlier = export(tmp_path / "run", "tiny-ar-test", root=tmp_path / "embedded")
+    with pytest.raises(ValueError, match=r"--dtype bfloat16 applies to a diffusion run.*AR model"):
+        export(tmp_path / "run", "tiny-ar-test", dtype="bfloat16", root=tmp_path / "embedded")
+    assert (earlier / "config.json").is_file()  # the refused export left the earlier one alone
