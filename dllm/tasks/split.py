@@ -32,6 +32,8 @@ def instance_seed(task: str, size: int, index: int) -> int:
 def test_split(task: str, size: int | None = None, n: int = TEST_SPLIT_SIZE) -> list[Example]:
     """``n`` instances per size (all ``default_sizes`` if ``size`` is None), in a fixed order."""
     t = get_task(task)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"test_split({t.name!r}): n must be an integer >= 0 (instances per size), got {n!r}")
     sizes = t.default_sizes if size is None else (t.check_size(size),)
     return [t.generate(random.Random(instance_seed(t.name, s, i)), s) for s in sizes for i in range(n)]
 

@@ -107,3 +107,12 @@ def test_suites_split_the_registry_and_the_long_answers_are_32_to_64_words():
 def test_words_of_maps_ids_and_reads_unknown_ids_as_pad():
     ids = [T.word_id("A"), T.word_id(T.EOS), len(T.vocabulary()), -1]
     assert T.words_of(ids) == ["A", T.EOS, T.PAD, T.PAD]
+
+
+@pytest.mark.parametrize("n", [-1, 2.0, True, "3"])
+def test_test_split_refuses_a_bad_instance_count(n):
+    # a negative count used to return [] silently (an evaluation of nothing); a float or string crashed
+    # inside range() without naming the argument
+    with pytest.raises(ValueError, match=r"n must be an integer >= 0.*got"):
+        T.test_split("copy", 4, n=n)
+    assert len(T.test_split("copy", 4, n=0)) == 0 and len(T.test_split("copy", 4, n=2)) == 2
