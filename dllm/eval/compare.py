@@ -67,7 +67,11 @@ class SamplerResult:
 
 def check_split(task_names: Sequence[str], n: int) -> None:
     """ValueError unless every task's test split (``T.TEST_SPLIT_SIZE`` per default size) holds ``n``
-    examples: instances past it are not held out of training."""
+    examples (instances past it are not held out of training) and no task is listed twice (it would be
+    decoded twice and weigh double in the overall accuracy)."""
+    resolved = [T.get_task(name).name for name in task_names]  # unknown names list the valid ones
+    if len(set(resolved)) != len(resolved):
+        raise ValueError(f"tasks list a task twice: {list(task_names)}")
     for name in task_names:
         task = T.get_task(name)
         most = T.TEST_SPLIT_SIZE * len(task.default_sizes)

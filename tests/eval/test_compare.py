@@ -183,3 +183,12 @@ def test_n_past_a_tasks_test_split_is_refused_before_the_model_loads(tmp_path, c
     assert main(["compare", "--model", "oracle", "--samplers", "low_confidence", "--tasks", "copy", "latin4",
                  "--n", "60", "--out", str(tmp_path / "cmp"), "--no-progress"]) == 2
     assert "'latin4' holds 50" in capsys.readouterr().err
+
+
+def test_a_task_listed_twice_is_refused_by_the_python_api():
+    """compare_samplers(task_names=["copy", "copy"]) would decode copy twice and weigh it double in the
+    overall accuracy; refused as `dllm stress` does (the CLI's --tasks already refuses a repeated value)."""
+    from dllm.eval.compare import check_compare
+
+    with pytest.raises(ValueError, match=r"tasks list a task twice: \['copy', 'copy'\]"):
+        check_compare(["low_confidence"], 1, None, ["copy", "copy"])
