@@ -126,8 +126,9 @@ def speculative_generate(
         tokenizer: for string prompts, stop strings and ``texts`` (default: ``target.tokenizer``);
             its tokens must fit the target's vocabulary.
         return_stats: True returns a ``SpeculativeOutput``; False only its ``sequences`` [B, Lp + G].
-        callback: called after every round with each row's generated ids so far (a list per prompt;
-            accepted tokens are final, so a server streams them); an exception it raises ends the call.
+        callback: called after every round with each row's generated ids so far (a new list per prompt,
+            the callback's to keep or edit; accepted tokens are final, so a server streams them); an
+            exception it raises ends the call.
         fast_path: one prompt with a chain plan on a Qwen3 / Qwen2 / Llama target runs the batch-1
             round of ``fast_path/fast_loop.py`` (a static KV buffer, one host sync per round; same tokens);
             False always runs the general loop (the reference the fast path is tested against).
@@ -181,8 +182,8 @@ def speculative_generate(
         run.prefill()
         while run.active:
             run.round()
-            if callback is not None:
-                callback(run.generated)
+            if callback is not None:  # copies: the loop's own lists grow after the call (and must not be edited)
+                callback([list(g) for g in run.generated])
     sequences, lp = pack_sequences(rows, run.generated, tgt.info.pad_id)
     if not return_stats:
         return sequences

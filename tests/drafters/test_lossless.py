@@ -217,3 +217,25 @@ def test_one_new_token_is_the_prefill_alone(target, truth):
     out = speculative_generate(target, "ngram", PROMPTS, max_new_tokens=1)
     assert out.generated == [t[:1] for t in truth] and out.rounds == 0 and out.target_forwards == 1
     assert out.tau == 0.0 and out.stop_reasons == ["length"] * 3
+
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_callback_gets_snapshots_it_may_keep_or_edit(target, truth, fast_path):
+    """The callback's lists are its own: a kept one stays the ids of its round, and editing one
+    changes nothing in the call (the loop's live lists were passed: every kept list ended as the
+    final output, and a callback appending to one put its token into the output)."""
+    prompts = PROMPTS[:1] if fast_path else PROMPTS
+    kept: list[list[list[int]]] = []
+    out = speculative_generate(target, "ngram", prompts, max_new_tokens=NEW, plan=4, fast_path=fast_path,
+                               callback=kept.append)
+    assert [len(rows[0]) for rows in kept] == [1 + sum(out.acceptance[0][:i + 1]) for i in range(len(kept))]
+    assert kept[-1] == out.generated and len(kept) > 1
+
+    def edit(rows):
+        for r in rows:
+            r.append(PAD)  # the callback's own list: not the call's
+
+    edited = speculative_generate(target, "ngram", prompts, max_new_tokens=NEW, plan=4, fast_path=fast_path,
+                                  callback=edit)
+    assert edited.generated == out.generated == truth[:len(prompts)]
