@@ -253,7 +253,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             build_config(FailFastConfig, parse_options(args.failfast), "drafter", "failfast")
         except (TypeError, ValueError) as err:
             raise ValueError(f"--failfast {args.failfast!r}: {err}") from None
-    return check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
+    checked = check_common_args(args, ("n", "block_size", "dlm_steps", "threads", "max_new_tokens"))
+    if args.n > T.TEST_SPLIT_SIZE:  # instances past the split are not held out of training
+        raise ValueError(f"--n {args.n}: the test split holds {T.TEST_SPLIT_SIZE} instances per task size; "
+                         f"give --n <= {T.TEST_SPLIT_SIZE}")
+    return checked
 
 
 def check_models(args: argparse.Namespace) -> None:

@@ -174,7 +174,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     except ValueError:
         raise ValueError(f"--budgets must be integers >= 1 such as 16,32,64,128, got {args.budgets!r}") from None
     check_budgets(args.budgets)
-    return check_common_args(args, ("n", "block_size", "threads", "max_new_tokens", "prefix", "cost_repeats"))
+    checked = check_common_args(args, ("n", "block_size", "threads", "max_new_tokens", "prefix", "cost_repeats"))
+    if 2 * args.n > T.TEST_SPLIT_SIZE:  # two disjoint splits of n; instances past the split are not held out
+        raise ValueError(f"--n {args.n}: the reported and held-out splits take 2n instances per task size and the "
+                         f"test split holds {T.TEST_SPLIT_SIZE}; give --n <= {T.TEST_SPLIT_SIZE // 2}")
+    return checked
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

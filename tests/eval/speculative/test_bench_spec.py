@@ -101,6 +101,7 @@ def test_forward_counting_and_commits(models):
     (["--tree", "ddtree", "--block-size", "auto"], "picks each prompt's tree itself"),
     (["--methods", "dflash", "--drafter-options", "dflash:model=/nonexistent"],
      r"--drafter-options '/nonexistent' \(for the dflash method\)"),
+    (["--n", "51"], r"--n 51: the test split holds 50 instances per task size; give --n <= 50"),
 ])
 def test_bad_flags(argv, match):
     with pytest.raises(ValueError, match=match):

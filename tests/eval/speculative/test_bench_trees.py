@@ -197,6 +197,7 @@ def test_main_via_dllm_bench_trees(models, tmp_path, capsys):
     (["--temperatures", "-1"], "temperatures must be finite numbers >= 0"),
     (["--tasks", "copy_lon"], "valid tasks: .*copy_long"),
     (["--cost-repeats", "0"], "--cost-repeats must be an integer >= 1"),
+    (["--n", "26"], r"--n 26: the reported and held-out splits take 2n .* give --n <= 25"),
 ])
 def test_bad_flags(argv, match, capsys):
     with pytest.raises(ValueError, match=match):
