@@ -3,7 +3,7 @@ checkpoint the previous one ends at, then the export.
 
 Output directory layout::
 
-    OUT/plan.json                  the recipe name and the overrides of this run (checked on --resume)
+    OUT/plan.json                  the recipe name and max_steps (checked on --resume), from_stage, init_from
     OUT/<stage>/                   the trainer's directory (dllm/train/trainer.py): checkpoints, log.jsonl
     OUT/<stage>/stage.json         written when the stage is finished: its step and the checkpoint taken
     OUT/export/<recipe>/           the exported model (dllm.train.export; loads with dllm.load(path))
@@ -11,7 +11,9 @@ Output directory layout::
 Resuming (``resume=True``) skips the finished stages and continues the unfinished one from its newest
 checkpoint (``Trainer(resume=True)``: bit-identical losses). A ``max_steps`` run (a smoke test: every
 stage stops after at most that many steps, its schedule unchanged) is recorded in ``plan.json`` and
-cannot be resumed as a full run (another ``--out`` is needed), nor the other way round.
+cannot be resumed as a full run (another ``--out`` is needed), nor the other way round. Other
+overrides (``--lr``, ``--tasks``, ``--tiny``) are not recorded: a resume applies the ones it is given,
+as it applies a recipe edited between runs (a changed model shape fails when the checkpoint loads).
 """
 
 from __future__ import annotations
