@@ -5,7 +5,9 @@ verification, arXiv 2607.05147, applied to drafters without a confidence head).
 
 Each round the inner drafter proposes as usual; the confidence of drafted position k is the top
 probability of the drafter's own distribution there (``verify_length.top_confidence``: at T = 0 the
-drafted token's probability; at T > 0 known before the token is drawn, which keeps sampling exact); the
+drafted token's probability when the drafter takes the arg-max of that distribution, as DFlash does;
+a DFlash 2 selector may draft another token, and the top marginal is still the confidence; at T > 0
+known before the token is drawn, which keeps sampling exact; either way it only cuts drafts); the
 policy (``verify_length.py``) turns the confidences into per-row lengths, and the round forwards only
 ``[anchor, d_1..d_L]`` of the longest kept row (``Draft.lengths`` cuts the others). Lossless like every
 draft: verification is unchanged, only fewer drafts reach it. Everything else (tapped layers, block
