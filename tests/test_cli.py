@@ -378,3 +378,32 @@ def test_bench_caches_keeps_its_finished_runs_on_ctrl_c(tmp_path, capsys, monkey
                                ("--dtype", "bogus", "dtype 'bogus' is not supported")):
         assert main(argv[:-3] + [flag, value]) == 2
         assert match in capsys.readouterr().err
+
+
+def test_tasks_listing_columns_line_up(capsys):
+    """Every description starts in the same column, also after the wide sizes ("24..2040")."""
+    assert main(["tasks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {line.index("  ", line.index("..")) for line in lines}  # where the description column begins
+    assert len(lines) > 10 and len(starts) == 1, sorted(starts)
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["serve", "--port", "0"]])
+def test_a_sampler_option_given_twice_is_refused_not_dropped(capsys, no_model_load, command):
+    """``-o threshold=0.5 -o threshold=0.7`` ran at 0.7 without a word about the 0.5."""
+    argv = [command[0], "--model", "tiny-llada", "--sampler", "threshold", "-o", "threshold=0.5",
+            "-o", "threshold=0.7", *command[1:]]
+    assert main(argv) == 2
+    assert "-o threshold given twice (threshold=0.5 and threshold=0.7)" in capsys.readouterr().err
+
+
+def test_serve_closes_its_socket_when_the_model_fails_to_load(capsys, monkeypatch):
+    import dllm.cli.serve as serve
+    import dllm.models
+
+    socks = []
+    monkeypatch.setattr(serve, "bind", lambda host, port: socks.append(serve.socket.socket()) or socks[-1])
+    monkeypatch.setattr(dllm.models, "load", lambda *a, **k: (_ for _ in ()).throw(ValueError("no such model")))
+    assert main(["serve", "--model", "tiny-llada", "--port", "0"]) == 2
+    assert "dllm serve: error: no such model" in capsys.readouterr().err
+    assert len(socks) == 1 and socks[0].fileno() == -1  # closed, not left to the garbage collector

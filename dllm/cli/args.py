@@ -22,6 +22,17 @@ def option(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def option_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``-o NAME=VALUE`` flags as keywords; ValueError for a name given twice (the earlier value
+    would be dropped without a word)."""
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out and out[name] != value:
+            raise ValueError(f"-o {name} given twice ({name}={out[name]!r} and {name}={value!r}); give it once")
+        out[name] = value
+    return out
+
+
 def call_cost_tokens(text: str) -> Any:
     """An argparse type: ``auto`` or an integer >= 0 (``BatcherConfig.call_cost_tokens``)."""
     if text == "auto":

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from dllm.cli.args import add_decode_args, add_model_place, add_quantization, output_png
+from dllm.cli.args import add_decode_args, add_model_place, add_quantization, option_dict, output_png
 
 
 def load_model(args) -> Any:
@@ -46,7 +46,8 @@ def run_generate(args) -> int:
     from dllm.cli.canvas import CanvasView
     from dllm.engine import generate
 
-    if args.order_png:  # checked before loading a model
+    options = option_dict(args.option)  # checked before loading a model, as --order-png
+    if args.order_png:
         import importlib.util
 
         from dllm.eval.order_plot import check_png_path, plot_order
@@ -63,7 +64,7 @@ def run_generate(args) -> int:
         block_length=args.block_length, steps=args.steps, temperature=args.temperature,
         cfg_scale=args.cfg_scale, seed=args.seed, chat=args.chat, stop_at_eos=args.stop_at_eos,
         cache=args.cache, callback=view, return_trace=bool(args.order_png), cuda_graphs=args.cuda_graphs,
-        **dict(args.option),
+        **options,
     )
     text = out.texts[0] if out.texts else " ".join(map(str, out.generated[0].tolist()))
     print(text)
@@ -97,7 +98,9 @@ def run_drafters(args) -> int:
 def run_tasks(args) -> int:
     from dllm.eval.task_eval import list_task_rows
 
-    return _print_rows([(name, f"{sizes:>6}", desc) for name, sizes, desc in list_task_rows()])
+    rows = list_task_rows()
+    width = max(len(sizes) for _, sizes, _ in rows)  # "24..2040": wider than the common "3..8"
+    return _print_rows([(name, f"{sizes:>{width}}", desc) for name, sizes, desc in rows])
 
 
 def info_args(p: argparse.ArgumentParser) -> None:

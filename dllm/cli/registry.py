@@ -14,7 +14,8 @@ of two kinds, both imported only when it runs or prints its ``--help``, so ``dll
 Exit status: the target's int (None or any other value: 0); argparse's 2 for a bad flag; 2 with
 ``dllm <words>: error: <message>`` on stderr for a ValueError, TypeError, KeyError, OSError or
 NotImplementedError (bad input the command found) and for an optional package that is not installed;
-2 for an unknown group or command (the message lists the valid ones); 130 on Ctrl-C.
+2 for an unknown group or command (the message lists the valid ones); 130 on Ctrl-C; 141 (the shell's
+status for SIGPIPE), silently, when the reader of the output went away (``dllm tasks | head -1``).
 
 Ctrl-C: the dispatcher catches KeyboardInterrupt around every command and prints one line on stderr,
 ``dllm bench spec: interrupted``, no traceback, exit status 130. A command that saves its finished
@@ -45,6 +46,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 Target = Union[str, Callable[..., Any]]  # "module:function", or the function itself (tests, plugins)
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT (128 + 2)
+BROKEN_PIPE = 141  # the shell's status for a process ended by SIGPIPE (128 + 13): `dllm tasks | head -1`
 USAGE_ERROR = 2
 BAD_INPUT = (ValueError, TypeError, KeyError, OSError, NotImplementedError)
 HELP = ("-h", "--help")
@@ -238,6 +240,9 @@ def run_guarded(command: Command, argv: Sequence[str]) -> int:
         note = f"; {err.args[0]}" if err.args and err.args[0] else ""
         print(f"{command.prog}: interrupted{note}", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:  # an OSError, but no bad input: the reader closed the pipe (`| head`)
+        _silence_stdout()
+        return BROKEN_PIPE
     except BAD_INPUT as err:
         print(f"{command.prog}: error: {err}", file=sys.stderr)
         return USAGE_ERROR
@@ -249,6 +254,23 @@ def run_guarded(command: Command, argv: Sequence[str]) -> int:
         return USAGE_ERROR
 
 
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so the interpreter's last flush of what the closed pipe did
+    not take fails no more ("Exception ignored ... BrokenPipeError"); the recipe of Python's ``signal``
+    docs ("Note on SIGPIPE"). A stdout with no descriptor (a test's capture) is left as it is."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def _close(word: Optional[str], valid: Sequence[str]) -> str:
     """``" (did you mean 'spec'?)"`` when ``word`` is a near miss of a valid name, else ""."""
     near = difflib.get_close_matches(word, valid, n=1) if word else []
@@ -256,4 +278,4 @@ def _close(word: Optional[str], valid: Sequence[str]) -> str:
 
 
 __all__ = ["Command", "Group", "Registry", "UsageError", "resolve", "run_guarded", "exit_status", "set_threads",
-           "INTERRUPTED", "USAGE_ERROR"]
+           "INTERRUPTED", "USAGE_ERROR", "BROKEN_PIPE"]

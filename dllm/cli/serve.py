@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dllm.cli.args import (POSITIVE, add_quantization, add_threads, at_least, block_size, call_cost_tokens,
-                           flag_plan, option)
+                           flag_plan, option, option_dict)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DIFFUSION_ONLY = ("sampler", "cache", "block_length", "steps", "temperature", "seed", "option", "mode",
@@ -156,7 +156,7 @@ def check_specs(args: argparse.Namespace) -> None:
     from dllm.cache import make_cache
     from dllm.samplers import make_sampler
 
-    for flag, make in (("--sampler", lambda: make_sampler(args.sampler or "low_confidence", **dict(args.option))),
+    for flag, make in (("--sampler", lambda: make_sampler(args.sampler or "low_confidence", **option_dict(args.option))),
                        ("--cache", lambda: make_cache(args.cache or "none"))):
         try:
             make()
@@ -217,7 +217,7 @@ def build_backend(args: argparse.Namespace, chat_template: Optional[str]) -> Any
     defaults = DecodeSettings(sampler=args.sampler or "low_confidence", cache=args.cache or "none",
                               block_length=args.block_length, steps=args.steps,
                               temperature=args.temperature or 0.0, seed=args.seed,
-                              options=tuple(sorted(dict(args.option).items())))
+                              options=tuple(sorted(option_dict(args.option).items())))
     call_cost = args.call_cost_tokens  # default: measured at start, except on ranks that must forward together
     if call_cost is None and args.tensor_parallel is None:
         call_cost = "auto"
@@ -262,7 +262,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK and args.api_key is None:
         print(f"dllm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
               f"machine can use the server", file=sys.stderr)
-    backend = build_backend(args, chat_template)
+    try:
+        backend = build_backend(args, chat_template)
+    except BaseException:  # a model that fails to load (or Ctrl-C while it loads): the port is freed now
+        sock.close()
+        raise
     app = create_app(backend, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout)
 

@@ -306,3 +306,35 @@ def test_python_m_dllm_is_the_command():
     out = subprocess.run([sys.executable, "-m", "dllm", "bench", "--help"], capture_output=True, text=True,
                          env=env, check=True).stdout
     assert out.startswith("usage: dllm bench <command>")
+
+
+def test_a_closed_pipe_is_no_error_line_and_exit_status_141(capsys):
+    """``dllm tasks | head -1``: the reader went away; an OSError, but no bad input to report."""
+    def gone(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    reg = Registry([], [Command("", "gone", "", target=gone)])
+    assert reg.main(["gone"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_output_into_a_closed_pipe_in_a_process_is_silent(tmp_path):
+    """A real closed pipe: no 'error: [Errno 32] Broken pipe', no 'Exception ignored' at the last flush."""
+    script = tmp_path / "chatty.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from dllm.cli.registry import Command, Registry
+
+        def chatty(argv):
+            sys.stdin.readline()  # the test has closed its end of stdout by now
+            for i in range(20000):
+                print("row", i)
+
+        sys.exit(Registry([], [Command("", "chatty", "", target=chatty)]).main(["chatty"]))
+    """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    proc.stdout.close()
+    _, err = proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 141 and err == ""
