@@ -58,6 +58,15 @@ def test_canvas_view_rewrites_in_place_on_a_tty():
     assert stream.getvalue().count("\x1b[1A\x1b[J") == 3  # frames 2..4 erase the previous one
 
 
+def test_canvas_frames_count_the_lines_they_wrap_to_at_the_terminals_width():
+    """A frame's lines as the terminal wraps them (before: its length // 120 + 1, so a frame of exactly
+    120 characters erased one line too many, and a narrower terminal left stale lines)."""
+    from dllm.cli.canvas import screen_lines
+
+    assert screen_lines("x" * 120, 120) == 1 and screen_lines("x" * 121, 120) == 2
+    assert screen_lines("x" * 100, 40) == 3 and screen_lines("a\n\nb", 80) == 3
+
+
 @pytest.mark.parametrize("argv,match", [
     (["generate", "--model", "tiny-random-llada", "--prompt", "x", "--sampler", "nope"], "Unknown sampler 'nope'"),
     (["generate", "--model", "tiny-random-llada", "--prompt", "x", "--gen-length", "0"], "gen_length must be"),

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+
+
+def screen_lines(text: str, columns: int) -> int:
+    """The terminal lines ``text`` takes when its lines wrap at ``columns`` (an empty line takes one)."""
+    columns = max(1, columns)
+    return sum(max(1, -(-len(line) // columns)) for line in text.split("\n"))
 
 
 class CanvasView:
@@ -35,4 +42,4 @@ class CanvasView:
             self.stream.write(f"\x1b[{self.lines}A\x1b[J")
         self.stream.write(text + "\n")
         self.stream.flush()
-        self.lines = text.count("\n") + 1 + len(text) // 120 if self.tty else 0
+        self.lines = screen_lines(text, shutil.get_terminal_size().columns) if self.tty else 0

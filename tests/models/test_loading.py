@@ -198,6 +198,12 @@ def test_unknown_model_type(saved):
         load(saved)
 
 
+def test_an_autoregressive_checkpoint_points_to_the_speculative_loop():
+    """The shipped AR target (qwen3) loaded as a diffusion model: the error says what it is for."""
+    with pytest.raises(ValueError, match=r"unsupported model_type 'qwen3'.*autoregressive model.*dllm spec --target"):
+        load("tiny-ar")
+
+
 def test_missing_required_config_field(saved, family):
     field = "d_model" if family == "llada" else "hidden_size"
     _edit_config(saved, **{field: ..., "rope_theta": ...})

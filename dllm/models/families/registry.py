@@ -24,9 +24,20 @@ def family_class(family: str) -> type[TransformerLM]:
     return FAMILIES[family]
 
 
+AR_MODEL_TYPES = ("qwen3", "qwen2", "llama")  # transformers causal LMs the speculative loop serves as targets
+
+
+def _causal_hint(model_type: object) -> str:
+    """A pointer for an autoregressive checkpoint given where a diffusion model is wanted."""
+    if model_type not in AR_MODEL_TYPES:
+        return ""
+    return (f" ({model_type!r} is an autoregressive model: it is a speculative-decoding target, "
+            f"dllm.speculative_generate / `dllm spec --target`)")
+
+
 def class_for_model_type(model_type: object) -> type[TransformerLM]:
     """config.json ``model_type`` -> model class; ValueError naming the type and the valid ones."""
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported model "
-                         f"types: {', '.join(sorted(MODEL_TYPES))}")
+                         f"types: {', '.join(sorted(MODEL_TYPES))}{_causal_hint(model_type)}")
     return MODEL_TYPES[model_type]
