@@ -85,6 +85,37 @@ def test_adaptive_sampler_that_commits_nothing_still_finishes(model):
     assert (out.generated == 5).all()
 
 
+class _Hopeless(_Lazy):
+    """Adaptive sampler that chooses nothing and scores every position -inf (a log-probability that
+    underflowed, a banned proposal): the progress rule must still commit an active mask."""
+
+    def step(self, inp, state):
+        return StepOutput(commit=torch.zeros_like(inp.active), tokens=inp.tokens.clone().fill_(5),
+                          score=torch.full(inp.tokens.shape, float("-inf")))
+
+
+def test_progress_rule_takes_the_first_active_mask_when_every_score_is_minus_inf():
+    from dllm.engine.progress import guarantee_progress, guarantee_progress_reference
+
+    inf = float("inf")
+    active = torch.tensor([[False, True, True], [True, True, False], [False, False, False], [False, False, True]])
+    score = torch.tensor([[1.0, -inf, -inf], [-inf, -inf, 3.0], [1.0, 2.0, 3.0], [-inf, 2.0, -inf]])
+    want = torch.tensor([[False, True, False], [True, False, False], [False, False, False], [False, False, True]])
+    for active_only in (False, True):
+        decision = StepOutput(commit=torch.zeros(4, 3, dtype=torch.bool), tokens=torch.zeros(4, 3, dtype=torch.long),
+                              score=score, active_only=active_only)
+        assert torch.equal(guarantee_progress(decision, active, last=False, adaptive=True), want)
+        assert torch.equal(guarantee_progress_reference(decision, active, last=False, adaptive=True), want)
+
+
+def test_adaptive_sampler_scoring_minus_inf_still_finishes(model):
+    out = dllm.generate(model, [_ids(model, 3), _ids(model, 5, 1)], sampler=_Hopeless(), gen_length=6,
+                        block_length=3, return_trace=True)
+    assert out.nfe == 6  # one forced commit per step: the first mask of the block
+    assert out.trace.tolist() == [[0, 1, 2, 3, 4, 5]] * 2
+    assert (out.generated == 5).all()
+
+
 def test_callback_sees_every_step(model):
     seen = []
     dllm.generate(model, [_ids(model, 3)], gen_length=8, steps=4,
