@@ -25,7 +25,10 @@ The query is fixed for the whole block (chosen at its first cached step), so ver
 blocks it does not: the next block's columns are chosen from the buffers the steps that ran wrote,
 so ``ssd`` / ``spec_threshold``, which skip the steps they verify, are not token-equal to
 ``low_confidence`` / ``threshold`` under ``drift`` (they are under ``prefix``, ``dual``, ``window``). The
-choice reads the drift on the host once per block (one sync per block, not per step). Samplers with
+choice reads the drift on the host once per block (one sync per block, not per step); it is made for
+the whole batch (columns drifted in some row), so a batch row may recompute columns it would reuse
+alone, and its tokens in a batch can differ from its tokens alone (every other built-in cache gives
+the same tokens either way). Samplers with
 a shadow block (``wino``) cannot use it (the extra columns have no place in the shadow forward):
 the engine says so.
 

@@ -14,7 +14,8 @@
         stop rows whose answer ended (once per block, ``stop_at_eos``)
 
 Batches are left-padded with explicit positions and a key-padding mask, so a prompt decodes to the
-same tokens alone or in a batch (float32).
+same tokens alone or in a batch (float32; except under the ``drift`` cache, whose recomputed columns
+are chosen for the whole batch: ``dllm.cache.drift``).
 """
 
 from __future__ import annotations
