@@ -9,7 +9,9 @@ taken back and their concatenation is exactly the final text.
 The answer's tokens (``answer_ids``: a reply's ``usage.completion_tokens``) end before the first EOS
 and, when a stop string ends the text, with the token that completes that stop string: the tokens an
 autoregressive decoder would have generated before it stopped (as vLLM counts them), not the ones a
-diffusion block committed after it.
+diffusion block committed after it. The text is that of those tokens, cut before the earliest stop
+string in it (as ``dllm.speculative_generate`` ends a row), so it does not depend on how many tokens
+became final at once.
 """
 
 from __future__ import annotations
@@ -75,10 +77,14 @@ class TextStream:
         if eos_at is not None:
             ids, complete, self.ended = ids[:eos_at], True, "eos"
         text = self.decode(ids)
-        cut = stop_cut(text, self.stops)
-        if cut is not None:
-            text, complete, self.ended = text[:cut], True, "stop"
+        if stop_cut(text, self.stops) is not None:
+            # the text of the tokens up to the one that completes a stop string, cut before the earliest
+            # stop string in it: the same answer however many tokens became final at once (one step may
+            # commit a stop string that starts early and one that ends earlier: "A B C" and "B" in "A B C")
             ids = ids[:stop_end(ids, self.decode, self.stops)]
+            text = self.decode(ids)
+            cut = stop_cut(text, self.stops)
+            text, complete, self.ended = text[:cut], True, "stop"
         self.answer_ids = ids
         if complete:
             self.text = text

@@ -115,6 +115,24 @@ def test_stop_string_cuts_before_it(llada):
     assert "".join(e.text for e in events if isinstance(e, Delta)) == done.text
 
 
+@pytest.mark.parametrize("steps", [1, 5])
+def test_overlapping_stop_strings_give_one_answer_whatever_a_step_commits(llada, steps):
+    # "B" is completed by the 2nd answer token, "A B C" (starting earlier) by the 3rd: the answer stops
+    # after "A B" with the text "A " (as speculative_generate and vLLM stop), whether one step commits
+    # the whole answer (steps=1) or one token (steps=5)
+    engine = DiffusionBackend(llada, name="tiny-llada")
+    try:
+        job = engine.submit(JobRequest(engine.encode_prompt(PROMPTS[0]), 5, DecodeSettings(steps=steps),
+                                       stop=("A B C", "B"), stream=True))
+        events = list(job.events(timeout=60))
+    finally:
+        engine.close()
+    done = events[-1]
+    assert dllm.generate(llada, PROMPTS[0], gen_length=5, steps=steps).texts[0] == "A B C D"
+    assert done.text == "A " and done.completion_tokens == 2 and done.finish_reason == "stop"
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == done.text
+
+
 def test_cancel_leaves_the_batch_and_others_are_unchanged(llada):
     engine = DiffusionBackend(llada, name="tiny-llada", max_running=4)
     try:

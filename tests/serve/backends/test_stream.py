@@ -37,3 +37,17 @@ def test_complete_flushes_the_held_back_tail():
     s = TextStream(decode, frozenset({9}), ("C D",))
     assert s.update([1, 3]) == ("A ", (1, 3))  # "C" held back; the delta carries the ids made final
     assert s.update([1, 3], complete=True) == ("C", ()) and s.text == "A C" and s.ended is None
+
+
+def test_a_stop_string_that_ends_first_wins_however_many_tokens_become_final_at_once():
+    # "B" is completed by the 2nd token, "A B C" (which starts earlier) by the 3rd: an autoregressive
+    # decoder (and speculative_generate) stops after "A B" with the text "A "; a diffusion step that
+    # commits all three tokens at once must give the same text, and the text of the tokens counted
+    stops = ("A B C", "B")
+    one_by_one = TextStream(decode, frozenset({9}), stops)
+    for prefix in ([1], [1, 2]):
+        one_by_one.update(prefix)
+    at_once = TextStream(decode, frozenset({9}), stops)
+    at_once.update([1, 2, 3, 4])
+    for s in (one_by_one, at_once):
+        assert s.ended == "stop" and s.text == "A " and s.answer_ids == [1, 2]
