@@ -72,6 +72,10 @@ def test_canvas_frames_count_the_lines_they_wrap_to_at_the_terminals_width():
     (["generate", "--model", "tiny-random-llada", "--prompt", "x", "--gen-length", "0"], "gen_length must be"),
     (["generate", "--model", "tiny-random-llada", "--prompt", "x", "-o", "bogus=1"], "Unknown option"),
     (["info", "/no/such/model-dir"], "/no/such/model-dir"),
+    # the command's flags, not generate's keyword arguments (before: "pass chat=False", "use cuda_graphs='static'")
+    (["generate", "--model", "tiny-llada", "--prompt", "x", "--chat"], "drop --chat and give a raw --prompt"),
+    (["generate", "--model", "tiny-llada", "--prompt", "x", "--cuda-graphs"],
+     "--cuda-graphs replays CUDA graphs: it needs a CUDA model (--device cuda), but the model is on cpu"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, argv, match):
     assert main(argv) == 2

@@ -45,6 +45,7 @@ def generate_args(p: argparse.ArgumentParser) -> None:
 def run_generate(args) -> int:
     from dllm.cli.canvas import CanvasView
     from dllm.engine import generate
+    from dllm.inputs import model_device
 
     options = option_dict(args.option)  # checked before loading a model, as --order-png
     if args.order_png:
@@ -55,6 +56,11 @@ def run_generate(args) -> int:
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--order-png needs matplotlib: pip install dllm[eval]")
     model = load_model(args)
+    if args.chat:  # the model's own message, ending in what to do with this command's flags
+        model.usable_chat_template(hint="drop --chat and give a raw --prompt")
+    if args.cuda_graphs and model_device(model).type != "cuda":
+        raise ValueError(f"--cuda-graphs replays CUDA graphs: it needs a CUDA model (--device cuda), but the model "
+                         f"is on {model_device(model).type}")
     if args.compile:
         from dllm.models.core.compile import compile_model
         compile_model(model, args.compile)

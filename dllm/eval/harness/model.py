@@ -163,10 +163,7 @@ class DllmLM(LM):
         return self.model.chat_template if chat_template else None
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        try:
-            template = self.model.usable_chat_template()
-        except ValueError as err:
-            raise ValueError(f"{err} (lm-eval: run without --apply_chat_template)") from None
+        template = self.model.usable_chat_template(hint="run lm-eval without --apply_chat_template")
         kwargs = dict(chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
                       continue_final_message=not add_generation_prompt)
         try:

@@ -37,16 +37,17 @@ class PromptsMixin:
         """``model 'tiny-llada'`` for a loaded model, else ``this llada model``."""
         return f"model {self.name_or_path!r}" if self.name_or_path else f"this {self.family or type(self).__name__} model"
 
-    def usable_chat_template(self) -> str:
+    def usable_chat_template(self, hint: str = "pass chat=False and a raw prompt") -> str:
         """The chat template, or a ValueError naming the model when it has no usable one: its tokenizer
         ships none and the family defines none, or the family's default needs special tokens
         (``<|im_start|>``, ...) that the tokenizer's vocabulary lacks (the embedded task models' word
-        vocabularies), where rendering it would only give words the tokenizer does not know."""
+        vocabularies), where rendering it would only give words the tokenizer does not know. ``hint``
+        ends the message: what the caller's user can do instead (the CLI's flags, the server's)."""
         tok = self._require_tokenizer()
         template = self.chat_template
         if template is None:
             raise ValueError(f"{self.display_name} has no chat template: its tokenizer has none and family "
-                             f"{self.family!r} defines no default; pass chat=False and a raw prompt")
+                             f"{self.family!r} defines no default; {hint}")
         if template is self.default_chat_template:
             vocab = tok.get_vocab()
             missing = [t for t in dict.fromkeys(re.findall(r"<\|[^|<>]+\|>", template)) if t not in vocab]
@@ -54,7 +55,7 @@ class PromptsMixin:
                 raise ValueError(
                     f"{self.display_name} has no chat template: its tokenizer has none, and the {self.family} "
                     f"default template needs the tokens {', '.join(map(repr, missing))}, which its "
-                    f"{len(vocab)}-entry vocabulary lacks; pass chat=False and a raw prompt")
+                    f"{len(vocab)}-entry vocabulary lacks; {hint}")
         return template
 
     def render_chat(self, messages: Messages) -> str:

@@ -217,9 +217,10 @@ class DiffusionBackend(Scheduler):
         template = self.chat_template
         if template is None:
             try:
-                template = self.model.usable_chat_template()
+                template = self.model.usable_chat_template(
+                    hint="send a raw prompt to /v1/completions, or start the server with --chat-template FILE")
             except ValueError as err:
-                raise BadRequest("messages", f"{err}; start the server with --chat-template FILE") from None
+                raise BadRequest("messages", str(err)) from None
         return chat_ids(self.tokenizer, template, messages, self.encode_prompt)
 
     def decode(self, ids: list[int]) -> str:
