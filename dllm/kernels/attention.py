@@ -160,7 +160,8 @@ backends.add("sdpa_plain", Backend("sdpa_plain", sdpa_plain_attention, False, 1)
 # Triton, registered lazily: nothing is imported until the backend is resolved or called. It can
 # run with triton installed on a CUDA device, or on CPU under TRITON_INTERPRET=1 (tests only: slow);
 # otherwise its refusal says why, so "auto" records it and attn_backend="triton" raises it. "auto"
-# times it against sdpa on CUDA tensors only; it takes padding masks only, and has no backward.
+# times it against sdpa on CUDA tensors only; it takes boolean masks whose rows' key sets are nested
+# (padding, block-causal: ``dllm.kernels.triton.padding``), and has no backward.
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -192,12 +193,13 @@ class _LazyTritonBackend(Backend):
         if reason is not None:
             return reason
         if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
-            return (f"{self.name}: takes boolean key-padding masks [B, 1, 1|Tq, Tk] only, got "
+            return (f"{self.name}: takes boolean masks [B, 1, 1|Tq, Tk] only, got "
                     f"{mask.dtype} {tuple(mask.shape)}")
         if mask is not None and mask.shape[2] != 1:  # a row mask (SDAR's block-causal, ragged batches' pad rows)
-            return (f"{self.name}: converts a [B, 1, Tq, Tk] mask to key padding with a host read per new mask, "
-                    f"which a CUDA graph capture cannot make, so auto leaves row masks to sdpa (got "
-                    f"{tuple(mask.shape)}; attn_backend='triton' still takes them eagerly)")
+            return (f"{self.name}: converts a [B, 1, Tq, Tk] mask to per-key counts and per-row thresholds with a "
+                    f"host read per new mask (to check that its rows' key sets are nested), which a CUDA graph "
+                    f"capture cannot make, so auto leaves row masks to sdpa (got {tuple(mask.shape)}; "
+                    f"attn_backend='triton' takes nested ones eagerly: padding, pad queries, block-causal)")
         if q.device.type != "cuda":
             return f"{self.name}: needs CUDA tensors, got {q.device.type}"
         if q.dtype not in _TRITON_DTYPES or q.shape[-1] > 256:
@@ -212,7 +214,7 @@ def _triton_attention(q, k, v, mask=None, return_probs=False):
 
 
 backends.add("triton", _LazyTritonBackend("triton", _triton_attention, False, 5, differentiable=False),
-             description="Triton flash-attention forward (GQA in-kernel, key-padding masks; "
+             description="Triton flash-attention forward (GQA in-kernel, padding and block-causal masks; "
                          "dllm.kernels.triton.attention)")
 
 

@@ -13,7 +13,7 @@ import torch
 from dllm.kernels.attention import reference_attention, resolve_backend
 from dllm.kernels.reference import attention_reference
 from dllm.kernels.triton.attention import flash_attention, triton_attention
-from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_key_padding
+from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_thresholds
 from dllm.models.inputs import padding_attn_mask, square_padding_mask
 
 from .conftest import DEVICE, INTERPRETED
@@ -134,27 +134,32 @@ def _padding_mask(b: int, t: int) -> torch.Tensor:
     return real
 
 
+def _allowed(count: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """The kernel's rule: (key_count [B, Tk], query_threshold [B, Tq]) -> bool [B, Tq, Tk]."""
+    assert count.dtype == threshold.dtype == torch.int32
+    return count[:, None, :] >= threshold[:, :, None]
+
+
 def test_mask_adapter_recovers_padding_mask():
     real = _padding_mask(2, 24)
     full = square_padding_mask(real)  # [B, 1, T, T]: keys | pad queries
-    kp, qa = mask_to_key_padding(full, 2, 24, 24)
-    assert torch.equal(kp, real) and torch.equal(qa, ~real)
-    assert mask_to_key_padding(full, 2, 24, 24) is mask_to_key_padding(full, 2, 24, 24)  # memoised
-    kp, qa = mask_to_key_padding(padding_attn_mask(real), 2, 24, 24)  # the models' mask: [B, 1, 1, T]
-    assert torch.equal(kp, real) and qa is None
+    assert torch.equal(_allowed(*mask_to_thresholds(full, 2, 24, 24)), full[:, 0])
+    assert mask_to_thresholds(full, 2, 24, 24) is mask_to_thresholds(full, 2, 24, 24)  # memoised
+    count, threshold = mask_to_thresholds(padding_attn_mask(real), 2, 24, 24)  # the models' mask: [B, 1, 1, T]
+    assert torch.equal(count, real.int()) and torch.equal(_allowed(count, threshold), real[:, None].expand(2, 24, 24))
     cached = real[:, None, None, :].expand(2, 1, 8, 24) | torch.zeros(2, 1, 8, 1, dtype=torch.bool)
-    kp, qa = mask_to_key_padding(cached, 2, 8, 24)  # CacheView.attn_mask: queries right of the prompt
-    assert torch.equal(kp, real) and qa is None
+    count, threshold = mask_to_thresholds(cached, 2, 8, 24)  # CacheView.attn_mask: queries right of the prompt
+    assert torch.equal(_allowed(count, threshold), cached[:, 0])
 
 
 @pytest.mark.parametrize("bad, match", [
-    (torch.ones(2, 4, 24, 24, dtype=torch.bool), r"key-padding masks \[B, 1, 1, Tk\]"),  # per head
-    (torch.ones(2, 1, 24, 24).tril().bool(), "key_padding | pad_queries only"),  # causal
+    (torch.ones(2, 4, 24, 24, dtype=torch.bool), r"masks \[B, 1, 1, Tk\]"),  # per head
+    (torch.ones(2, 1, 24, 24).tril().bool().triu(-3), "rows' allowed keys are nested"),  # sliding window
     (torch.zeros(2, 1, 1, 24), "boolean masks only"),  # additive float mask
 ])
 def test_mask_adapter_refuses_other_masks(bad, match):
     with pytest.raises(UnsupportedMaskError, match=match):
-        mask_to_key_padding(bad, 2, 24, 24)
+        mask_to_thresholds(bad, 2, 24, 24)
 
 
 @pytest.mark.parametrize("hkv", [4, 2])

@@ -9,13 +9,18 @@ the preallocated K/V buffers. This kernel computes
 with online softmax (running max and denominator per query row, float32 accumulators), so neither
 the [Tq, Tk] scores nor a [Tq, Tk] mask are ever materialised, and without copying K/V per query
 head (g = H / Hkv; query head h reads KV head h // g, as ``repeat_interleave`` does in LLaDA and
-Qwen2). Allowed keys are described per key and per row, never per (query, key) pair:
+Qwen2). Allowed keys are described per key and per row, never per (query, key) pair, by two int32
+vectors:
 
-    allowed(b, t, j) = j < key_end[b]  and  (key_padding[b, j]  or  query_attends_all[b, t])
+    allowed(b, t, j) = j < key_end[b]  and  key_count[b, j] >= query_threshold[b, t]
 
-``key_padding`` is the canvas padding mask; ``query_attends_all`` marks pad queries that attend to
-everything (the square masks ``keys | pad_queries`` that the models built until 2026-12-02; their
-``dllm.models.inputs.padding_attn_mask`` is now the broadcast key mask [B, 1, 1, T]);
+which express exactly the masks whose rows' allowed-key sets are nested (totally ordered by
+inclusion): with key_count[j] = the number of rows that may attend key j and query_threshold[t] =
+the smallest count among row t's keys (``dllm.kernels.triton.padding.nested_thresholds``). That covers
+key padding, pad queries that attend to everything, block-causal masks (SDAR, arXiv 2510.06303;
+Fast-dLLM v2; LLaDA 2) and their ANDs. The older arguments ``key_padding`` (the canvas padding mask)
+and ``query_attends_all`` (pad queries that see every key: ``keys | pad_queries``) are special cases,
+turned into the two vectors (counts 0/1; thresholds 1, or 0 for such a row).
 ``key_end`` lets a caller pass a whole buffer and have the keys past a window ignored.
 
 A cached step has few query tiles against thousands of keys, so on a GPU the keys are also split
@@ -24,11 +29,11 @@ its log-sum-exp, and one more kernel merges them (``num_splits``: ``dllm.kernels
 interpreter unless asked for).
 
 Public API:
-- ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, return_lse=, num_splits=)``
-  -> out [, lse [B, H, Tq] float32] — the kernel contract.
+- ``flash_attention(q, k, v, key_padding=, query_attends_all=, key_end=, key_count=, query_threshold=,
+  return_lse=, num_splits=)`` -> out [, lse [B, H, Tq] float32] — the kernel contract.
 - ``triton_attention(q, k, v, mask=None, return_probs=False)`` — the ``attn_backend="triton"``
-  function: turns boolean masks ([B, 1, 1, Tk], the models', or [B, 1, Tq, Tk] of the form
-  ``keys | pad_queries``) into the contract's vectors (``dllm.kernels.triton.padding``); refuses other
+  function: turns boolean masks ([B, 1, 1, Tk], the models', or [B, 1, Tq, Tk] with nested rows:
+  padding, block-causal) into the contract's vectors (``dllm.kernels.triton.padding``); refuses other
   masks and ``return_probs``.
 - ``unavailable_reason()`` — None when the kernel can run here, else why not.
 
@@ -56,7 +61,7 @@ import triton.language as tl
 
 from dllm.kernels.triton.launch import next_pow2, observed_launch, plan_attention, recording
 from dllm.kernels.reference import key_end_tensor
-from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_key_padding
+from dllm.kernels.triton.padding import UnsupportedMaskError, mask_to_thresholds
 
 
 def _interpreted(fn) -> bool:
@@ -73,19 +78,19 @@ def _attn_fwd_kernel(
     Q, K, V, Out, Lse,  # q/out [B, H, Tq, D]; k/v [B, Hkv, Tk, D]; lse [B, H, Tq] float32
     # (split: out [S, B, H, Tq, D] float32 partials, lse [S, B, H, Tq]; split s owns key tiles
     #  [s * split_len, (s + 1) * split_len), and the wrapper merges the partials by their lse)
-    KeyPad, QAll, KeyEnd,  # uint8 [B, Tk] (1 = real key); uint8 [B, Tq]; int32 [B]
+    KeyCnt, RowThr, KeyEnd,  # int32 [B, Tk], int32 [B, Tq]: key j allowed to row t iff cnt >= thr; int32 [B]
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    stride_pb, stride_pt,  # KeyPad
-    stride_ab, stride_at,  # QAll
+    stride_cb, stride_cj,  # KeyCnt
+    stride_rb, stride_rt,  # RowThr
     H, Tq, Tk, qk_scale,  # qk_scale = sm_scale * log2(e): softmax in base 2 (exp2 is the cheap one)
     split_len, stride_os, stride_ls,  # keys per split (a multiple of BLOCK_N); split strides of Out, Lse
     GROUPS: tl.constexpr,  # H // Hkv
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,  # BLOCK_D = next power of two >= max(HEAD_DIM, 16)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_KEY_PAD: tl.constexpr, HAS_Q_ALL: tl.constexpr, HAS_KEY_END: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_KEY_END: tl.constexpr,
     WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16)
@@ -112,8 +117,8 @@ def _attn_fwd_kernel(
         kend = tl.minimum(tl.load(KeyEnd + b), Tk)
     else:
         kend = Tk
-    if HAS_Q_ALL:
-        q_all = tl.load(QAll + b * stride_ab + offs_m * stride_at, mask=m_ok, other=0) != 0  # [BLOCK_M]
+    if HAS_MASK:
+        thr = tl.load(RowThr + b * stride_rb + offs_m * stride_rt, mask=m_ok, other=0)  # [BLOCK_M] int32
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running denominator
@@ -129,12 +134,9 @@ def _attn_fwd_kernel(
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         # -- mask as broadcast comparisons: per key, per query row; never a [Tq, Tk] tensor
-        if HAS_KEY_PAD:
-            kp = tl.load(KeyPad + b * stride_pb + cols * stride_pt, mask=n_ok, other=0) != 0
-            if HAS_Q_ALL:
-                ok = (kp[None, :] | q_all[:, None]) & n_ok[None, :]
-            else:
-                ok = kp[None, :] & n_ok[None, :]
+        if HAS_MASK:
+            cnt = tl.load(KeyCnt + b * stride_cb + cols * stride_cj, mask=n_ok, other=0)  # [BLOCK_N] int32
+            ok = (cnt[None, :] >= thr[:, None]) & n_ok[None, :]
         else:
             ok = n_ok[None, :]
         s = tl.where(ok, s, float("-inf"))
@@ -196,6 +198,8 @@ def flash_attention(
     query_attends_all: Optional[torch.Tensor] = None,  # bool [B, Tq], True = ignore key_padding
     key_end: Union[int, torch.Tensor, None] = None,  # int or [B]: keys at or past it are ignored
     *,
+    key_count: Optional[torch.Tensor] = None,  # int32 [B, Tk] } key j allowed to row t iff
+    query_threshold: Optional[torch.Tensor] = None,  # int32 [B, Tq] } key_count[j] >= query_threshold[t]
     sm_scale: Optional[float] = None,  # default 1 / sqrt(D)
     return_lse: bool = False,
     block_m: Optional[int] = None,
@@ -208,7 +212,11 @@ def flash_attention(
 
     Returns out [B, H, Tq, D] in q's dtype, plus lse [B, H, Tq] float32 (natural log of the softmax
     denominator of the scaled scores) when ``return_lse``. Any strides are accepted (e.g. a slice
-    ``buf[:, :, :key_end]`` of a cache buffer); nothing is copied except the masks (to uint8).
+    ``buf[:, :, :key_end]`` of a cache buffer); nothing is copied except the bool masks (to int32).
+
+    The mask: either ``key_count`` and ``query_threshold`` (any int32 values, strides 0 allowed:
+    ``dllm.kernels.triton.padding.mask_to_thresholds`` builds them from a bool mask with nested rows,
+    e.g. block-causal), or ``key_padding`` (optionally with ``query_attends_all``), or none.
 
     num_splits: split the keys into this many ranges run by separate programs (flash-decoding), then
     merge the float32 partial outputs by their lse. A cached step has few query tiles (B x H x
@@ -239,23 +247,34 @@ def flash_attention(
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     if recording() is None and (k.device != q.device or v.device != q.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    for name, flags, shape in (("key_padding", key_padding, f"B={bsz}, Tk={tk}"),
-                               ("query_attends_all", query_attends_all, f"B={bsz}, Tq={tq}")):
-        # bool only: another dtype read as uint8 would truncate (a float 0.5 would mask its key)
-        if flags is not None and (tuple(flags.shape) != ((bsz, tk) if name == "key_padding" else (bsz, tq))
-                                  or flags.dtype != torch.bool or (recording() is None and flags.device != q.device)):
-            raise ValueError(f"{name} must be bool [{shape}] on {q.device}, got {flags.dtype} "
-                             f"{tuple(flags.shape)} on {flags.device}")
-    if query_attends_all is not None and key_padding is None:
-        query_attends_all = None  # every key is allowed anyway
+    keys, rows = f"B={bsz}, Tk={tk}", f"B={bsz}, Tq={tq}"
+    for name, flags, dims, dtype in (("key_padding", key_padding, keys, torch.bool),
+                                     ("query_attends_all", query_attends_all, rows, torch.bool),
+                                     ("key_count", key_count, keys, torch.int32),
+                                     ("query_threshold", query_threshold, rows, torch.int32)):
+        # exact dtypes: a float 0.5 key_padding cast to int would mask its key
+        shape = (bsz, tk) if dims is keys else (bsz, tq)
+        if flags is not None and (tuple(flags.shape) != shape or flags.dtype != dtype
+                                  or (recording() is None and flags.device != q.device)):
+            raise ValueError(f"{name} must be {str(dtype).removeprefix('torch.')} [{dims}] on {q.device}, got "
+                             f"{flags.dtype} {tuple(flags.shape)} on {flags.device}")
+    if (key_count is None) != (query_threshold is None):
+        raise ValueError("key_count and query_threshold go together (allowed iff key_count >= query_threshold); "
+                         f"got only {'key_count' if query_threshold is None else 'query_threshold'}")
+    if key_count is not None and (key_padding is not None or query_attends_all is not None):
+        raise ValueError("pass the mask either as key_count/query_threshold or as key_padding/query_attends_all, not both")
+    if key_padding is not None:  # the same contract: counts 0/1, thresholds 1 (0 for a row that sees every key)
+        key_count = key_padding.to(torch.int32)
+        query_threshold = ((~query_attends_all).to(torch.int32) if query_attends_all is not None
+                           else torch.ones((), dtype=torch.int32, device=q.device).expand(bsz, tq))
 
     if tq == 0 or bsz == 0:  # nothing to compute (the launch plan needs a query row and a batch row)
         out = torch.empty_like(q)
         return (out, torch.empty((bsz, h, tq), dtype=torch.float32, device=q.device)) if return_lse else out
-    # masks as uint8 (bool pointers are not portable across triton versions); usually [B, Tk]: tiny
     dummy = q  # stands in for absent optional pointers (never read)
-    kp = key_padding.to(torch.uint8) if key_padding is not None else dummy
-    qa = query_attends_all.to(torch.uint8) if query_attends_all is not None else dummy
+    has_mask = key_count is not None  # else no mask loads at all
+    kc = key_count if has_mask else dummy
+    qt = query_threshold if has_mask else dummy
     ends = key_end_tensor(key_end, bsz, tk, q.device)
     ke = ends.to(torch.int32) if ends is not None else dummy
 
@@ -277,15 +296,13 @@ def flash_attention(
                                 "num_stages": num_stages or (3 if block_d <= 128 else 2)}
     observed_launch(
         "flash_attention", _attn_fwd_kernel, (m_tiles, bsz * h, num_splits),
-        q, k, v, out, lse, kp, qa, ke,
+        q, k, v, out, lse, kc, qt, ke,
         *q.stride(), *k.stride(), *v.stride(), *o_strides,
-        kp.stride(0) if key_padding is not None else 0, kp.stride(1) if key_padding is not None else 0,
-        qa.stride(0) if query_attends_all is not None else 0, qa.stride(1) if query_attends_all is not None else 0,
+        *(kc.stride() if has_mask else (0, 0)), *(qt.stride() if has_mask else (0, 0)),
         h, tq, tk, scale * 1.4426950408889634,
         split_len, out.stride(0) if num_splits > 1 else 0, lse.stride(0) if num_splits > 1 else 0,
         GROUPS=h // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        HAS_KEY_PAD=key_padding is not None, HAS_Q_ALL=query_attends_all is not None,
-        HAS_KEY_END=ends is not None, WRITE_LSE=return_lse or num_splits > 1,
+        HAS_MASK=has_mask, HAS_KEY_END=ends is not None, WRITE_LSE=return_lse or num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
         **launch,
     )
@@ -352,7 +369,7 @@ def triton_attention(
     q: torch.Tensor,  # [B, H, Tq, hd]
     k: torch.Tensor,  # [B, Hkv, Tk, hd]
     v: torch.Tensor,
-    mask: Optional[torch.Tensor] = None,  # bool, [B, 1, 1, Tk] or [B, 1, Tq, Tk] padding mask
+    mask: Optional[torch.Tensor] = None,  # bool, [B, 1, 1, Tk] or [B, 1, Tq, Tk] with nested rows (padding, block-causal)
     return_probs: bool = False,
     **launch: Any,
 ) -> tuple[torch.Tensor, None]:
@@ -361,11 +378,11 @@ def triton_attention(
     if return_probs:
         raise ValueError("the triton attention backend cannot return attention probabilities; "
                          "use attn_backend='reference'")
-    key_padding = query_attends_all = None
+    count = threshold = None
     if mask is not None:
-        key_padding, query_attends_all = mask_to_key_padding(mask, q.shape[0], q.shape[2], k.shape[2])
-    return flash_attention(q, k, v, key_padding, query_attends_all, **launch), None
+        count, threshold = mask_to_thresholds(mask, q.shape[0], q.shape[2], k.shape[2])
+    return flash_attention(q, k, v, key_count=count, query_threshold=threshold, **launch), None
 
 
-__all__ = ["flash_attention", "triton_attention", "mask_to_key_padding", "unavailable_reason",
+__all__ = ["flash_attention", "triton_attention", "mask_to_thresholds", "unavailable_reason",
            "UnsupportedMaskError"]
