@@ -45,6 +45,7 @@ from typing import Any, Optional
 import torch
 
 from dllm.options import SettingError, check_int, check_unit
+from dllm.outputs import eos_tensor
 from dllm.samplers import draws
 from dllm.samplers._ops import gumbel_perturb, window_output
 from dllm.samplers.base import Sampler, register_sampler
@@ -78,15 +79,6 @@ def accepted_prefix(match: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     first = active & (draft_rank(active) == 0)
     ok = match | first | ~active  # committed positions left of the drafts do not break the run
     return torch.cumprod(ok.long(), dim=1).bool() & active
-
-
-def is_any(tokens: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
-    """Where ``tokens`` is one of ``ids`` (the model's EOS/EoT ids, as the engine's stop rule reads
-    them): one comparison per id, no index tensor to upload. [B, W] -> [B, W] bool."""
-    hit = torch.zeros_like(tokens, dtype=torch.bool)
-    for t in ids:
-        hit |= tokens == int(t)
-    return hit
 
 
 def mixture_argmax(diffusion_logits: torch.Tensor, verifier_logits: torch.Tensor, weight: float) -> torch.Tensor:
@@ -153,7 +145,8 @@ class APD(Sampler):
         commit = accept
         eos_ids = state.extras.get("eos_ids", ())
         if eos_ids:  # a row that accepted any of its EOS/EoT ids is done: the first EOS on the rest of its block
-            done = (accept & is_any(x0, eos_ids)).any(dim=1, keepdim=True)  # [B, 1]
+            done = (accept & torch.isin(x0, eos_tensor(state))).any(dim=1, keepdim=True)  # [B, 1] (the call's
+            #   EOS ids on the device, made once per call: no upload per step)
             rest = inp.active[:, ws:we] & ~accept & done
             tokens = torch.where(rest, torch.full_like(x0, eos_ids[0]), tokens)
             commit = accept | rest
@@ -176,4 +169,4 @@ class APD(Sampler):
         return argmax_excluding(gumbel_perturb(logits / t, t, u), inp.mask_id)  # the reference scales first
 
 
-__all__ = ["APD", "APDConfig", "accepted_prefix", "draft_rank", "is_any", "load_verifier", "mixture_argmax"]
+__all__ = ["APD", "APDConfig", "accepted_prefix", "draft_rank", "load_verifier", "mixture_argmax"]
