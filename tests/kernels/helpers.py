@@ -34,3 +34,16 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float, 
     log.info("%s: rel-RMS %.3e, max-abs %.3e", name, err, max_abs)
     assert err <= ratio or max_abs <= atol, f"{name}: relative RMS error {err:.3e} > {ratio:.1e} (max-abs {max_abs:.3e})"
     return err
+
+
+def left_padded(model, lengths=(9, 5), seed=0, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids of ``lengths`` left-padded with the model's pad id, and their real-token mask, on
+    ``device``: ([B, T] long, [B, T] bool)."""
+    t = max(lengths)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, 60, (len(lengths), t), generator=g)
+    real = torch.zeros(len(lengths), t, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        real[b, t - n:] = True
+        ids[b, : t - n] = model.pad_id
+    return ids.to(device), real.to(device)

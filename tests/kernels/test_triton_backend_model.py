@@ -10,18 +10,7 @@ import dllm
 from dllm.models import tiny
 
 from .conftest import DEVICE
-from .helpers import assert_close
-
-
-def _left_padded(model, lengths=(9, 5), seed=0):
-    t = max(lengths)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, 60, (len(lengths), t), generator=g)
-    real = torch.zeros(len(lengths), t, dtype=torch.bool)
-    for b, n in enumerate(lengths):
-        real[b, t - n:] = True
-        ids[b, : t - n] = model.pad_id
-    return ids.to(DEVICE), real.to(DEVICE)
+from .helpers import assert_close, left_padded
 
 
 @pytest.mark.parametrize("family, overrides", [("llada", {}), ("dream", {"n_kv_heads": 2})],
@@ -30,7 +19,7 @@ def _left_padded(model, lengths=(9, 5), seed=0):
 def test_tiny_model_forward_matches_reference_backend(family, overrides, padded):
     model = tiny(family, attn_backend="triton", **overrides).to(DEVICE)
     assert model.attn_backend == "triton"
-    ids, real = _left_padded(model)
+    ids, real = left_padded(model, device=DEVICE)
     kpm = real if padded else None
     with torch.no_grad():
         fast = model(ids, key_padding_mask=kpm).logits

@@ -17,7 +17,7 @@ from dllm.models import tiny
 from dllm.models.core.layer.block import block_causal_mask
 
 from .conftest import DEVICE
-from .helpers import assert_close
+from .helpers import assert_close, left_padded
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -104,22 +104,11 @@ def test_flash_attention_mask_argument_checks():
         flash_attention(q, k, k, count.bool(), key_count=count, query_threshold=count[:, :4])
 
 
-def _left_padded(model, lengths, seed=0):
-    t = max(lengths)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, 60, (len(lengths), t), generator=g)
-    real = torch.zeros(len(lengths), t, dtype=torch.bool)
-    for b, n in enumerate(lengths):
-        real[b, t - n:] = True
-        ids[b, : t - n] = model.pad_id
-    return ids.to(DEVICE), real.to(DEVICE)
-
-
 @pytest.mark.parametrize("family, lengths", [("sdar", (14, 9)), ("fastdllm_v2", (27, 20)), ("llada2", (13, 6))])
 def test_block_causal_tiny_models_match_sdpa(family, lengths):
     """SDAR and LLaDA 2 (blocks of 4: 4 blocks), Fast-dLLM v2 (blocks of 8: 4 blocks), left-padded, GQA 4:2."""
     model = tiny(family, seed=1, attn_backend="triton").to(DEVICE)
-    ids, real = _left_padded(model, lengths)
+    ids, real = left_padded(model, lengths, device=DEVICE)
     with torch.no_grad():
         fast = model(ids, key_padding_mask=real).logits
         one = model(ids[:1, : lengths[0] - 1]).logits  # unpadded, 3+ blocks, odd length
