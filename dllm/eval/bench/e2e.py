@@ -184,7 +184,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {out / 'e2e.json'} and {out / 'e2e.png'}")
         return 0
 
-    def kept() -> str:  # every finished pair was written when it finished
+    def kept() -> str:  # every finished pair was written when it finished; merged ones are written here
+        if verdicts:  # --merge pairs with no new pair finished yet: the file the message names must hold them
+            done = {k: n for k, n in n_per_task.items() if k in verdicts}  # not the pair cut short
+            write(out, ours, done, args.repeats, verdicts, results, args.cuda_graphs)
         return finished(len(verdicts), "pair", str(out / "e2e.json") if verdicts else None,
                         "; --merge that file to measure only the missing pairs")
 
