@@ -56,9 +56,9 @@ def main() -> int:
 
     def write() -> None:
         (out / "block-compare.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-        lines = [f"# tiny-sdar beside tiny-llada and tiny-dream, blocks of 4\n", f"    {command}\n",
+        lines = ["# tiny-sdar beside tiny-llada and tiny-dream, blocks of 4\n", f"    {command}\n",
                  f"{args.n} PB-mini test examples per task (31 tasks); tokens/s is the median of {args.repeats} "
-                 "interleaved timed runs per model; CPU, one thread, float32.\n",
+                 f"interleaved timed runs per model; CPU, {args.threads} thread(s), float32.\n",
                  "| model | setting | exact match % | C=0 % | NFE / example | tokens / forward | forwarded tokens | tokens/s |",
                  "|---|---|---|---|---|---|---|---|"]
         for model, results in rows.items():
