@@ -75,6 +75,9 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
 
     if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
         _no_dtype(dtype, run / "final", "a Learn2PD filter")
+        if checkpoint != "best":  # a filter run keeps one fitted filter: final/
+            raise ValueError(f"--checkpoint {checkpoint}: {run} is a Learn2PD filter run, whose one filter is "
+                             f"final/ (leave --checkpoint out)")
         return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and checkpoint != "best":  # only the default falls back (a run without evaluations has no best/)

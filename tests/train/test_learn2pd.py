@@ -63,6 +63,8 @@ def test_a_small_run_is_deterministic_learns_and_exports(tmp_path):
     shipped = export(tmp_path / "a", "learn2pd-test", root=tmp_path / "embedded", note="from a test")
     assert json.loads((shipped / "filter.json").read_text())["note"] == "from a test"
     assert load_filter(shipped).state_dict().keys() == fa.state_dict().keys()
+    with pytest.raises(ValueError, match=r"--checkpoint nope: .* is a Learn2PD filter run"):  # not silently final/
+        export(tmp_path / "a", "learn2pd-test", "nope", root=tmp_path / "embedded")
 
 
 def test_the_command_line_lists_and_plans_the_recipes(capsys):
