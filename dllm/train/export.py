@@ -61,9 +61,16 @@ DRAFTER_ARCHITECTURES = frozenset({"DFlashDraftModel", "QwenDFlareDraftModel", "
 
 
 def _copied_as_is(src: Path) -> bool:
-    """A transformers causal LM (an AR run) or a drafter: saved by its trainer in its shipped layout."""
+    """A transformers causal LM (an AR run) or a drafter: saved by its trainer in its shipped layout.
+    A diffusion checkpoint (a ``model_type`` dllm loads) is not, whatever its architecture's name
+    (SDAR's is ``SDARForCausalLM``, Fast-dLLM v2's ``Fast_dLLM_QwenForCausalLM``)."""
+    from dllm.models.families.registry import MODEL_TYPES
+
     config = src / "config.json"
-    archs = json.loads(config.read_text()).get("architectures") or [] if config.exists() else []
+    fields = json.loads(config.read_text()) if config.exists() else {}
+    if fields.get("model_type") in MODEL_TYPES:
+        return False
+    archs = fields.get("architectures") or []
     return any(str(a).endswith("ForCausalLM") or a in DRAFTER_ARCHITECTURES for a in archs)
 
 

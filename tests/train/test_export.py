@@ -123,3 +123,17 @@ def test_a_dtype_for_a_run_copied_as_is_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"--dtype bfloat16 applies to a diffusion run.*AR model"):
         export(tmp_path / "run", "tiny-ar-test", dtype="bfloat16", root=tmp_path / "embedded")
     assert (earlier / "config.json").is_file()  # the refused export left the earlier one alone
+
+
+@pytest.mark.parametrize("family", ["sdar", "fastdllm_v2"])
+def test_a_block_diffusion_run_is_exported_as_a_diffusion_model(tmp_path, family):
+    """SDAR's and Fast-dLLM v2's architectures end in ForCausalLM, like an AR run's, but they are
+    diffusion checkpoints: exported in the asked dtype with their training.json (before: copied as
+    saved, the dtype ignored, and since the --dtype check, refused)."""
+    run = tmp_path / "run"
+    tiny(family, seed=2).save_pretrained(run / "checkpoint-0000002")
+    out = export(run, "tiny-test", dtype="bfloat16", root=tmp_path / "embedded")
+    info = json.loads((out / "training.json").read_text())
+    assert info["dtype"] == "bfloat16" and info["source"].endswith("checkpoint-0000002")
+    assert load(str(out)).dtype == torch.bfloat16
+
