@@ -18,7 +18,8 @@ whose prompt is in the canonical test split (``T.is_test_prompt``; for a trainin
 carries a suite task's word, ``count_cM`` / ``lookup_kW``, that task's split too: :func:`is_held_out`)
 is redrawn with the same task and size. Length bucketing: the examples of ``length_bucket``
 consecutive steps are drawn together, sorted by sequence length and dealt out as that many batches
-in a random order (each example's distribution is unchanged; measured mean width 37.4 -> 25.4 tokens with 4, real tokens ~21.7).
+in a random order (each example's distribution is unchanged; measured mean width 37.4 -> 25.4
+tokens with 4, real tokens ~21.7).
 Batch ``step`` is a pure function of ``(seed, step)``, so resuming needs no data-loader state.
 """
 

@@ -24,12 +24,14 @@ def family_class(family: str) -> type[TransformerLM]:
     return FAMILIES[family]
 
 
-AR_MODEL_TYPES = ("qwen3", "qwen2", "llama")  # transformers causal LMs the speculative loop serves as targets
-
-
 def _causal_hint(model_type: object) -> str:
-    """A pointer for an autoregressive checkpoint given where a diffusion model is wanted."""
-    if model_type not in AR_MODEL_TYPES:
+    """A pointer for an autoregressive checkpoint (a model type transformers' ``AutoModelForCausalLM``
+    loads) given where a diffusion model is wanted: it is a speculative-decoding target."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    except ImportError:  # pragma: no cover - the mapping moved: no hint, the error stands
+        return ""
+    if not isinstance(model_type, str) or model_type not in causal:
         return ""
     return (f" ({model_type!r} is an autoregressive model: it is a speculative-decoding target, "
             f"dllm.speculative_generate / `dllm spec --target`)")

@@ -11,7 +11,8 @@ narrow-key lookups. For a session lent a GPU, bounded by wall time::
         span_copy_far count_long --per-size 8 --device cuda
 
 The export is ``OUT/export/<recipe>`` (``dllm/train/runner.py``; never the package's copy): replace
-the shipped model only if it scores better, then re-run tests/models/test_embedded_trained.py. On a CPU: ``--device cpu --time-limit 10``.
+the shipped model only if it scores better, then re-run tests/models/test_embedded_trained.py. On a
+CPU: ``--device cpu --time-limit 10``.
 """
 
 from __future__ import annotations
