@@ -20,8 +20,10 @@ step() {
   local limit=$1 file=$2
   shift 2
   echo "\$ $*" >> "$O/$file"
+  local start=$SECONDS
   timeout -k 20 "$limit" "$@" >> "$O/$file" 2>&1
   local rc=$?
+  echo "# $((SECONDS - start)) s of $limit (exit $rc)" >> "$O/$file"
   if [ "$rc" -ne 0 ]; then
     echo "FAILED (exit $rc): $*" | tee -a "$O/gpu.txt"
     FAILED=1

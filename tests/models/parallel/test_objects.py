@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 from dllm.models.parallel.group import all_reduce_, free_port
 from dllm.models.parallel.objects import all_gather_object, broadcast_object, gather_object, holders, released
 
-RUNS = 8  # launches of the exit test: at the observed abort rate a regression passes all with probability ~0.1
+RUNS = 9  # launches of the exit test, the three collectives in turn: at the observed abort rate (about
+#   one launch in four, before objects.settled) a regression passes all nine with probability ~0.08
 
 LAST_CALL = textwrap.dedent("""
     import sys
@@ -97,16 +98,17 @@ def test_released_waits_for_other_holders_and_gives_up_after_its_timeout():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(LAST_OUTPUTS))
-def test_a_last_collective_never_aborts_the_process_at_exit(name, tmp_path):
+def test_a_last_collective_never_aborts_the_process_at_exit(tmp_path):
     script = tmp_path / "last_call.py"
     script.write_text(LAST_CALL)
-    for _ in range(RUNS):
+    names = sorted(LAST_OUTPUTS)
+    for run in range(RUNS):
+        name = names[run % len(names)]
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
                "OMP_NUM_THREADS": "1"}
         procs = [subprocess.Popen([sys.executable, str(script), name], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in (0, 1)]
         outs = [p.communicate(timeout=120) for p in procs]
         for r, (p, (out, err)) in enumerate(zip(procs, outs)):
-            assert "terminate called" not in err and p.returncode == 0, (r, p.returncode, err[-2000:])
+            assert "terminate called" not in err and p.returncode == 0, (name, r, p.returncode, err[-2000:])
         assert [out.strip() for out, _ in outs] == LAST_OUTPUTS[name]
