@@ -124,8 +124,10 @@ def interpolated_tps_at(points: Sequence[Point], level: float) -> float:
 def pb_kendall_tau(order: Sequence[int]) -> Optional[float]:
     """ParallelBench's decoding-order tau: Kendall tau-b between the commit steps sorted ascending
     and the commit steps in position order (``order[i]``: the step that committed position i).
-    Positions committed in the same step are in order; None when every position came in one step."""
-    return kendall_tau_b(sorted(order), list(order))
+    Positions committed in the same step are in order; a position never committed (-1, as
+    ``unmasking_tau`` reads a trace) is left out; None when every position left came in one step."""
+    steps = [s for s in order if s >= 0]
+    return kendall_tau_b(sorted(steps), steps)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:

@@ -66,6 +66,13 @@ def test_kendall_tau_counts_positions_committed_together_as_in_order():
     assert pb_kendall_tau([3, 3, 3]) is None
 
 
+def test_kendall_tau_leaves_never_committed_positions_out():
+    # -1: a position no step committed (a trace of a decode cut short); as unmasking_tau reads it
+    assert pb_kendall_tau([0, -1, 1, 2]) == pytest.approx(pb_kendall_tau([0, 1, 2])) == pytest.approx(1.0)
+    assert pb_kendall_tau([2, 1, -1, 0]) == pytest.approx(-1.0)
+    assert pb_kendall_tau([-1, 4, -1]) is None
+
+
 def test_kendall_tau_matches_scipy_on_the_upstream_recipe():
     stats = pytest.importorskip("scipy.stats")
     rng = random.Random(1)
