@@ -125,6 +125,12 @@ class CheckpointReader:
         except Exception as e:
             raise CheckpointError(f"cannot read tensor {key!r} from {str(path)!r}: {e}") from None
 
+    def drop(self, key: str) -> None:
+        """Leave ``key`` out of this view: a stored tensor the model does not load (a tied LM head
+        stored beside its embedding, ``dllm.models.loading.tie_stored_head``)."""
+        for table in (self.shapes, self.dtypes, self._file_of):
+            table.pop(key, None)
+
     def stored_dtype(self) -> Optional[torch.dtype]:
         """The floating dtype most tensors are stored in (None for an empty checkpoint)."""
         if not self.dtypes:

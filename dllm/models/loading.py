@@ -8,14 +8,17 @@ tensors -> optionally spread the model over devices with accelerate.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
-from dllm.models.checkpoint import open_checkpoint
+from dllm.models.checkpoint import CheckpointReader, open_checkpoint
+from dllm.models.core.config import TransformerConfig
 from dllm.models.families.registry import class_for_model_type
 from dllm.models.families.pretrained import GENERATION_CONFIG, TransformerLM
 from dllm.models.quantize import QuantizationError, check_quantization, quantize_model
@@ -219,6 +222,29 @@ def tensor_parallel_split(cls: type, config: Any, hf: dict[str, Any], n: int, ex
     return TensorParallel(ParallelPlan(n, group.rank, expert_parallel), group, moe, splits_vocab(config, n))
 
 
+def tie_stored_head(cls: type[TransformerLM], config: TransformerConfig, hf: dict[str, Any],
+                    reader: CheckpointReader, dtype: torch.dtype) -> TransformerConfig:
+    """``config`` for a checkpoint whose config.json sets ``tie_word_embeddings`` but whose files also
+    store the LM head, decided as transformers' ``from_pretrained`` decides it
+    (``PreTrainedModel.tie_weights(missing_keys=...)`` in transformers 5.x ``modeling_utils.py``): a head
+    equal to the embedding (in the load ``dtype``) is the tied head, and its tensor is left unread; a
+    head that differs is NOT tied (transformers warns and keeps the stored head), so the model is
+    built untied with that head, and a one-line warning names the key. Otherwise ``config`` as given."""
+    if not (config.tie_embeddings and hf.get("tie_word_embeddings")):
+        return config
+    head, embed = cls.keymap.to_official("lm_head.weight"), cls.keymap.to_official("embed.weight")
+    if head not in reader.shapes or embed not in reader.shapes:
+        return config
+    if reader.shapes[head] == reader.shapes[embed] and torch.equal(reader.get(head).to(dtype),
+                                                                   reader.get(embed).to(dtype)):
+        reader.drop(head)
+        return config
+    warnings.warn(f"checkpoint {str(reader.directory)!r}: config.json sets tie_word_embeddings, but the stored "
+                  f"{head!r} differs from {embed!r}; it is loaded as an untied LM head, as transformers loads it",
+                  stacklevel=3)
+    return dataclasses.replace(config, tie_embeddings=False)
+
+
 ORACLE_NAME = "oracle"  # load("oracle"): the stress tasks' exact-posterior model (dllm.models.oracle)
 
 
@@ -283,6 +309,8 @@ def load(
         device = sharding.group.device
     reader = open_checkpoint(directory)
     target = resolve_dtype(dtype, hf, reader.stored_dtype())
+    # after the split (planned for the tied config): an untied head keeps the vocabulary whole on each rank
+    config = tie_stored_head(cls, config, hf, reader, target)
     with torch.device("meta"):
         model = cls(config, special, hf_config=hf, tokenizer=tokenizer, attn_backend=attn_backend)
     model.sharding = sharding
