@@ -31,6 +31,16 @@ reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``
 end / torch's default; ``--batch-size`` >= 1, ``--warmup`` >= 0, ``--lr`` > 0), and so is ``--device`` (one this
 machine has).
 
+``--resume`` continues the same training: the flags that change what is trained (``TRAINING_FLAGS``:
+``--tiny``, the model sizes, ``--tasks``, ``--steps``, ``--lr``, ``--warmup``, ``--batch-size``, ``--seed``,
+``--bf16``, ``--eval-per-size``) are recorded in ``OUT/plan.json`` by the first run, and a resume that
+gives another value, or leaves one out or adds one, is refused naming the flag and both values (exit
+status 2); so is another ``--max-steps``. Free to change on a resume: ``--threads``, ``--device``,
+``--compile`` (the same computation, other float sums), ``--eval-every``, ``--save-every``,
+``--log-every`` (when to evaluate, checkpoint, log), ``--time-limit``, ``--no-export``, ``--no-progress``,
+``--from-stage``, ``--until-stage``, ``--init-from`` (finished stages are kept and an unfinished one
+continues from its newest checkpoint, so they choose only the stages still to train).
+
 The single-run recipes take fewer flags (``RECIPE_FLAGS``), and any other flag given is an error naming
 it, not a flag silently dropped: AR runs take ``--max-steps``, ``--init-from``, ``--start-phase``,
 ``--eval-every``, ``--log-every``; the DFlash / DFlare / JetSpec / DSpark drafter runs ``--target``,
@@ -47,7 +57,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dllm.flags import above_zero, at_least, seconds
 from dllm.train.data import MixtureConfig
@@ -148,6 +158,10 @@ RECIPE_FLAGS: dict[str, frozenset[str]] = {
     "filter fit": _EVERY_RECIPE | {"lr"},
 }
 CPU_ONLY = frozenset(RECIPE_FLAGS) - {"diffusion chain"}  # their trainers run on the CPU
+# The diffusion chain's flags that change what is trained (the model, the data, the schedule, the numerics, the
+# evaluation set the best checkpoint is chosen by): recorded in plan.json, checked on --resume (the module docstring)
+TRAINING_FLAGS = ("tiny", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "tasks", "steps", "lr",
+                  "warmup", "batch_size", "seed", "bf16", "eval_per_size")
 
 
 def recipe_kind(name: str) -> str:
@@ -189,6 +203,19 @@ def check_recipe_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) ->
 def _flag(dest: str) -> str:
     """The flag of an argparse dest (every flag here is spelled as its dest)."""
     return "--" + dest.replace("_", "-")
+
+
+def training_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``TRAINING_FLAGS`` given, by flag (``{"--lr": 0.01}``; ``--tasks`` as its canonical task names):
+    what ``plan.json`` records and a resume is checked against (``dllm.train.runner.check_flags``)."""
+    given: dict[str, Any] = {}
+    for dest in TRAINING_FLAGS:
+        value = getattr(args, dest)
+        if dest == "tasks" and value:
+            given[_flag(dest)] = ",".join(task_list(value))
+        elif dest != "tasks" and value != ap.get_default(dest):
+            given[_flag(dest)] = value
+    return given
 
 
 def overrides(args: argparse.Namespace):
@@ -280,11 +307,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dllm.train.runner import RunOptions, StageInterrupted, plan, run
 
     cur = curricula.get(args.recipe)
-    opts = RunOptions(out=Path(args.out or f"runs/{args.recipe}"), resume=args.resume, progress=not args.no_progress,
-                      threads=args.threads, device=args.device, max_steps=args.max_steps, from_stage=args.from_stage,
-                      until_stage=args.until_stage,
-                      init_from=args.init_from, time_limit=args.time_limit, export=not args.no_export)
     try:
+        opts = RunOptions(out=Path(args.out or f"runs/{args.recipe}"), resume=args.resume,
+                          progress=not args.no_progress, threads=args.threads, device=args.device,
+                          max_steps=args.max_steps, from_stage=args.from_stage, until_stage=args.until_stage,
+                          init_from=args.init_from, time_limit=args.time_limit, export=not args.no_export,
+                          flags=training_flags(ap, args))
         if args.dry_run:
             print("\n".join(plan(cur, opts, overrides(args))))
             return 0

@@ -3,7 +3,8 @@ checkpoint the previous one ends at, then the export.
 
 Output directory layout::
 
-    OUT/plan.json                  the recipe name and max_steps (checked on --resume), from_stage, init_from
+    OUT/plan.json                  the recipe name, max_steps and the training flags (checked on --resume),
+                                   from_stage, init_from
     OUT/<stage>/                   the trainer's directory (dllm/train/trainer.py): checkpoints, log.jsonl
     OUT/<stage>/stage.json         written when the stage is finished: its step and the checkpoint taken
     OUT/export/<recipe>/           the exported model (dllm.train.export; loads with dllm.load(path))
@@ -11,9 +12,12 @@ Output directory layout::
 Resuming (``resume=True``) skips the finished stages and continues the unfinished one from its newest
 checkpoint (``Trainer(resume=True)``: bit-identical losses). A ``max_steps`` run (a smoke test: every
 stage stops after at most that many steps, its schedule unchanged) is recorded in ``plan.json`` and
-cannot be resumed as a full run (another ``--out`` is needed), nor the other way round. Other
-overrides (``--lr``, ``--tasks``, ``--tiny``) are not recorded: a resume applies the ones it is given,
-as it applies a recipe edited between runs (a changed model shape fails when the checkpoint loads).
+cannot be resumed as a full run (another ``--out`` is needed), nor the other way round. So are the
+command line's flags that change what is trained (``RunOptions.flags``: ``--lr``, ``--tasks``, ``--tiny``,
+... ``dllm/train/__main__.py``'s ``TRAINING_FLAGS``): a resume giving others, or leaving one out, is refused
+by name (:func:`check_flags`); a ``plan.json`` written before they were recorded is resumed unchecked
+and records the resume's. A recipe edited between runs is applied as it is (a longer horizon or a new
+phase from the newest checkpoint on; a changed model shape fails when the checkpoint loads).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from dllm.train.recipes.base import Recipe
 from dllm.train.recipes.stages import Curriculum, Stage
@@ -46,6 +50,9 @@ class RunOptions:
     init_from: Optional[str] = None  # the weights the first trained stage starts from (a model name or a directory)
     time_limit: Optional[float] = None  # seconds per stage (the step reached is checkpointed, the chain stops)
     export: bool = True
+    # the command line's flags that change what is trained, as given (``{"--lr": 0.01, "--tiny": True}``): recorded
+    # in plan.json by the first run, and a resume giving other ones is refused (check_flags)
+    flags: Mapping[str, Any] = field(default_factory=dict)
 
 
 class StageInterrupted(Exception):
@@ -169,19 +176,44 @@ def mixture_text(mix) -> str:
     return " ".join(f"{n}:{w:g}" + (f":{min(s)}-{max(s)}" if s else "") for n, w, s in zip(names, weights, sizes))
 
 
-def _check_plan_file(cur: Curriculum, opts: RunOptions) -> None:
+def check_flags(out: Path, recorded: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """A ValueError naming every training flag (``RunOptions.flags``) whose value in this resume differs
+    from the one the run in ``out`` recorded, a flag given on one side only included, with both values."""
+    def text(flag: str, value: Any) -> str:
+        return f"no {flag}" if value is None or value is False else flag if value is True else f"{flag} {value}"
+
+    differ = [f for f in sorted(set(recorded) | set(given)) if recorded.get(f) != given.get(f)]
+    if differ:
+        what = "; ".join(f"{f}: the run was started with {text(f, recorded.get(f))}, this resume gives "
+                         f"{text(f, given.get(f))}" for f in differ)
+        raise ValueError(f"{out} holds a run trained with other flags ({what}): a resume continues the same "
+                         f"training, so pass the flags that change it as the run recorded them ({out / PLAN_FILE}), "
+                         f"or use another --out")
+
+
+def _check_plan_file(cur: Curriculum, opts: RunOptions) -> Optional[str]:
+    """Refuse a run into ``out`` that holds another (see the module docstring), then write ``plan.json``.
+    Returns a note for a resumed run whose ``plan.json`` records no training flags (written before they were)."""
     path = opts.out / PLAN_FILE
     want = {"recipe": cur.name, "max_steps": opts.max_steps}  # from/until may change between resumes
+    note = None
     if path.is_file():
-        have = json.loads(path.read_text())
-        have = {k: have.get(k) for k in want}
+        recorded = json.loads(path.read_text())
+        have = {k: recorded.get(k) for k in want}
         if not opts.resume:
             raise ValueError(f"{opts.out} already holds a run of recipe {have['recipe']!r}: pass --resume to "
                              f"continue it, or another --out")
         if have != want:
             raise ValueError(f"{opts.out} holds a run with {have}, this one is {want}: use another --out")
+        if "flags" in recorded:
+            check_flags(opts.out, recorded["flags"], opts.flags)
+        else:
+            note = (f"{path} records no training flags (written by an older dllm): this resume's are not "
+                    f"checked, and are recorded for the next one")
     opts.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**want, "from_stage": opts.from_stage, "init_from": opts.init_from}, indent=2) + "\n")
+    path.write_text(json.dumps({**want, "from_stage": opts.from_stage, "init_from": opts.init_from,
+                                "flags": dict(opts.flags)}, indent=2) + "\n")
+    return note
 
 
 @dataclass
@@ -203,7 +235,9 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
     init = first_init(cur, opts)  # before plan.json is written: a refused start leaves nothing behind
     for stage in selected(cur, opts):  # every stage's steps and intervals, before plan.json too
         check_intervals(stage_recipe(stage, opts, init, override).train)
-    _check_plan_file(cur, opts)
+    note = _check_plan_file(cur, opts)
+    if note:
+        log(note)
     progress = _Progress()
     try:
         return _run(cur, opts, init, override, log, progress)
@@ -267,5 +301,5 @@ def export_last(cur: Curriculum, stage: Stage, opts: RunOptions) -> Path:
     return export(directory, cur.name, path.name, cur.export_dtype, root=opts.out / EXPORT_DIR, note=note)
 
 
-__all__ = ["RunOptions", "StageInterrupted", "check_options", "export_last", "mixture_text", "plan", "run",
-           "selected", "stage_end", "stage_recipe", "taken"]
+__all__ = ["RunOptions", "StageInterrupted", "check_flags", "check_options", "export_last", "mixture_text", "plan",
+           "run", "selected", "stage_end", "stage_recipe", "taken"]
