@@ -15,7 +15,9 @@ Exit status: the target's int (None or any other value: 0); argparse's 2 for a b
 ``dllm <words>: error: <message>`` on stderr for a ValueError, TypeError, KeyError, OSError or
 NotImplementedError (bad input the command found) and for an optional package that is not installed;
 2 for an unknown group or command (the message lists the valid ones); 130 on Ctrl-C; 141 (the shell's
-status for SIGPIPE), silently, when the reader of the output went away (``dllm tasks | head -1``).
+status for SIGPIPE), silently, when the reader of the output went away (``dllm tasks | head -1``,
+``dllm spec --help | head -1``): stdout is flushed before the status is returned, and the help that argparse
+prints (it ignores a failed write, then exits 0) is held until then.
 
 Ctrl-C: the dispatcher catches KeyboardInterrupt around every command and prints one line on stderr,
 ``dllm bench spec: interrupted``, no traceback, exit status 130. A command that saves its finished
@@ -37,8 +39,10 @@ own line and returns 130 (``dllm stress``: ``rerun with --resume``) is passed th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
+import io
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -179,8 +183,11 @@ class Registry:
                                     f"{', '.join(verbs)}; groups: {', '.join(self.groups)}")
 
     def main(self, argv: Optional[Sequence[str]] = None) -> int:
-        """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status."""
+        """Run the command ``argv`` names (default ``sys.argv[1:]``) and return its exit status, stdout flushed."""
         argv = list(sys.argv[1:] if argv is None else argv)
+        return flushed(lambda: self._dispatch(argv), hold=asks_help(argv))
+
+    def _dispatch(self, argv: list[str]) -> int:
         if not argv or argv[0] in HELP:
             if not argv:
                 print(f"{self.format_help()}\n\n{self.prog}: error: give a command", file=sys.stderr)
@@ -254,6 +261,41 @@ def run_guarded(command: Command, argv: Sequence[str]) -> int:
         return USAGE_ERROR
 
 
+def asks_help(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` holds ``-h`` or ``--help`` before a ``--`` (argparse then prints the help and exits)."""
+    words = list(argv)
+    before = words[:words.index("--")] if "--" in words else words
+    return any(w in HELP for w in before)
+
+
+def flushed(run: Callable[[], int], hold: bool = False) -> int:
+    """``run()``'s status after stdout is flushed, or 141 (``BROKEN_PIPE``, nothing on stderr) when the reader
+    went away: the flush inside the guard, not the interpreter's last one ("Exception ignored ... BrokenPipeError",
+    exit status 120). hold: stdout goes to memory while ``run()`` runs and is written after it, also when it
+    exits (SystemExit): argparse's ``--help`` ignores a failed write (``ArgumentParser._print_message`` in
+    CPython's Lib/argparse.py) and exits 0, which an unbuffered stdout (``python -u``) would make the status."""
+    held = io.StringIO() if hold else None
+    try:
+        try:
+            with contextlib.redirect_stdout(held) if held is not None else contextlib.nullcontext():
+                status = run()
+        except SystemExit:  # argparse: --help (0), a bad flag (2)
+            _write_out(held)
+            raise
+        _write_out(held)
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
+    return status
+
+
+def _write_out(held: Optional[io.StringIO]) -> None:
+    """Write what was held (if anything) to stdout and flush it; BrokenPipeError is the caller's."""
+    if held is not None and held.getvalue():
+        sys.stdout.write(held.getvalue())
+    sys.stdout.flush()
+
+
 def _silence_stdout() -> None:
     """Point stdout's descriptor at /dev/null, so the interpreter's last flush of what the closed pipe did
     not take fails no more ("Exception ignored ... BrokenPipeError"); the recipe of Python's ``signal``
@@ -277,5 +319,5 @@ def _close(word: Optional[str], valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
-__all__ = ["Command", "Group", "Registry", "UsageError", "resolve", "run_guarded", "exit_status", "set_threads",
-           "INTERRUPTED", "USAGE_ERROR", "BROKEN_PIPE"]
+__all__ = ["Command", "Group", "Registry", "UsageError", "resolve", "run_guarded", "flushed", "asks_help",
+           "exit_status", "set_threads", "INTERRUPTED", "USAGE_ERROR", "BROKEN_PIPE"]

@@ -12,9 +12,10 @@ refused by transformers rather than executed.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
@@ -137,6 +138,28 @@ def _dtype_keyword() -> str:
     return "dtype" if Version(transformers.__version__.split("+")[0]) >= Version("4.56") else "torch_dtype"
 
 
+@contextmanager
+def _quiet_loading(quiet: bool) -> Iterator[None]:
+    """transformers' progress bars off while the block runs (``quiet``), then as the caller had them: the
+    "Loading weights" bar that ``from_pretrained`` draws on every load since transformers 5
+    (``transformers/core_model_loading.py``). ``transformers.utils.logging.disable_progress_bar`` turns the
+    Hub's download bars off too, so a Hub id (which may download) keeps them; the Hub's own setting is restored."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    if not quiet or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hub_off = are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+        if hub_off:
+            disable_progress_bars()
+
+
 def _load_tokenizer(found: TargetSource) -> Any:
     if found.directory is not None:
         return load_tokenizer(found.directory, family="") if has_tokenizer_files(found.directory) else None
@@ -191,9 +214,10 @@ def load_target(
     if found.directory is not None:
         check_local_weights(found.directory, found.config)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want},
-            **parallel)
+        with _quiet_loading(found.directory is not None):  # a local target: no download whose bar would matter
+            model, info = AutoModelForCausalLM.from_pretrained(
+                found.source, trust_remote_code=False, output_loading_info=True, **{_dtype_keyword(): want},
+                **parallel)
     except RuntimeError as err:  # e.g. shapes that disagree with config.json
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise ValueError(f"cannot load target {found.source!r}: its weights do not fit its config.json "
