@@ -45,6 +45,7 @@ from dllm.options import SettingError
 from dllm.samplers import make_sampler
 from dllm.rows import release_rows
 from dllm.serve.backends.base import BadRequest
+from dllm.serve.backends.defaults import refuse_defaults, request_param
 from dllm.serve.backends.scheduling.batcher import BatchedModel, BatcherConfig
 from dllm.serve.backends.jobs import Delta, Done, Failed, Job, JobRequest, Step
 from dllm.serve.backends.scheduling.joined import JoinedDecode
@@ -133,20 +134,6 @@ class _Row:
                       wall_s=now - job.submitted))
 
 
-# a SettingError's field -> the request field it came from (the rest: a sampler option's own name)
-_PARAMS = {"gen_length": "max_tokens", "sampler": "sampler", "sampler_options": "sampler_options", "cache": "cache",
-           "block_length": "block_length", "steps": "steps", "temperature": "temperature", "seed": "seed",
-           "prompt": "prompt", "k": "sampler_options"}
-
-
-def request_param(field: Optional[str], s: DecodeSettings) -> Optional[str]:
-    """The request field a refused setting came from: a sampler option given apart from the spec is
-    ``sampler_options.NAME``, one inside the sampler spec is ``sampler``."""
-    if field in _PARAMS:
-        return _PARAMS[field]
-    return f"sampler_options.{field}" if field in dict(s.options) else "sampler"
-
-
 class DiffusionBackend(Scheduler):
     """Serves one ``DiffusionLM`` (``dllm.load``) under the OpenAI-style API (``dllm.serve.http.app``)."""
 
@@ -190,11 +177,22 @@ class DiffusionBackend(Scheduler):
         options apply only when the request keeps the default sampler; a default block length longer
         than the request's ``max_tokens`` becomes ``max_tokens`` (one block), as ``generate`` needs
         ``block_length <= gen_length``, and then a default ``steps`` above ``max_tokens`` becomes
-        ``max_tokens`` (one token a step: no call has more steps than positions). Unchecked (``check``
-        does that)."""
+        ``max_tokens`` (one token a step: no call has more steps than positions). A server default that
+        ``generate`` refuses with the request's fields is refused here, naming the request field that
+        meets it (``dllm.serve.backends.defaults.refuse_defaults``); the rest is unchecked (``check`` does that)."""
+        given = {name: value for name, value in (("sampler", sampler), ("cache", cache), ("block_length", block_length),
+                                                 ("steps", steps), ("temperature", temperature), ("seed", seed),
+                                                 ("sampler_options", options or None)) if value is not None}
+        settings = self._over_defaults(max_tokens, given)
+        refuse_defaults(self, settings, max_tokens, given)
+        return settings
+
+    def _over_defaults(self, max_tokens: int, given: dict) -> DecodeSettings:
+        """``resolve_settings``' settings from the request fields ``given`` (the ones it sent)."""
         d = self.defaults
-        opts = dict(d.options) if sampler is None else {}
-        opts.update(options or {})
+        opts = dict(d.options) if "sampler" not in given else {}
+        opts.update(given.get("sampler_options") or {})
+        block_length, steps = given.get("block_length"), given.get("steps")
         short = isinstance(max_tokens, int) and max_tokens >= 1 and self.block_size is None  # a block-causal
         #   model's block is its checkpoint's
         if block_length is None and d.block_length is not None and short:
@@ -202,12 +200,11 @@ class DiffusionBackend(Scheduler):
         one_block = short and (block_length if block_length is not None else d.block_length or max_tokens) >= max_tokens
         if steps is None and d.steps is not None and one_block and d.steps > max_tokens:
             steps = max_tokens
-        return DecodeSettings(
-            sampler=d.sampler if sampler is None else sampler, cache=d.cache if cache is None else cache,
-            block_length=block_length if block_length is not None else d.block_length,
-            steps=d.steps if steps is None else steps,
-            temperature=d.temperature if temperature is None else temperature,
-            seed=d.seed if seed is None else seed, options=tuple(sorted(opts.items())))
+        pick = lambda name: given.get(name, getattr(d, name))  # noqa: E731
+        return DecodeSettings(sampler=pick("sampler"), cache=pick("cache"),
+                              block_length=block_length if block_length is not None else d.block_length,
+                              steps=d.steps if steps is None else steps, temperature=pick("temperature"),
+                              seed=pick("seed"), options=tuple(sorted(opts.items())))
 
     # ---- prompts ----
     def encode_prompt(self, prompt: Union[str, Sequence[int]]) -> tuple[int, ...]:
