@@ -90,8 +90,12 @@ def selected(cur: Curriculum, opts: RunOptions) -> tuple[Stage, ...]:
     return cur.stages[first:last + 1]
 
 
-def stage_end(stage: Stage, opts: RunOptions) -> int:
-    return stage.end if opts.max_steps is None else min(stage.end, opts.max_steps)
+def stage_end(stage: Stage, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r) -> int:
+    """The last step this run trains of ``stage``: its schedule's horizon as ``override`` sets it (``--steps``),
+    or its ``stop_at`` when that comes first, and at most ``max_steps``. A stage that reaches it is finished."""
+    horizon = override(stage.recipe).train.steps
+    end = horizon if stage.stop_at is None else min(stage.stop_at, horizon)
+    return end if opts.max_steps is None else min(end, opts.max_steps)
 
 
 def stage_recipe(stage: Stage, opts: RunOptions, init: Optional[str],
@@ -147,10 +151,10 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
             init = opts.init_from or stage.recipe.init_from or (
                 f"{cur.stages[index - 1].name}/{cur.stages[index - 1].source()}" if index else None)
         else:
-            init = f"{prev.name}/{prev.source(stage_end(prev, opts))}"
+            init = f"{prev.name}/{prev.source(stage_end(prev, opts, override))}"
         r = stage_recipe(stage, opts, init, override)
         check_intervals(r.train)  # a bad count or rate is refused here as in run()
-        t, end = r.train, stage_end(stage, opts)
+        t, end = r.train, stage_end(stage, opts, override)
         steps = f"steps {end}" + (f" of {t.steps}" if end != t.steps else "")
         lines.append(f"{index + 1:>3}. {stage.name}: from {init or 'a fresh init (seed %d)' % t.seed}; {steps}, "
                      f"lr {t.lr:g}, batch {t.batch_size}, warmup {t.warmup}, rope_theta {r.model['rope_theta']:g}, "
@@ -164,8 +168,9 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
                              f"{f', batch {p.batch_size}' if p.batch_size else ''}; mix {mixture_text(p.mixture)}")
         prev = stage
     last = stages[-1]
-    lines.append(f"export: {last.name}/{last.source(stage_end(last, opts))} -> {opts.out / EXPORT_DIR / cur.name} "
-                 f"({cur.export_dtype})" if opts.export else "export: none")
+    source = last.source(stage_end(last, opts, override))
+    lines.append(f"export: {last.name}/{source} -> {opts.out / EXPORT_DIR / cur.name} ({cur.export_dtype})"
+                 if opts.export else "export: none")
     return lines
 
 
@@ -255,7 +260,7 @@ def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Calla
     last: dict = {}
     stopped = None
     for stage in stages:
-        directory, end = opts.out / stage.name, stage_end(stage, opts)
+        directory, end = opts.out / stage.name, stage_end(stage, opts, override)
         progress.stage, progress.trainer = stage.name, None
         done = directory / DONE_FILE
         if done.is_file() and json.loads(done.read_text()).get("step", -1) >= end:
@@ -266,14 +271,18 @@ def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Calla
         if checkpoints(directory) and not opts.resume:
             raise ValueError(f"{directory} already has checkpoints: pass --resume to continue, or another --out")
         recipe = stage_recipe(stage, opts, init, override)
-        log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: steps {end}, from "
-            f"{init or 'a fresh init'}")
+        log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: {steps_text(stage, recipe, end)}, "
+            f"from {init or 'a fresh init'}")
         trainer = progress.trainer = Trainer(recipe, directory, resume=opts.resume, progress=opts.progress)
         last = {**trainer.train(stop_at=end, time_limit=opts.time_limit), "step": trainer.step,
                 "best_mean_c0": trainer.best}  # the step reached (the log line may be older)
-        if trainer.step < end:  # out of time: the step reached is checkpointed
+        if trainer.step < end:  # the trainer stops short of end only when out of time (step reached checkpointed)
+            if opts.time_limit is None:
+                raise RuntimeError(f"stage {stage.name!r}: the trainer stopped at step {trainer.step} of {end} "
+                                   f"without a time limit (its schedule's horizon: {recipe.train.steps})")
             stopped = stage.name
-            log(f"{stage.name}: time limit reached at step {trainer.step} of {end}")
+            log(f"{stage.name}: time limit of {opts.time_limit:g} s reached at step {trainer.step} of {end} "
+                f"(checkpointed; the chain stops here, --resume continues the stage)")
             break
         path = taken(directory, stage, end)
         done.write_text(json.dumps({"stage": stage.name, "step": trainer.step, "taken": str(path),
@@ -283,16 +292,29 @@ def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Calla
     summary = {"out": str(opts.out), "recipe": cur.name, "finished": list(finished), **last}
     if opts.export and (stopped is None or stopped == stages[-1].name):
         progress.stage, progress.trainer = "export", None
-        summary["export"] = str(export_last(cur, stages[-1], opts))
+        summary["export"] = str(export_last(cur, stages[-1], opts, override))
     return summary
 
 
-def export_last(cur: Curriculum, stage: Stage, opts: RunOptions) -> Path:
+def steps_text(stage: Stage, recipe: Recipe, end: int) -> str:
+    """``steps END``, with the schedule's horizon when the stage stops before it, and the stage's own length
+    when this run's ``recipe`` (``--steps``) sets another horizon."""
+    def length(stop: int, horizon: int) -> str:
+        return f"steps {stop}" + (f" of {horizon}" if stop < horizon else "")
+
+    text, own = length(end, recipe.train.steps), stage.recipe.train.steps
+    if recipe.train.steps != own:
+        text += f" (horizon {recipe.train.steps} set by --steps; the stage's own: {length(stage.end, own)})"
+    return text
+
+
+def export_last(cur: Curriculum, stage: Stage, opts: RunOptions,
+                override: Callable[[Recipe], Recipe] = lambda r: r) -> Path:
     """The last stage's taken checkpoint as ``OUT/export/<recipe>`` (official files + training.json)."""
     from dllm.train.export import export
 
     directory = opts.out / stage.name
-    path = taken(directory, stage, stage_end(stage, opts))
+    path = taken(directory, stage, stage_end(stage, opts, override))
     if path is None:
         raise ValueError(f"stage {stage.name!r} left no checkpoint under {directory}")
     note = (f"python -m dllm.train --recipe {cur.name}: stages "
