@@ -273,7 +273,11 @@ def flushed(run: Callable[[], int], hold: bool = False) -> int:
     went away: the flush inside the guard, not the interpreter's last one ("Exception ignored ... BrokenPipeError",
     exit status 120). hold: stdout goes to memory while ``run()`` runs and is written after it, also when it
     exits (SystemExit): argparse's ``--help`` ignores a failed write (``ArgumentParser._print_message`` in
-    CPython's Lib/argparse.py) and exits 0, which an unbuffered stdout (``python -u``) would make the status."""
+    CPython's Lib/argparse.py) and exits 0, which an unbuffered stdout (``python -u``) would make the status.
+    No stdout at all (``sys.stdout`` None: started with descriptor 1 closed, ``dllm tasks >&-``): ``run()`` as it
+    is, since print() then writes nothing and argparse prints its help on stderr."""
+    if sys.stdout is None:
+        return run()
     held = io.StringIO() if hold else None
     try:
         try:

@@ -67,3 +67,12 @@ def test_help_into_an_open_pipe_is_whole_and_exits_0(unbuffered):
 def test_asks_help_stops_at_double_dash():
     assert asks_help(["generate", "--model", "m", "-h"]) and asks_help(["--help"])
     assert not asks_help(["generate", "--", "--help"]) and not asks_help(["tasks"])
+
+
+@pytest.mark.parametrize("args", [["tasks"], ["tasks", "--help"], ["--help"]], ids=["output", "help", "dllm-help"])
+def test_no_stdout_at_all_runs_as_before(args):
+    """Started with descriptor 1 closed (``dllm tasks >&-``): ``sys.stdout`` is None, print() writes nothing, and
+    the command exits 0 as it did before stdout was flushed inside the guard (no AttributeError on None)."""
+    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "dllm.cli", *args],
+                          stderr=subprocess.PIPE, text=True, env=_env(False), timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
