@@ -117,16 +117,9 @@ def test_misshaped_stored_head_is_refused(tmp_path):
 def _qwen2_from_pretrained(path):
     """transformers' own Qwen2 (Dream's architecture) loaded from the same files by ``from_pretrained``."""
     transformers = pytest.importorskip("transformers")
-    cfg = json.loads((path / "config.json").read_text())
-    qcfg = transformers.Qwen2Config(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-        max_position_embeddings=cfg["max_position_embeddings"], rms_norm_eps=cfg["rms_norm_eps"],
-        rope_theta=cfg["rope_theta"], hidden_act=cfg["hidden_act"],
-        tie_word_embeddings=cfg["tie_word_embeddings"], attn_implementation="eager",
-    )
-    return transformers.Qwen2ForCausalLM.from_pretrained(path, config=qcfg, dtype=torch.float32).eval()
+    from .families.test_hf_equivalence import qwen2_config
+
+    return transformers.Qwen2ForCausalLM.from_pretrained(path, config=qwen2_config(path), dtype=torch.float32).eval()
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.5])

@@ -56,12 +56,10 @@ def _compare(ours, theirs, ids):
             assert torch.allclose(mine[:, -1], causal_last, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"n_kv_heads": 1}, {"n_layers": 1}])
-def test_dream_checkpoint_loads_in_transformers_qwen2(tmp_path, overrides):
-    model = tiny("dream", seed=11, **overrides)
-    model.save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    qcfg = transformers.Qwen2Config(
+def qwen2_config(path):
+    """transformers' ``Qwen2Config`` (Dream's architecture) of the Dream checkpoint at ``path``, eager attention."""
+    cfg = json.loads((path / "config.json").read_text())
+    return transformers.Qwen2Config(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
         intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
         num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
@@ -69,7 +67,13 @@ def test_dream_checkpoint_loads_in_transformers_qwen2(tmp_path, overrides):
         rope_theta=cfg["rope_theta"], hidden_act=cfg["hidden_act"],
         tie_word_embeddings=cfg["tie_word_embeddings"], attn_implementation="eager",
     )
-    qwen = transformers.Qwen2ForCausalLM(qcfg).eval()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_kv_heads": 1}, {"n_layers": 1}])
+def test_dream_checkpoint_loads_in_transformers_qwen2(tmp_path, overrides):
+    model = tiny("dream", seed=11, **overrides)
+    model.save_pretrained(tmp_path)
+    qwen = transformers.Qwen2ForCausalLM(qwen2_config(tmp_path)).eval()
     result = qwen.load_state_dict(load_file(str(tmp_path / "model.safetensors")), strict=False)
     assert not result.missing_keys and not result.unexpected_keys
     assert qwen.model.layers[0].self_attn.q_proj.bias is not None
