@@ -8,6 +8,7 @@ Every problem with the files is a ``CheckpointError`` whose message names the fi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -39,10 +40,20 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def check_shard_size(max_shard_size: Any) -> Optional[int]:
+    """``max_shard_size`` checked: None (one file) or a positive int of bytes; ValueError naming the value
+    otherwise (a string such as transformers' "5GB" included), before anything is written."""
+    if max_shard_size is None:
+        return None
+    if not isinstance(max_shard_size, int) or isinstance(max_shard_size, bool) or max_shard_size <= 0:
+        raise ValueError(f"max_shard_size must be None (one file) or a positive int number of bytes "
+                         f"(e.g. 5_000_000_000 for 5 GB), got {max_shard_size!r}")
+    return max_shard_size
+
+
 def plan_shards(tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[list[str]]:
     """Group keys (in order) into shards of at most max_shard_size bytes (a bigger tensor gets its own)."""
-    if max_shard_size <= 0:
-        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    check_shard_size(max_shard_size)
     shards: list[list[str]] = [[]]
     size = 0
     for key, t in tensors.items():
@@ -55,10 +66,16 @@ def plan_shards(tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[l
     return shards
 
 
+_SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
 def _remove_old_weights(directory: Path) -> None:
-    """Delete weight files of an earlier save so the directory holds exactly one layout."""
-    for p in list(directory.glob("model*.safetensors")) + [directory / INDEX_FILE]:
-        if p.is_file():
+    """Delete the weight files of an earlier save (``model.safetensors``, the index, ``shard_name``
+    shards) so the directory holds exactly one layout; other files (``model_ema.safetensors``, a
+    ``model.fp16.safetensors`` variant) are not ours and stay, as transformers' ``save_pretrained``
+    leaves them (it removes only the shards its pattern matches)."""
+    for p in [directory / SINGLE_FILE, directory / INDEX_FILE, *directory.glob("model-*-of-*.safetensors")]:
+        if p.is_file() and (p.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_FILE.fullmatch(p.name)):
             p.unlink()
 
 
@@ -72,13 +89,15 @@ def write_safetensors(
     tensors: dict[str, torch.Tensor], directory: str | Path, max_shard_size: Optional[int] = None
 ) -> list[Path]:
     """Write ``tensors`` (official names) as one file, or as shards + index when max_shard_size is set
-    and more than one shard is needed. Returns the written weight files."""
+    and more than one shard is needed. Returns the written weight files. The shards are planned
+    (``max_shard_size`` checked) before an earlier save's files are removed."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    _remove_old_weights(directory)
+    max_shard_size = check_shard_size(max_shard_size)
     tensors = {k: _own_memory(v.detach().to("cpu").contiguous()) for k, v in tensors.items()}
     meta = {"format": "pt"}
     shards = [list(tensors)] if max_shard_size is None else plan_shards(tensors, max_shard_size)
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_old_weights(directory)
     if len(shards) == 1:
         path = directory / SINGLE_FILE
         save_file(tensors, str(path), metadata=meta)

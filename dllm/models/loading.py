@@ -190,18 +190,36 @@ def place_module(module: torch.nn.Module, dtype: Union[torch.dtype, str, None],
     return module
 
 
+def check_device_map(device_map: Any) -> None:
+    """ValueError, before any weight is read, unless ``device_map`` is None, "auto", or a dict of module
+    name -> a device this process has (checked as ``resolve_device`` checks ``device=``; a GPU index
+    as accelerate takes it): accelerate would put the weights on "meta" (a model with no weights) or
+    fail inside torch on a GPU that is not there."""
+    if device_map is None or device_map == "auto":
+        return
+    if not isinstance(device_map, dict):
+        raise ValueError(f"device_map must be 'auto' or a dict of module name -> device, got "
+                         f"{device_map!r} (use device= for a single device)")
+    for name, where in device_map.items():
+        if not isinstance(name, str):
+            raise ValueError(f"device_map keys are module names ('' for the whole model), got {name!r}")
+        index = isinstance(where, int) and not isinstance(where, bool)
+        try:
+            resolve_device(f"cuda:{where}" if index else where)
+        except ValueError as e:
+            raise ValueError(f"device_map[{name!r}] = {where!r}: {e}") from None
+
+
 def _dispatch(
     model: TransformerLM, device_map: Union[str, dict[str, Any]], dtype: torch.dtype
 ) -> TransformerLM:
-    """Spread the model over devices with accelerate ("auto": fill GPUs, then CPU)."""
+    """Spread the model over devices with accelerate ("auto": fill GPUs, then CPU); ``device_map``
+    already passed ``check_device_map``."""
     from accelerate import dispatch_model, infer_auto_device_map
 
     if device_map == "auto":
         device_map = infer_auto_device_map(model, no_split_module_classes=[TransformerBlock.__name__],
                                            dtype=dtype)
-    elif not isinstance(device_map, dict):
-        raise ValueError(f"device_map must be 'auto' or a dict of module name -> device, got "
-                         f"{device_map!r} (use device= for a single device)")
     return dispatch_model(model, device_map=device_map)
 
 
@@ -265,7 +283,8 @@ def load(
     a Hub id, or ``"oracle"`` (the stress tasks' exact-posterior ``OracleLM``, weightless).
     dtype: a floating torch dtype or "float32" / "bfloat16" / "float16" / "auto" (default: the
     checkpoint's torch_dtype). device: one device (ValueError when it does not exist here, listing
-    those that do); device_map: "auto" or a dict, through accelerate. Weights with NaN or inf are
+    those that do); device_map: "auto" or a dict of module name -> device, through accelerate (each
+    device checked as device= is, before any weight is read). Weights with NaN or inf are
     refused (``CheckpointError`` naming the tensors). quantization: "int8" | "int4" | "nf4"
     (weight-only, ``dllm.models.quantize``; one device, not with device_map).
     tensor_parallel: N ranks under torchrun (``dllm.models.parallel``): each process loads only its heads'
@@ -283,6 +302,7 @@ def load(
         raise QuantizationError(f"quantization={quantization!r} needs the model on one device; pass device= "
                                 f"instead of device_map={device_map!r}")
     device = resolve_device(device)
+    check_device_map(device_map)
     if str(name_or_path) == ORACLE_NAME:
         if tensor_parallel is not None:
             raise ValueError(f"the {ORACLE_NAME!r} model has no weights to split (tensor_parallel={tensor_parallel})")

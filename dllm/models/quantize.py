@@ -24,6 +24,7 @@ tensor's int data plus its scales), the number ``benchmarks/quantize.py`` report
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -246,6 +247,7 @@ def quantize_model(model: nn.Module, quantization: Any) -> nn.Module:
         if hasattr(module, "invalidate_fused"):
             module.invalidate_fused()
     model.quantization = method.name
+    guard_save(model)
     return model
 
 
@@ -255,6 +257,18 @@ def refuse_quantized_save(model: nn.Module) -> None:
     if method:
         raise QuantizationError(f"cannot save a {method}-quantized model in the official layout (it holds float "
                                 "weights); save the float model, and quantize when loading (quantization=...)")
+
+
+def _refused_save(model: nn.Module, *args: Any, **kwargs: Any) -> None:
+    refuse_quantized_save(model)
+
+
+def guard_save(model: nn.Module) -> None:
+    """Make a quantized model's ``save_pretrained`` (and so ``push_to_hub``) refuse, as dllm's own do: a
+    transformers target's (``load_target(quantization=...)``) would otherwise fail inside torch on
+    torchao's weights, or write ``NF4Linear``'s packed ``qweight`` under a float config.json."""
+    if callable(getattr(model, "save_pretrained", None)):
+        model.save_pretrained = types.MethodType(_refused_save, model)
 
 
 # ----------------------------------------------------------------------------------------------

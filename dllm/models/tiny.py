@@ -20,6 +20,7 @@ from dllm.models.families.init import HEAD_STD, init_weights  # noqa: F401 (re-e
 from dllm.models.families.registry import family_class
 from dllm.models.families.llada import LLADA_SPECIAL_TOKENS
 from dllm.models.families.pretrained import TransformerLM
+from dllm.models.loading import resolve_device, resolve_dtype
 from dllm.models.families.sdar import SDAR_SPECIAL_TOKENS
 from dllm.models.families.fastdllm_v2 import FASTDLLM_V2_SPECIAL_TOKENS as _FD2
 from dllm.models.text.tokenizer import build_word_tokenizer, token_id, tokenizer_size
@@ -91,7 +92,7 @@ def tiny(
     family: str = "llada",
     *,
     seed: int = 0,
-    dtype: torch.dtype = torch.float32,
+    dtype: Union[torch.dtype, str] = torch.float32,
     tokenizer: bool = True,
     attn_backend: str = "auto",
     device: Optional[Union[str, torch.device]] = None,
@@ -99,9 +100,13 @@ def tiny(
 ) -> TransformerLM:
     """A small random model of ``family`` ("llada" | "dream" | "sdar").
 
-    device: build and initialise the weights there (None: the CPU). A large random model (the
-    benchmarks' LLaDA-8B width) is then made on the GPU in seconds instead of drawn on one CPU
-    thread and copied; its values come from that device's generator.
+    dtype: a floating torch dtype or its name ("bfloat16", "fp16", ...), as ``dllm.load`` takes it
+    (a ValueError listing the valid ones otherwise).
+
+    device: build and initialise the weights there (None: the CPU; one this process does not have is
+    a ValueError listing those it has). A large random model (the benchmarks' LLaDA-8B width) is then
+    made on the GPU in seconds instead of drawn on one CPU thread and copied; its values come from
+    that device's generator.
 
     overrides: TransformerConfig fields (d_model, n_layers, vocab_size, ...) or special ids
     (mask_id, eos_id, pad_id, eot_id, bos_id). Without overrides the special ids are the tiny
@@ -109,11 +114,14 @@ def tiny(
     ``dllm.models.families.llada2.tiny_llada2`` (overrides: TransformerConfig fields, or ``moe=MoEConfig``).
     """
     cls = family_class(family)
+    dtype = resolve_dtype(dtype, {}, None)
+    device = resolve_device(device)  # a ValueError listing the devices this process has
     if family == "llada2":
         from dllm.models.families.llada2 import tiny_llada2
 
-        if device is not None:
-            raise ValueError(f"tiny('llada2') builds on the CPU only (move it with .to()), got device={device!r}")
+        if device is not None and device.type != "cpu":
+            raise ValueError(f"tiny('llada2') builds on the CPU only (move it with .to()), "
+                             f"got device={str(device)!r}")
 
         return tiny_llada2(seed, dtype=dtype, attn_backend=attn_backend, **overrides)
     valid = set(TransformerConfig.field_names()) | set(_SPECIAL_NAMES)

@@ -15,8 +15,8 @@ import torch
 
 from dllm.models.base import DiffusionLM
 from dllm.models.inputs import SpecialIds
-from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, nonfinite_counts,
-                                    write_safetensors)
+from dllm.models.checkpoint import (CheckpointError, CheckpointReader, Shape, check_keys, check_shard_size,
+                                    nonfinite_counts, write_safetensors)
 from dllm.models.core.config import TransformerConfig
 from dllm.models.core.layer.fused import call_module
 from dllm.models.families.keymap import KeyMap
@@ -314,13 +314,26 @@ class TransformerLM(DiffusionLM):
         ids = {k: v for k, v in family.items() if k.endswith("_token_id")}
         return {**family, **self.hf_generation_config, **ids}
 
+    def refuse_split_save(self) -> None:
+        """ValueError for a model loaded with ``tensor_parallel=N`` (N > 1): each rank holds a slice of
+        the split tensors (``dllm.models.parallel.shard``), which config.json's sizes do not describe."""
+        n = 1 if self.sharding is None else self.sharding.plan.size
+        if n > 1:
+            raise ValueError(f"cannot save a model split over tensor_parallel={n} ranks: rank "
+                             f"{self.sharding.plan.rank} holds only its slices of the split tensors, not the sizes "
+                             "config.json describes; load it without tensor_parallel to save it")
+
     def save_pretrained(self, path: Union[str, Path], max_shard_size: Optional[int] = None) -> None:
         """Write the official layout: config.json, generation_config.json (the official Dream loader
         refuses a directory without one), model.safetensors (or shards + index when
-        ``max_shard_size`` bytes is given and exceeded), and the tokenizer files when present."""
+        ``max_shard_size`` bytes is given and exceeded), and the tokenizer files when present. Refused,
+        before anything is written: a quantized model, one split over tensor-parallel ranks, a bad
+        ``max_shard_size``."""
         from dllm.models.quantize import refuse_quantized_save
 
         refuse_quantized_save(self)
+        self.refuse_split_save()
+        check_shard_size(max_shard_size)
         config = self.official_config()
         self.check_round_trip(config)
         state = self.official_state_dict()  # before any file is written: a failure leaves the directory as it was
