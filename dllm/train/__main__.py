@@ -415,5 +415,12 @@ def _speculative_run(args: argparse.Namespace):
     raise ValueError(f"recipe {args.recipe!r} is not an AR or drafter recipe")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # as `dllm train recipe`: bad input as one error line (exit status 2), Ctrl-C as one
+    try:
+        sys.exit(main())
+    except (ValueError, TypeError, KeyError, OSError) as err:
+        print(f"python -m dllm.train: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("python -m dllm.train: interrupted", file=sys.stderr)
+        sys.exit(130)

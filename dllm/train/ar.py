@@ -81,6 +81,12 @@ class ARRecipe(Overridable):
     phases: tuple[ARPhase, ...] = ()
     description: str = ""
 
+    def __post_init__(self) -> None:
+        # the evaluation scores test instances 0 .. eval_per_size - 1 of each size; training redraws only the
+        # split's TEST_SPLIT_SIZE (dllm.train.data.is_held_out), so more would be scored on trainable prompts
+        check_int("eval_per_size", self.eval_per_size, 1, high=T.TEST_SPLIT_SIZE,
+                  hint=f" (test instances per size: the test split held out of training holds {T.TEST_SPLIT_SIZE})")
+
 
 _QWEN3 = dict(vocab_size=88, hidden_size=128, intermediate_size=384, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rope_theta=10000.0,

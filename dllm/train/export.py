@@ -80,11 +80,13 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
     model, a drafter) keeps its own, and a ``dtype`` given for one is refused (ValueError)."""
     from dllm.models import load
 
+    check_name(name)  # before anything under root is removed
     if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
         _no_dtype(dtype, run / "final", "a Learn2PD filter")
         if checkpoint != "best":  # a filter run keeps one fitted filter: final/
             raise ValueError(f"--checkpoint {checkpoint}: {run} is a Learn2PD filter run, whose one filter is "
                              f"final/ (leave --checkpoint out)")
+        _check_outside(run / "final", Path(root) / name)
         return _export_filter(run / "final", Path(root) / name, note)
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and checkpoint != "best":  # only the default falls back (a run without evaluations has no best/)
@@ -101,6 +103,7 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
     if copied:
         _no_dtype(dtype, src, "an AR model or a drafter")  # before the old export is removed
     out = Path(root) / name
+    _check_outside(src, out)
     if out.exists():
         shutil.rmtree(out)
     if copied:
@@ -118,6 +121,23 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
         info["recipe"] = json.loads(recipe.read_text())
     (out / "training.json").write_text(readable_json(info) + "\n")
     return out
+
+
+def check_name(name: str) -> None:
+    """Refuse an export ``name`` that is not one directory name (``dllm/models/embedded/<name>/``, as
+    ``dllm.models.loading.embedded_names`` lists them): ``""``, ``.``, ``..`` or a path would make the old
+    export that ``export`` removes the embedded root itself or a directory outside it."""
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        raise ValueError(f"--name {name!r}: the exported model's name must be one directory name, e.g. "
+                         f"tiny-llada (not empty, '.', '..' or a path)")
+
+
+def _check_outside(src: Path, out: Path) -> None:
+    """Refuse an export whose checkpoint ``src`` lies in the directory ``out`` it replaces (removed first)."""
+    src, out = src.resolve(), out.resolve()
+    if src == out or out in src.parents:
+        raise ValueError(f"the checkpoint {src} lies in {out}, which the export replaces: export it under "
+                         f"another --name, or from a copy")
 
 
 def _no_dtype(dtype: Optional[str], src: Path, what: str) -> None:

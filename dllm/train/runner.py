@@ -106,21 +106,53 @@ def stage_recipe(stage: Stage, opts: RunOptions, init: Optional[str],
     return replace(recipe, train=replace(recipe.train, **train)) if train else recipe
 
 
-def first_init(cur: Curriculum, opts: RunOptions) -> Optional[str]:
-    """Where the first trained stage starts: ``init_from``, its own ``init_from``, or (from_stage) the
-    previous stage's taken checkpoint under ``out``."""
+def first_init(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] = lambda r: r
+               ) -> Optional[str]:
+    """Where the first trained stage starts: ``init_from`` (refused when it names no model), its own
+    ``init_from``, or (from_stage) the checkpoint the previous stage took under ``out`` when it finished
+    (its ``stage.json``, or its stop step's checkpoint); a previous stage not finished there is refused."""
     stage = selected(cur, opts)[0]
     if opts.init_from is not None:
+        from dllm.models.loading import ModelNotFoundError, locate
+
+        try:
+            locate(opts.init_from)
+        except ModelNotFoundError as err:
+            raise ValueError(f"init_from {opts.init_from!r} (--init-from): {err}") from None
         return opts.init_from
     index = cur.stages.index(stage)
     if index == 0:
         return stage.recipe.init_from
     prev = cur.stages[index - 1]
-    path = taken(opts.out / prev.name, prev, stage_end(prev, opts))
-    if path is None:
+    directory, end = opts.out / prev.name, stage_end(prev, opts, override)
+    path = finished_source(directory, prev, end)
+    if path is not None:
+        return path
+    if prev.take == "last" and (directory / prev.source(end)).is_dir():  # finished before stage.json was written
+        return str(directory / prev.source(end))
+    from dllm.train.trainer import checkpoints
+
+    found = checkpoints(directory)
+    if not found:
         raise ValueError(f"stage {stage.name!r} starts from stage {prev.name!r}, which is not under {opts.out}: "
                          f"pass init_from (--init-from MODEL_OR_DIR) or start earlier")
-    return str(path)
+    raise ValueError(f"stage {stage.name!r} starts from stage {prev.name!r}, which is not finished under {opts.out} "
+                     f"(its newest checkpoint is {found[-1].name} of {end} steps): finish it first (--from-stage "
+                     f"{prev.name} --resume), or pass init_from (--init-from MODEL_OR_DIR)")
+
+
+def finished_source(directory: Path, stage: Stage, end: int) -> Optional[str]:
+    """The checkpoint a stage finished in ``directory`` (its ``stage.json`` records a step >= ``end``) was taken
+    from, found under ``directory`` as the run goes now (the recorded path holds the first run's ``--out``,
+    relative to its working directory); None for a stage not finished."""
+    done = directory / DONE_FILE
+    if not done.is_file():
+        return None
+    record = json.loads(done.read_text())
+    if record.get("step", -1) < end:
+        return None
+    path = taken(directory, stage, end)
+    return record["taken"] if path is None else str(path)
 
 
 def taken(directory: Path, stage: Stage, end: int) -> Optional[Path]:
@@ -148,8 +180,9 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
     for i, stage in enumerate(stages):
         index = cur.stages.index(stage)
         if i == 0:
+            before = cur.stages[index - 1] if index else None
             init = opts.init_from or stage.recipe.init_from or (
-                f"{cur.stages[index - 1].name}/{cur.stages[index - 1].source()}" if index else None)
+                f"{before.name}/{before.source(stage_end(before, opts, override))}" if before else None)
         else:
             init = f"{prev.name}/{prev.source(stage_end(prev, opts, override))}"
         r = stage_recipe(stage, opts, init, override)
@@ -237,7 +270,7 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
     from dllm.train.trainer import check_intervals
 
     check_options(cur, opts)
-    init = first_init(cur, opts)  # before plan.json is written: a refused start leaves nothing behind
+    init = first_init(cur, opts, override)  # before plan.json is written: a refused start leaves nothing behind
     for stage in selected(cur, opts):  # every stage's steps and intervals, before plan.json too
         check_intervals(stage_recipe(stage, opts, init, override).train)
     note = _check_plan_file(cur, opts)
@@ -262,9 +295,9 @@ def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Calla
     for stage in stages:
         directory, end = opts.out / stage.name, stage_end(stage, opts, override)
         progress.stage, progress.trainer = stage.name, None
-        done = directory / DONE_FILE
-        if done.is_file() and json.loads(done.read_text()).get("step", -1) >= end:
-            init = json.loads(done.read_text())["taken"]
+        done, kept = directory / DONE_FILE, finished_source(directory, stage, end)
+        if kept is not None:
+            init = kept
             finished.append(stage.name)
             log(f"[{cur.stages.index(stage) + 1}/{len(cur.stages)}] {stage.name}: finished (kept)")
             continue

@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from dllm.tasks import TEST_SPLIT_SIZE
 from dllm.train.data import Batch, TaskMixture
 from dllm.scoring.exact_match import EvalResult, eval_examples, evaluate
 from dllm.train.block_objective import training_loss
@@ -83,13 +84,18 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def check_intervals(cfg: TrainConfig) -> None:
-    """Refuse a ``steps``, ``log_every``, ``batch_size`` or ``eval_per_size`` below 1, an ``eval_every``,
-    ``save_every``, ``keep_last`` or ``warmup`` below 0 (0: never / at the end only / keep all / no
-    warm-up), an ``lr`` that is not > 0, a ``min_lr_ratio`` outside [0, 1], a ``mask_eps`` outside
-    (0, 1) and a negative ``clip`` (0: no clipping), naming the field: ValueError (``SettingError``)."""
-    for name, low in (("steps", 1), ("log_every", 1), ("batch_size", 1), ("eval_per_size", 1), ("eval_every", 0),
+    """Refuse a ``steps``, ``log_every`` or ``batch_size`` below 1, an ``eval_per_size`` outside [1,
+    ``TEST_SPLIT_SIZE``] (the test instances training never draws), an ``eval_every``, ``save_every``,
+    ``keep_last`` or ``warmup`` below 0 (0: never / at the end only / keep all / no warm-up), an ``lr``
+    that is not > 0, a ``min_lr_ratio`` outside [0, 1], a ``mask_eps`` outside (0, 1) and a negative
+    ``clip`` (0: no clipping), naming the field: ValueError (``SettingError``)."""
+    for name, low in (("steps", 1), ("log_every", 1), ("batch_size", 1), ("eval_every", 0),
                       ("save_every", 0), ("keep_last", 0), ("warmup", 0)):
         check_int(name, getattr(cfg, name), low)
+    # an evaluation scores test instances 0 .. eval_per_size - 1 of each size, and training redraws only the
+    # split's TEST_SPLIT_SIZE (dllm.train.data.is_held_out): more would fail at the first evaluation
+    check_int("eval_per_size", cfg.eval_per_size, 1, high=TEST_SPLIT_SIZE,
+              hint=f" (test instances per size: the test split held out of training holds {TEST_SPLIT_SIZE})")
     check_number("lr", cfg.lr, low=0.0, low_open=True, finite=True)
     check_unit("min_lr_ratio", cfg.min_lr_ratio)
     check_unit("mask_eps", cfg.mask_eps, low_open=True, high_open=True)
