@@ -186,7 +186,16 @@ def build_grid(texts: Sequence[str], block_lengths: Sequence[int]) -> list[Setti
             raise ValueError(f"grid entries {families[e.family]!r} and {e.text!r} are the same family "
                              f"{e.family!r}; list all its values in one entry (OPTION=V1,V2,...)")
         families[e.family] = e.text
-    return [s for e in entries for s in expand(e, block_lengths)]
+    settings: list[Setting] = []
+    made_by: dict[str, str] = {}  # setting label (its cells' key) -> the entry that made it
+    for e in entries:
+        for s in expand(e, block_lengths):
+            if s.label in made_by:  # one label is one cell per task: the two would share (and overwrite) it
+                raise ValueError(f"grid entries {made_by[s.label]!r} and {e.text!r} both give the setting "
+                                 f"{s.label!r}; list each value in one entry only")
+            made_by[s.label] = e.text
+            settings.append(s)
+    return settings
 
 
 __all__ = ["DEFAULT_GRID", "GridEntry", "Setting", "build_grid", "cell_key", "expand", "parse_block_lengths",

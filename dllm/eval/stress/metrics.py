@@ -116,6 +116,15 @@ def ratio(num: float, den: float) -> float:
     return num / den if den > 0 else math.nan
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: object, low: float = 0.0) -> bool:
+    """A finite number (not a bool) >= ``low``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+
+
 # ---- one cell -------------------------------------------------------------------------------------
 @dataclass
 class Cell:
@@ -170,6 +179,31 @@ class Cell:
     def from_json(cls, data: dict) -> "Cell":
         fields = {k: v for k, v in data.items() if k != "summary"}
         return cls(**fields)
+
+    def damage(self, sizes: Optional[Sequence[int]] = None) -> Optional[str]:
+        """What a cell read from a file has that ``decode_cell`` never writes (None: nothing): per-sample
+        lists of another length than its samples (``sizes``: the sweep's sizes of the task's examples),
+        values of the wrong type. A resume must not aggregate such a cell."""
+        if sizes is not None and self.sizes != list(sizes):
+            return f"sizes {self.sizes!r}, the sweep's examples have sizes {list(sizes)!r}"
+        n = len(sizes) if sizes is not None else len(self.correct) if isinstance(self.correct, list) else 0
+        checks = {"sizes": _is_int, "correct": lambda v: isinstance(v, bool), "nfe": _is_count,
+                  "tokens": _is_int, "content": _is_int, "tau": lambda v: v is None or _is_count(v, -1.0)}
+        for name, ok in checks.items():
+            values = getattr(self, name)
+            if not isinstance(values, list) or len(values) != n:
+                return f"{name} must list {n} samples, got {values!r}"
+            bad = [v for v in values if not ok(v)]
+            if bad:
+                return f"{name} holds {bad[0]!r}"
+        for name in ("rows", "traces"):
+            values = getattr(self, name)
+            if values is not None and (not isinstance(values, list) or len(values) != n
+                                       or not all(isinstance(r, list) and all(map(_is_int, r)) for r in values)):
+                return f"{name} must be {n} lists of integers, got {values!r}"
+        if not _is_int(self.forwards) or not _is_count(self.seconds):
+            return f"forwards {self.forwards!r} and seconds {self.seconds!r} must be numbers"
+        return None
 
     def same_outcome(self, other: "Cell") -> bool:
         """Equal in everything but wall time."""

@@ -184,8 +184,11 @@ def format_parallelbench(config, pb: dict[str, Any]) -> str:
         rows = [[f"{o['family']}{' ' + o['point'] if o['point'] else ''}", _num(o["slope"], 6),
                  ",".join(map(str, o["block_lengths"]))] for o in pb["order_preference"]]
         out += _table(["setting", "slope", "block lengths"], rows, 16)
-    else:
+    elif len(config.block_lengths) < 2:
         out.append("(needs two or more --block-lengths)")
+    else:  # two block lengths, but top-k only at other k (and no adaptive family)
+        out.append(f"(no setting to compare: top-k is compared at k={opt['slope_k']} only; add it to the grid "
+                   f"or set --metrics parallelbench:slope_k=K)")
     return "\n".join(out)
 
 

@@ -10,7 +10,7 @@ centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``st
 accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
 
 Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
-only the cell in progress; a rerun with ``resume=True`` and the same model, tasks, examples, grid and
+only the cell in progress; a rerun with ``resume=True`` and the same model, dtype, tasks, examples, grid and
 rows per call (``max_batch``) skips the finished cells, and any other file is refused with the
 differences named. Each cell seeds its own randomness from its name (``cell_seed``), so a resumed run
 equals an uninterrupted one.
@@ -41,6 +41,7 @@ FORMAT = "dllm-stress/1"  # the resume file's format tag
 RESULT_FILE = "stress.json"  # header + every cell with its per-sample outcomes (the resume file) + summary
 SUMMARY_FILE = "stress-summary.json"  # header, grid and the summary's members, 4 decimals (small enough to keep)
 DEFAULT_MAX_BATCH = 64  # rows per generate call (``dllm stress`` always uses it)
+DEFAULT_DTYPE = "float32"  # ``dllm stress --dtype``'s default: the dtype of files from before it was recorded
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class StressConfig:
     # rows per generate call: a deterministic model and sampler give the same cells at any value, but
     # random draws (the ``random`` sampler, the oracle's logit noise) are made per call, so they differ
     max_batch: int = DEFAULT_MAX_BATCH
+    dtype: Optional[str] = None  # the model's --dtype, as given (None: not recorded; the oracle has none)
 
     def __post_init__(self) -> None:
         check_int("per_size", self.per_size, 1, hint=" (test examples per task size)")
@@ -76,11 +78,15 @@ class StressConfig:
     def examples(self) -> dict[str, list[T.Example]]:
         return {t: eval_examples([t], per_size=self.per_size) for t in self.tasks}
 
+    def sample_sizes(self) -> dict[str, list[int]]:
+        """Per task, the size of each example in order: what every cell of the task holds (``Cell.sizes``)."""
+        return {t: [ex.size for ex in exs] for t, exs in self.examples.items()}
+
     def header(self) -> dict[str, Any]:
         """The resume file's identity: a resume must match it exactly."""
         return {"format": FORMAT, "model": self.model, "split_version": T.SPLIT_VERSION,
                 "tasks": list(self.tasks), "per_size": self.per_size,
-                "settings": [s.label for s in self.settings], "max_batch": self.max_batch}
+                "settings": [s.label for s in self.settings], "max_batch": self.max_batch, "dtype": self.dtype}
 
 
 def cell_seed(key: str) -> int:
@@ -133,6 +139,32 @@ def _differences(found: dict, want: dict) -> list[str]:
     return out
 
 
+def _read_cells(where: str, raw: Any, header: dict[str, Any],
+                sizes: Optional[dict[str, list[int]]]) -> dict[str, Cell]:
+    """The cells of a resume file whose header matched ``header``: every key a cell of that sweep
+    (``cell_key``'s ``"<setting label> | <task>"``), every cell whole (``Cell.damage``)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where!r} is not a stress result file: its cells are a {type(raw).__name__}, not an object")
+    valid = {f"{label} | {task}" for label in header["settings"] for task in header["tasks"]}
+    cells = {}
+    for key, value in raw.items():
+        if key not in valid:
+            raise ValueError(f"{where!r} holds cell {key!r}, which is no cell of this sweep (its settings x tasks); "
+                             f"the file is damaged: delete it or choose another --out")
+        try:
+            cell = Cell.from_json(value)
+            if f"{cell.setting} | {cell.task}" != key:
+                wrong = f"it holds setting {cell.setting!r} and task {cell.task!r}"
+            else:
+                wrong = cell.damage(None if sizes is None else sizes[cell.task])
+        except (TypeError, AttributeError) as err:  # not an object, fields missing or unknown
+            wrong = str(err)
+        if wrong:
+            raise ValueError(f"{where!r}: cell {key!r} is damaged ({wrong}); delete the file or choose another --out")
+        cells[key] = cell
+    return cells
+
+
 @dataclass
 class StressStore:
     """The cells of one sweep, saved atomically to ``path`` (JSON) after every cell."""
@@ -144,8 +176,11 @@ class StressStore:
     _lines: dict[str, str] = field(default_factory=dict, repr=False)  # cell key -> its JSON line
 
     @classmethod
-    def open(cls, path: Path, header: dict[str, Any], *, resume: bool) -> "StressStore":
-        """A new store, or (``resume``) the finished cells of a matching file at ``path``."""
+    def open(cls, path: Path, header: dict[str, Any], *, resume: bool,
+             sizes: Optional[dict[str, list[int]]] = None) -> "StressStore":
+        """A new store, or (``resume``) the finished cells of a matching file at ``path``; ``sizes``
+        (``StressConfig.sample_sizes``): each cell read must hold these examples. ValueError for a file
+        a sweep did not write, another sweep's, or one with a damaged cell."""
         if not path.exists():
             return cls(path, header)
         if not resume:
@@ -155,15 +190,19 @@ class StressStore:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{str(path)!r} is not a stress result file (bad JSON: {err})") from None
-        found = data.get("header", {}) if isinstance(data, dict) else {}
-        if isinstance(found, dict) and "max_batch" not in found and "max_batch" in header:
+        if not isinstance(data, dict) or not isinstance(data.get("header"), dict) or "cells" not in data:
+            raise ValueError(f"{str(path)!r} is not a stress result file (no header and cells objects); "
+                             f"choose another --out or delete it")
+        found = data["header"]
+        if "max_batch" not in found and "max_batch" in header:
             found = {**found, "max_batch": DEFAULT_MAX_BATCH}  # files from before it was recorded: the only CLI value
+        if "dtype" not in found and header.get("dtype") is not None:
+            found = {**found, "dtype": DEFAULT_DTYPE}  # files from before it was recorded: the CLI's default
         diffs = _differences(found, header)
         if diffs:
             raise ValueError(f"cannot resume from {str(path)!r}: it was made by a different sweep: "
                              f"{'; '.join(diffs)}. Rerun with the file's settings, or choose another --out")
-        cells = {k: Cell.from_json(v) for k, v in data.get("cells", {}).items()}
-        return cls(path, header, cells)
+        return cls(path, header, _read_cells(str(path), data["cells"], header, sizes))
 
     def add(self, key: str, cell: Cell) -> None:
         self.cells[key] = cell
@@ -220,7 +259,7 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
     if refused:  # before any decoding, not at the first cell of such a sampler
         raise ValueError("the grid has samplers this model cannot run: "
                          + "; ".join(f"{spec}: {why}" for spec, why in refused.items()))
-    store = StressStore.open(Path(path), config.header(), resume=resume)
+    store = StressStore.open(Path(path), config.header(), resume=resume, sizes=config.sample_sizes())
     todo = [(s, t) for s in config.settings for t in config.tasks if cell_key(s, t) not in store.cells]
     total = len(config.settings) * len(config.tasks)
     computed = 0
@@ -264,6 +303,11 @@ def dump_two_levels(obj: dict) -> str:
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {member(v)}" for k, v in obj.items()) + "\n}\n"
 
 
+def is_oracle(name: str) -> bool:
+    """``oracle`` or ``oracle:OPTIONS``: the weightless exact-posterior model (no dtype)."""
+    return name == "oracle" or name.startswith("oracle:")
+
+
 def load_stress_model(name: str, dtype: Optional[str] = None, device: Optional[str] = None):
     """``load_model``, plus ``oracle:noise_std=S,seed=N``: the oracle with i.i.d. logit noise
     (ParallelBench's unbiased model; ties then break at random per position)."""
@@ -287,13 +331,14 @@ def run_stress_cli(args) -> int:
     pb = parse_metrics(getattr(args, "metrics", "dllm"))  # checked before the model loads
     config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
                           block_lengths=parse_block_lengths(args.block_lengths),
-                          tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size)
+                          tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size,
+                          dtype=None if is_oracle(args.model) else args.dtype)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a directory (stress writes {RESULT_FILE}, "
                          f"stress.txt and PNGs into it)")
     path = out / RESULT_FILE
-    StressStore.open(path, config.header(), resume=args.resume)  # refuse a mismatch before loading
+    StressStore.open(path, config.header(), resume=args.resume, sizes=config.sample_sizes())  # before loading
     def saved() -> str:
         done = len(json.loads(path.read_text())["cells"]) if path.exists() else 0
         return finished(done, "cell", str(path), "; rerun with --resume to continue")
@@ -333,4 +378,5 @@ def _sweep_and_report(args, config: StressConfig, out: Path, path: Path, pb=None
 
 
 __all__ = ["FORMAT", "RowSteps", "StressConfig", "StressResult", "StressStore", "cell_key", "cell_seed",
-           "decode_cell", "dump_two_levels", "load_stress_model", "rounded", "run_stress", "run_stress_cli"]
+           "decode_cell", "dump_two_levels", "is_oracle", "load_stress_model", "rounded", "run_stress",
+           "run_stress_cli"]
