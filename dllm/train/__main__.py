@@ -24,8 +24,9 @@ count gives other float sums). The AR target / AR draft / DFlash drafters are si
 ``dllm train path-head`` / ``dllm train block-head`` (their ``*.json`` say how).
 
 Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
-reaches), ``--lr``, ``--batch-size``, ``--warmup``, ``--seed``, ``--eval-every``, ``--save-every``,
-``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
+reaches), ``--lr``, ``--batch-size``, ``--warmup`` (every phase of a stage: its later phases' peak lr and own
+batch sizes scale with the stage's, ``dllm.train.schedule.overridden_phases``), ``--seed``, ``--eval-every``,
+``--save-every``, ``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
 (schedule unchanged). Counts are checked as the flags are parsed (``--steps`` / ``--log-every`` /
 ``--max-steps`` >= 1; ``--eval-every`` / ``--save-every`` / ``--threads`` >= 0, 0 meaning never / at the
 end / torch's default; ``--batch-size`` >= 1, ``--warmup`` >= 0, ``--lr`` > 0), and so is ``--device`` (one this
@@ -60,7 +61,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dllm.flags import above_zero, at_least, seconds
-from dllm.train.data import MixtureConfig
+from dllm.train.data import restricted, task_list
 
 
 def recipe_table() -> list[tuple[str, str]]:
@@ -221,6 +222,7 @@ def training_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dic
 def overrides(args: argparse.Namespace):
     """The per-run overrides of the flags, as a function of a stage's recipe."""
     from dllm.train.recipes.base import Recipe
+    from dllm.train.schedule import overridden_phases
 
     def apply(recipe: Recipe) -> Recipe:
         model = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
@@ -235,9 +237,12 @@ def overrides(args: argparse.Namespace):
                      **{k: v for k, v in model.items() if v is not None}}
             train = {"batch_size": 8, "eval_per_size": 1, "warmup": 2,
                      **{k: v for k, v in train.items() if v is not None}}
-        # a shorter --steps drops the phases it never reaches; --tasks restricts every phase's mixture
+        # a shorter --steps drops the phases it never reaches, --lr / --batch-size / --warmup reach the later ones
+        # too; --tasks restricts every phase's mixture
         horizon = args.steps if args.steps is not None else recipe.train.steps
-        phases = tuple(p for p in recipe.train.phases if p.start < horizon)
+        phases = overridden_phases([p for p in recipe.train.phases if p.start < horizon], base_lr=recipe.train.lr,
+                                   base_batch=recipe.train.batch_size, lr=train.get("lr"),
+                                   batch_size=train.get("batch_size"), warmup=train.get("warmup"))
         if args.tasks:
             names = task_list(args.tasks)
             train["mixture"] = restricted(recipe.train.mixture, names, recipe.name)
@@ -246,34 +251,6 @@ def overrides(args: argparse.Namespace):
         return recipe.with_overrides(model, **train)
 
     return apply
-
-
-def task_list(text: str) -> tuple[str, ...]:
-    """``--tasks``'s comma-separated names, canonical (aliases and the curriculum variants ``lookup_kW`` /
-    ``count_cM`` resolved); an unknown name is a ValueError listing the valid ones."""
-    from dllm import tasks as T
-    from dllm.train.recipes.narrow_tasks import curriculum_task
-
-    names = tuple(T.get_task(curriculum_task(t.strip())).name for t in text.split(",") if t.strip())
-    if not names:
-        raise ValueError(f"--tasks {text!r}: no task named (comma-separated task names)")
-    return names
-
-
-def restricted(mix: MixtureConfig, names: Sequence[str], recipe: str, start: Optional[int] = None) -> MixtureConfig:
-    """``mix`` (recipe ``recipe``'s own, or its phase from step ``start``) restricted to the tasks ``names``,
-    each kept task with its weight and sizes; a mixture that would keep no task of positive weight is a
-    ValueError naming the phase and its tasks."""
-    have = mix.task_names()
-    weights, sizes = mix.task_weights(), mix.task_sizes()
-    keep = [i for i, n in enumerate(have) if n in names and weights[i] > 0]
-    if not keep:
-        where = f"recipe {recipe!r}" + ("" if start is None else f", its phase from step {start},")
-        hint = "" if start is None else f", or --steps {start} to end before this phase"
-        raise ValueError(f"--tasks {','.join(names)}: {where} trains none of them (its tasks: {', '.join(have)}); "
-                         f"name at least one of its tasks{hint}")
-    return replace(mix, tasks=tuple(have[i] for i in keep), weights=tuple(mix.weights[i] for i in keep)
-                   if mix.weights else (), sizes=tuple(sizes[i] for i in keep) if mix.sizes else ())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

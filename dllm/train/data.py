@@ -26,7 +26,7 @@ Batch ``step`` is a pure function of ``(seed, step)``, so resuming needs no data
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -235,4 +235,32 @@ class TaskMixture:
             step += 1
 
 
-__all__ = ["Batch", "MixtureConfig", "TaskMixture", "collate", "example_length", "is_held_out"]
+def task_list(text: str) -> tuple[str, ...]:
+    """``--tasks``'s comma-separated names, canonical (aliases and the curriculum variants ``lookup_kW`` /
+    ``count_cM`` resolved); an unknown name is a ValueError listing the valid ones."""
+    from dllm.train.recipes.narrow_tasks import curriculum_task
+
+    names = tuple(T.get_task(curriculum_task(t.strip())).name for t in text.split(",") if t.strip())
+    if not names:
+        raise ValueError(f"--tasks {text!r}: no task named (comma-separated task names)")
+    return names
+
+
+def restricted(mix: MixtureConfig, names: Sequence[str], recipe: str, start: Optional[int] = None) -> MixtureConfig:
+    """``mix`` (recipe ``recipe``'s own, or its phase from step ``start``) restricted to the tasks ``names``,
+    each kept task with its weight and sizes; a mixture that would keep no task of positive weight is a
+    ValueError naming the phase and its tasks."""
+    have = mix.task_names()
+    weights, sizes = mix.task_weights(), mix.task_sizes()
+    keep = [i for i, n in enumerate(have) if n in names and weights[i] > 0]
+    if not keep:
+        where = f"recipe {recipe!r}" + ("" if start is None else f", its phase from step {start},")
+        hint = "" if start is None else f", or --steps {start} to end before this phase"
+        raise ValueError(f"--tasks {','.join(names)}: {where} trains none of them (its tasks: {', '.join(have)}); "
+                         f"name at least one of its tasks{hint}")
+    return replace(mix, tasks=tuple(have[i] for i in keep), weights=tuple(mix.weights[i] for i in keep)
+                   if mix.weights else (), sizes=tuple(sizes[i] for i in keep) if mix.sizes else ())
+
+
+__all__ = ["Batch", "MixtureConfig", "TaskMixture", "collate", "example_length", "is_held_out", "restricted",
+           "task_list"]

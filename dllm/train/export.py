@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -104,23 +105,49 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
         _no_dtype(dtype, src, "an AR model or a drafter")  # before the old export is removed
     out = Path(root) / name
     _check_outside(src, out)
-    if out.exists():
-        shutil.rmtree(out)
     if copied:
-        shutil.copytree(src, out)
-        if note:
-            info = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else {}
-            (out / "training.json").write_text(readable_json({**info, "note": note}) + "\n")
-        return out
-    dtype = dtype or "bfloat16"
-    model = load(str(src), dtype=getattr(torch, dtype))
-    model.save_pretrained(out)
-    info = {"source": str(src), "dtype": dtype, "evaluation": _last_eval(run, src), **({"note": note} if note else {})}
-    recipe = run / "recipe.json"
-    if recipe.exists():
-        info["recipe"] = json.loads(recipe.read_text())
-    (out / "training.json").write_text(readable_json(info) + "\n")
+        return _replace_dir(out, lambda tmp: _copy_with_note(src, tmp, "training.json", note))
+
+    def write(tmp: Path) -> None:
+        model = load(str(src), dtype=getattr(torch, dtype or "bfloat16"))
+        model.save_pretrained(tmp)
+        info = {"source": str(src), "dtype": dtype or "bfloat16", "evaluation": _last_eval(run, src),
+                **({"note": note} if note else {})}
+        recipe = run / "recipe.json"
+        if recipe.exists():
+            info["recipe"] = json.loads(recipe.read_text())
+        (tmp / "training.json").write_text(readable_json(info) + "\n")
+
+    return _replace_dir(out, write)
+
+
+def _replace_dir(out: Path, write: Callable[[Path], None]) -> Path:
+    """Have ``write`` fill the hidden sibling ``.<name>.tmp`` of ``out``, then put it in ``out``'s place: the old
+    export is removed only once the new one is complete, so a checkpoint that fails to load or convert (or an
+    interrupted copy) leaves the old export as it was and no partial directory behind."""
+    tmp, old = out.with_name(f".{out.name}.tmp"), out.with_name(f".{out.name}.old")
+    for stale in (tmp, old):  # left by a killed export
+        if stale.exists():
+            shutil.rmtree(stale)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _copy_with_note(src: Path, dst: Path, info_file: str, note: str) -> None:
+    """Copy ``src`` to ``dst``, adding ``note`` (when given) to its JSON file ``info_file``."""
+    shutil.copytree(src, dst)
+    if note:
+        info = json.loads((dst / info_file).read_text()) if (dst / info_file).exists() else {}
+        (dst / info_file).write_text(readable_json({**info, "note": note}) + "\n")
 
 
 def check_name(name: str) -> None:
@@ -133,7 +160,8 @@ def check_name(name: str) -> None:
 
 
 def _check_outside(src: Path, out: Path) -> None:
-    """Refuse an export whose checkpoint ``src`` lies in the directory ``out`` it replaces (removed first)."""
+    """Refuse an export whose checkpoint ``src`` lies in the directory ``out`` it replaces (removed once
+    the new export is written)."""
     src, out = src.resolve(), out.resolve()
     if src == out or out in src.parents:
         raise ValueError(f"the checkpoint {src} lies in {out}, which the export replaces: export it under "
@@ -147,13 +175,13 @@ def _no_dtype(dtype: Optional[str], src: Path, what: str) -> None:
 
 
 def _export_filter(src: Path, out: Path, note: str) -> Path:
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(src, out)
-    if note:
-        info = json.loads((out / "filter.json").read_text())
-        (out / "filter.json").write_text(json.dumps({**info, "note": note}, indent=2, sort_keys=True) + "\n")
-    return out
+    def write(tmp: Path) -> None:
+        shutil.copytree(src, tmp)
+        if note:
+            info = json.loads((tmp / "filter.json").read_text())
+            (tmp / "filter.json").write_text(json.dumps({**info, "note": note}, indent=2, sort_keys=True) + "\n")
+
+    return _replace_dir(out, write)
 
 
 def readable_json(obj: Any, indent: int = 2, level: int = 0) -> str:

@@ -16,7 +16,7 @@ Batches stay a pure function of ``(seed, step)``: each phase has its own
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from dllm.train.data import MixtureConfig
@@ -89,4 +89,17 @@ def scheduled_lr_factor(step: int, *, base_lr: float, warmup: int, steps: int, m
     return p.lr / base_lr * local
 
 
-__all__ = ["Phase", "check_phases", "lr_factor", "phase_index", "scheduled_lr_factor"]
+def overridden_phases(phases: Sequence[Phase], *, base_lr: float, base_batch: int, lr: Optional[float] = None,
+                      batch_size: Optional[int] = None, warmup: Optional[int] = None) -> tuple[Phase, ...]:
+    """``phases`` under a run's ``--lr`` / ``--batch-size`` / ``--warmup`` (None: not given), which replace the
+    stage's own ``base_lr`` / ``base_batch`` / warm-up: each phase's peak lr and own batch size scale by the same
+    factor (a phase keeps its ratio to the stage's: the focus phases' 0.6 x lr, the length curriculum's batch
+    halved as prompts double, rounded, at least 1), and each phase warms up ``warmup`` steps."""
+    lr_scale = 1.0 if lr is None else lr / base_lr
+    batch_scale = 1.0 if batch_size is None else batch_size / base_batch
+    return tuple(replace(p, lr=p.lr * lr_scale, warmup=p.warmup if warmup is None else warmup,
+                         batch_size=None if p.batch_size is None else max(1, round(p.batch_size * batch_scale)))
+                 for p in phases)
+
+
+__all__ = ["Phase", "check_phases", "lr_factor", "overridden_phases", "phase_index", "scheduled_lr_factor"]

@@ -102,6 +102,17 @@ def check_intervals(cfg: TrainConfig) -> None:
     check_number("clip", cfg.clip, low=0.0)
 
 
+def best_score(saved: Optional[float], best_dir: Path) -> Optional[float]:
+    """The best score a resumed run must beat: the higher of the checkpoint's ``saved`` one and ``best_dir``'s
+    ``best.json`` (written by an evaluation after that checkpoint, before the run stopped), so that ``best/``
+    is only ever replaced by a better evaluation."""
+    info = best_dir / "best.json"
+    written = json.loads(info.read_text()).get("eval_mean_c0") if info.is_file() else None
+    if not isinstance(written, (int, float)) or math.isnan(written):
+        return saved
+    return written if saved is None or written > saved else saved
+
+
 class Trainer:
     """Train ``recipe`` into ``out``.
 
@@ -279,7 +290,7 @@ class Trainer:
         return path
 
     def load_checkpoint(self, path: Union[str, Path]) -> None:
-        """Restore weights (from the official files), optimizer, scheduler, step, best and RNG."""
+        """Restore weights (from the official files), optimizer, scheduler, step, best (``best_score``) and RNG."""
         from dllm.models import load
 
         path = Path(path)
@@ -295,7 +306,7 @@ class Trainer:
                                    self.scheduler.lr_lambdas):
             group["lr"] = base * fn(self.scheduler.last_epoch)
         self.step = int(state["step"])
-        self.best = state.get("best")
+        self.best = best_score(state.get("best"), self.out / "best")
         _set_rng_states(state["rng"])
         self.resumed_from = path
 
