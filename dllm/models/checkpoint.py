@@ -159,23 +159,41 @@ class CheckpointReader:
         return _ST_DTYPES.get(common)
 
 
+def _shard_file(directory: Path, index: Path, key: str, name: str) -> Path:
+    """The shard ``name`` the index maps ``key`` to, as a file inside ``directory``; a CheckpointError naming
+    the index, the tensor and the name for anything else (``../x.safetensors``, an absolute path, ".")."""
+    if name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise CheckpointError(f"{str(index)!r}: 'weight_map' maps {key!r} to {name!r}, which is not a plain file "
+                              f"name inside {str(directory)!r} (expected a shard name such as {shard_name(1, 2)!r})")
+    return directory / name
+
+
+def _read_index(directory: Path, index: Path) -> dict[str, Path]:
+    """The index's ``weight_map`` as tensor name -> shard file inside ``directory`` (checked)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"cannot parse {str(index)!r} (need a 'weight_map'): {e}") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                   for k, v in weight_map.items()):
+        raise CheckpointError(f"{str(index)!r}: 'weight_map' must map each tensor name to a shard file name, "
+                              f"got {str(weight_map)[:200]}")
+    return {k: _shard_file(directory, index, k, v) for k, v in weight_map.items()}
+
+
 def open_checkpoint(directory: str | Path) -> CheckpointReader:
-    """Open the single-file or sharded safetensors checkpoint in ``directory``."""
+    """Open the single-file or sharded safetensors checkpoint in ``directory``.
+
+    A sharded checkpoint is read by its index, as transformers' ``modeling_utils`` does: the view holds
+    the tensors ``weight_map`` lists, each from its shard; a tensor a shard stores but the index does not
+    list is not loaded."""
     directory = Path(directory)
     single, index = directory / SINGLE_FILE, directory / INDEX_FILE
     if single.is_file():
         files = [single]
-        expected_file: dict[str, Path] = {}
+        expected_file: Optional[dict[str, Path]] = None
     elif index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"cannot parse {str(index)!r} (need a 'weight_map'): {e}") from None
-        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
-                                                       for k, v in weight_map.items()):
-            raise CheckpointError(f"{str(index)!r}: 'weight_map' must map each tensor name to a shard file name, "
-                                  f"got {str(weight_map)[:200]}")
-        expected_file = {k: directory / v for k, v in weight_map.items()}
+        expected_file = _read_index(directory, index)
         files = sorted(set(expected_file.values()))
     else:
         raise CheckpointError(
@@ -185,18 +203,16 @@ def open_checkpoint(directory: str | Path) -> CheckpointReader:
     for path in files:
         handle = _open(path)
         reader._handles[path] = handle
-        for key in handle.keys():
-            if key in reader._file_of:
-                raise CheckpointError(f"tensor {key!r} is stored twice: in {reader._file_of[key].name} "
-                                      f"and {path.name}")
+        stored = set(handle.keys())
+        listed = stored if expected_file is None else [k for k, p in expected_file.items() if p == path]
+        for key in listed:
+            if key not in stored:
+                raise CheckpointError(f"{INDEX_FILE} maps {key!r} to {path.name}, but that file does not "
+                                      f"contain it")
             sl = handle.get_slice(key)
             reader.shapes[key] = tuple(sl.get_shape())
             reader.dtypes[key] = sl.get_dtype()
             reader._file_of[key] = path
-    for key, path in expected_file.items():
-        if reader._file_of.get(key) != path:
-            raise CheckpointError(f"{INDEX_FILE} maps {key!r} to {path.name}, but that file does not "
-                                  f"contain it")
     return reader
 
 

@@ -125,23 +125,29 @@ def read_config(directory: Path, name: str = "config.json") -> dict[str, Any]:
     return hf
 
 
+def _is_auto(dtype: Any) -> bool:
+    """None or "auto" in any case: the dtype the checkpoint (or a given module) already has."""
+    return dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto")
+
+
 def resolve_dtype(dtype: Union[torch.dtype, str, None], hf: dict[str, Any],
                   stored: Optional[torch.dtype]) -> torch.dtype:
     """Requested dtype; None / "auto" -> config's torch_dtype (or "dtype"), else the stored tensors'.
-    ValueError naming the valid dtypes for anything but a floating dtype."""
+    Names in any case ("BF16", "torch.Float16"); ValueError naming the valid dtypes for anything but a
+    floating dtype."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _FLOAT_DTYPES:
             raise ValueError(f"dtype {dtype} is not supported: weights need a floating dtype; valid: "
                              f"{', '.join(map(str, _FLOAT_DTYPES))}, 'auto', or one of {', '.join(sorted(_DTYPES))}")
         return dtype
-    if dtype is None or dtype == "auto":
+    if _is_auto(dtype):
         name = hf.get("torch_dtype") or hf.get("dtype")
         if name is None:
             return stored or torch.float32
         dtype, where = name, "config.json torch_dtype"
     else:
         where = "dtype"
-    key = str(dtype).removeprefix("torch.")
+    key = str(dtype).lower().removeprefix("torch.")
     if key not in _DTYPES:
         raise ValueError(f"{where} {dtype!r} is not supported; valid: a floating torch.dtype, 'auto', or one of "
                          f"{', '.join(sorted(_DTYPES))}")
@@ -183,7 +189,7 @@ def place_module(module: torch.nn.Module, dtype: Union[torch.dtype, str, None],
                  device: Union[str, torch.device, None]) -> torch.nn.Module:
     """A module given already built, moved to the requested dtype (None / "auto": as it is) and
     device (None: where it is), each checked as ``resolve_dtype`` / ``resolve_device`` check them."""
-    if dtype not in (None, "auto"):
+    if not _is_auto(dtype):
         module.to(dtype=resolve_dtype(dtype, {}, None))
     if device is not None:
         module.to(device=resolve_device(device))

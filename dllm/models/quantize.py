@@ -68,13 +68,15 @@ def valid_names() -> str:
 
 
 def check_quantization(quantization: Any) -> Optional[Method]:
-    """The ``Method`` named by ``quantization`` (None / "none": no quantization); a
-    ``QuantizationError`` naming the value and the valid ones otherwise."""
-    if quantization in NONE_NAMES:
+    """The ``Method`` named by ``quantization`` (None / "none": no quantization; names in any case,
+    "INT8" and "None" as "int8" and "none"); a ``QuantizationError`` naming the value and the valid ones
+    otherwise."""
+    name = quantization.lower() if isinstance(quantization, str) else quantization
+    if name in NONE_NAMES:
         return None
-    if not isinstance(quantization, str) or quantization.lower() not in QUANTIZATIONS:
+    if not isinstance(name, str) or name not in QUANTIZATIONS:
         raise QuantizationError(f"unknown quantization {quantization!r}; valid: {valid_names()}")
-    return QUANTIZATIONS[quantization.lower()]
+    return QUANTIZATIONS[name]
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
