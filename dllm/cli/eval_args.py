@@ -7,9 +7,22 @@ They run in ``dllm.eval`` (``run_compare``, ``run_stress_cli``, ``run_eval_tasks
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dllm.cli.args import POSITIVE, add_model_place, add_threads, output_dir, output_file
 from dllm.flags import Distinct
+
+
+class TaskNames(Distinct):
+    """``--tasks``: distinct task names, at least one when the flag is given. A bare ``--tasks`` (say, an
+    empty shell variable) is an error, not the default suite: leaving the flag out runs that."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Any = None) -> None:
+        if not values:
+            parser.error(f"argument {option_string}: expected at least one task name, e.g. {option_string} copy sort "
+                         f"(`dllm tasks` lists them); leave {option_string} out for the PB-mini suite")
+        super().__call__(parser, namespace, values, option_string)
 
 
 def compare_args(p: argparse.ArgumentParser) -> None:
@@ -17,7 +30,7 @@ def compare_args(p: argparse.ArgumentParser) -> None:
                    help="model path/name (default: the embedded tiny-llada), or 'oracle' (exact posteriors)")
     p.add_argument("--samplers", nargs="*", default=None,
                    help="sampler specs: name or name:key=value,... (k=N: N tokens per step)")
-    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: every task")
+    p.add_argument("--tasks", nargs="*", action=TaskNames, default=None, help="default: the PB-mini suite")
     p.add_argument("--n", type=POSITIVE, default=4, help="test examples per task")
     p.add_argument("--block-length", type=POSITIVE, default=None, help="default: the answer length")
     p.add_argument("--repeats", type=POSITIVE, default=1,
@@ -39,7 +52,7 @@ def stress_args(p: argparse.ArgumentParser) -> None:
                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress.grid)")
     p.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
-    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: the PB-mini suite")
+    p.add_argument("--tasks", nargs="*", action=TaskNames, default=None, help="default: the PB-mini suite")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
     p.add_argument("--out", type=output_dir, default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
     p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
@@ -54,7 +67,7 @@ def stress_args(p: argparse.ArgumentParser) -> None:
 
 def eval_tasks_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a model name or path (tiny-llada, oracle, ...)")
-    p.add_argument("--tasks", nargs="*", action=Distinct, default=None, help="default: every task")
+    p.add_argument("--tasks", nargs="*", action=TaskNames, default=None, help="default: the PB-mini suite")
     p.add_argument("--k", type=int, nargs="*", action=Distinct, default=None,
                    help="tokens per step, fixed-step samplers only (default: 1)")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")

@@ -277,7 +277,7 @@ class DllmLM(LM):
         gen_length = self.config.gen_length
         max_gen = kw.pop("max_gen_toks", None)
         if max_gen is not None:
-            gen_length = min(gen_length, int(max_gen))
+            gen_length = min(gen_length, _max_gen_toks(max_gen))
         do_sample = kw.pop("do_sample", None)
         temperature = kw.pop("temperature", None)
         if do_sample is False:
@@ -332,6 +332,19 @@ class DllmLM(LM):
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
+
+
+def _max_gen_toks(value: Any) -> int:
+    """A request's ``max_gen_toks`` (lm-eval's generation kwarg, from the task's ``generation_kwargs``) as
+    a positive int; ValueError naming it otherwise (the canvas ``gen_length`` it caps would be empty)."""
+    try:
+        tokens = int(value)
+    except (TypeError, ValueError):
+        tokens = 0
+    if tokens < 1:
+        raise ValueError(f"generation kwarg max_gen_toks must be a positive integer (the generated tokens per "
+                         f"request: the task's generation_kwargs or --gen_kwargs), got {value!r}")
+    return tokens
 
 
 def _launched_processes() -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from dllm import tasks as T
+from dllm.flags import POSITIVE, Distinct
 from dllm.options import check_int
 
 LM_TASKS_DIR = Path(__file__).resolve().parent / "lm_tasks"  # the include_path of the stress tasks
@@ -86,18 +87,52 @@ def suite_entries() -> list:
 def write_task_files(directory: Union[str, Path, None] = None, per_size: int = 4,
                      tasks: Optional[Sequence[str]] = None) -> list[Path]:
     """Write ``<task>.jsonl`` for each task (default: every task of the suites) and ``manifest.json``
-    into ``directory`` (default ``data_dir()``); returns the JSONL paths."""
+    into ``directory`` (default ``data_dir()``); returns the JSONL paths. The manifest lists every task
+    file of the directory: one written before with the same ``per_size`` and split version is kept
+    beside the new ones; a write that would leave files of another ``per_size`` or split version
+    (``_check_consistent``) is refused before anything is written, as is a task listed twice."""
+    check_int("per_size", per_size, 1)
     out_dir = Path(directory).expanduser() if directory is not None else data_dir()
     names = [T.get_task(t).name for t in tasks] if tasks else [e.name for e in suite_entries()]
+    again = [n for i, n in enumerate(names) if n in names[:i]]
+    if again:
+        raise ValueError(f"tasks list {again[0]!r} twice: {list(tasks or names)}; give each task once")
+    kept = _check_consistent(out_dir, per_size, names)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in names:
         path = out_dir / f"{name}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in task_docs(name, per_size)))
         paths.append(path)
-    manifest = {"split_version": T.SPLIT_VERSION, "per_size": per_size, "tasks": names}
+    manifest = {"split_version": T.SPLIT_VERSION, "per_size": per_size, "tasks": kept + names}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return paths
+
+
+def _check_consistent(folder: Path, per_size: int, names: Sequence[str]) -> list[str]:
+    """The tasks of ``folder``'s manifest that a write of ``names`` keeps (same ``per_size`` and split
+    version; not among ``names``). ValueError when the folder's files were written with another
+    ``per_size`` or split version and ``names`` does not rewrite them all: the lm-eval groups would mix
+    example sets (a task's mean over other examples than ``dllm eval-tasks --per-size`` decodes)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return []
+    try:
+        old = json.loads(path.read_text())
+        old_tasks = [str(t) for t in old["tasks"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{str(path)!r} is not a manifest this command wrote (a JSON object with 'tasks'); "
+                         f"remove it or give another --dir") from None
+    left = [t for t in dict.fromkeys(old_tasks) if t not in names and (folder / f"{t}.jsonl").is_file()]
+    if old.get("per_size") == per_size and old.get("split_version") == T.SPLIT_VERSION:
+        return left
+    if not left:
+        return []
+    raise ValueError(f"{str(folder)!r} holds task files written with --per-size {old.get('per_size')!r} "
+                     f"(split version {old.get('split_version')!r}) that this write (--per-size {per_size}, split "
+                     f"version {T.SPLIT_VERSION!r}) would not rewrite: {', '.join(left)}. Give --per-size "
+                     f"{old.get('per_size')!r}, write them again too (leave --tasks out for every task), "
+                     f"or give another --dir")
 
 
 def resolve_data_files(dataset_kwargs: Optional[dict[str, Any]], task: str) -> dict[str, Any]:
@@ -197,8 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     p = argparse.ArgumentParser(prog="dllm eval harness-tasks",
                                 description="write the stress tasks' JSONL files for lm-eval")
     p.add_argument("--dir", default=None, help=f"output directory (default: ${DATA_ENV} or {data_dir()})")
-    p.add_argument("--per-size", type=int, default=4, help="test examples per task size (as dllm eval-tasks)")
-    p.add_argument("--tasks", nargs="+", default=None, help="registered task names (default: all)")
+    p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size (as dllm eval-tasks)")
+    p.add_argument("--tasks", nargs="+", action=Distinct, default=None, help="registered task names (default: all)")
     p.add_argument("--yaml", action="store_true", help="also regenerate the YAMLs in dllm/eval/harness/lm_tasks")
     args = p.parse_args(argv)
     paths = write_task_files(args.dir, args.per_size, args.tasks)
