@@ -25,7 +25,7 @@ from dllm.models.families.registry import MODEL_TYPES as DIFFUSION_MODEL_TYPES
 from dllm.models.loading import (ModelNotFoundError, _looks_like_hub_id, embedded_names, locate, read_config,
                                  resolve_device, resolve_dtype)
 from dllm.models.parallel.plan import check_tensor_parallel
-from dllm.models.quantize import check_quantization, quantize_model
+from dllm.models.quantize import check_quantization, check_target, quantize_model
 from dllm.models.text.tokenizer import has_tokenizer_files, load_tokenizer, tokenizer_size
 
 PathLike = Union[str, Path]
@@ -196,13 +196,15 @@ def load_target(
     config is not a causal LM (a dllm diffusion model, a DFlash drafter), when weights are missing
     from the checkpoint, or when the tokenizer has more tokens than the model's embedding rows.
     """
-    check_quantization(quantization)
+    method = check_quantization(quantization)
     tensor_parallel = check_tensor_parallel(tensor_parallel)
-    if tensor_parallel is not None and quantization is not None:
+    if tensor_parallel is not None and method is not None:  # "none" is no quantization
         raise ValueError(f"tensor_parallel={tensor_parallel} with quantization={quantization!r} is not supported")
     device = resolve_device(device)
     found = name_or_path if isinstance(name_or_path, TargetSource) else resolve_target(name_or_path)
     want = resolve_dtype(dtype, found.config, None)
+    if method is not None:  # before any weight is read: the dtype (and device) the method cannot use
+        check_target(method, device if device is not None else torch.device("cpu"), want)
     parallel: dict[str, Any] = {}
     if tensor_parallel is not None:
         parallel = _tensor_parallel_plan(found.config, tensor_parallel, device)

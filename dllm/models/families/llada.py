@@ -82,6 +82,16 @@ _SUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def _number(hf: Mapping[str, Any], name: str) -> float:
+    """config.json field ``name`` as a float: a JSON number (not a boolean); ValueError naming the
+    field, the file and the value otherwise (``float("x")`` alone names neither)."""
+    value = hf[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"LLaDA config.json field {name} = {value!r} is not a number; it must be a JSON "
+                         f"number such as 500000.0 or 1e-05, not a string or a boolean")
+    return float(value)
+
+
 def _precision(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "amp_bf16", torch.float16: "amp_fp16"}.get(dtype, "fp32")
 
@@ -111,7 +121,7 @@ class LLaDA(TransformerLM):
             if hf.get("mlp_ratio") is None:
                 raise ValueError("LLaDA config.json is missing required field(s): mlp_hidden_size "
                                  "(or mlp_ratio)")
-            mlp_hidden = int(hf["mlp_ratio"] * hf["d_model"])
+            mlp_hidden = int(_number(hf, "mlp_ratio") * _number(hf, "d_model"))
         rows = hf.get("embedding_size") or hf["vocab_size"]
         config = TransformerConfig(
             vocab_size=rows,
@@ -120,8 +130,8 @@ class LLaDA(TransformerLM):
             n_heads=hf["n_heads"],
             n_kv_heads=hf.get("n_kv_heads") or hf["n_heads"],
             mlp_hidden=mlp_hidden,
-            rope_theta=float(hf["rope_theta"]),
-            rms_eps=float(hf["rms_norm_eps"]),
+            rope_theta=_number(hf, "rope_theta"),
+            rms_eps=_number(hf, "rms_norm_eps"),
             max_positions=hf["max_sequence_length"],
             qkv_bias=bool(hf.get("include_qkv_bias", False)),
             tie_embeddings=bool(hf["weight_tying"]),
