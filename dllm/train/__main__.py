@@ -24,8 +24,8 @@ count gives other float sums). The AR target / AR draft / DFlash drafters are si
 ``dllm train path-head`` / ``dllm train block-head`` (their ``*.json`` say how).
 
 Per-run overrides (applied to every stage): ``--steps N`` (schedule horizon; drops the phases it never
-reaches), ``--lr``, ``--batch-size``, ``--warmup`` (every phase of a stage: its later phases' peak lr and own
-batch sizes scale with the stage's, ``dllm.train.schedule.overridden_phases``), ``--seed``, ``--eval-every``,
+reaches), ``--lr``, ``--batch-size``, ``--warmup`` (every phase of a stage, or of an AR run: the later phases' peak lr
+and own batch sizes scale with the stage's, ``dllm.train.schedule.overridden_phases``), ``--seed``, ``--eval-every``,
 ``--save-every``, ``--log-every``, ``--bf16``, ``--compile``; ``--max-steps N`` stops every stage after N steps
 (schedule unchanged). Counts are checked as the flags are parsed (``--steps`` / ``--log-every`` /
 ``--max-steps`` >= 1; ``--eval-every`` / ``--save-every`` / ``--threads`` >= 0, 0 meaning never / at the
@@ -363,7 +363,7 @@ def _speculative_run(args: argparse.Namespace):
     ``--init-from`` is the AR run's starting weights, JetSpec's and DSpark's DFlash warm start."""
     from functools import partial
 
-    from dllm.train.ar import ar_recipes, check_start, train_ar
+    from dllm.train.ar import ar_recipes, check_start, overridden_ar_phases, train_ar
     from dllm.train.drafters.dflare_train import dflare_recipes, train_dflare
     from dllm.train.drafters.dflash_train import dflash_recipes, train_dflash
     from dllm.train.drafters.dspark_train import dspark_recipes, train_dspark
@@ -373,8 +373,9 @@ def _speculative_run(args: argparse.Namespace):
               "warmup": args.warmup, "log_every": args.log_every}
     run = {"threads": args.threads or 0, "progress": not args.no_progress, "stop_at": args.max_steps}
     if args.recipe in ar_recipes:
-        recipe = ar_recipes.get(args.recipe).with_overrides(**common, eval_every=args.eval_every,
-                                                            eval_per_size=args.eval_per_size)
+        base = ar_recipes.get(args.recipe)  # --lr / --warmup reach its later phases too
+        recipe = base.with_overrides(**common, eval_every=args.eval_every, eval_per_size=args.eval_per_size,
+                                     phases=overridden_ar_phases(base, lr=args.lr, warmup=args.warmup))
         check_start(recipe, args.start_phase, args.max_steps)  # the dry run refuses them too
         return recipe, "dllm/train/ar.py", partial(train_ar, **run, start_phase=args.start_phase,
                                                    init_from=args.init_from)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -215,6 +215,16 @@ def _optimizer(model, recipe: ARRecipe, lr: float, warmup: int, steps: int):
     return opt, sched
 
 
+def overridden_ar_phases(recipe: ARRecipe, *, lr: Optional[float] = None,
+                         warmup: Optional[int] = None) -> tuple[ARPhase, ...]:
+    """``recipe.phases`` under a run's ``--lr`` / ``--warmup`` (None: not given), which replace the recipe's own
+    ``lr`` / ``warmup``: each phase's peak lr scales by the same factor (it keeps its ratio to the recipe's) and
+    each phase warms up ``warmup`` steps, as :func:`dllm.train.schedule.overridden_phases` does for a diffusion
+    stage. (``--batch-size`` needs nothing here: every AR phase trains at the recipe's ``batch_size``.)"""
+    scale = 1.0 if lr is None else lr / recipe.lr
+    return tuple(replace(p, lr=p.lr * scale, warmup=p.warmup if warmup is None else warmup) for p in recipe.phases)
+
+
 def phase_plan(recipe: ARRecipe) -> list[tuple[int, int, float, int, MixtureConfig]]:
     """(first step, steps, peak lr, warm-up, mixture) of every phase, the recipe's own first."""
     plan, start = [(0, recipe.steps, recipe.lr, recipe.warmup, recipe.mixture)], recipe.steps
@@ -301,5 +311,5 @@ def train_ar(recipe: ARRecipe, out: Union[str, Path], *, threads: int = 0, progr
     return last
 
 
-__all__ = ["ARPhase", "ARRecipe", "check_start", "phase_plan", "ar_loss", "ar_recipes", "answer_targets", "build_ar_model", "exact_match",
-           "greedy_answers", "save_ar", "train_ar"]
+__all__ = ["ARPhase", "ARRecipe", "check_start", "overridden_ar_phases", "phase_plan", "ar_loss", "ar_recipes",
+           "answer_targets", "build_ar_model", "exact_match", "greedy_answers", "save_ar", "train_ar"]

@@ -75,22 +75,26 @@ def _copied_as_is(src: Path) -> bool:
     return any(str(a).endswith("ForCausalLM") or a in DRAFTER_ARCHITECTURES for a in archs)
 
 
-def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] = None,
+def export(run: Path, name: str, checkpoint: Optional[str] = None, dtype: Optional[str] = None,
            root: Path = EMBEDDED, note: str = "") -> Path:
-    """``dtype``: a diffusion run's stored dtype (None: bfloat16); a run copied as is (a filter, an AR
-    model, a drafter) keeps its own, and a ``dtype`` given for one is refused (ValueError)."""
+    """``checkpoint``: one directory name under ``run`` (``best`` included), refused (FileNotFoundError, naming
+    those there) when missing; None: ``best/``, else ``final/``, else the newest ``checkpoint-N``. ``dtype``: a
+    diffusion run's stored dtype (None: bfloat16); a run copied as is (a filter, an AR model, a drafter) keeps
+    its own, and a ``dtype`` given for one is refused (ValueError)."""
     from dllm.models import load
 
     check_name(name)  # before anything under root is removed
     if (run / "final" / "filter.json").is_file():  # a Learn2PD filter (dllm/train/learn2pd.py): copied as is
         _no_dtype(dtype, run / "final", "a Learn2PD filter")
-        if checkpoint != "best":  # a filter run keeps one fitted filter: final/
+        if checkpoint is not None:  # a filter run keeps one fitted filter: final/
             raise ValueError(f"--checkpoint {checkpoint}: {run} is a Learn2PD filter run, whose one filter is "
                              f"final/ (leave --checkpoint out)")
         _check_outside(run / "final", Path(root) / name)
         return _export_filter(run / "final", Path(root) / name, note)
+    name_given = checkpoint is not None  # only the default falls back (a run without evaluations has no best/)
+    checkpoint = "best" if checkpoint is None else checkpoint
     src = run / checkpoint if (run / checkpoint).exists() else None
-    if src is None and checkpoint != "best":  # only the default falls back (a run without evaluations has no best/)
+    if src is None and name_given:
         found = sorted(p.name for p in run.glob("*") if p.is_dir() and (p / "config.json").is_file())
         raise FileNotFoundError(f"no checkpoint {checkpoint!r} under {run}; there: {', '.join(found) or 'none'} "
                                 f"(or leave --checkpoint out: best/, else final/, else the newest checkpoint-*)")
@@ -99,7 +103,7 @@ def export(run: Path, name: str, checkpoint: str = "best", dtype: Optional[str] 
     if src is None:
         src = latest_checkpoint(run)
         if src is None:
-            raise FileNotFoundError(f"no checkpoint {checkpoint!r}, no final/ and no checkpoint-* under {run}")
+            raise FileNotFoundError(f"no best/, no final/ and no checkpoint-* under {run}")
     copied = _copied_as_is(src)  # an AR model or a drafter, saved in its shipped layout with its training.json
     if copied:
         _no_dtype(dtype, src, "an AR model or a drafter")  # before the old export is removed
@@ -200,7 +204,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dllm train export", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path)
     p.add_argument("--name", required=True)
-    p.add_argument("--checkpoint", default="best")
+    p.add_argument("--checkpoint", default=None,
+                   help="a directory under --run (default: best/, else final/, else the newest checkpoint-*)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="a diffusion run's stored dtype (default bfloat16); runs copied as is keep their own")
     p.add_argument("--note", default="", help="stored in training.json (e.g. the stages the run continues)")

@@ -12,13 +12,13 @@ def test_export_latest_checkpoint_as_bf16(tmp_path):
     model = tiny("llada", seed=2)
     model.save_pretrained(run / "checkpoint-0000010")
     (run / "log.jsonl").write_text(json.dumps({"step": 10, "eval_mean_c0": 0.5}) + "\n")
-    out = export(run, "tiny-test", checkpoint="best", dtype="bfloat16", root=tmp_path / "embedded")
+    out = export(run, "tiny-test", dtype="bfloat16", root=tmp_path / "embedded")
     info = json.loads((out / "training.json").read_text())
     assert info["source"].endswith("checkpoint-0000010") and info["evaluation"]["eval_mean_c0"] == 0.5
     assert "note" not in info
     out = export(run, "tiny-test", dtype="float32", root=tmp_path / "embedded", note="continues stage A")
     assert json.loads((out / "training.json").read_text())["note"] == "continues stage A"
-    out = export(run, "tiny-test", checkpoint="best", dtype="bfloat16", root=tmp_path / "embedded")
+    out = export(run, "tiny-test", dtype="bfloat16", root=tmp_path / "embedded")
     loaded = load(str(out))
     assert loaded.dtype == torch.bfloat16
     ids = torch.tensor([[5, 6, 7, loaded.mask_id]])
@@ -79,7 +79,7 @@ def test_export_skips_a_half_written_checkpoint(tmp_path):
     (run / "checkpoint-0000020.tmp").mkdir()  # a save killed before its rename
     (run / "checkpoint-0000020.tmp" / "config.json").write_text("{}")
     (run / "log.jsonl").write_text("")
-    out = export(run, "tiny-test", checkpoint="best", dtype="float32", root=tmp_path / "embedded")
+    out = export(run, "tiny-test", dtype="float32", root=tmp_path / "embedded")
     assert json.loads((out / "training.json").read_text())["source"].endswith("checkpoint-0000010")
 
 
