@@ -146,12 +146,13 @@ def _replace_dir(out: Path, write: Callable[[Path], None]) -> Path:
     return out
 
 
-def _copy_with_note(src: Path, dst: Path, info_file: str, note: str) -> None:
-    """Copy ``src`` to ``dst``, adding ``note`` (when given) to its JSON file ``info_file``."""
+def _copy_with_note(src: Path, dst: Path, info_file: str, note: str,
+                    dump: Callable[[Any], str] = lambda obj: readable_json(obj)) -> None:
+    """Copy ``src`` to ``dst``, adding ``note`` (when given) to its JSON file ``info_file``, written by ``dump``."""
     shutil.copytree(src, dst)
     if note:
         info = json.loads((dst / info_file).read_text()) if (dst / info_file).exists() else {}
-        (dst / info_file).write_text(readable_json({**info, "note": note}) + "\n")
+        (dst / info_file).write_text(dump({**info, "note": note}) + "\n")
 
 
 def check_name(name: str) -> None:
@@ -179,13 +180,8 @@ def _no_dtype(dtype: Optional[str], src: Path, what: str) -> None:
 
 
 def _export_filter(src: Path, out: Path, note: str) -> Path:
-    def write(tmp: Path) -> None:
-        shutil.copytree(src, tmp)
-        if note:
-            info = json.loads((tmp / "filter.json").read_text())
-            (tmp / "filter.json").write_text(json.dumps({**info, "note": note}, indent=2, sort_keys=True) + "\n")
-
-    return _replace_dir(out, write)
+    return _replace_dir(out, lambda tmp: _copy_with_note(
+        src, tmp, "filter.json", note, dump=lambda obj: json.dumps(obj, indent=2, sort_keys=True)))
 
 
 def readable_json(obj: Any, indent: int = 2, level: int = 0) -> str:
