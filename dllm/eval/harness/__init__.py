@@ -3,6 +3,7 @@
 - ``model``: ``DllmLM``, lm-eval's model ``dllm`` (its ``model_args`` are documented there);
 - ``config``: ``HarnessConfig`` and ``split_model_args`` (the validation of ``model_args``);
 - ``likelihood``: LLaDA's Monte-Carlo log-likelihood estimate;
+- ``launch``: the processes of a data-parallel launch, their accelerator, the device;
 - ``tasks``: the stress tasks' JSONL files and YAMLs (``lm_tasks/``) and their scorer.
 
 ``python -m dllm.eval.harness ...`` is lm-eval's own command line with the model registered and the

@@ -60,6 +60,7 @@ from lm_eval.api.model import LM
 
 from dllm.cache.block_causal import block_size_of
 from dllm.eval.harness.config import decode_setting, default_device, split_model_args
+from dllm.eval.harness.launch import accelerator, available_or_default, launched_processes
 from dllm.models.parallel.objects import gather_object
 from dllm.eval.harness.likelihood import LikelihoodConfig, MonteCarloLikelihood, request_seed, rolling_windows
 from dllm.inputs import decode_answer
@@ -109,7 +110,7 @@ class DllmLM(LM):
         self.config, self.sampler_options = split_model_args(model_args)
         self.setting = decode_setting(self.config, self.sampler_options)  # dllm.settings.DecodeSettings
         cfg = self.config
-        self.accelerator = _accelerator()
+        self.accelerator = accelerator()
         if self.accelerator is not None:
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
@@ -143,10 +144,10 @@ class DllmLM(LM):
         """model_args win over lm-eval's ``batch_size``/``device`` (which it always passes, with
         defaults 1 and ``cuda:0``); ``max_batch_size`` is ignored."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k != "max_batch_size"}
-        if "device" in extra and ("device" in arg_dict or _launched_processes() > 1):
+        if "device" in extra and ("device" in arg_dict or launched_processes() > 1):
             del extra["device"]  # model_args' device wins; under accelerate each process has its own
         elif "device" in extra:
-            extra["device"] = _available_or_default(str(extra["device"]))
+            extra["device"] = available_or_default(str(extra["device"]))
         return cls(**{**extra, **arg_dict})
 
     # ---- lm-eval properties ---------------------------------------------------------------------------
@@ -345,41 +346,6 @@ def _max_gen_toks(value: Any) -> int:
         raise ValueError(f"generation kwarg max_gen_toks must be a positive integer (the generated tokens per "
                          f"request: the task's generation_kwargs or --gen_kwargs), got {value!r}")
     return tokens
-
-
-def _launched_processes() -> int:
-    """Processes of this launch (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``)."""
-    import os
-
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _accelerator():
-    """An ``accelerate.Accelerator`` when this process is one of several (``accelerate launch``), else None."""
-    if _launched_processes() <= 1:
-        return None
-    from datetime import timedelta
-
-    from accelerate import Accelerator, InitProcessGroupKwargs
-
-    # cpu=True when there is no GPU: accelerate treats a multi-process CPU launch as distributed (gloo)
-    # only then. A long timeout, as lm-eval's HFLM: ranks wait for each other at the end of a shard.
-    acc = Accelerator(cpu=not torch.cuda.is_available(),
-                      kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(weeks=52))])
-    return acc if acc.num_processes > 1 else None
-
-
-def _available_or_default(device: str) -> str:
-    """lm-eval's ``--device`` (default ``cuda:0``) when this machine has it, else the best available."""
-    from dllm.models.loading import resolve_device
-
-    try:
-        resolve_device(device)
-        return device
-    except ValueError as err:
-        fallback = default_device()
-        log.warning("%s; using %s", err, fallback)
-        return fallback
 
 
 def register() -> None:
