@@ -32,15 +32,16 @@ and own batch sizes scale with the stage's, ``dllm.train.schedule.overridden_pha
 end / torch's default; ``--batch-size`` >= 1, ``--warmup`` >= 0, ``--lr`` > 0), and so is ``--device`` (one this
 machine has).
 
-``--resume`` continues the same training: the flags that change what is trained (``TRAINING_FLAGS``:
-``--tiny``, the model sizes, ``--tasks``, ``--steps``, ``--lr``, ``--warmup``, ``--batch-size``, ``--seed``,
-``--bf16``, ``--eval-per-size``) are recorded in ``OUT/plan.json`` by the first run, and a resume that
-gives another value, or leaves one out or adds one, is refused naming the flag and both values (exit
-status 2); so is another ``--max-steps``. Free to change on a resume: ``--threads``, ``--device``,
-``--compile`` (the same computation, other float sums), ``--eval-every``, ``--save-every``,
-``--log-every`` (when to evaluate, checkpoint, log), ``--time-limit``, ``--no-export``, ``--no-progress``,
-``--from-stage``, ``--until-stage``, ``--init-from`` (finished stages are kept and an unfinished one
-continues from its newest checkpoint, so they choose only the stages still to train).
+``--resume`` continues the same training: the flags that change what is trained (``TRAINING_FLAGS`` of
+``dllm/train/plan_file.py``: ``--tiny``, the model sizes, ``--tasks``, ``--steps``, ``--lr``, ``--warmup``,
+``--batch-size``, ``--seed``, ``--bf16``, ``--eval-per-size``) are recorded in ``OUT/plan.json`` by the first
+run, and a resume that gives another value, or leaves one out or adds one, is refused naming the flag and
+both values (exit status 2); so is another ``--max-steps``. ``--resume`` alone starts where the run started (its
+``--from-stage`` / ``--init-from``, in ``plan.json`` too); another ``--from-stage`` starts elsewhere, another
+``--init-from`` at the recorded start is refused naming both. Free to change on a resume: ``--threads``,
+``--device``, ``--compile`` (other float sums), ``--eval-every``, ``--save-every``, ``--log-every``,
+``--time-limit``, ``--no-export``, ``--no-progress``, ``--until-stage``. A run the time limit stopped exits
+0 (its summary's ``stopped``), its last line (stderr) saying so and the command that continues it.
 
 The single-run recipes take fewer flags (``RECIPE_FLAGS``), and any other flag given is an error naming
 it, not a flag silently dropped: AR runs take ``--max-steps``, ``--init-from``, ``--start-phase``,
@@ -58,10 +59,11 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from dllm.flags import above_zero, at_least, seconds
 from dllm.train.data import restricted, task_list
+from dllm.train.plan_file import flag_of, training_flags
 
 
 def recipe_table() -> list[tuple[str, str]]:
@@ -159,10 +161,6 @@ RECIPE_FLAGS: dict[str, frozenset[str]] = {
     "filter fit": _EVERY_RECIPE | {"lr"},
 }
 CPU_ONLY = frozenset(RECIPE_FLAGS) - {"diffusion chain"}  # their trainers run on the CPU
-# The diffusion chain's flags that change what is trained (the model, the data, the schedule, the numerics, the
-# evaluation set the best checkpoint is chosen by): recorded in plan.json, checked on --resume (the module docstring)
-TRAINING_FLAGS = ("tiny", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "tasks", "steps", "lr",
-                  "warmup", "batch_size", "seed", "bf16", "eval_per_size")
 
 
 def recipe_kind(name: str) -> str:
@@ -189,34 +187,16 @@ def check_recipe_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) ->
     kind = recipe_kind(args.recipe)
     taken = RECIPE_FLAGS[kind]
     given = [dest for dest, value in vars(args).items() if value != ap.get_default(dest)]
-    refused = [_flag(dest) for dest in given if dest not in taken]
+    refused = [flag_of(dest) for dest in given if dest not in taken]
     what = f"recipe {args.recipe!r} ({'an' if kind[0] in 'AEIOU' else 'a'} {kind})"
     if refused:
         ap.error(f"{', '.join(refused)}: not taken by {what}; it takes "
-                 f"{', '.join(_flag(d) for d in sorted(taken - {'recipe'}))}")
+                 f"{', '.join(flag_of(d) for d in sorted(taken - {'recipe'}))}")
     if args.device is not None and kind in CPU_ONLY:
         import torch
 
         if torch.device(args.device).type != "cpu":
             ap.error(f"--device {args.device}: {what} trains on the CPU only; pass --device cpu or leave it out")
-
-
-def _flag(dest: str) -> str:
-    """The flag of an argparse dest (every flag here is spelled as its dest)."""
-    return "--" + dest.replace("_", "-")
-
-
-def training_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """The ``TRAINING_FLAGS`` given, by flag (``{"--lr": 0.01}``; ``--tasks`` as its canonical task names):
-    what ``plan.json`` records and a resume is checked against (``dllm.train.runner.check_flags``)."""
-    given: dict[str, Any] = {}
-    for dest in TRAINING_FLAGS:
-        value = getattr(args, dest)
-        if dest == "tasks" and value:
-            given[_flag(dest)] = ",".join(task_list(value))
-        elif dest != "tasks" and value != ap.get_default(dest):
-            given[_flag(dest)] = value
-    return given
 
 
 def overrides(args: argparse.Namespace):
@@ -281,6 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _filter_recipe(args)
     if args.recipe not in curricula:  # the AR / DFlash recipes of speculative decoding
         return _speculative_recipe(args)
+    from dllm.train.plan_file import time_limit_note
     from dllm.train.runner import RunOptions, StageInterrupted, plan, run
 
     cur = curricula.get(args.recipe)
@@ -303,6 +284,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
+    note = time_limit_note(cur, opts, summary)  # a stop is not a failure: exit status 0, and this line
+    if note:
+        print(note, file=sys.stderr)
     return 0
 
 

@@ -14,10 +14,11 @@ checkpoint (``Trainer(resume=True)``: bit-identical losses). A ``max_steps`` run
 stage stops after at most that many steps, its schedule unchanged) is recorded in ``plan.json`` and
 cannot be resumed as a full run (another ``--out`` is needed), nor the other way round. So are the
 command line's flags that change what is trained (``RunOptions.flags``: ``--lr``, ``--tasks``, ``--tiny``,
-... ``dllm/train/__main__.py``'s ``TRAINING_FLAGS``): a resume giving others, or leaving one out, is refused
+... ``dllm.train.plan_file.TRAINING_FLAGS``): a resume giving others, or leaving one out, is refused
 by name (:func:`check_flags`); a ``plan.json`` written before they were recorded is resumed unchecked
-and records the resume's. A recipe edited between runs is applied as it is (a longer horizon or a new
-phase from the newest checkpoint on; a changed model shape fails when the checkpoint loads).
+and records the resume's. ``--resume`` alone starts where the run started (its ``from_stage`` and
+``init_from``: ``dllm/train/plan_file.py``). A recipe edited between runs is applied as it is (a longer
+horizon or a new phase from the newest checkpoint on; a changed model shape fails when the checkpoint loads).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from dllm.train.plan_file import PLAN_FILE, check_flags, check_plan_file, recorded_start
 from dllm.train.recipes.base import Recipe
 from dllm.train.recipes.stages import Curriculum, Stage
 
-PLAN_FILE = "plan.json"
 DONE_FILE = "stage.json"
 EXPORT_DIR = "export"
 
@@ -110,7 +111,7 @@ def first_init(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], R
                ) -> Optional[str]:
     """Where the first trained stage starts: ``init_from`` (refused when it names no model), its own
     ``init_from``, or (from_stage) the checkpoint the previous stage took under ``out`` when it finished
-    (its ``stage.json``, or its stop step's checkpoint); a previous stage not finished there is refused."""
+    (:func:`previous_taken`); a previous stage not finished there is refused."""
     stage = selected(cur, opts)[0]
     if opts.init_from is not None:
         from dllm.models.loading import ModelNotFoundError, locate
@@ -123,22 +124,32 @@ def first_init(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], R
     index = cur.stages.index(stage)
     if index == 0:
         return stage.recipe.init_from
-    prev = cur.stages[index - 1]
-    directory, end = opts.out / prev.name, stage_end(prev, opts, override)
-    path = finished_source(directory, prev, end)
+    path = previous_taken(cur, stage, opts, override)
     if path is not None:
         return path
-    if prev.take == "last" and (directory / prev.source(end)).is_dir():  # finished before stage.json was written
-        return str(directory / prev.source(end))
     from dllm.train.trainer import checkpoints
 
-    found = checkpoints(directory)
+    prev = cur.stages[index - 1]
+    found, end = checkpoints(opts.out / prev.name), stage_end(prev, opts, override)
     if not found:
         raise ValueError(f"stage {stage.name!r} starts from stage {prev.name!r}, which is not under {opts.out}: "
                          f"pass init_from (--init-from MODEL_OR_DIR) or start earlier")
     raise ValueError(f"stage {stage.name!r} starts from stage {prev.name!r}, which is not finished under {opts.out} "
                      f"(its newest checkpoint is {found[-1].name} of {end} steps): finish it first (--from-stage "
                      f"{prev.name} --resume), or pass init_from (--init-from MODEL_OR_DIR)")
+
+
+def previous_taken(cur: Curriculum, stage: Stage, opts: RunOptions,
+                   override: Callable[[Recipe], Recipe] = lambda r: r) -> Optional[str]:
+    """The checkpoint the stage before ``stage`` took when it finished under ``out`` (:func:`finished_source`,
+    or its stop step's checkpoint for a ``take="last"`` stage finished before ``stage.json`` was written);
+    None when it is not finished there. What a run from ``stage`` starts from, and its dry run names."""
+    prev = cur.stages[cur.stages.index(stage) - 1]
+    directory, end = opts.out / prev.name, stage_end(prev, opts, override)
+    path = finished_source(directory, prev, end)
+    if path is None and prev.take == "last" and (directory / prev.source(end)).is_dir():
+        path = str(directory / prev.source(end))
+    return path
 
 
 def finished_source(directory: Path, stage: Stage, end: int) -> Optional[str]:
@@ -172,6 +183,7 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
     task mixture with weights and size ranges, later phases), then the export line."""
     from dllm.train.trainer import check_intervals
 
+    opts = recorded_start(cur, opts)
     check_options(cur, opts)
     lines = [f"recipe {cur.name}: {cur.description}"
              + (f" (replaces benchmarks/{', benchmarks/'.join(cur.replaces)})" if cur.replaces else "")]
@@ -181,8 +193,9 @@ def plan(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe]
         index = cur.stages.index(stage)
         if i == 0:
             before = cur.stages[index - 1] if index else None
-            init = opts.init_from or stage.recipe.init_from or (
-                f"{before.name}/{before.source(stage_end(before, opts, override))}" if before else None)
+            init = opts.init_from or stage.recipe.init_from or (  # as the run: found under out, if there
+                (previous_taken(cur, stage, opts, override)
+                 or f"{before.name}/{before.source(stage_end(before, opts, override))}") if before else None)
         else:
             init = f"{prev.name}/{prev.source(stage_end(prev, opts, override))}"
         r = stage_recipe(stage, opts, init, override)
@@ -214,46 +227,6 @@ def mixture_text(mix) -> str:
     return " ".join(f"{n}:{w:g}" + (f":{min(s)}-{max(s)}" if s else "") for n, w, s in zip(names, weights, sizes))
 
 
-def check_flags(out: Path, recorded: Mapping[str, Any], given: Mapping[str, Any]) -> None:
-    """A ValueError naming every training flag (``RunOptions.flags``) whose value in this resume differs
-    from the one the run in ``out`` recorded, a flag given on one side only included, with both values."""
-    def text(flag: str, value: Any) -> str:
-        return f"no {flag}" if value is None or value is False else flag if value is True else f"{flag} {value}"
-
-    differ = [f for f in sorted(set(recorded) | set(given)) if recorded.get(f) != given.get(f)]
-    if differ:
-        what = "; ".join(f"{f}: the run was started with {text(f, recorded.get(f))}, this resume gives "
-                         f"{text(f, given.get(f))}" for f in differ)
-        raise ValueError(f"{out} holds a run trained with other flags ({what}): a resume continues the same "
-                         f"training, so pass the flags that change it as the run recorded them ({out / PLAN_FILE}), "
-                         f"or use another --out")
-
-
-def _check_plan_file(cur: Curriculum, opts: RunOptions) -> Optional[str]:
-    """Refuse a run into ``out`` that holds another (see the module docstring), then write ``plan.json``.
-    Returns a note for a resumed run whose ``plan.json`` records no training flags (written before they were)."""
-    path = opts.out / PLAN_FILE
-    want = {"recipe": cur.name, "max_steps": opts.max_steps}  # from/until may change between resumes
-    note = None
-    if path.is_file():
-        recorded = json.loads(path.read_text())
-        have = {k: recorded.get(k) for k in want}
-        if not opts.resume:
-            raise ValueError(f"{opts.out} already holds a run of recipe {have['recipe']!r}: pass --resume to "
-                             f"continue it, or another --out")
-        if have != want:
-            raise ValueError(f"{opts.out} holds a run with {have}, this one is {want}: use another --out")
-        if "flags" in recorded:
-            check_flags(opts.out, recorded["flags"], opts.flags)
-        else:
-            note = (f"{path} records no training flags (written by an older dllm): this resume's are not "
-                    f"checked, and are recorded for the next one")
-    opts.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**want, "from_stage": opts.from_stage, "init_from": opts.init_from,
-                                "flags": dict(opts.flags)}, indent=2) + "\n")
-    return note
-
-
 @dataclass
 class _Progress:
     """Where a run is (for the one-line Ctrl-C message)."""
@@ -269,11 +242,12 @@ def run(cur: Curriculum, opts: RunOptions, override: Callable[[Recipe], Recipe] 
     Ctrl-C anywhere raises :class:`StageInterrupted` (the finished stages stay on disk)."""
     from dllm.train.trainer import check_intervals
 
+    opts = recorded_start(cur, opts)  # --resume alone continues a chain started part-way where it started
     check_options(cur, opts)
     init = first_init(cur, opts, override)  # before plan.json is written: a refused start leaves nothing behind
     for stage in selected(cur, opts):  # every stage's steps and intervals, before plan.json too
         check_intervals(stage_recipe(stage, opts, init, override).train)
-    note = _check_plan_file(cur, opts)
+    note = check_plan_file(cur, opts)
     if note:
         log(note)
     progress = _Progress()
@@ -313,17 +287,19 @@ def _run(cur: Curriculum, opts: RunOptions, init: Optional[str], override: Calla
             if opts.time_limit is None:
                 raise RuntimeError(f"stage {stage.name!r}: the trainer stopped at step {trainer.step} of {end} "
                                    f"without a time limit (its schedule's horizon: {recipe.train.steps})")
-            stopped = stage.name
+            stopped = {"stage": stage.name, "step": trainer.step, "end": end}
             log(f"{stage.name}: time limit of {opts.time_limit:g} s reached at step {trainer.step} of {end} "
-                f"(checkpointed; the chain stops here, --resume continues the stage)")
+                f"({'checkpointed' if trainer.step else 'no step to checkpoint'}; the chain stops here, --resume "
+                f"continues the stage)")
             break
         path = taken(directory, stage, end)
         done.write_text(json.dumps({"stage": stage.name, "step": trainer.step, "taken": str(path),
                                     "init_from": init}, indent=2) + "\n")
         finished.append(stage.name)
         init = str(path)
-    summary = {"out": str(opts.out), "recipe": cur.name, "finished": list(finished), **last}
-    if opts.export and (stopped is None or stopped == stages[-1].name):
+    summary = {"out": str(opts.out), "recipe": cur.name, "finished": list(finished), **last,
+               **({"stopped": stopped} if stopped else {})}
+    if opts.export and (stopped is None or stopped["stage"] == stages[-1].name):
         progress.stage, progress.trainer = "export", None
         summary["export"] = str(export_last(cur, stages[-1], opts, override))
     return summary
@@ -356,5 +332,5 @@ def export_last(cur: Curriculum, stage: Stage, opts: RunOptions,
     return export(directory, cur.name, path.name, cur.export_dtype, root=opts.out / EXPORT_DIR, note=note)
 
 
-__all__ = ["RunOptions", "StageInterrupted", "check_flags", "check_options", "export_last", "mixture_text", "plan",
-           "run", "selected", "stage_end", "stage_recipe", "taken"]
+__all__ = ["PLAN_FILE", "RunOptions", "StageInterrupted", "check_flags", "check_options", "export_last",
+           "mixture_text", "plan", "previous_taken", "run", "selected", "stage_end", "stage_recipe", "taken"]

@@ -1,5 +1,5 @@
 """``dllm train --resume`` continues the same training: the flags that change it (``TRAINING_FLAGS`` of
-dllm/train/__main__.py) are recorded in ``OUT/plan.json`` and a resume giving others is refused by name."""
+dllm/train/plan_file.py) are recorded in ``OUT/plan.json`` and a resume giving others is refused by name."""
 
 from __future__ import annotations
 

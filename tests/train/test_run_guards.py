@@ -105,6 +105,22 @@ def test_dry_run_names_the_checkpoint_the_previous_stage_ends_at(capsys: pytest.
     assert "kc-k1b: from kc-k1a/checkpoint-0000003; steps 3 of 2000" in capsys.readouterr().out
 
 
+def test_dry_run_from_stage_names_the_checkpoint_the_run_starts_from(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]):
+    """tiny-llada takes ``best``; a 1-step stage has none, so the run takes its newest checkpoint: the dry run
+    of the next stage named ``tiny-llada/best``."""
+    argv = ["--recipe", "tiny-llada-long", "--tiny", "--max-steps", "1", *RUN, "--out", str(tmp_path)]
+    assert main([*argv, "--until-stage", "tiny-llada"]) == 0
+    capsys.readouterr()
+    later = [*argv, "--from-stage", "length", "--until-stage", "length", "--resume"]
+    assert main([*later, "--dry-run"]) == 0
+    planned = re.search(r" length: from (\S+);", capsys.readouterr().out)
+    assert main(later) == 0
+    used = re.search(r"\] length: steps .*, from (\S+)$", capsys.readouterr().err, re.M)
+    assert planned is not None and used is not None
+    assert planned.group(1) == used.group(1) == str(tmp_path / "tiny-llada" / "checkpoint-0000001")
+
+
 def test_a_resume_from_another_working_directory_continues_from_the_finished_stage(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
