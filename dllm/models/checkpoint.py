@@ -136,18 +136,28 @@ class CheckpointReader:
     dtypes: dict[str, str] = field(default_factory=dict)  # official key -> safetensors dtype ("BF16")
     _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
     _file_of: dict[str, Path] = field(default_factory=dict, repr=False)
+    _stored_as: dict[str, str] = field(default_factory=dict, repr=False)  # key -> its name in the file (``rename``)
 
     def get(self, key: str) -> torch.Tensor:
-        path = self._file_of[key]
+        path, stored = self._file_of[key], self._stored_as.get(key, key)
         try:
-            return self._handles[path].get_tensor(key)
+            return self._handles[path].get_tensor(stored)
         except Exception as e:
-            raise CheckpointError(f"cannot read tensor {key!r} from {str(path)!r}: {e}") from None
+            raise CheckpointError(f"cannot read tensor {stored!r} from {str(path)!r}: {e}") from None
+
+    def rename(self, key: str, new: str) -> None:
+        """Serve the stored tensor ``key`` under the name ``new`` only: an LM head stored without the
+        embedding it is tied to, which loads as that embedding (``dllm.models.loading.tie_stored_head``)."""
+        if key not in self.shapes or new in self.shapes:
+            raise ValueError(f"cannot rename {key!r} to {new!r}: the view must hold the first and not the second")
+        for table in (self.shapes, self.dtypes, self._file_of):
+            table[new] = table.pop(key)
+        self._stored_as[new] = self._stored_as.pop(key, key)
 
     def drop(self, key: str) -> None:
         """Leave ``key`` out of this view: a stored tensor the model does not load (a tied LM head
         stored beside its embedding, ``dllm.models.loading.tie_stored_head``)."""
-        for table in (self.shapes, self.dtypes, self._file_of):
+        for table in (self.shapes, self.dtypes, self._file_of, self._stored_as):
             table.pop(key, None)
 
     def stored_dtype(self) -> Optional[torch.dtype]:

@@ -253,10 +253,17 @@ def tie_stored_head(cls: type[TransformerLM], config: TransformerConfig, hf: dic
     (``PreTrainedModel.tie_weights(missing_keys=...)`` in transformers 5.x ``modeling_utils.py``): a head
     equal to the embedding (in the load ``dtype``) is the tied head, and its tensor is left unread; a
     head that differs is NOT tied (transformers warns and keeps the stored head), so the model is
-    built untied with that head, and a one-line warning names the key. Otherwise ``config`` as given."""
+    built untied with that head, and a one-line warning names the key. A head stored WITHOUT the
+    embedding is the tied weight (transformers swaps source and target when only the target is stored):
+    it is read as the embedding when its shape is the embedding's (otherwise the key check names the
+    stored head as unexpected). Otherwise ``config`` as given."""
     if not (config.tie_embeddings and hf.get("tie_word_embeddings")):
         return config
     head, embed = cls.keymap.to_official("lm_head.weight"), cls.keymap.to_official("embed.weight")
+    if head in reader.shapes and embed not in reader.shapes:
+        if reader.shapes[head] == (config.vocab_size, config.d_model):
+            reader.rename(head, embed)
+        return config
     if head not in reader.shapes or embed not in reader.shapes:
         return config
     if reader.shapes[head] == reader.shapes[embed] and torch.equal(reader.get(head).to(dtype),

@@ -93,7 +93,7 @@ class Dream(TransformerLM):
         """Official config.json dict -> (TransformerConfig, SpecialIds)."""
         require_fields(hf, _REQUIRED, "Dream")
         _check_supported(hf)
-        config = qwen_transformer_config(hf, qkv_bias=True)
+        config = qwen_transformer_config(hf, "Dream", qkv_bias=True)
         special = resolve_special(
             hf, tokenizer, defaults=cls.default_special, vocab_rows=config.vocab_size, family="Dream",
             tokens={"mask_id": DREAM_SPECIAL_TOKENS["mask"], "eot_id": DREAM_SPECIAL_TOKENS["im_end"]},

@@ -111,7 +111,7 @@ class FastDLLMv2(TransformerLM):
         _check_supported(hf)
         head_dim = hf.get("head_dim")
         config = qwen_transformer_config(
-            hf,
+            hf, "Fast-dLLM v2",
             qkv_bias=True,
             attn_head_dim=None if head_dim is None or head_dim * hf["num_attention_heads"] == hf["hidden_size"]
             else head_dim,

@@ -16,7 +16,8 @@ import torch
 from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import KeyMap
-from dllm.models.families.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.families.pretrained import (DTYPE_NAMES, TransformerLM, number_field, require_fields,
+                                             resolve_special)
 
 LLADA_KEYMAP = KeyMap(
     global_names=(
@@ -82,16 +83,6 @@ _SUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _number(hf: Mapping[str, Any], name: str) -> float:
-    """config.json field ``name`` as a float: a JSON number (not a boolean); ValueError naming the
-    field, the file and the value otherwise (``float("x")`` alone names neither)."""
-    value = hf[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"LLaDA config.json field {name} = {value!r} is not a number; it must be a JSON "
-                         f"number such as 500000.0 or 1e-05, not a string or a boolean")
-    return float(value)
-
-
 def _precision(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "amp_bf16", torch.float16: "amp_fp16"}.get(dtype, "fp32")
 
@@ -121,7 +112,7 @@ class LLaDA(TransformerLM):
             if hf.get("mlp_ratio") is None:
                 raise ValueError("LLaDA config.json is missing required field(s): mlp_hidden_size "
                                  "(or mlp_ratio)")
-            mlp_hidden = int(_number(hf, "mlp_ratio") * _number(hf, "d_model"))
+            mlp_hidden = int(number_field(hf, "mlp_ratio", "LLaDA") * number_field(hf, "d_model", "LLaDA"))
         rows = hf.get("embedding_size") or hf["vocab_size"]
         config = TransformerConfig(
             vocab_size=rows,
@@ -130,8 +121,8 @@ class LLaDA(TransformerLM):
             n_heads=hf["n_heads"],
             n_kv_heads=hf.get("n_kv_heads") or hf["n_heads"],
             mlp_hidden=mlp_hidden,
-            rope_theta=_number(hf, "rope_theta"),
-            rms_eps=_number(hf, "rms_norm_eps"),
+            rope_theta=number_field(hf, "rope_theta", "LLaDA"),
+            rms_eps=number_field(hf, "rms_norm_eps", "LLaDA"),
             max_positions=hf["max_sequence_length"],
             qkv_bias=bool(hf.get("include_qkv_bias", False)),
             tie_embeddings=bool(hf["weight_tying"]),

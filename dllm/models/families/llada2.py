@@ -34,7 +34,8 @@ from dllm.models.checkpoint import CheckpointError, CheckpointReader, Shape, che
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import INTERNAL_LAYER_PREFIX, KeyMap
 from dllm.models.core.layer.moe import MoEConfig, SparseMoE
-from dllm.models.families.pretrained import DTYPE_NAMES, TransformerLM, require_fields, resolve_special
+from dllm.models.families.pretrained import (DTYPE_NAMES, TransformerLM, int_field, number_field, require_fields,
+                                             resolve_special)
 
 LLADA2_MODEL_TYPES = ("llada2_moe", "llada2_moe_veomni")
 VEOMNI = "llada2_moe_veomni"  # dFactory's training layout: each layer's experts stacked in one tensor per projection
@@ -103,7 +104,7 @@ def moe_from_hf(hf: Mapping[str, Any]) -> MoEConfig:
     return MoEConfig(
         n_experts=hf["num_experts"], top_k=hf["num_experts_per_tok"], expert_hidden=hf["moe_intermediate_size"],
         n_shared=hf.get("num_shared_experts") or 0, n_group=hf.get("n_group") or 1,
-        topk_group=hf.get("topk_group") or 1, routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
+        topk_group=hf.get("topk_group") or 1, routed_scaling=number_field(hf, "routed_scaling_factor", "LLaDA2", 1.0),
         score_fn=hf.get("score_function", "sigmoid"), first_dense=hf.get("first_k_dense_replace") or 0,
     )
 
@@ -156,9 +157,10 @@ class LLaDA2(TransformerLM):
             if not ok(hf.get(name, default)):
                 raise NotImplementedError(f"LLaDA2 config.json field {name} = {hf.get(name, default)!r} is not "
                                           f"supported (supported: {valid})")
-        heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-        rope_dim = int(head_dim * hf.get("partial_rotary_factor", 1.0))
+        heads = int_field(hf, "num_attention_heads", "LLaDA2")
+        head_dim = (int_field(hf, "head_dim", "LLaDA2") if hf.get("head_dim")
+                    else int_field(hf, "hidden_size", "LLaDA2") // heads)
+        rope_dim = int(head_dim * number_field(hf, "partial_rotary_factor", "LLaDA2", 1.0))
         if hf.get("rotary_dim") is not None and hf["rotary_dim"] != rope_dim:
             raise ValueError(f"LLaDA2 config.json: rotary_dim {hf['rotary_dim']} disagrees with head_dim {head_dim} "
                              f"x partial_rotary_factor {hf.get('partial_rotary_factor', 1.0)} = {rope_dim}")
@@ -166,14 +168,15 @@ class LLaDA2(TransformerLM):
         config = TransformerConfig(
             vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
             n_heads=heads, n_kv_heads=hf["num_key_value_heads"] or heads, mlp_hidden=hf["intermediate_size"],
-            rope_theta=float(hf["rope_theta"]), rms_eps=float(hf["rms_norm_eps"]),
+            rope_theta=number_field(hf, "rope_theta", "LLaDA2"), rms_eps=number_field(hf, "rms_norm_eps", "LLaDA2"),
             max_positions=hf["max_position_embeddings"], qkv_bias=bool(hf.get("use_qkv_bias", False)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             rope_fp32=False,  # cos/sin cast to the activation dtype, rotation in that dtype
             # dFactory's attention always normalises q and k; the Hugging Face release's gates it on
             # use_qk_norm (true in the released configs)
             attn_head_dim=head_dim, qk_norm=bool(hf.get("use_qk_norm", True)), attention="block_causal",
-            block_size=int(hf.get("block_size") or LLADA2_BLOCK), rope_dim=rope_dim if rope_dim < head_dim else None,
+            block_size=int_field(hf, "block_size", "LLaDA2") if hf.get("block_size") else LLADA2_BLOCK,
+            rope_dim=rope_dim if rope_dim < head_dim else None,
         )
         special = resolve_special(hf, tokenizer, defaults=cls.default_special, vocab_rows=hf["vocab_size"],
                                   family="LLaDA2", tokens={"mask_id": "<|mask|>"})

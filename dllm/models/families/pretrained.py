@@ -38,6 +38,28 @@ def require_fields(hf: Mapping[str, Any], names: tuple[str, ...], family: str) -
                          "(dllm never falls back to code defaults for these)")
 
 
+def number_field(hf: Mapping[str, Any], name: str, family: str, default: Optional[float] = None) -> float:
+    """config.json field ``name`` (``default`` when absent) as a float: a JSON number, not a string, a
+    boolean or null; ValueError naming the family's file, the field and the value otherwise (``float("x")``
+    alone names neither, and ``float(True)`` is silently 1.0)."""
+    value = hf.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{family} config.json field {name} = {value!r} is not a number; it must be a JSON "
+                         f"number such as 1000000.0, 1e-06 or 0.5, not a string, a boolean or null")
+    return float(value)
+
+
+def int_field(hf: Mapping[str, Any], name: str, family: str, default: Optional[int] = None) -> int:
+    """config.json field ``name`` (``default`` when absent) as an int: a JSON integer, not a string, a
+    boolean, a fraction or null; ValueError naming the family's file, the field and the value otherwise
+    (``int(True)`` is silently 1, ``int(4.5)`` silently 4)."""
+    value = hf.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{family} config.json field {name} = {value!r} is not an integer; it must be a JSON "
+                         f"integer such as 32, not a string, a boolean, a fraction or null")
+    return value
+
+
 def resolve_special(
     hf: Mapping[str, Any],
     tokenizer: Any,

@@ -15,7 +15,7 @@ import torch
 from dllm.models.inputs import SpecialIds
 from dllm.models.core.config import TransformerConfig
 from dllm.models.families.keymap import KeyMap
-from dllm.models.families.pretrained import DTYPE_NAMES
+from dllm.models.families.pretrained import DTYPE_NAMES, number_field
 
 
 def qwen_keymap(*, qkv_bias: bool, qk_norm: bool) -> KeyMap:
@@ -48,10 +48,11 @@ def qwen_keymap(*, qkv_bias: bool, qk_norm: bool) -> KeyMap:
     )
 
 
-def qwen_transformer_config(hf: Mapping[str, Any], **family: Any) -> TransformerConfig:
+def qwen_transformer_config(hf: Mapping[str, Any], name: str, **family: Any) -> TransformerConfig:
     """A Qwen config.json -> TransformerConfig: the fields every Qwen family reads alike (RoPE in the
     activation dtype; ``num_key_value_heads`` absent = one per head; ``tie_word_embeddings`` absent =
-    false), then ``family``'s own, which take precedence."""
+    false; ``rope_theta`` / ``rms_norm_eps`` JSON numbers, refused naming the ``name`` family's field
+    otherwise), then ``family``'s own, which take precedence."""
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
@@ -59,8 +60,8 @@ def qwen_transformer_config(hf: Mapping[str, Any], **family: Any) -> Transformer
         n_heads=hf["num_attention_heads"],
         n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         mlp_hidden=hf["intermediate_size"],
-        rope_theta=float(hf["rope_theta"]),
-        rms_eps=float(hf["rms_norm_eps"]),
+        rope_theta=number_field(hf, "rope_theta", name),
+        rms_eps=number_field(hf, "rms_norm_eps", name),
         max_positions=hf["max_position_embeddings"],
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         rope_fp32=False,

@@ -103,7 +103,7 @@ class SDAR(TransformerLM):
         require_fields(hf, _REQUIRED, "SDAR")
         _check_supported(hf)
         config = qwen_transformer_config(
-            hf,
+            hf, "SDAR",
             n_kv_heads=hf["num_key_value_heads"],
             qkv_bias=False,
             attn_head_dim=hf["head_dim"],
