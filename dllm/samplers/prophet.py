@@ -4,7 +4,8 @@ arXiv 2508.19982).
 Rule, at every step of a row:
 
 1. Gap: ``g = mean over the monitored positions of l(1) - l(2)``, the gap between the two largest
-   RAW logits (float32).
+   RAW logits, each gap rounded to the logits dtype (Prophet subtracts its top 2 in that dtype and reads
+   ``.item()``; bfloat16 logits thus give a bfloat16 gap), their mean in float64 (Prophet's Python mean).
 2. Progress ``p`` and threshold ``tau(p)``: 7.5 if p < 0.33, 5.0 if p < 0.67, else 2.5.
 3. If ``g >= tau(p)`` the row goes all in: every remaining mask of the whole canvas (all blocks)
    is filled with its current proposal, and the row takes no further decisions.
@@ -39,6 +40,16 @@ Decisions:
   ``StepOutput.beyond``, so later blocks need no forward (one NFE for the whole rest). Nothing is
   stored: every mask the query holds is committed in the step that fires, so the step's tokens are
   its proposals.
+- Compared with the authors' code: ``tests/samplers/test_prophet_upstream.py`` runs the transcription of
+  ``generate_earlyexit.py`` ``generate`` (``tests/reference/decoders/prophet_generate.py``) with
+  ``steps = gen_length``, its thresholds and ``answer_start_pos = prompt + span[0]``, ``answer_length =
+  span[1] - span[0]`` (5): the same tokens and forwards (its exit step is its last forward, ours the
+  firing step's) on tiny-llada, greedy and sampled (the same float64 uniforms), at cache ``none``. The
+  authors' loop is LLaDA-only (no Dream code). Residual differences, outside that comparison: without a
+  span we monitor every remaining mask (theirs never exits without ``answer_start_pos``); their
+  ``steps < gen_length`` (several tokens per step) and answer ``constraints`` have no counterpart here;
+  their proposals may be the mask id (ours never are); ties of the one-token step go to the lowest
+  index where theirs go to ``torch.topk``'s order.
 - KV caches: a cached step queries only part of the canvas (e.g. the block), so only the queried
   masks are monitored and committed; a block-start step is a full forward and covers everything; a
   mask outside a firing step's query is committed when its block comes, at that block's first step,
@@ -59,7 +70,6 @@ from dllm.samplers.chunked import column_ids, constant, max_prob_excluding, neg_
 from dllm.state import DecodeState, StepInput, StepOutput
 
 EARLY_PHASE, MID_PHASE = 0.33, 0.67  # progress boundaries of the three thresholds (Prophet)
-_NARROW = (torch.bfloat16, torch.float16, torch.float32)  # logits whose top 2 a float32 multiply widens exactly
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,12 @@ class _Run:
     tau_rows: Optional[torch.Tensor] = None  # [B, W + 1] float64: the threshold by the block's masks left
     #   (NaN in a row that fired before the block: it never fires again)
     views: dict = field(default_factory=dict)  # (q0, Q, "span") -> the block's monitored span per query
+
+
+def _plus_minus(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[1, -1]`` in ``dtype`` [2]: ``(top2 * it).sum(-1)`` is ``l(1) - l(2)`` rounded once to the logits
+    dtype (the reduction accumulates in float32 or wider), as Prophet's subtraction of its top 2."""
+    return constant(("prophet +1 -1", dtype, device), lambda: torch.tensor([1.0, -1.0], dtype=dtype, device=device))
 
 
 def thresholds(cfg: ProphetConfig, most: int, gen_length: int, device: torch.device) -> torch.Tensor:
@@ -142,15 +158,15 @@ class Prophet(Sampler):
         conf = self._confidence(window_of(logits, inp.window), x0, inp)  # [B, W]
         score = expand_window(conf, inp.window, q, float("-inf"))  # [B, Q]
 
-        # 1. mean raw top-2 logit gap (float32) over the monitored positions; none: 0 / 0, never fires
+        # 1. mean raw top-2 logit gap over the monitored positions (each gap in the logits dtype, their mean in
+        # float64, as Prophet's ``.item()`` then Python mean); none monitored: 0 / 0, never fires
         if cfg.span is None:
             monitored, count = masked, (left if only_block else masked.sum(dim=1, keepdim=True))
         else:
             monitored, count = self._span(run, q0, q, state)
-        top2 = (logits if logits.dtype in _NARROW else logits.float()).topk(2, dim=-1).values  # [B, Q, 2]
-        pair = constant(("prophet +1 -1", dev), lambda: torch.arange(1.0, -2.0, -2.0, device=dev))  # float32 [2]
-        gap = (top2 * pair).sum(dim=-1)  # [B, Q] float32: l(1) + (-l(2)), one rounding as l(1) - l(2)
-        mean_gap = torch.where(monitored, gap, 0.0).sum(dim=1, keepdim=True) / count  # [B, 1]
+        top2 = logits.topk(2, dim=-1).values  # [B, Q, 2] logits dtype
+        gap = (top2 * _plus_minus(logits.dtype, dev)).sum(dim=-1)  # [B, Q]: l(1) - l(2) in the logits dtype
+        mean_gap = torch.where(monitored, gap, 0.0).sum(dim=1, keepdim=True, dtype=torch.float64) / count  # [B, 1]
 
         # 2. threshold by progress: committed generated positions before this step
         tau = run.tau_rows.gather(1, left)  # [B, 1] float64

@@ -1,6 +1,6 @@
 """Prophet's decode step in few ATen calls (``dllm.samplers.prophet``), the same bits: the threshold table
-against the per-step phase rule, the top-2 gap as one multiply-and-sum against the subtraction (its calls
-per cached step: ``tests/samplers/test_step_calls.py``)."""
+against the per-step phase rule, the top-2 gap as one multiply-and-sum against the subtraction in the logits
+dtype (its calls per cached step: ``tests/samplers/test_step_calls.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm.samplers import make_sampler
-from dllm.samplers.prophet import EARLY_PHASE, MID_PHASE, thresholds
+from dllm.samplers.prophet import EARLY_PHASE, MID_PHASE, _plus_minus, thresholds
 
 
 @pytest.mark.parametrize("gen_length", [1, 3, 10, 100, 256])
@@ -23,12 +23,16 @@ def test_the_threshold_table_is_the_phase_rule(gen_length):
     assert torch.equal(thresholds(cfg, gen_length, gen_length, torch.device("cpu")), tau)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_the_gap_as_one_multiply_and_sum_is_the_subtraction(dtype):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_the_gap_as_one_multiply_and_sum_is_the_subtraction_in_the_logits_dtype(dtype):
+    """As Prophet's ``top2[0] - top2[1]``: one rounding to the logits dtype (a float32 gap of bfloat16 logits
+    is not theirs: ``test_prophet_upstream.py``)."""
     g = torch.Generator().manual_seed(0)
-    pair = torch.arange(1.0, -2.0, -2.0)  # as the sampler makes it
+    pair = _plus_minus(dtype, torch.device("cpu"))  # as the sampler makes it
     for _ in range(100):
         scale = torch.exp2(torch.randint(-30, 30, (4, 9, 1), generator=g).float())
         top2 = (torch.randn(4, 9, 2, generator=g) * scale).to(dtype).sort(dim=-1, descending=True).values
-        want = top2[..., 0].float() - top2[..., 1].float()
-        torch.testing.assert_close((top2 * pair).sum(dim=-1), want, rtol=0, atol=0, equal_nan=True)  # inf - inf
+        want = top2[..., 0] - top2[..., 1]  # in dtype
+        got = (top2 * pair).sum(dim=-1)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # inf - inf
