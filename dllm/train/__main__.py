@@ -304,7 +304,7 @@ def _filter_recipe(args: argparse.Namespace) -> int:
         return 0
     try:
         summary = train_filter(recipe, out, threads=1 if args.threads is None else args.threads,
-                               log=lambda line: print(line, file=sys.stderr, flush=True))
+                               log=lambda line: print(line, file=sys.stderr, flush=True), progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted: {args.recipe} (nothing is written before the fit ends)", file=sys.stderr)
         return 130

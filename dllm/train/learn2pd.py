@@ -150,8 +150,11 @@ def egp_traces(model, prompts: Sequence[Sequence[int]], reference: torch.Tensor,
     return (Traces.cat(parts) if parts else empty), x[:, lp:]
 
 
-def collect(recipe: FilterRecipe, log=print) -> Traces:
-    """Every model's EGP records on the recipe's prompts and layouts."""
+def collect(recipe: FilterRecipe, log=print, progress: bool = False) -> Traces:
+    """Every model's EGP records on the recipe's prompts and layouts (``progress``: a tqdm bar over the
+    models' tasks)."""
+    from tqdm.auto import tqdm
+
     from dllm.engine import generate
     from dllm.models import load
 
@@ -160,7 +163,7 @@ def collect(recipe: FilterRecipe, log=print) -> Traces:
     for model_name in recipe.models:
         model = load(model_name, dtype=torch.float32)
         n0 = sum(len(p) for p in parts)
-        for task in names:
+        for task in tqdm(names, disable=not progress, desc=f"{model_name} traces", leave=False):
             for ex_group in _by_size(training_examples(task, recipe.prompts_per_task, recipe.seed)):
                 g = T.answer_length(task, ex_group[0].size)
                 prompts = [model.generation_prompt(" ".join(T.prompt_words(ex))) for ex in ex_group]
@@ -225,13 +228,16 @@ def evaluate(f: Learn2PDFilter, data: Traces, thresholds: Sequence[float] = (0.9
     return out
 
 
-def fit(recipe: FilterRecipe, train: Traces, val: Traces, log=print) -> tuple[Learn2PDFilter, list[dict]]:
-    """Full-batch AdamW on the masked BCE (the notebook's loop)."""
+def fit(recipe: FilterRecipe, train: Traces, val: Traces, log=print,
+        progress: bool = False) -> tuple[Learn2PDFilter, list[dict]]:
+    """Full-batch AdamW on the masked BCE (the notebook's loop; ``progress``: a tqdm bar over the epochs)."""
+    from tqdm.auto import tqdm
+
     torch.manual_seed(recipe.seed)
     f = Learn2PDFilter(recipe.width, recipe.hidden, input=recipe.input)
     opt = torch.optim.AdamW(f.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     history = []
-    for epoch in range(recipe.epochs):
+    for epoch in tqdm(range(recipe.epochs), disable=not progress, desc=f"{recipe.name} fit", leave=False):
         opt.zero_grad()
         loss = masked_bce(f(train.conf), train.label, train.valid)
         loss.backward()
@@ -246,22 +252,24 @@ def fit(recipe: FilterRecipe, train: Traces, val: Traces, log=print) -> tuple[Le
     return f.eval(), history
 
 
-def train_filter(recipe: FilterRecipe, out: Union[str, Path], *, threads: int = 1, log=print) -> dict[str, Any]:
+def train_filter(recipe: FilterRecipe, out: Union[str, Path], *, threads: int = 1, log=print,
+                 progress: bool = False) -> dict[str, Any]:
     """Collect, fit, evaluate and save ``out/final`` (``filter.json`` + ``filter.safetensors``; the json
-    holds the recipe, the record counts, the first and last logged losses and the evaluation)."""
+    holds the recipe, the record counts, the first and last logged losses and the evaluation);
+    ``progress``: tqdm bars over the collection's tasks and the fit's epochs (on stderr)."""
     if threads > 0:
         torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = collect(recipe, log=log)
+    data = collect(recipe, log=log, progress=progress)
     t_collect = time.perf_counter() - t0
     train, val, test = split(data, recipe.seed)
     if not bool(train.valid.any()):
         raise ValueError(f"recipe {recipe.name!r}: {len(data)} records leave the training split (80%) empty; "
                          f"raise prompts_per_task (got {recipe.prompts_per_task}) or add tasks or models")
     with (out / "log.jsonl").open("w") as fh:
-        f, history = fit(recipe, train, val, log=lambda line: (log(line), fh.write(line + "\n")))
+        f, history = fit(recipe, train, val, log=lambda line: (log(line), fh.write(line + "\n")), progress=progress)
     report = {"train": evaluate(f, train), "validation": evaluate(f, val), "test": evaluate(f, test)}
     log(json.dumps({"test": report["test"]}))
     f.meta = {"recipe": asdict(recipe), "records": {"train": len(train), "validation": len(val), "test": len(test)},

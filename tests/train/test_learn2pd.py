@@ -130,7 +130,7 @@ def test_an_empty_split_is_written_as_null_not_nan(tmp_path, monkeypatch):
     before: invalid JSON); a fit whose training split would be empty is refused by name."""
     import dllm.train.learn2pd as l2p
 
-    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print: _records(5))
+    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print, progress=False: _records(5))
     recipe = SMALL.with_overrides(epochs=2)
     train_filter(recipe, tmp_path / "a", threads=1, log=lambda line: None)
     made = _no_nan((tmp_path / "a" / "final" / "filter.json").read_text())
@@ -139,7 +139,25 @@ def test_an_empty_split_is_written_as_null_not_nan(tmp_path, monkeypatch):
                                                 **{f"at_{t}": {"accuracy": None, "precision": None,
                                                                "accepted": None} for t in (0.9, 0.96)}}
     assert made["evaluation"]["test"]["positions"] == 5 and made["evaluation"]["test"]["loss"] is not None
-    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print: _records(1))
+    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print, progress=False: _records(1))
     with pytest.raises(ValueError, match="1 records leave the training split .* empty; raise prompts_per_task"):
         train_filter(recipe, tmp_path / "b", threads=1, log=lambda line: None)
     assert not (tmp_path / "b" / "final").exists()
+
+
+def test_progress_bars_follow_the_flag(tmp_path, monkeypatch, capsys):
+    """``progress=True`` (``dllm train --recipe learn2pd-tiny`` without ``--no-progress``) shows tqdm bars
+    over the collection's tasks and the fit's epochs on stderr; ``progress=False`` shows none (the
+    filter recipes had no bar at all, whatever the flag said)."""
+    import dllm.train.learn2pd as l2p
+
+    recipe = SMALL.with_overrides(tasks=("copy",), prompts_per_task=2, epochs=3)
+    l2p.collect(recipe, log=lambda line: None, progress=True)
+    assert "tiny-llada traces" in capsys.readouterr().err
+    l2p.collect(recipe, log=lambda line: None, progress=False)
+    assert "traces" not in capsys.readouterr().err
+    monkeypatch.setattr(l2p, "collect", lambda recipe, log=print, progress=False: _records(20))
+    train_filter(recipe, tmp_path / "a", threads=1, log=lambda line: None, progress=True)
+    assert "small fit" in capsys.readouterr().err
+    train_filter(recipe, tmp_path / "b", threads=1, log=lambda line: None, progress=False)
+    assert "fit" not in capsys.readouterr().err
