@@ -5,13 +5,28 @@ Rule (one step, per row; defaults low_threshold 0.4, threshold 0.9): split the b
 positions into maximal contiguous masked runs; in each run keep its most confident position if
 ``c > low_threshold``; add every position with ``c > threshold``; always add the row's most
 confident position. Effect: parallel commits are spread out, about one per masked run, which
-avoids the adjacent-duplicate failure ("the the"). Comparisons are strict, as dInfer's.
+avoids the adjacent-duplicate failure ("the the"). Comparisons are strict, as dInfer's. dInfer's
+decoder defaults to no ``threshold`` (``threshold=1.0`` here); its scripts pass 0.3 / 0.9.
 
 Adaptive: the engine loops until the block has no masks, so ``steps`` is ignored. Proposals are
-the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0), never the mask id (dInfer drops
-positions whose proposal is the mask id; we take the runner-up instead, as every sampler here).
-Confidence is ``p(x0)`` from a float64 softmax (dInfer uses the logits dtype or float32; float64
-keeps our threshold samplers on one footing).
+the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0), never the mask id (dInfer's
+decoder commits a mask-id proposal, so the position stays masked and is decoded again; we take the
+runner-up instead, as every sampler here). Confidence is ``p(x0)`` from a float64 softmax (dInfer:
+``exp(log_softmax)`` in the logits dtype, bfloat16 on its released models; float64 keeps our
+threshold samplers on one footing).
+
+Compared with the authors' code (tests/samplers/test_hierarchy_upstream.py against the transcription
+tests/reference/decoders/hierarchy_generate.py of dInfer at fce4e32: ``HierarchyDecoder`` driven by
+``generate_uniform.py``'s ``BlockWiseDiffusionLLM`` and ``BlockDiffusionLLMAttnmask``): with
+``stop_at_eos=True`` (dInfer's loop always stops after the block holding EOS; its ``early_stop`` fills the
+rest with EOS) the same tokens, and as many forwards as dInfer's that found a mask in their block (its
+unrolled loop runs a few more on full blocks), on PB-mini prompts with the decoder's, the scripts', the
+evaluation guide's and our thresholds: tiny-llada with no cache and dInfer's ``dual`` / ``prefix`` caches,
+tiny-dream (dInfer's ``use_shift``), a tiny LLaDA 2 on its block grid (``none`` / ``block``), greedy and
+sampled. Residual differences: the three decisions below, the confidence dtype and the mask id above
+(runs that hit them are skipped there), and the layout of dInfer's LLaDA scripts
+(``BlockIteratorFactory(start_block_align=True)``: blocks on the grid from column 0, so the first one is
+shorter); ours start at the prompt's end, as the factory's default.
 
 Decisions: works at any batch size (the official decoder asserts batch 1); a run is labelled by the
 count of inactive positions before it (one cumulative sum) and its arg-max found with two
