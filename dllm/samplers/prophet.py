@@ -111,7 +111,8 @@ class _Run:
 def _plus_minus(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``[1, -1]`` in ``dtype`` [2]: ``(top2 * it).sum(-1)`` is ``l(1) - l(2)`` rounded once to the logits
     dtype (the reduction accumulates in float32 or wider), as Prophet's subtraction of its top 2."""
-    return constant(("prophet +1 -1", dtype, device), lambda: torch.tensor([1.0, -1.0], dtype=dtype, device=device))
+    return constant(("prophet +1 -1", dtype, device),  # arange: no upload of Python data
+                    lambda: torch.arange(1.0, -2.0, -2.0, dtype=dtype, device=device))
 
 
 def thresholds(cfg: ProphetConfig, most: int, gen_length: int, device: torch.device) -> torch.Tensor:
