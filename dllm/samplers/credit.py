@@ -15,6 +15,28 @@ the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0) of the fused lo
 mask id; confidence is ``p(x0)`` from their float64 softmax (dInfer uses the logits dtype or
 float32; float64 keeps our threshold samplers on one footing).
 Memory: B x W x V float32 (32 x 126464 x 4 bytes = 16 MB per row for LLaDA-8B).
+
+Compared with dInfer's code through dInfer's decode loops (tests/samplers/test_credit_upstream.py,
+against the transcription tests/reference/decoders/credit_generate.py): ``dllm.generate(...,
+sampler="credit", stop_at_eos=True)`` gives the same tokens, and as many forwards as dInfer's forwards
+that found a mask in their block, on tiny-llada (no cache, dInfer's ``dual`` and ``prefix`` caches),
+tiny-dream (dInfer's ``use_shift``) and a random tiny LLaDA 2 (its block-diffusion loop), greedy and
+sampled (the same float64 Gumbel uniforms), at dInfer's defaults and other options, and the same
+canvas and fused confidences (to 1e-6) over whole blocks of random float32 / bfloat16 logits.
+Where they differ, none of it met on those runs except the mask id on the random LLaDA 2:
+
+* the mask id: dInfer credits a raw top-1 equal to it and leaves a position whose fused arg-max is
+  the mask id uncommitted (greedy, a block whose every remaining mask does so commits nothing again
+  and again: dInfer's loop never ends); ``credit`` credits and proposes the runner-up;
+* near-ties: dInfer commits every position within 1e-5 of the block's most confident one (when
+  that one is under ``threshold``); ``credit`` only the most confident (the first among equals);
+* precision: dInfer's confidence is float32 (ours float64, above), it adds ``log(C + 1)`` (ours
+  ``log1p(C)``, within a float32 rounding) and takes the top-1 of the float32 probabilities (ours of
+  the logits: the same token unless two probabilities round equal);
+* the credit's lifetime: dInfer keys it by the block's columns and drops it only when a decode
+  leaves no mask in the canvas, so after a call that stopped on EOS before its last block the next
+  call of its scripts (one decoder for every prompt) starts the blocks at the same columns with the
+  earlier prompt's credit; ``credit`` starts every block from zero.
 """
 
 from __future__ import annotations

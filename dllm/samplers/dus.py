@@ -22,9 +22,23 @@ Decisions:
   {2, 4, 6}). The authors' code instead halves an integer stride (``B // 2, B // 4, ...``) and
   merges a small last level into the one before, which for such blocks gives ``floor(log2 B)``
   or fewer uneven rounds (B = 5 becomes a single round of all five positions).
-- No remasking. The authors' ``generate_scheduled`` by default remasks revealed tokens with
-  confidence < 0.3 (except in the last round) and never revisits them; the method as the paper
-  describes it (arXiv 2506.19037) has no remasking, and neither do we.
+- No remasking. The authors' ``generate_scheduled`` by default (``remasking='low_confidence'``,
+  ``confidence_threshold=0.3``, the README's setting) masks again, after every round but a block's
+  last, each position of that round whose ``p(x0)`` (float64 softmax; at T > 0 of the perturbed
+  logits, where it is ~1 and rarely fires) is below the threshold, and never revisits it: later
+  rounds list other positions, so it is still masked in the answer. Their harness's default
+  ``confidence_threshold`` is 0.0, which never fires. The method as the paper describes it (arXiv
+  2506.19037) has no remasking, and neither do we: ``remasking='none'`` (or a threshold of 0).
+
+Compared with the authors' code (tests/samplers/test_dus_upstream.py, against the transcription
+tests/reference/decoders/dus_generate.py of omerlux/DUS ``generate.py`` ``generate_scheduled``,
+``scheduler='dilated'``): where the schedules agree -- blocks of a power of the base, their remasking
+off -- the same tokens and forwards on 16 suite prompts, greedy, on tiny-llada (blocks of 8, 16 and
+32) and tiny-dream (their harness shifts Dream's logits, as we do). Other differences: at T > 0 they
+draw the Gumbel uniforms over the whole canvas ([1, L, V]), we over the block (another random
+stream of the same distribution; equal on the same uniforms: tested); a proposal equal to the mask
+id is committed by them (the position stays masked), never proposed here; their harness stops a
+row in mid-block once a stop string appears (``stop_at_eos`` here acts after the block, on EOS).
 """
 
 from __future__ import annotations

@@ -17,7 +17,26 @@ from the float64 softmax (``_ops.propose_with_confidence``).
 Source and defaults: the paper gives the idea; the rule and the defaults ``tau = 0.9``,
 ``tau_relax = 0.75``, ``radius = 4`` (block 32) follow DAWN's reimplementation
 (lizhuo-luo/DAWN ``get_transfer_index_localleap``), whose comparisons are inclusive (``>=``) and
-whose neighbourhood is the closed interval ``[j - radius, j + radius]``.
+whose neighbourhood is the closed interval ``[j - radius, j + radius]``. DAWN's Dream scripts use
+``tau_relax = 0.8`` (``relaxed_threshold=0.8`` reproduces them); its ``relaxed_threshold=None`` (no
+relaxation) is ``relaxed_threshold=threshold`` here.
+
+Compared with DAWN's code (tests/samplers/test_localleap_upstream.py, against the transcription
+tests/reference/decoders/localleap_generate.py of DAWN at ab42898: ``llada/generate.py``
+``generate(local_leap=True)`` and ``dream/model/generation_utils.py`` ``_sample_block(alg='local_leap')``):
+the same tokens and forwards on 16 suite prompts, greedy, on tiny-llada (DAWN's LLaDA settings with
+blocks of 8 and 32, and other options) and tiny-dream (DAWN's Dream settings), and the same step on
+random logits. Differences (no tie and no mask-id proposal arose on those prompts):
+- T > 0: DAWN draws the Gumbel uniforms over the whole canvas ([1, L, V]), we draw them over the
+  block: another random stream of the same distribution (equal on the same uniforms: tested).
+  DAWN's Dream samples with ``Categorical`` instead (another stream too).
+- Dream: DAWN's confidence is ``sample_tokens``'s softmax in the logits' dtype, ours float64; a bar
+  decides otherwise only for a confidence within that rounding of it.
+- Several masks tied at the top confidence below tau: DAWN commits the one ``torch.topk`` ranks
+  first (the device's order), we the lowest index.
+- A proposal equal to the mask id: DAWN commits it (the position stays masked); we propose the
+  runner-up.
+- DAWN runs LocalLeap in its cacheless driver only; the caches here have no counterpart there.
 """
 
 from __future__ import annotations

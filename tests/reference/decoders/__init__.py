@@ -14,6 +14,13 @@ engine must reproduce token for token:
 * :mod:`.klass_generate` -- shkim0116/KLASS ``src/model/llada_klass.py``
   ``stable_confident_decode`` (KL-stability decoding over semi-autoregressive blocks).
 * :mod:`.wino_generate` -- Feng-Hong/WINO-DLLM ``LLaDA/decoding.py`` ``decoding_wino``.
+* :mod:`.hierarchy_generate` -- inclusionAI/dInfer ``HierarchyDecoder`` and its block loops
+  (``BlockWiseDiffusionLLM``, ``BlockDiffusionLLMAttnmask``), which :mod:`.credit_generate` reuses with
+  ``CreditThresholdParallelDecoder``.
+* :mod:`.prophet_generate` -- pixeli99/Prophet ``generate_earlyexit.py`` ``generate``.
+* :mod:`.localleap_generate` -- lizhuo-luo/DAWN's LocalLeap (``llada/generate.py``, Dream's
+  ``_sample_block``); :mod:`.dus_generate` -- omerlux/DUS ``generate_scheduled`` (``dilated``).
+* and the others in this folder, each citing its source in its docstring.
 
 They are written against a plain ``model_fn`` callable instead of a Hugging Face model so they can
 be driven by toy functions (``tests/reference/test_transcripts_*.py``) and by ``dllm``'s tiny models

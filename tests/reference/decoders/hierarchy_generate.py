@@ -147,7 +147,11 @@ def hierarchy_transfer_index(logits: torch.Tensor, mask_index: torch.Tensor,
 def _decode(logits: torch.Tensor, x: torch.Tensor, start: int, end: int, rule: HierarchyRule,
             mask_id: int, forbid_mask_commit: bool) -> bool:
     """``HierarchyDecoder.decode`` on canvas columns ``[start, end)`` of ``x`` [1, L] (in place);
-    logits [1, end - start, V]. Returns whether the block had a mask."""
+    logits [1, end - start, V]. Returns whether the block had a mask. ``rule``: the hierarchy's
+    options, or another dInfer decoder with its own ``decode(logits, x, start, end, mask_id,
+    forbid_mask_commit)`` (the loops take any decoder, as dInfer's do: ``credit_generate``)."""
+    if not isinstance(rule, HierarchyRule):
+        return rule.decode(logits, x, start, end, mask_id, forbid_mask_commit)
     block = x[:, start:end]  # a view: commits land in x
     mask_index = block == mask_id  # [1, W]
     assert mask_index.shape[1] == logits.shape[1]
