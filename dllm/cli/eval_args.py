@@ -52,10 +52,14 @@ def stress_args(p: argparse.ArgumentParser) -> None:
                         "of low_confidence, random, threshold, factor, and fast (dllm.eval.stress.grid)")
     p.add_argument("--block-lengths", default="0", metavar="B1,B2,...",
                    help="semi-autoregressive block lengths crossed with every setting (0 = one block)")
+    p.add_argument("--caches", default="none", metavar="C1,C2,...",
+                   help="KV-cache policies crossed with every setting, each a spec as generate(cache=...) takes it "
+                        "(none = no cache, prefix, dual, dual:look_back=16, ...; a spec with several options in "
+                        "parentheses, '(dual:look_back=16,look_ahead=16)', or with semicolons; default: none)")
     p.add_argument("--tasks", nargs="*", action=TaskNames, default=None, help="default: the PB-mini suite")
     p.add_argument("--per-size", type=POSITIVE, default=4, help="test examples per task size")
     p.add_argument("--out", type=output_dir, default="runs/stress", help="a directory: stress.json, stress.txt, PNGs")
-    p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid)")
+    p.add_argument("--resume", action="store_true", help="continue OUT/stress.json (same model, tasks, grid, caches)")
     p.add_argument("--metrics", default="dllm", metavar="dllm|parallelbench[:OPTION=VALUE,...]",
                    help="summary definitions: dllm (default) or ParallelBench's (nominal-k TPS, interpolated "
                         "leaderboard, pooled oracle, its Kendall tau, order-preference slope); options eos=drop|cut, "

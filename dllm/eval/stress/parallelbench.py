@@ -21,7 +21,7 @@ holds ParallelBench's, as read from its code and its released results:
   steps sorted ascending and the commit steps in position order (:func:`pb_kendall_tau`); positions
   committed in one step count as in order, where ``stress.metrics.unmasking_tau`` counts them as ties.
 - **Order preference** (App. G.1): the slope of a least-squares line through a setting's accuracy
-  over block lengths; positive when shorter blocks (more left-to-right) score higher.
+  over block lengths (at one cache); positive when shorter blocks (more left-to-right) score higher.
 - **Scoring rules** (options): ParallelBench decodes the answer with ``skip_special_tokens=True``,
   so an EOS inside the answer is dropped and the words around it still count (``eos=drop``;
   ``eos=cut`` keeps dllm's rule: a word after an EOS is a miss); its ``list_shuffle_score``
@@ -230,7 +230,7 @@ def summarize_parallelbench(config, cells: dict[str, Cell], cfg: ParallelBenchCo
                                "accuracy": ratio(sum(correct), len(correct)),
                                "tps": task_tps(s.k, cell.tokens, cell.nfe), "tau": mean(tau)}
     settings = [{"label": s.label, "family": s.family, "curve": s.curve, "point": s.point,
-                 "block_length": s.block_length, "k": s.k,
+                 "block_length": s.block_length, "cache": s.cache, "k": s.k,
                  **{m: mean([per[s.label][t][m] for t in tasks]) for m in ("accuracy", "tps", "tau")},
                  "per_task": {t: {m: per[s.label][t][m] for m in ("accuracy", "tps", "tau")} for t in tasks}}
                 for s in config.settings]
@@ -247,13 +247,13 @@ def summarize_parallelbench(config, cells: dict[str, Cell], cfg: ParallelBenchCo
                                [[per[s.label][t]["nfe"] for s in members] for t in tasks],
                                [[per[s.label][t]["tokens"] for s in members] for t in tasks])
         curves.append({"curve": curve, "family": members[0].family, "block_length": members[0].block_length,
-                       "rule": "nominal k" if fixed else "interpolated",
+                       "cache": members[0].cache, "rule": "nominal k" if fixed else "interpolated",
                        "leaderboard": {_pct(v): rule(points, v) for v in cfg.levels},
                        "com": mean(list(com.values())), "com_by_task": com, "oracle": oracle,
                        "tau": mean([row[s.label]["tau"] for s in members])})
 
     slopes = []
-    for (family, point, k), members in _by(config.settings, lambda s: (s.family, s.point, s.k)).items():
+    for (family, point, k, cache), members in _by(config.settings, lambda s: (s.family, s.point, s.k, s.cache)).items():
         if len({s.block_length for s in members}) < 2 or (k is not None and k != cfg.slope_k):
             continue
         by_task = {}
@@ -262,7 +262,7 @@ def summarize_parallelbench(config, cells: dict[str, Cell], cfg: ParallelBenchCo
             la = max(T.answer_length(t, ex.size) for ex in config.examples[t])
             by_task[t] = order_preference([min(s.block_length or la, la) for s in members],
                                           [100 * per[s.label][t]["accuracy"] for s in members])
-        slopes.append({"family": family, "point": point, "k": k,
+        slopes.append({"family": family, "point": point, "k": k, "cache": cache,
                        "block_lengths": [s.block_length for s in members],
                        "slope": mean(list(by_task.values())), "slope_by_task": by_task})
     return {"options": {"eos": cfg.eos, "shuffle": cfg.shuffle, "tau_pad": cfg.tau_pad, "slope_k": cfg.slope_k},

@@ -3,12 +3,12 @@
 Means over tasks weigh every task the same (ParallelBench averages per-task scores, arXiv
 2510.04767). ``summarize`` returns plain JSON-ready data:
 
-- ``settings``: per setting, mean accuracy / TPS / content TPS / NFE / Kendall tau over tasks, and
-  the same per task (every cell's numbers, with its wall seconds);
-- ``leaderboard``: per family, the max mean TPS over its settings (all block lengths) whose mean
-  accuracy is >= 80 / 75 / 70 %, and which setting gives it;
+- ``settings``: per setting (its cache policy included), mean accuracy / TPS / content TPS / NFE /
+  Kendall tau over tasks, and the same per task (every cell's numbers, with its wall seconds);
+- ``leaderboard``: per family, the max mean TPS over its settings (all block lengths and caches) whose
+  mean accuracy is >= 80 / 75 / 70 %, and which setting gives it;
 - ``max_tps_by_task``: per family and task, the max TPS of a setting with >= 80 % on that task;
-- ``curves``: per family and block length, the centre of mass per task and its mean, and the
+- ``curves``: per family, block length and cache, the centre of mass per task and its mean, and the
   per-sample oracle (accuracy, TPS, content TPS per task and their means; how often each setting
   was the oracle's choice).
 """
@@ -34,7 +34,7 @@ def _pct(level: float) -> str:
 def _setting_row(setting: Setting, cells: list[Cell]) -> dict[str, Any]:
     return {
         "label": setting.label, "family": setting.family, "curve": setting.curve, "point": setting.point,
-        "block_length": setting.block_length,
+        "block_length": setting.block_length, "cache": setting.cache,
         "accuracy": mean([c.accuracy for c in cells]), "tps": mean([c.tps for c in cells]),
         "tps_content": mean([c.tps_content for c in cells]), "nfe": mean([c.mean_nfe for c in cells]),
         "tau": mean([c.mean_tau for c in cells]), "seconds": sum(c.seconds for c in cells),
@@ -80,7 +80,8 @@ def summarize(config, cells: dict[str, Cell]) -> dict[str, Any]:
             oracle[t] = o
         curves.append({
             "curve": curve, "family": members[0].family, "block_length": members[0].block_length,
-            "settings": [s.label for s in members], "com": mean(list(com.values())), "com_by_task": com,
+            "cache": members[0].cache, "settings": [s.label for s in members], "com": mean(list(com.values())),
+            "com_by_task": com,
             "oracle": {k: mean([oracle[t][k] for t in tasks]) for k in ("accuracy", "tps", "tps_content")},
             "oracle_by_task": oracle, "oracle_choices": dict(chosen),
             "tau": mean([rows[s.label]["tau"] for s in members]),
@@ -110,7 +111,7 @@ def _table(head: list[str], rows: list[list[str]], first: int) -> list[str]:
 def format_report(config, summary: dict[str, Any]) -> str:
     n_ex = sum(len(v) for v in config.examples.values())
     out = [f"dllm stress: model {config.model}, {len(config.tasks)} tasks, {n_ex} examples per setting "
-           f"({config.per_size} per task size), {len(config.settings)} settings, greedy",
+           f"({config.per_size} per task size), {len(config.settings)} settings{_caches(config)}, greedy",
            "TPS: generated positions (EOS padding included) per forward; TPS(content): answer words before "
            "the first EOS per forward; forwards per sample as if decoded alone", ""]
     levels = summary["levels"]
@@ -151,13 +152,24 @@ def format_report(config, summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _caches(config) -> str:
+    """`` (caches none, dual)`` after the settings count when the labels name the cache, else ``""``."""
+    return f" (caches {', '.join(config.caches)})" if config.cache_shown else ""
+
+
+def _slope_name(entry: dict[str, Any], cache_shown: bool) -> str:
+    """An order-preference row's name: the family, its point and (when the labels name it) the cache."""
+    point = f" {entry['point']}" if entry["point"] else ""
+    return entry["family"] + point + (f" cache={entry['cache']}" if cache_shown else "")
+
+
 # ---- --metrics parallelbench --------------------------------------------------------------------------
 def format_parallelbench(config, pb: dict[str, Any]) -> str:
     """The text of ``dllm stress --metrics parallelbench`` (``stress.parallelbench.summarize_parallelbench``)."""
     n_ex = sum(len(v) for v in config.examples.values())
     opt = pb["options"]
     out = [f"dllm stress (ParallelBench's metrics, arXiv 2510.04767): model {config.model}, {len(config.tasks)} "
-           f"tasks, {n_ex} examples per setting, {len(config.settings)} settings, greedy",
+           f"tasks, {n_ex} examples per setting, {len(config.settings)} settings{_caches(config)}, greedy",
            f"TPS: nominal k for top-k, mean of L_ans / forwards per sample otherwise; scoring: eos={opt['eos']}, "
            f"shuffle={opt['shuffle']}; tau: sorted commit steps vs commit steps (tau_pad={opt['tau_pad']})"]
     if pb["cells_without_rows"]:
@@ -181,7 +193,7 @@ def format_parallelbench(config, pb: dict[str, Any]) -> str:
     out += ["", f"Order preference: slope of accuracy (points) per halving of the block length, mean over tasks "
                 f"(> 0: shorter blocks score higher; top-k at k={opt['slope_k']})"]
     if pb["order_preference"]:
-        rows = [[f"{o['family']}{' ' + o['point'] if o['point'] else ''}", _num(o["slope"], 6),
+        rows = [[_slope_name(o, config.cache_shown), _num(o["slope"], 6),
                  ",".join(map(str, o["block_lengths"]))] for o in pb["order_preference"]]
         out += _table(["setting", "slope", "block lengths"], rows, 16)
     elif len(config.block_lengths) < 2:

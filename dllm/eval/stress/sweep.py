@@ -1,19 +1,19 @@
 """``dllm stress``: a ParallelBench-style sweep (arXiv 2510.04767) of samplers x parallelism x tasks.
 
 For every setting of the grid (``stress.grid``: a sampler, its options, k tokens per step for
-fixed-step samplers, a block length) and every task, the first ``per_size`` test examples of each
-of the task's sizes are decoded greedily, one batch per answer length, and scored exactly; each
-(setting, task) is one *cell* with per-sample outcomes (``stress.metrics.Cell``: correct, forwards,
-tokens, content tokens, Kendall tau of the unmasking order). The summary (``stress.report``) gives
+fixed-step samplers, a block length, a KV-cache policy) and every task, the first ``per_size`` test
+examples of each of the task's sizes are decoded greedily, one batch per answer length, and scored
+exactly; each (setting, task) is one *cell* with per-sample outcomes (``stress.metrics.Cell``:
+correct, forwards, tokens, content tokens, Kendall tau of the unmasking order). The summary (``stress.report``) gives
 the leaderboard (max tokens per step at >= 80 / 75 / 70 % mean accuracy), the parallelizability
 centre of mass, the per-sample oracle and per-task accuracy vs parallelism; ``stress.plots`` draws
 accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
 
 Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
-only the cell in progress; a rerun with ``resume=True`` and the same model, dtype, tasks, examples, grid and
-rows per call (``max_batch``) skips the finished cells, and any other file is refused with the
-differences named. Each cell seeds its own randomness from its name (``cell_seed``), so a resumed run
-equals an uninterrupted one.
+only the cell in progress; a rerun with ``resume=True`` and the same model, dtype, tasks, examples,
+grid, caches and rows per call (``max_batch``) skips the finished cells, and any other file is refused
+with the differences named. Each cell seeds its own randomness from its name (``cell_seed``), so a
+resumed run equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ import torch
 from dllm import tasks as T
 from dllm.scoring.exact_match import RowSteps, check_test_range, decode_and_score, eval_examples, load_model
 from dllm.eval.interrupt import finished, until_interrupted
-from dllm.eval.stress.grid import DEFAULT_GRID, Setting, build_grid, cell_key, parse_block_lengths
+from dllm.eval.stress.grid import (
+    DEFAULT_CACHES, DEFAULT_GRID, Setting, build_grid, caches_shown, cell_key, check_engine, parse_block_lengths,
+    parse_caches,
+)  # fmt: skip
 from dllm.eval.stress.metrics import Cell, unmasking_tau
 from dllm.options import check_int
 from dllm.registry import parse_spec
@@ -57,12 +60,14 @@ class StressConfig:
     # random draws (the ``random`` sampler, the oracle's logit noise) are made per call, so they differ
     max_batch: int = DEFAULT_MAX_BATCH
     dtype: Optional[str] = None  # the model's --dtype, as given (None: not recorded; the oracle has none)
+    caches: tuple[str, ...] = DEFAULT_CACHES  # ``--caches``: KV-cache policy specs crossed with every setting
 
     def __post_init__(self) -> None:
         check_int("per_size", self.per_size, 1, hint=" (test examples per task size)")
         check_test_range(self.per_size)  # the split holds 50 per size: refused now, not after the model loads
         check_int("max_batch", self.max_batch, 1)
         object.__setattr__(self, "block_lengths", parse_block_lengths(self.block_lengths))
+        object.__setattr__(self, "caches", parse_caches(self.caches))  # bad specs name the valid policies
         names = self.tasks if self.tasks else T.suite_task_names()
         resolved = tuple(T.get_task(n).name for n in names)  # unknown names list the valid ones
         if len(set(resolved)) != len(resolved):
@@ -72,7 +77,12 @@ class StressConfig:
 
     @cached_property
     def settings(self) -> list[Setting]:
-        return build_grid(self.grid, self.block_lengths)
+        return build_grid(self.grid, self.block_lengths, self.caches)
+
+    @property
+    def cache_shown(self) -> bool:
+        """Whether the labels name the cache (not the default ``none`` alone)."""
+        return caches_shown(self.caches)
 
     @cached_property
     def examples(self) -> dict[str, list[T.Example]]:
@@ -86,7 +96,8 @@ class StressConfig:
         """The resume file's identity: a resume must match it exactly."""
         return {"format": FORMAT, "model": self.model, "split_version": T.SPLIT_VERSION,
                 "tasks": list(self.tasks), "per_size": self.per_size,
-                "settings": [s.label for s in self.settings], "max_batch": self.max_batch, "dtype": self.dtype}
+                "settings": [s.label for s in self.settings], "caches": list(self.caches),
+                "max_batch": self.max_batch, "dtype": self.dtype}
 
 
 def cell_seed(key: str) -> int:
@@ -123,13 +134,16 @@ def decode_cell(model, setting: Setting, task: str, examples: Sequence[T.Example
 
 
 # ---- the resume file ----------------------------------------------------------------------------------
+WHOLE = ("caches",)  # header lists whose difference shows both sides in full (short lists)
+
+
 def _differences(found: dict, want: dict) -> list[str]:
     out = []
     for key in want:
         a, b = found.get(key), want[key]
         if a == b:
             continue
-        if isinstance(a, list) and isinstance(b, list):
+        if isinstance(a, list) and isinstance(b, list) and key not in WHOLE:
             extra, missing = [x for x in a if x not in b], [x for x in b if x not in a]
             detail = "; ".join(filter(None, [f"only in the file: {extra}" if extra else "",
                                              f"only in this run: {missing}" if missing else ""]))
@@ -185,7 +199,7 @@ class StressStore:
             return cls(path, header)
         if not resume:
             raise ValueError(f"{str(path)!r} exists; pass --resume to continue that sweep (same model, tasks, "
-                             f"examples and grid) or choose another --out")
+                             f"examples, grid and caches) or choose another --out")
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
@@ -198,6 +212,8 @@ class StressStore:
             found = {**found, "max_batch": DEFAULT_MAX_BATCH}  # files from before it was recorded: the only CLI value
         if "dtype" not in found and header.get("dtype") is not None:
             found = {**found, "dtype": DEFAULT_DTYPE}  # files from before it was recorded: the CLI's default
+        if "caches" not in found and "caches" in header:
+            found = {**found, "caches": list(DEFAULT_CACHES)}  # files from before --caches: no KV cache
         diffs = _differences(found, header)
         if diffs:
             raise ValueError(f"cannot resume from {str(path)!r}: it was made by a different sweep: "
@@ -259,6 +275,7 @@ def run_stress(model, config: StressConfig, path: "str | Path", *, resume: bool 
     if refused:  # before any decoding, not at the first cell of such a sampler
         raise ValueError("the grid has samplers this model cannot run: "
                          + "; ".join(f"{spec}: {why}" for spec, why in refused.items()))
+    check_engine(model, config.settings, [ex for t in config.tasks for ex in config.examples[t]])
     store = StressStore.open(Path(path), config.header(), resume=resume, sizes=config.sample_sizes())
     todo = [(s, t) for s in config.settings for t in config.tasks if cell_key(s, t) not in store.cells]
     total = len(config.settings) * len(config.tasks)
@@ -332,7 +349,8 @@ def run_stress_cli(args) -> int:
     config = StressConfig(model=args.model, grid=tuple(args.grid or DEFAULT_GRID),
                           block_lengths=parse_block_lengths(args.block_lengths),
                           tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size,
-                          dtype=None if is_oracle(args.model) else args.dtype)
+                          dtype=None if is_oracle(args.model) else args.dtype,
+                          caches=parse_caches(getattr(args, "caches", "none")))
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a directory (stress writes {RESULT_FILE}, "
@@ -366,7 +384,7 @@ def _sweep_and_report(args, config: StressConfig, out: Path, path: Path, pb=None
     store.save()
     (out / "stress.txt").write_text(text + "\n")
     brief = {"header": config.header(), "grid": list(config.grid), "block_lengths": list(config.block_lengths),
-             **rounded(summary)}
+             "caches": list(config.caches), **rounded(summary)}
     (out / SUMMARY_FILE).write_text(dump_two_levels(brief))
     written = [str(path), str(out / SUMMARY_FILE), str(out / "stress.txt")]
     try:
