@@ -38,8 +38,27 @@ the fused Triton kernel (``stats=fused|auto``, ``dllm.samplers.stats``).
   reproduces that decoder token for token and NFE for NFE.
 - ``factor`` (f, default 1.0): sort active confidences ``c_(1) >= c_(2) >= ...``; commit the top
   ``n`` where ``n`` is the longest prefix with ``(k + 1)(1 - c_(k)) <= f`` for k = 2..n (top-1
-  always). We do NOT reproduce the official quirk that commits all N when the first failure is at
-  the last rank k = N (the d2Cache reimplementation does not have it either).
+  always). ``rule`` picks the form:
+
+  - ``written`` (default): the rule as written above (the paper's; the d2Cache reimplementation's).
+  - ``reference``: Fast-dLLM's code, ``get_transfer_index_dynamic``. Rank k passes when
+    ``c_(k) >= 1 - f / (k + 1)`` (its thresholds, Python floats; within an ulp of the boundary the
+    written product can round the other way, e.g. c = 0.95 at k = 19, f = 1), and the row's last
+    rank N always passes: its walk adds one to ``top_i`` at ``N - 1`` whether it ran out there or
+    broke there, so a first failure at k = N commits all N (with two masks left, both always go).
+
+  Compared token for token with a transcription of Fast-dLLM's factor drivers (``generate``,
+  ``generate_with_prefix_cache``, ``generate_with_dual_cache`` at f6b35ec with ``factor`` set:
+  ``tests/reference/decoders/fastdllm_factor.py``, ``tests/samplers/test_factor_upstream.py``) on 16
+  stress-suite prompts of tiny-llada, greedy, without a cache and with the prefix and dual caches, at
+  f = 1.0 in blocks of 32 (Fast-dLLM's ``eval_gsm8k.sh``), 1.5 / 4 and 1.9 / 8: ``rule=reference``
+  equals it in tokens and NFE on every prompt. ``written`` equals it with the last-rank quirk removed;
+  against the original, at f = 1.0 / 32 it takes one forward more in 12-14 of the 16 blocks (the last
+  masks of a block are committed one step apart) and ends in other tokens on 5-9 of the 16 prompts.
+  Equal confidences at the cut are taken lowest index first here, in ``torch.topk``'s (device) order
+  there (none on those prompts). Fast-dLLM's Dream driver (``dream/model/generation_utils*.py``) has
+  no factor mode (its ``alg`` is ``confidence_threshold`` or Dream's own), so on Dream models
+  ``factor`` has no upstream to match.
 
 NFE: one forward per step; a block takes as many steps as its masks need (at most its length).
 With ``cache="prefix"`` / ``"dual"`` a block's first step is the block-start full forward; when
@@ -175,14 +194,20 @@ class Threshold(Sampler):
         return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)  # within eligible
 
 
+FACTOR_RULES = ("written", "reference")
+
+
 @dataclass(frozen=True)
 class FactorConfig:
     factor: float = 1.0  # slack f of (k + 1)(1 - c_(k)) <= f, > 0
     stats: str = "torch"  # torch | fused | auto: where p(x0) is computed (dllm.samplers.stats)
+    rule: str = "written"  # written (the longest prefix, as stated) | reference (Fast-dLLM's
+    #   get_transfer_index_dynamic: its thresholds 1 - f / (k + 1), and the row's last rank always passes)
 
     def __post_init__(self) -> None:
         check_number("factor", self.factor, low=0.0, low_open=True)
         check_stats(self.stats)
+        check_choice("rule", self.rule, FACTOR_RULES)
 
 
 def factor_prefix(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor:
@@ -209,9 +234,37 @@ def factor_prefix_mask(conf_sorted: torch.Tensor, factor: float) -> torch.Tensor
     return ok.cummin(dim=1).values  # first failure ends the prefix
 
 
+def factor_thresholds(n: int, factor: float, device: torch.device) -> torch.Tensor:
+    """Fast-dLLM's per-rank thresholds ``1 - f / (k + 1)`` for k = 1..n as Python floats (float64),
+    the first replaced by -1 (top-1 always); made once per (n, f, device). Returns [n] float64."""
+    def make() -> torch.Tensor:  # float64 ops are IEEE's, as Python's floats: the same values, no upload
+        ranks = torch.arange(2, n + 2, dtype=torch.float64, device=device)  # [n]: k + 1 = 2..n+1
+        out = 1 - torch.full_like(ranks, factor) / ranks  # tensor / tensor: IEEE division (a scalar / tensor
+        #   multiplies by the reciprocal, another rounding)
+        out[0] = -1.0
+        return out
+    return constant(("factor thresholds", n, factor, device), make)
+
+
+def factor_prefix_mask_as_reference(conf_sorted: torch.Tensor, active_count: torch.Tensor,
+                                    factor: float) -> torch.Tensor:
+    """Fast-dLLM's ``get_transfer_index_dynamic`` on the sorted axis: rank k passes when
+    ``c_(k) >= 1 - f / (k + 1)`` (``factor_thresholds``, compared in float64 as there), and the row's last
+    active rank N always passes (the original's ``top_i == N - 1`` increment: a walk whose first failure
+    is rank N commits all N); the first failure ends the prefix.
+
+    conf_sorted: [B, N] descending (-inf past the active count); active_count: [B] long. Returns [B, N] bool.
+    """
+    n, device = conf_sorted.shape[1], conf_sorted.device
+    last = column_ids(n, device) == (active_count - 1)[:, None]  # [B, N] the row's last active rank
+    ok = (conf_sorted >= factor_thresholds(n, factor, device)) | last  # [B, N]
+    return ok.cummin(dim=1).values  # first failure ends the prefix
+
+
 @register_sampler("factor")
 class Factor(Sampler):
-    """Fast-dLLM: commit the longest confidence prefix with (k+1)(1-c_k) <= factor."""
+    """Fast-dLLM: commit the longest confidence prefix with (k+1)(1-c_k) <= factor (``rule=reference``:
+    as Fast-dLLM's code does, module docstring)."""
 
     Config = FactorConfig
     reads_block_only = True  # the engine computes the block's logits only
@@ -225,6 +278,9 @@ class Factor(Sampler):
         tokens, conf = propose_with_confidence(inp, self.config.stats)
         conf = torch.where(inp.active, conf, neg_inf(conf.device))  # [B, Q]
         sorted_conf, order = conf.sort(dim=1, descending=True, stable=True)  # [B, Q]
-        within = factor_prefix_mask(sorted_conf, self.config.factor)  # [B, Q] in sorted order
+        if self.config.rule == "reference":
+            within = factor_prefix_mask_as_reference(sorted_conf, inp.active.sum(dim=1), self.config.factor)
+        else:
+            within = factor_prefix_mask(sorted_conf, self.config.factor)  # [B, Q] in sorted order
         commit = within.scatter(1, order, within) & inp.active  # back to positions (order: a permutation)
         return StepOutput(commit=commit, tokens=tokens, score=conf, active_only=True)
