@@ -1,5 +1,6 @@
 """DAWN, dependency-aware decoding (``dawn``; lizhuo-luo/DAWN ``llada/generate.py``
-``get_transfer_index_dawn`` and ``gdllm_utils.py``; arXiv 2602.06953).
+``get_transfer_index_dawn`` and ``gdllm_utils.py``, ``dream/model/generation_utils.py``
+``_sample_block(alg='dawn')``; arXiv 2602.06953).
 
 The sampler reads the attention probabilities of the model's last 4 layers from the same forward
 (``attention_layers = (-4, -3, -2, -1)``; the engine asks the model for them) and builds a
@@ -15,7 +16,8 @@ position up to the block end, decoded ones included; x0 = arg-max at T = 0, LLaD
 Gumbel-max at T > 0, never the mask id):
 
 1. ``S_high = {i in M : c_i >= tau_high}`` (0.9, hard-coded in the official code).
-2. Anchors = decoded positions before the block end with ``c_j >= tau_high``;
+2. Anchors = decoded positions before the block end with ``c_j >= tau_high`` (the prompt's first
+   one included, except under a logit shift: see Decisions);
    ``S_ind = {i in M : c_i >= tau_induce, i <- j for some anchor j}``.
 3. ``Blocked = {i : i <- j for some j in S_ind & S_high}`` (the official code intersects the
    two sets); candidates ``C = {i in M : c_i >= tau_low} - S_high - S_ind - Blocked``.
@@ -37,13 +39,37 @@ Decisions:
   runs ``block length - 1`` rounds of four calls, each one batched over rows (no host reads): the
   fixed point of "a candidate is kept unless an earlier-ranked conflicting one is" (``greedy_mis``;
   its reference, ``greedy_mis_by_picks``, takes each row's best remaining candidate a round, as the
-  official loop, at ten calls a round). The official loop is per row
-  and, past the last candidate, keeps appending position 0; we stop instead. The official
-  fallback (top-1 when ANY row chose nothing, added to EVERY row) is per row here.
+  official loop, at ten calls a round). The official fallback (top-1 when ANY row chose nothing,
+  added to EVERY row) is per row here.
+- The official greedy loop (``select_parallel_tokens_conflict_mis``) makes as many picks as it had
+  candidates; once a conflict has dropped one, the remaining picks are the arg-max of an all -inf
+  row, position 0, and the step writes its proposal there: the prompt's first token becomes the
+  arg-max at position 0 (LLaDA's, not reset to the token; Dream's shifted one, the prediction for
+  position 1), the mask id included. We stop after the last candidate and never write the prompt.
 - Left padding: the column mean runs over the row's real query positions only, pads are never
-  anchors, so a prompt gives the same graph alone or in a batch. The first real position is never
-  an anchor either: under Dream's one-position shift its logits are a placeholder (and read a
-  pad's output in a padded batch); under LLaDA it is BOS, which the sink rule usually removes.
+  anchors, so a prompt gives the same graph alone or in a batch. Under a logit shift (Dream) the
+  first real position is never an anchor: its logits are a placeholder (Dream copies position 0's;
+  in a padded batch they are a pad's output); the official Dream code lets it be one when that
+  copy's probability is >= 0.9. Unshifted (LLaDA) it is an anchor as any decoded position, as
+  officially (until 2026-12-07 it never was).
+- Dtypes: the official maps are ``attn_avg`` in the model dtype (softmax, head and layer means in
+  bf16 on LLaDA-8B / Dream-7B); ours are the float32 probabilities of the ``reference`` backend,
+  averaged in float32. The official Dream confidence is ``softmax`` in the logits dtype (bf16);
+  ours is float64 as LLaDA's. On a bf16 model an edge, sink or threshold test near its bar may
+  therefore differ; on float32 models (the tests) they agree.
+- The mask id is never proposed; the official LLaDA code may propose it (the position stays
+  masked) and may take a decoded position whose arg-max is the mask id at >= 0.9 as an anchor
+  (never here: the runner-up's probability is then below 0.5).
+- Sampling (T > 0): the Gumbel uniforms are drawn over the columns before the block end, [B, we, V];
+  the official code draws them over the whole canvas, another random stream.
+- Compared token for token and NFE for NFE with a transcription of the official loops
+  (tests/reference/decoders/dawn_generate.py, tests/samplers/test_dawn_upstream.py): 16 suite
+  prompts per setting on tiny-llada (generate()'s defaults, tau_low 0.75, blocks of 8 and 32; T = 1 on
+  the same uniforms) and tiny-dream (the Dream script's settings): equal. The tiny models attend
+  almost evenly, so at those settings every column is a sink and the graph is empty; with one that
+  decides (tau_sink 0.045, tau_edge 0.06): equal except where the official overflow rewrites
+  position 0, and equal everywhere to the transcription without it. One step on random numbers
+  (graph, anchors, blocking, conflicts): equal to the official rule without its overflow.
 - Coordinates: queries are canvas columns ``[query_start, query_start + Q)``, keys are canvas
   columns ``[0, K)`` (K = L without a KV cache). The graph is the square query x query part of A;
   anchors and candidates must be query positions (they need logits). Attention stays in token
@@ -65,6 +91,7 @@ from dllm.options import check_int, check_unit
 from dllm.samplers._ops import propose_with_prob, top1
 from dllm.samplers.base import Sampler, register_sampler
 from dllm.samplers.chunked import constant
+from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -190,10 +217,11 @@ class Dawn(Sampler):
 
         active = inp.active  # [B, Q] M
         s_high = active & (conf >= cfg.tau_high)
-        real = state.key_padding_mask  # [B, L]
-        first_real = (real & (real.long().cumsum(dim=1) == 1))[:, q0:q0 + q]  # [B, Q]
         before_end = torch.arange(q, device=logits.device) < we
-        anchor = kpm & ~first_real & (inp.tokens != mask_id) & before_end & (conf >= cfg.tau_high)
+        anchor = kpm & (inp.tokens != mask_id) & before_end & (conf >= cfg.tau_high)  # [B, Q]
+        if state.extras.get(LOGIT_SHIFT_KEY, 0):  # shifted (Dream): the first real position's logits are a placeholder
+            real = state.key_padding_mask  # [B, L]
+            anchor = anchor & ~(real & (real.long().cumsum(dim=1) == 1))[:, q0:q0 + q]  # not the first real one
         s_ind = active & (conf >= cfg.tau_induce) & (edge & anchor[:, None, :]).any(dim=2)
         source = s_ind & s_high
         blocked = (edge & source[:, None, :]).any(dim=2)

@@ -10,6 +10,7 @@ from dllm.models import tiny
 from dllm.models.oracle import OracleLM, oracle_prompts
 from dllm.samplers import make_sampler
 from dllm.samplers.dawn import dependency_graph, greedy_mis, greedy_mis_by_picks
+from dllm.schedule import LOGIT_SHIFT_KEY
 
 from builders import MASK, V, decode_state, step_input
 
@@ -161,6 +162,27 @@ def test_left_padding_gives_the_same_decision():
     assert _committed(alone) == _committed(padded, pads=1) == [4, 5, 7, 9]
 
 
+def _first_position_anchor(pads):
+    """The canvas above with position 0 (the first real one) predicted at 0.95 and mask 6 attending to it."""
+    inp, state = _case(pads)
+    row = torch.full((V,), 0.05 / (V - 1))
+    row[TOKS[0]] = 0.95
+    inp.logits[0, pads] = torch.log(row)
+    inp.attn[2][0, 0, pads + 6, pads] += 0.8  # layer mean 0.4; column mean 0.04: no sink
+    return inp, state
+
+
+def test_the_first_real_position_is_an_anchor_unless_the_logits_are_shifted():
+    # as DAWN (tests/samplers/test_dawn_upstream.py): 6 is induced by position 0, alone and after a pad; under a
+    # logit shift (Dream) the first real position's logits are a placeholder: no anchor
+    for pads in (0, 1):
+        out = make_sampler("dawn", tau_sink=0.2).step(*_first_position_anchor(pads))
+        assert _committed(out, pads) == [4, 5, 6, 7, 9], pads
+        inp, state = _first_position_anchor(pads)
+        state.extras[LOGIT_SHIFT_KEY] = 1
+        assert _committed(make_sampler("dawn", tau_sink=0.2).step(inp, state), pads) == [4, 5, 7, 9], pads
+
+
 def test_missing_attention_is_a_clear_error():
     inp, state = _case()
     inp.attn = {}
@@ -212,7 +234,8 @@ def test_model_shallower_than_the_default_layers_uses_all_its_layers():
 
 def test_oracle_has_no_attention_maps():
     exs = T.test_split("copy", 4, 2)
-    with pytest.raises(ValueError, match=r"sampler .dawn. reads the model.s attention probabilities .* OracleLM has no transformer layers"):
+    match = r"sampler .dawn. reads the model.s attention probabilities .* OracleLM has no transformer layers"
+    with pytest.raises(ValueError, match=match):
         dllm.generate(OracleLM(), oracle_prompts(exs), sampler="dawn", gen_length=4)
 
 
