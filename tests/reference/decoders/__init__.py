@@ -20,6 +20,9 @@ engine must reproduce token for token:
 * :mod:`.prophet_generate` -- pixeli99/Prophet ``generate_earlyexit.py`` ``generate``.
 * :mod:`.localleap_generate` -- lizhuo-luo/DAWN's LocalLeap (``llada/generate.py``, Dream's
   ``_sample_block``); :mod:`.dus_generate` -- omerlux/DUS ``generate_scheduled`` (``dilated``).
+* :mod:`.dawn_generate` -- lizhuo-luo/DAWN's dependency-aware loops (LLaDA ``generate(dawn=True)``,
+  Dream ``_sample_block(alg='dawn')``); :mod:`.fastdllm_factor` -- NVlabs/Fast-dLLM's factor mode
+  (``get_transfer_index_dynamic``) and its drivers.
 * and the others in this folder, each citing its source in its docstring.
 
 They are written against a plain ``model_fn`` callable instead of a Hugging Face model so they can
