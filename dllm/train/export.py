@@ -95,7 +95,8 @@ def export(run: Path, name: str, checkpoint: Optional[str] = None, dtype: Option
     checkpoint = "best" if checkpoint is None else checkpoint
     src = run / checkpoint if (run / checkpoint).exists() else None
     if src is None and name_given:
-        found = sorted(p.name for p in run.glob("*") if p.is_dir() and (p / "config.json").is_file())
+        found = sorted(p.name for p in run.glob("*") if p.is_dir() and (p / "config.json").is_file()
+                       and not p.name.endswith(".tmp"))  # a save killed half-way is no checkpoint
         raise FileNotFoundError(f"no checkpoint {checkpoint!r} under {run}; there: {', '.join(found) or 'none'} "
                                 f"(or leave --checkpoint out: best/, else final/, else the newest checkpoint-*)")
     if src is None and (run / "final" / "config.json").exists():

@@ -27,6 +27,18 @@ def test_an_explicit_best_is_refused_when_missing_and_the_default_falls_back(tmp
     assert json.loads((out / "training.json").read_text())["source"].endswith("final")
 
 
+def test_the_refusal_lists_no_half_written_checkpoint(tmp_path: Path):
+    """A ``checkpoint-N.tmp`` left by a killed save (``latest_checkpoint`` skips it) is not offered as a
+    checkpoint in the refusal of a missing ``--checkpoint``."""
+    run = tmp_path / "run"
+    tiny("llada", seed=2).save_pretrained(run / "checkpoint-0000001")
+    tiny("llada", seed=2).save_pretrained(run / "checkpoint-0000002.tmp")
+    (run / "log.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"; there: checkpoint-0000001 \(") as err:
+        export(run, "tiny-test", "best", root=tmp_path / "embedded")
+    assert ".tmp" not in str(err.value)
+
+
 def test_the_cli_passes_checkpoint_none_unless_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import dllm.train.export as export_module
 
