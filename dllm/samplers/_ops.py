@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from dllm.samplers import draws
 from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, greedy_with_prob, gumbel_argmax, neg_inf,
-                                    pick_last, rows_per_chunk, softmax_prob, window_uniforms)
+                                    pick_last, rows_per_chunk, softmax_prob)
 from dllm.samplers.stats import fused_propose, use_fused
-from dllm.samplers.draws import Generator, RowGenerators, WindowRows
+from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
 
 
@@ -170,44 +170,6 @@ def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),
             expand_window(conf, inp.window, width, float("-inf")))
-
-
-def canvas_uniforms(shape: tuple[int, int, int], cols: tuple[int, int], generator: Generator,
-                    device: torch.device) -> torch.Tensor:
-    """The columns ``cols`` = [a, e) of ``rand(shape, float64)`` for the whole canvas' shape [B, L, V], as
-    [B, e - a, V] (``chunked.window_uniforms``: the reference's stream, which draws over the canvas).
-    Per-row generators: row r draws over its own canvas alone (without its left padding), and the
-    columns of ``cols`` in its padding get 0.5 (never read: padding is never a mask). A running decode's
-    rows (``WindowRows``) draw over their window only: ``chunked.window_uniforms`` refuses this shape."""
-    if not isinstance(generator, RowGenerators) or isinstance(generator, WindowRows):
-        return window_uniforms(shape, cols, generator, device)
-    b, length, v = shape
-    a, e = cols
-    generator.check_rows(b, f"uniforms of shape {tuple(shape)}")
-    rows = []
-    for r, g in enumerate(generator.streams()):
-        row = torch.full((1, e - a, v), 0.5, dtype=torch.float64, device=device)  # [1, W, V]
-        p = generator.pads[r]
-        c = min(max(p - a, 0), e - a)  # columns of cols in the row's padding
-        if g is not None and c < e - a:
-            row[:, c:] = window_uniforms((1, length - p, v), (a + c - p, e - p), g, device)
-        rows.append(row)
-    return torch.cat(rows)  # [B, W, V]
-
-
-def propose_with_confidence_on(inp: StepInput, noise: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``propose_with_confidence`` (the float64 path) with the Gumbel-max on the caller's uniforms ``noise``
-    [B, W, V] float64 of the block window, so that a sampler draws the reference's stream (over the query or
-    the canvas: ``chunked.window_uniforms``, ``canvas_uniforms``); at T = 0 (``noise`` None) it is
-    ``propose_with_confidence``. Returns (tokens [B, Q] long, confidence [B, Q] float64, -inf off the window)."""
-    if inp.temperature == 0:
-        return propose_with_confidence(inp)
-    assert noise is not None, "temperature > 0 needs uniform noise"
-    logits = window_of(inp.logits, inp.window)  # [B, W, V]
-    x0 = argmax_excluding(gumbel_perturb(logits, inp.temperature, noise), inp.mask_id)  # [B, W]
-    width = inp.logits.shape[1]
-    return (expand_window(x0, inp.window, width, inp.mask_id),
-            expand_window(softmax_prob(logits, x0), inp.window, width, float("-inf")))
 
 
 def propose_with_log_probs(inp: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
