@@ -1,8 +1,11 @@
-"""The frontier against Fast-dLLM's own driver: for each of Fast-dLLM's threshold points that its
-LLaDA driver implements (``threshold`` 0.5 - 0.95 with the prefix and the dual cache; NVlabs/Fast-dLLM
-``llada/generate.py``, transcribed in ``tests/reference/decoders/fastdllm_generate.py``), the driver at the batch
-size it supports (1: it has no padding) against the setting ``dllm bench frontier`` picked for that
-point, in the engine at the batch it runs (``decode_and_score``: one batch per task and answer length).
+"""The frontier against Fast-dLLM's own driver: for each of Fast-dLLM's points that its LLaDA driver
+implements (``threshold`` 0.5 - 0.95 and ``factor`` 1.0 - 1.9 with the prefix and the dual cache;
+NVlabs/Fast-dLLM ``llada/generate.py``, transcribed in ``tests/reference/decoders/fastdllm_generate.py``
+and, for ``factor``, ``fastdllm_factor.py``), the driver at the batch size it supports (1: it has no
+padding) against the setting ``dllm bench frontier`` picked for that point, in the engine at the batch it
+runs (``decode_and_score``: one batch per task and answer length). A factor point is Fast-dLLM's code only
+with ``rule=reference`` (the frontier's points since it has that option); a point of the rule as written
+has no driver and is left out.
 
     dllm bench frontier --model tiny-llada --dev 4 --test 4 --margin 3 --out runs/frontier-tiny-llada
     python benchmarks/frontier_driver.py --frontier runs/frontier-tiny-llada/frontier.json \\
@@ -14,8 +17,9 @@ blocks of ``min(block, L_ans)``, the driver's last block shorter where the block
 Each pair is timed in ``--repeats`` interleaved rounds; the speed-up is the median of the per-round wall
 ratios. The driver's verdicts are checked against the engine's run of the same point (the share of
 examples both solve or both miss is printed; the tokens themselves are compared in
-``tests/cache/test_fastdllm_transcript.py``). Fast-dLLM's ``factor`` mode and its Dream driver are not transcribed, so those points are
-not here. Needs a checkout (it imports ``tests/reference/decoders``).
+``tests/cache/test_fastdllm_transcript.py``, ``tests/samplers/test_factor_upstream.py``). Fast-dLLM's Dream
+driver is not transcribed, so Dream frontiers are not compared here. Needs a checkout (it imports
+``tests/reference/decoders``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: the transcriptions are imported as tests.reference.*
 sys.path.insert(0, str(ROOT))
 
+from tests.reference.decoders.fastdllm_factor import (factor_generate_with_dual_cache,  # noqa: E402
+                                                      factor_generate_with_prefix_cache)
 from tests.reference.decoders.fastdllm_generate import (FastDLLMLLaDA,  # noqa: E402
                                                         generate_with_dual_cache, generate_with_prefix_cache)
 
@@ -42,28 +48,40 @@ from dllm.scoring.exact_match import eval_examples, load_model  # noqa: E402
 from dllm.settings import DecodeSettings  # noqa: E402
 
 DRIVERS = {"prefix": generate_with_prefix_cache, "dual": generate_with_dual_cache}
+FACTOR_DRIVERS = {"prefix": factor_generate_with_prefix_cache, "dual": factor_generate_with_dual_cache}
 
 
-def driver_point(label: str) -> tuple[float, str] | None:
-    """``threshold:threshold=0.9,cache=dual`` -> (0.9, "dual"); None for a point the driver lacks."""
+def driver_point(label: str) -> tuple[str, float, str] | None:
+    """``threshold:threshold=0.9,cache=dual`` -> ("threshold", 0.9, "dual"),
+    ``factor:factor=1.0,rule=reference,cache=prefix`` -> ("factor", 1.0, "prefix"); None for a point the
+    driver lacks (another sampler or cache, other options, a factor point of the rule as written)."""
     s = DecodeSettings.parse(label)
-    if s.name != "threshold" or s.cache not in DRIVERS or set(s.sampler_options) != {"threshold"}:
+    opts = s.sampler_options
+    if s.cache not in DRIVERS:
         return None
-    return float(s.sampler_options["threshold"]), s.cache
+    if s.name == "threshold" and set(opts) == {"threshold"}:
+        return "threshold", float(opts["threshold"]), s.cache
+    if s.name == "factor" and set(opts) == {"factor", "rule"} and opts["rule"] == "reference":
+        return "factor", float(opts["factor"]), s.cache
+    return None
 
 
-def run_driver(model, ex: T.Example, threshold: float, cache: str, block: int) -> list[int]:
+def run_driver(model, ex: T.Example, rule: str, value: float, cache: str, block: int) -> list[int]:
     g = T.answer_length(ex.task, ex.size)
     bl = min(block, g)
     prompt = torch.tensor([T.prompt_ids(ex)], dtype=torch.long, device=model.device)
-    x, _ = DRIVERS[cache](FastDLLMLLaDA(model), prompt, steps=-(-g // bl), gen_length=g, block_length=bl,
-                          mask_id=model.mask_id, threshold=threshold, partial_last_block=True)
+    if rule == "factor":
+        x, _ = FACTOR_DRIVERS[cache](FastDLLMLLaDA(model), prompt, gen_length=g, block_length=bl,
+                                     mask_id=model.mask_id, factor=value, partial_last_block=True)
+    else:
+        x, _ = DRIVERS[cache](FastDLLMLLaDA(model), prompt, steps=-(-g // bl), gen_length=g, block_length=bl,
+                              mask_id=model.mask_id, threshold=value, partial_last_block=True)
     return x[0, prompt.shape[1]:].tolist()
 
 
-def driver_pass(model, examples, threshold: float, cache: str, block: int) -> dict:
+def driver_pass(model, examples, rule: str, value: float, cache: str, block: int) -> dict:
     t0 = time.perf_counter()
-    outs = [run_driver(model, ex, threshold, cache, block) for ex in examples]
+    outs = [run_driver(model, ex, rule, value, cache, block) for ex in examples]
     wall = time.perf_counter() - t0
     solved = [bool(T.score(ex, T.words_of(toks))) for ex, toks in zip(examples, outs)]
     return {"wall": wall, "accuracy": sum(solved) / len(examples), "solved": solved}
@@ -90,9 +108,9 @@ def main() -> int:
     pairs = {p: c for p, c in doc["picks"].items() if c and driver_point(p) and p in doc["points"]
              and " @ block=" not in p}
     if not pairs:
-        ap.error(f"{args.frontier}: no threshold + prefix / dual point with a pick")
+        ap.error(f"{args.frontier}: no threshold or factor:rule=reference point with the prefix / dual cache and a pick")
     with torch.no_grad():
-        driver_pass(model, examples[:4], 0.9, "dual", args.block_length)  # warm-up, not recorded
+        driver_pass(model, examples[:4], "threshold", 0.9, "dual", args.block_length)  # warm-up, not recorded
         walls: dict[str, list[float]] = {k: [] for p in pairs for k in (p, "driver " + p)}
         first: dict[str, dict] = {}
         bar = tqdm(total=args.repeats * len(pairs), desc="driver vs picks", unit="pair", disable=args.no_progress)

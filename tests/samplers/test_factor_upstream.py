@@ -22,13 +22,13 @@ import pytest
 import torch
 
 import dllm
-from dllm import tasks as T
 from dllm.samplers import make_sampler
 from dllm.samplers.threshold import factor_prefix_mask, factor_prefix_mask_as_reference
 from tests.reference.decoders.fastdllm_factor import (dynamic_transfer_count, factor_generate,
                                                       factor_generate_with_dual_cache,
                                                       factor_generate_with_prefix_cache, get_transfer_index_dynamic)
 from tests.reference.decoders.fastdllm_generate import FastDLLMLLaDA
+from tests.samplers.test_hierarchy_upstream import prompts as stress_prompts
 
 from builders import MASK, V, step_input
 
@@ -46,11 +46,7 @@ def model():
 @functools.lru_cache(maxsize=None)
 def prompts() -> tuple[tuple[tuple[int, ...], int], ...]:
     """(prompt ids, answer length) of ``N_PROMPTS`` test-split instances spread over the stress suite."""
-    m, out = model(), []
-    for name in T.suite_task_names():
-        for ex in T.test_split(name, n=1):
-            out.append((tuple(m.generation_prompt(" ".join(T.prompt_words(ex)))), T.answer_length(name, ex.size)))
-    return tuple(out[:: max(1, len(out) // N_PROMPTS)][:N_PROMPTS])
+    return tuple((tuple(p), answer) for p, answer in stress_prompts(model(), N_PROMPTS))
 
 
 def gen_length(answer: int, block: int) -> int:
@@ -97,6 +93,23 @@ def differing(case: tuple[str, float, int], quirk: bool = True, **run) -> list[i
 ])
 def test_reference_rule_equals_fastdllm(cache, factor, block):
     assert differing((cache, factor, block), factor=factor, rule="reference") == []
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_partial_last_block_equals_the_engine(cache):
+    """The cached drivers' ``partial_last_block`` (not in the original; used by benchmarks/frontier_driver.py
+    on answers that are not a multiple of the block): 10 positions in blocks of 4, 4, 2 exactly as the
+    engine decodes them, on the first 4 prompts; the original asserts whole blocks."""
+    m = model()
+    for prompt, _ in prompts()[:4]:
+        x, nfe = DRIVERS[cache](FastDLLMLLaDA(m), torch.tensor([prompt]), gen_length=10, block_length=4,
+                                mask_id=m.mask_id, factor=1.5, forbid_mask_commit=True, partial_last_block=True)
+        out = dllm.generate(m, [list(prompt)], sampler="factor", factor=1.5, rule="reference", gen_length=10,
+                            block_length=4, cache=cache)
+        assert (out.sequences[0].tolist(), out.nfe) == (x[0].tolist(), nfe)
+    with pytest.raises(AssertionError):
+        DRIVERS[cache](FastDLLMLLaDA(m), torch.tensor([prompts()[0][0]]), gen_length=10, block_length=4,
+                       mask_id=m.mask_id, factor=1.5)
 
 
 def test_the_comparison_can_fail():

@@ -6,9 +6,10 @@ Users pick a point on a curve, so one recommended setting against another answer
 question. This command sweeps both curves on the same examples:
 
 - **theirs**: Fast-dLLM's parallel decoding (Wu et al., arXiv 2505.22618; NVlabs/Fast-dLLM
-  ``llada/generate.py``): ``threshold`` at 0.5 - 0.95 and ``factor`` at 1.0 - 1.9, each with its
-  ``prefix`` and ``dual`` caches (``FASTDLLM_POINTS``, 18 points; the engine reproduces those
-  drivers token for token, tests/cache/test_fastdllm_transcript.py);
+  ``llada/generate.py``): ``threshold`` at 0.5 - 0.95 and ``factor`` at 1.0 - 1.9 (``rule=reference``:
+  its code's walk, not the rule as the paper states it), each with its ``prefix`` and ``dual`` caches
+  (``FASTDLLM_POINTS``, 18 points; the engine reproduces those drivers token for token,
+  tests/cache/test_fastdllm_transcript.py, tests/samplers/test_factor_upstream.py);
 - **ours**: the candidate grid (``candidate_grid``): every registered sampler that can decode the model,
   a few option values of the adaptive ones and k = 1, 2 of the fixed-step ones, each without a cache
   and with ``prefix`` / ``dual`` (``block`` for a block-causal model, whose only exact cache it is),
@@ -47,7 +48,7 @@ THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
 FACTORS = (1.0, 1.3, 1.6, 1.9)
 FASTDLLM_CACHES = ("prefix", "dual")
 FASTDLLM_POINTS = tuple([f"threshold:threshold={t},cache={c}" for c in FASTDLLM_CACHES for t in THRESHOLDS]
-                        + [f"factor:factor={f},cache={c}" for c in FASTDLLM_CACHES for f in FACTORS])
+                        + [f"factor:factor={f},rule=reference,cache={c}" for c in FASTDLLM_CACHES for f in FACTORS])
 
 # option values swept for the adaptive samplers (their defaults are always in the grid)
 SWEEPS: dict[str, tuple[str, ...]] = {

@@ -21,6 +21,17 @@ def test_fastdllm_points_are_threshold_and_factor_with_prefix_and_dual():
     assert sum(p.endswith("cache=dual") for p in FASTDLLM_POINTS) == 9
 
 
+def test_fastdllm_factor_points_run_fastdllm_codes_rule():
+    """The factor points are Fast-dLLM's code (``rule=reference``, equal to its drivers in tokens and NFE:
+    tests/samplers/test_factor_upstream.py), not the rule as written, which takes more forwards."""
+    from dllm.settings import DecodeSettings
+
+    factor = [DecodeSettings.parse(p) for p in FASTDLLM_POINTS if p.startswith("factor:")]
+    assert len(factor) == 8 and {s.sampler_options.get("rule") for s in factor} == {"reference"}
+    for s in factor:
+        s.check()
+
+
 def test_the_grid_covers_every_registered_sampler_with_each_cache():
     from dllm.models import load
     from dllm.samplers import samplers
@@ -161,7 +172,8 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
 
     out = tmp_path / "f"
     assert main(["--model", "tiny-llada", "--dev", "1", "--test", "1", "--repeats", "1", "--no-progress",
-                 "--points", "threshold:threshold=0.9,cache=dual", "factor:factor=1.0,cache=dual",
+                 "--points", "threshold:threshold=0.9,cache=dual", "factor:factor=1.0,rule=reference,cache=dual",
+                 "factor:factor=1.0,cache=dual",
                  "--candidates", "threshold:threshold=0.7", "--out", str(out)]) == 0
     script = Path(__file__).resolve().parents[3] / "benchmarks" / "frontier_driver.py"
     run = subprocess.run([sys.executable, str(script), "--frontier", str(out / "frontier.json"), "--repeats", "1",
@@ -169,8 +181,10 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     rows = json.loads((out / "frontier-driver.json").read_text())["rows"]
-    assert set(rows) == {"threshold:threshold=0.9,cache=dual"}  # factor: not in the transcription
-    row = rows["threshold:threshold=0.9,cache=dual"]
-    assert row["pick"].startswith("threshold:threshold=0.7")
-    assert row["accuracy_driver"] == row["accuracy_engine_point"] and row["same_verdicts_as_engine"] == 1.0
-    assert row["speed_ratio"] > 0 and "x driver" in (out / "frontier-driver.txt").read_text()
+    # the written factor rule is not Fast-dLLM's code: no driver for it
+    assert set(rows) == {"threshold:threshold=0.9,cache=dual", "factor:factor=1.0,rule=reference,cache=dual"}
+    for row in rows.values():
+        assert row["pick"].startswith("threshold:threshold=0.7")
+        assert row["accuracy_driver"] == row["accuracy_engine_point"] and row["same_verdicts_as_engine"] == 1.0
+        assert row["speed_ratio"] > 0
+    assert "x driver" in (out / "frontier-driver.txt").read_text()

@@ -146,16 +146,20 @@ def factor_generate(model, prompt, gen_length=128, block_length=128, temperature
 @torch.no_grad()
 def factor_generate_with_prefix_cache(model, prompt, gen_length=128, block_length=128, temperature=0.0,
                                       remasking="low_confidence", mask_id=126336, factor=1.0, *,
-                                      forbid_mask_commit=False, last_rank_quirk=True) -> tuple[torch.Tensor, int]:
+                                      forbid_mask_commit=False, last_rank_quirk=True,
+                                      partial_last_block=False) -> tuple[torch.Tensor, int]:
     """``generate_with_prefix_cache`` with ``factor``: the block-start full forward makes the first
-    update, then ``x[:, s:]`` against the K/V of ``[0, s)`` frozen for the block. Returns ``(x, nfe)``."""
+    update, then ``x[:, s:]`` against the K/V of ``[0, s)`` frozen for the block. Returns ``(x, nfe)``.
+    ``partial_last_block=True`` (not in the original, which asserts ``gen_length % block_length == 0``)
+    lets the last block end at ``gen_length`` as ``fastdllm_generate.py``'s drivers do (for
+    ``benchmarks/frontier_driver.py``); the loop is otherwise unchanged."""
     rule = _rule(temperature, remasking, factor, mask_id if forbid_mask_commit else None, last_rank_quirk)
     x = _canvas(model, prompt, gen_length, mask_id)
-    assert gen_length % block_length == 0
+    assert partial_last_block or gen_length % block_length == 0
     nfe = 0
-    for num_block in range(gen_length // block_length):
+    for num_block in range(-(-gen_length // block_length)):
         start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
+        end = min(start + block_length, prompt.shape[1] + gen_length)
         output = model(x, use_cache=True)
         mask_index = x == mask_id  # [B, L]
         mask_index[:, end:] = 0
@@ -168,7 +172,7 @@ def factor_generate_with_prefix_cache(model, prompt, gen_length=128, block_lengt
                 break
             nfe += 1
             mask_index = x[:, start:] == mask_id  # [B, L - s]
-            mask_index[:, block_length:] = 0
+            mask_index[:, end - start:] = 0  # [:, block_length:] in the original (equal but in a partial last block)
             logits = model(x[:, start:], past_key_values=past_key_values, use_cache=True).logits
             _ = torch.argmax(add_gumbel_noise(logits, temperature=temperature), dim=-1)  # unused (RNG)
             x0, transfer_index = rule(logits, mask_index, x[:, start:])
@@ -179,17 +183,18 @@ def factor_generate_with_prefix_cache(model, prompt, gen_length=128, block_lengt
 @torch.no_grad()
 def factor_generate_with_dual_cache(model, prompt, gen_length=128, block_length=128, temperature=0.0,
                                     remasking="low_confidence", mask_id=126336, factor=1.0, *,
-                                    forbid_mask_commit=False, last_rank_quirk=True) -> tuple[torch.Tensor, int]:
+                                    forbid_mask_commit=False, last_rank_quirk=True,
+                                    partial_last_block=False) -> tuple[torch.Tensor, int]:
     """``generate_with_dual_cache`` with ``factor``: the block-start full forward makes the first
     update, then ``x[:, s:e]`` against the whole cache with rows ``[s, e)`` replaced in place each step.
-    Returns ``(x, nfe)``."""
+    Returns ``(x, nfe)``. ``partial_last_block``: as in ``factor_generate_with_prefix_cache``."""
     rule = _rule(temperature, remasking, factor, mask_id if forbid_mask_commit else None, last_rank_quirk)
     x = _canvas(model, prompt, gen_length, mask_id)
-    assert gen_length % block_length == 0
+    assert partial_last_block or gen_length % block_length == 0
     nfe = 0
-    for num_block in range(gen_length // block_length):
+    for num_block in range(-(-gen_length // block_length)):
         start = prompt.shape[1] + num_block * block_length
-        end = start + block_length
+        end = min(start + block_length, prompt.shape[1] + gen_length)
         output = model(x, use_cache=True)
         past_key_values = output.past_key_values
         mask_index = x == mask_id  # [B, L]
