@@ -11,7 +11,7 @@ accuracy vs tokens per step per task and a heatmap of max TPS at 80 %.
 
 Resumable: ``OUT/stress.json`` is rewritten atomically after every cell, so an interruption loses
 only the cell in progress; a rerun with ``resume=True`` and the same model, dtype, tasks, examples,
-grid, caches and rows per call (``max_batch``) skips the finished cells, and any other file is refused
+grid, caches, rows per call (``max_batch``) and device type skips the finished cells, and any other file is refused
 with the differences named. Each cell seeds its own randomness from its name (``cell_seed``), so a
 resumed run equals an uninterrupted one.
 """
@@ -61,6 +61,8 @@ class StressConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     dtype: Optional[str] = None  # the model's --dtype, as given (None: not recorded; the oracle has none)
     caches: tuple[str, ...] = DEFAULT_CACHES  # ``--caches``: KV-cache policy specs crossed with every setting
+    device: str = "cpu"  # the device type the cells are decoded on (``--device``'s; cpu and cuda kernels round
+    #   differently, so their cells may differ: a resume must not mix them)
 
     def __post_init__(self) -> None:
         check_int("per_size", self.per_size, 1, hint=" (test examples per task size)")
@@ -68,6 +70,7 @@ class StressConfig:
         check_int("max_batch", self.max_batch, 1)
         object.__setattr__(self, "block_lengths", parse_block_lengths(self.block_lengths))
         object.__setattr__(self, "caches", parse_caches(self.caches))  # bad specs name the valid policies
+        object.__setattr__(self, "device", device_type(self.device))
         names = self.tasks if self.tasks else T.suite_task_names()
         resolved = tuple(T.get_task(n).name for n in names)  # unknown names list the valid ones
         if len(set(resolved)) != len(resolved):
@@ -97,7 +100,18 @@ class StressConfig:
         return {"format": FORMAT, "model": self.model, "split_version": T.SPLIT_VERSION,
                 "tasks": list(self.tasks), "per_size": self.per_size,
                 "settings": [s.label for s in self.settings], "caches": list(self.caches),
-                "max_batch": self.max_batch, "dtype": self.dtype}
+                "max_batch": self.max_batch, "dtype": self.dtype, "device": self.device}
+
+
+def device_type(device: Optional[str]) -> str:
+    """The type of a ``--device`` value (None: the CLI's default, cpu): ``cuda:1`` -> ``cuda``. ValueError
+    naming the value when torch cannot parse it."""
+    if device is None:
+        return "cpu"
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device must be a torch device such as cpu, cuda or cuda:N, got {device!r}") from None
 
 
 def cell_seed(key: str) -> int:
@@ -199,7 +213,7 @@ class StressStore:
             return cls(path, header)
         if not resume:
             raise ValueError(f"{str(path)!r} exists; pass --resume to continue that sweep (same model, tasks, "
-                             f"examples, grid and caches) or choose another --out")
+                             f"examples, grid, caches and device) or choose another --out")
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
@@ -214,6 +228,8 @@ class StressStore:
             found = {**found, "dtype": DEFAULT_DTYPE}  # files from before it was recorded: the CLI's default
         if "caches" not in found and "caches" in header:
             found = {**found, "caches": list(DEFAULT_CACHES)}  # files from before --caches: no KV cache
+        if "device" not in found and "device" in header:
+            found = {**found, "device": "cpu"}  # files from before it was recorded: the CLI's default
         diffs = _differences(found, header)
         if diffs:
             raise ValueError(f"cannot resume from {str(path)!r}: it was made by a different sweep: "
@@ -350,7 +366,8 @@ def run_stress_cli(args) -> int:
                           block_lengths=parse_block_lengths(args.block_lengths),
                           tasks=tuple(args.tasks) if args.tasks else None, per_size=args.per_size,
                           dtype=None if is_oracle(args.model) else args.dtype,
-                          caches=parse_caches(getattr(args, "caches", "none")))
+                          caches=parse_caches(getattr(args, "caches", "none")),
+                          device=device_type(getattr(args, "device", None)))
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a directory (stress writes {RESULT_FILE}, "

@@ -104,6 +104,24 @@ def test_a_resume_with_another_dtype_is_refused(tmp_path, capsys):
     assert len(StressStore.open(out / "stress.json", config.header(), resume=True).cells) == 1
 
 
+def test_a_resume_on_another_device_is_refused(tmp_path, capsys):
+    """Cells decoded on CUDA (other kernels, other roundings) must not be merged into a CPU sweep: the device
+    type is in the header; a file from before it was recorded was made on the CLI's default, cpu."""
+    out = tmp_path / "st"
+    args = ["stress", "--model", "oracle", "--grid", "low_confidence:k=1", "--tasks", "copy", "--per-size", "1",
+            "--out", str(out), "--no-progress"]
+    assert main(args + ["--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(args + ["--resume", "--device", "cuda:1"]) == 2  # refused before anything loads
+    assert "different sweep: device: file 'cpu', this run 'cuda'" in capsys.readouterr().err
+    assert main(args + ["--resume"]) == 0  # the default is cpu
+    _damage(out / "stress.json", lambda d: d["header"].pop("device"))
+    config = StressConfig("oracle", grid=("low_confidence:k=1",), tasks=("copy",), per_size=1)
+    assert len(StressStore.open(out / "stress.json", config.header(), resume=True).cells) == 1
+    assert main(args + ["--resume", "--device", "gpu0"]) == 2
+    assert "--device must be a torch device such as cpu, cuda or cuda:N, got 'gpu0'" in capsys.readouterr().err
+
+
 def test_order_preference_note_names_the_missing_k_not_the_block_lengths(tmp_path, capsys):
     out = tmp_path / "st"
     assert main(["stress", "--model", "oracle", "--grid", "low_confidence:k=1,4", "--block-lengths", "0,4",
