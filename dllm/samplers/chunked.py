@@ -218,6 +218,27 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator
     return x0.reshape(logits.shape[:-1])
 
 
+def columns_gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
+                          mask_id: int, length: int, start: int, chunk_elements: Optional[int] = None) -> torch.Tensor:
+    """``gumbel_argmax`` of logits [B, W, V] on the columns ``[start, start + W)`` of uniforms drawn over
+    [B, length, V] at once (a reference's ``rand_like`` over its whole canvas) -> [B, W] long, never
+    ``mask_id``. On CPU the other columns are drawn in pieces and dropped and the window's are drawn a
+    chunk of rows at a time, so no [B, W, V] float64 tensor is made (W may be most of the canvas); on
+    CUDA (``stream_chunkable``) ``window_uniforms``' whole draw. One generator (or None: the global one)."""
+    b, w, v = logits.shape
+    assert 0 <= start and start + w <= length, (start, w, length)
+    if not stream_chunkable(logits.device):
+        u = window_uniforms((b, length, v), (start, start + w), generator, logits.device)  # [B, W, V]
+        return argmax_excluding(_perturb(logits.to(torch.float64), u, temperature), mask_id)
+    step = rows_per_chunk(v, chunk_elements) * v
+    rows = []
+    for r in range(b):  # the stream is row-major: [row 0: before, window, after][row 1: ...]
+        _skip(start * v, generator, logits.device, step)
+        rows.append(gumbel_argmax(logits[r], temperature, generator, mask_id, chunk_elements))  # [W], in chunks
+        _skip((length - start - w) * v, generator, logits.device, step)
+    return torch.stack(rows)  # [B, W]
+
+
 def _skip(count: int, generator: Optional[torch.Generator], device: torch.device, step: int) -> None:
     """Advance the stream by ``count`` float64 uniforms, at most ``step`` values at a time."""
     for start in range(0, count, step):
@@ -267,6 +288,6 @@ def window_uniforms(shape: torch.Size, window: tuple[int, int], generator: Gener
     return torch.stack(rows)  # [B, W, V]
 
 
-__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "greedy_of_probs", "greedy_with_prob", "gumbel_argmax",
+__all__ = ["CHUNK_ELEMENTS", "argmax_excluding", "banned_column", "column_ids", "columns_gumbel_argmax", "greedy_of_probs", "greedy_with_prob", "gumbel_argmax",
            "max_prob_excluding", "neg_inf", "pick_last", "rows_per_chunk", "softmax_prob", "stream_chunkable", "window_uniforms",
            "without_column"]

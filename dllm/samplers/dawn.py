@@ -60,12 +60,13 @@ Decisions:
 - The mask id is never proposed; the official LLaDA code may propose it (the position stays
   masked) and may take a decoded position whose arg-max is the mask id at >= 0.9 as an anchor
   (never here: the runner-up's probability is then below 0.5).
-- Sampling (T > 0): the Gumbel uniforms are drawn over the columns before the block end, [B, we, V];
-  the official code draws them over the whole canvas, another random stream.
+- Sampling (T > 0): the Gumbel uniforms of the columns before the block end are those columns of a
+  draw over the whole canvas, [B, L, V] (the other columns drawn and dropped), the official code's
+  stream: under cache none, its only setting, the same tokens seeded alike (tested).
 - Compared token for token and NFE for NFE with a transcription of the official loops
   (tests/reference/decoders/dawn_generate.py, tests/samplers/test_dawn_upstream.py): 16 suite
   prompts per setting on tiny-llada (generate()'s defaults, tau_low 0.75, blocks of 8 and 32; T = 1 on
-  the same uniforms) and tiny-dream (the Dream script's settings): equal. The tiny models attend
+  the official draw) and tiny-dream (the Dream script's settings): equal. The tiny models attend
   almost evenly, so at those settings every column is a sink and the graph is empty; with one that
   decides (tau_sink 0.045, tau_edge 0.06): equal except where the official overflow rewrites
   position 0, and equal everywhere to the transcription without it. One step on random numbers
@@ -88,9 +89,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import propose_with_prob, top1
+from dllm.samplers._ops import canvas_gumbel_argmax, propose_with_prob, top1
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import constant
+from dllm.samplers.chunked import constant, softmax_prob
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -177,6 +178,17 @@ def greedy_mis_by_picks(cand: torch.Tensor, conflict: torch.Tensor, score: torch
     return chosen
 
 
+def head_proposals(head: torch.Tensor, inp: StepInput, canvas: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposals, never the mask id, and their float64 probabilities for the query columns before the block
+    end: head [B, we, V] -> ([B, we] long, [B, we] float64). At T > 0 the Gumbel-max is on those columns of
+    uniforms drawn over the whole canvas' logits [B, L, V] of ``canvas`` columns (``_ops.canvas_gumbel_argmax``:
+    DAWN's stream, chunked on CPU: no [B, we, V] float64 tensor, as ``we`` may be most of the canvas)."""
+    if inp.temperature == 0:
+        return propose_with_prob(head, 0, inp.generator, inp.mask_id, inp.query_start)
+    x0 = canvas_gumbel_argmax(head, inp.temperature, inp.generator, inp.mask_id, canvas, inp.query_start)  # [B, we]
+    return x0, softmax_prob(head, x0)  # chunked: no [B, we, V] float64 either
+
+
 @register_sampler("dawn")
 class Dawn(Sampler):
     """DAWN: attention-graph dependency-aware parallel decoding (needs attention probabilities)."""
@@ -209,7 +221,7 @@ class Dawn(Sampler):
 
         # proposals and confidence for every position before the block end
         head = logits[:, :we]  # [B, we, V]
-        x0, c = propose_with_prob(head, inp.temperature, inp.generator, mask_id, inp.query_start)  # [B, we], float64
+        x0, c = head_proposals(head, inp, state.x.shape[1])  # [B, we] long, [B, we] float64
         tokens = torch.full((bsz, q), mask_id, dtype=torch.long, device=logits.device)
         tokens[:, :we] = x0
         conf = torch.full((bsz, q), float("-inf"), dtype=torch.float64, device=logits.device)

@@ -34,11 +34,12 @@ Compared with the authors' code (tests/samplers/test_dus_upstream.py, against th
 tests/reference/decoders/dus_generate.py of omerlux/DUS ``generate.py`` ``generate_scheduled``,
 ``scheduler='dilated'``): where the schedules agree -- blocks of a power of the base, their remasking
 off -- the same tokens and forwards on 16 suite prompts, greedy, on tiny-llada (blocks of 8, 16 and
-32) and tiny-dream (their harness shifts Dream's logits, as we do). Other differences: at T > 0 they
-draw the Gumbel uniforms over the whole canvas ([1, L, V]), we over the block (another random
-stream of the same distribution; equal on the same uniforms: tested); a proposal equal to the mask
-id is committed by them (the position stays masked), never proposed here; their harness stops a
-row in mid-block once a stop string appears (``stop_at_eos`` here acts after the block, on EOS).
+32) and tiny-dream (their harness shifts Dream's logits, as we do), and sampled (T = 1) on tiny-llada: at
+T > 0 the Gumbel uniforms are the block's columns of a draw over the whole canvas ([B, L, V], the other
+columns drawn and dropped), their stream (the one of their cacheless loop; under cache none the logits
+are theirs too). Other differences: a proposal equal to the mask id is committed by them (the position
+stays masked), never proposed here; their harness stops a row in mid-block once a stop string appears
+(``stop_at_eos`` here acts after the block, on EOS).
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int
-from dllm.samplers._ops import propose, window_of, window_output
+from dllm.samplers._ops import canvas_gumbel_argmax, window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import constant
+from dllm.samplers.chunked import argmax_excluding, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -98,7 +99,7 @@ class DUS(Sampler):
 
     def step(self, inp: StepInput, state: DecodeState) -> StepOutput:
         ws, we = inp.window
-        x0 = propose(window_of(inp.logits, inp.window), inp.temperature, inp.generator, inp.mask_id)  # [B, W]
+        x0 = proposals(window_of(inp.logits, inp.window), inp, state)  # [B, W]
         active = window_of(inp.active, inp.window)  # [B, W]
         rounds, score = round_tables(we - ws, self.config.base, x0.device)  # [W] long, [1, W] float32
         pending = torch.where(active, rounds, we - ws + 1)  # [B, W] past every round where not active
@@ -106,6 +107,16 @@ class DUS(Sampler):
         out = window_output(inp, active & (rounds == current), x0, score)  # the engine reads scores at masks
         out.active_only = True
         return out
+
+
+def proposals(logits: torch.Tensor, inp: StepInput, state: DecodeState) -> torch.Tensor:
+    """The block's tokens, never the mask id: the arg-max of logits [B, W, V] (T = 0; ``state`` unread), else
+    LLaDA's float64 Gumbel-max on the block's columns of uniforms drawn over the whole canvas' logits [B, L, V]
+    (``_ops.canvas_gumbel_argmax``: the authors' stream). -> [B, W] long."""
+    if inp.temperature == 0:
+        return argmax_excluding(logits, inp.mask_id)
+    s = inp.query_start + inp.window[0]  # the block's first canvas column
+    return canvas_gumbel_argmax(logits, inp.temperature, inp.generator, inp.mask_id, state.x.shape[1], s)
 
 
 def round_tables(block: int, base: int, device) -> tuple[torch.Tensor, torch.Tensor]:

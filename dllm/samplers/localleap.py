@@ -12,7 +12,7 @@ Anchors themselves pass (``c >= tau >= tau_relax``), so with no anchor this is F
 
 Adaptive: the engine loops until the block has no masks, so ``steps`` is ignored. Proposals are
 the arg-max (T = 0) or LLaDA's float64 Gumbel-max sample (T > 0), never the mask id; confidence
-from the float64 softmax (``_ops.propose_with_confidence``).
+from the float64 softmax (``_ops.propose_with_confidence_on``).
 
 Source and defaults: the paper gives the idea; the rule and the defaults ``tau = 0.9``,
 ``tau_relax = 0.75``, ``radius = 4`` (block 32) follow DAWN's reimplementation
@@ -27,9 +27,11 @@ tests/reference/decoders/localleap_generate.py of DAWN at ab42898: ``llada/gener
 the same tokens and forwards on 16 suite prompts, greedy, on tiny-llada (DAWN's LLaDA settings with
 blocks of 8 and 32, and other options) and tiny-dream (DAWN's Dream settings), and the same step on
 random logits. Differences (no tie and no mask-id proposal arose on those prompts):
-- T > 0: DAWN draws the Gumbel uniforms over the whole canvas ([1, L, V]), we draw them over the
-  block: another random stream of the same distribution (equal on the same uniforms: tested).
-  DAWN's Dream samples with ``Categorical`` instead (another stream too).
+- T > 0: the Gumbel uniforms are the block's columns of a draw over the step's whole query [B, Q, V]
+  (the other columns drawn and dropped), so under cache none, DAWN's only setting, the stream is
+  DAWN's draw over the canvas ([1, L, V]): the same tokens, seeded alike (tested). Under a cache the
+  query is shorter: another stream of the same distribution (a running decode's rows draw their own
+  query's too). DAWN's Dream samples with ``Categorical`` instead (another stream).
 - Dream: DAWN's confidence is ``sample_tokens``'s softmax in the logits' dtype, ours float64; a bar
   decides otherwise only for a confidence within that rounding of it.
 - Several masks tied at the top confidence below tau: DAWN commits the one ``torch.topk`` ranks
@@ -48,9 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from dllm.options import check_int, check_number, check_unit
-from dllm.samplers._ops import propose_with_confidence
+from dllm.samplers._ops import propose_with_confidence_on
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import neg_inf
+from dllm.samplers.chunked import neg_inf, window_uniforms
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -64,6 +66,16 @@ def window_max(x: torch.Tensor, radius: int) -> torch.Tensor:
 def near_anchor(anchor: torch.Tensor, radius: int) -> torch.Tensor:
     """[B, N] bool: position i has an anchor j with |i - j| <= radius. anchor: [B, N] bool."""
     return window_max(anchor.to(torch.float32), radius) > 0
+
+
+def query_uniforms(inp: StepInput) -> Optional[torch.Tensor]:
+    """The block window's columns [B, W, V] of float64 uniforms drawn over the whole query's logits
+    [B, Q, V] (``chunked.window_uniforms``; the canvas under cache none: DAWN's ``rand`` over [1, L, V]);
+    None at T = 0."""
+    if inp.temperature == 0:
+        return None
+    return window_uniforms(inp.logits.shape, inp.window, inp.generator, inp.logits.device,
+                           query_start=inp.query_start)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,8 @@ class LocalLeap(Sampler):
         exactly when the largest confidence within the radius passes tau, and a position that passes tau
         is its own anchor, so the positions that pass their bar are the near ones with ``c >= tau_relax``."""
         cfg = self.config
-        tokens, conf = propose_with_confidence(inp)  # [B, Q] long, [B, Q] float64 (-inf off the window)
+        noise = query_uniforms(inp)  # [B, W, V] float64, None at T = 0
+        tokens, conf = propose_with_confidence_on(inp, noise)  # [B, Q] long, [B, Q] float64 (-inf off the window)
         conf = torch.where(inp.active, conf, neg_inf(conf.device))  # [B, Q] anchors and commits: active masks only
         near = window_max(conf, cfg.radius) >= cfg.threshold  # [B, Q]
         commit = near & (conf >= cfg.relaxed_threshold)  # [B, Q]

@@ -142,6 +142,23 @@ def test_no_canvas_sized_float64_tensor_at_the_real_vocabulary():
     assert _check_no_canvas_sized_float64(runs, 126_464, "none", prompt_length=100) == 3
 
 
+@pytest.mark.parametrize("b,length,start,w", [(1, 12, 0, 12), (1, 12, 3, 5), (2, 9, 4, 5), (3, 7, 0, 2)])
+def test_columns_gumbel_argmax_is_the_window_of_one_canvas_draw(b, length, start, w):
+    """The Gumbel-max on columns [start, start + W) of uniforms drawn over [B, L, V] at once, in pieces of a
+    few rows (no [B, W, V] float64): equal to drawing the whole canvas, perturbing it and slicing; the
+    generator ends where the whole draw leaves it."""
+    from dllm.samplers._ops import gumbel_perturb
+    from dllm.samplers.chunked import columns_gumbel_argmax
+
+    v, mask = 11, 4
+    logits = torch.randn(b, w, v, generator=torch.Generator().manual_seed(1)) * 3  # [B, W, V]
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    got = columns_gumbel_argmax(logits, 0.7, g1, mask, length, start, chunk_elements=2 * v)
+    u = torch.rand((b, length, v), dtype=torch.float64, generator=g2)[:, start:start + w]  # [B, W, V]
+    assert torch.equal(got, argmax_excluding(gumbel_perturb(logits, 0.7, u), mask))
+    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))  # the same stream after
+
+
 @pytest.mark.parametrize("vocab", [2, 3, 80, 1000])
 def test_argmax_excluding_is_the_argmax_without_the_banned_id(vocab):
     g = torch.Generator().manual_seed(vocab)

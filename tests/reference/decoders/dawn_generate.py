@@ -29,9 +29,8 @@ inert for what is tested:
 
 * the model is ``model_fn(x) -> (raw logits [1, L, V], averaged attention [1, L, L])`` (the Dream path applies
   Dream's shift itself); the mask id is a parameter; ``remasking='random'``, hooks, history, timing omitted;
-* ``draw``: at T > 0 (LLaDA only), ``"canvas"`` (the original) draws the float64 uniforms of the Gumbel-max over
-  the whole canvas, [1, L, V] on ``generator``; ``"head"`` over the columns left of the block's end only,
-  [1, end, V] (the others are never read), the draw ``dllm``'s ``dawn`` makes;
+* at T > 0 (LLaDA only) the float64 uniforms of the Gumbel-max are drawn over the whole canvas as in the
+  original, [1, L, V] on ``generator``;
 * ``forbid_mask_commit=True`` raises :class:`~.llada_generate.MaskCommitError` where a committed proposal is the
   mask id, or where a decoded position left of the block's end is an anchor by the probability of the mask id
   (its arg-max there, ``x0_p >= 0.9``; ``dllm`` never proposes the mask id, and the runner-up's probability is
@@ -40,8 +39,8 @@ inert for what is tested:
 * ``overflow=False`` (not the original) stops the greedy loop once no candidate is left: no filler picks.
 
 The ``forbid_*`` flags never change a result; they only raise. The LLaDA Gumbel-max is
-:func:`~.localleap_generate.gumbel_noisy` (its ``"block"`` draw over columns ``[0, end)`` is ``"head"``); that
-module's loop does not fit (its model returns logits only, its rule is fixed), so the loop is restated here.
+:func:`~.localleap_generate.gumbel_noisy`; that module's loop does not fit (its model returns logits only, its
+rule is fixed), so the loop is restated here.
 """
 
 from __future__ import annotations
@@ -130,10 +129,10 @@ def dawn_transfer(x0_p: torch.Tensor, mask_index: torch.Tensor, attn: torch.Tens
     return transfer
 
 
-def _llada_step(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator], draw: str,
-                end: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _llada_step(logits: torch.Tensor, temperature: float,
+                generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """(x0 [1, L], x0_p [1, L] float64) at every position; x0 is not reset to x off the masks (as the original)."""
-    noisy = gumbel_noisy(logits, temperature, generator, "block" if draw == "head" else "canvas", (0, end))
+    noisy = gumbel_noisy(logits, temperature, generator)
     x0 = torch.argmax(noisy, dim=-1)  # [1, L]
     p = F.softmax(logits.to(torch.float64), dim=-1)
     return x0, torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
@@ -172,7 +171,6 @@ def dawn_generate(
     tau_low: float = 0.7,
     temperature: float = 0.0,
     generator: Optional[torch.Generator] = None,
-    draw: str = "canvas",
     forbid_mask_commit: bool = False,
     forbid_prompt_write: bool = False,
     overflow: bool = True,
@@ -180,7 +178,7 @@ def dawn_generate(
     """prompt [1, Lp] -> (canvas [1, Lp + gen_length], forwards). ``family``: ``"llada"`` or ``"dream"``."""
     assert prompt.shape[0] == 1, "batch 1, as the scripts run it"
     assert family in ("llada", "dream") and (family == "llada" or temperature == 0)
-    assert draw in ("canvas", "head") and gen_length % block_length == 0
+    assert gen_length % block_length == 0
     lp = prompt.shape[1]
     x = torch.full((1, lp + gen_length), mask_id, dtype=torch.long)
     x[:, :lp] = prompt
@@ -194,7 +192,7 @@ def dawn_generate(
             logits, attn = model_fn(x)  # [1, L, V], [1, L, L]
             nfe += 1
             if family == "llada":
-                x0, x0_p = _llada_step(logits, temperature, generator, draw, end)
+                x0, x0_p = _llada_step(logits, temperature, generator)
             else:
                 x0, x0_p = _dream_step(logits)
             transfer = dawn_transfer(x0_p, mask_index, attn, end, **taus)  # [1, L]

@@ -24,9 +24,8 @@ Differences, inert for what is tested:
 * the model is ``model_fn(x) -> logits [1, L, V]`` (shifted already for Dream); the mask id is a
   parameter; CFG, the ``binary`` scheduler, ``high_entropy`` remasking, the unmasking-stage record and the
   stop strings (which need a tokenizer; without one the original never stops early) are omitted;
-* ``draw``: ``"canvas"`` (the original) draws the uniforms over the whole canvas, ``torch.rand`` of shape
-  [1, L, V] on ``generator``; ``"block"`` draws them over the block's columns only, [1, W, V] (the draw
-  ``dllm`` makes; the other columns are never committed);
+* the uniforms are drawn over the whole canvas as in the original, ``torch.rand`` of shape [1, L, V] on
+  ``generator``;
 * ``forbid_mask_commit=True`` raises :class:`~.llada_generate.MaskCommitError` where a committed proposal
   is the mask id (the original leaves the position masked; ``dllm`` never proposes it).
 
@@ -88,7 +87,6 @@ def dus_generate(
     base: int = 2,
     base_skip: int = 1,
     generator: Optional[torch.Generator] = None,
-    draw: str = "canvas",
     forbid_mask_commit: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """prompt [1, Lp] -> (canvas [1, Lp + gen_length], forwards)."""
@@ -106,7 +104,7 @@ def dus_generate(
                 break
             logits = model_fn(x)  # [1, L, V]
             forwards += 1
-            logits = gumbel_noisy(logits, temperature, generator, draw, (start, start + block_length))
+            logits = gumbel_noisy(logits, temperature, generator)
             x0 = torch.argmax(logits, dim=-1)  # [1, L]
             for pos in level:
                 if int(x[0, pos]) == mask_id:

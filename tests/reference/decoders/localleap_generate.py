@@ -24,11 +24,9 @@ original. Differences, inert for what is tested:
 
 * the model is ``model_fn(x) -> logits [1, L, V]`` (raw: the Dream path applies Dream's shift itself);
   the mask id is a parameter; ``remasking='random'``, the Dream hooks, history and timing are omitted;
-* ``draw``: ``"canvas"`` (the original) draws the float64 uniforms of the Gumbel-max over the whole
-  canvas, ``torch.rand`` of shape [1, L, V] on ``generator`` (the stream of ``torch.rand_like`` on a
-  global generator seeded alike); ``"block"`` draws them over the block's columns only, [1, W, V] (the
-  other columns are never committed), the draw ``dllm`` makes, so that sampled runs can be compared at
-  all; the Dream path is greedy only (its ``Categorical`` draw is not transcribed);
+* the float64 uniforms of the Gumbel-max are drawn over the whole canvas as in the original, ``torch.rand``
+  of shape [1, L, V] on ``generator`` (the stream of ``torch.rand_like`` on a global generator seeded
+  alike); the Dream path is greedy only (its ``Categorical`` draw is not transcribed);
 * ``forbid_mask_commit=True`` raises :class:`~.llada_generate.MaskCommitError` where a committed proposal
   is the mask id (the original leaves the position masked; ``dllm`` never proposes it);
 * ``forbid_ties=True`` raises :class:`~.llada_generate.AmbiguousTieError` where the result depends on
@@ -53,20 +51,13 @@ __all__ = ["gumbel_noisy", "localleap_generate", "localleap_transfer"]
 ModelFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def gumbel_noisy(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
-                 draw: str, cols: tuple[int, int]) -> torch.Tensor:
-    """``add_gumbel_noise`` (float64 ``exp(l) / (-log u)^T``; the logits themselves at T = 0) on logits
-    [1, L, V]; ``draw="block"``: uniforms drawn for columns ``cols`` only (the rest 0.5, never read)."""
+def gumbel_noisy(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``add_gumbel_noise`` (float64 ``exp(l) / (-log u)^T``, the uniforms ``torch.rand`` over all of logits
+    [1, L, V]; the logits themselves at T = 0)."""
     if temperature == 0:
         return logits
     logits64 = logits.to(torch.float64)
-    if draw == "canvas":
-        noise = torch.rand(logits64.shape, dtype=torch.float64, generator=generator)
-    else:
-        assert draw == "block", draw
-        s, e = cols
-        noise = torch.full_like(logits64, 0.5)
-        noise[:, s:e] = torch.rand((1, e - s, logits64.shape[2]), dtype=torch.float64, generator=generator)
+    noise = torch.rand(logits64.shape, dtype=torch.float64, generator=generator)
     return logits64.exp() / (-torch.log(noise)) ** temperature
 
 
@@ -101,9 +92,9 @@ def localleap_transfer(confidence: torch.Tensor, mask_index: torch.Tensor, thres
 
 
 def _llada_step(logits: torch.Tensor, x: torch.Tensor, mask_index: torch.Tensor, temperature: float,
-                generator: Optional[torch.Generator], draw: str, block: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+                generator: Optional[torch.Generator]) -> tuple[torch.Tensor, ...]:
     """LLaDA's proposals and confidences: (x0 [1, L], confidence [1, L] float64, -inf off the masks)."""
-    x0 = torch.argmax(gumbel_noisy(logits, temperature, generator, draw, block), dim=-1)  # [1, L]
+    x0 = torch.argmax(gumbel_noisy(logits, temperature, generator), dim=-1)  # [1, L]
     p = F.softmax(logits.to(torch.float64), dim=-1)
     x0_p = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)  # [1, L] float64
     x0 = torch.where(mask_index, x0, x)
@@ -131,7 +122,6 @@ def localleap_generate(
     radius: int = 4,
     temperature: float = 0.0,
     generator: Optional[torch.Generator] = None,
-    draw: str = "canvas",
     forbid_mask_commit: bool = False,
     forbid_ties: bool = False,
 ) -> tuple[torch.Tensor, int]:
@@ -151,7 +141,7 @@ def localleap_generate(
             logits = model_fn(x)  # [1, L, V]
             nfe += 1
             if family == "llada":
-                x0, conf = _llada_step(logits, x, mask_index, temperature, generator, draw, (start, end))
+                x0, conf = _llada_step(logits, x, mask_index, temperature, generator)
             else:
                 x0, conf = _dream_step(logits, x, mask_index)
             transfer = localleap_transfer(conf[0], mask_index[0], threshold, relaxed_threshold, radius,
