@@ -162,6 +162,18 @@ def test_bad_arguments_are_refused_before_any_decode(argv, message, capsys):
     assert err.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_driver_has_fastdllm_points_only():
+    """benchmarks/frontier_driver.py's points: threshold, and factor as Fast-dLLM's code runs it (the written
+    rule, other options, samplers or caches have no driver)."""
+    from benchmarks.frontier_driver import driver_point
+
+    assert driver_point("threshold:threshold=0.9,cache=dual") == ("threshold", 0.9, "dual")
+    assert driver_point("factor:factor=1.3,rule=reference,cache=prefix") == ("factor", 1.3, "prefix")
+    for label in ("factor:factor=1.3,cache=prefix", "factor:factor=1.3,rule=written,cache=dual",
+                  "threshold:threshold=0.9", "threshold:threshold=0.9,ties=first,cache=dual", "fast:cache=dual"):
+        assert driver_point(label) is None, label
+
+
 @pytest.mark.slow
 def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
     """benchmarks/frontier_driver.py: Fast-dLLM's driver (batch 1) against the frontier's pick, on
@@ -173,7 +185,6 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
     out = tmp_path / "f"
     assert main(["--model", "tiny-llada", "--dev", "1", "--test", "1", "--repeats", "1", "--no-progress",
                  "--points", "threshold:threshold=0.9,cache=dual", "factor:factor=1.0,rule=reference,cache=dual",
-                 "factor:factor=1.0,cache=dual",
                  "--candidates", "threshold:threshold=0.7", "--out", str(out)]) == 0
     script = Path(__file__).resolve().parents[3] / "benchmarks" / "frontier_driver.py"
     run = subprocess.run([sys.executable, str(script), "--frontier", str(out / "frontier.json"), "--repeats", "1",
@@ -181,7 +192,6 @@ def test_the_driver_comparison_reads_a_frontier_run(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     rows = json.loads((out / "frontier-driver.json").read_text())["rows"]
-    # the written factor rule is not Fast-dLLM's code: no driver for it
     assert set(rows) == {"threshold:threshold=0.9,cache=dual", "factor:factor=1.0,rule=reference,cache=dual"}
     for row in rows.values():
         assert row["pick"].startswith("threshold:threshold=0.7")
