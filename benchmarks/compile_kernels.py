@@ -1,5 +1,6 @@
 """Every Triton kernel of ``dllm.kernels`` compiled for NVIDIA GPUs on this machine, without one: the
-launches its wrappers make at LLaDA-8B's, Dream-7B's and SDAR-8B's shapes (bfloat16; batch 1 and 8;
+launches its wrappers make at LLaDA-8B's, Dream-7B's, SDAR-8B's and the embedded tiny-llada's shapes
+(bfloat16; batch 1 and 8;
 a 32-wide block against 1,056 and 4,096 keys), each compiled by Triton's compiler and the ptxas it
 bundles (``dllm.kernels.triton.ahead``), with registers per thread, local memory (spills), shared memory and
 the blocks per SM these allow on each target; then the attention kernel's tile shapes and warps at
@@ -30,7 +31,8 @@ from dllm.kernels.triton.launch import Launch, record_launches  # noqa: E402
 
 # (label, heads, kv heads, head dim, d_model, vocab, mask id)
 MODELS = (("LLaDA-8B", 32, 32, 128, 4096, 126464, 126336), ("Dream-7B", 28, 4, 128, 3584, 152064, 151666),
-          ("SDAR-8B", 32, 8, 128, 4096, 151936, 151669))
+          ("SDAR-8B", 32, 8, 128, 4096, 151936, 151669),
+          ("tiny-llada", 4, 4, 32, 128, 80, 1))  # the embedded models: a mask id of 1, which Triton specializes
 BLOCK, KEYS = 32, (1056, 4096)
 
 

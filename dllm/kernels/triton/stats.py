@@ -50,7 +50,9 @@ from dllm.kernels.triton.attention import _check_device, _interpreted
 _NOISE_NONE, _NOISE_EXTERNAL, _NOISE_PHILOX = 0, 1, 2
 
 
-@triton.jit
+# ``banned`` (the mask id) is not specialized: Triton makes an int argument equal to 1 a compile-time
+# constant, and then ``banned == 0`` is a Python bool with no ``.to`` (the embedded models' mask id is 1)
+@triton.jit(do_not_specialize=["banned"])
 def _vocab_stats_kernel(
     X,  # logits [B, W, V] (any row strides, unit stride over V)
     U,  # uniforms [B, W, V] when NOISE == 1
