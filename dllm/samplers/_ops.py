@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from dllm.samplers import draws
-from dllm.samplers.chunked import (argmax_excluding, column_ids, columns_gumbel_argmax, constant, greedy_with_prob,
-                                    gumbel_argmax, neg_inf, pick_last, rows_per_chunk, softmax_prob)
+from dllm.samplers.chunked import (argmax_excluding, column_ids, constant, greedy_with_prob, gumbel_argmax, neg_inf,
+                                    pick_last, rows_per_chunk, softmax_prob)
 from dllm.samplers.stats import fused_propose, use_fused
-from dllm.samplers.draws import Generator, RowGenerators, WindowRows
+from dllm.samplers.draws import Generator
 from dllm.state import StepInput, StepOutput
 
 
@@ -170,32 +170,6 @@ def propose_with_confidence(inp: StepInput, stats: str = "torch") -> tuple[torch
     width = inp.logits.shape[1]
     return (expand_window(x0, inp.window, width, inp.mask_id),
             expand_window(conf, inp.window, width, float("-inf")))
-
-
-def canvas_gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator, mask_id: int,
-                         length: int, start: int) -> torch.Tensor:
-    """LLaDA's float64 Gumbel-max of logits [B, W, V], the canvas columns ``[start, start + W)``, on those
-    columns of uniforms drawn over the whole canvas' logits [B, length, V] (the references' stream, which
-    draws over the canvas; ``chunked.columns_gumbel_argmax``, chunked on CPU) -> [B, W] long, never
-    ``mask_id``. Per-row generators: row r draws over its own canvas alone (without its left padding), and
-    the columns in its padding take the arg-max (never read: padding is never a mask)."""
-    if not isinstance(generator, RowGenerators):
-        return columns_gumbel_argmax(logits, temperature, generator, mask_id, length, start)
-    if isinstance(generator, WindowRows):
-        raise ValueError("a running decode's rows draw over their own window: a draw over the canvas has no "
-                         "place there (samplers that draw so do not join a running decode)")
-    b, w, _ = logits.shape
-    generator.check_rows(b, f"logits of shape {tuple(logits.shape)}")
-    rows = []
-    for r, g in enumerate(generator.streams()):
-        p = generator.pads[r]
-        c = min(max(p - start, 0), w)  # columns of the window in the row's padding
-        row = argmax_excluding(logits[r:r + 1], mask_id)  # [1, W]
-        if g is not None and c < w:
-            row[:, c:] = columns_gumbel_argmax(logits[r:r + 1, c:], temperature, g, mask_id, length - p,
-                                               start + c - p)
-        rows.append(row)
-    return torch.cat(rows)  # [B, W]
 
 
 def propose_with_confidence_on(inp: StepInput, noise: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -218,15 +218,33 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator
     return x0.reshape(logits.shape[:-1])
 
 
-def columns_gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator],
-                          mask_id: int, length: int, start: int, chunk_elements: Optional[int] = None) -> torch.Tensor:
+def columns_gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generator, mask_id: int,
+                          length: int, start: int, chunk_elements: Optional[int] = None) -> torch.Tensor:
     """``gumbel_argmax`` of logits [B, W, V] on the columns ``[start, start + W)`` of uniforms drawn over
     [B, length, V] at once (a reference's ``rand_like`` over its whole canvas) -> [B, W] long, never
     ``mask_id``. On CPU the other columns are drawn in pieces and dropped and the window's are drawn a
     chunk of rows at a time, so no [B, W, V] float64 tensor is made (W may be most of the canvas); on
-    CUDA (``stream_chunkable``) ``window_uniforms``' whole draw. One generator (or None: the global one)."""
+    CUDA (``stream_chunkable``) ``window_uniforms``' whole draw. Per-row generators: row r draws over its
+    own canvas alone (without its left padding), and the window's columns in its padding take the arg-max
+    (never read: padding is never a mask); a running decode's rows (``WindowRows``) draw over their own
+    window only, so a sampler that draws so does not join one."""
     b, w, v = logits.shape
     assert 0 <= start and start + w <= length, (start, w, length)
+    if isinstance(generator, WindowRows):
+        raise ValueError("a running decode's rows draw over their own window: a draw over the canvas has no "
+                         "place there (samplers that draw so do not join a running decode)")
+    if isinstance(generator, RowGenerators):
+        generator.check_rows(b, f"logits of shape {tuple(logits.shape)}")
+        out = []
+        for r, g in enumerate(generator.streams()):
+            p = generator.pads[r]
+            c = min(max(p - start, 0), w)  # columns of the window in the row's padding
+            row = argmax_excluding(logits[r:r + 1], mask_id)  # [1, W]
+            if g is not None and c < w:
+                row[:, c:] = columns_gumbel_argmax(logits[r:r + 1, c:], temperature, g, mask_id, length - p,
+                                                   start + c - p, chunk_elements)
+            out.append(row)
+        return torch.cat(out)  # [B, W]
     if not stream_chunkable(logits.device):
         u = window_uniforms((b, length, v), (start, start + w), generator, logits.device)  # [B, W, V]
         return argmax_excluding(_perturb(logits.to(torch.float64), u, temperature), mask_id)

@@ -89,9 +89,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int, check_unit
-from dllm.samplers._ops import canvas_gumbel_argmax, propose_with_prob, top1
+from dllm.samplers._ops import propose_with_prob, top1
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import constant, softmax_prob
+from dllm.samplers.chunked import columns_gumbel_argmax, constant, softmax_prob
 from dllm.schedule import LOGIT_SHIFT_KEY
 from dllm.state import DecodeState, StepInput, StepOutput
 
@@ -181,11 +181,11 @@ def greedy_mis_by_picks(cand: torch.Tensor, conflict: torch.Tensor, score: torch
 def head_proposals(head: torch.Tensor, inp: StepInput, canvas: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposals, never the mask id, and their float64 probabilities for the query columns before the block
     end: head [B, we, V] -> ([B, we] long, [B, we] float64). At T > 0 the Gumbel-max is on those columns of
-    uniforms drawn over the whole canvas' logits [B, L, V] of ``canvas`` columns (``_ops.canvas_gumbel_argmax``:
+    uniforms drawn over the whole canvas' logits [B, L, V] of ``canvas`` columns (``chunked.columns_gumbel_argmax``:
     DAWN's stream, chunked on CPU: no [B, we, V] float64 tensor, as ``we`` may be most of the canvas)."""
     if inp.temperature == 0:
         return propose_with_prob(head, 0, inp.generator, inp.mask_id, inp.query_start)
-    x0 = canvas_gumbel_argmax(head, inp.temperature, inp.generator, inp.mask_id, canvas, inp.query_start)  # [B, we]
+    x0 = columns_gumbel_argmax(head, inp.temperature, inp.generator, inp.mask_id, canvas, inp.query_start)  # [B, we]
     return x0, softmax_prob(head, x0)  # chunked: no [B, we, V] float64 either
 
 

@@ -49,9 +49,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm.options import check_int
-from dllm.samplers._ops import canvas_gumbel_argmax, window_of, window_output
+from dllm.samplers._ops import window_of, window_output
 from dllm.samplers.base import Sampler, register_sampler
-from dllm.samplers.chunked import argmax_excluding, constant
+from dllm.samplers.chunked import argmax_excluding, columns_gumbel_argmax, constant
 from dllm.state import DecodeState, StepInput, StepOutput
 
 
@@ -112,11 +112,11 @@ class DUS(Sampler):
 def proposals(logits: torch.Tensor, inp: StepInput, state: DecodeState) -> torch.Tensor:
     """The block's tokens, never the mask id: the arg-max of logits [B, W, V] (T = 0; ``state`` unread), else
     LLaDA's float64 Gumbel-max on the block's columns of uniforms drawn over the whole canvas' logits [B, L, V]
-    (``_ops.canvas_gumbel_argmax``: the authors' stream). -> [B, W] long."""
+    (``chunked.columns_gumbel_argmax``: the authors' stream). -> [B, W] long."""
     if inp.temperature == 0:
         return argmax_excluding(logits, inp.mask_id)
     s = inp.query_start + inp.window[0]  # the block's first canvas column
-    return canvas_gumbel_argmax(logits, inp.temperature, inp.generator, inp.mask_id, state.x.shape[1], s)
+    return columns_gumbel_argmax(logits, inp.temperature, inp.generator, inp.mask_id, state.x.shape[1], s)
 
 
 def round_tables(block: int, base: int, device) -> tuple[torch.Tensor, torch.Tensor]:
